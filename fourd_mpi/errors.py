@@ -1,0 +1,16 @@
+"""User-facing errors.
+
+A :class:`ConfigError` means "the input is wrong, here is what to change". It is
+raised by pure validation code that every rank runs on identical inputs *before*
+any collective, so every rank raises the same message and nobody is left waiting
+in a collective. The CLI turns it into a one-line message and a non-zero exit on
+every rank.
+"""
+
+
+class ConfigError(ValueError):
+    """Invalid user input (grid, model sizes, presets, options)."""
+
+
+class BackendError(RuntimeError):
+    """The requested array backend or device cannot be used on this rank."""

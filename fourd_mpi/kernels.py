@@ -1,0 +1,141 @@
+"""Local math of the step: GEMMs, GeLU, LayerNorm pieces, causal attention.
+
+Pure functions on backend arrays (``xp`` is NumPy or CuPy). No communication
+here: where a reduction over a sharded dimension is needed, the functions take
+the already-reduced statistics as arguments, and the layer code does the
+collective in between.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Dict
+
+
+@dataclass
+class ComputeCounter:
+    """Optional accounting of local GEMM time and FLOPs, by kind.
+
+    When ``enabled`` the backend is synchronized around each GEMM so host timers
+    measure the GEMM itself (on GPUs this serializes; use it for measurement only).
+    """
+
+    backend: object = None
+    enabled: bool = False
+    seconds: Dict[str, float] = field(default_factory=dict)
+    flops: Dict[str, float] = field(default_factory=dict)
+    shapes: Dict[tuple, int] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.flops.clear()
+        self.shapes.clear()
+
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    def total_flops(self) -> float:
+        return sum(self.flops.values())
+
+
+def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm"):
+    """``a @ b`` for 2-D operands (or batched, leading dims broadcast); counts 2*M*N*K FLOPs."""
+    if counter is None or not counter.enabled:
+        return a @ b
+    counter.backend.synchronize()
+    t0 = time.perf_counter()
+    out = a @ b
+    counter.backend.synchronize()
+    dt = time.perf_counter() - t0
+    m, k = a.shape[-2], a.shape[-1]
+    n = b.shape[-1]
+    batch = out.size // (m * n)
+    counter.seconds[kind] = counter.seconds.get(kind, 0.0) + dt
+    counter.flops[kind] = counter.flops.get(kind, 0.0) + 2.0 * batch * m * n * k
+    if kind == "gemm":
+        key = (m, n, k, a.strides[-1] == a.itemsize, b.strides[-1] == b.itemsize)
+        counter.shapes[key] = counter.shapes.get(key, 0) + 1
+    return out
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def gelu(xp, x):
+    """GeLU, tanh approximation (as in GPT-2 / Megatron)."""
+    return 0.5 * x * (1.0 + xp.tanh(_GELU_C * (x + 0.044715 * x * x * x)))
+
+
+def gelu_backward(xp, x, dy):
+    """``dy * gelu'(x)``."""
+    inner = _GELU_C * (x + 0.044715 * x * x * x)
+    t = xp.tanh(inner)
+    dinner = _GELU_C * (1.0 + 3 * 0.044715 * x * x)
+    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner)
+
+
+def layernorm_apply(x, mean, rstd, gamma, beta):
+    """``xhat = (x - mean) * rstd``; returns ``(xhat * gamma + beta, xhat)``.
+
+    x: ``[m, h_loc]``; mean, rstd: ``[m, 1]`` statistics over the *full* hidden dim.
+    """
+    xhat = (x - mean) * rstd
+    return xhat * gamma + beta, xhat
+
+
+def layernorm_backward_local(dy, xhat, gamma):
+    """Local pieces of LayerNorm's backward.
+
+    Returns ``g = dy*gamma`` ``[m, h_loc]``, the per-token partial sums
+    ``[sum(g), sum(g*xhat)]`` ``[m, 2]`` (to be summed over the hidden shards), and
+    the per-shard parameter gradients ``dgamma, dbeta`` ``[h_loc]`` (to be summed over tokens).
+    """
+    g = dy * gamma
+    partial = (g.sum(axis=1, keepdims=True), (g * xhat).sum(axis=1, keepdims=True))
+    dgamma = (dy * xhat).sum(axis=0)
+    dbeta = dy.sum(axis=0)
+    return g, partial, dgamma, dbeta
+
+
+def layernorm_backward_finish(g, xhat, rstd, sum_g, sum_gx, hidden: int):
+    """``dx = rstd * (g - mean(g) - xhat * mean(g*xhat))`` with means over the full hidden dim."""
+    return rstd * (g - sum_g / hidden - xhat * (sum_gx / hidden))
+
+
+def attention_forward(xp, qkv, batch: int, seq: int, heads: int, head_dim: int, counter=None):
+    """Causal multi-head attention on this rank's heads.
+
+    qkv: ``[batch*seq, heads*3*head_dim]``, per head ``[q | k | v]`` (Megatron order),
+    so a contiguous block of columns holds whole heads.
+    Returns ``ctx [batch*seq, heads*head_dim]`` and ``(q, k, v, probs)`` for backward.
+    """
+    t = qkv.reshape(batch, seq, heads, 3, head_dim)
+    q = t[:, :, :, 0, :].transpose(0, 2, 1, 3)  # [b, nh, s, hd]
+    k = t[:, :, :, 1, :].transpose(0, 2, 1, 3)
+    v = t[:, :, :, 2, :].transpose(0, 2, 1, 3)
+    scale = 1.0 / math.sqrt(head_dim)
+    scores = matmul(q, k.transpose(0, 1, 3, 2), counter, "attention") * scale
+    mask = xp.triu(xp.ones((seq, seq), dtype=bool), k=1)
+    scores = xp.where(mask, -xp.inf, scores)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    probs = xp.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    ctx = matmul(probs, v, counter, "attention")  # [b, nh, s, hd]
+    ctx = ctx.transpose(0, 2, 1, 3).reshape(batch * seq, heads * head_dim)
+    return ctx, (q, k, v, probs)
+
+
+def attention_backward(xp, dctx, saved, batch: int, seq: int, heads: int, head_dim: int, counter=None):
+    """Gradient of :func:`attention_forward`: ``dctx [b*s, nh*hd]`` -> ``dqkv [b*s, nh*3*hd]``."""
+    q, k, v, probs = saved
+    scale = 1.0 / math.sqrt(head_dim)
+    d = dctx.reshape(batch, seq, heads, head_dim).transpose(0, 2, 1, 3)
+    dv = matmul(probs.transpose(0, 1, 3, 2), d, counter, "attention")
+    dprobs = matmul(d, v.transpose(0, 1, 3, 2), counter, "attention")
+    dscores = probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True)) * scale
+    dq = matmul(dscores, k, counter, "attention")
+    dk = matmul(dscores.transpose(0, 1, 3, 2), q, counter, "attention")
+    dqkv = xp.stack([dq, dk, dv], axis=3)  # [b, nh, s, 3, hd]
+    return dqkv.transpose(0, 2, 1, 3, 4).reshape(batch * seq, heads * 3 * head_dim)

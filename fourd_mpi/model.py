@@ -1,0 +1,218 @@
+"""GPT and MLP stacks built from 4D layers, the loss, and the synthetic data.
+
+Between blocks activations are ``[m, h/x]`` replicated over Y (m = local tokens =
+``batch*seq/(G_data*G_z)``). A GPT block is, in Megatron-AxoNN order:
+LN1 -> QKV (normal, h->3h, whole heads per Y block) -> causal attention on the
+local heads -> attention output (transposed, h->h) -> residual -> LN2 -> FC1
+(normal, h->4h) -> GeLU -> FC2 (transposed, 4h->h) -> residual. An MLP block is
+FC1 (normal) -> GeLU -> FC2 (transposed), no residual.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List
+
+import numpy as np
+
+from . import kernels
+from .collectives import Collectives
+from .config import ModelConfig
+from .layers import FullyConnected4D, LayerNorm4D, Parameter
+from .layout import activation_layout, block_range, local_sequences
+from .synthetic import stream_id, uniform_block
+
+
+class WeightPolicy:
+    """Where a layer's gathered weight block comes from.
+
+    With ``cache_weights`` the block all-gathered in forward is kept for backward
+    (memory for communication); otherwise backward all-gathers it again.
+    """
+
+    def __init__(self, comm: Collectives, cache_weights: bool = False):
+        self.comm = comm
+        self.cache_weights = cache_weights
+
+    def forward(self, layer: FullyConnected4D, saved: Dict):
+        block = layer.gather_weight(self.comm).wait()
+        if self.cache_weights:
+            saved[layer.name] = block
+        return block
+
+    def backward(self, layer: FullyConnected4D, saved: Dict):
+        if layer.name in saved:
+            return saved.pop(layer.name)
+        return layer.gather_weight(self.comm).wait()
+
+
+def linear_forward(layer: FullyConnected4D, x, weights: WeightPolicy, saved: Dict):
+    """Gather the weight over Z, GEMM, all-reduce over the layer's in axis."""
+    return layer.forward(x, weights.forward(layer, saved), weights.comm).wait()
+
+
+def linear_backward(layer: FullyConnected4D, dy, x, weights: WeightPolicy, saved: Dict):
+    """Backward of one layer; returns ``dx`` and sets ``layer.weight.grad`` (Z-reduced shard).
+
+    The ``dx`` all-reduce is issued before the ``dW`` GEMM, so an overlapping
+    engine can hide it behind that GEMM (AxoNN's OAR).
+    """
+    comm = weights.comm
+    dx = layer.backward_input(dy, weights.backward(layer, saved), comm)
+    dw_block = layer.backward_weight(dy, x)
+    layer.weight.grad = layer.reduce_weight_grad(dw_block, comm).wait()
+    return dx.wait()
+
+
+class GPTBlock:
+    """One transformer block on the 4D grid. Input and output ``[m, h/x]`` rep Y."""
+
+    def __init__(self, index: int, cfg: ModelConfig, grid, backend, seed: int, counter):
+        h, f = cfg.hidden, cfg.ffn_hidden
+        p = f"block{index}"
+        residual_scale = 1.0 / math.sqrt(2 * cfg.layers)
+        self.ln1 = LayerNorm4D(f"{p}.ln1", h, grid, backend)
+        self.qkv = FullyConnected4D(f"{p}.qkv", 3 * h, h, False, grid, backend, seed, counter=counter)
+        self.proj = FullyConnected4D(f"{p}.proj", h, h, True, grid, backend, seed, residual_scale, counter)
+        self.ln2 = LayerNorm4D(f"{p}.ln2", h, grid, backend)
+        self.fc1 = FullyConnected4D(f"{p}.fc1", f, h, False, grid, backend, seed, counter=counter)
+        self.fc2 = FullyConnected4D(f"{p}.fc2", h, f, True, grid, backend, seed, residual_scale, counter)
+        self.xp = backend.xp
+        self.counter = counter
+        self.local_batch = cfg.batch // (grid.shape.data * grid.shape.z)
+        self.seq = cfg.seq
+        self.local_heads = cfg.heads // grid.shape.y
+        self.head_dim = cfg.head_dim
+
+    def parameters(self) -> List[Parameter]:
+        return (self.ln1.parameters() + [self.qkv.weight, self.proj.weight]
+                + self.ln2.parameters() + [self.fc1.weight, self.fc2.weight])
+
+    def _attention_shape(self):
+        return self.local_batch, self.seq, self.local_heads, self.head_dim
+
+    def forward(self, h, weights: WeightPolicy):
+        comm, xp, s = weights.comm, self.xp, {}
+        a, s["ln1"] = self.ln1.forward(h, comm)
+        s["a"] = a
+        qkv = linear_forward(self.qkv, a, weights, s)  # [m, 3h/y] rep x
+        s["ctx"], s["attn"] = kernels.attention_forward(xp, qkv, *self._attention_shape(), self.counter)
+        h1 = h + linear_forward(self.proj, s["ctx"], weights, s)  # [m, h/x] rep y
+        b, s["ln2"] = self.ln2.forward(h1, comm)
+        s["b"] = b
+        s["u"] = linear_forward(self.fc1, b, weights, s)  # [m, 4h/y] rep x
+        s["g"] = kernels.gelu(xp, s["u"])
+        return h1 + linear_forward(self.fc2, s["g"], weights, s), s
+
+    def backward(self, dh2, s, weights: WeightPolicy):
+        comm, xp = weights.comm, self.xp
+        dg = linear_backward(self.fc2, dh2, s["g"], weights, s)
+        du = kernels.gelu_backward(xp, s["u"], dg)
+        db = linear_backward(self.fc1, du, s["b"], weights, s)
+        dh1 = dh2 + self.ln2.backward(db, s["ln2"], comm)
+        dctx = linear_backward(self.proj, dh1, s["ctx"], weights, s)
+        dqkv = kernels.attention_backward(xp, dctx, s["attn"], *self._attention_shape(), self.counter)
+        da = linear_backward(self.qkv, dqkv, s["a"], weights, s)
+        return dh1 + self.ln1.backward(da, s["ln1"], comm)
+
+
+class MLPBlock:
+    """FC1 (normal, h->ffn) -> GeLU -> FC2 (transposed, ffn->h). ``[m, h/x]`` rep Y in and out."""
+
+    def __init__(self, index: int, cfg: ModelConfig, grid, backend, seed: int, counter):
+        p = f"block{index}"
+        self.fc1 = FullyConnected4D(f"{p}.fc1", cfg.ffn_hidden, cfg.hidden, False, grid, backend, seed,
+                                    counter=counter)
+        self.fc2 = FullyConnected4D(f"{p}.fc2", cfg.hidden, cfg.ffn_hidden, True, grid, backend, seed,
+                                    init_scale=2.0, counter=counter)
+        self.xp = backend.xp
+
+    def parameters(self) -> List[Parameter]:
+        return [self.fc1.weight, self.fc2.weight]
+
+    def forward(self, x, weights: WeightPolicy):
+        s = {"x": x}
+        s["u"] = linear_forward(self.fc1, x, weights, s)
+        s["g"] = kernels.gelu(self.xp, s["u"])
+        return linear_forward(self.fc2, s["g"], weights, s), s
+
+    def backward(self, dy, s, weights: WeightPolicy):
+        dg = linear_backward(self.fc2, dy, s["g"], weights, s)
+        du = kernels.gelu_backward(self.xp, s["u"], dg)
+        return linear_backward(self.fc1, du, s["x"], weights, s)
+
+
+class Model:
+    """A stack of ``cfg.layers`` blocks on a :class:`~fourd_mpi.grid.ProcessGrid`.
+
+    Weights depend only on ``(seed, layer name, global index)``, so every grid
+    shape holds pieces of the same global model.
+    """
+
+    def __init__(self, cfg: ModelConfig, grid, backend, seed: int = 0,
+                 counter: kernels.ComputeCounter = None):
+        self.cfg = cfg
+        self.grid = grid
+        self.backend = backend
+        block_cls = GPTBlock if cfg.kind == "gpt" else MLPBlock
+        self.blocks = [block_cls(i, cfg, grid, backend, seed, counter) for i in range(cfg.layers)]
+        self.activation_layout = activation_layout("x")
+
+    def parameters(self) -> List[Parameter]:
+        return [p for block in self.blocks for p in block.parameters()]
+
+    def forward(self, x, weights: WeightPolicy):
+        """``x [m, h/x]`` -> ``(y [m, h/x], saved)``; both rep Y."""
+        saved = []
+        for block in self.blocks:
+            x, s = block.forward(x, weights)
+            saved.append(s)
+        return x, saved
+
+    def backward(self, dy, saved, weights: WeightPolicy):
+        """Backpropagate ``dy [m, h/x]``; fills every parameter's (Z-reduced) grad; returns ``dx``."""
+        for block, s in zip(reversed(self.blocks), reversed(saved)):
+            dy = block.backward(dy, s, weights)
+        return dy
+
+
+def mse_loss(y, target, comm: Collectives, global_elements: int):
+    """``loss = sum((y - t)^2) / (2 * B*s*h)`` over the global batch; returns ``(loss, dy)``.
+
+    y, target: ``[m, h/x]`` rep Y. The partial sum is all-reduced over data, Z and
+    X (not Y, which holds replicas).
+    """
+    diff = y - target
+    local = float(comm.backend.to_host((diff * diff).sum()))
+    (total,) = comm.allreduce_scalars([local], axes=("data", "z", "x"))
+    return total / (2.0 * global_elements), diff / global_elements
+
+
+class SyntheticData:
+    """Inputs and targets ``[B*s, h]`` for each step, this rank's ``[m, h/x]`` piece.
+
+    Tokens are split by whole sequences over data (outer) and Z (inner); the
+    hidden dimension over X.
+    """
+
+    def __init__(self, cfg: ModelConfig, grid, backend, seed: int = 0):
+        self.cfg = cfg
+        self.backend = backend
+        self.seed = seed
+        first, stop = local_sequences(cfg.batch, grid.shape, grid.coords["data"], grid.coords["z"])
+        self.rows = slice(first * cfg.seq, stop * cfg.seq)
+        c0, c1 = block_range(cfg.hidden, grid.shape.x, grid.coords["x"])
+        self.cols = slice(c0, c1)
+        self.global_shape = (cfg.batch * cfg.seq, cfg.hidden)
+
+    def batch(self, step: int):
+        """``(x, target)`` for ``step``, each ``[m, h/x]``."""
+        x = uniform_block(self.seed, stream_id("input", step), self.global_shape, self.rows, self.cols)
+        t = uniform_block(self.seed, stream_id("target", step), self.global_shape, self.rows, self.cols)
+        return self.backend.asarray(x), self.backend.asarray(0.5 * t)
+
+    def global_index(self) -> np.ndarray:
+        """Flat indices into ``[B*s, h]`` of this rank's ``[m, h/x]`` piece (row-major)."""
+        r = np.arange(self.rows.start, self.rows.stop, dtype=np.int64)[:, None]
+        c = np.arange(self.cols.start, self.cols.stop, dtype=np.int64)[None, :]
+        return (r * self.global_shape[1] + c).ravel()

@@ -1,0 +1,95 @@
+"""Build a run from options: validate, make the grid, backend, model, data, trainer.
+
+All validation that depends only on the options and the world size happens in
+:func:`resolve` (pure, before any collective), so bad input fails on every rank
+with the same message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Optional
+
+from .backend import BACKENDS, DEVICE_BUFFER_MODES, make_backend, parse_dtype
+from .collectives import Collectives
+from .config import ModelConfig, resolve_model, validate_model
+from .engine import Trainer
+from .errors import ConfigError
+from .grid import GridShape, ProcessGrid, infer_grid_shape
+from .kernels import ComputeCounter
+from .model import Model, SyntheticData
+from .mpiutil import agree
+from .optim import OPTIMIZERS, make_optimizer
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything that defines a run (stored with results by later tools)."""
+
+    model: ModelConfig
+    grid: GridShape
+    dtype: str = "float32"
+    backend: str = "auto"
+    device_buffers: str = "auto"
+    seed: int = 0
+    optimizer: str = "adam"
+    lr: Optional[float] = None
+    cache_weights: bool = False
+    steps: int = 10
+    warmup: int = 1
+
+    def as_dict(self) -> Dict:
+        d = asdict(self)
+        d["grid"] = {"data": self.grid.data, "z": self.grid.z, "y": self.grid.y, "x": self.grid.x}
+        return d
+
+
+def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
+            model_overrides: Dict[str, Optional[int]], **options) -> RunOptions:
+    """Pure validation of user options into :class:`RunOptions` (raises :class:`ConfigError`)."""
+    shape = infer_grid_shape(world_size, **grid_sizes)
+    model = resolve_model(preset, **model_overrides)
+    validate_model(model, shape)
+    parse_dtype(options.get("dtype", "float32"))
+    if options.get("backend", "auto") not in BACKENDS:
+        raise ConfigError(f"unknown backend {options['backend']!r}: choose one of {', '.join(BACKENDS)}")
+    if options.get("device_buffers", "auto") not in DEVICE_BUFFER_MODES:
+        raise ConfigError(f"unknown device-buffer mode {options['device_buffers']!r}")
+    if options.get("optimizer", "adam") not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {options['optimizer']!r}: choose one of {', '.join(OPTIMIZERS)}")
+    for name in ("steps",):
+        if options.get(name, 1) < 1:
+            raise ConfigError(f"--{name} must be positive, got {options[name]}")
+    if options.get("warmup", 0) < 0:
+        raise ConfigError(f"--warmup must be zero or positive, got {options['warmup']}")
+    return RunOptions(model=model, grid=shape, **options)
+
+
+@dataclass
+class Run:
+    """The live objects of a run on one communicator. Collective to build and to :meth:`close`."""
+
+    options: RunOptions
+    grid: ProcessGrid
+    backend: object
+    comm: Collectives
+    model: Model
+    data: SyntheticData
+    trainer: Trainer
+    counter: ComputeCounter = field(default=None)
+
+    @classmethod
+    def build(cls, mpi_comm, options: RunOptions, count_flops: bool = False) -> "Run":
+        grid = ProcessGrid(mpi_comm, options.grid)
+        backend = agree(mpi_comm, lambda: make_backend(
+            options.backend, parse_dtype(options.dtype), grid.local_rank, options.device_buffers))
+        comm = Collectives(grid, backend)
+        counter = ComputeCounter(backend=backend, enabled=count_flops)
+        model = Model(options.model, grid, backend, seed=options.seed, counter=counter)
+        data = SyntheticData(options.model, grid, backend, seed=options.seed)
+        optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr)
+        trainer = Trainer(model, data, comm, optimizer, cache_weights=options.cache_weights)
+        return cls(options, grid, backend, comm, model, data, trainer, counter)
+
+    def close(self) -> None:
+        self.grid.free()
