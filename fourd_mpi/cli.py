@@ -31,7 +31,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a bad argument is a one-line :class:`ConfigError` (same on every rank)."""
 
     def error(self, message):
-        raise ConfigError(f"{self.prog}: {message} (see {self.prog} --help)")
+        raise ConfigError(f"{message} (see {self.prog} --help)")
 
 
 def _positive_int(text: str) -> int:
@@ -182,7 +182,7 @@ def cmd_verify(args, world) -> int:
     for g in grids:
         problems = model_problems(options.model, g)
         if problems:
-            raise ConfigError(f"model {options.model.name} on grid {g}: " + "; ".join(problems))
+            raise ConfigError(f"model {options.model.name} on grid {g} (G_data x G_z x G_y x G_x): " + "; ".join(problems))
     results = verify(options, grids, args.steps, world)
     if world.Get_rank() != 0:
         return 0
@@ -233,7 +233,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except ConfigError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        _error_line(exc)
         return 2
     world = None
     try:
@@ -242,7 +242,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         world = MPI.COMM_WORLD
         return COMMANDS[args.command](args, world)
     except (ConfigError, BackendError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        _error_line(exc)
         return 2
     except KeyboardInterrupt:
         _abort(world, 130)
@@ -251,6 +251,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.flush()
         _abort(world, 1)
     return 1
+
+
+def _error_line(exc: Exception) -> None:
+    """One line, one write: mpiexec interleaves the ranks' stderr at write granularity."""
+    text = " ".join(str(exc).split())
+    sys.stderr.flush()
+    os.write(2, f"{PROG}: error: {text}\n".encode())
 
 
 def _abort(world, code: int) -> None:

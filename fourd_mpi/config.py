@@ -138,4 +138,4 @@ def validate_model(cfg: ModelConfig, grid: GridShape) -> None:
     """Raise :class:`ConfigError` naming every problem of ``cfg`` on ``grid``."""
     problems = model_problems(cfg, grid)
     if problems:
-        raise ConfigError(f"model {cfg.name} on grid {grid}: " + "; ".join(problems))
+        raise ConfigError(f"model {cfg.name} on grid {grid} (G_data x G_z x G_y x G_x): " + "; ".join(problems))

@@ -90,18 +90,19 @@ def infer_grid_shape(
             known *= size
     missing = [a for a, s in given.items() if s is None]
     spelled = " x ".join(f"G_{a}={given[a] if given[a] is not None else '?'}" for a in AXES)
+    if not missing and known != world_size:
+        raise ConfigError(
+            f"grid {spelled} has product {known} but the world size is {world_size}: "
+            f"choose sizes whose product is {world_size} (or omit one to infer it)"
+        )
     if world_size % known != 0:
         raise ConfigError(
             f"grid {spelled} has product {known}, which does not divide the world size "
-            f"{world_size}: choose sizes whose product is {world_size}"
+            f"{world_size}: choose sizes whose product divides {world_size}"
         )
     rest = world_size // known
     if not missing:
-        if rest != 1:
-            raise ConfigError(
-                f"grid {spelled} has product {known} but the world size is {world_size}: "
-                f"choose sizes whose product is {world_size} (or omit one to infer it)"
-            )
+        pass
     elif len(missing) == 1:
         given[missing[0]] = rest
     elif "data" in missing:

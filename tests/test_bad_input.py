@@ -1,0 +1,38 @@
+"""Bad input: every rank exits non-zero with the same one-line message, within seconds."""
+
+import pytest
+
+pytestmark = pytest.mark.mpi
+
+CASES = [
+    (["--gx", "2", "--gy", "2", "--gz", "2", "--gdata", "2"], "product 16 but the world size is 8"),
+    (["--gx", "3"], "does not divide the world size 8"),
+    (["--gx", "8", "--hidden", "60", "--heads", "4"], "hidden size 60 is not divisible by 8"),
+    (["--gy", "4", "--gx", "2", "--heads", "6", "--hidden", "48"], "head count 6 is not divisible by 4"),
+    (["--gdata", "8", "--batch", "4"], "global batch 4 is not divisible by 8"),
+    (["--gz", "8", "--hidden", "2", "--heads", "1", "--ffn-hidden", "2"], "not divisible by G_z = 8"),
+    (["--model", "gpt-6b"], "unknown model preset 'gpt-6b'"),
+    (["--model", "gpt-5b"], "needs the global batch"),
+    (["--hidden", "0"], "--hidden: expected a positive integer, got 0"),
+    (["--batch", "-8"], "--batch: expected a positive integer, got -8"),
+    (["--steps", "0"], "--steps: expected a positive integer, got 0"),
+]
+
+
+@pytest.mark.parametrize("args, message", CASES, ids=[c[1][:40] for c in CASES])
+def test_every_rank_reports_the_same_line(run_mpi, args, message):
+    proc = run_mpi(8, ["run", *args], timeout=60)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("fourd-mpi: error: ")]
+    assert len(errors) == 8, proc.stderr
+    assert len(set(errors)) == 1, proc.stderr
+    assert message in errors[0], errors[0]
+    assert proc.stdout.strip() == ""
+
+
+def test_verify_rejects_a_grid_of_the_wrong_size(run_mpi):
+    proc = run_mpi(4, ["verify", "--grid", "1x2x2x2"], timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("grid 1x2x2x2 has 8 ranks but the world size is 4") == 4
