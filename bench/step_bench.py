@@ -358,6 +358,7 @@ def environment(world, args, cfg) -> Dict:
         "ranks_per_node": ranks_per_node,
         "cores_per_rank_affinity": cores,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "model": cfg.as_dict(),
         "dtype": args.dtype,
         "backend": args.backend,
@@ -373,7 +374,8 @@ def print_header(env: Dict) -> None:
     print(f"step_bench (fourd-mpi {env['fourd_mpi']})  MPI: {env['mpi_library']}  mpi4py {env['mpi4py']}")
     print(f"{env['world_size']} ranks, {env['ranks_per_node']} per node, {env['cores_per_rank_affinity']} "
           f"core(s) visible per rank on {env['host']}; numpy {env['numpy']} ({env['blas']}), "
-          f"OMP_NUM_THREADS={env['omp_num_threads'] or 'unset'}")
+          f"OMP_NUM_THREADS={env['omp_num_threads'] or 'unset'}; 1-min load average at start "
+          f"{env['load_average_at_start']:.1f} (other work on the node skews every number)")
     print(f"model {m['name']}: {m['kind']}, {m['layers']} layers, hidden {m['hidden']}, heads {m['heads']}, "
           f"ffn {m['ffn_hidden']}, seq {m['seq']}, global batch {m['batch']}; dtype {env['dtype']}, "
           f"backend {env['backend']}")

@@ -222,8 +222,15 @@ def cmd_presets(args, world) -> int:
               f"{'batch':>5} {'params':>9}")
         for cfg in PRESETS.values():
             print(f"{cfg.name:<10} {cfg.kind:<4} {cfg.layers:>6} {cfg.hidden:>7} {cfg.heads:>5} "
-                  f"{cfg.ffn_hidden:>7} {cfg.seq:>5} {cfg.batch or '-':>5} {cfg.parameter_count() / 1e9:>8.3f}B")
+                  f"{cfg.ffn_hidden:>7} {cfg.seq:>5} {cfg.batch or '-':>5} {_human(cfg.parameter_count()):>9}")
     return 0
+
+
+def _human(count: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.2f}{unit}"
+    return str(int(count))
 
 
 COMMANDS = {"run": cmd_run, "verify": cmd_verify, "info": cmd_info, "presets": cmd_presets}
@@ -244,6 +251,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (ConfigError, BackendError) as exc:
         _error_line(exc)
         return 2
+    except BrokenPipeError:  # output piped into head & co.
+        return 0
     except KeyboardInterrupt:
         _abort(world, 130)
     except Exception:

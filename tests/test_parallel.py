@@ -92,3 +92,16 @@ def test_run_prints_loss_and_step_time(run_mpi):
     assert [int(r[0]) for r in steps] == [0, 1, 2, 3]
     losses = [float(r[1]) for r in steps]
     assert all(0 < loss < 10 for loss in losses)
+
+
+@pytest.mark.parametrize("nranks", [8, 6, 7])
+def test_grid_rank_order_and_axis_communicators(run_mpi, nranks):
+    out = _ok(run_mpi(nranks, [], script="tests/mpi_grid_check.py"))
+    assert f"grid ok for {nranks} ranks" in out
+
+
+def test_info_describes_grid_and_layouts(run_mpi):
+    out = _ok(run_mpi(8, ["info", "--gx", "2", "--gy", "2", "--gz", "2"]))
+    assert "G_data x G_z x G_y x G_x = 1x2x2x2 on 8 ranks" in out
+    assert "block0.qkv.weight" in out and "[out/y, in/x] flat/z rep(data)" in out
+    assert "block0.proj.weight" in out and "[out/x, in/y] flat/z rep(data)" in out
