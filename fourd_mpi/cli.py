@@ -23,6 +23,7 @@ from .config import PRESETS, model_problems
 from .errors import BackendError, ConfigError
 from .grid import GridShape, grid_factorizations
 from .optim import OPTIMIZERS
+from .progress import PROGRESS_STRATEGIES
 
 PROG = "fourd-mpi"
 
@@ -73,7 +74,27 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     r.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3 adam, 1e-2 sgd)")
     r.add_argument("--cache-weights", action="store_true",
-                   help="keep weights gathered in forward for backward (memory for communication)")
+                   help="keep weights gathered in forward for backward (memory for communication); "
+                        "same as adding 'cache' to --overlap")
+    o = p.add_argument_group("overlap and MPI progress")
+    o.add_argument("--prefetch-depth", type=_positive_int, default=1, metavar="N",
+                   help="oag: how many layers ahead weight all-gathers are issued (default 1)")
+    o.add_argument("--chunks", type=_positive_int, default=2, metavar="K",
+                   help="od: token chunks of the forward all-reduce (default 2)")
+    o.add_argument("--poll-flops", type=float, default=4e6, metavar="F",
+                   help="poll: FLOPs of GEMM between two MPI progress polls (default 4e6)")
+    o.add_argument("--check-buffers", action="store_true",
+                   help="debug: verify that no send buffer is modified while its collective is in flight")
+
+
+def _add_overlap_choice(p: argparse.ArgumentParser, many: bool) -> None:
+    action = "append" if many else "store"
+    p.add_argument("--overlap", action=action, default=None, metavar="LIST",
+                   help="none, all (= oag,ors,oar,dp,od) or a comma list of oag, ors, oar, dp, od, cache"
+                        + (" (repeatable: each is checked)" if many else " (default none)"))
+    p.add_argument("--progress", action=action, default=None, choices=PROGRESS_STRATEGIES,
+                   help="who progresses nonblocking collectives during compute: poll (default), none, thread"
+                        + (" (repeatable)" if many else ""))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,12 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run training steps and print loss and step time")
     _add_model_args(run)
+    _add_overlap_choice(run, many=False)
     run.add_argument("--steps", type=_positive_int, default=10)
     run.add_argument("--warmup", type=_nonnegative_int, default=1,
                      help="leading steps excluded from the summary statistics (default 1)")
 
     ver = sub.add_parser("verify", help="compare the distributed step with the serial reference")
     _add_model_args(ver)
+    _add_overlap_choice(ver, many=True)
     ver.add_argument("--steps", type=_positive_int, default=5, help="training steps whose losses are compared")
     ver.add_argument("--grid", action="append", default=[], metavar="DxZxYxX",
                      help="grid to check (repeatable), e.g. 1x2x2x2")
@@ -99,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="describe the grid, backend and MPI library")
     _add_model_args(info)
+    _add_overlap_choice(info, many=False)
 
     sub.add_parser("presets", help="list the model presets")
     return parser
@@ -116,10 +140,14 @@ def _model_overrides(args):
 def _run_options(args, world_size: int, **extra):
     from .runtime import resolve
 
+    overlap = args.overlap if isinstance(args.overlap, str) else "none"
+    progress = args.progress if isinstance(args.progress, str) else "poll"
     return resolve(world_size, args.model, _grid_sizes(args), _model_overrides(args),
                    dtype=args.dtype, backend=args.backend, device_buffers=args.device_buffers,
                    seed=args.seed, optimizer=args.optimizer, lr=args.lr,
-                   cache_weights=args.cache_weights, **extra)
+                   cache_weights=args.cache_weights, overlap=overlap, progress=progress,
+                   prefetch_depth=args.prefetch_depth, chunks=args.chunks, poll_flops=args.poll_flops,
+                   check_buffers=args.check_buffers, **extra)
 
 
 def _say(world, text: str = "") -> None:
@@ -136,8 +164,12 @@ def _header(world, run) -> None:
     _say(world, f"model {cfg.name}: {cfg.kind}, {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, "
                 f"ffn {cfg.ffn_hidden}, seq {cfg.seq}, global batch {cfg.batch} "
                 f"({cfg.parameter_count() / 1e6:.2f} M parameters)")
+    overlap = run.trainer.overlap
     _say(world, f"backend {run.backend.describe()}, optimizer {run.options.optimizer}, "
-                f"weights {'cached' if run.options.cache_weights else 're-gathered'} for backward")
+                f"weights {'cached' if overlap.cache else 're-gathered'} for backward")
+    _say(world, f"overlap {overlap}; progress {run.comm.progress.describe()}")
+    for note in run.overlap_notes():
+        _say(world, f"note: {note} on grid {run.options.grid}")
     _say(world, f"activations between blocks {run.model.activation_layout}")
 
 
@@ -183,15 +215,22 @@ def cmd_verify(args, world) -> int:
         problems = model_problems(options.model, g)
         if problems:
             raise ConfigError(f"model {options.model.name} on grid {g} (G_data x G_z x G_y x G_x): " + "; ".join(problems))
-    results = verify(options, grids, args.steps, world)
+    from dataclasses import replace
+
+    variants = [replace(options, overlap=o, progress=p)
+                for o in (args.overlap or ["none"]) for p in (args.progress or ["poll"])]
+    for v in variants:
+        v.overlap_config()
+    results = verify(variants, grids, args.steps, world)
     if world.Get_rank() != 0:
         return 0
     print(f"verify {options.model.name} ({options.dtype}) on {size} ranks against one rank, "
           f"{args.steps} training steps; relative error ||a-b||/||b||, tolerance {results[0].tolerance:g}")
-    print(f"{'grid (DxZxYxX)':>15} {'output':>10} {'worst grad':>10} {'(tensor)':<18} {'losses':>10}  result")
+    print(f"{'grid (DxZxYxX)':>15} {'overlap':<22} {'progress':<8} {'output':>10} {'worst grad':>10} "
+          f"{'(tensor)':<18} {'losses':>10}  result")
     for r in results:
-        print(f"{r.grid:>15} {r.output_error:>10.2e} {r.grad_error:>10.2e} {r.worst_grad:<18} "
-              f"{r.loss_error:>10.2e}  {'ok' if r.ok else 'FAIL'}")
+        print(f"{r.grid:>15} {r.overlap:<22} {r.progress:<8} {r.output_error:>10.2e} {r.grad_error:>10.2e} "
+              f"{r.worst_grad:<18} {r.loss_error:>10.2e}  {'ok' if r.ok else 'FAIL'}")
     for g, why in skipped:
         print(f"{str(g):>15} skipped: {why}")
     failed = sum(not r.ok for r in results)

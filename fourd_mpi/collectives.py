@@ -1,22 +1,32 @@
 """Communication primitives on the grid's axis communicators.
 
-Thin and math-free: each method is one MPI collective along one named axis, with
-a size-1 fast path (no MPI call, the input is returned as is). Every method
-returns a :class:`CommHandle`; callers ``wait()`` on it to get the result. This
-version issues blocking collectives, so the handle is already complete; the
-overlap engine replaces the issue with ``Iallgather`` / ``Ireduce_scatter`` /
-``Iallreduce`` and returns pending handles with the same interface, so the layer
-math does not change.
+Thin and math-free: each method is one nonblocking MPI collective along one
+named axis (``Iallgather``, ``Ireduce_scatter_block``, ``Iallreduce``), with a
+size-1 fast path (no MPI call, the input is returned as is). Every method
+returns a :class:`CommHandle`; ``wait()`` gives the result. Whether the caller
+waits at once (a blocking step) or later (an overlapped step) is the engine's
+choice; the math does not change.
 
-All methods are collective: every rank of the named axis must call them, in the
-same order, with buffers of the same shape and dtype.
+All methods are collective: every rank of the named axis must call them in the
+same order with buffers of the same shape and dtype (MPI matches nonblocking
+collectives by issue order per communicator; issuing them in a rank-dependent
+order hangs or corrupts results).
+
+Buffers: a fresh receive buffer per operation, and the handle keeps the send
+and receive buffers alive until the request completes, so no buffer is reused
+while MPI may still touch it. With ``check_buffers=True`` the handle also
+copies the send buffer at issue and checks at completion that nobody modified
+it in flight.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
+
+import numpy as np
+from mpi4py import MPI
 
 from .backend import ArrayBackend
 from .grid import ProcessGrid
@@ -24,7 +34,12 @@ from .grid import ProcessGrid
 
 @dataclass
 class CommRecord:
-    """What one collective did: for traces and for the benchmarks."""
+    """What one collective did (times from ``time.perf_counter_ns``).
+
+    issue_ns: when the operation was started; complete_ns: when its completion
+    was first observed (by a progress poll, a test or a wait); wait_ns: time
+    this rank spent blocked in ``wait`` for it.
+    """
 
     op: str
     axis: str
@@ -35,88 +50,179 @@ class CommRecord:
 
 
 class CommHandle:
-    """Result of a collective that may still be in flight.
+    """A collective that may still be in flight.
 
-    ``wait()`` returns the result (a backend array) once the operation has
-    completed; ``test()`` says whether it has. ``record`` describes the operation.
+    ``test()`` says whether it has completed (and lets MPI progress); ``wait()``
+    blocks until it has and returns the result (a backend array). Waiting twice
+    returns the same result. A handle stays in its owner's ``in_flight`` list
+    until it is waited, so un-waited requests can be detected.
     """
 
-    def __init__(self, record: Optional[CommRecord], result: Any = None,
-                 finish: Optional[Callable[[], Any]] = None, request=None):
+    def __init__(self, owner: Optional["Collectives"], record: Optional[CommRecord], result: Any = None,
+                 request=None, buffers=(), finish: Optional[Callable[[Any], Any]] = None):
+        self.owner = owner
         self.record = record
+        self.request = request
         self._result = result
         self._finish = finish
-        self._request = request
-        self._done = request is None
+        self._buffers = buffers  # keeps send/recv buffers alive while MPI may use them
+        self._guard = None
+        self.done = request is None
+        self.waited = request is None
+
+    def observe_complete(self, when_ns: Optional[int] = None) -> None:
+        """Record completion (may run on a progress thread: only sets fields)."""
+        if self.record is not None and not self.record.complete_ns:
+            self.record.complete_ns = when_ns or time.perf_counter_ns()
+        self.done = True
 
     def test(self) -> bool:
-        if not self._done:
-            self._done = bool(self._request.Test())
-            if self._done and self.record is not None:
-                self.record.complete_ns = time.perf_counter_ns()
-        return self._done
+        if not self.done:
+            self.owner.progress.test(self)
+        return self.done
 
     def wait(self):
-        if not self._done:
-            t0 = time.perf_counter_ns()
-            self._request.Wait()
-            t1 = time.perf_counter_ns()
-            self._done = True
-            if self.record is not None:
-                self.record.wait_ns += t1 - t0
-                self.record.complete_ns = t1
+        if not self.waited:
+            if not self.done:
+                t0 = time.perf_counter_ns()
+                self.owner.progress.wait(self)
+                if self.record is not None:
+                    self.record.wait_ns += time.perf_counter_ns() - t0
+            self.waited = True
+            self.owner._retire(self)
         if self._finish is not None:
-            self._result = self._finish()
+            self._result = self._finish(self._result)
             self._finish = None
+            self._buffers = ()
         return self._result
 
 
 def completed(result) -> CommHandle:
     """A handle for a result that needed no communication (size-1 axis)."""
-    return CommHandle(None, result)
+    return CommHandle(None, None, result)
 
 
-@dataclass
+class GroupHandle:
+    """Several handles waited together; ``combine`` turns their results into one."""
+
+    def __init__(self, handles: List[CommHandle], combine: Callable[[list], Any]):
+        self.handles = handles
+        self.combine = combine
+        self._result = None
+
+    def test(self) -> bool:
+        return all([h.test() for h in self.handles])
+
+    def wait(self):
+        if self.handles:
+            self._result = self.combine([h.wait() for h in self.handles])
+            self.handles = []
+        return self._result
+
+
+class BufferModifiedError(RuntimeError):
+    """A send buffer changed while its collective was in flight."""
+
+
 class Collectives:
-    """Collectives along the named axes of a :class:`ProcessGrid`.
+    """Nonblocking collectives along the named axes of a :class:`ProcessGrid`.
 
-    ``records`` collects a :class:`CommRecord` per non-trivial collective (the
-    caller may clear it between steps).
+    Attributes: ``records`` (a :class:`CommRecord` per non-trivial collective;
+    the engine clears it each step), ``in_flight`` (handles not yet observed
+    complete), ``progress`` (a :mod:`fourd_mpi.progress` engine or None).
     """
 
-    grid: ProcessGrid
-    backend: ArrayBackend
-    records: List[CommRecord] = field(default_factory=list)
+    def __init__(self, grid: ProcessGrid, backend: ArrayBackend, progress=None, check_buffers: bool = False,
+                 skip_communication: bool = False):
+        from .progress import make_progress
 
-    def _record(self, op: str, axis: str, nbytes: int) -> CommRecord:
-        rec = CommRecord(op=op, axis=axis, nbytes=int(nbytes), issue_ns=time.perf_counter_ns())
-        self.records.append(rec)
-        return rec
+        self.skip_communication = skip_communication
+        self.grid = grid
+        self.backend = backend
+        self.progress = progress if progress is not None else make_progress("none")
+        self.check_buffers = check_buffers
+        self.records: List[CommRecord] = []
+        self.in_flight: List[CommHandle] = []
+        #: called after each progress poll (the gradient sync issues ready data all-reduces)
+        self.on_poll: List[Callable[[], None]] = []
 
-    def _blocking(self, rec: CommRecord, call: Callable[[], None], recv, shape) -> CommHandle:
-        call()
-        rec.complete_ns = time.perf_counter_ns()
-        rec.wait_ns = rec.complete_ns - rec.issue_ns
-        result = self.backend.from_mpi_buffer(recv)
-        return CommHandle(rec, result.reshape(shape))
+    # bookkeeping -------------------------------------------------------------
+    def _issue(self, op: str, axis: str, nbytes: int, start: Callable[[], Any], send, recv,
+               shape) -> CommHandle:
+        record = CommRecord(op=op, axis=axis, nbytes=int(nbytes), issue_ns=time.perf_counter_ns())
+        self.records.append(record)
+        guard = np.array(send, copy=True) if self.check_buffers and isinstance(send, np.ndarray) else None
+        backend = self.backend
+        handle = CommHandle(self, record, recv, buffers=(send, recv),
+                            finish=lambda buf: backend.from_mpi_buffer(buf).reshape(shape))
+        handle._guard = (send, guard) if guard is not None else None
+        handle.done = handle.waited = False
+        self.in_flight.append(handle)
+        self.progress.start(handle, start)
+        return handle
+
+    def _retire(self, handle: CommHandle) -> None:
+        try:
+            self.in_flight.remove(handle)
+        except ValueError:
+            pass
+        if handle._guard is not None:
+            send, copy = handle._guard
+            handle._guard = None
+            if not np.array_equal(send, copy, equal_nan=True):
+                rec = handle.record
+                raise BufferModifiedError(
+                    f"the send buffer of {rec.op} over {rec.axis} ({rec.nbytes} bytes) was modified in flight"
+                )
+
+    def poll(self) -> None:
+        """Let MPI progress the collectives in flight (called between compute chunks)."""
+        if self.in_flight:
+            self.progress.poll(self.in_flight)
+            for callback in self.on_poll:
+                callback()
+
+    @property
+    def compute_hook(self):
+        """What GEMMs call between chunks, or None when the strategy needs no chunking."""
+        return self.progress.compute_hook(self)
+
+    def check_quiescent(self, where: str = "end of step") -> None:
+        """Raise if any request is still in flight (every request must be waited)."""
+        if self.in_flight:
+            pending = ", ".join(f"{h.record.op}/{h.record.axis}" for h in self.in_flight)
+            raise RuntimeError(f"{len(self.in_flight)} collective(s) still in flight at {where}: {pending}")
+
+    # operations -------------------------------------------------------------
+    def _skipped(self, op: str, axis: str, result, nbytes: int) -> CommHandle:
+        """Benchmark mode ``skip_communication``: a result of the right shape, no MPI call.
+
+        The values are wrong (only this rank's contribution); only the compute time is meaningful.
+        """
+        self.records.append(CommRecord(op=op, axis=axis, nbytes=int(nbytes), issue_ns=time.perf_counter_ns(),
+                                       complete_ns=time.perf_counter_ns()))
+        return completed(result)
 
     def allgather(self, axis: str, shard) -> CommHandle:
-        """All-gather equal flat shards along ``axis``.
+        """All-gather equal flat shards along ``axis`` (``Iallgather``).
 
         ``shard``: 1-D, ``s`` elements on every rank of the axis. Result: 1-D,
-        ``p*s`` elements, shard of axis-coordinate ``i`` at ``[i*s:(i+1)*s]``.
+        ``p*s`` elements, the shard of axis coordinate ``i`` at ``[i*s:(i+1)*s]``.
         """
         p = self.grid.size(axis)
         if p == 1:
             return completed(shard)
+        if self.skip_communication:
+            xp = self.backend.xp
+            return self._skipped("allgather", axis, xp.tile(shard, p), p * shard.nbytes)
         send = self.backend.mpi_send_buffer(shard)
         recv = self.backend.mpi_recv_buffer((p * shard.size,))
-        rec = self._record("allgather", axis, recv.nbytes)
         comm = self.grid.axis_comm(axis)
-        return self._blocking(rec, lambda: comm.Allgather(send, recv), recv, (p * shard.size,))
+        return self._issue("allgather", axis, recv.nbytes, lambda: comm.Iallgather(send, recv),
+                           send, recv, (p * shard.size,))
 
     def reduce_scatter(self, axis: str, full) -> CommHandle:
-        """Sum ``full`` (1-D, ``p*s`` elements) over ``axis`` and keep this rank's block.
+        """Sum ``full`` (1-D, ``p*s`` elements) over ``axis``; keep this rank's block (``Ireduce_scatter_block``).
 
         Result: 1-D, ``s`` elements: block ``coord(axis)`` of the sum.
         """
@@ -125,30 +231,53 @@ class Collectives:
             return completed(full)
         if full.size % p:
             raise ValueError(f"reduce_scatter over {axis}: {full.size} elements not divisible by {p}")
+        if self.skip_communication:
+            return self._skipped("reduce_scatter", axis, full[: full.size // p].copy(), full.nbytes)
         send = self.backend.mpi_send_buffer(full)
         recv = self.backend.mpi_recv_buffer((full.size // p,))
-        rec = self._record("reduce_scatter", axis, send.nbytes)
         comm = self.grid.axis_comm(axis)
-        return self._blocking(rec, lambda: comm.Reduce_scatter_block(send, recv), recv, (full.size // p,))
+        return self._issue("reduce_scatter", axis, send.nbytes, lambda: comm.Ireduce_scatter_block(send, recv),
+                           send, recv, (full.size // p,))
 
     def allreduce(self, axis: str, array) -> CommHandle:
-        """Element-wise sum of ``array`` (any shape) over ``axis``; result has the same shape."""
+        """Element-wise sum of ``array`` (any shape) over ``axis`` (``Iallreduce``); same shape back."""
         p = self.grid.size(axis)
         if p == 1:
             return completed(array)
+        if self.skip_communication:
+            return self._skipped("allreduce", axis, array, array.nbytes)
         send = self.backend.mpi_send_buffer(array)
         recv = self.backend.mpi_recv_buffer(array.shape)
-        rec = self._record("allreduce", axis, send.nbytes)
         comm = self.grid.axis_comm(axis)
-        return self._blocking(rec, lambda: comm.Allreduce(send, recv), recv, array.shape)
+        return self._issue("allreduce", axis, send.nbytes, lambda: comm.Iallreduce(send, recv),
+                           send, recv, array.shape)
 
     def allreduce_scalars(self, values, axes=("data", "z", "y", "x")) -> "list[float]":
-        """Sum a few host floats over the given axes (loss bookkeeping, not a hot path)."""
-        import numpy as np
-        from mpi4py import MPI
-
+        """Sum a few host floats over the given axes, blocking (loss bookkeeping, not a hot path)."""
         buf = np.asarray(values, dtype=np.float64).copy()
         for axis in axes:
             if self.grid.size(axis) > 1:
                 self.grid.axis_comm(axis).Allreduce(MPI.IN_PLACE, buf)
         return buf.tolist()
+
+    def replay(self, records: List[CommRecord]) -> float:
+        """Run the given collectives again, each waited at once, without compute; returns seconds.
+
+        For "communication alone" measurements: pass the records of a step run
+        without overlap (their order is the program order, the same on every rank;
+        the records of an overlapped step interleave communicators in a
+        rank-dependent order and could deadlock here). Collective over the grid.
+        """
+        ops = {"allgather": lambda a, n: self.allgather(a, self.backend.zeros((n // self.grid.size(a),))),
+               "reduce_scatter": lambda a, n: self.reduce_scatter(a, self.backend.zeros((n,))),
+               "allreduce": lambda a, n: self.allreduce(a, self.backend.zeros((n,)))}
+        itemsize = self.backend.dtype.itemsize
+        t0 = time.perf_counter()
+        for rec in records:
+            ops[rec.op](rec.axis, rec.nbytes // itemsize).wait()
+        return time.perf_counter() - t0
+
+    def wait_all(self) -> None:
+        """Wait for every collective in flight (in issue order)."""
+        for handle in list(self.in_flight):
+            handle.wait()

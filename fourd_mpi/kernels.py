@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import time
+
+import numpy as np
 from dataclasses import dataclass, field
 from typing import Dict
 
@@ -40,24 +42,77 @@ class ComputeCounter:
         return sum(self.flops.values())
 
 
-def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm"):
-    """``a @ b`` for 2-D operands (or batched, leading dims broadcast); counts 2*M*N*K FLOPs."""
-    if counter is None or not counter.enabled:
-        return a @ b
-    counter.backend.synchronize()
-    t0 = time.perf_counter()
-    out = a @ b
-    counter.backend.synchronize()
-    dt = time.perf_counter() - t0
+def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm", progress=None):
+    """``a @ b`` for 2-D (or batched, leading dims) operands; counts ``2*M*N*K`` FLOPs.
+
+    ``progress``: None, or a callable with a ``chunk_flops`` attribute. Then the
+    product is computed in chunks of rows of ``a`` (of the leading batch dim for
+    batched operands) of about ``chunk_flops`` each, and ``progress()`` is called
+    between chunks so that MPI can advance collectives in flight; on a GPU the
+    host polls while the asynchronous kernel runs. The result is the same.
+    """
     m, k = a.shape[-2], a.shape[-1]
     n = b.shape[-1]
-    batch = out.size // (m * n)
-    counter.seconds[kind] = counter.seconds.get(kind, 0.0) + dt
-    counter.flops[kind] = counter.flops.get(kind, 0.0) + 2.0 * batch * m * n * k
-    if kind == "gemm":
-        key = (m, n, k, a.strides[-1] == a.itemsize, b.strides[-1] == b.itemsize)
-        counter.shapes[key] = counter.shapes.get(key, 0) + 1
+    batch = max(1, a.size // (m * k)) if a.ndim > 2 else 1
+    flops = 2.0 * batch * m * n * k
+    timing = counter is not None and counter.enabled
+    if timing:
+        counter.backend.synchronize()
+    if progress is None or flops <= progress.chunk_flops:
+        t0 = time.perf_counter()
+        out = a @ b
+        if progress is not None and not isinstance(out, np.ndarray):
+            _poll_until_done(out, progress)
+        seconds = _elapsed(counter, t0) if timing else 0.0
+    else:
+        out, seconds = _chunked_matmul(a, b, flops, progress, counter if timing else None)
+    if timing:
+        counter.seconds[kind] = counter.seconds.get(kind, 0.0) + seconds
+        counter.flops[kind] = counter.flops.get(kind, 0.0) + flops
+        if kind == "gemm":
+            key = (m, n, k, a.strides[-1] == a.itemsize, b.strides[-1] == b.itemsize)
+            counter.shapes[key] = counter.shapes.get(key, 0) + 1
     return out
+
+
+def _elapsed(counter, t0: float) -> float:
+    counter.backend.synchronize()
+    return time.perf_counter() - t0
+
+
+def _poll_until_done(out, progress) -> None:
+    """GPU: the kernel is asynchronous; poll MPI until it has finished."""
+    import cupy
+
+    event = cupy.cuda.Event(block=False, disable_timing=True)
+    event.record()
+    while not event.done:
+        progress()
+
+
+def _array_module(x):
+    if isinstance(x, np.ndarray):
+        return np
+    import cupy
+
+    return cupy
+
+
+def _chunked_matmul(a, b, flops: float, progress, counter):
+    """Split along the first dim of ``a`` (rows, or batch entries), ``progress()`` between chunks."""
+    length = a.shape[0]
+    pieces = max(1, min(length, int(flops // progress.chunk_flops)))
+    bounds = [(i * length // pieces, (i + 1) * length // pieces) for i in range(pieces)]
+    batched_b = a.ndim > 2 and b.ndim == a.ndim and b.shape[0] == length
+    parts, seconds = [], 0.0
+    for i, (start, stop) in enumerate(bounds):
+        t0 = time.perf_counter()
+        parts.append(a[start:stop] @ (b[start:stop] if batched_b else b))
+        if counter is not None:
+            seconds += _elapsed(counter, t0)
+        if i + 1 < pieces:
+            progress()
+    return _array_module(parts[0]).concatenate(parts, axis=0), seconds
 
 
 _GELU_C = math.sqrt(2.0 / math.pi)
@@ -104,7 +159,7 @@ def layernorm_backward_finish(g, xhat, rstd, sum_g, sum_gx, hidden: int):
     return rstd * (g - sum_g / hidden - xhat * (sum_gx / hidden))
 
 
-def attention_forward(xp, qkv, batch: int, seq: int, heads: int, head_dim: int, counter=None):
+def attention_forward(xp, qkv, batch: int, seq: int, heads: int, head_dim: int, counter=None, progress=None):
     """Causal multi-head attention on this rank's heads.
 
     qkv: ``[batch*seq, heads*3*head_dim]``, per head ``[q | k | v]`` (Megatron order),
@@ -116,26 +171,27 @@ def attention_forward(xp, qkv, batch: int, seq: int, heads: int, head_dim: int, 
     k = t[:, :, :, 1, :].transpose(0, 2, 1, 3)
     v = t[:, :, :, 2, :].transpose(0, 2, 1, 3)
     scale = 1.0 / math.sqrt(head_dim)
-    scores = matmul(q, k.transpose(0, 1, 3, 2), counter, "attention") * scale
+    scores = matmul(q, k.transpose(0, 1, 3, 2), counter, "attention", progress) * scale
     mask = xp.triu(xp.ones((seq, seq), dtype=bool), k=1)
     scores = xp.where(mask, -xp.inf, scores)
     scores = scores - scores.max(axis=-1, keepdims=True)
     probs = xp.exp(scores)
     probs /= probs.sum(axis=-1, keepdims=True)
-    ctx = matmul(probs, v, counter, "attention")  # [b, nh, s, hd]
+    ctx = matmul(probs, v, counter, "attention", progress)  # [b, nh, s, hd]
     ctx = ctx.transpose(0, 2, 1, 3).reshape(batch * seq, heads * head_dim)
     return ctx, (q, k, v, probs)
 
 
-def attention_backward(xp, dctx, saved, batch: int, seq: int, heads: int, head_dim: int, counter=None):
+def attention_backward(xp, dctx, saved, batch: int, seq: int, heads: int, head_dim: int, counter=None,
+                       progress=None):
     """Gradient of :func:`attention_forward`: ``dctx [b*s, nh*hd]`` -> ``dqkv [b*s, nh*3*hd]``."""
     q, k, v, probs = saved
     scale = 1.0 / math.sqrt(head_dim)
     d = dctx.reshape(batch, seq, heads, head_dim).transpose(0, 2, 1, 3)
-    dv = matmul(probs.transpose(0, 1, 3, 2), d, counter, "attention")
-    dprobs = matmul(d, v.transpose(0, 1, 3, 2), counter, "attention")
+    dv = matmul(probs.transpose(0, 1, 3, 2), d, counter, "attention", progress)
+    dprobs = matmul(d, v.transpose(0, 1, 3, 2), counter, "attention", progress)
     dscores = probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True)) * scale
-    dq = matmul(dscores, k, counter, "attention")
-    dk = matmul(dscores.transpose(0, 1, 3, 2), q, counter, "attention")
+    dq = matmul(dscores, k, counter, "attention", progress)
+    dk = matmul(dscores.transpose(0, 1, 3, 2), q, counter, "attention", progress)
     dqkv = xp.stack([dq, dk, dv], axis=3)  # [b, nh, s, 3, hd]
     return dqkv.transpose(0, 2, 1, 3, 4).reshape(batch * seq, heads * 3 * head_dim)

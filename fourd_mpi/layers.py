@@ -30,7 +30,7 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 
 from . import kernels
-from .collectives import CommHandle, Collectives
+from .collectives import CommHandle, Collectives, GroupHandle
 from .layout import Layout, block_range, weight_layout, weight_shard_indices
 from .synthetic import stream_id, uniform_at
 
@@ -40,9 +40,9 @@ class Parameter:
     """A trainable tensor's local piece.
 
     data, grad: backend arrays of this rank's piece (``grad`` after the layer's own
-    collectives). reduce_axes: axes over which the gradient still has to be summed
-    by the step engine (``("data",)`` for FC weights, ``("z", "data")`` for
-    LayerNorm parameters, which are replicated over Z). global_shape and
+    collective: the reduce-scatter over Z of FC weights, the all-reduce over Z of
+    LayerNorm parameters). reduce_axes: axes over which the gradient still has to
+    be summed by the step engine (``("data",)``). global_shape and
     global_index(): where the piece lives in the global tensor (for verification).
     """
 
@@ -108,21 +108,38 @@ class FullyConnected4D:
         return comm.reduce_scatter("z", dw_block.reshape(-1))
 
     # compute + the collective that completes it ------------------------------
-    def forward(self, x, weight_block, comm: Collectives) -> CommHandle:
-        """``x [m, k/in]`` -> handle of ``y [m, n/out]``: local GEMM, all-reduce over the in axis."""
-        w = weight_block.reshape(self.block_shape)
-        y_partial = kernels.matmul(x, w.T, self.counter)
-        return comm.allreduce(self.in_axis, y_partial)
+    def forward(self, x, weight_block, comm: Collectives, chunks: int = 1):
+        """``x [m, k/in]`` -> handle of ``y [m, n/out]``: local GEMM, all-reduce over the in axis.
+
+        With ``chunks > 1`` (over-decomposition) the tokens are split in ``chunks``
+        pieces and each piece's all-reduce is issued as soon as its GEMM is done,
+        so it overlaps the next piece's GEMM. Collective over the in axis.
+        """
+        w_t = weight_block.reshape(self.block_shape).T
+        chunks = min(chunks, x.shape[0]) if comm.grid.size(self.in_axis) > 1 else 1
+        if chunks <= 1:
+            return comm.allreduce(self.in_axis, kernels.matmul(x, w_t, self.counter, progress=comm.compute_hook))
+        m = x.shape[0]
+        handles = []
+        for i in range(chunks):
+            rows = slice(i * m // chunks, (i + 1) * m // chunks)
+            y_piece = kernels.matmul(x[rows], w_t, self.counter, progress=comm.compute_hook)
+            handles.append(comm.allreduce(self.in_axis, y_piece))
+        xp = self.backend.xp
+        return GroupHandle(handles, lambda pieces: xp.concatenate(pieces, axis=0))
 
     def backward_input(self, dy, weight_block, comm: Collectives) -> CommHandle:
         """``dy [m, n/out]`` -> handle of ``dx [m, k/in]``: local GEMM, all-reduce over the out axis."""
         w = weight_block.reshape(self.block_shape)
-        dx_partial = kernels.matmul(dy, w, self.counter)
+        dx_partial = kernels.matmul(dy, w, self.counter, progress=comm.compute_hook)
         return comm.allreduce(self.out_axis, dx_partial)
 
-    def backward_weight(self, dy, x):
-        """``dW_blk = dy^T x`` ``[n/out, k/in]``, partial over this rank's tokens (no communication)."""
-        return kernels.matmul(dy.T, x, self.counter)
+    def backward_weight(self, dy, x, comm: Optional[Collectives] = None):
+        """``dW_blk = dy^T x`` ``[n/out, k/in]``, partial over this rank's tokens.
+
+        No communication; ``comm`` only lends its progress hook to the GEMM.
+        """
+        return kernels.matmul(dy.T, x, self.counter, progress=comm.compute_hook if comm else None)
 
     def flops_per_token(self) -> int:
         """Local forward GEMM FLOPs per token on this rank."""
@@ -151,9 +168,9 @@ class LayerNorm4D:
             return np.arange(start, stop, dtype=np.int64)
 
         self.gamma = Parameter(f"{name}.gamma", backend.asarray(np.ones(stop - start)), layout,
-                               ("z", "data"), (hidden,), index)
+                               ("data",), (hidden,), index)
         self.beta = Parameter(f"{name}.beta", backend.asarray(np.zeros(stop - start)), layout,
-                              ("z", "data"), (hidden,), index)
+                              ("data",), (hidden,), index)
         self.xp = xp
 
     def forward(self, x, comm: Collectives):
@@ -175,6 +192,13 @@ class LayerNorm4D:
         sums = comm.allreduce("x", self.xp.concatenate([sum_g, sum_gx], axis=1)).wait()
         self.gamma.grad, self.beta.grad = dgamma, dbeta
         return kernels.layernorm_backward_finish(g, xhat, rstd, sums[:, :1], sums[:, 1:], self.hidden)
+
+    def reduce_param_grads(self, comm: Collectives):
+        """All-reduce the token-partial gamma/beta grads over Z. Returns ``[(param, handle)]``.
+
+        Collective over Z (then over data, by the engine: ``reduce_axes``).
+        """
+        return [(p, comm.allreduce("z", p.grad)) for p in (self.gamma, self.beta)]
 
     def parameters(self):
         return [self.gamma, self.beta]

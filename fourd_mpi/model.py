@@ -20,48 +20,8 @@ from .collectives import Collectives
 from .config import ModelConfig
 from .layers import FullyConnected4D, LayerNorm4D, Parameter
 from .layout import activation_layout, block_range, local_sequences
+from .scheduling import StepContext, linear_backward, linear_forward
 from .synthetic import stream_id, uniform_block
-
-
-class WeightPolicy:
-    """Where a layer's gathered weight block comes from.
-
-    With ``cache_weights`` the block all-gathered in forward is kept for backward
-    (memory for communication); otherwise backward all-gathers it again.
-    """
-
-    def __init__(self, comm: Collectives, cache_weights: bool = False):
-        self.comm = comm
-        self.cache_weights = cache_weights
-
-    def forward(self, layer: FullyConnected4D, saved: Dict):
-        block = layer.gather_weight(self.comm).wait()
-        if self.cache_weights:
-            saved[layer.name] = block
-        return block
-
-    def backward(self, layer: FullyConnected4D, saved: Dict):
-        if layer.name in saved:
-            return saved.pop(layer.name)
-        return layer.gather_weight(self.comm).wait()
-
-
-def linear_forward(layer: FullyConnected4D, x, weights: WeightPolicy, saved: Dict):
-    """Gather the weight over Z, GEMM, all-reduce over the layer's in axis."""
-    return layer.forward(x, weights.forward(layer, saved), weights.comm).wait()
-
-
-def linear_backward(layer: FullyConnected4D, dy, x, weights: WeightPolicy, saved: Dict):
-    """Backward of one layer; returns ``dx`` and sets ``layer.weight.grad`` (Z-reduced shard).
-
-    The ``dx`` all-reduce is issued before the ``dW`` GEMM, so an overlapping
-    engine can hide it behind that GEMM (AxoNN's OAR).
-    """
-    comm = weights.comm
-    dx = layer.backward_input(dy, weights.backward(layer, saved), comm)
-    dw_block = layer.backward_weight(dy, x)
-    layer.weight.grad = layer.reduce_weight_grad(dw_block, comm).wait()
-    return dx.wait()
 
 
 class GPTBlock:
@@ -91,29 +51,40 @@ class GPTBlock:
     def _attention_shape(self):
         return self.local_batch, self.seq, self.local_heads, self.head_dim
 
-    def forward(self, h, weights: WeightPolicy):
-        comm, xp, s = weights.comm, self.xp, {}
+    def fc_layers(self) -> List[FullyConnected4D]:
+        """The 4D layers in the order forward uses them."""
+        return [self.qkv, self.proj, self.fc1, self.fc2]
+
+    def forward(self, h, ctx: StepContext):
+        comm, xp, s = ctx.comm, self.xp, {}
         a, s["ln1"] = self.ln1.forward(h, comm)
         s["a"] = a
-        qkv = linear_forward(self.qkv, a, weights, s)  # [m, 3h/y] rep x
-        s["ctx"], s["attn"] = kernels.attention_forward(xp, qkv, *self._attention_shape(), self.counter)
-        h1 = h + linear_forward(self.proj, s["ctx"], weights, s)  # [m, h/x] rep y
+        qkv = linear_forward(self.qkv, a, ctx)  # [m, 3h/y] rep x
+        s["ctx"], s["attn"] = kernels.attention_forward(xp, qkv, *self._attention_shape(), self.counter,
+                                                        comm.compute_hook)
+        h1 = h + linear_forward(self.proj, s["ctx"], ctx)  # [m, h/x] rep y
         b, s["ln2"] = self.ln2.forward(h1, comm)
         s["b"] = b
-        s["u"] = linear_forward(self.fc1, b, weights, s)  # [m, 4h/y] rep x
+        s["u"] = linear_forward(self.fc1, b, ctx)  # [m, 4h/y] rep x
         s["g"] = kernels.gelu(xp, s["u"])
-        return h1 + linear_forward(self.fc2, s["g"], weights, s), s
+        return h1 + linear_forward(self.fc2, s["g"], ctx), s
 
-    def backward(self, dh2, s, weights: WeightPolicy):
-        comm, xp = weights.comm, self.xp
-        dg = linear_backward(self.fc2, dh2, s["g"], weights, s)
+    def backward(self, dh2, s, ctx: StepContext):
+        comm, xp = ctx.comm, self.xp
+        dg = linear_backward(self.fc2, dh2, s["g"], ctx)
         du = kernels.gelu_backward(xp, s["u"], dg)
-        db = linear_backward(self.fc1, du, s["b"], weights, s)
+        db = linear_backward(self.fc1, du, s["b"], ctx)
         dh1 = dh2 + self.ln2.backward(db, s["ln2"], comm)
-        dctx = linear_backward(self.proj, dh1, s["ctx"], weights, s)
-        dqkv = kernels.attention_backward(xp, dctx, s["attn"], *self._attention_shape(), self.counter)
-        da = linear_backward(self.qkv, dqkv, s["a"], weights, s)
-        return dh1 + self.ln1.backward(da, s["ln1"], comm)
+        for param, handle in self.ln2.reduce_param_grads(comm):
+            ctx.grads.add(param, handle)
+        dctx = linear_backward(self.proj, dh1, s["ctx"], ctx)
+        dqkv = kernels.attention_backward(xp, dctx, s["attn"], *self._attention_shape(), self.counter,
+                                          comm.compute_hook)
+        da = linear_backward(self.qkv, dqkv, s["a"], ctx)
+        dh = dh1 + self.ln1.backward(da, s["ln1"], comm)
+        for param, handle in self.ln1.reduce_param_grads(comm):
+            ctx.grads.add(param, handle)
+        return dh
 
 
 class MLPBlock:
@@ -130,16 +101,19 @@ class MLPBlock:
     def parameters(self) -> List[Parameter]:
         return [self.fc1.weight, self.fc2.weight]
 
-    def forward(self, x, weights: WeightPolicy):
-        s = {"x": x}
-        s["u"] = linear_forward(self.fc1, x, weights, s)
-        s["g"] = kernels.gelu(self.xp, s["u"])
-        return linear_forward(self.fc2, s["g"], weights, s), s
+    def fc_layers(self) -> List[FullyConnected4D]:
+        return [self.fc1, self.fc2]
 
-    def backward(self, dy, s, weights: WeightPolicy):
-        dg = linear_backward(self.fc2, dy, s["g"], weights, s)
+    def forward(self, x, ctx: StepContext):
+        s = {"x": x}
+        s["u"] = linear_forward(self.fc1, x, ctx)
+        s["g"] = kernels.gelu(self.xp, s["u"])
+        return linear_forward(self.fc2, s["g"], ctx), s
+
+    def backward(self, dy, s, ctx: StepContext):
+        dg = linear_backward(self.fc2, dy, s["g"], ctx)
         du = kernels.gelu_backward(self.xp, s["u"], dg)
-        return linear_backward(self.fc1, du, s["x"], weights, s)
+        return linear_backward(self.fc1, du, s["x"], ctx)
 
 
 class Model:
@@ -161,18 +135,22 @@ class Model:
     def parameters(self) -> List[Parameter]:
         return [p for block in self.blocks for p in block.parameters()]
 
-    def forward(self, x, weights: WeightPolicy):
+    def fc_layers(self) -> List[FullyConnected4D]:
+        """Every 4D layer in the order the forward pass uses it."""
+        return [layer for block in self.blocks for layer in block.fc_layers()]
+
+    def forward(self, x, ctx: StepContext):
         """``x [m, h/x]`` -> ``(y [m, h/x], saved)``; both rep Y."""
         saved = []
         for block in self.blocks:
-            x, s = block.forward(x, weights)
+            x, s = block.forward(x, ctx)
             saved.append(s)
         return x, saved
 
-    def backward(self, dy, saved, weights: WeightPolicy):
-        """Backpropagate ``dy [m, h/x]``; fills every parameter's (Z-reduced) grad; returns ``dx``."""
+    def backward(self, dy, saved, ctx: StepContext):
+        """Backpropagate ``dy [m, h/x]``; hands every gradient to ``ctx.grads``; returns ``dx``."""
         for block, s in zip(reversed(self.blocks), reversed(saved)):
-            dy = block.backward(dy, s, weights)
+            dy = block.backward(dy, s, ctx)
         return dy
 
 

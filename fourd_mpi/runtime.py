@@ -20,6 +20,8 @@ from .kernels import ComputeCounter
 from .model import Model, SyntheticData
 from .mpiutil import agree
 from .optim import OPTIMIZERS, make_optimizer
+from .overlap import OverlapConfig
+from .progress import PROGRESS_STRATEGIES, make_progress
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,16 @@ class RunOptions:
     cache_weights: bool = False
     steps: int = 10
     warmup: int = 1
+    overlap: str = "none"
+    prefetch_depth: int = 1
+    chunks: int = 2
+    progress: str = "poll"
+    poll_flops: float = 4e6
+    check_buffers: bool = False
+
+    def overlap_config(self) -> OverlapConfig:
+        text = self.overlap + (",cache" if self.cache_weights else "")
+        return OverlapConfig.parse(text, prefetch_depth=self.prefetch_depth, chunks=self.chunks)
 
     def as_dict(self) -> Dict:
         d = asdict(self)
@@ -62,7 +74,14 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
             raise ConfigError(f"--{name} must be positive, got {options[name]}")
     if options.get("warmup", 0) < 0:
         raise ConfigError(f"--warmup must be zero or positive, got {options['warmup']}")
-    return RunOptions(model=model, grid=shape, **options)
+    if options.get("progress", "poll") not in PROGRESS_STRATEGIES:
+        raise ConfigError(f"unknown progress strategy {options['progress']!r}: "
+                          f"choose one of {', '.join(PROGRESS_STRATEGIES)}")
+    if options.get("poll_flops", 1) <= 0:
+        raise ConfigError(f"--poll-flops must be positive, got {options['poll_flops']}")
+    run_options = RunOptions(model=model, grid=shape, **options)
+    run_options.overlap_config()  # validates the overlap list, depth and chunks
+    return run_options
 
 
 @dataclass
@@ -79,17 +98,29 @@ class Run:
     counter: ComputeCounter = field(default=None)
 
     @classmethod
-    def build(cls, mpi_comm, options: RunOptions, count_flops: bool = False) -> "Run":
+    def build(cls, mpi_comm, options: RunOptions, count_flops: bool = False,
+              skip_communication: bool = False) -> "Run":
+        """Build the run. ``count_flops`` times every GEMM (benchmarks);
+        ``skip_communication`` replaces every collective by a local stand-in of the
+        right shape (benchmarks of compute alone: the numbers are then meaningless).
+        """
         grid = ProcessGrid(mpi_comm, options.grid)
         backend = agree(mpi_comm, lambda: make_backend(
             options.backend, parse_dtype(options.dtype), grid.local_rank, options.device_buffers))
-        comm = Collectives(grid, backend)
+        progress = agree(mpi_comm, lambda: make_progress(options.progress, options.poll_flops))
+        comm = Collectives(grid, backend, progress=progress, check_buffers=options.check_buffers,
+                           skip_communication=skip_communication)
         counter = ComputeCounter(backend=backend, enabled=count_flops)
         model = Model(options.model, grid, backend, seed=options.seed, counter=counter)
         data = SyntheticData(options.model, grid, backend, seed=options.seed)
         optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr)
-        trainer = Trainer(model, data, comm, optimizer, cache_weights=options.cache_weights)
+        trainer = Trainer(model, data, comm, optimizer, overlap=options.overlap_config())
         return cls(options, grid, backend, comm, model, data, trainer, counter)
 
+    def overlap_notes(self):
+        """Overlap options that are no-ops on this grid, with the reason."""
+        return self.trainer.overlap.inapplicable(self.options.grid)
+
     def close(self) -> None:
+        self.comm.progress.close()
         self.grid.free()

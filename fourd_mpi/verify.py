@@ -64,6 +64,8 @@ def relative_error(a: np.ndarray, b: np.ndarray) -> float:
 @dataclass
 class GridCheck:
     grid: str
+    overlap: str
+    progress: str
     output_error: float
     grad_error: float
     worst_grad: str
@@ -99,14 +101,19 @@ def check_grid(options: RunOptions, reference, steps: int, world) -> Optional[Gr
     ref_losses = np.array([reference["loss0"]] + reference["losses"])
     got_losses = np.array([got["loss0"]] + got["losses"])
     loss_error = float(np.max(np.abs(got_losses - ref_losses) / np.abs(ref_losses)))
-    return GridCheck(str(options.grid), errors["output"], grads[worst], worst[5:], loss_error,
+    overlap = ",".join(options.overlap_config().enabled) or "none"
+    return GridCheck(str(options.grid), overlap, options.progress, errors["output"], grads[worst], worst[5:], loss_error,
                      TOLERANCE.get(options.dtype, 1e-2))
 
 
-def verify(options: RunOptions, grids: List[GridShape], steps: int, world) -> List[GridCheck]:
-    """Check every grid in ``grids`` (each must factor ``world``). Results on rank 0."""
-    reference = serial_reference(options, steps, world)
+def verify(variants: List[RunOptions], grids: List[GridShape], steps: int, world) -> List[GridCheck]:
+    """Check every grid in ``grids`` (each must factor ``world``) with every variant's
+    overlap and progress options against one blocking single-rank reference. Results on rank 0.
+    """
+    blocking = replace(variants[0], overlap="none", cache_weights=False, progress="none")
+    reference = serial_reference(blocking, steps, world)
     results = []
     for shape in grids:
-        results.append(check_grid(replace(options, grid=shape), reference, steps, world))
+        for options in variants:
+            results.append(check_grid(replace(options, grid=shape), reference, steps, world))
     return results

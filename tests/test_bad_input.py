@@ -16,6 +16,8 @@ CASES = [
     (["--hidden", "0"], "--hidden: expected a positive integer, got 0"),
     (["--batch", "-8"], "--batch: expected a positive integer, got -8"),
     (["--steps", "0"], "--steps: expected a positive integer, got 0"),
+    (["--overlap", "oag,prefetch"], "unknown overlap 'prefetch'"),
+    (["--progress", "async"], "--progress: invalid choice: 'async'"),
 ]
 
 

@@ -6,7 +6,6 @@ Runs in-process on one rank (grid 1x1x1x1 on COMM_SELF), float64.
 import numpy as np
 import pytest
 
-from fourd_mpi.model import mse_loss
 from fourd_mpi.runtime import Run, resolve
 
 
@@ -18,10 +17,7 @@ def build(preset, **sizes):
 
 
 def loss_only(run, step=0):
-    x, target = run.data.batch(step)
-    y, _ = run.model.forward(x, run.trainer.weights)
-    loss, _ = mse_loss(y, target, run.comm, run.trainer.global_elements)
-    return loss
+    return run.trainer.evaluate(step)
 
 
 @pytest.mark.parametrize("preset, sizes", [
