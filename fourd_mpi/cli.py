@@ -81,8 +81,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="oag: how many layers ahead weight all-gathers are issued (default 1)")
     o.add_argument("--chunks", type=_positive_int, default=2, metavar="K",
                    help="od: token chunks of the forward all-reduce (default 2)")
-    o.add_argument("--poll-flops", type=float, default=4e6, metavar="F",
-                   help="poll: FLOPs of GEMM between two MPI progress polls (default 4e6)")
+    o.add_argument("--poll-flops", type=float, default=1e7, metavar="F",
+                   help="poll: FLOPs of GEMM between two MPI progress polls (default 1e7)")
     o.add_argument("--check-buffers", action="store_true",
                    help="debug: verify that no send buffer is modified while its collective is in flight")
 

@@ -98,21 +98,42 @@ def _array_module(x):
     return cupy
 
 
+#: Smallest extent of a GEMM chunk along the split dimension: thinner pieces run
+#: at matrix-vector speed and cost more than the progress they buy.
+MIN_CHUNK_EXTENT = 64
+
+
 def _chunked_matmul(a, b, flops: float, progress, counter):
-    """Split along the first dim of ``a`` (rows, or batch entries), ``progress()`` between chunks."""
-    length = a.shape[0]
-    pieces = max(1, min(length, int(flops // progress.chunk_flops)))
+    """The product in pieces, ``progress()`` between them.
+
+    2-D: split the larger of M (rows of ``a``) and N (columns of ``b``), so each
+    piece is still a real GEMM. Batched: split the leading batch dimension.
+    """
+    if a.ndim > 2:
+        axis, length, floor = 0, a.shape[0], 1
+    elif a.shape[0] >= b.shape[1]:
+        axis, length, floor = 0, a.shape[0], MIN_CHUNK_EXTENT
+    else:
+        axis, length, floor = 1, b.shape[1], MIN_CHUNK_EXTENT
+    floor = max(1, min(floor, length // 2))  # small operands: still at least two pieces
+    pieces = max(1, min(length // floor, int(flops // progress.chunk_flops)))
     bounds = [(i * length // pieces, (i + 1) * length // pieces) for i in range(pieces)]
     batched_b = a.ndim > 2 and b.ndim == a.ndim and b.shape[0] == length
     parts, seconds = [], 0.0
     for i, (start, stop) in enumerate(bounds):
         t0 = time.perf_counter()
-        parts.append(a[start:stop] @ (b[start:stop] if batched_b else b))
+        if a.ndim > 2:
+            parts.append(a[start:stop] @ (b[start:stop] if batched_b else b))
+        elif axis == 0:
+            parts.append(a[start:stop] @ b)
+        else:
+            parts.append(a @ b[:, start:stop])
         if counter is not None:
             seconds += _elapsed(counter, t0)
         if i + 1 < pieces:
             progress()
-    return _array_module(parts[0]).concatenate(parts, axis=0), seconds
+    out_axis = 0 if a.ndim > 2 or axis == 0 else 1
+    return _array_module(parts[0]).concatenate(parts, axis=out_axis), seconds
 
 
 _GELU_C = math.sqrt(2.0 / math.pi)

@@ -95,7 +95,7 @@ class PollProgress(NoProgress):
 
     name = "poll"
 
-    def __init__(self, chunk_flops: float = 4e6):
+    def __init__(self, chunk_flops: float = 1e7):
         if chunk_flops <= 0:
             raise ConfigError(f"poll chunk size must be positive, got {chunk_flops}")
         self.chunk_flops = chunk_flops
@@ -176,7 +176,7 @@ class ThreadProgress(NoProgress):
         return f"thread (a progress thread polls Testsome every {self.interval * 1e6:.0f} us)"
 
 
-def make_progress(name: str, chunk_flops: float = 4e6):
+def make_progress(name: str, chunk_flops: float = 1e7):
     if name == "none":
         return NoProgress()
     if name == "poll":

@@ -43,7 +43,7 @@ class RunOptions:
     prefetch_depth: int = 1
     chunks: int = 2
     progress: str = "poll"
-    poll_flops: float = 4e6
+    poll_flops: float = 1e7
     check_buffers: bool = False
 
     def overlap_config(self) -> OverlapConfig:
