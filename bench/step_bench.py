@@ -9,7 +9,14 @@ For each grid ``G_data x G_z x G_y x G_x`` (all in one ``mpiexec`` run) this mea
    ``"attention"``: the batched attention matmuls) and records the GEMM shapes
    and operand layouts. Reported: step time (max over ranks per step, then the
    median / min / max over steps), the share of each rank's step time spent in
-   layer GEMMs and the in-step GEMM rate ``flops / seconds`` of each rank.
+   layer GEMMs, attention matmuls and blocked in ``Wait`` on collectives, and
+   the in-step GEMM rate ``flops / seconds`` of each rank. ``--overlap`` and
+   ``--progress`` are passed to the run as in ``fourd-mpi run``; with the
+   ``poll`` progress a GEMM issued while a collective is in flight runs in row
+   chunks of about ``--poll-flops`` FLOPs with MPI polls in between (the
+   counter times the chunks, not the polls). The counter records the whole
+   GEMM's shape, so the standalone passes below run it unchunked and the
+   ratio includes what chunking costs.
 2. **The same GEMMs outside the step.** Every rank rebuilds operands with the
    recorded shapes, dtype and layout (a transposed view where the operand was
    not row-contiguous, as ``x @ w.T`` and ``dy.T @ x`` are in the step) and runs
@@ -17,23 +24,36 @@ For each grid ``G_data x G_z x G_y x G_x`` (all in one ``mpiexec`` run) this mea
    timed exactly as in the step (``kernels.matmul`` with a fresh counter); the
    median over ``--repeats`` passes gives the standalone rate, two ways:
 
-   * **concurrent**: all ranks run their own GEMMs at the same time, so the node
-     is as oversubscribed as during the step. ``in-step rate / concurrent rate``
-     per rank is the fair comparison (the target is >= 0.9).
+   * **concurrent**: all ranks run their own GEMMs at the same time, back to
+     back (no barrier between passes, plus an untimed pass after the timed
+     ones, so every timed pass runs on a fully busy node), as oversubscribed as
+     during the step. ``in-step rate / concurrent rate`` per rank is the fair
+     comparison; the target is >= 0.9. It can exceed 1: inside the step some
+     ranks wait in MPI, and MPICH's wait loop calls ``sched_yield`` (thousands
+     of times a second), so a GEMM in the step gets more of its core than in
+     the concurrent pass, where every rank computes.
    * **alone**: one rank at a time (rank 0, or the first ``--alone-ranks``
      ranks in turn) runs rank 0's GEMMs while every other rank sleeps in
-     :func:`~fourd_mpi.mpiutil.idle_barrier`. This is the machine's single-core
-     GEMM rate; on an oversubscribed node (8 ranks on 2 cores, 4 ranks per
-     core inside the step) the in-step rate can only be a fraction of it, so
-     this ratio is *not* apples-to-apples: it shows the cost of
-     oversubscription, not an inefficiency of the step.
+     :func:`~fourd_mpi.mpiutil.idle_barrier` (a barrier that sleeps, so it
+     does not steal cores). This is the single-core GEMM rate; on an
+     oversubscribed node (8 ranks on 2 cores: 4 ranks share a core inside the
+     step) the in-step rate is only a fraction of it (about 1/4 when all ranks
+     compute at once), so this ratio is *not* apples-to-apples: it shows the
+     cost of oversubscription, not an inefficiency of the step.
 
-Launch (one thread per rank: the ranks already oversubscribe the cores, and a
-multithreaded BLAS in every rank would oversubscribe them again)::
+Launch with ``OMP_NUM_THREADS=1`` (one BLAS thread per rank: the ranks already
+fill or oversubscribe the cores, and a multithreaded BLAS in every rank would
+oversubscribe them again; the script warns when it is unset)::
 
     OMP_NUM_THREADS=1 mpiexec -n 8 python bench/step_bench.py
     OMP_NUM_THREADS=1 mpiexec -n 8 python bench/step_bench.py --model gpt-small \\
         --grids 1x2x2x2,1x1x2x4 --steps 5 --warmup 2 --repeats 5 --json step.json
+
+Default model: ``gpt-small`` with 2 layers and sequence length 128 (about
+0.5-1.5 s a step with 8 ranks on 2 cores; the whole run takes about a
+minute). With ``--model`` the preset is used as is (plus any size flags);
+without it, size flags override these defaults. Nothing else should
+run on the node meanwhile: the header prints the load average at start.
 
 Grids that do not fit the model (``fourd_mpi.config.model_problems``) or the
 world size are skipped with the reason. Results are printed on rank 0;
@@ -67,12 +87,13 @@ from fourd_mpi.errors import BackendError, ConfigError  # noqa: E402
 from fourd_mpi.grid import GridShape  # noqa: E402
 from fourd_mpi.kernels import ComputeCounter, matmul  # noqa: E402
 from fourd_mpi.mpiutil import idle_barrier  # noqa: E402
+from fourd_mpi.progress import PROGRESS_STRATEGIES  # noqa: E402
 from fourd_mpi.runtime import Run, resolve  # noqa: E402
 
-#: Default model: gpt-small (4 layers, hidden 512, 8 heads, global batch 8) with a
+#: Default model: gpt-small (hidden 512, 8 heads, ffn 2048, global batch 8) with 2 layers and a
 #: shorter sequence, so a step takes roughly 0.2-2 s with 8 ranks on 2 cores.
 DEFAULT_MODEL = "gpt-small"
-DEFAULT_OVERRIDES = {"seq": 128}
+DEFAULT_OVERRIDES = {"layers": 2, "seq": 128}
 
 #: A GEMM as the counter records it: (m, n, k, a_row_contiguous, b_row_contiguous).
 ShapeKey = Tuple[int, int, int, bool, bool]
@@ -97,7 +118,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse whose errors are a :class:`ConfigError` (same message on every rank)."""
 
     def error(self, message):
-        raise ConfigError(f"{self.prog}: {message}")
+        raise ConfigError(f"{message} (see --help)")
 
     def _print_message(self, message, file=None):  # --help once, not once per rank
         if MPI.COMM_WORLD.Get_rank() == 0:
@@ -117,15 +138,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grids", default=None, metavar="DxZxYxX,...",
                    help="comma-separated grids G_data x G_z x G_y x G_x (default: a few "
                         "representative factorizations of the world size)")
-    p.add_argument("--steps", type=_positive_int, default=4, help="timed steps per grid (default 4)")
-    p.add_argument("--warmup", type=_nonnegative_int, default=1,
-                   help="untimed steps before them (default 1)")
-    p.add_argument("--repeats", type=_positive_int, default=3,
-                   help="timed passes of the standalone GEMMs, median taken (default 3)")
+    p.add_argument("--steps", type=_positive_int, default=8, help="timed steps per grid (default 8)")
+    p.add_argument("--warmup", type=_nonnegative_int, default=2,
+                   help="untimed steps before them (default 2)")
+    p.add_argument("--repeats", type=_positive_int, default=7,
+                   help="timed passes of the standalone GEMMs, median taken (default 7)")
     p.add_argument("--alone-ranks", type=_positive_int, default=1, metavar="N",
                    help="ranks 0..N-1 take turns running rank 0's GEMMs alone (default 1)")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--backend", default="auto", choices=BACKENDS)
+    o = p.add_argument_group("overlap and MPI progress (as in fourd-mpi run)")
+    o.add_argument("--overlap", default="none", metavar="LIST",
+                   help="none (default), all (= oag,ors,oar,dp,od) or a comma list of oag, ors, oar, dp, od, cache")
+    o.add_argument("--progress", default="poll", choices=PROGRESS_STRATEGIES,
+                   help="who progresses nonblocking collectives during compute (default poll)")
+    o.add_argument("--poll-flops", type=float, default=4e6, metavar="F",
+                   help="poll: GEMM FLOPs between two MPI progress polls (default 4e6); while a "
+                        "collective is in flight, in-step GEMMs run in row chunks of about F FLOPs")
+    o.add_argument("--prefetch-depth", type=_positive_int, default=1, metavar="N",
+                   help="oag: layers ahead weight all-gathers are issued (default 1)")
+    o.add_argument("--chunks", type=_positive_int, default=2, metavar="K",
+                   help="od: token chunks of the forward all-reduce (default 2)")
+    o.add_argument("--cache-weights", action="store_true",
+                   help="keep weights gathered in forward for backward (same as adding cache to --overlap)")
     p.add_argument("--json", metavar="FILE", help="also write all numbers as JSON (rank 0)")
     return p
 
@@ -184,11 +219,16 @@ def measure_step(run: Run, warmup: int, steps: int) -> Dict:
     for i in range(warmup):
         trainer.step(i)
     counter.reset()
-    slowest, local = [], []
+    polls_before = getattr(run.comm.progress, "polls", 0)
+    slowest, local, wait_s = [], [], 0.0
     for i in range(warmup, warmup + steps):
+        run.comm.records.clear()
         result = trainer.step(i)
         slowest.append(result.seconds)
         local.append(result.local_seconds)
+        # time blocked in Wait on the grid's collectives (the whole collective when it is
+        # waited at once; the loss's and the step time's scalar all-reduces are not recorded)
+        wait_s += sum(rec.wait_ns for rec in run.comm.records) * 1e-9
     step_seconds = sum(local)
     gemm_s = counter.seconds.get("gemm", 0.0)
     gemm_flops = counter.flops.get("gemm", 0.0)
@@ -205,9 +245,12 @@ def measure_step(run: Run, warmup: int, steps: int) -> Dict:
         "gemm_flops": gemm_flops,
         "attention_seconds": attn_s,
         "attention_flops": counter.flops.get("attention", 0.0),
+        "wait_seconds": wait_s,
         "gemm_share": gemm_s / step_seconds,
         "attention_share": attn_s / step_seconds,
+        "wait_share": wait_s / step_seconds,
         "gemm_rate": gemm_flops / gemm_s if gemm_s else float("nan"),
+        "progress_polls_per_step": (getattr(run.comm.progress, "polls", 0) - polls_before) / steps,
         "shapes": per_step_shapes,
     }
 
@@ -238,10 +281,16 @@ def gemm_pass(backend, operands) -> Tuple[float, float]:
     return counter.seconds.get("gemm", 0.0), counter.flops.get("gemm", 0.0)
 
 
-def time_gemms(backend, operands, repeats: int) -> Dict:
-    """One untimed pass, then ``repeats`` timed passes; rate from the median pass."""
+def time_gemms(backend, operands, repeats: int, tail: bool = False) -> Dict:
+    """One untimed pass, ``repeats`` timed passes (rate from the median), optionally an untimed tail pass.
+
+    With ``tail`` a rank keeps computing after its timed passes, so a rank that
+    drifted behind still has every timed pass contended by the others.
+    """
     gemm_pass(backend, operands)
     passes = [gemm_pass(backend, operands) for _ in range(repeats)]
+    if tail:
+        gemm_pass(backend, operands)
     seconds = [s for s, _ in passes]
     flops = passes[0][1]
     med = statistics.median(seconds)
@@ -249,11 +298,18 @@ def time_gemms(backend, operands, repeats: int) -> Dict:
 
 
 def standalone_concurrent(world, backend, shapes, repeats: int) -> Dict:
-    """Every rank times its own step GEMMs at the same time (as oversubscribed as the step)."""
+    """Every rank times its own step GEMMs at the same time (as oversubscribed as the step).
+
+    No barrier between passes: a rank that finished a pass early would sleep and
+    hand the core to the stragglers, whose passes would then look faster than on
+    a fully busy node (with a barrier before each pass the concurrent rate read
+    5-10% high with 8 ranks on 2 cores). The sleeping barriers around keep
+    waiting ranks off the cores.
+    """
     operands = make_operands(backend, shapes, seed=world.Get_rank())
     idle_barrier(world)
-    result = time_gemms(backend, operands, repeats)
-    idle_barrier(world)  # sleeping: a rank done early must not steal cycles from the others
+    result = time_gemms(backend, operands, repeats, tail=True)
+    idle_barrier(world)
     return result
 
 
@@ -277,6 +333,7 @@ def bench_grid(world, options, args) -> Dict:
         concurrent = standalone_concurrent(world, run.backend, step["shapes"], args.repeats)
         shapes_rank0 = world.bcast(step["shapes"], root=0)
         alone = standalone_alone(world, run.backend, shapes_rank0, args.repeats, args.alone_ranks)
+        notes = run.overlap_notes()
     finally:
         run.close()
     per_rank = world.gather({"step": step, "concurrent": concurrent}, root=0)
@@ -284,7 +341,7 @@ def bench_grid(world, options, args) -> Dict:
     gc.collect()
     if world.Get_rank() != 0:
         return {}
-    return summarize(str(options.grid), per_rank, alone)
+    return dict(summarize(str(options.grid), per_rank, alone), overlap_notes=notes)
 
 
 def summarize(grid: str, per_rank: List[Dict], alone: List[Dict]) -> Dict:
@@ -303,6 +360,7 @@ def summarize(grid: str, per_rank: List[Dict], alone: List[Dict]) -> Dict:
         "gemm_share_median": statistics.median(r["step"]["gemm_share"] for r in per_rank),
         "gemm_share_max": max(r["step"]["gemm_share"] for r in per_rank),
         "attention_share_median": statistics.median(r["step"]["attention_share"] for r in per_rank),
+        "wait_share_median": statistics.median(r["step"]["wait_share"] for r in per_rank),
         "in_step_rate_median": statistics.median(in_step),
         "concurrent_rate_median": statistics.median(concurrent),
         "ratio_concurrent_median": statistics.median(ratio_concurrent),
@@ -317,6 +375,8 @@ def summarize(grid: str, per_rank: List[Dict], alone: List[Dict]) -> Dict:
             "gemm_flops": r["step"]["gemm_flops"],
             "attention_seconds": r["step"]["attention_seconds"],
             "attention_flops": r["step"]["attention_flops"],
+            "wait_seconds": r["step"]["wait_seconds"],
+            "progress_polls_per_step": r["step"]["progress_polls_per_step"],
             "gemm_share": r["step"]["gemm_share"],
             "in_step_rate": r["step"]["gemm_rate"],
             "concurrent_seconds": r["concurrent"]["seconds"],
@@ -332,7 +392,7 @@ def summarize(grid: str, per_rank: List[Dict], alone: List[Dict]) -> Dict:
 
 
 # --------------------------------------------------------------------------- report
-def environment(world, args, cfg) -> Dict:
+def environment(world, args, cfg, options) -> Dict:
     blas = "?"
     try:
         info = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
@@ -340,11 +400,12 @@ def environment(world, args, cfg) -> Dict:
     except Exception:
         pass
     try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count()
+        cores = set(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = set(range(os.cpu_count() or 1))
     node = world.Split_type(MPI.COMM_TYPE_SHARED)
     ranks_per_node = node.Get_size()
+    node_cores = len(set().union(*node.allgather(cores)))  # cores the node's ranks may run on
     node.Free()
     return {
         "fourd_mpi": __version__,
@@ -356,12 +417,16 @@ def environment(world, args, cfg) -> Dict:
         "host": platform.node(),
         "world_size": world.Get_size(),
         "ranks_per_node": ranks_per_node,
-        "cores_per_rank_affinity": cores,
+        "node_cores": node_cores,
+        "ranks_per_core": ranks_per_node / node_cores,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "model": cfg.as_dict(),
         "dtype": args.dtype,
         "backend": args.backend,
+        "overlap": str(options.overlap_config()),
+        "progress": args.progress,
+        "poll_flops": args.poll_flops,
         "steps": args.steps,
         "warmup": args.warmup,
         "repeats": args.repeats,
@@ -372,31 +437,39 @@ def environment(world, args, cfg) -> Dict:
 def print_header(env: Dict) -> None:
     m = env["model"]
     print(f"step_bench (fourd-mpi {env['fourd_mpi']})  MPI: {env['mpi_library']}  mpi4py {env['mpi4py']}")
-    print(f"{env['world_size']} ranks, {env['ranks_per_node']} per node, {env['cores_per_rank_affinity']} "
-          f"core(s) visible per rank on {env['host']}; numpy {env['numpy']} ({env['blas']}), "
-          f"OMP_NUM_THREADS={env['omp_num_threads'] or 'unset'}; 1-min load average at start "
-          f"{env['load_average_at_start']:.1f} (other work on the node skews every number)")
+    print(f"{env['world_size']} ranks, {env['ranks_per_node']} per node on {env['node_cores']} core(s) "
+          f"({env['ranks_per_core']:.3g} ranks per core) on {env['host']}; numpy {env['numpy']} ({env['blas']}), "
+          f"OMP_NUM_THREADS={env['omp_num_threads'] or 'unset'}")
+    if env["load_average_at_start"] is not None:
+        print(f"1-min load average at start {env['load_average_at_start']:.1f}: anything else running on "
+              f"the node skews every number")
     print(f"model {m['name']}: {m['kind']}, {m['layers']} layers, hidden {m['hidden']}, heads {m['heads']}, "
           f"ffn {m['ffn_hidden']}, seq {m['seq']}, global batch {m['batch']}; dtype {env['dtype']}, "
           f"backend {env['backend']}")
+    poll = (f" (GEMMs in chunks of ~{env['poll_flops']:.3g} FLOPs while a collective is in flight)"
+            if env["progress"] == "poll" else "")
+    print(f"overlap {env['overlap']}; progress {env['progress']}{poll}")
     print(f"per grid: {env['warmup']} warm-up + {env['steps']} timed steps; standalone GEMMs: 1 untimed + "
           f"{env['repeats']} timed passes of one step's GEMMs")
-    print("statistics: step = max over ranks per step, then median/min/max over steps; GEMM share = "
-          "layer-GEMM time / step time of a rank, median over ranks; rates = flops/s per rank, median "
-          "over ranks; conc ratio = median over ranks of in-step/concurrent; alone = rank 0's shapes, "
-          "median over the alone ranks")
+    print("statistics: step (s) = max over ranks per step, then median/min/max over the timed steps;")
+    print("  GEMM %, attn %, wait % = a rank's time in layer GEMMs, in attention matmuls, blocked waiting")
+    print("  on the grid's collectives, over its step time (sums over the timed steps), median over ranks;")
+    print("  in-step GF/s = a rank's layer-GEMM flops / GEMM seconds in the step, median over ranks;")
+    print("  conc GF/s = the same GEMMs, all ranks at once, median pass, median over ranks; its ratio =")
+    print("  median over ranks of in-step / conc; alone GF/s = rank 0's GEMMs with the other ranks asleep,")
+    print("  median pass (median over the alone ranks); its ratio = median in-step / alone")
     print()
 
 
 COLUMNS = [("grid", 9, "{:>9}"), ("step med(s)", 11, "{:>11.3f}"), ("min", 7, "{:>7.3f}"),
-           ("max", 7, "{:>7.3f}"), ("GEMM %", 6, "{:>6.1f}"), ("attn %", 6, "{:>6.1f}"),
+           ("max", 7, "{:>7.3f}"), ("GEMM %", 6, "{:>6.1f}"), ("attn %", 6, "{:>6.1f}"), ("wait %", 6, "{:>6.1f}"),
            ("in-step GF/s", 12, "{:>12.2f}"), ("conc GF/s", 9, "{:>9.2f}"), ("ratio", 5, "{:>5.2f}"),
            ("alone GF/s", 10, "{:>10.2f}"), ("ratio", 5, "{:>5.2f}")]
 
 
 def table_row(s: Dict) -> str:
     values = [s["grid"], s["step_median"], s["step_min"], s["step_max"], 100 * s["gemm_share_median"],
-              100 * s["attention_share_median"], s["in_step_rate_median"] / 1e9,
+              100 * s["attention_share_median"], 100 * s["wait_share_median"], s["in_step_rate_median"] / 1e9,
               s["concurrent_rate_median"] / 1e9, s["ratio_concurrent_median"], s["alone_rate"] / 1e9,
               s["ratio_alone"]]
     return " ".join(fmt.format(v) for (_, _, fmt), v in zip(COLUMNS, values))
@@ -409,18 +482,30 @@ def table_header() -> str:
 def print_footer(summaries: List[Dict], skipped: Sequence[Tuple[str, str]], env: Dict) -> None:
     for grid, why in skipped:
         print(f"{grid:>9} skipped: {why}")
+    for s in summaries:
+        if s["overlap_notes"]:
+            print(f"note on {s['grid']}: " + "; ".join(s["overlap_notes"]))
     odd = [s["grid"] for s in summaries if not s["same_shapes_on_all_ranks"]]
     if odd:
         print(f"note: ranks do not all run the same GEMM shapes on {', '.join(odd)} (alone = rank 0's)")
-    per_core = env["ranks_per_node"] / max(1, env["cores_per_rank_affinity"])
+    per_core = env["ranks_per_core"]
+    if hasattr(os, "getloadavg"):
+        env["load_average_at_end"] = os.getloadavg()[0]
+        print(f"1-min load average at end {env['load_average_at_end']:.1f} (this job alone keeps it near "
+              f"{env['ranks_per_node']}, its ranks per node; much more means other work shared the cores)")
     print()
-    print("conc ratio: in-step GEMM rate / the same GEMMs run standalone by all ranks at once. This is "
-          "the fair comparison (same oversubscription as the step); target >= 0.9.")
-    print(f"alone ratio: in-step rate / one rank running rank 0's GEMMs while the others sleep. With "
-          f"{env['ranks_per_node']} ranks on {env['cores_per_rank_affinity']} core(s) (~{per_core:.0f} ranks "
-          f"per core in the step) it is not apples-to-apples: it measures oversubscription, and "
-          f"~{1 / per_core:.2f} is the best to expect." if per_core > 1 else
-          "alone ratio: in-step rate / one rank running rank 0's GEMMs while the others sleep.")
+    print("conc ratio = in-step GEMM rate / the same GEMMs run standalone by all ranks at once: the fair")
+    print("  comparison (same oversubscription as in the step); target >= 0.9. Above 1 means the step's")
+    print("  GEMMs got more of their core than in the concurrent pass: ranks waiting in MPI keep calling")
+    print("  sched_yield (MPICH's wait loop), while in the concurrent pass every rank computes.")
+    if per_core > 1:
+        print(f"alone ratio = in-step rate / one rank running rank 0's GEMMs while the others sleep. NOT")
+        print(f"  apples-to-apples here: {env['ranks_per_node']} ranks share {env['node_cores']} core(s) "
+              f"(~{per_core:.3g} per core) in the step, so it measures")
+        print(f"  oversubscription (~{1 / per_core:.2g} when every rank computes at once), not step overhead.")
+    else:
+        print("alone ratio = in-step rate / one rank running rank 0's GEMMs while the others sleep "
+              "(no oversubscription here, so comparable to conc ratio).")
 
 
 # --------------------------------------------------------------------------- main
@@ -436,15 +521,17 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ConfigError("no grid to run: " + "; ".join(f"{g}: {why}" for g, why in skipped))
         options = [resolve(world.Get_size(), args.model,
                            {"data": g.data, "z": g.z, "y": g.y, "x": g.x}, overrides,
-                           dtype=args.dtype, backend=args.backend,
-                           steps=args.steps, warmup=args.warmup) for g in grids]
+                           dtype=args.dtype, backend=args.backend, steps=args.steps, warmup=args.warmup,
+                           overlap=args.overlap, progress=args.progress, poll_flops=args.poll_flops,
+                           prefetch_depth=args.prefetch_depth, chunks=args.chunks,
+                           cache_weights=args.cache_weights) for g in grids]
     except ConfigError as exc:
         if rank0:
             print(f"step_bench.py: error: {exc}", file=sys.stderr, flush=True)
         return 2
 
     try:
-        env = environment(world, args, cfg)
+        env = environment(world, args, cfg, options[0])
         if rank0:
             if not os.environ.get("OMP_NUM_THREADS"):
                 print("warning: OMP_NUM_THREADS is unset; each rank's BLAS may start one thread per core "
@@ -468,9 +555,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                                "skipped": [list(s) for s in skipped]}, fh, indent=1)
                 print(f"\nwrote {args.json}")
         return 0
-    except (ConfigError, BackendError) as exc:
-        print(f"step_bench.py: error: {exc}", file=sys.stderr, flush=True)
-        world.Abort(2)
+    except (ConfigError, BackendError) as exc:  # raised on every rank (runtime.Run.build agrees)
+        if rank0:
+            print(f"step_bench.py: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     except Exception:
         traceback.print_exc()
         sys.stderr.flush()
