@@ -43,7 +43,7 @@ from fourd_mpi.runtime import Run, resolve  # noqa: E402
 
 #: name -> (preset, grid sizes, model overrides, what it stresses)
 CONFIGS = {
-    "comm-heavy": ("mlp", dict(data=1, z=2, y=2, x=2), dict(layers=2, hidden=1024, ffn_hidden=4096, seq=32, batch=8),
+    "comm-heavy": ("mlp", dict(data=1, z=2, y=2, x=2), dict(layers=2, hidden=1024, ffn_hidden=4096, seq=16, batch=8),
                    "few tokens, large weights: all-gathers and reduce-scatters dominate"),
     "compute-heavy": ("gpt-small", dict(data=2, z=2, y=1, x=2), dict(layers=2, seq=256, batch=8),
                       "many tokens: GEMMs and attention dominate"),

@@ -82,12 +82,12 @@ from mpi4py import MPI  # noqa: E402
 
 from fourd_mpi import __version__  # noqa: E402
 from fourd_mpi.backend import BACKENDS, DTYPES  # noqa: E402
+from fourd_mpi.cli import OneLineParser, add_overlap_args, nonnegative_int, overlap_kwargs, positive_int  # noqa: E402,E501
 from fourd_mpi.config import PRESETS, model_problems, resolve_model  # noqa: E402
 from fourd_mpi.errors import BackendError, ConfigError  # noqa: E402
 from fourd_mpi.grid import GridShape  # noqa: E402
 from fourd_mpi.kernels import ComputeCounter, matmul  # noqa: E402
 from fourd_mpi.mpiutil import idle_barrier  # noqa: E402
-from fourd_mpi.progress import PROGRESS_STRATEGIES  # noqa: E402
 from fourd_mpi.runtime import Run, resolve  # noqa: E402
 
 #: Default model: gpt-small (hidden 512, 8 heads, ffn 2048, global batch 8) with 2 layers and a
@@ -100,67 +100,29 @@ ShapeKey = Tuple[int, int, int, bool, bool]
 
 
 # --------------------------------------------------------------------------- arguments
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _nonnegative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are a :class:`ConfigError` (same message on every rank)."""
-
-    def error(self, message):
-        raise ConfigError(f"{message} (see --help)")
-
-    def _print_message(self, message, file=None):  # --help once, not once per rank
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            super()._print_message(message, file)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="step_bench.py", description=__doc__.split("\n\n")[0],
+    p = OneLineParser(prog="step_bench.py", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None,
                    help=f"preset: {', '.join(PRESETS)} (default {DEFAULT_MODEL} with "
                         + ", ".join(f"--{k} {v}" for k, v in DEFAULT_OVERRIDES.items())
                         + " unless given)")
     for name in ("layers", "hidden", "heads", "ffn-hidden", "seq", "batch"):
-        p.add_argument(f"--{name}", type=_positive_int, default=None, metavar="N",
+        p.add_argument(f"--{name}", type=positive_int, default=None, metavar="N",
                        help="global batch in sequences" if name == "batch" else None)
     p.add_argument("--grids", default=None, metavar="DxZxYxX,...",
                    help="comma-separated grids G_data x G_z x G_y x G_x (default: a few "
                         "representative factorizations of the world size)")
-    p.add_argument("--steps", type=_positive_int, default=8, help="timed steps per grid (default 8)")
-    p.add_argument("--warmup", type=_nonnegative_int, default=2,
+    p.add_argument("--steps", type=positive_int, default=8, help="timed steps per grid (default 8)")
+    p.add_argument("--warmup", type=nonnegative_int, default=2,
                    help="untimed steps before them (default 2)")
-    p.add_argument("--repeats", type=_positive_int, default=7,
+    p.add_argument("--repeats", type=positive_int, default=7,
                    help="timed passes of the standalone GEMMs, median taken (default 7)")
-    p.add_argument("--alone-ranks", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--alone-ranks", type=positive_int, default=1, metavar="N",
                    help="ranks 0..N-1 take turns running rank 0's GEMMs alone (default 1)")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
     p.add_argument("--backend", default="auto", choices=BACKENDS)
-    o = p.add_argument_group("overlap and MPI progress (as in fourd-mpi run)")
-    o.add_argument("--overlap", default="none", metavar="LIST",
-                   help="none (default), all (= oag,ors,oar,dp,od) or a comma list of oag, ors, oar, dp, od, cache")
-    o.add_argument("--progress", default="poll", choices=PROGRESS_STRATEGIES,
-                   help="who progresses nonblocking collectives during compute (default poll)")
-    o.add_argument("--poll-flops", type=float, default=4e6, metavar="F",
-                   help="poll: GEMM FLOPs between two MPI progress polls (default 4e6); while a "
-                        "collective is in flight, in-step GEMMs run in row chunks of about F FLOPs")
-    o.add_argument("--prefetch-depth", type=_positive_int, default=1, metavar="N",
-                   help="oag: layers ahead weight all-gathers are issued (default 1)")
-    o.add_argument("--chunks", type=_positive_int, default=2, metavar="K",
-                   help="od: token chunks of the forward all-reduce (default 2)")
-    o.add_argument("--cache-weights", action="store_true",
-                   help="keep weights gathered in forward for backward (same as adding cache to --overlap)")
+    add_overlap_args(p)  # as in fourd-mpi run
     p.add_argument("--json", metavar="FILE", help="also write all numbers as JSON (rank 0)")
     return p
 
@@ -425,8 +387,8 @@ def environment(world, args, cfg, options) -> Dict:
         "dtype": args.dtype,
         "backend": args.backend,
         "overlap": str(options.overlap_config()),
-        "progress": args.progress,
-        "poll_flops": args.poll_flops,
+        "progress": options.progress,
+        "poll_flops": options.poll_flops,
         "steps": args.steps,
         "warmup": args.warmup,
         "repeats": args.repeats,
@@ -499,7 +461,7 @@ def print_footer(summaries: List[Dict], skipped: Sequence[Tuple[str, str]], env:
     print("  GEMMs got more of their core than in the concurrent pass: ranks waiting in MPI keep calling")
     print("  sched_yield (MPICH's wait loop), while in the concurrent pass every rank computes.")
     if per_core > 1:
-        print(f"alone ratio = in-step rate / one rank running rank 0's GEMMs while the others sleep. NOT")
+        print("alone ratio = in-step rate / one rank running rank 0's GEMMs while the others sleep. NOT")
         print(f"  apples-to-apples here: {env['ranks_per_node']} ranks share {env['node_cores']} core(s) "
               f"(~{per_core:.3g} per core) in the step, so it measures")
         print(f"  oversubscription (~{1 / per_core:.2g} when every rank computes at once), not step overhead.")
@@ -522,9 +484,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         options = [resolve(world.Get_size(), args.model,
                            {"data": g.data, "z": g.z, "y": g.y, "x": g.x}, overrides,
                            dtype=args.dtype, backend=args.backend, steps=args.steps, warmup=args.warmup,
-                           overlap=args.overlap, progress=args.progress, poll_flops=args.poll_flops,
-                           prefetch_depth=args.prefetch_depth, chunks=args.chunks,
-                           cache_weights=args.cache_weights) for g in grids]
+                           **overlap_kwargs(args)) for g in grids]
     except ConfigError as exc:
         if rank0:
             print(f"step_bench.py: error: {exc}", file=sys.stderr, flush=True)

@@ -28,41 +28,47 @@ from .progress import PROGRESS_STRATEGIES
 PROG = "fourd-mpi"
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad argument is a one-line :class:`ConfigError` (same on every rank)."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is a one-line :class:`ConfigError` (same on every rank),
+    and ``--help`` prints once (rank 0), not once per rank."""
 
     def error(self, message):
         raise ConfigError(f"{message} (see {self.prog} --help)")
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+    def _print_message(self, message, file=None):
+        if "mpi4py.MPI" not in sys.modules or sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank() == 0:
+            super()._print_message(message, file)
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+def int_at_least(minimum: int):
+    """An argparse type: an integer ``>= minimum`` with a message that says so."""
+    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    parse.__name__ = "positive_int" if minimum == 1 else f"int_at_least_{minimum}"
+    return parse
+
+
+positive_int = int_at_least(1)
+nonnegative_int = int_at_least(0)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("grid (G_data x G_z x G_y x G_x; omitted sizes are inferred)")
     for axis in ("gx", "gy", "gz", "gdata"):
-        g.add_argument(f"--{axis}", type=_positive_int, default=None, metavar="N")
+        g.add_argument(f"--{axis}", type=positive_int, default=None, metavar="N")
     m = p.add_argument_group("model")
     m.add_argument("--model", default="gpt-tiny", help=f"preset: {', '.join(PRESETS)} (default gpt-tiny)")
     for name in ("layers", "hidden", "heads", "ffn-hidden", "seq", "batch"):
-        m.add_argument(f"--{name}", type=_positive_int, default=None, metavar="N",
+        m.add_argument(f"--{name}", type=positive_int, default=None, metavar="N",
                        help="global batch in sequences" if name == "batch" else None)
     r = p.add_argument_group("numerics")
     r.add_argument("--dtype", default="float32", choices=list(DTYPES))
@@ -73,13 +79,24 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     r.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3 adam, 1e-2 sgd)")
-    r.add_argument("--cache-weights", action="store_true",
+
+
+def add_overlap_args(p: argparse.ArgumentParser, many: bool = False) -> None:
+    """The overlap and progress options of ``fourd-mpi run`` (``many``: repeatable, for verify)."""
+    o = p.add_argument_group("overlap and MPI progress")
+    action = "append" if many else "store"
+    o.add_argument("--overlap", action=action, default=None, metavar="LIST",
+                   help="none, all (= oag,ors,oar,dp,od) or a comma list of oag, ors, oar, dp, od, cache"
+                        + (" (repeatable: each is checked)" if many else " (default none)"))
+    o.add_argument("--progress", action=action, default=None, choices=PROGRESS_STRATEGIES,
+                   help="who progresses nonblocking collectives during compute: poll (default), none, thread"
+                        + (" (repeatable)" if many else ""))
+    o.add_argument("--cache-weights", action="store_true",
                    help="keep weights gathered in forward for backward (memory for communication); "
                         "same as adding 'cache' to --overlap")
-    o = p.add_argument_group("overlap and MPI progress")
-    o.add_argument("--prefetch-depth", type=_positive_int, default=1, metavar="N",
+    o.add_argument("--prefetch-depth", type=positive_int, default=1, metavar="N",
                    help="oag: how many layers ahead weight all-gathers are issued (default 1)")
-    o.add_argument("--chunks", type=_positive_int, default=2, metavar="K",
+    o.add_argument("--chunks", type=positive_int, default=2, metavar="K",
                    help="od: token chunks of the forward all-reduce (default 2)")
     o.add_argument("--poll-flops", type=float, default=1e7, metavar="F",
                    help="poll: FLOPs of GEMM between two MPI progress polls (default 1e7)")
@@ -87,33 +104,31 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="debug: verify that no send buffer is modified while its collective is in flight")
 
 
-def _add_overlap_choice(p: argparse.ArgumentParser, many: bool) -> None:
-    action = "append" if many else "store"
-    p.add_argument("--overlap", action=action, default=None, metavar="LIST",
-                   help="none, all (= oag,ors,oar,dp,od) or a comma list of oag, ors, oar, dp, od, cache"
-                        + (" (repeatable: each is checked)" if many else " (default none)"))
-    p.add_argument("--progress", action=action, default=None, choices=PROGRESS_STRATEGIES,
-                   help="who progresses nonblocking collectives during compute: poll (default), none, thread"
-                        + (" (repeatable)" if many else ""))
+def overlap_kwargs(args) -> dict:
+    """The :func:`fourd_mpi.runtime.resolve` keywords of :func:`add_overlap_args`'s options."""
+    return dict(overlap=args.overlap if isinstance(args.overlap, str) else "none",
+                progress=args.progress if isinstance(args.progress, str) else "poll",
+                cache_weights=args.cache_weights, prefetch_depth=args.prefetch_depth, chunks=args.chunks,
+                poll_flops=args.poll_flops, check_buffers=args.check_buffers)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="MPI benchmark of 4D hybrid parallel training "
+    parser = OneLineParser(prog=PROG, description="MPI benchmark of 4D hybrid parallel training "
                      "(data x 3D tensor parallelism). Launch under mpiexec/srun.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     run = sub.add_parser("run", help="run training steps and print loss and step time")
     _add_model_args(run)
-    _add_overlap_choice(run, many=False)
-    run.add_argument("--steps", type=_positive_int, default=10)
-    run.add_argument("--warmup", type=_nonnegative_int, default=1,
+    add_overlap_args(run)
+    run.add_argument("--steps", type=positive_int, default=10)
+    run.add_argument("--warmup", type=nonnegative_int, default=1,
                      help="leading steps excluded from the summary statistics (default 1)")
 
     ver = sub.add_parser("verify", help="compare the distributed step with the serial reference")
     _add_model_args(ver)
-    _add_overlap_choice(ver, many=True)
-    ver.add_argument("--steps", type=_positive_int, default=5, help="training steps whose losses are compared")
+    add_overlap_args(ver, many=True)
+    ver.add_argument("--steps", type=positive_int, default=5, help="training steps whose losses are compared")
     ver.add_argument("--grid", action="append", default=[], metavar="DxZxYxX",
                      help="grid to check (repeatable), e.g. 1x2x2x2")
     ver.add_argument("--all-grids", action="store_true",
@@ -122,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="describe the grid, backend and MPI library")
     _add_model_args(info)
-    _add_overlap_choice(info, many=False)
+    add_overlap_args(info)
 
     sub.add_parser("presets", help="list the model presets")
     return parser
@@ -140,14 +155,9 @@ def _model_overrides(args):
 def _run_options(args, world_size: int, **extra):
     from .runtime import resolve
 
-    overlap = args.overlap if isinstance(args.overlap, str) else "none"
-    progress = args.progress if isinstance(args.progress, str) else "poll"
     return resolve(world_size, args.model, _grid_sizes(args), _model_overrides(args),
                    dtype=args.dtype, backend=args.backend, device_buffers=args.device_buffers,
-                   seed=args.seed, optimizer=args.optimizer, lr=args.lr,
-                   cache_weights=args.cache_weights, overlap=overlap, progress=progress,
-                   prefetch_depth=args.prefetch_depth, chunks=args.chunks, poll_flops=args.poll_flops,
-                   check_buffers=args.check_buffers, **extra)
+                   seed=args.seed, optimizer=args.optimizer, lr=args.lr, **overlap_kwargs(args), **extra)
 
 
 def _say(world, text: str = "") -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import socket
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from .errors import ConfigError
 

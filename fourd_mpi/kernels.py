@@ -119,21 +119,25 @@ def _chunked_matmul(a, b, flops: float, progress, counter):
     pieces = max(1, min(length // floor, int(flops // progress.chunk_flops)))
     bounds = [(i * length // pieces, (i + 1) * length // pieces) for i in range(pieces)]
     batched_b = a.ndim > 2 and b.ndim == a.ndim and b.shape[0] == length
+    xp = _array_module(a)
+    row_split = a.ndim == 2 and axis == 0
+    out = xp.empty((a.shape[0], b.shape[1]), dtype=xp.result_type(a.dtype, b.dtype)) if row_split else None
     parts, seconds = [], 0.0
     for i, (start, stop) in enumerate(bounds):
         t0 = time.perf_counter()
-        if a.ndim > 2:
+        if row_split:
+            xp.matmul(a[start:stop], b, out=out[start:stop])  # contiguous rows of out: no copy
+        elif a.ndim > 2:
             parts.append(a[start:stop] @ (b[start:stop] if batched_b else b))
-        elif axis == 0:
-            parts.append(a[start:stop] @ b)
         else:
             parts.append(a @ b[:, start:stop])
         if counter is not None:
             seconds += _elapsed(counter, t0)
         if i + 1 < pieces:
             progress()
-    out_axis = 0 if a.ndim > 2 or axis == 0 else 1
-    return _array_module(parts[0]).concatenate(parts, axis=out_axis), seconds
+    if row_split:
+        return out, seconds
+    return xp.concatenate(parts, axis=0 if a.ndim > 2 else 1), seconds
 
 
 _GELU_C = math.sqrt(2.0 / math.pi)

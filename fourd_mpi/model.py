@@ -11,7 +11,7 @@ FC1 (normal) -> GeLU -> FC2 (transposed), no residual.
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+from typing import List
 
 import numpy as np
 
