@@ -32,6 +32,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -110,6 +111,73 @@ def bench_config(world, name: str, args) -> list:
     return rows
 
 
+def progress_probe(world, sizes_mib, repeats: int, poll_flops: float):
+    """OSU-style check of MPI progress alone: one ``Iallreduce`` over the world
+    against a calibrated GEMM phase of about the same length, with and without polls.
+
+    Per size: pure comm (Iallreduce + Wait), pure compute, then issue -> compute ->
+    Wait under ``none`` and ``poll``. Returns rows with the wait time after the
+    compute and the overlap % by OSU (mean over ranks) and IMB-NBC (slowest rank).
+    """
+    import numpy as np
+
+    from fourd_mpi.backend import NumpyBackend
+    from fourd_mpi.collectives import Collectives
+    from fourd_mpi.grid import GridShape, ProcessGrid
+    from fourd_mpi import kernels
+    from fourd_mpi.progress import make_progress
+
+    grid = ProcessGrid(world, GridShape(world.Get_size(), 1, 1, 1))
+    backend = NumpyBackend(np.float32)
+    a = np.random.default_rng(world.Get_rank()).random((512, 512), dtype=np.float32)
+    rows = []
+
+    def timed(fn):
+        out = []
+        for _ in range(repeats):
+            world.Barrier()
+            t0 = time.perf_counter()
+            extra = fn()
+            out.append((time.perf_counter() - t0, extra))
+        out.sort(key=lambda x: x[0])
+        return out[len(out) // 2]
+
+    for mib in sizes_mib:
+        buf = np.ones(int(mib * 2**20) // 4, dtype=np.float32)
+        comm = Collectives(grid, backend, progress=make_progress("none"))
+        t_pure, _ = timed(lambda: comm.allreduce("data", buf).wait())
+        t_gemm, _ = timed(lambda: a @ a)
+        reps = max(1, int(round(world.allreduce(t_pure, op=MPI.MAX) / t_gemm)))
+
+        def compute(hook):
+            for _ in range(reps):
+                kernels.matmul(a, a, progress=hook)
+                if hook is not None:
+                    hook()
+
+        t_cpu, _ = timed(lambda: compute(None))
+        for strategy in ("none", "poll"):
+            comm = Collectives(grid, backend, progress=make_progress(strategy, poll_flops))
+
+            def overlapped():
+                handle = comm.allreduce("data", buf)
+                compute(comm.compute_hook)
+                t0 = time.perf_counter()
+                handle.wait()
+                return time.perf_counter() - t0
+
+            t_ovrl, t_wait = timed(overlapped)
+            osu = max(0.0, 100.0 - 100.0 * (t_ovrl - t_cpu) / t_pure)
+            imb_local = 100.0 * max(0.0, min(1.0, (t_pure + t_cpu - t_ovrl) / max(t_pure, t_cpu)))
+            rows.append(dict(mib=mib, progress=strategy, pure=world.allreduce(t_pure, op=MPI.MAX),
+                             cpu=world.allreduce(t_cpu, op=MPI.MAX), total=world.allreduce(t_ovrl, op=MPI.MAX),
+                             wait=world.allreduce(t_wait, op=MPI.MAX),
+                             osu=world.allreduce(osu, op=MPI.SUM) / world.Get_size(),
+                             imb=world.allreduce(imb_local, op=MPI.MIN)))
+    grid.free()
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)}")
@@ -119,22 +187,43 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=2)
     ap.add_argument("--poll-flops", type=float, default=1e7)
     ap.add_argument("--with-thread", action="store_true", help="also the thread progress strategy")
+    ap.add_argument("--probe-mib", default="1,4,16,64",
+                    help="message sizes (MiB) of the progress probe; empty to skip it")
     ap.add_argument("--json", help="write all rows as JSON (rank 0)")
     args = ap.parse_args()
     world = MPI.COMM_WORLD
     root = world.Get_rank() == 0
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:  # same check on every rank, before any collective
+        print(f"overlap_bench.py: error: unknown config(s) {', '.join(unknown)}: choose from {', '.join(CONFIGS)}",
+              file=sys.stderr)
+        return 2
     if root:
         print(f"# overlap_bench: {world.Get_size()} ranks, MPI {MPI.Get_library_version().splitlines()[0].strip()}, "
               f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, {args.dtype}, "
               f"{args.steps} steps after {args.warmup} warm-up, poll every {args.poll_flops:.3g} GEMM FLOPs")
-        for name in args.configs.split(","):
+        for name in configs:
             preset, grid, sizes, why = CONFIGS[name]
             print(f"# {name}: {preset} {sizes} on grid data={grid['data']} z={grid['z']} y={grid['y']} "
                   f"x={grid['x']} ({why})")
+    probe = []
+    if args.probe_mib:
+        probe = progress_probe(world, [float(x) for x in args.probe_mib.split(",")], args.steps, args.poll_flops)
+    if root and probe:
+        print("progress probe: Iallreduce over all ranks, then a GEMM phase calibrated to the pure "
+              "collective's time, then Wait (median of repeats; times are the slowest rank's)")
+        print(f"{'MiB':>6} {'progress':<8} {'pure ms':>8} {'compute ms':>10} {'total ms':>9} {'wait ms':>8} "
+              f"{'OSU %':>6} {'IMB-NBC %':>9}")
+        for r in probe:
+            print(f"{r['mib']:>6g} {r['progress']:<8} {r['pure'] * 1e3:>8.2f} {r['cpu'] * 1e3:>10.2f} "
+                  f"{r['total'] * 1e3:>9.2f} {r['wait'] * 1e3:>8.2f} {r['osu']:>6.1f} {r['imb']:>9.1f}")
+        print("OSU %: max(0, 100 - 100*(total - compute)/pure), mean over ranks; "
+              "IMB-NBC %: 100*clip((pure + compute - total)/max(pure, compute)), slowest rank\n")
     all_rows = []
-    for name in args.configs.split(","):
+    for name in configs:
         all_rows += bench_config(world, name, args)
-    if root:
+    if root and all_rows:
         header = (f"{'config':<14} {'overlap':<7} {'progress':<8} {'step ms':>8} {'vs none':>7} {'/max':>6} "
                   f"{'exposed ms':>10} {'overlap%':>8} {'compute ms':>10} {'comm ms':>8} {'comm share':>10}")
         print(header)
@@ -146,9 +235,16 @@ def main() -> int:
         print("step: median over steps of the slowest rank; vs none: blocking step / this step; "
               "/max: step / max(compute alone, comm alone); overlap%: OSU formula, mean over ranks")
         if args.json:
-            Path(args.json).write_text(json.dumps(all_rows, indent=1))
+            Path(args.json).write_text(json.dumps({"probe": probe, "steps": all_rows}, indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Exception:  # one failing rank must not leave the others in a collective
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
