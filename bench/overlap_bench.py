@@ -146,8 +146,7 @@ def progress_probe(world, sizes_mib, repeats: int, poll_flops: float):
         buf = np.ones(int(mib * 2**20) // 4, dtype=np.float32)
         comm = Collectives(grid, backend, progress=make_progress("none"))
         t_pure, _ = timed(lambda: comm.allreduce("data", buf).wait())
-        t_gemm, _ = timed(lambda: a @ a)
-        reps = max(1, int(round(world.allreduce(t_pure, op=MPI.MAX) / t_gemm)))
+        reps = 4
 
         def compute(hook):
             for _ in range(reps):
@@ -155,6 +154,9 @@ def progress_probe(world, sizes_mib, repeats: int, poll_flops: float):
                 if hook is not None:
                     hook()
 
+        # calibrate as OSU does: the compute phase lasts about as long as the pure collective
+        t_probe, _ = timed(lambda: compute(None))
+        reps = max(1, int(round(reps * world.allreduce(t_pure, op=MPI.MAX) / world.allreduce(t_probe, op=MPI.MAX))))
         t_cpu, _ = timed(lambda: compute(None))
         for strategy in ("none", "poll"):
             comm = Collectives(grid, backend, progress=make_progress(strategy, poll_flops))
