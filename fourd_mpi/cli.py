@@ -15,6 +15,7 @@ import os
 import statistics
 import sys
 import traceback
+from dataclasses import replace
 from typing import List, Optional
 
 from . import __version__
@@ -224,9 +225,8 @@ def cmd_verify(args, world) -> int:
     for g in grids:
         problems = model_problems(options.model, g)
         if problems:
-            raise ConfigError(f"model {options.model.name} on grid {g} (G_data x G_z x G_y x G_x): " + "; ".join(problems))
-    from dataclasses import replace
-
+            raise ConfigError(f"model {options.model.name} on grid {g} (G_data x G_z x G_y x G_x): "
+                              + "; ".join(problems))
     variants = [replace(options, overlap=o, progress=p)
                 for o in (args.overlap or ["none"]) for p in (args.progress or ["poll"])]
     for v in variants:

@@ -276,8 +276,3 @@ class Collectives:
         for rec in records:
             ops[rec.op](rec.axis, rec.nbytes // itemsize).wait()
         return time.perf_counter() - t0
-
-    def wait_all(self) -> None:
-        """Wait for every collective in flight (in issue order)."""
-        for handle in list(self.in_flight):
-            handle.wait()

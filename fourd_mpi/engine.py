@@ -44,7 +44,6 @@ class Trainer:
         self.weights = WeightFetcher(comm, model.fc_layers(), overlap)
         self.grads = GradientSync(comm, overlap)
         self.ctx = StepContext(comm, self.weights, self.grads, overlap)
-        self.params = model.parameters()
         self.global_elements = model.cfg.batch * model.cfg.seq * model.cfg.hidden
         if overlap.dp:
             comm.on_poll.append(self.grads.advance)

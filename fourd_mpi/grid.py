@@ -101,15 +101,13 @@ def infer_grid_shape(
             f"{world_size}: choose sizes whose product divides {world_size}"
         )
     rest = world_size // known
-    if not missing:
-        pass
-    elif len(missing) == 1:
+    if len(missing) == 1:
         given[missing[0]] = rest
     elif "data" in missing:
         for axis in missing:
             given[axis] = 1
         given["data"] = rest
-    else:
+    else:  # several tensor axes omitted, or none (then rest is 1 and nothing changes)
         if rest != 1:
             raise ConfigError(
                 f"grid {spelled}: {rest} ranks are left for the omitted axes "

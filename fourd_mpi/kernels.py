@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 import time
-
-import numpy as np
 from dataclasses import dataclass, field
 from typing import Dict
+
+import numpy as np
 
 
 @dataclass
@@ -46,10 +46,10 @@ def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm", progress=No
     """``a @ b`` for 2-D (or batched, leading dims) operands; counts ``2*M*N*K`` FLOPs.
 
     ``progress``: None, or a callable with a ``chunk_flops`` attribute. Then the
-    product is computed in chunks of rows of ``a`` (of the leading batch dim for
-    batched operands) of about ``chunk_flops`` each, and ``progress()`` is called
-    between chunks so that MPI can advance collectives in flight; on a GPU the
-    host polls while the asynchronous kernel runs. The result is the same.
+    product is computed in pieces of about ``chunk_flops`` (see
+    :func:`_chunked_matmul`) and ``progress()`` is called between pieces so that
+    MPI can advance collectives in flight; on a GPU the host polls while the
+    asynchronous kernel runs. The result is the same.
     """
     m, k = a.shape[-2], a.shape[-1]
     n = b.shape[-1]

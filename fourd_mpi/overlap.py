@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import List
 
 from .errors import ConfigError
@@ -62,7 +62,7 @@ class OverlapConfig:
 
     @property
     def enabled(self) -> List[str]:
-        return [f.name for f in fields(self) if f.type in ("bool", bool) and getattr(self, f.name)]
+        return [name for name in OVERLAP_NAMES if getattr(self, name)]
 
     def __str__(self) -> str:
         on = self.enabled

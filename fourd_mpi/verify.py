@@ -102,8 +102,8 @@ def check_grid(options: RunOptions, reference, steps: int, world) -> Optional[Gr
     got_losses = np.array([got["loss0"]] + got["losses"])
     loss_error = float(np.max(np.abs(got_losses - ref_losses) / np.abs(ref_losses)))
     overlap = ",".join(options.overlap_config().enabled) or "none"
-    return GridCheck(str(options.grid), overlap, options.progress, errors["output"], grads[worst], worst[5:], loss_error,
-                     TOLERANCE.get(options.dtype, 1e-2))
+    return GridCheck(str(options.grid), overlap, options.progress, errors["output"], grads[worst], worst[5:],
+                     loss_error, TOLERANCE.get(options.dtype, 1e-2))
 
 
 def verify(variants: List[RunOptions], grids: List[GridShape], steps: int, world) -> List[GridCheck]:
