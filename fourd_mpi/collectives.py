@@ -30,15 +30,20 @@ from mpi4py import MPI
 
 from .backend import ArrayBackend
 from .grid import ProcessGrid
+from .tracing import Tracer
 
 
 @dataclass
 class CommRecord:
     """What one collective did (times from ``time.perf_counter_ns``).
 
+    nbytes: the message size (nccl-tests convention: gathered buffer of an
+    all-gather, full input of a reduce-scatter, buffer of an all-reduce).
     issue_ns: when the operation was started; complete_ns: when its completion
-    was first observed (by a progress poll, a test or a wait); wait_ns: time
-    this rank spent blocked in ``wait`` for it.
+    was first observed (by a progress poll, a test or a wait); wait_start_ns and
+    wait_ns: when this rank started blocking in ``wait`` for it, and for how long
+    (0: it had completed before the wait). layer, phase: trace codes of where it
+    was issued (:mod:`fourd_mpi.tracing`).
     """
 
     op: str
@@ -47,6 +52,9 @@ class CommRecord:
     issue_ns: int
     complete_ns: int = 0
     wait_ns: int = 0
+    wait_start_ns: int = 0
+    layer: int = 0
+    phase: int = 0
 
 
 class CommHandle:
@@ -86,8 +94,14 @@ class CommHandle:
             if not self.done:
                 t0 = time.perf_counter_ns()
                 self.owner.progress.wait(self)
-                if self.record is not None:
-                    self.record.wait_ns += time.perf_counter_ns() - t0
+                t1 = time.perf_counter_ns()
+                record = self.record
+                if record is not None:
+                    # the wait ends when it saw completion (not after the bookkeeping)
+                    if t0 <= record.complete_ns <= t1:
+                        t1 = record.complete_ns
+                    record.wait_start_ns, record.wait_ns = t0, t1 - t0
+                    self.owner.tracer.blocked(t0, t1)
             self.waited = True
             self.owner._retire(self)
         if self._finish is not None:
@@ -133,7 +147,7 @@ class Collectives:
     """
 
     def __init__(self, grid: ProcessGrid, backend: ArrayBackend, progress=None, check_buffers: bool = False,
-                 skip_communication: bool = False):
+                 skip_communication: bool = False, tracer: Optional[Tracer] = None):
         from .progress import make_progress
 
         self.skip_communication = skip_communication
@@ -141,16 +155,24 @@ class Collectives:
         self.backend = backend
         self.progress = progress if progress is not None else make_progress("none")
         self.check_buffers = check_buffers
+        #: where records are tagged (layer, phase) and blocked time is counted
+        self.tracer = tracer if tracer is not None else Tracer(level="step")
         self.records: List[CommRecord] = []
         self.in_flight: List[CommHandle] = []
         #: called after each progress poll (the gradient sync issues ready data all-reduces)
         self.on_poll: List[Callable[[], None]] = []
 
     # bookkeeping -------------------------------------------------------------
-    def _issue(self, op: str, axis: str, nbytes: int, start: Callable[[], Any], send, recv,
-               shape) -> CommHandle:
-        record = CommRecord(op=op, axis=axis, nbytes=int(nbytes), issue_ns=time.perf_counter_ns())
+    def _record(self, op: str, axis: str, nbytes: int, tag=None) -> CommRecord:
+        layer, phase = tag if tag is not None else (self.tracer.where_layer, self.tracer.where_phase)
+        record = CommRecord(op=op, axis=axis, nbytes=int(nbytes), issue_ns=time.perf_counter_ns(),
+                            layer=layer, phase=phase)
         self.records.append(record)
+        return record
+
+    def _issue(self, op: str, axis: str, nbytes: int, start: Callable[[], Any], send, recv,
+               shape, tag=None) -> CommHandle:
+        record = self._record(op, axis, nbytes, tag)
         guard = np.array(send, copy=True) if self.check_buffers and isinstance(send, np.ndarray) else None
         backend = self.backend
         handle = CommHandle(self, record, recv, buffers=(send, recv),
@@ -194,13 +216,12 @@ class Collectives:
             raise RuntimeError(f"{len(self.in_flight)} collective(s) still in flight at {where}: {pending}")
 
     # operations -------------------------------------------------------------
-    def _skipped(self, op: str, axis: str, result, nbytes: int) -> CommHandle:
+    def _skipped(self, op: str, axis: str, result, nbytes: int, tag=None) -> CommHandle:
         """Benchmark mode ``skip_communication``: a result of the right shape, no MPI call.
 
         The values are wrong (only this rank's contribution); only the compute time is meaningful.
         """
-        self.records.append(CommRecord(op=op, axis=axis, nbytes=int(nbytes), issue_ns=time.perf_counter_ns(),
-                                       complete_ns=time.perf_counter_ns()))
+        self._record(op, axis, nbytes, tag).complete_ns = time.perf_counter_ns()
         return completed(result)
 
     def allgather(self, axis: str, shard) -> CommHandle:
@@ -239,25 +260,35 @@ class Collectives:
         return self._issue("reduce_scatter", axis, send.nbytes, lambda: comm.Ireduce_scatter_block(send, recv),
                            send, recv, (full.size // p,))
 
-    def allreduce(self, axis: str, array) -> CommHandle:
-        """Element-wise sum of ``array`` (any shape) over ``axis`` (``Iallreduce``); same shape back."""
+    def allreduce(self, axis: str, array, tag=None) -> CommHandle:
+        """Element-wise sum of ``array`` (any shape) over ``axis`` (``Iallreduce``); same shape back.
+
+        ``tag``: trace ``(layer, phase)`` codes when issued away from its layer (gradient sync).
+        """
         p = self.grid.size(axis)
         if p == 1:
             return completed(array)
         if self.skip_communication:
-            return self._skipped("allreduce", axis, array, array.nbytes)
+            return self._skipped("allreduce", axis, array, array.nbytes, tag)
         send = self.backend.mpi_send_buffer(array)
         recv = self.backend.mpi_recv_buffer(array.shape)
         comm = self.grid.axis_comm(axis)
         return self._issue("allreduce", axis, send.nbytes, lambda: comm.Iallreduce(send, recv),
-                           send, recv, array.shape)
+                           send, recv, array.shape, tag)
 
     def allreduce_scalars(self, values, axes=("data", "z", "y", "x")) -> "list[float]":
-        """Sum a few host floats over the given axes, blocking (loss bookkeeping, not a hot path)."""
+        """Sum a few host floats over the given axes, blocking (loss bookkeeping, not a hot path).
+
+        Recorded like a nonblocking collective waited at once.
+        """
         buf = np.asarray(values, dtype=np.float64).copy()
         for axis in axes:
             if self.grid.size(axis) > 1:
+                record = self._record("allreduce", axis, buf.nbytes)
                 self.grid.axis_comm(axis).Allreduce(MPI.IN_PLACE, buf)
+                record.complete_ns = time.perf_counter_ns()
+                record.wait_start_ns, record.wait_ns = record.issue_ns, record.complete_ns - record.issue_ns
+                self.tracer.blocked(record.issue_ns, record.complete_ns)
         return buf.tolist()
 
     def replay(self, records: List[CommRecord]) -> float:

@@ -26,6 +26,8 @@ class ComputeCounter:
 
     backend: object = None
     enabled: bool = False
+    #: a :class:`fourd_mpi.tracing.Tracer` told about every GEMM (None: no tracing)
+    tracer: object = None
     seconds: Dict[str, float] = field(default_factory=dict)
     flops: Dict[str, float] = field(default_factory=dict)
     shapes: Dict[tuple, int] = field(default_factory=dict)
@@ -56,8 +58,13 @@ def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm", progress=No
     batch = max(1, a.size // (m * k)) if a.ndim > 2 else 1
     flops = 2.0 * batch * m * n * k
     timing = counter is not None and counter.enabled
+    tracer = counter.tracer if counter is not None else None
     if timing:
         counter.backend.synchronize()
+    if tracer is not None:
+        if tracer.synchronize is not None and tracer.keep_ops:
+            tracer.synchronize()
+        t_start = time.perf_counter_ns()
     if progress is None or flops <= progress.chunk_flops:
         t0 = time.perf_counter()
         out = a @ b
@@ -66,6 +73,10 @@ def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm", progress=No
         seconds = _elapsed(counter, t0) if timing else 0.0
     else:
         out, seconds = _chunked_matmul(a, b, flops, progress, counter if timing else None)
+    if tracer is not None:
+        if tracer.synchronize is not None and tracer.keep_ops:
+            tracer.synchronize()
+        tracer.compute(kind, t_start, time.perf_counter_ns(), flops)
     if timing:
         counter.seconds[kind] = counter.seconds.get(kind, 0.0) + seconds
         counter.flops[kind] = counter.flops.get(kind, 0.0) + flops

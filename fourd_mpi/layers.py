@@ -175,11 +175,17 @@ class LayerNorm4D:
 
     def forward(self, x, comm: Collectives):
         """``x [m, h/x]`` -> ``(y [m, h/x], saved)``. Two all-reduces over X of ``[m, 1]``."""
-        mean = comm.allreduce("x", x.sum(axis=1, keepdims=True)).wait() / self.hidden
-        centered = x - mean
-        var = comm.allreduce("x", (centered * centered).sum(axis=1, keepdims=True)).wait() / self.hidden
-        rstd = 1.0 / self.xp.sqrt(var + self.eps)
-        y, xhat = kernels.layernorm_apply(x, mean, rstd, self.gamma.data, self.beta.data)
+        trace = comm.tracer
+        with trace.op("layernorm"):
+            row_sums = x.sum(axis=1, keepdims=True)
+        mean = comm.allreduce("x", row_sums).wait() / self.hidden
+        with trace.op("layernorm"):
+            centered = x - mean
+            squares = (centered * centered).sum(axis=1, keepdims=True)
+        var = comm.allreduce("x", squares).wait() / self.hidden
+        with trace.op("layernorm"):
+            rstd = 1.0 / self.xp.sqrt(var + self.eps)
+            y, xhat = kernels.layernorm_apply(x, mean, rstd, self.gamma.data, self.beta.data)
         return y, (xhat, rstd)
 
     def backward(self, dy, saved, comm: Collectives):
@@ -188,10 +194,14 @@ class LayerNorm4D:
         One all-reduce over X of ``[m, 2]``.
         """
         xhat, rstd = saved
-        g, (sum_g, sum_gx), dgamma, dbeta = kernels.layernorm_backward_local(dy, xhat, self.gamma.data)
-        sums = comm.allreduce("x", self.xp.concatenate([sum_g, sum_gx], axis=1)).wait()
+        trace = comm.tracer
+        with trace.op("layernorm"):
+            g, (sum_g, sum_gx), dgamma, dbeta = kernels.layernorm_backward_local(dy, xhat, self.gamma.data)
+            partial_sums = self.xp.concatenate([sum_g, sum_gx], axis=1)
+        sums = comm.allreduce("x", partial_sums).wait()
         self.gamma.grad, self.beta.grad = dgamma, dbeta
-        return kernels.layernorm_backward_finish(g, xhat, rstd, sums[:, :1], sums[:, 1:], self.hidden)
+        with trace.op("layernorm"):
+            return kernels.layernorm_backward_finish(g, xhat, rstd, sums[:, :1], sums[:, 1:], self.hidden)
 
     def reduce_param_grads(self, comm: Collectives):
         """All-reduce the token-partial gamma/beta grads over Z. Returns ``[(param, handle)]``.

@@ -43,6 +43,12 @@ class GPTBlock:
         self.seq = cfg.seq
         self.local_heads = cfg.heads // grid.shape.y
         self.head_dim = cfg.head_dim
+        self.attn_name, self.gelu_name = f"{p}.attn", f"{p}.gelu"
+
+    def layer_names(self) -> List[str]:
+        """Trace names of this block's layers, in forward order."""
+        return [self.ln1.name, self.qkv.name, self.attn_name, self.proj.name, self.ln2.name, self.fc1.name,
+                self.gelu_name, self.fc2.name]
 
     def parameters(self) -> List[Parameter]:
         return (self.ln1.parameters() + [self.qkv.weight, self.proj.weight]
@@ -56,34 +62,42 @@ class GPTBlock:
         return [self.qkv, self.proj, self.fc1, self.fc2]
 
     def forward(self, h, ctx: StepContext):
-        comm, xp, s = ctx.comm, self.xp, {}
-        a, s["ln1"] = self.ln1.forward(h, comm)
+        comm, xp, s, trace = ctx.comm, self.xp, {}, ctx.comm.tracer
+        with trace.layer(self.ln1.name, "forward"):
+            a, s["ln1"] = self.ln1.forward(h, comm)
         s["a"] = a
         qkv = linear_forward(self.qkv, a, ctx)  # [m, 3h/y] rep x
-        s["ctx"], s["attn"] = kernels.attention_forward(xp, qkv, *self._attention_shape(), self.counter,
-                                                        comm.compute_hook)
+        with trace.layer(self.attn_name, "forward"), trace.op("attention"):
+            s["ctx"], s["attn"] = kernels.attention_forward(xp, qkv, *self._attention_shape(), self.counter,
+                                                            comm.compute_hook)
         h1 = h + linear_forward(self.proj, s["ctx"], ctx)  # [m, h/x] rep y
-        b, s["ln2"] = self.ln2.forward(h1, comm)
+        with trace.layer(self.ln2.name, "forward"):
+            b, s["ln2"] = self.ln2.forward(h1, comm)
         s["b"] = b
         s["u"] = linear_forward(self.fc1, b, ctx)  # [m, 4h/y] rep x
-        s["g"] = kernels.gelu(xp, s["u"])
+        with trace.layer(self.gelu_name, "forward"), trace.op("gelu"):
+            s["g"] = kernels.gelu(xp, s["u"])
         return h1 + linear_forward(self.fc2, s["g"], ctx), s
 
     def backward(self, dh2, s, ctx: StepContext):
-        comm, xp = ctx.comm, self.xp
+        comm, xp, trace = ctx.comm, self.xp, ctx.comm.tracer
         dg = linear_backward(self.fc2, dh2, s["g"], ctx)
-        du = kernels.gelu_backward(xp, s["u"], dg)
+        with trace.layer(self.gelu_name, "backward"), trace.op("gelu"):
+            du = kernels.gelu_backward(xp, s["u"], dg)
         db = linear_backward(self.fc1, du, s["b"], ctx)
-        dh1 = dh2 + self.ln2.backward(db, s["ln2"], comm)
-        for param, handle in self.ln2.reduce_param_grads(comm):
-            ctx.grads.add(param, handle)
+        with trace.layer(self.ln2.name, "backward"):
+            dh1 = dh2 + self.ln2.backward(db, s["ln2"], comm)
+            for param, handle in self.ln2.reduce_param_grads(comm):
+                ctx.grads.add(param, handle)
         dctx = linear_backward(self.proj, dh1, s["ctx"], ctx)
-        dqkv = kernels.attention_backward(xp, dctx, s["attn"], *self._attention_shape(), self.counter,
-                                          comm.compute_hook)
+        with trace.layer(self.attn_name, "backward"), trace.op("attention"):
+            dqkv = kernels.attention_backward(xp, dctx, s["attn"], *self._attention_shape(), self.counter,
+                                              comm.compute_hook)
         da = linear_backward(self.qkv, dqkv, s["a"], ctx)
-        dh = dh1 + self.ln1.backward(da, s["ln1"], comm)
-        for param, handle in self.ln1.reduce_param_grads(comm):
-            ctx.grads.add(param, handle)
+        with trace.layer(self.ln1.name, "backward"):
+            dh = dh1 + self.ln1.backward(da, s["ln1"], comm)
+            for param, handle in self.ln1.reduce_param_grads(comm):
+                ctx.grads.add(param, handle)
         return dh
 
 
@@ -97,6 +111,7 @@ class MLPBlock:
         self.fc2 = FullyConnected4D(f"{p}.fc2", cfg.hidden, cfg.ffn_hidden, True, grid, backend, seed,
                                     init_scale=2.0, counter=counter)
         self.xp = backend.xp
+        self.gelu_name = f"{p}.gelu"
 
     def parameters(self) -> List[Parameter]:
         return [self.fc1.weight, self.fc2.weight]
@@ -104,15 +119,20 @@ class MLPBlock:
     def fc_layers(self) -> List[FullyConnected4D]:
         return [self.fc1, self.fc2]
 
+    def layer_names(self) -> List[str]:
+        return [self.fc1.name, self.gelu_name, self.fc2.name]
+
     def forward(self, x, ctx: StepContext):
         s = {"x": x}
         s["u"] = linear_forward(self.fc1, x, ctx)
-        s["g"] = kernels.gelu(self.xp, s["u"])
+        with ctx.comm.tracer.layer(self.gelu_name, "forward"), ctx.comm.tracer.op("gelu"):
+            s["g"] = kernels.gelu(self.xp, s["u"])
         return linear_forward(self.fc2, s["g"], ctx), s
 
     def backward(self, dy, s, ctx: StepContext):
         dg = linear_backward(self.fc2, dy, s["g"], ctx)
-        du = kernels.gelu_backward(self.xp, s["u"], dg)
+        with ctx.comm.tracer.layer(self.gelu_name, "backward"), ctx.comm.tracer.op("gelu"):
+            du = kernels.gelu_backward(self.xp, s["u"], dg)
         return linear_backward(self.fc1, du, s["x"], ctx)
 
 
@@ -139,6 +159,10 @@ class Model:
         """Every 4D layer in the order the forward pass uses it."""
         return [layer for block in self.blocks for layer in block.fc_layers()]
 
+    def layer_names(self) -> List[str]:
+        """The trace's layer vocabulary: every layer in forward order, then the loss."""
+        return [name for block in self.blocks for name in block.layer_names()] + ["loss"]
+
     def forward(self, x, ctx: StepContext):
         """``x [m, h/x]`` -> ``(y [m, h/x], saved)``; both rep Y."""
         saved = []
@@ -160,10 +184,13 @@ def mse_loss(y, target, comm: Collectives, global_elements: int):
     y, target: ``[m, h/x]`` rep Y. The partial sum is all-reduced over data, Z and
     X (not Y, which holds replicas).
     """
-    diff = y - target
-    local = float(comm.backend.to_host((diff * diff).sum()))
+    with comm.tracer.op("loss"):
+        diff = y - target
+        local = float(comm.backend.to_host((diff * diff).sum()))
     (total,) = comm.allreduce_scalars([local], axes=("data", "z", "x"))
-    return total / (2.0 * global_elements), diff / global_elements
+    with comm.tracer.op("loss"):
+        dy = diff / global_elements
+    return total / (2.0 * global_elements), dy
 
 
 class SyntheticData:

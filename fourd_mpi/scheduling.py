@@ -97,27 +97,29 @@ class GradientSync:
         """``handle``: the param's first collective (issued now, at a program point)."""
         if not self.overlap.ors:
             handle.wait()
-        self._fifo.append([param, handle, list(param.reduce_axes)])
+        # the data all-reduce may be issued later, elsewhere: trace it under the param's own layer
+        tag = self.comm.tracer.tag(param.name.rsplit(".", 1)[0], "backward")
+        self._fifo.append([param, handle, list(param.reduce_axes), tag])
         if self.overlap.dp:
             self.advance()
 
     def advance(self) -> None:
         """Issue data all-reduces for ready shards, in FIFO order only (see module docstring)."""
         for entry in self._fifo:
-            param, handle, axes = entry
+            param, handle, axes, tag = entry
             if not axes:
                 continue
             if not handle.test():
                 return  # later entries wait their turn: keeps the issue order identical on all ranks
-            entry[1] = self.comm.allreduce(axes.pop(0), handle.wait())
+            entry[1] = self.comm.allreduce(axes.pop(0), handle.wait(), tag)
 
     def finish(self) -> None:
         """Wait for everything, issuing the remaining stages in FIFO order; sets ``param.grad``."""
         while self._fifo:
-            param, handle, axes = self._fifo[0]
+            param, handle, axes, tag = self._fifo[0]
             value = handle.wait()
             if axes:
-                self._fifo[0][1] = self.comm.allreduce(axes.pop(0), value)
+                self._fifo[0][1] = self.comm.allreduce(axes.pop(0), value, tag)
                 continue
             param.grad = value
             self._fifo.popleft()
@@ -139,7 +141,8 @@ class StepContext:
 
 def linear_forward(layer, x, ctx: StepContext):
     """Gather the weight over Z, GEMM, all-reduce over the layer's in axis."""
-    return layer.forward(x, ctx.weights.get(layer), ctx.comm, ctx.chunks).wait()
+    with ctx.comm.tracer.layer(layer.name, "forward"):
+        return layer.forward(x, ctx.weights.get(layer), ctx.comm, ctx.chunks).wait()
 
 
 def linear_backward(layer, dy, x, ctx: StepContext):
@@ -148,9 +151,10 @@ def linear_backward(layer, dy, x, ctx: StepContext):
     OAR: the ``dx`` all-reduce stays in flight while the ``dW`` GEMM runs.
     """
     comm = ctx.comm
-    dx = layer.backward_input(dy, ctx.weights.get(layer), comm)
-    if not ctx.overlap.oar:
-        dx.wait()
-    dw_block = layer.backward_weight(dy, x, comm)
-    ctx.grads.add(layer.weight, layer.reduce_weight_grad(dw_block, comm))
-    return dx.wait()
+    with comm.tracer.layer(layer.name, "backward"):
+        dx = layer.backward_input(dy, ctx.weights.get(layer), comm)
+        if not ctx.overlap.oar:
+            dx.wait()
+        dw_block = layer.backward_weight(dy, x, comm)
+        ctx.grads.add(layer.weight, layer.reduce_weight_grad(dw_block, comm))
+        return dx.wait()
