@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import traceback
 from dataclasses import replace
@@ -21,10 +20,12 @@ from typing import List, Optional
 from . import __version__
 from .backend import BACKENDS, DEVICE_BUFFER_MODES, DTYPES
 from .config import PRESETS, model_problems
+from .display import DISPLAYS
 from .errors import BackendError, ConfigError
 from .grid import GridShape, grid_factorizations
 from .optim import OPTIMIZERS
 from .progress import PROGRESS_STRATEGIES
+from .tracing import LEVELS
 
 PROG = "fourd-mpi"
 
@@ -119,12 +120,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
-    run = sub.add_parser("run", help="run training steps and print loss and step time")
+    run = sub.add_parser("run", help="run traced training steps; write results/<run-id>.h5 and a summary")
+    run.add_argument("--config", metavar="FILE", help="options from a .toml or .yaml file (keys: long option "
+                     "names); the command line wins")
     _add_model_args(run)
     add_overlap_args(run)
     run.add_argument("--steps", type=positive_int, default=10)
     run.add_argument("--warmup", type=nonnegative_int, default=1,
-                     help="leading steps excluded from the summary statistics (default 1)")
+                     help="leading steps excluded from the summary statistics, kept in the trace (default 1)")
+    t = run.add_argument_group("trace and output")
+    t.add_argument("--trace-level", default="op", choices=LEVELS,
+                   help="step: one event per step; layer: + per-layer spans; op: + every GEMM, collective "
+                        "and wait (default)")
+    t.add_argument("--results-dir", default="results", metavar="DIR", help="where the trace goes (default results)")
+    t.add_argument("--label", metavar="TEXT", help="part of the run id: <time>-<label>-<random>")
+    t.add_argument("--run-id", metavar="ID", help="the run id itself (the trace is DIR/ID.h5)")
+    t.add_argument("--force", action="store_true", help="replace an existing trace of the same run id")
+    t.add_argument("--display", default="auto", choices=DISPLAYS,
+                   help="rank 0's per-step output: a progress bar, lines, or nothing (auto: bar on a terminal)")
+    t.add_argument("--peak-tflops", type=positive_float, default=None, metavar="T",
+                   help="peak TFLOP/s per rank for the %% of peak (default: measure the step's largest GEMM)")
+    t.add_argument("--inject-fault", metavar="RANK:STEP[:MODE]",
+                   help="testing: RANK dies before STEP (MODE kill = SIGKILL, default; raise = exception)")
 
     ver = sub.add_parser("verify", help="compare the distributed step with the serial reference")
     _add_model_args(ver)
@@ -141,7 +158,28 @@ def build_parser() -> argparse.ArgumentParser:
     add_overlap_args(info)
 
     sub.add_parser("presets", help="list the model presets")
+
+    tr = sub.add_parser("trace", help="inspect, check or recover trace files (one process, no mpiexec)")
+    tsub = tr.add_subparsers(dest="trace_command", required=True, parser_class=OneLineParser)
+    show = tsub.add_parser("show", help="metadata and step summary of a trace")
+    show.add_argument("file")
+    check = tsub.add_parser("check", help="check a trace's invariants (exit 1 if any is violated)")
+    check.add_argument("file")
+    rec = tsub.add_parser("recover", help="merge the per-rank files of a crashed run into a partial trace")
+    rec.add_argument("directory", help="the run's per-rank directory, <results>/<run-id>.ranks")
+    rec.add_argument("-o", "--output", metavar="FILE", help="trace to write (default: the run's planned trace path)")
+    rec.add_argument("--force", action="store_true", help="replace an existing output file")
     return parser
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
 
 
 def _grid_sizes(args):
@@ -184,26 +222,37 @@ def _header(world, run) -> None:
     _say(world, f"activations between blocks {run.model.activation_layout}")
 
 
+def resolved_config(args, options, trace) -> dict:
+    """The run's configuration after inference, keyed by option names (a valid ``--config`` file)."""
+    cfg, grid = options.model, options.grid
+    config = {"model": args.model, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads,
+              "ffn-hidden": cfg.ffn_hidden, "seq": cfg.seq, "batch": cfg.batch,
+              "gdata": grid.data, "gz": grid.z, "gy": grid.y, "gx": grid.x}
+    for key in ("dtype", "backend", "device_buffers", "seed", "optimizer", "lr", "overlap", "progress",
+                "cache_weights", "prefetch_depth", "chunks", "poll_flops", "check_buffers", "steps", "warmup"):
+        config[key.replace("_", "-")] = getattr(options, key)
+    config.update({"trace-level": trace.level, "results-dir": trace.results_dir, "label": trace.label,
+                   "display": args.display, "peak-tflops": args.peak_tflops})
+    return config
+
+
 def cmd_run(args, world) -> int:
-    from .runtime import Run
+    from .runconfig import dump_toml
+    from .session import Fault, TraceOptions, traced_run
 
     options = _run_options(args, world.Get_size(), steps=args.steps, warmup=args.warmup)
-    run = Run.build(world, options)
-    _header(world, run)
-    _say(world, f"{'step':>6} {'loss':>14} {'time (s)':>10}")
-    times = []
-    for i in range(options.steps):
-        result = run.trainer.step(i)
-        if i >= options.warmup:
-            times.append(result.seconds)
-        tag = "  (warm-up)" if i < options.warmup else ""
-        _say(world, f"{i:>6} {result.loss:>14.8g} {result.seconds:>10.4f}{tag}")
-    if times:
-        med = statistics.median(times)
-        tokens = options.model.tokens
-        _say(world, f"median step time {med:.4f} s over {len(times)} steps "
-                    f"(min {min(times):.4f}, max {max(times):.4f}), {tokens / med:,.0f} tokens/s")
-    run.close()
+    trace = TraceOptions(args.trace_level, args.results_dir, args.run_id, args.label, args.force).validate()
+    fault = Fault.parse(args.inject_fault) if args.inject_fault else None
+    config = resolved_config(args, options, trace)
+    _say(world, "resolved configuration (reusable as --config FILE.toml):")
+    _say(world, "\n".join("  " + line for line in dump_toml(config).splitlines()))
+    path, summary = traced_run(world, options, trace, config, lambda text: _say(world, text),
+                               display=args.display, peak_tflops=args.peak_tflops, fault=fault,
+                               header=lambda run: _header(world, run))
+    if world.Get_rank() == 0:
+        for line in summary.lines():
+            print(line)
+        print(f"trace: {path}", flush=True)
     return 0
 
 
@@ -282,17 +331,75 @@ def _human(count: float) -> str:
     return str(int(count))
 
 
-COMMANDS = {"run": cmd_run, "verify": cmd_verify, "info": cmd_info, "presets": cmd_presets}
+def cmd_trace(args, world) -> int:
+    from .traceread import check_invariants, load_trace
+    from .tracestore import recover
+
+    if args.trace_command == "recover":
+        result = recover(args.directory, args.output, args.force)
+        steps = result["steps"]
+        kept = f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
+        print(f"{result['path']}: status {result['status']}, {kept} completed by every rank "
+              f"({len(steps)}), {result['events_dropped']} events of unfinished steps dropped")
+        for failure in result["failures"]:
+            print(f"  rank {failure.get('rank')} failed: {failure.get('error')}")
+        print(f"the per-rank files in {args.directory} are no longer needed")
+        return 0
+    trace = load_trace(args.file)
+    if args.trace_command == "check":
+        problems = check_invariants(trace)
+        for problem in problems:
+            print(f"violation: {problem}")
+        print(f"{args.file}: {len(trace.events)} events, {trace.world_size} ranks, {len(trace.steps)} steps: "
+              + ("ok" if not problems else f"{len(problems)} violation(s)"))
+        return 1 if problems else 0
+    meta = trace.metadata
+    print(f"{args.file}: schema v{trace.schema_version}, status {trace.status}, run id {meta.get('run_id')}")
+    print(f"  grid {meta.get('grid')} on {meta.get('world_size')} ranks, {meta.get('num_nodes')} node(s); "
+          f"level {meta.get('level')}; started {meta.get('start_time')}")
+    print(f"  {meta.get('mpi', {}).get('library_version', '?').splitlines()[0]}")
+    print(f"  {len(trace.events)} events; {len(trace.steps)} steps")
+    print(f"{'step':>6} {'loss':>14} {'time (s)':>10}")
+    for row in trace.steps:
+        print(f"{row['step']:>6} {row['loss']:>14.8g} {row['seconds']:>10.4f}" + ("  (warm-up)" if row["warmup"]
+                                                                                 else ""))
+    summary = meta.get("summary")
+    if summary:
+        print(f"median step {summary['median_s']:.4f} s; compute {100 * summary['compute_share']:.1f}%, exposed "
+              f"communication {100 * summary['wait_share']:.1f}%; {summary['tokens_per_s']:,.0f} tokens/s")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "verify": cmd_verify, "info": cmd_info, "presets": cmd_presets, "trace": cmd_trace}
+#: commands that run without MPI (no mpiexec needed, nothing initialized)
+SERIAL_COMMANDS = ("presets", "trace")
+
+
+def _parse(argv: Optional[List[str]]):
+    """Parse, with ``run --config FILE`` options inserted before the command line's own."""
+    from .runconfig import config_tokens, load_config_file
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "config", None):
+        run_parser = parser._subparsers._group_actions[0].choices["run"]
+        tokens = config_tokens(load_config_file(args.config), run_parser, args.config)
+        at = argv.index(args.command) + 1
+        args = parser.parse_args(argv[:at] + tokens + argv[at:])
+    return args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = _parse(argv)
     except ConfigError as exc:
         _error_line(exc)
         return 2
     world = None
     try:
+        if args.command in SERIAL_COMMANDS:
+            return COMMANDS[args.command](args, None)
         from mpi4py import MPI
 
         world = MPI.COMM_WORLD

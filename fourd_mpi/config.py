@@ -50,6 +50,19 @@ class ModelConfig:
             per_block = 2 * h * f
         return self.layers * per_block
 
+    def flops_per_step(self) -> float:
+        """Model FLOPs of one training step (forward + backward, no recompute), whole model.
+
+        GEMMs ``6 * tokens * weights`` plus causal-attention score and context products
+        ``12 * B * s^2 * h`` per GPT layer: Narayanan et al. (SC'21)
+        ``72 B s l h^2 (1 + s/(6h))`` when ffn = 4h (no LM head here, so V = 0).
+        """
+        h, f = self.hidden, self.ffn_hidden
+        tokens = self.tokens
+        if self.kind == "gpt":
+            return float(self.layers * (6 * tokens * (4 * h * h + 2 * h * f) + 12 * (self.batch or 0) * self.seq ** 2 * h))
+        return float(self.layers * 6 * tokens * 2 * h * f)
+
     def as_dict(self) -> Dict:
         return asdict(self)
 

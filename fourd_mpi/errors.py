@@ -14,3 +14,7 @@ class ConfigError(ValueError):
 
 class BackendError(RuntimeError):
     """The requested array backend or device cannot be used on this rank."""
+
+
+class TraceError(ConfigError):
+    """A trace file or per-rank spool directory that cannot be written or read as asked."""

@@ -231,3 +231,29 @@ def attention_backward(xp, dctx, saved, batch: int, seq: int, heads: int, head_d
     dk = matmul(dscores.transpose(0, 1, 3, 2), q, counter, "attention", progress)
     dqkv = xp.stack([dq, dk, dv], axis=3)  # [b, nh, s, 3, hd]
     return dqkv.transpose(0, 2, 1, 3, 4).reshape(batch * seq, heads * 3 * head_dim)
+
+
+def standalone_gemm_tflops(backend, m: int, n: int, k: int, repeats: int = 5, min_seconds: float = 0.05) -> float:
+    """Best TFLOP/s of ``[m, k] @ [k, n]`` in the backend's dtype, nothing else running on this rank.
+
+    The reference "peak" of a run when the user names none: the local GEMM speed this
+    rank can reach with this shape, library and dtype.
+    """
+    xp = backend.xp
+    rng = np.random.default_rng(1)
+    a = backend.asarray(rng.standard_normal((m, k)))
+    b = backend.asarray(rng.standard_normal((k, n)))
+    a @ b  # warm-up: library initialization, page faults
+    backend.synchronize()
+    best = math.inf
+    for _ in range(repeats):
+        calls, t0 = 0, time.perf_counter()
+        while True:
+            xp.matmul(a, b)
+            calls += 1
+            backend.synchronize()
+            elapsed = time.perf_counter() - t0
+            if elapsed >= min_seconds / repeats:
+                break
+        best = min(best, elapsed / calls)
+    return 2.0 * m * n * k / best / 1e12

@@ -31,6 +31,23 @@ def agree(comm, fn: Callable[[], T]) -> T:
     return result
 
 
+def on_root(comm, fn: Callable[[], T]) -> T:
+    """Run ``fn`` on rank 0 and give its result to every rank; a user error it raises is raised on all.
+
+    For decisions only one rank may take (a run id, creating a directory). Collective over ``comm``.
+    """
+    outcome = None
+    if comm.Get_rank() == 0:
+        try:
+            outcome = (None, fn())
+        except (ConfigError, BackendError) as exc:
+            outcome = ((type(exc), str(exc)), None)
+    error, result = comm.bcast(outcome, root=0)
+    if error is not None:
+        raise error[0](error[1])
+    return result
+
+
 def idle_barrier(comm, poll_seconds: float = 1e-3) -> None:
     """A barrier that sleeps between polls, so waiting ranks leave the cores to working ones.
 

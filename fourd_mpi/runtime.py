@@ -22,6 +22,7 @@ from .mpiutil import agree
 from .optim import OPTIMIZERS, make_optimizer
 from .overlap import OverlapConfig
 from .progress import PROGRESS_STRATEGIES, make_progress
+from .tracing import Tracer, align_clocks
 
 
 @dataclass(frozen=True)
@@ -97,25 +98,39 @@ class Run:
     trainer: Trainer
     counter: ComputeCounter = field(default=None)
 
+    #: this rank's clock offset to rank 0 and its uncertainty (ns), when traced
+    clock: tuple = (0, 0)
+
     @classmethod
     def build(cls, mpi_comm, options: RunOptions, count_flops: bool = False,
-              skip_communication: bool = False) -> "Run":
+              skip_communication: bool = False, trace_level: Optional[str] = None) -> "Run":
         """Build the run. ``count_flops`` times every GEMM (benchmarks);
         ``skip_communication`` replaces every collective by a local stand-in of the
         right shape (benchmarks of compute alone: the numbers are then meaningless).
+        ``trace_level``: record events at that level (:data:`fourd_mpi.tracing.LEVELS`)
+        on clocks aligned to rank 0's; None keeps only per-step totals.
         """
         grid = ProcessGrid(mpi_comm, options.grid)
         backend = agree(mpi_comm, lambda: make_backend(
             options.backend, parse_dtype(options.dtype), grid.local_rank, options.device_buffers))
         progress = agree(mpi_comm, lambda: make_progress(options.progress, options.poll_flops))
+        clock = (0, 0)
+        if trace_level is None:
+            tracer = Tracer(level="step")
+        else:
+            offset, uncertainty, origin = align_clocks(grid.cart)
+            clock = (offset, uncertainty)
+            sync = backend.synchronize if backend.name == "cupy" else None
+            tracer = Tracer(level=trace_level, rank=grid.cart.Get_rank(), clock_offset_ns=offset,
+                            origin_ns=origin, synchronize=sync)
         comm = Collectives(grid, backend, progress=progress, check_buffers=options.check_buffers,
-                           skip_communication=skip_communication)
-        counter = ComputeCounter(backend=backend, enabled=count_flops)
+                           skip_communication=skip_communication, tracer=tracer)
+        counter = ComputeCounter(backend=backend, enabled=count_flops, tracer=tracer)
         model = Model(options.model, grid, backend, seed=options.seed, counter=counter)
         data = SyntheticData(options.model, grid, backend, seed=options.seed)
         optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr)
         trainer = Trainer(model, data, comm, optimizer, overlap=options.overlap_config())
-        return cls(options, grid, backend, comm, model, data, trainer, counter)
+        return cls(options, grid, backend, comm, model, data, trainer, counter, clock)
 
     def overlap_notes(self):
         """Overlap options that are no-ops on this grid, with the reason."""
