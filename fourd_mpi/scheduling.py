@@ -64,7 +64,8 @@ class WeightFetcher:
         stop = min(len(self._order), position + self.overlap.prefetch_depth + 1)
         for layer in self._order[position:stop]:
             if layer.name not in self._issued:
-                self._issued[layer.name] = layer.gather_weight(self.comm)
+                tag = self.comm.tracer.tag(layer.name, self._phase)  # its own layer, not the current one
+                self._issued[layer.name] = layer.gather_weight(self.comm, tag)
 
     def get(self, layer):
         """The weight block of ``layer`` (flat), waiting for its all-gather if needed."""

@@ -194,7 +194,7 @@ class Tracer:
 
     def tag(self, layer: str, phase: str):
         """``(layer, phase)`` codes for :meth:`Collectives` records issued out of program order."""
-        return self._layer_index.get(layer, 0), _PHASE[phase]
+        return self._layer_index.get(layer, 0), _PHASE.get(phase, 0)
 
     # scopes -----------------------------------------------------------------
     def layer(self, name: str, phase: str) -> _Span:

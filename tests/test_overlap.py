@@ -70,8 +70,9 @@ def test_request_bookkeeping_and_progress(run_mpi, nranks):
 
 
 @pytest.mark.mpi
-def test_inapplicable_overlap_is_a_noop_said_once(run_mpi):
-    proc = run_mpi(8, ["run", "--gx", "2", "--gy", "4", "--overlap", "oag,ors,oar", "--steps", "2"])
+def test_inapplicable_overlap_is_a_noop_said_once(run_mpi, tmp_path):
+    proc = run_mpi(8, ["run", "--gx", "2", "--gy", "4", "--overlap", "oag,ors,oar", "--steps", "2",
+                       "--results-dir", tmp_path])
     assert proc.returncode == 0, proc.stderr
     notes = [line for line in proc.stdout.splitlines() if line.startswith("note:")]
     assert notes == [

@@ -84,9 +84,10 @@ def test_sgd_and_weight_caching_match_too(run_mpi, tmp_path):
     _verify(run_mpi, tmp_path, 8, args)
 
 
-def test_run_prints_loss_and_step_time(run_mpi):
-    out = _ok(run_mpi(8, ["run", "--gx", "2", "--gy", "2", "--gz", "2", "--model", "gpt-tiny", "--steps", "4"]))
-    assert "1x2x2x2" in out and "median step time" in out
+def test_run_prints_loss_and_step_time(run_mpi, tmp_path):
+    out = _ok(run_mpi(8, ["run", "--gx", "2", "--gy", "2", "--gz", "2", "--model", "gpt-tiny", "--steps", "4",
+                          "--results-dir", tmp_path, "--display", "lines"]))
+    assert "1x2x2x2" in out and "step time: median" in out
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
     steps = [r for r in rows if len(r) >= 3 and r[0] in {"0", "1", "2", "3"}]
     assert [int(r[0]) for r in steps] == [0, 1, 2, 3]
