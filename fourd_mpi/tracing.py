@@ -135,14 +135,14 @@ class _Span:
         t1 = time.perf_counter_ns()
         if self.lane == LANE_LAYER:
             if tr.keep_layers:
-                tr.events.append((tr.step, self.layer, self.phase, _OP["layer"], 0, LANE_LAYER,
+                tr.events.append((tr.rank, tr.step, self.layer, self.phase, _OP["layer"], 0, LANE_LAYER,
                                   self.t0, t1, 0, 0, 0.0, 0, 0, 0))
             tr.where_layer, tr.where_phase = self.saved
         else:
             tr._open = None
             tr.compute_ns += t1 - self.t0
             if tr.keep_ops:
-                tr.events.append((tr.step, tr.where_layer, tr.where_phase, self.op, 0, LANE_HOST,
+                tr.events.append((tr.rank, tr.step, tr.where_layer, tr.where_phase, self.op, 0, LANE_HOST,
                                   self.t0, t1, 0, 0, self.flops, 0, 0, 0))
         return False
 
@@ -218,8 +218,8 @@ class Tracer:
             return
         self.compute_ns += t1 - t0
         if self.keep_ops:
-            self.events.append((self.step, self.where_layer, self.where_phase, _OP.get(kind, _OP["gemm"]), 0,
-                                LANE_HOST, t0, t1, 0, 0, flops, 0, 0, 0))
+            self.events.append((self.rank, self.step, self.where_layer, self.where_phase,
+                                _OP.get(kind, _OP["gemm"]), 0, LANE_HOST, t0, t1, 0, 0, flops, 0, 0, 0))
 
     def blocked(self, t0: int, t1: int) -> None:
         """The main thread was blocked in a wait from ``t0`` to ``t1``."""
@@ -238,41 +238,49 @@ class Tracer:
         ``records``: the step's :class:`~fourd_mpi.collectives.CommRecord` list;
         ``group_sizes``: axis name -> communicator size (for ``wire_bytes``).
         """
-        rows = [(self.step, 0, 0, _OP["step"], 0, LANE_STEP, t_start, t_end, 0, 0, 0.0, 0, 0, 0)]
+        rows = [(self.rank, self.step, 0, 0, _OP["step"], 0, LANE_STEP, t_start, t_end, 0, 0, 0.0, 0, 0, 0)]
         rows += self.events
-        if self.keep_ops:
-            rows += self._collective_rows(records, group_sizes)
-        events = np.array(rows, dtype=_ROW_DTYPE)
-        out = np.empty(len(events), dtype=EVENT_DTYPE)
-        for name in _ROW_DTYPE.names:
-            out[name] = events[name]
-        out["rank"] = self.rank
-        for column in ("start_ns", "end_ns"):
-            out[column] -= self.shift_ns
-        collective = out["issue_ns"] != 0
-        for column in ("issue_ns", "complete_ns"):
-            out[column][collective] -= self.shift_ns
+        out = np.array(rows, dtype=EVENT_DTYPE)
+        out["start_ns"] -= self.shift_ns
+        out["end_ns"] -= self.shift_ns
+        if self.keep_ops and records:
+            out = np.concatenate([out, *self._collective_rows(records, group_sizes)])
         return out
 
     def _collective_rows(self, records, group_sizes) -> list:
-        rows, lane_free_at = [], []
-        for rec in sorted(records, key=lambda r: r.issue_ns):
-            op = _OP[rec.op]
-            complete = max(rec.complete_ns or rec.issue_ns, rec.issue_ns)
-            lane = next((i for i, free in enumerate(lane_free_at) if free <= rec.issue_ns), len(lane_free_at))
-            if lane == len(lane_free_at):
-                lane_free_at.append(0)
-            lane_free_at[lane] = complete
-            wire = int(rec.nbytes * wire_factor(rec.op, group_sizes[rec.axis]))
-            if LANE_COMM0 + lane > 255:
-                raise RuntimeError("more than 252 collectives in flight at once")
-            rows.append((self.step, rec.layer, rec.phase, op, _AXIS[rec.axis], LANE_COMM0 + lane,
-                         rec.issue_ns, complete, rec.nbytes, wire, 0.0, rec.issue_ns, complete, rec.wait_ns))
-            if rec.wait_ns:
-                rows.append((self.step, rec.layer, rec.phase, _OP["wait"], _AXIS[rec.axis], LANE_HOST,
-                             rec.wait_start_ns, rec.wait_start_ns + rec.wait_ns, rec.nbytes, 0, 0.0, 0, 0, 0))
-        return rows
-
-
-#: the tuple layout of recorded rows (EVENT_DTYPE without the rank column)
-_ROW_DTYPE = np.dtype([(name, EVENT_DTYPE.fields[name][0]) for name in EVENT_DTYPE.names[1:]])
+        """Collective events (one per record, on comm lanes) and wait events (host lane), vectorized."""
+        cols = np.array([(r.issue_ns, r.complete_ns, r.nbytes, r.wait_ns, r.wait_start_ns, r.layer, r.phase,
+                          _OP[r.op], _AXIS[r.axis], group_sizes[r.axis]) for r in records], dtype=np.int64)
+        cols = cols[np.argsort(cols[:, 0], kind="stable")]
+        cols[:, (0, 1, 4)] -= self.shift_ns  # issue, completion, wait start: to the aligned clock
+        issue = cols[:, 0]
+        complete = np.maximum(cols[:, 1], issue)  # never observed complete (0): a zero-length span
+        lanes, free_at = [], []
+        for begin, end in zip(issue.tolist(), complete.tolist()):  # lowest-numbered free lane
+            for lane, free in enumerate(free_at):
+                if free <= begin:
+                    break
+            else:
+                lane = len(free_at)
+                free_at.append(0)
+            free_at[lane] = end
+            lanes.append(lane)
+        if len(free_at) > 255 - LANE_COMM0:
+            raise RuntimeError(f"{len(free_at)} collectives in flight at once: more than the trace's comm lanes")
+        group = cols[:, 9]
+        rounds = np.where(cols[:, 7] == _OP["allreduce"], 2, 1)  # wire_factor, in integers
+        coll = np.zeros(len(cols), dtype=EVENT_DTYPE)
+        coll["rank"] = self.rank
+        coll["step"], coll["layer"], coll["phase"] = self.step, cols[:, 5], cols[:, 6]
+        coll["op"], coll["axis"], coll["lane"] = cols[:, 7], cols[:, 8], LANE_COMM0 + np.array(lanes)
+        coll["start_ns"], coll["end_ns"], coll["bytes"] = issue, complete, cols[:, 2]
+        coll["wire_bytes"] = cols[:, 2] * rounds * (group - 1) // group
+        coll["issue_ns"], coll["complete_ns"], coll["wait_ns"] = issue, complete, cols[:, 3]
+        blocked = cols[:, 3] > 0
+        waits = np.zeros(int(blocked.sum()), dtype=EVENT_DTYPE)
+        w = cols[blocked]
+        waits["rank"] = self.rank
+        waits["step"], waits["layer"], waits["phase"] = self.step, w[:, 5], w[:, 6]
+        waits["op"], waits["axis"], waits["lane"] = _OP["wait"], w[:, 8], LANE_HOST
+        waits["start_ns"], waits["end_ns"], waits["bytes"] = w[:, 4], w[:, 4] + w[:, 3], w[:, 2]
+        return [coll, waits]
