@@ -87,7 +87,8 @@ def config_tokens(config: Dict, parser: argparse.ArgumentParser, path: str) -> L
         elif isinstance(value, (list, dict)) or value is None:
             raise ConfigError(f"config file {path}: {key} must be a single value, got {value!r}")
         else:
-            tokens += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+            # "--key=value": a value starting with "-" must not be taken for an option
+            tokens.append(f"--{key}=" + (str(value).lower() if isinstance(value, bool) else str(value)))
     return tokens
 
 
@@ -95,6 +96,8 @@ def dump_toml(config: Dict) -> str:
     """``key = value`` lines (flat: strings, numbers, booleans; None is left out)."""
     lines = []
     for key, value in config.items():
+        if hasattr(value, "item"):  # NumPy scalars
+            value = value.item()
         if value is None:
             continue
         if isinstance(value, bool):

@@ -124,11 +124,13 @@ class RankSpool:
         self.events_path, self.steps_path = stem + ".events", stem + ".steps"
         self.failed_path = stem + ".failed.json"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
+        self._events_fd = self._steps_fd = None
         try:
             _write_json_atomic(stem + ".json", rank_meta)
             self._events_fd = os.open(self.events_path, flags, 0o644)
             self._steps_fd = os.open(self.steps_path, flags, 0o644)
         except OSError as exc:
+            self.close()
             raise TraceError(f"rank {rank} cannot write its trace files in {spool_dir}: {exc.strerror}") from None
         self.events_written = 0
 
