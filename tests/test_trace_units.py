@@ -12,6 +12,11 @@ import h5py
 import numpy as np
 import pytest
 
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    import tomli as tomllib
+
 from fourd_mpi.cli import build_parser, resolved_config, _run_options
 from fourd_mpi.collectives import CommRecord
 from fourd_mpi.errors import ConfigError, TraceError
@@ -20,11 +25,6 @@ from fourd_mpi.session import Fault, TraceOptions, summarize
 from fourd_mpi.tracestore import (RUN_META, RankSpool, TraceFileWriter, check_name, new_run_id, prepare_spool,
                                   read_records, recover)
 from fourd_mpi.traceread import check_invariants, load_trace
-try:
-    import tomllib
-except ImportError:  # Python < 3.11
-    import tomli as tomllib
-
 from fourd_mpi.tracing import (AXES, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP, OPS, PHASES,
                                RANK_STEP_DTYPE, SCHEMA_VERSION, Tracer, wire_factor)
 
