@@ -339,14 +339,14 @@ def cmd_trace(args, world) -> int:
     from .tracestore import recover
 
     if args.trace_command == "recover":
-        result = recover(args.directory, args.output, args.force)
+        result = recover(args.directory, args.output, args.force, summarize=_recovered_summary(args.directory))
         steps = result["steps"]
         kept = f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
         print(f"{result['path']}: status {result['status']}, {kept} completed by every rank "
               f"({len(steps)}), {result['events_dropped']} events of unfinished steps dropped")
         for failure in result["failures"]:
             print(f"  rank {failure.get('rank')} failed: {failure.get('error')}")
-        print(f"the per-rank files in {args.directory} are no longer needed")
+        print(f"the per-rank files in {args.directory} can now be removed")
         return 0
     trace = load_trace(args.file)
     if args.trace_command == "check":
@@ -371,6 +371,20 @@ def cmd_trace(args, world) -> int:
         print(f"median step {summary['median_s']:.4f} s; compute {100 * summary['compute_share']:.1f}%, exposed "
               f"communication {100 * summary['wait_share']:.1f}%; {summary['tokens_per_s']:,.0f} tokens/s")
     return 0
+
+
+def _recovered_summary(spool_dir: str):
+    """The summary of a recovered run, from the step records and run.json (the peak was never recorded)."""
+    from .session import summarize
+    from .tracestore import RUN_META
+
+    try:
+        with open(os.path.join(spool_dir, RUN_META)) as fh:
+            meta = json.load(fh)
+        flops, tokens, world = meta["model_flops_per_step"], meta["tokens_per_step"], meta["world_size"]
+    except (OSError, ValueError, KeyError):
+        return None  # recover() reports what is wrong with the directory
+    return lambda rank_steps: summarize(rank_steps, world, flops, tokens, float("nan"), "not recorded")
 
 
 COMMANDS = {"run": cmd_run, "verify": cmd_verify, "info": cmd_info, "presets": cmd_presets, "trace": cmd_trace}

@@ -97,9 +97,11 @@ class CommHandle:
                 t1 = time.perf_counter_ns()
                 record = self.record
                 if record is not None:
-                    # the wait ends when it saw completion (not after the bookkeeping)
-                    if t0 <= record.complete_ns <= t1:
-                        t1 = record.complete_ns
+                    # the wait ends when completion was observed (by this wait or by the progress
+                    # thread, which may have seen it just before the wait began: then no wait)
+                    if record.complete_ns:
+                        t1 = min(t1, record.complete_ns)
+                        t0 = min(t0, t1)
                     record.wait_start_ns, record.wait_ns = t0, t1 - t0
                     self.owner.tracer.blocked(t0, t1)
             self.waited = True

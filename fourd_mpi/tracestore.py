@@ -8,12 +8,15 @@ pip's h5py has no parallel HDF5 (DESIGN.md section 4), so:
    its step record, so a step record on disk means the step's events are all
    there. A rank killed at any point loses at most the step in flight (the
    records are fixed-size; a torn last record is cut off when read).
-2. At the end, the ranks send their events to rank 0 over MPI (the spool may be
-   node-local) and rank 0 writes ``<results>/<run-id>.h5`` under a temporary
+2. At the end, the ranks send their events to rank 0 over MPI (rank 0 reads
+   nobody else's files) and rank 0 writes ``<results>/<run-id>.h5`` under a temporary
    name, then publishes it with ``link`` (never overwrites; ``--force``: rename
    over it). Only then is the spool removed.
 3. After a crash, :func:`recover` builds a ``partial`` (or ``failed``) trace from
    the spool: the steps every rank completed.
+
+The spool directory is created by rank 0 and written by every rank, so the
+results directory must be on a file system all ranks see (as on clusters).
 
 The file layout is documented in ``docs/trace-format.md``.
 """
@@ -364,11 +367,13 @@ def _append(writer: TraceFileWriter, rank: int, piece: np.ndarray) -> Optional[s
         return f"writing {writer.final_path} failed: {exc}"
 
 
-def recover(spool_dir: str, output: Optional[str] = None, force: bool = False) -> Dict:
+def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, summarize=None) -> Dict:
     """Merge the spool of a crashed run into a ``partial`` (or ``failed``) trace.
 
     Keeps the steps that every rank finished (their step record is on disk).
-    Returns a dict with the path, status, steps kept and what was dropped.
+    ``summarize``: ``rank_steps -> Summary`` for the kept steps (stored as
+    ``metadata["summary"]``). Returns a dict with the path, status, steps kept
+    and what was dropped.
     """
     meta_path = os.path.join(spool_dir, RUN_META)
     if not os.path.isdir(spool_dir):
@@ -400,7 +405,8 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False) -
     for steps in rank_steps[1:]:
         done &= set(steps["step"].tolist())
     kept = np.array(sorted(done), dtype=np.int32)
-    path = output or run_meta.get("trace_path") or spool_dir.rstrip("/").removesuffix(SPOOL_SUFFIX) + ".h5"
+    # next to the spool, wherever it is now (run.json's trace_path may be relative to the job's directory)
+    path = output or spool_dir.rstrip("/").removesuffix(SPOOL_SUFFIX) + ".h5"
     writer = TraceFileWriter(path, force)
     dropped = 0
     try:
@@ -417,8 +423,10 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False) -
                         failures=failures, ranks_without_metadata=missing, steps_kept=len(kept),
                         events_dropped=dropped)
         metadata.pop("trace_path", None)
-        path = writer.finish(metadata, ranks_table(rank_metas), all_steps[np.isin(all_steps["step"], kept)],
-                             run_meta.get("layers", []), status)
+        kept_steps = all_steps[np.isin(all_steps["step"], kept)]
+        if len(kept_steps) and summarize is not None:
+            metadata["summary"] = summarize(kept_steps).as_dict()
+        path = writer.finish(metadata, ranks_table(rank_metas), kept_steps, run_meta.get("layers", []), status)
     except BaseException:
         writer.abort()
         raise

@@ -10,8 +10,9 @@ Lanes (``lane`` column) keep the events of one rank on one lane disjoint in time
 ``step``    one span per training step
 ``layer``   one span per (layer, phase) visit; the model never nests layers
 ``host``    leaf work of the main thread: compute ops and time blocked in waits
-``comm<i>`` nonblocking collectives from issue to observed completion; several
-            may be in flight, so each goes to the lowest-numbered free lane
+``comm<i>`` collectives from issue to observed completion (blocking ones, the loss
+            all-reduce, too); several may be in flight, so each goes to the
+            lowest-numbered free lane of its step
 ==========  ==================================================================
 
 Cost model: at level ``step`` an op scope is two ``perf_counter_ns`` calls and two
@@ -265,7 +266,7 @@ class Tracer:
                 free_at.append(0)
             free_at[lane] = end
             lanes.append(lane)
-        if len(free_at) > 255 - LANE_COMM0:
+        if LANE_COMM0 + len(free_at) - 1 > 255:  # the lane column is one byte
             raise RuntimeError(f"{len(free_at)} collectives in flight at once: more than the trace's comm lanes")
         group = cols[:, 9]
         rounds = np.where(cols[:, 7] == _OP["allreduce"], 2, 1)  # wire_factor, in integers
