@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--peak-tflops", type=positive_float, default=None, metavar="T",
                    help="peak TFLOP/s per rank for the %% of peak (default: measure the step's largest GEMM)")
     t.add_argument("--inject-fault", metavar="RANK:STEP[:MODE]",
-                   help="testing: RANK dies before STEP (MODE kill = SIGKILL, default; raise = exception)")
+                   help="testing: RANK dies at the start of STEP, once every rank has finished the steps "
+                        "before (MODE kill = SIGKILL, default; raise = exception)")
 
     ver = sub.add_parser("verify", help="compare the distributed step with the serial reference")
     _add_model_args(ver)
@@ -243,6 +244,8 @@ def cmd_run(args, world) -> int:
     options = _run_options(args, world.Get_size(), steps=args.steps, warmup=args.warmup)
     trace = TraceOptions(args.trace_level, args.results_dir, args.run_id, args.label, args.force).validate()
     fault = Fault.parse(args.inject_fault) if args.inject_fault else None
+    if fault is not None and fault.rank >= world.Get_size():
+        raise ConfigError(f"--inject-fault: rank {fault.rank} does not exist in a world of {world.Get_size()}")
     config = resolved_config(args, options, trace)
 
     def header(run):

@@ -50,7 +50,10 @@ class TraceOptions:
 
 @dataclass(frozen=True)
 class Fault:
-    """Testing aid: rank ``rank`` fails just before step ``step`` (``kill``: SIGKILL; ``raise``: exception)."""
+    """Testing aid: rank ``rank`` fails at the start of step ``step`` (``kill``: SIGKILL; ``raise``: exception).
+
+    Every rank meets in a barrier first, so all steps before ``step`` are on disk on every rank.
+    """
 
     rank: int
     step: int
@@ -177,8 +180,10 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
         out = StepDisplay(display, options.steps, options.warmup, say, active=rank == 0)
         record = np.zeros(1, dtype=RANK_STEP_DTYPE)
         for i in range(options.steps):
-            if fault is not None and fault.rank == rank and fault.step == i:
-                fault.trigger()
+            if fault is not None and fault.step == i:
+                world.Barrier()  # every rank has spooled the steps before: the test knows what survives
+                if fault.rank == rank:
+                    fault.trigger()
             result = run.trainer.step(i)
             shift = run.comm.tracer.shift_ns
             record[0] = (rank, i, i < options.warmup, result.start_ns - shift, result.end_ns - shift, result.loss,

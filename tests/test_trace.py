@@ -174,6 +174,7 @@ def test_a_rank_dying_mid_run_leaves_a_recoverable_trace(run_mpi, tmp_path, mode
     assert sorted(trace.ranks["rank"]) == list(range(8))
     assert check_invariants(trace) == []
     check_volumes(trace)
+    assert trace.metadata["summary"]["steps"] == 2  # steps 1 and 2 (step 0 is warm-up)
     if mode == "raise":
         assert "injected fault" in trace.metadata["failures"][0]["error"]
         assert trace.metadata["failures"][0]["rank"] == 5
