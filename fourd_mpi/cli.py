@@ -160,6 +160,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("presets", help="list the model presets")
 
+    an = sub.add_parser("analyze", help="tables from traces: per run, breakdown, communication, scaling, "
+                        "comparison (one process, no mpiexec)")
+    an.add_argument("paths", nargs="+", metavar="TRACE", help="trace files, directories of them, or globs")
+    an.add_argument("--what", default="auto", metavar="LIST",
+                    help=f"comma list of {', '.join(ANALYSES)}; auto (default): runs, breakdown and comm of each "
+                         "run, and compare and weak/strong scaling when several runs qualify")
+    an.add_argument("--scaling", choices=("weak", "strong"), action="append", default=None,
+                    help="scaling mode(s) for the scaling table (default: both where they apply)")
+    an.add_argument("--format", default="table", choices=("table", "csv", "json", "markdown"))
+    an.add_argument("-o", "--output", metavar="FILE", help="write there instead of standard output")
+    an.add_argument("--force", action="store_true", help="replace an existing output file")
+
     tr = sub.add_parser("trace", help="inspect, check or recover trace files (one process, no mpiexec)")
     tsub = tr.add_subparsers(dest="trace_command", required=True, parser_class=OneLineParser)
     show = tsub.add_parser("show", help="metadata and step summary of a trace")
@@ -376,6 +388,90 @@ def cmd_trace(args, world) -> int:
     return 0
 
 
+ANALYSES = ("runs", "breakdown", "comm", "compare", "scaling")
+#: the runs table's columns on a terminal (csv/json keep all)
+RUNS_SHOWN = ["run_id", "grid", "world_size", "overlap", "progress", "steps", "step_median_s", "step_q1_s",
+              "step_q3_s", "compute_share", "wait_share", "other_share", "tflops_per_rank", "percent_of_peak",
+              "tokens_per_s", "imbalance"]
+
+
+def cmd_analyze(args, world) -> int:
+    """Exit 0: every file analysed; 1: some skipped (each named on stderr); 2: nothing to analyse."""
+    from . import analysis
+
+    what = list(ANALYSES) if args.what == "auto" else [w.strip() for w in args.what.split(",") if w.strip()]
+    unknown = [w for w in what if w not in ANALYSES]
+    if unknown:
+        raise ConfigError(f"--what: unknown {', '.join(unknown)} (choose from {', '.join(ANALYSES)})")
+    if args.output and os.path.exists(args.output) and not args.force:
+        raise ConfigError(f"{args.output} already exists (use --force to replace it)")
+    traces, problems = analysis.collect(args.paths)
+    for path, reason in problems:
+        sys.stderr.write(f"{PROG}: skipped {path}: {reason}\n")
+    if not traces:
+        raise ConfigError(f"no readable trace among {len(args.paths)} argument(s)")
+    runs = analysis.runs_table(traces)
+    sections = []  # (title, frame)
+    if "runs" in what:
+        sections.append(("runs", runs if args.format in ("csv", "json") else runs[RUNS_SHOWN]))
+    for name, fn in (("breakdown", analysis.breakdown), ("comm", analysis.comm_table)):
+        if name in what:
+            frames = [fn(t) for t in traces]
+            frames = [f for f in frames if len(f)]
+            if frames:
+                frame = pd_concat(frames)
+                if name == "comm" and args.format not in ("csv", "json"):
+                    frame = frame.drop(columns=["formula"])
+                if name == "breakdown" and args.format not in ("csv", "json"):
+                    frame = analysis.breakdown_wide(frame)  # long form in csv/json
+                sections.append((name, frame))
+    if "compare" in what and len(traces) > 1:
+        table = analysis.compare(runs)
+        if args.what != "auto" or table.groupby(["model", "world_size", "tokens_per_step"]).size().max() > 1:
+            sections.append(("compare", table))
+    if "scaling" in what and runs["world_size"].nunique() > 1:
+        for mode in args.scaling or ("weak", "strong"):
+            table = analysis.scaling(runs, mode)
+            for group, why in table.attrs.get("dropped", []):
+                if not why.startswith("one rank count"):  # a single run is no line: not worth a word
+                    sys.stderr.write(f"{PROG}: {mode} scaling: left out {group}: {why}\n")
+            if len(table):
+                sections.append((f"{mode} scaling", table))
+    text = _render_sections(sections, args.format)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text)
+    return 1 if problems else 0
+
+
+def pd_concat(frames):
+    import pandas as pd
+
+    return pd.concat(frames, ignore_index=True)
+
+
+def _render_sections(sections, fmt: str) -> str:
+    from .analysis import COMM_FORMULAS, format_table
+
+    if fmt == "json":
+        return json.dumps({title: json.loads(format_table(frame, "json")) for title, frame in sections},
+                          indent=1) + "\n"
+    if fmt == "csv":
+        if len(sections) != 1:
+            raise ConfigError(f"--format csv writes one table: choose one with --what (got "
+                              f"{', '.join(t for t, _ in sections) or 'none'})")
+        return format_table(sections[0][1], "csv")
+    heading = "## {}" if fmt == "markdown" else "== {} =="
+    parts = []
+    for title, frame in sections:
+        parts.append(heading.format(title) + "\n\n" + format_table(frame, fmt))
+        if title == "comm":
+            parts.append("\n".join(f"  {k}: {v}" for k, v in COMM_FORMULAS.items()))
+    return "\n\n".join(parts) + "\n"
+
+
 def _recovered_summary(spool_dir: str):
     """The summary of a recovered run, from the step records and run.json (the peak was never recorded)."""
     from .session import summarize
@@ -390,9 +486,10 @@ def _recovered_summary(spool_dir: str):
     return lambda rank_steps: summarize(rank_steps, world, flops, tokens, float("nan"), "not recorded")
 
 
-COMMANDS = {"run": cmd_run, "verify": cmd_verify, "info": cmd_info, "presets": cmd_presets, "trace": cmd_trace}
-#: commands that run without MPI (no mpiexec needed, nothing initialized)
-SERIAL_COMMANDS = ("presets", "trace")
+COMMANDS = {"run": cmd_run, "verify": cmd_verify, "info": cmd_info, "presets": cmd_presets, "trace": cmd_trace,
+            "analyze": cmd_analyze}
+#: commands that run in one process, without mpiexec
+SERIAL_COMMANDS = ("presets", "trace", "analyze")
 
 
 def _parse(argv: Optional[List[str]]):
