@@ -427,8 +427,9 @@ def cmd_analyze(args, world) -> int:
                 sections.append((name, frame))
     if "compare" in what and len(traces) > 1:
         table = analysis.compare(runs)
-        if args.what != "auto" or table.groupby(["model", "world_size", "tokens_per_step"]).size().max() > 1:
-            sections.append(("compare", table))
+        sizes = table.groupby(["model", "world_size", "tokens_per_step"])["run_id"].transform("size")
+        if (sizes > 1).any():  # only configurations with something to compare against
+            sections.append(("compare", table[sizes > 1]))
     if "scaling" in what and runs["world_size"].nunique() > 1:
         for mode in args.scaling or ("weak", "strong"):
             table = analysis.scaling(runs, mode)
