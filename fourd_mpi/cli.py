@@ -172,6 +172,16 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("-o", "--output", metavar="FILE", help="write there instead of standard output")
     an.add_argument("--force", action="store_true", help="replace an existing output file")
 
+    ex = sub.add_parser("export", help="convert a trace for Perfetto / chrome://tracing or for Hatchet / Thicket")
+    ex.add_argument("format", choices=("perfetto", "thicket"),
+                    help="perfetto: trace-event JSON (.json or .json.gz); thicket: Caliper JSON-split profile")
+    ex.add_argument("trace", metavar="TRACE")
+    ex.add_argument("-o", "--output", metavar="FILE", required=True)
+    ex.add_argument("--steps", type=_int_list, metavar="LIST", help="perfetto: only these steps (e.g. 1,2)")
+    ex.add_argument("--ranks", type=_int_list, metavar="LIST", help="perfetto: only these ranks (e.g. 0-3,8)")
+    ex.add_argument("--include-warmup", action="store_true", help="thicket: also profile the warm-up steps")
+    ex.add_argument("--force", action="store_true", help="replace an existing output file")
+
     tr = sub.add_parser("trace", help="inspect, check or recover trace files (one process, no mpiexec)")
     tsub = tr.add_subparsers(dest="trace_command", required=True, parser_class=OneLineParser)
     show = tsub.add_parser("show", help="metadata and step summary of a trace")
@@ -183,6 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("-o", "--output", metavar="FILE", help="trace to write (default: the run's planned trace path)")
     rec.add_argument("--force", action="store_true", help="replace an existing output file")
     return parser
+
+
+def _int_list(text: str) -> List[int]:
+    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]``."""
+    out: List[int] = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            out.extend(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a list like 0-3,8, got {text!r}") from None
+    return out
 
 
 def positive_float(text: str) -> float:
@@ -473,6 +495,24 @@ def _render_sections(sections, fmt: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def cmd_export(args, world) -> int:
+    from . import export
+    from .traceread import load_trace
+
+    if os.path.exists(args.output) and not args.force:
+        raise ConfigError(f"{args.output} already exists (use --force to replace it)")
+    trace = load_trace(args.trace)
+    try:
+        if args.format == "perfetto":
+            export.write_perfetto(trace, args.output, steps=args.steps, ranks=args.ranks)
+        else:
+            export.write_caliper_json(trace, args.output, include_warmup=args.include_warmup)
+    except ValueError as exc:  # unknown step or rank, a trace without op events
+        raise ConfigError(str(exc)) from None
+    print(f"{args.output}: {args.format} export of {args.trace}")
+    return 0
+
+
 def _recovered_summary(spool_dir: str):
     """The summary of a recovered run, from the step records and run.json (the peak was never recorded)."""
     from .session import summarize
@@ -488,9 +528,9 @@ def _recovered_summary(spool_dir: str):
 
 
 COMMANDS = {"run": cmd_run, "verify": cmd_verify, "info": cmd_info, "presets": cmd_presets, "trace": cmd_trace,
-            "analyze": cmd_analyze}
+            "analyze": cmd_analyze, "export": cmd_export}
 #: commands that run in one process, without mpiexec
-SERIAL_COMMANDS = ("presets", "trace", "analyze")
+SERIAL_COMMANDS = ("presets", "trace", "analyze", "export")
 
 
 def _parse(argv: Optional[List[str]]):

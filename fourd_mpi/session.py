@@ -176,7 +176,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
             peak, source = measure_peak(run), "measured standalone GEMM, median over ranks"
         else:
             peak, source = peak_tflops, "--peak-tflops"
-        say(f"trace: level {trace.level}, run id {run_id}, per-rank files in {spool_dir}")
+        say(f"tracing: level {trace.level}, run id {run_id}, per-rank files in {spool_dir}")
         out = StepDisplay(display, options.steps, options.warmup, say, active=rank == 0)
         record = np.zeros(1, dtype=RANK_STEP_DTYPE)
         for i in range(options.steps):
