@@ -172,6 +172,18 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("-o", "--output", metavar="FILE", help="write there instead of standard output")
     an.add_argument("--force", action="store_true", help="replace an existing output file")
 
+    pl = sub.add_parser("plot", help="figures from traces: scaling, breakdown, timeline, overlap (PNG, SVG, PDF)")
+    pl.add_argument("kind", choices=PLOTS)
+    pl.add_argument("paths", nargs="+", metavar="TRACE", help="trace files, directories of them, or globs "
+                    "(timeline: one trace)")
+    pl.add_argument("-o", "--output", metavar="FILE", required=True, help="the figure: .png, .svg or .pdf")
+    pl.add_argument("--mode", choices=("weak", "strong"), default="weak", help="scaling: weak (default) or strong")
+    pl.add_argument("--step", type=nonnegative_int, default=None, help="timeline: the step (default: the first "
+                    "measured one)")
+    pl.add_argument("--ranks", type=_int_list, metavar="LIST", help="timeline: ranks to show (e.g. 0-3)")
+    pl.add_argument("--normalize", action="store_true", help="breakdown: shares instead of seconds")
+    pl.add_argument("--force", action="store_true", help="replace an existing output file")
+
     ex = sub.add_parser("export", help="convert a trace for Perfetto / chrome://tracing or for Hatchet / Thicket")
     ex.add_argument("format", choices=("perfetto", "thicket"),
                     help="perfetto: trace-event JSON (.json or .json.gz); thicket: Caliper JSON-split profile")
@@ -495,6 +507,47 @@ def _render_sections(sections, fmt: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+PLOTS = ("scaling", "breakdown", "timeline", "overlap")
+
+
+def cmd_plot(args, world) -> int:
+    """Exit 0, or 1 when some input files were skipped (named on stderr)."""
+    from . import analysis, plots
+
+    if os.path.splitext(args.output)[1].lower() not in (".png", ".svg", ".pdf"):
+        raise ConfigError(f"{args.output}: the figure's format comes from its suffix: .png, .svg or .pdf")
+    if os.path.exists(args.output) and not args.force:
+        raise ConfigError(f"{args.output} already exists (use --force to replace it)")
+    traces, problems = analysis.collect(args.paths)
+    for path, reason in problems:
+        sys.stderr.write(f"{PROG}: skipped {path}: {reason}\n")
+    if not traces:
+        raise ConfigError(f"no readable trace among {len(args.paths)} argument(s)")
+    try:
+        if args.kind == "timeline":
+            if len(traces) != 1:
+                raise ConfigError(f"timeline draws one trace; got {len(traces)}")
+            plots.plot_timeline(traces[0], args.output, step=args.step, ranks=args.ranks)
+        elif args.kind == "scaling":
+            table = analysis.scaling(analysis.runs_table(traces), args.mode)
+            if not len(table):
+                why = "; ".join(f"{g}: {r}" for g, r in table.attrs.get("dropped", [])) or "no runs"
+                raise ConfigError(f"no {args.mode}-scaling line in these traces ({why})")
+            plots.plot_scaling(table, args.output, mode=args.mode)
+        elif args.kind == "breakdown":
+            frame = pd_concat([analysis.breakdown(t) for t in traces])
+            plots.plot_breakdown(frame, analysis.runs_table(traces), args.output, normalize=args.normalize)
+        else:
+            frames = [f for f in (analysis.comm_table(t) for t in traces) if len(f)]
+            if not frames:
+                raise ConfigError("overlap needs op-level traces (--trace-level op)")
+            plots.plot_overlap(pd_concat(frames), args.output, runs_df=analysis.runs_table(traces))
+    except ValueError as exc:  # an unknown step or rank, an empty table
+        raise ConfigError(str(exc)) from None
+    print(f"{args.output}: {args.kind} of {len(traces)} trace(s)")
+    return 1 if problems else 0
+
+
 def cmd_export(args, world) -> int:
     from . import export
     from .traceread import load_trace
@@ -528,9 +581,9 @@ def _recovered_summary(spool_dir: str):
 
 
 COMMANDS = {"run": cmd_run, "verify": cmd_verify, "info": cmd_info, "presets": cmd_presets, "trace": cmd_trace,
-            "analyze": cmd_analyze, "export": cmd_export}
+            "analyze": cmd_analyze, "plot": cmd_plot, "export": cmd_export}
 #: commands that run in one process, without mpiexec
-SERIAL_COMMANDS = ("presets", "trace", "analyze", "export")
+SERIAL_COMMANDS = ("presets", "trace", "analyze", "plot", "export")
 
 
 def _parse(argv: Optional[List[str]]):

@@ -97,3 +97,27 @@ def test_export_from_the_command_line(tmp_path):
     assert proc.returncode == 2 and "already exists" in proc.stderr
     proc = fourd("export", "perfetto", SAMPLES / "weak-8.h5", "-o", tmp_path / "x.json", "--steps", "42")
     assert proc.returncode == 2 and "42" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("kind, args", [
+    ("scaling", [SAMPLES / "weak-1.h5", SAMPLES / "weak-2.h5", SAMPLES / "weak-4.h5", SAMPLES / "weak-8.h5"]),
+    ("breakdown", [SAMPLES]),
+    ("overlap", [SAMPLES]),
+    ("timeline", [SAMPLES / "grid-1x2x2x2-overlap.h5", "--step", "2", "--ranks", "0-3"]),
+])
+def test_plot_from_the_command_line(tmp_path, kind, args):
+    out = tmp_path / f"{kind}.svg"
+    proc = fourd("plot", kind, *args, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_text().lstrip().startswith(("<?xml", "<svg"))
+
+
+def test_plot_errors(tmp_path):
+    proc = fourd("plot", "timeline", SAMPLES, "-o", tmp_path / "t.png")
+    assert proc.returncode == 2 and "one trace" in proc.stderr
+    proc = fourd("plot", "timeline", SAMPLES / "weak-8.h5", "-o", tmp_path / "t.png", "--step", "99")
+    assert proc.returncode == 2 and "99" in proc.stderr and "Traceback" not in proc.stderr
+    proc = fourd("plot", "scaling", SAMPLES / "weak-8.h5", "-o", tmp_path / "s.png")
+    assert proc.returncode == 2 and "no weak-scaling line" in proc.stderr
+    proc = fourd("plot", "breakdown", SAMPLES, "-o", tmp_path / "b.jpg")
+    assert proc.returncode == 2 and ".png, .svg or .pdf" in proc.stderr
