@@ -429,6 +429,21 @@ RUNS_SHOWN = ["run_id", "grid", "world_size", "overlap", "progress", "steps", "s
               "tokens_per_s", "imbalance"]
 
 
+def _load_traces(args):
+    """The traces named by ``args.paths``; each unreadable one named on stderr. Refuses to
+    overwrite ``args.output`` without ``--force``."""
+    from . import analysis
+
+    if args.output and os.path.exists(args.output) and not args.force:
+        raise ConfigError(f"{args.output} already exists (use --force to replace it)")
+    traces, problems = analysis.collect(args.paths)
+    for path, reason in problems:
+        sys.stderr.write(f"{PROG}: skipped {path}: {reason}\n")
+    if not traces:
+        raise ConfigError(f"no readable trace among {len(args.paths)} argument(s)")
+    return traces, problems
+
+
 def cmd_analyze(args, world) -> int:
     """Exit 0: every file analysed; 1: some skipped (each named on stderr); 2: nothing to analyse."""
     from . import analysis
@@ -437,13 +452,7 @@ def cmd_analyze(args, world) -> int:
     unknown = [w for w in what if w not in ANALYSES]
     if unknown:
         raise ConfigError(f"--what: unknown {', '.join(unknown)} (choose from {', '.join(ANALYSES)})")
-    if args.output and os.path.exists(args.output) and not args.force:
-        raise ConfigError(f"{args.output} already exists (use --force to replace it)")
-    traces, problems = analysis.collect(args.paths)
-    for path, reason in problems:
-        sys.stderr.write(f"{PROG}: skipped {path}: {reason}\n")
-    if not traces:
-        raise ConfigError(f"no readable trace among {len(args.paths)} argument(s)")
+    traces, problems = _load_traces(args)
     runs = analysis.runs_table(traces)
     sections = []  # (title, frame)
     if "runs" in what:
@@ -516,13 +525,7 @@ def cmd_plot(args, world) -> int:
 
     if os.path.splitext(args.output)[1].lower() not in (".png", ".svg", ".pdf"):
         raise ConfigError(f"{args.output}: the figure's format comes from its suffix: .png, .svg or .pdf")
-    if os.path.exists(args.output) and not args.force:
-        raise ConfigError(f"{args.output} already exists (use --force to replace it)")
-    traces, problems = analysis.collect(args.paths)
-    for path, reason in problems:
-        sys.stderr.write(f"{PROG}: skipped {path}: {reason}\n")
-    if not traces:
-        raise ConfigError(f"no readable trace among {len(args.paths)} argument(s)")
+    traces, problems = _load_traces(args)
     try:
         if args.kind == "timeline":
             if len(traces) != 1:
