@@ -24,7 +24,8 @@ from .kernels import standalone_gemm_tflops
 from .metadata import rank_metadata, run_metadata
 from .mpiutil import agree, on_root
 from .runtime import Run, RunOptions
-from .tracestore import RankSpool, check_name, merge_run, new_run_id, now_iso, prepare_spool, trace_paths
+from .tracestore import (RankSpool, check_name, merge_run, new_run_id, now_iso, prepare_spool, read_records,
+                         trace_paths)
 from .tracing import LEVELS, RANK_STEP_DTYPE
 
 FAULT_MODES = ("kill", "raise")
@@ -207,8 +208,6 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
 
 
 def _spooled_steps(spool: RankSpool) -> np.ndarray:
-    from .tracestore import read_records
-
     return read_records(spool.steps_path, RANK_STEP_DTYPE)
 
 
