@@ -263,6 +263,8 @@ def _header(world, run) -> None:
     overlap = run.trainer.overlap
     _say(world, f"backend {run.backend.describe()}, optimizer {run.options.optimizer}, "
                 f"weights {'cached' if overlap.cache else 're-gathered'} for backward")
+    if run.gpu_awareness is not None:
+        _say(world, f"GPU-aware MPI: {run.gpu_awareness.reason}")
     _say(world, f"overlap {overlap}; progress {run.comm.progress.describe()}")
     for note in run.overlap_notes():
         _say(world, f"note: {note} on grid {run.options.grid}")

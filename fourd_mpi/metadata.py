@@ -67,6 +67,7 @@ def run_metadata(run, run_id: str, config: Dict, level: str, start_time: str) ->
         "run_options": run.options.as_dict(), "grid": str(run.options.grid), "world_size": grid.cart.Get_size(),
         "num_nodes": grid.num_nodes, "ranks_per_node": grid.ranks_per_node, "mpi": mpi_library(),
         "backend": run.backend.describe(), "device_buffers_direct": bool(run.backend.device_buffers_direct),
+        "gpu_aware_mpi": run.gpu_awareness.as_dict() if run.gpu_awareness is not None else None,
         "overlap": str(run.trainer.overlap), "progress": run.comm.progress.describe(),
         "environment": mpi_environment(), "packages": package_versions(), "git_commit": git_commit(),
         "command": sys.argv, "launch_host": socket.gethostname(),

@@ -15,6 +15,8 @@ from .collectives import Collectives
 from .config import ModelConfig, resolve_model, validate_model
 from .engine import Trainer
 from .errors import ConfigError
+from .gpuaware import GpuAwareness
+from .gpuaware import detect as detect_gpu_awareness
 from .grid import GridShape, ProcessGrid, infer_grid_shape
 from .kernels import ComputeCounter
 from .model import Model, SyntheticData
@@ -100,6 +102,8 @@ class Run:
 
     #: this rank's clock offset to rank 0 and its uncertainty (ns), when traced
     clock: tuple = (0, 0)
+    #: what this rank's MPI says about device buffers (:mod:`fourd_mpi.gpuaware`)
+    gpu_awareness: Optional[GpuAwareness] = None
 
     @classmethod
     def build(cls, mpi_comm, options: RunOptions, count_flops: bool = False,
@@ -111,8 +115,12 @@ class Run:
         on clocks aligned to rank 0's; None keeps only per-step totals.
         """
         grid = ProcessGrid(mpi_comm, options.grid)
+        awareness = detect_gpu_awareness()
+        device_buffers = options.device_buffers
+        if device_buffers == "auto":  # direct only where every rank's MPI takes device buffers
+            device_buffers = "direct" if all(grid.cart.allgather(awareness.direct_ok)) else "staged"
         backend = agree(mpi_comm, lambda: make_backend(
-            options.backend, parse_dtype(options.dtype), grid.local_rank, options.device_buffers))
+            options.backend, parse_dtype(options.dtype), grid.local_rank, device_buffers))
         progress = agree(mpi_comm, lambda: make_progress(options.progress, options.poll_flops))
         clock = (0, 0)
         if trace_level is None:
@@ -130,7 +138,7 @@ class Run:
         data = SyntheticData(options.model, grid, backend, seed=options.seed)
         optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr)
         trainer = Trainer(model, data, comm, optimizer, overlap=options.overlap_config())
-        return cls(options, grid, backend, comm, model, data, trainer, counter, clock)
+        return cls(options, grid, backend, comm, model, data, trainer, counter, clock, awareness)
 
     def overlap_notes(self):
         """Overlap options that are no-ops on this grid, with the reason."""

@@ -111,6 +111,7 @@ def test_byte_counts_match_the_algorithm(trace_8):
 
 def test_metadata_is_complete(trace_8):
     meta = trace_8[0].metadata
+    assert meta["gpu_aware_mpi"]["library"] and meta["gpu_aware_mpi"]["reason"]
     for key in ("config", "grid", "world_size", "mpi", "device_buffers_direct", "environment", "packages",
                 "start_time", "end_time", "run_id", "summary", "layers"):
         assert key in meta, key
