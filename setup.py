@@ -15,6 +15,8 @@ setup(
     long_description=(HERE / "README.md").read_text(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["fourd_mpi", "fourd_mpi.*"]),
+    # built-in site profiles, job-script templates and machine (alpha-beta) profiles
+    package_data={"fourd_mpi": ["sites/*.yaml", "templates/*.j2", "profiles/*.yaml"]},
     python_requires=">=3.9",
     install_requires=[
         "numpy>=1.22",
@@ -23,6 +25,8 @@ setup(
         "pyyaml>=5.1",  # --config FILE.yaml
         "tomli>=1.1; python_version < '3.11'",  # --config FILE.toml (tomllib from 3.11)
         "tqdm>=4.60",  # rank 0's progress bar
+        "jinja2>=3.0",  # job-script templates (fourd-mpi sweep render)
+        "jsonschema>=4.0",  # sweep specs, site and machine profiles
     ],
     extras_require={
         # The embedded default MPI: mpi4py >= 4.1 finds the wheel's libmpi by itself.
