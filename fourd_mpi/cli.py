@@ -194,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--include-warmup", action="store_true", help="thicket: also profile the warm-up steps")
     ex.add_argument("--force", action="store_true", help="replace an existing output file")
 
+    from .sweep import add_parser as add_sweep_parser
+
+    add_sweep_parser(sub)
+
     tr = sub.add_parser("trace", help="inspect, check or recover trace files (one process, no mpiexec)")
     tsub = tr.add_subparsers(dest="trace_command", required=True, parser_class=OneLineParser)
     show = tsub.add_parser("show", help="metadata and step summary of a trace")
@@ -553,6 +557,12 @@ def cmd_plot(args, world) -> int:
     return 1 if problems else 0
 
 
+def cmd_sweep(args, world) -> int:
+    from .sweep import cmd_sweep as run_sweep
+
+    return run_sweep(args, world)
+
+
 def cmd_export(args, world) -> int:
     from . import export
     from .traceread import load_trace
@@ -586,9 +596,9 @@ def _recovered_summary(spool_dir: str):
 
 
 COMMANDS = {"run": cmd_run, "verify": cmd_verify, "info": cmd_info, "presets": cmd_presets, "trace": cmd_trace,
-            "analyze": cmd_analyze, "plot": cmd_plot, "export": cmd_export}
+            "analyze": cmd_analyze, "plot": cmd_plot, "export": cmd_export, "sweep": cmd_sweep}
 #: commands that run in one process, without mpiexec
-SERIAL_COMMANDS = ("presets", "trace", "analyze", "plot", "export")
+SERIAL_COMMANDS = ("presets", "trace", "analyze", "plot", "export", "sweep")
 
 
 def _parse(argv: Optional[List[str]]):

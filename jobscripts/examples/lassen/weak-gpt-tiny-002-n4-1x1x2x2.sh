@@ -1,0 +1,20 @@
+#!/bin/bash
+#BSUB -J weak-gpt-tiny-002-n4-1x1x2x2
+#BSUB -nnodes 1
+#BSUB -W 00:10
+#BSUB -G PROJECT123
+#BSUB -q pdebug
+#BSUB -o jobscripts/examples/lassen/logs/weak-gpt-tiny-002-n4-1x1x2x2.out
+# fourd-mpi sweep weak-gpt-tiny: run 3 of 4 on site lassen
+#   4 ranks = 1 node(s) x 4 ranks per node, one GPU per rank
+#   grid 1x1x2x2 (G_data x G_z x G_y x G_x), model gpt-tiny, global batch 32
+#   estimated memory per rank: 3.5 MiB
+# Rendered by fourd-mpi 0.1.0 from jobscripts/weak-gpt-tiny.yaml; re-render rather than edit.
+set -eo pipefail
+module load gcc
+module load cuda
+module load spectrum-mpi
+module load python
+export OMP_NUM_THREADS=10
+echo "fourd-mpi sweep weak-gpt-tiny run weak-gpt-tiny-002-n4-1x1x2x2 on $(hostname) at $(date -u +%FT%TZ)"
+lrun -N 1 -T 4 --smpiargs=-gpu python3 -m fourd_mpi run --backend cupy --gdata 1 --gz 1 --gy 2 --gx 2 --model gpt-tiny --batch 32 --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny --run-id weak-gpt-tiny-002-n4-1x1x2x2 --display lines

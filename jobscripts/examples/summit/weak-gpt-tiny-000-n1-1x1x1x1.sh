@@ -1,0 +1,20 @@
+#!/bin/bash
+#BSUB -J weak-gpt-tiny-000-n1-1x1x1x1
+#BSUB -nnodes 1
+#BSUB -W 00:10
+#BSUB -P PROJECT123
+#BSUB -q batch
+#BSUB -o jobscripts/examples/summit/logs/weak-gpt-tiny-000-n1-1x1x1x1.out
+# fourd-mpi sweep weak-gpt-tiny: run 1 of 4 on site summit
+#   1 ranks = 1 node(s) x 1 ranks per node, one GPU per rank
+#   grid 1x1x1x1 (G_data x G_z x G_y x G_x), model gpt-tiny, global batch 8
+#   estimated memory per rank: 2.8 MiB
+# Rendered by fourd-mpi 0.1.0 from jobscripts/weak-gpt-tiny.yaml; re-render rather than edit.
+set -eo pipefail
+module load gcc
+module load cuda
+module load spectrum-mpi
+module load python
+export OMP_NUM_THREADS=7
+echo "fourd-mpi sweep weak-gpt-tiny run weak-gpt-tiny-000-n1-1x1x1x1 on $(hostname) at $(date -u +%FT%TZ)"
+jsrun -n 1 -a 1 -c 7 -g 1 -r 1 --smpiargs=-gpu python3 -m fourd_mpi run --backend cupy --gdata 1 --gz 1 --gy 1 --gx 1 --model gpt-tiny --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny --run-id weak-gpt-tiny-000-n1-1x1x1x1 --display lines

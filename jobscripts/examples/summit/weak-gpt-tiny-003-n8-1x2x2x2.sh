@@ -1,0 +1,20 @@
+#!/bin/bash
+#BSUB -J weak-gpt-tiny-003-n8-1x2x2x2
+#BSUB -nnodes 2
+#BSUB -W 00:10
+#BSUB -P PROJECT123
+#BSUB -q batch
+#BSUB -o jobscripts/examples/summit/logs/weak-gpt-tiny-003-n8-1x2x2x2.out
+# fourd-mpi sweep weak-gpt-tiny: run 4 of 4 on site summit
+#   8 ranks = 2 node(s) x 4 ranks per node, one GPU per rank
+#   grid 1x2x2x2 (G_data x G_z x G_y x G_x), model gpt-tiny, global batch 64
+#   estimated memory per rank: 3.4 MiB
+# Rendered by fourd-mpi 0.1.0 from jobscripts/weak-gpt-tiny.yaml; re-render rather than edit.
+set -eo pipefail
+module load gcc
+module load cuda
+module load spectrum-mpi
+module load python
+export OMP_NUM_THREADS=7
+echo "fourd-mpi sweep weak-gpt-tiny run weak-gpt-tiny-003-n8-1x2x2x2 on $(hostname) at $(date -u +%FT%TZ)"
+jsrun -n 8 -a 1 -c 7 -g 1 -r 4 --smpiargs=-gpu python3 -m fourd_mpi run --backend cupy --gdata 1 --gz 2 --gy 2 --gx 2 --model gpt-tiny --batch 64 --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny --run-id weak-gpt-tiny-003-n8-1x2x2x2 --display lines
