@@ -13,8 +13,6 @@ import os
 import shlex
 from typing import Dict, List, Optional
 
-import jinja2
-
 from . import __version__
 from .errors import ConfigError
 from .schedulers import JobRequest, get_scheduler, parse_time
@@ -25,7 +23,9 @@ TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
 AFFINITY_SCRIPT = "gpu_affinity.sh"
 
 
-def _environment() -> jinja2.Environment:
+def _environment():
+    import jinja2  # only when rendering: the CLI parser imports this module's package on every rank
+
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False)
     env.filters["sh"] = lambda value: shlex.quote(str(value))

@@ -309,7 +309,11 @@ def _check_option(spec: SweepSpec, parts: Sequence, key: str, value) -> str:
         raise spec.error(parts, f"{key} is set by the sweep, not as a run option: use {SWEEP_OWNED[name]}")
     try:
         tokens = config_tokens({name: value}, _run_parser(), spec.source)
-        _run_parser().parse_args(tokens)
+        args = _run_parser().parse_args(tokens)
+        # the run's own validation (overlap lists, dtype and backend, ...) on a 1-rank grid
+        from .cli import _run_options
+
+        _run_options(args, 1)
     except ConfigError as exc:
         message = str(exc).replace(f"config file {spec.source}: ", "").replace(" (see fourd-mpi run --help)", "")
         raise spec.error(parts, message) from None
@@ -345,7 +349,13 @@ def spec_from_data(data: Dict[str, Any], source: str = "<spec>", doc: Optional[Y
     if len(set(lengths.values())) > 1:
         raise spec.error(["zip"], "zipped lists must have the same length, got "
                          + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
-    spec.expand()  # every run resolvable: grids, models, divisibility
+    for run in spec.expand():  # every run resolvable exactly as `fourd-mpi run` will resolve it
+        from .cli import _run_options
+
+        try:
+            _run_options(_run_parser().parse_args(run.run_argv("results")[1:]), run.ranks)
+        except ConfigError as exc:
+            raise spec.error([], f"run {run.run_id} ({run.describe()}): {exc}") from None
     return spec
 
 

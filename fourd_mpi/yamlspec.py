@@ -9,7 +9,7 @@ is composed once for the marks and loaded once for the data.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterable, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import yaml
 
@@ -38,6 +38,9 @@ class YamlDocument:
             mark = getattr(exc, "problem_mark", None)
             where = f"{source}:{mark.line + 1}" if mark is not None else source
             problem = getattr(exc, "problem", None) or str(exc)
+            context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+            if context and start is not None:
+                problem = f"{problem} ({context} at line {start.line + 1})"
             raise ConfigError(f"{where}: not valid YAML: {' '.join(str(problem).split())}") from None
         if self.root is not None:
             self._reject_duplicate_keys(self.root, ())
@@ -70,29 +73,36 @@ class YamlDocument:
 
     def line(self, parts: Sequence[PathPart]) -> Optional[int]:
         """1-based line of the value at ``parts`` (the deepest existing one); None for an empty file."""
+        return self._locate(parts)[0]
+
+    def _locate(self, parts: Sequence[PathPart]):
+        """``(line, label)``: the label writes mapping keys as ``.key`` and list items as ``[i]``."""
         node = self.root
         if node is None:
-            return None
-        line = node.start_mark.line + 1
-        for part in parts:
+            return None, key_path(parts)
+        line, label = node.start_mark.line + 1, ""
+        for depth, part in enumerate(parts):
             found = None
             if isinstance(node, yaml.MappingNode):
+                label += f".{part}" if label else str(part)
                 for key_node, value_node in node.value:
                     if str(key_node.value) == str(part):
                         found, line = value_node, key_node.start_mark.line + 1
                         break
             elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+                label += f"[{part}]"
                 found = node.value[part]
                 line = found.start_mark.line + 1
             if found is None:
-                break
+                rest = key_path(parts[depth + 1:]) if depth + 1 < len(parts) else ""
+                return line, label + (("." + rest) if rest else "")
             node = found
-        return line
+        return line, label or "(top level)"
 
     def error(self, parts: Sequence[PathPart], message: str) -> ConfigError:
-        line = self.line(parts)
+        line, label = self._locate(parts)
         where = f"{self.source}:{line}" if line else self.source
-        return ConfigError(f"{where}: {key_path(parts)}: {message}")
+        return ConfigError(f"{where}: {label}: {message}")
 
     def validate(self, schema: Dict[str, Any]) -> None:
         """Raise the first schema violation, by position in the file, as a :class:`ConfigError`."""
@@ -102,17 +112,28 @@ class YamlDocument:
         errors = list(validator.iter_errors(self.data))
         if not errors:
             return
-        errors.sort(key=lambda e: (self.line(list(e.absolute_path)) or 0, -len(e.absolute_path)))
-        first = errors[0]
-        raise self.error(list(first.absolute_path), _schema_message(first))
+        # best_match descends into oneOf/anyOf to the branch the value nearly matched
+        errors = [jsonschema.exceptions.best_match([e]) for e in errors]
+        located = [(list(e.absolute_path) + _offending_key(e), e) for e in errors]
+        located.sort(key=lambda item: (self.line(item[0]) or 0, -len(item[0])))
+        parts, first = located[0]
+        raise self.error(parts, _schema_message(first))
+
+
+def _offending_key(error) -> List[PathPart]:
+    """An unknown key is reported at the key, not at the mapping that holds it."""
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})), key=str)
+        return extra[:1]
+    return []
 
 
 def _schema_message(error) -> str:
     """jsonschema's message, made shorter for the usual cases."""
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
-        extra = sorted(set(error.instance) - set(allowed))
-        return f"unknown key {', '.join(map(repr, extra))} (known: {', '.join(allowed)})"
+        extra = sorted(set(error.instance) - set(allowed), key=str)
+        return f"unknown key {extra[0]!r} (known: {', '.join(allowed)})"
     if error.validator == "enum":
         return f"{error.instance!r} is not one of {', '.join(map(str, error.validator_value))}"
     if error.validator == "pattern" and "description" in error.schema:

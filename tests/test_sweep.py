@@ -1,0 +1,308 @@
+"""Sweep specs, site profiles and job scripts: validation, expansion, rendering, quoting, local runs.
+
+The real-Slurm end-to-end test is tests/test_sweep_slurm.py. Here: every error names the
+key and its line and leaves nothing written; scripts of every built-in site pass bash -n
+and shellcheck and request consistent resources; hostile values cannot reach a shell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import REPO, mpi_env
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.schedulers import parse_time
+from fourd_mpi.sites import builtin_sites, load_site
+from fourd_mpi.sweep import build_manifest, write_sweep
+from fourd_mpi.sweepspec import load_spec
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+BASE = """\
+name: s1
+study: weak
+ranks: [1, 2, 4, 8]
+grids: {1: [1x1x1x1], 2: [1x1x1x2], 4: [1x1x2x2], 8: [1x2x2x2]}
+model: {preset: gpt-tiny, batch: 8}
+options: {steps: 3}
+"""
+
+
+def write(tmp_path, text, name="spec.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def fourd(args, cwd, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "fourd_mpi", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=env or mpi_env())
+
+
+# -- expansion ------------------------------------------------------------------------------
+
+def test_weak_batch_grows_with_ranks(tmp_path):
+    runs = load_spec(write(tmp_path, BASE)).expand()
+    assert [(r.ranks, str(r.grid), r.model.batch) for r in runs] == [
+        (1, "1x1x1x1", 8), (2, "1x1x1x2", 16), (4, "1x1x2x2", 32), (8, "1x2x2x2", 64)]
+    assert len({r.run_id for r in runs}) == 4
+
+
+def test_weak_growth_of_hidden_and_layers(tmp_path):
+    hidden = load_spec(write(tmp_path, BASE + "weak: {grow: hidden}\n")).expand()
+    # hidden ~ sqrt(ranks) in multiples of the head count (8): 64, 88 (90.5), 128, 184 (181)
+    assert [r.model.hidden for r in hidden] == [64, 88, 128, 184]
+    assert [r.model.ffn_hidden for r in hidden] == [256, 352, 512, 736]
+    assert {r.model.batch for r in hidden} == {8}
+    layers = load_spec(write(tmp_path, BASE.replace("[1x2x2x2]", "[8x1x1x1]") + "weak: {grow: layers}\n"))
+    assert [r.model.layers for r in layers.expand()] == [2, 4, 8, 16]
+
+
+def test_strong_keeps_the_problem(tmp_path):
+    runs = load_spec(write(tmp_path, BASE.replace("study: weak", "study: strong"))).expand()
+    assert {r.model.batch for r in runs} == {8}
+
+
+def test_all_grids_matrix_zip_and_repeats(tmp_path):
+    spec = load_spec(write(tmp_path, """\
+        name: m
+        study: strong
+        ranks: [4]
+        grids: all
+        model: {preset: gpt-tiny, batch: 8}
+        matrix: {overlap: [none, all], progress: [poll, none]}
+        zip: {prefetch_depth: [1, 2], chunks: [2, 4]}
+        repeats: 2
+        """))
+    runs = spec.expand()
+    from fourd_mpi.config import model_problems, resolve_model
+    from fourd_mpi.grid import grid_factorizations
+
+    valid = [g for g in grid_factorizations(4) if not model_problems(resolve_model("gpt-tiny", batch=8), g)]
+    assert len(runs) == len(valid) * 2 * 2 * 2 * 2
+    first = [dict(r.options) for r in runs[:8]]
+    assert [(o["overlap"], o["progress"], o["prefetch-depth"], o["chunks"]) for o in first[::2]] == [
+        ("none", "poll", 1, 2), ("none", "poll", 2, 4), ("none", "none", 1, 2), ("none", "none", 2, 4)]
+    assert [r.repeat for r in runs[:2]] == [0, 1] and runs[0].run_id.endswith("-r0")
+    argv = runs[3].run_argv("res")
+    assert "--overlap=none" in argv and "--prefetch-depth=2" in argv and argv[-4:] == [
+        "--run-id", runs[3].run_id, "--display", "lines"]
+
+
+# -- errors: key and line, before anything is written ---------------------------------------
+
+BAD_SPECS = [
+    ("unknown key", BASE + "stepz: 3\n", 7, "unknown key 'stepz'"),
+    ("bad study", BASE.replace("study: weak", "study: wide"), 2, "'wide' is not one of weak, strong"),
+    ("injection in name", BASE.replace("name: s1", "name: 'x; rm -rf ~'"), 1, "letters, digits"),
+    ("bad grid text", BASE.replace("[1x1x1x2]", "[1x1x2]"), 4, "grids.2[0]: '1x1x2': a grid is DxZxYxX"),
+    ("grid of the wrong size", BASE.replace("2: [1x1x1x2]", "2: [1x1x2x2]"), 4, "none of the grids 1x1x2x2 has 2 ranks"),
+    ("grid the model cannot use", BASE.replace("8: [1x2x2x2]", "8: [1x1x1x8]").replace("batch: 8", "batch: 8, heads: 4, hidden: 36"), 4, "not divisible"),
+    ("unknown preset", BASE.replace("preset: gpt-tiny", "preset: gpt-huge"), 5, "'gpt-huge' is not one of"),
+    ("unknown run option", BASE.replace("steps: 3", "stepps: 3"), 6, "unknown option 'stepps'"),
+    ("bad option value", BASE + "matrix:\n  overlap: [none, al]\n", 8, "matrix.overlap[1]"),
+    ("option owned by the sweep", BASE.replace("steps: 3", "gx: 2"), 6, "set by the sweep"),
+    ("duplicate key", BASE + "ranks: [2]\n", 7, "ranks given twice (first at line 3)"),
+    ("unequal zip", BASE + "zip: {chunks: [2, 4], prefetch_depth: [1]}\n", 7, "same length"),
+    ("rank count with no grid entry", BASE.replace("8: [1x2x2x2]}", "16: [1x2x2x4]}"), 4, "16 ranks is not in ranks"),
+    ("not a mapping", "- 1\n- 2\n", None, "must be a YAML mapping"),
+    ("not YAML", BASE + "matrix: {overlap: [none\n", 8, "flow sequence at line 7"),
+    ("weak rule on a strong study", BASE.replace("study: weak", "study: strong") + "weak: {grow: batch}\n", 7,
+     "weak-scaling studies only"),
+    ("ranks not a multiple for weak", BASE.replace("ranks: [1, 2, 4, 8]", "ranks: [2, 3]").replace(
+        "grids: {1: [1x1x1x1], 2: [1x1x1x2], 4: [1x1x2x2], 8: [1x2x2x2]}", "grids: all"), 3, "not a multiple"),
+]
+
+
+@pytest.mark.parametrize("why,text,line,message", BAD_SPECS, ids=[b[0] for b in BAD_SPECS])
+def test_bad_spec_names_key_and_line(tmp_path, why, text, line, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_spec(path)
+    assert message in str(err.value)
+    if line is not None:
+        assert str(err.value).startswith(f"{path}:{line}:"), str(err.value)
+    # the CLI says the same in one line, exit 2, and writes nothing
+    done = fourd(["sweep", "render", path, "--site", "slurm"], tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+    assert not (tmp_path / "jobscripts").exists()
+
+
+def test_unknown_site_and_bad_site_file(tmp_path):
+    spec = write(tmp_path, BASE)
+    done = fourd(["sweep", "plan", spec, "--site", "hal9000"], tmp_path)
+    assert done.returncode == 2 and "unknown site 'hal9000': choose one of" in done.stderr
+    site = write(tmp_path, "name: mine\nscheduler: slurm\nlauncher: srun\nranks_per_node: 4\n"
+                           "env: {X: '1'}\ndefaults: {time: '1:00:00', account: 'a b'}\n", "mine.yaml")
+    done = fourd(["sweep", "plan", spec, "--site", site], tmp_path)
+    assert done.returncode == 2 and f"{site}:6: defaults.account" in done.stderr, done.stderr
+
+
+def test_ranks_must_fill_nodes_and_accounts_required(tmp_path):
+    spec = write(tmp_path, BASE.replace("[1, 2, 4, 8]", "[1, 2, 4, 8, 6]").replace(
+        "8: [1x2x2x2]}", "8: [1x2x2x2], 6: [6x1x1x1]}").replace("study: weak", "study: strong").replace(
+        "batch: 8", "batch: 24"))
+    done = fourd(["sweep", "plan", spec, "--site", "perlmutter", "--account", "m1"], tmp_path)
+    assert done.returncode == 2 and "6 ranks do not fill nodes of 4 ranks" in done.stderr, done.stderr
+    done = fourd(["sweep", "plan", write(tmp_path, BASE), "--site", "frontier"], tmp_path)
+    assert done.returncode == 2 and "site frontier needs job.account" in done.stderr
+
+
+def test_plan_lists_nodes_and_memory(tmp_path):
+    done = fourd(["sweep", "plan", write(tmp_path, BASE), "--site", "perlmutter", "--account", "m1"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "4 runs on site perlmutter" in lines[0] and "memory/rank" in lines[1]
+    last = lines[-1].split()
+    assert last[2:6] == ["8", "2", "4", "1x2x2x2"] and last[-1] == "MiB"
+    data = json.loads(fourd(["sweep", "plan", write(tmp_path, BASE), "--format", "json"], tmp_path).stdout)
+    assert [r["memory_per_rank"] > 0 for r in data["runs"]] == [True] * 4
+
+
+# -- rendered scripts -----------------------------------------------------------------------
+
+def _render_site(tmp_path, site_name, spec_text=BASE):
+    spec = load_spec(write(tmp_path, spec_text))
+    site = load_site(site_name)
+    if "account" in site.requires:
+        spec.job["account"] = "proj1"
+    if site_name == "summit":
+        spec.job["ranks_per_node"] = 2
+    out = f"jobscripts/{site_name}"
+    manifest = build_manifest(spec, site, "spec.yaml", out)
+    write_sweep(manifest, spec, site, str(tmp_path / out))
+    return manifest
+
+
+def _directive(text, pattern):
+    found = re.findall(pattern, text, re.M)
+    assert len(found) == 1, (pattern, text)
+    return found[0]
+
+
+@pytest.mark.parametrize("site_name", builtin_sites())
+def test_scripts_are_valid_shell_with_consistent_resources(tmp_path, site_name):
+    manifest = _render_site(tmp_path, site_name)
+    site = load_site(site_name)
+    for run in manifest["runs"]:
+        path = tmp_path / run["script"]
+        text = path.read_text()
+        assert os.access(path, os.X_OK) and text.startswith("#!/bin/bash\n")
+        assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+        n, nodes, per_node = run["ranks"], run["nodes"], run["ranks_per_node"]
+        assert nodes * per_node == n
+        if site.uses_gpus:
+            assert per_node <= site.gpus_per_node  # one GPU per rank
+        command = text.strip().splitlines()[-1]
+        assert f"--run-id {run['run_id']}" in command and f"--gx {run['grid'].split('x')[3]}" in command
+        if site.scheduler == "slurm":
+            assert int(_directive(text, r"^#SBATCH --nodes=(\d+)$")) == nodes
+            assert int(_directive(text, r"^#SBATCH --ntasks=(\d+)$")) == n
+            assert int(_directive(text, r"^#SBATCH --ntasks-per-node=(\d+)$")) == per_node
+            limit = _directive(text, r"^#SBATCH --time=(\S+)$")
+            assert parse_time(limit) == run["time_seconds"]
+            assert f" -N {nodes} -n {n} --ntasks-per-node={per_node}" in command
+            if site.uses_gpus and "gpus-per-node" in dict(site.directives):
+                assert int(_directive(text, r"^#SBATCH --gpus-per-node=(\d+)$")) * nodes >= n
+        elif site.scheduler == "pbs":
+            assert int(_directive(text, r"^#PBS -l select=(\d+)")) == nodes
+            assert re.fullmatch(r"\d\d:[0-5]\d:[0-5]\d", _directive(text, r"^#PBS -l walltime=(\S+)$"))
+            assert f"mpiexec -n {n} --ppn {per_node} " in command
+            assert "gpu_affinity.sh" in command and (tmp_path / run["script"]).with_name("gpu_affinity.sh").exists()
+        elif site.scheduler == "lsf":
+            assert int(_directive(text, r"^#BSUB -nnodes (\d+)$")) == nodes
+            hours, minutes = map(int, _directive(text, r"^#BSUB -W (\d+):(\d\d)$"))
+            assert (hours * 60 + minutes) * 60 >= run["time_seconds"] and minutes < 60
+            if site.launcher == "jsrun":
+                assert f"jsrun -n {n} -a 1 -c 7 -g 1 -r {per_node} --smpiargs=-gpu " in command
+            else:
+                assert f"lrun -N {nodes} -T {per_node} --smpiargs=-gpu " in command
+        elif site.scheduler == "sge":
+            assert int(_directive(text, r"^#\$ -pe mpi (\d+)$")) == n
+            assert re.fullmatch(r"\d\d:[0-5]\d:[0-5]\d", _directive(text, r"^#\$ -l h_rt=(\S+)$"))
+            assert f"mpiexec -n {n} " in command
+        else:
+            assert "#SBATCH" not in text and f"mpiexec -n {n} " in command
+
+
+@pytest.mark.parametrize("site_name", builtin_sites())
+def test_scripts_pass_shellcheck(tmp_path, site_name):
+    if shutil.which("shellcheck") is None:
+        if IN_CI:
+            pytest.fail("CI=true but shellcheck is not installed")
+        pytest.skip("shellcheck not installed (apt-get install shellcheck)")
+    manifest = _render_site(tmp_path, site_name)
+    scripts = [str(tmp_path / r["script"]) for r in manifest["runs"]]
+    scripts += [str(p) for p in (tmp_path / "jobscripts" / site_name).glob("gpu_affinity.sh")]
+    done = subprocess.run(["shellcheck", "--shell=bash", *scripts], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
+
+
+def test_examples_are_up_to_date():
+    done = subprocess.run([sys.executable, "jobscripts/regenerate.py", "--check"], cwd=REPO, capture_output=True,
+                          text=True, env=mpi_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_hostile_values_are_quoted_or_rejected(tmp_path):
+    """Values that reach the shell are quoted: running the script must not run the payload."""
+    pwned = tmp_path / "pwned"
+    site = write(tmp_path, f"""\
+        name: evil
+        scheduler: local
+        launcher: mpiexec
+        ranks_per_node: 8
+        env: {{PAYLOAD: "$(touch {pwned}1); `touch {pwned}2`", QUOTE: "it's"}}
+        modules: []
+        """, "evil.yaml")
+    spec = write(tmp_path, BASE.replace("name: s1", "name: s1") + textwrap.dedent(f"""\
+        job:
+          python: "/nonexistent/py thon; touch {pwned}3"
+        """))
+    done = fourd(["sweep", "render", spec, "--site", site], tmp_path)
+    assert done.returncode == 0, done.stderr
+    script = tmp_path / "jobscripts" / "s1" / "s1-000-n1-1x1x1x1.sh"
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    run = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert run.returncode != 0 and "No such file or directory" in run.stderr  # the quoted python is not found
+    assert not list(tmp_path.glob("pwned*"))
+    assert "export QUOTE='it'\"'\"'s'" in script.read_text()
+    for option in (["--account", "x;rm -rf ~"], ["--partition", "$(id)"], ["--time", "10; reboot"]):
+        done = fourd(["sweep", "render", spec, "--site", "slurm", "--out", "o2", *option], tmp_path)
+        assert done.returncode == 2 and "error" in done.stderr and not (tmp_path / "o2").exists()
+
+
+def test_render_refuses_to_overwrite(tmp_path):
+    spec = write(tmp_path, BASE)
+    assert fourd(["sweep", "render", spec], tmp_path).returncode == 0
+    done = fourd(["sweep", "render", spec], tmp_path)
+    assert done.returncode == 2 and "--force" in done.stderr
+    (tmp_path / "jobscripts/s1/jobs.json").write_text("{}")
+    assert fourd(["sweep", "render", spec, "--force"], tmp_path).returncode == 0
+    assert (tmp_path / "jobscripts/s1/jobs.json").exists()
+
+
+def test_local_site_submit_status_collect(tmp_path):
+    """The local site runs the jobs one after another under mpiexec; submit never runs one twice."""
+    spec = write(tmp_path, BASE.replace("ranks: [1, 2, 4, 8]", "ranks: [1, 3]").replace(
+        "grids: {1: [1x1x1x1], 2: [1x1x1x2], 4: [1x1x2x2], 8: [1x2x2x2]}", "grids: {1: [1x1x1x1], 3: [3x1x1x1]}"))
+    assert fourd(["sweep", "render", spec, "--site", "local", "--python", sys.executable], tmp_path).returncode == 0
+    done = fourd(["sweep", "submit", "jobscripts/s1"], tmp_path)
+    assert done.returncode == 0 and "2 submitted" in done.stdout, done.stdout + done.stderr
+    status = fourd(["sweep", "status", "jobscripts/s1"], tmp_path)
+    assert "2/2 traces complete, 0 jobs failed" in status.stdout and status.stdout.count("COMPLETED") == 2
+    again = fourd(["sweep", "submit", "jobscripts/s1"], tmp_path)
+    assert "0 submitted" in again.stdout
+    os.remove(tmp_path / "results/s1/s1-001-n3-3x1x1x1.h5")
+    again = fourd(["sweep", "submit", "jobscripts/s1"], tmp_path)  # finished job, trace gone: not resubmitted
+    assert "0 submitted" in again.stdout and "job local-1 completed" in again.stdout
+    collected = fourd(["sweep", "collect", "jobscripts/s1", "--into", "gathered"], tmp_path)
+    assert collected.returncode == 1 and "no trace of s1-001-n3-3x1x1x1 (missing)" in collected.stderr
+    assert (tmp_path / "gathered/s1-000-n1-1x1x1x1.h5").exists() and "s1-000-n1-1x1x1x1" in collected.stdout
