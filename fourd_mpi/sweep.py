@@ -338,8 +338,8 @@ def add_parser(sub) -> None:
                            help="submit again runs whose job failed, was cancelled or timed out")
             p.add_argument("--dry-run", action="store_true", help="say what would be submitted")
         if name == "collect":
-            p.add_argument("--into", metavar="DIR", help="copy the traces here (default: leave them where "
-                                                         "the jobs wrote them)")
+            p.add_argument("--into", metavar="DIR", help="gather the traces here (default results/SWEEP; "
+                                                         "traces already there are not copied)")
             p.add_argument("--format", default="table", choices=("table", "csv", "json", "markdown"))
 
 
@@ -383,4 +383,4 @@ def cmd_sweep(args, world=None) -> int:
         failed = sum(r["state"] in FINAL_STATES and r["state"] != "COMPLETED" for r in rows)
         sys.stdout.write(f"{done}/{len(rows)} traces complete, {failed} jobs failed\n")
         return 0
-    return collect(manifest, args.into, fmt=args.format)
+    return collect(manifest, args.into or os.path.join("results", manifest["sweep"]), fmt=args.format)
