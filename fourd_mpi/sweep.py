@@ -238,6 +238,7 @@ def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_ru
         if dry_run:
             out.write(f"would submit {run_id}: {' '.join(scheduler.submit_command)} {run['script']}\n")
             continue
+        os.makedirs(os.path.dirname(run["log"]) or ".", exist_ok=True)  # schedulers do not create it
         record = {"submitted": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   "scheduler": scheduler.name, "workdir": os.getcwd()}
         if scheduler.name == "local":
