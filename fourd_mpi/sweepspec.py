@@ -63,6 +63,8 @@ _grid_choice = {
 _safe = {"type": "string", "pattern": SAFE_VALUE_PATTERN,
          "description": "use letters, digits and _.:+@/=,- only (the value goes into scheduler directives)"}
 _positive = {"type": "integer", "minimum": 1}
+_model = {"type": "object", "additionalProperties": False, "required": ["preset"],
+          "properties": {"preset": {"enum": sorted(PRESETS)}, **{f: _positive for f in MODEL_FIELDS}}}
 
 SCHEMA: Dict[str, Any] = {
     "type": "object",
@@ -79,10 +81,8 @@ SCHEMA: Dict[str, Any] = {
                                            "additionalProperties": _grid_choice}],
                   "description": "grids are all, auto, auto:K, a list of DxZxYxX strings, "
                                  "or a mapping of rank count to one of those"},
-        "model": {
-            "type": "object", "additionalProperties": False, "required": ["preset"],
-            "properties": {"preset": {"enum": sorted(PRESETS)}, **{f: _positive for f in MODEL_FIELDS}},
-        },
+        "model": {"oneOf": [_model, {"type": "array", "minItems": 1, "items": _model}],
+                  "description": "model is a mapping {preset: NAME, ...sizes} or a list of them"},
         "weak": {"type": "object", "additionalProperties": False,
                  "properties": {"grow": {"enum": list(GROW_RULES)}, "multiple_of": _positive}},
         "options": {"type": "object", "additionalProperties": _scalar},
@@ -149,7 +149,7 @@ class SweepSpec:
     study: str
     ranks: List[int]
     grids: Any
-    model: Dict[str, Any]
+    models: List[Dict[str, Any]]  # ``model:`` of the file, one mapping or a list of them
     weak: Dict[str, Any] = field(default_factory=dict)
     options: Dict[str, Any] = field(default_factory=dict)
     matrix: Dict[str, List[Any]] = field(default_factory=dict)
@@ -158,6 +158,7 @@ class SweepSpec:
     results_dir: Optional[str] = None
     job: Dict[str, Any] = field(default_factory=dict)
     description: str = ""
+    many_models: bool = False
     source: str = "<spec>"
     doc: Optional[YamlDocument] = None
 
@@ -178,10 +179,11 @@ class SweepSpec:
         return ConfigError(f"{self.source}: {'.'.join(map(str, parts))}: {message}")
 
     # -- model sizes per rank count ---------------------------------------------------
-    def model_for(self, ranks: int) -> ModelConfig:
-        """The model at ``ranks``: fixed (strong), or grown from the smallest rank count (weak)."""
-        sizes = {k: v for k, v in self.model.items() if k != "preset"}
-        preset = self.model["preset"]
+    def model_for(self, ranks: int, which: int = 0) -> ModelConfig:
+        """Model ``which`` at ``ranks``: fixed (strong), or grown from the smallest rank count (weak)."""
+        sizes = {k: v for k, v in self.models[which].items() if k != "preset"}
+        preset = self.models[which]["preset"]
+        where = ["model", which] if self.many_models else ["model"]
         base = resolve_model(preset, **sizes)
         if self.study == "strong" or ranks == min(self.ranks):
             return base
@@ -192,7 +194,7 @@ class SweepSpec:
                 raise self.error(["ranks"], f"weak scaling grows the {rule} in proportion to the ranks: "
                                             f"{ranks} is not a multiple of the smallest rank count {n0}")
             if rule == "batch" and base.batch is None:
-                raise self.error(["model"], f"preset {preset} has no default batch: give model.batch")
+                raise self.error(where, f"preset {preset} has no default batch: give model.batch")
             grown = (base.batch if rule == "batch" else base.layers) * ranks // n0
             return resolve_model(preset, **{**sizes, rule: grown})
         # hidden: parameters grow as hidden^2, so hidden grows as sqrt(ranks) (rounded)
@@ -257,15 +259,10 @@ class SweepSpec:
     def expand(self) -> List[RunPlan]:
         """Every run of the sweep, in order; raises on the first problem, before anything is written."""
         runs: List[RunPlan] = []
-        parameter_sets = self.parameter_sets()
         for ranks in self.ranks:
-            model = self.model_for(ranks)
-            by_grid: Dict[GridShape, List[Dict[str, Any]]] = {}  # ``auto`` grids depend on the parameters
-            for params in parameter_sets:
-                for grid in self.grids_for(ranks, model, params):
-                    by_grid.setdefault(grid, []).append(params)
-            for grid, params_list in by_grid.items():
-                for params in params_list:
+            for which in range(len(self.models)):
+                model = self.model_for(ranks, which)
+                for grid, params in self._grid_parameter_pairs(ranks, model):
                     for repeat in range(self.repeats):
                         index = len(runs)
                         run_id = f"{self.name}-{index:03d}-n{ranks}-{grid}" + (
@@ -273,10 +270,19 @@ class SweepSpec:
                         runs.append(RunPlan(index, run_id, ranks, grid, model, tuple(params.items()), repeat))
         return runs
 
+    def _grid_parameter_pairs(self, ranks: int, model: ModelConfig):
+        """(grid, parameters), grid-major; ``auto`` grids may differ between parameter sets."""
+        by_grid: Dict[GridShape, List[Dict[str, Any]]] = {}
+        for params in self.parameter_sets():
+            for grid in self.grids_for(ranks, model, params):
+                by_grid.setdefault(grid, []).append(params)
+        return [(grid, params) for grid, params_list in by_grid.items() for params in params_list]
+
     def as_dict(self) -> Dict[str, Any]:
         """The spec as YAML-ready data (round-trips through :func:`load_spec`)."""
         out: Dict[str, Any] = {"name": self.name, "study": self.study, "ranks": list(self.ranks),
-                               "grids": self.grids, "model": dict(self.model)}
+                               "grids": self.grids,
+                               "model": [dict(m) for m in self.models] if self.many_models else dict(self.models[0])}
         for key, value in (("description", self.description), ("weak", self.weak), ("options", self.options),
                            ("matrix", self.matrix), ("zip", self.zipped), ("job", self.job),
                            ("results_dir", self.results_dir)):
@@ -326,7 +332,8 @@ def spec_from_data(data: Dict[str, Any], source: str = "<spec>", doc: Optional[Y
     if isinstance(grids, dict):
         grids = {str(k): v for k, v in grids.items()}
     spec = SweepSpec(name=data["name"], study=data["study"], ranks=list(data["ranks"]), grids=grids,
-                     model=dict(data["model"]), weak=dict(data.get("weak") or {}), repeats=data.get("repeats", 1),
+                     models=[dict(m) for m in (data["model"] if isinstance(data["model"], list) else [data["model"]])],
+                     many_models=isinstance(data["model"], list), weak=dict(data.get("weak") or {}), repeats=data.get("repeats", 1),
                      results_dir=data.get("results_dir"), job=dict(data.get("job") or {}),
                      description=data.get("description", ""), source=source, doc=doc)
     if spec.weak and spec.study != "weak":

@@ -96,6 +96,24 @@ def test_all_grids_matrix_zip_and_repeats(tmp_path):
         "--run-id", runs[3].run_id, "--display", "lines"]
 
 
+def test_several_models_and_auto_grids(tmp_path):
+    spec = load_spec(write(tmp_path, """\
+        name: two
+        study: strong
+        ranks: [8]
+        grids: auto:3
+        model: [{preset: gpt-tiny, batch: 8}, {preset: mlp-tiny}]
+        """))
+    runs = spec.expand()
+    assert [r.model.name for r in runs] == ["gpt-tiny"] * 3 + ["mlp-tiny"] * 3
+    from fourd_mpi.config import model_problems
+    from fourd_mpi.tune import top_grids
+
+    assert [r.grid for r in runs[:3]] == top_grids(runs[0].model, 8, 3)
+    assert all(r.grid.size == 8 and not model_problems(r.model, r.grid) for r in runs)
+    assert len({r.run_id for r in runs}) == 6
+
+
 # -- errors: key and line, before anything is written ---------------------------------------
 
 BAD_SPECS = [
