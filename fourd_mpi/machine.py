@@ -16,7 +16,9 @@ A profile (YAML, validated with JSON Schema, see :data:`PROFILE_SCHEMA`) holds
   ``k*(p-1)*alpha + k*(p-1)/p*S*beta`` (k = 2 for all-reduce, else 1), with ``shared_by`` = how
   many ranks of a node were communicating at once over that level when beta was measured
   (beta scales with the ranks that share the link in a run). Optional ``by_size`` holds fits per
-  group size ``p`` (used when present: calibrated profiles).
+  group size ``p`` (used when present: calibrated profiles), and ``sync_s`` per group size the
+  extra time of a collective issued right after compute rather than after a barrier (ranks
+  arriving apart; large on oversubscribed nodes), added once per message.
 
 Built-in profiles are ``fourd_mpi/profiles/<name>.yaml``: ``perlmutter``, ``frontier`` (from
 published figures, cited in the files) and ``laptop`` (a generic CPU default).
@@ -46,6 +48,8 @@ _level = {
     "properties": {
         "shared_by": {"type": "integer", "minimum": 1},
         "description": {"type": "string"},
+        "sync_s": {"type": "object", "propertyNames": {"pattern": r"^[0-9]+$"}, "additionalProperties": _nonneg,
+                   "description": "per group size: extra seconds of a collective issued right after compute"},
         **{k: _fit for k in KINDS},
         "by_size": {"type": "object", "additionalProperties": False,
                     "properties": {k: {"type": "object", "propertyNames": {"pattern": r"^[0-9]+$"},
@@ -185,6 +189,16 @@ class MachineProfile:
             f"fourd-mpi bench collectives on {'2 or more nodes' if level == 'inter' else 'one node'}, add "
             f"'fallback: perlmutter' (or another built-in) to the profile, or choose --profile perlmutter|frontier"
         )
+
+    def sync_s(self, level: str, p: int) -> float:
+        """Extra seconds per collective message on ``p`` ranks when ranks arrive apart (measured by the
+        benchmark; 0 when absent). The nearest measured group size is used."""
+        _, lv = self.level(level)
+        table = lv.get("sync_s") or {}
+        if not table:
+            return 0.0
+        nearest = min(table, key=lambda k: (abs(int(k) - p), int(k)))
+        return float(table[nearest])
 
     def fit(self, level: str, op: str, p: int) -> Tuple[Fit, int]:
         """The alpha-beta fit for ``op`` on ``p`` ranks at ``level`` and the level's ``shared_by``."""

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Calibrate the performance model on this machine and validate it end to end (issue 7):
+#   1. fourd-mpi bench collectives at 8 ranks -> a machine profile;
+#   2. 8-rank runs of every valid grid factorization for two model sizes (gpt-tiny and a 2-layer
+#      gpt-small), overlap none, into a temporary results directory;
+#   3. fourd-mpi model validate on those traces with that profile.
+# Output: results/benchmarks/model_validation.txt (the calibration summary and the validation report).
+# Usage: [KEEP=DIR] [STEPS=6] bench/model_validation.sh [PYTHON]   (default: the python of the environment, e.g. .venv/bin/python)
+# About 5-10 minutes on a 2-core machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${1:-${PYTHON:-python}}"
+MPIEXEC="$(dirname "$(command -v "$PY")")/mpiexec"
+[ -x "$MPIEXEC" ] || MPIEXEC="$(command -v mpiexec)"
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+RANKS=8
+STEPS=${STEPS:-6}
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/fourd-validate.XXXXXX")"
+OUT=results/benchmarks/model_validation.txt
+trap 'rm -rf "$WORK"' EXIT
+
+echo "== 1. calibration: fourd-mpi bench collectives, $RANKS ranks" | tee "$WORK/report.txt"
+"$MPIEXEC" -n "$RANKS" "$PY" -m fourd_mpi bench collectives -o "$WORK/profile.yaml" --force \
+    --table "$WORK/bench.txt" > /dev/null
+sed -n '/^compute (per rank)/,$p' "$WORK/bench.txt" | tee -a "$WORK/report.txt"
+
+# model name|extra flags
+MODELS=("gpt-tiny|--batch 8" "gpt-small|--layers 2 --batch 8")
+n=0
+for entry in "${MODELS[@]}"; do
+    model="${entry%%|*}"; flags="${entry#*|}"
+    # shellcheck disable=SC2086
+    grids=$("$PY" - "$model" "$RANKS" $flags <<'PYEOF'
+import sys
+from fourd_mpi.config import model_problems, resolve_model
+from fourd_mpi.grid import grid_factorizations
+model, ranks, rest = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+kw = {rest[i].lstrip("-").replace("-", "_"): int(rest[i + 1]) for i in range(0, len(rest), 2)}
+cfg = resolve_model(model, **kw)
+print(" ".join(str(g) for g in grid_factorizations(ranks) if not model_problems(cfg, g)))
+PYEOF
+)
+    echo "== 2. runs: $model ($flags) on grids: $grids" | tee -a "$WORK/report.txt"
+    for g in $grids; do
+        IFS=x read -r d z y x <<< "$g"
+        # shellcheck disable=SC2086
+        "$MPIEXEC" -n "$RANKS" "$PY" -m fourd_mpi run --model "$model" $flags --gdata "$d" --gz "$z" --gy "$y" \
+            --gx "$x" --steps "$STEPS" --warmup 1 --trace-level step --display quiet \
+            --results-dir "$WORK/traces" --run-id "$model-$g" > "$WORK/run.log" 2>&1 \
+            || { echo "run $model $g failed:"; cat "$WORK/run.log"; exit 1; }
+        n=$((n + 1))
+    done
+done
+
+echo "== 3. fourd-mpi model validate ($n traces)" | tee -a "$WORK/report.txt"
+status=0
+"$PY" -m fourd_mpi model validate "$WORK/traces" --profile "$WORK/profile.yaml" >> "$WORK/report.txt" || status=$?
+mkdir -p results/benchmarks results/profiles
+{
+    echo "# bench/model_validation.sh on $(hostname), $(date -u +%Y-%m-%dT%H:%MZ), $RANKS ranks, $(nproc) cores"
+    cat "$WORK/report.txt"
+    echo
+    echo "== calibrated profile"
+    cat "$WORK/profile.yaml"
+} > "$OUT"
+cp "$WORK/bench.txt" results/benchmarks/collectives_bench.txt
+# KEEP=DIR keeps the traces and the profile (to re-validate without re-running)
+if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP"; cp -r "$WORK/traces" "$WORK/profile.yaml" "$KEEP"/; fi
+sed -n '/^== 3/,$p' "$OUT"
+exit $status

@@ -1,0 +1,82 @@
+"""Run under mpiexec: memory.estimate_memory against the arrays a built run really holds.
+
+For every grid that factors the world and fits the model: sum the bytes of the parameter
+shards, gradients and Adam state after one step, and of the tensors the forward pass saves
+for backward (deduplicated by their base array), and compare with the estimate.
+Usage: mpiexec -n N python tests/mpi_memory_check.py MODEL [FIELD=VALUE ...] (batch=8 hidden=48 ...)
+"""
+
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from fourd_mpi.config import model_problems, resolve_model
+from fourd_mpi.grid import grid_factorizations
+from fourd_mpi.memory import estimate_memory, saved_activation_elements
+from fourd_mpi.runtime import RunOptions, Run
+
+
+def _arrays(obj, out):
+    if isinstance(obj, np.ndarray):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _arrays(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _arrays(v, out)
+    return out
+
+
+def _unique_bytes(arrays):
+    seen, total = set(), 0
+    for a in arrays:
+        base = a
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        if id(base) not in seen:
+            seen.add(id(base))
+            total += base.nbytes
+    return total
+
+
+def main():
+    world = MPI.COMM_WORLD
+    model = sys.argv[1]
+    overrides = dict(arg.split("=") for arg in sys.argv[2:])
+    cfg = resolve_model(model, **{k: int(v) for k, v in overrides.items()})
+    failures, checked = [], 0
+    for shape in grid_factorizations(world.Get_size()):
+        if model_problems(cfg, shape):
+            continue
+        run = Run.build(world, RunOptions(model=cfg, grid=shape, optimizer="adam"))
+        run.trainer.step(0)
+        params = run.model.parameters()
+        opt = run.trainer.optimizer
+        measured = {
+            "weights": sum(p.data.nbytes for p in params),
+            "gradients": sum(p.grad.nbytes for p in params),
+            "optimizer": sum(a.nbytes for a in opt.m + opt.v),
+        }
+        ctx = run.trainer.ctx
+        x, _ = run.data.batch(1)
+        run.trainer.weights.begin_forward()
+        _, saved = run.model.forward(x, ctx)
+        run.trainer.weights.finish()
+        measured["saved"] = _unique_bytes(_arrays(saved, []))
+        est = estimate_memory(cfg, shape, dtype="float32", optimizer="adam").as_dict()
+        est["saved"] = saved_activation_elements(cfg, shape) * 4
+        for key, value in measured.items():
+            if value != est[key]:
+                failures.append(f"{shape} rank {world.Get_rank()}: {key} measured {value} B, estimated {est[key]} B")
+        run.close()
+        checked += 1
+    failures = [f for per_rank in world.allgather(failures) for f in per_rank]
+    if world.Get_rank() == 0:
+        print("\n".join(failures) or f"memory ok for {checked} grids of {world.Get_size()} ranks")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""``fourd-mpi tune`` and ``fourd-mpi model validate`` (one process, no mpiexec)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fourd_mpi.config import resolve_model
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.grid import GridShape
+from fourd_mpi.modelcheck import average_ranks, spearman
+from fourd_mpi.tune import top_grids
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLES = os.path.join(REPO, "results", "samples")
+
+
+def cli(*args, cwd=None):
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "fourd_mpi", *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=cwd or REPO, timeout=120)
+
+
+def test_tune_prints_the_top_k_with_breakdowns_and_why():
+    proc = cli("tune", "--ranks", 8, "--model", "gpt-small", "--site", "perlmutter", "--top", 3)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "machine profile perlmutter" in out and "all 20 grids are valid" in out
+    lines = [l for l in out.splitlines() if l.strip()[:1].isdigit() and "x" in l.split()[1]]
+    assert len(lines) == 3
+    assert " wins (" in out and "per step against" in out
+    assert "comm data" in out and "mem GiB" in out
+
+
+def test_tune_explains_dropped_grids_and_memory_limit():
+    proc = cli("tune", "--ranks", 8, "--model", "gpt-small", "--heads", 2, "--top", 2)
+    assert proc.returncode == 0, proc.stderr
+    assert "grids dropped: " in proc.stdout and "divisibility" in proc.stdout
+    proc = cli("tune", "--ranks", 8, "--model", "gpt-5b", "--batch", 8, "--memory-limit", 24, "--site", "frontier")
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    assert err.startswith("fourd-mpi: error: no grid of 8 ranks fits gpt-5b") and "in 24 GiB per rank" in err
+    assert "raise --memory-limit to" in err and "ranks (fits)" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_tune_ranks_that_fit_no_grid():
+    with pytest.raises(ConfigError, match=r"no grid of 7 ranks fits gpt-small.*rank counts with a valid grid: "
+                                          r"[0-9, ]*8"):
+        top_grids(resolve_model("gpt-small"), 7, 3)
+    proc = cli("tune", "--ranks", 7, "--model", "gpt-small")
+    assert proc.returncode == 2 and "fourd-mpi: error: no grid of 7 ranks" in proc.stderr
+    proc = cli("tune", "--ranks", 8, "--model", "gpt-small", "--site", "summit")
+    assert proc.returncode == 2 and "no machine profile for site 'summit'" in proc.stderr
+    proc = cli("tune", "--ranks", 64, "--model", "gpt-small", "--batch", 64, "--profile",
+               os.path.join(REPO, "fourd_mpi", "profiles", "perlmutter.yaml"))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_top_grids_for_the_sweep_agent():
+    cfg = resolve_model("gpt-tiny", batch=8)
+    grids = top_grids(cfg, 8, 3, profile="perlmutter", overlap="all")
+    assert len(grids) == 3 and all(isinstance(g, GridShape) and g.size == 8 for g in grids)
+    assert top_grids(cfg, 8, 100) and len(top_grids(cfg, 8, 100)) == 20
+
+
+def test_emit_sweep_loads_as_a_sweep_spec(tmp_path):
+    sweepspec = pytest.importorskip("fourd_mpi.sweepspec")
+    path = tmp_path / "spec.yaml"
+    proc = cli("tune", "--ranks", 8, "--model", "gpt-tiny", "--top", 3, "--overlap", "all", "--emit-sweep", path)
+    assert proc.returncode == 0, proc.stderr
+    spec = sweepspec.load_spec(str(path))
+    assert spec.name == "tune-gpt-tiny-8"
+    proc = cli("tune", "--ranks", 8, "--model", "gpt-tiny", "--emit-sweep", path)
+    assert proc.returncode == 2 and "already exists" in proc.stderr
+
+
+def test_spearman_and_ranks():
+    assert list(average_ranks([3, 1, 2, 2])) == [4, 1, 2.5, 2.5]
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2], [1, 2]) != spearman([1, 2], [1, 2])  # NaN below 3 points
+
+
+def test_model_validate_on_the_sample_traces(tmp_path):
+    out = tmp_path / "report.txt"
+    proc = cli("model", "validate", SAMPLES, "--profile", "laptop", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert "measured_ms" in text and "predicted_ms" in text and "step_err_%" in text
+    assert "gpt-tiny/8/b16" in text and "Spearman" in text and "top 3" in text
+    assert out.read_text().strip() == text.strip()
+    assert cli("model", "validate", SAMPLES, "--profile", "laptop", "--require").returncode in (0, 1)
+    proc = cli("model", "validate", tmp_path / "nothing.h5")
+    assert proc.returncode == 2 and "no readable trace" in proc.stderr
