@@ -34,7 +34,7 @@ import pandas as pd
 from .errors import TraceError
 from .session import summarize
 from .traceread import Trace, load_trace
-from .tracing import COMPUTE_OPS, LANE_COMM0, LANE_HOST, wire_factor
+from .tracing import COMPUTE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST, wire_factor
 
 RUN_COLUMNS = [
     "run_id", "path", "status", "label", "model", "world_size", "grid", "gdata", "gz", "gy", "gx", "overlap",
@@ -383,6 +383,8 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
 
     ``by`` may add ``"phase"`` and/or ``"layer"`` (extra columns after ``axis``). Collectives are
     the events on ``comm<i>`` lanes (the blocking loss all-reduces included: 8 bytes, all wait).
+    In staged runs the comm lanes also hold the staging copies (ops ``d2h``, ``h2d``): they get
+    their own rows, with ``algbw_gbps`` the copy bandwidth and NaN bus bandwidth and overlap.
 
     - ``messages_per_step``, ``bytes_per_step``, ``wire_bytes_per_step``, ``inflight_s_per_step``,
       ``wait_s_per_step``: sums over the measured steps and all ranks / (ranks * steps), i.e. per
@@ -414,7 +416,7 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     n_records = len(measured)
     ev = trace.events
     mask = _measured_mask(trace, measured) & (ev["lane"] >= LANE_COMM0) if n_records else np.zeros(len(ev), bool)
-    wanted = set(by) | {"issue_ns", "complete_ns", "bytes", "wire_bytes", "wait_ns"}
+    wanted = set(by) | {"op", "issue_ns", "complete_ns", "start_ns", "end_ns", "bytes", "wire_bytes", "wait_ns"}
     picked = np.flatnonzero(mask)
     coll = {c: ev[c][picked] for c in wanted}  # column by column (see breakdown)
     if not len(coll["bytes"]):
@@ -429,7 +431,10 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
         key = key * r + k
     uniq, inverse = np.unique(key, return_inverse=True)
     g = len(uniq)
-    inflight = (coll["complete_ns"] - coll["issue_ns"]).astype(np.float64)
+    copy_codes = [trace.vocab["ops"].index(o) for o in COPY_OPS if o in trace.vocab["ops"]]
+    is_copy = np.isin(coll["op"], copy_codes)  # copies: their own duration (no issue/completion)
+    inflight = np.where(is_copy, coll["end_ns"] - coll["start_ns"],
+                        coll["complete_ns"] - coll["issue_ns"]).astype(np.float64)
     count = np.bincount(inverse, minlength=g)
     nbytes = np.bincount(inverse, weights=coll["bytes"].astype(np.float64), minlength=g)
     wire = np.bincount(inverse, weights=coll["wire_bytes"].astype(np.float64), minlength=g)
@@ -453,7 +458,10 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
         out[c] = [words[i] if i < len(words) else str(i) for i in decoded[c]]
     out["run_id"] = run_id
     sizes = np.array([grid.get(a, 0) for a in out["axis"]], dtype=np.int64)
-    factor = np.array([wire_factor(o, int(s)) if s > 0 else float("nan") for o, s in zip(out["op"], sizes)])
+    # staging copies (d2h, h2d) share the comm lanes: copy bandwidth, but no bus bandwidth or overlap
+    copy = out["op"].isin(COPY_OPS).to_numpy()
+    factor = np.array([wire_factor(o, int(s)) if s > 0 and o not in COPY_OPS else float("nan")
+                       for o, s in zip(out["op"], sizes)])
     with np.errstate(divide="ignore", invalid="ignore"):
         algbw = np.where(tflight > 0, nbytes / tflight, np.nan)
         out["group_size"] = sizes
@@ -466,7 +474,7 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
         out["wait_s_per_step"] = twait / n_records * 1e-9
         out["algbw_gbps"] = algbw
         out["busbw_gbps"] = algbw * factor
-        out["overlap_pct"] = np.where(tflight > 0, 100.0 * (1.0 - twait / tflight), np.nan)
+        out["overlap_pct"] = np.where((tflight > 0) & ~copy, 100.0 * (1.0 - twait / tflight), np.nan)
     out["formula"] = OVERLAP_FORMULA
     out = out[columns]
     out.attrs["formulas"] = dict(COMM_FORMULAS)

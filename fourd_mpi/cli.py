@@ -73,11 +73,17 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         m.add_argument(f"--{name}", type=positive_int, default=None, metavar="N",
                        help="global batch in sequences" if name == "batch" else None)
     r = p.add_argument_group("numerics")
-    r.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    r.add_argument("--dtype", default="float32", choices=list(DTYPES),
+                   help="bfloat16: cupy backend only (CuPy >= 14 with ml_dtypes; NumPy has no bfloat16)")
+    r.add_argument("--tf32", action="store_true",
+                   help="cupy, float32: GEMMs in TF32 on tensor cores (Ampere and newer)")
     r.add_argument("--backend", default="auto", choices=BACKENDS,
-                   help="auto: cupy when a GPU is usable, else numpy")
+                   help="auto: cupy when every rank has a usable GPU, else numpy")
     r.add_argument("--device-buffers", default="auto", choices=DEVICE_BUFFER_MODES,
-                   help="cupy only: hand device buffers to MPI (direct) or stage through host memory")
+                   help="what MPI gets: direct = device buffers (needs CUDA-aware MPI); staged = copies through "
+                        "pinned host buffers; auto (default) = direct only where detection and a smoke-test "
+                        "all-reduce on a device buffer succeed. numpy backend: direct = host arrays; staged = "
+                        "emulated staging (host copies, same code path and trace events; for testing)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     r.add_argument("--lr", type=float, default=None, help="learning rate (default 1e-3 adam, 1e-2 sgd)")
@@ -153,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--all-grids", action="store_true",
                      help="every factorization of the world size into (G_data, G_z, G_y, G_x)")
     ver.add_argument("--json", metavar="FILE", help="also write the results as JSON (rank 0)")
+    ver.add_argument("--reference-backend", default="same", choices=("same", "numpy"),
+                     help="backend of the single-rank reference: same as the checked runs (default) or numpy "
+                          "(checks the cupy step against the NumPy one)")
 
     info = sub.add_parser("info", help="describe the grid, backend and MPI library")
     _add_model_args(info)
@@ -197,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .sweep import add_parser as add_sweep_parser
 
     add_sweep_parser(sub)
+    from . import collbench, modelcheck, tune  # the performance model (issue 7)
+    for module in (collbench, tune, modelcheck):
+        module.add_parser(sub)
 
     tr = sub.add_parser("trace", help="inspect, check or recover trace files (one process, no mpiexec)")
     tsub = tr.add_subparsers(dest="trace_command", required=True, parser_class=OneLineParser)
@@ -246,7 +258,7 @@ def _run_options(args, world_size: int, **extra):
     from .runtime import resolve
 
     return resolve(world_size, args.model, _grid_sizes(args), _model_overrides(args),
-                   dtype=args.dtype, backend=args.backend, device_buffers=args.device_buffers,
+                   dtype=args.dtype, backend=args.backend, device_buffers=args.device_buffers, tf32=args.tf32,
                    seed=args.seed, optimizer=args.optimizer, lr=args.lr, **overlap_kwargs(args), **extra)
 
 
@@ -268,7 +280,12 @@ def _header(world, run) -> None:
     _say(world, f"backend {run.backend.describe()}, optimizer {run.options.optimizer}, "
                 f"weights {'cached' if overlap.cache else 're-gathered'} for backward")
     if run.gpu_awareness is not None:
-        _say(world, f"GPU-aware MPI: {run.gpu_awareness.reason}")
+        _say(world, f"GPU-aware MPI: {run.gpu_awareness.library}: {run.gpu_awareness.reason}")
+        smoke = run.gpu_awareness.smoke_test
+        if smoke is not None:
+            _say(world, f"device-buffer smoke test: {'passed' if smoke['ok'] else 'FAILED'} ({smoke['detail']})")
+    if run.mpi_buffers is not None:
+        _say(world, f"MPI buffers: {run.mpi_buffers.mode} ({run.mpi_buffers.reason})")
     _say(world, f"overlap {overlap}; progress {run.comm.progress.describe()}")
     for note in run.overlap_notes():
         _say(world, f"note: {note} on grid {run.options.grid}")
@@ -281,7 +298,7 @@ def resolved_config(args, options, trace) -> dict:
     config = {"model": args.model, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads,
               "ffn-hidden": cfg.ffn_hidden, "seq": cfg.seq, "batch": cfg.batch,
               "gdata": grid.data, "gz": grid.z, "gy": grid.y, "gx": grid.x}
-    for key in ("dtype", "backend", "device_buffers", "seed", "optimizer", "lr", "overlap", "progress",
+    for key in ("dtype", "tf32", "backend", "device_buffers", "seed", "optimizer", "lr", "overlap", "progress",
                 "cache_weights", "prefetch_depth", "chunks", "poll_flops", "check_buffers", "steps", "warmup"):
         config[key.replace("_", "-")] = getattr(options, key)
     config.update({"trace-level": trace.level, "results-dir": trace.results_dir, "label": trace.label,
@@ -338,10 +355,13 @@ def cmd_verify(args, world) -> int:
                 for o in (args.overlap or ["none"]) for p in (args.progress or ["poll"])]
     for v in variants:
         v.overlap_config()
-    results = verify(variants, grids, args.steps, world)
+    results = verify(variants, grids, args.steps, world,
+                     None if args.reference_backend == "same" else args.reference_backend)
     if world.Get_rank() != 0:
         return 0
-    print(f"verify {options.model.name} ({options.dtype}) on {size} ranks against one rank, "
+    reference = "" if args.reference_backend == "same" else f" ({args.reference_backend} reference)"
+    print(f"verify {options.model.name} ({options.dtype}{', tf32' if options.tf32 else ''}) on {size} ranks "
+          f"against one rank{reference}, "
           f"{args.steps} training steps; relative error ||a-b||/||b||, tolerance {results[0].tolerance:g}")
     print(f"{'grid (DxZxYxX)':>15} {'overlap':<22} {'progress':<8} {'output':>10} {'worst grad':>10} "
           f"{'(tensor)':<18} {'losses':>10}  result")
@@ -595,10 +615,29 @@ def _recovered_summary(spool_dir: str):
     return lambda rank_steps: summarize(rank_steps, world, flops, tokens, float("nan"), "not recorded")
 
 
+def cmd_bench(args, world) -> int:
+    from .collbench import cmd_bench as run_bench
+
+    return run_bench(args, world)
+
+
+def cmd_tune(args, world) -> int:
+    from .tune import cmd_tune as run_tune
+
+    return run_tune(args, world)
+
+
+def cmd_model(args, world) -> int:
+    from .modelcheck import cmd_model as run_model
+
+    return run_model(args, world)
+
+
 COMMANDS = {"run": cmd_run, "verify": cmd_verify, "info": cmd_info, "presets": cmd_presets, "trace": cmd_trace,
-            "analyze": cmd_analyze, "plot": cmd_plot, "export": cmd_export, "sweep": cmd_sweep}
+            "analyze": cmd_analyze, "plot": cmd_plot, "export": cmd_export, "sweep": cmd_sweep,
+            "bench": cmd_bench, "tune": cmd_tune, "model": cmd_model}
 #: commands that run in one process, without mpiexec
-SERIAL_COMMANDS = ("presets", "trace", "analyze", "plot", "export", "sweep")
+SERIAL_COMMANDS = ("presets", "trace", "analyze", "plot", "export", "sweep", "tune", "model")
 
 
 def _parse(argv: Optional[List[str]]):

@@ -17,6 +17,19 @@ and receive buffers alive until the request completes, so no buffer is reused
 while MPI may still touch it. With ``check_buffers=True`` the handle also
 copies the send buffer at issue and checks at completion that nobody modified
 it in flight.
+
+Staged mode (``backend.staged``: MPI cannot take device buffers, or NumPy's
+emulation of that): at issue the input is copied into a pooled host buffer
+(``d2h``) and the collective runs on host buffers; when the handle is waited
+the host result is copied back (``h2d``) and both staging buffers return to the
+pool. Only the copies differ from the direct path: the same requests, the same
+progress polling, the same waits, so overlap works the same way. Each copy is
+recorded on the collective's :class:`CommRecord` and becomes its own trace event.
+
+Stream rules (see :mod:`fourd_mpi.backend`): a send buffer is handed to MPI only
+after the kernels producing it finished (``mpi_send_buffer`` / ``stage_to_host``
+synchronize); a receive buffer is turned into an array that kernels may read only
+in :meth:`CommHandle.wait`, after the request completed.
 """
 
 from __future__ import annotations
@@ -55,6 +68,10 @@ class CommRecord:
     wait_start_ns: int = 0
     layer: int = 0
     phase: int = 0
+    #: staged mode: the device-to-host copy before the issue and the host-to-device copy after
+    #: completion (:class:`~fourd_mpi.backend.CopySpan`; None on the direct path)
+    d2h: Any = None
+    h2d: Any = None
 
 
 class CommHandle:
@@ -172,13 +189,56 @@ class Collectives:
         self.records.append(record)
         return record
 
+    def _buffers(self, array, recv_shape, wire):
+        """``(send, recv, d2h)``: MPI buffers for ``array`` and a result of ``recv_shape``.
+
+        ``wire``: the dtype MPI sees (the array's own, or a stand-in for a dtype MPI lacks:
+        :meth:`_wire_dtypes`). Direct: the backend's arrays (synchronized). Staged: pooled
+        host buffers, the input copied in (``d2h``: its :class:`~fourd_mpi.backend.CopySpan`).
+        """
+        backend = self.backend
+        if wire != array.dtype:
+            array = array.view(wire) if wire.itemsize == array.dtype.itemsize and wire.kind in "ui" \
+                else array.astype(wire)
+        if backend.staged:
+            send, d2h = backend.stage_to_host(array)
+            return send, backend.staging_buffer(recv_shape, wire), d2h
+        return backend.mpi_send_buffer(array), backend.mpi_recv_buffer(recv_shape, wire), None
+
+    def _wire_dtypes(self, dtype):
+        """``(gather, reduce)`` dtypes MPI sees for arrays of ``dtype``.
+
+        bfloat16 has no MPI datatype: gathers move its bits as uint16, reductions run in float32.
+        """
+        dtype = np.dtype(dtype)
+        if dtype.name == "bfloat16":
+            return np.dtype(np.uint16), np.dtype(np.float32)
+        return dtype, dtype
+
     def _issue(self, op: str, axis: str, nbytes: int, start: Callable[[], Any], send, recv,
-               shape, tag=None) -> CommHandle:
+               shape, tag=None, d2h=None, dtype=None) -> CommHandle:
         record = self._record(op, axis, nbytes, tag)
+        record.d2h = d2h
         guard = np.array(send, copy=True) if self.check_buffers and isinstance(send, np.ndarray) else None
         backend = self.backend
-        handle = CommHandle(self, record, recv, buffers=(send, recv),
-                            finish=lambda buf: backend.from_mpi_buffer(buf).reshape(shape))
+        dtype = np.dtype(dtype) if dtype is not None else recv.dtype
+
+        def back(result):  # the MPI dtype back to the array's (bfloat16 stand-ins)
+            if result.dtype == dtype:
+                return result
+            return result.view(dtype) if result.dtype.itemsize == dtype.itemsize and result.dtype.kind in "ui" \
+                else result.astype(dtype)
+
+        if backend.staged:
+            def finish(buf):
+                # the request has completed (wait): copy the result in, return the send buffer
+                out, record.h2d = backend.stage_to_device(buf, shape)
+                backend.release_staging(send)
+                return back(out)
+        else:
+            def finish(buf):
+                return back(backend.from_mpi_buffer(buf).reshape(shape))
+        handle = CommHandle(self, record, recv, buffers=(send, recv), finish=finish)
         handle._guard = (send, guard) if guard is not None else None
         handle.done = handle.waited = False
         self.in_flight.append(handle)
@@ -238,11 +298,11 @@ class Collectives:
         if self.skip_communication:
             xp = self.backend.xp
             return self._skipped("allgather", axis, xp.tile(shard, p), p * shard.nbytes, tag)
-        send = self.backend.mpi_send_buffer(shard)
-        recv = self.backend.mpi_recv_buffer((p * shard.size,))
+        wire = self._wire_dtypes(shard.dtype)[0]
+        send, recv, d2h = self._buffers(shard, (p * shard.size,), wire)
         comm = self.grid.axis_comm(axis)
         return self._issue("allgather", axis, recv.nbytes, lambda: comm.Iallgather(send, recv),
-                           send, recv, (p * shard.size,), tag)
+                           send, recv, (p * shard.size,), tag, d2h, shard.dtype)
 
     def reduce_scatter(self, axis: str, full) -> CommHandle:
         """Sum ``full`` (1-D, ``p*s`` elements) over ``axis``; keep this rank's block (``Ireduce_scatter_block``).
@@ -256,11 +316,11 @@ class Collectives:
             raise ValueError(f"reduce_scatter over {axis}: {full.size} elements not divisible by {p}")
         if self.skip_communication:
             return self._skipped("reduce_scatter", axis, full[: full.size // p].copy(), full.nbytes)
-        send = self.backend.mpi_send_buffer(full)
-        recv = self.backend.mpi_recv_buffer((full.size // p,))
+        wire = self._wire_dtypes(full.dtype)[1]
+        send, recv, d2h = self._buffers(full, (full.size // p,), wire)
         comm = self.grid.axis_comm(axis)
         return self._issue("reduce_scatter", axis, send.nbytes, lambda: comm.Ireduce_scatter_block(send, recv),
-                           send, recv, (full.size // p,))
+                           send, recv, (full.size // p,), None, d2h, full.dtype)
 
     def allreduce(self, axis: str, array, tag=None) -> CommHandle:
         """Element-wise sum of ``array`` (any shape) over ``axis`` (``Iallreduce``); same shape back.
@@ -272,11 +332,11 @@ class Collectives:
             return completed(array)
         if self.skip_communication:
             return self._skipped("allreduce", axis, array, array.nbytes, tag)
-        send = self.backend.mpi_send_buffer(array)
-        recv = self.backend.mpi_recv_buffer(array.shape)
+        wire = self._wire_dtypes(array.dtype)[1]
+        send, recv, d2h = self._buffers(array, array.shape, wire)
         comm = self.grid.axis_comm(axis)
         return self._issue("allreduce", axis, send.nbytes, lambda: comm.Iallreduce(send, recv),
-                           send, recv, array.shape, tag)
+                           send, recv, array.shape, tag, d2h, array.dtype)
 
     def allreduce_scalars(self, values, axes=("data", "z", "y", "x")) -> "list[float]":
         """Sum a few host floats over the given axes, blocking (loss bookkeeping, not a hot path).

@@ -21,6 +21,13 @@ others          unknown: staged
 
 The verdict (:attr:`GpuAwareness.direct_ok`) decides ``--device-buffers auto``; the whole
 report goes into the trace metadata (``gpu_aware_mpi``).
+
+The evidence is then confirmed by a smoke test (:func:`smoke_test`): a small
+``Iallreduce`` of a device array whose result is compared with the expected sum.
+It runs only where the evidence already allows device buffers (or where the user
+forces ``--device-buffers direct``): a library that cannot read a device pointer
+may crash the process, and no Python guard catches a segfault. A raised error, a
+wrong result or no completion within a timeout counts as failure (staging).
 """
 
 from __future__ import annotations
@@ -28,8 +35,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Optional
+
+import numpy as np
 
 #: query functions, ``int f(void)``, of MPICH and Open MPI (absent ones are skipped)
 QUERY_FUNCTIONS = ("MPIX_Query_cuda_support", "MPIX_Query_hip_support", "MPIX_Query_rocm_support",
@@ -53,6 +63,8 @@ class GpuAwareness:
     #: nonblocking collectives (Iallgather, Ireduce_scatter_block, Iallreduce) on device buffers are safe
     direct_ok: bool = False
     reason: str = ""
+    #: the device-buffer smoke test (:func:`smoke_test`): None when it did not run
+    smoke_test: Optional[Dict] = None
 
     def as_dict(self) -> Dict:
         return asdict(self)
@@ -144,3 +156,62 @@ def detect() -> GpuAwareness:
     cuda, direct, reason = decide(library, queries, env)
     return GpuAwareness(library=library, version=version.splitlines()[0].strip() if version else "",
                         libmpi=libmpi, queries=queries, env=env, cuda_aware=cuda, direct_ok=direct, reason=reason)
+
+
+#: elements of the smoke-test all-reduce, and how long it may take before it counts as failed
+SMOKE_ELEMENTS = 1024
+SMOKE_TIMEOUT_S = 20.0
+
+
+def smoke_expected(size: int, n: int = SMOKE_ELEMENTS) -> np.ndarray:
+    """What the smoke test's sum must be on ``size`` ranks: rank ``r`` contributes ``arange(n) % 251 + r``
+    (small integers: exact in float32, order-independent)."""
+    base = (np.arange(n) % 251).astype(np.float64)
+    return size * base + size * (size - 1) / 2
+
+
+def smoke_test(comm, backend, timeout_s: float = SMOKE_TIMEOUT_S) -> Dict:
+    """``Iallreduce`` of a small backend (device) array over ``comm``, checked against :func:`smoke_expected`.
+
+    Collective over ``comm``; every rank returns the same verdict
+    ``{"ran": True, "ok": bool (all ranks), "elements", "seconds", "detail"}``.
+    The test runs on a duplicate of ``comm``: if a rank gives up after ``timeout_s`` the
+    pending request and its communicator are abandoned (never freed), so they cannot
+    match a later collective. The verdict is agreed on ``comm`` with host buffers.
+    """
+    from mpi4py import MPI
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    dup = comm.Dup()
+    n = SMOKE_ELEMENTS
+    ok, detail, abandoned = False, "", False
+    t0 = time.perf_counter()
+    try:
+        host = (np.arange(n) % 251 + rank).astype(np.float32)
+        xp = backend.xp
+        send = xp.asarray(host)
+        recv = xp.zeros(n, dtype=np.float32)
+        backend.synchronize()  # MPI reads the device buffer outside any stream (stream rule 1)
+        request = dup.Iallreduce(send, recv, op=MPI.SUM)
+        deadline = time.perf_counter() + timeout_s
+        while not request.Test():
+            if time.perf_counter() > deadline:
+                abandoned = True
+                raise TimeoutError(f"no completion within {timeout_s:g} s")
+            time.sleep(1e-4)
+        got = np.asarray(backend.to_host(recv), dtype=np.float64)
+        expected = smoke_expected(size, n)
+        wrong = int(np.count_nonzero(got != expected))
+        ok = wrong == 0
+        detail = "result correct" if ok else f"{wrong} of {n} elements wrong (first got {got[0]!r}, expected {expected[0]!r})"
+    except Exception as exc:  # an MPI error on a device pointer, a timeout, ...
+        detail = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    seconds = time.perf_counter() - t0
+    if not abandoned:
+        dup.Free()
+    verdicts = comm.allgather((ok, detail))
+    all_ok = all(v[0] for v in verdicts)
+    if not all_ok:
+        bad = next(r for r, v in enumerate(verdicts) if not v[0])
+        detail = f"rank {bad}: {verdicts[bad][1]}"
+    return {"ran": True, "ok": all_ok, "elements": n, "seconds": round(seconds, 6), "detail": detail}

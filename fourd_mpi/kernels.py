@@ -20,20 +20,39 @@ import numpy as np
 class ComputeCounter:
     """Optional accounting of local GEMM time and FLOPs, by kind.
 
-    When ``enabled`` the backend is synchronized around each GEMM so host timers
-    measure the GEMM itself (on GPUs this serializes; use it for measurement only).
+    When ``enabled`` every GEMM is timed: on the host around the call (NumPy), with
+    CUDA events recorded on the compute stream around the kernel (CuPy). Event
+    times are read lazily (:attr:`seconds` synchronizes the recorded events), so
+    counting does not serialize host and device.
     """
 
     backend: object = None
     enabled: bool = False
     #: a :class:`fourd_mpi.tracing.Tracer` told about every GEMM (None: no tracing)
     tracer: object = None
-    seconds: Dict[str, float] = field(default_factory=dict)
+    _seconds: Dict[str, float] = field(default_factory=dict)
     flops: Dict[str, float] = field(default_factory=dict)
     shapes: Dict[tuple, int] = field(default_factory=dict)
+    _pending: list = field(default_factory=list)
+
+    @property
+    def seconds(self) -> Dict[str, float]:
+        """Seconds per kind (event-timed GEMMs are resolved first: waits for them)."""
+        if self._pending:
+            for kind, watch in self._pending:
+                self._seconds[kind] = self._seconds.get(kind, 0.0) + watch.elapsed_ns() * 1e-9
+            self._pending.clear()
+        return self._seconds
+
+    def add(self, kind: str, seconds: float = 0.0, watch=None) -> None:
+        if watch is not None:
+            self._pending.append((kind, watch))
+        else:
+            self._seconds[kind] = self._seconds.get(kind, 0.0) + seconds
 
     def reset(self) -> None:
-        self.seconds.clear()
+        self._pending.clear()
+        self._seconds.clear()
         self.flops.clear()
         self.shapes.clear()
 
@@ -47,11 +66,16 @@ class ComputeCounter:
 def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm", progress=None):
     """``a @ b`` for 2-D (or batched, leading dims) operands; counts ``2*M*N*K`` FLOPs.
 
-    ``progress``: None, or a callable with a ``chunk_flops`` attribute. Then the
-    product is computed in pieces of about ``chunk_flops`` (see
-    :func:`_chunked_matmul`) and ``progress()`` is called between pieces so that
-    MPI can advance collectives in flight; on a GPU the host polls while the
-    asynchronous kernel runs. The result is the same.
+    ``progress``: None, or a callable with a ``chunk_flops`` attribute, called so
+    that MPI can advance collectives in flight. On the host the product is computed
+    in pieces of about ``chunk_flops`` (see :func:`_chunked_matmul`) with
+    ``progress()`` between pieces. On a GPU the GEMM is one asynchronous kernel and
+    the host calls ``progress()`` until the kernel's event completes. The result is
+    the same.
+
+    Timing on a GPU uses CUDA events recorded around the kernel on the compute
+    stream: host clocks are read only after a synchronization (trace level ``op``)
+    or not at all (the durations are read from the events later).
     """
     m, k = a.shape[-2], a.shape[-1]
     n = b.shape[-1]
@@ -59,26 +83,44 @@ def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm", progress=No
     flops = 2.0 * batch * m * n * k
     timing = counter is not None and counter.enabled
     tracer = counter.tracer if counter is not None else None
-    if timing:
-        counter.backend.synchronize()
+    sync_ops = tracer is not None and tracer.synchronize is not None and tracer.keep_ops
+    device = not isinstance(a, np.ndarray)
+    if sync_ops:
+        tracer.synchronize()
     if tracer is not None:
-        if tracer.synchronize is not None and tracer.keep_ops:
-            tracer.synchronize()
         t_start = time.perf_counter_ns()
-    if progress is None or flops <= progress.chunk_flops:
+    watch = None
+    if device:
+        if timing or tracer is not None:
+            watch = counter.backend.stopwatch()
+            watch.start()
+        out = a @ b
+        if watch is not None:
+            watch.stop()
+        if progress is not None:
+            _poll_until_done(progress)
+        if timing:
+            counter.add(kind, watch=watch)
+    elif progress is None or flops <= progress.chunk_flops:
         t0 = time.perf_counter()
         out = a @ b
-        if progress is not None and not isinstance(out, np.ndarray):
-            _poll_until_done(out, progress)
-        seconds = _elapsed(counter, t0) if timing else 0.0
+        if timing:
+            counter.add(kind, time.perf_counter() - t0)
     else:
-        out, seconds = _chunked_matmul(a, b, flops, progress, counter if timing else None)
+        out, seconds = _chunked_matmul(a, b, flops, progress, timing)
+        if timing:
+            counter.add(kind, seconds)
     if tracer is not None:
-        if tracer.synchronize is not None and tracer.keep_ops:
-            tracer.synchronize()
-        tracer.compute(kind, t_start, time.perf_counter_ns(), flops)
+        if device and not sync_ops:
+            tracer.compute_deferred(kind, watch, flops)
+        else:
+            if sync_ops:
+                tracer.synchronize()
+            t_end = time.perf_counter_ns()
+            if device:  # the kernel's own duration, placed at the end of its synchronized bracket
+                t_start = max(t_start, t_end - watch.elapsed_ns())
+            tracer.compute(kind, t_start, t_end, flops)
     if timing:
-        counter.seconds[kind] = counter.seconds.get(kind, 0.0) + seconds
         counter.flops[kind] = counter.flops.get(kind, 0.0) + flops
         if kind == "gemm":
             key = (m, n, k, a.strides[-1] == a.itemsize, b.strides[-1] == b.itemsize)
@@ -86,13 +128,8 @@ def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm", progress=No
     return out
 
 
-def _elapsed(counter, t0: float) -> float:
-    counter.backend.synchronize()
-    return time.perf_counter() - t0
-
-
-def _poll_until_done(out, progress) -> None:
-    """GPU: the kernel is asynchronous; poll MPI until it has finished."""
+def _poll_until_done(progress) -> None:
+    """GPU: the kernel is asynchronous; poll MPI until the compute stream reaches this point."""
     import cupy
 
     event = cupy.cuda.Event(block=False, disable_timing=True)
@@ -114,7 +151,7 @@ def _array_module(x):
 MIN_CHUNK_EXTENT = 64
 
 
-def _chunked_matmul(a, b, flops: float, progress, counter):
+def _chunked_matmul(a, b, flops: float, progress, timing: bool):
     """The product in pieces, ``progress()`` between them.
 
     2-D: split the larger of M (rows of ``a``) and N (columns of ``b``), so each
@@ -142,8 +179,8 @@ def _chunked_matmul(a, b, flops: float, progress, counter):
             parts.append(a[start:stop] @ (b[start:stop] if batched_b else b))
         else:
             parts.append(a @ b[:, start:stop])
-        if counter is not None:
-            seconds += _elapsed(counter, t0)
+        if timing:
+            seconds += time.perf_counter() - t0
         if i + 1 < pieces:
             progress()
     if row_split:
@@ -237,23 +274,28 @@ def standalone_gemm_tflops(backend, m: int, n: int, k: int, repeats: int = 5, mi
     """Best TFLOP/s of ``[m, k] @ [k, n]`` in the backend's dtype, nothing else running on this rank.
 
     The reference "peak" of a run when the user names none: the local GEMM speed this
-    rank can reach with this shape, library and dtype.
+    rank can reach with this shape, library and dtype (and TF32 setting). Timed with the
+    backend's stopwatch: host clock on NumPy, CUDA events on CuPy (host clocks are read
+    only after the stop event completed).
     """
     xp = backend.xp
     rng = np.random.default_rng(1)
     a = backend.asarray(rng.standard_normal((m, k)))
     b = backend.asarray(rng.standard_normal((k, n)))
-    a @ b  # warm-up: library initialization, page faults
+    a @ b  # warm-up: library initialization, page faults, cuBLAS heuristics
     backend.synchronize()
+    watch = backend.stopwatch()
+    watch.start()
+    xp.matmul(a, b)
+    watch.stop()
+    one = max(watch.elapsed_ns() * 1e-9, 1e-9)
+    calls = max(1, int(math.ceil(min_seconds / repeats / one)))
     best = math.inf
     for _ in range(repeats):
-        calls, t0 = 0, time.perf_counter()
-        while True:
+        watch = backend.stopwatch()
+        watch.start()
+        for _ in range(calls):
             xp.matmul(a, b)
-            calls += 1
-            backend.synchronize()
-            elapsed = time.perf_counter() - t0
-            if elapsed >= min_seconds / repeats:
-                break
-        best = min(best, elapsed / calls)
-    return 2.0 * m * n * k / best / 1e12
+        watch.stop()
+        best = min(best, watch.elapsed_ns() * 1e-9 / calls)
+    return 2.0 * m * n * k / max(best, 1e-12) / 1e12

@@ -68,12 +68,24 @@ def run_metadata(run, run_id: str, config: Dict, level: str, start_time: str) ->
         "num_nodes": grid.num_nodes, "ranks_per_node": grid.ranks_per_node, "mpi": mpi_library(),
         "backend": run.backend.describe(), "device_buffers_direct": bool(run.backend.device_buffers_direct),
         "gpu_aware_mpi": run.gpu_awareness.as_dict() if run.gpu_awareness is not None else None,
+        "mpi_buffers": run.mpi_buffers.as_dict() if run.mpi_buffers is not None else None,
+        "device": device_info(run.backend),
         "overlap": str(run.trainer.overlap), "progress": run.comm.progress.describe(),
         "environment": mpi_environment(), "packages": package_versions(), "git_commit": git_commit(),
         "command": sys.argv, "launch_host": socket.gethostname(),
         "layers": run.comm.tracer.layer_names, "warmup_steps": run.options.warmup,
         "model_flops_per_step": run.options.model.flops_per_step(), "tokens_per_step": run.options.model.tokens,
     }
+
+
+def device_info(backend) -> Dict:
+    """Rank 0's compute device: ``kind`` (cpu, cuda), ``name``, ``index``, ``dtype``, ``tf32``."""
+    info = {"kind": "cpu", "name": platform.processor() or platform.machine(), "index": None,
+            "dtype": backend.dtype.name, "tf32": bool(getattr(backend, "tf32", False))}
+    if backend.name == "cupy":
+        info.update(kind="cuda", name=backend.device_name(), index=backend.device,
+                    cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return info
 
 
 def rank_metadata(run, clock_offset_ns: int, clock_uncertainty_ns: int) -> Dict:

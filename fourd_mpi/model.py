@@ -212,8 +212,9 @@ class SyntheticData:
 
     def batch(self, step: int):
         """``(x, target)`` for ``step``, each ``[m, h/x]``."""
-        x = uniform_block(self.seed, stream_id("input", step), self.global_shape, self.rows, self.cols)
-        t = uniform_block(self.seed, stream_id("target", step), self.global_shape, self.rows, self.cols)
+        xp = self.backend.xp  # generated where the step computes (no host-to-device copy per step)
+        x = uniform_block(self.seed, stream_id("input", step), self.global_shape, self.rows, self.cols, xp)
+        t = uniform_block(self.seed, stream_id("target", step), self.global_shape, self.rows, self.cols, xp)
         return self.backend.asarray(x), self.backend.asarray(0.5 * t)
 
     def global_index(self) -> np.ndarray:

@@ -22,7 +22,8 @@ def stream_id(*names) -> int:
     return zlib.crc32("/".join(str(n) for n in names).encode())
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
+def _splitmix64(x):
+    """SplitMix64 finalizer on uint64 arrays (NumPy or CuPy: same bits on either)."""
     with np.errstate(over="ignore"):
         z = x + _GOLDEN
         z = (z ^ (z >> np.uint64(30))) * _M1
@@ -30,18 +31,22 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def uniform_at(seed: int, stream: int, index: np.ndarray) -> np.ndarray:
-    """float64 values in ``[-1, 1)`` for the given global flat indices of one stream."""
+def uniform_at(seed: int, stream: int, index, xp=np):
+    """float64 values in ``[-1, 1)`` for the given global flat indices of one stream.
+
+    ``xp``: the array module that computes them (CuPy generates a GPU rank's data on the
+    device, bit-identical to NumPy's: integer hashing and exact float64 scaling).
+    """
     key = _splitmix64(np.uint64((seed & 0xFFFFFFFF) << 32 | (stream & 0xFFFFFFFF)) + np.zeros(1, np.uint64))[0]
     with np.errstate(over="ignore"):
-        bits = _splitmix64(np.asarray(index, dtype=np.uint64) ^ key)
+        bits = _splitmix64(xp.asarray(index, dtype=xp.uint64) ^ key)
     # top 53 bits -> [0, 1) -> [-1, 1)
     return (bits >> np.uint64(11)).astype(np.float64) * (2.0 / 9007199254740992.0) - 1.0
 
 
-def uniform_block(seed: int, stream: int, shape_global, rows: slice, cols: slice) -> np.ndarray:
-    """The block ``[rows, cols]`` of a 2-D global tensor of shape ``shape_global``."""
+def uniform_block(seed: int, stream: int, shape_global, rows: slice, cols: slice, xp=np):
+    """The block ``[rows, cols]`` of a 2-D global tensor of shape ``shape_global`` (computed with ``xp``)."""
     ncols = shape_global[1]
-    r = np.arange(rows.start, rows.stop, dtype=np.int64)[:, None]
-    c = np.arange(cols.start, cols.stop, dtype=np.int64)[None, :]
-    return uniform_at(seed, stream, (r * ncols + c).ravel()).reshape(len(r), c.shape[1])
+    r = xp.arange(rows.start, rows.stop, dtype=xp.int64)[:, None]
+    c = xp.arange(cols.start, cols.stop, dtype=xp.int64)[None, :]
+    return uniform_at(seed, stream, (r * ncols + c).ravel(), xp).reshape(len(r), c.shape[1])

@@ -20,7 +20,7 @@ import numpy as np
 
 from .errors import TraceError
 from .tracestore import RANK_DTYPE, STEP_DTYPE
-from .tracing import (COLLECTIVE_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_STEP,
+from .tracing import (COLLECTIVE_OPS, COPY_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_STEP,
                       RANK_STEP_DTYPE, SCHEMA, SCHEMA_VERSION, lane_name)
 
 _DATASETS = {"events": EVENT_DTYPE, "steps": STEP_DTYPE, "rank_steps": RANK_STEP_DTYPE, "ranks": RANK_DTYPE}
@@ -159,7 +159,9 @@ def check_invariants(trace: Trace) -> List[str]:
     - every wait lies between the issue and the completion of some collective of that rank
       on that axis;
     - a rank's step span is at least the sum of its blocking (host-lane) events in that step,
-      and contains them.
+      and contains them;
+    - staging copies: every ``d2h`` ends before the issue, every ``h2d`` starts after the
+      completion, of some collective of that rank, step and axis on the same lane.
     """
     problems: List[str] = []
     ev, rs = trace.events, trace.rank_steps
@@ -195,6 +197,16 @@ def check_invariants(trace: Trace) -> List[str]:
                 problems.append(f"rank {rank} step {w['step']}: a wait [{w['start_ns']}, {w['end_ns']}] lies "
                                 "outside every collective on its axis")
                 break
+        for name in COPY_OPS:  # staged mode: copies sit on their collective's lane, before / after it
+            if name not in trace.vocab["ops"]:
+                continue
+            for c in mine[mine["op"] == trace.code("op", name)]:
+                same = colls[(colls["axis"] == c["axis"]) & (colls["step"] == c["step"]) & (colls["lane"] == c["lane"])]
+                ordered = (c["end_ns"] <= same["issue_ns"]) if name == "d2h" else (c["start_ns"] >= same["complete_ns"])
+                if not ordered.any():
+                    problems.append(f"rank {rank} step {c['step']}: a {name} copy [{c['start_ns']}, {c['end_ns']}] is "
+                                    f"not {'before' if name == 'd2h' else 'after'} any collective on its lane and axis")
+                    break
         host = mine[mine["lane"] == LANE_HOST]
         spans = mine[mine["lane"] == LANE_STEP]
         for span in spans:

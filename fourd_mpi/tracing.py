@@ -11,8 +11,10 @@ Lanes (``lane`` column) keep the events of one rank on one lane disjoint in time
 ``layer``   one span per (layer, phase) visit; the model never nests layers
 ``host``    leaf work of the main thread: compute ops and time blocked in waits
 ``comm<i>`` collectives from issue to observed completion (blocking ones, the loss
-            all-reduce, too); several may be in flight, so each goes to the
-            lowest-numbered free lane of its step
+            all-reduce, too), and in staged mode their ``d2h`` copy just before
+            and ``h2d`` copy just after, on the same lane; several may be in
+            flight, so each (with its copies) goes to the lowest-numbered free
+            lane of its step
 ==========  ==================================================================
 
 Cost model: at level ``step`` an op scope is two ``perf_counter_ns`` calls and two
@@ -28,15 +30,18 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 SCHEMA = "fourd_mpi.trace"
-SCHEMA_VERSION = 1
+#: 2: ops ``d2h`` and ``h2d`` appended to the vocabulary (codes of version 1 unchanged)
+SCHEMA_VERSION = 2
 
 LEVELS = ("step", "layer", "op")
 PHASES = ("none", "forward", "backward", "optimizer")
 OPS = ("step", "layer", "data", "gemm", "attention", "layernorm", "gelu", "loss", "optimizer",
-       "allgather", "reduce_scatter", "allreduce", "wait")
+       "allgather", "reduce_scatter", "allreduce", "wait", "d2h", "h2d")
 AXES = ("none", "data", "z", "y", "x")
 LANE_STEP, LANE_LAYER, LANE_HOST, LANE_COMM0 = 0, 1, 2, 3
 COLLECTIVE_OPS = ("allgather", "reduce_scatter", "allreduce")
+#: staging copies of a collective's buffers (staged mode), on its comm lane
+COPY_OPS = ("d2h", "h2d")
 #: host-lane compute ops (the share of step time "in compute")
 COMPUTE_OPS = ("data", "gemm", "attention", "layernorm", "gelu", "loss", "optimizer")
 
@@ -175,6 +180,7 @@ class Tracer:
         self.where_phase = 0
         self._open: Optional[_Span] = None
         self.events: list = []
+        self._deferred: list = []
         self.compute_ns = 0
         self.wait_ns = 0
 
@@ -222,6 +228,15 @@ class Tracer:
             self.events.append((self.rank, self.step, self.where_layer, self.where_phase,
                                 _OP.get(kind, _OP["gemm"]), 0, LANE_HOST, t0, t1, 0, 0, flops, 0, 0, 0))
 
+    def compute_deferred(self, kind: str, watch, flops: float) -> None:
+        """A GEMM timed by CUDA events (``watch``), not synchronized: its duration joins the step's
+        compute total at :meth:`end_step`, after the step synchronized the device (levels below
+        ``op``; at level ``op`` GEMMs are bracketed by synchronizations and reported by :meth:`compute`)."""
+        if self._open is not None:
+            self._open.flops += flops
+            return
+        self._deferred.append(watch)
+
     def blocked(self, t0: int, t1: int) -> None:
         """The main thread was blocked in a wait from ``t0`` to ``t1``."""
         self.wait_ns += t1 - t0
@@ -230,6 +245,7 @@ class Tracer:
     def begin_step(self, step: int) -> None:
         self.step = step
         self.events = []
+        self._deferred = []
         self.compute_ns = self.wait_ns = 0
         self.where_layer = self.where_phase = 0
 
@@ -239,6 +255,9 @@ class Tracer:
         ``records``: the step's :class:`~fourd_mpi.collectives.CommRecord` list;
         ``group_sizes``: axis name -> communicator size (for ``wire_bytes``).
         """
+        if self._deferred:  # event-timed GEMMs (GPU, below level op): the device has finished them
+            self.compute_ns += sum(w.elapsed_ns() for w in self._deferred)
+            self._deferred = []
         rows = [(self.rank, self.step, 0, 0, _OP["step"], 0, LANE_STEP, t_start, t_end, 0, 0, 0.0, 0, 0, 0)]
         rows += self.events
         out = np.array(rows, dtype=EVENT_DTYPE)
@@ -249,15 +268,32 @@ class Tracer:
         return out
 
     def _collective_rows(self, records, group_sizes) -> list:
-        """Collective events (one per record, on comm lanes) and wait events (host lane), vectorized."""
+        """Collective events (one per record, on comm lanes), their staging copies (same lane)
+        and wait events (host lane), vectorized."""
+        for r in records:  # GPU copies: the step has synchronized, their events can be read now
+            if r.h2d is not None:
+                r.h2d.resolve()
         cols = np.array([(r.issue_ns, r.complete_ns, r.nbytes, r.wait_ns, r.wait_start_ns, r.layer, r.phase,
-                          _OP[r.op], _AXIS[r.axis], group_sizes[r.axis]) for r in records], dtype=np.int64)
-        cols = cols[np.argsort(cols[:, 0], kind="stable")]
+                          _OP[r.op], _AXIS[r.axis], group_sizes[r.axis],
+                          *(_copy_cols(r.d2h)), *(_copy_cols(r.h2d))) for r in records], dtype=np.int64)
         cols[:, (0, 1, 4)] -= self.shift_ns  # issue, completion, wait start: to the aligned clock
+        for c in (10, 13):  # copy spans present (bytes > 0): to the aligned clock
+            present = cols[:, c + 2] > 0
+            cols[present, c] -= self.shift_ns
+            cols[present, c + 1] -= self.shift_ns
         issue = cols[:, 0]
         complete = np.maximum(cols[:, 1], issue)  # never observed complete (0): a zero-length span
+        has_d2h, has_h2d = cols[:, 12] > 0, cols[:, 15] > 0
+        # a collective and its copies occupy one lane from the copy-out to the copy-in
+        unit_start = np.where(has_d2h, np.minimum(cols[:, 10], issue), issue)
+        h2d_start = np.maximum(cols[:, 13], complete)
+        h2d_end = np.maximum(cols[:, 14], h2d_start)
+        unit_end = np.where(has_h2d, h2d_end, complete)
+        order = np.argsort(unit_start, kind="stable")
+        cols, issue, complete = cols[order], issue[order], complete[order]
+        has_d2h, has_h2d, h2d_start, h2d_end = has_d2h[order], has_h2d[order], h2d_start[order], h2d_end[order]
         lanes, free_at = [], []
-        for begin, end in zip(issue.tolist(), complete.tolist()):  # lowest-numbered free lane
+        for begin, end in zip(unit_start[order].tolist(), unit_end[order].tolist()):  # lowest-numbered free lane
             for lane, free in enumerate(free_at):
                 if free <= begin:
                     break
@@ -268,15 +304,27 @@ class Tracer:
             lanes.append(lane)
         if LANE_COMM0 + len(free_at) - 1 > 255:  # the lane column is one byte
             raise RuntimeError(f"{len(free_at)} collectives in flight at once: more than the trace's comm lanes")
+        lane_codes = LANE_COMM0 + np.array(lanes)
         group = cols[:, 9]
         rounds = np.where(cols[:, 7] == _OP["allreduce"], 2, 1)  # wire_factor, in integers
         coll = np.zeros(len(cols), dtype=EVENT_DTYPE)
         coll["rank"] = self.rank
         coll["step"], coll["layer"], coll["phase"] = self.step, cols[:, 5], cols[:, 6]
-        coll["op"], coll["axis"], coll["lane"] = cols[:, 7], cols[:, 8], LANE_COMM0 + np.array(lanes)
+        coll["op"], coll["axis"], coll["lane"] = cols[:, 7], cols[:, 8], lane_codes
         coll["start_ns"], coll["end_ns"], coll["bytes"] = issue, complete, cols[:, 2]
         coll["wire_bytes"] = cols[:, 2] * rounds * (group - 1) // group
         coll["issue_ns"], coll["complete_ns"], coll["wait_ns"] = issue, complete, cols[:, 3]
+        out = [coll]
+        for name, has, start, end, nbytes in (
+                ("d2h", has_d2h, cols[:, 10], np.minimum(cols[:, 11], issue), cols[:, 12]),
+                ("h2d", has_h2d, h2d_start, h2d_end, cols[:, 15])):
+            if has.any():
+                copies = np.zeros(int(has.sum()), dtype=EVENT_DTYPE)
+                copies["rank"] = self.rank
+                copies["step"], copies["layer"], copies["phase"] = self.step, cols[has, 5], cols[has, 6]
+                copies["op"], copies["axis"], copies["lane"] = _OP[name], cols[has, 8], lane_codes[has]
+                copies["start_ns"], copies["end_ns"], copies["bytes"] = start[has], end[has], nbytes[has]
+                out.append(copies)
         blocked = cols[:, 3] > 0
         waits = np.zeros(int(blocked.sum()), dtype=EVENT_DTYPE)
         w = cols[blocked]
@@ -284,4 +332,12 @@ class Tracer:
         waits["step"], waits["layer"], waits["phase"] = self.step, w[:, 5], w[:, 6]
         waits["op"], waits["axis"], waits["lane"] = _OP["wait"], w[:, 8], LANE_HOST
         waits["start_ns"], waits["end_ns"], waits["bytes"] = w[:, 4], w[:, 4] + w[:, 3], w[:, 2]
-        return [coll, waits]
+        out.append(waits)
+        return out
+
+
+def _copy_cols(span):
+    """``(start_ns, end_ns, bytes)`` of a staging copy (zeros when there was none)."""
+    if span is None:
+        return 0, 0, 0
+    return span.start_ns, span.end_ns, max(1, span.nbytes)

@@ -6,7 +6,8 @@ every gradient from the pieces of all ranks and compares them with the
 reference, then both train for a few steps and the losses are compared.
 
 Error measure: norm-wise relative error ``||a - b||_2 / ||b||_2`` per tensor
-(the max over tensors is reported). Tolerances: 1e-10 for float64, 1e-4 for float32.
+(the max over tensors is reported). Tolerances: 1e-10 for float64, 1e-4 for float32
+(2e-2 with ``--tf32``: 10-bit mantissa products), 1e-2 otherwise (float16, bfloat16).
 """
 
 from __future__ import annotations
@@ -22,6 +23,14 @@ from .mpiutil import idle_barrier
 from .runtime import Run, RunOptions
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-4}
+TF32_TOLERANCE = 2e-2
+
+
+def tolerance(options: RunOptions) -> float:
+    """Relative-error tolerance of a verification in ``options.dtype`` (and TF32 setting)."""
+    if options.tf32:
+        return TF32_TOLERANCE
+    return TOLERANCE.get(options.dtype, 1e-2)
 
 
 def gather_global(mpi_comm, index: np.ndarray, values: np.ndarray, global_shape) -> Optional[np.ndarray]:
@@ -103,14 +112,23 @@ def check_grid(options: RunOptions, reference, steps: int, world) -> Optional[Gr
     loss_error = float(np.max(np.abs(got_losses - ref_losses) / np.abs(ref_losses)))
     overlap = ",".join(options.overlap_config().enabled) or "none"
     return GridCheck(str(options.grid), overlap, options.progress, errors["output"], grads[worst], worst[5:],
-                     loss_error, TOLERANCE.get(options.dtype, 1e-2))
+                     loss_error, tolerance(options))
 
 
-def verify(variants: List[RunOptions], grids: List[GridShape], steps: int, world) -> List[GridCheck]:
+def verify(variants: List[RunOptions], grids: List[GridShape], steps: int, world,
+           reference_backend: Optional[str] = None) -> List[GridCheck]:
     """Check every grid in ``grids`` (each must factor ``world``) with every variant's
     overlap and progress options against one blocking single-rank reference. Results on rank 0.
+
+    ``reference_backend``: compute the reference on this backend (``"numpy"``: the CuPy
+    step against the NumPy one; TF32 is then off in the reference); None: the variants' own.
     """
     blocking = replace(variants[0], overlap="none", cache_weights=False, progress="none")
+    if reference_backend is not None:
+        blocking = replace(blocking, backend=reference_backend, device_buffers="auto",
+                           tf32=blocking.tf32 and reference_backend != "numpy")
+        if reference_backend == "numpy" and blocking.dtype == "bfloat16":  # NumPy has none: float32 reference
+            blocking = replace(blocking, dtype="float32")
     reference = serial_reference(blocking, steps, world)
     results = []
     for shape in grids:

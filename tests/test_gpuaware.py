@@ -56,3 +56,16 @@ def test_this_machines_mpi_is_detected_without_touching_a_device():
         assert report.cuda_aware is False and report.direct_ok is False
     as_dict = report.as_dict()
     assert set(as_dict) >= {"library", "version", "libmpi", "queries", "env", "cuda_aware", "direct_ok", "reason"}
+
+
+def test_smoke_expected_sum_is_exact():
+    import numpy as np
+
+    from fourd_mpi.gpuaware import smoke_expected
+
+    for size in (1, 2, 5, 64):
+        contributions = [(np.arange(1024) % 251 + r).astype(np.float32) for r in range(size)]
+        total = np.zeros(1024, dtype=np.float32)
+        for c in contributions:
+            total += c  # float32, any order: small integers are exact
+        assert np.array_equal(total.astype(np.float64), smoke_expected(size))

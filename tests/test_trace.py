@@ -13,6 +13,7 @@ import pytest
 
 from conftest import REPO, mpi_env
 from fourd_mpi.traceread import check_invariants, load_trace
+from fourd_mpi.tracing import SCHEMA_VERSION
 
 pytestmark = pytest.mark.mpi
 
@@ -91,7 +92,7 @@ def trace_8(results):
 
 def test_trace_of_an_8_rank_run_holds_its_invariants(trace_8):
     trace, proc = trace_8
-    assert trace.status == "complete" and trace.schema_version == 1
+    assert trace.status == "complete" and trace.schema_version == SCHEMA_VERSION
     assert trace.world_size == 8 and sorted(trace.ranks["rank"]) == list(range(8))
     assert check_invariants(trace) == []
     assert list(trace.steps["step"]) == [0, 1, 2, 3] and list(trace.steps["warmup"]) == [1, 0, 0, 0]
