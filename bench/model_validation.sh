@@ -5,7 +5,9 @@
 #      gpt-small), overlap none, into a temporary results directory;
 #   3. fourd-mpi model validate on those traces with that profile.
 # Output: results/benchmarks/model_validation.txt (the calibration summary and the validation report).
-# Usage: [KEEP=DIR] [STEPS=6] bench/model_validation.sh [PYTHON]   (default: the python of the environment, e.g. .venv/bin/python)
+# Then 4. fourd-mpi model calibrate fits the model's term weights on every third run and validates
+# the calibrated profile on the other runs (held out).
+# Usage: [KEEP=DIR | REUSE=DIR] [STEPS=6] bench/model_validation.sh [PYTHON]   (default: the python of the environment, e.g. .venv/bin/python)
 # About 5-10 minutes on a 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,14 +21,21 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/fourd-validate.XXXXXX")"
 OUT=results/benchmarks/model_validation.txt
 trap 'rm -rf "$WORK"' EXIT
 
+if [ -n "${REUSE:-}" ]; then  # REUSE=DIR (a KEEP directory): validate its traces and profile again
+    cp -r "$REUSE/traces" "$REUSE/profile.yaml" "$REUSE/bench.txt" "$WORK"/
+    echo "== 1. calibration: fourd-mpi bench collectives, $RANKS ranks (reused from $REUSE)" | tee "$WORK/report.txt"
+    sed -n '/^compute (per rank)/,$p' "$WORK/bench.txt" | tee -a "$WORK/report.txt"
+    MODELS=()
+else
 echo "== 1. calibration: fourd-mpi bench collectives, $RANKS ranks" | tee "$WORK/report.txt"
 "$MPIEXEC" -n "$RANKS" "$PY" -m fourd_mpi bench collectives -o "$WORK/profile.yaml" --force \
     --table "$WORK/bench.txt" > /dev/null
 sed -n '/^compute (per rank)/,$p' "$WORK/bench.txt" | tee -a "$WORK/report.txt"
+fi
 
 # model name|extra flags
-MODELS=("gpt-tiny|--batch 8" "gpt-small|--layers 2 --batch 8")
-n=0
+[ -n "${REUSE:-}" ] || MODELS=("gpt-tiny|--batch 8" "gpt-small|--layers 2 --batch 8")
+n=$(find "$WORK" -name '*.h5' 2>/dev/null | wc -l)
 for entry in "${MODELS[@]}"; do
     model="${entry%%|*}"; flags="${entry#*|}"
     # shellcheck disable=SC2086
@@ -52,19 +61,31 @@ PYEOF
     done
 done
 
-echo "== 3. fourd-mpi model validate ($n traces)" | tee -a "$WORK/report.txt"
+echo "== 3. fourd-mpi model validate ($n traces), the profile as benchmarked" | tee -a "$WORK/report.txt"
 status=0
 "$PY" -m fourd_mpi model validate "$WORK/traces" --profile "$WORK/profile.yaml" >> "$WORK/report.txt" || status=$?
+
+# 4. calibrate the term weights on every third run (by name), validate on the other two thirds
+mapfile -t all < <(find "$WORK/traces" -name '*.h5' | sort)
+calib=(); held=()
+for i in "${!all[@]}"; do if (( i % 3 == 0 )); then calib+=("${all[$i]}"); else held+=("${all[$i]}"); fi; done
+echo "== 4. fourd-mpi model calibrate on ${#calib[@]} runs (every third), validate on the ${#held[@]} others" \
+    | tee -a "$WORK/report.txt"
+"$PY" -m fourd_mpi model calibrate "${calib[@]}" --profile "$WORK/profile.yaml" -o "$WORK/calibrated.yaml" \
+    --force >> "$WORK/report.txt"
+echo "-- held-out runs:" >> "$WORK/report.txt"
+status=0
+"$PY" -m fourd_mpi model validate "${held[@]}" --profile "$WORK/calibrated.yaml" >> "$WORK/report.txt" || status=$?
 mkdir -p results/benchmarks results/profiles
 {
     echo "# bench/model_validation.sh on $(hostname), $(date -u +%Y-%m-%dT%H:%MZ), $RANKS ranks, $(nproc) cores"
     cat "$WORK/report.txt"
     echo
-    echo "== calibrated profile"
-    cat "$WORK/profile.yaml"
+    echo "== calibrated profile (weights from step 4)"
+    cat "$WORK/calibrated.yaml"
 } > "$OUT"
 cp "$WORK/bench.txt" results/benchmarks/collectives_bench.txt
 # KEEP=DIR keeps the traces and the profile (to re-validate without re-running)
-if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP"; cp -r "$WORK/traces" "$WORK/profile.yaml" "$KEEP"/; fi
-sed -n '/^== 3/,$p' "$OUT"
+if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP"; cp -r "$WORK/traces" "$WORK/profile.yaml" "$WORK/bench.txt" "$KEEP"/; fi
+sed -n '/^== 3/,/^== calibrated/p' "$OUT"
 exit $status

@@ -35,6 +35,8 @@ from .errors import ConfigError
 PROFILES_DIR = os.path.join(os.path.dirname(__file__), "profiles")
 LEVELS = ("intra", "inter")
 KINDS = ("allgather", "reduce_scatter", "allreduce")
+#: the model's terms; ``step_fit.weights`` (``fourd-mpi model calibrate``) scales each one
+TERMS = ("gemm", "attention", "elementwise", "calls", "comm", "sync")
 #: site names that map to a built-in machine profile
 SITE_PROFILES = {"perlmutter": "perlmutter", "frontier": "frontier", "local": "laptop", "laptop": "laptop"}
 
@@ -89,6 +91,11 @@ PROFILE_SCHEMA: Dict[str, Any] = {
                                     "description": {"type": "string"}}},
         "levels": {"type": "object", "additionalProperties": False, "minProperties": 1,
                    "properties": {lv: _level for lv in LEVELS}},
+        "step_fit": {"type": "object", "additionalProperties": False, "required": ["weights"],
+                     "properties": {"weights": {"type": "object", "additionalProperties": False,
+                                                "properties": {t: _nonneg for t in TERMS}},
+                                    "traces": {"type": "array", "items": {"type": "string"}},
+                                    "median_abs_rel_error": _nonneg, "description": {"type": "string"}}},
     },
 }
 
@@ -159,6 +166,12 @@ class MachineProfile:
         nominal_here = max(1.0, ranks_on_node / cores)
         nominal_there = max(1.0, self.ranks_per_node / cores)
         return measured * nominal_here / nominal_there
+
+    @property
+    def term_weights(self) -> Dict[str, float]:
+        """Multipliers of the model's terms fitted to measured steps (all 1 when not calibrated)."""
+        fitted = (self.data.get("step_fit") or {}).get("weights", {})
+        return {t: float(fitted.get(t, 1.0)) for t in TERMS}
 
     @property
     def overlap_efficiency(self) -> float:

@@ -12,6 +12,8 @@ predicted three best (top 3); overall: the median absolute relative error of the
 
 from __future__ import annotations
 
+import os
+
 import math
 from typing import Dict, List, Optional
 
@@ -131,9 +133,49 @@ def validate(traces, profile: MachineProfile):
     return df, gdf, summary
 
 
+def calibrate(traces, profile: MachineProfile):
+    """Fit the profile's term weights to the measured steps of ``traces`` (runs without overlap).
+
+    Returns ``(profile data with step_fit, table rows, names of the traces left out)``.
+    """
+    from .analysis import runs_table
+    from .machine import TERMS
+    from .perfmodel import fit_term_weights, term_features
+
+    runs = runs_table(traces)
+    features, measured, used, skipped = [], [], [], []
+    for trace, (_, run) in zip(traces, runs.iterrows()):
+        c = config_of(trace)
+        if [o for o in c["overlap"].enabled if o != "cache"]:
+            skipped.append(f"{run['run_id']} (overlap {run['overlap']}: the terms add up only without overlap)")
+            continue
+        features.append(term_features(c["model"], c["grid"], profile, c["overlap"], c["dtype"], c["optimizer"],
+                                      c["ranks_per_node"]))
+        measured.append(float(run["step_median_s"]))
+        used.append(str(run["run_id"]))
+    weights, predicted = fit_term_weights(features, measured)
+    errors = [abs(p - m) / m for p, m in zip(predicted, measured)]
+    data = dict(profile.data)
+    data["step_fit"] = {
+        "description": "multipliers of the model's terms, fitted by fourd-mpi model calibrate to measured "
+                       "steps (relative least squares, non-negative)",
+        "weights": {t: round(weights[t], 6) for t in TERMS},
+        "traces": used, "median_abs_rel_error": round(float(np.median(errors)), 4)}
+    rows = [{"run_id": u, "measured_ms": m * 1e3, "fitted_ms": p * 1e3, "err_%": 100 * (p - m) / m}
+            for u, m, p in zip(used, measured, predicted)]
+    return data, rows, skipped
+
+
 def add_parser(sub) -> None:
-    p = sub.add_parser("model", help="the performance model: validate predictions against traces (one process)")
+    p = sub.add_parser("model", help="the performance model: calibrate and validate it against traces (one process)")
     msub = p.add_subparsers(dest="model_command", required=True, parser_class=sub._parser_class)
+    c = msub.add_parser("calibrate", help="fit the model's term weights (GEMM, attention, element-wise, per-call, "
+                                          "alpha-beta, synchronization) to measured runs without overlap")
+    c.add_argument("paths", nargs="+", metavar="TRACE", help="trace files, directories of them, or globs")
+    c.add_argument("--profile", required=True, metavar="P", help="the machine profile to calibrate (built-in "
+                                                                 "name or file, e.g. from bench collectives)")
+    c.add_argument("-o", "--output", required=True, metavar="FILE", help="the calibrated profile (YAML)")
+    c.add_argument("--force", action="store_true", help="replace an existing output file")
     v = msub.add_parser("validate", help="measured vs predicted step time and exposed communication of traces")
     v.add_argument("paths", nargs="+", metavar="TRACE", help="trace files, directories of them, or globs")
     v.add_argument("--profile", default=None, metavar="P", help="machine profile (built-in name or file; "
@@ -149,6 +191,8 @@ def cmd_model(args, world=None) -> int:
     from . import analysis
     from .tune import resolve_profile
 
+    if args.model_command == "calibrate":
+        return _cmd_calibrate(args)
     profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
     traces, problems = analysis.collect(args.paths)
     import sys
@@ -165,6 +209,39 @@ def cmd_model(args, world=None) -> int:
             fh.write(text + "\n")
     if args.require and not all(summary["goals_met"].values()):
         return 1
+    return 1 if problems else 0
+
+
+def _cmd_calibrate(args) -> int:
+    import sys
+
+    import yaml
+
+    from . import analysis
+    from .analysis import format_table
+    from .machine import load_profile
+
+    if os.path.exists(args.output) and not args.force:
+        raise ConfigError(f"{args.output} exists: give --force to replace it")
+    profile = load_profile(args.profile)
+    traces, problems = analysis.collect(args.paths)
+    for path, reason in problems:
+        sys.stderr.write(f"fourd-mpi: skipped {path}: {reason}\n")
+    data, rows, skipped = calibrate(traces, profile)
+    for line in skipped:
+        sys.stderr.write(f"fourd-mpi: left out {line}\n")
+    import pandas as pd
+
+    print(format_table(pd.DataFrame(rows), "table"))
+    fit = data["step_fit"]
+    print("weights: " + ", ".join(f"{t} x{w:g}" for t, w in fit["weights"].items())
+          + f"; median |error| of the fit {100 * fit['median_abs_rel_error']:.1f}% over {len(rows)} runs")
+    tmp = args.output + ".tmp"
+    with open(tmp, "w") as fh:
+        yaml.safe_dump(data, fh, sort_keys=False)
+    load_profile(tmp)  # what we write must load
+    os.replace(tmp, args.output)
+    print(f"wrote {args.output}")
     return 1 if problems else 0
 
 

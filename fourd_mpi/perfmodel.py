@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .backend import parse_dtype
 from .config import ModelConfig
+from .errors import ConfigError
 from .grid import GridShape
 from .machine import MachineProfile, axis_placement
 from .memory import MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens
@@ -79,9 +80,10 @@ _ADAM_PASSES, _ADAM_CALLS = 14, 14        # per parameter
 
 
 def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
-                 dtype: str, ranks_on_node: int, optimizer: str = "adam") -> Dict[str, float]:
+                 dtype: str, ranks_on_node: int, optimizer: str = "adam", weighted: bool = True) -> Dict[str, float]:
     """Seconds of local work per step, by kind: ``gemm`` (4D layers, fwd/bwd separately in
-    ``gemm_fwd``/``gemm_bwd``), ``attention``, ``elementwise``, ``calls``, ``total``."""
+    ``gemm_fwd``/``gemm_bwd``), ``attention``, ``elementwise``, ``calls``, ``total``; each
+    scaled by the profile's calibrated term weight unless ``weighted`` is False."""
     e = parse_dtype(dtype).itemsize
     rate = profile.gemm_tflops(dtype) * 1e12
     bw = profile.mem_bandwidth
@@ -111,10 +113,11 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ove
     if optimizer == "adam":
         passes += _ADAM_PASSES * params
         calls += _ADAM_CALLS * n_params
-    gemm = gemm_flops / rate
-    attention = attn_flops / rate
-    elementwise = passes * e / bw
-    overhead = calls * call
+    w = profile.term_weights if weighted else {t: 1.0 for t in profile.term_weights}
+    gemm = w["gemm"] * gemm_flops / rate
+    attention = w["attention"] * attn_flops / rate
+    elementwise = w["elementwise"] * passes * e / bw
+    overhead = w["calls"] * calls * call
     total = (gemm + attention + elementwise + overhead) * slow
     fwd_share = 1.0 / 3.0
     return {"gemm": gemm * slow, "gemm_fwd": gemm * slow * fwd_share, "gemm_bwd": gemm * slow * (1 - fwd_share),
@@ -122,13 +125,65 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ove
             "total": total, "oversubscription": slow}
 
 
-def collective_time(c: Collective, profile: MachineProfile, placement: Dict[str, str],
-                    ranks_on_node: int) -> float:
-    """Seconds for all ``c.count`` messages of one collective (no overlap)."""
+def collective_parts(c: Collective, profile: MachineProfile, placement: Dict[str, str],
+                     ranks_on_node: int) -> Tuple[float, float]:
+    """``(alpha-beta seconds, synchronization seconds)`` of all ``c.count`` messages (no overlap)."""
     level = placement[c.axis]
     fit, shared_by = profile.fit(level, c.op, c.p)
     share = ranks_on_node / shared_by if level == "inter" else 1.0
-    return c.count * (fit.time(c.op, c.p, c.message_bytes, share) + profile.sync_s(level, c.p))
+    return c.count * fit.time(c.op, c.p, c.message_bytes, share), c.count * profile.sync_s(level, c.p)
+
+
+def collective_time(c: Collective, profile: MachineProfile, placement: Dict[str, str],
+                    ranks_on_node: int) -> float:
+    """Seconds for all ``c.count`` messages of one collective (no overlap), with the profile's term weights."""
+    w = profile.term_weights
+    alpha_beta, sync = collective_parts(c, profile, placement, ranks_on_node)
+    return w["comm"] * alpha_beta + w["sync"] * sync
+
+
+def term_features(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
+                  overlap: Optional[OverlapConfig] = None, dtype: str = "float32", optimizer: str = "adam",
+                  ranks_per_node: Optional[int] = None) -> Dict[str, float]:
+    """The model's unweighted terms (seconds per step, nothing overlapped): what
+    ``fourd-mpi model calibrate`` fits the weights of :data:`~fourd_mpi.machine.TERMS` to."""
+    overlap = overlap or OverlapConfig()
+    rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)
+    placement = axis_placement(grid, rpn)
+    comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, weighted=False)
+    out = {t: comp[t] for t in ("gemm", "attention", "elementwise", "calls")}
+    out["comm"] = out["sync"] = 0.0
+    for c in step_collectives(cfg, grid, overlap, dtype):
+        alpha_beta, sync = collective_parts(c, profile, placement, rpn)
+        out["comm"] += alpha_beta
+        out["sync"] += sync
+    return out
+
+
+def fit_term_weights(features: List[Dict[str, float]], measured: List[float], iterations: int = 20000):
+    """Non-negative weights ``w`` minimising the relative error of ``sum_t w_t * feature_t`` against the
+    measured step times (projected gradient descent on the scaled least-squares problem; terms that
+    are zero in every row keep weight 1). Returns ``(weights, predicted)``."""
+    import numpy as np
+
+    from .machine import TERMS
+
+    used = [t for t in TERMS if any(f[t] > 0 for f in features)]
+    if not used or len(features) < len(used):
+        raise ConfigError(f"calibration needs at least {max(1, len(used))} traces (one per model term), "
+                          f"got {len(features)}")
+    y = np.asarray(measured, dtype=float)
+    a = np.array([[f[t] for t in used] for f in features], dtype=float) / y[:, None]
+    scale = a.max(axis=0)
+    a = a / scale  # columns of comparable size: the step below is stable
+    x = np.maximum(np.linalg.lstsq(a, np.ones(len(y)), rcond=None)[0], 0.0)
+    step = 1.0 / max(np.linalg.norm(a, 2) ** 2, 1e-300)
+    for _ in range(iterations):
+        x = np.maximum(0.0, x - step * (a.T @ (a @ x - 1.0)))
+    weights = {t: 1.0 for t in TERMS}
+    weights.update({t: float(v / s) for t, v, s in zip(used, x, scale)})
+    predicted = [sum(weights[t] * f[t] for t in TERMS) for f in features]
+    return weights, predicted
 
 
 def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,

@@ -220,3 +220,56 @@ def test_memory_matches_the_arrays_of_a_built_run(run_mpi, nranks, model):
     proc = run_mpi(nranks, model, script=str(REPO / "tests" / "mpi_memory_check.py"), timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "memory ok for" in proc.stdout
+
+
+# -- calibration of the term weights (fourd-mpi model calibrate) ---------------------------
+
+def test_fit_term_weights_recovers_known_weights():
+    from fourd_mpi.grid import grid_factorizations
+    from fourd_mpi.machine import TERMS
+    from fourd_mpi.perfmodel import fit_term_weights, term_features
+
+    profile = load_profile("laptop")
+    truth = {"gemm": 1.7, "attention": 9.0, "elementwise": 0.5, "calls": 30.0, "comm": 0.8, "sync": 0.0}
+    features, measured = [], []
+    for preset, batch in (("gpt-tiny", 8), ("gpt-small", 8)):
+        cfg = resolve_model(preset, batch=batch)
+        for grid in grid_factorizations(8):
+            f = term_features(cfg, grid, profile)
+            features.append(f)
+            measured.append(sum(truth[t] * f[t] for t in TERMS))
+    weights, predicted = fit_term_weights(features, measured)
+    for term in ("gemm", "attention", "calls", "comm"):
+        assert weights[term] == pytest.approx(truth[term], rel=0.02), (term, weights)
+    assert max(abs(p - m) / m for p, m in zip(predicted, measured)) < 0.01
+
+
+def test_fit_term_weights_needs_enough_runs():
+    from fourd_mpi.perfmodel import fit_term_weights, term_features
+
+    f = term_features(resolve_model("gpt-tiny"), GridShape(1, 2, 2, 2), load_profile("laptop"))
+    with pytest.raises(ConfigError, match="at least"):
+        fit_term_weights([f, f], [0.01, 0.01])
+
+
+def test_model_calibrate_cli_on_sample_traces(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO, mpi_env
+
+    samples = sorted(str(p) for p in (REPO / "results" / "samples").glob("*.h5"))
+    out = tmp_path / "cal.yaml"
+    cmd = [sys.executable, "-m", "fourd_mpi", "model", "calibrate", *samples, "--profile", "laptop", "-o", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "left out grid-1x2x2x2-overlap" in done.stderr  # overlapped runs do not fit the additive terms
+    calibrated = load_profile(str(out))
+    assert set(calibrated.data["step_fit"]["traces"]) == {os.path.basename(s)[:-3] for s in samples} - {
+        "grid-1x2x2x2-overlap"}
+    assert calibrated.term_weights != load_profile("laptop").term_weights
+    again = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), cwd=tmp_path)
+    assert again.returncode == 2 and "--force" in again.stderr
+    check = subprocess.run([sys.executable, "-m", "fourd_mpi", "model", "validate", *samples, "--profile", str(out)],
+                           capture_output=True, text=True, env=mpi_env(), cwd=tmp_path)
+    assert check.returncode == 0 and "median |step error|" in check.stdout, check.stderr
