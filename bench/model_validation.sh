@@ -7,7 +7,7 @@
 # Output: results/benchmarks/model_validation.txt (the calibration summary and the validation report).
 # Then 4. fourd-mpi model calibrate fits the model's term weights on every third run and validates
 # the calibrated profile on the other runs (held out).
-# Usage: [KEEP=DIR | REUSE=DIR] [STEPS=6] bench/model_validation.sh [PYTHON]   (default: the python of the environment, e.g. .venv/bin/python)
+# Usage: [KEEP=DIR | REUSE=DIR] [STEPS=5 (measured steps of gpt-small)] bench/model_validation.sh [PYTHON]   (default: the python of the environment, e.g. .venv/bin/python)
 # About 5-10 minutes on a 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ MPIEXEC="$(dirname "$(command -v "$PY")")/mpiexec"
 [ -x "$MPIEXEC" ] || MPIEXEC="$(command -v mpiexec)"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 RANKS=8
-STEPS=${STEPS:-6}
+STEPS=${STEPS:-5}
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/fourd-validate.XXXXXX")"
 OUT=results/benchmarks/model_validation.txt
 trap 'rm -rf "$WORK"' EXIT
@@ -33,11 +33,11 @@ echo "== 1. calibration: fourd-mpi bench collectives, $RANKS ranks" | tee "$WORK
 sed -n '/^compute (per rank)/,$p' "$WORK/bench.txt" | tee -a "$WORK/report.txt"
 fi
 
-# model name|extra flags
-[ -n "${REUSE:-}" ] || MODELS=("gpt-tiny|--batch 8" "gpt-small|--layers 2 --batch 8")
+# model name|extra flags|measured steps (gpt-tiny: 20, its 25-80 ms steps are noisy; gpt-small: STEPS)
+[ -n "${REUSE:-}" ] || MODELS=("gpt-tiny|--batch 8|20" "gpt-small|--layers 2 --batch 8|$STEPS")
 n=$(find "$WORK" -name '*.h5' 2>/dev/null | wc -l)
 for entry in "${MODELS[@]}"; do
-    model="${entry%%|*}"; flags="${entry#*|}"
+    model="${entry%%|*}"; rest="${entry#*|}"; flags="${rest%|*}"; steps="${rest##*|}"
     # shellcheck disable=SC2086
     grids=$("$PY" - "$model" "$RANKS" $flags <<'PYEOF'
 import sys
@@ -49,12 +49,12 @@ cfg = resolve_model(model, **kw)
 print(" ".join(str(g) for g in grid_factorizations(ranks) if not model_problems(cfg, g)))
 PYEOF
 )
-    echo "== 2. runs: $model ($flags) on grids: $grids" | tee -a "$WORK/report.txt"
+    echo "== 2. runs: $model ($flags, $steps measured steps) on grids: $grids" | tee -a "$WORK/report.txt"
     for g in $grids; do
         IFS=x read -r d z y x <<< "$g"
         # shellcheck disable=SC2086
         "$MPIEXEC" -n "$RANKS" "$PY" -m fourd_mpi run --model "$model" $flags --gdata "$d" --gz "$z" --gy "$y" \
-            --gx "$x" --steps "$STEPS" --warmup 1 --trace-level step --display quiet \
+            --gx "$x" --steps "$((steps + 1))" --warmup 1 --trace-level step --display quiet \
             --results-dir "$WORK/traces" --run-id "$model-$g" > "$WORK/run.log" 2>&1 \
             || { echo "run $model $g failed:"; cat "$WORK/run.log"; exit 1; }
         n=$((n + 1))

@@ -160,15 +160,18 @@ def term_features(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     return out
 
 
-def fit_term_weights(features: List[Dict[str, float]], measured: List[float], iterations: int = 20000):
+def fit_term_weights(features: List[Dict[str, float]], measured: List[float], terms=None, iterations: int = 20000):
     """Non-negative weights ``w`` minimising the relative error of ``sum_t w_t * feature_t`` against the
-    measured step times (projected gradient descent on the scaled least-squares problem; terms that
-    are zero in every row keep weight 1). Returns ``(weights, predicted)``."""
+    measured step times (projected gradient descent on the scaled least-squares problem).
+
+    ``terms``: the terms the fit may use (default all); the others get weight 0, except terms that
+    are zero in every row, which keep weight 1. Returns ``(weights, predicted)``."""
     import numpy as np
 
     from .machine import TERMS
 
-    used = [t for t in TERMS if any(f[t] > 0 for f in features)]
+    terms = list(TERMS if terms is None else terms)
+    used = [t for t in terms if any(f[t] > 0 for f in features)]
     if not used or len(features) < len(used):
         raise ConfigError(f"calibration needs at least {max(1, len(used))} traces (one per model term), "
                           f"got {len(features)}")
@@ -180,7 +183,7 @@ def fit_term_weights(features: List[Dict[str, float]], measured: List[float], it
     step = 1.0 / max(np.linalg.norm(a, 2) ** 2, 1e-300)
     for _ in range(iterations):
         x = np.maximum(0.0, x - step * (a.T @ (a @ x - 1.0)))
-    weights = {t: 1.0 for t in TERMS}
+    weights = {t: (1.0 if not any(f[t] > 0 for f in features) else 0.0) for t in TERMS}
     weights.update({t: float(v / s) for t, v, s in zip(used, x, scale)})
     predicted = [sum(weights[t] * f[t] for t in TERMS) for f in features]
     return weights, predicted

@@ -268,8 +268,12 @@ def test_model_calibrate_cli_on_sample_traces(tmp_path):
     assert set(calibrated.data["step_fit"]["traces"]) == {os.path.basename(s)[:-3] for s in samples} - {
         "grid-1x2x2x2-overlap"}
     assert calibrated.term_weights != load_profile("laptop").term_weights
+    assert calibrated.term_weights["sync"] == 0.0  # left out of the fit by default
     again = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), cwd=tmp_path)
     assert again.returncode == 2 and "--force" in again.stderr
+    bad = subprocess.run(cmd + ["--force", "--terms", "gemm,bogus"], capture_output=True, text=True, env=mpi_env(),
+                         cwd=tmp_path)
+    assert bad.returncode == 2 and "--terms: unknown bogus" in bad.stderr
     check = subprocess.run([sys.executable, "-m", "fourd_mpi", "model", "validate", *samples, "--profile", str(out)],
                            capture_output=True, text=True, env=mpi_env(), cwd=tmp_path)
     assert check.returncode == 0 and "median |step error|" in check.stdout, check.stderr
