@@ -164,7 +164,7 @@ def calibrate(traces, profile: MachineProfile, terms=DEFAULT_FIT_TERMS):
     data = dict(profile.data)
     data["step_fit"] = {
         "description": "multipliers of the model's terms, fitted by fourd-mpi model calibrate to measured "
-                       "steps (relative least squares, non-negative)",
+                       f"steps (relative least squares, non-negative; fitted terms: {', '.join(terms)})",
         "weights": {t: round(weights[t], 6) for t in TERMS},
         "traces": used, "median_abs_rel_error": round(float(np.median(errors)), 4)}
     rows = [{"run_id": u, "measured_ms": m * 1e3, "fitted_ms": p * 1e3, "err_%": 100 * (p - m) / m}
