@@ -329,11 +329,9 @@ def _sleep_others(world, measure):
     """Rank 0 runs ``measure()`` while the others sleep (not spin in MPI); returns its result on all."""
     world.Barrier()
     if world.Get_rank() == 0:
-        t0 = time.perf_counter()
         result = measure()
-        span = time.perf_counter() - t0
     else:
-        result, span = None, 0.0
+        result = None
     # the others sleep in slices until rank 0 reports (a nonblocking barrier, tested rarely)
     req = world.Ibarrier()
     while not req.Test():

@@ -1,6 +1,5 @@
 """``fourd-mpi bench collectives``: pure helpers, and the calibration end to end under mpiexec."""
 
-import os
 
 import pytest
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import REPO, mpi_env
+from conftest import mpi_env
 from localslurm import LocalSlurm, missing_programs
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
