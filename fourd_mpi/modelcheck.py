@@ -229,18 +229,18 @@ def _cmd_calibrate(args) -> int:
     from .analysis import format_table
     from .machine import load_profile
 
+    from .machine import TERMS
+
+    terms = [t.strip() for t in args.terms.split(",") if t.strip()]
+    unknown = [t for t in terms if t not in TERMS]
+    if unknown or not terms:  # checked before any trace is read
+        raise ConfigError(f"--terms: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(TERMS)}")
     if os.path.exists(args.output) and not args.force:
         raise ConfigError(f"{args.output} exists: give --force to replace it")
     profile = load_profile(args.profile)
     traces, problems = analysis.collect(args.paths)
     for path, reason in problems:
         sys.stderr.write(f"fourd-mpi: skipped {path}: {reason}\n")
-    from .machine import TERMS
-
-    terms = [t.strip() for t in args.terms.split(",") if t.strip()]
-    unknown = [t for t in terms if t not in TERMS]
-    if unknown or not terms:
-        raise ConfigError(f"--terms: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(TERMS)}")
     data, rows, skipped = calibrate(traces, profile, terms)
     for line in skipped:
         sys.stderr.write(f"fourd-mpi: left out {line}\n")

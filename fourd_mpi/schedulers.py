@@ -10,6 +10,7 @@ scheduler no longer knows the job, e.g. it was purged after finishing).
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from dataclasses import dataclass
@@ -210,7 +211,7 @@ class Lsf(Scheduler):
 
     def submit(self, script: str, cwd: str) -> str:
         # bsub reads the #BSUB lines only from standard input
-        with open(f"{cwd}/{script}" if not script.startswith("/") else script) as fh:
+        with open(os.path.join(cwd, script)) as fh:
             try:
                 done = subprocess.run(["bsub"], stdin=fh, capture_output=True, text=True, cwd=cwd, timeout=120)
             except FileNotFoundError:
@@ -266,8 +267,6 @@ class Local(Scheduler):
         return []
 
     def run(self, script: str, log: str, cwd: str) -> int:
-        import os
-
         path = os.path.join(cwd, log)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as out:

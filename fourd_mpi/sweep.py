@@ -187,12 +187,13 @@ def save_jobs(sweep_dir: str, jobs: Dict[str, Dict]) -> None:
 
 
 def trace_state(path: str) -> str:
-    """``complete``/``partial``/``failed`` (the trace's status), ``running`` (spool only), or ``missing``."""
-    from .traceread import load_trace
+    """``complete``/``partial``/``failed`` (the trace's status), ``spooling`` (per-rank files only),
+    ``damaged``, or ``missing``. Reads the trace's header only."""
+    from .traceread import read_status
 
     if os.path.exists(path):
         try:
-            return str(load_trace(path).metadata.get("status", "complete"))
+            return read_status(path)
         except TraceError:
             return "damaged"
     if os.path.isdir(path[:-3] + ".ranks"):
@@ -258,21 +259,21 @@ def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_ru
 def collect(manifest: Dict, into: Optional[str] = None, out=sys.stdout, fmt: str = "table") -> int:
     """Check every run's trace, copy it into ``into`` when given, analyse. Exit 0 all there, 1 some missing."""
     from . import analysis
+    from .cli import RUNS_SHOWN
 
     present, missing = [], []
     for run in manifest["runs"]:
-        state = trace_state(run["trace"])
-        if state in ("complete", "partial", "failed"):
-            path = run["trace"]
-            if into and os.path.abspath(os.path.dirname(path)) != os.path.abspath(into):
-                os.makedirs(into, exist_ok=True)
-                target = os.path.join(into, os.path.basename(path))
-                if not os.path.exists(target):
-                    shutil.copy2(path, target)
-                path = target
-            present.append(path)
-        else:
-            missing.append((run["run_id"], state))
+        path = run["trace"]
+        if not os.path.exists(path):  # a damaged file is named by analysis.collect below
+            missing.append((run["run_id"], trace_state(path)))
+            continue
+        if into and os.path.abspath(os.path.dirname(path)) != os.path.abspath(into):
+            os.makedirs(into, exist_ok=True)
+            target = os.path.join(into, os.path.basename(path))
+            if not os.path.exists(target):
+                shutil.copy2(path, target)
+            path = target
+        present.append(path)
     for run_id, state in missing:
         sys.stderr.write(f"fourd-mpi: sweep {manifest['sweep']}: no trace of {run_id} ({state})\n")
     if not present:
@@ -280,8 +281,10 @@ def collect(manifest: Dict, into: Optional[str] = None, out=sys.stdout, fmt: str
     traces, problems = analysis.collect(present)
     for path, why in problems:
         sys.stderr.write(f"fourd-mpi: skipped {path}: {why}\n")
+    if not traces:
+        raise ConfigError(f"sweep {manifest['sweep']}: none of its {len(present)} trace file(s) could be read")
     runs = analysis.runs_table(traces)
-    sections = [("runs", runs[[c for c in analysis_columns() if c in runs.columns]])]
+    sections = [("runs", runs[[c for c in RUNS_SHOWN if c in runs.columns]])]
     if runs["world_size"].nunique() > 1:
         table = analysis.scaling(runs, manifest["study"])
         sections.append((f"{manifest['study']} scaling", table))
@@ -291,12 +294,6 @@ def collect(manifest: Dict, into: Optional[str] = None, out=sys.stdout, fmt: str
         out.write(analysis.format_table(frame, fmt))
         out.write("\n")
     return 1 if (missing or problems) else 0
-
-
-def analysis_columns() -> List[str]:
-    from .cli import RUNS_SHOWN
-
-    return list(RUNS_SHOWN)
 
 
 # -- command line -------------------------------------------------------------------------

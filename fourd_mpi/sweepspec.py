@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .config import ModelConfig, PRESETS, model_problems, resolve_model
 from .errors import ConfigError
 from .grid import GridShape, grid_factorizations
-from .yamlspec import YamlDocument, load_yaml
+from .yamlspec import YamlDocument, load_yaml, schema_violations
 
 #: Names that reach file names, job names and scripts: nothing a shell would interpret.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -164,14 +164,10 @@ class SweepSpec:
 
     def revalidate_job(self) -> None:
         """Check ``job:`` again after command-line overrides (same rules as in the file)."""
-        import jsonschema
-
-        errors = list(jsonschema.Draft202012Validator(SCHEMA["properties"]["job"]).iter_errors(self.job))
-        if errors:
-            from .yamlspec import _schema_message
-
-            raise ConfigError(f"--{errors[0].absolute_path[0] if errors[0].absolute_path else 'job'}: "
-                              + _schema_message(errors[0]))
+        violations = schema_violations(self.job, SCHEMA["properties"]["job"])
+        if violations:
+            parts, message = violations[0]
+            raise ConfigError(f"--{parts[0] if parts else 'job'}: {message}")
 
     def error(self, parts: Sequence, message: str) -> ConfigError:
         if self.doc is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 
@@ -91,25 +91,46 @@ class Trace:
 _VOCAB_OF = {"op": "ops", "phase": "phases", "axis": "axes", "layer": "layers"}
 
 
-def load_trace(path: str) -> Trace:
-    """Read a trace file written by ``fourd-mpi run`` or ``fourd-mpi trace recover``."""
+def _open(path: str):
     import h5py
 
     try:
-        h5 = h5py.File(path, "r")
+        return h5py.File(path, "r")
     except FileNotFoundError:
         raise TraceError(f"{path}: no such trace file") from None
     except OSError as exc:
         raise TraceError(f"{path} is not a readable HDF5 file (truncated or corrupted?): {_first_line(exc)}") from None
+
+
+def _header(path: str, h5) -> Tuple[Dict, int]:
+    """The root attributes and schema version of an open trace; raises unless it is one we can read."""
+    attrs = dict(h5.attrs)
+    if attrs.get("schema") != SCHEMA:
+        raise TraceError(f"{path} is not a fourd-mpi trace (schema attribute {attrs.get('schema')!r})")
+    version = int(attrs.get("schema_version", 0))
+    if version > SCHEMA_VERSION:
+        raise TraceError(f"{path} uses trace schema v{version}; this fourd_mpi reads up to "
+                         f"v{SCHEMA_VERSION} (upgrade fourd_mpi)")
+    return attrs, version
+
+
+def read_status(path: str) -> str:
+    """A trace's status (``complete``, ``partial``, ``failed``) from its header, without reading the events."""
+    h5 = _open(path)
     try:
         with h5:
-            attrs = dict(h5.attrs)
-            if attrs.get("schema") != SCHEMA:
-                raise TraceError(f"{path} is not a fourd-mpi trace (schema attribute {attrs.get('schema')!r})")
-            version = int(attrs.get("schema_version", 0))
-            if version > SCHEMA_VERSION:
-                raise TraceError(f"{path} uses trace schema v{version}; this fourd_mpi reads up to "
-                                 f"v{SCHEMA_VERSION} (upgrade fourd_mpi)")
+            attrs, _ = _header(path, h5)
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:
+        raise TraceError(f"{path} is damaged: {_first_line(exc)}") from None
+    return str(attrs.get("status"))
+
+
+def load_trace(path: str) -> Trace:
+    """Read a trace file written by ``fourd-mpi run`` or ``fourd-mpi trace recover``."""
+    h5 = _open(path)
+    try:
+        with h5:
+            attrs, version = _header(path, h5)
             arrays = {}
             for name, dtype in _DATASETS.items():
                 if name not in h5:

@@ -9,7 +9,7 @@ is composed once for the marks and loaded once for the data.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import yaml
 
@@ -106,18 +106,22 @@ class YamlDocument:
 
     def validate(self, schema: Dict[str, Any]) -> None:
         """Raise the first schema violation, by position in the file, as a :class:`ConfigError`."""
-        import jsonschema
+        located = schema_violations(self.data, schema)
+        if located:
+            located.sort(key=lambda item: (self.line(item[0]) or 0, -len(item[0])))
+            raise self.error(*located[0])
 
-        validator = jsonschema.Draft202012Validator(schema)
-        errors = list(validator.iter_errors(self.data))
-        if not errors:
-            return
+
+def schema_violations(data: Any, schema: Dict[str, Any]) -> List[Tuple[List[PathPart], str]]:
+    """Every violation of ``schema`` as ``(key path, short message)``; unknown keys point at the key."""
+    import jsonschema
+
+    located = []
+    for error in jsonschema.Draft202012Validator(schema).iter_errors(data):
         # best_match descends into oneOf/anyOf to the branch the value nearly matched
-        errors = [jsonschema.exceptions.best_match([e]) for e in errors]
-        located = [(list(e.absolute_path) + _offending_key(e), e) for e in errors]
-        located.sort(key=lambda item: (self.line(item[0]) or 0, -len(item[0])))
-        parts, first = located[0]
-        raise self.error(parts, _schema_message(first))
+        error = jsonschema.exceptions.best_match([error])
+        located.append((list(error.absolute_path) + _offending_key(error), _schema_message(error)))
+    return located
 
 
 def _offending_key(error) -> List[PathPart]:

@@ -324,3 +324,21 @@ def test_local_site_submit_status_collect(tmp_path):
     collected = fourd(["sweep", "collect", "jobscripts/s1", "--into", "gathered"], tmp_path)
     assert collected.returncode == 1 and "no trace of s1-001-n3-3x1x1x1 (missing)" in collected.stderr
     assert (tmp_path / "gathered/s1-000-n1-1x1x1x1.h5").exists() and "s1-000-n1-1x1x1x1" in collected.stdout
+
+
+def test_trace_state_reads_the_status_from_the_header(tmp_path):
+    import h5py
+
+    from fourd_mpi.sweep import trace_state
+
+    partial = tmp_path / "p.h5"
+    shutil.copy(REPO / "results" / "samples" / "weak-2.h5", partial)
+    with h5py.File(partial, "r+") as h5:
+        h5.attrs["status"] = "partial"
+    assert trace_state(str(REPO / "results" / "samples" / "weak-2.h5")) == "complete"
+    assert trace_state(str(partial)) == "partial"
+    (tmp_path / "junk.h5").write_bytes(b"not hdf5")
+    assert trace_state(str(tmp_path / "junk.h5")) == "damaged"
+    (tmp_path / "r.ranks").mkdir()
+    assert trace_state(str(tmp_path / "r.h5")) == "spooling"
+    assert trace_state(str(tmp_path / "none.h5")) == "missing"
