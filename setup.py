@@ -16,7 +16,7 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["fourd_mpi", "fourd_mpi.*"]),
     # built-in site profiles, job-script templates and machine (alpha-beta) profiles
-    package_data={"fourd_mpi": ["sites/*.yaml", "templates/*.j2", "profiles/*.yaml"]},
+    package_data={"fourd_mpi.jobs": ["sites/*.yaml", "templates/*.j2"], "fourd_mpi.perf": ["profiles/*.yaml"]},
     python_requires=">=3.9",
     install_requires=[
         "numpy>=1.22",
@@ -38,7 +38,7 @@ setup(
         # llnl-thicket: the tests load our Caliper export with Thicket and Hatchet (they pin pandas < 3)
         "test": ["pytest>=7", "pytest-timeout", "pandas>=1.5", "matplotlib>=3.5", "llnl-thicket", "llnl-hatchet"],
     },
-    entry_points={"console_scripts": ["fourd-mpi=fourd_mpi.cli:main"]},
+    entry_points={"console_scripts": ["fourd-mpi=fourd_mpi.cli.main:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: System :: Distributed Computing",

@@ -1,4 +1,4 @@
-"""Benchmark of fourd_mpi.analysis on a large synthetic op-level trace (no MPI).
+"""Benchmark of fourd_mpi.analysis.tables on a large synthetic op-level trace (no MPI).
 
 Writes a trace of ``--ranks`` ranks x ``--steps`` steps with about 200 events per rank and
 step (a realistic mix: step and layer spans, GEMMs and other compute ops, all-gathers,
@@ -22,11 +22,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from fourd_mpi import analysis  # noqa: E402
-from fourd_mpi.session import summarize  # noqa: E402
-from fourd_mpi.tracestore import TraceFileWriter, ranks_table  # noqa: E402
-from fourd_mpi.traceread import load_trace  # noqa: E402
-from fourd_mpi.tracing import (AXES, COMPUTE_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP,  # noqa: E402
+from fourd_mpi.analysis import tables as analysis  # noqa: E402
+from fourd_mpi.run.session import summarize  # noqa: E402
+from fourd_mpi.trace.store import TraceFileWriter, ranks_table  # noqa: E402
+from fourd_mpi.trace.read import load_trace  # noqa: E402
+from fourd_mpi.trace.events import (AXES, COMPUTE_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP,  # noqa: E402
                                OPS, PHASES, RANK_STEP_DTYPE, wire_factor)
 
 OP = {name: i for i, name in enumerate(OPS)}

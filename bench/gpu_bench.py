@@ -13,10 +13,10 @@ around asynchronous kernels):
 
 1. **GEMM rate inside a single-rank step** (rank 0 alone, grid 1x1x1x1, the other
    ranks sleep in a barrier): ``--warmup`` untimed steps, then ``--steps`` steps with
-   the run's :class:`~fourd_mpi.kernels.ComputeCounter` on; rate = layer-GEMM FLOPs /
+   the run's :class:`~fourd_mpi.step.kernels.ComputeCounter` on; rate = layer-GEMM FLOPs /
    event-measured GEMM seconds, for float32, float32 with TF32, and the other
    ``--dtypes``.
-2. **The same GEMM shapes alone** (:func:`~fourd_mpi.kernels.standalone_gemm_tflops`,
+2. **The same GEMM shapes alone** (:func:`~fourd_mpi.step.kernels.standalone_gemm_tflops`,
    best of 5), FLOP-weighted over the step's shapes: ``in-step / alone`` is the
    efficiency of the step's GEMMs.
 3. **The device's peak** from :data:`PEAK_TFLOPS` (dense, no sparsity; NVIDIA data
@@ -91,9 +91,9 @@ def gemm_in_step(options, warmup: int, steps: int) -> Dict:
     """Single-rank step on COMM_SELF: in-step GEMM rate (CUDA events), standalone rate of the same shapes."""
     from mpi4py import MPI
 
-    from fourd_mpi.grid import GridShape
-    from fourd_mpi.kernels import standalone_gemm_tflops
-    from fourd_mpi.runtime import Run
+    from fourd_mpi.core.grid import GridShape
+    from fourd_mpi.step.kernels import standalone_gemm_tflops
+    from fourd_mpi.run.build import Run
 
     run = Run.build(MPI.COMM_SELF, replace(options, grid=GridShape(1, 1, 1, 1), overlap="none"), count_flops=True)
     for i in range(warmup):
@@ -119,7 +119,7 @@ def gemm_in_step(options, warmup: int, steps: int) -> Dict:
 
 
 def step_time(world, options, warmup: int, steps: int) -> Dict:
-    from fourd_mpi.runtime import Run
+    from fourd_mpi.run.build import Run
 
     run = Run.build(world, options)
     for i in range(warmup):
@@ -133,18 +133,18 @@ def step_time(world, options, warmup: int, steps: int) -> Dict:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    from fourd_mpi.backend import cupy_usable
+    from fourd_mpi.core.backend import cupy_usable
 
     if not cupy_usable():
         fail("no usable GPU (CuPy is not installed, or cupy.cuda.is_available() is False); "
              "this benchmark measures the CuPy path only")
     from mpi4py import MPI
 
-    from fourd_mpi.config import resolve_model, validate_model
+    from fourd_mpi.step.presets import resolve_model, validate_model
     from fourd_mpi.errors import BackendError, ConfigError
-    from fourd_mpi.grid import infer_grid_shape
-    from fourd_mpi.mpiutil import idle_barrier
-    from fourd_mpi.runtime import RunOptions
+    from fourd_mpi.core.grid import infer_grid_shape
+    from fourd_mpi.core.mpiutil import idle_barrier
+    from fourd_mpi.run.build import RunOptions
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -177,7 +177,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if world.Get_size() > 1:
         base = RunOptions(model=model, grid=shape, dtype="float32", backend="cupy", overlap="all",
                           steps=args.steps, warmup=args.warmup)
-        from fourd_mpi.gpuaware import detect
+        from fourd_mpi.core.gpuaware import detect
 
         verdicts = world.allgather((detect().direct_ok, detect().reason))
         for mode in ("staged", "direct"):

@@ -41,8 +41,8 @@ for entry in "${MODELS[@]}"; do
     # shellcheck disable=SC2086
     grids=$("$PY" - "$model" "$RANKS" $flags <<'PYEOF'
 import sys
-from fourd_mpi.config import model_problems, resolve_model
-from fourd_mpi.grid import grid_factorizations
+from fourd_mpi.step.presets import model_problems, resolve_model
+from fourd_mpi.core.grid import grid_factorizations
 model, ranks, rest = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 kw = {rest[i].lstrip("-").replace("-", "_"): int(rest[i + 1]) for i in range(0, len(rest), 2)}
 cfg = resolve_model(model, **kw)

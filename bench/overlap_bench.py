@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mpi4py import MPI  # noqa: E402
 
-from fourd_mpi.runtime import Run, resolve  # noqa: E402
+from fourd_mpi.run.build import Run, resolve  # noqa: E402
 
 #: name -> (preset, grid sizes, model overrides, what it stresses)
 CONFIGS = {
@@ -121,11 +121,11 @@ def progress_probe(world, sizes_mib, repeats: int, poll_flops: float):
     """
     import numpy as np
 
-    from fourd_mpi.backend import NumpyBackend
-    from fourd_mpi.collectives import Collectives
-    from fourd_mpi.grid import GridShape, ProcessGrid
-    from fourd_mpi import kernels
-    from fourd_mpi.progress import make_progress
+    from fourd_mpi.core.backend import NumpyBackend
+    from fourd_mpi.core.collectives import Collectives
+    from fourd_mpi.core.grid import GridShape, ProcessGrid
+    from fourd_mpi.step import kernels
+    from fourd_mpi.core.progress import make_progress
 
     grid = ProcessGrid(world, GridShape(world.Get_size(), 1, 1, 1))
     backend = NumpyBackend(np.float32)

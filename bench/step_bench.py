@@ -4,7 +4,7 @@ For each grid ``G_data x G_z x G_y x G_x`` (all in one ``mpiexec`` run) this mea
 
 1. **The step.** ``--warmup`` untimed steps, then ``--steps`` timed steps of
    ``run.trainer.step(i)`` with ``count_flops=True``, so the run's
-   :class:`~fourd_mpi.kernels.ComputeCounter` times every local GEMM (kind
+   :class:`~fourd_mpi.step.kernels.ComputeCounter` times every local GEMM (kind
    ``"gemm"``: the layer GEMMs ``x @ W^T``, ``dy @ W``, ``dy^T @ x``; kind
    ``"attention"``: the batched attention matmuls) and records the GEMM shapes
    and operand layouts. Reported: step time (max over ranks per step, then the
@@ -34,7 +34,7 @@ For each grid ``G_data x G_z x G_y x G_x`` (all in one ``mpiexec`` run) this mea
      the concurrent pass, where every rank computes.
    * **alone**: one rank at a time (rank 0, or the first ``--alone-ranks``
      ranks in turn) runs rank 0's GEMMs while every other rank sleeps in
-     :func:`~fourd_mpi.mpiutil.idle_barrier` (a barrier that sleeps, so it
+     :func:`~fourd_mpi.core.mpiutil.idle_barrier` (a barrier that sleeps, so it
      does not steal cores). This is the single-core GEMM rate; on an
      oversubscribed node (8 ranks on 2 cores: 4 ranks share a core inside the
      step) the in-step rate is only a fraction of it (about 1/4 when all ranks
@@ -55,7 +55,7 @@ minute). With ``--model`` the preset is used as is (plus any size flags);
 without it, size flags override these defaults. Nothing else should
 run on the node meanwhile: the header prints the load average at start.
 
-Grids that do not fit the model (``fourd_mpi.config.model_problems``) or the
+Grids that do not fit the model (``fourd_mpi.step.presets.model_problems``) or the
 world size are skipped with the reason. Results are printed on rank 0;
 ``--json FILE`` also writes every number (per step, per rank, per shape).
 """
@@ -80,15 +80,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from fourd_mpi import __version__  # noqa: E402
-from fourd_mpi.backend import BACKENDS, DTYPES  # noqa: E402
-from fourd_mpi.cli import OneLineParser, add_overlap_args, nonnegative_int, overlap_kwargs, positive_int  # noqa: E402,E501
-from fourd_mpi.config import PRESETS, model_problems, resolve_model  # noqa: E402
+from fourd_mpi import __version__# noqa: E402
+from fourd_mpi.core.backend import BACKENDS, DTYPES  # noqa: E402
+from fourd_mpi.cli.main import OneLineParser, add_overlap_args, nonnegative_int, overlap_kwargs, positive_int  # noqa: E402,E501
+from fourd_mpi.step.presets import PRESETS, model_problems, resolve_model  # noqa: E402
 from fourd_mpi.errors import BackendError, ConfigError  # noqa: E402
-from fourd_mpi.grid import GridShape  # noqa: E402
-from fourd_mpi.kernels import ComputeCounter, matmul  # noqa: E402
-from fourd_mpi.mpiutil import idle_barrier  # noqa: E402
-from fourd_mpi.runtime import Run, resolve  # noqa: E402
+from fourd_mpi.core.grid import GridShape  # noqa: E402
+from fourd_mpi.step.kernels import ComputeCounter, matmul  # noqa: E402
+from fourd_mpi.core.mpiutil import idle_barrier  # noqa: E402
+from fourd_mpi.run.build import Run, resolve  # noqa: E402
 
 #: Default model: gpt-small (hidden 512, 8 heads, ffn 2048, global batch 8) with 2 layers and a
 #: shorter sequence, so a step takes roughly 0.2-2 s with 8 ranks on 2 cores.

@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from fourd_mpi.cli import positive_int  # noqa: E402
-from fourd_mpi.runtime import Run, resolve  # noqa: E402
-from fourd_mpi.tracestore import RankSpool, merge_run  # noqa: E402
-from fourd_mpi.tracing import EVENT_DTYPE, RANK_STEP_DTYPE  # noqa: E402
+from fourd_mpi.cli.main import positive_int  # noqa: E402
+from fourd_mpi.run.build import Run, resolve  # noqa: E402
+from fourd_mpi.trace.store import RankSpool, merge_run  # noqa: E402
+from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -103,7 +103,7 @@ def main(argv=None):
     args = parse_args(argv)
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    from fourd_mpi.grid import GridShape
+    from fourd_mpi.core.grid import GridShape
 
     shape = GridShape.parse(args.grid)
     overrides = {k: getattr(args, k) for k in ("layers", "seq", "hidden", "batch")}

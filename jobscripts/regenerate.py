@@ -17,9 +17,9 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from fourd_mpi.sites import builtin_sites, load_site  # noqa: E402
-from fourd_mpi.sweep import build_manifest, write_sweep  # noqa: E402
-from fourd_mpi.sweepspec import load_spec  # noqa: E402
+from fourd_mpi.jobs.sites import builtin_sites, load_site  # noqa: E402
+from fourd_mpi.jobs.sweep import build_manifest, write_sweep  # noqa: E402
+from fourd_mpi.jobs.spec import load_spec  # noqa: E402
 
 SPEC = "jobscripts/weak-gpt-tiny.yaml"
 EXAMPLES = "jobscripts/examples"

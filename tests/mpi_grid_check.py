@@ -4,7 +4,7 @@ import sys
 
 from mpi4py import MPI
 
-from fourd_mpi.grid import AXES, ProcessGrid, grid_factorizations
+from fourd_mpi.core.grid import AXES, ProcessGrid, grid_factorizations
 
 
 def main():

@@ -13,12 +13,12 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from fourd_mpi.backend import make_backend
-from fourd_mpi.collectives import Collectives
-from fourd_mpi.grid import GridShape, ProcessGrid, grid_factorizations
-from fourd_mpi.layers import FullyConnected4D
-from fourd_mpi.layout import block_range, local_sequences
-from fourd_mpi.synthetic import stream_id, uniform_block
+from fourd_mpi.core.backend import make_backend
+from fourd_mpi.core.collectives import Collectives
+from fourd_mpi.core.grid import GridShape, ProcessGrid, grid_factorizations
+from fourd_mpi.step.layers import FullyConnected4D
+from fourd_mpi.core.layout import block_range, local_sequences
+from fourd_mpi.step.synthetic import stream_id, uniform_block
 
 
 def check(world, shape, transposed, n, k, tokens, dtype, seed=3):

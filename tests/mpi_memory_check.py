@@ -11,10 +11,10 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from fourd_mpi.config import model_problems, resolve_model
-from fourd_mpi.grid import grid_factorizations
-from fourd_mpi.memory import estimate_memory, saved_activation_elements
-from fourd_mpi.runtime import RunOptions, Run
+from fourd_mpi.step.presets import model_problems, resolve_model
+from fourd_mpi.core.grid import grid_factorizations
+from fourd_mpi.perf.memory import estimate_memory, saved_activation_elements
+from fourd_mpi.run.build import RunOptions, Run
 
 
 def _arrays(obj, out):

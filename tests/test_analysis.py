@@ -1,4 +1,4 @@
-"""fourd_mpi.analysis: hand-built traces with known answers, real traces from mpiexec runs, bad files."""
+"""fourd_mpi.analysis.tables: hand-built traces with known answers, real traces from mpiexec runs, bad files."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fourd_mpi import analysis
-from fourd_mpi.analysis import (BREAKDOWN_COLUMNS, COMM_COLUMNS, COMPARE_COLUMNS, RUN_COLUMNS, SCALING_COLUMNS,
+from fourd_mpi.analysis import tables as analysis
+from fourd_mpi.analysis.tables import (BREAKDOWN_COLUMNS, COMM_COLUMNS, COMPARE_COLUMNS, RUN_COLUMNS, SCALING_COLUMNS,
                                 breakdown, collect, comm_table, compare, format_table, runs_table, scaling)
-from fourd_mpi.session import summarize
-from fourd_mpi.tracestore import TraceFileWriter, ranks_table
-from fourd_mpi.traceread import check_invariants, load_trace
-from fourd_mpi.tracing import (AXES, COMPUTE_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_STEP, OPS, PHASES,
+from fourd_mpi.run.session import summarize
+from fourd_mpi.trace.store import TraceFileWriter, ranks_table
+from fourd_mpi.trace.read import check_invariants, load_trace
+from fourd_mpi.trace.events import (AXES, COMPUTE_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_STEP, OPS, PHASES,
                                RANK_STEP_DTYPE)
 
 OP = {name: i for i, name in enumerate(OPS)}

@@ -43,7 +43,7 @@ def test_analyze_formats(tmp_path):
     runs = {r["run_id"]: r for r in data["runs"]}
     assert runs["weak-8"]["world_size"] == 8 and runs["weak-8"]["grid"] == "1x2x2x2"
     # the analysis repeats the summary the run stored
-    from fourd_mpi.traceread import load_trace
+    from fourd_mpi.trace.read import load_trace
 
     summary = load_trace(str(SAMPLES / "weak-8.h5")).metadata["summary"]
     assert runs["weak-8"]["step_median_s"] == pytest.approx(summary["median_s"])

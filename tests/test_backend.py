@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fourd_mpi.backend import NumpyBackend, cupy_usable, make_backend, parse_dtype
+from fourd_mpi.core.backend import NumpyBackend, cupy_usable, make_backend, parse_dtype
 from fourd_mpi.errors import BackendError, ConfigError
 
 

@@ -3,10 +3,10 @@
 
 import pytest
 
-from fourd_mpi.collbench import (bus_factor, default_grids, fit_alpha_beta, imb_overlap, message_sizes,
+from fourd_mpi.perf.collbench import (bus_factor, default_grids, fit_alpha_beta, imb_overlap, message_sizes,
                                  osu_overlap)
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.grid import GridShape
+from fourd_mpi.core.grid import GridShape
 
 
 def test_message_sizes_are_whole_elements_per_rank():
@@ -47,9 +47,9 @@ def test_default_grids_cover_every_group_size():
 @pytest.mark.mpi
 @pytest.mark.parametrize("nranks, flags", [(3, []), (4, ["--gx", "2", "--gy", "2"])])
 def test_calibration_end_to_end(run_mpi, tmp_path, nranks, flags):
-    from fourd_mpi.machine import load_profile
-    from fourd_mpi.perfmodel import predict
-    from fourd_mpi.config import resolve_model
+    from fourd_mpi.perf.machine import load_profile
+    from fourd_mpi.perf.predict import predict
+    from fourd_mpi.step.presets import resolve_model
 
     out = tmp_path / "prof.yaml"
     table = tmp_path / "table.txt"

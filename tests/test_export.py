@@ -1,4 +1,4 @@
-"""fourd_mpi.export on a real 8-rank trace: Perfetto JSON structure, Caliper JSON read by Hatchet and Thicket."""
+"""fourd_mpi.analysis.export on a real 8-rank trace: Perfetto JSON structure, Caliper JSON read by Hatchet and Thicket."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from conftest import mpirun
-from fourd_mpi.export import to_caliper_json, to_perfetto, write_caliper_json, write_perfetto
-from fourd_mpi.traceread import load_trace
-from fourd_mpi.tracing import LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP
+from fourd_mpi.analysis.export import to_caliper_json, to_perfetto, write_caliper_json, write_perfetto
+from fourd_mpi.trace.read import load_trace
+from fourd_mpi.trace.events import LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP
 
 pytestmark = pytest.mark.mpi
 

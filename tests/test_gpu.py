@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, find_mpiexec, mpi_env
-from fourd_mpi.backend import cupy_usable
+from fourd_mpi.core.backend import cupy_usable
 
 GPU = cupy_usable()
 needs_gpu = pytest.mark.skipif(not GPU, reason="no usable GPU: CuPy is not installed or "
@@ -32,7 +32,7 @@ needs_gpu = pytest.mark.skipif(not GPU, reason="no usable GPU: CuPy is not insta
 def _direct_possible() -> bool:
     from mpi4py import MPI  # noqa: F401  (initializes MPI for the query)
 
-    from fourd_mpi.gpuaware import detect
+    from fourd_mpi.core.gpuaware import detect
 
     return detect().direct_ok
 
@@ -76,9 +76,9 @@ _DIRECT_VS_STAGED = """
 from dataclasses import replace
 import numpy as np
 from mpi4py import MPI
-from fourd_mpi.config import resolve_model
-from fourd_mpi.grid import GridShape
-from fourd_mpi.runtime import Run, RunOptions
+from fourd_mpi.step.presets import resolve_model
+from fourd_mpi.core.grid import GridShape
+from fourd_mpi.run.build import Run, RunOptions
 
 world = MPI.COMM_WORLD
 base = RunOptions(model=resolve_model("gpt-tiny"), grid=GridShape(1, 2, 1, 2), dtype="float64",
@@ -105,10 +105,10 @@ if world.Get_rank() == 0:
 def test_event_timed_gemms_are_sane():
     from mpi4py import MPI
 
-    from fourd_mpi.config import resolve_model
-    from fourd_mpi.grid import GridShape
-    from fourd_mpi.kernels import standalone_gemm_tflops
-    from fourd_mpi.runtime import Run, RunOptions
+    from fourd_mpi.step.presets import resolve_model
+    from fourd_mpi.core.grid import GridShape
+    from fourd_mpi.step.kernels import standalone_gemm_tflops
+    from fourd_mpi.run.build import Run, RunOptions
 
     model = resolve_model("gpt-small", hidden=1024, heads=16, layers=2, seq=256, batch=8)
     run = Run.build(MPI.COMM_SELF, RunOptions(model=model, grid=GridShape(1, 1, 1, 1), backend="cupy"),
@@ -131,7 +131,7 @@ def test_event_timed_gemms_are_sane():
 def test_staging_uses_pinned_pool_and_copy_stream():
     import cupy
 
-    from fourd_mpi.backend import CupyBackend
+    from fourd_mpi.core.backend import CupyBackend
 
     b = CupyBackend(np.float32, device_buffers="staged")
     x = cupy.arange(1024, dtype=cupy.float32)

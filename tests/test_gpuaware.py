@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fourd_mpi.gpuaware import GpuAwareness, decide, detect, library_family
+from fourd_mpi.core.gpuaware import GpuAwareness, decide, detect, library_family
 
 VERSIONS = [
     ("MPICH Version:      5.0.2\nMPICH Release date: ...", "MPICH"),
@@ -61,7 +61,7 @@ def test_this_machines_mpi_is_detected_without_touching_a_device():
 def test_smoke_expected_sum_is_exact():
     import numpy as np
 
-    from fourd_mpi.gpuaware import smoke_expected
+    from fourd_mpi.core.gpuaware import smoke_expected
 
     for size in (1, 2, 5, 64):
         contributions = [(np.arange(1024) % 251 + r).astype(np.float32) for r in range(size)]

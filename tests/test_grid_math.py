@@ -3,7 +3,7 @@
 import pytest
 
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.grid import GridShape, grid_factorizations, infer_grid_shape
+from fourd_mpi.core.grid import GridShape, grid_factorizations, infer_grid_shape
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from fourd_mpi import kernels
-from fourd_mpi.backend import NumpyBackend
+from fourd_mpi.step import kernels
+from fourd_mpi.core.backend import NumpyBackend
 
 
 class CountingHook:

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from fourd_mpi.grid import GridShape
-from fourd_mpi.layout import activation_layout, block_range, local_sequences, weight_layout, weight_shard_indices
-from fourd_mpi.synthetic import stream_id, uniform_at, uniform_block
+from fourd_mpi.core.grid import GridShape
+from fourd_mpi.core.layout import activation_layout, block_range, local_sequences, weight_layout, weight_shard_indices
+from fourd_mpi.step.synthetic import stream_id, uniform_at, uniform_block
 
 
 @pytest.mark.parametrize("n, k, go, gi, gz", [(12, 8, 3, 2, 4), (6, 6, 1, 1, 1), (16, 4, 2, 4, 2), (9, 6, 3, 3, 2)])

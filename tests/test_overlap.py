@@ -13,8 +13,8 @@ import json
 import pytest
 
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.grid import GridShape
-from fourd_mpi.overlap import OverlapConfig
+from fourd_mpi.core.grid import GridShape
+from fourd_mpi.step.overlap import OverlapConfig
 
 GRIDS = ["2x2x1x2", "1x2x2x2", "2x2x2x1", "1x4x1x2"]
 OVERLAPS = ["oag", "ors", "oar", "dp", "od", "cache", "all", "all,cache", "oag,ors"]

@@ -4,14 +4,14 @@ import os
 
 import pytest
 
-from fourd_mpi.config import ModelConfig, resolve_model
+from fourd_mpi.step.presets import ModelConfig, resolve_model
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.grid import GridShape
-from fourd_mpi.machine import PROFILE_SCHEMA, axis_placement, load_profile
-from fourd_mpi.memory import estimate_memory
-from fourd_mpi.overlap import OverlapConfig
-from fourd_mpi.perfmodel import predict
-from fourd_mpi.volumes import design_volume_elements, step_collectives, totals
+from fourd_mpi.core.grid import GridShape
+from fourd_mpi.perf.machine import PROFILE_SCHEMA, axis_placement, load_profile
+from fourd_mpi.perf.memory import estimate_memory
+from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.perf.predict import predict
+from fourd_mpi.perf.volumes import design_volume_elements, step_collectives, totals
 
 MLP = ModelConfig("m", "mlp", layers=1, hidden=8, heads=1, ffn_hidden=16, seq=4, batch=4)
 GRIDS = [GridShape(1, 1, 1, 1), GridShape(1, 2, 2, 2), GridShape(2, 1, 2, 1), GridShape(1, 4, 1, 2),
@@ -175,7 +175,7 @@ def test_prediction_is_alpha_beta_of_the_volumes(tmp_path):
 def test_ranking_with_a_slow_network_prefers_data_parallel_inside_nodes(tmp_path):
     """Inter-node bandwidth 1000x worse than intra: the tensor axes must stay inside the 4-rank nodes, so the
     winner of 8 ranks has G_data = 2 and tensor parallelism inside a node, or pure data parallelism."""
-    from fourd_mpi.tune import rank_grids
+    from fourd_mpi.perf.tune import rank_grids
 
     prof = _synthetic(tmp_path, 1e-12, 1e-6)
     cfg = resolve_model("gpt-small", layers=2, batch=8)
@@ -190,7 +190,7 @@ def test_ranking_with_a_slow_network_prefers_data_parallel_inside_nodes(tmp_path
 
 def test_ranking_free_network_prefers_least_compute(tmp_path):
     """With free communication the fastest grid is the one with the least replicated work per rank."""
-    from fourd_mpi.tune import rank_grids
+    from fourd_mpi.perf.tune import rank_grids
 
     prof = _synthetic(tmp_path, 0.0, 0.0)
     cfg = resolve_model("gpt-small", layers=2, batch=8)
@@ -225,9 +225,9 @@ def test_memory_matches_the_arrays_of_a_built_run(run_mpi, nranks, model):
 # -- calibration of the term weights (fourd-mpi model calibrate) ---------------------------
 
 def test_fit_term_weights_recovers_known_weights():
-    from fourd_mpi.grid import grid_factorizations
-    from fourd_mpi.machine import TERMS
-    from fourd_mpi.perfmodel import fit_term_weights, term_features
+    from fourd_mpi.core.grid import grid_factorizations
+    from fourd_mpi.perf.machine import TERMS
+    from fourd_mpi.perf.predict import fit_term_weights, term_features
 
     profile = load_profile("laptop")
     truth = {"gemm": 1.7, "attention": 9.0, "elementwise": 0.5, "calls": 30.0, "comm": 0.8, "sync": 0.0}
@@ -245,7 +245,7 @@ def test_fit_term_weights_recovers_known_weights():
 
 
 def test_fit_term_weights_needs_enough_runs():
-    from fourd_mpi.perfmodel import fit_term_weights, term_features
+    from fourd_mpi.perf.predict import fit_term_weights, term_features
 
     f = term_features(resolve_model("gpt-tiny"), GridShape(1, 2, 2, 2), load_profile("laptop"))
     with pytest.raises(ConfigError, match="at least"):

@@ -1,4 +1,4 @@
-"""Figures of fourd_mpi.plots: hand-built analysis frames and a real 8-rank trace."""
+"""Figures of fourd_mpi.analysis.plots: hand-built analysis frames and a real 8-rank trace."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ import matplotlib.image as mpimg  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
 from conftest import REPO, mpirun  # noqa: E402
-from fourd_mpi import plots  # noqa: E402
+from fourd_mpi.analysis import plots  # noqa: E402
 
 FORMATS = ("png", "svg", "pdf")
 
 
 # ---------------------------------------------------------------------------
-# hand-built frames (the column spec of fourd_mpi.analysis)
+# hand-built frames (the column spec of fourd_mpi.analysis.tables)
 # ---------------------------------------------------------------------------
 
 RUN_IDS = ["20260101-000000-aaaaaa", "20260101-000100-bbbbbb", "20260101-000200-fast-cccccc"]
@@ -220,7 +220,7 @@ def test_default_ranks_of_large_worlds():
 
 @pytest.fixture(scope="module")
 def real_trace(tmp_path_factory):
-    from fourd_mpi.traceread import load_trace
+    from fourd_mpi.trace.read import load_trace
 
     results = tmp_path_factory.mktemp("plot-trace")
     proc = mpirun(8, ["run", "--gx", 2, "--gy", 2, "--gz", 2, "--steps", 3, "--overlap", "all",
@@ -308,7 +308,7 @@ def test_timeline_invalid(real_trace, tmp_path):
 @pytest.mark.mpi
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_frames_of_real_trace(real_trace, tmp_path, fmt):
-    analysis = pytest.importorskip("fourd_mpi.analysis")
+    analysis = pytest.importorskip("fourd_mpi.analysis.tables")
     runs = analysis.runs_table([real_trace])
     bd = analysis.breakdown(real_trace)
     cm = analysis.comm_table(real_trace)

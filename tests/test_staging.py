@@ -13,10 +13,10 @@ import json
 import numpy as np
 import pytest
 
-from fourd_mpi.backend import (DTYPES, NumpyBackend, StagingPool, check_dtype_options, make_backend,
+from fourd_mpi.core.backend import (DTYPES, NumpyBackend, StagingPool, check_dtype_options, make_backend,
                                select_device)
 from fourd_mpi.errors import BackendError, ConfigError
-from fourd_mpi.runtime import choose_mpi_buffers
+from fourd_mpi.run.build import choose_mpi_buffers
 
 
 # pure pieces -------------------------------------------------------------------
@@ -134,8 +134,9 @@ def test_staged_equals_direct_bitwise(run_mpi, nranks):
 
 @pytest.mark.mpi
 def test_staged_trace_events(run_mpi, tmp_path):
-    from fourd_mpi import analysis, export
-    from fourd_mpi.traceread import check_invariants, load_trace
+    from fourd_mpi.analysis import tables as analysis
+    from fourd_mpi.analysis import export
+    from fourd_mpi.trace.read import check_invariants, load_trace
 
     proc = run_mpi(4, ["run", "--gz", "2", "--gx", "2", "--steps", "3", "--device-buffers", "staged",
                        "--overlap", "all", "--poll-flops", "5000", "--results-dir", tmp_path, "--run-id", "staged",
@@ -213,7 +214,7 @@ def test_info_reports_device_detection_and_buffers(run_mpi):
 
 
 def test_help_documents_the_numpy_emulation():
-    from fourd_mpi.cli import build_parser
+    from fourd_mpi.cli.main import build_parser
 
     run = build_parser()._subparsers._group_actions[0].choices["run"]
     text = " ".join(run.format_help().split())

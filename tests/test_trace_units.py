@@ -17,15 +17,15 @@ try:
 except ImportError:  # Python < 3.11
     import tomli as tomllib
 
-from fourd_mpi.cli import build_parser, resolved_config, _run_options
-from fourd_mpi.collectives import CommRecord
+from fourd_mpi.cli.main import build_parser, resolved_config, _run_options
+from fourd_mpi.core.collectives import CommRecord
 from fourd_mpi.errors import ConfigError, TraceError
-from fourd_mpi.runconfig import config_tokens, dump_toml, load_config_file
-from fourd_mpi.session import Fault, TraceOptions, summarize
-from fourd_mpi.tracestore import (RUN_META, RankSpool, TraceFileWriter, check_name, new_run_id, prepare_spool,
+from fourd_mpi.run.configfile import config_tokens, dump_toml, load_config_file
+from fourd_mpi.run.session import Fault, TraceOptions, summarize
+from fourd_mpi.trace.store import (RUN_META, RankSpool, TraceFileWriter, check_name, new_run_id, prepare_spool,
                                   read_records, recover)
-from fourd_mpi.traceread import check_invariants, load_trace
-from fourd_mpi.tracing import (AXES, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP, OPS, PHASES,
+from fourd_mpi.trace.read import check_invariants, load_trace
+from fourd_mpi.trace.events import (AXES, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP, OPS, PHASES,
                                RANK_STEP_DTYPE, SCHEMA_VERSION, Tracer, wire_factor)
 
 OP = {name: i for i, name in enumerate(OPS)}

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from fourd_mpi.config import resolve_model
+from fourd_mpi.step.presets import resolve_model
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.grid import GridShape
-from fourd_mpi.modelcheck import average_ranks, spearman
-from fourd_mpi.tune import top_grids
+from fourd_mpi.core.grid import GridShape
+from fourd_mpi.perf.validate import average_ranks, spearman
+from fourd_mpi.perf.tune import top_grids
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLES = os.path.join(REPO, "results", "samples")
@@ -66,7 +66,7 @@ def test_top_grids_for_the_sweep_agent():
 
 
 def test_emit_sweep_loads_as_a_sweep_spec(tmp_path):
-    sweepspec = pytest.importorskip("fourd_mpi.sweepspec")
+    sweepspec = pytest.importorskip("fourd_mpi.jobs.spec")
     path = tmp_path / "spec.yaml"
     proc = cli("tune", "--ranks", 8, "--model", "gpt-tiny", "--top", 3, "--overlap", "all", "--emit-sweep", path)
     assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,746 @@
+"""Figures of traces and of the frames of :mod:`fourd_mpi.analysis.tables` (matplotlib, Agg backend).
+
+>>> plot_scaling(scaling(runs, "weak"), "weak.png", mode="weak")   # step time + efficiency vs ranks
+>>> plot_breakdown(breakdown_df, runs, "breakdown.svg")             # stacked bars per run
+>>> plot_timeline(load_trace("run.h5"), "timeline.pdf")              # Gantt chart of one step
+>>> plot_overlap(comm_df, "overlap.png")                             # overlap_pct per collective
+
+Every function writes one file, whose format comes from the suffix of ``path`` (``.png``,
+``.svg`` or ``.pdf``), closes its figure and returns ``path``. Invalid input (an empty
+frame, a missing column, an unknown step, a rank out of range, another suffix) raises
+``ValueError`` with the reason.
+
+Colors are the same in every figure: compute ops in blues and greens, exposed communication
+(waits) in reds and oranges (one shade per grid axis), collectives in purple/brown/amber,
+everything else grey.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import matplotlib
+
+matplotlib.use("Agg", force=False)  # no display needed; harmless if pyplot already chose Agg
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
+
+__all__ = ["plot_scaling", "plot_breakdown", "plot_timeline", "plot_overlap", "FORMATS",
+           "CATEGORY_COLORS", "OP_COLORS"]
+
+FORMATS = (".png", ".svg", ".pdf")
+
+#: breakdown categories (compute ops, then the aggregate "compute" of traces below level op)
+COMPUTE_COLORS = {
+    "gemm": "#08519c",
+    "attention": "#4292c6",
+    "layernorm": "#9ecae1",
+    "gelu": "#238b45",
+    "loss": "#74c476",
+    "data": "#c7e9c0",
+    "optimizer": "#00441b",
+    "compute": "#4292c6",
+}
+#: exposed communication (waits) per grid axis
+WAIT_COLORS = {
+    "x": "#a50f15",
+    "y": "#e6550d",
+    "z": "#fd8d3c",
+    "data": "#fdd0a2",
+    "all": "#d7301f",
+    "none": "#d7301f",
+    "": "#d7301f",
+}
+OTHER_COLOR = "#9e9e9e"
+#: collectives on the comm lanes of the timeline
+COLLECTIVE_COLORS = {"allgather": "#7b4fb0", "reduce_scatter": "#8c564b", "allreduce": "#d4a017"}
+WAIT_COLOR = "#d62728"
+
+CATEGORY_COLORS = dict(COMPUTE_COLORS, other=OTHER_COLOR,
+                       **{f"exposed_comm:{a}": c for a, c in WAIT_COLORS.items() if a})
+OP_COLORS = dict(COMPUTE_COLORS, wait=WAIT_COLOR, **COLLECTIVE_COLORS)
+
+_COMPUTE_ORDER = ("gemm", "attention", "layernorm", "gelu", "loss", "data", "optimizer", "compute")
+_AXIS_ORDER = ("x", "y", "z", "data", "all", "none", "")
+_COLLECTIVE_ORDER = ("allgather", "reduce_scatter", "allreduce")
+_AGGREGATE_PHASES = ("all", "total", "step")
+
+OVERLAP_CAPTION = ("overlap = 100 \u00d7 (1 \u2212 wait / in-flight), aggregated over the measured steps and ranks: "
+                   "100 \u00d7 (1 \u2212 \u03a3 wait_ns / \u03a3 (complete_ns \u2212 issue_ns)).\n"
+                   "100 %: fully hidden behind compute; 0 %: the main thread was blocked from issue to completion.")
+
+_RC = {
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+    "xtick.labelsize": 9,
+    "ytick.labelsize": 9,
+    "legend.fontsize": 9,
+    "legend.title_fontsize": 9,
+    "figure.dpi": 100,
+    "savefig.dpi": 150,
+    "svg.fonttype": "none",  # text stays text in SVG (searchable, smaller)
+    "pdf.fonttype": 42,
+    "hatch.linewidth": 0.6,
+}
+
+
+# ---------------------------------------------------------------------------
+# shared helpers
+# ---------------------------------------------------------------------------
+
+def _check_path(path) -> str:
+    path = os.fspath(path)
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in FORMATS:
+        raise ValueError(f"cannot tell the figure format from {path!r}: the file name must end in "
+                         f"{', '.join(FORMATS)}")
+    return path
+
+
+def _save(fig: Figure, path: str) -> str:
+    try:
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        fig.savefig(path, format=os.path.splitext(path)[1].lower()[1:], bbox_inches="tight", pad_inches=0.08)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _check_frame(df, name: str, columns: Sequence[str]) -> None:
+    if df is None or not hasattr(df, "columns"):
+        raise ValueError(f"{name}: expected a pandas DataFrame, got {type(df).__name__}")
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{name}: missing column(s) {', '.join(missing)} (has {', '.join(map(str, df.columns))})")
+    if len(df) == 0:
+        raise ValueError(f"{name}: the frame is empty, nothing to plot")
+
+
+def _time_unit(max_seconds: float) -> Tuple[float, str]:
+    """Scale factor and unit name so that the largest value reads comfortably."""
+    if not np.isfinite(max_seconds) or max_seconds >= 1.0:
+        return 1.0, "s"
+    if max_seconds >= 1e-3:
+        return 1e3, "ms"
+    return 1e6, "\u00b5s"
+
+
+def _short(text, default: str = "") -> str:
+    """``"oag,ors (prefetch depth 1)"`` -> ``"oag,ors"``."""
+    if text is None or (isinstance(text, float) and math.isnan(text)):
+        return default
+    return str(text).split(" (")[0].strip() or default
+
+
+def _run_labels(run_ids: Sequence[str], runs_df=None) -> Dict[str, str]:
+    """``grid · overlap · label`` per run id (run id when unknown; made unique if needed)."""
+    info = {}
+    if runs_df is not None and hasattr(runs_df, "columns") and "run_id" in runs_df.columns:
+        for _, row in runs_df.drop_duplicates("run_id").iterrows():
+            info[str(row["run_id"])] = row
+    labels = {}
+    for rid in run_ids:
+        row = info.get(str(rid))
+        if row is None:
+            labels[rid] = str(rid)
+            continue
+        parts = []
+        if "grid" in row.index and _short(row["grid"]):
+            parts.append(str(row["grid"]))
+        if "overlap" in row.index:
+            parts.append("overlap " + _short(row["overlap"], "none").replace(",", ", "))
+        if "label" in row.index and _short(row["label"]):
+            parts.append(_short(row["label"]))
+        labels[rid] = "\n".join(parts) if parts else str(rid)
+    counts: Dict[str, int] = {}
+    for text in labels.values():
+        counts[text] = counts.get(text, 0) + 1
+    for rid, text in list(labels.items()):
+        if counts[text] > 1:  # two runs of the same configuration: tell them apart
+            labels[rid] = f"{text}\n{str(rid)[-6:]}"
+    return labels
+
+
+# ---------------------------------------------------------------------------
+# 1. scaling
+# ---------------------------------------------------------------------------
+
+def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = None) -> str:
+    """Step time and parallel efficiency against the number of ranks, one line per ``config_key``.
+
+    ``scaling_df``: :func:`fourd_mpi.analysis.tables.scaling` (columns ``config_key, world_size, grid,
+    step_median_s, speedup, efficiency, ideal_step_s``; ``group`` is used instead of
+    ``config_key`` when present). Left: median step time (log2 rank axis; weak: linear time
+    axis from 0, strong: log time axis); the ideal is dashed: ``T(base)`` for weak scaling,
+    ``T(base) * base / N`` for strong. Right: efficiency with the ideal 1.0 dashed. Where a
+    line has several runs of one rank count (several grids), the line goes through the fastest
+    and the others are shown as open markers. Points are annotated with their grid.
+    """
+    if mode not in ("weak", "strong"):
+        raise ValueError(f"plot_scaling: mode must be 'weak' or 'strong', got {mode!r}")
+    path = _check_path(path)
+    _check_frame(scaling_df, "plot_scaling", ["config_key", "world_size", "step_median_s", "efficiency"])
+    df = scaling_df.copy()
+    df["world_size"] = df["world_size"].astype(float)
+    df["step_median_s"] = df["step_median_s"].astype(float)
+    df["efficiency"] = df["efficiency"].astype(float)
+    df = df[np.isfinite(df["step_median_s"]) & (df["world_size"] > 0)]
+    if not len(df):
+        raise ValueError("plot_scaling: no row has a finite step time and a positive world size")
+    key = "group" if "group" in df.columns and df["group"].notna().all() else "config_key"
+    scale, unit = _time_unit(float(df["step_median_s"].max()))
+    sizes = sorted(set(int(v) for v in df["world_size"]))
+    groups = list(dict.fromkeys(df[key].astype(str)))
+    palette = plt.get_cmap("tab10")
+
+    with plt.rc_context(_RC):
+        fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(11.5, 4.4))
+        eff_max = 1.0
+        for i, name in enumerate(groups):
+            color = palette(i % 10)
+            g = df[df[key].astype(str) == name].sort_values(["world_size", "step_median_s"], kind="stable")
+            best = g.groupby("world_size", sort=True).head(1)  # fastest run per rank count
+            rest = g.drop(best.index)
+            n = best["world_size"].to_numpy()
+            t = best["step_median_s"].to_numpy()
+            base = n[0]
+            if "ideal_step_s" in best.columns and np.isfinite(best["ideal_step_s"].astype(float)).all():
+                ideal = best["ideal_step_s"].astype(float).to_numpy()
+            else:
+                ideal = np.full(len(n), t[0]) if mode == "weak" else t[0] * base / n
+            ax_t.plot(n, t * scale, "-o", color=color, lw=1.8, ms=6, label=name, zorder=3)
+            ax_t.plot(n, ideal * scale, "--", color=color, lw=1.2, alpha=0.8, zorder=2)
+            eff = best["efficiency"].to_numpy()
+            ax_e.plot(n, eff, "-o", color=color, lw=1.8, ms=6, label=name, zorder=3)
+            if len(rest):
+                ax_t.plot(rest["world_size"], rest["step_median_s"] * scale, "o", mfc="none", color=color, ms=6,
+                          zorder=3)
+                ax_e.plot(rest["world_size"], rest["efficiency"], "o", mfc="none", color=color, ms=6, zorder=3)
+            finite = np.concatenate([eff, rest["efficiency"].to_numpy()])
+            finite = finite[np.isfinite(finite)]
+            if len(finite):
+                eff_max = max(eff_max, float(finite.max()))
+            if "grid" in g.columns and len(groups) <= 3:
+                # weak lines rise: text above the point; strong lines fall: above and to the right
+                offset, ha = ((0, 7), "center") if mode == "weak" else ((6, 3), "left")
+                for _, row in g.iterrows():
+                    ax_t.annotate(str(row["grid"]), (row["world_size"], row["step_median_s"] * scale),
+                                  textcoords="offset points", xytext=offset, ha=ha, va="bottom", fontsize=7,
+                                  color=color)
+        ax_e.axhline(1.0, ls="--", color="0.35", lw=1.2, zorder=1)
+
+        for ax in (ax_t, ax_e):
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(FixedLocator(sizes))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{int(round(v))}"))
+            lo, hi = min(sizes), max(sizes)
+            ax.set_xlim(lo / 1.3, hi * 1.3)
+            ax.set_xlabel("MPI ranks (log\u2082 scale)")
+            ax.grid(True, which="major", color="0.88", lw=0.8)
+            ax.set_axisbelow(True)
+            if len(sizes) > 8:
+                plt.setp(ax.get_xticklabels(), rotation=45, ha="right")
+        if mode == "strong":
+            ax_t.set_yscale("log")
+            plain = FuncFormatter(lambda v, _: f"{v:g}")
+            ax_t.yaxis.set_major_formatter(plain)
+            ax_t.yaxis.set_minor_formatter(FuncFormatter(
+                lambda v, _: f"{v:g}" if f"{v:.1e}"[0] in "25" else ""))
+            lo, hi = ax_t.get_ylim()
+            ax_t.set_ylim(lo / 1.15, hi * 1.35)
+            ax_t.grid(True, which="minor", axis="y", color="0.94", lw=0.6)
+        else:
+            ax_t.set_ylim(0, float(df["step_median_s"].max()) * scale * 1.18)
+        ax_t.set_ylabel(f"median step time ({unit})")
+        ax_t.set_title(f"{mode.capitalize()} scaling: step time (dashed: ideal)")
+        ax_e.set_ylim(0, max(1.05, eff_max * 1.05))
+        ax_e.set_ylabel("parallel efficiency")
+        ax_e.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{100 * v:.0f} %"))
+        ideal_text = "T(base) / T(N)" if mode == "weak" else "T(base) \u00b7 base / (N \u00b7 T(N))"
+        ax_e.set_title(f"Efficiency = {ideal_text} (dashed: ideal)")
+        handles, labels = ax_t.get_legend_handles_labels()
+        ncol = 1 if len(groups) <= 4 else 2
+        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, frameon=False,
+                   title="configuration (model/overlap/progress[/label])")
+        if title:
+            fig.suptitle(title)
+        fig.tight_layout()
+        return _save(fig, path)
+
+
+# ---------------------------------------------------------------------------
+# 2. breakdown
+# ---------------------------------------------------------------------------
+
+def _segment_key(category: str, axis) -> str:
+    category = str(category)
+    if category == "exposed_comm":
+        a = "" if axis is None or (isinstance(axis, float) and math.isnan(axis)) else str(axis)
+        return f"exposed_comm:{a if a in ('x', 'y', 'z', 'data') else 'all'}"
+    return category
+
+
+def _segment_label(key: str) -> str:
+    if key.startswith("exposed_comm:"):
+        axis = key.split(":", 1)[1]
+        return "exposed comm (all axes)" if axis == "all" else f"exposed comm, {axis} axis"
+    return {"other": "other (overhead, issue, copies)", "compute": "compute (all ops)"}.get(key, key)
+
+
+def _segment_color(key: str, fallback: Iterable) -> str:
+    if key in CATEGORY_COLORS:
+        return CATEGORY_COLORS[key]
+    return next(fallback)
+
+
+def breakdown_matrix(breakdown_df, phase: Optional[str] = None):
+    """Seconds per step as a (run_id x segment) frame: the data behind :func:`plot_breakdown`.
+
+    Phases are summed (a frame with aggregate rows ``phase`` all/total/step and per-phase rows
+    would be counted twice, so the aggregate rows are used alone for the categories they
+    cover... unless ``phase`` selects one phase). Segments are compute categories, then
+    ``exposed_comm:<axis>``, then ``other``, then unknown categories.
+    """
+    import pandas as pd
+
+    df = breakdown_df.copy()
+    if phase is not None:
+        df = df[df["phase"].astype(str) == str(phase)]
+        if not len(df):
+            raise ValueError(f"plot_breakdown: no rows of phase {phase!r} "
+                             f"(phases: {', '.join(sorted(set(breakdown_df['phase'].astype(str))))})")
+    df["segment"] = [_segment_key(c, a) for c, a in zip(df["category"], df.get("axis", [""] * len(df)))]
+    df["seconds_per_step"] = df["seconds_per_step"].astype(float)
+    table = df.pivot_table(index="run_id", columns="segment", values="seconds_per_step", aggfunc="sum",
+                           fill_value=0.0, sort=False)
+    known = ([c for c in _COMPUTE_ORDER] + [f"exposed_comm:{a}" for a in ("x", "y", "z", "data", "all")]
+             + ["other"])
+    order = [c for c in known if c in table.columns] + [c for c in table.columns if c not in known]
+    return pd.DataFrame(table[order])
+
+
+def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: Optional[str] = None,
+                   orientation: str = "vertical", title: Optional[str] = None) -> str:
+    """Stacked bars of where the step time goes, one bar per run.
+
+    ``breakdown_df``: long frame of :func:`fourd_mpi.analysis.tables.breakdown` (``run_id, phase,
+    category, axis, seconds_per_step, share``), several runs concatenated; phases are summed
+    (``phase=`` picks one). ``runs_df``: :func:`fourd_mpi.analysis.tables.runs_table` rows, used for the
+    bar labels (grid, overlap, label) and the bar order; may be ``None`` (labels = run ids).
+    Segments: compute ops (blues/greens), exposed communication per axis (reds/oranges),
+    ``other`` (grey). ``normalize=True`` shows percent of the step instead of time per step.
+    ``orientation`` ``"vertical"`` (value on y) or ``"horizontal"``.
+    """
+    if orientation not in ("vertical", "horizontal"):
+        raise ValueError(f"plot_breakdown: orientation must be 'vertical' or 'horizontal', got {orientation!r}")
+    path = _check_path(path)
+    _check_frame(breakdown_df, "plot_breakdown", ["run_id", "phase", "category", "seconds_per_step"])
+    table = breakdown_matrix(breakdown_df, phase)
+    run_ids = list(table.index)
+    if runs_df is not None and hasattr(runs_df, "columns") and "run_id" in runs_df.columns:
+        ordered = [r for r in dict.fromkeys(runs_df["run_id"].astype(str)) if r in run_ids]
+        run_ids = ordered + [r for r in run_ids if r not in ordered]
+        table = table.loc[run_ids]
+    labels = _run_labels(run_ids, runs_df)
+    values = table.to_numpy(dtype=float)
+    negative = values < 0
+    clipped = bool(negative.any())
+    values = np.where(negative, 0.0, values)
+    totals = values.sum(axis=1)
+    if normalize:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            values = np.where(totals[:, None] > 0, 100.0 * values / totals[:, None], 0.0)
+        scale, unit_label = 1.0, "share of the step (%)"
+    else:
+        scale, unit = _time_unit(float(totals.max()) if len(totals) else 0.0)
+        values = values * scale
+        unit_label = f"time per step ({unit}), mean over ranks"
+
+    fallback = iter(plt.get_cmap("Set3").colors * 4)
+    segments = list(table.columns)
+    nbars = len(run_ids)
+    vertical = orientation == "vertical"
+    with plt.rc_context(_RC):
+        longest = max(len(line) for text in labels.values() for line in text.split("\n"))
+        if vertical:
+            width_in = max(5.5, min(18.0, 1.0 + nbars * max(0.9, 0.075 * longest)))
+            fig, ax = plt.subplots(figsize=(width_in, 4.8))
+        else:
+            fig, ax = plt.subplots(figsize=(9.0, max(2.6, 0.9 + 0.62 * nbars * max(1, max(
+                t.count("\n") + 1 for t in labels.values()) / 2))))
+        pos = np.arange(nbars)
+        bottom = np.zeros(nbars)
+        for j, seg in enumerate(segments):
+            color = _segment_color(seg, fallback)
+            kw = dict(color=color, edgecolor="white", linewidth=0.6, label=_segment_label(seg))
+            if seg.startswith("exposed_comm"):
+                kw.update(hatch="///", edgecolor="white")
+            if vertical:
+                ax.bar(pos, values[:, j], bottom=bottom, width=0.62, **kw)
+            else:
+                ax.barh(pos, values[:, j], left=bottom, height=0.62, **kw)
+            bottom += values[:, j]
+        top = float(bottom.max()) if nbars else 1.0
+        for i, total in enumerate(bottom):
+            text = f"{total:.0f} %" if normalize else f"{total:.3g} {unit}"
+            if vertical:
+                ax.text(pos[i], total + 0.01 * top, text, ha="center", va="bottom", fontsize=8)
+            else:
+                ax.text(total + 0.01 * top, pos[i], text, ha="left", va="center", fontsize=8)
+        ticklabels = [labels[r] for r in run_ids]
+        if vertical:
+            ax.set_xticks(pos)
+            ax.set_xticklabels(ticklabels, fontsize=8)
+            ax.set_ylabel(unit_label)
+            ax.set_ylim(0, 100 * 1.07 if normalize else top * 1.1)
+            ax.set_xlim(-0.6, nbars - 0.4)
+            ax.grid(True, axis="y", color="0.88")
+        else:
+            ax.set_yticks(pos)
+            ax.set_yticklabels(ticklabels, fontsize=8)
+            ax.invert_yaxis()
+            ax.set_xlabel(unit_label)
+            ax.set_xlim(0, 100 * 1.1 if normalize else top * 1.15)
+            ax.grid(True, axis="x", color="0.88")
+        ax.set_axisbelow(True)
+        handles, leg_labels = ax.get_legend_handles_labels()
+        ax.legend(handles[::-1] if vertical else handles, leg_labels[::-1] if vertical else leg_labels,
+                  loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="category")
+        head = title or ("Step time breakdown" + (f", phase {phase}" if phase else "")
+                         + (" (share of the step)" if normalize else ""))
+        ax.set_title(head)
+        if clipped:
+            fig.text(0.01, -0.02, "negative segments (clock rounding) were drawn as 0", fontsize=7, color="0.4")
+        fig.tight_layout()
+        return _save(fig, path)
+
+
+# ---------------------------------------------------------------------------
+# 3. timeline
+# ---------------------------------------------------------------------------
+
+_TIMELINE_MAX_RANKS = 16
+_TIMELINE_DEFAULT_RANKS = 8
+
+
+def _default_step(trace) -> int:
+    steps = trace.steps
+    if not len(steps):
+        raise ValueError(f"plot_timeline: {trace.path}: the trace has no steps")
+    measured = steps["step"][steps["warmup"] == 0]
+    return int(measured[0]) if len(measured) else int(steps["step"][-1])
+
+
+def _select_ranks(trace, ranks) -> Tuple[List[int], Optional[str]]:
+    world = int(trace.world_size)
+    if ranks is None:
+        if world <= _TIMELINE_MAX_RANKS:
+            return list(range(world)), None
+        return list(range(_TIMELINE_DEFAULT_RANKS)), f"ranks 0-{_TIMELINE_DEFAULT_RANKS - 1} of {world}"
+    if isinstance(ranks, (int, np.integer)):
+        ranks = [ranks]
+    out = []
+    for r in ranks:
+        if isinstance(r, bool) or not isinstance(r, (int, np.integer)):
+            raise ValueError(f"plot_timeline: ranks must be integers, got {r!r}")
+        if not 0 <= int(r) < world:
+            raise ValueError(f"plot_timeline: rank {int(r)} is out of range: the trace has ranks 0..{world - 1}")
+        if int(r) not in out:
+            out.append(int(r))
+    if not out:
+        raise ValueError("plot_timeline: ranks is empty")
+    note = None if len(out) == world else f"ranks {_compact(out)} of {world}"
+    return out, note
+
+
+def _compact(values: Sequence[int]) -> str:
+    values = sorted(values)
+    parts, start, prev = [], values[0], values[0]
+    for v in values[1:] + [None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ",".join(parts)
+
+
+def timeline_events(trace, step: Optional[int] = None, ranks=None):
+    """The events :func:`plot_timeline` draws: ``(events, step, ranks, note)``.
+
+    ``events`` are the host-lane (compute ops, waits) and comm-lane (collectives) rows of
+    ``trace.events`` of that step and those ranks.
+    """
+    from fourd_mpi.trace.events import LANE_COMM0, LANE_HOST
+
+    if step is None:
+        step = _default_step(trace)
+    elif isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+        raise ValueError(f"plot_timeline: step must be an integer, got {step!r}")
+    known = trace.steps["step"]
+    if int(step) not in set(int(s) for s in known):
+        steps_text = _compact([int(s) for s in known]) if len(known) else "none"
+        raise ValueError(f"plot_timeline: step {step} is not in the trace (steps: {steps_text})")
+    step = int(step)
+    shown, note = _select_ranks(trace, ranks)
+    ev = trace.events
+    mask = (ev["step"] == step) & np.isin(ev["rank"], np.asarray(shown, dtype=ev["rank"].dtype))
+    mask &= (ev["lane"] == LANE_HOST) | (ev["lane"] >= LANE_COMM0)
+    selected = ev[mask]
+    if not len(selected):
+        level = trace.metadata.get("level", "?")
+        raise ValueError(f"plot_timeline: step {step} of ranks {_compact(shown)} has no op events "
+                         f"(trace level {level!r}; the timeline needs --trace-level op)")
+    return selected, step, shown, note
+
+
+def _timeline_figure(trace, step: Optional[int] = None, ranks=None):
+    """Build the Gantt figure; returns ``(fig, info)`` with the numbers of bars drawn.
+
+    ``info``: ``step``, ``ranks``, ``events`` (rows selected), ``bars`` (dict: host compute
+    bars, wait bars, comm bars), ``collections`` (the PolyCollections of event bars, each with
+    ``gid`` ``"event:<rank>:<row>:<op>"``).
+    """
+    from fourd_mpi.trace.events import LANE_COMM0, LANE_HOST
+
+    ev, step, shown, note = timeline_events(trace, step, ranks)
+    ops = list(trace.vocab["ops"])
+    axes_vocab = list(trace.vocab["axes"])
+    rs = trace.rank_steps
+    rs = rs[(rs["step"] == step) & np.isin(rs["rank"], np.asarray(shown, dtype=rs["rank"].dtype))]
+    if len(rs):
+        t0 = int(rs["start_ns"].min())
+    else:
+        t0 = int(ev["start_ns"].min())
+    t_end = max(int(ev["end_ns"].max()), int(rs["end_ns"].max()) if len(rs) else 0)
+    span_ms = max((t_end - t0) * 1e-6, 1e-6)
+
+    lanes = ev["lane"].astype(np.int64)
+    is_comm = lanes >= LANE_COMM0
+    n_comm_lanes = int(lanes[is_comm].max() - LANE_COMM0 + 1) if is_comm.any() else 1
+    host_h, comm_h, gap = 0.8, max(0.6, min(1.4, 0.17 * n_comm_lanes)), 0.45
+    block = host_h + comm_h + gap
+    sub_h = comm_h / n_comm_lanes
+
+    nranks = len(shown)
+    height = 1.4 + nranks * block * 0.55
+    info = {"step": step, "ranks": shown, "events": int(len(ev)),
+            "bars": {"compute": 0, "wait": 0, "comm": 0}, "collections": []}
+    used_ops: List[str] = []
+    with plt.rc_context(_RC):
+        fig, ax = plt.subplots(figsize=(13.0, height))
+        yticks, yticklabels = [], []
+        min_text_ms = 0.035 * span_ms
+        for i, rank in enumerate(shown):
+            y_host = i * block  # top of the rank's block, axis inverted below
+            y_comm = y_host + host_h + 0.08
+            yticks += [y_host + host_h / 2, y_comm + comm_h / 2]
+            yticklabels += [f"rank {rank}  host", "comm"]
+            mine = ev[ev["rank"] == rank]
+            span = rs[rs["rank"] == rank]
+            if len(span):  # the rank's step span, light background
+                s0 = (int(span["start_ns"][0]) - t0) * 1e-6
+                s1 = (int(span["end_ns"][0]) - t0) * 1e-6
+                ax.broken_barh([(s0, s1 - s0)], (y_host - 0.04, host_h + comm_h + 0.16), facecolors="0.95",
+                               edgecolors="0.8", linewidth=0.5, zorder=0, gid=f"span:{rank}")
+            host = mine[mine["lane"] == LANE_HOST]
+            for code in np.unique(host["op"]):
+                name = ops[int(code)]
+                rows = host[host["op"] == code]
+                x = (rows["start_ns"] - t0).astype(np.float64) * 1e-6
+                w = (rows["end_ns"] - rows["start_ns"]).astype(np.float64) * 1e-6
+                if name == "wait":
+                    kw = dict(facecolors="#f6b3b3", edgecolors=WAIT_COLOR, hatch="////", linewidth=0.5)
+                    info["bars"]["wait"] += len(rows)
+                else:
+                    kw = dict(facecolors=OP_COLORS.get(name, OTHER_COLOR), edgecolors="none", linewidth=0)
+                    info["bars"]["compute"] += len(rows)
+                coll = ax.broken_barh(np.column_stack([x, w]), (y_host, host_h), zorder=2,
+                                      gid=f"event:{rank}:host:{name}", **kw)
+                info["collections"].append(coll)
+                if name not in used_ops:
+                    used_ops.append(name)
+            comm = mine[mine["lane"] >= LANE_COMM0]
+            for lane in np.unique(comm["lane"]):
+                on_lane = comm[comm["lane"] == lane]
+                k = int(lane) - LANE_COMM0
+                y = y_comm + k * sub_h
+                for code in np.unique(on_lane["op"]):
+                    name = ops[int(code)]
+                    rows = on_lane[on_lane["op"] == code]
+                    x = (rows["start_ns"] - t0).astype(np.float64) * 1e-6
+                    w = (rows["end_ns"] - rows["start_ns"]).astype(np.float64) * 1e-6
+                    coll = ax.broken_barh(np.column_stack([x, w]), (y + 0.06 * sub_h, 0.88 * sub_h), zorder=2,
+                                          facecolors=COLLECTIVE_COLORS.get(name, OTHER_COLOR), alpha=0.7,
+                                          edgecolors="white", linewidth=0.3,
+                                          gid=f"event:{rank}:comm{k}:{name}")
+                    info["collections"].append(coll)
+                    info["bars"]["comm"] += len(rows)
+                    if name not in used_ops:
+                        used_ops.append(name)
+                    wide = w >= min_text_ms
+                    if sub_h >= 0.13 and wide.any():
+                        for xs, ws, a in zip(x[wide], w[wide], rows["axis"][wide]):
+                            ax.text(xs + ws / 2, y + sub_h / 2, axes_vocab[int(a)], ha="center", va="center",
+                                    fontsize=6, color="black", zorder=3, clip_on=True)
+        ax.set_yticks(yticks)
+        ax.set_yticklabels(yticklabels, fontsize=8 if nranks <= 8 else 7)
+        ax.set_ylim(nranks * block - gap + 0.15, -0.2)
+        ax.set_xlim(-0.01 * span_ms, span_ms * 1.01)
+        ax.set_xlabel("time from the step start (ms; earliest start over the shown ranks)")
+        ax.grid(True, axis="x", color="0.9", lw=0.6)
+        ax.set_axisbelow(True)
+        for i in range(1, nranks):
+            ax.axhline(i * block - gap / 2, color="0.75", lw=0.6)
+        meta = trace.metadata
+        run_id = meta.get("run_id") or trace.attrs.get("run_id") or os.path.basename(trace.path)
+        warm = trace.steps["warmup"][trace.steps["step"] == step]
+        step_text = f"step {step}" + (" (warm-up)" if len(warm) and warm[0] else "")
+        overlap = _short(meta.get("overlap"), "")
+        head = f"{run_id}: grid {meta.get('grid', '?')}, {step_text}"
+        if overlap:
+            head += f", overlap {overlap}"
+        if note:
+            head += f"\nshowing {note}"
+        ax.set_title(head)
+        order = [o for o in _COMPUTE_ORDER if o in used_ops] + (["wait"] if "wait" in used_ops else []) + \
+                [o for o in _COLLECTIVE_ORDER if o in used_ops] + \
+                [o for o in used_ops if o not in _COMPUTE_ORDER + _COLLECTIVE_ORDER + ("wait",)]
+        handles = []
+        for name in order:
+            if name == "wait":
+                handles.append(Patch(facecolor="#f6b3b3", edgecolor=WAIT_COLOR, hatch="////",
+                                     label="wait (blocked)"))
+            elif name in COLLECTIVE_COLORS:
+                handles.append(Patch(facecolor=COLLECTIVE_COLORS[name], alpha=0.7,
+                                     label=f"{name} (in flight)"))
+            else:
+                handles.append(Patch(facecolor=OP_COLORS.get(name, OTHER_COLOR), label=name))
+        handles.append(Patch(facecolor="0.95", edgecolor="0.8", label="step span of the rank"))
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="host: op\n"
+                  "comm: collective on its lane\n(letter = grid axis)")
+        fig.tight_layout()
+    return fig, info
+
+
+def plot_timeline(trace, path, step: Optional[int] = None, ranks=None) -> str:
+    """Gantt chart of one step of a trace loaded with :func:`fourd_mpi.trace.read.load_trace`.
+
+    One row group per rank: ``host`` (compute ops colored by op, waits hatched red) and
+    ``comm`` (collectives from issue to observed completion on their ``comm<i>`` packing
+    lanes, colored by op, axis letter on the wider bars). x: milliseconds from the earliest
+    step start over the shown ranks. ``step``: default the first measured (non-warm-up) step,
+    else the last. ``ranks``: an int or a list of ints; default all ranks up to 16, else ranks
+    0-7 (noted in the title). Needs a trace at level ``op``.
+    """
+    path = _check_path(path)
+    fig, _info = _timeline_figure(trace, step, ranks)
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------------------
+# 4. overlap
+# ---------------------------------------------------------------------------
+
+def overlap_matrix(comm_df):
+    """overlap_pct as a (collective ``op axis``) x run_id frame: the data behind :func:`plot_overlap`.
+
+    Rows with extra keys (``phase``, ``layer``) are merged: from ``wait_s_per_step`` and
+    ``inflight_s_per_step`` when present (exactly the aggregate formula), else weighted by
+    ``messages_per_step``.
+    """
+    import pandas as pd
+
+    df = comm_df.copy()
+    df["collective"] = df["op"].astype(str) + " " + df["axis"].astype(str)
+    df["overlap_pct"] = df["overlap_pct"].astype(float)
+    rows = []
+    for (coll, rid), g in df.groupby(["collective", "run_id"], sort=False):
+        if len(g) == 1:
+            value = float(g["overlap_pct"].iloc[0])
+        elif {"wait_s_per_step", "inflight_s_per_step"} <= set(g.columns):
+            flight = float(g["inflight_s_per_step"].astype(float).sum())
+            value = 100.0 * (1.0 - float(g["wait_s_per_step"].astype(float).sum()) / flight) if flight > 0 \
+                else float("nan")
+        else:
+            weight = g["messages_per_step"].astype(float) if "messages_per_step" in g.columns \
+                else pd.Series(1.0, index=g.index)
+            ok = np.isfinite(g["overlap_pct"])
+            value = float(np.average(g["overlap_pct"][ok], weights=weight[ok])) if ok.any() else float("nan")
+        rows.append((coll, str(rid), value))
+    out = pd.DataFrame(rows, columns=["collective", "run_id", "overlap_pct"])
+    table = out.pivot(index="collective", columns="run_id", values="overlap_pct")
+    op_rank = {name: i for i, name in enumerate(_COLLECTIVE_ORDER)}
+    axis_rank = {name: i for i, name in enumerate(_AXIS_ORDER)}
+
+    def sort_key(name):
+        op, _, axis = name.partition(" ")
+        return (op_rank.get(op, 99), axis_rank.get(axis, 99), name)
+
+    table = table.loc[sorted(table.index, key=sort_key)]
+    return table[list(dict.fromkeys(df["run_id"].astype(str)))]
+
+
+def plot_overlap(comm_df, path, runs_df=None, title: Optional[str] = None) -> str:
+    """Grouped bars of ``overlap_pct`` per collective (op + axis), one bar per run, 0-100 %.
+
+    ``comm_df``: :func:`fourd_mpi.analysis.tables.comm_table` of one or more runs (concatenated).
+    ``runs_df`` (optional): runs table for the legend labels (grid, overlap, label).
+    Values are annotated on the bars; the caption states the formula.
+    """
+    path = _check_path(path)
+    _check_frame(comm_df, "plot_overlap", ["run_id", "op", "axis", "overlap_pct"])
+    table = overlap_matrix(comm_df)
+    collectives = list(table.index)
+    run_ids = list(table.columns)
+    labels = _run_labels(run_ids, runs_df)
+    ncoll, nruns = len(collectives), len(run_ids)
+    values = table.to_numpy(dtype=float)
+    palette = plt.get_cmap("tab10" if nruns <= 10 else "tab20")
+    with plt.rc_context(_RC):
+        widest = max(len(c.partition(" ")[0]) for c in collectives)
+        width_in = max(6.5, min(22.0, 1.6 + ncoll * max(0.11 * widest + 0.2, 0.55 + 0.42 * nruns)))
+        fig, ax = plt.subplots(figsize=(width_in, 4.6))
+        group_w = 0.8
+        bar_w = group_w / nruns
+        x = np.arange(ncoll)
+        vertical_text = nruns > 2 or ncoll * nruns > 14
+        for j, rid in enumerate(run_ids):
+            offs = x - group_w / 2 + (j + 0.5) * bar_w
+            v = values[:, j]
+            drawn = np.where(np.isfinite(v), np.clip(v, 0, 100), 0.0)
+            ax.bar(offs, drawn, width=bar_w * 0.92, color=palette(j % palette.N), edgecolor="white",
+                   linewidth=0.5, label=labels[rid].replace("\n", " \u00b7 "))
+            for xo, val, d in zip(offs, v, drawn):
+                text = "n/a" if not np.isfinite(val) else f"{val:.0f}"
+                if vertical_text:
+                    ax.text(xo, d + 1.5, text, ha="center", va="bottom", fontsize=7, rotation=90)
+                else:
+                    ax.text(xo, d + 1.2, text + ("" if text == "n/a" else " %"), ha="center", va="bottom",
+                            fontsize=8)
+        ax.set_xticks(x)
+        ax.set_xticklabels([c.replace(" ", "\n", 1) for c in collectives])
+        ax.set_xlim(-0.6, ncoll - 0.4)
+        ax.set_ylim(0, 112 if vertical_text else 108)
+        ax.set_yticks(np.arange(0, 101, 20))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0f} %"))
+        ax.set_ylabel("communication overlapped with compute (%)")
+        ax.set_xlabel("collective (op, grid axis)")
+        ax.grid(True, axis="y", color="0.88")
+        ax.set_axisbelow(True)
+        ax.set_title(title or "Overlap of collectives with compute")
+        if nruns > 1 or runs_df is not None:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="run")
+        fig.tight_layout()
+        fig.text(0.01, -0.01, OVERLAP_CAPTION, ha="left", va="top", fontsize=8, color="0.25", wrap=False)
+        return _save(fig, path)

@@ -1,0 +1,654 @@
+"""Analysis of trace files (pure pandas/NumPy, no MPI): the API behind ``fourd-mpi analyze TRACE...``.
+
+>>> traces, problems = collect(["results/"])          # files, directories, globs; bad files -> problems
+>>> runs = runs_table(traces)                          # one row per run
+>>> breakdown(traces[0]); comm_table(traces[0])        # where the step time goes; collectives
+>>> scaling(runs, "weak"); compare(runs)               # across runs
+>>> print(format_table(runs, "table"))
+
+Conventions shared by every function:
+
+- *Measured steps* are those of ``/rank_steps`` with ``warmup == 0``; all steps if every step
+  is warm-up (as :func:`fourd_mpi.run.session.summarize`, the run summary, which
+  :func:`runs_table` calls so that its numbers agree with the summary stored in the trace).
+- "Per step" quantities are averages over the measured (rank, step) records, i.e. per rank
+  and per step, mean over ranks.
+- Times are seconds, sizes bytes, bandwidths GB/s (1e9 bytes/s = bytes/ns).
+
+Everything is vectorized over events (integer codes, ``np.bincount``): a trace of 1024 ranks
+with two million events is analysed in seconds.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import math
+import os
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pandas as pd
+
+from fourd_mpi.errors import TraceError
+from fourd_mpi.run.session import summarize
+from fourd_mpi.trace.read import Trace, load_trace
+from fourd_mpi.trace.events import COMPUTE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST, wire_factor
+
+RUN_COLUMNS = [
+    "run_id", "path", "status", "label", "model", "world_size", "grid", "gdata", "gz", "gy", "gx", "overlap",
+    "progress", "level", "steps", "step_median_s", "step_min_s", "step_max_s", "step_q1_s", "step_q3_s",
+    "compute_share", "wait_share", "other_share", "tflops_per_rank", "peak_tflops", "percent_of_peak",
+    "tokens_per_s", "imbalance", "tokens_per_step", "model_flops_per_step", "config_key",
+]
+BREAKDOWN_COLUMNS = ["run_id", "phase", "category", "axis", "seconds_per_step", "share"]
+COMM_COLUMNS = [
+    "run_id", "op", "axis", "group_size", "messages_per_step", "bytes_per_step", "wire_bytes_per_step",
+    "bytes_per_message", "inflight_median_s", "inflight_s_per_step", "wait_s_per_step", "algbw_gbps",
+    "busbw_gbps", "overlap_pct", "formula",
+]
+SCALING_COLUMNS = ["config_key", "world_size", "grid", "step_median_s", "speedup", "efficiency", "ideal_step_s",
+                   "group", "run_id", "tokens_per_step"]
+COMPARE_COLUMNS = [
+    "model", "world_size", "tokens_per_step", "grid", "overlap", "progress", "label", "run_id", "step_median_s",
+    "step_q1_s", "step_q3_s", "compute_share", "wait_share", "other_share", "imbalance", "tflops_per_rank",
+    "percent_of_peak", "vs_best",
+]
+FORMATS = ("table", "csv", "json", "markdown")
+
+OVERLAP_FORMULA = "overlap_pct = 100 * (1 - sum(wait_ns) / sum(complete_ns - issue_ns))"
+COMM_FORMULAS = {
+    "overlap_pct": OVERLAP_FORMULA,
+    "algbw_gbps": "algbw = sum(bytes) / sum(complete_ns - issue_ns)  [bytes/ns = GB/s; nccl-tests size / time]",
+    "busbw_gbps": "busbw = algbw * k * (n - 1) / n, k = 2 for allreduce, 1 for allgather and reduce_scatter, "
+                  "n = size of the axis",
+    "per_step": "messages/bytes/wire_bytes/inflight/wait per step = sum over measured steps and ranks "
+                "/ (ranks * measured steps)",
+}
+
+
+# ---------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------
+
+def _expand(path: str) -> Tuple[List[str], Optional[str]]:
+    """Files named by one argument (file, directory of *.h5, or glob), or a reason it names none."""
+    if os.path.isdir(path):
+        found = sorted(p for p in glob.glob(os.path.join(glob.escape(path), "*.h5")) if os.path.isfile(p))
+        return found, (None if found else "directory holds no *.h5 file")
+    if os.path.exists(path):
+        return [path], None
+    if glob.has_magic(path):
+        found = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+        return found, (None if found else "no file matches the pattern")
+    return [], "no such file or directory"
+
+
+def collect(paths: Union[str, Iterable[str]]) -> Tuple[List[Trace], List[Tuple[str, str]]]:
+    """Load every trace named by ``paths``: files, directories (their ``*.h5``, sorted) or globs.
+
+    Returns ``(traces, problems)``; ``problems`` holds ``(path, reason)`` for every argument that
+    names no file and every file :func:`~fourd_mpi.trace.read.load_trace` refused (the reason is the
+    :class:`~fourd_mpi.errors.TraceError` message). Never raises for a bad file. A file named twice is
+    loaded once.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    traces: List[Trace] = []
+    problems: List[Tuple[str, str]] = []
+    seen = set()
+    for arg in paths:
+        arg = os.fspath(arg)
+        files, reason = _expand(arg)
+        if reason is not None:
+            problems.append((arg, reason))
+        for path in files:
+            key = os.path.realpath(path)
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                traces.append(load_trace(path))
+            except TraceError as exc:
+                problems.append((path, str(exc)))
+            except Exception as exc:  # never raise for a bad file
+                problems.append((path, f"{path} could not be read: {type(exc).__name__}: {exc}"))
+    return traces, problems
+
+
+# ---------------------------------------------------------------------------
+# per-run facts
+# ---------------------------------------------------------------------------
+
+def _grid(trace: Trace) -> Dict[str, int]:
+    """Axis sizes ``{"data", "z", "y", "x"}`` from metadata ``run_options`` (else the ``grid`` string)."""
+    ro = trace.metadata.get("run_options") or {}
+    g = ro.get("grid") if isinstance(ro, dict) else None
+    if isinstance(g, dict) and all(k in g for k in ("data", "z", "y", "x")):
+        return {k: int(g[k]) for k in ("data", "z", "y", "x")}
+    text = str(trace.metadata.get("grid", ""))
+    try:
+        d, z, y, x = (int(v) for v in text.split("x"))
+        return {"data": d, "z": z, "y": y, "x": x}
+    except ValueError:
+        return {"data": 0, "z": 0, "y": 0, "x": 0}
+
+
+def _model_name(trace: Trace) -> str:
+    """The model preset name; with its shape appended when it was changed from the preset's."""
+    ro = trace.metadata.get("run_options") or {}
+    model = ro.get("model") if isinstance(ro, dict) else None
+    config = trace.metadata.get("config") or {}
+    if not isinstance(model, dict):
+        return str(config.get("model", "?"))
+    name = str(model.get("name", config.get("model", "?")))
+    fields = ("layers", "hidden", "heads", "ffn_hidden", "seq")
+    try:
+        from fourd_mpi.step.presets import PRESETS
+
+        preset = PRESETS.get(name)
+    except Exception:  # pragma: no cover - the presets are pure Python
+        preset = None
+    if preset is not None and all(model.get(f) == getattr(preset, f) for f in fields):
+        return name
+    if all(f in model for f in fields):
+        return (f"{name}(L{model['layers']},h{model['hidden']},a{model['heads']},f{model['ffn_hidden']},"
+                f"s{model['seq']})")
+    return name
+
+
+def _short(text, default: str = "") -> str:
+    """``"oag,ors (prefetch depth 1)"`` -> ``"oag,ors"``; ``"poll (Testsome ...)"`` -> ``"poll"``."""
+    if text is None:
+        return default
+    return str(text).split(" (")[0].strip() or default
+
+
+def _label(trace: Trace) -> str:
+    config = trace.metadata.get("config") or {}
+    label = config.get("label") if isinstance(config, dict) else None
+    return "" if label in (None, "") else str(label)
+
+
+def config_key(model: str, overlap: str, progress: str, label: str = "") -> str:
+    """What a scaling line groups by: ``model/overlap/progress[/label]`` (no rank count, no grid)."""
+    return "/".join([model, overlap or "none", progress or "?"] + ([label] if label else []))
+
+
+def _measured_records(rank_steps: np.ndarray) -> np.ndarray:
+    """The non-warm-up step records; all of them if every step is warm-up (as ``summarize``)."""
+    measured = rank_steps[rank_steps["warmup"] == 0]
+    return measured if len(measured) else rank_steps
+
+
+def _imbalance(measured: np.ndarray) -> float:
+    """max over ranks / mean over ranks of per-rank compute time per measured step."""
+    if not len(measured):
+        return float("nan")
+    ranks, inverse = np.unique(measured["rank"], return_inverse=True)
+    busy = np.bincount(inverse, weights=measured["compute_ns"].astype(np.float64), minlength=len(ranks))
+    steps = np.bincount(inverse, minlength=len(ranks))
+    per_step = busy / np.maximum(steps, 1)
+    mean = per_step.mean()
+    return float(per_step.max() / mean) if mean > 0 else float("nan")
+
+
+def run_row(trace: Trace) -> Dict:
+    """One row of :func:`runs_table` (a dict with :data:`RUN_COLUMNS`)."""
+    meta = trace.metadata
+    grid = _grid(trace)
+    world = int(meta.get("world_size", trace.world_size) or trace.world_size)
+    flops = float(meta.get("model_flops_per_step", float("nan")))
+    tokens = meta.get("tokens_per_step")
+    tokens = int(tokens) if tokens is not None else 0
+    stored = meta.get("summary") if isinstance(meta.get("summary"), dict) else {}
+    peak = stored.get("peak_tflops")
+    if peak is None:
+        config = meta.get("config") or {}
+        peak = config.get("peak-tflops") if isinstance(config, dict) else None
+    peak = float("nan") if peak is None else float(peak)
+    model = _model_name(trace)
+    overlap = _short(meta.get("overlap") or (meta.get("run_options") or {}).get("overlap"), "none")
+    progress = _short(meta.get("progress") or (meta.get("run_options") or {}).get("progress"), "?")
+    label = _label(trace)
+    nan = float("nan")
+    row = dict(run_id=str(meta.get("run_id") or trace.attrs.get("run_id") or os.path.basename(trace.path)),
+               path=trace.path, status=trace.status, label=label, model=model, world_size=world,
+               grid=str(meta.get("grid") or "x".join(str(grid[k]) for k in ("data", "z", "y", "x"))),
+               gdata=grid["data"], gz=grid["z"], gy=grid["y"], gx=grid["x"], overlap=overlap, progress=progress,
+               level=str(meta.get("level", "")), steps=0, step_median_s=nan, step_min_s=nan, step_max_s=nan,
+               step_q1_s=nan, step_q3_s=nan, compute_share=nan, wait_share=nan, other_share=nan,
+               tflops_per_rank=nan, peak_tflops=peak, percent_of_peak=nan, tokens_per_s=nan, imbalance=nan,
+               tokens_per_step=tokens, model_flops_per_step=flops,
+               config_key=config_key(model, overlap, progress, label))
+    if len(trace.rank_steps):
+        s = summarize(trace.rank_steps, world, flops, tokens, peak, "")
+        row.update(steps=s.steps, step_median_s=s.median_s, step_min_s=s.min_s, step_max_s=s.max_s,
+                   step_q1_s=s.q1_s, step_q3_s=s.q3_s, compute_share=s.compute_share, wait_share=s.wait_share,
+                   other_share=s.other_share, tflops_per_rank=s.model_tflops_per_rank,
+                   percent_of_peak=(100.0 * s.model_tflops_per_rank / peak
+                                    if math.isfinite(peak) and peak > 0 else nan),
+                   tokens_per_s=s.tokens_per_s, imbalance=_imbalance(_measured_records(trace.rank_steps)))
+    return row
+
+
+def runs_table(traces: Sequence[Trace]) -> pd.DataFrame:
+    """One row per trace, columns :data:`RUN_COLUMNS` (in that order).
+
+    Step statistics are those of :func:`fourd_mpi.run.session.summarize` over the measured
+    (non-warm-up) steps, recomputed from ``/rank_steps``, so they equal the summary stored in
+    the trace: a step's time is the maximum over ranks of its span; ``step_q1_s``/``step_q3_s``
+    are NumPy's linear-interpolation quantiles; ``compute_share``/``wait_share`` = sum of
+    ``compute_ns``/``wait_ns`` over ranks and steps / sum of the step spans, ``other_share`` =
+    max(0, 1 - both); ``tflops_per_rank`` = model FLOPs per step / world size / median step time;
+    ``tokens_per_s`` = tokens per step / median step time.
+
+    - ``steps``: number of measured steps.
+    - ``peak_tflops``: the peak recorded in the trace's summary (NaN for recovered traces);
+      ``percent_of_peak`` = 100 * tflops_per_rank / peak_tflops.
+    - ``imbalance`` = max over ranks / mean over ranks of the per-rank busy (compute) time per
+      measured step (``compute_ns`` of ``/rank_steps``); 1.0 is perfectly balanced.
+    - ``overlap`` and ``progress`` are the short forms (``"oag,ors,oar,dp,od"``, ``"poll"``);
+      ``model`` is the preset name, with ``(L..,h..,a..,f..,s..)`` appended if its shape was changed.
+    - ``config_key`` = ``model/overlap/progress[/label]``: what a scaling line groups by
+      (independent of rank count, grid and batch).
+    - A trace without step records has NaN statistics and ``steps`` 0.
+    """
+    rows = [run_row(t) for t in traces]
+    df = pd.DataFrame(rows, columns=RUN_COLUMNS)
+    for column in ("world_size", "gdata", "gz", "gy", "gx", "steps", "tokens_per_step"):
+        df[column] = df[column].astype(np.int64)
+    return df
+
+
+def _as_runs(runs) -> pd.DataFrame:
+    if isinstance(runs, pd.DataFrame):
+        return runs
+    return runs_table(list(runs))
+
+
+# ---------------------------------------------------------------------------
+# one run: where the step time goes, collectives
+# ---------------------------------------------------------------------------
+
+def _measured_mask(trace: Trace, measured: np.ndarray) -> np.ndarray:
+    """Events of the measured steps (by step index)."""
+    steps = np.unique(measured["step"])
+    ev_steps = trace.events["step"]
+    if len(steps) and steps[-1] - steps[0] + 1 == len(steps):  # contiguous: two comparisons, no isin
+        return (ev_steps >= steps[0]) & (ev_steps <= steps[-1])
+    return np.isin(ev_steps, steps)
+
+
+def _run_id(trace: Trace) -> str:
+    return str(trace.metadata.get("run_id") or trace.attrs.get("run_id") or os.path.basename(trace.path))
+
+
+def breakdown(trace: Trace) -> pd.DataFrame:
+    """Where the step time goes, long format: columns :data:`BREAKDOWN_COLUMNS`.
+
+    Over the measured steps, per step and averaged over ranks: ``seconds_per_step`` = sum over
+    the measured (rank, step) records / their number. The total is the mean step span (a rank's
+    ``end_ns - start_ns``), and ``share`` = seconds_per_step / that total, so the shares of a run
+    sum to 1 (and the compute rows sum to ``runs_table``'s ``compute_share``).
+
+    Level ``op`` (events):
+
+    - ``category`` a compute op (``data gemm attention layernorm gelu loss optimizer``),
+      ``phase`` its phase, ``axis`` ``"none"``: sum of the op's event durations;
+    - ``category`` ``exposed_comm``, ``axis`` ``x``/``y``/``z``/``data``, ``phase`` that of the
+      collective: sum of ``wait`` event durations (time the main thread was blocked);
+    - ``category`` ``other``, ``phase`` ``"all"``, ``axis`` ``"none"``: step span minus all of
+      the above (Python overhead, buffer preparation, issuing collectives, ...).
+
+    Levels ``step``/``layer`` (no op events): three rows from ``/rank_steps`` with ``phase`` and
+    ``axis`` ``"all"``: ``compute`` (``compute_ns``), ``exposed_comm`` (``wait_ns``) and ``other``.
+    ``other`` is not clipped at 0 (it cannot be negative in a trace that passes
+    ``check_invariants``).
+    """
+    run_id = _run_id(trace)
+    measured = _measured_records(trace.rank_steps)
+    n = len(measured)
+    if n == 0:
+        return pd.DataFrame(columns=BREAKDOWN_COLUMNS)
+    span = float((measured["end_ns"] - measured["start_ns"]).astype(np.float64).sum()) / n
+    rows = []
+    ops, phases, axes = trace.vocab["ops"], trace.vocab["phases"], trace.vocab["axes"]
+    if trace.metadata.get("level", "op") == "op" and "wait" in ops:
+        ev = trace.events
+        mask = _measured_mask(trace, measured) & (ev["lane"] == LANE_HOST)
+        # column by column: fancy-indexing whole (packed, 78-byte) records is several times slower
+        picked = np.flatnonzero(mask)
+        host = {c: ev[c][picked] for c in ("op", "phase", "axis", "start_ns", "end_ns")}
+        dur = (host["end_ns"] - host["start_ns"]).astype(np.float64)
+        op = host["op"].astype(np.int64)
+        phase = host["phase"].astype(np.int64)
+        nop, nph, nax = len(ops), len(phases), len(axes)
+        compute_codes = [ops.index(name) for name in COMPUTE_OPS if name in ops]
+        is_compute = np.isin(op, compute_codes)
+        sums = np.bincount(phase[is_compute] * nop + op[is_compute], weights=dur[is_compute],
+                           minlength=nph * nop)
+        counts = np.bincount(phase[is_compute] * nop + op[is_compute], minlength=nph * nop)
+        for p in range(nph):
+            for o in compute_codes:
+                if counts[p * nop + o]:
+                    rows.append((phases[p], ops[o], "none", sums[p * nop + o] / n))
+        is_wait = op == ops.index("wait")
+        axis = host["axis"].astype(np.int64)
+        wkey = phase[is_wait] * nax + axis[is_wait]
+        wsums = np.bincount(wkey, weights=dur[is_wait], minlength=nph * nax)
+        wcounts = np.bincount(wkey, minlength=nph * nax)
+        for p in range(nph):
+            for a in range(nax):
+                if wcounts[p * nax + a]:
+                    rows.append((phases[p], "exposed_comm", axes[a], wsums[p * nax + a] / n))
+        accounted = sum(r[3] for r in rows)
+        rows.append(("all", "other", "none", span - accounted))
+    else:
+        compute = float(measured["compute_ns"].astype(np.float64).sum()) / n
+        wait = float(measured["wait_ns"].astype(np.float64).sum()) / n
+        rows = [("all", "compute", "all", compute), ("all", "exposed_comm", "all", wait),
+                ("all", "other", "all", span - compute - wait)]
+    df = pd.DataFrame(rows, columns=["phase", "category", "axis", "seconds_per_step"])
+    df["seconds_per_step"] = df["seconds_per_step"] * 1e-9
+    df["share"] = df["seconds_per_step"] / (span * 1e-9) if span > 0 else float("nan")
+    df.insert(0, "run_id", run_id)
+    return df[BREAKDOWN_COLUMNS]
+
+
+def breakdown_wide(long: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: ``step_s`` (mean step span) and the share (%) of each category, summed
+    over phases; exposed communication as ``comm_<axis>``. For terminals; :func:`breakdown` is
+    the long form."""
+    if not len(long):
+        return pd.DataFrame(columns=["run_id", "step_s"])
+    key = np.where(long["category"] == "exposed_comm", "comm_" + long["axis"].astype(str), long["category"])
+    key = np.where(key == "comm_all", "exposed_comm", key)
+    table = (long.assign(key=key).pivot_table(index="run_id", columns="key", values="share", aggfunc="sum",
+                                              sort=False) * 100)
+    order = [c for c in (*COMPUTE_OPS, "compute", "comm_x", "comm_y", "comm_z", "comm_data", "exposed_comm",
+                         "other") if c in table.columns]
+    spans = long.groupby("run_id", sort=False)["seconds_per_step"].sum()
+    wide = table[order].rename(columns=lambda c: f"{c}_%")
+    wide.insert(0, "step_s", spans.reindex(wide.index))
+    return wide.reset_index()
+
+
+_COMM_BY = ("op", "axis", "phase", "layer")
+
+
+def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame:
+    """Collectives of the measured steps per ``(op, axis)``: columns :data:`COMM_COLUMNS`.
+
+    ``by`` may add ``"phase"`` and/or ``"layer"`` (extra columns after ``axis``). Collectives are
+    the events on ``comm<i>`` lanes (the blocking loss all-reduces included: 8 bytes, all wait).
+    In staged runs the comm lanes also hold the staging copies (ops ``d2h``, ``h2d``): they get
+    their own rows, with ``algbw_gbps`` the copy bandwidth and NaN bus bandwidth and overlap.
+
+    - ``messages_per_step``, ``bytes_per_step``, ``wire_bytes_per_step``, ``inflight_s_per_step``,
+      ``wait_s_per_step``: sums over the measured steps and all ranks / (ranks * steps), i.e. per
+      rank and step. ``bytes`` is the message size in the nccl-tests "size" convention;
+      ``wire_bytes`` the ring-model volume a rank sends.
+    - ``bytes_per_message`` = total bytes / messages; ``inflight_median_s``: median over the
+      messages of the in-flight time ``complete_ns - issue_ns``.
+    - ``algbw_gbps`` = sum(bytes) / sum(complete_ns - issue_ns) (GB/s = bytes/ns): the nccl-tests
+      algorithm bandwidth, aggregated as total bytes / total in-flight time (a message-weighted
+      harmonic mean, not the mean of per-message bandwidths).
+    - ``busbw_gbps`` = algbw * (n-1)/n for allgather and reduce_scatter, * 2(n-1)/n for allreduce,
+      ``n`` = ``group_size``, the size of the axis (metadata ``run_options.grid``).
+    - ``overlap_pct`` = 100 * (1 - sum(wait_ns) / sum(complete_ns - issue_ns)): the part of the
+      in-flight time during which the main thread was not blocked on the collective (100: fully
+      hidden behind compute, 0: waited for from issue to completion). Per message this is
+      100 * (1 - wait_ns / (complete_ns - issue_ns)); aggregated over messages as written.
+    - ``formula`` repeats the overlap formula; ``df.attrs["formulas"]`` has all of them.
+
+    In-flight times are observed (section 13 of docs/trace-format.md): the bandwidths are lower
+    bounds. Empty frame for traces below level ``op``.
+    """
+    by = list(by)
+    bad = [c for c in by if c not in _COMM_BY]
+    if bad or "op" not in by or "axis" not in by:
+        raise ValueError(f"comm_table: by must contain 'op' and 'axis' and only {', '.join(_COMM_BY)}")
+    columns = COMM_COLUMNS[:3] + [c for c in by if c not in ("op", "axis")] + COMM_COLUMNS[3:]
+    run_id = _run_id(trace)
+    measured = _measured_records(trace.rank_steps)
+    n_records = len(measured)
+    ev = trace.events
+    mask = _measured_mask(trace, measured) & (ev["lane"] >= LANE_COMM0) if n_records else np.zeros(len(ev), bool)
+    wanted = set(by) | {"op", "issue_ns", "complete_ns", "start_ns", "end_ns", "bytes", "wire_bytes", "wait_ns"}
+    picked = np.flatnonzero(mask)
+    coll = {c: ev[c][picked] for c in wanted}  # column by column (see breakdown)
+    if not len(coll["bytes"]):
+        out = pd.DataFrame(columns=columns)
+        out.attrs["formulas"] = dict(COMM_FORMULAS)
+        return out
+    vocab_of = {"op": "ops", "axis": "axes", "phase": "phases", "layer": "layers"}
+    codes = [coll[c].astype(np.int64) for c in by]
+    radices = [max(len(trace.vocab[vocab_of[c]]), int(k.max()) + 1) for c, k in zip(by, codes)]
+    key = np.zeros(len(coll["bytes"]), dtype=np.int64)
+    for k, r in zip(codes, radices):
+        key = key * r + k
+    uniq, inverse = np.unique(key, return_inverse=True)
+    g = len(uniq)
+    copy_codes = [trace.vocab["ops"].index(o) for o in COPY_OPS if o in trace.vocab["ops"]]
+    is_copy = np.isin(coll["op"], copy_codes)  # copies: their own duration (no issue/completion)
+    inflight = np.where(is_copy, coll["end_ns"] - coll["start_ns"],
+                        coll["complete_ns"] - coll["issue_ns"]).astype(np.float64)
+    count = np.bincount(inverse, minlength=g)
+    nbytes = np.bincount(inverse, weights=coll["bytes"].astype(np.float64), minlength=g)
+    wire = np.bincount(inverse, weights=coll["wire_bytes"].astype(np.float64), minlength=g)
+    tflight = np.bincount(inverse, weights=inflight, minlength=g)
+    twait = np.bincount(inverse, weights=coll["wait_ns"].astype(np.float64), minlength=g)
+    order = np.lexsort((inflight, inverse))
+    sorted_flight = inflight[order]
+    starts = np.concatenate([[0], np.cumsum(count)[:-1]])
+    median = 0.5 * (sorted_flight[starts + (count - 1) // 2] + sorted_flight[starts + count // 2])
+    # decode the group keys back into codes
+    decoded = []
+    rest = uniq.copy()
+    for r in reversed(radices):
+        decoded.append(rest % r)
+        rest = rest // r
+    decoded = dict(zip(by, reversed(decoded)))
+    grid = _grid(trace)
+    out = pd.DataFrame(index=pd.RangeIndex(g))
+    for c in by:
+        words = trace.vocab[vocab_of[c]]
+        out[c] = [words[i] if i < len(words) else str(i) for i in decoded[c]]
+    out["run_id"] = run_id
+    sizes = np.array([grid.get(a, 0) for a in out["axis"]], dtype=np.int64)
+    # staging copies (d2h, h2d) share the comm lanes: copy bandwidth, but no bus bandwidth or overlap
+    copy = out["op"].isin(COPY_OPS).to_numpy()
+    factor = np.array([wire_factor(o, int(s)) if s > 0 and o not in COPY_OPS else float("nan")
+                       for o, s in zip(out["op"], sizes)])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(tflight > 0, nbytes / tflight, np.nan)
+        out["group_size"] = sizes
+        out["messages_per_step"] = count / n_records
+        out["bytes_per_step"] = nbytes / n_records
+        out["wire_bytes_per_step"] = wire / n_records
+        out["bytes_per_message"] = nbytes / count
+        out["inflight_median_s"] = median * 1e-9
+        out["inflight_s_per_step"] = tflight / n_records * 1e-9
+        out["wait_s_per_step"] = twait / n_records * 1e-9
+        out["algbw_gbps"] = algbw
+        out["busbw_gbps"] = algbw * factor
+        out["overlap_pct"] = np.where((tflight > 0) & ~copy, 100.0 * (1.0 - twait / tflight), np.nan)
+    out["formula"] = OVERLAP_FORMULA
+    out = out[columns]
+    out.attrs["formulas"] = dict(COMM_FORMULAS)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# across runs
+# ---------------------------------------------------------------------------
+
+def scaling(runs, mode: str = "weak") -> pd.DataFrame:
+    """Scaling lines from :func:`runs_table` rows (or a list of traces): columns :data:`SCALING_COLUMNS`.
+
+    Runs are grouped by ``config_key`` (model, overlap, progress, label); in ``strong`` mode also by
+    the total work (``tokens_per_step``; the model is part of the key). Within a group, rows are
+    sorted by ``world_size`` (then step time); every run is a row (several grids of one size may
+    appear). Base = the smallest world size of the group; ``T(base)`` its fastest median step time.
+
+    - ``weak`` (fixed work per rank): requires ``tokens_per_step / world_size`` to be the same for
+      every run of the group, else the group is dropped. ``efficiency = T(base) / T(N)``,
+      ``speedup = efficiency * N / base`` (scaled speedup: the throughput ratio),
+      ``ideal_step_s = T(base)``.
+    - ``strong`` (fixed total work): ``speedup = T(base) / T(N)``,
+      ``efficiency = speedup * base / N``, ``ideal_step_s = T(base) * base / N``.
+
+    ``group`` is the line's identifier (``config_key``; strong: ``config_key/tokens=T``).
+    Groups with a single rank count are no line and are dropped. Runs without a step time are left out. Dropped groups and left-out runs are listed in
+    ``df.attrs["dropped"]`` as ``(group, reason)``.
+    """
+    if mode not in ("weak", "strong"):
+        raise ValueError(f"scaling mode must be 'weak' or 'strong', got {mode!r}")
+    df = _as_runs(runs)
+    dropped: List[Tuple[str, str]] = []
+    bad = df[~np.isfinite(df["step_median_s"].astype(float))]
+    for _, row in bad.iterrows():
+        dropped.append((row["config_key"], f"run {row['run_id']} has no measured step time"))
+    df = df[np.isfinite(df["step_median_s"].astype(float))]
+    keys = ["config_key"] if mode == "weak" else ["config_key", "tokens_per_step"]
+    pieces = []
+    for key, group in df.groupby(keys, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        name = key[0] if mode == "weak" else f"{key[0]}/tokens={key[1]}"
+        group = group.sort_values(["world_size", "step_median_s"], kind="stable")
+        if group["world_size"].nunique() < 2:
+            dropped.append((name, f"one rank count only ({int(group['world_size'].iloc[0])})"))
+            continue
+        world = group["world_size"].to_numpy(dtype=np.float64)
+        times = group["step_median_s"].to_numpy(dtype=np.float64)
+        if mode == "weak":
+            per_rank = group["tokens_per_step"].to_numpy(dtype=np.float64) / world
+            if not np.allclose(per_rank, per_rank[0], rtol=1e-9, atol=0):
+                values = ", ".join(f"{v:g}" for v in sorted(set(per_rank.tolist())))
+                dropped.append((name, f"weak scaling needs the same tokens per rank in every run; got {values}"))
+                continue
+        base = world[0]
+        t_base = times[world == base].min()
+        if mode == "weak":
+            efficiency = t_base / times
+            speedup = efficiency * world / base
+            ideal = np.full(len(times), t_base)
+        else:
+            speedup = t_base / times
+            efficiency = speedup * base / world
+            ideal = t_base * base / world
+        pieces.append(pd.DataFrame({
+            "config_key": group["config_key"].to_numpy(), "world_size": group["world_size"].to_numpy(),
+            "grid": group["grid"].to_numpy(), "step_median_s": times, "speedup": speedup,
+            "efficiency": efficiency, "ideal_step_s": ideal, "group": name,
+            "run_id": group["run_id"].to_numpy(), "tokens_per_step": group["tokens_per_step"].to_numpy()}))
+    out = (pd.concat(pieces, ignore_index=True) if pieces else pd.DataFrame(columns=SCALING_COLUMNS))
+    out = out[SCALING_COLUMNS]
+    out.attrs["dropped"] = dropped
+    out.attrs["mode"] = mode
+    return out
+
+
+def compare(runs) -> pd.DataFrame:
+    """Grid shapes and overlap modes side by side: columns :data:`COMPARE_COLUMNS`.
+
+    Runs of the same model, world size and total work (``tokens_per_step``) form a group,
+    sorted by ``step_median_s``; ``vs_best`` = step_median_s / the group's smallest (1.0 = best,
+    1.25 = 25 % slower). Groups are ordered by model, world size, tokens. Runs without a step time
+    are left out.
+    """
+    df = _as_runs(runs)
+    df = df[np.isfinite(df["step_median_s"].astype(float))].copy()
+    if not len(df):
+        return pd.DataFrame(columns=COMPARE_COLUMNS)
+    keys = ["model", "world_size", "tokens_per_step"]
+    df["vs_best"] = df["step_median_s"] / df.groupby(keys)["step_median_s"].transform("min")
+    df = df.sort_values(keys + ["step_median_s", "run_id"], kind="stable").reset_index(drop=True)
+    return df[COMPARE_COLUMNS]
+
+
+# ---------------------------------------------------------------------------
+# formatting
+# ---------------------------------------------------------------------------
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        if math.isnan(v):
+            return "-"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        if v == 0:
+            return "0"
+        if v == int(v) and abs(v) < 1e15:
+            return f"{int(v)}"
+        a = abs(v)
+        if a >= 1e6 or a < 1e-3:
+            return f"{v:.4g}"
+        if a >= 100:
+            return f"{v:.1f}"
+        return f"{v:.4g}" if a < 1 else f"{v:.3f}"
+    return str(value)
+
+
+def _is_numeric(series: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series)
+
+
+def _cells(df: pd.DataFrame) -> List[List[str]]:
+    return [[_cell(v) for v in row] for row in df.itertuples(index=False, name=None)]
+
+
+def _markdown(df: pd.DataFrame) -> str:
+    import importlib.util
+
+    if importlib.util.find_spec("tabulate") is None:
+        numeric = [_is_numeric(df[c]) for c in df.columns]
+        esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+        lines = ["| " + " | ".join(esc(c) for c in df.columns) + " |",
+                 "| " + " | ".join("---:" if n else "---" for n in numeric) + " |"]
+        lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in _cells(df)]
+        return "\n".join(lines)
+    shown = pd.DataFrame(_cells(df), columns=[str(c) for c in df.columns])
+    return shown.to_markdown(index=False)
+
+
+def format_table(df: pd.DataFrame, fmt: str = "table") -> str:
+    """Render a frame of this module: ``table`` (aligned plain text), ``csv``, ``json`` (a list of
+    records; NaN -> null) or ``markdown`` (pandas ``to_markdown`` when ``tabulate`` is installed,
+    else a hand-written table). ``table`` and ``markdown`` round floats to about 4 significant
+    digits and show NaN as ``-``; ``csv`` and ``json`` keep full precision."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if fmt == "csv":
+        buf = io.StringIO()
+        df.to_csv(buf, index=False)
+        return buf.getvalue()
+    if fmt == "json":
+        records = json.loads(df.to_json(orient="records", double_precision=15))
+        return json.dumps(records, indent=1)
+    if fmt == "markdown":
+        return _markdown(df)
+    headers = [str(c) for c in df.columns]
+    rows = _cells(df)
+    if not headers:
+        return "(no columns)"
+    numeric = [_is_numeric(df[c]) for c in df.columns]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, numeric)).rstrip()
+
+    out = [line(headers), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in rows]
+    if not rows:
+        out.append("(no rows)")
+    return "\n".join(out)

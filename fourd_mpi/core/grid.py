@@ -1,0 +1,243 @@
+"""The 4D process grid ``G_data x G_z x G_y x G_x`` on MPI's Cartesian topology.
+
+Rank order, innermost (consecutive world ranks) to outermost: X, Y, Z, data.
+``Create_cart(dims=[G_data, G_z, G_y, G_x])`` is row-major (last dimension varies
+fastest), which gives exactly that order; ``Sub`` gives one communicator per axis.
+Put the innermost axes inside a node: with ``r`` ranks per node the X axis (and
+then Y, ...) stays on a node while the product of the inner sizes divides ``r``.
+
+The arithmetic (inferring missing sizes, enumerating factorizations) is in pure
+functions so it can be tested without MPI.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from fourd_mpi.errors import ConfigError
+
+#: Axis names in Cartesian-dimension order (outermost first).
+AXES: Tuple[str, ...] = ("data", "z", "y", "x")
+
+
+@dataclass(frozen=True)
+class GridShape:
+    """Sizes of the four axes. ``str()`` gives ``data x z x y x x`` as ``1x2x2x2``."""
+
+    data: int
+    z: int
+    y: int
+    x: int
+
+    @property
+    def dims(self) -> Tuple[int, int, int, int]:
+        """Sizes in Cartesian order ``(G_data, G_z, G_y, G_x)``."""
+        return (self.data, self.z, self.y, self.x)
+
+    @property
+    def size(self) -> int:
+        return self.data * self.z * self.y * self.x
+
+    def __getitem__(self, axis: str) -> int:
+        return getattr(self, axis)
+
+    def __str__(self) -> str:
+        return "x".join(str(d) for d in self.dims)
+
+    @classmethod
+    def parse(cls, text: str) -> "GridShape":
+        """Parse ``"G_data x G_z x G_y x G_x"`` written as ``2x1x2x2``."""
+        parts = text.lower().replace("*", "x").split("x")
+        try:
+            dims = [int(p) for p in parts]
+        except ValueError:
+            dims = []
+        if len(dims) != 4 or min(dims) < 1:
+            raise ConfigError(
+                f"grid {text!r} is not four positive sizes G_data x G_z x G_y x G_x, e.g. 1x2x2x2"
+            )
+        return cls(*dims)
+
+
+def infer_grid_shape(
+    world_size: int,
+    data: Optional[int] = None,
+    z: Optional[int] = None,
+    y: Optional[int] = None,
+    x: Optional[int] = None,
+) -> GridShape:
+    """Complete a partially given grid so that its product is ``world_size``.
+
+    Rules: omitted tensor-parallel axes (x, y, z) default to 1 and an omitted data
+    axis absorbs the rest (as Megatron's data-parallel size does). When the data
+    size is given and several tensor axes are omitted, the rest is ambiguous unless
+    it is 1; when exactly one axis is omitted it takes the rest.
+
+    Raises :class:`ConfigError` with the values and what to change.
+    """
+    given = {"data": data, "z": z, "y": y, "x": x}
+    for axis, size in given.items():
+        if size is not None and size < 1:
+            raise ConfigError(f"--g{axis} must be a positive integer, got {size}")
+    if world_size < 1:
+        raise ConfigError(f"world size must be positive, got {world_size}")
+    known = 1
+    for size in given.values():
+        if size is not None:
+            known *= size
+    missing = [a for a, s in given.items() if s is None]
+    spelled = " x ".join(f"G_{a}={given[a] if given[a] is not None else '?'}" for a in AXES)
+    if not missing and known != world_size:
+        raise ConfigError(
+            f"grid {spelled} has product {known} but the world size is {world_size}: "
+            f"choose sizes whose product is {world_size} (or omit one to infer it)"
+        )
+    if world_size % known != 0:
+        raise ConfigError(
+            f"grid {spelled} has product {known}, which does not divide the world size "
+            f"{world_size}: choose sizes whose product divides {world_size}"
+        )
+    rest = world_size // known
+    if len(missing) == 1:
+        given[missing[0]] = rest
+    elif "data" in missing:
+        for axis in missing:
+            given[axis] = 1
+        given["data"] = rest
+    else:  # several tensor axes omitted, or none (then rest is 1 and nothing changes)
+        if rest != 1:
+            raise ConfigError(
+                f"grid {spelled}: {rest} ranks are left for the omitted axes "
+                f"{', '.join(missing)}; give all but one of them explicitly"
+            )
+        for axis in missing:
+            given[axis] = 1
+    return GridShape(given["data"], given["z"], given["y"], given["x"])
+
+
+def divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def grid_factorizations(world_size: int) -> Iterator[GridShape]:
+    """Every ordered ``(G_data, G_z, G_y, G_x)`` whose product is ``world_size``."""
+    for data, z, y in itertools.product(divisors(world_size), repeat=3):
+        if world_size % (data * z * y) == 0:
+            yield GridShape(data, z, y, world_size // (data * z * y))
+
+
+class ProcessGrid:
+    """The 4D Cartesian communicator and its four axis communicators.
+
+    Parameters
+    ----------
+    comm:
+        The communicator to arrange (the CLI passes ``COMM_WORLD``; tests may pass
+        a sub-communicator). Collective: all its ranks must call with equal shapes.
+    shape:
+        A :class:`GridShape` whose product equals ``comm.Get_size()``.
+
+    Attributes
+    ----------
+    cart: the Cartesian communicator (``reorder=False``: cart rank == comm rank).
+    axis_comms: ``{"data", "z", "y", "x"} -> communicator`` along that axis only.
+    coords: ``{"data", "z", "y", "x"} -> this rank's coordinate``.
+    local_rank, local_size: rank and size within this node (``COMM_TYPE_SHARED``).
+    num_nodes: number of distinct nodes in the grid.
+    intra_node: ``axis -> True`` when every communicator along that axis lies on one node.
+    """
+
+    def __init__(self, comm, shape: GridShape):
+        from mpi4py import MPI
+
+        if shape.size != comm.Get_size():
+            raise ConfigError(
+                f"grid {shape} (data x z x y x x) has {shape.size} ranks but the world size is "
+                f"{comm.Get_size()}: choose sizes whose product is {comm.Get_size()}"
+            )
+        self.shape = shape
+        self.comm = comm
+        self.cart = comm.Create_cart(dims=list(shape.dims), periods=[False] * 4, reorder=False)
+        self.rank = self.cart.Get_rank()
+        self.world_size = self.cart.Get_size()
+        cart_coords = self.cart.Get_coords(self.rank)
+        self.coords: Dict[str, int] = dict(zip(AXES, cart_coords))
+        self.axis_comms = {}
+        for i, axis in enumerate(AXES):
+            keep = [j == i for j in range(4)]
+            self.axis_comms[axis] = self.cart.Sub(keep)
+
+        self.node_comm = self.cart.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank = self.node_comm.Get_rank()
+        self.local_size = self.node_comm.Get_size()
+        # A node is named by the world rank of its first rank.
+        node_id = self.node_comm.bcast(self.rank, root=0)
+        node_ids = self.cart.allgather(node_id)
+        self.node_index = sorted(set(node_ids)).index(node_id)
+        self.num_nodes = len(set(node_ids))
+        self.ranks_per_node = sorted(node_ids.count(n) for n in set(node_ids))
+        self.hostname = socket.gethostname()
+        self.intra_node = {}
+        for axis in AXES:
+            lo = self.axis_comms[axis].allreduce(node_id, op=MPI.MIN)
+            hi = self.axis_comms[axis].allreduce(node_id, op=MPI.MAX)
+            same_everywhere = self.cart.allreduce(int(lo == hi), op=MPI.MIN)
+            self.intra_node[axis] = bool(same_everywhere)
+
+    def size(self, axis: str) -> int:
+        return self.shape[axis]
+
+    def coord(self, axis: str) -> int:
+        return self.coords[axis]
+
+    def axis_comm(self, axis: str):
+        return self.axis_comms[axis]
+
+    def stride(self, axis: str) -> int:
+        """Distance in world ranks between neighbours along ``axis``."""
+        stride = 1
+        for a in reversed(AXES):
+            if a == axis:
+                return stride
+            stride *= self.shape[a]
+        raise KeyError(axis)
+
+    def free(self) -> None:
+        """Free the communicators this grid created. Collective over the grid."""
+        for c in list(self.axis_comms.values()) + [self.node_comm, self.cart]:
+            c.Free()
+        self.axis_comms = {}
+
+    def describe(self) -> str:
+        """A multi-line, human-readable description (same text on every rank)."""
+        per_node = self.ranks_per_node
+        per_node_text = str(per_node[0]) if per_node[0] == per_node[-1] else f"{per_node[0]}-{per_node[-1]}"
+        lines = [
+            f"4D grid G_data x G_z x G_y x G_x = {self.shape} on {self.world_size} ranks, "
+            f"{self.num_nodes} node(s), {per_node_text} rank(s) per node",
+            "  axis  size  stride  placement   communicates",
+        ]
+        roles = {
+            "x": "fwd all-reduce (normal), bwd all-reduce (transposed)",
+            "y": "bwd all-reduce (normal), fwd all-reduce (transposed)",
+            "z": "weight all-gather, gradient reduce-scatter",
+            "data": "gradient all-reduce",
+        }
+        for axis in reversed(AXES):
+            place = "intra-node" if self.intra_node[axis] else "inter-node"
+            if self.shape[axis] == 1:
+                place = "-"
+            lines.append(
+                f"  {axis:<5} {self.shape[axis]:>4}  {self.stride(axis):>6}  {place:<10}  {roles[axis]}"
+            )
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        c = self.coords
+        return (
+            f"ProcessGrid({self.shape}, rank={self.rank}, coords=(data={c['data']}, z={c['z']}, "
+            f"y={c['y']}, x={c['x']}))"
+        )

@@ -1,0 +1,186 @@
+"""MPI progress strategies: who drives nonblocking collectives while a rank computes.
+
+Measured on our machines (DESIGN.md section 3): MPICH and Open MPI make no
+progress on a nonblocking collective while the host is inside a NumPy matmul,
+so the ``Wait`` afterwards costs about the whole collective. Strategies:
+
+``none``
+    Nothing between compute; MPI progresses only inside ``Test``/``Wait``. Shows the problem.
+``poll`` (default on CPU)
+    GEMMs are split into chunks of about ``chunk_flops`` FLOPs and
+    ``MPI_Testsome`` is called on the requests in flight between chunks. On a GPU the
+    GEMM is one asynchronous kernel and the host polls until its event completes.
+``thread``
+    A dedicated Python thread polls ``MPI_Testsome`` while the main thread computes
+    (NumPy releases the GIL inside matmul). Needs ``MPI_THREAD_MULTIPLE``. It
+    competes with the ranks for cores: harmful on oversubscribed nodes (8 ranks on
+    2 cores), meant for nodes with a spare core per rank. (MPICH's own
+    ``MPICH_ASYNC_PROGRESS=1`` is the library-side equivalent; we measured it
+    2-150x slower per collective with 8 ranks on 2 cores.)
+
+Every strategy completes a request exactly once and records when it was first
+seen complete; only the main thread retires handles (see ``collectives``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, List
+
+from mpi4py import MPI
+
+from fourd_mpi.errors import ConfigError
+
+PROGRESS_STRATEGIES = ("none", "poll", "thread")
+
+
+def _testsome(handles) -> None:
+    """Test the not-yet-complete handles at once; mark the completed ones."""
+    pending = [h for h in handles if not h.done]
+    if not pending:
+        return
+    requests = [h.request for h in pending]
+    indices = MPI.Request.Testsome(requests)
+    if indices:
+        now = time.perf_counter_ns()
+        for i in indices:
+            pending[i].request = requests[i]
+            pending[i].observe_complete(now)
+
+
+class NoProgress:
+    """MPI progresses only when a handle is tested or waited."""
+
+    name = "none"
+    chunk_flops = None
+
+    def start(self, handle, issue: Callable):
+        handle.request = issue()
+
+    def poll(self, handles) -> None:
+        pass
+
+    def compute_hook(self, comm):
+        return None
+
+    def test(self, handle) -> None:
+        if handle.request.Test():
+            handle.observe_complete()
+
+    def wait(self, handle) -> None:
+        handle.request.Wait()
+        handle.observe_complete()
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "none (MPI progresses only in Test/Wait)"
+
+
+class _Hook:
+    """Callable given to GEMMs: poll the owner's requests every ``chunk_flops``."""
+
+    def __init__(self, comm, chunk_flops: float):
+        self.comm = comm
+        self.chunk_flops = chunk_flops
+
+    def __call__(self) -> None:
+        self.comm.poll()
+
+
+class PollProgress(NoProgress):
+    """``Testsome`` on the requests in flight between GEMM chunks of ~``chunk_flops`` FLOPs."""
+
+    name = "poll"
+
+    def __init__(self, chunk_flops: float = 1e7):
+        if chunk_flops <= 0:
+            raise ConfigError(f"poll chunk size must be positive, got {chunk_flops}")
+        self.chunk_flops = chunk_flops
+        self.polls = 0
+
+    def poll(self, handles) -> None:
+        self.polls += 1
+        _testsome(handles)
+
+    def compute_hook(self, comm):
+        return _Hook(comm, self.chunk_flops) if comm.in_flight else None
+
+    def describe(self) -> str:
+        return f"poll (Testsome between GEMM chunks of {self.chunk_flops:.3g} FLOPs)"
+
+
+class ThreadProgress(NoProgress):
+    """A background thread that calls ``Testsome`` every ``interval`` seconds.
+
+    The main thread never touches a request of this strategy: it waits on an
+    event the thread sets, so no request is tested by two threads at once.
+    """
+
+    name = "thread"
+
+    def __init__(self, interval: float = 20e-6):
+        provided = MPI.Query_thread()
+        if provided < MPI.THREAD_MULTIPLE:
+            raise ConfigError(
+                f"--progress thread needs MPI_THREAD_MULTIPLE, but MPI provides level {provided}: "
+                "initialize mpi4py with threads (mpi4py.rc.thread_level = 'multiple') or use --progress poll"
+            )
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._pending: List = []
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fourd-mpi-progress", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                pending = list(self._pending)
+            if not pending:
+                self._wake.wait(0.01)
+                self._wake.clear()
+                continue
+            _testsome(pending)
+            finished = [h for h in pending if h.done]
+            if finished:
+                with self._lock:
+                    for h in finished:
+                        self._pending.remove(h)
+                for h in finished:
+                    h.event.set()
+            time.sleep(self.interval)  # releases the GIL for the main thread
+
+    def start(self, handle, issue: Callable):
+        handle.event = threading.Event()
+        handle.request = issue()
+        with self._lock:
+            self._pending.append(handle)
+        self._wake.set()
+
+    def test(self, handle) -> None:
+        pass  # the thread marks completion; handle.done reflects it
+
+    def wait(self, handle) -> None:
+        handle.event.wait()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+
+    def describe(self) -> str:
+        return f"thread (a progress thread polls Testsome every {self.interval * 1e6:.0f} us)"
+
+
+def make_progress(name: str, chunk_flops: float = 1e7):
+    if name == "none":
+        return NoProgress()
+    if name == "poll":
+        return PollProgress(chunk_flops)
+    if name == "thread":
+        return ThreadProgress()
+    raise ConfigError(f"unknown progress strategy {name!r}: choose one of {', '.join(PROGRESS_STRATEGIES)}")

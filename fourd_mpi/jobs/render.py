@@ -1,0 +1,106 @@
+"""Job scripts: one per run of a sweep, for a site, rendered from a Jinja2 template.
+
+Every value that reaches the shell goes through :func:`shlex.quote` (the ``sh`` filter,
+or :func:`shlex.join` for the launch line); values that go into scheduler directives
+were restricted to a safe character set when the spec and the site were validated.
+Paths in scripts are relative to the submission directory, so a rendered sweep is the
+same on every checkout (the examples in ``jobscripts/`` are compared byte for byte).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from typing import Dict, List, Optional
+
+from fourd_mpi import __version__
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.jobs.schedulers import JobRequest, get_scheduler, parse_time
+from fourd_mpi.jobs.sites import Site
+from fourd_mpi.jobs.spec import RunPlan, SweepSpec
+
+TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
+AFFINITY_SCRIPT = "gpu_affinity.sh"
+
+
+def _environment():
+    import jinja2  # only when rendering: the CLI parser imports this module's package on every rank
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, autoescape=False)
+    env.filters["sh"] = lambda value: shlex.quote(str(value))
+    return env
+
+
+def job_settings(spec: SweepSpec, site: Site) -> Dict:
+    """Scheduler settings: the spec's ``job:`` over the site's ``defaults:``."""
+    return {**site.defaults, **spec.job}
+
+
+def job_request(run: RunPlan, spec: SweepSpec, site: Site, log: str) -> JobRequest:
+    settings = job_settings(spec, site)
+    for key in site.requires:
+        if not settings.get(key):
+            raise ConfigError(f"site {site.name} needs job.{key} for every job: give it in the spec's job: section "
+                              f"or --{key} on the command line")
+    nodes, per_node = site.rank_layout(run.ranks, settings.get("ranks_per_node"))
+    return JobRequest(
+        name=run.run_id, ranks=run.ranks, nodes=nodes, ranks_per_node=per_node,
+        time_seconds=parse_time(settings.get("time", "00:30:00")), log=log,
+        gpus_per_node=site.gpus_per_node, cores_per_node=site.cores_per_node, cpus_per_rank=site.cpus_per_rank,
+        account=settings.get("account"), partition=settings.get("partition"), qos=settings.get("qos"),
+        queue=settings.get("queue"), constraint=settings.get("constraint"),
+        reservation=settings.get("reservation"), extra=site.directives, account_option=site.account_option,
+        parallel_environment=site.parallel_environment)
+
+
+def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "mpiexec") -> List[str]:
+    """The launcher part of the command line: ranks, nodes, binding, GPUs."""
+    n, rpn, args = str(job.ranks), str(job.ranks_per_node), list(site.launcher_args)
+    cpus = [str(site.cpus_per_rank)] if site.cpus_per_rank else []
+    if site.launcher == "mpiexec":
+        return [mpiexec, *args, "-n", n]
+    if site.launcher == "srun":
+        extra = [] if any(a.startswith(("-c", "--cpus-per-task")) for a in args) or not cpus else ["-c", *cpus]
+        return ["srun", *args, "-N", str(job.nodes), "-n", n, f"--ntasks-per-node={rpn}", *extra]
+    if site.launcher == "jsrun":  # one resource set per rank: 1 task, its cores, 1 GPU
+        gpus = ["-g", "1"] if site.uses_gpus else []
+        return ["jsrun", *args, "-n", n, "-a", "1", "-c", *(cpus or ["1"]), *gpus, "-r", rpn,
+                *(["--smpiargs=-gpu"] if site.uses_gpus else [])]
+    if site.launcher == "lrun":
+        return ["lrun", *args, "-N", str(job.nodes), "-T", rpn, *(["--smpiargs=-gpu"] if site.uses_gpus else [])]
+    if site.launcher == "polaris-mpiexec":
+        depth = cpus or ["1"]
+        wrapper = [os.path.join(script_dir, AFFINITY_SCRIPT)] if site.gpu_affinity_script else []
+        return ["mpiexec", *args, "-n", n, "--ppn", rpn, "--depth", *depth, "--cpu-bind", "depth", *wrapper]
+    raise ConfigError(f"site {site.name}: unknown launcher {site.launcher!r}")
+
+
+def run_command(run: RunPlan, site: Site, job: JobRequest, python: str, results_dir: str, script_dir: str) -> str:
+    """The job's command line, shell-quoted token by token."""
+    argv = run.run_argv(results_dir)
+    if site.backend != "auto" and run.option("backend") is None:
+        argv[1:1] = ["--backend", site.backend]
+    mpiexec = "mpiexec"
+    if site.launcher == "mpiexec" and os.path.isabs(python):
+        sibling = os.path.join(os.path.dirname(python), "mpiexec")
+        mpiexec = sibling if os.path.exists(sibling) else mpiexec  # a venv with the mpich wheel
+    return shlex.join([*launcher_argv(site, job, script_dir, mpiexec), python, "-m", "fourd_mpi", *argv])
+
+
+def render_script(run: RunPlan, total: int, spec: SweepSpec, site: Site, job: JobRequest, command: str,
+                  memory: str, spec_path: str) -> str:
+    scheduler = get_scheduler(site.scheduler)
+    setup = list(site.setup) + list(spec.job.get("setup", []))
+    return _environment().get_template("job.sh.j2").render(
+        directives=scheduler.directives(job), sweep=spec.name, run=run, total=total, site=site, job=job,
+        memory=memory, version=__version__, spec_path=spec_path, workdir_variable=scheduler.workdir_variable,
+        setup=setup, command=command)
+
+
+def render_affinity_script(site: Site) -> str:
+    return _environment().get_template("gpu_affinity.sh.j2").render(gpus_per_node=site.gpus_per_node)
+
+
+def python_for(spec: SweepSpec, site: Site, override: Optional[str]) -> str:
+    return override or spec.job.get("python") or site.python

@@ -1,0 +1,286 @@
+"""Batch schedulers: directives for a job's resources, submission, and job state.
+
+One class per scheduler (Slurm, PBS Pro, LSF, Grid Engine, and ``local`` for no
+scheduler). Each turns a :class:`JobRequest` into directive lines, submits a script
+and parses the job id, and maps the scheduler's job state onto one vocabulary:
+``PENDING RUNNING COMPLETED FAILED CANCELLED TIMEOUT UNKNOWN`` (``UNKNOWN``: the
+scheduler no longer knows the job, e.g. it was purged after finishing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from fourd_mpi.errors import ConfigError
+
+ACTIVE_STATES = ("PENDING", "RUNNING")
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """The resources of one job. ``ranks == nodes * ranks_per_node`` always."""
+
+    name: str
+    ranks: int
+    nodes: int
+    ranks_per_node: int
+    time_seconds: int
+    log: str  # path of the job's combined stdout/stderr, relative to the submission directory
+    gpus_per_node: int = 0
+    cores_per_node: int = 0
+    cpus_per_rank: Optional[int] = None
+    account: Optional[str] = None
+    partition: Optional[str] = None
+    qos: Optional[str] = None
+    queue: Optional[str] = None
+    constraint: Optional[str] = None
+    reservation: Optional[str] = None
+    extra: Tuple[Tuple[str, str], ...] = ()  # the site's own directives
+    account_option: Optional[str] = None
+    parallel_environment: str = "mpi"
+
+    def __post_init__(self):
+        if self.nodes * self.ranks_per_node != self.ranks:
+            raise ConfigError(f"job {self.name}: {self.nodes} nodes x {self.ranks_per_node} ranks per node "
+                              f"is not {self.ranks} ranks")
+
+
+def parse_time(value) -> int:
+    """Seconds of a time limit: minutes (int), ``MM:SS``, ``HH:MM:SS`` or ``D-HH:MM:SS`` (Slurm's forms)."""
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise ConfigError(f"time limit {value}: must be at least one minute")
+        return 60 * value
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d{1,2}):)?(\d{1,2}):(\d{2})", str(value))
+    if not match:
+        raise ConfigError(f"time limit {value!r}: use minutes, MM:SS, HH:MM:SS or D-HH:MM:SS")
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    if match.group(2) is None:  # MM:SS
+        hours, minutes, seconds = 0, int(match.group(3)), int(match.group(4))
+    if minutes > 59 or seconds > 59 or (match.group(1) and hours > 23):
+        raise ConfigError(f"time limit {value!r}: minutes and seconds must be below 60")
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total < 1:
+        raise ConfigError(f"time limit {value!r} is zero")
+    return total
+
+
+def hms(seconds: int) -> str:
+    """``HH:MM:SS`` (hours may exceed 24)."""
+    return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _run(argv: Sequence[str], cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, cwd=cwd, timeout=120)
+    except FileNotFoundError:
+        raise ConfigError(f"{argv[0]} not found: is this a login node of the scheduler?") from None
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"{' '.join(argv)} did not answer within 120 s") from None
+
+
+class Scheduler:
+    name = "?"
+    prefix = "#"
+    submit_command: Tuple[str, ...] = ()
+    #: the environment variable holding the submission directory, where the job must cd first
+    workdir_variable: Optional[str] = None
+
+    def directives(self, job: JobRequest) -> List[str]:
+        raise NotImplementedError
+
+    def submit(self, script: str, cwd: str) -> str:
+        """Submit ``script`` from ``cwd``; the job id."""
+        done = _run([*self.submit_command, script], cwd=cwd)
+        if done.returncode != 0:
+            raise ConfigError(f"{self.submit_command[0]} {script} failed: {' '.join(done.stderr.split())}")
+        return self.parse_job_id(done.stdout)
+
+    def parse_job_id(self, stdout: str) -> str:
+        return stdout.strip().split()[0]
+
+    def states(self, job_ids: Sequence[str]) -> Dict[str, str]:
+        return {job_id: self.state(job_id) for job_id in job_ids}
+
+    def state(self, job_id: str) -> str:
+        raise NotImplementedError
+
+    def _lines(self, pairs) -> List[str]:
+        return [f"{self.prefix} {text}" for text in pairs]
+
+
+class Slurm(Scheduler):
+    name = "slurm"
+    prefix = "#SBATCH"
+    submit_command = ("sbatch", "--parsable")
+    _states = {"PENDING": "PENDING", "CONFIGURING": "PENDING", "REQUEUED": "PENDING", "RESV_DEL_HOLD": "PENDING",
+               "SUSPENDED": "PENDING", "RUNNING": "RUNNING", "COMPLETING": "RUNNING", "STAGE_OUT": "RUNNING",
+               "COMPLETED": "COMPLETED", "FAILED": "FAILED", "NODE_FAIL": "FAILED", "OUT_OF_MEMORY": "FAILED",
+               "BOOT_FAIL": "FAILED", "DEADLINE": "TIMEOUT", "TIMEOUT": "TIMEOUT", "CANCELLED": "CANCELLED",
+               "PREEMPTED": "CANCELLED"}
+
+    def directives(self, job: JobRequest) -> List[str]:
+        options = {"job-name": job.name, "nodes": job.nodes, "ntasks": job.ranks,
+                   "ntasks-per-node": job.ranks_per_node}
+        if job.cpus_per_rank:
+            options["cpus-per-task"] = job.cpus_per_rank
+        days, rest = divmod(job.time_seconds, 86400)
+        options["time"] = (f"{days}-" if days else "") + hms(rest)
+        options["output"] = job.log
+        for key in ("account", "partition", "qos", "constraint", "reservation"):
+            if getattr(job, key):
+                options[key] = getattr(job, key)
+        for key, value in job.extra:
+            options.setdefault(key, value)
+        return self._lines(f"--{k}={v}" for k, v in options.items())
+
+    def parse_job_id(self, stdout: str) -> str:
+        return stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
+
+    def state(self, job_id: str) -> str:
+        done = _run(["scontrol", "show", "job", "-o", job_id])
+        match = re.search(r"\bJobState=(\S+)", done.stdout)
+        if done.returncode != 0 or not match:
+            return "UNKNOWN"  # purged after MinJobAge
+        return self._states.get(match.group(1), "UNKNOWN")
+
+
+class Pbs(Scheduler):
+    name = "pbs"
+    prefix = "#PBS"
+    submit_command = ("qsub",)
+    workdir_variable = "PBS_O_WORKDIR"
+    _states = {"Q": "PENDING", "H": "PENDING", "W": "PENDING", "T": "PENDING", "S": "PENDING",
+               "R": "RUNNING", "E": "RUNNING", "B": "RUNNING", "X": "COMPLETED", "F": "COMPLETED"}
+
+    def directives(self, job: JobRequest) -> List[str]:
+        extra = dict(job.extra)
+        chunk = f"select={job.nodes}"
+        if "system" in extra:  # ALCF: the system name selects the node type
+            chunk += f":system={extra.pop('system')}"
+        else:
+            chunk += f":mpiprocs={job.ranks_per_node}"
+            chunk += f":ncpus={job.cores_per_node}" if job.cores_per_node else ""
+            chunk += f":ngpus={job.gpus_per_node}" if job.gpus_per_node else ""
+        lines = [f"-N {job.name}", f"-l {chunk}"]
+        lines += [f"-l {k}={v}" for k, v in extra.items()]
+        lines.append(f"-l walltime={hms(job.time_seconds)}")
+        if job.queue or job.partition:
+            lines.append(f"-q {job.queue or job.partition}")
+        if job.account:
+            lines.append(f"-A {job.account}")
+        lines += ["-j oe", f"-o {job.log}"]
+        return self._lines(lines)
+
+    def state(self, job_id: str) -> str:
+        done = _run(["qstat", "-x", "-f", "-F", "json", job_id])
+        try:
+            info = next(iter(json.loads(done.stdout)["Jobs"].values()))
+        except (ValueError, KeyError, StopIteration):
+            return "UNKNOWN"
+        state = self._states.get(info.get("job_state", ""), "UNKNOWN")
+        if state == "COMPLETED" and int(info.get("Exit_status", 0)) != 0:
+            return "FAILED"
+        return state
+
+
+class Lsf(Scheduler):
+    name = "lsf"
+    prefix = "#BSUB"
+    submit_command = ("bsub",)
+    _states = {"PEND": "PENDING", "PSUSP": "PENDING", "WAIT": "PENDING", "RUN": "RUNNING", "USUSP": "RUNNING",
+               "SSUSP": "RUNNING", "DONE": "COMPLETED", "EXIT": "FAILED", "ZOMBI": "FAILED"}
+
+    def directives(self, job: JobRequest) -> List[str]:
+        minutes = -(-job.time_seconds // 60)
+        lines = [f"-J {job.name}", f"-nnodes {job.nodes}", f"-W {minutes // 60:02d}:{minutes % 60:02d}"]
+        if job.account:
+            lines.append(f"{job.account_option or '-P'} {job.account}")
+        if job.queue or job.partition:
+            lines.append(f"-q {job.queue or job.partition}")
+        lines.append(f"-o {job.log}")
+        return self._lines(lines)
+
+    def submit(self, script: str, cwd: str) -> str:
+        # bsub reads the #BSUB lines only from standard input
+        with open(os.path.join(cwd, script)) as fh:
+            try:
+                done = subprocess.run(["bsub"], stdin=fh, capture_output=True, text=True, cwd=cwd, timeout=120)
+            except FileNotFoundError:
+                raise ConfigError("bsub not found: is this a login node of the scheduler?") from None
+        match = re.search(r"Job <(\d+)>", done.stdout)
+        if done.returncode != 0 or not match:
+            raise ConfigError(f"bsub < {script} failed: {' '.join((done.stderr or done.stdout).split())}")
+        return match.group(1)
+
+    def state(self, job_id: str) -> str:
+        done = _run(["bjobs", "-noheader", "-o", "stat", job_id])
+        words = done.stdout.split()
+        return self._states.get(words[0], "UNKNOWN") if done.returncode == 0 and words else "UNKNOWN"
+
+
+class GridEngine(Scheduler):
+    name = "sge"
+    prefix = "#$"
+    submit_command = ("qsub", "-terse")
+
+    def directives(self, job: JobRequest) -> List[str]:
+        lines = [f"-N {job.name}", "-S /bin/bash", "-cwd", f"-pe {job.parallel_environment} {job.ranks}",
+                 f"-l h_rt={hms(job.time_seconds)}"]
+        if job.queue or job.partition:
+            lines.append(f"-q {job.queue or job.partition}")
+        if job.account:
+            lines.append(f"-A {job.account}")
+        lines += ["-j y", f"-o {job.log}"]
+        return self._lines(lines)
+
+    def parse_job_id(self, stdout: str) -> str:
+        return stdout.strip().split(".")[0]  # array jobs print id.range
+
+    def state(self, job_id: str) -> str:
+        done = _run(["qstat", "-u", "*"])
+        for line in done.stdout.splitlines():
+            words = line.split()
+            if words and words[0] == job_id and len(words) > 4:
+                code = words[4]
+                if "E" in code:
+                    return "FAILED"
+                return "RUNNING" if ("r" in code or "t" in code) else "PENDING"
+        return "UNKNOWN"  # left the queue: finished; qacct (if accounting is on) has the exit status
+
+
+class Local(Scheduler):
+    """No scheduler: ``submit`` runs the script here and now, one after another."""
+
+    name = "local"
+    submit_command = ("bash",)
+
+    def directives(self, job: JobRequest) -> List[str]:
+        return []
+
+    def run(self, script: str, log: str, cwd: str) -> int:
+        path = os.path.join(cwd, log)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as out:
+            return subprocess.run(["bash", script], stdout=out, stderr=subprocess.STDOUT, cwd=cwd).returncode
+
+    def state(self, job_id: str) -> str:
+        return "UNKNOWN"  # local runs record their final state at submission
+
+
+SCHEDULER_CLASSES = {cls.name: cls for cls in (Slurm, Pbs, Lsf, GridEngine, Local)}
+
+
+def get_scheduler(name: str) -> Scheduler:
+    try:
+        return SCHEDULER_CLASSES[name]()
+    except KeyError:
+        raise ConfigError(f"unknown scheduler {name!r}: choose one of {', '.join(SCHEDULER_CLASSES)}") from None

@@ -1,0 +1,134 @@
+"""Site profiles: what a cluster needs in a job script (scheduler, launcher, node shape, modules).
+
+Built-in profiles live in ``fourd_mpi/jobs/sites/<name>.yaml``; ``--site FILE.yaml`` takes a
+user profile of the same form for any other cluster. A profile is validated with JSON
+Schema, so a typo names its key and line. Values that reach scheduler directives are
+restricted to a safe character set (``#SBATCH`` lines are parsed by the scheduler, not by
+a shell, so quoting would not protect them); everything else is shell-quoted when rendered.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.jobs.spec import SAFE_VALUE_PATTERN, TIME_PATTERN
+from fourd_mpi.util.yamlspec import load_yaml
+
+SITES_DIR = os.path.join(os.path.dirname(__file__), "sites")
+SCHEDULERS = ("local", "slurm", "pbs", "lsf", "sge")
+LAUNCHERS = ("mpiexec", "srun", "jsrun", "lrun", "polaris-mpiexec")
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+_safe = {"type": "string", "pattern": SAFE_VALUE_PATTERN,
+         "description": "use letters, digits and _.:+@/=,- only (the value goes into scheduler directives)"}
+_count = {"type": "integer", "minimum": 0}
+
+SITE_SCHEMA: Dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "scheduler", "launcher", "ranks_per_node"],
+    "properties": {
+        "name": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+                 "description": "a site name uses letters, digits and . _ -"},
+        "description": {"type": "string"},
+        "scheduler": {"enum": list(SCHEDULERS)},
+        "launcher": {"enum": list(LAUNCHERS)},
+        "launcher_args": {"type": "array", "items": {"type": "string"}},
+        "ranks_per_node": {"type": "integer", "minimum": 1},
+        "cores_per_node": _count,
+        "gpus_per_node": _count,
+        "cpus_per_rank": {"type": "integer", "minimum": 1},
+        "backend": {"enum": ["auto", "numpy", "cupy"]},
+        "gpu_affinity_script": {"type": "boolean"},
+        "parallel_environment": _safe,
+        "account_option": {"enum": ["-A", "-P", "-G", "--account"]},
+        "requires": {"type": "array", "items": {"enum": ["account", "partition", "qos", "queue", "constraint"]}},
+        "directives": {"type": "object", "propertyNames": {"pattern": r"^[a-z][a-z0-9-]*$"},
+                       "additionalProperties": _safe},
+        "modules": {"type": "array", "items": {"type": "string", "pattern": r"^[A-Za-z0-9_.+/@-]+$",
+                                               "description": "a module name uses letters, digits and _.+/@-"}},
+        "module_paths": {"type": "array", "items": {"type": "string", "pattern": r"^[A-Za-z0-9_.+/@-]+$",
+                                                    "description": "a module path uses letters, digits, _.+/@-"}},
+        "env": {"type": "object", "propertyNames": {"pattern": ENV_NAME_PATTERN},
+                "additionalProperties": {"type": ["string", "number", "boolean"]}},
+        "setup": {"type": "array", "items": {"type": "string"}},
+        "python": {"type": "string", "minLength": 1},
+        "defaults": {
+            "type": "object", "additionalProperties": False,
+            "properties": {"time": {"type": "string", "pattern": TIME_PATTERN,
+                                    "description": "a time limit is MM:SS, HH:MM:SS or D-HH:MM:SS"},
+                           "account": _safe, "partition": _safe, "qos": _safe, "queue": _safe,
+                           "constraint": _safe, "reservation": _safe},
+        },
+    },
+}
+
+
+@dataclass(frozen=True)
+class Site:
+    """A validated site profile (see the YAML files in ``fourd_mpi/sites``)."""
+
+    name: str
+    scheduler: str
+    launcher: str
+    ranks_per_node: int
+    description: str = ""
+    launcher_args: Tuple[str, ...] = ()
+    cores_per_node: int = 0
+    gpus_per_node: int = 0
+    cpus_per_rank: Optional[int] = None
+    backend: str = "auto"
+    gpu_affinity_script: bool = False
+    parallel_environment: str = "mpi"
+    account_option: Optional[str] = None
+    requires: Tuple[str, ...] = ()  # job settings the site's scheduler refuses jobs without
+    directives: Tuple[Tuple[str, str], ...] = ()
+    modules: Tuple[str, ...] = ()
+    module_paths: Tuple[str, ...] = ()
+    env: Tuple[Tuple[str, str], ...] = ()
+    setup: Tuple[str, ...] = ()
+    python: str = "python3"
+    defaults: Dict[str, str] = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def uses_gpus(self) -> bool:
+        return self.gpus_per_node > 0
+
+    def rank_layout(self, ranks: int, ranks_per_node: Optional[int] = None) -> Tuple[int, int]:
+        """``(nodes, ranks per node)`` for ``ranks``; full nodes only, so that nodes x per node = ranks."""
+        per_node = ranks_per_node or self.ranks_per_node
+        if self.scheduler == "local":
+            return 1, ranks
+        if self.uses_gpus and per_node > self.gpus_per_node:
+            raise ConfigError(f"site {self.name}: {per_node} ranks per node but {self.gpus_per_node} GPUs "
+                              f"per node (one GPU per rank)")
+        if ranks <= per_node:
+            return 1, ranks
+        if ranks % per_node:
+            raise ConfigError(f"site {self.name}: {ranks} ranks do not fill nodes of {per_node} ranks: "
+                              f"use a multiple of {per_node} or set job.ranks_per_node")
+        return ranks // per_node, per_node
+
+
+def builtin_sites() -> List[str]:
+    return sorted(os.path.splitext(f)[0] for f in os.listdir(SITES_DIR) if f.endswith(".yaml"))
+
+
+def load_site(name_or_path: str) -> Site:
+    """A built-in site by name, or a user profile from a ``.yaml`` file."""
+    if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
+        path = name_or_path
+    else:
+        path = os.path.join(SITES_DIR, name_or_path + ".yaml")
+        if not os.path.exists(path):
+            raise ConfigError(f"unknown site {name_or_path!r}: choose one of {', '.join(builtin_sites())} "
+                              "or give a site profile FILE.yaml")
+    data = load_yaml(path, "site profile", SITE_SCHEMA).data
+    tuples = {k: tuple(data[k]) for k in ("launcher_args", "modules", "module_paths", "setup", "requires") if k in data}
+    pairs = {k: tuple((str(a), str(b)) for a, b in data[k].items()) for k in ("directives", "env") if k in data}
+    rest = {k: v for k, v in data.items() if k not in tuples and k not in pairs}
+    return Site(**rest, **tuples, **pairs, source=path)

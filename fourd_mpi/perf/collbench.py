@@ -1,0 +1,621 @@
+"""``fourd-mpi bench collectives``: OSU / nccl-tests style micro-benchmark and machine calibration.
+
+Run under ``mpiexec``. For every axis communicator of the benchmarked grids (every instance of
+an axis runs at once, as in a training step) and for the world: ``Iallgather``,
+``Ireduce_scatter_block``, ``Iallreduce`` (each waited at once) and their blocking forms over a
+sweep of message sizes, with warm-up and timed iterations (a barrier between iterations, not
+timed). Message size ``S`` is the nccl-tests "size": the gathered buffer of an all-gather, the
+full input of a reduce-scatter, the buffer of an all-reduce.
+
+- latency = median over iterations on each rank, maximum over ranks;
+- ``algbw = S / latency``; ``busbw = algbw * (p-1)/p`` (all-gather, reduce-scatter),
+  ``* 2(p-1)/p`` (all-reduce) (nccl-tests, PERFORMANCE.md);
+- overlap of the nonblocking forms with a compute phase: NumPy GEMMs of 128 x 128, as many as
+  take as long as the pure collective (``t_pure``); ``t_cpu`` the GEMMs alone, ``t_ovrl``
+  start + GEMMs + wait, without polling and with ``MPI_Testall`` between GEMMs (as
+  ``--progress poll``). OSU: ``max(0, 100 - 100*(t_ovrl - t_cpu)/t_pure)`` averaged over ranks;
+  IMB-NBC: ``100*max(0, min(1, (t_pure + t_cpu - t_ovrl)/max(t_pure, t_cpu)))`` with the slowest
+  rank's times.
+
+Calibration (written as a machine profile, :mod:`fourd_mpi.perf.machine`): alpha and beta per
+collective and placement level (intra-node axes, inter-node axes) fitted to the nonblocking
+latencies by least squares on relative error, ``t = k(p-1)*alpha + k(p-1)/p*S*beta``, overall
+and per group size; the GEMM rate per dtype of one rank alone (the others sleep) and of all
+ranks at once (their ratio is the oversubscription factor), element-wise bandwidth and the cost
+of one NumPy call; the overlap efficiency = OSU overlap with polling at the largest sizes / 100.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.core.grid import GridShape, infer_grid_shape
+
+OPS = ("iallgather", "ireduce_scatter", "iallreduce", "allgather", "reduce_scatter", "allreduce")
+KIND_OF = {op: op.lstrip("i") if op.startswith("i") else op for op in OPS}
+KIND_OF["ireduce_scatter"] = "reduce_scatter"
+FORMULAS = [
+    "latency: median over iterations on each rank, max over ranks; size S = nccl-tests size "
+    "(gathered buffer / full input / buffer)",
+    "algbw = S / latency;  busbw = algbw * (p-1)/p (allgather, reduce_scatter), algbw * 2(p-1)/p (allreduce)",
+    "OSU overlap % = max(0, 100 - 100*(t_ovrl - t_cpu)/t_pure), averaged over ranks",
+    "IMB-NBC overlap % = 100*max(0, min(1, (t_pure + t_cpu - t_ovrl)/max(t_pure, t_cpu))), slowest rank's times",
+    "fit: t = k(p-1)*alpha + k(p-1)/p*S*beta, k = 2 for allreduce else 1 (least squares on relative error, "
+    "nonblocking forms)",
+]
+
+
+# ---------------------------------------------------------------------------
+# argument parsing (registered by cli.build_parser)
+# ---------------------------------------------------------------------------
+
+def _size(text: str) -> int:
+    units = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
+    t = text.strip().lower().rstrip("b").rstrip("i")
+    scale = units.get(t[-1:], 1)
+    t = t[:-1] if t[-1:] in units else t
+    try:
+        value = int(float(t) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 8, 64K or 4M, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return value
+
+
+def add_parser(sub) -> None:
+    """``fourd-mpi bench collectives ...``"""
+    from fourd_mpi.cli.main import positive_int
+
+    bench = sub.add_parser("bench", help="micro-benchmarks under mpiexec: collectives (OSU / nccl-tests "
+                           "style) and the machine profile for the performance model")
+    bsub = bench.add_subparsers(dest="bench_command", required=True, parser_class=sub._parser_class)
+    p = bsub.add_parser("collectives", help="latency, algbw/busbw and overlap %% of the grid's collectives; "
+                        "writes a machine profile")
+    g = p.add_argument_group("communicators (each axis of size > 1, and the world)")
+    for axis in ("gx", "gy", "gz", "gdata"):
+        g.add_argument(f"--{axis}", type=positive_int, default=None, metavar="N")
+    g.add_argument("--grid", action="append", default=[], metavar="DxZxYxX",
+                   help="grid to benchmark (repeatable); default: the grid flags, or when none is given one "
+                        "grid per divisor p of the world with G_x = p (every group size once)")
+    g.add_argument("--no-world", action="store_true", help="skip the world communicator")
+    s = p.add_argument_group("sweep")
+    s.add_argument("--ops", default=",".join(OPS), metavar="LIST", help=f"comma list of {', '.join(OPS)}")
+    s.add_argument("--min-size", type=_size, default=8, metavar="BYTES", help="smallest message (default 8)")
+    s.add_argument("--max-size", type=_size, default=4 * 1024 ** 2, metavar="BYTES",
+                   help="largest message (default 4M)")
+    s.add_argument("--factor", type=positive_int, default=8, help="size step (default 8: 8, 64, 512, ...)")
+    s.add_argument("--iters", type=positive_int, default=20, help="timed iterations (default 20; a quarter, "
+                   "at least 3, from 1 MiB)")
+    s.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
+    s.add_argument("--overlap-sizes", type=positive_int, default=2, metavar="K",
+                   help="measure overlap at the K largest sizes (default 2; 0 skips it)")
+    c = p.add_argument_group("compute calibration")
+    c.add_argument("--dtypes", default="float32,float64", help="GEMM dtypes to measure (default float32,float64)")
+    c.add_argument("--gemm-size", type=positive_int, default=256, help="n of the n x n x n GEMM (default 256)")
+    c.add_argument("--backend", default="numpy", choices=("numpy", "cupy"), help="array library of the GEMM "
+                   "(collective buffers are host memory)")
+    o = p.add_argument_group("output")
+    o.add_argument("-o", "--output", metavar="FILE", default=None,
+                   help="machine profile to write (default results/profiles/<host>.yaml)")
+    o.add_argument("--name", default=None, help="profile name (default local-<host>)")
+    o.add_argument("--fallback", default=None, metavar="PROFILE",
+                   help="built-in profile named in the file for levels not measured (e.g. perlmutter)")
+    o.add_argument("--force", action="store_true", help="replace an existing profile file")
+    o.add_argument("--table", metavar="FILE", help="also write the printed tables there")
+
+
+# ---------------------------------------------------------------------------
+# pure helpers (tested without MPI)
+# ---------------------------------------------------------------------------
+
+def message_sizes(min_size: int, max_size: int, factor: int, multiple: int) -> List[int]:
+    """Sizes from ``min_size`` to ``max_size`` in steps of ``factor``, each rounded up to a multiple of
+    ``multiple`` bytes (whole elements on every rank of the group)."""
+    if min_size > max_size:
+        raise ConfigError(f"--min-size {min_size} is larger than --max-size {max_size}")
+    if factor < 2:
+        raise ConfigError(f"--factor must be at least 2, got {factor}")
+    out, s = [], min_size
+    while s <= max_size:
+        rounded = -(-s // multiple) * multiple
+        if rounded not in out:
+            out.append(rounded)
+        s *= factor
+    return out
+
+
+def bus_factor(kind: str, p: int) -> float:
+    """nccl-tests: busbw = algbw * factor."""
+    return (2.0 if kind == "allreduce" else 1.0) * (p - 1) / p if p > 1 else 0.0
+
+
+def osu_overlap(t_ovrl: float, t_cpu: float, t_pure: float) -> float:
+    """OSU's overlap % of one rank."""
+    return max(0.0, 100.0 - 100.0 * (t_ovrl - t_cpu) / t_pure) if t_pure > 0 else float("nan")
+
+
+def imb_overlap(t_ovrl: float, t_cpu: float, t_pure: float) -> float:
+    """IMB-NBC's overlap %."""
+    denom = max(t_pure, t_cpu)
+    return 100.0 * max(0.0, min(1.0, (t_pure + t_cpu - t_ovrl) / denom)) if denom > 0 else float("nan")
+
+
+def fit_alpha_beta(points: List[Tuple[str, int, int, float]]) -> Optional[Dict[str, float]]:
+    """Least squares on relative error of ``t = k(p-1)*alpha + k(p-1)/p*S*beta`` for points
+    ``(kind, p, S, t)``; non-negative (a negative coefficient is set to 0 and the other refitted).
+    Returns ``{"alpha_s", "beta_s_per_byte", "points", "rms_rel_error"}`` or None without points."""
+    pts = [(k, p, s, t) for k, p, s, t in points if p > 1 and t > 0]
+    if not pts:
+        return None
+    a = np.array([[(2 if k == "allreduce" else 1) * (p - 1),
+                   (2 if k == "allreduce" else 1) * (p - 1) / p * s] for k, p, s, _ in pts], dtype=float)
+    t = np.array([pt[3] for pt in pts])
+    w = a / t[:, None]
+    ones = np.ones(len(t))
+    coef = np.linalg.lstsq(w, ones, rcond=None)[0] if len(t) >= 2 else np.array([t[0] / a[0, 0], 0.0])
+    if coef[0] < 0 or coef[1] < 0:
+        j = 1 if coef[0] < 0 else 0  # keep the other term
+        c = float(np.dot(w[:, j], ones) / max(np.dot(w[:, j], w[:, j]), 1e-300))
+        coef = np.array([0.0, c]) if j == 1 else np.array([c, 0.0])
+    rel = a @ coef / t - 1
+    return {"alpha_s": float(coef[0]), "beta_s_per_byte": float(coef[1]), "points": len(t),
+            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2)))}
+
+
+def default_grids(world_size: int) -> List[GridShape]:
+    """One grid per divisor ``1 < p < world`` with ``G_x = p`` (the data axis takes the rest)."""
+    return [GridShape(world_size // p, 1, 1, p) for p in range(2, world_size) if world_size % p == 0]
+
+
+# ---------------------------------------------------------------------------
+# measurement (collective over the world)
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    comm: str
+    level: str
+    p: int
+    op: str
+    size: int
+    iters: int
+    lat_s: float
+
+    @property
+    def kind(self) -> str:
+        return KIND_OF[self.op]
+
+    @property
+    def algbw(self) -> float:
+        return self.size / self.lat_s / 1e9 if self.lat_s > 0 else float("nan")
+
+    @property
+    def busbw(self) -> float:
+        return self.algbw * bus_factor(self.kind, self.p)
+
+
+def _buffers(op: str, size: int, p: int):
+    elems = size // 4
+    if KIND_OF[op] == "allgather":
+        return np.ones(elems // p, np.float32), np.empty(elems, np.float32)
+    if KIND_OF[op] == "reduce_scatter":
+        return np.ones(elems, np.float32), np.empty(elems // p, np.float32)
+    return np.ones(elems, np.float32), np.empty(elems, np.float32)
+
+
+def _starter(comm, op: str, send, recv):
+    return {"iallgather": lambda: comm.Iallgather(send, recv),
+            "ireduce_scatter": lambda: comm.Ireduce_scatter_block(send, recv),
+            "iallreduce": lambda: comm.Iallreduce(send, recv),
+            "allgather": lambda: comm.Allgather(send, recv),
+            "reduce_scatter": lambda: comm.Reduce_scatter_block(send, recv),
+            "allreduce": lambda: comm.Allreduce(send, recv)}[op]
+
+
+def _time_op(comm, op: str, size: int, iters: int, warmup: int) -> float:
+    """Median seconds of one collective on this rank (barrier between iterations, not timed)."""
+    from mpi4py import MPI
+
+    send, recv = _buffers(op, size, comm.Get_size())
+    start = _starter(comm, op, send, recv)
+    times = []
+    for i in range(warmup + iters):
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        req = start()
+        if req is not None:
+            req.Wait()
+        t1 = MPI.Wtime()
+        if i >= warmup:
+            times.append(t1 - t0)
+    return float(np.median(times))
+
+
+def _gemm_calls(n_calls: int, a, b, poll=None) -> None:
+    for _ in range(n_calls):
+        a @ b
+        if poll is not None:
+            poll()
+
+
+def _measure_overlap(comm, world, op: str, size: int, iters: int, warmup: int) -> Dict[str, float]:
+    """t_pure, t_cpu, t_ovrl without and with polling, and the OSU / IMB-NBC overlap %."""
+    from mpi4py import MPI
+
+    send, recv = _buffers(op, size, comm.Get_size())
+    start = _starter(comm, op, send, recv)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((128, 128)).astype(np.float32)
+    b = rng.standard_normal((128, 128)).astype(np.float32)
+
+    def median_time(body):
+        times = []
+        for i in range(warmup + iters):
+            comm.Barrier()
+            t0 = MPI.Wtime()
+            body()
+            if i >= warmup:
+                times.append(MPI.Wtime() - t0)
+        return float(np.median(times))
+
+    t_pure = median_time(lambda: start().Wait())
+    t_gemm = median_time(lambda: _gemm_calls(4, a, b)) / 4
+    # every rank computes the same number of GEMMs (the slowest rank's pure time decides)
+    n_calls = max(1, int(round(world.allreduce(t_pure, op=MPI.MAX) / max(t_gemm, 1e-9))))
+    n_calls = world.allreduce(n_calls, op=MPI.MAX)
+    t_cpu = median_time(lambda: _gemm_calls(n_calls, a, b))
+    # once more, with the GEMM time measured inside a phase of that length (contention changes it)
+    t_cpu_max = world.allreduce(t_cpu, op=MPI.MAX)
+    n_calls = max(1, int(round(n_calls * world.allreduce(t_pure, op=MPI.MAX) / max(t_cpu_max, 1e-9))))
+    n_calls = world.allreduce(n_calls, op=MPI.MAX)
+    t_cpu = median_time(lambda: _gemm_calls(n_calls, a, b))
+
+    def overlapped(poll: bool):
+        def body():
+            req = start()
+            _gemm_calls(n_calls, a, b, (lambda: req.Test()) if poll else None)
+            req.Wait()
+        return body
+
+    t_none = median_time(overlapped(False))
+    t_poll = median_time(overlapped(True))
+    out = {"t_pure": t_pure, "t_cpu": t_cpu, "t_ovrl_none": t_none, "t_ovrl_poll": t_poll, "gemms": n_calls}
+    for mode, t in (("none", t_none), ("poll", t_poll)):
+        out[f"osu_{mode}"] = world.allreduce(osu_overlap(t, t_cpu, t_pure)) / world.Get_size()
+        slow = [world.allreduce(v, op=MPI.MAX) for v in (t, t_cpu, t_pure)]
+        out[f"imb_{mode}"] = imb_overlap(*slow)
+    return out
+
+
+def _measure_sync(comm, iters: int, warmup: int) -> float:
+    """Extra seconds of an 8-byte ``Iallreduce`` issued right after a compute phase (no barrier before it),
+    over the same collective after a barrier: the cost of ranks arriving apart, which on an oversubscribed
+    node includes waiting for partners to be scheduled. Median over iterations on each rank."""
+    from mpi4py import MPI
+
+    send, recv = np.ones(2, np.float32), np.empty(2, np.float32)
+    rng = np.random.default_rng(comm.Get_rank())
+    a = rng.standard_normal((96, 96)).astype(np.float32)
+    extra = []
+    for i in range(warmup + iters):
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        comm.Iallreduce(send, recv).Wait()
+        t_pure = MPI.Wtime() - t0
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        for _ in range(8):
+            a @ a
+        t1 = MPI.Wtime()
+        comm.Iallreduce(send, recv).Wait()
+        t_after = MPI.Wtime() - t1
+        if i >= warmup:
+            extra.append(max(0.0, t_after - t_pure))
+    return float(np.median(extra))
+
+
+def _sleep_others(world, measure):
+    """Rank 0 runs ``measure()`` while the others sleep (not spin in MPI); returns its result on all."""
+    world.Barrier()
+    if world.Get_rank() == 0:
+        result = measure()
+    else:
+        result = None
+    # the others sleep in slices until rank 0 reports (a nonblocking barrier, tested rarely)
+    req = world.Ibarrier()
+    while not req.Test():
+        time.sleep(0.01 if world.Get_rank() else 0.0)
+    return world.bcast(result, root=0)
+
+
+def _compute_rates(world, dtypes: List[str], n: int, backend_name: str) -> Dict[str, Dict[str, float]]:
+    """GEMM TFLOP/s per dtype alone and all at once; element-wise bandwidth and per-call overhead alone."""
+    from fourd_mpi.core.backend import make_backend, parse_dtype
+    from fourd_mpi.step.kernels import standalone_gemm_tflops
+
+    out: Dict[str, Dict[str, float]] = {"alone": {}, "all": {}}
+    for dtype in dtypes:
+        backend = make_backend(backend_name, parse_dtype(dtype), 0, "staged" if backend_name == "cupy" else "auto")
+        out["alone"][dtype] = _sleep_others(world, lambda: standalone_gemm_tflops(backend, n, n, n, repeats=5,
+                                                                                  min_seconds=0.2))
+        world.Barrier()
+        rate = standalone_gemm_tflops(backend, n, n, n, repeats=5, min_seconds=0.4)
+        out["all"][dtype] = world.allreduce(rate) / world.Get_size()
+
+    def elementwise():
+        big = np.ones(1 << 20, np.float32)
+        big2 = np.ones(1 << 20, np.float32)
+        small = np.ones(8, np.float32)
+        res = np.empty_like(big)
+        times = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            np.add(big, big2, out=res)
+            times.append(time.perf_counter() - t0)
+        bw = 3 * big.nbytes / min(times)
+        calls = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            for _ in range(100):
+                small + small
+            calls.append((time.perf_counter() - t0) / 100)
+        return bw, min(calls)
+
+    bw, call = _sleep_others(world, elementwise)
+    out["mem_bandwidth_gbs"] = {"alone": bw / 1e9}
+    out["op_overhead_s"] = {"alone": call}
+    world.Barrier()
+    return out
+
+
+def run_bench(args, world) -> Dict:
+    """Measure everything; returns ``{"rows", "overlap", "compute", "grids", ...}`` (same on every rank)."""
+    from mpi4py import MPI
+
+    from fourd_mpi.core.grid import ProcessGrid
+
+    size = world.Get_size()
+    ops = [o.strip().lower() for o in args.ops.split(",") if o.strip()]
+    bad = [o for o in ops if o not in OPS]
+    if bad:
+        raise ConfigError(f"--ops: unknown {', '.join(bad)} (choose from {', '.join(OPS)})")
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must be zero or positive, got {args.warmup}")
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    from fourd_mpi.core.backend import DTYPES
+
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad or not dtypes:
+        raise ConfigError(f"--dtypes: unknown {', '.join(bad) or '(none)'} (choose from {', '.join(DTYPES)})")
+    flags = {"data": args.gdata, "z": args.gz, "y": args.gy, "x": args.gx}
+    if args.grid:
+        grids = [GridShape.parse(g) for g in args.grid]
+        wrong = [str(g) for g in grids if g.size != size]
+        if wrong:
+            raise ConfigError(f"--grid {', '.join(wrong)}: product is not the world size {size}")
+    elif any(v is not None for v in flags.values()):
+        grids = [infer_grid_shape(size, **flags)]
+    else:
+        grids = default_grids(size)
+    # every rank checks the same sizes before any collective
+    for g in grids:
+        for axis in ("x", "y", "z", "data"):
+            if g[axis] > 1:
+                message_sizes(args.min_size, args.max_size, args.factor, 4 * g[axis])
+    message_sizes(args.min_size, args.max_size, args.factor, 4 * size)
+
+    comms: List[Tuple[str, str, object]] = []  # (name, level, communicator)
+    seen = set()
+    made = []
+    num_nodes, local_size = 1, size
+    for g in grids:
+        pg = ProcessGrid(world, g)
+        made.append(pg)
+        num_nodes, local_size = pg.num_nodes, max(pg.ranks_per_node)
+        for axis in ("x", "y", "z", "data"):
+            p = g[axis]
+            if p == 1:
+                continue
+            level = "intra" if pg.intra_node[axis] else "inter"
+            key = (p, level, axis if pg.num_nodes > 1 else "")
+            if key in seen:
+                continue
+            seen.add(key)
+            comms.append((f"{g}:{axis}", level, pg.axis_comm(axis)))
+    if not args.no_world and size > 1:
+        comms.append(("world", "intra" if num_nodes == 1 else "inter", world))
+
+    rows: List[Row] = []
+    overlap: List[Dict] = []
+    syncs: List[Dict] = []
+    for name, level, comm in comms:
+        p = comm.Get_size()
+        sizes = message_sizes(args.min_size, args.max_size, args.factor, 4 * p)
+        for op in ops:
+            for s in sizes:
+                iters = args.iters if s < 1024 ** 2 else max(3, args.iters // 4)
+                lat = _time_op(comm, op, s, iters, args.warmup)
+                lat = world.allreduce(lat, op=MPI.MAX)
+                rows.append(Row(name, level, p, op, s, iters, lat))
+            if op == "iallreduce":
+                sync = world.allreduce(_measure_sync(comm, max(5, args.iters), args.warmup), op=MPI.MAX)
+                syncs.append({"comm": name, "level": level, "p": p, "sync_s": sync})
+            if op.startswith("i") and args.overlap_sizes > 0:
+                for s in sizes[-args.overlap_sizes:]:
+                    iters = max(3, args.iters // 4)
+                    res = _measure_overlap(comm, world, op, s, iters, args.warmup)
+                    overlap.append(dict(comm=name, level=level, p=p, op=op, size=s, **res))
+    compute = _compute_rates(world, dtypes, args.gemm_size, args.backend)
+    for pg in made:
+        pg.free()
+    return {"rows": rows, "overlap": overlap, "syncs": syncs, "compute": compute, "grids": [str(g) for g in grids],
+            "num_nodes": num_nodes, "ranks_per_node": local_size, "world_size": size}
+
+
+# ---------------------------------------------------------------------------
+# output
+# ---------------------------------------------------------------------------
+
+def format_tables(result: Dict) -> str:
+    lines = [f"{'comm':<14} {'level':<5} {'p':>3} {'op':<16} {'size (B)':>10} {'iters':>5} {'lat (us)':>10} "
+             f"{'algbw GB/s':>10} {'busbw GB/s':>10}"]
+    for r in result["rows"]:
+        lines.append(f"{r.comm:<14} {r.level:<5} {r.p:>3} {r.op:<16} {r.size:>10} {r.iters:>5} "
+                     f"{r.lat_s * 1e6:>10.2f} {r.algbw:>10.4f} {r.busbw:>10.4f}")
+    if result["overlap"]:
+        lines += ["", "overlap with a calibrated compute phase (NumPy 128x128 GEMMs):",
+                  f"{'comm':<14} {'p':>3} {'op':<16} {'size (B)':>10} {'t_pure ms':>9} {'t_cpu ms':>9} "
+                  f"{'ovrl none':>9} {'OSU%':>6} {'IMB%':>6} {'ovrl poll':>9} {'OSU%':>6} {'IMB%':>6}"]
+        for o in result["overlap"]:
+            lines.append(f"{o['comm']:<14} {o['p']:>3} {o['op']:<16} {o['size']:>10} {o['t_pure'] * 1e3:>9.3f} "
+                         f"{o['t_cpu'] * 1e3:>9.3f} {o['t_ovrl_none'] * 1e3:>9.3f} {o['osu_none']:>6.1f} "
+                         f"{o['imb_none']:>6.1f} {o['t_ovrl_poll'] * 1e3:>9.3f} {o['osu_poll']:>6.1f} "
+                         f"{o['imb_poll']:>6.1f}")
+    if result.get("syncs"):
+        lines += ["", "synchronization: extra latency of an 8-byte Iallreduce right after compute vs after a barrier:"]
+        lines += [f"  {y['comm']:<14} p={y['p']:<3} {y['sync_s'] * 1e6:10.1f} us" for y in result["syncs"]]
+    c = result["compute"]
+    lines += ["", "compute (per rank):"]
+    for dtype, alone in c["alone"].items():
+        lines.append(f"  GEMM {dtype}: {alone * 1e3:.2f} GFLOP/s alone, {c['all'][dtype] * 1e3:.2f} GFLOP/s with all "
+                     f"{result['ranks_per_node']} ranks of the node computing (x{alone / c['all'][dtype]:.2f})")
+    lines.append(f"  element-wise {c['mem_bandwidth_gbs']['alone']:.2f} GB/s alone; one small NumPy call "
+                 f"{c['op_overhead_s']['alone'] * 1e6:.2f} us alone")
+    lines += ["", "formulas:"] + [f"  {f}" for f in FORMULAS]
+    return "\n".join(lines)
+
+
+def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str] = None,
+                  backend: str = "numpy", cores: Optional[int] = None) -> Dict:
+    """The machine-profile mapping (:data:`fourd_mpi.perf.machine.PROFILE_SCHEMA`) from a benchmark result."""
+    levels: Dict[str, Dict] = {}
+    for level in ("intra", "inter"):
+        rows = [r for r in result["rows"] if r.level == level and r.op.startswith("i")]
+        if not rows:
+            continue
+        entry: Dict = {"shared_by": int(result["ranks_per_node"]),
+                       "description": f"fitted to {len(rows)} nonblocking latencies"}
+        by_size: Dict[str, Dict] = {}
+        for kind in ("allgather", "reduce_scatter", "allreduce"):
+            pts = [(r.kind, r.p, r.size, r.lat_s) for r in rows if r.kind == kind]
+            fit = fit_alpha_beta(pts)
+            if fit is None:
+                break
+            entry[kind] = fit
+            per_p = {}
+            for p in sorted({pt[1] for pt in pts}):
+                f = fit_alpha_beta([pt for pt in pts if pt[1] == p])
+                if f is not None and f["points"] >= 2:
+                    per_p[str(p)] = f
+            if per_p:
+                by_size[kind] = per_p
+        else:
+            if by_size:
+                entry["by_size"] = by_size
+            syncs = {}
+            for y in result.get("syncs", []):
+                if y["level"] == level:
+                    syncs.setdefault(str(y["p"]), []).append(y["sync_s"])
+            if syncs:
+                entry["sync_s"] = {p: float(np.median(v)) for p, v in syncs.items()}
+            levels[level] = entry
+    if not levels:
+        raise ConfigError("no nonblocking collective was measured: include iallgather, ireduce_scatter and "
+                          "iallreduce in --ops to write a profile")
+    c = result["compute"]
+    oversub = float(np.median([c["alone"][d] / c["all"][d] for d in c["alone"]]))
+    polled = [o["osu_poll"] for o in result["overlap"] if math.isfinite(o["osu_poll"])]
+    top = sorted(min(100.0, v) for v in polled)[len(polled) // 2:] if polled else []  # the larger half is representative
+    efficiency = float(np.clip(np.median(top) / 100.0, 0.0, 1.0)) if top else 0.0
+    from mpi4py import MPI
+
+    profile = {
+        "name": name,
+        "description": f"calibrated on {hostname}: {result['world_size']} ranks, {result['num_nodes']} node(s)",
+        "source": f"calibrated by fourd-mpi bench collectives at {datetime.now(timezone.utc).isoformat(timespec='seconds')}",
+        "backend": backend,
+        "node": {"ranks_per_node": int(result["ranks_per_node"]), "cores_per_node": int(cores or os.cpu_count() or 0),
+                 "hostname": hostname},
+        "compute": {
+            "gemm_tflops": {d: float(v) for d, v in c["alone"].items()},
+            "mem_bandwidth_gbs": float(c["mem_bandwidth_gbs"]["alone"]),
+            "op_overhead_s": float(c["op_overhead_s"]["alone"]),
+            "oversubscription": max(1.0, oversub),
+        },
+        "progress": {"overlap_efficiency": efficiency, "host_driven": backend == "numpy",
+                     "description": "median OSU overlap % / 100 with Testall between GEMMs, larger half of the "
+                                    "measured sizes"},
+        "levels": levels,
+        "calibration": {"grids": result["grids"], "world_size": result["world_size"],
+                        "num_nodes": result["num_nodes"],
+                        "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+                        "gemm_tflops_all_ranks": {d: float(v) for d, v in c["all"].items()}},
+    }
+    if "inter" not in levels:
+        profile["calibration"]["missing"] = ("inter: measured on one node; predictions for grids that cross "
+                                             "nodes need a fallback profile or a multi-node calibration")
+    if fallback:
+        profile["fallback"] = fallback
+    return profile
+
+
+def cmd_bench(args, world) -> int:
+    """``fourd-mpi bench collectives``: run, print the tables (rank 0), write the profile (rank 0)."""
+    import yaml
+
+    hostname = socket.gethostname()
+    out = args.output or os.path.join("results", "profiles", f"{hostname}.yaml")
+    exists = os.path.exists(out) if world.Get_rank() == 0 else False
+    exists = world.bcast(exists, root=0)
+    if exists and not args.force:
+        raise ConfigError(f"{out} already exists (use --force to replace it)")
+    if args.fallback:
+        from fourd_mpi.perf.machine import load_profile
+
+        load_profile(args.fallback)  # fail early on an unknown name, on every rank
+    result = run_bench(args, world)
+    if world.Get_rank() != 0:
+        return 0
+    text = format_tables(result)
+    print(text, flush=True)
+    name = args.name or f"local-{hostname}"
+    profile = build_profile(result, name, hostname, args.fallback, args.backend)
+    from fourd_mpi.perf.machine import PROFILE_SCHEMA
+
+    import jsonschema
+
+    jsonschema.validate(profile, PROFILE_SCHEMA)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = f"{out}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(f"# machine profile written by fourd-mpi bench collectives ({len(result['rows'])} measurements)\n")
+        yaml.safe_dump(profile, fh, sort_keys=False)
+    os.replace(tmp, out)
+    fits = []
+    for level, entry in profile["levels"].items():
+        for kind in ("allgather", "reduce_scatter", "allreduce"):
+            f = entry[kind]
+            fits.append(f"  {level:<5} {kind:<15} alpha {f['alpha_s'] * 1e6:8.2f} us  beta {f['beta_s_per_byte'] * 1e9:8.4f} "
+                        f"ns/B ({1 / f['beta_s_per_byte'] / 1e9 if f['beta_s_per_byte'] > 0 else float('inf'):.3f} GB/s)"
+                        f"  rms rel. error {100 * f['rms_rel_error']:.0f}% over {f['points']} points")
+    summary = ["", f"machine profile {out}:"] + fits + [
+        f"  oversubscription x{profile['compute']['oversubscription']:.2f}, overlap efficiency with polling "
+        f"{profile['progress']['overlap_efficiency']:.2f}"]
+    if "inter" not in profile["levels"]:
+        summary.append("  no inter-node level (one node): grids that cross nodes need --fallback or a multi-node run")
+    print("\n".join(summary), flush=True)
+    if args.table:
+        with open(args.table, "w") as fh:
+            fh.write(text + "\n" + "\n".join(summary) + "\n")
+    return 0

@@ -1,0 +1,278 @@
+"""``fourd-mpi tune``: rank every grid shape of a rank count by predicted step time.
+
+Every ordered ``(G_data, G_z, G_y, G_x)`` with product N (:func:`fourd_mpi.core.grid.grid_factorizations`)
+is checked against the model's divisibility rules (:func:`fourd_mpi.step.presets.model_problems`) and
+the memory limit (:mod:`fourd_mpi.perf.memory`), then predicted (:mod:`fourd_mpi.perf.predict`) on a
+machine profile (:mod:`fourd_mpi.perf.machine`) and sorted by step time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from fourd_mpi.step.presets import ModelConfig, model_problems
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.core.grid import GridShape, grid_factorizations
+from fourd_mpi.perf.machine import MachineProfile, load_profile
+from fourd_mpi.perf.memory import estimate_memory
+from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.perf.predict import Prediction, predict
+
+GIB = 2.0 ** 30
+
+
+@dataclass
+class Ranking:
+    """Predictions sorted by step time, and what was dropped: ``(grid, reason)``."""
+
+    predictions: List[Prediction]
+    dropped: List[Tuple[GridShape, str]] = field(default_factory=list)
+    considered: int = 0
+
+    def dropped_summary(self) -> str:
+        """``"12 of 20 grids dropped: 8 divisibility (hidden size ... not divisible by 8), 4 memory (> 16 GiB)"``."""
+        if not self.dropped:
+            return f"all {self.considered} grids are valid"
+        kinds = Counter(why.split(":", 1)[0] for _, why in self.dropped)
+        examples = {}
+        for g, why in self.dropped:
+            examples.setdefault(why.split(":", 1)[0], f"{g}: {why.split(':', 1)[1].strip()}")
+        parts = [f"{n} {kind} (e.g. {examples[kind]})" for kind, n in kinds.items()]
+        return f"{len(self.dropped)} of {self.considered} grids dropped: " + "; ".join(parts)
+
+
+def _nearby_rank_counts(cfg: ModelConfig, ranks: int, limit: int = 6) -> List[int]:
+    """Rank counts near ``ranks`` for which some grid passes the divisibility rules."""
+    out = []
+    for n in sorted(range(1, 4 * ranks + 1), key=lambda v: (abs(v - ranks), v)):
+        if any(not model_problems(cfg, g) for g in grid_factorizations(n)):
+            out.append(n)
+        if len(out) >= limit:
+            break
+    return sorted(out)
+
+
+def rank_grids(cfg: ModelConfig, ranks: int, profile: MachineProfile, overlap: OverlapConfig = None,
+               dtype: str = "float32", progress: str = "poll", optimizer: str = "adam",
+               memory_limit_bytes: Optional[float] = None, ranks_per_node: Optional[int] = None) -> Ranking:
+    """Every valid grid of ``ranks``, predicted and sorted (fastest first).
+
+    Raises :class:`ConfigError` saying what would fit when nothing does.
+    """
+    if ranks < 1:
+        raise ConfigError(f"--ranks must be positive, got {ranks}")
+    if cfg.batch is None:
+        raise ConfigError(f"preset {cfg.name} needs the global batch: give --batch SEQUENCES")
+    overlap = overlap or OverlapConfig()
+    ranking = Ranking([])
+    fitting: List[Tuple[GridShape, int]] = []
+    for grid in grid_factorizations(ranks):
+        ranking.considered += 1
+        problems = model_problems(cfg, grid)
+        if problems:
+            ranking.dropped.append((grid, f"divisibility: {problems[0]}"))
+            continue
+        need = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap).total
+        fitting.append((grid, need))
+        if memory_limit_bytes is not None and need > memory_limit_bytes:
+            ranking.dropped.append((grid, f"memory: needs {need / GIB:.3g} GiB per rank > "
+                                          f"{memory_limit_bytes / GIB:.3g} GiB"))
+            continue
+        ranking.predictions.append(predict(cfg, grid, profile, overlap, dtype, progress, optimizer, ranks_per_node))
+    if not ranking.predictions:
+        shape = (f"{cfg.name} (hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, seq {cfg.seq}, "
+                 f"batch {cfg.batch})")
+        if not fitting:
+            near = _nearby_rank_counts(cfg, ranks)
+            raise ConfigError(
+                f"no grid of {ranks} ranks fits {shape}: every factorization breaks a divisibility rule "
+                f"(e.g. {ranking.dropped[0][0]}: {ranking.dropped[0][1].split(':', 1)[1].strip()}); rank counts "
+                f"with a valid grid: {', '.join(map(str, near)) or 'none up to ' + str(4 * ranks)}")
+        best_grid, best_need = min(fitting, key=lambda gn: gn[1])
+        more = _ranks_that_fit(cfg, ranks, memory_limit_bytes, dtype, optimizer, overlap)
+        raise ConfigError(
+            f"no grid of {ranks} ranks fits {shape} in {memory_limit_bytes / GIB:.3g} GiB per rank: the "
+            f"smallest need is {best_need / GIB:.3g} GiB per rank (grid {best_grid}); raise --memory-limit to "
+            f"{best_need / GIB:.3g} GiB" + (f", or use {more} ranks (fits)" if more else "")
+            + ", or lower the batch")
+    ranking.predictions.sort(key=lambda p: (p.step_s, str(p.grid)))
+    return ranking
+
+
+def _ranks_that_fit(cfg, ranks, limit, dtype, optimizer, overlap) -> Optional[int]:
+    """The smallest multiple of ``ranks`` (up to 64x) with a grid that fits the memory limit."""
+    n = ranks * 2
+    while n <= ranks * 64:
+        for g in grid_factorizations(n):
+            if not model_problems(cfg, g) and estimate_memory(cfg, g, dtype, optimizer, overlap=overlap).total <= limit:
+                return n
+        n *= 2
+    return None
+
+
+def top_grids(cfg: ModelConfig, ranks: int, k: int, profile=None, overlap: str = "none", dtype: str = "float32",
+              memory_limit_bytes=None) -> List[GridShape]:
+    """The ``k`` grids of ``ranks`` with the smallest predicted step time (for ``grids: auto:K``).
+
+    ``profile``: a :class:`MachineProfile`, a built-in name or a file (None: ``laptop``);
+    ``overlap``: as ``--overlap`` (``none``, ``all``, ``oag,ors``...). Raises :class:`ConfigError`
+    with what would fit when nothing fits.
+    """
+    if k < 1:
+        raise ConfigError(f"k must be positive, got {k}")
+    if not isinstance(profile, MachineProfile):
+        profile = load_profile(profile)
+    ranking = rank_grids(cfg, ranks, profile, OverlapConfig.parse(overlap), dtype,
+                         memory_limit_bytes=memory_limit_bytes)
+    return [p.grid for p in ranking.predictions[:k]]
+
+
+def why_best(ranking: Ranking) -> str:
+    """A sentence on why the first grid wins against the runner-up (and the slowest)."""
+    preds = ranking.predictions
+    best = preds[0]
+    if len(preds) == 1:
+        return f"{best.grid} is the only valid grid."
+    second, worst = preds[1], preds[-1]
+
+    def contrast(other: Prediction) -> str:
+        diffs = {}
+        mine, theirs = best.exposed_by_axis(), other.exposed_by_axis()
+        for axis in set(mine) | set(theirs):
+            diffs[f"{axis}-axis communication"] = theirs.get(axis, 0.0) - mine.get(axis, 0.0)
+        diffs["compute"] = other.compute_s - best.compute_s
+        what, gain = max(diffs.items(), key=lambda kv: kv[1])
+        if gain <= 0:
+            return f"{other.grid} is within the model's noise of it"
+        ops = sorted({op for (axis, op) in other.exposed_s if f"{axis}-axis" in what and other.exposed_s[(axis, op)] > 0})
+        detail = f" ({', '.join(ops)})" if ops else ""
+        return (f"it saves {gain * 1e3:.3g} ms of {what}{detail} per step against {other.grid} "
+                f"({other.step_s * 1e3:.3g} ms)")
+
+    return (f"{best.grid} wins ({best.step_s * 1e3:.3g} ms predicted): {contrast(second)}; "
+            f"against the slowest valid grid, {contrast(worst)}.")
+
+
+# ---------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------
+
+def add_parser(sub) -> None:
+    from fourd_mpi.cli.main import positive_int
+
+    p = sub.add_parser("tune", help="rank every grid shape of a rank count by predicted step time "
+                       "(performance model; one process, no mpiexec)")
+    p.add_argument("--ranks", type=positive_int, required=True, metavar="N")
+    p.add_argument("--model", default="gpt-tiny", help="model preset (default gpt-tiny)")
+    for name in ("layers", "hidden", "heads", "ffn-hidden", "seq", "batch"):
+        p.add_argument(f"--{name}", type=positive_int, default=None, metavar="N",
+                       help="global batch in sequences" if name == "batch" else None)
+    p.add_argument("--site", default=None, help="perlmutter, frontier or local (local: the calibrated "
+                   "results/profiles/<host>.yaml when it exists, else the built-in laptop profile)")
+    p.add_argument("--profile", default=None, metavar="P", help="machine profile: a built-in name or a file "
+                   "written by fourd-mpi bench collectives (overrides --site)")
+    p.add_argument("--fallback-profile", default=None, metavar="P", help="profile for placement levels the "
+                   "profile lacks (e.g. perlmutter for inter-node axes of a one-node calibration)")
+    p.add_argument("--ranks-per-node", type=positive_int, default=None, metavar="R",
+                   help="ranks per node of the run (default: the profile's)")
+    p.add_argument("--overlap", default="none", metavar="LIST", help="as fourd-mpi run --overlap (default none)")
+    p.add_argument("--progress", default="poll", choices=("none", "poll", "thread"))
+    p.add_argument("--dtype", default="float32", choices=("float16", "float32", "float64"))
+    p.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
+    p.add_argument("--top", type=positive_int, default=5, metavar="K", help="grids to show (default 5)")
+    p.add_argument("--memory-limit", type=float, default=None, metavar="GiB", help="drop grids needing more per rank")
+    p.add_argument("--emit-sweep", metavar="FILE", help="write a sweep spec (YAML) that measures the top K")
+    p.add_argument("--force", action="store_true", help="replace an existing --emit-sweep file")
+
+
+def resolve_profile(site: Optional[str], profile: Optional[str], fallback: Optional[str] = None) -> MachineProfile:
+    """``--profile`` wins; ``--site local`` takes the calibrated profile of this host when there is one."""
+    from fourd_mpi.perf.machine import profile_for_site
+
+    if not profile and site == "local":
+        import socket
+
+        calibrated = os.path.join("results", "profiles", f"{socket.gethostname()}.yaml")
+        if os.path.exists(calibrated):
+            return load_profile(calibrated, fallback)
+    return profile_for_site(site, profile, fallback)
+
+
+def _fmt_ms(s: float) -> str:
+    return f"{s * 1e3:.3f}"
+
+
+def format_ranking(ranking: Ranking, k: int) -> str:
+    preds = ranking.predictions[:k]
+    axes = ("x", "y", "z", "data")
+    lines = [f"{'rank':>4} {'grid DxZxYxX':>13} {'step ms':>9} {'compute':>9} {'exposed':>9} "
+             + " ".join(f"{'comm ' + a:>9}" for a in axes) + f" {'wire MB':>8} {'mem GiB':>8}  placement (x,y,z,data)"]
+    for i, p in enumerate(preds, 1):
+        by_axis = p.exposed_by_axis()
+        wire = sum(p.wire_bytes.values()) / 1e6
+        lines.append(f"{i:>4} {str(p.grid):>13} {_fmt_ms(p.step_s):>9} {_fmt_ms(p.compute_s):>9} "
+                     f"{_fmt_ms(p.exposed_total_s):>9} " + " ".join(f"{_fmt_ms(by_axis.get(a, 0.0)):>9}" for a in axes)
+                     + f" {wire:>8.3f} {p.memory.total / GIB:>8.3g}  "
+                     + ",".join(p.placement[a] for a in axes))
+    return "\n".join(lines)
+
+
+def sweep_spec(cfg: ModelConfig, ranks: int, grids: List[GridShape], overlap: str) -> Dict:
+    """The sweep-spec mapping (:mod:`fourd_mpi.jobs.spec` format) measuring ``grids``."""
+    from fourd_mpi.step.presets import PRESETS
+
+    model: Dict = {"preset": cfg.name, "batch": cfg.batch}
+    base = PRESETS.get(cfg.name)
+    for f in ("layers", "hidden", "heads", "ffn_hidden", "seq"):
+        if base is None or getattr(base, f) != getattr(cfg, f):
+            model[f] = getattr(cfg, f)
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in f"tune-{cfg.name}-{ranks}")
+    return {"name": safe, "description": f"the top {len(grids)} grids of fourd-mpi tune",
+            "study": "strong", "ranks": [ranks], "grids": {ranks: [str(g) for g in grids]},
+            "model": model, "options": {"steps": 10, "warmup": 2, "trace_level": "op"},
+            "matrix": {"overlap": [overlap]}}
+
+
+def cmd_tune(args, world=None) -> int:
+    from fourd_mpi.step.presets import resolve_model
+
+    cfg = resolve_model(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
+                        ffn_hidden=args.ffn_hidden, seq=args.seq, batch=args.batch)
+    overlap = OverlapConfig.parse(args.overlap)
+    if args.memory_limit is not None and not args.memory_limit > 0:
+        raise ConfigError(f"--memory-limit must be positive GiB, got {args.memory_limit}")
+    if args.emit_sweep and os.path.exists(args.emit_sweep) and not args.force:
+        raise ConfigError(f"{args.emit_sweep} already exists (use --force to replace it)")
+    profile = resolve_profile(args.site, args.profile, args.fallback_profile)
+    limit = args.memory_limit * GIB if args.memory_limit is not None else None
+    ranking = rank_grids(cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer, limit,
+                         args.ranks_per_node)
+    print(profile.describe())
+    print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
+          f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; overlap {overlap}; progress {args.progress}; "
+          f"{args.dtype}")
+    print(ranking.dropped_summary())
+    print(f"top {min(args.top, len(ranking.predictions))} of {len(ranking.predictions)} valid grids by predicted "
+          f"step time (ms per step; comm = exposed communication per axis):")
+    print(format_ranking(ranking, args.top))
+    print(why_best(ranking))
+    notes = []
+    for p in ranking.predictions[: args.top]:
+        for n in p.notes:
+            if n not in notes:
+                notes.append(n)
+    for n in notes:
+        print(f"note: {n}")
+    if args.emit_sweep:
+        import yaml
+
+        grids = [p.grid for p in ranking.predictions[: args.top]]
+        spec = sweep_spec(cfg, args.ranks, grids, args.overlap)
+        with open(args.emit_sweep, "w") as fh:
+            fh.write("# written by fourd-mpi tune: measure the predicted top grids\n")
+            yaml.safe_dump(spec, fh, sort_keys=False)
+        print(f"sweep spec {args.emit_sweep}: {len(grids)} grid(s) at {args.ranks} ranks")
+    return 0

@@ -1,0 +1,218 @@
+"""Build a run from options: validate, make the grid, backend, model, data, trainer.
+
+All validation that depends only on the options and the world size happens in
+:func:`resolve` (pure, before any collective), so bad input fails on every rank
+with the same message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Optional
+
+from fourd_mpi.core.backend import BACKENDS, DEVICE_BUFFER_MODES, check_dtype_options, cupy_usable, make_backend, parse_dtype
+from fourd_mpi.core.collectives import Collectives
+from fourd_mpi.step.presets import ModelConfig, resolve_model, validate_model
+from fourd_mpi.step.engine import Trainer
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.errors import BackendError
+from fourd_mpi.core.gpuaware import GpuAwareness
+from fourd_mpi.core.gpuaware import detect as detect_gpu_awareness
+from fourd_mpi.core.gpuaware import smoke_test
+from fourd_mpi.core.grid import GridShape, ProcessGrid, infer_grid_shape
+from fourd_mpi.step.kernels import ComputeCounter
+from fourd_mpi.step.model import Model, SyntheticData
+from fourd_mpi.core.mpiutil import agree
+from fourd_mpi.step.optim import OPTIMIZERS, make_optimizer
+from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.core.progress import PROGRESS_STRATEGIES, make_progress
+from fourd_mpi.trace.events import Tracer, align_clocks
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything that defines a run (stored with results by later tools)."""
+
+    model: ModelConfig
+    grid: GridShape
+    dtype: str = "float32"
+    backend: str = "auto"
+    device_buffers: str = "auto"
+    #: float32 GEMMs in TF32 on tensor cores (cupy backend only)
+    tf32: bool = False
+    seed: int = 0
+    optimizer: str = "adam"
+    lr: Optional[float] = None
+    cache_weights: bool = False
+    steps: int = 10
+    warmup: int = 1
+    overlap: str = "none"
+    prefetch_depth: int = 1
+    chunks: int = 2
+    progress: str = "poll"
+    poll_flops: float = 1e7
+    check_buffers: bool = False
+
+    def overlap_config(self) -> OverlapConfig:
+        text = self.overlap + (",cache" if self.cache_weights else "")
+        return OverlapConfig.parse(text, prefetch_depth=self.prefetch_depth, chunks=self.chunks)
+
+    def as_dict(self) -> Dict:
+        d = asdict(self)
+        d["grid"] = {"data": self.grid.data, "z": self.grid.z, "y": self.grid.y, "x": self.grid.x}
+        return d
+
+
+def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
+            model_overrides: Dict[str, Optional[int]], **options) -> RunOptions:
+    """Pure validation of user options into :class:`RunOptions` (raises :class:`ConfigError`)."""
+    shape = infer_grid_shape(world_size, **grid_sizes)
+    model = resolve_model(preset, **model_overrides)
+    validate_model(model, shape)
+    if options.get("backend", "auto") not in BACKENDS:
+        raise ConfigError(f"unknown backend {options['backend']!r}: choose one of {', '.join(BACKENDS)}")
+    check_dtype_options(options.get("dtype", "float32"), options.get("backend", "auto"), options.get("tf32", False))
+    if options.get("device_buffers", "auto") not in DEVICE_BUFFER_MODES:
+        raise ConfigError(f"unknown device-buffer mode {options['device_buffers']!r}: "
+                          f"choose one of {', '.join(DEVICE_BUFFER_MODES)}")
+    if options.get("optimizer", "adam") not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {options['optimizer']!r}: choose one of {', '.join(OPTIMIZERS)}")
+    for name in ("steps",):
+        if options.get(name, 1) < 1:
+            raise ConfigError(f"--{name} must be positive, got {options[name]}")
+    if options.get("warmup", 0) < 0:
+        raise ConfigError(f"--warmup must be zero or positive, got {options['warmup']}")
+    if options.get("progress", "poll") not in PROGRESS_STRATEGIES:
+        raise ConfigError(f"unknown progress strategy {options['progress']!r}: "
+                          f"choose one of {', '.join(PROGRESS_STRATEGIES)}")
+    if options.get("poll_flops", 1) <= 0:
+        raise ConfigError(f"--poll-flops must be positive, got {options['poll_flops']}")
+    run_options = RunOptions(model=model, grid=shape, **options)
+    run_options.overlap_config()  # validates the overlap list, depth and chunks
+    return run_options
+
+
+@dataclass(frozen=True)
+class MpiBuffers:
+    """Which buffers MPI gets in this run, and why (stored in the trace metadata as ``mpi_buffers``).
+
+    requested: ``--device-buffers`` (auto, direct, staged); mode: ``direct`` or ``staged``;
+    emulated: staging on the NumPy backend (host copies, for testing); reason: one sentence.
+    """
+
+    requested: str
+    mode: str
+    emulated: bool
+    reason: str
+
+    def as_dict(self) -> Dict:
+        return asdict(self)
+
+
+def choose_mpi_buffers(requested: str, backend: str, evidence_ok: bool, evidence_reason: str,
+                       smoke: Optional[Dict]) -> MpiBuffers:
+    """The buffer mode from the request, the backend, the detection verdict of every rank
+    (``evidence_ok``: all ranks' :attr:`GpuAwareness.direct_ok`) and the smoke test (None: not run).
+
+    Pure (the tests feed it cases). Raises :class:`BackendError` when ``direct`` was forced on
+    CuPy and the smoke test failed: results would be garbage.
+    """
+    if backend == "numpy":
+        if requested == "staged":
+            return MpiBuffers(requested, "staged", True, "numpy backend: staging emulated with host copies "
+                              "(--device-buffers staged; for testing the staged path)")
+        return MpiBuffers(requested, "direct", False, "numpy backend: host arrays go to MPI as they are")
+    if requested == "staged":
+        return MpiBuffers(requested, "staged", False, "--device-buffers staged")
+    if requested == "direct":
+        if smoke is not None and not smoke.get("ok"):
+            raise BackendError(f"--device-buffers direct, but the smoke-test Iallreduce on a device buffer failed "
+                               f"({smoke.get('detail')}); use --device-buffers staged or auto")
+        return MpiBuffers(requested, "direct", False, "--device-buffers direct" + (
+            " (smoke test passed)" if smoke is not None else ""))
+    if not evidence_ok:
+        return MpiBuffers(requested, "staged", False, f"auto: {evidence_reason}")
+    if smoke is None or not smoke.get("ok"):
+        why = smoke.get("detail") if smoke is not None else "not run"
+        return MpiBuffers(requested, "staged", False, f"auto: {evidence_reason}, but the device-buffer smoke test "
+                          f"failed ({why}): staging through host memory")
+    return MpiBuffers(requested, "direct", False, f"auto: {evidence_reason}; device-buffer smoke test passed")
+
+
+@dataclass
+class Run:
+    """The live objects of a run on one communicator. Collective to build and to :meth:`close`."""
+
+    options: RunOptions
+    grid: ProcessGrid
+    backend: object
+    comm: Collectives
+    model: Model
+    data: SyntheticData
+    trainer: Trainer
+    counter: ComputeCounter = field(default=None)
+
+    #: this rank's clock offset to rank 0 and its uncertainty (ns), when traced
+    clock: tuple = (0, 0)
+    #: what this rank's MPI says about device buffers (:mod:`fourd_mpi.core.gpuaware`)
+    gpu_awareness: Optional[GpuAwareness] = None
+    #: the buffers MPI gets, and why
+    mpi_buffers: Optional[MpiBuffers] = None
+
+    @classmethod
+    def build(cls, mpi_comm, options: RunOptions, count_flops: bool = False,
+              skip_communication: bool = False, trace_level: Optional[str] = None) -> "Run":
+        """Build the run. ``count_flops`` times every GEMM (benchmarks);
+        ``skip_communication`` replaces every collective by a local stand-in of the
+        right shape (benchmarks of compute alone: the numbers are then meaningless).
+        ``trace_level``: record events at that level (:data:`fourd_mpi.trace.events.LEVELS`)
+        on clocks aligned to rank 0's; None keeps only per-step totals.
+        """
+        grid = ProcessGrid(mpi_comm, options.grid)
+        awareness = detect_gpu_awareness()
+        backend_name = options.backend
+        if backend_name == "auto":  # cupy only when every rank has a usable GPU
+            backend_name = "cupy" if all(grid.cart.allgather(cupy_usable())) else "numpy"
+        # CuPy starts staged; direct only once detection (and the smoke test) allow it
+        first_mode = "staged" if options.device_buffers == "staged" or backend_name == "cupy" else "direct"
+        backend = agree(mpi_comm, lambda: make_backend(
+            backend_name, parse_dtype(options.dtype), grid.local_rank, first_mode, options.tf32))
+        evidence = grid.cart.allgather((awareness.direct_ok, awareness.reason, awareness.cuda_aware))
+        evidence_ok = all(ok for ok, _, _ in evidence)
+        evidence_reason = next((why for ok, why, _ in evidence if not ok), evidence[0][1])
+        wants_direct = options.device_buffers == "direct" or (options.device_buffers == "auto" and evidence_ok)
+        if backend_name == "cupy" and wants_direct:
+            refused = next((why for _, why, aware in evidence if aware is False), None)
+            if options.device_buffers == "direct" and refused:  # a device pointer would crash this MPI
+                raise BackendError(f"--device-buffers direct, but this MPI cannot take device buffers: {refused}; "
+                                   "use --device-buffers staged or auto")
+            awareness.smoke_test = smoke_test(grid.cart, backend)
+        buffers = agree(mpi_comm, lambda: choose_mpi_buffers(options.device_buffers, backend_name, evidence_ok,
+                                                             evidence_reason, awareness.smoke_test))
+        backend.set_staged(buffers.mode == "staged")
+        progress = agree(mpi_comm, lambda: make_progress(options.progress, options.poll_flops))
+        clock = (0, 0)
+        if trace_level is None:
+            tracer = Tracer(level="step")
+        else:
+            offset, uncertainty, origin = align_clocks(grid.cart)
+            clock = (offset, uncertainty)
+            sync = backend.synchronize if backend.name == "cupy" else None
+            tracer = Tracer(level=trace_level, rank=grid.cart.Get_rank(), clock_offset_ns=offset,
+                            origin_ns=origin, synchronize=sync)
+        comm = Collectives(grid, backend, progress=progress, check_buffers=options.check_buffers,
+                           skip_communication=skip_communication, tracer=tracer)
+        counter = ComputeCounter(backend=backend, enabled=count_flops, tracer=tracer)
+        model = Model(options.model, grid, backend, seed=options.seed, counter=counter)
+        data = SyntheticData(options.model, grid, backend, seed=options.seed)
+        optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr)
+        trainer = Trainer(model, data, comm, optimizer, overlap=options.overlap_config())
+        return cls(options, grid, backend, comm, model, data, trainer, counter, clock, awareness, buffers)
+
+    def overlap_notes(self):
+        """Overlap options that are no-ops on this grid, with the reason."""
+        return self.trainer.overlap.inapplicable(self.options.grid)
+
+    def close(self) -> None:
+        self.comm.progress.close()
+        self.grid.free()

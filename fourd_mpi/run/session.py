@@ -1,0 +1,219 @@
+"""A traced training run from start to summary: what ``fourd-mpi run`` does.
+
+Order: build the run (clocks aligned) -> rank 0 reserves the run id and the
+spool directory -> every rank opens its spool files -> optional peak GEMM
+measurement -> steps (each appended to the spool) -> merge into the HDF5 trace
+-> summary. A user error at any stage is raised on every rank before anyone
+enters a collective that the others would miss.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import sys
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from fourd_mpi.run.display import StepDisplay
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.step.kernels import standalone_gemm_tflops
+from fourd_mpi.run.metadata import rank_metadata, run_metadata
+from fourd_mpi.core.mpiutil import agree, on_root
+from fourd_mpi.run.build import Run, RunOptions
+from fourd_mpi.trace.store import (RankSpool, check_name, merge_run, new_run_id, now_iso, prepare_spool, read_records,
+                         trace_paths)
+from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
+
+FAULT_MODES = ("kill", "raise")
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    level: str = "op"
+    results_dir: str = "results"
+    run_id: Optional[str] = None
+    label: Optional[str] = None
+    force: bool = False
+
+    def validate(self) -> "TraceOptions":
+        if self.level not in LEVELS:
+            raise ConfigError(f"unknown trace level {self.level!r}: choose one of {', '.join(LEVELS)}")
+        if self.run_id is not None:
+            check_name("run id", self.run_id)
+        if self.label is not None:
+            check_name("label", self.label)
+        return self
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Testing aid: rank ``rank`` fails at the start of step ``step`` (``kill``: SIGKILL; ``raise``: exception).
+
+    Every rank meets in a barrier first, so all steps before ``step`` are on disk on every rank.
+    """
+
+    rank: int
+    step: int
+    mode: str = "kill"
+
+    @classmethod
+    def parse(cls, text: str) -> "Fault":
+        parts = text.split(":")
+        try:
+            if len(parts) not in (2, 3):
+                raise ValueError
+            rank, step = int(parts[0]), int(parts[1])
+            mode = parts[2] if len(parts) == 3 else "kill"
+        except ValueError:
+            raise ConfigError(f"--inject-fault expects RANK:STEP[:MODE], got {text!r}") from None
+        if mode not in FAULT_MODES or rank < 0 or step < 0:
+            raise ConfigError(f"--inject-fault {text!r}: rank and step >= 0, mode one of {', '.join(FAULT_MODES)}")
+        return cls(rank, step, mode)
+
+    def trigger(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected fault (--inject-fault {self.rank}:{self.step}:{self.mode})")
+
+
+@dataclass
+class Summary:
+    """Statistics of the measured (post-warm-up) steps."""
+
+    steps: int
+    median_s: float
+    min_s: float
+    max_s: float
+    q1_s: float
+    q3_s: float
+    compute_share: float
+    wait_share: float
+    other_share: float
+    model_tflops_per_rank: float
+    peak_tflops: float
+    peak_source: str
+    tokens_per_s: float
+
+    @property
+    def percent_of_peak(self) -> float:
+        return 100.0 * self.model_tflops_per_rank / self.peak_tflops if self.peak_tflops else float("nan")
+
+    def as_dict(self) -> Dict:
+        return dict(self.__dict__, percent_of_peak=self.percent_of_peak)
+
+    def lines(self) -> List[str]:
+        spread = (f"min {self.min_s:.4f}, IQR {self.q1_s:.4f}-{self.q3_s:.4f}, max {self.max_s:.4f}")
+        return [
+            f"step time: median {self.median_s:.4f} s over {self.steps} step(s) ({spread})",
+            f"time share (all ranks): compute {100 * self.compute_share:.1f}%, exposed communication "
+            f"{100 * self.wait_share:.1f}%, other {100 * self.other_share:.1f}%",
+            f"model FLOP/s per rank: {self.model_tflops_per_rank * 1e3:.3f} GFLOP/s = {self.percent_of_peak:.1f}% "
+            f"of {self.peak_tflops * 1e3:.3f} GFLOP/s ({self.peak_source})",
+            f"throughput: {self.tokens_per_s:,.0f} tokens/s",
+        ]
+
+
+def summarize(rank_steps: np.ndarray, world_size: int, flops_per_step: float, tokens_per_step: int,
+              peak_tflops: float, peak_source: str) -> Summary:
+    """Summary of the non-warm-up steps in ``rank_steps`` (every rank's step records)."""
+    measured = rank_steps[rank_steps["warmup"] == 0]
+    if not len(measured):
+        measured = rank_steps
+    spans = (measured["end_ns"] - measured["start_ns"]).astype(np.float64)
+    per_step = {}
+    for step, span in zip(measured["step"].tolist(), spans.tolist()):
+        per_step[step] = max(per_step.get(step, 0.0), span * 1e-9)
+    times = sorted(per_step.values())
+    q = np.quantile(times, [0.25, 0.75])
+    median = statistics.median(times)
+    total = float(spans.sum()) or 1.0
+    compute = float(measured["compute_ns"].sum()) / total
+    wait = float(measured["wait_ns"].sum()) / total
+    return Summary(steps=len(times), median_s=median, min_s=times[0], max_s=times[-1], q1_s=float(q[0]),
+                   q3_s=float(q[1]), compute_share=compute, wait_share=wait,
+                   other_share=max(0.0, 1.0 - compute - wait),
+                   model_tflops_per_rank=flops_per_step / world_size / median / 1e12, peak_tflops=peak_tflops,
+                   peak_source=peak_source, tokens_per_s=tokens_per_step / median)
+
+
+def measure_peak(run: Run) -> float:
+    """Median over ranks of the standalone TFLOP/s of the step's largest local GEMM (all ranks at once)."""
+    layer = max(run.model.fc_layers(), key=lambda fc: fc.block_shape[0] * fc.block_shape[1])
+    cfg, shape = run.options.model, run.options.grid
+    m = cfg.batch * cfg.seq // (shape.data * shape.z)
+    n, k = layer.block_shape
+    tflops = standalone_gemm_tflops(run.backend, m, n, k)
+    return float(np.median(run.grid.cart.allgather(tflops)))
+
+
+def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, say: Callable[[str], None],
+               display: str = "auto", peak_tflops: Optional[float] = None, fault: Optional[Fault] = None,
+               header: Callable[[Run], None] = None):
+    """Run ``options.steps`` traced steps; returns ``(trace path, Summary)`` (Summary on rank 0 only)."""
+    rank = world.Get_rank()
+    run = Run.build(world, options, trace_level=trace.level)
+    start_time = now_iso()
+    run_id = on_root(world, lambda: trace.run_id or new_run_id(trace.label))
+    trace_path, _ = trace_paths(trace.results_dir, run_id)
+    metadata = run_metadata(run, run_id, config, trace.level, start_time) if rank == 0 else None
+    spool_dir = on_root(world, lambda: prepare_spool(trace.results_dir, run_id, trace.force, metadata))
+    rank_meta = rank_metadata(run, *run.clock)
+    spool = None
+    try:
+        spool = agree(world, lambda: RankSpool(spool_dir, rank, rank_meta))
+    finally:
+        if spool is None:  # some rank could not open its files: nothing was recorded, remove the spool
+            _remove_spool_dir(world, spool_dir)
+    try:
+        if header is not None:
+            header(run)
+        if peak_tflops is None:
+            peak, source = measure_peak(run), "measured standalone GEMM, median over ranks"
+        else:
+            peak, source = peak_tflops, "--peak-tflops"
+        say(f"tracing: level {trace.level}, run id {run_id}, per-rank files in {spool_dir}")
+        out = StepDisplay(display, options.steps, options.warmup, say, active=rank == 0)
+        record = np.zeros(1, dtype=RANK_STEP_DTYPE)
+        for i in range(options.steps):
+            if fault is not None and fault.step == i:
+                world.Barrier()  # every rank has spooled the steps before: the test knows what survives
+                if fault.rank == rank:
+                    fault.trigger()
+            result = run.trainer.step(i)
+            shift = run.comm.tracer.shift_ns
+            record[0] = (rank, i, i < options.warmup, result.start_ns - shift, result.end_ns - shift, result.loss,
+                         result.seconds, result.compute_ns, result.wait_ns, len(result.events))
+            spool.append(result.events, record)
+            out.update(i, result.loss, result.seconds)
+        out.close()
+    except BaseException as exc:
+        if not isinstance(exc, SystemExit):
+            spool.mark_failed(f"{type(exc).__name__}: {exc}")
+        raise
+    all_steps = world.gather(_spooled_steps(spool), root=0)
+    summary = None
+    if rank == 0:
+        summary = summarize(np.concatenate(all_steps), world.Get_size(), options.model.flops_per_step(),
+                            options.model.tokens, peak, source)
+        metadata["summary"] = summary.as_dict()
+    path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, trace.force)
+    run.close()
+    return path, summary
+
+
+def _spooled_steps(spool: RankSpool) -> np.ndarray:
+    return read_records(spool.steps_path, RANK_STEP_DTYPE)
+
+
+def _remove_spool_dir(world, spool_dir: str) -> None:
+    world.Barrier()
+    if world.Get_rank() == 0:
+        import shutil
+
+        shutil.rmtree(spool_dir, ignore_errors=True)

@@ -1,0 +1,105 @@
+"""The training step: forward, loss, backward, gradient synchronization, optimizer.
+
+The overlap schedule (which collective is waited where) is in
+:mod:`fourd_mpi.step.schedule`; the step checks at its end that no request is
+left in flight.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from fourd_mpi.core.collectives import Collectives
+from fourd_mpi.step.model import Model, SyntheticData, mse_loss
+from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.step.schedule import GradientSync, StepContext, WeightFetcher
+
+
+@dataclass
+class StepResult:
+    step: int
+    loss: float
+    #: wall time of the step, max over ranks (seconds)
+    seconds: float
+    #: this rank's wall time of the step (seconds)
+    local_seconds: float
+    #: this rank's events of the step (:data:`fourd_mpi.trace.events.EVENT_DTYPE`, aligned clock)
+    events: Optional[np.ndarray] = None
+    #: this rank's step span (``perf_counter_ns``) and its time in compute ops and blocked in waits
+    start_ns: int = 0
+    end_ns: int = 0
+    compute_ns: int = 0
+    wait_ns: int = 0
+
+
+class Trainer:
+    """Runs training steps of ``model`` on ``data`` with the given overlap options.
+
+    Collective over the whole grid: every rank calls :meth:`step` with the same index.
+    """
+
+    def __init__(self, model: Model, data: SyntheticData, comm: Collectives, optimizer,
+                 overlap: OverlapConfig = OverlapConfig()):
+        self.model = model
+        self.data = data
+        self.comm = comm
+        self.optimizer = optimizer
+        self.overlap = overlap
+        self.weights = WeightFetcher(comm, model.fc_layers(), overlap)
+        self.grads = GradientSync(comm, overlap)
+        self.ctx = StepContext(comm, self.weights, self.grads, overlap)
+        comm.tracer.set_layers(model.layer_names())
+        self.global_elements = model.cfg.batch * model.cfg.seq * model.cfg.hidden
+        if overlap.dp:
+            comm.on_poll.append(self.grads.advance)
+        self._group_sizes = {axis: comm.grid.size(axis) for axis in ("data", "z", "y", "x")}
+
+    def evaluate(self, step: int) -> float:
+        """Loss of the batch of ``step``, forward only (no gradients, no update)."""
+        x, target = self.data.batch(step)
+        self.weights.begin_forward()
+        y, _ = self.model.forward(x, self.ctx)
+        self.weights.finish()
+        return mse_loss(y, target, self.comm, self.global_elements)[0]
+
+    def forward_backward(self, step: int):
+        """Loss and fully reduced gradients for the batch of ``step``; returns ``(loss, y)``."""
+        trace = self.comm.tracer
+        trace.enter_phase("none")
+        with trace.op("data"):
+            x, target = self.data.batch(step)
+        trace.enter_phase("forward")
+        self.weights.begin_forward()
+        y, saved = self.model.forward(x, self.ctx)
+        self.weights.begin_backward()
+        with trace.layer("loss", "forward"):
+            loss, dy = mse_loss(y, target, self.comm, self.global_elements)
+        trace.enter_phase("backward")
+        self.grads.begin()
+        self.model.backward(dy, saved, self.ctx)
+        self.grads.finish()
+        self.comm.check_quiescent("the end of the backward pass")
+        return loss, y
+
+    def step(self, step: int) -> StepResult:
+        trace = self.comm.tracer
+        trace.begin_step(step)
+        # keep only this step's collective records (they become the step's trace events)
+        self.comm.records.clear()
+        t0 = time.perf_counter_ns()
+        loss, _ = self.forward_backward(step)
+        trace.enter_phase("optimizer")
+        with trace.op("optimizer"):
+            self.optimizer.step()
+        self.comm.backend.synchronize()
+        t1 = time.perf_counter_ns()
+        events = trace.end_step(t0, t1, self.comm.records, self._group_sizes)
+        local = (t1 - t0) * 1e-9
+        slowest = self.comm.grid.cart.allreduce(local, op=MPI.MAX)
+        return StepResult(step=step, loss=loss, seconds=slowest, local_seconds=local, events=events,
+                          start_ns=t0, end_ns=t1, compute_ns=trace.compute_ns, wait_ns=trace.wait_ns)

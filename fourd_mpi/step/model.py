@@ -1,0 +1,224 @@
+"""GPT and MLP stacks built from 4D layers, the loss, and the synthetic data.
+
+Between blocks activations are ``[m, h/x]`` replicated over Y (m = local tokens =
+``batch*seq/(G_data*G_z)``). A GPT block is, in Megatron-AxoNN order:
+LN1 -> QKV (normal, h->3h, whole heads per Y block) -> causal attention on the
+local heads -> attention output (transposed, h->h) -> residual -> LN2 -> FC1
+(normal, h->4h) -> GeLU -> FC2 (transposed, 4h->h) -> residual. An MLP block is
+FC1 (normal) -> GeLU -> FC2 (transposed), no residual.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List
+
+import numpy as np
+
+from fourd_mpi.step import kernels
+from fourd_mpi.core.collectives import Collectives
+from fourd_mpi.step.presets import ModelConfig
+from fourd_mpi.step.layers import FullyConnected4D, LayerNorm4D, Parameter
+from fourd_mpi.core.layout import activation_layout, block_range, local_sequences
+from fourd_mpi.step.schedule import StepContext, linear_backward, linear_forward
+from fourd_mpi.step.synthetic import stream_id, uniform_block
+
+
+class GPTBlock:
+    """One transformer block on the 4D grid. Input and output ``[m, h/x]`` rep Y."""
+
+    def __init__(self, index: int, cfg: ModelConfig, grid, backend, seed: int, counter):
+        h, f = cfg.hidden, cfg.ffn_hidden
+        p = f"block{index}"
+        residual_scale = 1.0 / math.sqrt(2 * cfg.layers)
+        self.ln1 = LayerNorm4D(f"{p}.ln1", h, grid, backend)
+        self.qkv = FullyConnected4D(f"{p}.qkv", 3 * h, h, False, grid, backend, seed, counter=counter)
+        self.proj = FullyConnected4D(f"{p}.proj", h, h, True, grid, backend, seed, residual_scale, counter)
+        self.ln2 = LayerNorm4D(f"{p}.ln2", h, grid, backend)
+        self.fc1 = FullyConnected4D(f"{p}.fc1", f, h, False, grid, backend, seed, counter=counter)
+        self.fc2 = FullyConnected4D(f"{p}.fc2", h, f, True, grid, backend, seed, residual_scale, counter)
+        self.xp = backend.xp
+        self.counter = counter
+        self.local_batch = cfg.batch // (grid.shape.data * grid.shape.z)
+        self.seq = cfg.seq
+        self.local_heads = cfg.heads // grid.shape.y
+        self.head_dim = cfg.head_dim
+        self.attn_name, self.gelu_name = f"{p}.attn", f"{p}.gelu"
+
+    def layer_names(self) -> List[str]:
+        """Trace names of this block's layers, in forward order."""
+        return [self.ln1.name, self.qkv.name, self.attn_name, self.proj.name, self.ln2.name, self.fc1.name,
+                self.gelu_name, self.fc2.name]
+
+    def parameters(self) -> List[Parameter]:
+        return (self.ln1.parameters() + [self.qkv.weight, self.proj.weight]
+                + self.ln2.parameters() + [self.fc1.weight, self.fc2.weight])
+
+    def _attention_shape(self):
+        return self.local_batch, self.seq, self.local_heads, self.head_dim
+
+    def fc_layers(self) -> List[FullyConnected4D]:
+        """The 4D layers in the order forward uses them."""
+        return [self.qkv, self.proj, self.fc1, self.fc2]
+
+    def forward(self, h, ctx: StepContext):
+        comm, xp, s, trace = ctx.comm, self.xp, {}, ctx.comm.tracer
+        with trace.layer(self.ln1.name, "forward"):
+            a, s["ln1"] = self.ln1.forward(h, comm)
+        s["a"] = a
+        qkv = linear_forward(self.qkv, a, ctx)  # [m, 3h/y] rep x
+        with trace.layer(self.attn_name, "forward"), trace.op("attention"):
+            s["ctx"], s["attn"] = kernels.attention_forward(xp, qkv, *self._attention_shape(), self.counter,
+                                                            comm.compute_hook)
+        h1 = h + linear_forward(self.proj, s["ctx"], ctx)  # [m, h/x] rep y
+        with trace.layer(self.ln2.name, "forward"):
+            b, s["ln2"] = self.ln2.forward(h1, comm)
+        s["b"] = b
+        s["u"] = linear_forward(self.fc1, b, ctx)  # [m, 4h/y] rep x
+        with trace.layer(self.gelu_name, "forward"), trace.op("gelu"):
+            s["g"] = kernels.gelu(xp, s["u"])
+        return h1 + linear_forward(self.fc2, s["g"], ctx), s
+
+    def backward(self, dh2, s, ctx: StepContext):
+        comm, xp, trace = ctx.comm, self.xp, ctx.comm.tracer
+        dg = linear_backward(self.fc2, dh2, s["g"], ctx)
+        with trace.layer(self.gelu_name, "backward"), trace.op("gelu"):
+            du = kernels.gelu_backward(xp, s["u"], dg)
+        db = linear_backward(self.fc1, du, s["b"], ctx)
+        with trace.layer(self.ln2.name, "backward"):
+            dh1 = dh2 + self.ln2.backward(db, s["ln2"], comm)
+            for param, handle in self.ln2.reduce_param_grads(comm):
+                ctx.grads.add(param, handle)
+        dctx = linear_backward(self.proj, dh1, s["ctx"], ctx)
+        with trace.layer(self.attn_name, "backward"), trace.op("attention"):
+            dqkv = kernels.attention_backward(xp, dctx, s["attn"], *self._attention_shape(), self.counter,
+                                              comm.compute_hook)
+        da = linear_backward(self.qkv, dqkv, s["a"], ctx)
+        with trace.layer(self.ln1.name, "backward"):
+            dh = dh1 + self.ln1.backward(da, s["ln1"], comm)
+            for param, handle in self.ln1.reduce_param_grads(comm):
+                ctx.grads.add(param, handle)
+        return dh
+
+
+class MLPBlock:
+    """FC1 (normal, h->ffn) -> GeLU -> FC2 (transposed, ffn->h). ``[m, h/x]`` rep Y in and out."""
+
+    def __init__(self, index: int, cfg: ModelConfig, grid, backend, seed: int, counter):
+        p = f"block{index}"
+        self.fc1 = FullyConnected4D(f"{p}.fc1", cfg.ffn_hidden, cfg.hidden, False, grid, backend, seed,
+                                    counter=counter)
+        self.fc2 = FullyConnected4D(f"{p}.fc2", cfg.hidden, cfg.ffn_hidden, True, grid, backend, seed,
+                                    init_scale=2.0, counter=counter)
+        self.xp = backend.xp
+        self.gelu_name = f"{p}.gelu"
+
+    def parameters(self) -> List[Parameter]:
+        return [self.fc1.weight, self.fc2.weight]
+
+    def fc_layers(self) -> List[FullyConnected4D]:
+        return [self.fc1, self.fc2]
+
+    def layer_names(self) -> List[str]:
+        return [self.fc1.name, self.gelu_name, self.fc2.name]
+
+    def forward(self, x, ctx: StepContext):
+        s = {"x": x}
+        s["u"] = linear_forward(self.fc1, x, ctx)
+        with ctx.comm.tracer.layer(self.gelu_name, "forward"), ctx.comm.tracer.op("gelu"):
+            s["g"] = kernels.gelu(self.xp, s["u"])
+        return linear_forward(self.fc2, s["g"], ctx), s
+
+    def backward(self, dy, s, ctx: StepContext):
+        dg = linear_backward(self.fc2, dy, s["g"], ctx)
+        with ctx.comm.tracer.layer(self.gelu_name, "backward"), ctx.comm.tracer.op("gelu"):
+            du = kernels.gelu_backward(self.xp, s["u"], dg)
+        return linear_backward(self.fc1, du, s["x"], ctx)
+
+
+class Model:
+    """A stack of ``cfg.layers`` blocks on a :class:`~fourd_mpi.core.grid.ProcessGrid`.
+
+    Weights depend only on ``(seed, layer name, global index)``, so every grid
+    shape holds pieces of the same global model.
+    """
+
+    def __init__(self, cfg: ModelConfig, grid, backend, seed: int = 0,
+                 counter: kernels.ComputeCounter = None):
+        self.cfg = cfg
+        self.grid = grid
+        self.backend = backend
+        block_cls = GPTBlock if cfg.kind == "gpt" else MLPBlock
+        self.blocks = [block_cls(i, cfg, grid, backend, seed, counter) for i in range(cfg.layers)]
+        self.activation_layout = activation_layout("x")
+
+    def parameters(self) -> List[Parameter]:
+        return [p for block in self.blocks for p in block.parameters()]
+
+    def fc_layers(self) -> List[FullyConnected4D]:
+        """Every 4D layer in the order the forward pass uses it."""
+        return [layer for block in self.blocks for layer in block.fc_layers()]
+
+    def layer_names(self) -> List[str]:
+        """The trace's layer vocabulary: every layer in forward order, then the loss."""
+        return [name for block in self.blocks for name in block.layer_names()] + ["loss"]
+
+    def forward(self, x, ctx: StepContext):
+        """``x [m, h/x]`` -> ``(y [m, h/x], saved)``; both rep Y."""
+        saved = []
+        for block in self.blocks:
+            x, s = block.forward(x, ctx)
+            saved.append(s)
+        return x, saved
+
+    def backward(self, dy, saved, ctx: StepContext):
+        """Backpropagate ``dy [m, h/x]``; hands every gradient to ``ctx.grads``; returns ``dx``."""
+        for block, s in zip(reversed(self.blocks), reversed(saved)):
+            dy = block.backward(dy, s, ctx)
+        return dy
+
+
+def mse_loss(y, target, comm: Collectives, global_elements: int):
+    """``loss = sum((y - t)^2) / (2 * B*s*h)`` over the global batch; returns ``(loss, dy)``.
+
+    y, target: ``[m, h/x]`` rep Y. The partial sum is all-reduced over data, Z and
+    X (not Y, which holds replicas).
+    """
+    with comm.tracer.op("loss"):
+        diff = y - target
+        local = float(comm.backend.to_host((diff * diff).sum()))
+    (total,) = comm.allreduce_scalars([local], axes=("data", "z", "x"))
+    with comm.tracer.op("loss"):
+        dy = diff / global_elements
+    return total / (2.0 * global_elements), dy
+
+
+class SyntheticData:
+    """Inputs and targets ``[B*s, h]`` for each step, this rank's ``[m, h/x]`` piece.
+
+    Tokens are split by whole sequences over data (outer) and Z (inner); the
+    hidden dimension over X.
+    """
+
+    def __init__(self, cfg: ModelConfig, grid, backend, seed: int = 0):
+        self.cfg = cfg
+        self.backend = backend
+        self.seed = seed
+        first, stop = local_sequences(cfg.batch, grid.shape, grid.coords["data"], grid.coords["z"])
+        self.rows = slice(first * cfg.seq, stop * cfg.seq)
+        c0, c1 = block_range(cfg.hidden, grid.shape.x, grid.coords["x"])
+        self.cols = slice(c0, c1)
+        self.global_shape = (cfg.batch * cfg.seq, cfg.hidden)
+
+    def batch(self, step: int):
+        """``(x, target)`` for ``step``, each ``[m, h/x]``."""
+        xp = self.backend.xp  # generated where the step computes (no host-to-device copy per step)
+        x = uniform_block(self.seed, stream_id("input", step), self.global_shape, self.rows, self.cols, xp)
+        t = uniform_block(self.seed, stream_id("target", step), self.global_shape, self.rows, self.cols, xp)
+        return self.backend.asarray(x), self.backend.asarray(0.5 * t)
+
+    def global_index(self) -> np.ndarray:
+        """Flat indices into ``[B*s, h]`` of this rank's ``[m, h/x]`` piece (row-major)."""
+        r = np.arange(self.rows.start, self.rows.stop, dtype=np.int64)[:, None]
+        c = np.arange(self.cols.start, self.cols.stop, dtype=np.int64)[None, :]
+        return (r * self.global_shape[1] + c).ravel()

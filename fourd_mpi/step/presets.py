@@ -1,0 +1,154 @@
+"""Model presets and the validation of a (model, grid) pair.
+
+Validation is pure: every rank runs it on the same inputs before any collective,
+so a bad input fails identically everywhere (see :mod:`fourd_mpi.errors`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Dict, List, Optional
+
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.core.grid import GridShape
+
+MODEL_KINDS = ("gpt", "mlp")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of a model and its global batch.
+
+    kind: ``gpt`` (LayerNorm, attention, MLP, residuals) or ``mlp`` (pairs of
+    normal h->ffn and transposed ffn->h layers with GeLU between).
+    layers: number of blocks; hidden: model width h; heads: attention heads;
+    ffn_hidden: MLP width (4h in GPT); seq: sequence length; batch: global batch in sequences.
+    """
+
+    name: str
+    kind: str
+    layers: int
+    hidden: int
+    heads: int
+    ffn_hidden: int
+    seq: int
+    batch: Optional[int]
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def tokens(self) -> int:
+        return (self.batch or 0) * self.seq
+
+    def parameter_count(self) -> int:
+        h, f = self.hidden, self.ffn_hidden
+        if self.kind == "gpt":
+            per_block = 3 * h * h + h * h + 2 * h * f + 4 * h
+        else:
+            per_block = 2 * h * f
+        return self.layers * per_block
+
+    def flops_per_step(self) -> float:
+        """Model FLOPs of one training step (forward + backward, no recompute), whole model.
+
+        GEMMs ``6 * tokens * weights`` plus causal-attention score and context products
+        ``12 * B * s^2 * h`` per GPT layer: Narayanan et al. (SC'21)
+        ``72 B s l h^2 (1 + s/(6h))`` when ffn = 4h (no LM head here, so V = 0).
+        """
+        h, f = self.hidden, self.ffn_hidden
+        tokens = self.tokens
+        if self.kind == "gpt":
+            return float(self.layers * (6 * tokens * (4 * h * h + 2 * h * f) + 12 * (self.batch or 0) * self.seq ** 2 * h))
+        return float(self.layers * 6 * tokens * 2 * h * f)
+
+    def as_dict(self) -> Dict:
+        return asdict(self)
+
+
+def _gpt(name, layers, hidden, heads, seq=2048, batch=None, ffn=None):
+    return ModelConfig(name, "gpt", layers, hidden, heads, ffn or 4 * hidden, seq, batch)
+
+
+#: Built-in presets. The paper's GPT shapes (AxoNN SC'24, Table 2) use sequence
+#: length 2048 and need the global batch from the user.
+PRESETS: Dict[str, ModelConfig] = {
+    "gpt-tiny": _gpt("gpt-tiny", layers=2, hidden=64, heads=8, seq=16, batch=8),
+    "gpt-small": _gpt("gpt-small", layers=4, hidden=512, heads=8, seq=256, batch=8),
+    "mlp-tiny": ModelConfig("mlp-tiny", "mlp", 2, 64, 1, 128, 16, 8),
+    "mlp": ModelConfig("mlp", "mlp", 4, 1024, 1, 4096, 256, 8),
+    "gpt-5b": _gpt("gpt-5b", 24, 4096, 32),
+    "gpt-10b": _gpt("gpt-10b", 32, 5120, 40),
+    "gpt-20b": _gpt("gpt-20b", 32, 7168, 56),
+    "gpt-40b": _gpt("gpt-40b", 38, 9216, 72),
+    "gpt-60b": _gpt("gpt-60b", 56, 9216, 72),
+    "gpt-80b": _gpt("gpt-80b", 42, 12288, 96),
+}
+
+
+def resolve_model(preset: str, **overrides) -> ModelConfig:
+    """The preset with the given fields replaced (``None`` values are ignored).
+
+    ``hidden`` given without ``ffn_hidden`` rescales a GPT's MLP to 4 x hidden.
+    """
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown model preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    base = PRESETS[preset]
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    if base.kind == "gpt" and "hidden" in changes and "ffn_hidden" not in changes:
+        changes["ffn_hidden"] = 4 * changes["hidden"]
+    unknown = set(changes) - set(ModelConfig.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"unknown model field(s) {', '.join(sorted(unknown))}")
+    return replace(base, **changes)
+
+
+def model_problems(cfg: ModelConfig, grid: GridShape) -> List[str]:
+    """Everything wrong with running ``cfg`` on ``grid``, as actionable sentences (empty when fine)."""
+    problems: List[str] = []
+    if cfg.kind not in MODEL_KINDS:
+        problems.append(f"model kind {cfg.kind!r} is not one of {', '.join(MODEL_KINDS)}")
+    if cfg.batch is None:
+        problems.append(f"preset {cfg.name} needs the global batch: give --batch SEQUENCES")
+    for field_name in ("layers", "hidden", "heads", "ffn_hidden", "seq", "batch"):
+        value = getattr(cfg, field_name)
+        if value is not None and value < 1:
+            problems.append(f"--{field_name.replace('_', '-')} must be positive, got {value}")
+    if problems:
+        return problems
+
+    def need(value, divisor, what, fix):
+        if value % divisor:
+            problems.append(f"{what} {value} is not divisible by {divisor}: {fix}")
+
+    h, f = cfg.hidden, cfg.ffn_hidden
+    need(cfg.batch, grid.data * grid.z, "global batch",
+         f"give --batch a multiple of G_data*G_z = {grid.data}*{grid.z}")
+    need(h, grid.x, "hidden size", f"give --hidden a multiple of G_x = {grid.x}")
+    need(f, grid.y, "MLP hidden size", f"give --ffn-hidden a multiple of G_y = {grid.y}")
+    # (out, in, out axis, in axis) of every weight: normal layers put out on Y, transposed on X.
+    weights = [("fc1", f, h, "y", "x"), ("fc2", h, f, "x", "y")]
+    if cfg.kind == "gpt":
+        need(h, grid.y, "hidden size", f"give --hidden a multiple of G_y = {grid.y}")
+        need(h, cfg.heads, "hidden size", f"give --hidden a multiple of --heads = {cfg.heads}")
+        need(cfg.heads, grid.y, "head count",
+             f"attention splits whole heads over Y: give --heads a multiple of G_y = {grid.y}")
+        weights += [("qkv", 3 * h, h, "y", "x"), ("proj", h, h, "x", "y")]
+    if problems:
+        return problems
+    for name, n_out, k_in, out_axis, in_axis in weights:
+        block = (n_out // grid[out_axis]) * (k_in // grid[in_axis])
+        if block % grid.z:
+            problems.append(
+                f"the {name} weight block has {block} elements, not divisible by G_z = {grid.z}: "
+                f"choose sizes so that (out/G_{out_axis})*(in/G_{in_axis}) is a multiple of G_z"
+            )
+    return problems
+
+
+def validate_model(cfg: ModelConfig, grid: GridShape) -> None:
+    """Raise :class:`ConfigError` naming every problem of ``cfg`` on ``grid``."""
+    problems = model_problems(cfg, grid)
+    if problems:
+        raise ConfigError(f"model {cfg.name} on grid {grid} (G_data x G_z x G_y x G_x): " + "; ".join(problems))

@@ -1,0 +1,161 @@
+"""When the step's collectives are issued and waited: the overlap schedule.
+
+:class:`WeightFetcher` hands each 4D layer its all-gathered weight block, on
+demand, prefetched ``prefetch_depth`` layers ahead (OAG), or from the forward
+cache. :class:`GradientSync` takes each gradient's first collective (the
+reduce-scatter over Z of FC weights, the all-reduce over Z of LayerNorm
+parameters), keeps it in flight (ORS) or waits at once, and then all-reduces
+the shard over data, as soon as it is ready (DP) or before the optimizer.
+
+Ordering rule: MPI matches collectives on one communicator by issue order, so
+every collective is issued at a point of the program that all ranks reach in
+the same order. The only lazily issued collectives are the data all-reduces,
+and they are issued strictly in gradient order (a FIFO), so their order on the
+data communicator is the same on every rank whatever the timing.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Dict, List
+
+from fourd_mpi.core.collectives import Collectives
+from fourd_mpi.step.overlap import OverlapConfig
+
+
+class WeightFetcher:
+    """All-gathered weight blocks for a list of layers used in a known order."""
+
+    def __init__(self, comm: Collectives, layers: List, overlap: OverlapConfig):
+        self.comm = comm
+        self.layers = layers
+        self.overlap = overlap
+        self.cache: Dict[str, object] = {}
+        self._order: List = []
+        self._next = 0
+        self._phase = "idle"
+        self._issued: Dict[str, object] = {}
+
+    def _start(self, order: List) -> None:
+        if self._issued:
+            raise RuntimeError(f"prefetched weights never used: {sorted(self._issued)}")
+        self._order, self._next = order, 0
+        if self.overlap.oag:
+            self._prefetch(0)
+
+    def begin_forward(self) -> None:
+        self.cache.clear()
+        self._phase = "forward"
+        self._start(list(self.layers))
+
+    def begin_backward(self) -> None:
+        """Called right after forward, so OAG's first backward gathers overlap the loss."""
+        self._phase = "backward"
+        self._start([layer for layer in reversed(self.layers) if layer.name not in self.cache])
+
+    def finish(self) -> None:
+        """End a forward-only pass: drop the cache; nothing may be left prefetched."""
+        self.cache.clear()
+        self._phase = "idle"
+        self._start([])
+
+    def _prefetch(self, position: int) -> None:
+        stop = min(len(self._order), position + self.overlap.prefetch_depth + 1)
+        for layer in self._order[position:stop]:
+            if layer.name not in self._issued:
+                tag = self.comm.tracer.tag(layer.name, self._phase)  # its own layer, not the current one
+                self._issued[layer.name] = layer.gather_weight(self.comm, tag)
+
+    def get(self, layer):
+        """The weight block of ``layer`` (flat), waiting for its all-gather if needed."""
+        if self._phase == "backward" and layer.name in self.cache:
+            return self.cache.pop(layer.name)
+        position = self._order.index(layer, self._next)
+        self._next = position + 1
+        if self.overlap.oag:
+            self._prefetch(position)  # this layer and the next prefetch_depth ones
+        handle = self._issued.pop(layer.name, None) or layer.gather_weight(self.comm)
+        block = handle.wait()
+        if self._phase == "forward" and self.overlap.cache:
+            self.cache[layer.name] = block
+        return block
+
+
+class GradientSync:
+    """Completes every gradient: its first collective, then the data all-reduce."""
+
+    def __init__(self, comm: Collectives, overlap: OverlapConfig):
+        self.comm = comm
+        self.overlap = overlap
+        self._fifo: deque = deque()
+
+    def begin(self) -> None:
+        if self._fifo:
+            raise RuntimeError("gradients of the previous step were never synchronized")
+
+    def add(self, param, handle) -> None:
+        """``handle``: the param's first collective (issued now, at a program point)."""
+        if not self.overlap.ors:
+            handle.wait()
+        # the data all-reduce may be issued later, elsewhere: trace it under the param's own layer
+        tag = self.comm.tracer.tag(param.name.rsplit(".", 1)[0], "backward")
+        self._fifo.append([param, handle, list(param.reduce_axes), tag])
+        if self.overlap.dp:
+            self.advance()
+
+    def advance(self) -> None:
+        """Issue data all-reduces for ready shards, in FIFO order only (see module docstring)."""
+        for entry in self._fifo:
+            param, handle, axes, tag = entry
+            if not axes:
+                continue
+            if not handle.test():
+                return  # later entries wait their turn: keeps the issue order identical on all ranks
+            entry[1] = self.comm.allreduce(axes.pop(0), handle.wait(), tag)
+
+    def finish(self) -> None:
+        """Wait for everything, issuing the remaining stages in FIFO order; sets ``param.grad``."""
+        while self._fifo:
+            param, handle, axes, tag = self._fifo[0]
+            value = handle.wait()
+            if axes:
+                self._fifo[0][1] = self.comm.allreduce(axes.pop(0), value, tag)
+                continue
+            param.grad = value
+            self._fifo.popleft()
+
+
+@dataclass
+class StepContext:
+    """What a block needs to run: the collectives, the weight source, the gradient sync."""
+
+    comm: Collectives
+    weights: WeightFetcher
+    grads: GradientSync
+    overlap: OverlapConfig
+
+    @property
+    def chunks(self) -> int:
+        return self.overlap.chunks if self.overlap.od else 1
+
+
+def linear_forward(layer, x, ctx: StepContext):
+    """Gather the weight over Z, GEMM, all-reduce over the layer's in axis."""
+    with ctx.comm.tracer.layer(layer.name, "forward"):
+        return layer.forward(x, ctx.weights.get(layer), ctx.comm, ctx.chunks).wait()
+
+
+def linear_backward(layer, dy, x, ctx: StepContext):
+    """Backward of one 4D layer; returns ``dx``. The gradient goes to ``ctx.grads``.
+
+    OAR: the ``dx`` all-reduce stays in flight while the ``dW`` GEMM runs.
+    """
+    comm = ctx.comm
+    with comm.tracer.layer(layer.name, "backward"):
+        dx = layer.backward_input(dy, ctx.weights.get(layer), comm)
+        if not ctx.overlap.oar:
+            dx.wait()
+        dw_block = layer.backward_weight(dy, x, comm)
+        ctx.grads.add(layer.weight, layer.reduce_weight_grad(dw_block, comm))
+        return dx.wait()

@@ -1,0 +1,343 @@
+"""In-process event recording: what each rank did, when, in which layer and phase.
+
+The schema (vocabularies and record layouts) is documented in
+``docs/trace-format.md``; this module is its single source in code. Recording
+only: files are :mod:`fourd_mpi.trace.store`, reading is :mod:`fourd_mpi.trace.read`.
+
+Lanes (``lane`` column) keep the events of one rank on one lane disjoint in time:
+
+==========  ==================================================================
+``step``    one span per training step
+``layer``   one span per (layer, phase) visit; the model never nests layers
+``host``    leaf work of the main thread: compute ops and time blocked in waits
+``comm<i>`` collectives from issue to observed completion (blocking ones, the loss
+            all-reduce, too), and in staged mode their ``d2h`` copy just before
+            and ``h2d`` copy just after, on the same lane; several may be in
+            flight, so each (with its copies) goes to the lowest-numbered free
+            lane of its step
+==========  ==================================================================
+
+Cost model: at level ``step`` an op scope is two ``perf_counter_ns`` calls and two
+additions (the per-step compute and wait totals are always kept); at ``op`` level
+each op also appends one tuple. Events become a NumPy structured array once per step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+SCHEMA = "fourd_mpi.trace"
+#: 2: ops ``d2h`` and ``h2d`` appended to the vocabulary (codes of version 1 unchanged)
+SCHEMA_VERSION = 2
+
+LEVELS = ("step", "layer", "op")
+PHASES = ("none", "forward", "backward", "optimizer")
+OPS = ("step", "layer", "data", "gemm", "attention", "layernorm", "gelu", "loss", "optimizer",
+       "allgather", "reduce_scatter", "allreduce", "wait", "d2h", "h2d")
+AXES = ("none", "data", "z", "y", "x")
+LANE_STEP, LANE_LAYER, LANE_HOST, LANE_COMM0 = 0, 1, 2, 3
+COLLECTIVE_OPS = ("allgather", "reduce_scatter", "allreduce")
+#: staging copies of a collective's buffers (staged mode), on its comm lane
+COPY_OPS = ("d2h", "h2d")
+#: host-lane compute ops (the share of step time "in compute")
+COMPUTE_OPS = ("data", "gemm", "attention", "layernorm", "gelu", "loss", "optimizer")
+
+EVENT_DTYPE = np.dtype([
+    ("rank", "<u4"), ("step", "<i4"), ("layer", "<i2"), ("phase", "u1"), ("op", "u1"), ("axis", "u1"),
+    ("lane", "u1"), ("start_ns", "<i8"), ("end_ns", "<i8"), ("bytes", "<i8"), ("wire_bytes", "<i8"),
+    ("flops", "<f8"), ("issue_ns", "<i8"), ("complete_ns", "<i8"), ("wait_ns", "<i8"),
+])
+
+#: one record per rank and step (appended after the step's events: its presence marks the step complete)
+RANK_STEP_DTYPE = np.dtype([
+    ("rank", "<u4"), ("step", "<i4"), ("warmup", "u1"), ("start_ns", "<i8"), ("end_ns", "<i8"),
+    ("loss", "<f8"), ("seconds", "<f8"), ("compute_ns", "<i8"), ("wait_ns", "<i8"), ("events", "<i8"),
+])
+
+_OP = {name: i for i, name in enumerate(OPS)}
+_PHASE = {name: i for i, name in enumerate(PHASES)}
+_AXIS = {name: i for i, name in enumerate(AXES)}
+_COMPUTE_CODES = frozenset(_OP[name] for name in COMPUTE_OPS)
+
+
+def lane_name(code: int) -> str:
+    return ("step", "layer", "host")[code] if code < LANE_COMM0 else f"comm{code - LANE_COMM0}"
+
+
+def wire_factor(op: str, group: int) -> float:
+    """Bytes a rank sends per byte of message under ring algorithms (DESIGN.md section 2).
+
+    The message (``bytes`` column) is the nccl-tests "size": the gathered buffer of
+    an all-gather, the full input of a reduce-scatter, the buffer of an all-reduce.
+    """
+    if group <= 1:
+        return 0.0
+    return (2.0 if op == "allreduce" else 1.0) * (group - 1) / group
+
+
+def align_clocks(comm, rounds: int = 8):
+    """Offsets of every rank's ``perf_counter_ns`` to rank 0's (Cristian's algorithm).
+
+    Rank 0 ping-pongs ``rounds`` times with each rank in turn and keeps the sample
+    with the shortest round trip. Returns ``(offset_ns, uncertainty_ns, origin_ns)``
+    for this rank: an aligned time is ``t - offset_ns - origin_ns`` (ns since the
+    run's origin, taken on rank 0 after a barrier); the uncertainty is half the
+    best round trip. Collective over ``comm``.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    offset, uncertainty = 0, 0
+    buf = np.zeros(1, dtype=np.int64)
+    if rank == 0:
+        results = [(0, 0)]
+        for peer in range(1, size):
+            best = None
+            for _ in range(rounds):
+                t1 = time.perf_counter_ns()
+                comm.Send(buf, dest=peer, tag=71)
+                comm.Recv(buf, source=peer, tag=72)
+                t2 = time.perf_counter_ns()
+                rtt = t2 - t1
+                if best is None or rtt < best[1]:
+                    best = (int(buf[0]) - (t1 + t2) // 2, rtt)
+            results.append((best[0], best[1] // 2))
+    else:
+        results = None
+        for _ in range(rounds):
+            comm.Recv(buf, source=0, tag=71)
+            buf[0] = time.perf_counter_ns()
+            comm.Send(buf, dest=0, tag=72)
+    offset, uncertainty = comm.scatter(results, root=0)
+    comm.Barrier()
+    origin = comm.bcast(time.perf_counter_ns() if rank == 0 else None, root=0)
+    return offset, uncertainty, origin
+
+
+class _Span:
+    """A context manager that records one host or layer span."""
+
+    __slots__ = ("tracer", "op", "lane", "layer", "phase", "saved", "t0", "flops")
+
+    def __init__(self, tracer, op, lane, layer=0, phase=0):
+        self.tracer, self.op, self.lane, self.layer, self.phase = tracer, op, lane, layer, phase
+        self.flops = 0.0
+
+    def __enter__(self):
+        tr = self.tracer
+        if self.lane == LANE_LAYER:
+            self.saved = (tr.where_layer, tr.where_phase)
+            tr.where_layer, tr.where_phase = self.layer, self.phase
+        else:
+            tr._open = self
+        self.t0 = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc):
+        tr = self.tracer
+        if tr.synchronize is not None and tr.keep_ops and self.lane == LANE_HOST:
+            tr.synchronize()
+        t1 = time.perf_counter_ns()
+        if self.lane == LANE_LAYER:
+            if tr.keep_layers:
+                tr.events.append((tr.rank, tr.step, self.layer, self.phase, _OP["layer"], 0, LANE_LAYER,
+                                  self.t0, t1, 0, 0, 0.0, 0, 0, 0))
+            tr.where_layer, tr.where_phase = self.saved
+        else:
+            tr._open = None
+            tr.compute_ns += t1 - self.t0
+            if tr.keep_ops:
+                tr.events.append((tr.rank, tr.step, tr.where_layer, tr.where_phase, self.op, 0, LANE_HOST,
+                                  self.t0, t1, 0, 0, self.flops, 0, 0, 0))
+        return False
+
+
+class Tracer:
+    """Collects one rank's events of the current step.
+
+    ``layers``: the vocabulary of layer names (index 0 is the empty name, "no
+    layer"); ``level``: one of :data:`LEVELS`. The model opens layer scopes
+    (:meth:`layer`) and op scopes (:meth:`op`); GEMMs report through
+    :meth:`compute`; collectives are turned into events from their records at the
+    end of the step (:meth:`end_step`). Host-lane ops never nest: a GEMM inside
+    an op scope (attention) adds its FLOPs to the scope instead.
+    """
+
+    def __init__(self, layers: Sequence[str] = (), level: str = "op", rank: int = 0,
+                 clock_offset_ns: int = 0, origin_ns: int = 0, synchronize=None):
+        if level not in LEVELS:
+            raise ValueError(f"unknown trace level {level!r}: choose one of {', '.join(LEVELS)}")
+        self.set_layers(layers)
+        self.rank = rank
+        self.shift_ns = clock_offset_ns + origin_ns
+        #: GPU backends: called before each host timestamp of an op (op level only), so that
+        #: asynchronous kernels are timed where they run
+        self.synchronize = synchronize
+        self.set_level(level)
+        self.step = -1
+        self.where_layer = 0
+        self.where_phase = 0
+        self._open: Optional[_Span] = None
+        self.events: list = []
+        self._deferred: list = []
+        self.compute_ns = 0
+        self.wait_ns = 0
+
+    def set_level(self, level: str) -> None:
+        """Change what is kept from the next event on (benchmarks alternate levels in one run)."""
+        self.level = level
+        self.keep_layers = LEVELS.index(level) >= 1
+        self.keep_ops = level == "op"
+
+    # vocabulary -------------------------------------------------------------
+    def set_layers(self, layers: Sequence[str]) -> None:
+        """The layer vocabulary (the model's layer names; code 0 is "no layer")."""
+        self.layer_names: List[str] = [""] + [name for name in layers if name]
+        self._layer_index = {name: i for i, name in enumerate(self.layer_names)}
+
+    def layer_index(self, name: str) -> int:
+        return self._layer_index[name]
+
+    def tag(self, layer: str, phase: str):
+        """``(layer, phase)`` codes for :meth:`Collectives` records issued out of program order."""
+        return self._layer_index.get(layer, 0), _PHASE.get(phase, 0)
+
+    # scopes -----------------------------------------------------------------
+    def layer(self, name: str, phase: str) -> _Span:
+        """Scope of one layer's forward or backward: sets the layer and phase of everything inside."""
+        return _Span(self, 0, LANE_LAYER, self._layer_index[name], _PHASE[phase])
+
+    def enter_phase(self, phase: str) -> None:
+        """From here on, work outside any layer scope belongs to ``phase``."""
+        self.where_layer, self.where_phase = 0, _PHASE[phase]
+
+    def op(self, name: str) -> _Span:
+        """Scope of one host compute op (``attention``, ``gelu``, ...). Must not contain a wait."""
+        if self.synchronize is not None and self.keep_ops:
+            self.synchronize()
+        return _Span(self, _OP[name], LANE_HOST)
+
+    def compute(self, kind: str, t0: int, t1: int, flops: float) -> None:
+        """A GEMM ran from ``t0`` to ``t1`` (``perf_counter_ns``)."""
+        if self._open is not None:
+            self._open.flops += flops
+            return
+        self.compute_ns += t1 - t0
+        if self.keep_ops:
+            self.events.append((self.rank, self.step, self.where_layer, self.where_phase,
+                                _OP.get(kind, _OP["gemm"]), 0, LANE_HOST, t0, t1, 0, 0, flops, 0, 0, 0))
+
+    def compute_deferred(self, kind: str, watch, flops: float) -> None:
+        """A GEMM timed by CUDA events (``watch``), not synchronized: its duration joins the step's
+        compute total at :meth:`end_step`, after the step synchronized the device (levels below
+        ``op``; at level ``op`` GEMMs are bracketed by synchronizations and reported by :meth:`compute`)."""
+        if self._open is not None:
+            self._open.flops += flops
+            return
+        self._deferred.append(watch)
+
+    def blocked(self, t0: int, t1: int) -> None:
+        """The main thread was blocked in a wait from ``t0`` to ``t1``."""
+        self.wait_ns += t1 - t0
+
+    # steps ------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        self.step = step
+        self.events = []
+        self._deferred = []
+        self.compute_ns = self.wait_ns = 0
+        self.where_layer = self.where_phase = 0
+
+    def end_step(self, t_start: int, t_end: int, records: Sequence, group_sizes) -> np.ndarray:
+        """This step's events as an :data:`EVENT_DTYPE` array on the aligned clock.
+
+        ``records``: the step's :class:`~fourd_mpi.core.collectives.CommRecord` list;
+        ``group_sizes``: axis name -> communicator size (for ``wire_bytes``).
+        """
+        if self._deferred:  # event-timed GEMMs (GPU, below level op): the device has finished them
+            self.compute_ns += sum(w.elapsed_ns() for w in self._deferred)
+            self._deferred = []
+        rows = [(self.rank, self.step, 0, 0, _OP["step"], 0, LANE_STEP, t_start, t_end, 0, 0, 0.0, 0, 0, 0)]
+        rows += self.events
+        out = np.array(rows, dtype=EVENT_DTYPE)
+        out["start_ns"] -= self.shift_ns
+        out["end_ns"] -= self.shift_ns
+        if self.keep_ops and records:
+            out = np.concatenate([out, *self._collective_rows(records, group_sizes)])
+        return out
+
+    def _collective_rows(self, records, group_sizes) -> list:
+        """Collective events (one per record, on comm lanes), their staging copies (same lane)
+        and wait events (host lane), vectorized."""
+        for r in records:  # GPU copies: the step has synchronized, their events can be read now
+            if r.h2d is not None:
+                r.h2d.resolve()
+        cols = np.array([(r.issue_ns, r.complete_ns, r.nbytes, r.wait_ns, r.wait_start_ns, r.layer, r.phase,
+                          _OP[r.op], _AXIS[r.axis], group_sizes[r.axis],
+                          *(_copy_cols(r.d2h)), *(_copy_cols(r.h2d))) for r in records], dtype=np.int64)
+        cols[:, (0, 1, 4)] -= self.shift_ns  # issue, completion, wait start: to the aligned clock
+        for c in (10, 13):  # copy spans present (bytes > 0): to the aligned clock
+            present = cols[:, c + 2] > 0
+            cols[present, c] -= self.shift_ns
+            cols[present, c + 1] -= self.shift_ns
+        issue = cols[:, 0]
+        complete = np.maximum(cols[:, 1], issue)  # never observed complete (0): a zero-length span
+        has_d2h, has_h2d = cols[:, 12] > 0, cols[:, 15] > 0
+        # a collective and its copies occupy one lane from the copy-out to the copy-in
+        unit_start = np.where(has_d2h, np.minimum(cols[:, 10], issue), issue)
+        h2d_start = np.maximum(cols[:, 13], complete)
+        h2d_end = np.maximum(cols[:, 14], h2d_start)
+        unit_end = np.where(has_h2d, h2d_end, complete)
+        order = np.argsort(unit_start, kind="stable")
+        cols, issue, complete = cols[order], issue[order], complete[order]
+        has_d2h, has_h2d, h2d_start, h2d_end = has_d2h[order], has_h2d[order], h2d_start[order], h2d_end[order]
+        lanes, free_at = [], []
+        for begin, end in zip(unit_start[order].tolist(), unit_end[order].tolist()):  # lowest-numbered free lane
+            for lane, free in enumerate(free_at):
+                if free <= begin:
+                    break
+            else:
+                lane = len(free_at)
+                free_at.append(0)
+            free_at[lane] = end
+            lanes.append(lane)
+        if LANE_COMM0 + len(free_at) - 1 > 255:  # the lane column is one byte
+            raise RuntimeError(f"{len(free_at)} collectives in flight at once: more than the trace's comm lanes")
+        lane_codes = LANE_COMM0 + np.array(lanes)
+        group = cols[:, 9]
+        rounds = np.where(cols[:, 7] == _OP["allreduce"], 2, 1)  # wire_factor, in integers
+        coll = np.zeros(len(cols), dtype=EVENT_DTYPE)
+        coll["rank"] = self.rank
+        coll["step"], coll["layer"], coll["phase"] = self.step, cols[:, 5], cols[:, 6]
+        coll["op"], coll["axis"], coll["lane"] = cols[:, 7], cols[:, 8], lane_codes
+        coll["start_ns"], coll["end_ns"], coll["bytes"] = issue, complete, cols[:, 2]
+        coll["wire_bytes"] = cols[:, 2] * rounds * (group - 1) // group
+        coll["issue_ns"], coll["complete_ns"], coll["wait_ns"] = issue, complete, cols[:, 3]
+        out = [coll]
+        for name, has, start, end, nbytes in (
+                ("d2h", has_d2h, cols[:, 10], np.minimum(cols[:, 11], issue), cols[:, 12]),
+                ("h2d", has_h2d, h2d_start, h2d_end, cols[:, 15])):
+            if has.any():
+                copies = np.zeros(int(has.sum()), dtype=EVENT_DTYPE)
+                copies["rank"] = self.rank
+                copies["step"], copies["layer"], copies["phase"] = self.step, cols[has, 5], cols[has, 6]
+                copies["op"], copies["axis"], copies["lane"] = _OP[name], cols[has, 8], lane_codes[has]
+                copies["start_ns"], copies["end_ns"], copies["bytes"] = start[has], end[has], nbytes[has]
+                out.append(copies)
+        blocked = cols[:, 3] > 0
+        waits = np.zeros(int(blocked.sum()), dtype=EVENT_DTYPE)
+        w = cols[blocked]
+        waits["rank"] = self.rank
+        waits["step"], waits["layer"], waits["phase"] = self.step, w[:, 5], w[:, 6]
+        waits["op"], waits["axis"], waits["lane"] = _OP["wait"], w[:, 8], LANE_HOST
+        waits["start_ns"], waits["end_ns"], waits["bytes"] = w[:, 4], w[:, 4] + w[:, 3], w[:, 2]
+        out.append(waits)
+        return out
+
+
+def _copy_cols(span):
+    """``(start_ns, end_ns, bytes)`` of a staging copy (zeros when there was none)."""
+    if span is None:
+        return 0, 0, 0
+    return span.start_ns, span.end_ns, max(1, span.nbytes)

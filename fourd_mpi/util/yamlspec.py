@@ -1,0 +1,160 @@
+"""YAML files validated with JSON Schema, with errors that name the key and its line.
+
+Used by sweep specs and site profiles: users edit these files by hand, so a bad
+value must be reported as ``spec.yaml:12: matrix.overlap[1]: 'al' is not one of ...``,
+not as a traceback. PyYAML keeps line numbers only on its node tree, so the file
+is composed once for the marks and loaded once for the data.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import yaml
+
+from fourd_mpi.errors import ConfigError
+
+PathPart = Union[str, int]
+
+
+def key_path(parts: Iterable[PathPart]) -> str:
+    """``("matrix", "overlap", 1)`` -> ``matrix.overlap[1]``."""
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+class YamlDocument:
+    """The data of one YAML file plus the line of every key and item in it."""
+
+    def __init__(self, text: str, source: str):
+        self.source = source
+        try:
+            self.root = yaml.compose(text, Loader=yaml.SafeLoader)
+            self.data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{source}:{mark.line + 1}" if mark is not None else source
+            problem = getattr(exc, "problem", None) or str(exc)
+            context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+            if context and start is not None:
+                problem = f"{problem} ({context} at line {start.line + 1})"
+            raise ConfigError(f"{where}: not valid YAML: {' '.join(str(problem).split())}") from None
+        if self.root is not None:
+            self._reject_duplicate_keys(self.root, ())
+
+    @classmethod
+    def read(cls, path: str, what: str = "file") -> "YamlDocument":
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{what} {path} is not UTF-8 text") from None
+        return cls(text, path)
+
+    def _reject_duplicate_keys(self, node, parts) -> None:
+        # PyYAML silently keeps the last of two equal keys: in a spec that hides a typo.
+        if isinstance(node, yaml.MappingNode):
+            seen: Dict[str, int] = {}
+            for key_node, value_node in node.value:
+                key = key_node.value
+                if key in seen:
+                    raise ConfigError(f"{self.source}:{key_node.start_mark.line + 1}: "
+                                      f"{key_path((*parts, key))} given twice (first at line {seen[key]})")
+                seen[key] = key_node.start_mark.line + 1
+                self._reject_duplicate_keys(value_node, (*parts, key))
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                self._reject_duplicate_keys(item, (*parts, index))
+
+    def line(self, parts: Sequence[PathPart]) -> Optional[int]:
+        """1-based line of the value at ``parts`` (the deepest existing one); None for an empty file."""
+        return self._locate(parts)[0]
+
+    def _locate(self, parts: Sequence[PathPart]):
+        """``(line, label)``: the label writes mapping keys as ``.key`` and list items as ``[i]``."""
+        node = self.root
+        if node is None:
+            return None, key_path(parts)
+        line, label = node.start_mark.line + 1, ""
+        for depth, part in enumerate(parts):
+            found = None
+            if isinstance(node, yaml.MappingNode):
+                label += f".{part}" if label else str(part)
+                for key_node, value_node in node.value:
+                    if str(key_node.value) == str(part):
+                        found, line = value_node, key_node.start_mark.line + 1
+                        break
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+                label += f"[{part}]"
+                found = node.value[part]
+                line = found.start_mark.line + 1
+            if found is None:
+                rest = key_path(parts[depth + 1:]) if depth + 1 < len(parts) else ""
+                return line, label + (("." + rest) if rest else "")
+            node = found
+        return line, label or "(top level)"
+
+    def error(self, parts: Sequence[PathPart], message: str) -> ConfigError:
+        line, label = self._locate(parts)
+        where = f"{self.source}:{line}" if line else self.source
+        return ConfigError(f"{where}: {label}: {message}")
+
+    def validate(self, schema: Dict[str, Any]) -> None:
+        """Raise the first schema violation, by position in the file, as a :class:`ConfigError`."""
+        located = schema_violations(self.data, schema)
+        if located:
+            located.sort(key=lambda item: (self.line(item[0]) or 0, -len(item[0])))
+            raise self.error(*located[0])
+
+
+def schema_violations(data: Any, schema: Dict[str, Any]) -> List[Tuple[List[PathPart], str]]:
+    """Every violation of ``schema`` as ``(key path, short message)``; unknown keys point at the key."""
+    import jsonschema
+
+    located = []
+    for error in jsonschema.Draft202012Validator(schema).iter_errors(data):
+        # best_match descends into oneOf/anyOf to the branch the value nearly matched
+        error = jsonschema.exceptions.best_match([error])
+        located.append((list(error.absolute_path) + _offending_key(error), _schema_message(error)))
+    return located
+
+
+def _offending_key(error) -> List[PathPart]:
+    """An unknown key is reported at the key, not at the mapping that holds it."""
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})), key=str)
+        return extra[:1]
+    return []
+
+
+def _schema_message(error) -> str:
+    """jsonschema's message, made shorter for the usual cases."""
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed), key=str)
+        return f"unknown key {extra[0]!r} (known: {', '.join(allowed)})"
+    if error.validator == "enum":
+        return f"{error.instance!r} is not one of {', '.join(map(str, error.validator_value))}"
+    if error.validator == "pattern" and "description" in error.schema:
+        return f"{error.instance!r}: {error.schema['description']}"
+    if error.validator in ("oneOf", "anyOf") and "description" in error.schema:
+        return f"{error.instance!r}: {error.schema['description']}"
+    return error.message
+
+
+def load_yaml(path: str, what: str, schema: Dict[str, Any]) -> YamlDocument:
+    """Read and validate ``path``; ``what`` names the kind of file in errors."""
+    doc = YamlDocument.read(path, what)
+    if not isinstance(doc.data, dict):
+        raise ConfigError(f"{path}: a {what} must be a YAML mapping (key: value lines)")
+    doc.validate(schema)
+    return doc
+
+
+def file_stem(path: str) -> str:
+    return os.path.splitext(os.path.basename(path))[0]
