@@ -144,7 +144,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from fourd_mpi.errors import BackendError, ConfigError
     from fourd_mpi.core.grid import infer_grid_shape
     from fourd_mpi.core.mpiutil import idle_barrier
-    from fourd_mpi.run.build import RunOptions
+    from fourd_mpi.run.options import RunOptions
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()

@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mpi4py import MPI  # noqa: E402
 
-from fourd_mpi.run.build import Run, resolve  # noqa: E402
+from fourd_mpi.run.build import Run
+from fourd_mpi.run.options import resolve  # noqa: E402
 
 #: name -> (preset, grid sizes, model overrides, what it stresses)
 CONFIGS = {

@@ -81,14 +81,16 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from fourd_mpi import __version__# noqa: E402
-from fourd_mpi.core.backend import BACKENDS, DTYPES  # noqa: E402
-from fourd_mpi.cli.main import OneLineParser, add_overlap_args, nonnegative_int, overlap_kwargs, positive_int  # noqa: E402,E501
+from fourd_mpi.cli.args import OneLineParser, add_option, add_options  # noqa: E402
+from fourd_mpi.run.options import options_in  # noqa: E402
+from fourd_mpi.util.values import nonnegative_int, positive_int  # noqa: E402
 from fourd_mpi.step.presets import PRESETS, model_problems, resolve_model  # noqa: E402
 from fourd_mpi.errors import BackendError, ConfigError  # noqa: E402
 from fourd_mpi.core.grid import GridShape  # noqa: E402
 from fourd_mpi.step.kernels import ComputeCounter, matmul  # noqa: E402
 from fourd_mpi.core.mpiutil import idle_barrier  # noqa: E402
-from fourd_mpi.run.build import Run, resolve  # noqa: E402
+from fourd_mpi.run.build import Run
+from fourd_mpi.run.options import resolve  # noqa: E402
 
 #: Default model: gpt-small (hidden 512, 8 heads, ffn 2048, global batch 8) with 2 layers and a
 #: shorter sequence, so a step takes roughly 0.2-2 s with 8 ranks on 2 cores.
@@ -107,9 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"preset: {', '.join(PRESETS)} (default {DEFAULT_MODEL} with "
                         + ", ".join(f"--{k} {v}" for k, v in DEFAULT_OVERRIDES.items())
                         + " unless given)")
-    for name in ("layers", "hidden", "heads", "ffn-hidden", "seq", "batch"):
-        p.add_argument(f"--{name}", type=positive_int, default=None, metavar="N",
-                       help="global batch in sequences" if name == "batch" else None)
+    for option in options_in("model")[1:]:  # the sizes; --model above has its own default
+        add_option(p, option)
     p.add_argument("--grids", default=None, metavar="DxZxYxX,...",
                    help="comma-separated grids G_data x G_z x G_y x G_x (default: a few "
                         "representative factorizations of the world size)")
@@ -120,9 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed passes of the standalone GEMMs, median taken (default 7)")
     p.add_argument("--alone-ranks", type=positive_int, default=1, metavar="N",
                    help="ranks 0..N-1 take turns running rank 0's GEMMs alone (default 1)")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    p.add_argument("--backend", default="auto", choices=BACKENDS)
-    add_overlap_args(p)  # as in fourd-mpi run
+    add_options(p, ("overlap",), names=("dtype", "backend"))  # as in fourd-mpi run
     p.add_argument("--json", metavar="FILE", help="also write all numbers as JSON (rank 0)")
     return p
 
@@ -484,7 +483,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         options = [resolve(world.Get_size(), args.model,
                            {"data": g.data, "z": g.z, "y": g.y, "x": g.x}, overrides,
                            dtype=args.dtype, backend=args.backend, steps=args.steps, warmup=args.warmup,
-                           **overlap_kwargs(args)) for g in grids]
+                           **{o.dest: getattr(args, o.dest) for o in options_in("overlap")}) for g in grids]
     except ConfigError as exc:
         if rank0:
             print(f"step_bench.py: error: {exc}", file=sys.stderr, flush=True)

@@ -37,7 +37,8 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from fourd_mpi.cli.main import positive_int  # noqa: E402
-from fourd_mpi.run.build import Run, resolve  # noqa: E402
+from fourd_mpi.run.build import Run
+from fourd_mpi.run.options import resolve  # noqa: E402
 from fourd_mpi.trace.store import RankSpool, merge_run  # noqa: E402
 from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE  # noqa: E402
 

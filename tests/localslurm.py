@@ -1,4 +1,4 @@
-"""A one-node Slurm on localhost for tests (DESIGN.md section 5): Debian's slurmctld/slurmd, no munge.
+"""A one-node Slurm on localhost for tests (docs/design.md section 5): Debian's slurmctld/slurmd, no munge.
 
 The daemons run in the foreground (-D) as children of the test, with state, spool, logs
 and pid files in a temporary directory and free ports, so they never touch a system

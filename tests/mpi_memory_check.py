@@ -14,7 +14,8 @@ from mpi4py import MPI
 from fourd_mpi.step.presets import model_problems, resolve_model
 from fourd_mpi.core.grid import grid_factorizations
 from fourd_mpi.perf.memory import estimate_memory, saved_activation_elements
-from fourd_mpi.run.build import RunOptions, Run
+from fourd_mpi.run.build import Run
+from fourd_mpi.run.options import RunOptions
 
 
 def _arrays(obj, out):

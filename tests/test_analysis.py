@@ -14,7 +14,7 @@ import pytest
 from fourd_mpi.analysis import tables as analysis
 from fourd_mpi.analysis.tables import (BREAKDOWN_COLUMNS, COMM_COLUMNS, COMPARE_COLUMNS, RUN_COLUMNS, SCALING_COLUMNS,
                                 breakdown, collect, comm_table, compare, format_table, runs_table, scaling)
-from fourd_mpi.run.session import summarize
+from fourd_mpi.trace.summary import summarize
 from fourd_mpi.trace.store import TraceFileWriter, ranks_table
 from fourd_mpi.trace.read import check_invariants, load_trace
 from fourd_mpi.trace.events import (AXES, COMPUTE_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_STEP, OPS, PHASES,

@@ -6,7 +6,8 @@ Runs in-process on one rank (grid 1x1x1x1 on COMM_SELF), float64.
 import numpy as np
 import pytest
 
-from fourd_mpi.run.build import Run, resolve
+from fourd_mpi.run.build import Run
+from fourd_mpi.run.options import resolve
 
 
 def build(preset, **sizes):

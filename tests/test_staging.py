@@ -214,8 +214,8 @@ def test_info_reports_device_detection_and_buffers(run_mpi):
 
 
 def test_help_documents_the_numpy_emulation():
-    from fourd_mpi.cli.main import build_parser
+    from fourd_mpi.cli.run import run_parser
 
-    run = build_parser()._subparsers._group_actions[0].choices["run"]
+    run = run_parser()
     text = " ".join(run.format_help().split())
     assert "emulated staging" in text and "--tf32" in text and "bfloat16" in text

@@ -79,7 +79,8 @@ def test_weak_scaling_sweep_through_sbatch(slurm, tmp_path):
     while True:
         status = fourd(["sweep", "status", sweep_dir], tmp_path, env)
         assert status.returncode == 0, status.stderr
-        if "4/4 traces complete" in status.stdout:
+        # a job's trace is complete a moment before Slurm marks the job COMPLETED: wait for both
+        if "4/4 traces complete" in status.stdout and status.stdout.count("COMPLETED") == 4:
             break
         assert "FAILED" not in status.stdout and "CANCELLED" not in status.stdout, (
             status.stdout + "".join(p.read_text() for p in (tmp_path / sweep_dir / "logs").glob("*.out")))

@@ -30,7 +30,7 @@ def traced(run_mpi, nranks, results, *args, timeout=240):
 
 
 def expected_wire_bytes(meta, cache=False):
-    """Per-rank bytes sent per step by each FC layer's collectives (DESIGN.md section 2, ring algorithms)."""
+    """Per-rank bytes sent per step by each FC layer's collectives (docs/design.md section 2, ring algorithms)."""
     opts = meta["run_options"]
     model, g = opts["model"], opts["grid"]
     itemsize = np.dtype(opts["dtype"]).itemsize

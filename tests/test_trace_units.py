@@ -17,11 +17,14 @@ try:
 except ImportError:  # Python < 3.11
     import tomli as tomllib
 
-from fourd_mpi.cli.main import build_parser, resolved_config, _run_options
+from fourd_mpi.cli.main import build_parser
+from fourd_mpi.cli.run import run_options, run_parser
 from fourd_mpi.core.collectives import CommRecord
 from fourd_mpi.errors import ConfigError, TraceError
 from fourd_mpi.run.configfile import config_tokens, dump_toml, load_config_file
-from fourd_mpi.run.session import Fault, TraceOptions, summarize
+from fourd_mpi.run.options import resolved_config
+from fourd_mpi.run.session import Fault, TraceOptions
+from fourd_mpi.trace.summary import summarize
 from fourd_mpi.trace.store import (RUN_META, RankSpool, TraceFileWriter, check_name, new_run_id, prepare_spool,
                                   read_records, recover)
 from fourd_mpi.trace.read import check_invariants, load_trace
@@ -37,11 +40,6 @@ LAYERS = ["", "block0.qkv", "block0.proj"]  # a tracer's layer_names: code 0 is 
 # ---------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------
-
-def run_parser():
-    """The ``fourd-mpi run`` subparser (what the CLI hands to :func:`config_tokens`)."""
-    return build_parser()._subparsers._group_actions[0].choices["run"]
-
 
 def write(path, text: str) -> str:
     path.write_text(text)
@@ -174,7 +172,7 @@ def test_missing_config_file(tmp_path):
 def test_config_tokens_become_options_that_argparse_accepts():
     parser = run_parser()
     tokens = config_tokens({"gx": 2, "model": "gpt-small", "check-buffers": True, "cache-weights": False,
-                            "poll-flops": 1e6, "trace-level": "step"}, parser, "c.toml")
+                            "poll-flops": 1e6, "trace-level": "step"}, "c.toml")
     assert tokens == ["--gx=2", "--model=gpt-small", "--check-buffers", "--poll-flops=1000000.0",
                       "--trace-level=step"]
     args = parser.parse_args(tokens)
@@ -193,13 +191,13 @@ def test_config_tokens_become_options_that_argparse_accepts():
 ])
 def test_config_tokens_errors(config, message):
     with pytest.raises(ConfigError, match=message) as info:
-        config_tokens(config, run_parser(), "c.toml")
+        config_tokens(config, "c.toml")
     assert "c.toml" in str(info.value)
 
 
 def test_unknown_option_lists_the_known_ones_but_not_config_or_help():
     with pytest.raises(ConfigError) as info:
-        config_tokens({"gz_size": 2}, run_parser(), "c.toml")
+        config_tokens({"gz_size": 2}, "c.toml")
     known = str(info.value).split("known: ", 1)[1]
     assert {"gx", "steps", "trace-level", "force"} <= set(known.rstrip(")").split(", "))
     assert "config" not in known.split(", ") and "help" not in known.split(", ")
@@ -221,13 +219,15 @@ def test_resolved_config_is_a_config_file_that_gives_the_same_config(tmp_path):
 
     def resolve(argv):
         args = parser.parse_args(argv)
-        options = _run_options(args, 4, steps=args.steps, warmup=args.warmup)
+        options = run_options(args, 4)
         trace = TraceOptions(args.trace_level, args.results_dir, args.run_id, args.label, args.force)
-        return resolved_config(args, options, trace)
+        return resolved_config(args.model, options, {"trace_level": trace.level, "results_dir": trace.results_dir,
+                                                     "label": trace.label, "display": args.display,
+                                                     "peak_tflops": args.peak_tflops})
 
     first = resolve(["run", "--gx", "2", "--lr", "0.01", "--overlap", "all", "--check-buffers", "--label", "a"])
     path = write(tmp_path / "again.toml", dump_toml(first))
-    assert resolve(["run", *config_tokens(load_config_file(path), run_parser(), path)]) == first
+    assert resolve(["run", *config_tokens(load_config_file(path), path)]) == first
 
 
 # ---------------------------------------------------------------------------
@@ -681,6 +681,6 @@ def test_load_trace_errors(tmp_path, kind, message):
 
 def test_config_values_starting_with_a_dash_stay_values():
     parser = run_parser()
-    tokens = config_tokens({"results-dir": "-out", "seed": -3}, parser, "c.toml")
+    tokens = config_tokens({"results-dir": "-out", "seed": -3}, "c.toml")
     args = parser.parse_args(tokens)
     assert args.results_dir == "-out" and args.seed == -3

@@ -31,6 +31,8 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
+from fourd_mpi.util.text import short_label  # noqa: E402
+
 __all__ = ["plot_scaling", "plot_breakdown", "plot_timeline", "plot_overlap", "FORMATS",
            "CATEGORY_COLORS", "OP_COLORS"]
 
@@ -133,11 +135,6 @@ def _time_unit(max_seconds: float) -> Tuple[float, str]:
     return 1e6, "\u00b5s"
 
 
-def _short(text, default: str = "") -> str:
-    """``"oag,ors (prefetch depth 1)"`` -> ``"oag,ors"``."""
-    if text is None or (isinstance(text, float) and math.isnan(text)):
-        return default
-    return str(text).split(" (")[0].strip() or default
 
 
 def _run_labels(run_ids: Sequence[str], runs_df=None) -> Dict[str, str]:
@@ -153,12 +150,12 @@ def _run_labels(run_ids: Sequence[str], runs_df=None) -> Dict[str, str]:
             labels[rid] = str(rid)
             continue
         parts = []
-        if "grid" in row.index and _short(row["grid"]):
+        if "grid" in row.index and short_label(row["grid"]):
             parts.append(str(row["grid"]))
         if "overlap" in row.index:
-            parts.append("overlap " + _short(row["overlap"], "none").replace(",", ", "))
-        if "label" in row.index and _short(row["label"]):
-            parts.append(_short(row["label"]))
+            parts.append("overlap " + short_label(row["overlap"], "none").replace(",", ", "))
+        if "label" in row.index and short_label(row["label"]):
+            parts.append(short_label(row["label"]))
         labels[rid] = "\n".join(parts) if parts else str(rid)
     counts: Dict[str, int] = {}
     for text in labels.values():
@@ -606,7 +603,7 @@ def _timeline_figure(trace, step: Optional[int] = None, ranks=None):
         run_id = meta.get("run_id") or trace.attrs.get("run_id") or os.path.basename(trace.path)
         warm = trace.steps["warmup"][trace.steps["step"] == step]
         step_text = f"step {step}" + (" (warm-up)" if len(warm) and warm[0] else "")
-        overlap = _short(meta.get("overlap"), "")
+        overlap = short_label(meta.get("overlap"), "")
         head = f"{run_id}: grid {meta.get('grid', '?')}, {step_text}"
         if overlap:
             head += f", overlap {overlap}"

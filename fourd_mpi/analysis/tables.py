@@ -26,15 +26,17 @@ import io
 import json
 import math
 import os
+import sys
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pandas as pd
 
-from fourd_mpi.errors import TraceError
-from fourd_mpi.run.session import summarize
+from fourd_mpi.errors import ConfigError, TraceError
+from fourd_mpi.trace.summary import summarize
 from fourd_mpi.trace.read import Trace, load_trace
 from fourd_mpi.trace.events import COMPUTE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST, wire_factor
+from fourd_mpi.util.text import short_label
 
 RUN_COLUMNS = [
     "run_id", "path", "status", "label", "model", "world_size", "grid", "gdata", "gz", "gy", "gx", "overlap",
@@ -56,6 +58,11 @@ COMPARE_COLUMNS = [
     "percent_of_peak", "vs_best",
 ]
 FORMATS = ("table", "csv", "json", "markdown")
+
+#: the runs table's columns on a terminal (csv and json keep all)
+RUNS_SHOWN = ["run_id", "grid", "world_size", "overlap", "progress", "steps", "step_median_s", "step_q1_s",
+              "step_q3_s", "compute_share", "wait_share", "other_share", "tflops_per_rank", "percent_of_peak",
+              "tokens_per_s", "imbalance"]
 
 OVERLAP_FORMULA = "overlap_pct = 100 * (1 - sum(wait_ns) / sum(complete_ns - issue_ns))"
 COMM_FORMULAS = {
@@ -117,6 +124,23 @@ def collect(paths: Union[str, Iterable[str]]) -> Tuple[List[Trace], List[Tuple[s
     return traces, problems
 
 
+def report_skipped(problems: Sequence[Tuple[str, str]], out=None) -> None:
+    """One line per file :func:`collect` skipped: ``fourd-mpi: skipped PATH: REASON`` (on stderr)."""
+    out = out if out is not None else sys.stderr
+    for path, reason in problems:
+        out.write(f"fourd-mpi: skipped {path}: {reason}\n")
+
+
+def collect_or_fail(paths: Sequence[str]) -> Tuple[List[Trace], List[Tuple[str, str]]]:
+    """:func:`collect`, each skipped file reported (:func:`report_skipped`); a :class:`ConfigError`
+    when no argument names a readable trace."""
+    traces, problems = collect(paths)
+    report_skipped(problems)
+    if not traces:
+        raise ConfigError(f"no readable trace among {len(paths)} argument(s)")
+    return traces, problems
+
+
 # ---------------------------------------------------------------------------
 # per-run facts
 # ---------------------------------------------------------------------------
@@ -158,11 +182,6 @@ def _model_name(trace: Trace) -> str:
     return name
 
 
-def _short(text, default: str = "") -> str:
-    """``"oag,ors (prefetch depth 1)"`` -> ``"oag,ors"``; ``"poll (Testsome ...)"`` -> ``"poll"``."""
-    if text is None:
-        return default
-    return str(text).split(" (")[0].strip() or default
 
 
 def _label(trace: Trace) -> str:
@@ -209,8 +228,8 @@ def run_row(trace: Trace) -> Dict:
         peak = config.get("peak-tflops") if isinstance(config, dict) else None
     peak = float("nan") if peak is None else float(peak)
     model = _model_name(trace)
-    overlap = _short(meta.get("overlap") or (meta.get("run_options") or {}).get("overlap"), "none")
-    progress = _short(meta.get("progress") or (meta.get("run_options") or {}).get("progress"), "?")
+    overlap = short_label(meta.get("overlap") or (meta.get("run_options") or {}).get("overlap"), "none")
+    progress = short_label(meta.get("progress") or (meta.get("run_options") or {}).get("progress"), "?")
     label = _label(trace)
     nan = float("nan")
     row = dict(run_id=str(meta.get("run_id") or trace.attrs.get("run_id") or os.path.basename(trace.path)),

@@ -60,6 +60,17 @@ def bfloat16_dtype():
     return np.dtype(ml_dtypes.bfloat16)
 
 
+#: bytes per element of each dtype (no array library needed: the performance model uses it offline)
+DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def dtype_bytes(name: str) -> int:
+    """Bytes per element of dtype ``name`` (raises :class:`ConfigError` for an unknown name)."""
+    if name not in DTYPE_BYTES:
+        raise ConfigError(f"unknown dtype {name!r}: choose one of {', '.join(DTYPES)}")
+    return DTYPE_BYTES[name]
+
+
 def parse_dtype(name: str):
     """A dtype name -> NumPy dtype (``bfloat16``: the ``ml_dtypes`` one)."""
     if name not in DTYPES:

@@ -13,7 +13,7 @@ Cray MPICH      ``MPICH_GPU_SUPPORT_ENABLED=1`` (and the GTL library linked, whi
 MPICH           ``MPIX_Query_cuda_support()`` (``MPIX_GPU_query_support``; 0 when built
                 without CUDA or with ``MPIR_CVAR_ENABLE_GPU=0``)
 Open MPI        ``MPIX_Query_cuda_support()``; but its ``MPI_Iallgather`` / ``MPI_Iallreduce``
-                are documented as not CUDA-aware (DESIGN.md section 3), so nonblocking
+                are documented as not CUDA-aware (docs/design.md section 3), so nonblocking
                 collectives on device buffers are refused even when it is CUDA-aware
 MVAPICH2-GDR    ``MV2_USE_CUDA=1``
 others          unknown: staged

@@ -1,6 +1,6 @@
 """MPI progress strategies: who drives nonblocking collectives while a rank computes.
 
-Measured on our machines (DESIGN.md section 3): MPICH and Open MPI make no
+Measured on our machines (docs/design.md section 3): MPICH and Open MPI make no
 progress on a nonblocking collective while the host is inside a NumPy matmul,
 so the ``Wait`` afterwards costs about the whole collective. Strategies:
 
@@ -28,8 +28,6 @@ import threading
 import time
 from typing import Callable, List
 
-from mpi4py import MPI
-
 from fourd_mpi.errors import ConfigError
 
 PROGRESS_STRATEGIES = ("none", "poll", "thread")
@@ -40,6 +38,8 @@ def _testsome(handles) -> None:
     pending = [h for h in handles if not h.done]
     if not pending:
         return
+    from mpi4py import MPI  # here, not at import: the option table reads PROGRESS_STRATEGIES offline
+
     requests = [h.request for h in pending]
     indices = MPI.Request.Testsome(requests)
     if indices:
@@ -122,6 +122,8 @@ class ThreadProgress(NoProgress):
     name = "thread"
 
     def __init__(self, interval: float = 20e-6):
+        from mpi4py import MPI
+
         provided = MPI.Query_thread()
         if provided < MPI.THREAD_MULTIPLE:
             raise ConfigError(

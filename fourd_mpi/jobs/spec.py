@@ -16,8 +16,9 @@
 
 Expansion order is ranks, then grid, then the matrix (first key outermost) crossed
 with the zipped lists, then repeats. Everything is checked before anything is
-written: option names and values against ``fourd-mpi run``'s own parser, grids
-against the rank count and the model's divisibility rules.
+written: option names and values against ``fourd-mpi run``'s option table
+(:data:`fourd_mpi.run.options.RUN_OPTIONS`) and its resolution, grids against the rank
+count and the model's divisibility rules.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from fourd_mpi.step.presets import ModelConfig, PRESETS, model_problems, resolve_model
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape, grid_factorizations
+from fourd_mpi.run.options import lookup, plan_tokens, resolve_values
 from fourd_mpi.util.yamlspec import YamlDocument, load_yaml, schema_violations
 
 #: Names that reach file names, job names and scripts: nothing a shell would interpret.
@@ -122,10 +124,19 @@ class RunPlan:
     def option(self, name: str, default=None):
         return dict(self.options).get(name, default)
 
+    def values(self) -> Dict[str, Any]:
+        """The run's option values keyed by dest (grid, model sizes and options), as
+        :func:`fourd_mpi.run.options.resolve_values` takes them."""
+        values: Dict[str, Any] = {"gdata": self.grid.data, "gz": self.grid.z, "gy": self.grid.y,
+                                  "gx": self.grid.x, "model": self.model.name}
+        values.update({name: getattr(self.model, name) for name in MODEL_FIELDS})
+        for name, value in self.options:
+            option = lookup(name, "sweep")
+            values[option.dest] = option.parse(value)
+        return values
+
     def run_argv(self, results_dir: str) -> List[str]:
         """``fourd-mpi`` arguments of this run (``run`` first); every value is a separate token."""
-        from fourd_mpi.run.configfile import config_tokens
-
         argv = ["run", "--gdata", str(self.grid.data), "--gz", str(self.grid.z), "--gy", str(self.grid.y),
                 "--gx", str(self.grid.x), "--model", self.model.name]
         base = PRESETS[self.model.name]
@@ -133,7 +144,7 @@ class RunPlan:
             value = getattr(self.model, name)
             if value != getattr(base, name):
                 argv += [f"--{name.replace('_', '-')}", str(value)]
-        argv += config_tokens(dict(self.options), _run_parser(), "sweep")
+        argv += plan_tokens((name, lookup(name, "sweep").parse(value)) for name, value in self.options)
         return argv + ["--results-dir", results_dir, "--run-id", self.run_id, "--display", "lines"]
 
     def describe(self) -> str:
@@ -289,35 +300,18 @@ class SweepSpec:
         return out
 
 
-_RUN_PARSER = None
-
-
-def _run_parser():
-    global _RUN_PARSER
-    if _RUN_PARSER is None:
-        from fourd_mpi.cli.main import build_parser
-
-        parser = build_parser()
-        _RUN_PARSER = parser._subparsers._group_actions[0].choices["run"]
-    return _RUN_PARSER
-
-
 def _check_option(spec: SweepSpec, parts: Sequence, key: str, value) -> str:
-    """The long option name of ``key``, after checking the name and value with ``run``'s parser."""
-    from fourd_mpi.run.configfile import config_tokens
-
+    """The long option name of ``key``, after checking ``key: value`` against the run-option table
+    and ``fourd-mpi run``'s own validation (overlap lists, dtype and backend, ...) on one rank."""
     name = str(key).replace("_", "-")
     if name in SWEEP_OWNED:
         raise spec.error(parts, f"{key} is set by the sweep, not as a run option: use {SWEEP_OWNED[name]}")
     try:
-        tokens = config_tokens({name: value}, _run_parser(), spec.source)
-        args = _run_parser().parse_args(tokens)
-        # the run's own validation (overlap lists, dtype and backend, ...) on a 1-rank grid
-        from fourd_mpi.cli.main import _run_options
-
-        _run_options(args, 1)
+        option = lookup(name, spec.source)
+        typed = option.parse(value)
+        resolve_values({option.dest: typed}, 1)
     except ConfigError as exc:
-        message = str(exc).replace(f"config file {spec.source}: ", "").replace(" (see fourd-mpi run --help)", "")
+        message = str(exc).replace(f"{spec.source}: ", "")
         raise spec.error(parts, message) from None
     return name
 
@@ -353,10 +347,8 @@ def spec_from_data(data: Dict[str, Any], source: str = "<spec>", doc: Optional[Y
         raise spec.error(["zip"], "zipped lists must have the same length, got "
                          + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
     for run in spec.expand():  # every run resolvable exactly as `fourd-mpi run` will resolve it
-        from fourd_mpi.cli.main import _run_options
-
         try:
-            _run_options(_run_parser().parse_args(run.run_argv("results")[1:]), run.ranks)
+            resolve_values(run.values(), run.ranks)
         except ConfigError as exc:
             raise spec.error([], f"run {run.run_id} ({run.describe()}): {exc}") from None
     return spec

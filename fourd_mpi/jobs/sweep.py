@@ -26,13 +26,13 @@ from fourd_mpi import __version__
 from fourd_mpi.errors import ConfigError, TraceError
 from fourd_mpi.jobs.render import (AFFINITY_SCRIPT, job_request, python_for, render_affinity_script, render_script,
                          run_command)
-from fourd_mpi.jobs.schedulers import ACTIVE_STATES, FINAL_STATES, get_scheduler
-from fourd_mpi.jobs.sites import Site, builtin_sites, load_site
-from fourd_mpi.jobs.spec import RunPlan, SweepSpec, load_spec
+from fourd_mpi.jobs.schedulers import ACTIVE_STATES, get_scheduler
+from fourd_mpi.jobs.sites import Site
+from fourd_mpi.jobs.spec import RunPlan, SweepSpec
 
 MANIFEST = "manifest.json"
 JOBS = "jobs.json"
-MANIFEST_SCHEMA = "fourd_mpi.jobs.sweep"
+MANIFEST_SCHEMA = "fourd_mpi.sweep"  # file-format id (kept when the module moved)
 MANIFEST_VERSION = 1
 #: job settings that render and plan take on the command line too
 JOB_OVERRIDES = ("account", "partition", "qos", "queue", "time")
@@ -104,7 +104,7 @@ def format_rows(rows: Sequence[Dict]) -> str:
     return "\n".join([line(keys), line(["-" * w for w in widths]), *map(line, cells)]) + "\n"
 
 
-def _public(manifest: Dict) -> Dict:
+def public_manifest(manifest: Dict) -> Dict:
     """The manifest without its in-memory objects."""
     return {**manifest, "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in manifest["runs"]]}
 
@@ -130,7 +130,7 @@ def write_sweep(manifest: Dict, spec: SweepSpec, site: Site, out_dir: str, force
         if site.gpu_affinity_script:
             _write(os.path.join(staging, AFFINITY_SCRIPT), render_affinity_script(site), executable=True)
             written.append(AFFINITY_SCRIPT)
-        _write(os.path.join(staging, MANIFEST), json.dumps(_public(manifest), indent=1, sort_keys=False) + "\n")
+        _write(os.path.join(staging, MANIFEST), json.dumps(public_manifest(manifest), indent=1, sort_keys=False) + "\n")
         if os.path.isdir(out_dir):  # --force: keep the submission record and the logs
             for keep in (JOBS, "logs"):
                 if os.path.exists(os.path.join(out_dir, keep)):
@@ -259,7 +259,6 @@ def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_ru
 def collect(manifest: Dict, into: Optional[str] = None, out=sys.stdout, fmt: str = "table") -> int:
     """Check every run's trace, copy it into ``into`` when given, analyse. Exit 0 all there, 1 some missing."""
     from fourd_mpi.analysis import tables as analysis
-    from fourd_mpi.cli.main import RUNS_SHOWN
 
     present, missing = [], []
     for run in manifest["runs"]:
@@ -279,12 +278,11 @@ def collect(manifest: Dict, into: Optional[str] = None, out=sys.stdout, fmt: str
     if not present:
         raise ConfigError(f"sweep {manifest['sweep']}: no traces yet ({len(missing)} missing)")
     traces, problems = analysis.collect(present)
-    for path, why in problems:
-        sys.stderr.write(f"fourd-mpi: skipped {path}: {why}\n")
+    analysis.report_skipped(problems)
     if not traces:
         raise ConfigError(f"sweep {manifest['sweep']}: none of its {len(present)} trace file(s) could be read")
     runs = analysis.runs_table(traces)
-    sections = [("runs", runs[[c for c in RUNS_SHOWN if c in runs.columns]])]
+    sections = [("runs", runs[[c for c in analysis.RUNS_SHOWN if c in runs.columns]])]
     if runs["world_size"].nunique() > 1:
         table = analysis.scaling(runs, manifest["study"])
         sections.append((f"{manifest['study']} scaling", table))
@@ -294,91 +292,3 @@ def collect(manifest: Dict, into: Optional[str] = None, out=sys.stdout, fmt: str
         out.write(analysis.format_table(frame, fmt))
         out.write("\n")
     return 1 if (missing or problems) else 0
-
-
-# -- command line -------------------------------------------------------------------------
-
-def add_parser(sub) -> None:
-    """``fourd-mpi sweep ...`` subcommands."""
-    sw = sub.add_parser("sweep", help="scaling sweeps: plan, render job scripts, submit, status, collect")
-    ssub = sw.add_subparsers(dest="sweep_command", required=True, parser_class=type(sw))
-
-    def site_arg(p):
-        p.add_argument("--site", default="local", help=f"built-in ({', '.join(builtin_sites())}) or a site "
-                                                       "profile FILE.yaml (default local)")
-        p.add_argument("--python", metavar="PATH", help="interpreter the jobs run (default: job.python of the "
-                                                        "spec, else the site's, else python3)")
-        p.add_argument("--results-dir", metavar="DIR", help="where the jobs write traces "
-                                                            "(default: results_dir of the spec, else results/SWEEP)")
-        p.add_argument("--ranks-per-node", type=int, metavar="N",
-                       help="ranks per node (default: job.ranks_per_node of the spec, else the site's)")
-        for key in JOB_OVERRIDES:
-            p.add_argument(f"--{key}", metavar=key.upper(), help=f"job.{key} for every job (overrides the spec)")
-
-    plan = ssub.add_parser("plan", help="list the runs a spec expands to (rank count, nodes, memory per rank)")
-    plan.add_argument("spec", metavar="SPEC.yaml")
-    site_arg(plan)
-    plan.add_argument("--format", default="table", choices=("table", "json"))
-
-    render = ssub.add_parser("render", help="write one job script per run and a manifest under jobscripts/SWEEP")
-    render.add_argument("spec", metavar="SPEC.yaml")
-    site_arg(render)
-    render.add_argument("--out", metavar="DIR", help="directory of the scripts (default jobscripts/SWEEP)")
-    render.add_argument("--force", action="store_true", help="render again over an existing directory")
-
-    for name, text in (("submit", "submit the rendered jobs (sbatch, qsub, bsub; local: run them now)"),
-                       ("status", "each run's scheduler state and trace"),
-                       ("collect", "check the traces and print the runs and scaling tables")):
-        p = ssub.add_parser(name, help=text)
-        p.add_argument("sweep_dir", metavar="DIR", help="the rendered sweep, e.g. jobscripts/SWEEP")
-        if name == "submit":
-            p.add_argument("--resubmit-failed", action="store_true",
-                           help="submit again runs whose job failed, was cancelled or timed out")
-            p.add_argument("--dry-run", action="store_true", help="say what would be submitted")
-        if name == "collect":
-            p.add_argument("--into", metavar="DIR", help="gather the traces here (default results/SWEEP; "
-                                                         "traces already there are not copied)")
-            p.add_argument("--format", default="table", choices=("table", "csv", "json", "markdown"))
-
-
-def cmd_sweep(args, world=None) -> int:
-    command = args.sweep_command
-    if command in ("plan", "render"):
-        spec = load_spec(args.spec)
-        site = load_site(args.site)
-        if args.ranks_per_node is not None:
-            if args.ranks_per_node < 1:
-                raise ConfigError(f"--ranks-per-node must be positive, got {args.ranks_per_node}")
-            spec.job["ranks_per_node"] = args.ranks_per_node
-        for key in JOB_OVERRIDES:
-            if getattr(args, key) is not None:
-                spec.job[key] = getattr(args, key)
-        if any(getattr(args, key) is not None for key in JOB_OVERRIDES):
-            spec.revalidate_job()
-        script_dir = getattr(args, "out", None) or os.path.join("jobscripts", spec.name)
-        manifest = build_manifest(spec, site, args.spec, script_dir, args.python, args.results_dir)
-        if command == "plan":
-            if args.format == "json":
-                sys.stdout.write(json.dumps(_public(manifest), indent=1) + "\n")
-            else:
-                sys.stdout.write(f"sweep {spec.name}: {spec.study} scaling, {len(manifest['runs'])} runs on site "
-                                 f"{site.name} ({site.scheduler})\n")
-                sys.stdout.write(format_rows(plan_rows(manifest)))
-            return 0
-        written = write_sweep(manifest, spec, site, script_dir, args.force)
-        sys.stdout.write(f"wrote {len(written)} files and {MANIFEST} to {script_dir}/ "
-                         f"(submit with: fourd-mpi sweep submit {script_dir})\n")
-        return 0
-    manifest = load_manifest(args.sweep_dir)
-    if command == "submit":
-        count = submit(manifest, args.sweep_dir, args.resubmit_failed, args.dry_run)
-        sys.stdout.write(f"{count} submitted\n")
-        return 0
-    if command == "status":
-        rows = run_states(manifest, load_jobs(args.sweep_dir))
-        sys.stdout.write(format_rows(rows))
-        done = sum(r["trace"] == "complete" for r in rows)
-        failed = sum(r["state"] in FINAL_STATES and r["state"] != "COMPLETED" for r in rows)
-        sys.stdout.write(f"{done}/{len(rows)} traces complete, {failed} jobs failed\n")
-        return 0
-    return collect(manifest, args.into or os.path.join("results", manifest["sweep"]), fmt=args.format)

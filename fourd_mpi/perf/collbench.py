@@ -27,10 +27,8 @@ of one NumPy call; the overlap efficiency = OSU overlap with polling at the larg
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import socket
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -53,66 +51,6 @@ FORMULAS = [
     "fit: t = k(p-1)*alpha + k(p-1)/p*S*beta, k = 2 for allreduce else 1 (least squares on relative error, "
     "nonblocking forms)",
 ]
-
-
-# ---------------------------------------------------------------------------
-# argument parsing (registered by cli.build_parser)
-# ---------------------------------------------------------------------------
-
-def _size(text: str) -> int:
-    units = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
-    t = text.strip().lower().rstrip("b").rstrip("i")
-    scale = units.get(t[-1:], 1)
-    t = t[:-1] if t[-1:] in units else t
-    try:
-        value = int(float(t) * scale)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 8, 64K or 4M, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
-    return value
-
-
-def add_parser(sub) -> None:
-    """``fourd-mpi bench collectives ...``"""
-    from fourd_mpi.cli.main import positive_int
-
-    bench = sub.add_parser("bench", help="micro-benchmarks under mpiexec: collectives (OSU / nccl-tests "
-                           "style) and the machine profile for the performance model")
-    bsub = bench.add_subparsers(dest="bench_command", required=True, parser_class=sub._parser_class)
-    p = bsub.add_parser("collectives", help="latency, algbw/busbw and overlap %% of the grid's collectives; "
-                        "writes a machine profile")
-    g = p.add_argument_group("communicators (each axis of size > 1, and the world)")
-    for axis in ("gx", "gy", "gz", "gdata"):
-        g.add_argument(f"--{axis}", type=positive_int, default=None, metavar="N")
-    g.add_argument("--grid", action="append", default=[], metavar="DxZxYxX",
-                   help="grid to benchmark (repeatable); default: the grid flags, or when none is given one "
-                        "grid per divisor p of the world with G_x = p (every group size once)")
-    g.add_argument("--no-world", action="store_true", help="skip the world communicator")
-    s = p.add_argument_group("sweep")
-    s.add_argument("--ops", default=",".join(OPS), metavar="LIST", help=f"comma list of {', '.join(OPS)}")
-    s.add_argument("--min-size", type=_size, default=8, metavar="BYTES", help="smallest message (default 8)")
-    s.add_argument("--max-size", type=_size, default=4 * 1024 ** 2, metavar="BYTES",
-                   help="largest message (default 4M)")
-    s.add_argument("--factor", type=positive_int, default=8, help="size step (default 8: 8, 64, 512, ...)")
-    s.add_argument("--iters", type=positive_int, default=20, help="timed iterations (default 20; a quarter, "
-                   "at least 3, from 1 MiB)")
-    s.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
-    s.add_argument("--overlap-sizes", type=positive_int, default=2, metavar="K",
-                   help="measure overlap at the K largest sizes (default 2; 0 skips it)")
-    c = p.add_argument_group("compute calibration")
-    c.add_argument("--dtypes", default="float32,float64", help="GEMM dtypes to measure (default float32,float64)")
-    c.add_argument("--gemm-size", type=positive_int, default=256, help="n of the n x n x n GEMM (default 256)")
-    c.add_argument("--backend", default="numpy", choices=("numpy", "cupy"), help="array library of the GEMM "
-                   "(collective buffers are host memory)")
-    o = p.add_argument_group("output")
-    o.add_argument("-o", "--output", metavar="FILE", default=None,
-                   help="machine profile to write (default results/profiles/<host>.yaml)")
-    o.add_argument("--name", default=None, help="profile name (default local-<host>)")
-    o.add_argument("--fallback", default=None, metavar="PROFILE",
-                   help="built-in profile named in the file for levels not measured (e.g. perlmutter)")
-    o.add_argument("--force", action="store_true", help="replace an existing profile file")
-    o.add_argument("--table", metavar="FILE", help="also write the printed tables there")
 
 
 # ---------------------------------------------------------------------------
@@ -570,52 +508,3 @@ def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str
     return profile
 
 
-def cmd_bench(args, world) -> int:
-    """``fourd-mpi bench collectives``: run, print the tables (rank 0), write the profile (rank 0)."""
-    import yaml
-
-    hostname = socket.gethostname()
-    out = args.output or os.path.join("results", "profiles", f"{hostname}.yaml")
-    exists = os.path.exists(out) if world.Get_rank() == 0 else False
-    exists = world.bcast(exists, root=0)
-    if exists and not args.force:
-        raise ConfigError(f"{out} already exists (use --force to replace it)")
-    if args.fallback:
-        from fourd_mpi.perf.machine import load_profile
-
-        load_profile(args.fallback)  # fail early on an unknown name, on every rank
-    result = run_bench(args, world)
-    if world.Get_rank() != 0:
-        return 0
-    text = format_tables(result)
-    print(text, flush=True)
-    name = args.name or f"local-{hostname}"
-    profile = build_profile(result, name, hostname, args.fallback, args.backend)
-    from fourd_mpi.perf.machine import PROFILE_SCHEMA
-
-    import jsonschema
-
-    jsonschema.validate(profile, PROFILE_SCHEMA)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tmp = f"{out}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(f"# machine profile written by fourd-mpi bench collectives ({len(result['rows'])} measurements)\n")
-        yaml.safe_dump(profile, fh, sort_keys=False)
-    os.replace(tmp, out)
-    fits = []
-    for level, entry in profile["levels"].items():
-        for kind in ("allgather", "reduce_scatter", "allreduce"):
-            f = entry[kind]
-            fits.append(f"  {level:<5} {kind:<15} alpha {f['alpha_s'] * 1e6:8.2f} us  beta {f['beta_s_per_byte'] * 1e9:8.4f} "
-                        f"ns/B ({1 / f['beta_s_per_byte'] / 1e9 if f['beta_s_per_byte'] > 0 else float('inf'):.3f} GB/s)"
-                        f"  rms rel. error {100 * f['rms_rel_error']:.0f}% over {f['points']} points")
-    summary = ["", f"machine profile {out}:"] + fits + [
-        f"  oversubscription x{profile['compute']['oversubscription']:.2f}, overlap efficiency with polling "
-        f"{profile['progress']['overlap_efficiency']:.2f}"]
-    if "inter" not in profile["levels"]:
-        summary.append("  no inter-node level (one node): grids that cross nodes need --fallback or a multi-node run")
-    print("\n".join(summary), flush=True)
-    if args.table:
-        with open(args.table, "w") as fh:
-            fh.write(text + "\n" + "\n".join(summary) + "\n")
-    return 0

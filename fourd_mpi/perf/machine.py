@@ -9,7 +9,7 @@ A profile (YAML, validated with JSON Schema, see :data:`PROFILE_SCHEMA`) holds
   GPUs and when every rank has its own core; measured by ``fourd-mpi bench collectives``);
 - ``progress``: which share of an overlappable collective is hidden behind compute when
   something drives MPI during compute (``poll``: Testsome between GEMM chunks; ``gpu``: the host
-  polls while the GPU computes). Without polling on a CPU nothing is hidden (DESIGN.md section 3);
+  polls while the GPU computes). Without polling on a CPU nothing is hidden (docs/design.md section 3);
 - ``levels``: alpha-beta parameters per placement level, ``intra`` (the axis stays in a node)
   and ``inter`` (it crosses nodes), per collective (``allgather``, ``reduce_scatter``,
   ``allreduce``): time of one message of ``S`` bytes on ``p`` ranks =

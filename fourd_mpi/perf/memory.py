@@ -1,7 +1,7 @@
 """Memory per rank of a training step: what :mod:`fourd_mpi.step.layers`, :mod:`fourd_mpi.step.model`
 and :mod:`fourd_mpi.step.optim` actually keep, counted from the shapes (pure, no MPI).
 
-Notation (DESIGN.md section 2): ``m = B*s/(G_data*G_z)`` local tokens, ``h`` hidden,
+Notation (docs/design.md section 2): ``m = B*s/(G_data*G_z)`` local tokens, ``h`` hidden,
 ``f`` MLP hidden, ``e`` the dtype's item size in bytes. A weight ``W[n, k]`` of a normal
 layer has blocks ``[n/G_y, k/G_x]`` (transposed: ``[n/G_x, k/G_y]``); a rank stores
 ``n*k/(G_x*G_y*G_z)`` elements of it.
@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Tuple
 
-from fourd_mpi.core.backend import parse_dtype
+from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.step.overlap import OverlapConfig
@@ -152,7 +152,7 @@ def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", o
         overlap = OverlapConfig(oag=True, cache=cache_weights, prefetch_depth=prefetch_depth)
     elif cache_weights and not overlap.cache:
         overlap = OverlapConfig(**{**asdict(overlap), "cache": True})
-    e = parse_dtype(dtype).itemsize
+    e = dtype_bytes(dtype)
     params = parameter_elements(cfg, grid)
     opt_states = {"adam": 2, "sgd": 0}.get(optimizer)
     if opt_states is None:

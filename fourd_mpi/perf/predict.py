@@ -20,7 +20,7 @@ Per rank and step (seconds), from :mod:`fourd_mpi.perf.volumes` (every collectiv
   behind (the previous layer's GEMMs for oag, the dW GEMM for oar, the other chunks' GEMMs for
   od, the rest of the backward pass for ors and dp); the total hidden is at most
   ``efficiency * compute``. ``efficiency`` is the profile's; it is 0 on a CPU (host-driven
-  progress) with ``--progress none``: MPI does not progress inside a NumPy GEMM (DESIGN.md
+  progress) with ``--progress none``: MPI does not progress inside a NumPy GEMM (docs/design.md
   section 3);
 - **step** = compute + exposed communication; **memory** from :mod:`fourd_mpi.perf.memory`.
 """
@@ -31,7 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from fourd_mpi.core.backend import parse_dtype
+from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
@@ -84,7 +84,7 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ove
     """Seconds of local work per step, by kind: ``gemm`` (4D layers, fwd/bwd separately in
     ``gemm_fwd``/``gemm_bwd``), ``attention``, ``elementwise``, ``calls``, ``total``; each
     scaled by the profile's calibrated term weight unless ``weighted`` is False."""
-    e = parse_dtype(dtype).itemsize
+    e = dtype_bytes(dtype)
     rate = profile.gemm_tflops(dtype) * 1e12
     bw = profile.mem_bandwidth
     call = profile.op_overhead_s

@@ -157,36 +157,8 @@ def why_best(ranking: Ranking) -> str:
 
 
 # ---------------------------------------------------------------------------
-# CLI
+# machine profile and presentation (for fourd-mpi tune)
 # ---------------------------------------------------------------------------
-
-def add_parser(sub) -> None:
-    from fourd_mpi.cli.main import positive_int
-
-    p = sub.add_parser("tune", help="rank every grid shape of a rank count by predicted step time "
-                       "(performance model; one process, no mpiexec)")
-    p.add_argument("--ranks", type=positive_int, required=True, metavar="N")
-    p.add_argument("--model", default="gpt-tiny", help="model preset (default gpt-tiny)")
-    for name in ("layers", "hidden", "heads", "ffn-hidden", "seq", "batch"):
-        p.add_argument(f"--{name}", type=positive_int, default=None, metavar="N",
-                       help="global batch in sequences" if name == "batch" else None)
-    p.add_argument("--site", default=None, help="perlmutter, frontier or local (local: the calibrated "
-                   "results/profiles/<host>.yaml when it exists, else the built-in laptop profile)")
-    p.add_argument("--profile", default=None, metavar="P", help="machine profile: a built-in name or a file "
-                   "written by fourd-mpi bench collectives (overrides --site)")
-    p.add_argument("--fallback-profile", default=None, metavar="P", help="profile for placement levels the "
-                   "profile lacks (e.g. perlmutter for inter-node axes of a one-node calibration)")
-    p.add_argument("--ranks-per-node", type=positive_int, default=None, metavar="R",
-                   help="ranks per node of the run (default: the profile's)")
-    p.add_argument("--overlap", default="none", metavar="LIST", help="as fourd-mpi run --overlap (default none)")
-    p.add_argument("--progress", default="poll", choices=("none", "poll", "thread"))
-    p.add_argument("--dtype", default="float32", choices=("float16", "float32", "float64"))
-    p.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
-    p.add_argument("--top", type=positive_int, default=5, metavar="K", help="grids to show (default 5)")
-    p.add_argument("--memory-limit", type=float, default=None, metavar="GiB", help="drop grids needing more per rank")
-    p.add_argument("--emit-sweep", metavar="FILE", help="write a sweep spec (YAML) that measures the top K")
-    p.add_argument("--force", action="store_true", help="replace an existing --emit-sweep file")
-
 
 def resolve_profile(site: Optional[str], profile: Optional[str], fallback: Optional[str] = None) -> MachineProfile:
     """``--profile`` wins; ``--site local`` takes the calibrated profile of this host when there is one."""
@@ -236,43 +208,3 @@ def sweep_spec(cfg: ModelConfig, ranks: int, grids: List[GridShape], overlap: st
             "matrix": {"overlap": [overlap]}}
 
 
-def cmd_tune(args, world=None) -> int:
-    from fourd_mpi.step.presets import resolve_model
-
-    cfg = resolve_model(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
-                        ffn_hidden=args.ffn_hidden, seq=args.seq, batch=args.batch)
-    overlap = OverlapConfig.parse(args.overlap)
-    if args.memory_limit is not None and not args.memory_limit > 0:
-        raise ConfigError(f"--memory-limit must be positive GiB, got {args.memory_limit}")
-    if args.emit_sweep and os.path.exists(args.emit_sweep) and not args.force:
-        raise ConfigError(f"{args.emit_sweep} already exists (use --force to replace it)")
-    profile = resolve_profile(args.site, args.profile, args.fallback_profile)
-    limit = args.memory_limit * GIB if args.memory_limit is not None else None
-    ranking = rank_grids(cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer, limit,
-                         args.ranks_per_node)
-    print(profile.describe())
-    print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
-          f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; overlap {overlap}; progress {args.progress}; "
-          f"{args.dtype}")
-    print(ranking.dropped_summary())
-    print(f"top {min(args.top, len(ranking.predictions))} of {len(ranking.predictions)} valid grids by predicted "
-          f"step time (ms per step; comm = exposed communication per axis):")
-    print(format_ranking(ranking, args.top))
-    print(why_best(ranking))
-    notes = []
-    for p in ranking.predictions[: args.top]:
-        for n in p.notes:
-            if n not in notes:
-                notes.append(n)
-    for n in notes:
-        print(f"note: {n}")
-    if args.emit_sweep:
-        import yaml
-
-        grids = [p.grid for p in ranking.predictions[: args.top]]
-        spec = sweep_spec(cfg, args.ranks, grids, args.overlap)
-        with open(args.emit_sweep, "w") as fh:
-            fh.write("# written by fourd-mpi tune: measure the predicted top grids\n")
-            yaml.safe_dump(spec, fh, sort_keys=False)
-        print(f"sweep spec {args.emit_sweep}: {len(grids)} grid(s) at {args.ranks} ranks")
-    return 0

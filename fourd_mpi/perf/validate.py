@@ -12,7 +12,6 @@ predicted three best (top 3); overall: the median absolute relative error of the
 
 from __future__ import annotations
 
-import os
 
 from typing import Dict
 
@@ -169,94 +168,6 @@ def calibrate(traces, profile: MachineProfile, terms=DEFAULT_FIT_TERMS):
     rows = [{"run_id": u, "measured_ms": m * 1e3, "fitted_ms": p * 1e3, "err_%": 100 * (p - m) / m}
             for u, m, p in zip(used, measured, predicted)]
     return data, rows, skipped
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("model", help="the performance model: calibrate and validate it against traces (one process)")
-    msub = p.add_subparsers(dest="model_command", required=True, parser_class=sub._parser_class)
-    c = msub.add_parser("calibrate", help="fit the model's term weights (GEMM, attention, element-wise, per-call, "
-                                          "alpha-beta, synchronization) to measured runs without overlap")
-    c.add_argument("paths", nargs="+", metavar="TRACE", help="trace files, directories of them, or globs")
-    c.add_argument("--profile", required=True, metavar="P", help="the machine profile to calibrate (built-in "
-                                                                 "name or file, e.g. from bench collectives)")
-    c.add_argument("-o", "--output", required=True, metavar="FILE", help="the calibrated profile (YAML)")
-    c.add_argument("--force", action="store_true", help="replace an existing output file")
-    c.add_argument("--terms", default=",".join(DEFAULT_FIT_TERMS), metavar="LIST",
-                   help="terms the fit may use, the others get weight 0 (default %(default)s; all: "
-                        "gemm,attention,elementwise,calls,comm,sync)")
-    v = msub.add_parser("validate", help="measured vs predicted step time and exposed communication of traces")
-    v.add_argument("paths", nargs="+", metavar="TRACE", help="trace files, directories of them, or globs")
-    v.add_argument("--profile", default=None, metavar="P", help="machine profile (built-in name or file; "
-                   "default: this host's calibrated results/profiles/<host>.yaml, else laptop)")
-    v.add_argument("--fallback-profile", default=None, metavar="P", help="profile for levels the profile lacks")
-    v.add_argument("--format", default="table", choices=("table", "csv", "markdown"))
-    v.add_argument("-o", "--output", metavar="FILE", help="also write the report there")
-    v.add_argument("--require", action="store_true", help="exit 1 unless every goal is met (median |error| <= "
-                   "20%%, Spearman >= 0.8 per group, measured best in the predicted top 3)")
-
-
-def cmd_model(args, world=None) -> int:
-    from fourd_mpi.analysis import tables as analysis
-    from fourd_mpi.perf.tune import resolve_profile
-
-    if args.model_command == "calibrate":
-        return _cmd_calibrate(args)
-    profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
-    traces, problems = analysis.collect(args.paths)
-    import sys
-
-    for path, reason in problems:
-        sys.stderr.write(f"fourd-mpi: skipped {path}: {reason}\n")
-    if not traces:
-        raise ConfigError(f"no readable trace among {len(args.paths)} argument(s)")
-    df, gdf, summary = validate(traces, profile)
-    text = report(df, gdf, summary, profile, args.format)
-    print(text)
-    if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text + "\n")
-    if args.require and not all(summary["goals_met"].values()):
-        return 1
-    return 1 if problems else 0
-
-
-def _cmd_calibrate(args) -> int:
-    import sys
-
-    import yaml
-
-    from fourd_mpi.analysis import tables as analysis
-    from fourd_mpi.analysis.tables import format_table
-    from fourd_mpi.perf.machine import load_profile
-
-    from fourd_mpi.perf.machine import TERMS
-
-    terms = [t.strip() for t in args.terms.split(",") if t.strip()]
-    unknown = [t for t in terms if t not in TERMS]
-    if unknown or not terms:  # checked before any trace is read
-        raise ConfigError(f"--terms: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(TERMS)}")
-    if os.path.exists(args.output) and not args.force:
-        raise ConfigError(f"{args.output} exists: give --force to replace it")
-    profile = load_profile(args.profile)
-    traces, problems = analysis.collect(args.paths)
-    for path, reason in problems:
-        sys.stderr.write(f"fourd-mpi: skipped {path}: {reason}\n")
-    data, rows, skipped = calibrate(traces, profile, terms)
-    for line in skipped:
-        sys.stderr.write(f"fourd-mpi: left out {line}\n")
-    import pandas as pd
-
-    print(format_table(pd.DataFrame(rows), "table"))
-    fit = data["step_fit"]
-    print("weights: " + ", ".join(f"{t} x{w:g}" for t, w in fit["weights"].items())
-          + f"; median |error| of the fit {100 * fit['median_abs_rel_error']:.1f}% over {len(rows)} runs")
-    tmp = args.output + ".tmp"
-    with open(tmp, "w") as fh:
-        yaml.safe_dump(data, fh, sort_keys=False)
-    load_profile(tmp)  # what we write must load
-    os.replace(tmp, args.output)
-    print(f"wrote {args.output}")
-    return 1 if problems else 0
 
 
 def report(df, gdf, summary, profile: MachineProfile, fmt: str = "table") -> str:

@@ -1,7 +1,7 @@
 """Communication of one training step, per layer, axis and operation (pure, no MPI).
 
 Every collective the step issues (:mod:`fourd_mpi.step.layers`, :mod:`fourd_mpi.step.model`,
-:mod:`fourd_mpi.step.schedule`), per rank, with DESIGN.md section 2's ring volumes. For a 4D
+:mod:`fourd_mpi.step.schedule`), per rank, with docs/design.md section 2's ring volumes. For a 4D
 layer ``W[n, k]`` (``out``/``in`` the axes sharding its output/input dimension: ``y``/``x``
 for a normal layer, ``x``/``y`` for a transposed one), ``m = B*s/(G_data*G_z)``, ``e`` bytes
 per element:
@@ -32,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from fourd_mpi.core.backend import parse_dtype
+from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.memory import block_elements, fc_weights, local_tokens
@@ -87,7 +87,7 @@ def step_collectives(cfg: ModelConfig, grid: GridShape, overlap: Optional[Overla
     Collectives over an axis of size 1 are not issued and not listed.
     """
     overlap = overlap or OverlapConfig()
-    e = parse_dtype(dtype).itemsize
+    e = dtype_bytes(dtype)
     m = local_tokens(cfg, grid)
     out: List[Collective] = []
 
@@ -133,7 +133,7 @@ def totals(collectives: List[Collective], by: Tuple[str, ...] = ("op", "axis")) 
 
 
 def design_volume_elements(cfg: ModelConfig, grid: GridShape, cache: bool = False) -> Dict[str, float]:
-    """DESIGN.md section 2's per-rank wire volume per axis, in elements, summed over the 4D layers
+    """docs/design.md section 2's per-rank wire volume per axis, in elements, summed over the 4D layers
     (no LayerNorm, no loss): the formulas as written, for cross-checking."""
     m = local_tokens(cfg, grid)
     gd, gz, gy, gx = grid.dims

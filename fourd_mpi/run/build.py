@@ -1,8 +1,8 @@
-"""Build a run from options: validate, make the grid, backend, model, data, trainer.
+"""Build a run from resolved options: the grid, backend, model, data and trainer on a communicator.
 
-All validation that depends only on the options and the world size happens in
-:func:`resolve` (pure, before any collective), so bad input fails on every rank
-with the same message.
+All validation that depends only on the options and the world size happened before, in
+:func:`fourd_mpi.run.options.resolve` (pure, on every rank before any collective), so bad
+input fails on every rank with the same message.
 """
 
 from __future__ import annotations
@@ -10,86 +10,21 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Optional
 
-from fourd_mpi.core.backend import BACKENDS, DEVICE_BUFFER_MODES, check_dtype_options, cupy_usable, make_backend, parse_dtype
+from fourd_mpi.core.backend import cupy_usable, make_backend, parse_dtype
 from fourd_mpi.core.collectives import Collectives
-from fourd_mpi.step.presets import ModelConfig, resolve_model, validate_model
-from fourd_mpi.step.engine import Trainer
-from fourd_mpi.errors import ConfigError
-from fourd_mpi.errors import BackendError
 from fourd_mpi.core.gpuaware import GpuAwareness
 from fourd_mpi.core.gpuaware import detect as detect_gpu_awareness
 from fourd_mpi.core.gpuaware import smoke_test
-from fourd_mpi.core.grid import GridShape, ProcessGrid, infer_grid_shape
+from fourd_mpi.core.grid import ProcessGrid
+from fourd_mpi.core.mpiutil import agree
+from fourd_mpi.core.progress import make_progress
+from fourd_mpi.errors import BackendError
+from fourd_mpi.run.options import RunOptions
+from fourd_mpi.step.engine import Trainer
 from fourd_mpi.step.kernels import ComputeCounter
 from fourd_mpi.step.model import Model, SyntheticData
-from fourd_mpi.core.mpiutil import agree
-from fourd_mpi.step.optim import OPTIMIZERS, make_optimizer
-from fourd_mpi.step.overlap import OverlapConfig
-from fourd_mpi.core.progress import PROGRESS_STRATEGIES, make_progress
+from fourd_mpi.step.optim import make_optimizer
 from fourd_mpi.trace.events import Tracer, align_clocks
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """Everything that defines a run (stored with results by later tools)."""
-
-    model: ModelConfig
-    grid: GridShape
-    dtype: str = "float32"
-    backend: str = "auto"
-    device_buffers: str = "auto"
-    #: float32 GEMMs in TF32 on tensor cores (cupy backend only)
-    tf32: bool = False
-    seed: int = 0
-    optimizer: str = "adam"
-    lr: Optional[float] = None
-    cache_weights: bool = False
-    steps: int = 10
-    warmup: int = 1
-    overlap: str = "none"
-    prefetch_depth: int = 1
-    chunks: int = 2
-    progress: str = "poll"
-    poll_flops: float = 1e7
-    check_buffers: bool = False
-
-    def overlap_config(self) -> OverlapConfig:
-        text = self.overlap + (",cache" if self.cache_weights else "")
-        return OverlapConfig.parse(text, prefetch_depth=self.prefetch_depth, chunks=self.chunks)
-
-    def as_dict(self) -> Dict:
-        d = asdict(self)
-        d["grid"] = {"data": self.grid.data, "z": self.grid.z, "y": self.grid.y, "x": self.grid.x}
-        return d
-
-
-def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
-            model_overrides: Dict[str, Optional[int]], **options) -> RunOptions:
-    """Pure validation of user options into :class:`RunOptions` (raises :class:`ConfigError`)."""
-    shape = infer_grid_shape(world_size, **grid_sizes)
-    model = resolve_model(preset, **model_overrides)
-    validate_model(model, shape)
-    if options.get("backend", "auto") not in BACKENDS:
-        raise ConfigError(f"unknown backend {options['backend']!r}: choose one of {', '.join(BACKENDS)}")
-    check_dtype_options(options.get("dtype", "float32"), options.get("backend", "auto"), options.get("tf32", False))
-    if options.get("device_buffers", "auto") not in DEVICE_BUFFER_MODES:
-        raise ConfigError(f"unknown device-buffer mode {options['device_buffers']!r}: "
-                          f"choose one of {', '.join(DEVICE_BUFFER_MODES)}")
-    if options.get("optimizer", "adam") not in OPTIMIZERS:
-        raise ConfigError(f"unknown optimizer {options['optimizer']!r}: choose one of {', '.join(OPTIMIZERS)}")
-    for name in ("steps",):
-        if options.get(name, 1) < 1:
-            raise ConfigError(f"--{name} must be positive, got {options[name]}")
-    if options.get("warmup", 0) < 0:
-        raise ConfigError(f"--warmup must be zero or positive, got {options['warmup']}")
-    if options.get("progress", "poll") not in PROGRESS_STRATEGIES:
-        raise ConfigError(f"unknown progress strategy {options['progress']!r}: "
-                          f"choose one of {', '.join(PROGRESS_STRATEGIES)}")
-    if options.get("poll_flops", 1) <= 0:
-        raise ConfigError(f"--poll-flops must be positive, got {options['poll_flops']}")
-    run_options = RunOptions(model=model, grid=shape, **options)
-    run_options.overlap_config()  # validates the overlap list, depth and chunks
-    return run_options
 
 
 @dataclass(frozen=True)

@@ -9,20 +9,20 @@
     gx = 2
     gy = 2
 
-Keys may use ``-`` or ``_``. The file becomes command-line tokens placed before
-the real ones, so argparse validates them like typed options and the command
-line wins. The resolved configuration is written back in the same format
+Keys may use ``-`` or ``_``. Names and values are checked against the option table
+(:data:`fourd_mpi.run.options.RUN_OPTIONS`); the file becomes command-line tokens
+placed before the real ones, so the command line wins. The resolved configuration is written back in the same format
 (:func:`dump_toml`), so a printed or stored config can be fed to ``--config``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from typing import Dict, List
 
 from fourd_mpi.errors import ConfigError
+from fourd_mpi.run.options import OPTIONS
 
 
 def load_config_file(path: str) -> Dict:
@@ -70,25 +70,18 @@ def _flatten(data: Dict, path: str, section: str = "") -> Dict:
     return flat
 
 
-def config_tokens(config: Dict, parser: argparse.ArgumentParser, path: str) -> List[str]:
-    """Command-line tokens equivalent to ``config`` for ``parser`` (a subcommand's parser)."""
-    actions = {opt[2:]: action for action in parser._actions for opt in action.option_strings
-               if opt.startswith("--")}
+def config_tokens(config: Dict, path: str) -> List[str]:
+    """Command-line tokens of ``fourd-mpi run`` equivalent to ``config`` (names and values checked
+    against :data:`fourd_mpi.run.options.RUN_OPTIONS`; argparse parses the tokens again)."""
     tokens: List[str] = []
     for key, value in config.items():
-        action = actions.get(key)
-        if action is None or key in ("config", "help"):
-            known = ", ".join(sorted(k for k in actions if k not in ("config", "help")))
-            raise ConfigError(f"config file {path}: unknown option {key!r} (known: {known})")
-        if isinstance(action, argparse._StoreTrueAction):
-            if not isinstance(value, bool):
-                raise ConfigError(f"config file {path}: {key} must be true or false, got {value!r}")
-            tokens += [f"--{key}"] if value else []
-        elif isinstance(value, (list, dict)) or value is None:
-            raise ConfigError(f"config file {path}: {key} must be a single value, got {value!r}")
-        else:
-            # "--key=value": a value starting with "-" must not be taken for an option
-            tokens.append(f"--{key}=" + (str(value).lower() if isinstance(value, bool) else str(value)))
+        option = OPTIONS.get(key)
+        if option is None:
+            raise ConfigError(f"config file {path}: unknown option {key!r} (known: {', '.join(sorted(OPTIONS))})")
+        try:
+            tokens += option.tokens(option.parse(value))
+        except ConfigError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
     return tokens
 
 

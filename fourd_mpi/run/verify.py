@@ -20,7 +20,8 @@ from mpi4py import MPI
 
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.core.mpiutil import idle_barrier
-from fourd_mpi.run.build import Run, RunOptions
+from fourd_mpi.run.build import Run
+from fourd_mpi.run.options import RunOptions
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-4}
 TF32_TOLERANCE = 2e-2

@@ -5,7 +5,7 @@ Each layer reads as *communicate, compute, communicate*: it asks the
 axis, gets a handle back, and waits on it only where the math needs the result.
 The local math lives in :mod:`fourd_mpi.step.kernels`.
 
-Notation (DESIGN.md section 2): ``W[n_out, k_in]``, ``y = x W^T``, ``m`` local tokens.
+Notation (docs/design.md section 2): ``W[n_out, k_in]``, ``y = x W^T``, ``m`` local tokens.
 
 =================  ==================  ==================  =====================
 layer              input ``x``         weight block        output ``y``

@@ -6,10 +6,12 @@ receives the same fully reduced gradient, so replicas stay identical.
 
 from __future__ import annotations
 
-from typing import List
+from typing import TYPE_CHECKING, List
 
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.step.layers import Parameter
+
+if TYPE_CHECKING:  # layers pull in the collectives (MPI); the option table reads OPTIMIZERS offline
+    from fourd_mpi.step.layers import Parameter
 
 OPTIMIZERS = ("sgd", "adam")
 

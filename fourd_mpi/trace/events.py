@@ -68,7 +68,7 @@ def lane_name(code: int) -> str:
 
 
 def wire_factor(op: str, group: int) -> float:
-    """Bytes a rank sends per byte of message under ring algorithms (DESIGN.md section 2).
+    """Bytes a rank sends per byte of message under ring algorithms (docs/design.md section 2).
 
     The message (``bytes`` column) is the nccl-tests "size": the gathered buffer of
     an all-gather, the full input of a reduce-scatter, the buffer of an all-reduce.

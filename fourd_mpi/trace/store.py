@@ -1,6 +1,6 @@
 """Trace files: per-rank spool files during a run, the merged HDF5 trace, recovery.
 
-pip's h5py has no parallel HDF5 (DESIGN.md section 4), so:
+pip's h5py has no parallel HDF5 (docs/design.md section 4), so:
 
 1. During the run each rank appends its events and one step record per step to
    its own files in the *spool directory* ``<results>/<run-id>.ranks/`` with

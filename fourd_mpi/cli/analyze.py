@@ -1,0 +1,180 @@
+"""``fourd-mpi analyze | plot | export``: tables, figures and timeline/profile exports of traces
+(one process, no MPI; pandas and matplotlib from the ``analysis`` extra)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from fourd_mpi.cli.args import PROG, add_output, add_trace_paths, parse_list
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.util.files import refuse_overwrite
+from fourd_mpi.util.values import int_list, nonnegative_int
+
+ANALYSES = ("runs", "breakdown", "comm", "compare", "scaling")
+PLOTS = ("scaling", "breakdown", "timeline", "overlap")
+FORMATS = ("table", "csv", "json", "markdown")
+
+
+def register(sub) -> None:
+    an = sub.add_parser("analyze", help="tables from traces: per run, breakdown, communication, scaling, "
+                        "comparison (one process, no mpiexec)")
+    add_trace_paths(an)
+    an.add_argument("--what", default="auto", metavar="LIST",
+                    help=f"comma list of {', '.join(ANALYSES)}; auto (default): runs, breakdown and comm of each "
+                         "run, and compare and weak/strong scaling when several runs qualify")
+    an.add_argument("--scaling", choices=("weak", "strong"), action="append", default=None,
+                    help="scaling mode(s) for the scaling table (default: both where they apply)")
+    an.add_argument("--format", default="table", choices=FORMATS, help="default table")
+    add_output(an, help="write there instead of standard output")
+    an.set_defaults(handler=cmd_analyze, serial=True)
+
+    pl = sub.add_parser("plot", help="figures from traces: scaling, breakdown, timeline, overlap (PNG, SVG, PDF)")
+    pl.add_argument("kind", choices=PLOTS, help="the figure")
+    add_trace_paths(pl, " (timeline: one trace)")
+    add_output(pl, required=True, help="the figure: .png, .svg or .pdf")
+    pl.add_argument("--mode", choices=("weak", "strong"), default="weak", help="scaling: weak (default) or strong")
+    pl.add_argument("--step", type=nonnegative_int, default=None, help="timeline: the step (default: the first "
+                    "measured one)")
+    pl.add_argument("--ranks", type=int_list, metavar="LIST", help="timeline: ranks to show (e.g. 0-3)")
+    pl.add_argument("--normalize", action="store_true", help="breakdown: shares instead of seconds")
+    pl.set_defaults(handler=cmd_plot, serial=True)
+
+    ex = sub.add_parser("export", help="convert a trace for Perfetto / chrome://tracing or for Hatchet / Thicket")
+    ex.add_argument("format", choices=("perfetto", "thicket"),
+                    help="perfetto: trace-event JSON (.json or .json.gz); thicket: Caliper JSON-split profile")
+    ex.add_argument("trace", metavar="TRACE", help="the trace (.h5)")
+    add_output(ex, required=True, help="the exported file")
+    ex.add_argument("--steps", type=int_list, metavar="LIST", help="perfetto: only these steps (e.g. 1,2)")
+    ex.add_argument("--ranks", type=int_list, metavar="LIST", help="perfetto: only these ranks (e.g. 0-3,8)")
+    ex.add_argument("--include-warmup", action="store_true", help="thicket: also profile the warm-up steps")
+    ex.set_defaults(handler=cmd_export, serial=True)
+
+
+def _load_traces(args):
+    """The traces named by ``args.paths`` (each unreadable one named on stderr), after refusing to
+    overwrite ``args.output`` without ``--force``."""
+    from fourd_mpi.analysis.tables import collect_or_fail
+
+    refuse_overwrite(args.output, args.force)
+    return collect_or_fail(args.paths)
+
+
+def _concat(frames):
+    import pandas as pd
+
+    return pd.concat(frames, ignore_index=True)
+
+
+def cmd_analyze(args, world=None) -> int:
+    """Exit 0: every file analysed; 1: some skipped (each named on stderr); 2: nothing to analyse."""
+    from fourd_mpi.analysis import tables as analysis
+
+    what = list(ANALYSES) if args.what == "auto" else parse_list(args.what, ANALYSES, "--what")
+    traces, problems = _load_traces(args)
+    runs = analysis.runs_table(traces)
+    sections = []  # (title, frame)
+    if "runs" in what:
+        sections.append(("runs", runs if args.format in ("csv", "json") else runs[analysis.RUNS_SHOWN]))
+    for name, fn in (("breakdown", analysis.breakdown), ("comm", analysis.comm_table)):
+        if name in what:
+            frames = [fn(t) for t in traces]
+            frames = [f for f in frames if len(f)]
+            if frames:
+                frame = _concat(frames)
+                if name == "comm" and args.format not in ("csv", "json"):
+                    frame = frame.drop(columns=["formula"])
+                if name == "breakdown" and args.format not in ("csv", "json"):
+                    frame = analysis.breakdown_wide(frame)  # long form in csv/json
+                sections.append((name, frame))
+    if "compare" in what and len(traces) > 1:
+        table = analysis.compare(runs)
+        sizes = table.groupby(["model", "world_size", "tokens_per_step"])["run_id"].transform("size")
+        if (sizes > 1).any():  # only configurations with something to compare against
+            sections.append(("compare", table[sizes > 1]))
+    if "scaling" in what and runs["world_size"].nunique() > 1:
+        for mode in args.scaling or ("weak", "strong"):
+            table = analysis.scaling(runs, mode)
+            for group, why in table.attrs.get("dropped", []):
+                if not why.startswith("one rank count"):  # a single run is no line: not worth a word
+                    sys.stderr.write(f"{PROG}: {mode} scaling: left out {group}: {why}\n")
+            if len(table):
+                sections.append((f"{mode} scaling", table))
+    text = _render_sections(sections, args.format)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text)
+    return 1 if problems else 0
+
+
+def _render_sections(sections, fmt: str) -> str:
+    from fourd_mpi.analysis.tables import COMM_FORMULAS, format_table
+
+    if fmt == "json":
+        return json.dumps({title: json.loads(format_table(frame, "json")) for title, frame in sections},
+                          indent=1) + "\n"
+    if fmt == "csv":
+        if len(sections) != 1:
+            raise ConfigError(f"--format csv writes one table: choose one with --what (got "
+                              f"{', '.join(t for t, _ in sections) or 'none'})")
+        return format_table(sections[0][1], "csv")
+    heading = "## {}" if fmt == "markdown" else "== {} =="
+    parts = []
+    for title, frame in sections:
+        parts.append(heading.format(title) + "\n\n" + format_table(frame, fmt))
+        if title == "comm":
+            parts.append("\n".join(f"  {k}: {v}" for k, v in COMM_FORMULAS.items()))
+    return "\n\n".join(parts) + "\n"
+
+
+def cmd_plot(args, world=None) -> int:
+    """Exit 0, or 1 when some input files were skipped (named on stderr)."""
+    from fourd_mpi.analysis import tables as analysis
+    from fourd_mpi.analysis import plots
+
+    if os.path.splitext(args.output)[1].lower() not in (".png", ".svg", ".pdf"):
+        raise ConfigError(f"{args.output}: the figure's format comes from its suffix: .png, .svg or .pdf")
+    traces, problems = _load_traces(args)
+    try:
+        if args.kind == "timeline":
+            if len(traces) != 1:
+                raise ConfigError(f"timeline draws one trace; got {len(traces)}")
+            plots.plot_timeline(traces[0], args.output, step=args.step, ranks=args.ranks)
+        elif args.kind == "scaling":
+            table = analysis.scaling(analysis.runs_table(traces), args.mode)
+            if not len(table):
+                why = "; ".join(f"{g}: {r}" for g, r in table.attrs.get("dropped", [])) or "no runs"
+                raise ConfigError(f"no {args.mode}-scaling line in these traces ({why})")
+            plots.plot_scaling(table, args.output, mode=args.mode)
+        elif args.kind == "breakdown":
+            frame = _concat([analysis.breakdown(t) for t in traces])
+            plots.plot_breakdown(frame, analysis.runs_table(traces), args.output, normalize=args.normalize)
+        else:
+            frames = [f for f in (analysis.comm_table(t) for t in traces) if len(f)]
+            if not frames:
+                raise ConfigError("overlap needs op-level traces (--trace-level op)")
+            plots.plot_overlap(_concat(frames), args.output, runs_df=analysis.runs_table(traces))
+    except ValueError as exc:  # an unknown step or rank, an empty table
+        raise ConfigError(str(exc)) from None
+    print(f"{args.output}: {args.kind} of {len(traces)} trace(s)")
+    return 1 if problems else 0
+
+
+def cmd_export(args, world=None) -> int:
+    from fourd_mpi.analysis import export
+    from fourd_mpi.trace.read import load_trace
+
+    refuse_overwrite(args.output, args.force)
+    trace = load_trace(args.trace)
+    try:
+        if args.format == "perfetto":
+            export.write_perfetto(trace, args.output, steps=args.steps, ranks=args.ranks)
+        else:
+            export.write_caliper_json(trace, args.output, include_warmup=args.include_warmup)
+    except ValueError as exc:  # unknown step or rank, a trace without op events
+        raise ConfigError(str(exc)) from None
+    print(f"{args.output}: {args.format} export of {args.trace}")
+    return 0

@@ -1,0 +1,280 @@
+"""``fourd-mpi tune | model | bench``: the performance model, its calibration, and the collective
+micro-benchmark that measures a machine profile.
+
+``tune`` and ``model`` run in one process without MPI; ``bench collectives`` runs under mpiexec.
+``tune`` takes the model and run options from the run-option table, so it offers exactly the
+choices of ``fourd-mpi run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+from fourd_mpi.cli.args import add_option, add_options, add_output, add_trace_paths, parse_list
+from fourd_mpi.run.options import options_in
+from fourd_mpi.util.files import refuse_overwrite
+from fourd_mpi.util.values import positive_float, positive_int
+
+GIB = 2.0 ** 30
+
+
+def register(sub) -> None:
+    _register_tune(sub)
+    _register_model(sub)
+    _register_bench(sub)
+
+
+# -- tune -----------------------------------------------------------------------------------
+
+def _register_tune(sub) -> None:
+    p = sub.add_parser("tune", help="rank every grid shape of a rank count by predicted step time "
+                       "(performance model; one process, no mpiexec)")
+    p.add_argument("--ranks", type=positive_int, required=True, metavar="N", help="the rank count to place")
+    add_options(p, ("model",), names=("dtype", "optimizer", "overlap", "progress"))
+    m = p.add_argument_group("machine")
+    m.add_argument("--site", default=None, help="perlmutter, frontier or local (local: the calibrated "
+                   "results/profiles/<host>.yaml when it exists, else the built-in laptop profile)")
+    m.add_argument("--profile", default=None, metavar="P", help="machine profile: a built-in name or a file "
+                   "written by fourd-mpi bench collectives (overrides --site)")
+    m.add_argument("--fallback-profile", default=None, metavar="P", help="profile for placement levels the "
+                   "profile lacks (e.g. perlmutter for inter-node axes of a one-node calibration)")
+    m.add_argument("--ranks-per-node", type=positive_int, default=None, metavar="R",
+                   help="ranks per node of the run (default: the profile's)")
+    m.add_argument("--memory-limit", type=positive_float, default=None, metavar="GiB",
+                   help="drop grids needing more per rank")
+    o = p.add_argument_group("output")
+    o.add_argument("--top", type=positive_int, default=5, metavar="K", help="grids to show (default 5)")
+    o.add_argument("--emit-sweep", metavar="FILE", help="write a sweep spec (YAML) that measures the top K")
+    o.add_argument("--force", action="store_true", help="replace an existing --emit-sweep file")
+    p.set_defaults(handler=cmd_tune, serial=True)
+
+
+def cmd_tune(args, world=None) -> int:
+    from fourd_mpi.perf.tune import format_ranking, rank_grids, resolve_profile, sweep_spec, why_best
+    from fourd_mpi.step.overlap import OverlapConfig
+    from fourd_mpi.step.presets import resolve_model
+
+    cfg = resolve_model(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
+                        ffn_hidden=args.ffn_hidden, seq=args.seq, batch=args.batch)
+    overlap = OverlapConfig.parse(args.overlap)
+    refuse_overwrite(args.emit_sweep, args.force)
+    profile = resolve_profile(args.site, args.profile, args.fallback_profile)
+    limit = args.memory_limit * GIB if args.memory_limit is not None else None
+    ranking = rank_grids(cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer, limit,
+                         args.ranks_per_node)
+    print(profile.describe())
+    print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
+          f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; overlap {overlap}; progress {args.progress}; "
+          f"{args.dtype}")
+    print(ranking.dropped_summary())
+    print(f"top {min(args.top, len(ranking.predictions))} of {len(ranking.predictions)} valid grids by predicted "
+          f"step time (ms per step; comm = exposed communication per axis):")
+    print(format_ranking(ranking, args.top))
+    print(why_best(ranking))
+    notes = []
+    for p in ranking.predictions[: args.top]:
+        for n in p.notes:
+            if n not in notes:
+                notes.append(n)
+    for n in notes:
+        print(f"note: {n}")
+    if args.emit_sweep:
+        import yaml
+
+        grids = [p.grid for p in ranking.predictions[: args.top]]
+        spec = sweep_spec(cfg, args.ranks, grids, args.overlap)
+        with open(args.emit_sweep, "w") as fh:
+            fh.write("# written by fourd-mpi tune: measure the predicted top grids\n")
+            yaml.safe_dump(spec, fh, sort_keys=False)
+        print(f"sweep spec {args.emit_sweep}: {len(grids)} grid(s) at {args.ranks} ranks")
+    return 0
+
+
+# -- model calibrate | validate ---------------------------------------------------------------
+
+def _register_model(sub) -> None:
+    from fourd_mpi.perf.validate import DEFAULT_FIT_TERMS
+
+    p = sub.add_parser("model", help="the performance model: calibrate and validate it against traces (one process)")
+    msub = p.add_subparsers(dest="model_command", required=True, parser_class=type(p))
+    c = msub.add_parser("calibrate", help="fit the model's term weights (GEMM, attention, element-wise, per-call, "
+                                          "alpha-beta, synchronization) to measured runs without overlap")
+    add_trace_paths(c)
+    c.add_argument("--profile", required=True, metavar="P", help="the machine profile to calibrate (built-in "
+                                                                 "name or file, e.g. from bench collectives)")
+    add_output(c, required=True, help="the calibrated profile (YAML)")
+    c.add_argument("--terms", default=",".join(DEFAULT_FIT_TERMS), metavar="LIST",
+                   help="terms the fit may use, the others get weight 0 (default %(default)s; all: "
+                        "gemm,attention,elementwise,calls,comm,sync)")
+    v = msub.add_parser("validate", help="measured vs predicted step time and exposed communication of traces")
+    add_trace_paths(v)
+    v.add_argument("--profile", default=None, metavar="P", help="machine profile (built-in name or file; "
+                   "default: this host's calibrated results/profiles/<host>.yaml, else laptop)")
+    v.add_argument("--fallback-profile", default=None, metavar="P", help="profile for levels the profile lacks")
+    v.add_argument("--format", default="table", choices=("table", "csv", "markdown"))
+    add_output(v, help="also write the report there")
+    v.add_argument("--require", action="store_true", help="exit 1 unless every goal is met (median |error| <= "
+                   "20%%, Spearman >= 0.8 per group, measured best in the predicted top 3)")
+    p.set_defaults(handler=cmd_model, serial=True)
+
+
+def cmd_model(args, world=None) -> int:
+    from fourd_mpi.analysis.tables import collect_or_fail
+    from fourd_mpi.perf.tune import resolve_profile
+    from fourd_mpi.perf.validate import report, validate
+
+    if args.model_command == "calibrate":
+        return _cmd_calibrate(args)
+    refuse_overwrite(args.output, args.force)
+    profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
+    traces, problems = collect_or_fail(args.paths)
+    df, gdf, summary = validate(traces, profile)
+    text = report(df, gdf, summary, profile, args.format)
+    print(text)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text + "\n")
+    if args.require and not all(summary["goals_met"].values()):
+        return 1
+    return 1 if problems else 0
+
+
+def _cmd_calibrate(args) -> int:
+    import pandas as pd
+    import yaml
+
+    from fourd_mpi.analysis.tables import collect_or_fail, format_table
+    from fourd_mpi.perf.machine import TERMS, load_profile
+    from fourd_mpi.perf.validate import calibrate
+
+    terms = parse_list(args.terms, TERMS, "--terms")  # checked before any trace is read
+    refuse_overwrite(args.output, args.force)
+    profile = load_profile(args.profile)
+    traces, problems = collect_or_fail(args.paths)
+    data, rows, skipped = calibrate(traces, profile, terms)
+    for line in skipped:
+        sys.stderr.write(f"fourd-mpi: left out {line}\n")
+    print(format_table(pd.DataFrame(rows), "table"))
+    fit = data["step_fit"]
+    print("weights: " + ", ".join(f"{t} x{w:g}" for t, w in fit["weights"].items())
+          + f"; median |error| of the fit {100 * fit['median_abs_rel_error']:.1f}% over {len(rows)} runs")
+    tmp = args.output + ".tmp"
+    with open(tmp, "w") as fh:
+        yaml.safe_dump(data, fh, sort_keys=False)
+    load_profile(tmp)  # what we write must load
+    os.replace(tmp, args.output)
+    print(f"wrote {args.output}")
+    return 1 if problems else 0
+
+
+# -- bench collectives -----------------------------------------------------------------------
+
+def _size(text: str) -> int:
+    units = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
+    t = text.strip().lower().rstrip("b").rstrip("i")
+    scale = units.get(t[-1:], 1)
+    t = t[:-1] if t[-1:] in units else t
+    try:
+        value = int(float(t) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 8, 64K or 4M, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return value
+
+
+def _register_bench(sub) -> None:
+    """``fourd-mpi bench collectives ...``"""
+    from fourd_mpi.perf.collbench import OPS
+
+    bench = sub.add_parser("bench", help="micro-benchmarks under mpiexec: collectives (OSU / nccl-tests "
+                           "style) and the machine profile for the performance model")
+    bsub = bench.add_subparsers(dest="bench_command", required=True, parser_class=sub._parser_class)
+    p = bsub.add_parser("collectives", help="latency, algbw/busbw and overlap %% of the grid's collectives; "
+                        "writes a machine profile")
+    g = p.add_argument_group("communicators (each axis of size > 1, and the world)")
+    for option in options_in("grid"):
+        add_option(g, option)
+    g.add_argument("--grid", action="append", default=[], metavar="DxZxYxX",
+                   help="grid to benchmark (repeatable); default: the grid flags, or when none is given one "
+                        "grid per divisor p of the world with G_x = p (every group size once)")
+    g.add_argument("--no-world", action="store_true", help="skip the world communicator")
+    s = p.add_argument_group("sweep")
+    s.add_argument("--ops", default=",".join(OPS), metavar="LIST", help=f"comma list of {', '.join(OPS)}")
+    s.add_argument("--min-size", type=_size, default=8, metavar="BYTES", help="smallest message (default 8)")
+    s.add_argument("--max-size", type=_size, default=4 * 1024 ** 2, metavar="BYTES",
+                   help="largest message (default 4M)")
+    s.add_argument("--factor", type=positive_int, default=8, help="size step (default 8: 8, 64, 512, ...)")
+    s.add_argument("--iters", type=positive_int, default=20, help="timed iterations (default 20; a quarter, "
+                   "at least 3, from 1 MiB)")
+    s.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
+    s.add_argument("--overlap-sizes", type=positive_int, default=2, metavar="K",
+                   help="measure overlap at the K largest sizes (default 2; 0 skips it)")
+    c = p.add_argument_group("compute calibration")
+    c.add_argument("--dtypes", default="float32,float64", help="GEMM dtypes to measure (default float32,float64)")
+    c.add_argument("--gemm-size", type=positive_int, default=256, help="n of the n x n x n GEMM (default 256)")
+    c.add_argument("--backend", default="numpy", choices=("numpy", "cupy"), help="array library of the GEMM "
+                   "(collective buffers are host memory)")
+    o = p.add_argument_group("output")
+    o.add_argument("-o", "--output", metavar="FILE", default=None,
+                   help="machine profile to write (default results/profiles/<host>.yaml)")
+    o.add_argument("--name", default=None, help="profile name (default local-<host>)")
+    o.add_argument("--fallback", default=None, metavar="PROFILE",
+                   help="built-in profile named in the file for levels not measured (e.g. perlmutter)")
+    o.add_argument("--force", action="store_true", help="replace an existing profile file")
+    o.add_argument("--table", metavar="FILE", help="also write the printed tables there")
+    bench.set_defaults(handler=cmd_bench, serial=False)
+
+
+def cmd_bench(args, world) -> int:
+    """``fourd-mpi bench collectives``: run, print the tables (rank 0), write the profile (rank 0)."""
+    import yaml
+
+    from fourd_mpi.core.mpiutil import on_root
+    from fourd_mpi.perf.collbench import build_profile, format_tables, run_bench
+
+    hostname = socket.gethostname()
+    out = args.output or os.path.join("results", "profiles", f"{hostname}.yaml")
+    on_root(world, lambda: refuse_overwrite(out, args.force))  # rank 0 writes it; every rank hears
+    if args.fallback:
+        from fourd_mpi.perf.machine import load_profile
+
+        load_profile(args.fallback)  # fail early on an unknown name, on every rank
+    result = run_bench(args, world)
+    if world.Get_rank() != 0:
+        return 0
+    text = format_tables(result)
+    print(text, flush=True)
+    name = args.name or f"local-{hostname}"
+    profile = build_profile(result, name, hostname, args.fallback, args.backend)
+    from fourd_mpi.perf.machine import PROFILE_SCHEMA
+
+    import jsonschema
+
+    jsonschema.validate(profile, PROFILE_SCHEMA)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = f"{out}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(f"# machine profile written by fourd-mpi bench collectives ({len(result['rows'])} measurements)\n")
+        yaml.safe_dump(profile, fh, sort_keys=False)
+    os.replace(tmp, out)
+    fits = []
+    for level, entry in profile["levels"].items():
+        for kind in ("allgather", "reduce_scatter", "allreduce"):
+            f = entry[kind]
+            fits.append(f"  {level:<5} {kind:<15} alpha {f['alpha_s'] * 1e6:8.2f} us  beta {f['beta_s_per_byte'] * 1e9:8.4f} "
+                        f"ns/B ({1 / f['beta_s_per_byte'] / 1e9 if f['beta_s_per_byte'] > 0 else float('inf'):.3f} GB/s)"
+                        f"  rms rel. error {100 * f['rms_rel_error']:.0f}% over {f['points']} points")
+    summary = ["", f"machine profile {out}:"] + fits + [
+        f"  oversubscription x{profile['compute']['oversubscription']:.2f}, overlap efficiency with polling "
+        f"{profile['progress']['overlap_efficiency']:.2f}"]
+    if "inter" not in profile["levels"]:
+        summary.append("  no inter-node level (one node): grids that cross nodes need --fallback or a multi-node run")
+    print("\n".join(summary), flush=True)
+    if args.table:
+        with open(args.table, "w") as fh:
+            fh.write(text + "\n" + "\n".join(summary) + "\n")
+    return 0

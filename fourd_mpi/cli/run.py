@@ -1,0 +1,202 @@
+"""``fourd-mpi run | verify | info | presets``: the commands that run the step (under mpiexec).
+
+Every option of the step comes from :data:`fourd_mpi.run.options.RUN_OPTIONS`; every rank
+resolves them (:func:`fourd_mpi.run.options.resolve_values`) before any collective.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from fourd_mpi import __version__
+from fourd_mpi.cli.args import OneLineParser, add_options, say
+from fourd_mpi.core.grid import GridShape, grid_factorizations
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.run.options import RunOptions, resolve_values, resolved_config
+from fourd_mpi.step.presets import PRESETS, model_problems
+
+#: what each command takes from the option table
+STEP_GROUPS = ("grid", "model", "numerics", "overlap")
+
+
+def add_run_arguments(parser) -> None:
+    """The arguments of ``fourd-mpi run``: ``--config`` and every option of the table."""
+    parser.add_argument("--config", metavar="FILE", help="options from a .toml or .yaml file (keys: long option "
+                        "names); the command line wins")
+    add_options(parser, STEP_GROUPS + ("steps", "trace"))
+
+
+def run_parser() -> OneLineParser:
+    """A parser of ``fourd-mpi run``'s arguments alone (tests, and scripts that build a command line)."""
+    parser = OneLineParser(prog="fourd-mpi run")
+    add_run_arguments(parser)
+    return parser
+
+
+def register(sub) -> None:
+    run = sub.add_parser("run", help="run traced training steps; write results/<run-id>.h5 and a summary")
+    add_run_arguments(run)
+    run.set_defaults(handler=cmd_run, serial=False)
+
+    ver = sub.add_parser("verify", help="compare the distributed step with the serial reference")
+    add_options(ver, STEP_GROUPS, names=("steps",), many=("overlap", "progress"),
+                overlap={"help": "as in run; repeatable: each is checked (default none)"},
+                progress={"help": "as in run; repeatable: each is checked (default poll)"},
+                steps={"default": 5, "help": "training steps whose losses are compared (default 5)"})
+    ver.add_argument("--grid", action="append", default=[], metavar="DxZxYxX",
+                     help="grid to check (repeatable), e.g. 1x2x2x2")
+    ver.add_argument("--all-grids", action="store_true",
+                     help="every factorization of the world size into (G_data, G_z, G_y, G_x)")
+    ver.add_argument("--json", metavar="FILE", help="also write the results as JSON (rank 0)")
+    ver.add_argument("--reference-backend", default="same", choices=("same", "numpy"),
+                     help="backend of the single-rank reference: same as the checked runs (default) or numpy "
+                          "(checks the cupy step against the NumPy one)")
+    ver.set_defaults(handler=cmd_verify, serial=False)
+
+    info = sub.add_parser("info", help="describe the grid, backend and MPI library")
+    add_options(info, STEP_GROUPS)
+    info.set_defaults(handler=cmd_info, serial=False)
+
+    presets = sub.add_parser("presets", help="list the model presets")
+    presets.set_defaults(handler=cmd_presets, serial=True)
+
+
+def run_options(args, world_size: int) -> RunOptions:
+    """The resolved options of a parsed command line (verify: the first overlap and progress)."""
+    values = dict(vars(args))
+    for key, default in (("overlap", "none"), ("progress", "poll")):
+        if isinstance(values.get(key), list):  # verify's repeatable options: each variant is checked later
+            values[key] = values[key][0]
+        elif values.get(key) is None:
+            values[key] = default
+    return resolve_values(values, world_size)
+
+
+def _header(world, run) -> None:
+    from mpi4py import MPI
+
+    cfg = run.options.model
+    say(world, f"fourd-mpi {__version__}  MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
+    say(world, run.grid.describe())
+    say(world, f"model {cfg.name}: {cfg.kind}, {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, "
+               f"ffn {cfg.ffn_hidden}, seq {cfg.seq}, global batch {cfg.batch} "
+               f"({cfg.parameter_count() / 1e6:.2f} M parameters)")
+    overlap = run.trainer.overlap
+    say(world, f"backend {run.backend.describe()}, optimizer {run.options.optimizer}, "
+               f"weights {'cached' if overlap.cache else 're-gathered'} for backward")
+    if run.gpu_awareness is not None:
+        say(world, f"GPU-aware MPI: {run.gpu_awareness.library}: {run.gpu_awareness.reason}")
+        smoke = run.gpu_awareness.smoke_test
+        if smoke is not None:
+            say(world, f"device-buffer smoke test: {'passed' if smoke['ok'] else 'FAILED'} ({smoke['detail']})")
+    if run.mpi_buffers is not None:
+        say(world, f"MPI buffers: {run.mpi_buffers.mode} ({run.mpi_buffers.reason})")
+    say(world, f"overlap {overlap}; progress {run.comm.progress.describe()}")
+    for note in run.overlap_notes():
+        say(world, f"note: {note} on grid {run.options.grid}")
+    say(world, f"activations between blocks {run.model.activation_layout}")
+
+
+def cmd_run(args, world) -> int:
+    from fourd_mpi.run.configfile import dump_toml
+    from fourd_mpi.run.session import Fault, TraceOptions, traced_run
+
+    options = run_options(args, world.Get_size())
+    trace = TraceOptions(args.trace_level, args.results_dir, args.run_id, args.label, args.force).validate()
+    fault = Fault.parse(args.inject_fault) if args.inject_fault else None
+    if fault is not None and fault.rank >= world.Get_size():
+        raise ConfigError(f"--inject-fault: rank {fault.rank} does not exist in a world of {world.Get_size()}")
+    config = resolved_config(args.model, options, {"trace_level": trace.level, "results_dir": trace.results_dir,
+                                                   "label": trace.label, "display": args.display,
+                                                   "peak_tflops": args.peak_tflops})
+
+    def header(run):
+        say(world, "resolved configuration (reusable as --config FILE.toml):")
+        say(world, "\n".join("  " + line for line in dump_toml(config).splitlines()))
+        _header(world, run)
+
+    path, summary = traced_run(world, options, trace, config, lambda text: say(world, text),
+                               display=args.display, peak_tflops=args.peak_tflops, fault=fault, header=header)
+    if world.Get_rank() == 0:
+        for line in summary.lines():
+            print(line)
+        print(f"trace: {path}", flush=True)
+    return 0
+
+
+def cmd_verify(args, world) -> int:
+    from fourd_mpi.run.verify import verify
+
+    size = world.Get_size()
+    options = run_options(args, size)
+    grids = [GridShape.parse(g) for g in args.grid]
+    for g in grids:
+        if g.size != size:
+            raise ConfigError(f"grid {g} has {g.size} ranks but the world size is {size}")
+    skipped = []
+    if args.all_grids or not grids:
+        candidates = list(grid_factorizations(size)) if args.all_grids else [options.grid]
+        for g in candidates:
+            problems = model_problems(options.model, g)
+            (skipped.append((g, problems[0])) if problems else grids.append(g))
+    for g in grids:
+        problems = model_problems(options.model, g)
+        if problems:
+            raise ConfigError(f"model {options.model.name} on grid {g} (G_data x G_z x G_y x G_x): "
+                              + "; ".join(problems))
+    variants = [replace(options, overlap=o, progress=p)
+                for o in (args.overlap or ["none"]) for p in (args.progress or ["poll"])]
+    for v in variants:
+        v.overlap_config()
+    results = verify(variants, grids, args.steps, world,
+                     None if args.reference_backend == "same" else args.reference_backend)
+    if world.Get_rank() != 0:
+        return 0
+    reference = "" if args.reference_backend == "same" else f" ({args.reference_backend} reference)"
+    print(f"verify {options.model.name} ({options.dtype}{', tf32' if options.tf32 else ''}) on {size} ranks "
+          f"against one rank{reference}, "
+          f"{args.steps} training steps; relative error ||a-b||/||b||, tolerance {results[0].tolerance:g}")
+    print(f"{'grid (DxZxYxX)':>15} {'overlap':<22} {'progress':<8} {'output':>10} {'worst grad':>10} "
+          f"{'(tensor)':<18} {'losses':>10}  result")
+    for r in results:
+        print(f"{r.grid:>15} {r.overlap:<22} {r.progress:<8} {r.output_error:>10.2e} {r.grad_error:>10.2e} "
+              f"{r.worst_grad:<18} {r.loss_error:>10.2e}  {'ok' if r.ok else 'FAIL'}")
+    for g, why in skipped:
+        print(f"{str(g):>15} skipped: {why}")
+    failed = sum(not r.ok for r in results)
+    print(f"{len(results) - failed} passed, {failed} failed, {len(skipped)} skipped")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"model": options.model.as_dict(), "dtype": options.dtype, "world_size": size,
+                       "results": [dict(r.__dict__, ok=r.ok) for r in results],
+                       "skipped": [[str(g), why] for g, why in skipped]}, fh, indent=1)
+    return 1 if failed else 0
+
+
+def cmd_info(args, world) -> int:
+    from fourd_mpi.run.build import Run
+
+    options = run_options(args, world.Get_size())
+    run = Run.build(world, options)
+    _header(world, run)
+    for p in run.model.parameters()[:8]:
+        say(world, f"  {p.name:<18} global {str(p.global_shape):<14} layout {p.layout}")
+    run.close()
+    return 0
+
+
+def cmd_presets(args, world) -> int:
+    say(world, f"{'preset':<10} {'kind':<4} {'layers':>6} {'hidden':>7} {'heads':>5} {'ffn':>7} {'seq':>5} "
+               f"{'batch':>5} {'params':>9}")
+    for cfg in PRESETS.values():
+        say(world, f"{cfg.name:<10} {cfg.kind:<4} {cfg.layers:>6} {cfg.hidden:>7} {cfg.heads:>5} "
+                   f"{cfg.ffn_hidden:>7} {cfg.seq:>5} {cfg.batch or '-':>5} {_human(cfg.parameter_count()):>9}")
+    return 0
+
+
+def _human(count: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.2f}{unit}"
+    return str(int(count))

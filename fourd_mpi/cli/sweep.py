@@ -1,0 +1,99 @@
+"""``fourd-mpi sweep plan | render | submit | status | collect``: scaling sweeps (one process, no MPI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from fourd_mpi.jobs.schedulers import FINAL_STATES
+from fourd_mpi.jobs.sites import builtin_sites, load_site
+from fourd_mpi.jobs.spec import load_spec
+from fourd_mpi.jobs.sweep import (JOB_OVERRIDES, MANIFEST, build_manifest, collect, format_rows, load_jobs,
+                                  load_manifest, plan_rows, public_manifest, run_states, submit, write_sweep)
+from fourd_mpi.util.values import positive_int
+
+
+def register(sub) -> None:
+    """``fourd-mpi sweep ...`` subcommands."""
+    sw = sub.add_parser("sweep", help="scaling sweeps: plan, render job scripts, submit, status, collect")
+    ssub = sw.add_subparsers(dest="sweep_command", required=True, parser_class=type(sw))
+
+    def site_arg(p):
+        p.add_argument("--site", default="local", help=f"built-in ({', '.join(builtin_sites())}) or a site "
+                                                       "profile FILE.yaml (default local)")
+        p.add_argument("--python", metavar="PATH", help="interpreter the jobs run (default: job.python of the "
+                                                        "spec, else the site's, else python3)")
+        p.add_argument("--results-dir", metavar="DIR", help="where the jobs write traces "
+                                                            "(default: results_dir of the spec, else results/SWEEP)")
+        p.add_argument("--ranks-per-node", type=positive_int, metavar="N",
+                       help="ranks per node (default: job.ranks_per_node of the spec, else the site's)")
+        for key in JOB_OVERRIDES:
+            p.add_argument(f"--{key}", metavar=key.upper(), help=f"job.{key} for every job (overrides the spec)")
+
+    plan = ssub.add_parser("plan", help="list the runs a spec expands to (rank count, nodes, memory per rank)")
+    plan.add_argument("spec", metavar="SPEC.yaml")
+    site_arg(plan)
+    plan.add_argument("--format", default="table", choices=("table", "json"))
+
+    render = ssub.add_parser("render", help="write one job script per run and a manifest under jobscripts/SWEEP")
+    render.add_argument("spec", metavar="SPEC.yaml")
+    site_arg(render)
+    render.add_argument("--out", metavar="DIR", help="directory of the scripts (default jobscripts/SWEEP)")
+    render.add_argument("--force", action="store_true", help="render again over an existing directory")
+
+    for name, text in (("submit", "submit the rendered jobs (sbatch, qsub, bsub; local: run them now)"),
+                       ("status", "each run's scheduler state and trace"),
+                       ("collect", "check the traces and print the runs and scaling tables")):
+        p = ssub.add_parser(name, help=text)
+        p.add_argument("sweep_dir", metavar="DIR", help="the rendered sweep, e.g. jobscripts/SWEEP")
+        if name == "submit":
+            p.add_argument("--resubmit-failed", action="store_true",
+                           help="submit again runs whose job failed, was cancelled or timed out")
+            p.add_argument("--dry-run", action="store_true", help="say what would be submitted")
+        if name == "collect":
+            p.add_argument("--into", metavar="DIR", help="gather the traces here (default results/SWEEP; "
+                                                         "traces already there are not copied)")
+            p.add_argument("--format", default="table", choices=("table", "csv", "json", "markdown"))
+    sw.set_defaults(handler=cmd_sweep, serial=True)
+
+
+def cmd_sweep(args, world=None) -> int:
+    command = args.sweep_command
+    if command in ("plan", "render"):
+        spec = load_spec(args.spec)
+        site = load_site(args.site)
+        if args.ranks_per_node is not None:
+            spec.job["ranks_per_node"] = args.ranks_per_node
+        for key in JOB_OVERRIDES:
+            if getattr(args, key) is not None:
+                spec.job[key] = getattr(args, key)
+        if any(getattr(args, key) is not None for key in JOB_OVERRIDES):
+            spec.revalidate_job()
+        script_dir = getattr(args, "out", None) or os.path.join("jobscripts", spec.name)
+        manifest = build_manifest(spec, site, args.spec, script_dir, args.python, args.results_dir)
+        if command == "plan":
+            if args.format == "json":
+                sys.stdout.write(json.dumps(public_manifest(manifest), indent=1) + "\n")
+            else:
+                sys.stdout.write(f"sweep {spec.name}: {spec.study} scaling, {len(manifest['runs'])} runs on site "
+                                 f"{site.name} ({site.scheduler})\n")
+                sys.stdout.write(format_rows(plan_rows(manifest)))
+            return 0
+        written = write_sweep(manifest, spec, site, script_dir, args.force)
+        sys.stdout.write(f"wrote {len(written)} files and {MANIFEST} to {script_dir}/ "
+                         f"(submit with: fourd-mpi sweep submit {script_dir})\n")
+        return 0
+    manifest = load_manifest(args.sweep_dir)
+    if command == "submit":
+        count = submit(manifest, args.sweep_dir, args.resubmit_failed, args.dry_run)
+        sys.stdout.write(f"{count} submitted\n")
+        return 0
+    if command == "status":
+        rows = run_states(manifest, load_jobs(args.sweep_dir))
+        sys.stdout.write(format_rows(rows))
+        done = sum(r["trace"] == "complete" for r in rows)
+        failed = sum(r["state"] in FINAL_STATES and r["state"] != "COMPLETED" for r in rows)
+        sys.stdout.write(f"{done}/{len(rows)} traces complete, {failed} jobs failed\n")
+        return 0
+    return collect(manifest, args.into or os.path.join("results", manifest["sweep"]), fmt=args.format)

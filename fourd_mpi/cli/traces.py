@@ -1,0 +1,74 @@
+"""``fourd-mpi trace show | check | recover``: one trace file at a time (one process, no mpiexec)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from fourd_mpi.cli.args import add_output
+
+
+def register(sub) -> None:
+    tr = sub.add_parser("trace", help="inspect, check or recover trace files (one process, no mpiexec)")
+    tsub = tr.add_subparsers(dest="trace_command", required=True, parser_class=type(tr))
+    show = tsub.add_parser("show", help="metadata and step summary of a trace")
+    show.add_argument("file", help="the trace (.h5)")
+    check = tsub.add_parser("check", help="check a trace's invariants (exit 1 if any is violated)")
+    check.add_argument("file", help="the trace (.h5)")
+    rec = tsub.add_parser("recover", help="merge the per-rank files of a crashed run into a partial trace")
+    rec.add_argument("directory", help="the run's per-rank directory, <results>/<run-id>.ranks")
+    add_output(rec, help="trace to write (default: the run's planned trace path)")
+    tr.set_defaults(handler=cmd_trace, serial=True)
+
+
+def cmd_trace(args, world=None) -> int:
+    from fourd_mpi.trace.read import check_invariants, load_trace
+    from fourd_mpi.trace.store import recover
+
+    if args.trace_command == "recover":
+        result = recover(args.directory, args.output, args.force, summarize=_recovered_summary(args.directory))
+        steps = result["steps"]
+        kept = f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
+        print(f"{result['path']}: status {result['status']}, {kept} completed by every rank "
+              f"({len(steps)}), {result['events_dropped']} events of unfinished steps dropped")
+        for failure in result["failures"]:
+            print(f"  rank {failure.get('rank')} failed: {failure.get('error')}")
+        print(f"the per-rank files in {args.directory} can now be removed")
+        return 0
+    trace = load_trace(args.file)
+    if args.trace_command == "check":
+        problems = check_invariants(trace)
+        for problem in problems:
+            print(f"violation: {problem}")
+        print(f"{args.file}: {len(trace.events)} events, {trace.world_size} ranks, {len(trace.steps)} steps: "
+              + ("ok" if not problems else f"{len(problems)} violation(s)"))
+        return 1 if problems else 0
+    meta = trace.metadata
+    print(f"{args.file}: schema v{trace.schema_version}, status {trace.status}, run id {meta.get('run_id')}")
+    print(f"  grid {meta.get('grid')} on {meta.get('world_size')} ranks, {meta.get('num_nodes')} node(s); "
+          f"level {meta.get('level')}; started {meta.get('start_time')}")
+    print(f"  {meta.get('mpi', {}).get('library_version', '?').splitlines()[0]}")
+    print(f"  {len(trace.events)} events; {len(trace.steps)} steps")
+    print(f"{'step':>6} {'loss':>14} {'time (s)':>10}")
+    for row in trace.steps:
+        print(f"{row['step']:>6} {row['loss']:>14.8g} {row['seconds']:>10.4f}" + ("  (warm-up)" if row["warmup"]
+                                                                                 else ""))
+    summary = meta.get("summary")
+    if summary:
+        print(f"median step {summary['median_s']:.4f} s; compute {100 * summary['compute_share']:.1f}%, exposed "
+              f"communication {100 * summary['wait_share']:.1f}%; {summary['tokens_per_s']:,.0f} tokens/s")
+    return 0
+
+
+def _recovered_summary(spool_dir: str):
+    """The summary of a recovered run, from the step records and run.json (the peak was never recorded)."""
+    from fourd_mpi.trace.store import RUN_META
+    from fourd_mpi.trace.summary import summarize
+
+    try:
+        with open(os.path.join(spool_dir, RUN_META)) as fh:
+            meta = json.load(fh)
+        flops, tokens, world = meta["model_flops_per_step"], meta["tokens_per_step"], meta["world_size"]
+    except (OSError, ValueError, KeyError):
+        return None  # recover() reports what is wrong with the directory
+    return lambda rank_steps: summarize(rank_steps, world, flops, tokens, float("nan"), "not recorded")

@@ -1,0 +1,279 @@
+"""The options of ``fourd-mpi run``, declared once, and their resolution into :class:`RunOptions`.
+
+:data:`RUN_OPTIONS` is the one table: name, value parser, default, choices, help.
+Everything else is generated from it:
+
+- the argparse groups of ``run``, ``verify``, ``info``, ``tune`` and ``bench``
+  (:func:`fourd_mpi.cli.args.add_options`);
+- ``--config FILE`` (:func:`fourd_mpi.run.configfile.config_tokens`) and the
+  ``options``/``matrix``/``zip`` values of a sweep spec (:mod:`fourd_mpi.jobs.spec`),
+  which check names and values with :meth:`Option.parse`;
+- the resolved configuration a run prints and stores (:func:`resolved_config`).
+
+:func:`resolve` is pure: every rank runs it before any collective, so bad input fails
+everywhere with the same one-line message. This module never imports ``mpi4py.MPI``
+(sweeps and ``tune`` use it on login nodes).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+from fourd_mpi.core.backend import BACKENDS, DEVICE_BUFFER_MODES, DTYPES, check_dtype_options
+from fourd_mpi.core.grid import GridShape, infer_grid_shape
+from fourd_mpi.core.progress import PROGRESS_STRATEGIES
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.run.display import DISPLAYS
+from fourd_mpi.step.optim import OPTIMIZERS
+from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.step.presets import PRESETS, ModelConfig, resolve_model, validate_model
+from fourd_mpi.trace.events import LEVELS
+from fourd_mpi.util.values import integer, nonnegative_int, number, positive_float, positive_int
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of ``fourd-mpi run``: ``--name VALUE`` (or ``--name`` when ``flag``)."""
+
+    name: str  #: long name without the dashes, e.g. ``ffn-hidden``
+    group: str  #: key of :data:`GROUPS`
+    type: Callable[[str], Any] = str  #: text -> value; raises ArgumentTypeError
+    default: Any = None
+    choices: Optional[Tuple[str, ...]] = None
+    help: str = ""
+    metavar: Optional[str] = None
+    flag: bool = False  #: a switch (store_true): true or false in files
+
+    @property
+    def dest(self) -> str:
+        """The attribute name (``ffn_hidden``)."""
+        return self.name.replace("-", "_")
+
+    def parse(self, value: Any) -> Any:
+        """A value from a config file or sweep spec (text, number or boolean) -> the typed value.
+
+        Raises :class:`ConfigError` naming the option, with the same words as the command line.
+        """
+        if self.flag:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{self.name} must be true or false, got {value!r}")
+            return value
+        if isinstance(value, (list, dict)) or value is None:
+            raise ConfigError(f"{self.name} must be a single value, got {value!r}")
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        try:
+            typed = self.type(text)
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"--{self.name}: {exc}") from None
+        if self.choices is not None and typed not in self.choices:
+            raise ConfigError(f"--{self.name}: invalid choice: {typed!r} (choose from "
+                              f"{', '.join(map(repr, self.choices))})")
+        return typed
+
+    def tokens(self, value: Any) -> list:
+        """Command-line tokens that give this option ``value`` (already parsed)."""
+        if self.flag:
+            return [f"--{self.name}"] if value else []
+        # "--key=value": a value that starts with "-" must not be taken for an option
+        return [f"--{self.name}=" + (str(value).lower() if isinstance(value, bool) else str(value))]
+
+
+#: argparse group titles, in the order --help shows them
+GROUPS = {
+    "grid": "grid (G_data x G_z x G_y x G_x; omitted sizes are inferred)",
+    "model": "model",
+    "numerics": "numerics",
+    "overlap": "overlap and MPI progress",
+    "steps": "steps",
+    "trace": "trace and output",
+}
+
+_N = "N"
+RUN_OPTIONS: Tuple[Option, ...] = (
+    Option("gx", "grid", positive_int, None, metavar=_N, help="G_x: ranks sharing a layer's input dimension "
+           "(innermost, consecutive world ranks)"),
+    Option("gy", "grid", positive_int, None, metavar=_N, help="G_y: ranks sharing a layer's output dimension"),
+    Option("gz", "grid", positive_int, None, metavar=_N, help="G_z: ranks sharding weights (all-gathered over Z) "
+           "and splitting the batch"),
+    Option("gdata", "grid", positive_int, None, metavar=_N, help="G_data: data-parallel replicas (outermost)"),
+    Option("model", "model", str, "gpt-tiny", metavar="PRESET",
+           help=f"preset: {', '.join(PRESETS)} (default gpt-tiny)"),
+    Option("layers", "model", positive_int, None, metavar=_N, help="transformer blocks (default: the preset's)"),
+    Option("hidden", "model", positive_int, None, metavar=_N, help="hidden size h (default: the preset's)"),
+    Option("heads", "model", positive_int, None, metavar=_N, help="attention heads (default: the preset's)"),
+    Option("ffn-hidden", "model", positive_int, None, metavar=_N, help="FFN width (default: the preset's, 4h)"),
+    Option("seq", "model", positive_int, None, metavar=_N, help="sequence length (default: the preset's)"),
+    Option("batch", "model", positive_int, None, metavar=_N, help="global batch in sequences (default: the "
+           "preset's)"),
+    Option("dtype", "numerics", str, "float32", tuple(DTYPES),
+           help="bfloat16: cupy backend only (CuPy >= 14 with ml_dtypes; NumPy has no bfloat16)"),
+    Option("tf32", "numerics", flag=True, default=False,
+           help="cupy, float32: GEMMs in TF32 on tensor cores (Ampere and newer)"),
+    Option("backend", "numerics", str, "auto", BACKENDS, help="auto: cupy when every rank has a usable GPU, "
+           "else numpy"),
+    Option("device-buffers", "numerics", str, "auto", DEVICE_BUFFER_MODES,
+           help="what MPI gets: direct = device buffers (needs CUDA-aware MPI); staged = copies through "
+                "pinned host buffers; auto (default) = direct only where detection and a smoke-test "
+                "all-reduce on a device buffer succeed. numpy backend: direct = host arrays; staged = "
+                "emulated staging (host copies, same code path and trace events; for testing)"),
+    Option("seed", "numerics", integer, 0, metavar=_N, help="seed of the synthetic weights and data (default 0)"),
+    Option("optimizer", "numerics", str, "adam", OPTIMIZERS, help="default adam"),
+    Option("lr", "numerics", number, None, metavar="LR", help="learning rate (default 1e-3 adam, 1e-2 sgd)"),
+    Option("overlap", "overlap", str, "none", metavar="LIST",
+           help="none, all (= oag,ors,oar,dp,od) or a comma list of oag, ors, oar, dp, od, cache (default none)"),
+    Option("progress", "overlap", str, "poll", PROGRESS_STRATEGIES,
+           help="who progresses nonblocking collectives during compute: poll (default), none, thread"),
+    Option("cache-weights", "overlap", flag=True, default=False,
+           help="keep weights gathered in forward for backward (memory for communication); "
+                "same as adding 'cache' to --overlap"),
+    Option("prefetch-depth", "overlap", positive_int, 1, metavar=_N,
+           help="oag: how many layers ahead weight all-gathers are issued (default 1)"),
+    Option("chunks", "overlap", positive_int, 2, metavar="K", help="od: token chunks of the forward all-reduce "
+           "(default 2)"),
+    Option("poll-flops", "overlap", positive_float, 1e7, metavar="F",
+           help="poll: FLOPs of GEMM between two MPI progress polls (default 1e7)"),
+    Option("check-buffers", "overlap", flag=True, default=False,
+           help="debug: verify that no send buffer is modified while its collective is in flight"),
+    Option("steps", "steps", positive_int, 10, metavar=_N, help="training steps (default 10)"),
+    Option("warmup", "steps", nonnegative_int, 1, metavar=_N,
+           help="leading steps excluded from the summary statistics, kept in the trace (default 1)"),
+    Option("trace-level", "trace", str, "op", LEVELS,
+           help="step: one event per step; layer: + per-layer spans; op: + every GEMM, collective "
+                "and wait (default)"),
+    Option("results-dir", "trace", str, "results", metavar="DIR", help="where the trace goes (default results)"),
+    Option("label", "trace", str, None, metavar="TEXT", help="part of the run id: <time>-<label>-<random>"),
+    Option("run-id", "trace", str, None, metavar="ID", help="the run id itself (the trace is DIR/ID.h5)"),
+    Option("force", "trace", flag=True, default=False, help="replace an existing trace of the same run id"),
+    Option("display", "trace", str, "auto", DISPLAYS,
+           help="rank 0's per-step output: a progress bar, lines, or nothing (auto: bar on a terminal)"),
+    Option("peak-tflops", "trace", positive_float, None, metavar="T",
+           help="peak TFLOP/s per rank for the %% of peak (default: measure the step's largest GEMM)"),
+    Option("inject-fault", "trace", str, None, metavar="RANK:STEP[:MODE]",
+           help="testing: RANK dies at the start of STEP, once every rank has finished the steps "
+                "before (MODE kill = SIGKILL, default; raise = exception)"),
+)
+
+#: by long name
+OPTIONS: Dict[str, Option] = {o.name: o for o in RUN_OPTIONS}
+MODEL_SIZES = ("layers", "hidden", "heads", "ffn_hidden", "seq", "batch")
+
+
+def options_in(*groups: str) -> Tuple[Option, ...]:
+    """The options of these groups, in table order."""
+    unknown = set(groups) - set(GROUPS)
+    if unknown:
+        raise KeyError(f"unknown option group(s) {sorted(unknown)}")
+    return tuple(o for o in RUN_OPTIONS if o.group in groups)
+
+
+def lookup(name: str, where: str) -> Option:
+    """The option called ``name`` (``-`` or ``_``); a :class:`ConfigError` listing the known ones otherwise."""
+    key = str(name).replace("_", "-")
+    if key not in OPTIONS:
+        raise ConfigError(f"{where}: unknown option {name!r} (known: {', '.join(sorted(OPTIONS))})")
+    return OPTIONS[key]
+
+
+def defaults() -> Dict[str, Any]:
+    """``{dest: default}`` of every option."""
+    return {o.dest: o.default for o in RUN_OPTIONS}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything that defines a run (stored with results by later tools)."""
+
+    model: ModelConfig
+    grid: GridShape
+    dtype: str = "float32"
+    backend: str = "auto"
+    device_buffers: str = "auto"
+    #: float32 GEMMs in TF32 on tensor cores (cupy backend only)
+    tf32: bool = False
+    seed: int = 0
+    optimizer: str = "adam"
+    lr: Optional[float] = None
+    cache_weights: bool = False
+    steps: int = 10
+    warmup: int = 1
+    overlap: str = "none"
+    prefetch_depth: int = 1
+    chunks: int = 2
+    progress: str = "poll"
+    poll_flops: float = 1e7
+    check_buffers: bool = False
+
+    def overlap_config(self) -> OverlapConfig:
+        text = self.overlap + (",cache" if self.cache_weights else "")
+        return OverlapConfig.parse(text, prefetch_depth=self.prefetch_depth, chunks=self.chunks)
+
+    def as_dict(self) -> Dict:
+        d = asdict(self)
+        d["grid"] = {"data": self.grid.data, "z": self.grid.z, "y": self.grid.y, "x": self.grid.x}
+        return d
+
+
+#: RunOptions fields that come straight from an option of the same name
+_RUN_FIELDS = tuple(f.name for f in fields(RunOptions) if f.name not in ("model", "grid"))
+
+
+def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
+            model_overrides: Dict[str, Optional[int]], **options) -> RunOptions:
+    """Pure validation of user options into :class:`RunOptions` (raises :class:`ConfigError`)."""
+    shape = infer_grid_shape(world_size, **grid_sizes)
+    model = resolve_model(preset, **model_overrides)
+    validate_model(model, shape)
+    if options.get("backend", "auto") not in BACKENDS:
+        raise ConfigError(f"unknown backend {options['backend']!r}: choose one of {', '.join(BACKENDS)}")
+    check_dtype_options(options.get("dtype", "float32"), options.get("backend", "auto"), options.get("tf32", False))
+    if options.get("device_buffers", "auto") not in DEVICE_BUFFER_MODES:
+        raise ConfigError(f"unknown device-buffer mode {options['device_buffers']!r}: "
+                          f"choose one of {', '.join(DEVICE_BUFFER_MODES)}")
+    if options.get("optimizer", "adam") not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {options['optimizer']!r}: choose one of {', '.join(OPTIMIZERS)}")
+    if options.get("steps", 1) < 1:
+        raise ConfigError(f"--steps must be positive, got {options['steps']}")
+    if options.get("warmup", 0) < 0:
+        raise ConfigError(f"--warmup must be zero or positive, got {options['warmup']}")
+    if options.get("progress", "poll") not in PROGRESS_STRATEGIES:
+        raise ConfigError(f"unknown progress strategy {options['progress']!r}: "
+                          f"choose one of {', '.join(PROGRESS_STRATEGIES)}")
+    if options.get("poll_flops", 1) <= 0:
+        raise ConfigError(f"--poll-flops must be positive, got {options['poll_flops']}")
+    run_options = RunOptions(model=model, grid=shape, **options)
+    run_options.overlap_config()  # validates the overlap list, depth and chunks
+    return run_options
+
+
+def resolve_values(values: Mapping[str, Any], world_size: int) -> RunOptions:
+    """:func:`resolve` from option values keyed by ``dest`` (an argparse namespace's ``vars``, or a
+    sweep run's options); missing ones take the table's defaults. The command line and the sweep
+    spec both resolve through here, so a spec is checked exactly as ``fourd-mpi run`` will run it."""
+    v = {**defaults(), **{k: val for k, val in values.items() if k in defaults()}}
+    return resolve(world_size, v["model"], {"data": v["gdata"], "z": v["gz"], "y": v["gy"], "x": v["gx"]},
+                   {k: v[k] for k in MODEL_SIZES}, **{k: v[k] for k in _RUN_FIELDS})
+
+
+def resolved_config(preset: str, options: RunOptions, extra: Mapping[str, Any] = ()) -> Dict[str, Any]:
+    """The run's configuration after inference, keyed by option names: a valid ``--config`` file
+    that gives the same run. ``extra``: values of options that :class:`RunOptions` does not hold
+    (trace and display options), keyed by dest."""
+    cfg, grid = options.model, options.grid
+    config: Dict[str, Any] = {"model": preset, **{k.replace("_", "-"): getattr(cfg, k) for k in MODEL_SIZES},
+                              "gdata": grid.data, "gz": grid.z, "gy": grid.y, "gx": grid.x}
+    for o in RUN_OPTIONS:
+        if o.dest in _RUN_FIELDS:
+            config[o.name] = getattr(options, o.dest)
+    for key, value in dict(extra).items():
+        config[lookup(key, "resolved config").name] = value
+    return config
+
+
+def plan_tokens(values: Sequence[Tuple[str, Any]]) -> list:
+    """Command-line tokens for ``(name, value)`` pairs of parsed option values, in order."""
+    out: list = []
+    for name, value in values:
+        out += lookup(name, "run options").tokens(value)
+    return out

@@ -1,0 +1,72 @@
+"""Typed values from text: the parsers behind command-line options and spec values.
+
+Each parser takes the text a user wrote and returns the value, or raises
+:class:`argparse.ArgumentTypeError` whose message says what was expected and what
+came (argparse prints it as is; :meth:`fourd_mpi.run.options.Option.parse` turns it
+into a :class:`~fourd_mpi.errors.ConfigError`). Pure: no MPI, no I/O.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable, List
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """A parser of integers ``>= minimum`` whose message says so."""
+    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    parse.__name__ = "positive_int" if minimum == 1 else f"int_at_least_{minimum}"
+    return parse
+
+
+positive_int = int_at_least(1)
+nonnegative_int = int_at_least(0)
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def number(text: str) -> float:
+    """Any float (``--lr``)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def integer(text: str) -> int:
+    """Any integer (``--seed``)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def int_list(text: str) -> List[int]:
+    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]``."""
+    out: List[int] = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            out.extend(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a list like 0-3,8, got {text!r}") from None
+    return out
