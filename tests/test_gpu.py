@@ -110,7 +110,7 @@ def test_event_timed_gemms_are_sane():
     from fourd_mpi.core.grid import GridShape
     from fourd_mpi.step.kernels import standalone_gemm_tflops
     from fourd_mpi.run.build import Run
-from fourd_mpi.run.options import RunOptions
+    from fourd_mpi.run.options import RunOptions
 
     model = resolve_model("gpt-small", hidden=1024, heads=16, layers=2, seq=256, batch=8)
     run = Run.build(MPI.COMM_SELF, RunOptions(model=model, grid=GridShape(1, 1, 1, 1), backend="cupy"),
