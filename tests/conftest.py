@@ -1,4 +1,8 @@
-"""Shared helpers: launch the package under a real ``mpiexec`` from this environment."""
+"""Shared helpers: launch the package under a real ``mpiexec`` from this environment.
+
+The tests mirror the package (``tests/core``, ``tests/step``, ... one folder per subpackage);
+``tests/helpers`` holds the scripts they launch under mpiexec and the one-node Slurm.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+#: MPI helper scripts (launched under mpiexec by the tests) and the local Slurm
+HELPERS = Path(__file__).resolve().parent / "helpers"
+sys.path.insert(0, str(HELPERS))  # `from localslurm import LocalSlurm`
 
 
 def find_mpiexec() -> str:

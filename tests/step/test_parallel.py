@@ -25,7 +25,7 @@ def _ok(proc):
 @pytest.mark.parametrize("nranks", [8, 6, 5, 3])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_single_layer_every_factorization(run_mpi, nranks, dtype):
-    out = _ok(run_mpi(nranks, ["--dtype", dtype], script="tests/mpi_layer_check.py"))
+    out = _ok(run_mpi(nranks, ["--dtype", dtype], script="tests/helpers/mpi_layer_check.py"))
     lines = out.strip().splitlines()
     assert len(lines) == 2 * sum(1 for _ in __import__("fourd_mpi.core.grid", fromlist=["x"]).grid_factorizations(nranks))
     assert all(line.endswith("ok") for line in lines)
@@ -34,7 +34,7 @@ def test_single_layer_every_factorization(run_mpi, nranks, dtype):
 def test_single_layer_12_ranks(run_mpi):
     grids = ["2x3x2x1", "1x1x3x4", "12x1x1x1", "1x2x2x3", "1x12x1x1", "1x1x1x12"]
     args = [a for g in grids for a in ("--grid", g)]
-    out = _ok(run_mpi(12, args, script="tests/mpi_layer_check.py"))
+    out = _ok(run_mpi(12, args, script="tests/helpers/mpi_layer_check.py"))
     assert out.count(" ok") == 2 * len(grids)
 
 
@@ -97,7 +97,7 @@ def test_run_prints_loss_and_step_time(run_mpi, tmp_path):
 
 @pytest.mark.parametrize("nranks", [8, 6, 7])
 def test_grid_rank_order_and_axis_communicators(run_mpi, nranks):
-    out = _ok(run_mpi(nranks, [], script="tests/mpi_grid_check.py"))
+    out = _ok(run_mpi(nranks, [], script="tests/helpers/mpi_grid_check.py"))
     assert f"grid ok for {nranks} ranks" in out
 
 

@@ -12,7 +12,7 @@ from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.validate import average_ranks, spearman
 from fourd_mpi.perf.tune import top_grids
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLES = os.path.join(REPO, "results", "samples")
 
 
@@ -54,7 +54,7 @@ def test_tune_ranks_that_fit_no_grid():
     proc = cli("tune", "--ranks", 8, "--model", "gpt-small", "--site", "summit")
     assert proc.returncode == 2 and "no machine profile for site 'summit'" in proc.stderr
     proc = cli("tune", "--ranks", 64, "--model", "gpt-small", "--batch", 64, "--profile",
-               os.path.join(REPO, "fourd_mpi", "profiles", "perlmutter.yaml"))
+               os.path.join(REPO, "fourd_mpi", "perf", "profiles", "perlmutter.yaml"))
     assert proc.returncode == 0, proc.stderr
 
 

@@ -64,7 +64,7 @@ def test_mlp_stack_with_all_overlaps(run_mpi):
 @pytest.mark.mpi
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_request_bookkeeping_and_progress(run_mpi, nranks):
-    proc = run_mpi(nranks, [], script="tests/mpi_overlap_check.py", timeout=120)
+    proc = run_mpi(nranks, [], script="tests/helpers/mpi_overlap_check.py", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "overlap checks ok" in proc.stdout
 

@@ -217,7 +217,7 @@ def test_memory_matches_the_arrays_of_a_built_run(run_mpi, nranks, model):
     """Weights, gradients, Adam state and saved activations: estimate == sum of the real arrays' bytes."""
     from conftest import REPO
 
-    proc = run_mpi(nranks, model, script=str(REPO / "tests" / "mpi_memory_check.py"), timeout=240)
+    proc = run_mpi(nranks, model, script=str(REPO / "tests" / "helpers" / "mpi_memory_check.py"), timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "memory ok for" in proc.stdout
 

@@ -127,7 +127,7 @@ def test_forced_direct_with_a_failed_smoke_test_is_an_error():
 @pytest.mark.mpi
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_staged_equals_direct_bitwise(run_mpi, nranks):
-    proc = run_mpi(nranks, [], script="tests/mpi_staging_check.py", timeout=300)
+    proc = run_mpi(nranks, [], script="tests/helpers/mpi_staging_check.py", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "staging checks ok" in proc.stdout
 

@@ -1,0 +1,172 @@
+"""The import rules of the package (docs/design.md section 7), checked on the real modules.
+
+1. Nothing outside ``fourd_mpi.cli`` imports ``fourd_mpi.cli``.
+2. Offline modules never import ``mpi4py.MPI`` (importing it initializes MPI, which can abort
+   on a login node): importing each in a fresh interpreter leaves ``mpi4py.MPI`` out of
+   ``sys.modules``.
+3. The offline commands work where importing ``mpi4py.MPI`` fails outright.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fourd_mpi
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "fourd_mpi"
+SAMPLES = ROOT / "results" / "samples"
+
+#: modules that run under mpiexec and may import mpi4py.MPI (at call time or at import)
+ONLINE = {
+    "fourd_mpi.core.collectives", "fourd_mpi.core.mpiutil",
+    "fourd_mpi.step.layers", "fourd_mpi.step.model", "fourd_mpi.step.engine", "fourd_mpi.step.schedule",
+    "fourd_mpi.run.build", "fourd_mpi.run.session", "fourd_mpi.run.verify",
+    "fourd_mpi.perf.collbench",
+}
+
+
+def all_modules():
+    return sorted(m.name for m in pkgutil.walk_packages(fourd_mpi.__path__, "fourd_mpi."))
+
+
+def offline_modules():
+    return [m for m in all_modules() if m not in ONLINE and m != "fourd_mpi.__main__"]
+
+
+def imported_names(path: Path):
+    """Every module name an ``import``/``from`` statement in ``path`` names (relative ones resolved)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            yield base
+            for alias in node.names:
+                yield f"{base}.{alias.name}"
+
+
+def test_the_walk_finds_the_subpackages():
+    names = all_modules()
+    for package in ("core", "step", "run", "trace", "analysis", "perf", "jobs", "util", "cli"):
+        assert f"fourd_mpi.{package}" in names
+    assert len(names) > 40
+    assert ONLINE <= set(names), sorted(ONLINE - set(names))
+
+
+def test_nothing_outside_cli_imports_cli():
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).parts
+        if rel[0] == "cli" or rel == ("__main__.py",):
+            continue
+        for name in imported_names(path):
+            if name == "fourd_mpi.cli" or name.startswith("fourd_mpi.cli."):
+                offenders.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not offenders, offenders
+
+
+def test_the_rule_checker_sees_a_violation(tmp_path):
+    """The checker above is not vacuous: it finds absolute and relative imports of cli."""
+    bad = PACKAGE / "analysis" / "_probe_tmp.py"
+    try:
+        bad.write_text("from ..cli import main\nimport fourd_mpi.cli.args\n")
+        names = set(imported_names(bad))
+    finally:
+        bad.unlink()
+    assert "fourd_mpi.cli" in names and "fourd_mpi.cli.args" in names
+
+
+@pytest.mark.parametrize("module", offline_modules())
+def test_offline_module_does_not_import_mpi(module):
+    code = f"import sys, importlib; importlib.import_module({module!r}); print('mpi4py.MPI' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False", f"importing {module} imports mpi4py.MPI"
+
+
+def test_online_module_does_import_mpi():
+    """Known answer for the check above: a module that needs MPI is seen importing it."""
+    code = "import sys, fourd_mpi.core.collectives; print('mpi4py.MPI' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.stdout.strip() == "True", proc.stderr
+
+
+# -- the offline commands where MPI cannot even be imported ----------------------------------
+
+SHIM = '''
+import importlib.abc, sys
+
+
+class _NoMPI(importlib.abc.MetaPathFinder):
+    """As on a login node whose MPI aborts at initialization: importing mpi4py.MPI fails."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "mpi4py.MPI":
+            raise ImportError("mpi4py.MPI is blocked in this test (no MPI library here)")
+        return None
+
+
+sys.meta_path.insert(0, _NoMPI())
+'''
+
+
+@pytest.fixture(scope="module")
+def no_mpi_env(tmp_path_factory):
+    shim = tmp_path_factory.mktemp("nompi")
+    (shim / "sitecustomize.py").write_text(SHIM)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), str(ROOT)]), MPLBACKEND="Agg")
+    check = subprocess.run([sys.executable, "-c", "import mpi4py.MPI"], capture_output=True, text=True, env=env)
+    assert check.returncode != 0 and "blocked in this test" in check.stderr  # the shim works
+    return env
+
+
+def fourd(args, env, cwd):
+    return subprocess.run([sys.executable, "-m", "fourd_mpi", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=300)
+
+
+def test_offline_commands_work_without_mpi(no_mpi_env, tmp_path):
+    sample = str(SAMPLES / "grid-1x2x2x2-overlap.h5")
+    commands = [
+        ["--help"],
+        ["presets"],
+        ["analyze", str(SAMPLES), "--what", "runs,breakdown,comm"],
+        ["plot", "breakdown", str(SAMPLES), "-o", str(tmp_path / "b.png")],
+        ["plot", "timeline", sample, "-o", str(tmp_path / "t.svg")],
+        ["export", "perfetto", sample, "-o", str(tmp_path / "t.json")],
+        ["export", "thicket", sample, "-o", str(tmp_path / "t.cali.json")],
+        ["trace", "show", sample],
+        ["trace", "check", sample],
+        ["sweep", "plan", str(ROOT / "jobscripts" / "weak-gpt-tiny.yaml")],
+        ["sweep", "render", str(ROOT / "jobscripts" / "weak-gpt-tiny.yaml"), "--site", "perlmutter",
+         "--account", "m0000", "--out", str(tmp_path / "sweep")],
+        ["tune", "--ranks", "8", "--top", "3"],
+        ["tune", "--ranks", "64", "--model", "gpt-small", "--site", "perlmutter", "--top", "2"],
+        ["model", "validate", str(SAMPLES)],
+    ]
+    for args in commands:
+        proc = fourd(args, no_mpi_env, tmp_path)
+        assert proc.returncode in (0, 1), (args, proc.stderr)  # 1: a command's own verdict, not a crash
+        assert "Traceback" not in proc.stderr and "mpi4py" not in proc.stderr, (args, proc.stderr)
+    assert (tmp_path / "b.png").stat().st_size > 0 and (tmp_path / "t.json").stat().st_size > 0
+    assert (tmp_path / "sweep" / "manifest.json").exists()
+
+
+def test_run_without_mpi_fails(no_mpi_env, tmp_path):
+    """Known answer for the shim: ``run`` needs MPI, and without it fails naming the import error."""
+    proc = fourd(["run", "--steps", "1"], no_mpi_env, tmp_path)
+    assert proc.returncode != 0 and "mpi4py.MPI is blocked" in proc.stderr
