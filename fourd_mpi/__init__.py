@@ -1,11 +1,22 @@
-"""fourd_mpi: an MPI-native benchmark suite for 4D hybrid parallel training.
+"""fourd_mpi: an MPI-native benchmark suite for 4D hybrid parallel training
+(data parallelism x 3D tensor parallelism, as in AxoNN).
 
-Modules, one role each: :mod:`grid` (4D Cartesian communicator), :mod:`backend`
-(NumPy/CuPy), :mod:`collectives` (MPI operations per axis), :mod:`layout` (layouts
-and block arithmetic), :mod:`kernels` (local math), :mod:`layers` (4D FC layer,
-sharded LayerNorm), :mod:`model` (GPT/MLP stacks, loss, data), :mod:`optim`,
-:mod:`engine` (training step), :mod:`runtime` (building a run), :mod:`verify`
-(serial reference check), :mod:`cli`.
+Subpackages, one role each (the README's "Layout" lists every module):
+
+- :mod:`fourd_mpi.core` — the grid, layouts, array backends, GPU-aware MPI detection,
+  progress strategies, and the collectives (the only code that calls MPI collectives);
+- :mod:`fourd_mpi.step` — kernels, layers, model, synthetic data, optimizers, the overlap
+  schedule and the step engine, model presets;
+- :mod:`fourd_mpi.run` — run options (declared once), building a run, the traced session,
+  verification against the serial reference, metadata, console display;
+- :mod:`fourd_mpi.trace` — event schema and recorder, per-rank spool and merge, reader, summary;
+- :mod:`fourd_mpi.analysis` — tables, figures, Perfetto and Caliper/Thicket exports;
+- :mod:`fourd_mpi.perf` — the performance model, tuner, calibration, collective micro-benchmark;
+- :mod:`fourd_mpi.jobs` — sweep specs, site profiles, schedulers, job scripts;
+- :mod:`fourd_mpi.util` — small pure helpers;
+- :mod:`fourd_mpi.cli` — the command line; nothing else imports it.
+
+Importing this package, or any offline subpackage, never initializes MPI (docs/design.md section 7).
 """
 
 __version__ = "0.1.0"
