@@ -27,7 +27,8 @@ from fourd_mpi.trace.summary import summarize  # noqa: E402
 from fourd_mpi.trace.store import TraceFileWriter, ranks_table  # noqa: E402
 from fourd_mpi.trace.read import load_trace  # noqa: E402
 from fourd_mpi.trace.events import (AXES, COMPUTE_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP,  # noqa: E402
-                               OPS, PHASES, RANK_STEP_DTYPE, wire_factor)
+                               OPS, PHASES, RANK_STEP_DTYPE)
+from fourd_mpi.core.colltable import wire_factor  # noqa: E402
 
 OP = {name: i for i, name in enumerate(OPS)}
 PHASE = {name: i for i, name in enumerate(PHASES)}

@@ -35,7 +35,8 @@ import pandas as pd
 from fourd_mpi.errors import ConfigError, TraceError
 from fourd_mpi.trace.summary import summarize
 from fourd_mpi.trace.read import Trace, load_trace
-from fourd_mpi.trace.events import COMPUTE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST, wire_factor
+from fourd_mpi.core.colltable import BUSBW_FORMULA, wire_factor
+from fourd_mpi.trace.events import COMPUTE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST
 from fourd_mpi.util.text import short_label
 
 RUN_COLUMNS = [
@@ -68,8 +69,7 @@ OVERLAP_FORMULA = "overlap_pct = 100 * (1 - sum(wait_ns) / sum(complete_ns - iss
 COMM_FORMULAS = {
     "overlap_pct": OVERLAP_FORMULA,
     "algbw_gbps": "algbw = sum(bytes) / sum(complete_ns - issue_ns)  [bytes/ns = GB/s; nccl-tests size / time]",
-    "busbw_gbps": "busbw = algbw * k * (n - 1) / n, k = 2 for allreduce, 1 for allgather and reduce_scatter, "
-                  "n = size of the axis",
+    "busbw_gbps": BUSBW_FORMULA,
     "per_step": "messages/bytes/wire_bytes/inflight/wait per step = sum over measured steps and ranks "
                 "/ (ranks * measured steps)",
 }

@@ -36,20 +36,19 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from fourd_mpi.core.colltable import ALPHA_BETA_FORMULA, collective
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape, infer_grid_shape
 
 OPS = ("iallgather", "ireduce_scatter", "iallreduce", "allgather", "reduce_scatter", "allreduce")
-KIND_OF = {op: op.lstrip("i") if op.startswith("i") else op for op in OPS}
-KIND_OF["ireduce_scatter"] = "reduce_scatter"
+KIND_OF = {op: collective(op).name for op in OPS}
 FORMULAS = [
     "latency: median over iterations on each rank, max over ranks; size S = nccl-tests size "
     "(gathered buffer / full input / buffer)",
     "algbw = S / latency;  busbw = algbw * (p-1)/p (allgather, reduce_scatter), algbw * 2(p-1)/p (allreduce)",
     "OSU overlap % = max(0, 100 - 100*(t_ovrl - t_cpu)/t_pure), averaged over ranks",
     "IMB-NBC overlap % = 100*max(0, min(1, (t_pure + t_cpu - t_ovrl)/max(t_pure, t_cpu))), slowest rank's times",
-    "fit: t = k(p-1)*alpha + k(p-1)/p*S*beta, k = 2 for allreduce else 1 (least squares on relative error, "
-    "nonblocking forms)",
+    f"fit: {ALPHA_BETA_FORMULA} (least squares on relative error, nonblocking forms)",
 ]
 
 
@@ -74,8 +73,8 @@ def message_sizes(min_size: int, max_size: int, factor: int, multiple: int) -> L
 
 
 def bus_factor(kind: str, p: int) -> float:
-    """nccl-tests: busbw = algbw * factor."""
-    return (2.0 if kind == "allreduce" else 1.0) * (p - 1) / p if p > 1 else 0.0
+    """nccl-tests: busbw = algbw * factor (:meth:`~fourd_mpi.core.colltable.CollectiveKind.bus_factor`)."""
+    return collective(kind).bus_factor(p)
 
 
 def osu_overlap(t_ovrl: float, t_cpu: float, t_pure: float) -> float:
@@ -96,8 +95,8 @@ def fit_alpha_beta(points: List[Tuple[str, int, int, float]]) -> Optional[Dict[s
     pts = [(k, p, s, t) for k, p, s, t in points if p > 1 and t > 0]
     if not pts:
         return None
-    a = np.array([[(2 if k == "allreduce" else 1) * (p - 1),
-                   (2 if k == "allreduce" else 1) * (p - 1) / p * s] for k, p, s, _ in pts], dtype=float)
+    a = np.array([[collective(k).alpha_count(p), collective(k).wire_factor(p) * s] for k, p, s, _ in pts],
+                 dtype=float)
     t = np.array([pt[3] for pt in pts])
     w = a / t[:, None]
     ones = np.ones(len(t))
@@ -153,12 +152,10 @@ def _buffers(op: str, size: int, p: int):
 
 
 def _starter(comm, op: str, send, recv):
-    return {"iallgather": lambda: comm.Iallgather(send, recv),
-            "ireduce_scatter": lambda: comm.Ireduce_scatter_block(send, recv),
-            "iallreduce": lambda: comm.Iallreduce(send, recv),
-            "allgather": lambda: comm.Allgather(send, recv),
-            "reduce_scatter": lambda: comm.Reduce_scatter_block(send, recv),
-            "allreduce": lambda: comm.Allreduce(send, recv)}[op]
+    """A call of ``op``'s MPI method (the table's nonblocking form for ``i`` names, else the blocking one)."""
+    kind = collective(op)
+    method = getattr(comm, kind.nonblocking if op.startswith("i") else kind.blocking)
+    return lambda: method(send, recv)
 
 
 def _time_op(comm, op: str, size: int, iters: int, warmup: int) -> float:

@@ -30,6 +30,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from fourd_mpi.core.colltable import collective
 from fourd_mpi.errors import ConfigError
 
 PROFILES_DIR = os.path.join(os.path.dirname(__file__), "profiles")
@@ -108,10 +109,7 @@ class Fit:
     beta_s_per_byte: float
 
     def time(self, op: str, p: int, message_bytes: float, link_share: float = 1.0) -> float:
-        if p <= 1:
-            return 0.0
-        k = 2 if op == "allreduce" else 1
-        return k * (p - 1) * self.alpha_s + k * (p - 1) / p * message_bytes * self.beta_s_per_byte * link_share
+        return collective(op).ring_time(p, message_bytes, self.alpha_s, self.beta_s_per_byte * link_share)
 
 
 @dataclass

@@ -21,7 +21,7 @@ of ``[m, 2]``; ``gamma, beta`` ``[h/G_x]`` are all-reduced over Z and then data.
 summed over data, Z and X (one float64 each, blocking).
 
 Wire bytes (what a rank sends with ring algorithms) = message * ``(p-1)/p`` for all-gather
-and reduce-scatter, ``2(p-1)/p`` for all-reduce (:func:`fourd_mpi.trace.events.wire_factor`),
+and reduce-scatter, ``2(p-1)/p`` for all-reduce (:mod:`fourd_mpi.core.colltable`),
 rounded down per message as the trace does. Over-decomposition changes the message count,
 not the volume; ``cache`` removes the backward all-gather.
 """
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from fourd_mpi.core.backend import dtype_bytes
+from fourd_mpi.core.colltable import collective
 from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.memory import block_elements, fc_weights, local_tokens
@@ -71,13 +72,12 @@ class Collective:
 
     @property
     def wire_bytes(self) -> int:
-        rounds = 2 if self.op == "allreduce" else 1
-        return self.count * (self.message_bytes * rounds * (self.p - 1) // self.p)
+        return self.count * collective(self.op).wire_bytes(self.message_bytes, self.p)
 
     @property
     def steps(self) -> int:
         """Latency terms of the ring algorithm for all messages: ``count * k * (p-1)``."""
-        return self.count * (2 if self.op == "allreduce" else 1) * (self.p - 1)
+        return self.count * collective(self.op).alpha_count(self.p)
 
 
 def step_collectives(cfg: ModelConfig, grid: GridShape, overlap: Optional[OverlapConfig] = None,

@@ -29,6 +29,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from fourd_mpi.core.colltable import COLLECTIVES
+
 SCHEMA = "fourd_mpi.trace"
 #: 2: ops ``d2h`` and ``h2d`` appended to the vocabulary (codes of version 1 unchanged)
 SCHEMA_VERSION = 2
@@ -67,15 +69,6 @@ def lane_name(code: int) -> str:
     return ("step", "layer", "host")[code] if code < LANE_COMM0 else f"comm{code - LANE_COMM0}"
 
 
-def wire_factor(op: str, group: int) -> float:
-    """Bytes a rank sends per byte of message under ring algorithms (docs/design.md section 2).
-
-    The message (``bytes`` column) is the nccl-tests "size": the gathered buffer of
-    an all-gather, the full input of a reduce-scatter, the buffer of an all-reduce.
-    """
-    if group <= 1:
-        return 0.0
-    return (2.0 if op == "allreduce" else 1.0) * (group - 1) / group
 
 
 def align_clocks(comm, rounds: int = 8):
@@ -306,7 +299,9 @@ class Tracer:
             raise RuntimeError(f"{len(free_at)} collectives in flight at once: more than the trace's comm lanes")
         lane_codes = LANE_COMM0 + np.array(lanes)
         group = cols[:, 9]
-        rounds = np.where(cols[:, 7] == _OP["allreduce"], 2, 1)  # wire_factor, in integers
+        rounds = np.ones(len(cols), dtype=np.int64)  # k of the table, per event (wire_bytes = S*k*(p-1)//p)
+        for name, kind in COLLECTIVES.items():
+            rounds[cols[:, 7] == _OP[name]] = kind.rounds
         coll = np.zeros(len(cols), dtype=EVENT_DTYPE)
         coll["rank"] = self.rank
         coll["step"], coll["layer"], coll["phase"] = self.step, cols[:, 5], cols[:, 6]

@@ -29,7 +29,8 @@ from fourd_mpi.trace.store import (RUN_META, RankSpool, TraceFileWriter, check_n
                                   read_records, recover)
 from fourd_mpi.trace.read import check_invariants, load_trace
 from fourd_mpi.trace.events import (AXES, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP, OPS, PHASES,
-                               RANK_STEP_DTYPE, SCHEMA_VERSION, Tracer, wire_factor)
+                               RANK_STEP_DTYPE, SCHEMA_VERSION, Tracer)
+from fourd_mpi.core.colltable import wire_factor
 
 OP = {name: i for i, name in enumerate(OPS)}
 PHASE = {name: i for i, name in enumerate(PHASES)}
