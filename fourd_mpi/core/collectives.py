@@ -42,6 +42,7 @@ import numpy as np
 from mpi4py import MPI
 
 from fourd_mpi.core.backend import ArrayBackend
+from fourd_mpi.core.colltable import COLLECTIVES
 from fourd_mpi.core.grid import ProcessGrid
 from fourd_mpi.trace.events import Tracer
 
@@ -215,8 +216,14 @@ class Collectives:
             return np.dtype(np.uint16), np.dtype(np.float32)
         return dtype, dtype
 
-    def _issue(self, op: str, axis: str, nbytes: int, start: Callable[[], Any], send, recv,
+    def _issue(self, op: str, axis: str, nbytes: int, comm, send, recv,
                shape, tag=None, d2h=None, dtype=None) -> CommHandle:
+        """Start ``op``'s nonblocking MPI call (:data:`~fourd_mpi.core.colltable.COLLECTIVES`) on ``comm``."""
+        call = getattr(comm, COLLECTIVES[op].nonblocking)
+
+        def start():
+            return call(send, recv)
+
         record = self._record(op, axis, nbytes, tag)
         record.d2h = d2h
         guard = np.array(send, copy=True) if self.check_buffers and isinstance(send, np.ndarray) else None
@@ -301,7 +308,7 @@ class Collectives:
         wire = self._wire_dtypes(shard.dtype)[0]
         send, recv, d2h = self._buffers(shard, (p * shard.size,), wire)
         comm = self.grid.axis_comm(axis)
-        return self._issue("allgather", axis, recv.nbytes, lambda: comm.Iallgather(send, recv),
+        return self._issue("allgather", axis, recv.nbytes, comm,
                            send, recv, (p * shard.size,), tag, d2h, shard.dtype)
 
     def reduce_scatter(self, axis: str, full) -> CommHandle:
@@ -319,7 +326,7 @@ class Collectives:
         wire = self._wire_dtypes(full.dtype)[1]
         send, recv, d2h = self._buffers(full, (full.size // p,), wire)
         comm = self.grid.axis_comm(axis)
-        return self._issue("reduce_scatter", axis, send.nbytes, lambda: comm.Ireduce_scatter_block(send, recv),
+        return self._issue("reduce_scatter", axis, send.nbytes, comm,
                            send, recv, (full.size // p,), None, d2h, full.dtype)
 
     def allreduce(self, axis: str, array, tag=None) -> CommHandle:
@@ -335,7 +342,7 @@ class Collectives:
         wire = self._wire_dtypes(array.dtype)[1]
         send, recv, d2h = self._buffers(array, array.shape, wire)
         comm = self.grid.axis_comm(axis)
-        return self._issue("allreduce", axis, send.nbytes, lambda: comm.Iallreduce(send, recv),
+        return self._issue("allreduce", axis, send.nbytes, comm,
                            send, recv, array.shape, tag, d2h, array.dtype)
 
     def allreduce_scalars(self, values, axes=("data", "z", "y", "x")) -> "list[float]":
@@ -347,7 +354,7 @@ class Collectives:
         for axis in axes:
             if self.grid.size(axis) > 1:
                 record = self._record("allreduce", axis, buf.nbytes)
-                self.grid.axis_comm(axis).Allreduce(MPI.IN_PLACE, buf)
+                getattr(self.grid.axis_comm(axis), COLLECTIVES["allreduce"].blocking)(MPI.IN_PLACE, buf)
                 record.complete_ns = time.perf_counter_ns()
                 record.wait_start_ns, record.wait_ns = record.issue_ns, record.complete_ns - record.issue_ns
                 self.tracer.blocked(record.issue_ns, record.complete_ns)

@@ -2,8 +2,9 @@
 
 In the spirit of nccl-tests' per-collective ``testColl`` hooks, every fact about a
 collective that the suite needs in more than one place lives in one :class:`CollectiveKind`
-entry, and the trace recorder, the analysis, the performance model and the micro-benchmark
-read it from here. Pure: no MPI, no arrays.
+entry, and the communication layer (which MPI call it issues), the trace recorder, the
+analysis, the performance model and the micro-benchmark read it from here. Pure: no MPI, no
+arrays (``wire_bytes`` also works elementwise on NumPy integer arrays).
 
 Conventions (nccl-tests ``doc/PERFORMANCE.md``): the message size ``S`` of a collective is
 the gathered buffer of an all-gather, the full input of a reduce-scatter, the buffer of an
@@ -38,8 +39,9 @@ class CollectiveKind:
 
     def wire_bytes(self, message_bytes: int, p: int) -> int:
         """Bytes a rank sends for one message of ``message_bytes``, in exact integers:
-        ``S*k*(p-1) // p`` (what the traces store)."""
-        return message_bytes * self.rounds * (p - 1) // p if p > 1 else 0
+        ``S*k*(p-1) // p`` (what the traces store; 0 for ``p == 1``). Elementwise on integer
+        arrays of sizes and group sizes too (the trace recorder's vectorized path)."""
+        return message_bytes * self.rounds * (p - 1) // p
 
     def bus_factor(self, p: int) -> float:
         """nccl-tests: ``busbw = algbw * bus_factor`` (the wire factor)."""
@@ -49,9 +51,13 @@ class CollectiveKind:
         """Latency steps of the ring algorithm: ``k(p-1)``."""
         return self.rounds * (p - 1) if p > 1 else 0
 
-    def ring_time(self, p: int, message_bytes: float, alpha_s: float, beta_s_per_byte: float) -> float:
-        """Seconds of one message under the alpha-beta model: ``k(p-1)*alpha + k(p-1)/p*S*beta``."""
-        return self.alpha_count(p) * alpha_s + self.wire_factor(p) * message_bytes * beta_s_per_byte
+    def ring_time(self, p: int, message_bytes: float, alpha_s: float, beta_s_per_byte: float,
+                  link_share: float = 1.0) -> float:
+        """Seconds of one message under the alpha-beta model: ``k(p-1)*alpha + k(p-1)/p*S*beta*share``
+        (``link_share``: how many times more ranks share the link than when beta was measured; 0 for ``p <= 1``)."""
+        if p <= 1:
+            return 0.0
+        return self.alpha_count(p) * alpha_s + self.wire_factor(p) * message_bytes * beta_s_per_byte * link_share
 
 
 COLLECTIVES: Dict[str, CollectiveKind] = {c.name: c for c in (
@@ -63,6 +69,8 @@ COLLECTIVES: Dict[str, CollectiveKind] = {c.name: c for c in (
 #: the formulas printed next to measured or predicted numbers
 BUSBW_FORMULA = ("busbw = algbw * k * (n - 1) / n, k = 2 for allreduce, 1 for allgather and reduce_scatter, "
                  "n = size of the axis")
+#: the same, in the micro-benchmark's report (``p`` ranks)
+BUSBW_FORMULA_SHORT = "busbw = algbw * (p-1)/p (allgather, reduce_scatter), algbw * 2(p-1)/p (allreduce)"
 ALPHA_BETA_FORMULA = "t = k(p-1)*alpha + k(p-1)/p*S*beta, k = 2 for allreduce else 1"
 
 

@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from fourd_mpi.core.colltable import ALPHA_BETA_FORMULA, collective
+from fourd_mpi.core.colltable import ALPHA_BETA_FORMULA, BUSBW_FORMULA_SHORT, COLLECTIVES, collective
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape, infer_grid_shape
 
@@ -45,7 +45,7 @@ KIND_OF = {op: collective(op).name for op in OPS}
 FORMULAS = [
     "latency: median over iterations on each rank, max over ranks; size S = nccl-tests size "
     "(gathered buffer / full input / buffer)",
-    "algbw = S / latency;  busbw = algbw * (p-1)/p (allgather, reduce_scatter), algbw * 2(p-1)/p (allreduce)",
+    f"algbw = S / latency;  {BUSBW_FORMULA_SHORT}",
     "OSU overlap % = max(0, 100 - 100*(t_ovrl - t_cpu)/t_pure), averaged over ranks",
     "IMB-NBC overlap % = 100*max(0, min(1, (t_pure + t_cpu - t_ovrl)/max(t_pure, t_cpu))), slowest rank's times",
     f"fit: {ALPHA_BETA_FORMULA} (least squares on relative error, nonblocking forms)",
@@ -442,7 +442,7 @@ def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str
         entry: Dict = {"shared_by": int(result["ranks_per_node"]),
                        "description": f"fitted to {len(rows)} nonblocking latencies"}
         by_size: Dict[str, Dict] = {}
-        for kind in ("allgather", "reduce_scatter", "allreduce"):
+        for kind in COLLECTIVES:
             pts = [(r.kind, r.p, r.size, r.lat_s) for r in rows if r.kind == kind]
             fit = fit_alpha_beta(pts)
             if fit is None:

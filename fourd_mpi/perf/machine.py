@@ -30,12 +30,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from fourd_mpi.core.colltable import collective
+from fourd_mpi.core.colltable import COLLECTIVES, collective
 from fourd_mpi.errors import ConfigError
 
 PROFILES_DIR = os.path.join(os.path.dirname(__file__), "profiles")
 LEVELS = ("intra", "inter")
-KINDS = ("allgather", "reduce_scatter", "allreduce")
+KINDS = tuple(COLLECTIVES)  # allgather, reduce_scatter, allreduce
 #: the model's terms; ``step_fit.weights`` (``fourd-mpi model calibrate``) scales each one
 TERMS = ("gemm", "attention", "elementwise", "calls", "comm", "sync")
 #: site names that map to a built-in machine profile
@@ -109,7 +109,7 @@ class Fit:
     beta_s_per_byte: float
 
     def time(self, op: str, p: int, message_bytes: float, link_share: float = 1.0) -> float:
-        return collective(op).ring_time(p, message_bytes, self.alpha_s, self.beta_s_per_byte * link_share)
+        return collective(op).ring_time(p, message_bytes, self.alpha_s, self.beta_s_per_byte, link_share)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from fourd_mpi.core.colltable import COLLECTIVES
+from fourd_mpi.core.colltable import COLLECTIVES, wire_factor  # noqa: F401 (wire_factor: re-exported)
 
 SCHEMA = "fourd_mpi.trace"
 #: 2: ops ``d2h`` and ``h2d`` appended to the vocabulary (codes of version 1 unchanged)
@@ -41,7 +41,7 @@ OPS = ("step", "layer", "data", "gemm", "attention", "layernorm", "gelu", "loss"
        "allgather", "reduce_scatter", "allreduce", "wait", "d2h", "h2d")
 AXES = ("none", "data", "z", "y", "x")
 LANE_STEP, LANE_LAYER, LANE_HOST, LANE_COMM0 = 0, 1, 2, 3
-COLLECTIVE_OPS = ("allgather", "reduce_scatter", "allreduce")
+COLLECTIVE_OPS = tuple(COLLECTIVES)  # allgather, reduce_scatter, allreduce
 #: staging copies of a collective's buffers (staged mode), on its comm lane
 COPY_OPS = ("d2h", "h2d")
 #: host-lane compute ops (the share of step time "in compute")
@@ -67,8 +67,6 @@ _COMPUTE_CODES = frozenset(_OP[name] for name in COMPUTE_OPS)
 
 def lane_name(code: int) -> str:
     return ("step", "layer", "host")[code] if code < LANE_COMM0 else f"comm{code - LANE_COMM0}"
-
-
 
 
 def align_clocks(comm, rounds: int = 8):
@@ -299,15 +297,14 @@ class Tracer:
             raise RuntimeError(f"{len(free_at)} collectives in flight at once: more than the trace's comm lanes")
         lane_codes = LANE_COMM0 + np.array(lanes)
         group = cols[:, 9]
-        rounds = np.ones(len(cols), dtype=np.int64)  # k of the table, per event (wire_bytes = S*k*(p-1)//p)
-        for name, kind in COLLECTIVES.items():
-            rounds[cols[:, 7] == _OP[name]] = kind.rounds
         coll = np.zeros(len(cols), dtype=EVENT_DTYPE)
         coll["rank"] = self.rank
         coll["step"], coll["layer"], coll["phase"] = self.step, cols[:, 5], cols[:, 6]
         coll["op"], coll["axis"], coll["lane"] = cols[:, 7], cols[:, 8], lane_codes
         coll["start_ns"], coll["end_ns"], coll["bytes"] = issue, complete, cols[:, 2]
-        coll["wire_bytes"] = cols[:, 2] * rounds * (group - 1) // group
+        for name, kind in COLLECTIVES.items():  # S*k*(p-1)//p in integers, per kind
+            of_kind = cols[:, 7] == _OP[name]
+            coll["wire_bytes"][of_kind] = kind.wire_bytes(cols[of_kind, 2], group[of_kind])
         coll["issue_ns"], coll["complete_ns"], coll["wait_ns"] = issue, complete, cols[:, 3]
         out = [coll]
         for name, has, start, end, nbytes in (
