@@ -43,6 +43,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from fourd_mpi.core.bufferpool import HostArrayPool
 from fourd_mpi.errors import BackendError, ConfigError
 
 #: dtype names; ``bfloat16`` exists only on CuPy (>= 14, with ``ml_dtypes``): NumPy has no bfloat16
@@ -243,11 +244,16 @@ class ArrayBackend:
         """Backend array -> NumPy array (blocks until the data is on the host)."""
         raise NotImplementedError
 
-    def zeros(self, shape):
-        return self.xp.zeros(shape, dtype=self.dtype)
+    def zeros(self, shape, dtype=None):
+        return self.xp.zeros(shape, dtype=dtype or self.dtype)
 
-    def empty(self, shape):
-        return self.xp.empty(shape, dtype=self.dtype)
+    def empty(self, shape, dtype=None):
+        """An uninitialized array for the step (NumPy: from the host array pool; CuPy: CuPy's pool)."""
+        return self.xp.empty(shape, dtype=dtype or self.dtype)
+
+    def pool_stats(self) -> Dict[str, int]:
+        """What the step's array pool holds (empty where the array module pools by itself)."""
+        return {}
 
     # execution -------------------------------------------------------------
     def synchronize(self) -> None:
@@ -309,12 +315,23 @@ class NumpyBackend(ArrayBackend):
         if np.dtype(dtype).name == "bfloat16":
             raise BackendError("dtype bfloat16 needs the cupy backend: NumPy has no bfloat16 arithmetic")
         super().__init__(dtype)
+        #: the step's arrays (receive buffers, GEMM outputs, elementwise results), reused step after step
+        self.arrays = HostArrayPool()
         self.set_staged(staged)
 
     def set_staged(self, staged: bool) -> None:
         self.staged = bool(staged)
         if self.staged and self.pool is None:
             self.pool = StagingPool(_host_allocate)
+
+    def empty(self, shape, dtype=None):
+        return self.arrays.empty(shape, dtype or self.dtype)
+
+    def zeros(self, shape, dtype=None):
+        return self.arrays.zeros(shape, dtype or self.dtype)
+
+    def pool_stats(self) -> Dict[str, int]:
+        return self.arrays.stats()
 
     def asarray(self, host_array):
         return np.ascontiguousarray(host_array, dtype=self.dtype)
@@ -326,7 +343,7 @@ class NumpyBackend(ArrayBackend):
         return np.ascontiguousarray(array)
 
     def mpi_recv_buffer(self, shape, dtype=None):
-        return np.empty(shape, dtype=dtype or self.dtype)
+        return self.arrays.empty(shape, dtype or self.dtype)  # reused once its request and users are done
 
     def from_mpi_buffer(self, buffer):
         return buffer
@@ -339,7 +356,7 @@ class NumpyBackend(ArrayBackend):
 
     def stage_to_device(self, buffer, shape):
         t0 = time.perf_counter_ns()
-        out = np.empty(shape, dtype=buffer.dtype)  # a fresh array: the pooled buffer is reused
+        out = self.arrays.empty(shape, buffer.dtype)  # not the staging buffer: that one is reused at once
         np.copyto(out, buffer.reshape(shape))  # "host-to-device"
         self.pool.release(buffer)
         return out, CopySpan(t0, time.perf_counter_ns(), out.nbytes)

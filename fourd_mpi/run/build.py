@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Optional
 
+from mpi4py import MPI
+
 from fourd_mpi.core.backend import cupy_usable, make_backend, parse_dtype
 from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.core.gpuaware import GpuAwareness
@@ -93,6 +95,8 @@ class Run:
     gpu_awareness: Optional[GpuAwareness] = None
     #: the buffers MPI gets, and why
     mpi_buffers: Optional[MpiBuffers] = None
+    #: seconds to prepare the synthetic batches before the first step, max over ranks
+    data_prep_seconds: float = 0.0
 
     @classmethod
     def build(cls, mpi_comm, options: RunOptions, count_flops: bool = False,
@@ -139,10 +143,12 @@ class Run:
                            skip_communication=skip_communication, tracer=tracer)
         counter = ComputeCounter(backend=backend, enabled=count_flops, tracer=tracer)
         model = Model(options.model, grid, backend, seed=options.seed, counter=counter)
-        data = SyntheticData(options.model, grid, backend, seed=options.seed)
-        optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr)
+        data = SyntheticData(options.model, grid, backend, seed=options.seed,
+                             batches=min(options.data_batches, options.steps))
+        data_prep = grid.cart.allreduce(data.prep_seconds, op=MPI.MAX)
+        optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr, empty=backend.empty)
         trainer = Trainer(model, data, comm, optimizer, overlap=options.overlap_config())
-        return cls(options, grid, backend, comm, model, data, trainer, counter, clock, awareness, buffers)
+        return cls(options, grid, backend, comm, model, data, trainer, counter, clock, awareness, buffers, data_prep)
 
     def overlap_notes(self):
         """Overlap options that are no-ops on this grid, with the reason."""

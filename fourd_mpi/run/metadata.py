@@ -75,6 +75,8 @@ def run_metadata(run, run_id: str, config: Dict, level: str, start_time: str) ->
         "command": sys.argv, "launch_host": socket.gethostname(),
         "layers": run.comm.tracer.layer_names, "warmup_steps": run.options.warmup,
         "model_flops_per_step": run.options.model.flops_per_step(), "tokens_per_step": run.options.model.tokens,
+        "data": {"where": "prepared before the first step (not in any step)", "batches": run.data.batches,
+                 "bytes_per_rank": run.data.nbytes, "prep_seconds_max": run.data_prep_seconds},
     }
 
 
@@ -92,4 +94,5 @@ def rank_metadata(run, clock_offset_ns: int, clock_uncertainty_ns: int) -> Dict:
     grid = run.grid
     return {"rank": grid.cart.Get_rank(), "hostname": grid.hostname, "node": grid.node_index,
             "local_rank": grid.local_rank, "coords": dict(grid.coords), "pid": os.getpid(),
-            "clock_offset_ns": int(clock_offset_ns), "clock_uncertainty_ns": int(clock_uncertainty_ns)}
+            "clock_offset_ns": int(clock_offset_ns), "clock_uncertainty_ns": int(clock_uncertainty_ns),
+            "data_prep_s": float(run.data.prep_seconds)}

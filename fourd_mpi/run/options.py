@@ -139,6 +139,9 @@ RUN_OPTIONS: Tuple[Option, ...] = (
     Option("steps", "steps", positive_int, 10, metavar=_N, help="training steps (default 10)"),
     Option("warmup", "steps", nonnegative_int, 1, metavar=_N,
            help="leading steps excluded from the summary statistics, kept in the trace (default 1)"),
+    Option("data-batches", "steps", positive_int, 4, metavar=_N,
+           help="distinct synthetic batches generated before the first step and cycled (step i uses batch "
+                "i mod N; at most --steps are made; default 4)"),
     Option("trace-level", "trace", str, "op", LEVELS,
            help="step: one event per step; layer: + per-layer spans; op: + every GEMM, collective "
                 "and wait (default)"),
@@ -198,6 +201,8 @@ class RunOptions:
     cache_weights: bool = False
     steps: int = 10
     warmup: int = 1
+    #: distinct synthetic batches prepared before the steps (step i uses batch i mod data_batches)
+    data_batches: int = 4
     overlap: str = "none"
     prefetch_depth: int = 1
     chunks: int = 2

@@ -141,8 +141,10 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     summary = None
     if rank == 0:
         summary = summarize(np.concatenate(all_steps), world.Get_size(), options.model.flops_per_step(),
-                            options.model.tokens, peak, source)
+                            options.model.tokens, peak, source, data_prep_s=run.data_prep_seconds,
+                            data_batches=run.data.batches)
         metadata["summary"] = summary.as_dict()
+        metadata["array_pool"] = run.backend.pool_stats()  # rank 0's, after the last step
     path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, trace.force)
     run.close()
     return path, summary

@@ -70,9 +70,7 @@ class Trainer:
     def forward_backward(self, step: int):
         """Loss and fully reduced gradients for the batch of ``step``; returns ``(loss, y)``."""
         trace = self.comm.tracer
-        trace.enter_phase("none")
-        with trace.op("data"):
-            x, target = self.data.batch(step)
+        x, target = self.data.batch(step)  # prepared before the steps, as a data loader delivers it
         trace.enter_phase("forward")
         self.weights.begin_forward()
         y, saved = self.model.forward(x, self.ctx)

@@ -1,4 +1,4 @@
-"""Local math of the step: GEMMs, GeLU, LayerNorm pieces, causal attention.
+"""Local math of the step: GEMMs and causal attention (elementwise math: :mod:`fourd_mpi.step.elementwise`).
 
 Pure functions on backend arrays (``xp`` is NumPy or CuPy). No communication
 here: where a reduction over a sharded dimension is needed, the functions take
@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Dict
 
 import numpy as np
+
+from fourd_mpi.step import elementwise
 
 
 @dataclass
@@ -63,8 +65,11 @@ class ComputeCounter:
         return sum(self.flops.values())
 
 
-def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm", progress=None):
+def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm", progress=None, out=None):
     """``a @ b`` for 2-D (or batched, leading dims) operands; counts ``2*M*N*K`` FLOPs.
+
+    ``out``: where the product goes (the caller's pooled array, shape ``a.shape[:-1] + (n,)``);
+    None allocates a fresh one.
 
     ``progress``: None, or a callable with a ``chunk_flops`` attribute, called so
     that MPI can advance collectives in flight. On the host the product is computed
@@ -94,7 +99,7 @@ def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm", progress=No
         if timing or tracer is not None:
             watch = counter.backend.stopwatch()
             watch.start()
-        out = a @ b
+        out = elementwise.array_module(a).matmul(a, b, out=out)
         if watch is not None:
             watch.stop()
         if progress is not None:
@@ -103,11 +108,11 @@ def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm", progress=No
             counter.add(kind, watch=watch)
     elif progress is None or flops <= progress.chunk_flops:
         t0 = time.perf_counter()
-        out = a @ b
+        out = np.matmul(a, b, out=out)
         if timing:
             counter.add(kind, time.perf_counter() - t0)
     else:
-        out, seconds = _chunked_matmul(a, b, flops, progress, timing)
+        out, seconds = _chunked_matmul(a, b, flops, progress, timing, out)
         if timing:
             counter.add(kind, seconds)
     if tracer is not None:
@@ -138,21 +143,13 @@ def _poll_until_done(progress) -> None:
         progress()
 
 
-def _array_module(x):
-    if isinstance(x, np.ndarray):
-        return np
-    import cupy
-
-    return cupy
-
-
 #: Smallest extent of a GEMM chunk along the split dimension: thinner pieces run
 #: at matrix-vector speed and cost more than the progress they buy.
 MIN_CHUNK_EXTENT = 64
 
 
-def _chunked_matmul(a, b, flops: float, progress, timing: bool):
-    """The product in pieces, ``progress()`` between them.
+def _chunked_matmul(a, b, flops: float, progress, timing: bool, out=None):
+    """The product in pieces, ``progress()`` between them, each piece written into its slice of ``out``.
 
     2-D: split the larger of M (rows of ``a``) and N (columns of ``b``), so each
     piece is still a real GEMM. Batched: split the leading batch dimension.
@@ -167,107 +164,79 @@ def _chunked_matmul(a, b, flops: float, progress, timing: bool):
     pieces = max(1, min(length // floor, int(flops // progress.chunk_flops)))
     bounds = [(i * length // pieces, (i + 1) * length // pieces) for i in range(pieces)]
     batched_b = a.ndim > 2 and b.ndim == a.ndim and b.shape[0] == length
-    xp = _array_module(a)
-    row_split = a.ndim == 2 and axis == 0
-    out = xp.empty((a.shape[0], b.shape[1]), dtype=xp.result_type(a.dtype, b.dtype)) if row_split else None
-    parts, seconds = [], 0.0
+    xp = elementwise.array_module(a)
+    if out is None:
+        out = xp.empty(_product_shape(a, b), dtype=xp.result_type(a.dtype, b.dtype))
+    seconds = 0.0
     for i, (start, stop) in enumerate(bounds):
         t0 = time.perf_counter()
-        if row_split:
-            xp.matmul(a[start:stop], b, out=out[start:stop])  # contiguous rows of out: no copy
-        elif a.ndim > 2:
-            parts.append(a[start:stop] @ (b[start:stop] if batched_b else b))
+        if a.ndim > 2:
+            xp.matmul(a[start:stop], b[start:stop] if batched_b else b, out=out[start:stop])
+        elif axis == 0:
+            xp.matmul(a[start:stop], b, out=out[start:stop])  # contiguous rows of out
         else:
-            parts.append(a @ b[:, start:stop])
+            xp.matmul(a, b[:, start:stop], out=out[:, start:stop])
         if timing:
             seconds += time.perf_counter() - t0
         if i + 1 < pieces:
             progress()
-    if row_split:
-        return out, seconds
-    return xp.concatenate(parts, axis=0 if a.ndim > 2 else 1), seconds
+    return out, seconds
 
 
-_GELU_C = math.sqrt(2.0 / math.pi)
+def _product_shape(a, b):
+    """Shape of ``a @ b`` (2-D, or batched with ``a``'s leading dims)."""
+    return tuple(a.shape[:-1]) + (b.shape[-1],)
 
 
-def gelu(xp, x):
-    """GeLU, tanh approximation (as in GPT-2 / Megatron)."""
-    return 0.5 * x * (1.0 + xp.tanh(_GELU_C * (x + 0.044715 * x * x * x)))
+def _new(empty, xp, shape, dtype):
+    return empty(shape, dtype) if empty is not None else xp.empty(shape, dtype=dtype)
 
 
-def gelu_backward(xp, x, dy):
-    """``dy * gelu'(x)``."""
-    inner = _GELU_C * (x + 0.044715 * x * x * x)
-    t = xp.tanh(inner)
-    dinner = _GELU_C * (1.0 + 3 * 0.044715 * x * x)
-    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner)
-
-
-def layernorm_apply(x, mean, rstd, gamma, beta):
-    """``xhat = (x - mean) * rstd``; returns ``(xhat * gamma + beta, xhat)``.
-
-    x: ``[m, h_loc]``; mean, rstd: ``[m, 1]`` statistics over the *full* hidden dim.
-    """
-    xhat = (x - mean) * rstd
-    return xhat * gamma + beta, xhat
-
-
-def layernorm_backward_local(dy, xhat, gamma):
-    """Local pieces of LayerNorm's backward.
-
-    Returns ``g = dy*gamma`` ``[m, h_loc]``, the per-token partial sums
-    ``[sum(g), sum(g*xhat)]`` ``[m, 2]`` (to be summed over the hidden shards), and
-    the per-shard parameter gradients ``dgamma, dbeta`` ``[h_loc]`` (to be summed over tokens).
-    """
-    g = dy * gamma
-    partial = (g.sum(axis=1, keepdims=True), (g * xhat).sum(axis=1, keepdims=True))
-    dgamma = (dy * xhat).sum(axis=0)
-    dbeta = dy.sum(axis=0)
-    return g, partial, dgamma, dbeta
-
-
-def layernorm_backward_finish(g, xhat, rstd, sum_g, sum_gx, hidden: int):
-    """``dx = rstd * (g - mean(g) - xhat * mean(g*xhat))`` with means over the full hidden dim."""
-    return rstd * (g - sum_g / hidden - xhat * (sum_gx / hidden))
-
-
-def attention_forward(xp, qkv, batch: int, seq: int, heads: int, head_dim: int, counter=None, progress=None):
+def attention_forward(xp, qkv, batch: int, seq: int, heads: int, head_dim: int, counter=None, progress=None,
+                      empty=None):
     """Causal multi-head attention on this rank's heads.
 
     qkv: ``[batch*seq, heads*3*head_dim]``, per head ``[q | k | v]`` (Megatron order),
     so a contiguous block of columns holds whole heads.
-    Returns ``ctx [batch*seq, heads*head_dim]`` and ``(q, k, v, probs)`` for backward.
+    Returns ``ctx [batch*seq, heads*head_dim]`` and ``(q, k, v, probs)`` for backward
+    (``probs [b, nh, s, s]``: this implementation keeps the score matrix, as unfused attention does).
+    ``empty(shape, dtype)``: where the scores, probabilities and outputs are allocated (the pool).
     """
     t = qkv.reshape(batch, seq, heads, 3, head_dim)
     q = t[:, :, :, 0, :].transpose(0, 2, 1, 3)  # [b, nh, s, hd]
     k = t[:, :, :, 1, :].transpose(0, 2, 1, 3)
     v = t[:, :, :, 2, :].transpose(0, 2, 1, 3)
-    scale = 1.0 / math.sqrt(head_dim)
-    scores = matmul(q, k.transpose(0, 1, 3, 2), counter, "attention", progress) * scale
-    mask = xp.triu(xp.ones((seq, seq), dtype=bool), k=1)
-    scores = xp.where(mask, -xp.inf, scores)
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    probs = xp.exp(scores)
-    probs /= probs.sum(axis=-1, keepdims=True)
-    ctx = matmul(probs, v, counter, "attention", progress)  # [b, nh, s, hd]
-    ctx = ctx.transpose(0, 2, 1, 3).reshape(batch * seq, heads * head_dim)
-    return ctx, (q, k, v, probs)
+    dtype = qkv.dtype
+    probs = matmul(q, k.transpose(0, 1, 3, 2), counter, "attention", progress,
+                   out=_new(empty, xp, (batch, heads, seq, seq), dtype))
+    elementwise.causal_softmax_(probs, 1.0 / math.sqrt(head_dim))
+    ctx = matmul(probs, v, counter, "attention", progress, out=_new(empty, xp, (batch, heads, seq, head_dim), dtype))
+    out = _new(empty, xp, (batch * seq, heads * head_dim), dtype)
+    xp.copyto(out.reshape(batch, seq, heads, head_dim), ctx.transpose(0, 2, 1, 3))
+    return out, (q, k, v, probs)
 
 
 def attention_backward(xp, dctx, saved, batch: int, seq: int, heads: int, head_dim: int, counter=None,
-                       progress=None):
+                       progress=None, empty=None):
     """Gradient of :func:`attention_forward`: ``dctx [b*s, nh*hd]`` -> ``dqkv [b*s, nh*3*hd]``."""
     q, k, v, probs = saved
-    scale = 1.0 / math.sqrt(head_dim)
+    dtype = dctx.dtype
     d = dctx.reshape(batch, seq, heads, head_dim).transpose(0, 2, 1, 3)
-    dv = matmul(probs.transpose(0, 1, 3, 2), d, counter, "attention", progress)
-    dprobs = matmul(d, v.transpose(0, 1, 3, 2), counter, "attention", progress)
-    dscores = probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True)) * scale
-    dq = matmul(dscores, k, counter, "attention", progress)
-    dk = matmul(dscores.transpose(0, 1, 3, 2), q, counter, "attention", progress)
-    dqkv = xp.stack([dq, dk, dv], axis=3)  # [b, nh, s, 3, hd]
-    return dqkv.transpose(0, 2, 1, 3, 4).reshape(batch * seq, heads * 3 * head_dim)
+    per_head = (batch, heads, seq, head_dim)
+    dqkv = _new(empty, xp, (batch * seq, heads * 3 * head_dim), dtype)
+    parts = dqkv.reshape(batch, seq, heads, 3, head_dim)
+    dv = matmul(probs.transpose(0, 1, 3, 2), d, counter, "attention", progress, out=_new(empty, xp, per_head, dtype))
+    xp.copyto(parts[:, :, :, 2, :], dv.transpose(0, 2, 1, 3))
+    del dv
+    dscores = matmul(d, v.transpose(0, 1, 3, 2), counter, "attention", progress,
+                     out=_new(empty, xp, (batch, heads, seq, seq), dtype))
+    elementwise.softmax_backward_(probs, dscores, 1.0 / math.sqrt(head_dim))
+    piece = _new(empty, xp, per_head, dtype)
+    matmul(dscores, k, counter, "attention", progress, out=piece)
+    xp.copyto(parts[:, :, :, 0, :], piece.transpose(0, 2, 1, 3))
+    matmul(dscores.transpose(0, 1, 3, 2), q, counter, "attention", progress, out=piece)
+    xp.copyto(parts[:, :, :, 1, :], piece.transpose(0, 2, 1, 3))
+    return dqkv
 
 
 def standalone_gemm_tflops(backend, m: int, n: int, k: int, repeats: int = 5, min_seconds: float = 0.05) -> float:

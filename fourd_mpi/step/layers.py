@@ -29,7 +29,7 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 
-from fourd_mpi.step import kernels
+from fourd_mpi.step import elementwise, kernels
 from fourd_mpi.core.collectives import CommHandle, Collectives, GroupHandle
 from fourd_mpi.core.layout import Layout, block_range, weight_layout, weight_shard_indices
 from fourd_mpi.step.synthetic import stream_id, uniform_at
@@ -117,13 +117,17 @@ class FullyConnected4D:
         """
         w_t = weight_block.reshape(self.block_shape).T
         chunks = min(chunks, x.shape[0]) if comm.grid.size(self.in_axis) > 1 else 1
+        n = self.block_shape[0]
+        empty = self.backend.empty
         if chunks <= 1:
-            return comm.allreduce(self.in_axis, kernels.matmul(x, w_t, self.counter, progress=comm.compute_hook))
+            y = kernels.matmul(x, w_t, self.counter, progress=comm.compute_hook, out=empty((x.shape[0], n)))
+            return comm.allreduce(self.in_axis, y)
         m = x.shape[0]
         handles = []
         for i in range(chunks):
             rows = slice(i * m // chunks, (i + 1) * m // chunks)
-            y_piece = kernels.matmul(x[rows], w_t, self.counter, progress=comm.compute_hook)
+            y_piece = kernels.matmul(x[rows], w_t, self.counter, progress=comm.compute_hook,
+                                     out=empty((rows.stop - rows.start, n)))
             handles.append(comm.allreduce(self.in_axis, y_piece))
         xp = self.backend.xp
         return GroupHandle(handles, lambda pieces: xp.concatenate(pieces, axis=0))
@@ -131,7 +135,8 @@ class FullyConnected4D:
     def backward_input(self, dy, weight_block, comm: Collectives) -> CommHandle:
         """``dy [m, n/out]`` -> handle of ``dx [m, k/in]``: local GEMM, all-reduce over the out axis."""
         w = weight_block.reshape(self.block_shape)
-        dx_partial = kernels.matmul(dy, w, self.counter, progress=comm.compute_hook)
+        dx_partial = kernels.matmul(dy, w, self.counter, progress=comm.compute_hook,
+                                    out=self.backend.empty((dy.shape[0], self.block_shape[1])))
         return comm.allreduce(self.out_axis, dx_partial)
 
     def backward_weight(self, dy, x, comm: Optional[Collectives] = None):
@@ -139,7 +144,8 @@ class FullyConnected4D:
 
         No communication; ``comm`` only lends its progress hook to the GEMM.
         """
-        return kernels.matmul(dy.T, x, self.counter, progress=comm.compute_hook if comm else None)
+        return kernels.matmul(dy.T, x, self.counter, progress=comm.compute_hook if comm else None,
+                              out=self.backend.empty(self.block_shape))
 
     def flops_per_token(self) -> int:
         """Local forward GEMM FLOPs per token on this rank."""
@@ -176,16 +182,18 @@ class LayerNorm4D:
     def forward(self, x, comm: Collectives):
         """``x [m, h/x]`` -> ``(y [m, h/x], saved)``. Two all-reduces over X of ``[m, 1]``."""
         trace = comm.tracer
+        empty = self.backend.empty
         with trace.op("layernorm"):
             row_sums = x.sum(axis=1, keepdims=True)
         mean = comm.allreduce("x", row_sums).wait() / self.hidden
         with trace.op("layernorm"):
-            centered = x - mean
-            squares = (centered * centered).sum(axis=1, keepdims=True)
+            xhat = empty(x.shape)
+            squares = elementwise.centered_squares(x, mean, xhat)
         var = comm.allreduce("x", squares).wait() / self.hidden
         with trace.op("layernorm"):
             rstd = 1.0 / self.xp.sqrt(var + self.eps)
-            y, xhat = kernels.layernorm_apply(x, mean, rstd, self.gamma.data, self.beta.data)
+            y, xhat = elementwise.layernorm_apply(x, mean, rstd, self.gamma.data, self.beta.data, empty(x.shape),
+                                                  xhat)
         return y, (xhat, rstd)
 
     def backward(self, dy, saved, comm: Collectives):
@@ -195,13 +203,15 @@ class LayerNorm4D:
         """
         xhat, rstd = saved
         trace = comm.tracer
+        empty = self.backend.empty
         with trace.op("layernorm"):
-            g, (sum_g, sum_gx), dgamma, dbeta = kernels.layernorm_backward_local(dy, xhat, self.gamma.data)
-            partial_sums = self.xp.concatenate([sum_g, sum_gx], axis=1)
+            partial_sums = empty((dy.shape[0], 2))
+            dgamma, dbeta = elementwise.layernorm_backward_local(dy, xhat, self.gamma.data, partial_sums, empty)
         sums = comm.allreduce("x", partial_sums).wait()
         self.gamma.grad, self.beta.grad = dgamma, dbeta
         with trace.op("layernorm"):
-            return kernels.layernorm_backward_finish(g, xhat, rstd, sums[:, :1], sums[:, 1:], self.hidden)
+            return elementwise.layernorm_backward_finish(dy, xhat, self.gamma.data, rstd, sums, self.hidden,
+                                                         empty(dy.shape), empty)
 
     def reduce_param_grads(self, comm: Collectives):
         """All-reduce the token-partial gamma/beta grads over Z. Returns ``[(param, handle)]``.

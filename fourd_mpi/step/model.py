@@ -11,11 +11,12 @@ FC1 (normal) -> GeLU -> FC2 (transposed), no residual.
 from __future__ import annotations
 
 import math
+import time
 from typing import List
 
 import numpy as np
 
-from fourd_mpi.step import kernels
+from fourd_mpi.step import elementwise, kernels
 from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.step.layers import FullyConnected4D, LayerNorm4D, Parameter
@@ -38,6 +39,7 @@ class GPTBlock:
         self.fc1 = FullyConnected4D(f"{p}.fc1", f, h, False, grid, backend, seed, counter=counter)
         self.fc2 = FullyConnected4D(f"{p}.fc2", h, f, True, grid, backend, seed, residual_scale, counter)
         self.xp = backend.xp
+        self.empty = backend.empty
         self.counter = counter
         self.local_batch = cfg.batch // (grid.shape.data * grid.shape.z)
         self.seq = cfg.seq
@@ -69,33 +71,43 @@ class GPTBlock:
         qkv = linear_forward(self.qkv, a, ctx)  # [m, 3h/y] rep x
         with trace.layer(self.attn_name, "forward"), trace.op("attention"):
             s["ctx"], s["attn"] = kernels.attention_forward(xp, qkv, *self._attention_shape(), self.counter,
-                                                            comm.compute_hook)
-        h1 = h + linear_forward(self.proj, s["ctx"], ctx)  # [m, h/x] rep y
+                                                            comm.compute_hook, self.empty)
+        del qkv
+        h1 = linear_forward(self.proj, s["ctx"], ctx)  # [m, h/x] rep y
+        with trace.op("residual"):
+            h1 += h
         with trace.layer(self.ln2.name, "forward"):
             b, s["ln2"] = self.ln2.forward(h1, comm)
         s["b"] = b
         s["u"] = linear_forward(self.fc1, b, ctx)  # [m, 4h/y] rep x
         with trace.layer(self.gelu_name, "forward"), trace.op("gelu"):
-            s["g"] = kernels.gelu(xp, s["u"])
-        return h1 + linear_forward(self.fc2, s["g"], ctx), s
+            s["g"] = elementwise.gelu(s["u"], self.empty(s["u"].shape))
+        out = linear_forward(self.fc2, s["g"], ctx)
+        with trace.op("residual"):
+            out += h1
+        return out, s
 
     def backward(self, dh2, s, ctx: StepContext):
         comm, xp, trace = ctx.comm, self.xp, ctx.comm.tracer
         dg = linear_backward(self.fc2, dh2, s["g"], ctx)
         with trace.layer(self.gelu_name, "backward"), trace.op("gelu"):
-            du = kernels.gelu_backward(xp, s["u"], dg)
+            du = elementwise.gelu_backward(s["u"], dg, dg, self.empty)  # in place: dg is ours
         db = linear_backward(self.fc1, du, s["b"], ctx)
         with trace.layer(self.ln2.name, "backward"):
-            dh1 = dh2 + self.ln2.backward(db, s["ln2"], comm)
+            dh1 = self.ln2.backward(db, s["ln2"], comm)
+            with trace.op("residual"):
+                dh1 += dh2
             for param, handle in self.ln2.reduce_param_grads(comm):
                 ctx.grads.add(param, handle)
         dctx = linear_backward(self.proj, dh1, s["ctx"], ctx)
         with trace.layer(self.attn_name, "backward"), trace.op("attention"):
             dqkv = kernels.attention_backward(xp, dctx, s["attn"], *self._attention_shape(), self.counter,
-                                              comm.compute_hook)
+                                              comm.compute_hook, self.empty)
         da = linear_backward(self.qkv, dqkv, s["a"], ctx)
         with trace.layer(self.ln1.name, "backward"):
-            dh = dh1 + self.ln1.backward(da, s["ln1"], comm)
+            dh = self.ln1.backward(da, s["ln1"], comm)
+            with trace.op("residual"):
+                dh += dh1
             for param, handle in self.ln1.reduce_param_grads(comm):
                 ctx.grads.add(param, handle)
         return dh
@@ -110,7 +122,7 @@ class MLPBlock:
                                     counter=counter)
         self.fc2 = FullyConnected4D(f"{p}.fc2", cfg.hidden, cfg.ffn_hidden, True, grid, backend, seed,
                                     init_scale=2.0, counter=counter)
-        self.xp = backend.xp
+        self.empty = backend.empty
         self.gelu_name = f"{p}.gelu"
 
     def parameters(self) -> List[Parameter]:
@@ -126,13 +138,13 @@ class MLPBlock:
         s = {"x": x}
         s["u"] = linear_forward(self.fc1, x, ctx)
         with ctx.comm.tracer.layer(self.gelu_name, "forward"), ctx.comm.tracer.op("gelu"):
-            s["g"] = kernels.gelu(self.xp, s["u"])
+            s["g"] = elementwise.gelu(s["u"], self.empty(s["u"].shape))
         return linear_forward(self.fc2, s["g"], ctx), s
 
     def backward(self, dy, s, ctx: StepContext):
         dg = linear_backward(self.fc2, dy, s["g"], ctx)
         with ctx.comm.tracer.layer(self.gelu_name, "backward"), ctx.comm.tracer.op("gelu"):
-            du = kernels.gelu_backward(self.xp, s["u"], dg)
+            du = elementwise.gelu_backward(s["u"], dg, dg, self.empty)  # in place: dg is ours
         return linear_backward(self.fc1, du, s["x"], ctx)
 
 
@@ -181,26 +193,35 @@ class Model:
 def mse_loss(y, target, comm: Collectives, global_elements: int):
     """``loss = sum((y - t)^2) / (2 * B*s*h)`` over the global batch; returns ``(loss, dy)``.
 
-    y, target: ``[m, h/x]`` rep Y. The partial sum is all-reduced over data, Z and
-    X (not Y, which holds replicas).
+    y, target: ``[m, h/x]`` rep Y; ``dy = (y - t) / (B*s*h)``. The partial sum is all-reduced
+    over data, Z and X (not Y, which holds replicas).
     """
     with comm.tracer.op("loss"):
-        diff = y - target
-        local = float(comm.backend.to_host((diff * diff).sum()))
+        dy = comm.backend.empty(y.shape)
+        local = elementwise.mse_parts(y, target, dy, global_elements)
     (total,) = comm.allreduce_scalars([local], axes=("data", "z", "x"))
-    with comm.tracer.op("loss"):
-        dy = diff / global_elements
     return total / (2.0 * global_elements), dy
 
 
+#: distinct batches prepared before the first step (``--data-batches``)
+DEFAULT_DATA_BATCHES = 4
+
+
 class SyntheticData:
-    """Inputs and targets ``[B*s, h]`` for each step, this rank's ``[m, h/x]`` piece.
+    """Inputs and targets ``[B*s, h]``, this rank's ``[m, h/x]`` piece, prepared before the steps.
 
     Tokens are split by whole sequences over data (outer) and Z (inner); the
-    hidden dimension over X.
+    hidden dimension over X. Like a data loader that has its batches ready, the
+    constructor generates ``batches`` distinct global batches (each element a pure
+    function of ``(seed, batch index, global index)``, so every grid shape sees the same
+    global tensors) on the backend's device, and step ``i`` uses batch ``i mod batches``:
+    :meth:`batch` only looks one up. Memory: ``2 * batches * m * h/x`` elements per rank.
+    ``prep_seconds``: this rank's time to generate them (never inside a step).
     """
 
-    def __init__(self, cfg: ModelConfig, grid, backend, seed: int = 0):
+    def __init__(self, cfg: ModelConfig, grid, backend, seed: int = 0, batches: int = DEFAULT_DATA_BATCHES):
+        if batches < 1:
+            raise ValueError(f"batches must be at least 1, got {batches}")
         self.cfg = cfg
         self.backend = backend
         self.seed = seed
@@ -209,13 +230,29 @@ class SyntheticData:
         c0, c1 = block_range(cfg.hidden, grid.shape.x, grid.coords["x"])
         self.cols = slice(c0, c1)
         self.global_shape = (cfg.batch * cfg.seq, cfg.hidden)
+        t0 = time.perf_counter()
+        self._pool = [self._generate(i) for i in range(batches)]
+        backend.synchronize()
+        self.prep_seconds = time.perf_counter() - t0
+
+    @property
+    def batches(self) -> int:
+        return len(self._pool)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the prepared batches on this rank."""
+        return sum(x.nbytes + t.nbytes for x, t in self._pool)
+
+    def _generate(self, index: int):
+        xp = self.backend.xp  # generated where the step computes (no host-to-device copy per step)
+        x = uniform_block(self.seed, stream_id("input", index), self.global_shape, self.rows, self.cols, xp)
+        t = uniform_block(self.seed, stream_id("target", index), self.global_shape, self.rows, self.cols, xp)
+        return self.backend.asarray(x), self.backend.asarray(0.5 * t)
 
     def batch(self, step: int):
-        """``(x, target)`` for ``step``, each ``[m, h/x]``."""
-        xp = self.backend.xp  # generated where the step computes (no host-to-device copy per step)
-        x = uniform_block(self.seed, stream_id("input", step), self.global_shape, self.rows, self.cols, xp)
-        t = uniform_block(self.seed, stream_id("target", step), self.global_shape, self.rows, self.cols, xp)
-        return self.backend.asarray(x), self.backend.asarray(0.5 * t)
+        """``(x, target)`` for ``step``, each ``[m, h/x]``: prepared batch ``step mod batches`` (no work)."""
+        return self._pool[step % len(self._pool)]
 
     def global_index(self) -> np.ndarray:
         """Flat indices into ``[B*s, h]`` of this rank's ``[m, h/x]`` piece (row-major)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, List
 
 from fourd_mpi.errors import ConfigError
+from fourd_mpi.step import elementwise
 
 if TYPE_CHECKING:  # layers pull in the collectives (MPI); the option table reads OPTIMIZERS offline
     from fourd_mpi.step.layers import Parameter
@@ -16,45 +17,50 @@ if TYPE_CHECKING:  # layers pull in the collectives (MPI); the option table read
 OPTIMIZERS = ("sgd", "adam")
 
 
-class SGD:
-    """``v = momentum*v + g; w -= lr*v`` (plain SGD when momentum is 0)."""
+def _zeros_like(array):
+    return elementwise.array_module(array).zeros_like(array)
 
-    def __init__(self, params: List[Parameter], lr: float = 1e-2, momentum: float = 0.0):
-        self.params, self.lr, self.momentum = params, lr, momentum
-        self.velocity = [None] * len(params)
+
+class SGD:
+    """``v = momentum*v + g; w -= lr*v`` (plain SGD when momentum is 0), in place.
+
+    ``empty(shape, dtype)``: where the update takes its scratch array (the backend's pool).
+    """
+
+    def __init__(self, params: List[Parameter], lr: float = 1e-2, momentum: float = 0.0, empty=None):
+        self.params, self.lr, self.momentum, self.empty = params, lr, momentum, empty
+        self.velocity = [_zeros_like(p.data) if momentum else None for p in params]
 
     def step(self) -> None:
-        for i, p in enumerate(self.params):
-            g = p.grad
-            if self.momentum:
-                self.velocity[i] = g if self.velocity[i] is None else self.momentum * self.velocity[i] + g
-                g = self.velocity[i]
-            p.data -= self.lr * g
+        for p, v in zip(self.params, self.velocity):
+            elementwise.sgd_update(p.data, p.grad, v, self.lr, self.momentum, self.empty)
 
 
 class Adam:
-    """Adam (Kingma and Ba) with bias correction; state is per local shard."""
+    """Adam (Kingma and Ba) with bias correction, in place; state is per local shard.
 
-    def __init__(self, params: List[Parameter], lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8):
-        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
-        self.m = [None] * len(params)
-        self.v = [None] * len(params)
+    Moments start at zero (so the first update is the textbook one); ``m``, ``v``: per parameter.
+    """
+
+    def __init__(self, params: List[Parameter], lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 empty=None):
+        self.params, self.lr, self.betas, self.eps, self.empty = params, lr, betas, eps, empty
+        self.m = [_zeros_like(p.data) for p in params]
+        self.v = [_zeros_like(p.data) for p in params]
         self.t = 0
 
     def step(self) -> None:
         self.t += 1
         b1, b2 = self.betas
         c1, c2 = 1 - b1 ** self.t, 1 - b2 ** self.t
-        for i, p in enumerate(self.params):
-            g = p.grad
-            self.m[i] = (1 - b1) * g if self.m[i] is None else b1 * self.m[i] + (1 - b1) * g
-            self.v[i] = (1 - b2) * g * g if self.v[i] is None else b2 * self.v[i] + (1 - b2) * g * g
-            p.data -= self.lr * (self.m[i] / c1) / ((self.v[i] / c2) ** 0.5 + self.eps)
+        for p, m, v in zip(self.params, self.m, self.v):
+            elementwise.adam_update(p.data, p.grad, m, v, self.lr, b1, b2, c1, c2, self.eps, self.empty)
 
 
-def make_optimizer(name: str, params: List[Parameter], lr: float = None):
+def make_optimizer(name: str, params: List[Parameter], lr: float = None, empty=None):
+    """``empty(shape, dtype)``: scratch arrays of the updates (None: fresh arrays)."""
     if name == "sgd":
-        return SGD(params, lr=1e-2 if lr is None else lr)
+        return SGD(params, lr=1e-2 if lr is None else lr, empty=empty)
     if name == "adam":
-        return Adam(params, lr=1e-3 if lr is None else lr)
+        return Adam(params, lr=1e-3 if lr is None else lr, empty=empty)
     raise ConfigError(f"unknown optimizer {name!r}: choose one of {', '.join(OPTIMIZERS)}")

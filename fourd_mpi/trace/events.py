@@ -33,19 +33,22 @@ from fourd_mpi.core.colltable import COLLECTIVES, wire_factor  # noqa: F401 (wir
 
 SCHEMA = "fourd_mpi.trace"
 #: 2: ops ``d2h`` and ``h2d`` appended to the vocabulary (codes of version 1 unchanged)
-SCHEMA_VERSION = 2
+#: 3: op ``residual`` appended; synthetic data is prepared before the steps (metadata ``data``),
+#:    so version-3 steps contain no ``data`` op (versions 1-2 timed it inside every step)
+SCHEMA_VERSION = 3
 
 LEVELS = ("step", "layer", "op")
 PHASES = ("none", "forward", "backward", "optimizer")
 OPS = ("step", "layer", "data", "gemm", "attention", "layernorm", "gelu", "loss", "optimizer",
-       "allgather", "reduce_scatter", "allreduce", "wait", "d2h", "h2d")
+       "allgather", "reduce_scatter", "allreduce", "wait", "d2h", "h2d", "residual")
 AXES = ("none", "data", "z", "y", "x")
 LANE_STEP, LANE_LAYER, LANE_HOST, LANE_COMM0 = 0, 1, 2, 3
 COLLECTIVE_OPS = tuple(COLLECTIVES)  # allgather, reduce_scatter, allreduce
 #: staging copies of a collective's buffers (staged mode), on its comm lane
 COPY_OPS = ("d2h", "h2d")
-#: host-lane compute ops (the share of step time "in compute")
-COMPUTE_OPS = ("data", "gemm", "attention", "layernorm", "gelu", "loss", "optimizer")
+#: host-lane compute ops (the share of step time "in compute"). ``data`` (synthetic data made inside
+#: the step by traces of schema <= 2) is harness work, not compute: it counts as "other"
+COMPUTE_OPS = ("gemm", "attention", "layernorm", "gelu", "residual", "loss", "optimizer")
 
 EVENT_DTYPE = np.dtype([
     ("rank", "<u4"), ("step", "<i4"), ("layer", "<i2"), ("phase", "u1"), ("op", "u1"), ("axis", "u1"),

@@ -6,14 +6,15 @@ analysis from the per-rank step records. Pure NumPy: no MPI.
 Step time of step s = max over ranks of (end - start); the printed step time is the
 median over measured steps. Shares are sums over ranks and steps of the per-rank
 compute and wait (time blocked in ``MPI_Wait``) times, divided by the sum of the
-per-rank step spans.
+per-rank step spans. Data preparation happens before the first step and is reported on
+its own line, never as part of a step.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -35,6 +36,10 @@ class Summary:
     peak_tflops: float
     peak_source: str
     tokens_per_s: float
+    #: seconds to prepare the synthetic batches before the first step (max over ranks; None: not recorded,
+    #: traces of schema <= 2 made the data inside every step)
+    data_prep_s: Optional[float] = None
+    data_batches: Optional[int] = None
 
     @property
     def percent_of_peak(self) -> float:
@@ -52,12 +57,18 @@ class Summary:
             f"model FLOP/s per rank: {self.model_tflops_per_rank * 1e3:.3f} GFLOP/s = {self.percent_of_peak:.1f}% "
             f"of {self.peak_tflops * 1e3:.3f} GFLOP/s ({self.peak_source})",
             f"throughput: {self.tokens_per_s:,.0f} tokens/s",
-        ]
+        ] + ([f"data: {self.data_batches} synthetic batch(es) prepared before the first step in "
+              f"{self.data_prep_s:.3f} s (max over ranks; in no step, not compute)"]
+             if self.data_prep_s is not None else [])
 
 
 def summarize(rank_steps: np.ndarray, world_size: int, flops_per_step: float, tokens_per_step: int,
-              peak_tflops: float, peak_source: str) -> Summary:
-    """Summary of the non-warm-up steps in ``rank_steps`` (every rank's step records)."""
+              peak_tflops: float, peak_source: str, data_prep_s: Optional[float] = None,
+              data_batches: Optional[int] = None) -> Summary:
+    """Summary of the non-warm-up steps in ``rank_steps`` (every rank's step records).
+
+    ``data_prep_s``, ``data_batches``: the run's data preparation before the steps (reported as is).
+    """
     measured = rank_steps[rank_steps["warmup"] == 0]
     if not len(measured):
         measured = rank_steps
@@ -75,4 +86,5 @@ def summarize(rank_steps: np.ndarray, world_size: int, flops_per_step: float, to
                    q3_s=float(q[1]), compute_share=compute, wait_share=wait,
                    other_share=max(0.0, 1.0 - compute - wait),
                    model_tflops_per_rank=flops_per_step / world_size / median / 1e12, peak_tflops=peak_tflops,
-                   peak_source=peak_source, tokens_per_s=tokens_per_step / median)
+                   peak_source=peak_source, tokens_per_s=tokens_per_step / median, data_prep_s=data_prep_s,
+                   data_batches=data_batches)
