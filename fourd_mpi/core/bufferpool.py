@@ -40,28 +40,32 @@ class HostArrayPool:
     """
 
     def __init__(self):
-        self._arrays: Dict[Tuple[tuple, str], List[np.ndarray]] = {}
-        self._next: Dict[Tuple[tuple, str], int] = {}
+        self._arrays: Dict[Tuple[tuple, np.dtype], List[np.ndarray]] = {}
+        self._next: Dict[Tuple[tuple, np.dtype], int] = {}
         self.allocations = 0
         self.hits = 0
         self.bytes_held = 0
 
     def empty(self, shape, dtype) -> np.ndarray:
-        shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
-        dtype = np.dtype(dtype)
-        key = (shape, dtype.str)
-        arrays = self._arrays.setdefault(key, [])
+        if type(shape) is not tuple:  # noqa: E721 - the common case (a tuple) skips the normalization
+            shape = (int(shape),) if np.ndim(shape) == 0 else tuple(int(s) for s in shape)
+        key = (shape, dtype if type(dtype) is np.dtype else np.dtype(dtype))  # noqa: E721
+        arrays = self._arrays.get(key)
+        if arrays is None:
+            arrays = self._arrays[key] = []
         # round robin from where the last search stopped: in a step's steady state the next free
         # array of a key is usually the one after the last handed out
         n = len(arrays)
         start = self._next.get(key, 0)
         for i in range(n):
-            j = (start + i) % n
+            j = start + i
+            if j >= n:
+                j -= n
             if sys.getrefcount(arrays[j]) <= _POOL_ONLY:
-                self._next[key] = (j + 1) % n
+                self._next[key] = j + 1 if j + 1 < n else 0
                 self.hits += 1
                 return arrays[j]
-        array = np.empty(shape, dtype=dtype)
+        array = np.empty(shape, dtype=key[1])
         arrays.append(array)
         self.allocations += 1
         self.bytes_held += array.nbytes

@@ -39,6 +39,22 @@ def test_gelu_forward_and_backward(rng, dtype, rtol):
     np.testing.assert_array_equal(in_place, separate)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_is_finite_and_right_far_out(dtype):
+    """exp(-2z) overflows for u below about -10 (float32): the clip keeps GeLU and its derivative right."""
+    u = np.array([-1e4, -300.0, -50.0, -12.0, -1e-6, 0.0, 1e-6, 12.0, 50.0, 300.0, 1e4], dtype=dtype)
+    out, grad = np.empty_like(u), np.empty_like(u)
+    with np.errstate(over="raise", invalid="raise"):
+        elementwise.gelu(u, out)
+        elementwise.gelu_backward(u, np.ones_like(u), grad)
+    # far left both are ~0: the tanh form rounds 1 + tanh(z) to exactly 0, the sigmoid form keeps the
+    # true tiny value (-1.6e-61 at u = -12 in float64) or, where exp is clipped, a value below 1e-20
+    tiny = 1e-20 if dtype == np.float32 else 1e-50
+    np.testing.assert_allclose(out, naive_gelu(u.astype(np.float64)), rtol=1e-6, atol=tiny)
+    np.testing.assert_allclose(grad, naive_gelu_backward(u.astype(np.float64), np.ones(len(u))), rtol=1e-6,
+                               atol=tiny)
+
+
 def test_layernorm_forward_backward_match_the_formulas(rng):
     m, h = 12, 10
     x = rng.standard_normal((m, h))
