@@ -80,7 +80,7 @@ def _cupy_kernels(dtype_name: str):
     k["scale_mask"] = ew("float64 scale, int64 s", "T x", f"""
         long long col = i % s;
         long long row = (i / s) % s;
-        x = col > row ? (T)(-INFINITY) : (T)(({ct})x * ({ct})scale);""", f"fourd_scale_mask_{dtype_name}")
+        x = col > row ? (T)__int_as_float(0xff800000) : (T)(({ct})x * ({ct})scale);  // -inf above the diagonal""", f"fourd_scale_mask_{dtype_name}")
     k["exp_shift"] = ew("T m", "T x", f"x = (T)exp(({ct})x - ({ct})m);", f"fourd_exp_shift_{dtype_name}")
     k["softmax_backward"] = ew("T p, T r, float64 scale", "T d", f"""
         d = (T)(({ct})p * (({ct})d - ({ct})r) * ({ct})scale);""", f"fourd_softmax_backward_{dtype_name}")

@@ -109,7 +109,7 @@ def hand_events(world=2):
             bwd = 5000 if warm else BWD[rank]
             events += [
                 event(rank, step, "step", LANE_STEP, t0, t0 + SPAN[rank][step]),
-                event(rank, step, "data", LANE_HOST, t0 + 10, t0 + 60),
+                event(rank, step, "optimizer", LANE_HOST, t0 + 10, t0 + 60),
                 event(rank, step, "gemm", LANE_HOST, t0 + 100, t0 + 200, layer=1, phase="forward", flops=1e5),
                 event(rank, step, "allreduce", LANE_COMM0, t0 + 200, complete, layer=1, phase="forward", axis="x",
                       nbytes=nbytes, wire=nbytes, issue=t0 + 200, complete=complete, wait=WAIT[rank]),
@@ -180,7 +180,7 @@ def test_breakdown_known_answers(hand):
     assert list(df.columns) == BREAKDOWN_COLUMNS
     got = {(r.phase, r.category, r.axis): r.seconds_per_step for r in df.itertuples()}
     mean_span = 9500 / 4
-    expected = {("none", "data", "none"): 50, ("forward", "gemm", "none"): 100,
+    expected = {("none", "optimizer", "none"): 50, ("forward", "gemm", "none"): 100,
                 ("backward", "gemm", "none"): (300 + 500) / 2, ("forward", "exposed_comm", "x"): (400 + 600) / 2,
                 ("all", "other", "none"): mean_span - 50 - 100 - 400 - 500}
     assert got.keys() == expected.keys()

@@ -128,6 +128,20 @@ def test_metadata_is_complete(trace_8):
     assert (np.abs(ranks["clock_offset_ns"]) <= ranks["clock_uncertainty_ns"] + 10_000).all()
 
 
+def test_data_is_prepared_before_the_steps(trace_8):
+    """Synthetic data is made before the first step: no step holds a `data` op; its time is reported apart."""
+    trace = trace_8[0]
+    meta = trace.metadata
+    assert "data" not in {trace.vocab["ops"][code] for code in np.unique(trace.events["op"])}
+    assert meta["data"]["batches"] == 4 and meta["data"]["prep_seconds_max"] > 0
+    # gpt-tiny on 1x2x2x2: m = 8*16/2 tokens x h/x = 32 columns, input + target, float32, 4 batches
+    assert meta["data"]["bytes_per_rank"] == 4 * 2 * (8 * 16 // 2) * (64 // 2) * 4
+    assert meta["summary"]["data_prep_s"] == meta["data"]["prep_seconds_max"]
+    assert meta["summary"]["data_batches"] == 4
+    assert meta["array_pool"]["allocations"] > 0 and meta["array_pool"]["hits"] > meta["array_pool"]["allocations"]
+    assert "prepared before the first step" in trace_8[1].stdout
+
+
 def test_pandas_view(trace_8):
     df = trace_8[0].events_frame()
     assert set(df["op"].unique()) >= {"step", "layer", "gemm", "allgather", "reduce_scatter", "allreduce", "wait"}
