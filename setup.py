@@ -35,6 +35,10 @@ setup(
         "gpu": ["cupy-cuda12x"],
         # fourd-mpi analyze / plot, Trace.events_frame()
         "analysis": ["pandas>=1.5", "matplotlib>=3.5"],
+        # bench/peer_axonn.py: AxoNN's own layers. torch pinned to the exact version of the CPU wheel in
+        # pip's find-links on CPU machines (so pip never pulls the multi-GB CUDA build); AxoNN 0.2.0
+        # declares only torch (and imports numpy, ours anyway)
+        "peer": ["torch==2.13.0", "axonn==0.2.0"],
         # llnl-thicket: the tests load our Caliper export with Thicket and Hatchet (they pin pandas < 3)
         "test": ["pytest>=7", "pytest-timeout", "pandas>=1.5", "matplotlib>=3.5", "llnl-thicket", "llnl-hatchet"],
     },

@@ -150,6 +150,15 @@ def worker_ours(args) -> Dict:
             "note": "dX is internal to our step (checked through dW1 and by fourd-mpi verify)"}
 
 
+def _with_keyword(fn, key: str, value):
+    """``fn`` with keyword ``key`` forced to ``value``."""
+    def wrapped(*a, **k):
+        k[key] = value
+        return fn(*a, **k)
+
+    return wrapped
+
+
 def _patch_axonn_for_cpu(say) -> None:
     """Run-time patches of AxoNN 0.2.0's CUDA assumptions (CPU only). Each is announced."""
     import torch
@@ -161,21 +170,9 @@ def _patch_axonn_for_cpu(say) -> None:
     say("torch.cuda.set_device -> no-op (communication_handle calls it for its local rank)")
     torch.cuda.synchronize = lambda *a, **k: None
     say("torch.cuda.synchronize -> no-op")
-    new_group = dist.new_group
-
-    def gloo_group(*a, **k):
-        k["backend"] = "gloo"
-        return new_group(*a, **k)
-
-    dist.new_group = gloo_group
+    dist.new_group = _with_keyword(dist.new_group, "backend", "gloo")
     say('torch.distributed.new_group(backend="nccl") -> backend="gloo"')
-    init_params = fc.initialize_params
-
-    def cpu_init(*a, **k):
-        k["init_device"] = "cpu"
-        return init_params(*a, **k)
-
-    fc.initialize_params = cpu_init
+    fc.initialize_params = _with_keyword(fc.initialize_params, "init_device", "cpu")
     say('axonn.intra_layer.fully_connected.initialize_params(init_device="cuda") -> "cpu"')
     torch.cuda.current_device = lambda: "cpu"
     say('torch.cuda.current_device -> "cpu" (device of the reduce-scatter output)')
