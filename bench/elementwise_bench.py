@@ -125,15 +125,16 @@ def cases(xp, rng, rows, cols, heads, seq, dtype, empty):
         return elementwise.layernorm_backward_finish(dg, xhat, gamma, rstd, partial, cols, empty(x.shape, x.dtype),
                                                      empty)
 
+    # in place, as in the step (on the GEMM's output, on the all-reduce's result): each keeps one
+    # buffer that starts as a copy of the input (the first call is the one checked) and is then
+    # updated in place again at every repeat (same work, values stay finite)
+    soft, dsoft, res = scores.copy(), dprobs.copy(), u.copy()
+
     def lean_softmax():
-        out = empty(scores.shape, scores.dtype)
-        xp.copyto(out, scores)  # the step's softmax runs in place on the GEMM's output
-        return elementwise.causal_softmax_(out, 0.125)
+        return elementwise.causal_softmax_(soft, 0.125)
 
     def lean_softmax_backward():
-        out = empty(dprobs.shape, dprobs.dtype)
-        xp.copyto(out, dprobs)  # in place on the GEMM's output in the step
-        return elementwise.softmax_backward_(probs, out, 0.125)
+        return elementwise.softmax_backward_(probs, dsoft, 0.125)
 
     def lean_loss():
         dy = empty(u.shape, u.dtype)
@@ -141,10 +142,8 @@ def cases(xp, rng, rows, cols, heads, seq, dtype, empty):
         return dy
 
     def lean_residual():
-        out = empty(u.shape, u.dtype)
-        xp.copyto(out, u)  # the step adds in place into the all-reduce's result
-        out += x
-        return out
+        res[...] += x
+        return res
 
     pa, ma, va = p.copy(), m.copy(), v.copy()
 
