@@ -29,7 +29,14 @@ def _environment():
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False)
     env.filters["sh"] = lambda value: shlex.quote(str(value))
+    env.filters["comment"] = comment_text
     return env
+
+
+def comment_text(value) -> str:
+    """``value`` safe inside a ``#`` comment line: characters that are not printable (a newline
+    would end the comment and start a command) are written as their escapes (``\\n``)."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in str(value))
 
 
 def job_settings(spec: SweepSpec, site: Site) -> Dict:

@@ -41,9 +41,9 @@ def load_config_file(path: str) -> Dict:
                 import tomli as tomllib
             data = tomllib.loads(raw.decode())
         elif ext in (".yaml", ".yml"):
-            import yaml
+            from fourd_mpi.util.yamlspec import YamlDocument  # line numbers, duplicate keys, alias bombs
 
-            data = yaml.safe_load(raw) or {}
+            data = YamlDocument(raw.decode(), path).data or {}
         else:
             raise ConfigError(f"config file {path}: unknown format {ext or '(no extension)'}; use .toml or .yaml")
     except ConfigError:

@@ -26,6 +26,36 @@ def key_path(parts: Iterable[PathPart]) -> str:
     return text or "(top level)"
 
 
+#: a spec or profile with more nodes than this once its aliases are expanded is refused: aliases
+#: nested k levels deep multiply, so a few hundred bytes can expand to billions of nodes
+MAX_EXPANDED_NODES = 100_000
+
+
+def _expanded_nodes(root) -> int:
+    """How many nodes the composed tree ``root`` has with every alias expanded (shared nodes
+    counted once per use; each distinct node visited once; capped just above the limit)."""
+    sizes: Dict[int, int] = {}
+    stack = [(root, False)]
+    while stack:  # iterative post-order over the node graph (aliases make it a DAG)
+        node, children_done = stack.pop()
+        if children_done:
+            total = 1 + sum(sizes[id(c)] for c in _children(node))
+            sizes[id(node)] = min(total, MAX_EXPANDED_NODES + 1)
+        elif id(node) not in sizes:
+            sizes[id(node)] = 0  # entered; its size is set when its children are done
+            stack.append((node, True))
+            stack.extend((c, False) for c in _children(node) if id(c) not in sizes)
+    return sizes[id(root)]
+
+
+def _children(node):
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
 class YamlDocument:
     """The data of one YAML file plus the line of every key and item in it."""
 
@@ -43,6 +73,10 @@ class YamlDocument:
                 problem = f"{problem} ({context} at line {start.line + 1})"
             raise ConfigError(f"{where}: not valid YAML: {' '.join(str(problem).split())}") from None
         if self.root is not None:
+            expanded = _expanded_nodes(self.root)
+            if expanded > MAX_EXPANDED_NODES:
+                raise ConfigError(f"{source}: its aliases (*name) expand to more than {MAX_EXPANDED_NODES:,} YAML "
+                                  "nodes (an alias bomb?); write the values out")
             self._reject_duplicate_keys(self.root, ())
 
     @classmethod

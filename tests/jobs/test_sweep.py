@@ -342,3 +342,32 @@ def test_trace_state_reads_the_status_from_the_header(tmp_path):
     (tmp_path / "r.ranks").mkdir()
     assert trace_state(str(tmp_path / "r.h5")) == "spooling"
     assert trace_state(str(tmp_path / "none.h5")) == "missing"
+
+
+def test_a_spec_file_name_cannot_inject_commands(tmp_path):
+    """The spec's path goes into a comment line of every job script: a newline in it must not end the comment."""
+    pwned = tmp_path / "pwned"
+    spec = write(tmp_path, BASE, name="x\ntouch pwned\n#.yaml")  # run from tmp_path: would create pwned
+    done = fourd(["sweep", "render", spec, "--site", "local"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    scripts = sorted((tmp_path / "jobscripts" / "s1").glob("*.sh"))
+    assert scripts
+    for script in scripts:
+        text = script.read_text()
+        assert not any(line.startswith("touch") for line in text.splitlines())
+        assert "x\\ntouch" in text  # the newline is shown as its escape, inside the comment
+    subprocess.run(["bash", "-n", str(scripts[0])], check=True)  # still a valid script
+    subprocess.run(["bash", str(scripts[0])], cwd=tmp_path, capture_output=True, timeout=120)
+    assert not pwned.exists()
+
+
+def test_an_alias_bomb_is_refused_at_once(tmp_path):
+    """Nested aliases multiply (9^9 nodes from about 450 bytes): refused with one line, not expanded."""
+    levels = ['a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for i in range(1, 9):
+        prev, name = chr(96 + i), chr(97 + i)
+        levels.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    spec = write(tmp_path, BASE + "\n".join(["bomb:"] + ["  " + line for line in levels]) + "\n")
+    done = fourd(["sweep", "plan", spec], tmp_path, timeout=60)
+    assert done.returncode == 2
+    assert "alias bomb" in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -38,3 +38,16 @@ def test_verify_rejects_a_grid_of_the_wrong_size(run_mpi):
     proc = run_mpi(4, ["verify", "--grid", "1x2x2x2"], timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.count("grid 1x2x2x2 has 8 ranks but the world size is 4") == 4
+
+
+def test_a_config_alias_bomb_fails_on_every_rank_at_once(run_mpi, tmp_path):
+    """A few hundred bytes of nested YAML aliases (9^6 values) end in one line per rank, not a hang."""
+    lines = ['a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for prev, name in zip("abcde", "bcdef"):
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines + ["steps: *f"]) + "\n")
+    proc = run_mpi(4, ["run", "--config", bomb], timeout=60)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if "alias bomb" in line]
+    assert len(errors) == 4, proc.stderr
