@@ -152,7 +152,7 @@ def test_a_key_given_twice_is_an_error(tmp_path, name, text):
 
 @pytest.mark.parametrize("name, text, message", [
     ("bad.toml", "gx = [2\n", "is malformed"),
-    ("bad.yaml", "gx: [2\n", "is malformed"),
+    ("bad.yaml", "gx: [2\n", r"bad\.yaml:2: not valid YAML"),  # the line of the error
     ("c.ini", "gx = 2\n", "unknown format .ini"),
     ("config", "gx = 2\n", r"unknown format \(no extension\)"),
     ("list.yaml", "- gx\n- 2\n", "expected a mapping"),
