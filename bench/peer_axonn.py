@@ -263,38 +263,26 @@ def worker_axonn(args) -> Dict:
 
 
 # single-rank baselines -------------------------------------------------------------------------
+def six_gemms(x, w1, w2):
+    """The block's GEMMs without the GeLU (forward 2, backward 4); NumPy arrays or torch tensors."""
+    h = x @ w1.T
+    z = h @ w2.T
+    dg = z @ w2
+    return dg @ w1, dg.T @ x, z.T @ h
+
+
 def gemm_baselines(tokens: int, k: int, repeats: int = 3) -> Dict[str, float]:
-    """Seconds of the block's six GEMMs on one rank (fwd 2, bwd 4), torch and NumPy, float32, median."""
+    """Seconds of the block's six GEMMs on one rank, torch and NumPy, float32, median of ``repeats``."""
     rng = np.random.default_rng(0)
-    x, w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((tokens, k), (k, k), (k, k)))
-
-    def numpy_block():
-        h = x @ w1.T
-        z = h @ w2.T
-        dg = z @ w2
-        dw2 = z.T @ h
-        dh = dg @ w1
-        dw1 = dg.T @ x
-        return dh, dw1, dw2
-
-    out = {"numpy": _median_time(numpy_block, repeats)}
+    operands = [rng.standard_normal(s).astype(np.float32) for s in ((tokens, k), (k, k), (k, k))]
+    out = {"numpy": _median_time(lambda: six_gemms(*operands), repeats)}
     try:
         import torch
     except ImportError:
         return out
     torch.set_num_threads(1)
-    tx, t1, t2 = (torch.from_numpy(a) for a in (x, w1, w2))
-
-    def torch_block():
-        h = tx @ t1.T
-        z = h @ t2.T
-        dg = z @ t2
-        dw2 = z.T @ h
-        dh = dg @ t1
-        dw1 = dg.T @ tx
-        return dh, dw1, dw2
-
-    out["torch"] = _median_time(torch_block, repeats)
+    tensors = [torch.from_numpy(a) for a in operands]
+    out["torch"] = _median_time(lambda: six_gemms(*tensors), repeats)
     return out
 
 

@@ -76,10 +76,6 @@ class HostArrayPool:
         out.fill(0)
         return out
 
-    def in_use(self) -> int:
-        """Pooled arrays something still refers to."""
-        return sum(sys.getrefcount(a) > _POOL_ONLY for arrays in self._arrays.values() for a in arrays)
-
     def clear(self) -> None:
         """Forget every array (those still in use stay valid: their owners keep them)."""
         self._arrays.clear()

@@ -80,7 +80,9 @@ def _cupy_kernels(dtype_name: str):
     k["scale_mask"] = ew("float64 scale, int64 s", "T x", f"""
         long long col = i % s;
         long long row = (i / s) % s;
-        x = col > row ? (T)__int_as_float(0xff800000) : (T)(({ct})x * ({ct})scale);  // -inf above the diagonal""", f"fourd_scale_mask_{dtype_name}")
+        // -inf above the diagonal (future positions)
+        x = col > row ? (T)__int_as_float(0xff800000) : (T)(({ct})x * ({ct})scale);""",
+                         f"fourd_scale_mask_{dtype_name}")
     k["exp_shift"] = ew("T m", "T x", f"x = (T)exp(({ct})x - ({ct})m);", f"fourd_exp_shift_{dtype_name}")
     k["softmax_backward"] = ew("T p, T r, float64 scale", "T d", f"""
         d = (T)(({ct})p * (({ct})d - ({ct})r) * ({ct})scale);""", f"fourd_softmax_backward_{dtype_name}")
@@ -96,7 +98,8 @@ def _cupy_kernels(dtype_name: str):
         v = (T)vv;
         p = (T)(({ct})p - ({ct})lr * (mm / ({ct})c1) / (sqrt(vv / ({ct})c2) + ({ct})eps));""",
                    f"fourd_adam_{dtype_name}")
-    k["axpy"] = ew("T x, float64 alpha", "T y", f"y = (T)(({ct})y + ({ct})alpha * ({ct})x);", f"fourd_axpy_{dtype_name}")
+    k["axpy"] = ew("T x, float64 alpha", "T y", f"y = (T)(({ct})y + ({ct})alpha * ({ct})x);",
+                   f"fourd_axpy_{dtype_name}")
     k["sgd"] = ew("T g, float64 lr, float64 momentum", "T p, T v", f"""
         {ct} vv = ({ct})momentum * ({ct})v + ({ct})g;
         v = (T)vv;
@@ -120,14 +123,16 @@ def array_module(x):
     return cupy
 
 
+def new_array(empty, xp, shape, dtype):
+    """An uninitialized array from ``empty(shape, dtype)`` (the caller's pool), or a fresh one without it."""
+    return empty(shape, dtype) if empty is not None else xp.empty(shape, dtype=dtype)
+
+
 def _scratch(empty, like):
-    """A scratch array shaped like ``like`` (from ``empty``, the caller's pool, or a fresh one)."""
-    if empty is None:
-        return array_module(like).empty(like.shape, dtype=like.dtype)
-    return empty(like.shape, like.dtype)
+    """A scratch array shaped like ``like``."""
+    return new_array(empty, array_module(like), like.shape, like.dtype)
 
 
-# GeLU ---------------------------------------------------------------------------------
 #: exp's argument is clipped here in the chained GeLU so that ``exp(-2z)`` stays finite, per dtype
 #: (where the clip acts, ``sigmoid(2z)`` is below 1e-4 (float16), 2e-35 (float32), 1e-304 (float64))
 _EXP_CLIP = {"float16": 10.0, "float32": 80.0, "float64": 700.0}

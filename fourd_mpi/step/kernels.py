@@ -188,10 +188,6 @@ def _product_shape(a, b):
     return tuple(a.shape[:-1]) + (b.shape[-1],)
 
 
-def _new(empty, xp, shape, dtype):
-    return empty(shape, dtype) if empty is not None else xp.empty(shape, dtype=dtype)
-
-
 def attention_forward(xp, qkv, batch: int, seq: int, heads: int, head_dim: int, counter=None, progress=None,
                       empty=None):
     """Causal multi-head attention on this rank's heads.
@@ -207,11 +203,15 @@ def attention_forward(xp, qkv, batch: int, seq: int, heads: int, head_dim: int, 
     k = t[:, :, :, 1, :].transpose(0, 2, 1, 3)
     v = t[:, :, :, 2, :].transpose(0, 2, 1, 3)
     dtype = qkv.dtype
+
+    def new(shape):
+        return elementwise.new_array(empty, xp, shape, dtype)
+
     probs = matmul(q, k.transpose(0, 1, 3, 2), counter, "attention", progress,
-                   out=_new(empty, xp, (batch, heads, seq, seq), dtype))
+                   out=new((batch, heads, seq, seq)))
     elementwise.causal_softmax_(probs, 1.0 / math.sqrt(head_dim))
-    ctx = matmul(probs, v, counter, "attention", progress, out=_new(empty, xp, (batch, heads, seq, head_dim), dtype))
-    out = _new(empty, xp, (batch * seq, heads * head_dim), dtype)
+    ctx = matmul(probs, v, counter, "attention", progress, out=new((batch, heads, seq, head_dim)))
+    out = new((batch * seq, heads * head_dim))
     xp.copyto(out.reshape(batch, seq, heads, head_dim), ctx.transpose(0, 2, 1, 3))
     return out, (q, k, v, probs)
 
@@ -221,17 +221,21 @@ def attention_backward(xp, dctx, saved, batch: int, seq: int, heads: int, head_d
     """Gradient of :func:`attention_forward`: ``dctx [b*s, nh*hd]`` -> ``dqkv [b*s, nh*3*hd]``."""
     q, k, v, probs = saved
     dtype = dctx.dtype
+
+    def new(shape):
+        return elementwise.new_array(empty, xp, shape, dtype)
+
     d = dctx.reshape(batch, seq, heads, head_dim).transpose(0, 2, 1, 3)
     per_head = (batch, heads, seq, head_dim)
-    dqkv = _new(empty, xp, (batch * seq, heads * 3 * head_dim), dtype)
+    dqkv = new((batch * seq, heads * 3 * head_dim))
     parts = dqkv.reshape(batch, seq, heads, 3, head_dim)
-    dv = matmul(probs.transpose(0, 1, 3, 2), d, counter, "attention", progress, out=_new(empty, xp, per_head, dtype))
+    dv = matmul(probs.transpose(0, 1, 3, 2), d, counter, "attention", progress, out=new(per_head))
     xp.copyto(parts[:, :, :, 2, :], dv.transpose(0, 2, 1, 3))
     del dv
     dscores = matmul(d, v.transpose(0, 1, 3, 2), counter, "attention", progress,
-                     out=_new(empty, xp, (batch, heads, seq, seq), dtype))
+                     out=new((batch, heads, seq, seq)))
     elementwise.softmax_backward_(probs, dscores, 1.0 / math.sqrt(head_dim))
-    piece = _new(empty, xp, per_head, dtype)
+    piece = new(per_head)
     matmul(dscores, k, counter, "attention", progress, out=piece)
     xp.copyto(parts[:, :, :, 0, :], piece.transpose(0, 2, 1, 3))
     matmul(dscores.transpose(0, 1, 3, 2), q, counter, "attention", progress, out=piece)

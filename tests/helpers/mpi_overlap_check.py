@@ -3,7 +3,7 @@
 1. A request left un-waited is reported by ``check_quiescent``.
 2. A send buffer modified while its collective is in flight is detected (check_buffers).
 3. With ``poll`` progress, a collective issued before a chunked GEMM completes
-   during the GEMM (seen complete before anyone waits); the record keeps issue,
+   during chunked GEMMs (seen complete before anyone waits); the record keeps issue,
    completion and wait times in order.
 Prints "overlap checks ok" on rank 0 or the failures, exits 1 on failure.
 """
@@ -57,7 +57,14 @@ def main():
         hook = comm.compute_hook
         if strategy == "poll" and hook is None:
             failures.append("poll: no compute hook while a request is in flight")
-        kernels.matmul(a, a[:256].T, progress=hook)  # 32 pieces of 64 rows, a poll between each
+        # 32 pieces of 64 rows, a poll between each. One GEMM takes ~10 ms; on an
+        # oversubscribed machine a peer may not have issued yet when it ends, so
+        # the GEMM is repeated (up to ~4 s of compute) until the request is seen
+        # complete. Only polls may complete it: nobody waits before the loop ends.
+        for _ in range(1 if strategy == "none" else 400):
+            kernels.matmul(a, a[:256].T, progress=hook)
+            if handle.done:
+                break
         seen_during_compute = handle.done
         result = handle.wait()
         rec = handle.record
