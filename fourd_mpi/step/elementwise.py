@@ -128,6 +128,19 @@ def new_array(empty, xp, shape, dtype):
     return empty(shape, dtype) if empty is not None else xp.empty(shape, dtype=dtype)
 
 
+#: dtypes for which CuPy's products (matmul, dot, einsum) have a BLAS path; CuPy 14 routes
+#: bfloat16 products of more than two dimensions (and einsum) to its integer kernel, which
+#: raises ``TypeError: data type 'E' not understood`` (cupy/cupy PR #10317)
+_BLAS_DTYPES = ("float16", "float32", "float64")
+
+
+def _for_products(x):
+    """``x`` itself where its dtype has BLAS products, else a float32 copy (bfloat16 rows sums)."""
+    if _is_numpy(x) or np.dtype(x.dtype).name in _BLAS_DTYPES:
+        return x
+    return x.astype(np.float32)
+
+
 def _scratch(empty, like):
     """A scratch array shaped like ``like``."""
     return new_array(empty, array_module(like), like.shape, like.dtype)
@@ -208,7 +221,8 @@ def centered_squares(x, mean, centered):
         return k["centered_squares"](x, mean, axis=1, keepdims=True)
     xp = array_module(x)
     xp.subtract(x, mean, out=centered)
-    return xp.einsum("ij,ij->i", centered, centered)[:, None]
+    c = _for_products(centered)
+    return xp.einsum("ij,ij->i", c, c)[:, None].astype(x.dtype, copy=False)
 
 
 def layernorm_apply(x, mean, rstd, gamma, beta, y, xhat):
@@ -243,8 +257,9 @@ def layernorm_backward_local(dy, xhat, gamma, partial, empty=None):
     xp = array_module(dy)
     t = _scratch(empty, dy)
     xp.multiply(dy, xhat, out=t)
-    partial[:, 0] = dy @ gamma                   # BLAS matrix-vector products: no [m, h/x] temporary
-    partial[:, 1] = t @ gamma
+    g = _for_products(gamma)
+    partial[:, 0] = (_for_products(dy) @ g).astype(partial.dtype, copy=False)  # BLAS matrix-vector
+    partial[:, 1] = (_for_products(t) @ g).astype(partial.dtype, copy=False)   # products: no temporary
     return t.sum(axis=0), dy.sum(axis=0)
 
 
@@ -300,7 +315,8 @@ def softmax_backward_(probs, dprobs, scale: float):
         rows = k["product_sum"](dprobs, probs, axis=-1, keepdims=True)
         return k["softmax_backward"](probs, rows, scale, dprobs)
     xp = array_module(probs)
-    dprobs -= xp.einsum("...j,...j->...", dprobs, probs)[..., None]
+    rows = xp.einsum("...j,...j->...", _for_products(dprobs), _for_products(probs))[..., None]
+    dprobs -= rows.astype(dprobs.dtype, copy=False)
     dprobs *= probs
     dprobs *= scale
     return dprobs
@@ -316,7 +332,7 @@ def mse_parts(y, target, dy, n: int):
         return float(local.get())
     xp = array_module(y)
     xp.subtract(y, target, out=dy)
-    flat = dy.reshape(-1)
+    flat = _for_products(dy.reshape(-1))
     local = float(xp.dot(flat, flat))
     dy /= n
     return local

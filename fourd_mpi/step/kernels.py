@@ -15,7 +15,7 @@ from typing import Dict
 
 import numpy as np
 
-from fourd_mpi.step import elementwise
+from fourd_mpi.step import devicegemm, elementwise
 
 
 @dataclass
@@ -99,7 +99,7 @@ def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm", progress=No
         if timing or tracer is not None:
             watch = counter.backend.stopwatch()
             watch.start()
-        out = elementwise.array_module(a).matmul(a, b, out=out)
+        out = devicegemm.matmul(a, b, out=out)  # cupy.matmul, or cuBLAS for batched 16-bit
         if watch is not None:
             watch.stop()
         if progress is not None:

@@ -155,3 +155,38 @@ def test_gpu_bench_fails_clearly_without_a_gpu():
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "gpu_bench: no usable GPU" in proc.stderr
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_batched_16bit_matmul_matches_float32(dtype):
+    """cuBLAS gemmStridedBatchedEx path: every operand layout the attention uses, against float32."""
+    import cupy
+
+    from fourd_mpi.core.backend import parse_dtype
+    from fourd_mpi.step import devicegemm
+
+    dt = parse_dtype(dtype)
+    rng = np.random.default_rng(0)
+    b, h, s, d = 3, 4, 24, 16
+
+    def rand(*shape):
+        return cupy.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dt)
+
+    qkv = rand(b, s, h, 3, d)  # the attention's non-collapsible views: [b, h, s, d] with strides (s*h*3d, 3d, h*3d, 1)
+    q, k = qkv[:, :, :, 0, :].transpose(0, 2, 1, 3), qkv[:, :, :, 1, :].transpose(0, 2, 1, 3)
+    probs = rand(b, h, s, s)
+    cases = [(q, k.transpose(0, 1, 3, 2)), (probs, q), (probs.transpose(0, 1, 3, 2), k),
+             (rand(5, 7, 9), rand(5, 9, 11)), (rand(5, 7, 9), rand(9, 11)), (rand(2, 3, 7, 9), rand(2, 3, 9, 1))]
+    for x, y in cases:
+        assert devicegemm.handles(x, y)
+        ref = cupy.matmul(x.astype(cupy.float32), y.astype(cupy.float32))
+        got = devicegemm.matmul(x, y)
+        out = cupy.empty(x.shape[:-1] + (y.shape[-1],), dtype=dt)
+        assert devicegemm.matmul(x, y, out=out) is out
+        wide = cupy.zeros(x.shape[:-1] + (y.shape[-1] + 3,), dtype=dt)  # out with a row stride > n
+        devicegemm.matmul(x, y, out=wide[..., :y.shape[-1]])
+        for result in (got, out, wide[..., :y.shape[-1]]):
+            err = float(cupy.linalg.norm(result.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
+            assert err < (1e-2 if dtype == "bfloat16" else 2e-3), (x.shape, y.shape, err)
+        assert float(cupy.abs(wide[..., y.shape[-1]:].astype(cupy.float32)).max()) == 0.0  # nothing outside out

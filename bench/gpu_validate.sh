@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# GPU validation of the CuPy path on one GPU machine, stage by stage; every stage logs to
+# $OUT/<stage>.log (OUT defaults to ./gpu-out).
+#
+#   bash bench/gpu_validate.sh setup info gputests verify     # correctness
+#   bash bench/gpu_validate.sh setup alltests                 # the whole suite
+#   bash bench/gpu_validate.sh setup bench breakdown overlap  # performance
+#
+# setup: a venv in /tmp/fourd-gpu that sees the machine's own Python packages (CuPy, NumPy,
+#   h5py, pytest, ...) and installs the wheels in .whl/ (the mpich wheel, mpi4py, jsonschema
+#   and what it needs) without an index: GPU machines often reach no package registry.
+# info: nvidia-smi, CuPy/CUDA versions, the MPI library, what device-buffer detection decides.
+# gputests: tests/core/test_gpu.py. alltests: the whole suite (Slurm tests skip without Slurm).
+# verify: the CuPy step against the NumPy single-rank reference, 1, 2 and 4 ranks sharing the
+#   GPU, every grid, overlap none and all, float32 / TF32 / float16 / bfloat16.
+# bench: bench/gpu_bench.py at gpt-small size and at hidden 4096 and 8192, seq 2048.
+# breakdown: a 1-rank and a 2-rank run, analyze --what breakdown and --what comm.
+# overlap: 2 ranks sharing the GPU with staging and host polling, overlap % per collective.
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+VENV=/tmp/fourd-gpu
+PY=$VENV/bin/python
+SYS_PY=$(command -v python3)  # the machine's Python, before our venv goes first on PATH
+export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+export PATH=$VENV/bin:$PATH
+RES=$OUT/runs
+mkdir -p "$RES"
+
+stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log, never stop the script
+    local name=$1 limit=$2
+    shift 2
+    echo "### $name: $*" | tee -a "$OUT/$name.log"
+    timeout -k 10 "$limit" "$@" >>"$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "### $name rc=$rc" | tee -a "$OUT/$name.log"
+    tail -n 25 "$OUT/$name.log"
+}
+
+for what in "$@"; do
+    case $what in
+    setup)
+        if [ -x "$PY" ] && $PY -c 'import cupy, mpi4py' 2>/dev/null; then echo "setup: $VENV exists"; continue; fi
+        site=$("$SYS_PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        "$SYS_PY" -m venv --without-pip "$VENV"
+        mine=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        echo "$site" >"$mine/machine-packages.pth"  # after our own site-packages: our wheels win
+        "$SYS_PY" -m pip --python "$PY" install -q --no-index --no-deps --no-compile .whl/*.whl
+        $PY -c 'import mpi4py, cupy, numpy, h5py; from mpi4py import MPI; print("mpi4py", mpi4py.__version__, "cupy", cupy.__version__, "numpy", numpy.__version__, MPI.Get_library_version().splitlines()[0])'
+        ;;
+    info)
+        stage info 120 bash -c "nvidia-smi; $PY -c 'import cupy; cupy.show_config()'; \
+            $PY -m fourd_mpi info --backend cupy; mpiexec -n 2 $PY -m fourd_mpi info --backend cupy --gx 2"
+        ;;
+    gputests)
+        stage gputests 420 $PY -m pytest -q -rs tests/core/test_gpu.py -p no:cacheprovider
+        ;;
+    alltests)
+        stage alltests 540 $PY -m pytest -q -rs --timeout 300 tests -p no:cacheprovider
+        ;;
+    verify)  # VERIFY_NUMERICS="--dtype float16;--dtype bfloat16" checks only those
+        IFS=';' read -ra NUMERICS <<<"${VERIFY_NUMERICS:---dtype float32;--dtype float32 --tf32;--dtype float16;--dtype bfloat16}"
+        for n in 1 2 4; do
+            # shellcheck disable=SC2086  # $num holds several options
+            for num in "${NUMERICS[@]}"; do
+                stage "verify" 300 mpiexec -n $n $PY -m fourd_mpi verify --backend cupy --reference-backend numpy \
+                    $num --all-grids --overlap none --overlap all --steps 3
+            done
+        done
+        ;;
+    bench)
+        stage bench 300 $PY bench/gpu_bench.py --dtypes float32,tf32,float16,bfloat16 --json "$OUT/bench-small.json"
+        for h in 4096 8192; do
+            stage bench 300 $PY bench/gpu_bench.py --hidden $h --heads 32 --seq 2048 --batch 4 --layers 2 \
+                --dtypes tf32,bfloat16 --json "$OUT/bench-h$h.json"
+        done
+        stage bench 300 mpiexec -n 2 $PY bench/gpu_bench.py --dtypes float32 --warmup 2 --steps 5
+        ;;
+    breakdown)
+        for n in 1 2; do
+            stage breakdown 300 mpiexec -n $n $PY -m fourd_mpi run --backend cupy --model gpt-small --dtype bfloat16 \
+                --layers 4 --hidden 4096 --heads 32 --seq 2048 --batch 4 --steps 8 --warmup 2 --overlap all \
+                --results-dir "$RES" --run-id "bd-$n" --display quiet
+            stage breakdown 120 $PY -m fourd_mpi analyze "$RES/bd-$n.h5" --what breakdown
+        done
+        ;;
+    overlap)
+        for mode in none all; do
+            stage overlap 300 mpiexec -n 2 $PY -m fourd_mpi run --backend cupy --model gpt-small --dtype float32 --tf32 \
+                --gx 2 --layers 4 --hidden 2048 --seq 1024 --batch 8 --steps 8 --warmup 2 --overlap $mode \
+                --progress poll --device-buffers staged --results-dir "$RES" --run-id "ov-$mode" --display quiet
+            stage overlap 120 $PY -m fourd_mpi analyze "$RES/ov-$mode.h5" --what comm
+        done
+        ;;
+    *) echo "unknown stage $what" >&2; exit 2 ;;
+    esac
+done
