@@ -58,15 +58,18 @@ for what in "$@"; do
     alltests)
         stage alltests 540 $PY -m pytest -q -rs --timeout 300 tests -p no:cacheprovider
         ;;
-    verify)  # VERIFY_NUMERICS="--dtype float16;--dtype bfloat16" checks only those
+    verify)  # VERIFY_NUMERICS="--dtype float16;--dtype bfloat16" checks only those; VERIFY_RANKS="1 2"
         IFS=';' read -ra NUMERICS <<<"${VERIFY_NUMERICS:---dtype float32;--dtype float32 --tf32;--dtype float16;--dtype bfloat16}"
-        for n in 1 2 4; do
+        for n in ${VERIFY_RANKS:-1 2 4}; do
             # shellcheck disable=SC2086  # $num holds several options
             for num in "${NUMERICS[@]}"; do
                 stage "verify" 300 mpiexec -n $n $PY -m fourd_mpi verify --backend cupy --reference-backend numpy \
                     $num --all-grids --overlap none --overlap all --steps 3
             done
         done
+        ;;
+    benchsmall)
+        stage bench 300 $PY bench/gpu_bench.py --dtypes float32,tf32,float16,bfloat16 --json "$OUT/bench-small.json"
         ;;
     bench)
         stage bench 300 $PY bench/gpu_bench.py --dtypes float32,tf32,float16,bfloat16 --json "$OUT/bench-small.json"
@@ -76,18 +79,18 @@ for what in "$@"; do
         done
         stage bench 300 mpiexec -n 2 $PY bench/gpu_bench.py --dtypes float32 --warmup 2 --steps 5
         ;;
-    breakdown)
-        for n in 1 2; do
-            stage breakdown 300 mpiexec -n $n $PY -m fourd_mpi run --backend cupy --model gpt-small --dtype bfloat16 \
-                --layers 4 --hidden 4096 --heads 32 --seq 2048 --batch 4 --steps 8 --warmup 2 --overlap all \
+    breakdown)  # BREAKDOWN_RANKS="1" runs only the single-rank case
+        for n in ${BREAKDOWN_RANKS:-1 2}; do
+            stage breakdown 150 mpiexec -n "$n" $PY -m fourd_mpi run --backend cupy --model gpt-small --dtype bfloat16 \
+                --layers 2 --hidden 4096 --heads 32 --seq 2048 --batch 4 --steps 6 --warmup 2 --overlap all \
                 --results-dir "$RES" --run-id "bd-$n" --display quiet
             stage breakdown 120 $PY -m fourd_mpi analyze "$RES/bd-$n.h5" --what breakdown
         done
         ;;
     overlap)
         for mode in none all; do
-            stage overlap 300 mpiexec -n 2 $PY -m fourd_mpi run --backend cupy --model gpt-small --dtype float32 --tf32 \
-                --gx 2 --layers 4 --hidden 2048 --seq 1024 --batch 8 --steps 8 --warmup 2 --overlap $mode \
+            stage overlap 100 mpiexec -n 2 $PY -m fourd_mpi run --backend cupy --model gpt-small --dtype float32 --tf32 \
+                --gx 2 --layers 2 --hidden 2048 --seq 1024 --batch 8 --steps 6 --warmup 2 --overlap $mode \
                 --progress poll --device-buffers staged --results-dir "$RES" --run-id "ov-$mode" --display quiet
             stage overlap 120 $PY -m fourd_mpi analyze "$RES/ov-$mode.h5" --what comm
         done

@@ -12,9 +12,9 @@ Two implementations of the same math:
   followed by a sum.
 * **CuPy**: one fused kernel per function (``cupy.ElementwiseKernel`` /
   ``cupy.ReductionKernel``, compiled once per dtype), instead of a chain of separate
-  launches each reading and writing the whole tensor. float16 and float32 compute
-  in float, float64 in double; dtypes without a kernel (bfloat16) take the chained
-  path with ``out=`` arguments.
+  launches each reading and writing the whole tensor. float16, bfloat16 and float32
+  compute in float, float64 in double; where CuPy cannot compile bfloat16 kernels
+  (before CuPy 14) bfloat16 takes the chained path with ``out=`` arguments.
 
 No communication: where a reduction over a sharded dimension is needed (LayerNorm
 statistics over X) the functions take the already reduced sums, and the layer does
@@ -37,15 +37,41 @@ def _is_numpy(x) -> bool:
 
 
 # CuPy kernels ---------------------------------------------------------------------
-_COMPUTE_TYPES = {"float16": "float", "float32": "float", "float64": "double"}
+_COMPUTE_TYPES = {"float16": "float", "bfloat16": "float", "float32": "float", "float64": "double"}
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_ok(dtype_name: str) -> bool:
+    """Whether this CuPy compiles and runs our kernels in ``dtype_name`` (probed once: an
+    elementwise and a reduction kernel on a few elements). bfloat16 needs CuPy >= 14; where
+    the probe fails the chained path runs instead of the step failing."""
+    if dtype_name != "bfloat16":
+        return True
+    import cupy
+
+    from fourd_mpi.core.backend import parse_dtype
+
+    try:
+        k = _build_kernels(dtype_name)
+        x = cupy.arange(4, dtype=np.float32).astype(parse_dtype(dtype_name))
+        k["gelu"](x)
+        k["product_sum"](x, x, axis=0)
+        cupy.cuda.get_current_stream().synchronize()
+        return True
+    except Exception:  # noqa: BLE001 - compilation errors come as several CuPy/NVRTC types
+        return False
 
 
 @functools.lru_cache(maxsize=None)
 def _cupy_kernels(dtype_name: str):
     """The fused kernels for one dtype (None: no kernel for it, use the chained path)."""
-    ct = _COMPUTE_TYPES.get(dtype_name)
-    if ct is None:
+    if dtype_name not in _COMPUTE_TYPES or not _fused_ok(dtype_name):
         return None
+    return _build_kernels(dtype_name)
+
+
+def _build_kernels(dtype_name: str):
+    ct = _COMPUTE_TYPES[dtype_name]
     import cupy
 
     c, a = repr(GELU_C), repr(GELU_A)

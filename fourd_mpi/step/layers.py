@@ -191,7 +191,8 @@ class LayerNorm4D:
             squares = elementwise.centered_squares(x, mean, xhat)
         var = comm.allreduce("x", squares).wait() / self.hidden
         with trace.op("layernorm"):
-            rstd = 1.0 / self.xp.sqrt(var + self.eps)
+            # CuPy promotes bfloat16 with a Python float to float32: back to x's dtype for the kernels
+            rstd = (1.0 / self.xp.sqrt(var + self.eps)).astype(x.dtype, copy=False)
             y, xhat = elementwise.layernorm_apply(x, mean, rstd, self.gamma.data, self.beta.data, empty(x.shape),
                                                   xhat)
         return y, (xhat, rstd)
