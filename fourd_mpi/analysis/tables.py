@@ -4,15 +4,22 @@
 >>> runs = runs_table(traces)                          # one row per run
 >>> breakdown(traces[0]); comm_table(traces[0])        # where the step time goes; collectives
 >>> scaling(runs, "weak"); compare(runs)               # across runs
+>>> steps_table(traces[0])                             # one row per (step, rank): do your own statistics
 >>> print(format_table(runs, "table"))
 
 Conventions shared by every function:
 
 - *Measured steps* are those of ``/rank_steps`` with ``warmup == 0``; all steps if every step
-  is warm-up (as :func:`fourd_mpi.run.session.summarize`, the run summary, which
+  is warm-up (as :func:`fourd_mpi.trace.summary.summarize`, the run summary, which
   :func:`runs_table` calls so that its numbers agree with the summary stored in the trace).
-- "Per step" quantities are averages over the measured (rank, step) records, i.e. per rank
-  and per step, mean over ranks.
+- **One statistic**: a run's step time is :func:`fourd_mpi.trace.summary.step_stats`, the
+  median over measured steps of the max over ranks of the step span, with the quartiles
+  q1/q3 of the same per-step series as its spread (:data:`STEP_FORMULA`). The runs,
+  compare, scaling and breakdown tables, the figures and the run summary all show it.
+- "Per step" quantities of the comm table are averages over the measured (rank, step)
+  records, i.e. per rank and per step, mean over ranks.
+- "compute" is algorithm work only (:data:`~fourd_mpi.trace.events.COMPUTE_OPS`); harness
+  work inside a step (:data:`~fourd_mpi.trace.summary.HARNESS_OPS`) is its own category.
 - Times are seconds, sizes bytes, bandwidths GB/s (1e9 bytes/s = bytes/ns).
 
 Everything is vectorized over events (integer codes, ``np.bincount``): a trace of 1024 ranks
@@ -33,37 +40,43 @@ import numpy as np
 import pandas as pd
 
 from fourd_mpi.errors import ConfigError, TraceError
-from fourd_mpi.trace.summary import summarize
+from fourd_mpi.trace.summary import (HARNESS_OPS, MPI_HOST_OPS, SHARE_FORMULA, STEP_FORMULA, harness_ns,
+                                     host_op_mask, measured_records, per_record_sums, step_stats, summarize)
 from fourd_mpi.trace.read import Trace, load_trace
 from fourd_mpi.core.colltable import BUSBW_FORMULA, wire_factor
 from fourd_mpi.trace.events import COMPUTE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST
-from fourd_mpi.util.text import short_label
+from fourd_mpi.util.text import format_number, short_label
 
 RUN_COLUMNS = [
     "run_id", "path", "status", "label", "model", "world_size", "grid", "gdata", "gz", "gy", "gx", "overlap",
     "progress", "level", "steps", "step_median_s", "step_min_s", "step_max_s", "step_q1_s", "step_q3_s",
-    "compute_share", "wait_share", "other_share", "tflops_per_rank", "peak_tflops", "percent_of_peak",
-    "tokens_per_s", "imbalance", "tokens_per_step", "model_flops_per_step", "config_key",
+    "compute_share", "wait_share", "harness_share", "other_share", "tflops_per_rank", "peak_tflops",
+    "percent_of_peak", "tokens_per_s", "imbalance", "tokens_per_step", "model_flops_per_step", "config_key",
 ]
-BREAKDOWN_COLUMNS = ["run_id", "phase", "category", "axis", "seconds_per_step", "share"]
+BREAKDOWN_COLUMNS = ["run_id", "phase", "category", "axis", "seconds_per_step", "share", "step_s", "step_q1_s",
+                     "step_q3_s"]
+#: the grid axes of the per-axis MPI-time columns of :func:`steps_table`
+STEP_AXES = ("data", "z", "y", "x")
+STEPS_COLUMNS = (["run_id", "step", "rank", "warmup", "step_s", "step_max_s", "compute_s", "harness_s", "wait_s"]
+                 + [f"mpi_{a}_s" for a in STEP_AXES] + ["loss"])
 COMM_COLUMNS = [
     "run_id", "op", "axis", "group_size", "messages_per_step", "bytes_per_step", "wire_bytes_per_step",
     "bytes_per_message", "inflight_median_s", "inflight_s_per_step", "wait_s_per_step", "algbw_gbps",
     "busbw_gbps", "overlap_pct", "formula",
 ]
 SCALING_COLUMNS = ["config_key", "world_size", "grid", "step_median_s", "speedup", "efficiency", "ideal_step_s",
-                   "group", "run_id", "tokens_per_step"]
+                   "group", "run_id", "tokens_per_step", "step_q1_s", "step_q3_s"]
 COMPARE_COLUMNS = [
     "model", "world_size", "tokens_per_step", "grid", "overlap", "progress", "label", "run_id", "step_median_s",
-    "step_q1_s", "step_q3_s", "compute_share", "wait_share", "other_share", "imbalance", "tflops_per_rank",
-    "percent_of_peak", "vs_best",
+    "step_q1_s", "step_q3_s", "compute_share", "wait_share", "harness_share", "other_share", "imbalance",
+    "tflops_per_rank", "percent_of_peak", "vs_best",
 ]
 FORMATS = ("table", "csv", "json", "markdown")
 
 #: the runs table's columns on a terminal (csv and json keep all)
 RUNS_SHOWN = ["run_id", "grid", "world_size", "overlap", "progress", "steps", "step_median_s", "step_q1_s",
-              "step_q3_s", "compute_share", "wait_share", "other_share", "tflops_per_rank", "percent_of_peak",
-              "tokens_per_s", "imbalance"]
+              "step_q3_s", "compute_share", "wait_share", "harness_share", "other_share", "tflops_per_rank",
+              "percent_of_peak", "tokens_per_s", "imbalance"]
 
 OVERLAP_FORMULA = "overlap_pct = 100 * (1 - sum(wait_ns) / sum(complete_ns - issue_ns))"
 COMM_FORMULAS = {
@@ -195,18 +208,21 @@ def config_key(model: str, overlap: str, progress: str, label: str = "") -> str:
     return "/".join([model, overlap or "none", progress or "?"] + ([label] if label else []))
 
 
-def _measured_records(rank_steps: np.ndarray) -> np.ndarray:
-    """The non-warm-up step records; all of them if every step is warm-up (as ``summarize``)."""
-    measured = rank_steps[rank_steps["warmup"] == 0]
-    return measured if len(measured) else rank_steps
+_measured_records = measured_records
 
 
-def _imbalance(measured: np.ndarray) -> float:
-    """max over ranks / mean over ranks of per-rank compute time per measured step."""
+def _imbalance(rank_steps: np.ndarray, harness: np.ndarray) -> float:
+    """max over ranks / mean over ranks of per-rank compute time (``compute_ns`` less harness work)
+    per measured step."""
+    keep = rank_steps["warmup"] == 0
+    if not keep.any():
+        keep = np.ones(len(rank_steps), dtype=bool)
+    measured = rank_steps[keep]
     if not len(measured):
         return float("nan")
     ranks, inverse = np.unique(measured["rank"], return_inverse=True)
-    busy = np.bincount(inverse, weights=measured["compute_ns"].astype(np.float64), minlength=len(ranks))
+    work = measured["compute_ns"].astype(np.float64) - harness[keep]
+    busy = np.bincount(inverse, weights=work, minlength=len(ranks))
     steps = np.bincount(inverse, minlength=len(ranks))
     per_step = busy / np.maximum(steps, 1)
     mean = per_step.mean()
@@ -237,37 +253,42 @@ def run_row(trace: Trace) -> Dict:
                grid=str(meta.get("grid") or "x".join(str(grid[k]) for k in ("data", "z", "y", "x"))),
                gdata=grid["data"], gz=grid["z"], gy=grid["y"], gx=grid["x"], overlap=overlap, progress=progress,
                level=str(meta.get("level", "")), steps=0, step_median_s=nan, step_min_s=nan, step_max_s=nan,
-               step_q1_s=nan, step_q3_s=nan, compute_share=nan, wait_share=nan, other_share=nan,
+               step_q1_s=nan, step_q3_s=nan, compute_share=nan, wait_share=nan, harness_share=nan, other_share=nan,
                tflops_per_rank=nan, peak_tflops=peak, percent_of_peak=nan, tokens_per_s=nan, imbalance=nan,
                tokens_per_step=tokens, model_flops_per_step=flops,
                config_key=config_key(model, overlap, progress, label))
     if len(trace.rank_steps):
-        s = summarize(trace.rank_steps, world, flops, tokens, peak, "")
+        harness = harness_ns(trace)
+        s = summarize(trace.rank_steps, world, flops, tokens, peak, "", harness=harness)
         row.update(steps=s.steps, step_median_s=s.median_s, step_min_s=s.min_s, step_max_s=s.max_s,
                    step_q1_s=s.q1_s, step_q3_s=s.q3_s, compute_share=s.compute_share, wait_share=s.wait_share,
-                   other_share=s.other_share, tflops_per_rank=s.model_tflops_per_rank,
+                   harness_share=s.harness_share, other_share=s.other_share,
+                   tflops_per_rank=s.model_tflops_per_rank,
                    percent_of_peak=(100.0 * s.model_tflops_per_rank / peak
                                     if math.isfinite(peak) and peak > 0 else nan),
-                   tokens_per_s=s.tokens_per_s, imbalance=_imbalance(_measured_records(trace.rank_steps)))
+                   tokens_per_s=s.tokens_per_s, imbalance=_imbalance(trace.rank_steps, harness))
     return row
 
 
 def runs_table(traces: Sequence[Trace]) -> pd.DataFrame:
     """One row per trace, columns :data:`RUN_COLUMNS` (in that order).
 
-    Step statistics are those of :func:`fourd_mpi.run.session.summarize` over the measured
-    (non-warm-up) steps, recomputed from ``/rank_steps``, so they equal the summary stored in
-    the trace: a step's time is the maximum over ranks of its span; ``step_q1_s``/``step_q3_s``
-    are NumPy's linear-interpolation quantiles; ``compute_share``/``wait_share`` = sum of
-    ``compute_ns``/``wait_ns`` over ranks and steps / sum of the step spans, ``other_share`` =
-    max(0, 1 - both); ``tflops_per_rank`` = model FLOPs per step / world size / median step time;
+    Step statistics are those of :func:`fourd_mpi.trace.summary.summarize` over the measured
+    (non-warm-up) steps, recomputed from ``/rank_steps``, so they equal the summary of the run:
+    :func:`~fourd_mpi.trace.summary.step_stats`, i.e. a step's time is the maximum over ranks of
+    its span, ``step_median_s`` the median over measured steps, ``step_q1_s``/``step_q3_s``
+    NumPy's linear-interpolation quartiles of the same series; ``compute_share``/``wait_share`` =
+    sum of algorithm compute (``compute_ns`` less harness work) / ``wait_ns`` over ranks and steps
+    / sum of the step spans; ``harness_share`` the same for harness work inside the steps (the
+    ``data`` ops of schema <= 2 op-level traces; 0 otherwise), ``other_share`` = max(0, 1 - all
+    three); ``tflops_per_rank`` = model FLOPs per step / world size / median step time;
     ``tokens_per_s`` = tokens per step / median step time.
 
     - ``steps``: number of measured steps.
     - ``peak_tflops``: the peak recorded in the trace's summary (NaN for recovered traces);
       ``percent_of_peak`` = 100 * tflops_per_rank / peak_tflops.
     - ``imbalance`` = max over ranks / mean over ranks of the per-rank busy (compute) time per
-      measured step (``compute_ns`` of ``/rank_steps``); 1.0 is perfectly balanced.
+      measured step (``compute_ns`` of ``/rank_steps`` less harness work); 1.0 is perfectly balanced.
     - ``overlap`` and ``progress`` are the short forms (``"oag,ors,oar,dp,od"``, ``"poll"``);
       ``model`` is the preset name, with ``(L..,h..,a..,f..,s..)`` appended if its shape was changed.
     - ``config_key`` = ``model/overlap/progress[/label]``: what a scaling line groups by
@@ -307,32 +328,42 @@ def _run_id(trace: Trace) -> str:
 def breakdown(trace: Trace) -> pd.DataFrame:
     """Where the step time goes, long format: columns :data:`BREAKDOWN_COLUMNS`.
 
-    Over the measured steps, per step and averaged over ranks: ``seconds_per_step`` = sum over
-    the measured (rank, step) records / their number. The total is the mean step span (a rank's
-    ``end_ns - start_ns``), and ``share`` = seconds_per_step / that total, so the shares of a run
-    sum to 1 (and the compute rows sum to ``runs_table``'s ``compute_share``).
+    The step time split is the run's one step time (:func:`~fourd_mpi.trace.summary.step_stats`,
+    the median over measured steps of the max over ranks of the step span, as ``runs_table``'s
+    ``step_median_s``), apportioned by the categories' shares of all ranks' measured time:
+
+    - ``share`` = sum over the measured (rank, step) records of the category's time / sum of their
+      step spans (``end_ns - start_ns``), so the shares of a run sum to 1, the compute rows sum to
+      ``runs_table``'s ``compute_share`` and the ``exposed_comm`` rows to its ``wait_share``;
+    - ``seconds_per_step`` = share * step_s, so the rows of a run sum to ``step_s``;
+    - ``step_s``, ``step_q1_s``, ``step_q3_s``: the run's median step time and its quartiles (the
+      same on every row of the run; the figures draw the quartiles as error bars).
 
     Level ``op`` (events):
 
-    - ``category`` a compute op (``data gemm attention layernorm gelu loss optimizer``),
+    - ``category`` a compute op (:data:`~fourd_mpi.trace.events.COMPUTE_OPS`: algorithm work only),
       ``phase`` its phase, ``axis`` ``"none"``: sum of the op's event durations;
+    - ``category`` ``harness``, ``phase`` its phase, ``axis`` ``"none"``: work of the benchmark
+      harness inside the step (:data:`~fourd_mpi.trace.summary.HARNESS_OPS`: the synthetic data
+      of schema <= 2 traces);
     - ``category`` ``exposed_comm``, ``axis`` ``x``/``y``/``z``/``data``, ``phase`` that of the
-      collective: sum of ``wait`` event durations (time the main thread was blocked);
+      collective: sum of the host-lane MPI events (:data:`~fourd_mpi.trace.summary.MPI_HOST_OPS`:
+      ``wait``, the time the main thread was blocked, and ``issue``/``test`` where the trace has them);
     - ``category`` ``other``, ``phase`` ``"all"``, ``axis`` ``"none"``: step span minus all of
       the above (Python overhead, buffer preparation, issuing collectives, ...).
 
     Levels ``step``/``layer`` (no op events): three rows from ``/rank_steps`` with ``phase`` and
-    ``axis`` ``"all"``: ``compute`` (``compute_ns``), ``exposed_comm`` (``wait_ns``) and ``other``.
-    ``other`` is not clipped at 0 (it cannot be negative in a trace that passes
-    ``check_invariants``).
+    ``axis`` ``"all"``: ``compute`` (``compute_ns``; harness work cannot be told apart there),
+    ``exposed_comm`` (``wait_ns``) and ``other``. ``other`` is not clipped at 0 (it cannot be
+    negative in a trace that passes ``check_invariants``).
     """
     run_id = _run_id(trace)
     measured = _measured_records(trace.rank_steps)
-    n = len(measured)
-    if n == 0:
+    if len(measured) == 0:
         return pd.DataFrame(columns=BREAKDOWN_COLUMNS)
-    span = float((measured["end_ns"] - measured["start_ns"]).astype(np.float64).sum()) / n
-    rows = []
+    stats = step_stats(trace)
+    total = float((measured["end_ns"] - measured["start_ns"]).astype(np.float64).sum())
+    rows = []  # (phase, category, axis, ns summed over the measured records)
     ops, phases, axes = trace.vocab["ops"], trace.vocab["phases"], trace.vocab["axes"]
     if trace.metadata.get("level", "op") == "op" and "wait" in ops:
         ev = trace.events
@@ -343,55 +374,107 @@ def breakdown(trace: Trace) -> pd.DataFrame:
         dur = (host["end_ns"] - host["start_ns"]).astype(np.float64)
         op = host["op"].astype(np.int64)
         phase = host["phase"].astype(np.int64)
+        axis = host["axis"].astype(np.int64)
         nop, nph, nax = len(ops), len(phases), len(axes)
+
+        def by_phase_and(key, selected, radix):
+            sums = np.bincount(phase[selected] * radix + key[selected], weights=dur[selected],
+                               minlength=nph * radix)
+            counts = np.bincount(phase[selected] * radix + key[selected], minlength=nph * radix)
+            return sums, counts
+
         compute_codes = [ops.index(name) for name in COMPUTE_OPS if name in ops]
-        is_compute = np.isin(op, compute_codes)
-        sums = np.bincount(phase[is_compute] * nop + op[is_compute], weights=dur[is_compute],
-                           minlength=nph * nop)
-        counts = np.bincount(phase[is_compute] * nop + op[is_compute], minlength=nph * nop)
+        sums, counts = by_phase_and(op, np.isin(op, compute_codes), nop)
         for p in range(nph):
             for o in compute_codes:
                 if counts[p * nop + o]:
-                    rows.append((phases[p], ops[o], "none", sums[p * nop + o] / n))
-        is_wait = op == ops.index("wait")
-        axis = host["axis"].astype(np.int64)
-        wkey = phase[is_wait] * nax + axis[is_wait]
-        wsums = np.bincount(wkey, weights=dur[is_wait], minlength=nph * nax)
-        wcounts = np.bincount(wkey, minlength=nph * nax)
+                    rows.append((phases[p], ops[o], "none", sums[p * nop + o]))
+        harness_codes = [ops.index(name) for name in HARNESS_OPS if name in ops]
+        hsums, hcounts = by_phase_and(np.zeros_like(op), np.isin(op, harness_codes), 1)
+        for p in range(nph):
+            if hcounts[p]:
+                rows.append((phases[p], "harness", "none", hsums[p]))
+        mpi_codes = [ops.index(name) for name in MPI_HOST_OPS if name in ops]
+        wsums, wcounts = by_phase_and(axis, np.isin(op, mpi_codes), nax)
         for p in range(nph):
             for a in range(nax):
                 if wcounts[p * nax + a]:
-                    rows.append((phases[p], "exposed_comm", axes[a], wsums[p * nax + a] / n))
+                    rows.append((phases[p], "exposed_comm", axes[a], wsums[p * nax + a]))
         accounted = sum(r[3] for r in rows)
-        rows.append(("all", "other", "none", span - accounted))
+        rows.append(("all", "other", "none", total - accounted))
     else:
-        compute = float(measured["compute_ns"].astype(np.float64).sum()) / n
-        wait = float(measured["wait_ns"].astype(np.float64).sum()) / n
+        compute = float(measured["compute_ns"].astype(np.float64).sum())
+        wait = float(measured["wait_ns"].astype(np.float64).sum())
         rows = [("all", "compute", "all", compute), ("all", "exposed_comm", "all", wait),
-                ("all", "other", "all", span - compute - wait)]
-    df = pd.DataFrame(rows, columns=["phase", "category", "axis", "seconds_per_step"])
-    df["seconds_per_step"] = df["seconds_per_step"] * 1e-9
-    df["share"] = df["seconds_per_step"] / (span * 1e-9) if span > 0 else float("nan")
+                ("all", "other", "all", total - compute - wait)]
+    df = pd.DataFrame(rows, columns=["phase", "category", "axis", "ns"])
+    df["share"] = df["ns"] / total if total > 0 else float("nan")
+    df["seconds_per_step"] = df["share"] * stats.median_s
+    df["step_s"], df["step_q1_s"], df["step_q3_s"] = stats.median_s, stats.q1_s, stats.q3_s
     df.insert(0, "run_id", run_id)
-    return df[BREAKDOWN_COLUMNS]
+    out = df[BREAKDOWN_COLUMNS]
+    out.attrs["formulas"] = {"step_s": STEP_FORMULA, "share": SHARE_FORMULA,
+                             "seconds_per_step": "seconds_per_step = share * step_s"}
+    return out
 
 
 def breakdown_wide(long: pd.DataFrame) -> pd.DataFrame:
-    """One row per run: ``step_s`` (mean step span) and the share (%) of each category, summed
-    over phases; exposed communication as ``comm_<axis>``. For terminals; :func:`breakdown` is
-    the long form."""
+    """One row per run: ``step_s`` (the run's median step time, :func:`breakdown`) and the share (%)
+    of each category, summed over phases; exposed communication as ``comm_<axis>``. For terminals;
+    :func:`breakdown` is the long form."""
     if not len(long):
         return pd.DataFrame(columns=["run_id", "step_s"])
     key = np.where(long["category"] == "exposed_comm", "comm_" + long["axis"].astype(str), long["category"])
     key = np.where(key == "comm_all", "exposed_comm", key)
     table = (long.assign(key=key).pivot_table(index="run_id", columns="key", values="share", aggfunc="sum",
                                               sort=False) * 100)
-    order = [c for c in (*COMPUTE_OPS, "compute", "comm_x", "comm_y", "comm_z", "comm_data", "exposed_comm",
-                         "other") if c in table.columns]
-    spans = long.groupby("run_id", sort=False)["seconds_per_step"].sum()
+    order = [c for c in (*COMPUTE_OPS, "compute", "harness", "comm_x", "comm_y", "comm_z", "comm_data",
+                         "exposed_comm", "other") if c in table.columns]
+    order += [c for c in table.columns if c not in order]
+    step = long.groupby("run_id", sort=False)["step_s"].first()
     wide = table[order].rename(columns=lambda c: f"{c}_%")
-    wide.insert(0, "step_s", spans.reindex(wide.index))
+    wide.insert(0, "step_s", step.reindex(wide.index))
     return wide.reset_index()
+
+
+def steps_table(trace: Trace) -> pd.DataFrame:
+    """One row per (step, rank) of the trace, warm-up steps included: columns :data:`STEPS_COLUMNS`,
+    sorted by step, then rank. For users' own statistics.
+
+    - ``step_s`` = this rank's span ``(end_ns - start_ns) * 1e-9`` (``/rank_steps``);
+      ``step_max_s`` = the max over ranks of ``step_s`` for that step (the per-step series whose
+      median over the measured steps is the run's step time);
+    - ``compute_s`` = ``compute_ns * 1e-9`` less ``harness_s`` (algorithm work only);
+      ``harness_s`` = harness work inside the step (host-lane ``data`` events; 0 below level op);
+    - ``wait_s`` = ``wait_ns * 1e-9`` (time blocked in waits, all axes);
+    - ``mpi_<axis>_s`` = sum of the durations of the host-lane MPI events (``wait``, and ``issue``/
+      ``test`` where the trace has them) of collectives on that axis; NaN for traces below level op;
+    - ``loss`` as recorded; ``warmup`` a bool.
+    """
+    rs = trace.rank_steps
+    order = np.lexsort((rs["rank"], rs["step"]))
+    rs = rs[order]
+    n = len(rs)
+    ev = trace.events
+    op_level = trace.metadata.get("level", "op") == "op" and "wait" in trace.vocab.get("ops", ())
+    harness = harness_ns(trace)[order] if n else np.zeros(0)
+    out = pd.DataFrame({"run_id": [_run_id(trace)] * n, "step": rs["step"].astype(np.int64),
+                        "rank": rs["rank"].astype(np.int64), "warmup": rs["warmup"].astype(bool)})
+    span = (rs["end_ns"] - rs["start_ns"]).astype(np.float64) * 1e-9
+    out["step_s"] = span
+    out["step_max_s"] = pd.Series(span).groupby(out["step"].to_numpy()).transform("max").to_numpy() if n else span
+    out["compute_s"] = (rs["compute_ns"].astype(np.float64) - harness) * 1e-9
+    out["harness_s"] = harness * 1e-9
+    out["wait_s"] = rs["wait_ns"].astype(np.float64) * 1e-9
+    mpi = host_op_mask(ev, trace.vocab.get("ops", ()), MPI_HOST_OPS)
+    axes = trace.vocab.get("axes", [])
+    for a in STEP_AXES:
+        if op_level and a in axes:
+            out[f"mpi_{a}_s"] = per_record_sums(rs, ev, mpi & (ev["axis"] == axes.index(a))) * 1e-9
+        else:
+            out[f"mpi_{a}_s"] = float("nan") if not op_level else 0.0
+    out["loss"] = rs["loss"].astype(np.float64)
+    return out[STEPS_COLUMNS].reset_index(drop=True)
 
 
 _COMM_BY = ("op", "axis", "phase", "layer")
@@ -511,6 +594,7 @@ def scaling(runs, mode: str = "weak") -> pd.DataFrame:
     the total work (``tokens_per_step``; the model is part of the key). Within a group, rows are
     sorted by ``world_size`` (then step time); every run is a row (several grids of one size may
     appear). Base = the smallest world size of the group; ``T(base)`` its fastest median step time.
+    ``step_median_s``, ``step_q1_s``, ``step_q3_s``: the runs' step time and quartiles (:data:`STEP_FORMULA`).
 
     - ``weak`` (fixed work per rank): requires ``tokens_per_step / world_size`` to be the same for
       every run of the group, else the group is dropped. ``efficiency = T(base) / T(N)``,
@@ -562,7 +646,9 @@ def scaling(runs, mode: str = "weak") -> pd.DataFrame:
             "config_key": group["config_key"].to_numpy(), "world_size": group["world_size"].to_numpy(),
             "grid": group["grid"].to_numpy(), "step_median_s": times, "speedup": speedup,
             "efficiency": efficiency, "ideal_step_s": ideal, "group": name,
-            "run_id": group["run_id"].to_numpy(), "tokens_per_step": group["tokens_per_step"].to_numpy()}))
+            "run_id": group["run_id"].to_numpy(), "tokens_per_step": group["tokens_per_step"].to_numpy(),
+            "step_q1_s": group["step_q1_s"].to_numpy(dtype=np.float64),
+            "step_q3_s": group["step_q3_s"].to_numpy(dtype=np.float64)}))
     out = (pd.concat(pieces, ignore_index=True) if pieces else pd.DataFrame(columns=SCALING_COLUMNS))
     out = out[SCALING_COLUMNS]
     out.attrs["dropped"] = dropped
@@ -593,29 +679,13 @@ def compare(runs) -> pd.DataFrame:
 # ---------------------------------------------------------------------------
 
 def _cell(value) -> str:
-    if value is None:
-        return ""
     if isinstance(value, (bool, np.bool_)):
         return str(bool(value))
     if isinstance(value, (int, np.integer)):
         return str(int(value))
     if isinstance(value, (float, np.floating)):
-        v = float(value)
-        if math.isnan(v):
-            return "-"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        if v == 0:
-            return "0"
-        if v == int(v) and abs(v) < 1e15:
-            return f"{int(v)}"
-        a = abs(v)
-        if a >= 1e6 or a < 1e-3:
-            return f"{v:.4g}"
-        if a >= 100:
-            return f"{v:.1f}"
-        return f"{v:.4g}" if a < 1 else f"{v:.3f}"
-    return str(value)
+        return format_number(float(value))
+    return format_number(value) if value is None else str(value)
 
 
 def _is_numeric(series: pd.Series) -> bool:

@@ -12,18 +12,22 @@ from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.files import refuse_overwrite
 from fourd_mpi.util.values import int_list, nonnegative_int
 
-ANALYSES = ("runs", "breakdown", "comm", "compare", "scaling")
+ANALYSES = ("runs", "breakdown", "comm", "compare", "scaling", "steps")
+#: what ``--what auto`` shows (``steps``, a row per step and rank, only when asked for)
+AUTO = ("runs", "breakdown", "comm", "compare", "scaling")
 PLOTS = ("scaling", "breakdown", "timeline", "overlap")
 FORMATS = ("table", "csv", "json", "markdown")
 
 
 def register(sub) -> None:
     an = sub.add_parser("analyze", help="tables from traces: per run, breakdown, communication, scaling, "
-                        "comparison (one process, no mpiexec)")
+                        "comparison, per step and rank (one process, no mpiexec); a run's step time is the median "
+                        "over measured steps of the max over ranks, spread = its quartiles")
     add_trace_paths(an)
     an.add_argument("--what", default="auto", metavar="LIST",
                     help=f"comma list of {', '.join(ANALYSES)}; auto (default): runs, breakdown and comm of each "
-                         "run, and compare and weak/strong scaling when several runs qualify")
+                         "run, and compare and weak/strong scaling when several runs qualify; steps: one row per "
+                         "(run, step, rank) with step, compute, wait and per-axis MPI time and loss")
     an.add_argument("--scaling", choices=("weak", "strong"), action="append", default=None,
                     help="scaling mode(s) for the scaling table (default: both where they apply)")
     an.add_argument("--format", default="table", choices=FORMATS, help="default table")
@@ -71,7 +75,7 @@ def cmd_analyze(args, world=None) -> int:
     """Exit 0: every file analysed; 1: some skipped (each named on stderr); 2: nothing to analyse."""
     from fourd_mpi.analysis import tables as analysis
 
-    what = list(ANALYSES) if args.what == "auto" else parse_list(args.what, ANALYSES, "--what")
+    what = list(AUTO) if args.what == "auto" else parse_list(args.what, ANALYSES, "--what")
     traces, problems = _load_traces(args)
     runs = analysis.runs_table(traces)
     sections = []  # (title, frame)
@@ -101,6 +105,10 @@ def cmd_analyze(args, world=None) -> int:
                     sys.stderr.write(f"{PROG}: {mode} scaling: left out {group}: {why}\n")
             if len(table):
                 sections.append((f"{mode} scaling", table))
+    if "steps" in what:
+        frames = [f for f in (analysis.steps_table(t) for t in traces) if len(f)]
+        if frames:
+            sections.append(("steps", _concat(frames)))
     text = _render_sections(sections, args.format)
     if args.output:
         with open(args.output, "w") as fh:
@@ -111,7 +119,11 @@ def cmd_analyze(args, world=None) -> int:
 
 
 def _render_sections(sections, fmt: str) -> str:
-    from fourd_mpi.analysis.tables import COMM_FORMULAS, format_table
+    from fourd_mpi.analysis.tables import COMM_FORMULAS, SHARE_FORMULA, STEP_FORMULA, format_table
+
+    notes = {"runs": {"step_median_s": STEP_FORMULA, "*_share": SHARE_FORMULA},
+             "breakdown": {"step_s": STEP_FORMULA, "*_%": "100 * " + SHARE_FORMULA},
+             "comm": COMM_FORMULAS}
 
     if fmt == "json":
         return json.dumps({title: json.loads(format_table(frame, "json")) for title, frame in sections},
@@ -125,8 +137,8 @@ def _render_sections(sections, fmt: str) -> str:
     parts = []
     for title, frame in sections:
         parts.append(heading.format(title) + "\n\n" + format_table(frame, fmt))
-        if title == "comm":
-            parts.append("\n".join(f"  {k}: {v}" for k, v in COMM_FORMULAS.items()))
+        if title in notes:
+            parts.append("\n".join(f"  {k}: {v}" for k, v in notes[title].items()))
     return "\n\n".join(parts) + "\n"
 
 

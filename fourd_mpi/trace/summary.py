@@ -1,22 +1,117 @@
-"""The per-run summary of a trace: statistics of the measured (post-warm-up) steps.
+"""The per-run summary of a trace, and the one step-time statistic every table, plot and summary uses.
 
 Written into the trace metadata by the run, recomputed by ``trace recover`` and by the
 analysis from the per-rank step records. Pure NumPy: no MPI.
 
-Step time of step s = max over ranks of (end - start); the printed step time is the
-median over measured steps. Shares are sums over ranks and steps of the per-rank
-compute and wait (time blocked in ``MPI_Wait``) times, divided by the sum of the
-per-rank step spans. Data preparation happens before the first step and is reported on
-its own line, never as part of a step.
+**The step time of a run** (:func:`step_stats`, the only place it is computed): for each
+measured (non-warm-up) step ``s``, ``T[s]`` = max over ranks of the rank's span
+``end_ns - start_ns`` (the slowest rank finishes the step); the run's step time is the
+**median** of ``T`` over the measured steps, its spread the quartiles ``q1``/``q3`` of ``T``
+(NumPy's default linear interpolation), with ``min`` and ``max``. The run summary, every
+table of ``fourd-mpi analyze`` and every figure of ``fourd-mpi plot`` show these numbers.
+
+**Shares** are sums over ranks and measured steps of the per-rank times, divided by the sum
+of the per-rank step spans: ``compute`` (algorithm work only: the host-lane ops
+:data:`~fourd_mpi.trace.events.COMPUTE_OPS`, i.e. ``compute_ns`` less the harness time),
+``wait`` (time blocked in ``MPI_Wait``, "exposed communication"), ``harness`` (work of the
+benchmark harness inside a step: :data:`HARNESS_OPS`, the synthetic data that traces of
+schema <= 2 made inside every step) and ``other`` (the rest). Data preparation before the
+first step (schema >= 3) is reported on its own line, never as part of a step.
 """
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass
-from typing import Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+
+from fourd_mpi.trace.events import LANE_HOST
+from fourd_mpi.util.text import format_number
+
+#: host-lane ops that are work of the benchmark harness, not of the algorithm (``data``: synthetic
+#: batches made inside every step by traces of schema <= 2; the tracer counted them in ``compute_ns``)
+HARNESS_OPS = ("data",)
+#: host-lane ops during which the main thread is inside MPI (``wait``; the names of newer schemas,
+#: ``issue`` and ``test``, count as soon as a trace's vocabulary has them)
+MPI_HOST_OPS = ("wait", "issue", "test")
+
+STEP_FORMULA = ("step time = median over measured steps of (max over ranks of the rank's step span "
+                "end_ns - start_ns); spread: quartiles q1/q3 of the same per-step series")
+SHARE_FORMULA = "share = sum over ranks and measured steps of the time / sum of the ranks' step spans"
+
+
+def measured_records(rank_steps: np.ndarray) -> np.ndarray:
+    """The non-warm-up step records; all of them if every step is warm-up."""
+    measured = rank_steps[rank_steps["warmup"] == 0]
+    return measured if len(measured) else rank_steps
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """:data:`STEP_FORMULA` over the measured steps: ``per_step_s[i]`` is the max over ranks of the
+    span of step ``steps_index[i]`` (both sorted by step); NaN statistics when there is no step."""
+
+    steps: int
+    median_s: float
+    q1_s: float
+    q3_s: float
+    min_s: float
+    max_s: float
+    steps_index: np.ndarray = field(repr=False)
+    per_step_s: np.ndarray = field(repr=False)
+
+
+def step_stats(source) -> StepStats:
+    """The run's step-time statistics (:data:`STEP_FORMULA`) from a trace (anything with
+    ``rank_steps``) or a ``/rank_steps`` array (:data:`~fourd_mpi.trace.events.RANK_STEP_DTYPE`)."""
+    rank_steps = getattr(source, "rank_steps", source)
+    measured = measured_records(rank_steps)
+    if not len(measured):
+        nan = float("nan")
+        return StepStats(0, nan, nan, nan, nan, nan, np.zeros(0, np.int64), np.zeros(0))
+    spans = (measured["end_ns"] - measured["start_ns"]).astype(np.float64) * 1e-9
+    steps, inverse = np.unique(measured["step"], return_inverse=True)
+    per_step = np.full(len(steps), -np.inf)
+    np.maximum.at(per_step, inverse, spans)
+    q1, median, q3 = np.quantile(per_step, [0.25, 0.5, 0.75])
+    return StepStats(steps=len(steps), median_s=float(median), q1_s=float(q1), q3_s=float(q3),
+                     min_s=float(per_step.min()), max_s=float(per_step.max()), steps_index=steps.astype(np.int64),
+                     per_step_s=per_step)
+
+
+def per_record_sums(rank_steps: np.ndarray, events: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """For every record of ``rank_steps``, the summed durations (ns, float) of the events selected by
+    ``mask`` with that record's ``(rank, step)``; events of no record are ignored. Shape ``(len(rank_steps),)``."""
+    out = np.zeros(len(rank_steps))
+    if not len(rank_steps) or not mask.any():
+        return out
+    picked = np.flatnonzero(mask)
+    width = int(max(int(rank_steps["step"].max()), int(events["step"][picked].max()))) + 2
+    rec_key = rank_steps["rank"].astype(np.int64) * width + (rank_steps["step"].astype(np.int64) + 1)
+    ev_key = events["rank"][picked].astype(np.int64) * width + (events["step"][picked].astype(np.int64) + 1)
+    order = np.argsort(rec_key, kind="stable")
+    pos = np.searchsorted(rec_key[order], ev_key)
+    pos = np.minimum(pos, len(order) - 1)
+    hit = rec_key[order][pos] == ev_key
+    dur = (events["end_ns"][picked] - events["start_ns"][picked]).astype(np.float64)
+    np.add.at(out, order[pos[hit]], dur[hit])
+    return out
+
+
+def host_op_mask(events: np.ndarray, ops_vocab: Sequence[str], names: Sequence[str]) -> np.ndarray:
+    """Events on the host lane whose op is one of ``names`` (by name: codes differ between schemas)."""
+    codes = [i for i, name in enumerate(ops_vocab) if name in names]
+    if not codes or not len(events):
+        return np.zeros(len(events), dtype=bool)
+    return (events["lane"] == LANE_HOST) & np.isin(events["op"], codes)
+
+
+def harness_ns(trace) -> np.ndarray:
+    """Per record of ``trace.rank_steps``: ns of harness work (:data:`HARNESS_OPS`) inside the step, from
+    the host-lane events (zeros for traces below level ``op``, which cannot tell it apart)."""
+    mask = host_op_mask(trace.events, trace.vocab.get("ops", ()), HARNESS_OPS)
+    return per_record_sums(trace.rank_steps, trace.events, mask)
 
 
 @dataclass
@@ -40,6 +135,8 @@ class Summary:
     #: traces of schema <= 2 made the data inside every step)
     data_prep_s: Optional[float] = None
     data_batches: Optional[int] = None
+    #: share of harness work inside the steps (:data:`HARNESS_OPS`; 0 from schema 3 on)
+    harness_share: float = 0.0
 
     @property
     def percent_of_peak(self) -> float:
@@ -49,11 +146,16 @@ class Summary:
         return dict(self.__dict__, percent_of_peak=self.percent_of_peak)
 
     def lines(self) -> List[str]:
-        spread = (f"min {self.min_s:.4f}, IQR {self.q1_s:.4f}-{self.q3_s:.4f}, max {self.max_s:.4f}")
+        """The run summary. Step times are printed as the analysis tables print them
+        (:func:`~fourd_mpi.util.text.format_number`), so the numbers agree digit for digit."""
+        f = format_number
+        spread = f"min {f(self.min_s)}, q1 {f(self.q1_s)}, q3 {f(self.q3_s)}, max {f(self.max_s)}"
+        harness = f", harness {100 * self.harness_share:.1f}%" if self.harness_share else ""
         return [
-            f"step time: median {self.median_s:.4f} s over {self.steps} step(s) ({spread})",
-            f"time share (all ranks): compute {100 * self.compute_share:.1f}%, exposed communication "
-            f"{100 * self.wait_share:.1f}%, other {100 * self.other_share:.1f}%",
+            f"step time: median {f(self.median_s)} s over {self.steps} step(s) ({spread}; a step's time is "
+            f"the max over ranks)",
+            f"time share (sum over ranks and steps / sum of step spans): compute {100 * self.compute_share:.1f}%, "
+            f"exposed communication {100 * self.wait_share:.1f}%{harness}, other {100 * self.other_share:.1f}%",
             f"model FLOP/s per rank: {self.model_tflops_per_rank * 1e3:.3f} GFLOP/s = {self.percent_of_peak:.1f}% "
             f"of {self.peak_tflops * 1e3:.3f} GFLOP/s ({self.peak_source})",
             f"throughput: {self.tokens_per_s:,.0f} tokens/s",
@@ -64,27 +166,28 @@ class Summary:
 
 def summarize(rank_steps: np.ndarray, world_size: int, flops_per_step: float, tokens_per_step: int,
               peak_tflops: float, peak_source: str, data_prep_s: Optional[float] = None,
-              data_batches: Optional[int] = None) -> Summary:
+              data_batches: Optional[int] = None, harness: Optional[np.ndarray] = None) -> Summary:
     """Summary of the non-warm-up steps in ``rank_steps`` (every rank's step records).
 
-    ``data_prep_s``, ``data_batches``: the run's data preparation before the steps (reported as is).
+    Step statistics: :func:`step_stats`. ``harness``: per record of ``rank_steps``, ns of harness work
+    counted in ``compute_ns`` (:func:`harness_ns`; None: none). ``data_prep_s``, ``data_batches``: the
+    run's data preparation before the steps (reported as is).
     """
-    measured = rank_steps[rank_steps["warmup"] == 0]
-    if not len(measured):
-        measured = rank_steps
+    stats = step_stats(rank_steps)
+    keep = rank_steps["warmup"] == 0
+    if not keep.any():
+        keep = np.ones(len(rank_steps), dtype=bool)
+    measured = rank_steps[keep]
     spans = (measured["end_ns"] - measured["start_ns"]).astype(np.float64)
-    per_step = {}
-    for step, span in zip(measured["step"].tolist(), spans.tolist()):
-        per_step[step] = max(per_step.get(step, 0.0), span * 1e-9)
-    times = sorted(per_step.values())
-    q = np.quantile(times, [0.25, 0.75])
-    median = statistics.median(times)
     total = float(spans.sum()) or 1.0
-    compute = float(measured["compute_ns"].sum()) / total
-    wait = float(measured["wait_ns"].sum()) / total
-    return Summary(steps=len(times), median_s=median, min_s=times[0], max_s=times[-1], q1_s=float(q[0]),
-                   q3_s=float(q[1]), compute_share=compute, wait_share=wait,
-                   other_share=max(0.0, 1.0 - compute - wait),
+    extra = float(np.asarray(harness, dtype=np.float64)[keep].sum()) if harness is not None else 0.0
+    compute = (float(measured["compute_ns"].astype(np.float64).sum()) - extra) / total
+    wait = float(measured["wait_ns"].astype(np.float64).sum()) / total
+    harness_share = extra / total
+    median = stats.median_s
+    return Summary(steps=stats.steps, median_s=median, min_s=stats.min_s, max_s=stats.max_s, q1_s=stats.q1_s,
+                   q3_s=stats.q3_s, compute_share=compute, wait_share=wait,
+                   other_share=max(0.0, 1.0 - compute - wait - harness_share),
                    model_tflops_per_rank=flops_per_step / world_size / median / 1e12, peak_tflops=peak_tflops,
                    peak_source=peak_source, tokens_per_s=tokens_per_step / median, data_prep_s=data_prep_s,
-                   data_batches=data_batches)
+                   data_batches=data_batches, harness_share=harness_share)

@@ -12,3 +12,30 @@ def short_label(text, default: str = "") -> str:
     if text is None or (isinstance(text, float) and math.isnan(text)):
         return default
     return str(text).split(" (")[0].strip() or default
+
+
+def format_number(value) -> str:
+    """A number as every table and summary prints it: integers as such, floats to about 4
+    significant digits (``0.05739``, ``3891.6``, ``1.854``, ``0.0002989``, ``1.2e+07``), NaN as
+    ``-``. One function, so that the run summary and ``fourd-mpi analyze`` agree digit for digit."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    v = float(value)
+    if math.isnan(v):
+        return "-"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if v == 0:
+        return "0"
+    if v == int(v) and abs(v) < 1e15:
+        return f"{int(v)}"
+    a = abs(v)
+    if a >= 1e6 or a < 1e-3:
+        return f"{v:.4g}"
+    if a >= 100:
+        return f"{v:.1f}"
+    return f"{v:.4g}" if a < 1 else f"{v:.3f}"
