@@ -12,7 +12,11 @@ frame, a missing column, an unknown step, a rank out of range, another suffix) r
 
 Colors are the same in every figure: compute ops in blues and greens, exposed communication
 (waits) in reds and oranges (one shade per grid axis), collectives in purple/brown/amber,
-everything else grey.
+harness work sand, everything else grey.
+
+Step times are the one statistic of :func:`fourd_mpi.trace.summary.step_stats` (median over the
+measured steps of the max over ranks of the step span), as in every table and the run summary;
+error bars span its quartiles q1-q3 (of the same per-step max-over-ranks series).
 """
 
 from __future__ import annotations
@@ -44,11 +48,13 @@ COMPUTE_COLORS = {
     "attention": "#4292c6",
     "layernorm": "#9ecae1",
     "gelu": "#238b45",
+    "residual": "#a1d99b",
     "loss": "#74c476",
-    "data": "#c7e9c0",
     "optimizer": "#00441b",
     "compute": "#4292c6",
 }
+#: harness work inside a step (synthetic data of schema <= 2 traces): not compute
+HARNESS_COLOR = "#d9c89e"
 #: exposed communication (waits) per grid axis
 WAIT_COLORS = {
     "x": "#a50f15",
@@ -64,14 +70,17 @@ OTHER_COLOR = "#9e9e9e"
 COLLECTIVE_COLORS = {"allgather": "#7b4fb0", "reduce_scatter": "#8c564b", "allreduce": "#d4a017"}
 WAIT_COLOR = "#d62728"
 
-CATEGORY_COLORS = dict(COMPUTE_COLORS, other=OTHER_COLOR,
+CATEGORY_COLORS = dict(COMPUTE_COLORS, other=OTHER_COLOR, harness=HARNESS_COLOR,
                        **{f"exposed_comm:{a}": c for a, c in WAIT_COLORS.items() if a})
-OP_COLORS = dict(COMPUTE_COLORS, wait=WAIT_COLOR, **COLLECTIVE_COLORS)
+OP_COLORS = dict(COMPUTE_COLORS, wait=WAIT_COLOR, data=HARNESS_COLOR, **COLLECTIVE_COLORS)
 
-_COMPUTE_ORDER = ("gemm", "attention", "layernorm", "gelu", "loss", "data", "optimizer", "compute")
+_COMPUTE_ORDER = ("gemm", "attention", "layernorm", "gelu", "residual", "loss", "optimizer", "compute")
 _AXIS_ORDER = ("x", "y", "z", "data", "all", "none", "")
 _COLLECTIVE_ORDER = ("allgather", "reduce_scatter", "allreduce")
 _AGGREGATE_PHASES = ("all", "total", "step")
+
+STEP_CAPTION = ("step time: median over the measured steps of the max over ranks of the step span; "
+                "error bars: quartiles q1-q3 of the same per-step series")
 
 OVERLAP_CAPTION = ("overlap = 100 \u00d7 (1 \u2212 wait / in-flight), aggregated over the measured steps and ranks: "
                    "100 \u00d7 (1 \u2212 \u03a3 wait_ns / \u03a3 (complete_ns \u2212 issue_ns)).\n"
@@ -175,8 +184,9 @@ def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = No
 
     ``scaling_df``: :func:`fourd_mpi.analysis.tables.scaling` (columns ``config_key, world_size, grid,
     step_median_s, speedup, efficiency, ideal_step_s``; ``group`` is used instead of
-    ``config_key`` when present). Left: median step time (log2 rank axis; weak: linear time
-    axis from 0, strong: log time axis); the ideal is dashed: ``T(base)`` for weak scaling,
+    ``config_key`` when present). Left: the step time ``step_median_s`` (median over measured steps
+    of the max over ranks), with error bars from ``step_q1_s``/``step_q3_s`` when the frame has them
+    (log2 rank axis; weak: linear time axis from 0, strong: log time axis); the ideal is dashed: ``T(base)`` for weak scaling,
     ``T(base) * base / N`` for strong. Right: efficiency with the ideal 1.0 dashed. Where a
     line has several runs of one rank count (several grids), the line goes through the fastest
     and the others are shown as open markers. Points are annotated with their grid.
@@ -214,6 +224,16 @@ def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = No
             else:
                 ideal = np.full(len(n), t[0]) if mode == "weak" else t[0] * base / n
             ax_t.plot(n, t * scale, "-o", color=color, lw=1.8, ms=6, label=name, zorder=3)
+            if {"step_q1_s", "step_q3_s"} <= set(g.columns):  # quartiles of the per-step max over ranks
+                for part, face in ((best, color), (g.drop(best.index), "none")):
+                    q1 = part["step_q1_s"].to_numpy(dtype=float)
+                    q3 = part["step_q3_s"].to_numpy(dtype=float)
+                    mid = part["step_median_s"].to_numpy(dtype=float)
+                    ok = np.isfinite(q1) & np.isfinite(q3)
+                    if ok.any():
+                        ax_t.errorbar(part["world_size"].to_numpy()[ok], mid[ok] * scale,
+                                      yerr=[np.maximum(mid - q1, 0)[ok] * scale, np.maximum(q3 - mid, 0)[ok] * scale],
+                                      fmt="none", ecolor=color, elinewidth=1.0, capsize=3, zorder=3)
             ax_t.plot(n, ideal * scale, "--", color=color, lw=1.2, alpha=0.8, zorder=2)
             eff = best["efficiency"].to_numpy()
             ax_e.plot(n, eff, "-o", color=color, lw=1.8, ms=6, label=name, zorder=3)
@@ -256,8 +276,11 @@ def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = No
             ax_t.set_ylim(lo / 1.15, hi * 1.35)
             ax_t.grid(True, which="minor", axis="y", color="0.94", lw=0.6)
         else:
-            ax_t.set_ylim(0, float(df["step_median_s"].max()) * scale * 1.18)
-        ax_t.set_ylabel(f"median step time ({unit})")
+            top = float(df["step_median_s"].max())
+            if "step_q3_s" in df.columns and np.isfinite(df["step_q3_s"].astype(float)).any():
+                top = max(top, float(np.nanmax(df["step_q3_s"].astype(float))))
+            ax_t.set_ylim(0, top * scale * 1.18)
+        ax_t.set_ylabel(f"step time ({unit}): median of max over ranks, bars q1-q3")
         ax_t.set_title(f"{mode.capitalize()} scaling: step time (dashed: ideal)")
         ax_e.set_ylim(0, max(1.05, eff_max * 1.05))
         ax_e.set_ylabel("parallel efficiency")
@@ -290,7 +313,8 @@ def _segment_label(key: str) -> str:
     if key.startswith("exposed_comm:"):
         axis = key.split(":", 1)[1]
         return "exposed comm (all axes)" if axis == "all" else f"exposed comm, {axis} axis"
-    return {"other": "other (overhead, issue, copies)", "compute": "compute (all ops)"}.get(key, key)
+    return {"other": "other (overhead, issue, copies)", "compute": "compute (all ops)",
+            "harness": "harness (synthetic data)"}.get(key, key)
 
 
 def _segment_color(key: str, fallback: Iterable) -> str:
@@ -300,12 +324,13 @@ def _segment_color(key: str, fallback: Iterable) -> str:
 
 
 def breakdown_matrix(breakdown_df, phase: Optional[str] = None):
-    """Seconds per step as a (run_id x segment) frame: the data behind :func:`plot_breakdown`.
+    """Seconds per step as a (run_id x segment) frame: the segments of :func:`plot_breakdown`.
 
-    Phases are summed (a frame with aggregate rows ``phase`` all/total/step and per-phase rows
-    would be counted twice, so the aggregate rows are used alone for the categories they
-    cover... unless ``phase`` selects one phase). Segments are compute categories, then
-    ``exposed_comm:<axis>``, then ``other``, then unknown categories.
+    The rows of each (run, segment) are summed over phases (``phase`` selects one phase instead).
+    Segments are compute categories, then ``harness``, then ``exposed_comm:<axis>``, then
+    ``other``, then unknown categories. Over all phases a run's segments sum to its step time
+    ``step_s`` (:func:`fourd_mpi.analysis.tables.breakdown`). :func:`breakdown_data` adds the
+    step time and its quartiles.
     """
     import pandas as pd
 
@@ -319,10 +344,27 @@ def breakdown_matrix(breakdown_df, phase: Optional[str] = None):
     df["seconds_per_step"] = df["seconds_per_step"].astype(float)
     table = df.pivot_table(index="run_id", columns="segment", values="seconds_per_step", aggfunc="sum",
                            fill_value=0.0, sort=False)
-    known = ([c for c in _COMPUTE_ORDER] + [f"exposed_comm:{a}" for a in ("x", "y", "z", "data", "all")]
+    known = ([c for c in _COMPUTE_ORDER] + ["harness"] + [f"exposed_comm:{a}" for a in ("x", "y", "z", "data", "all")]
              + ["other"])
     order = [c for c in known if c in table.columns] + [c for c in table.columns if c not in known]
     return pd.DataFrame(table[order])
+
+
+def breakdown_data(breakdown_df, phase: Optional[str] = None):
+    """The data frame :func:`plot_breakdown` draws: :func:`breakdown_matrix` (seconds per step per
+    segment, one row per run) plus the columns ``step_s``, ``step_q1_s``, ``step_q3_s`` (the run's
+    median step time and its quartiles, :func:`fourd_mpi.trace.summary.step_stats`; the bar's
+    height and error bar). With ``phase``, ``step_s`` is still the whole step's (the bar is the
+    phase's part of it) and no error bar is drawn.
+    """
+    table = breakdown_matrix(breakdown_df, phase)
+    for column in ("step_s", "step_q1_s", "step_q3_s"):
+        if column in breakdown_df.columns:
+            values = breakdown_df.groupby(breakdown_df["run_id"].astype(str), sort=False)[column].first()
+            table[column] = values.reindex(table.index.astype(str)).to_numpy(dtype=float)
+        else:
+            table[column] = float("nan")
+    return table
 
 
 def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: Optional[str] = None,
@@ -334,19 +376,25 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
     (``phase=`` picks one). ``runs_df``: :func:`fourd_mpi.analysis.tables.runs_table` rows, used for the
     bar labels (grid, overlap, label) and the bar order; may be ``None`` (labels = run ids).
     Segments: compute ops (blues/greens), exposed communication per axis (reds/oranges),
-    ``other`` (grey). ``normalize=True`` shows percent of the step instead of time per step.
-    ``orientation`` ``"vertical"`` (value on y) or ``"horizontal"``.
+    ``other`` (grey). A bar's height is the run's step time (median over measured steps of the max
+    over ranks), split by the categories' shares; its error bar spans the quartiles q1-q3 of the
+    same per-step series (:func:`breakdown_data` is the frame drawn). ``normalize=True`` shows
+    percent of the step instead of time per step (no error bars). ``orientation`` ``"vertical"``
+    (value on y) or ``"horizontal"``.
     """
     if orientation not in ("vertical", "horizontal"):
         raise ValueError(f"plot_breakdown: orientation must be 'vertical' or 'horizontal', got {orientation!r}")
     path = _check_path(path)
     _check_frame(breakdown_df, "plot_breakdown", ["run_id", "phase", "category", "seconds_per_step"])
-    table = breakdown_matrix(breakdown_df, phase)
+    data = breakdown_data(breakdown_df, phase)
+    stats = data[["step_s", "step_q1_s", "step_q3_s"]]
+    table = data.drop(columns=["step_s", "step_q1_s", "step_q3_s"])
     run_ids = list(table.index)
     if runs_df is not None and hasattr(runs_df, "columns") and "run_id" in runs_df.columns:
         ordered = [r for r in dict.fromkeys(runs_df["run_id"].astype(str)) if r in run_ids]
         run_ids = ordered + [r for r in run_ids if r not in ordered]
         table = table.loc[run_ids]
+        stats = stats.loc[run_ids]
     labels = _run_labels(run_ids, runs_df)
     values = table.to_numpy(dtype=float)
     negative = values < 0
@@ -358,9 +406,18 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
             values = np.where(totals[:, None] > 0, 100.0 * values / totals[:, None], 0.0)
         scale, unit_label = 1.0, "share of the step (%)"
     else:
-        scale, unit = _time_unit(float(totals.max()) if len(totals) else 0.0)
+        q3 = stats["step_q3_s"].to_numpy(dtype=float)
+        high = max([float(totals.max())] + [float(v) for v in q3 if np.isfinite(v)]) if len(totals) else 0.0
+        scale, unit = _time_unit(high)
         values = values * scale
-        unit_label = f"time per step ({unit}), mean over ranks"
+        unit_label = f"step time ({unit}): median of max over ranks"
+    errors = None
+    if not normalize and phase is None:
+        median, q1, q3 = (stats[c].to_numpy(dtype=float) * scale for c in ("step_s", "step_q1_s", "step_q3_s"))
+        ok = np.isfinite(median) & np.isfinite(q1) & np.isfinite(q3)
+        if ok.any():
+            errors = (np.where(ok, median, np.nan), np.where(ok, np.maximum(median - q1, 0), 0.0),
+                      np.where(ok, np.maximum(q3 - median, 0), 0.0))
 
     fallback = iter(plt.get_cmap("Set3").colors * 4)
     segments = list(table.columns)
@@ -387,12 +444,23 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
                 ax.barh(pos, values[:, j], left=bottom, height=0.62, **kw)
             bottom += values[:, j]
         top = float(bottom.max()) if nbars else 1.0
+        if errors is not None:
+            centre, below, above = errors
+            shown = np.isfinite(centre)
+            if vertical:
+                ax.errorbar(pos[shown], centre[shown], yerr=[below[shown], above[shown]], fmt="none",
+                            ecolor="black", elinewidth=1.0, capsize=4, zorder=4, label="q1-q3 of step time")
+            else:
+                ax.errorbar(centre[shown], pos[shown], xerr=[below[shown], above[shown]], fmt="none",
+                            ecolor="black", elinewidth=1.0, capsize=4, zorder=4, label="q1-q3 of step time")
+            top = max(top, float(np.nanmax(centre + above)))
         for i, total in enumerate(bottom):
             text = f"{total:.0f} %" if normalize else f"{total:.3g} {unit}"
+            at = total if errors is None or not np.isfinite(errors[0][i]) else errors[0][i] + errors[2][i]
             if vertical:
-                ax.text(pos[i], total + 0.01 * top, text, ha="center", va="bottom", fontsize=8)
+                ax.text(pos[i], at + 0.01 * top, text, ha="center", va="bottom", fontsize=8)
             else:
-                ax.text(total + 0.01 * top, pos[i], text, ha="left", va="center", fontsize=8)
+                ax.text(at + 0.01 * top, pos[i], text, ha="left", va="center", fontsize=8)
         ticklabels = [labels[r] for r in run_ids]
         if vertical:
             ax.set_xticks(pos)
@@ -415,8 +483,12 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
         head = title or ("Step time breakdown" + (f", phase {phase}" if phase else "")
                          + (" (share of the step)" if normalize else ""))
         ax.set_title(head)
+        notes = [] if normalize else [STEP_CAPTION + "; segments: the step time split by each category's "
+                                                      "share of all ranks' time"]
         if clipped:
-            fig.text(0.01, -0.02, "negative segments (clock rounding) were drawn as 0", fontsize=7, color="0.4")
+            notes.append("negative segments (clock rounding) were drawn as 0")
+        if notes:
+            fig.text(0.01, -0.02, "\n".join(notes), fontsize=7, color="0.4", va="top")
         fig.tight_layout()
         return _save(fig, path)
 
