@@ -13,8 +13,9 @@ import pytest
 
 from fourd_mpi.analysis import tables as analysis
 from fourd_mpi.analysis.tables import (BREAKDOWN_COLUMNS, COMM_COLUMNS, COMPARE_COLUMNS, RUN_COLUMNS, SCALING_COLUMNS,
-                                breakdown, collect, comm_table, compare, format_table, runs_table, scaling)
-from fourd_mpi.trace.summary import summarize
+                                       STEPS_COLUMNS, breakdown, collect, comm_table, compare, format_table,
+                                       runs_table, scaling, steps_table)
+from fourd_mpi.trace.summary import harness_ns, step_stats, summarize
 from fourd_mpi.trace.store import TraceFileWriter, ranks_table
 from fourd_mpi.trace.read import check_invariants, load_trace
 from fourd_mpi.trace.events import (AXES, COMPUTE_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_STEP, OPS, PHASES,
@@ -39,12 +40,12 @@ def event(rank, step, op, lane, start, end, layer=0, phase="none", axis="none", 
 
 
 def write_trace(path, events, world, grid=None, warmup=1, level="op", label=None, overlap="none",
-                progress="poll", tokens=64, flops=1e6, peak=1.0, model=None):
+                progress="poll", tokens=64, flops=1e6, peak=1.0, model=None, compute_ops=COMPUTE_OPS):
     """Write ``events`` (a list of ``event`` tuples, any order) as a complete trace; ``/rank_steps`` is
     derived from them: span from the step event, ``compute_ns``/``wait_ns`` from the host-lane events."""
     grid = grid or {"data": 1, "z": 1, "y": 1, "x": world}
     ev = np.array(events, dtype=EVENT_DTYPE)
-    compute_codes = [OP[o] for o in COMPUTE_OPS]
+    compute_codes = [OP[o] for o in compute_ops]
     steps = sorted(set(ev["step"].tolist()))
     rs = []
     for step in steps:
@@ -178,19 +179,71 @@ def test_runs_table_known_answers(hand):
 def test_breakdown_known_answers(hand):
     df = breakdown(hand)
     assert list(df.columns) == BREAKDOWN_COLUMNS
-    got = {(r.phase, r.category, r.axis): r.seconds_per_step for r in df.itertuples()}
+    got = {(r.phase, r.category, r.axis): r.share for r in df.itertuples()}
     mean_span = 9500 / 4
     expected = {("none", "optimizer", "none"): 50, ("forward", "gemm", "none"): 100,
                 ("backward", "gemm", "none"): (300 + 500) / 2, ("forward", "exposed_comm", "x"): (400 + 600) / 2,
                 ("all", "other", "none"): mean_span - 50 - 100 - 400 - 500}
     assert got.keys() == expected.keys()
+    # share = the category's time over all measured (rank, step) records / the sum of their spans
     for key, ns in expected.items():
-        assert got[key] == pytest.approx(ns * 1e-9), key
+        assert got[key] == pytest.approx(ns / mean_span), key
     assert df.share.sum() == pytest.approx(1.0)
-    assert df.set_index(["phase", "category"]).share[("forward", "exposed_comm")] == pytest.approx(500 / mean_span)
+    # seconds = share * the run's step time (median over steps 1, 2 of the max over ranks: 2500, 3000 ns)
+    assert (df.step_s == runs_table([hand]).step_median_s[0]).all()
+    assert list(df.step_s) == pytest.approx([2.75e-6] * len(df))
+    assert list(df.step_q1_s) == pytest.approx([2.625e-6] * len(df))
+    assert list(df.step_q3_s) == pytest.approx([2.875e-6] * len(df))
+    assert list(df.seconds_per_step) == pytest.approx(list(df.share * 2.75e-6), rel=1e-15)
+    assert df.seconds_per_step.sum() == pytest.approx(2.75e-6, rel=1e-12)
     assert (df.run_id == "hand-run").all()
     compute = df[~df.category.isin(["exposed_comm", "other"])].share.sum()
-    assert compute == pytest.approx(runs_table([hand]).compute_share[0])
+    runs = runs_table([hand])
+    assert compute == pytest.approx(runs.compute_share[0])
+    assert df.step_s[0] == runs.step_median_s[0]
+    wide = analysis.breakdown_wide(df)
+    assert wide.step_s[0] == runs.step_median_s[0]
+    assert wide["other_%"][0] == pytest.approx(100 * (mean_span - 1050) / mean_span)
+
+
+def test_step_stats_is_the_median_of_the_max_over_ranks(hand):
+    stats = step_stats(hand)
+    assert (stats.steps, list(stats.steps_index), list(stats.per_step_s)) == (2, [1, 2], [2.5e-6, 3.0e-6])
+    assert (stats.median_s, stats.q1_s, stats.q3_s, stats.min_s, stats.max_s) == \
+        pytest.approx((2.75e-6, 2.625e-6, 2.875e-6, 2.5e-6, 3.0e-6), rel=1e-12)
+    again = step_stats(hand.rank_steps)
+    assert (again.median_s, again.q1_s, again.q3_s) == (stats.median_s, stats.q1_s, stats.q3_s)
+    empty = step_stats(hand.rank_steps[:0])
+    assert empty.steps == 0 and np.isnan(empty.median_s)
+
+
+def test_harness_work_is_not_compute(tmp_path):
+    """Schema <= 2 traces made the synthetic data inside every step and counted it in ``compute_ns``:
+    the analysis and the summary put it in its own category."""
+    events = hand_events()
+    for rank in range(2):
+        for step in range(3):
+            t0 = 1_000_000 + step * 100_000
+            events.append(event(rank, step, "data", LANE_HOST, t0 + 65, t0 + 95))  # 30 ns of harness work
+    trace = load_trace(write_trace(tmp_path / "harness.h5", events, world=2, compute_ops=COMPUTE_OPS + ("data",)))
+    assert check_invariants(trace) == []
+    row = runs_table([trace]).iloc[0]
+    assert row.compute_share == pytest.approx(2 * (450 + 650) / 9500)      # as without the data ops
+    assert row.harness_share == pytest.approx(4 * 30 / 9500)
+    assert row.other_share == pytest.approx(1 - (2200 + 2000 + 120) / 9500)
+    assert row.imbalance == pytest.approx(650 / 550)
+    df = breakdown(trace)
+    harness = df[df.category == "harness"]
+    assert list(harness.phase) == ["none"] and harness.share.iloc[0] == pytest.approx(120 / 9500)
+    assert df.share[~df.category.isin(["exposed_comm", "other", "harness"])].sum() == pytest.approx(row.compute_share)
+    summary = summarize(trace.rank_steps, 2, 1e6, 64, 1.0, "x", harness=harness_ns(trace))
+    assert (summary.compute_share, summary.harness_share) == pytest.approx((row.compute_share, row.harness_share))
+    assert "harness 1.3%" in summary.lines()[1]
+    steps = steps_table(trace)
+    assert list(steps.harness_s * 1e9) == pytest.approx([30] * 6)
+    # optimizer 50 + forward gemm 100 + backward gemm (5000 in the warm-up step), without the data ops
+    assert list(steps.compute_s * 1e9) == pytest.approx([150 + (5000 if s == 0 else BWD[r])
+                                                         for s in range(3) for r in range(2)])
 
 
 def test_comm_table_known_answers(hand):
@@ -225,7 +278,9 @@ def test_step_level_breakdown_and_empty_comm_table(tmp_path):
     df = breakdown(trace)
     assert list(df.category) == ["compute", "exposed_comm", "other"]
     assert set(df.axis) == {"all"} and set(df.phase) == {"all"}
-    assert list(df.seconds_per_step * 1e9) == pytest.approx([2200 / 4, 2000 / 4, 5300 / 4])
+    assert list(df.share) == pytest.approx([2200 / 9500, 2000 / 9500, 5300 / 9500])
+    assert list(df.seconds_per_step * 1e9) == pytest.approx([2750 * 2200 / 9500, 2750 * 2000 / 9500,
+                                                             2750 * 5300 / 9500])
     assert df.share.sum() == pytest.approx(1.0)
     assert comm_table(trace).empty and list(comm_table(trace).columns) == COMM_COLUMNS
     assert runs_table([trace]).level[0] == "step"

@@ -39,8 +39,8 @@ def breakdown_frame():
     rows = []
     for k, rid in enumerate(RUN_IDS):
         for cat, v in [("gemm", 0.010), ("attention", 0.003), ("layernorm", 0.002), ("gelu", 0.001),
-                       ("loss", 0.0005), ("data", 0.0003), ("optimizer", 0.002)]:
-            phase = "optimizer" if cat == "optimizer" else "none" if cat == "data" else "forward"
+                       ("loss", 0.0005), ("harness", 0.0003), ("optimizer", 0.002)]:
+            phase = "optimizer" if cat == "optimizer" else "none" if cat == "harness" else "forward"
             rows.append((rid, phase, cat, "none", v * (1 + 0.1 * k)))
         rows.append((rid, "backward", "gemm", "none", 0.01))
         for axis, v in [("x", 0.006), ("y", 0.004), ("z", 0.003)]:
