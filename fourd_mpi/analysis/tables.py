@@ -267,6 +267,8 @@ def run_row(trace: Trace) -> Dict:
                    percent_of_peak=(100.0 * s.model_tflops_per_rank / peak
                                     if math.isfinite(peak) and peak > 0 else nan),
                    tokens_per_s=s.tokens_per_s, imbalance=_imbalance(trace.rank_steps, harness))
+        if trace.schema_version <= 2 and row["level"] != "op":  # data made in the steps, not told apart
+            row["harness_share"] = nan
     return row
 
 
@@ -280,7 +282,8 @@ def runs_table(traces: Sequence[Trace]) -> pd.DataFrame:
     NumPy's linear-interpolation quartiles of the same series; ``compute_share``/``wait_share`` =
     sum of algorithm compute (``compute_ns`` less harness work) / ``wait_ns`` over ranks and steps
     / sum of the step spans; ``harness_share`` the same for harness work inside the steps (the
-    ``data`` ops of schema <= 2 op-level traces; 0 otherwise), ``other_share`` = max(0, 1 - all
+    ``data`` ops of schema <= 2 op-level traces; NaN for schema <= 2 traces below level op, whose
+    ``compute_ns`` holds it and cannot tell it apart; 0 otherwise), ``other_share`` = max(0, 1 - all
     three); ``tflops_per_rank`` = model FLOPs per step / world size / median step time;
     ``tokens_per_s`` = tokens per step / median step time.
 

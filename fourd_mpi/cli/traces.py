@@ -55,8 +55,11 @@ def cmd_trace(args, world=None) -> int:
                                                                                  else ""))
     summary = meta.get("summary")
     if summary:
-        print(f"median step {summary['median_s']:.4f} s; compute {100 * summary['compute_share']:.1f}%, exposed "
-              f"communication {100 * summary['wait_share']:.1f}%; {summary['tokens_per_s']:,.0f} tokens/s")
+        from fourd_mpi.util.text import format_number
+
+        print(f"median step {format_number(summary['median_s'])} s (max over ranks); "
+              f"compute {100 * summary['compute_share']:.1f}%, exposed communication "
+              f"{100 * summary['wait_share']:.1f}%; {summary['tokens_per_s']:,.0f} tokens/s")
     return 0
 
 
