@@ -13,7 +13,7 @@ import pytest
 
 from fourd_mpi.analysis import tables as analysis
 from fourd_mpi.analysis.tables import (BREAKDOWN_COLUMNS, COMM_COLUMNS, COMPARE_COLUMNS, RUN_COLUMNS, SCALING_COLUMNS,
-                                       STEPS_COLUMNS, breakdown, collect, comm_table, compare, format_table,
+                                       breakdown, collect, comm_table, compare, format_table,
                                        runs_table, scaling, steps_table)
 from fourd_mpi.trace.summary import harness_ns, step_stats, summarize
 from fourd_mpi.trace.store import TraceFileWriter, ranks_table
