@@ -186,10 +186,11 @@ def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = No
     step_median_s, speedup, efficiency, ideal_step_s``; ``group`` is used instead of
     ``config_key`` when present). Left: the step time ``step_median_s`` (median over measured steps
     of the max over ranks), with error bars from ``step_q1_s``/``step_q3_s`` when the frame has them
-    (log2 rank axis; weak: linear time axis from 0, strong: log time axis); the ideal is dashed: ``T(base)`` for weak scaling,
-    ``T(base) * base / N`` for strong. Right: efficiency with the ideal 1.0 dashed. Where a
-    line has several runs of one rank count (several grids), the line goes through the fastest
-    and the others are shown as open markers. Points are annotated with their grid.
+    (log2 rank axis; weak: linear time axis from 0, strong: log time axis); the ideal is dashed:
+    ``T(base)`` for weak scaling, ``T(base) * base / N`` for strong. Right: efficiency with the
+    ideal 1.0 dashed. Where a line has several runs of one rank count (several grids), the line
+    goes through the fastest and the others are shown as open markers. Points are annotated with
+    their grid.
     """
     if mode not in ("weak", "strong"):
         raise ValueError(f"plot_scaling: mode must be 'weak' or 'strong', got {mode!r}")
