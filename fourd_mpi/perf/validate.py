@@ -72,6 +72,7 @@ def validate(traces, profile: MachineProfile):
     import pandas as pd
 
     from fourd_mpi.analysis.tables import breakdown, runs_table
+    from fourd_mpi.trace.summary import measured_records
 
     runs = runs_table(traces)
     rows = []
@@ -80,7 +81,12 @@ def validate(traces, profile: MachineProfile):
         pred: Prediction = predict(c["model"], c["grid"], profile, c["overlap"], c["dtype"], c["progress"],
                                    c["optimizer"], c["ranks_per_node"])
         bd = breakdown(trace)
-        exposed = float(bd.loc[bd["category"] == "exposed_comm", "seconds_per_step"].sum()) if len(bd) else float("nan")
+        # exposed communication per rank and step, mean over the measured records: the breakdown's share
+        # of all ranks' time times the mean rank span (not of the median step time: the model predicts a mean)
+        rs = measured_records(trace.rank_steps)
+        mean_span = float((rs["end_ns"] - rs["start_ns"]).astype(np.float64).mean()) * 1e-9 if len(rs) else np.nan
+        exposed = (float(bd.loc[bd["category"] == "exposed_comm", "share"].sum()) * mean_span if len(bd)
+                   else float("nan"))
         measured = float(run["step_median_s"])
         rows.append({
             "group": f"{run['model']}/{run['world_size']}/b{c['model'].batch}",
