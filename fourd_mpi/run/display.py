@@ -9,7 +9,10 @@ DISPLAYS = ("auto", "bar", "lines", "quiet")
 
 
 class StepDisplay:
-    """Rank 0's per-step output: a tqdm bar (step, loss, step time) or one line per step."""
+    """Rank 0's per-step output: a tqdm bar (step, loss, step time) or one line per step.
+
+    The step time shown is the max over ranks of the step's span: the per-step series whose median
+    over the measured steps is the run's step time (:func:`fourd_mpi.trace.summary.step_stats`)."""
 
     def __init__(self, mode: str, steps: int, warmup: int, say: Callable[[str], None], active: bool):
         if mode == "auto":

@@ -327,3 +327,20 @@ def test_frames_of_real_trace(real_trace, tmp_path, fmt):
     assert list(sc.world_size) == [1, 2, 4, 8]
     p = plots.plot_scaling(sc, str(tmp_path / f"scaling.{fmt}"), mode="weak")
     check_file(p, fmt, texts=["8", "1x2x2x2"])
+
+
+def test_breakdown_bars_are_the_median_step_with_quartile_error_bars(tmp_path):
+    df = breakdown_frame()
+    totals = df.groupby("run_id").seconds_per_step.transform("sum")
+    df["step_s"], df["step_q1_s"], df["step_q3_s"] = totals, totals * 0.9, totals * 1.2
+    data = plots.breakdown_data(df)
+    assert list(data.columns[-3:]) == ["step_s", "step_q1_s", "step_q3_s"]
+    segments = data.drop(columns=["step_s", "step_q1_s", "step_q3_s"])
+    assert list(segments.sum(axis=1)) == pytest.approx(list(data.step_s))
+    assert list(data.step_q3_s / data.step_s) == pytest.approx([1.2] * 3)
+    path = plots.plot_breakdown(df, runs_frame(), str(tmp_path / "bars.svg"))
+    check_file(path, "svg", texts=["q1-q3 of step time", "median of max over ranks", "error bars: quartiles"])
+    # frames without the step columns (older CSVs): bars, no error bars
+    assert plots.breakdown_data(breakdown_frame()).step_s.isna().all()
+    path = plots.plot_breakdown(breakdown_frame(), None, str(tmp_path / "plain.svg"))
+    assert "q1-q3 of step time" not in open(path).read()
