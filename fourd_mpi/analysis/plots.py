@@ -73,9 +73,10 @@ _AXIS_ORDER = ("x", "y", "z", "data", "all", "none", "")
 _COLLECTIVE_ORDER = ("allgather", "reduce_scatter", "allreduce")
 _AGGREGATE_PHASES = ("all", "total", "step")
 
-OVERLAP_CAPTION = ("overlap = 100 \u00d7 (1 \u2212 wait / in-flight), aggregated over the measured steps and ranks: "
-                   "100 \u00d7 (1 \u2212 \u03a3 wait_ns / \u03a3 (complete_ns \u2212 issue_ns)).\n"
-                   "100 %: fully hidden behind compute; 0 %: the main thread was blocked from issue to completion.")
+OVERLAP_CAPTION = ("overlap = 100 \u00d7 (1 \u2212 host time in MPI / in-flight), over the measured steps and ranks: "
+                   "100 \u00d7 (1 \u2212 \u03a3 mpi_ns / \u03a3 (complete_ns \u2212 call_ns)).\n"
+                   "In flight from the return of the MPI_I* call; 100 %: fully hidden behind compute; "
+                   "0 %: the host was inside MPI (I*, Test, Wait) the whole time.")
 
 _RC = {
     "font.size": 10,

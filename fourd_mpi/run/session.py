@@ -129,7 +129,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
             result = run.trainer.step(i)
             shift = run.comm.tracer.shift_ns
             record[0] = (rank, i, i < options.warmup, result.start_ns - shift, result.end_ns - shift, result.loss,
-                         result.seconds, result.compute_ns, result.wait_ns, len(result.events))
+                         result.seconds, result.compute_ns, result.wait_ns, len(result.events), result.mpi_ns)
             spool.append(result.events, record)
             out.update(i, result.loss, result.seconds)
         out.close()
