@@ -73,10 +73,10 @@ _AXIS_ORDER = ("x", "y", "z", "data", "all", "none", "")
 _COLLECTIVE_ORDER = ("allgather", "reduce_scatter", "allreduce")
 _AGGREGATE_PHASES = ("all", "total", "step")
 
-OVERLAP_CAPTION = ("overlap = 100 \u00d7 (1 \u2212 host time in MPI / in-flight), over the measured steps and ranks: "
-                   "100 \u00d7 (1 \u2212 \u03a3 mpi_ns / \u03a3 (complete_ns \u2212 call_ns)).\n"
+OVERLAP_CAPTION = ("overlap = 100 \u00d7 host compute in flight / in-flight time, over the measured steps and ranks: "
+                   "100 \u00d7 \u03a3 overlap_ns / \u03a3 (complete_ns \u2212 call_ns).\n"
                    "In flight from the return of the MPI_I* call; 100 %: fully hidden behind compute; "
-                   "0 %: the host was inside MPI (I*, Test, Wait) the whole time.")
+                   "0 %: nothing computed while it was in flight.")
 
 _RC = {
     "font.size": 10,

@@ -41,6 +41,8 @@ SCHEMA = "fourd_mpi.trace"
 #:    excluded from their compute time); rank-step column ``mpi_ns`` (host time inside MPI calls: issues,
 #:    tests, waits). Older traces are read with ``call_ns = issue_ns`` and ``mpi_ns = wait_ns``
 #:    (:func:`fourd_mpi.trace.read.load_trace`): they cannot separate the ``I*`` call or the tests from overlap.
+#:    ``overlap_ns`` (collectives): host compute time (:data:`COMPUTE_OPS`, MPI calls inside them excluded)
+#:    during the in-flight window; older traces get ``complete_ns - issue_ns - wait_ns`` (their definition).
 SCHEMA_VERSION = 4
 
 LEVELS = ("step", "layer", "op")
@@ -60,7 +62,7 @@ EVENT_DTYPE = np.dtype([
     ("rank", "<u4"), ("step", "<i4"), ("layer", "<i2"), ("phase", "u1"), ("op", "u1"), ("axis", "u1"),
     ("lane", "u1"), ("start_ns", "<i8"), ("end_ns", "<i8"), ("bytes", "<i8"), ("wire_bytes", "<i8"),
     ("flops", "<f8"), ("issue_ns", "<i8"), ("complete_ns", "<i8"), ("wait_ns", "<i8"),
-    ("call_ns", "<i8"), ("mpi_ns", "<i8"),
+    ("call_ns", "<i8"), ("mpi_ns", "<i8"), ("overlap_ns", "<i8"),
 ])
 
 #: one record per rank and step (appended after the step's events: its presence marks the step complete)
@@ -145,14 +147,14 @@ class _Span:
         if self.lane == LANE_LAYER:
             if tr.keep_layers:
                 tr.events.append((tr.rank, tr.step, self.layer, self.phase, _OP["layer"], 0, LANE_LAYER,
-                                  self.t0, t1, 0, 0, 0.0, 0, 0, 0, 0, 0))
+                                  self.t0, t1, 0, 0, 0.0, 0, 0, 0, 0, 0, 0))
             tr.where_layer, tr.where_phase = self.saved
         else:
             tr._open = None
             tr.compute_ns += t1 - self.t0 - self.mpi
             if tr.keep_ops:
                 tr.events.append((tr.rank, tr.step, tr.where_layer, tr.where_phase, self.op, 0, LANE_HOST,
-                                  self.t0, t1, 0, 0, self.flops, 0, 0, 0, 0, self.mpi))
+                                  self.t0, t1, 0, 0, self.flops, 0, 0, 0, 0, self.mpi, 0))
         return False
 
 
@@ -232,7 +234,7 @@ class Tracer:
         self.compute_ns += t1 - t0 - mpi_ns
         if self.keep_ops:
             self.events.append((self.rank, self.step, self.where_layer, self.where_phase,
-                                _OP.get(kind, _OP["gemm"]), 0, LANE_HOST, t0, t1, 0, 0, flops, 0, 0, 0, 0, mpi_ns))
+                                _OP.get(kind, _OP["gemm"]), 0, LANE_HOST, t0, t1, 0, 0, flops, 0, 0, 0, 0, mpi_ns, 0))
 
     def compute_deferred(self, kind: str, watch, flops: float) -> None:
         """A GEMM timed by CUDA events (``watch``), not synchronized: its duration joins the step's
@@ -275,7 +277,7 @@ class Tracer:
         if self._deferred:  # event-timed GEMMs (GPU, below level op): the device has finished them
             self.compute_ns += sum(w.elapsed_ns() for w in self._deferred)
             self._deferred = []
-        rows = [(self.rank, self.step, 0, 0, _OP["step"], 0, LANE_STEP, t_start, t_end, 0, 0, 0.0, 0, 0, 0, 0, 0)]
+        rows = [(self.rank, self.step, 0, 0, _OP["step"], 0, LANE_STEP, t_start, t_end, 0, 0, 0.0, 0, 0, 0, 0, 0, 0)]
         rows += self.events
         out = np.array(rows, dtype=EVENT_DTYPE)
         out["start_ns"] -= self.shift_ns
@@ -283,6 +285,19 @@ class Tracer:
         if self.keep_ops and records:
             out = np.concatenate([out, *self._collective_rows(records, group_sizes)])
         return out
+
+    def _compute_inside(self, start, end) -> np.ndarray:
+        """Host compute time (compute-op events of this step, less the MPI calls made inside them)
+        within each window ``[start[i], end[i]]`` (``perf_counter_ns``, before alignment)."""
+        compute = [(e[7], e[8]) for e in self.events if e[6] == LANE_HOST and e[4] in _COMPUTE_CODES]
+        if not compute:
+            return np.zeros(len(start), dtype=np.int64)
+        inside = time_inside(compute, start, end)
+        spans = np.asarray(compute, dtype=np.int64)
+        spans = spans[np.argsort(spans[:, 0])]
+        polls = [(a, b) for a, b in self.mpi_spans  # MPI calls made inside a compute event
+                 if (i := np.searchsorted(spans[:, 0], a, side="right") - 1) >= 0 and b <= spans[i, 1]]
+        return inside - time_inside(polls, start, end) if polls else inside
 
     def _collective_rows(self, records, group_sizes) -> list:
         """Collective events (one per record, on comm lanes), their staging copies (same lane)
@@ -294,9 +309,12 @@ class Tracer:
                           _OP[r.op], _AXIS[r.axis], group_sizes[r.axis],
                           *(_copy_cols(r.d2h)), *(_copy_cols(r.h2d)), r.call_ns or r.issue_ns, 0)
                          for r in records], dtype=np.int64)
-        # host time inside MPI calls during each in-flight window [return of the I* call, completion]
+        # host time inside MPI calls during each in-flight window [return of the I* call, completion],
+        # and host compute time (compute ops less the MPI polls inside them) in the same window
         call = np.maximum(cols[:, 16], cols[:, 0])
-        cols[:, 17] = time_inside(self.mpi_spans, call, np.maximum(cols[:, 1], call))
+        window_end = np.maximum(cols[:, 1], call)
+        cols[:, 17] = time_inside(self.mpi_spans, call, window_end)
+        overlap = self._compute_inside(call, window_end)
         cols[:, (0, 1, 4, 16)] -= self.shift_ns  # issue, completion, wait start, call return: aligned clock
         for c in (10, 13):  # copy spans present (bytes > 0): to the aligned clock
             present = cols[:, c + 2] > 0
@@ -338,6 +356,7 @@ class Tracer:
         coll["issue_ns"], coll["complete_ns"], coll["wait_ns"] = issue, complete, cols[:, 3]
         coll["call_ns"] = np.minimum(np.maximum(cols[:, 16], issue), complete)
         coll["mpi_ns"] = cols[:, 17]
+        coll["overlap_ns"] = overlap[order]
         out = [coll]
         for name, has, start, end, nbytes in (
                 ("d2h", has_d2h, cols[:, 10], np.minimum(cols[:, 11], issue), cols[:, 12]),

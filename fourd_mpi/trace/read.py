@@ -126,7 +126,7 @@ def read_status(path: str) -> str:
 
 
 #: columns added by schema version 4, per dataset (filled by :func:`_upgrade_v3` for older traces)
-V4_COLUMNS = {"events": {"call_ns", "mpi_ns"}, "rank_steps": {"mpi_ns"}}
+V4_COLUMNS = {"events": {"call_ns", "mpi_ns", "overlap_ns"}, "rank_steps": {"mpi_ns"}}
 
 
 def _upgrade_v3(name: str, data: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -136,7 +136,8 @@ def _upgrade_v3(name: str, data: np.ndarray, dtype: np.dtype) -> np.ndarray:
     collective's ``call_ns`` becomes its ``issue_ns`` (the call's entry) and its ``mpi_ns`` its
     ``wait_ns``, so their overlap is ``1 - wait / (complete - issue)`` as those versions computed
     it (work inside the ``I*`` call and the tests counts as overlap); a rank-step's ``mpi_ns`` is its
-    ``wait_ns``. Host compute events get ``mpi_ns = 0``.
+    ``wait_ns``, and its ``overlap_ns`` ``complete_ns - issue_ns - wait_ns`` (any time not blocked counted
+    as overlap, as those versions did). Host compute events get ``mpi_ns = 0``.
     """
     out = np.zeros(len(data), dtype=dtype)
     for field_name in data.dtype.names:
@@ -146,6 +147,8 @@ def _upgrade_v3(name: str, data: np.ndarray, dtype: np.dtype) -> np.ndarray:
         collective = data["lane"] >= LANE_COMM0
         out["call_ns"] = np.where(collective, data["issue_ns"], 0)
         out["mpi_ns"] = np.where(collective, data["wait_ns"], 0)
+        out["overlap_ns"] = np.where(collective, np.maximum(data["complete_ns"] - data["issue_ns"] - data["wait_ns"], 0),
+                                     0)
     elif name == "rank_steps":
         out["mpi_ns"] = data["wait_ns"]
     return out

@@ -33,11 +33,14 @@ MODEL = {"name": "gpt-tiny", "kind": "gpt", "layers": 2, "hidden": 64, "heads": 
 # ---------------------------------------------------------------------------
 
 def event(rank, step, op, lane, start, end, layer=0, phase="none", axis="none", nbytes=0, wire=0, flops=0.0,
-          issue=0, complete=0, wait=0, call=None, mpi=None):
-    """An EVENT_DTYPE tuple; ``call``/``mpi`` default to ``issue``/``wait`` (the I* call returns at once,
-    the host is in MPI only while it waits)."""
+          issue=0, complete=0, wait=0, call=None, mpi=None, overlap=None):
+    """An EVENT_DTYPE tuple; ``call``/``mpi``/``overlap`` default to ``issue``/``wait``/the time not waited
+    (the I* call returns at once, the host is in MPI only while it waits and computes otherwise)."""
+    if overlap is None:
+        overlap = max(complete - issue - wait, 0) if lane >= LANE_COMM0 else 0
     return (rank, step, layer, PHASE[phase], OP[op], AXIS[axis], lane, start, end, nbytes, wire, flops, issue,
-            complete, wait, issue if call is None else call, wait if mpi is None else mpi)
+            complete, wait, issue if call is None else call, wait if mpi is None else mpi,
+            overlap)
 
 
 def write_trace(path, events, world, grid=None, warmup=1, level="op", label=None, overlap="none",

@@ -48,11 +48,14 @@ def write(path, text: str) -> str:
 
 
 def event(rank, step, op, lane, start, end, layer=0, phase=0, axis=0, nbytes=0, wire=0, flops=0.0,
-          issue=0, complete=0, wait=0, call=None, mpi=None):
-    """An EVENT_DTYPE tuple; ``call``/``mpi`` default to ``issue``/``wait`` (the I* call returns at once,
-    the host is in MPI only while it waits)."""
+          issue=0, complete=0, wait=0, call=None, mpi=None, overlap=None):
+    """An EVENT_DTYPE tuple; ``call``/``mpi``/``overlap`` default to ``issue``/``wait``/the time not waited
+    (the I* call returns at once, the host is in MPI only while it waits and computes otherwise)."""
+    if overlap is None:
+        overlap = max(complete - issue - wait, 0) if lane >= LANE_COMM0 else 0
     return (rank, step, layer, phase, OP[op], AXIS[axis] if isinstance(axis, str) else axis, lane, start, end,
-            nbytes, wire, flops, issue, complete, wait, issue if call is None else call, wait if mpi is None else mpi)
+            nbytes, wire, flops, issue, complete, wait, issue if call is None else call, wait if mpi is None else mpi,
+            overlap)
 
 
 def step_events(rank: int, step: int, t0: int) -> np.ndarray:
