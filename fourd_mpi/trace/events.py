@@ -82,41 +82,21 @@ def lane_name(code: int) -> str:
     return ("step", "layer", "host")[code] if code < LANE_COMM0 else f"comm{code - LANE_COMM0}"
 
 
-def align_clocks(comm, rounds: int = 8):
-    """Offsets of every rank's ``perf_counter_ns`` to rank 0's (Cristian's algorithm).
+def align_clocks(comm, rounds: int = 8, clock=time.perf_counter_ns):
+    """Offsets of every rank's clock to rank 0's at the start of a run (Cristian's algorithm,
+    :func:`fourd_mpi.trace.clocks.measure_offsets`).
 
-    Rank 0 ping-pongs ``rounds`` times with each rank in turn and keeps the sample
-    with the shortest round trip. Returns ``(offset_ns, uncertainty_ns, origin_ns)``
-    for this rank: an aligned time is ``t - offset_ns - origin_ns`` (ns since the
-    run's origin, taken on rank 0 after a barrier); the uncertainty is half the
-    best round trip. Collective over ``comm``.
+    Returns ``(offset_ns, uncertainty_ns, origin_ns, at_ns)`` for this rank: an aligned time is
+    ``t - offset_ns - origin_ns`` (ns since the run's origin, taken on rank 0 after a barrier); the
+    uncertainty is half the best round trip; ``at_ns``: this rank's clock when the offset was
+    measured (the start point of the drift model). Collective over ``comm``.
     """
-    rank, size = comm.Get_rank(), comm.Get_size()
-    offset, uncertainty = 0, 0
-    buf = np.zeros(1, dtype=np.int64)
-    if rank == 0:
-        results = [(0, 0)]
-        for peer in range(1, size):
-            best = None
-            for _ in range(rounds):
-                t1 = time.perf_counter_ns()
-                comm.Send(buf, dest=peer, tag=71)
-                comm.Recv(buf, source=peer, tag=72)
-                t2 = time.perf_counter_ns()
-                rtt = t2 - t1
-                if best is None or rtt < best[1]:
-                    best = (int(buf[0]) - (t1 + t2) // 2, rtt)
-            results.append((best[0], best[1] // 2))
-    else:
-        results = None
-        for _ in range(rounds):
-            comm.Recv(buf, source=0, tag=71)
-            buf[0] = time.perf_counter_ns()
-            comm.Send(buf, dest=0, tag=72)
-    offset, uncertainty = comm.scatter(results, root=0)
+    from fourd_mpi.trace.clocks import measure_offsets
+
+    offset, uncertainty, at = measure_offsets(comm, rounds, clock)
     comm.Barrier()
-    origin = comm.bcast(time.perf_counter_ns() if rank == 0 else None, root=0)
-    return offset, uncertainty, origin
+    origin = comm.bcast(clock() if comm.Get_rank() == 0 else None, root=0)
+    return offset, uncertainty, origin, at
 
 
 class _Span:

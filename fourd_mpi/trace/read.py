@@ -126,7 +126,8 @@ def read_status(path: str) -> str:
 
 
 #: columns added by schema version 4, per dataset (filled by :func:`_upgrade_v3` for older traces)
-V4_COLUMNS = {"events": {"call_ns", "mpi_ns", "overlap_ns"}, "rank_steps": {"mpi_ns"}}
+V4_COLUMNS = {"events": {"call_ns", "mpi_ns", "overlap_ns"}, "rank_steps": {"mpi_ns"},
+              "ranks": {"clock_drift_ppm", "clock_residual_ns"}}
 
 
 def _upgrade_v3(name: str, data: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -151,6 +152,9 @@ def _upgrade_v3(name: str, data: np.ndarray, dtype: np.dtype) -> np.ndarray:
                                      0)
     elif name == "rank_steps":
         out["mpi_ns"] = data["wait_ns"]
+    elif name == "ranks":  # no end alignment before schema 4: no drift model
+        out["clock_drift_ppm"] = np.nan
+        out["clock_residual_ns"] = data["clock_uncertainty_ns"]
     return out
 
 
