@@ -41,7 +41,7 @@ setup(
         # declares only torch (and imports numpy, ours anyway)
         "peer": ["torch==2.13.0", "axonn==0.2.0"],
         # llnl-thicket: the tests load our Caliper export with Thicket and Hatchet (they pin pandas < 3)
-        "test": ["pytest>=7", "pytest-timeout", "pandas>=1.5", "matplotlib>=3.5", "llnl-thicket", "llnl-hatchet"],
+        "test": ["pytest>=7", "pytest-timeout", "hypothesis>=6", "pandas>=1.5", "matplotlib>=3.5", "llnl-thicket", "llnl-hatchet"],
     },
     entry_points={"console_scripts": ["fourd-mpi=fourd_mpi.cli.main:main"]},
     classifiers=[

@@ -82,9 +82,10 @@ _AGGREGATE_PHASES = ("all", "total", "step")
 STEP_CAPTION = ("step time: median over the measured steps of the max over ranks of the step span; "
                 "error bars: quartiles q1-q3 of the same per-step series")
 
-OVERLAP_CAPTION = ("overlap = 100 \u00d7 (1 \u2212 wait / in-flight), aggregated over the measured steps and ranks: "
-                   "100 \u00d7 (1 \u2212 \u03a3 wait_ns / \u03a3 (complete_ns \u2212 issue_ns)).\n"
-                   "100 %: fully hidden behind compute; 0 %: the main thread was blocked from issue to completion.")
+OVERLAP_CAPTION = ("overlap = 100 \u00d7 host compute in flight / in-flight time, over the measured steps and ranks: "
+                   "100 \u00d7 \u03a3 overlap_ns / \u03a3 (complete_ns \u2212 call_ns).\n"
+                   "In flight from the return of the MPI_I* call; 100 %: fully hidden behind compute; "
+                   "0 %: nothing computed while it was in flight.")
 
 _RC = {
     "font.size": 10,

@@ -61,8 +61,8 @@ STEPS_COLUMNS = (["run_id", "step", "rank", "warmup", "step_s", "step_max_s", "c
                  + [f"mpi_{a}_s" for a in STEP_AXES] + ["loss"])
 COMM_COLUMNS = [
     "run_id", "op", "axis", "group_size", "messages_per_step", "bytes_per_step", "wire_bytes_per_step",
-    "bytes_per_message", "inflight_median_s", "inflight_s_per_step", "wait_s_per_step", "algbw_gbps",
-    "busbw_gbps", "overlap_pct", "formula",
+    "bytes_per_message", "inflight_median_s", "inflight_s_per_step", "wait_s_per_step", "mpi_s_per_step", "algbw_gbps",
+    "busbw_gbps", "overlap_pct", "outside_mpi_pct", "formula",
 ]
 SCALING_COLUMNS = ["config_key", "world_size", "grid", "step_median_s", "speedup", "efficiency", "ideal_step_s",
                    "group", "run_id", "tokens_per_step", "step_q1_s", "step_q3_s"]
@@ -78,12 +78,17 @@ RUNS_SHOWN = ["run_id", "grid", "world_size", "overlap", "progress", "steps", "s
               "step_q3_s", "compute_share", "wait_share", "harness_share", "other_share", "tflops_per_rank",
               "percent_of_peak", "tokens_per_s", "imbalance"]
 
-OVERLAP_FORMULA = "overlap_pct = 100 * (1 - sum(wait_ns) / sum(complete_ns - issue_ns))"
+OVERLAP_FORMULA = ("overlap_pct = 100 * sum(overlap_ns) / sum(complete_ns - call_ns)  [in flight: from the "
+                   "return of the MPI_I* call to its first observed completion; overlap_ns: host compute (GEMMs, "
+                   "attention, elementwise, optimizer; MPI polls inside them excluded) in that window]")
+OUTSIDE_MPI_FORMULA = ("outside_mpi_pct = 100 * (1 - sum(mpi_ns) / sum(complete_ns - call_ns))  [mpi_ns: host time "
+                       "inside MPI calls (I*, Test/Testsome, Wait) in the window; the rest is compute or harness]")
 COMM_FORMULAS = {
     "overlap_pct": OVERLAP_FORMULA,
+    "outside_mpi_pct": OUTSIDE_MPI_FORMULA,
     "algbw_gbps": "algbw = sum(bytes) / sum(complete_ns - issue_ns)  [bytes/ns = GB/s; nccl-tests size / time]",
     "busbw_gbps": BUSBW_FORMULA,
-    "per_step": "messages/bytes/wire_bytes/inflight/wait per step = sum over measured steps and ranks "
+    "per_step": "messages/bytes/wire_bytes/inflight/wait/mpi per step = sum over measured steps and ranks "
                 "/ (ranks * measured steps)",
 }
 
@@ -502,10 +507,18 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
       harmonic mean, not the mean of per-message bandwidths).
     - ``busbw_gbps`` = algbw * (n-1)/n for allgather and reduce_scatter, * 2(n-1)/n for allreduce,
       ``n`` = ``group_size``, the size of the axis (metadata ``run_options.grid``).
-    - ``overlap_pct`` = 100 * (1 - sum(wait_ns) / sum(complete_ns - issue_ns)): the part of the
-      in-flight time during which the main thread was not blocked on the collective (100: fully
-      hidden behind compute, 0: waited for from issue to completion). Per message this is
-      100 * (1 - wait_ns / (complete_ns - issue_ns)); aggregated over messages as written.
+    - ``overlap_pct`` = 100 * sum(overlap_ns) / sum(complete_ns - call_ns): the part of the
+      in-flight time (from the return of the ``MPI_I*`` call to the first observed completion)
+      during which the host computed (compute ops; MPI polls made inside them excluded): 100 = fully
+      hidden behind compute, 0 = nothing computed while it was in flight. Work done inside the
+      collective's own ``I*`` call is not in its window.
+    - ``outside_mpi_pct`` = 100 * (1 - sum(mpi_ns) / sum(complete_ns - call_ns)): the part of the
+      window in which the host was not inside an MPI call (the ``I*`` calls of other collectives,
+      ``Test``/``Testsome`` polls, ``Wait``); it exceeds ``overlap_pct`` by the harness's own Python
+      between calls. ``mpi_s_per_step``: the ``mpi_ns`` sum per rank and step.
+    - Traces of schema <= 3 have no ``call_ns``/``mpi_ns``/``overlap_ns`` (:func:`load_trace` fills
+      them with ``issue_ns``, ``wait_ns`` and the not-waited time): both percentages then equal
+      their old ``1 - wait / (complete - issue)``.
     - ``formula`` repeats the overlap formula; ``df.attrs["formulas"]`` has all of them.
 
     In-flight times are observed (section 13 of docs/trace-format.md): the bandwidths are lower
@@ -521,7 +534,8 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     n_records = len(measured)
     ev = trace.events
     mask = _measured_mask(trace, measured) & (ev["lane"] >= LANE_COMM0) if n_records else np.zeros(len(ev), bool)
-    wanted = set(by) | {"op", "issue_ns", "complete_ns", "start_ns", "end_ns", "bytes", "wire_bytes", "wait_ns"}
+    wanted = set(by) | {"op", "issue_ns", "complete_ns", "start_ns", "end_ns", "bytes", "wire_bytes", "wait_ns",
+                        "call_ns", "mpi_ns", "overlap_ns"}
     picked = np.flatnonzero(mask)
     coll = {c: ev[c][picked] for c in wanted}  # column by column (see breakdown)
     if not len(coll["bytes"]):
@@ -545,6 +559,10 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     wire = np.bincount(inverse, weights=coll["wire_bytes"].astype(np.float64), minlength=g)
     tflight = np.bincount(inverse, weights=inflight, minlength=g)
     twait = np.bincount(inverse, weights=coll["wait_ns"].astype(np.float64), minlength=g)
+    window = np.where(is_copy, 0, coll["complete_ns"] - np.maximum(coll["call_ns"], coll["issue_ns"]))
+    twindow = np.bincount(inverse, weights=window.astype(np.float64), minlength=g)
+    tmpi = np.bincount(inverse, weights=np.where(is_copy, 0, coll["mpi_ns"]).astype(np.float64), minlength=g)
+    tover = np.bincount(inverse, weights=np.where(is_copy, 0, coll["overlap_ns"]).astype(np.float64), minlength=g)
     order = np.lexsort((inflight, inverse))
     sorted_flight = inflight[order]
     starts = np.concatenate([[0], np.cumsum(count)[:-1]])
@@ -577,9 +595,11 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
         out["inflight_median_s"] = median * 1e-9
         out["inflight_s_per_step"] = tflight / n_records * 1e-9
         out["wait_s_per_step"] = twait / n_records * 1e-9
+        out["mpi_s_per_step"] = tmpi / n_records * 1e-9
         out["algbw_gbps"] = algbw
         out["busbw_gbps"] = algbw * factor
-        out["overlap_pct"] = np.where((tflight > 0) & ~copy, 100.0 * (1.0 - twait / tflight), np.nan)
+        out["overlap_pct"] = np.where((twindow > 0) & ~copy, 100.0 * tover / twindow, np.nan)
+        out["outside_mpi_pct"] = np.where((twindow > 0) & ~copy, 100.0 * (1.0 - tmpi / twindow), np.nan)
     out["formula"] = OVERLAP_FORMULA
     out = out[columns]
     out.attrs["formulas"] = dict(COMM_FORMULAS)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
+
 from fourd_mpi.cli.args import add_output
 
 
@@ -49,6 +51,7 @@ def cmd_trace(args, world=None) -> int:
           f"level {meta.get('level')}; started {meta.get('start_time')}")
     print(f"  {meta.get('mpi', {}).get('library_version', '?').splitlines()[0]}")
     print(f"  {len(trace.events)} events; {len(trace.steps)} steps")
+    _show_clocks(trace.ranks)
     print(f"{'step':>6} {'loss':>14} {'time (s)':>10}")
     for row in trace.steps:
         print(f"{row['step']:>6} {row['loss']:>14.8g} {row['seconds']:>10.4f}" + ("  (warm-up)" if row["warmup"]
@@ -61,6 +64,22 @@ def cmd_trace(args, world=None) -> int:
               f"compute {100 * summary['compute_share']:.1f}%, exposed communication "
               f"{100 * summary['wait_share']:.1f}%; {summary['tokens_per_s']:,.0f} tokens/s")
     return 0
+
+
+def _show_clocks(ranks, shown: int = 16) -> None:
+    """Per-rank clock alignment: start offset to rank 0, linear drift, residual uncertainty."""
+    if not len(ranks):
+        return
+    drift = ranks["clock_drift_ppm"]
+    print(f"  clocks: aligned to rank 0 at start and end (Cristian), linear drift removed; residual "
+          f"uncertainty max {int(ranks['clock_residual_ns'].max())} ns"
+          + ("" if np.isfinite(drift).all() else " (no end alignment on some ranks: start offsets only)"))
+    print(f"  {'rank':>6} {'offset (ns)':>14} {'drift (ppm)':>12} {'residual (ns)':>14}")
+    for row in ranks[:shown]:
+        ppm = f"{row['clock_drift_ppm']:.3f}" if np.isfinite(row["clock_drift_ppm"]) else "n/a"
+        print(f"  {row['rank']:>6} {row['clock_offset_ns']:>14} {ppm:>12} {row['clock_residual_ns']:>14}")
+    if len(ranks) > shown:
+        print(f"  ... {len(ranks) - shown} more ranks")
 
 
 def _recovered_summary(spool_dir: str):

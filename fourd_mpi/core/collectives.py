@@ -53,7 +53,8 @@ class CommRecord:
 
     nbytes: the message size (nccl-tests convention: gathered buffer of an
     all-gather, full input of a reduce-scatter, buffer of an all-reduce).
-    issue_ns: when the operation was started; complete_ns: when its completion
+    issue_ns: entry of the ``MPI_I*`` call; call_ns: its return (the in-flight window in
+    which compute can overlap starts here); complete_ns: when its completion
     was first observed (by a progress poll, a test or a wait); wait_start_ns and
     wait_ns: when this rank started blocking in ``wait`` for it, and for how long
     (0: it had completed before the wait). layer, phase: trace codes of where it
@@ -65,6 +66,7 @@ class CommRecord:
     nbytes: int
     issue_ns: int
     complete_ns: int = 0
+    call_ns: int = 0
     wait_ns: int = 0
     wait_start_ns: int = 0
     layer: int = 0
@@ -104,7 +106,11 @@ class CommHandle:
 
     def test(self) -> bool:
         if not self.done:
-            self.owner.progress.test(self)
+            progress = self.owner.progress
+            t0 = time.perf_counter_ns()
+            progress.test(self)
+            if progress.calls_mpi_on_test:
+                self.owner.tracer.mpi_call(t0, time.perf_counter_ns())
         return self.done
 
     def wait(self):
@@ -249,7 +255,10 @@ class Collectives:
         handle._guard = (send, guard) if guard is not None else None
         handle.done = handle.waited = False
         self.in_flight.append(handle)
+        record.issue_ns = time.perf_counter_ns()
         self.progress.start(handle, start)
+        record.call_ns = time.perf_counter_ns()
+        self.tracer.mpi_call(record.issue_ns, record.call_ns)
         return handle
 
     def _retire(self, handle: CommHandle) -> None:
@@ -266,10 +275,20 @@ class Collectives:
                     f"the send buffer of {rec.op} over {rec.axis} ({rec.nbytes} bytes) was modified in flight"
                 )
 
-    def poll(self) -> None:
-        """Let MPI progress the collectives in flight (called between compute chunks)."""
+    def poll(self, record: bool = True) -> None:
+        """Let MPI progress the collectives in flight (called between compute chunks).
+
+        ``record``: count the poll as host MPI time (False while the host only waits for a GPU
+        kernel that computes meanwhile: the poll takes nothing from compute).
+        """
         if self.in_flight:
-            self.progress.poll(self.in_flight)
+            progress = self.progress
+            if record and progress.calls_mpi_on_poll:
+                t0 = time.perf_counter_ns()
+                progress.poll(self.in_flight)
+                self.tracer.mpi_call(t0, time.perf_counter_ns())
+            else:
+                progress.poll(self.in_flight)
             for callback in self.on_poll:
                 callback()
 
@@ -290,7 +309,8 @@ class Collectives:
 
         The values are wrong (only this rank's contribution); only the compute time is meaningful.
         """
-        self._record(op, axis, nbytes, tag).complete_ns = time.perf_counter_ns()
+        record = self._record(op, axis, nbytes, tag)
+        record.complete_ns = record.call_ns = time.perf_counter_ns()
         return completed(result)
 
     def allgather(self, axis: str, shard, tag=None) -> CommHandle:
@@ -354,6 +374,7 @@ class Collectives:
         for axis in axes:
             if self.grid.size(axis) > 1:
                 record = self._record("allreduce", axis, buf.nbytes)
+                record.call_ns = record.issue_ns  # blocking: the whole call is the wait, nothing overlaps
                 getattr(self.grid.axis_comm(axis), COLLECTIVES["allreduce"].blocking)(MPI.IN_PLACE, buf)
                 record.complete_ns = time.perf_counter_ns()
                 record.wait_start_ns, record.wait_ns = record.issue_ns, record.complete_ns - record.issue_ns

@@ -54,6 +54,9 @@ class NoProgress:
 
     name = "none"
     chunk_flops = None
+    #: whether :meth:`poll` / :meth:`test` call MPI on the main thread (their time is MPI time in the trace)
+    calls_mpi_on_poll = False
+    calls_mpi_on_test = True
 
     def start(self, handle, issue: Callable):
         handle.request = issue()
@@ -86,14 +89,15 @@ class _Hook:
         self.comm = comm
         self.chunk_flops = chunk_flops
 
-    def __call__(self) -> None:
-        self.comm.poll()
+    def __call__(self, record: bool = True) -> None:
+        self.comm.poll(record)
 
 
 class PollProgress(NoProgress):
     """``Testsome`` on the requests in flight between GEMM chunks of ~``chunk_flops`` FLOPs."""
 
     name = "poll"
+    calls_mpi_on_poll = True
 
     def __init__(self, chunk_flops: float = 1e7):
         if chunk_flops <= 0:
@@ -120,6 +124,7 @@ class ThreadProgress(NoProgress):
     """
 
     name = "thread"
+    calls_mpi_on_test = False  # the progress thread tests; the main thread only reads a flag
 
     def __init__(self, interval: float = 20e-6):
         from mpi4py import MPI

@@ -97,6 +97,8 @@ class Run:
     mpi_buffers: Optional[MpiBuffers] = None
     #: seconds to prepare the synthetic batches before the first step, max over ranks
     data_prep_seconds: float = 0.0
+    #: the start alignment ``(offset_ns, uncertainty_ns, origin_ns, at_ns)`` (:func:`align_clocks`), when traced
+    clock_start: Optional[tuple] = None
 
     @classmethod
     def build(cls, mpi_comm, options: RunOptions, count_flops: bool = False,
@@ -130,11 +132,12 @@ class Run:
                                                              evidence_reason, awareness.smoke_test))
         backend.set_staged(buffers.mode == "staged")
         progress = agree(mpi_comm, lambda: make_progress(options.progress, options.poll_flops))
-        clock = (0, 0)
+        clock, clock_start = (0, 0), None
         if trace_level is None:
             tracer = Tracer(level="step")
         else:
-            offset, uncertainty, origin = align_clocks(grid.cart)
+            clock_start = align_clocks(grid.cart)
+            offset, uncertainty, origin, _ = clock_start
             clock = (offset, uncertainty)
             sync = backend.synchronize if backend.name == "cupy" else None
             tracer = Tracer(level=trace_level, rank=grid.cart.Get_rank(), clock_offset_ns=offset,
@@ -148,7 +151,8 @@ class Run:
         data_prep = grid.cart.allreduce(data.prep_seconds, op=MPI.MAX)
         optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr, empty=backend.empty)
         trainer = Trainer(model, data, comm, optimizer, overlap=options.overlap_config())
-        return cls(options, grid, backend, comm, model, data, trainer, counter, clock, awareness, buffers, data_prep)
+        return cls(options, grid, backend, comm, model, data, trainer, counter, clock, awareness, buffers, data_prep,
+                   clock_start=clock_start)
 
     def overlap_notes(self):
         """Overlap options that are no-ops on this grid, with the reason."""

@@ -24,6 +24,7 @@ from fourd_mpi.run.metadata import rank_metadata, run_metadata
 from fourd_mpi.core.mpiutil import agree, on_root
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import RunOptions
+from fourd_mpi.trace.clocks import DriftModel, measure_offsets
 from fourd_mpi.trace.store import (RankSpool, check_name, merge_run, new_run_id, now_iso, prepare_spool, read_records,
                          trace_paths)
 from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
@@ -93,6 +94,18 @@ def measure_peak(run: Run) -> float:
     return float(np.median(run.grid.cart.allgather(tflops)))
 
 
+def end_alignment(run, rank_meta: Dict):
+    """Offsets to rank 0 measured again after the steps: this rank's :class:`DriftModel` (None when
+    the run was not traced), its drift and residual uncertainty added to ``rank_meta``. Collective."""
+    if run.clock_start is None:
+        return None
+    offset0, uncertainty0, origin, at0 = run.clock_start
+    offset1, uncertainty1, at1 = measure_offsets(run.grid.cart)
+    drift = DriftModel(offset0, at0, offset1, at1, origin, uncertainty0, uncertainty1)
+    rank_meta.update(clock_offset_end_ns=offset1, clock_drift_ppm=drift.ppm, clock_residual_ns=drift.residual_ns)
+    return drift
+
+
 def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, say: Callable[[str], None],
                display: str = "auto", peak_tflops: Optional[float] = None, fault: Optional[Fault] = None,
                header: Callable[[Run], None] = None):
@@ -129,7 +142,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
             result = run.trainer.step(i)
             shift = run.comm.tracer.shift_ns
             record[0] = (rank, i, i < options.warmup, result.start_ns - shift, result.end_ns - shift, result.loss,
-                         result.seconds, result.compute_ns, result.wait_ns, len(result.events))
+                         result.seconds, result.compute_ns, result.wait_ns, len(result.events), result.mpi_ns)
             spool.append(result.events, record)
             out.update(i, result.loss, result.seconds)
         out.close()
@@ -145,7 +158,9 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
                             data_batches=run.data.batches)
         metadata["summary"] = summary.as_dict()
         metadata["array_pool"] = run.backend.pool_stats()  # rank 0's, after the last step
-    path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, trace.force)
+    drift = end_alignment(run, rank_meta)
+    path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, trace.force,
+                     correct=drift.correct_records if drift is not None else None)
     run.close()
     return path, summary
 

@@ -35,6 +35,8 @@ class StepResult:
     end_ns: int = 0
     compute_ns: int = 0
     wait_ns: int = 0
+    #: this rank's time inside MPI calls (issues, tests, waits) during the step
+    mpi_ns: int = 0
 
 
 class Trainer:
@@ -100,4 +102,5 @@ class Trainer:
         local = (t1 - t0) * 1e-9
         slowest = self.comm.grid.cart.allreduce(local, op=MPI.MAX)
         return StepResult(step=step, loss=loss, seconds=slowest, local_seconds=local, events=events,
-                          start_ns=t0, end_ns=t1, compute_ns=trace.compute_ns, wait_ns=trace.wait_ns)
+                          start_ns=t0, end_ns=t1, compute_ns=trace.compute_ns, wait_ns=trace.wait_ns,
+                          mpi_ns=trace.mpi_ns)

@@ -35,7 +35,15 @@ SCHEMA = "fourd_mpi.trace"
 #: 2: ops ``d2h`` and ``h2d`` appended to the vocabulary (codes of version 1 unchanged)
 #: 3: op ``residual`` appended; synthetic data is prepared before the steps (metadata ``data``),
 #:    so version-3 steps contain no ``data`` op (versions 1-2 timed it inside every step)
-SCHEMA_VERSION = 3
+#: 4: event columns ``call_ns`` (return of a collective's ``MPI_I*`` call; ``issue_ns`` is its entry) and
+#:    ``mpi_ns`` (collectives: host time inside MPI calls during the in-flight window ``[call_ns,
+#:    complete_ns]``; host compute events: MPI calls made inside them, e.g. polls between GEMM chunks,
+#:    excluded from their compute time); rank-step column ``mpi_ns`` (host time inside MPI calls: issues,
+#:    tests, waits). Older traces are read with ``call_ns = issue_ns`` and ``mpi_ns = wait_ns``
+#:    (:func:`fourd_mpi.trace.read.load_trace`): they cannot separate the ``I*`` call or the tests from overlap.
+#:    ``overlap_ns`` (collectives): host compute time (:data:`COMPUTE_OPS`, MPI calls inside them excluded)
+#:    during the in-flight window; older traces get ``complete_ns - issue_ns - wait_ns`` (their definition).
+SCHEMA_VERSION = 4
 
 LEVELS = ("step", "layer", "op")
 PHASES = ("none", "forward", "backward", "optimizer")
@@ -54,12 +62,14 @@ EVENT_DTYPE = np.dtype([
     ("rank", "<u4"), ("step", "<i4"), ("layer", "<i2"), ("phase", "u1"), ("op", "u1"), ("axis", "u1"),
     ("lane", "u1"), ("start_ns", "<i8"), ("end_ns", "<i8"), ("bytes", "<i8"), ("wire_bytes", "<i8"),
     ("flops", "<f8"), ("issue_ns", "<i8"), ("complete_ns", "<i8"), ("wait_ns", "<i8"),
+    ("call_ns", "<i8"), ("mpi_ns", "<i8"), ("overlap_ns", "<i8"),
 ])
 
 #: one record per rank and step (appended after the step's events: its presence marks the step complete)
 RANK_STEP_DTYPE = np.dtype([
     ("rank", "<u4"), ("step", "<i4"), ("warmup", "u1"), ("start_ns", "<i8"), ("end_ns", "<i8"),
     ("loss", "<f8"), ("seconds", "<f8"), ("compute_ns", "<i8"), ("wait_ns", "<i8"), ("events", "<i8"),
+    ("mpi_ns", "<i8"),
 ])
 
 _OP = {name: i for i, name in enumerate(OPS)}
@@ -72,51 +82,32 @@ def lane_name(code: int) -> str:
     return ("step", "layer", "host")[code] if code < LANE_COMM0 else f"comm{code - LANE_COMM0}"
 
 
-def align_clocks(comm, rounds: int = 8):
-    """Offsets of every rank's ``perf_counter_ns`` to rank 0's (Cristian's algorithm).
+def align_clocks(comm, rounds: int = 8, clock=time.perf_counter_ns):
+    """Offsets of every rank's clock to rank 0's at the start of a run (Cristian's algorithm,
+    :func:`fourd_mpi.trace.clocks.measure_offsets`).
 
-    Rank 0 ping-pongs ``rounds`` times with each rank in turn and keeps the sample
-    with the shortest round trip. Returns ``(offset_ns, uncertainty_ns, origin_ns)``
-    for this rank: an aligned time is ``t - offset_ns - origin_ns`` (ns since the
-    run's origin, taken on rank 0 after a barrier); the uncertainty is half the
-    best round trip. Collective over ``comm``.
+    Returns ``(offset_ns, uncertainty_ns, origin_ns, at_ns)`` for this rank: an aligned time is
+    ``t - offset_ns - origin_ns`` (ns since the run's origin, taken on rank 0 after a barrier); the
+    uncertainty is half the best round trip; ``at_ns``: this rank's clock when the offset was
+    measured (the start point of the drift model). Collective over ``comm``.
     """
-    rank, size = comm.Get_rank(), comm.Get_size()
-    offset, uncertainty = 0, 0
-    buf = np.zeros(1, dtype=np.int64)
-    if rank == 0:
-        results = [(0, 0)]
-        for peer in range(1, size):
-            best = None
-            for _ in range(rounds):
-                t1 = time.perf_counter_ns()
-                comm.Send(buf, dest=peer, tag=71)
-                comm.Recv(buf, source=peer, tag=72)
-                t2 = time.perf_counter_ns()
-                rtt = t2 - t1
-                if best is None or rtt < best[1]:
-                    best = (int(buf[0]) - (t1 + t2) // 2, rtt)
-            results.append((best[0], best[1] // 2))
-    else:
-        results = None
-        for _ in range(rounds):
-            comm.Recv(buf, source=0, tag=71)
-            buf[0] = time.perf_counter_ns()
-            comm.Send(buf, dest=0, tag=72)
-    offset, uncertainty = comm.scatter(results, root=0)
+    from fourd_mpi.trace.clocks import measure_offsets
+
+    offset, uncertainty, at = measure_offsets(comm, rounds, clock)
     comm.Barrier()
-    origin = comm.bcast(time.perf_counter_ns() if rank == 0 else None, root=0)
-    return offset, uncertainty, origin
+    origin = comm.bcast(clock() if comm.Get_rank() == 0 else None, root=0)
+    return offset, uncertainty, origin, at
 
 
 class _Span:
     """A context manager that records one host or layer span."""
 
-    __slots__ = ("tracer", "op", "lane", "layer", "phase", "saved", "t0", "flops")
+    __slots__ = ("tracer", "op", "lane", "layer", "phase", "saved", "t0", "flops", "mpi")
 
     def __init__(self, tracer, op, lane, layer=0, phase=0):
         self.tracer, self.op, self.lane, self.layer, self.phase = tracer, op, lane, layer, phase
         self.flops = 0.0
+        self.mpi = 0  # ns inside MPI calls made within this span (polls between GEMM chunks)
 
     def __enter__(self):
         tr = self.tracer
@@ -136,14 +127,14 @@ class _Span:
         if self.lane == LANE_LAYER:
             if tr.keep_layers:
                 tr.events.append((tr.rank, tr.step, self.layer, self.phase, _OP["layer"], 0, LANE_LAYER,
-                                  self.t0, t1, 0, 0, 0.0, 0, 0, 0))
+                                  self.t0, t1, 0, 0, 0.0, 0, 0, 0, 0, 0, 0))
             tr.where_layer, tr.where_phase = self.saved
         else:
             tr._open = None
-            tr.compute_ns += t1 - self.t0
+            tr.compute_ns += t1 - self.t0 - self.mpi
             if tr.keep_ops:
                 tr.events.append((tr.rank, tr.step, tr.where_layer, tr.where_phase, self.op, 0, LANE_HOST,
-                                  self.t0, t1, 0, 0, self.flops, 0, 0, 0))
+                                  self.t0, t1, 0, 0, self.flops, 0, 0, 0, 0, self.mpi, 0))
         return False
 
 
@@ -177,6 +168,8 @@ class Tracer:
         self._deferred: list = []
         self.compute_ns = 0
         self.wait_ns = 0
+        self.mpi_ns = 0
+        self.mpi_spans: list = []
 
     def set_level(self, level: str) -> None:
         """Change what is kept from the next event on (benchmarks alternate levels in one run)."""
@@ -212,15 +205,16 @@ class Tracer:
             self.synchronize()
         return _Span(self, _OP[name], LANE_HOST)
 
-    def compute(self, kind: str, t0: int, t1: int, flops: float) -> None:
-        """A GEMM ran from ``t0`` to ``t1`` (``perf_counter_ns``)."""
+    def compute(self, kind: str, t0: int, t1: int, flops: float, mpi_ns: int = 0) -> None:
+        """A GEMM ran from ``t0`` to ``t1`` (``perf_counter_ns``), ``mpi_ns`` of it inside MPI calls
+        (progress polls between its chunks: :meth:`mpi_call` counted them; not compute)."""
         if self._open is not None:
             self._open.flops += flops
             return
-        self.compute_ns += t1 - t0
+        self.compute_ns += t1 - t0 - mpi_ns
         if self.keep_ops:
             self.events.append((self.rank, self.step, self.where_layer, self.where_phase,
-                                _OP.get(kind, _OP["gemm"]), 0, LANE_HOST, t0, t1, 0, 0, flops, 0, 0, 0))
+                                _OP.get(kind, _OP["gemm"]), 0, LANE_HOST, t0, t1, 0, 0, flops, 0, 0, 0, 0, mpi_ns, 0))
 
     def compute_deferred(self, kind: str, watch, flops: float) -> None:
         """A GEMM timed by CUDA events (``watch``), not synchronized: its duration joins the step's
@@ -232,15 +226,26 @@ class Tracer:
         self._deferred.append(watch)
 
     def blocked(self, t0: int, t1: int) -> None:
-        """The main thread was blocked in a wait from ``t0`` to ``t1``."""
+        """The main thread was blocked in a wait from ``t0`` to ``t1`` (MPI time, and exposed communication)."""
         self.wait_ns += t1 - t0
+        self.mpi_call(t0, t1)
+
+    def mpi_call(self, t0: int, t1: int) -> None:
+        """The main thread was inside an MPI call (``MPI_I*``, ``Test``/``Testsome``, ``Wait``) from
+        ``t0`` to ``t1``. Kept for every step at every level: the overlap of each collective is its
+        in-flight time outside these spans (:meth:`end_step`)."""
+        self.mpi_ns += t1 - t0
+        self.mpi_spans.append((t0, t1))
+        if self._open is not None:
+            self._open.mpi += t1 - t0
 
     # steps ------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         self.step = step
         self.events = []
         self._deferred = []
-        self.compute_ns = self.wait_ns = 0
+        self.compute_ns = self.wait_ns = self.mpi_ns = 0
+        self.mpi_spans = []
         self.where_layer = self.where_phase = 0
 
     def end_step(self, t_start: int, t_end: int, records: Sequence, group_sizes) -> np.ndarray:
@@ -252,7 +257,7 @@ class Tracer:
         if self._deferred:  # event-timed GEMMs (GPU, below level op): the device has finished them
             self.compute_ns += sum(w.elapsed_ns() for w in self._deferred)
             self._deferred = []
-        rows = [(self.rank, self.step, 0, 0, _OP["step"], 0, LANE_STEP, t_start, t_end, 0, 0, 0.0, 0, 0, 0)]
+        rows = [(self.rank, self.step, 0, 0, _OP["step"], 0, LANE_STEP, t_start, t_end, 0, 0, 0.0, 0, 0, 0, 0, 0, 0)]
         rows += self.events
         out = np.array(rows, dtype=EVENT_DTYPE)
         out["start_ns"] -= self.shift_ns
@@ -260,6 +265,19 @@ class Tracer:
         if self.keep_ops and records:
             out = np.concatenate([out, *self._collective_rows(records, group_sizes)])
         return out
+
+    def _compute_inside(self, start, end) -> np.ndarray:
+        """Host compute time (compute-op events of this step, less the MPI calls made inside them)
+        within each window ``[start[i], end[i]]`` (``perf_counter_ns``, before alignment)."""
+        compute = [(e[7], e[8]) for e in self.events if e[6] == LANE_HOST and e[4] in _COMPUTE_CODES]
+        if not compute:
+            return np.zeros(len(start), dtype=np.int64)
+        inside = time_inside(compute, start, end)
+        spans = np.asarray(compute, dtype=np.int64)
+        spans = spans[np.argsort(spans[:, 0])]
+        polls = [(a, b) for a, b in self.mpi_spans  # MPI calls made inside a compute event
+                 if (i := np.searchsorted(spans[:, 0], a, side="right") - 1) >= 0 and b <= spans[i, 1]]
+        return inside - time_inside(polls, start, end) if polls else inside
 
     def _collective_rows(self, records, group_sizes) -> list:
         """Collective events (one per record, on comm lanes), their staging copies (same lane)
@@ -269,8 +287,15 @@ class Tracer:
                 r.h2d.resolve()
         cols = np.array([(r.issue_ns, r.complete_ns, r.nbytes, r.wait_ns, r.wait_start_ns, r.layer, r.phase,
                           _OP[r.op], _AXIS[r.axis], group_sizes[r.axis],
-                          *(_copy_cols(r.d2h)), *(_copy_cols(r.h2d))) for r in records], dtype=np.int64)
-        cols[:, (0, 1, 4)] -= self.shift_ns  # issue, completion, wait start: to the aligned clock
+                          *(_copy_cols(r.d2h)), *(_copy_cols(r.h2d)), r.call_ns or r.issue_ns, 0)
+                         for r in records], dtype=np.int64)
+        # host time inside MPI calls during each in-flight window [return of the I* call, completion],
+        # and host compute time (compute ops less the MPI polls inside them) in the same window
+        call = np.maximum(cols[:, 16], cols[:, 0])
+        window_end = np.maximum(cols[:, 1], call)
+        cols[:, 17] = time_inside(self.mpi_spans, call, window_end)
+        overlap = self._compute_inside(call, window_end)
+        cols[:, (0, 1, 4, 16)] -= self.shift_ns  # issue, completion, wait start, call return: aligned clock
         for c in (10, 13):  # copy spans present (bytes > 0): to the aligned clock
             present = cols[:, c + 2] > 0
             cols[present, c] -= self.shift_ns
@@ -309,6 +334,9 @@ class Tracer:
             of_kind = cols[:, 7] == _OP[name]
             coll["wire_bytes"][of_kind] = kind.wire_bytes(cols[of_kind, 2], group[of_kind])
         coll["issue_ns"], coll["complete_ns"], coll["wait_ns"] = issue, complete, cols[:, 3]
+        coll["call_ns"] = np.minimum(np.maximum(cols[:, 16], issue), complete)
+        coll["mpi_ns"] = cols[:, 17]
+        coll["overlap_ns"] = overlap[order]
         out = [coll]
         for name, has, start, end, nbytes in (
                 ("d2h", has_d2h, cols[:, 10], np.minimum(cols[:, 11], issue), cols[:, 12]),
@@ -329,6 +357,37 @@ class Tracer:
         waits["start_ns"], waits["end_ns"], waits["bytes"] = w[:, 4], w[:, 4] + w[:, 3], w[:, 2]
         out.append(waits)
         return out
+
+
+def time_inside(spans, start, end) -> np.ndarray:
+    """Nanoseconds of the intervals ``spans`` (``[(t0, t1), ...]``) inside each window ``[start[i], end[i]]``.
+
+    Overlapping spans are merged first, so no instant counts twice. With ``F(t)`` the span time
+    before ``t`` (a piecewise-linear, non-decreasing function), the answer is ``F(end) - F(start)``.
+    """
+    start = np.asarray(start, dtype=np.int64)
+    end = np.asarray(end, dtype=np.int64)
+    if len(spans) == 0:
+        return np.zeros(len(start), dtype=np.int64)
+    arr = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    arr = arr[np.argsort(arr[:, 0], kind="stable")]
+    merged = [list(arr[0])]
+    for t0, t1 in arr[1:].tolist():
+        if t0 <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], t1)
+        else:
+            merged.append([t0, t1])
+    m = np.array(merged, dtype=np.int64)
+    starts, lengths = m[:, 0], m[:, 1] - m[:, 0]
+    before = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+
+    def covered(t):
+        i = np.searchsorted(starts, t, side="right") - 1
+        safe = np.maximum(i, 0)
+        value = before[safe] + np.clip(t - starts[safe], 0, lengths[safe])
+        return np.where(i >= 0, value, 0)
+
+    return np.maximum(covered(end) - covered(start), 0)
 
 
 def _copy_cols(span):

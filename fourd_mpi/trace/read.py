@@ -125,6 +125,39 @@ def read_status(path: str) -> str:
     return str(attrs.get("status"))
 
 
+#: columns added by schema version 4, per dataset (filled by :func:`_upgrade_v3` for older traces)
+V4_COLUMNS = {"events": {"call_ns", "mpi_ns", "overlap_ns"}, "rank_steps": {"mpi_ns"},
+              "ranks": {"clock_drift_ppm", "clock_residual_ns"}}
+
+
+def _upgrade_v3(name: str, data: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A schema <= 3 array in the version-4 dtype.
+
+    Older traces did not record when the ``MPI_I*`` call returned nor the host's tests: a
+    collective's ``call_ns`` becomes its ``issue_ns`` (the call's entry) and its ``mpi_ns`` its
+    ``wait_ns``, so their overlap is ``1 - wait / (complete - issue)`` as those versions computed
+    it (work inside the ``I*`` call and the tests counts as overlap); a rank-step's ``mpi_ns`` is its
+    ``wait_ns``, and its ``overlap_ns`` ``complete_ns - issue_ns - wait_ns`` (any time not blocked counted
+    as overlap, as those versions did). Host compute events get ``mpi_ns = 0``.
+    """
+    out = np.zeros(len(data), dtype=dtype)
+    for field_name in data.dtype.names:
+        if field_name in dtype.names:
+            out[field_name] = data[field_name]
+    if name == "events":
+        collective = data["lane"] >= LANE_COMM0
+        out["call_ns"] = np.where(collective, data["issue_ns"], 0)
+        out["mpi_ns"] = np.where(collective, data["wait_ns"], 0)
+        out["overlap_ns"] = np.where(collective, np.maximum(data["complete_ns"] - data["issue_ns"] - data["wait_ns"], 0),
+                                     0)
+    elif name == "rank_steps":
+        out["mpi_ns"] = data["wait_ns"]
+    elif name == "ranks":  # no end alignment before schema 4: no drift model
+        out["clock_drift_ppm"] = np.nan
+        out["clock_residual_ns"] = data["clock_uncertainty_ns"]
+    return out
+
+
 def load_trace(path: str) -> Trace:
     """Read a trace file written by ``fourd-mpi run`` or ``fourd-mpi trace recover``."""
     h5 = _open(path)
@@ -137,7 +170,9 @@ def load_trace(path: str) -> Trace:
                     raise TraceError(f"{path} has no /{name} dataset (incomplete file)")
                 data = h5[name][()]
                 missing = [f for f in dtype.names if f not in (data.dtype.names or ())]
-                if missing:
+                if missing and version < 4 and set(missing) <= V4_COLUMNS.get(name, set()):
+                    data = _upgrade_v3(name, data, dtype)
+                elif missing:
                     raise TraceError(f"{path}: /{name} lacks the columns {', '.join(missing)}")
                 arrays[name] = data
             if len(arrays["events"]) != int(attrs.get("events", -1)):

@@ -42,6 +42,8 @@ RANK_DTYPE = np.dtype([
     ("coord_data", "<u4"), ("coord_z", "<u4"), ("coord_y", "<u4"), ("coord_x", "<u4"),
     ("clock_offset_ns", "<i8"), ("clock_uncertainty_ns", "<i8"), ("pid", "<u4"),
     ("event_offset", "<i8"), ("event_count", "<i8"),
+    # schema 4: the drift model of fourd_mpi.trace.clocks (NaN: no end alignment, e.g. a recovered run)
+    ("clock_drift_ppm", "<f8"), ("clock_residual_ns", "<i8"),
 ])
 STEP_DTYPE = np.dtype([
     ("step", "<i4"), ("warmup", "u1"), ("loss", "<f8"), ("seconds", "<f8"),
@@ -284,7 +286,8 @@ def ranks_table(rank_metas: Sequence[Dict]) -> np.ndarray:
         c = m.get("coords", {})
         out[i] = (m["rank"], str(m.get("hostname", "")).encode()[:64], m.get("node", 0), m.get("local_rank", 0),
                   c.get("data", 0), c.get("z", 0), c.get("y", 0), c.get("x", 0), m.get("clock_offset_ns", 0),
-                  m.get("clock_uncertainty_ns", 0), m.get("pid", 0), 0, 0)
+                  m.get("clock_uncertainty_ns", 0), m.get("pid", 0), 0, 0, m.get("clock_drift_ppm", float("nan")),
+                  m.get("clock_residual_ns", m.get("clock_uncertainty_ns", 0)))
     return out
 
 
@@ -293,8 +296,12 @@ def ranks_table(rank_metas: Sequence[Dict]) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata: Optional[Dict],
-              layers: Sequence[str], force: bool) -> str:
+              layers: Sequence[str], force: bool, correct=None) -> str:
     """Collective: rank 0 writes the merged trace from every rank's spool; returns its path.
+
+    ``correct``: this rank's clock correction (records -> records with their time columns moved,
+    :meth:`fourd_mpi.trace.clocks.DriftModel.correct_records`), applied to its events and step
+    records before they are sent; None keeps the start-aligned times.
 
     The spool is removed only after the trace is published. On a write error
     every rank raises the same :class:`TraceError` and the spool is kept.
@@ -312,7 +319,8 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
             error = str(exc)
     for source in range(size):  # one rank at a time: rank 0 holds one chunk in memory
         if rank == source:
-            events = sort_events(read_records(spool.events_path, EVENT_DTYPE))
+            events = read_records(spool.events_path, EVENT_DTYPE)
+            events = sort_events(correct(events) if correct is not None else events)
             pieces = [events[i:i + MERGE_CHUNK] for i in range(0, len(events), MERGE_CHUNK)]
             if rank == 0:
                 for piece in pieces:
@@ -327,7 +335,10 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
                 piece = np.empty(comm.recv(source=source, tag=82), dtype=EVENT_DTYPE)
                 comm.Recv([piece.view(np.uint8), MPI.BYTE], source=source, tag=83)
                 error = error or _append(writer, source, piece)
-    rank_steps = comm.gather(read_records(spool.steps_path, RANK_STEP_DTYPE), root=0)
+    mine = read_records(spool.steps_path, RANK_STEP_DTYPE)
+    if correct is not None:
+        mine = correct(mine)
+    rank_steps = comm.gather(mine, root=0)
     rank_metas = comm.gather(rank_meta, root=0)
     path = None
     if rank == 0 and error is None:

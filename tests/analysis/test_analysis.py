@@ -34,9 +34,14 @@ MODEL = {"name": "gpt-tiny", "kind": "gpt", "layers": 2, "hidden": 64, "heads": 
 # ---------------------------------------------------------------------------
 
 def event(rank, step, op, lane, start, end, layer=0, phase="none", axis="none", nbytes=0, wire=0, flops=0.0,
-          issue=0, complete=0, wait=0):
+          issue=0, complete=0, wait=0, call=None, mpi=None, overlap=None):
+    """An EVENT_DTYPE tuple; ``call``/``mpi``/``overlap`` default to ``issue``/``wait``/the time not waited
+    (the I* call returns at once, the host is in MPI only while it waits and computes otherwise)."""
+    if overlap is None:
+        overlap = max(complete - issue - wait, 0) if lane >= LANE_COMM0 else 0
     return (rank, step, layer, PHASE[phase], OP[op], AXIS[axis], lane, start, end, nbytes, wire, flops, issue,
-            complete, wait)
+            complete, wait, issue if call is None else call, wait if mpi is None else mpi,
+            overlap)
 
 
 def write_trace(path, events, world, grid=None, warmup=1, level="op", label=None, overlap="none",
@@ -59,7 +64,7 @@ def write_trace(path, events, world, grid=None, warmup=1, level="op", label=None
         seconds = max(s["end_ns"] - s["start_ns"] for s, *_ in spans.values()) * 1e-9
         for rank, (span, compute, wait, count) in spans.items():
             rs.append((rank, step, step < warmup, span["start_ns"], span["end_ns"], 1.0, seconds, compute, wait,
-                       count))
+                       count, wait))
     rank_steps = np.array(rs, dtype=RANK_STEP_DTYPE)
     if level != "op":  # the events of lower levels: step spans only (rank_steps keeps the totals)
         ev = ev[ev["op"] == OP["step"]]

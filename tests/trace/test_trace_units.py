@@ -48,9 +48,14 @@ def write(path, text: str) -> str:
 
 
 def event(rank, step, op, lane, start, end, layer=0, phase=0, axis=0, nbytes=0, wire=0, flops=0.0,
-          issue=0, complete=0, wait=0):
+          issue=0, complete=0, wait=0, call=None, mpi=None, overlap=None):
+    """An EVENT_DTYPE tuple; ``call``/``mpi``/``overlap`` default to ``issue``/``wait``/the time not waited
+    (the I* call returns at once, the host is in MPI only while it waits and computes otherwise)."""
+    if overlap is None:
+        overlap = max(complete - issue - wait, 0) if lane >= LANE_COMM0 else 0
     return (rank, step, layer, phase, OP[op], AXIS[axis] if isinstance(axis, str) else axis, lane, start, end,
-            nbytes, wire, flops, issue, complete, wait)
+            nbytes, wire, flops, issue, complete, wait, issue if call is None else call, wait if mpi is None else mpi,
+            overlap)
 
 
 def step_events(rank: int, step: int, t0: int) -> np.ndarray:
@@ -72,7 +77,7 @@ EVENTS_PER_STEP = len(step_events(0, 0, 0))
 
 def rank_step(rank: int, step: int, t0: int, warmup: bool = False) -> np.ndarray:
     rec = np.zeros(1, dtype=RANK_STEP_DTYPE)
-    rec[0] = (rank, step, warmup, t0, t0 + 1000, 5.0 - step, 1e-6, 530, 100, EVENTS_PER_STEP)
+    rec[0] = (rank, step, warmup, t0, t0 + 1000, 5.0 - step, 1e-6, 530, 100, EVENTS_PER_STEP, 100)
     return rec
 
 
@@ -115,7 +120,7 @@ def rank_steps_table(durations, warmup_steps=1, compute_ns=600_000_000, wait_ns=
             warm = step < warmup_steps
             start = 10**12 + step * 10**11
             rows.append((rank, step, warm, start, start + int(round(seconds * 1e9)), 1.0, seconds,
-                         0 if warm else compute_ns, 0 if warm else wait_ns, 10))
+                         0 if warm else compute_ns, 0 if warm else wait_ns, 10, 0 if warm else wait_ns))
     return np.array(rows, dtype=RANK_STEP_DTYPE)
 
 

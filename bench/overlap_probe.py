@@ -1,0 +1,96 @@
+"""The OSU overlap probe measured two ways: OSU's formula vs the trace's overlap accounting.
+
+    OMP_NUM_THREADS=1 mpiexec -n 2 python bench/overlap_probe.py [SIZE_BYTES] [TRIALS]
+
+Pattern (OSU / IMB-NBC): post an Iallreduce of SIZE bytes, compute for a known time with a
+Testsome poll after every GEMM, wait. (1) OSU's formula on the times of the pattern,
+``100 - 100 (t_ovrl - t_cpu) / t_pure`` (``fourd_mpi.perf.collbench.osu_overlap``); (2) the trace
+of the same trials recorded by the step's own machinery (``Collectives`` + ``Tracer``):
+``100 * sum(overlap_ns) / sum(complete_ns - call_ns)``. Rank 0 prints both per compute length
+(0.5 and 2 x t_pure), medians of TRIALS trials, and whether they agree within 5 percentage points
+(issue 15's validation (c)). The two answer different questions when MPI does not progress
+during compute: OSU measures time actually hidden against a reference t_pure, the trace measures
+compute done while the collective was in flight; with a Testsome after every GEMM they should
+agree. Noise: the OSU formula divides by t_pure and subtracts two medians; on shared or
+oversubscribed cores it swings by tens of points between identical runs, so run it on a quiet node.
+"""
+
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fourd_mpi.core.backend import make_backend
+from fourd_mpi.core.collectives import Collectives
+from fourd_mpi.core.grid import GridShape, ProcessGrid
+from fourd_mpi.core.progress import PollProgress
+from fourd_mpi.perf.collbench import osu_overlap
+from fourd_mpi.trace.events import LANE_COMM0, Tracer
+
+SIZE = int(float(sys.argv[1])) if len(sys.argv) > 1 else 1 << 23
+TRIALS = int(sys.argv[2]) if len(sys.argv) > 2 else 9
+world = MPI.COMM_WORLD
+grid = ProcessGrid(world, GridShape(1, 1, 1, world.Get_size()))
+tracer = Tracer(level="op", rank=world.Get_rank())
+comm = Collectives(grid, make_backend("numpy", np.float32), progress=PollProgress(), tracer=tracer)
+buf = np.ones(SIZE // 4, dtype=np.float32)
+rng = np.random.default_rng(0)
+a = rng.standard_normal((256, 256)).astype(np.float32)
+b = rng.standard_normal((256, 256)).astype(np.float32)
+
+
+def gemms(n, poll=None):
+    for _ in range(n):
+        a @ b
+        if poll is not None:
+            poll()
+
+
+def median_time(body, warmup=2):
+    times = []
+    for i in range(warmup + TRIALS):
+        world.Barrier()
+        t0 = time.perf_counter()
+        body()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+tracer.begin_step(0)
+t_pure = world.allreduce(median_time(lambda: comm.allreduce("x", buf).wait()), op=MPI.MAX)
+t_gemm = world.allreduce(median_time(lambda: gemms(8)) / 8, op=MPI.MAX)
+problems, lines = [], []
+for fraction in (0.5, 2.0):
+    n = world.allreduce(max(1, int(round(fraction * t_pure / t_gemm))), op=MPI.MAX)
+    t_cpu = median_time(lambda: gemms(n))
+    overlaps, t_ovrl = [], []
+    for i in range(2 + TRIALS):
+        tracer.begin_step(i)
+        comm.records.clear()
+        world.Barrier()
+        t0 = time.perf_counter_ns()
+        handle = comm.allreduce("x", buf)
+        with tracer.op("gemm"):
+            gemms(n, comm.poll)
+        handle.wait()
+        t1 = time.perf_counter_ns()
+        ev = tracer.end_step(t0, t1, comm.records, {"x": world.Get_size()})
+        coll = ev[ev["lane"] >= LANE_COMM0]
+        if i >= 2:
+            t_ovrl.append((t1 - t0) * 1e-9)
+            overlaps.append(100.0 * coll["overlap_ns"].sum() / max(1, (coll["complete_ns"] - coll["call_ns"]).sum()))
+    osu = world.allreduce(osu_overlap(statistics.median(t_ovrl), t_cpu, t_pure)) / world.Get_size()
+    traced = world.allreduce(statistics.median(overlaps)) / world.Get_size()
+    lines.append(f"compute {fraction} x t_pure ({n} GEMMs): OSU {osu:.1f} %, trace {traced:.1f} % "
+                 f"(t_pure {t_pure * 1e3:.2f} ms, t_cpu {t_cpu * 1e3:.2f} ms)")
+    if abs(osu - traced) > 5.0:
+        problems.append(lines[-1])
+if world.Get_rank() == 0:
+    print("\n".join(lines))
+    print("agree within 5 points" if not problems else "disagree by more than 5 points: " + "; ".join(problems))
