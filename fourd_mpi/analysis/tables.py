@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from fourd_mpi.errors import ConfigError, TraceError
-from fourd_mpi.trace.summary import (HARNESS_OPS, MPI_HOST_OPS, SHARE_FORMULA, STEP_FORMULA, harness_ns,
+from fourd_mpi.trace.summary import (HARNESS_OPS, SHARE_FORMULA, STEP_FORMULA, harness_ns,
                                      host_op_mask, measured_records, per_record_sums, step_stats, summarize)
 from fourd_mpi.trace.read import Trace, load_trace
 from fourd_mpi.core.colltable import BUSBW_FORMULA, wire_factor
@@ -58,7 +58,7 @@ BREAKDOWN_COLUMNS = ["run_id", "phase", "category", "axis", "seconds_per_step", 
 #: the grid axes of the per-axis MPI-time columns of :func:`steps_table`
 STEP_AXES = ("data", "z", "y", "x")
 STEPS_COLUMNS = (["run_id", "step", "rank", "warmup", "step_s", "step_max_s", "compute_s", "harness_s", "wait_s"]
-                 + [f"mpi_{a}_s" for a in STEP_AXES] + ["loss"])
+                 + [f"wait_{a}_s" for a in STEP_AXES] + ["mpi_s", "loss"])
 COMM_COLUMNS = [
     "run_id", "op", "axis", "group_size", "messages_per_step", "bytes_per_step", "wire_bytes_per_step",
     "bytes_per_message", "inflight_median_s", "inflight_s_per_step", "wait_s_per_step", "mpi_s_per_step", "algbw_gbps",
@@ -350,15 +350,17 @@ def breakdown(trace: Trace) -> pd.DataFrame:
     Level ``op`` (events):
 
     - ``category`` a compute op (:data:`~fourd_mpi.trace.events.COMPUTE_OPS`: algorithm work only),
-      ``phase`` its phase, ``axis`` ``"none"``: sum of the op's event durations;
+      ``phase`` its phase, ``axis`` ``"none"``: sum of the op's event durations less the MPI calls
+      made inside them (event column ``mpi_ns``: progress polls between GEMM chunks, schema >= 4),
+      as in ``compute_ns``;
     - ``category`` ``harness``, ``phase`` its phase, ``axis`` ``"none"``: work of the benchmark
       harness inside the step (:data:`~fourd_mpi.trace.summary.HARNESS_OPS`: the synthetic data
       of schema <= 2 traces);
     - ``category`` ``exposed_comm``, ``axis`` ``x``/``y``/``z``/``data``, ``phase`` that of the
-      collective: sum of the host-lane MPI events (:data:`~fourd_mpi.trace.summary.MPI_HOST_OPS`:
-      ``wait``, the time the main thread was blocked, and ``issue``/``test`` where the trace has them);
+      collective: sum of ``wait`` event durations (time the main thread was blocked);
     - ``category`` ``other``, ``phase`` ``"all"``, ``axis`` ``"none"``: step span minus all of
-      the above (Python overhead, buffer preparation, issuing collectives, ...).
+      the above (Python overhead, buffer preparation, the ``MPI_I*`` calls and ``Test`` polls,
+      ...; :func:`steps_table`'s ``mpi_s`` has all MPI time).
 
     Levels ``step``/``layer`` (no op events): three rows from ``/rank_steps`` with ``phase`` and
     ``axis`` ``"all"``: ``compute`` (``compute_ns``; harness work cannot be told apart there),
@@ -378,7 +380,7 @@ def breakdown(trace: Trace) -> pd.DataFrame:
         mask = _measured_mask(trace, measured) & (ev["lane"] == LANE_HOST)
         # column by column: fancy-indexing whole (packed, 78-byte) records is several times slower
         picked = np.flatnonzero(mask)
-        host = {c: ev[c][picked] for c in ("op", "phase", "axis", "start_ns", "end_ns")}
+        host = {c: ev[c][picked] for c in ("op", "phase", "axis", "start_ns", "end_ns", "mpi_ns")}
         dur = (host["end_ns"] - host["start_ns"]).astype(np.float64)
         op = host["op"].astype(np.int64)
         phase = host["phase"].astype(np.int64)
@@ -392,7 +394,9 @@ def breakdown(trace: Trace) -> pd.DataFrame:
             return sums, counts
 
         compute_codes = [ops.index(name) for name in COMPUTE_OPS if name in ops]
-        sums, counts = by_phase_and(op, np.isin(op, compute_codes), nop)
+        is_compute = np.isin(op, compute_codes)
+        dur = np.where(is_compute, dur - host["mpi_ns"], dur)  # polls inside a GEMM are MPI time, not compute
+        sums, counts = by_phase_and(op, is_compute, nop)
         for p in range(nph):
             for o in compute_codes:
                 if counts[p * nop + o]:
@@ -402,8 +406,7 @@ def breakdown(trace: Trace) -> pd.DataFrame:
         for p in range(nph):
             if hcounts[p]:
                 rows.append((phases[p], "harness", "none", hsums[p]))
-        mpi_codes = [ops.index(name) for name in MPI_HOST_OPS if name in ops]
-        wsums, wcounts = by_phase_and(axis, np.isin(op, mpi_codes), nax)
+        wsums, wcounts = by_phase_and(axis, op == ops.index("wait"), nax)
         for p in range(nph):
             for a in range(nax):
                 if wcounts[p * nax + a]:
@@ -454,9 +457,11 @@ def steps_table(trace: Trace) -> pd.DataFrame:
       median over the measured steps is the run's step time);
     - ``compute_s`` = ``compute_ns * 1e-9`` less ``harness_s`` (algorithm work only);
       ``harness_s`` = harness work inside the step (host-lane ``data`` events; 0 below level op);
-    - ``wait_s`` = ``wait_ns * 1e-9`` (time blocked in waits, all axes);
-    - ``mpi_<axis>_s`` = sum of the durations of the host-lane MPI events (``wait``, and ``issue``/
-      ``test`` where the trace has them) of collectives on that axis; NaN for traces below level op;
+    - ``wait_s`` = ``wait_ns * 1e-9`` (time blocked in waits, all axes); ``wait_<axis>_s`` = sum of
+      the durations of the host-lane ``wait`` events of collectives on that axis (NaN for traces
+      below level op, which have no such events);
+    - ``mpi_s`` = ``mpi_ns * 1e-9``: all host time inside MPI calls (``MPI_I*``, ``Test``/``Testsome``,
+      ``Wait``; schema >= 4, older traces recorded waits only: there it equals ``wait_s``);
     - ``loss`` as recorded; ``warmup`` a bool.
     """
     rs = trace.rank_steps
@@ -474,13 +479,14 @@ def steps_table(trace: Trace) -> pd.DataFrame:
     out["compute_s"] = (rs["compute_ns"].astype(np.float64) - harness) * 1e-9
     out["harness_s"] = harness * 1e-9
     out["wait_s"] = rs["wait_ns"].astype(np.float64) * 1e-9
-    mpi = host_op_mask(ev, trace.vocab.get("ops", ()), MPI_HOST_OPS)
+    waits = host_op_mask(ev, trace.vocab.get("ops", ()), ("wait",))
     axes = trace.vocab.get("axes", [])
     for a in STEP_AXES:
         if op_level and a in axes:
-            out[f"mpi_{a}_s"] = per_record_sums(rs, ev, mpi & (ev["axis"] == axes.index(a))) * 1e-9
+            out[f"wait_{a}_s"] = per_record_sums(rs, ev, waits & (ev["axis"] == axes.index(a))) * 1e-9
         else:
-            out[f"mpi_{a}_s"] = float("nan") if not op_level else 0.0
+            out[f"wait_{a}_s"] = float("nan") if not op_level else 0.0
+    out["mpi_s"] = rs["mpi_ns"].astype(np.float64) * 1e-9
     out["loss"] = rs["loss"].astype(np.float64)
     return out[STEPS_COLUMNS].reset_index(drop=True)
 

@@ -32,9 +32,6 @@ from fourd_mpi.util.text import format_number
 #: host-lane ops that are work of the benchmark harness, not of the algorithm (``data``: synthetic
 #: batches made inside every step by traces of schema <= 2; the tracer counted them in ``compute_ns``)
 HARNESS_OPS = ("data",)
-#: host-lane ops during which the main thread is inside MPI (``wait``; the names of newer schemas,
-#: ``issue`` and ``test``, count as soon as a trace's vocabulary has them)
-MPI_HOST_OPS = ("wait", "issue", "test")
 
 STEP_FORMULA = ("step time = median over measured steps of (max over ranks of the rank's step span "
                 "end_ns - start_ns); spread: quartiles q1/q3 of the same per-step series")

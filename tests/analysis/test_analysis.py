@@ -47,7 +47,8 @@ def event(rank, step, op, lane, start, end, layer=0, phase="none", axis="none", 
 def write_trace(path, events, world, grid=None, warmup=1, level="op", label=None, overlap="none",
                 progress="poll", tokens=64, flops=1e6, peak=1.0, model=None, compute_ops=COMPUTE_OPS):
     """Write ``events`` (a list of ``event`` tuples, any order) as a complete trace; ``/rank_steps`` is
-    derived from them: span from the step event, ``compute_ns``/``wait_ns`` from the host-lane events."""
+    derived from them: span from the step event, ``compute_ns``/``wait_ns``/``mpi_ns`` from the host-lane
+    events (compute less the MPI polls inside compute events, as the schema-4 recorder counts)."""
     grid = grid or {"data": 1, "z": 1, "y": 1, "x": world}
     ev = np.array(events, dtype=EVENT_DTYPE)
     compute_codes = [OP[o] for o in compute_ops]
@@ -59,12 +60,14 @@ def write_trace(path, events, world, grid=None, warmup=1, level="op", label=None
             mine = ev[(ev["rank"] == rank) & (ev["step"] == step)]
             span = mine[mine["op"] == OP["step"]][0]
             dur = mine["end_ns"] - mine["start_ns"]
-            spans[rank] = (span, int(dur[np.isin(mine["op"], compute_codes)].sum()),
-                           int(dur[mine["op"] == OP["wait"]].sum()), len(mine))
+            is_compute = np.isin(mine["op"], compute_codes)
+            polls = int(mine["mpi_ns"][is_compute].sum())  # MPI calls inside compute events: not compute
+            spans[rank] = (span, int(dur[is_compute].sum()) - polls, int(dur[mine["op"] == OP["wait"]].sum()),
+                           len(mine), polls)
         seconds = max(s["end_ns"] - s["start_ns"] for s, *_ in spans.values()) * 1e-9
-        for rank, (span, compute, wait, count) in spans.items():
+        for rank, (span, compute, wait, count, polls) in spans.items():
             rs.append((rank, step, step < warmup, span["start_ns"], span["end_ns"], 1.0, seconds, compute, wait,
-                       count, wait))
+                       count, wait + polls))
     rank_steps = np.array(rs, dtype=RANK_STEP_DTYPE)
     if level != "op":  # the events of lower levels: step spans only (rank_steps keeps the totals)
         ev = ev[ev["op"] == OP["step"]]
@@ -209,6 +212,22 @@ def test_breakdown_known_answers(hand):
     wide = analysis.breakdown_wide(df)
     assert wide.step_s[0] == runs.step_median_s[0]
     assert wide["other_%"][0] == pytest.approx(100 * (mean_span - 1050) / mean_span)
+
+
+def test_polls_inside_compute_are_not_compute(tmp_path):
+    """Schema 4: MPI polls made inside a GEMM (event column ``mpi_ns``) are MPI time, not compute,
+    in the breakdown as in ``compute_ns`` (the runs table and the summary)."""
+    events = [e if not (e[4] == OP["gemm"] and e[3] == PHASE["backward"]) else e[:16] + (40,) + e[17:]
+              for e in hand_events()]  # 40 ns of polls inside every backward GEMM
+    trace = load_trace(write_trace(tmp_path / "polls.h5", events, world=2))
+    df = breakdown(trace)
+    row = runs_table([trace]).iloc[0]
+    assert row.compute_share == pytest.approx(2 * (450 + 650 - 2 * 40) / 9500)
+    compute = df[~df.category.isin(["exposed_comm", "other"])].share.sum()
+    assert compute == pytest.approx(row.compute_share, rel=1e-12)
+    assert df.share[df.category == "other"].sum() == pytest.approx(row.other_share, rel=1e-12)
+    steps = steps_table(trace)
+    assert list(steps.mpi_s * 1e9) == pytest.approx([WAIT[r] + 40 for _ in range(3) for r in range(2)])
 
 
 def test_step_stats_is_the_median_of_the_max_over_ranks(hand):
