@@ -6,12 +6,20 @@
 >>> write_perfetto(trace, "run.json.gz", steps=[1, 2])     # open in ui.perfetto.dev
 >>> write_caliper_json(trace, "run.cali.json")               # hatchet / thicket
 
-**Perfetto** (Chrome trace-event JSON): one process per rank (``pid`` = rank), one thread
-per lane (``step``, ``layer``, ``host``, ``comm0`` ...). Step spans, layer spans and
-host-lane events (compute ops, waits) are complete (``"X"``) events; they never overlap
-within a lane, so they nest. Collectives are async (``"b"``/``"e"``) events of category
-``comm``: nonblocking collectives are in flight while the host computes, and several at
-once. Times are microseconds (floats) on the trace's aligned clock: ``ts = start_ns / 1000``.
+**Perfetto** (Chrome trace-event JSON): one process per rank (``pid`` = rank), one named
+thread per lane: ``step``, ``phase``, ``layer``, ``host``, ``comm0``, ``comm1`` ... (in that
+order). Every event is a complete (``"X"``) event: step spans ("step 5"), phase spans
+("step 5 backward", derived from the layer and host events of the phase), layer spans
+("layer 3 backward (block0.fc2)": Perfetto's search finds "layer 3 backward"), host-lane
+events (compute ops, waits: "wait x") and collectives with their staging copies on their
+comm lane ("allreduce x", "d2h x"), from the ``MPI_I*`` call to the observed completion.
+Events never overlap within a thread (the recorder packs collectives in flight together
+onto separate comm lanes). Flow events (``"s"``/``"t"``/``"f"``, category ``collective``)
+link the pieces of one collective instance across its ranks: the ranks of one axis
+communicator (equal coordinates on the other three axes), the same step, axis and
+sequence number of the collective on that communicator (MPI matches collectives by issue
+order per communicator). Times are microseconds (floats) on the trace's aligned clock:
+``ts = start_ns / 1000``.
 
 **Caliper JSON-split** (what ``hatchet.GraphFrame.from_caliper`` and
 ``thicket.Thicket.from_caliper`` read): a tree ``step > phase > layer > op`` with one row
@@ -50,7 +58,7 @@ import numpy as np
 
 from fourd_mpi.trace.events import LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP, lane_name
 
-__all__ = ["to_perfetto", "write_perfetto", "to_caliper_json", "write_caliper_json"]
+__all__ = ["to_perfetto", "write_perfetto", "collective_instances", "to_caliper_json", "write_caliper_json"]
 
 _NS_PER_US = 1000.0
 _CHUNK = 1 << 16  # events converted (and written) at a time
@@ -85,21 +93,22 @@ def _perfetto_header(trace) -> Dict:
     return {"displayTimeUnit": "ns", "metadata": _perfetto_metadata(trace)}
 
 
+#: Perfetto thread id of the derived phase spans (lanes are 0..255)
+PHASE_TID = 256
+
+
 def _perfetto_event_chunks(trace, steps, ranks) -> Iterator[List[Dict]]:
-    """Lists of trace events: process and thread names, then X events, then async pairs."""
+    """Lists of trace events: process and thread names, X events of every lane, phase spans, flows."""
     steps = None if steps is None else list(steps)  # iterated twice below
     ranks = None if ranks is None else list(ranks)
     events = _select_events(trace, steps, ranks)
     yield _process_metadata(trace, _kept_ranks(trace, ranks)) + _thread_metadata(events)
-    on_comm = events["lane"] >= LANE_COMM0
-    blocking = events[~on_comm]
-    end_ns = _clip_to_successor(blocking)
-    for start in range(0, len(blocking), _CHUNK):
+    end_ns = _clip_to_successor(events)
+    for start in range(0, len(events), _CHUNK):
         part = slice(start, start + _CHUNK)
-        yield _complete_events(trace, blocking[part], end_ns[part])
-    collectives = events[on_comm]
-    for start in range(0, len(collectives), _CHUNK):
-        yield _async_events(trace, collectives[start:start + _CHUNK], first_id=start)
+        yield _complete_events(trace, events[part], end_ns[part])
+    yield _phase_events(trace, events)
+    yield _flow_events(trace, events, end_ns)
 
 
 def _select_events(trace, steps, ranks) -> np.ndarray:
@@ -136,13 +145,18 @@ def _process_metadata(trace, rank_rows: np.ndarray) -> List[Dict]:
 
 
 def _thread_metadata(events: np.ndarray) -> List[Dict]:
-    """Name and order every (rank, lane) thread that has events: step < layer < host < comm<i>."""
+    """Name and order every (rank, lane) thread that has events: step < phase < layer < host < comm<i>."""
     pairs = np.unique(events["rank"].astype(np.int64) * 256 + events["lane"])
     out = []
     for pair in pairs.tolist():
         rank, lane = divmod(pair, 256)
         out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": lane, "args": {"name": lane_name(lane)}})
-        out.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": lane, "args": {"sort_index": lane}})
+        out.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": lane,
+                    "args": {"sort_index": 2 * lane}})
+    for rank in np.unique(events["rank"][events["lane"] == LANE_LAYER]).tolist():
+        out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": PHASE_TID, "args": {"name": "phase"}})
+        out.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": PHASE_TID,
+                    "args": {"sort_index": 2 * LANE_STEP + 1}})
     return out
 
 
@@ -156,7 +170,10 @@ def _complete_events(trace, events: np.ndarray, end_ns: np.ndarray) -> List[Dict
                   ((end_ns - events["start_ns"]) / _NS_PER_US).tolist(), events["step"].tolist(), layers, phases,
                   axes, events["bytes"].tolist(), events["flops"].tolist())
     out = []
-    for name, rank, lane, ts, dur, step, layer, phase, axis, nbytes, flops in columns:
+    comm = {"wire_bytes": events["wire_bytes"].tolist(), "wait_ns": events["wait_ns"].tolist(),
+            "mpi_ns": events["mpi_ns"].tolist(), "overlap_ns": events["overlap_ns"].tolist(),
+            "call_ns": events["call_ns"].tolist(), "issue_ns": events["issue_ns"].tolist()}
+    for i, (name, rank, lane, ts, dur, step, layer, phase, axis, nbytes, flops) in enumerate(columns):
         args = {"step": step}
         if lane != LANE_STEP:
             args["phase"] = phase
@@ -167,8 +184,11 @@ def _complete_events(trace, events: np.ndarray, end_ns: np.ndarray) -> List[Dict
             args["bytes"] = nbytes
         if flops:
             args["flops"] = flops
-        out.append({"ph": "X", "name": name, "cat": _LANE_NAMES[lane], "pid": rank, "tid": lane,
-                    "ts": ts, "dur": dur, "args": args})
+        if lane >= LANE_COMM0 and comm["issue_ns"][i]:  # a collective: its accounting (ns)
+            args.update(wire_bytes=comm["wire_bytes"][i], wait_ns=comm["wait_ns"][i], mpi_ns=comm["mpi_ns"][i],
+                        overlap_ns=comm["overlap_ns"][i], call_return_ns=comm["call_ns"][i])
+        out.append({"ph": "X", "name": name, "cat": "comm" if lane >= LANE_COMM0 else _LANE_NAMES[lane],
+                    "pid": rank, "tid": lane, "ts": ts, "dur": dur, "args": args})
     return out
 
 
@@ -193,30 +213,89 @@ def _clip_to_successor(events: np.ndarray) -> np.ndarray:
 
 
 def _complete_event_names(trace, events: np.ndarray) -> List[str]:
-    """"step N" for step spans, the layer name for layer spans, the op for host events."""
-    names = trace.decode("op", events["op"])
+    """"step N" for step spans, "layer L PHASE (NAME)" for layer spans (L: the layer's index in
+    the trace's layer vocabulary), the op with its axis for host and comm events ("wait x")."""
+    names = _op_labels(trace, events)
     on_layer = events["lane"] == LANE_LAYER
-    names[on_layer] = trace.decode("layer", events["layer"][on_layer])
+    layer_names = trace.decode("layer", events["layer"][on_layer]).tolist()
+    phases = trace.decode("phase", events["phase"][on_layer]).tolist()
+    names[on_layer] = [f"layer {code} {phase} ({name})" for code, phase, name
+                       in zip(events["layer"][on_layer].tolist(), phases, layer_names)]
     on_step = events["lane"] == LANE_STEP
     names[on_step] = [f"step {s}" for s in events["step"][on_step].tolist()]
     return names.tolist()
 
 
-def _async_events(trace, events: np.ndarray, first_id: int = 0) -> List[Dict]:
-    """Collectives as async begin/end pairs (category ``comm``, ids ``first_id``, ``first_id + 1``, ...)."""
-    names = _op_labels(trace, events).tolist()
-    layers = trace.decode("layer", events["layer"]).tolist()
-    phases = trace.decode("phase", events["phase"]).tolist()
-    columns = zip(names, events["rank"].tolist(), events["lane"].tolist(), (events["start_ns"] / _NS_PER_US).tolist(),
-                  (events["end_ns"] / _NS_PER_US).tolist(), events["step"].tolist(), layers, phases,
-                  events["bytes"].tolist(), events["wire_bytes"].tolist(), events["wait_ns"].tolist())
+def _phase_events(trace, events: np.ndarray) -> List[Dict]:
+    """Per rank and step, one X event per phase on the ``phase`` thread: from the first to the last
+    layer-lane event of that phase ("step 5 forward"); phases without layer spans are left out."""
+    layer = events[events["lane"] == LANE_LAYER]
+    if not len(layer):
+        return []
+    phases = trace.vocab["phases"]
     out = []
-    for event_id, (name, rank, lane, ts, te, step, layer, phase, nbytes, wire, wait_ns) in enumerate(columns, first_id):
-        args = {"step": step, "layer": layer, "phase": phase, "bytes": nbytes, "wire_bytes": wire,
-                "wait_ns": wait_ns, "lane": _LANE_NAMES[lane]}
-        out.append({"ph": "b", "name": name, "cat": "comm", "id": event_id, "pid": rank, "tid": lane,
-                    "ts": ts, "args": args})
-        out.append({"ph": "e", "name": name, "cat": "comm", "id": event_id, "pid": rank, "tid": lane, "ts": te})
+    key = (layer["rank"].astype(np.int64) * (1 << 32) + layer["step"].astype(np.int64)) * 16 + layer["phase"]
+    for k in np.unique(key).tolist():
+        sel = layer[key == k]
+        rank, step, phase = int(sel["rank"][0]), int(sel["step"][0]), int(sel["phase"][0])
+        t0, t1 = int(sel["start_ns"].min()), int(sel["end_ns"].max())
+        out.append({"ph": "X", "name": f"step {step} {phases[phase]}", "cat": "phase", "pid": rank,
+                    "tid": PHASE_TID, "ts": t0 / _NS_PER_US, "dur": (t1 - t0) / _NS_PER_US,
+                    "args": {"step": step, "phase": phases[phase]}})
+    return out
+
+
+def collective_instances(trace, events: np.ndarray) -> np.ndarray:
+    """An instance id per event (-1 for events that are not collectives): the same id for the pieces
+    of one collective on the ranks of one axis communicator.
+
+    Key: (step, axis, communicator, sequence), the communicator being the ranks with equal
+    coordinates on the other three axes and the sequence the collective's position among this
+    rank's collectives on that axis in the step, by issue time (MPI matches collectives on a
+    communicator by issue order, the same on every rank).
+    """
+    ids = np.full(len(events), -1, dtype=np.int64)
+    names = trace.vocab["ops"]
+    codes = [names.index(o) for o in ("allgather", "reduce_scatter", "allreduce") if o in names]
+    coll = np.flatnonzero(np.isin(events["op"], codes) & (events["lane"] >= LANE_COMM0))
+    if not len(coll):
+        return ids
+    ranks = trace.ranks
+    coords = {a: dict(zip(ranks["rank"].tolist(), ranks[f"coord_{a}"].tolist())) for a in ("data", "z", "y", "x")}
+    axes = trace.vocab["axes"]
+    keys = {}
+    per_stream: Dict[Tuple, int] = {}
+    order = coll[np.lexsort((events["issue_ns"][coll], events["axis"][coll], events["step"][coll],
+                             events["rank"][coll]))]
+    for i in order.tolist():
+        rank, step, axis = int(events["rank"][i]), int(events["step"][i]), axes[int(events["axis"][i])]
+        group = tuple(coords[a][rank] for a in ("data", "z", "y", "x") if a != axis)
+        seq = per_stream.get((rank, step, axis), 0)
+        per_stream[rank, step, axis] = seq + 1
+        ids[i] = keys.setdefault((step, axis, group, seq), len(keys))
+    return ids
+
+
+def _flow_events(trace, events: np.ndarray, end_ns: np.ndarray) -> List[Dict]:
+    """Flow arrows through the pieces of each collective instance, in rank order: "s" on the lowest
+    rank, "t" on the middle ones, "f" on the highest, each at the middle of its piece (bound to it)."""
+    ids = collective_instances(trace, events)
+    out = []
+    picked = np.flatnonzero(ids >= 0)
+    picked = picked[np.lexsort((events["rank"][picked], ids[picked]))]
+    mid = (events["start_ns"] + np.maximum(end_ns - events["start_ns"], 0) // 2) / _NS_PER_US
+    labels = _op_labels(trace, events)
+    for instance in np.unique(ids[picked]).tolist():
+        members = picked[ids[picked] == instance]
+        if len(members) < 2:
+            continue
+        for j, i in enumerate(members.tolist()):
+            ph = "s" if j == 0 else ("f" if j == len(members) - 1 else "t")
+            flow = {"ph": ph, "name": str(labels[i]), "cat": "collective", "id": int(instance),
+                    "pid": int(events["rank"][i]), "tid": int(events["lane"][i]), "ts": float(mid[i])}
+            if ph != "s":
+                flow["bp"] = "e"  # bind to the enclosing slice
+            out.append(flow)
     return out
 
 

@@ -57,7 +57,35 @@ def test_perfetto_top_level(trace, perfetto):
     meta = perfetto["metadata"]
     assert meta["run_id"] == trace.metadata["run_id"]
     assert (meta["grid"], meta["world_size"], meta["status"]) == ("1x2x2x2", RANKS, "complete")
-    assert {e["ph"] for e in perfetto["traceEvents"]} == {"M", "X", "b", "e"}
+    phases = {e["ph"] for e in perfetto["traceEvents"]}
+    assert {"M", "X", "s", "f"} <= phases <= {"M", "X", "s", "t", "f"}  # "t" only on axes of > 2 ranks
+
+
+#: the Chrome trace-event JSON format, for the events this exporter writes
+EVENT_SCHEMA = {
+    "type": "object",
+    "required": ["ph", "pid", "tid"],
+    "properties": {
+        "ph": {"enum": ["M", "X", "s", "t", "f"]},
+        "pid": {"type": "integer", "minimum": 0}, "tid": {"type": "integer", "minimum": 0},
+        "name": {"type": "string"}, "cat": {"type": "string"}, "args": {"type": "object"},
+        "ts": {"type": "number"}, "dur": {"type": "number", "minimum": 0}, "id": {"type": "integer"},
+        "bp": {"const": "e"},
+    },
+    "allOf": [
+        {"if": {"properties": {"ph": {"const": "X"}}}, "then": {"required": ["name", "cat", "ts", "dur", "args"]}},
+        {"if": {"properties": {"ph": {"enum": ["s", "t", "f"]}}}, "then": {"required": ["name", "cat", "id", "ts"]}},
+        {"if": {"properties": {"ph": {"const": "M"}}}, "then": {"required": ["name", "args"]}},
+    ],
+}
+
+
+def test_perfetto_events_match_the_trace_event_schema(perfetto):
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(EVENT_SCHEMA)
+    for event in perfetto["traceEvents"]:
+        validator.validate(event)
 
 
 def test_perfetto_processes_and_threads(trace, perfetto):
@@ -71,66 +99,90 @@ def test_perfetto_processes_and_threads(trace, perfetto):
     for rank in range(RANKS):
         mine = sorted((thread_sort[key], name) for key, name in threads.items() if key[0] == rank)
         ordered = [name for _, name in mine]
-        assert ordered[:3] == ["step", "layer", "host"]
-        assert ordered[3:] == [f"comm{i}" for i in range(len(ordered) - 3)] and len(ordered) > 3
+        assert ordered[:4] == ["step", "phase", "layer", "host"]
+        assert ordered[4:] == [f"comm{i}" for i in range(len(ordered) - 4)] and len(ordered) > 4
     used = {(e["pid"], e["tid"]) for e in perfetto["traceEvents"] if e["ph"] != "M"}
     assert used == set(threads)
 
 
-def test_perfetto_counts_per_kind(trace, perfetto):
-    events = perfetto["traceEvents"]
-    lanes = Counter(trace.events["lane"].tolist())
-    x_per_tid = Counter(e["tid"] for e in _by_phase(events, "X"))
-    assert x_per_tid == {LANE_STEP: lanes[LANE_STEP], LANE_LAYER: lanes[LANE_LAYER], LANE_HOST: lanes[LANE_HOST]}
-    comm = sum(n for lane, n in lanes.items() if lane >= LANE_COMM0)
-    assert len(_by_phase(events, "b")) == len(_by_phase(events, "e")) == comm > 0
-    assert {e["pid"] for e in events if e["ph"] != "M"} == set(range(RANKS))
-    x_names = Counter(e["name"] for e in _by_phase(events, "X") if e["tid"] == LANE_HOST)
+def test_perfetto_slices_per_thread_equal_events_per_lane(trace, perfetto):
+    """What a trace processor query of slices per thread would give: one X slice per trace event
+    on each (rank, lane), the phase thread aside."""
+    x = _by_phase(perfetto["traceEvents"], "X")
+    per_thread = Counter((e["pid"], e["tid"]) for e in x if e["cat"] != "phase")
+    assert per_thread == Counter(zip(trace.events["rank"].tolist(), trace.events["lane"].tolist()))
+    comm = [e for e in x if e["tid"] >= LANE_COMM0 and e["cat"] == "comm"]
+    assert len(comm) == int((trace.events["lane"] >= LANE_COMM0).sum()) > 0
     host = trace.events[trace.events["lane"] == LANE_HOST]
+    x_names = Counter(e["name"].split()[0] for e in x if e["tid"] == LANE_HOST)
     assert x_names == Counter(trace.decode("op", host["op"]).tolist())
-    steps = sorted(e["name"] for e in _by_phase(events, "X") if e["tid"] == LANE_STEP)
+    steps = sorted(e["name"] for e in x if e["tid"] == LANE_STEP)
     assert steps == sorted(f"step {s}" for s in trace.events["step"][trace.events["lane"] == LANE_STEP].tolist())
 
 
 def test_perfetto_times_are_aligned_microseconds(trace, perfetto):
-    events = perfetto["traceEvents"]
+    events = [e for e in _by_phase(perfetto["traceEvents"], "X") if e["cat"] != "phase"]
     ev = trace.events
-    blocking = ev[ev["lane"] < LANE_COMM0]
-    assert sorted((e["pid"], e["tid"], e["ts"]) for e in _by_phase(events, "X")) == sorted(
-        zip(blocking["rank"].tolist(), blocking["lane"].tolist(), (blocking["start_ns"] / 1000).tolist()))
-    comm = ev[ev["lane"] >= LANE_COMM0]
-    assert sorted(e["ts"] for e in _by_phase(events, "b")) == sorted((comm["issue_ns"] / 1000).tolist())
-    assert sorted(e["ts"] for e in _by_phase(events, "e")) == sorted((comm["complete_ns"] / 1000).tolist())
+    assert sorted((e["pid"], e["tid"], e["ts"]) for e in events) == sorted(
+        zip(ev["rank"].tolist(), ev["lane"].tolist(), (ev["start_ns"] / 1000).tolist()))
     # durations: exact, but for the <= 1 ns trimmed off an event that touches its successor
-    expected = sorted(((blocking["end_ns"] - blocking["start_ns"]) / 1000).tolist())
-    got = sorted(e["dur"] for e in _by_phase(events, "X"))
+    expected = sorted(((ev["end_ns"] - ev["start_ns"]) / 1000).tolist())
+    got = sorted(e["dur"] for e in events)
     assert np.allclose(got, expected, rtol=0, atol=0.0011)
 
 
-def test_perfetto_async_pairs_match(perfetto):
-    events = perfetto["traceEvents"]
-    begins = {e["id"]: e for e in _by_phase(events, "b")}
-    ends = {e["id"]: e for e in _by_phase(events, "e")}
-    assert len(begins) == len(_by_phase(events, "b")), "async ids are not unique"
-    assert begins.keys() == ends.keys()
-    for event_id, b in begins.items():
-        e = ends[event_id]
-        assert (b["cat"], b["pid"], b["name"]) == (e["cat"], e["pid"], e["name"])
-        assert b["cat"] == "comm" and e["ts"] >= b["ts"]
-        assert b["name"].split()[0] in ("allgather", "reduce_scatter", "allreduce")
-        assert b["name"].split()[1] in ("data", "z", "y", "x")
-        assert {"bytes", "wire_bytes", "wait_ns", "layer", "phase"} <= set(b["args"])
-        assert b["args"]["bytes"] > 0
+def test_perfetto_collectives_are_complete_events_with_their_accounting(perfetto):
+    comm = [e for e in _by_phase(perfetto["traceEvents"], "X") if e["cat"] == "comm"]
+    collectives = [e for e in comm if e["name"].split()[0] in ("allgather", "reduce_scatter", "allreduce")]
+    assert collectives
+    for e in collectives:
+        assert e["tid"] >= LANE_COMM0 and e["name"].split()[1] in ("data", "z", "y", "x")
+        assert {"bytes", "wire_bytes", "wait_ns", "mpi_ns", "overlap_ns", "call_return_ns"} <= set(e["args"])
+        assert e["args"]["bytes"] > 0
+
+
+def test_perfetto_flows_link_one_collective_across_its_ranks(trace, perfetto):
+    """Every flow id: one "s" on its lowest rank, one "f" on its highest, "t" between, all on comm
+    threads of the same step and op; as many pieces as the axis has ranks."""
+    flows = defaultdict(list)
+    for e in perfetto["traceEvents"]:
+        if e["ph"] in ("s", "t", "f"):
+            flows[e["id"]].append(e)
+    assert flows
+    sizes = {"data": 1, "z": 2, "y": 2, "x": 2}
+    comm = {(e["pid"], e["tid"]): [] for e in _by_phase(perfetto["traceEvents"], "X")}
+    for e in _by_phase(perfetto["traceEvents"], "X"):
+        comm[e["pid"], e["tid"]].append(e)
+    for pieces in flows.values():
+        pieces.sort(key=lambda e: e["pid"])
+        assert [p["ph"] for p in pieces] == ["s"] + ["t"] * (len(pieces) - 2) + ["f"]
+        op, axis = pieces[0]["name"].split()
+        assert len(pieces) == sizes[axis] and len({p["name"] for p in pieces}) == 1
+        assert len({p["pid"] for p in pieces}) == len(pieces)
+        for p in pieces:  # bound to a comm slice of the same collective on its thread
+            assert p["tid"] >= LANE_COMM0
+            enclosing = [x for x in comm[p["pid"], p["tid"]] if x["ts"] <= p["ts"] <= x["ts"] + x["dur"]]
+            assert len(enclosing) == 1 and enclosing[0]["name"] == p["name"]
+
+
+def test_perfetto_names_are_searchable(trace, perfetto):
+    x = _by_phase(perfetto["traceEvents"], "X")
+    layers = [e for e in x if e["tid"] == LANE_LAYER]
+    assert layers and all(e["name"].startswith("layer ") for e in layers)
+    first = layers[0]
+    code = trace.vocab["layers"].index(first["args"]["layer"])
+    assert first["name"] == f"layer {code} {first['args']['phase']} ({first['args']['layer']})"
+    assert any(e["name"].startswith("layer ") and " backward (" in e["name"] for e in layers)
+    phases = {e["name"].split()[-1] for e in x if e["cat"] == "phase"}
+    assert {"forward", "backward"} <= phases
 
 
 def test_perfetto_collectives_overlap_compute(perfetto):
-    """The reason collectives are async: with overlap they are in flight during host work."""
-    events = perfetto["traceEvents"]
-    ends = {e["id"]: e["ts"] for e in _by_phase(events, "e")}
-    flights = [(b["pid"], b["ts"], ends[b["id"]]) for b in _by_phase(events, "b")]
-    gemms = [(e["pid"], e["ts"], e["ts"] + e["dur"]) for e in _by_phase(events, "X") if e["name"] == "gemm"]
-    overlapped = sum(1 for pid, t0, t1 in gemms
-                     if any(p == pid and b < t0 and t1 < e for p, b, e in flights))
+    """With overlap on, collectives are in flight during host work (on their own threads)."""
+    x = _by_phase(perfetto["traceEvents"], "X")
+    flights = [(e["pid"], e["ts"], e["ts"] + e["dur"]) for e in x if e["cat"] == "comm"]
+    gemms = [(e["pid"], e["ts"], e["ts"] + e["dur"]) for e in x if e["name"] == "gemm"]
+    overlapped = sum(1 for pid, t0, t1 in gemms if any(p == pid and b < t0 and t1 < e for p, b, e in flights))
     assert overlapped > 0
 
 
@@ -149,10 +201,8 @@ def test_perfetto_args(perfetto):
     x = _by_phase(perfetto["traceEvents"], "X")
     gemm = next(e for e in x if e["name"] == "gemm")
     assert gemm["args"]["flops"] > 0 and gemm["args"]["phase"] in ("forward", "backward") and "layer" in gemm["args"]
-    wait = next(e for e in x if e["name"] == "wait")
+    wait = next(e for e in x if e["name"].startswith("wait "))
     assert wait["args"]["bytes"] > 0 and wait["args"]["axis"] in ("data", "z", "y", "x")
-    layer = next(e for e in x if e["tid"] == LANE_LAYER)
-    assert layer["name"] == layer["args"]["layer"]
 
 
 def test_perfetto_filter_steps_and_ranks(trace):
@@ -162,8 +212,7 @@ def test_perfetto_filter_steps_and_ranks(trace):
     assert {e["args"]["step"] for e in body if "args" in e} == {1}
     ev = trace.events
     kept = ev[(ev["step"] == 1) & np.isin(ev["rank"], [0, 3])]
-    assert len(_by_phase(body, "X")) == int((kept["lane"] < LANE_COMM0).sum())
-    assert len(_by_phase(body, "b")) == len(_by_phase(body, "e")) == int((kept["lane"] >= LANE_COMM0).sum())
+    assert len([e for e in _by_phase(body, "X") if e["cat"] != "phase"]) == len(kept)
     with pytest.raises(ValueError, match="ranks"):
         to_perfetto(trace, ranks=[RANKS])
     with pytest.raises(ValueError, match="steps"):
