@@ -16,7 +16,7 @@ import sys
 from fourd_mpi.cli.args import add_option, add_options, add_output, add_trace_paths, parse_list
 from fourd_mpi.run.options import options_in
 from fourd_mpi.util.files import refuse_overwrite
-from fourd_mpi.util.values import positive_float, positive_int
+from fourd_mpi.util.values import int_at_least, positive_float, positive_int
 
 GIB = 2.0 ** 30
 
@@ -211,7 +211,7 @@ def _register_bench(sub) -> None:
     s.add_argument("--iters", type=positive_int, default=20, help="timed iterations (default 20; a quarter, "
                    "at least 3, from 1 MiB)")
     s.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
-    s.add_argument("--overlap-sizes", type=positive_int, default=2, metavar="K",
+    s.add_argument("--overlap-sizes", type=int_at_least(0), default=2, metavar="K",
                    help="measure overlap at the K largest sizes (default 2; 0 skips it)")
     c = p.add_argument_group("compute calibration")
     c.add_argument("--dtypes", default="float32,float64", help="GEMM dtypes to measure (default float32,float64)")
@@ -225,29 +225,66 @@ def _register_bench(sub) -> None:
     o.add_argument("--fallback", default=None, metavar="PROFILE",
                    help="built-in profile named in the file for levels not measured (e.g. perlmutter)")
     o.add_argument("--force", action="store_true", help="replace an existing profile file")
-    o.add_argument("--table", metavar="FILE", help="also write the printed tables there")
+    o.add_argument("--table", metavar="FILE", help="also write the printed report there")
+    o.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                   help="report on stdout: table (nccl-tests / OSU-like text, default), csv (a row per "
+                        "communicator, op, size and placement) or json (everything)")
+    s.add_argument("--no-in-place", dest="in_place", action="store_false",
+                   help="measure out-of-place only (default: out-of-place and MPI_IN_PLACE)")
     bench.set_defaults(handler=cmd_bench, serial=False)
 
 
 def cmd_bench(args, world) -> int:
-    """``fourd-mpi bench collectives``: run, print the tables (rank 0), write the profile (rank 0)."""
+    """``fourd-mpi bench collectives``: run, print the report (rank 0), write the profile (rank 0).
+
+    Errors in the options are printed once, by rank 0, and every rank exits 2; a failed result
+    check (``#wrong`` > 0) makes every rank exit 1 after the report.
+    """
     import yaml
 
     from fourd_mpi.core.mpiutil import on_root
-    from fourd_mpi.perf.collbench import build_profile, format_tables, run_bench
+    from fourd_mpi.errors import ConfigError
+    from fourd_mpi.perf.collbench import build_profile, format_result, missing_kinds, run_bench
 
     hostname = socket.gethostname()
     out = args.output or os.path.join("results", "profiles", f"{hostname}.yaml")
-    on_root(world, lambda: refuse_overwrite(out, args.force))  # rank 0 writes it; every rank hears
-    if args.fallback:
-        from fourd_mpi.perf.machine import load_profile
+    rank = world.Get_rank()
+    try:
+        on_root(world, lambda: refuse_overwrite(out, args.force))  # rank 0 writes it; every rank hears
+        if args.fallback:
+            from fourd_mpi.perf.machine import load_profile
 
-        load_profile(args.fallback)  # fail early on an unknown name, on every rank
-    result = run_bench(args, world)
-    if world.Get_rank() != 0:
-        return 0
-    text = format_tables(result)
+            load_profile(args.fallback)  # fail early on an unknown name, on every rank
+        result = run_bench(args, world)
+    except ConfigError as exc:  # the same on every rank (checked before any collective): said once
+        if rank == 0:
+            print(f"fourd-mpi: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    wrong = sum(r.wrong for r in result["rows"])
+    if rank != 0:
+        return 1 if wrong else 0
+    text = format_result(result, args.format)
     print(text, flush=True)
+    summary = []
+    missing = missing_kinds(result)
+    if missing:
+        summary.append(f"# no machine profile written: a profile needs {', '.join(missing)} as well "
+                       f"(--ops measured {args.ops})")
+    else:
+        summary += _write_profile(result, args, hostname, out, build_profile, yaml)
+    if args.format == "table" or missing:
+        print("\n".join(summary), file=sys.stdout if args.format == "table" else sys.stderr, flush=True)
+    if args.table:
+        with open(args.table, "w") as fh:
+            fh.write(text + "\n" + ("\n".join(summary) + "\n" if args.format == "table" else ""))
+    if wrong:
+        print(f"fourd-mpi: error: the result check found {wrong} wrong element(s) (#wrong)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _write_profile(result, args, hostname, out, build_profile, yaml):
+    """Validate and write the machine profile (rank 0); the lines that describe its fits."""
     name = args.name or f"local-{hostname}"
     profile = build_profile(result, name, hostname, args.fallback, args.backend)
     from fourd_mpi.perf.machine import PROFILE_SCHEMA
@@ -273,8 +310,4 @@ def cmd_bench(args, world) -> int:
         f"{profile['progress']['overlap_efficiency']:.2f}"]
     if "inter" not in profile["levels"]:
         summary.append("  no inter-node level (one node): grids that cross nodes need --fallback or a multi-node run")
-    print("\n".join(summary), flush=True)
-    if args.table:
-        with open(args.table, "w") as fh:
-            fh.write(text + "\n" + "\n".join(summary) + "\n")
-    return 0
+    return summary

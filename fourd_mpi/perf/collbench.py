@@ -7,7 +7,14 @@ sweep of message sizes, with warm-up and timed iterations (a barrier between ite
 timed). Message size ``S`` is the nccl-tests "size": the gathered buffer of an all-gather, the
 full input of a reduce-scatter, the buffer of an all-reduce.
 
-- latency = median over iterations on each rank, maximum over ranks;
+- latency = median over iterations on each rank; ``time`` (nccl-tests) is the maximum over
+  ranks, and OSU's avg/min/max latency over ranks are reported too;
+- out-of-place and in-place (``MPI_IN_PLACE``: all-reduce on the receive buffer, all-gather
+  with each rank's block already in place, reduce-scatter-block leaving the result in the
+  first block), and after the timed iterations a result check (nccl-tests ``-c``): send
+  buffers filled with small integers known per rank and element (exact in float32), the
+  wrong elements of the result counted (``#wrong``, summed over ranks; any makes the command
+  exit 1);
 - ``algbw = S / latency``; ``busbw = algbw * (p-1)/p`` (all-gather, reduce-scatter),
   ``* 2(p-1)/p`` (all-reduce) (nccl-tests, PERFORMANCE.md);
 - overlap of the nonblocking forms with a compute phase: NumPy GEMMs of 128 x 128, as many as
@@ -121,13 +128,38 @@ def default_grids(world_size: int) -> List[GridShape]:
 
 @dataclass
 class Row:
+    """One (communicator, op, size, placement) measurement; latencies in seconds."""
+
     comm: str
     level: str
     p: int
     op: str
     size: int
     iters: int
-    lat_s: float
+    lat_s: float  # max over ranks of the per-rank median (nccl-tests "time")
+    inplace: bool = False
+    avg_s: float = float("nan")  # OSU: average / min / max over ranks of the per-rank median
+    min_s: float = float("nan")
+    max_s: float = float("nan")
+    wrong: int = 0  # result elements that differ from the expected ones, summed over ranks
+    axes: str = ""  # every axis this communicator stands for (same size measured once)
+
+    @property
+    def count(self) -> int:
+        """Elements of the nccl-tests "count" (float32): size / 4."""
+        return self.size // 4
+
+    @property
+    def redop(self) -> str:
+        return "none" if self.kind == "allgather" else "sum"
+
+    def as_dict(self) -> Dict:
+        return {"comm": self.comm, "axes": self.axes, "level": self.level, "p": self.p, "op": self.op,
+                "placement": "in-place" if self.inplace else "out-of-place", "size": self.size,
+                "count": self.count, "type": "float", "redop": self.redop, "root": -1, "iters": self.iters,
+                "time_us": self.lat_s * 1e6, "algbw_gbps": self.algbw, "busbw_gbps": self.busbw,
+                "wrong": self.wrong, "avg_lat_us": self.avg_s * 1e6, "min_lat_us": self.min_s * 1e6,
+                "max_lat_us": self.max_s * 1e6}
 
     @property
     def kind(self) -> str:
@@ -151,19 +183,67 @@ def _buffers(op: str, size: int, p: int):
     return np.ones(elems, np.float32), np.empty(elems, np.float32)
 
 
-def _starter(comm, op: str, send, recv):
-    """A call of ``op``'s MPI method (the table's nonblocking form for ``i`` names, else the blocking one)."""
+def fill_pattern(kind: str, size: int, p: int, rank: int) -> Tuple[np.ndarray, np.ndarray]:
+    """``(input, expected result)`` of the result check, float32, exact: element ``j`` of rank
+    ``r``'s input is ``(r + 1) + (j mod 7)``.
+
+    all-reduce: ``p(p+1)/2 + p (j mod 7)``; reduce-scatter-block: block ``rank`` of that;
+    all-gather: the concatenation of every rank's input (its block ``i`` from rank ``i``).
+    """
+    elems = size // 4
+    n = elems // p if kind == "allgather" else elems
+    j = np.arange(n, dtype=np.int64) % 7
+    mine = ((rank + 1) + j).astype(np.float32)
+    if kind == "allgather":
+        expected = np.concatenate([((r + 1) + j).astype(np.float32) for r in range(p)])
+    else:
+        total = (p * (p + 1) // 2 + p * j).astype(np.float32)
+        expected = total if kind == "allreduce" else total[rank * (n // p):(rank + 1) * (n // p)]
+    return mine, expected
+
+
+def count_wrong(result: np.ndarray, expected: np.ndarray) -> int:
+    """Elements of ``result`` that differ from ``expected`` (both float32, exact)."""
+    if result.shape != expected.shape:
+        return int(expected.size)
+    return int(np.count_nonzero(result != expected))
+
+
+def _starter(comm, op: str, send, recv, inplace: bool = False):
+    """A call of ``op``'s MPI method (the table's nonblocking form for ``i`` names, else the blocking one);
+    ``inplace``: ``MPI_IN_PLACE`` as the send buffer, the data in ``recv``."""
+    from mpi4py import MPI
+
     kind = collective(op)
     method = getattr(comm, kind.nonblocking if op.startswith("i") else kind.blocking)
+    if inplace:
+        return lambda: method(MPI.IN_PLACE, recv)
     return lambda: method(send, recv)
 
 
-def _time_op(comm, op: str, size: int, iters: int, warmup: int) -> float:
-    """Median seconds of one collective on this rank (barrier between iterations, not timed)."""
+def _inplace_buffers(kind: str, send: np.ndarray, recv: np.ndarray, rank: int, p: int) -> np.ndarray:
+    """The receive buffer of an in-place call, holding this rank's input where MPI expects it."""
+    if kind == "allgather":  # each rank's block already at its place in the result
+        buf = np.empty_like(recv)
+        buf[rank * send.size:(rank + 1) * send.size] = send
+        return buf
+    return send.copy()  # all-reduce: in place; reduce-scatter-block: full input, result in the first block
+
+
+def _time_op(comm, op: str, size: int, iters: int, warmup: int, inplace: bool = False) -> Tuple[float, int]:
+    """``(median seconds of one collective on this rank, wrong elements of the result check)``.
+
+    A barrier between iterations, not timed. The check runs once more after the timed
+    iterations, on freshly filled buffers (in-place iterations overwrite their input).
+    """
     from mpi4py import MPI
 
-    send, recv = _buffers(op, size, comm.Get_size())
-    start = _starter(comm, op, send, recv)
+    p, rank = comm.Get_size(), comm.Get_rank()
+    kind = KIND_OF[op]
+    send, recv = _buffers(op, size, p)
+    if inplace:
+        recv = _inplace_buffers(kind, send, recv, rank, p)
+    start = _starter(comm, op, send, recv, inplace)
     times = []
     for i in range(warmup + iters):
         comm.Barrier()
@@ -174,7 +254,14 @@ def _time_op(comm, op: str, size: int, iters: int, warmup: int) -> float:
         t1 = MPI.Wtime()
         if i >= warmup:
             times.append(t1 - t0)
-    return float(np.median(times))
+    send, expected = fill_pattern(kind, size, p, rank)
+    recv = _inplace_buffers(kind, send, np.empty(expected.size * (p if kind == "reduce_scatter" else 1),
+                                                 np.float32), rank, p) if inplace else np.empty_like(expected)
+    req = _starter(comm, op, send, recv, inplace)()
+    if req is not None:
+        req.Wait()
+    result = recv[:expected.size] if (inplace and kind == "reduce_scatter") else recv
+    return float(np.median(times)), count_wrong(result, expected)
 
 
 def _gemm_calls(n_calls: int, a, b, poll=None) -> None:
@@ -350,8 +437,8 @@ def run_bench(args, world) -> Dict:
                 message_sizes(args.min_size, args.max_size, args.factor, 4 * g[axis])
     message_sizes(args.min_size, args.max_size, args.factor, 4 * size)
 
-    comms: List[Tuple[str, str, object]] = []  # (name, level, communicator)
-    seen = set()
+    comms: List[List] = []  # [name, level, communicator, axes it stands for]
+    seen: Dict[Tuple, List] = {}
     made = []
     num_nodes, local_size = 1, size
     for g in grids:
@@ -364,25 +451,31 @@ def run_bench(args, world) -> Dict:
                 continue
             level = "intra" if pg.intra_node[axis] else "inter"
             key = (p, level, axis if pg.num_nodes > 1 else "")
-            if key in seen:
+            if key in seen:  # the same group size and placement: measured once, reported for both
+                seen[key][3].append(f"{g}:{axis}")
                 continue
-            seen.add(key)
-            comms.append((f"{g}:{axis}", level, pg.axis_comm(axis)))
+            seen[key] = [f"{g}:{axis}", level, pg.axis_comm(axis), [f"{g}:{axis}"]]
+            comms.append(seen[key])
     if not args.no_world and size > 1:
-        comms.append(("world", "intra" if num_nodes == 1 else "inter", world))
+        comms.append(["world", "intra" if num_nodes == 1 else "inter", world, ["world"]])
 
     rows: List[Row] = []
     overlap: List[Dict] = []
     syncs: List[Dict] = []
-    for name, level, comm in comms:
+    placements = (False, True) if getattr(args, "in_place", True) else (False,)
+    for name, level, comm, also in comms:
         p = comm.Get_size()
         sizes = message_sizes(args.min_size, args.max_size, args.factor, 4 * p)
         for op in ops:
             for s in sizes:
                 iters = args.iters if s < 1024 ** 2 else max(3, args.iters // 4)
-                lat = _time_op(comm, op, s, iters, args.warmup)
-                lat = world.allreduce(lat, op=MPI.MAX)
-                rows.append(Row(name, level, p, op, s, iters, lat))
+                for inplace in placements:
+                    lat, wrong = _time_op(comm, op, s, iters, args.warmup, inplace)
+                    stats = (world.allreduce(lat, op=MPI.MAX), world.allreduce(lat) / size,
+                             world.allreduce(lat, op=MPI.MIN))
+                    wrong = world.allreduce(wrong)
+                    rows.append(Row(name, level, p, op, s, iters, stats[0], inplace, stats[1], stats[2], stats[0],
+                                    wrong, ",".join(also)))
             if op == "iallreduce":
                 sync = world.allreduce(_measure_sync(comm, max(5, args.iters), args.warmup), op=MPI.MAX)
                 syncs.append({"comm": name, "level": level, "p": p, "sync_s": sync})
@@ -403,32 +496,100 @@ def run_bench(args, world) -> Dict:
 # ---------------------------------------------------------------------------
 
 def format_tables(result: Dict) -> str:
-    lines = [f"{'comm':<14} {'level':<5} {'p':>3} {'op':<16} {'size (B)':>10} {'iters':>5} {'lat (us)':>10} "
-             f"{'algbw GB/s':>10} {'busbw GB/s':>10}"]
+    """The text report: nccl-tests-like rows per communicator and op (``#`` header lines with the
+    formulas, out-of-place and in-place side by side, ``#wrong``), OSU's avg/min/max latency over
+    ranks, the overlap table, compute rates and a closing average bus bandwidth line. Latencies
+    in microseconds throughout."""
+    lines = ["# fourd-mpi bench collectives: " + f"{result['world_size']} ranks, {result['num_nodes']} node(s), "
+             f"grids {', '.join(result['grids'])}; type float (float32), redop sum (none for allgather), root -1"]
+    lines += [f"# {f}" for f in FORMULAS]
+    groups: Dict[Tuple[str, str], Dict[int, Dict[bool, Row]]] = {}
     for r in result["rows"]:
-        lines.append(f"{r.comm:<14} {r.level:<5} {r.p:>3} {r.op:<16} {r.size:>10} {r.iters:>5} "
-                     f"{r.lat_s * 1e6:>10.2f} {r.algbw:>10.4f} {r.busbw:>10.4f}")
+        groups.setdefault((r.axes or r.comm, r.op), {}).setdefault(r.size, {})[r.inplace] = r
+    head = (f"#{'size':>11} {'count':>10} {'type':>6} {'redop':>6} {'root':>5} | {'time':>9} {'algbw':>7} "
+            f"{'busbw':>7} {'#wrong':>6} | {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} | "
+            f"{'avg':>9} {'min':>9} {'max':>9}")
+    units = (f"#{'(B)':>11} {'(elements)':>10} {'':>6} {'':>6} {'':>5} | {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} "
+             f"{'':>6} | {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} | {'(us)':>9} {'(us)':>9} {'(us)':>9}")
+    for (comm, op), by_size in groups.items():
+        first = next(iter(next(iter(by_size.values())).values()))
+        lines += ["", f"# {op} on {comm} ({first.level}-node, p = {first.p}):   out-of-place   |   in-place   |"
+                      "   OSU latency over ranks (out-of-place)", head, units]
+        for size, placed in sorted(by_size.items()):
+            oop, ip = placed.get(False), placed.get(True)
+
+            def cells(r):
+                if r is None:
+                    return f"{'n/a':>9} {'':>7} {'':>7} {'':>6}"
+                return f"{r.lat_s * 1e6:>9.2f} {r.algbw:>7.3f} {r.busbw:>7.3f} {r.wrong:>6}"
+
+            ref = oop or ip
+            lines.append(f" {size:>11} {ref.count:>10} {'float':>6} {ref.redop:>6} {-1:>5} | {cells(oop)} | "
+                         f"{cells(ip)} | {ref.avg_s * 1e6:>9.2f} {ref.min_s * 1e6:>9.2f} {ref.max_s * 1e6:>9.2f}")
     if result["overlap"]:
-        lines += ["", "overlap with a calibrated compute phase (NumPy 128x128 GEMMs):",
-                  f"{'comm':<14} {'p':>3} {'op':<16} {'size (B)':>10} {'t_pure ms':>9} {'t_cpu ms':>9} "
+        lines += ["", "# overlap with a calibrated compute phase (NumPy 128x128 GEMMs), times in us:",
+                  f"#{'comm':<13} {'p':>3} {'op':<16} {'size (B)':>10} {'t_pure':>9} {'t_cpu':>9} "
                   f"{'ovrl none':>9} {'OSU%':>6} {'IMB%':>6} {'ovrl poll':>9} {'OSU%':>6} {'IMB%':>6}"]
         for o in result["overlap"]:
-            lines.append(f"{o['comm']:<14} {o['p']:>3} {o['op']:<16} {o['size']:>10} {o['t_pure'] * 1e3:>9.3f} "
-                         f"{o['t_cpu'] * 1e3:>9.3f} {o['t_ovrl_none'] * 1e3:>9.3f} {o['osu_none']:>6.1f} "
-                         f"{o['imb_none']:>6.1f} {o['t_ovrl_poll'] * 1e3:>9.3f} {o['osu_poll']:>6.1f} "
+            lines.append(f" {o['comm']:<13} {o['p']:>3} {o['op']:<16} {o['size']:>10} {o['t_pure'] * 1e6:>9.1f} "
+                         f"{o['t_cpu'] * 1e6:>9.1f} {o['t_ovrl_none'] * 1e6:>9.1f} {o['osu_none']:>6.1f} "
+                         f"{o['imb_none']:>6.1f} {o['t_ovrl_poll'] * 1e6:>9.1f} {o['osu_poll']:>6.1f} "
                          f"{o['imb_poll']:>6.1f}")
     if result.get("syncs"):
-        lines += ["", "synchronization: extra latency of an 8-byte Iallreduce right after compute vs after a barrier:"]
+        lines += ["", "# synchronization: extra latency of an 8-byte Iallreduce right after compute vs after a barrier:"]
         lines += [f"  {y['comm']:<14} p={y['p']:<3} {y['sync_s'] * 1e6:10.1f} us" for y in result["syncs"]]
     c = result["compute"]
-    lines += ["", "compute (per rank):"]
+    lines += ["", "# compute (per rank):"]
     for dtype, alone in c["alone"].items():
         lines.append(f"  GEMM {dtype}: {alone * 1e3:.2f} GFLOP/s alone, {c['all'][dtype] * 1e3:.2f} GFLOP/s with all "
                      f"{result['ranks_per_node']} ranks of the node computing (x{alone / c['all'][dtype]:.2f})")
     lines.append(f"  element-wise {c['mem_bandwidth_gbs']['alone']:.2f} GB/s alone; one small NumPy call "
                  f"{c['op_overhead_s']['alone'] * 1e6:.2f} us alone")
-    lines += ["", "formulas:"] + [f"  {f}" for f in FORMULAS]
+    wrong = sum(r.wrong for r in result["rows"])
+    busbw = [r.busbw for r in result["rows"] if math.isfinite(r.busbw)]
+    lines += ["", f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
+              f"# Avg bus bandwidth    : {float(np.mean(busbw)) if busbw else float('nan'):.4f} GB/s "
+              f"(mean busbw of all {len(busbw)} rows, out-of-place and in-place)"]
     return "\n".join(lines)
+
+
+#: columns of ``--format csv`` (rows; one per communicator, op, size and placement)
+CSV_COLUMNS = ["comm", "axes", "level", "p", "op", "placement", "size", "count", "type", "redop", "root", "iters",
+               "time_us", "algbw_gbps", "busbw_gbps", "wrong", "avg_lat_us", "min_lat_us", "max_lat_us"]
+
+
+def format_result(result: Dict, fmt: str) -> str:
+    """``table`` (:func:`format_tables`), ``csv`` (:data:`CSV_COLUMNS`, ``#`` lines with the formulas
+    first) or ``json`` (rows, overlap, synchronization, compute, formulas)."""
+    if fmt == "table":
+        return format_tables(result)
+    rows = [r.as_dict() for r in result["rows"]]
+    if fmt == "json":
+        import json
+
+        overlap = [{k: (v * 1e6 if k.startswith("t_") else v) for k, v in o.items()} for o in result["overlap"]]
+        return json.dumps({"world_size": result["world_size"], "num_nodes": result["num_nodes"],
+                           "grids": result["grids"], "formulas": FORMULAS, "rows": rows,
+                           "overlap_us": overlap, "sync_us": [dict(y, sync_s=y["sync_s"] * 1e6) for y in
+                                                              result.get("syncs", [])],
+                           "compute": result["compute"]}, indent=1)
+    if fmt == "csv":
+        import csv
+        import io
+
+        buf = io.StringIO()
+        buf.write("".join(f"# {f}\n" for f in FORMULAS))
+        writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return buf.getvalue().rstrip("\n")
+    raise ConfigError(f"--format must be table, csv or json, got {fmt!r}")
+
+
+def missing_kinds(result: Dict) -> List[str]:
+    """Nonblocking collectives a machine profile needs that this run did not measure."""
+    measured = {r.op for r in result["rows"]}
+    return [f"i{k}" for k in COLLECTIVES if f"i{k}" not in measured]
 
 
 def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str] = None,
@@ -436,7 +597,7 @@ def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str
     """The machine-profile mapping (:data:`fourd_mpi.perf.machine.PROFILE_SCHEMA`) from a benchmark result."""
     levels: Dict[str, Dict] = {}
     for level in ("intra", "inter"):
-        rows = [r for r in result["rows"] if r.level == level and r.op.startswith("i")]
+        rows = [r for r in result["rows"] if r.level == level and r.op.startswith("i") and not r.inplace]
         if not rows:
             continue
         entry: Dict = {"shared_by": int(result["ranks_per_node"]),

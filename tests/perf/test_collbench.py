@@ -1,6 +1,7 @@
 """``fourd-mpi bench collectives``: pure helpers, and the calibration end to end under mpiexec."""
 
 
+import numpy as np
 import pytest
 
 from fourd_mpi.perf.collbench import (bus_factor, default_grids, fit_alpha_beta, imb_overlap, message_sizes,
@@ -59,10 +60,13 @@ def test_calibration_end_to_end(run_mpi, tmp_path, nranks, flags):
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
     for word in ("iallgather", "ireduce_scatter", "iallreduce", "allgather", "reduce_scatter", "allreduce",
-                 "busbw", "OSU%", "IMB%", "OSU overlap % = max(0, 100 - 100*(t_ovrl - t_cpu)/t_pure)",
-                 "no inter-node level"):
+                 "busbw", "#wrong", "in-place", "out-of-place", "OSU%", "IMB%",
+                 "# OSU overlap % = max(0, 100 - 100*(t_ovrl - t_cpu)/t_pure)", "no inter-node level",
+                 "# Avg bus bandwidth    :", "# Out of bounds values : 0 OK"):
         assert word in text, word
     assert "world" in text
+    if flags:  # y has the size of x: measured once, reported for both
+        assert "on 1x1x2x2:x,1x1x2x2:y (intra-node, p = 2)" in text
     prof = load_profile(str(out))
     assert prof.name == "t" and prof.ranks_per_node == nranks
     assert set(prof.data["levels"]) == {"intra"}
@@ -73,16 +77,68 @@ def test_calibration_end_to_end(run_mpi, tmp_path, nranks, flags):
     assert predict(cfg, grid, prof).step_s > 0
     with pytest.raises(ConfigError, match="no 'inter' level"):
         predict(cfg, GridShape(2, 1, 1, nranks), prof)
-    assert table.read_text().startswith("comm")
+    assert table.read_text().startswith("# fourd-mpi bench collectives")
 
 
 @pytest.mark.mpi
-def test_bad_input_is_one_line_on_every_rank(run_mpi, tmp_path):
+def test_bad_input_is_one_line_once(run_mpi, tmp_path):
+    """Errors in the options: one line, printed by rank 0 only; every rank exits 2."""
     for args, message in ((["--grid", "1x1x2x2"], "product is not the world size 3"),
                           (["--ops", "alltoall"], "--ops: unknown alltoall"),
                           (["--min-size", "1M", "--max-size", "8"], "larger than --max-size")):
         proc = run_mpi(3, ["bench", "collectives", "-o", tmp_path / "x.yaml", *args], timeout=60)
         assert proc.returncode == 2, proc.stderr
         errors = [l for l in proc.stderr.splitlines() if l.startswith("fourd-mpi: error:")]
-        assert len(errors) == 3 and len(set(errors)) == 1 and message in errors[0], proc.stderr
+        assert len(errors) == 1 and message in errors[0], proc.stderr
+        assert "Traceback" not in proc.stderr
         assert not (tmp_path / "x.yaml").exists()
+
+
+def test_result_check_patterns_and_counter():
+    """The fill pattern gives exact expected results, and the counter finds corrupted elements."""
+    from fourd_mpi.perf.collbench import count_wrong, fill_pattern
+
+    p, size = 3, 4 * 3 * 10
+    inputs = {k: [fill_pattern(k, size, p, r)[0] for r in range(p)] for k in ("allreduce", "allgather",
+                                                                             "reduce_scatter")}
+    total = np.sum(inputs["allreduce"], axis=0)
+    for r in range(p):
+        assert np.array_equal(fill_pattern("allreduce", size, p, r)[1], total)
+        assert np.array_equal(fill_pattern("allgather", size, p, r)[1], np.concatenate(inputs["allgather"]))
+        rs_total = np.sum(inputs["reduce_scatter"], axis=0)
+        n = rs_total.size // p
+        assert np.array_equal(fill_pattern("reduce_scatter", size, p, r)[1], rs_total[r * n:(r + 1) * n])
+    result = total.copy()
+    assert count_wrong(result, total) == 0
+    result[[1, 5]] += 1
+    assert count_wrong(result, total) == 2
+    assert count_wrong(result[:-1], total) == total.size  # wrong shape: everything is wrong
+
+
+@pytest.mark.mpi
+def test_ops_subset_csv_and_json(run_mpi, tmp_path):
+    """--ops any subset: only those measured, csv rows parse back, no profile (it says what it lacks)."""
+    import csv
+    import io
+    import json
+
+    common = ["bench", "collectives", "--max-size", "512", "--iters", "2", "--warmup", "1", "--overlap-sizes", "0",
+              "--gemm-size", "32", "--dtypes", "float32", "-o", tmp_path / "p.yaml"]
+    proc = run_mpi(3, [*common, "--ops", "iallreduce,allreduce,iallgather", "--format", "csv"], timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    body = "\n".join(l for l in proc.stdout.splitlines() if not l.startswith("#"))
+    rows = list(csv.DictReader(io.StringIO(body)))
+    from fourd_mpi.perf.collbench import CSV_COLUMNS
+
+    assert rows and list(rows[0]) == CSV_COLUMNS
+    assert {r["op"] for r in rows} == {"iallreduce", "allreduce", "iallgather"}
+    assert {r["placement"] for r in rows} == {"out-of-place", "in-place"}
+    assert all(r["wrong"] == "0" and float(r["time_us"]) > 0 for r in rows)
+    assert all(float(r["min_lat_us"]) <= float(r["avg_lat_us"]) <= float(r["max_lat_us"]) for r in rows)
+    assert "no machine profile written" in proc.stderr and "ireduce_scatter" in proc.stderr
+    assert not (tmp_path / "p.yaml").exists()
+    proc = run_mpi(2, [*common, "--ops", "reduce_scatter", "--format", "json", "--no-in-place"], timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert {r["op"] for r in doc["rows"]} == {"reduce_scatter"} and doc["formulas"]
+    assert {r["placement"] for r in doc["rows"]} == {"out-of-place"}
