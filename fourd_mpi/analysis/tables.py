@@ -517,7 +517,9 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
       in-flight time (from the return of the ``MPI_I*`` call to the first observed completion)
       during which the host computed (compute ops; MPI polls made inside them excluded): 100 = fully
       hidden behind compute, 0 = nothing computed while it was in flight. Work done inside the
-      collective's own ``I*`` call is not in its window.
+      collective's own ``I*`` call is not in its window. An upper bound of the communication
+      hidden: the trace cannot see whether MPI progressed the collective during that compute
+      (OSU's formula, which needs the collective's standalone time, can; bench/overlap_probe.py).
     - ``outside_mpi_pct`` = 100 * (1 - sum(mpi_ns) / sum(complete_ns - call_ns)): the part of the
       window in which the host was not inside an MPI call (the ``I*`` calls of other collectives,
       ``Test``/``Testsome`` polls, ``Wait``); it exceeds ``overlap_pct`` by the harness's own Python
