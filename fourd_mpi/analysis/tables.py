@@ -61,7 +61,7 @@ STEPS_COLUMNS = (["run_id", "step", "rank", "warmup", "step_s", "step_max_s", "c
                  + [f"wait_{a}_s" for a in STEP_AXES] + ["mpi_s", "loss"])
 COMM_COLUMNS = [
     "run_id", "op", "axis", "group_size", "messages_per_step", "bytes_per_step", "wire_bytes_per_step",
-    "bytes_per_message", "inflight_median_s", "inflight_s_per_step", "wait_s_per_step", "mpi_s_per_step", "algbw_gbps",
+    "bytes_per_message", "inflight_median_s", "inflight_s_per_step", "wait_s_per_step", "mpi_s_per_step", "exposed_s_per_step", "algbw_gbps",
     "busbw_gbps", "overlap_pct", "outside_mpi_pct", "formula",
 ]
 SCALING_COLUMNS = ["config_key", "world_size", "grid", "step_median_s", "speedup", "efficiency", "ideal_step_s",
@@ -81,11 +81,17 @@ RUNS_SHOWN = ["run_id", "grid", "world_size", "overlap", "progress", "steps", "s
 OVERLAP_FORMULA = ("overlap_pct = 100 * sum(overlap_ns) / sum(complete_ns - call_ns)  [in flight: from the "
                    "return of the MPI_I* call to its first observed completion; overlap_ns: host compute (GEMMs, "
                    "attention, elementwise, optimizer; MPI polls inside them excluded) in that window]")
+EXPOSED_FORMULA = ("exposed_s_per_step = sum((call_ns - issue_ns) + mpi_ns) / (ranks * steps)  [host time in MPI for "
+                   "the collective: its own I* call, then tests and waits while it was in flight]")
+HIDDEN_FORMULA = ("hidden_pct = 100 * clip(1 - exposed_s_per_step / exposed_s_per_step of the baseline run, 0, 1)  "
+                  "[OSU's overlap with the baseline (a run without overlap) as t_pure: the communication time that "
+                  "stopped being exposed]")
 OUTSIDE_MPI_FORMULA = ("outside_mpi_pct = 100 * (1 - sum(mpi_ns) / sum(complete_ns - call_ns))  [mpi_ns: host time "
                        "inside MPI calls (I*, Test/Testsome, Wait) in the window; the rest is compute or harness]")
 COMM_FORMULAS = {
     "overlap_pct": OVERLAP_FORMULA,
     "outside_mpi_pct": OUTSIDE_MPI_FORMULA,
+    "exposed_s_per_step": EXPOSED_FORMULA,
     "algbw_gbps": "algbw = sum(bytes) / sum(complete_ns - issue_ns)  [bytes/ns = GB/s; nccl-tests size / time]",
     "busbw_gbps": BUSBW_FORMULA,
     "per_step": "messages/bytes/wire_bytes/inflight/wait/mpi per step = sum over measured steps and ranks "
@@ -571,6 +577,9 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     twindow = np.bincount(inverse, weights=window.astype(np.float64), minlength=g)
     tmpi = np.bincount(inverse, weights=np.where(is_copy, 0, coll["mpi_ns"]).astype(np.float64), minlength=g)
     tover = np.bincount(inverse, weights=np.where(is_copy, 0, coll["overlap_ns"]).astype(np.float64), minlength=g)
+    own_call = np.maximum(coll["call_ns"] - coll["issue_ns"], 0)
+    texposed = np.bincount(inverse, weights=np.where(is_copy, 0, own_call + coll["mpi_ns"]).astype(np.float64),
+                           minlength=g)
     order = np.lexsort((inflight, inverse))
     sorted_flight = inflight[order]
     starts = np.concatenate([[0], np.cumsum(count)[:-1]])
@@ -604,6 +613,7 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
         out["inflight_s_per_step"] = tflight / n_records * 1e-9
         out["wait_s_per_step"] = twait / n_records * 1e-9
         out["mpi_s_per_step"] = tmpi / n_records * 1e-9
+        out["exposed_s_per_step"] = np.where(copy, np.nan, texposed / n_records * 1e-9)
         out["algbw_gbps"] = algbw
         out["busbw_gbps"] = algbw * factor
         out["overlap_pct"] = np.where((twindow > 0) & ~copy, 100.0 * tover / twindow, np.nan)
@@ -611,6 +621,23 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     out["formula"] = OVERLAP_FORMULA
     out = out[columns]
     out.attrs["formulas"] = dict(COMM_FORMULAS)
+    return out
+
+
+def hidden_vs_baseline(comm: pd.DataFrame, baseline: pd.DataFrame) -> pd.DataFrame:
+    """``comm`` with a ``hidden_pct`` column: the share of each collective's exposed time in
+    ``baseline`` (the comm table of a run without overlap, same model and grid) that is no longer
+    exposed: ``100 * clip(1 - exposed / exposed_baseline, 0, 1)`` (:data:`HIDDEN_FORMULA`), i.e.
+    OSU's overlap with the baseline as ``t_pure``. Rows are matched on every key column both
+    tables share (op, axis, and phase/layer where both have them); unmatched rows get NaN.
+    """
+    keys = [c for c in ("op", "axis", "phase", "layer") if c in comm.columns and c in baseline.columns]
+    ref = baseline[keys + ["exposed_s_per_step"]].rename(columns={"exposed_s_per_step": "_baseline"})
+    out = comm.merge(ref, on=keys, how="left")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["hidden_pct"] = 100.0 * np.clip(1.0 - out["exposed_s_per_step"] / out["_baseline"], 0.0, 1.0)
+    out = out.drop(columns=["_baseline"])
+    out.attrs["formulas"] = dict(comm.attrs.get("formulas", COMM_FORMULAS), hidden_pct=HIDDEN_FORMULA)
     return out
 
 

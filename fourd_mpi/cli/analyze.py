@@ -31,6 +31,9 @@ def register(sub) -> None:
     an.add_argument("--scaling", choices=("weak", "strong"), action="append", default=None,
                     help="scaling mode(s) for the scaling table (default: both where they apply)")
     an.add_argument("--format", default="table", choices=FORMATS, help="default table")
+    an.add_argument("--baseline", metavar="TRACE", help="comm: a run of the same model and grid without overlap; "
+                    "adds hidden_pct, the share of its exposed communication time no longer exposed (OSU's overlap "
+                    "with the baseline as t_pure)")
     add_output(an, help="write there instead of standard output")
     an.set_defaults(handler=cmd_analyze, serial=True)
 
@@ -85,6 +88,13 @@ def cmd_analyze(args, world=None) -> int:
         if name in what:
             frames = [fn(t) for t in traces]
             frames = [f for f in frames if len(f)]
+            if name == "comm" and args.baseline and frames:
+                from fourd_mpi.trace.read import load_trace
+
+                reference = analysis.comm_table(load_trace(args.baseline))
+                if not len(reference):
+                    raise ConfigError(f"--baseline {args.baseline}: no collectives (an op-level trace is needed)")
+                frames = [analysis.hidden_vs_baseline(f, reference) for f in frames]
             if frames:
                 frame = _concat(frames)
                 if name == "comm" and args.format not in ("csv", "json"):

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fourd_mpi.analysis.tables import OVERLAP_FORMULA, comm_table
+from fourd_mpi.analysis.tables import HIDDEN_FORMULA, OVERLAP_FORMULA, comm_table, hidden_vs_baseline
 from fourd_mpi.trace.events import EVENT_DTYPE, LANE_COMM0, OPS, Tracer, time_inside
 from fourd_mpi.trace.read import check_invariants, load_trace
 from test_analysis import LANE_HOST, LANE_STEP, event, write_trace
@@ -124,6 +124,39 @@ def test_comm_table_exact_overlap(tmp_path):
     assert row.mpi_s_per_step == pytest.approx(1200e-9) and row.wait_s_per_step == pytest.approx(1000e-9)
     assert row.algbw_gbps == pytest.approx(4096 / 5000)  # bandwidth still from the call's entry
     assert "call_ns" in OVERLAP_FORMULA and "overlap_ns" in OVERLAP_FORMULA
+
+
+def baseline_events(world=2):
+    """The same collective waited at once: issued t0+100, I* returns t0+600, waited 600-5100."""
+    events = []
+    for rank in range(world):
+        for step in range(2):
+            t0 = 1_000_000 * (step + 1)
+            events += [
+                event(rank, step, "step", LANE_STEP, t0, t0 + 9000),
+                event(rank, step, "allreduce", LANE_COMM0, t0 + 100, t0 + 5100, layer=1, phase="forward", axis="x",
+                      nbytes=4096, wire=4096, issue=t0 + 100, complete=t0 + 5100, wait=4500, call=t0 + 600,
+                      mpi=4500, overlap=0),
+                event(rank, step, "wait", LANE_HOST, t0 + 600, t0 + 5100, layer=1, phase="forward", axis="x",
+                      nbytes=4096),
+                event(rank, step, "gemm", LANE_HOST, t0 + 5200, t0 + 8200, layer=1, phase="forward", flops=1e6),
+            ]
+    return events
+
+
+def test_hidden_against_a_baseline_run(tmp_path):
+    """exposed = own I* call + MPI in the window: 500 + 1200 overlapped, 500 + 4500 in the baseline;
+    hidden = 1 - 1700 / 5000 (OSU's formula with the baseline as t_pure)."""
+    overlapped = comm_table(load_trace(write_trace(tmp_path / "ov.h5", accounting_events(), world=2)))
+    base = comm_table(load_trace(write_trace(tmp_path / "base.h5", baseline_events(), world=2)))
+    assert overlapped.iloc[0].exposed_s_per_step == pytest.approx(1700e-9)
+    assert base.iloc[0].exposed_s_per_step == pytest.approx(5000e-9) and base.iloc[0].overlap_pct == 0
+    out = hidden_vs_baseline(overlapped, base)
+    assert out.iloc[0].hidden_pct == pytest.approx(100 * (1 - 1700 / 5000))
+    assert hidden_vs_baseline(base, base).iloc[0].hidden_pct == 0
+    assert out.attrs["formulas"]["hidden_pct"] == HIDDEN_FORMULA
+    other = base.assign(axis="z")  # nothing to match: NaN, not a made-up number
+    assert np.isnan(hidden_vs_baseline(overlapped, other).iloc[0].hidden_pct)
 
 
 def test_old_traces_read_with_the_old_formula(tmp_path):
