@@ -24,13 +24,13 @@ trap 'rm -rf "$WORK"' EXIT
 if [ -n "${REUSE:-}" ]; then  # REUSE=DIR (a KEEP directory): validate its traces and profile again
     cp -r "$REUSE/traces" "$REUSE/profile.yaml" "$REUSE/bench.txt" "$WORK"/
     echo "== 1. calibration: fourd-mpi bench collectives, $RANKS ranks (reused from $REUSE)" | tee "$WORK/report.txt"
-    sed -n '/^compute (per rank)/,$p' "$WORK/bench.txt" | tee -a "$WORK/report.txt"
+    sed -n '/^# compute (per rank)/,$p' "$WORK/bench.txt" | tee -a "$WORK/report.txt"
     MODELS=()
 else
 echo "== 1. calibration: fourd-mpi bench collectives, $RANKS ranks" | tee "$WORK/report.txt"
 "$MPIEXEC" -n "$RANKS" "$PY" -m fourd_mpi bench collectives -o "$WORK/profile.yaml" --force \
     --table "$WORK/bench.txt" > /dev/null
-sed -n '/^compute (per rank)/,$p' "$WORK/bench.txt" | tee -a "$WORK/report.txt"
+sed -n '/^# compute (per rank)/,$p' "$WORK/bench.txt" | tee -a "$WORK/report.txt"
 fi
 
 # model name|extra flags|measured steps (gpt-tiny: 20, its 25-80 ms steps are noisy; gpt-small: STEPS)
