@@ -168,5 +168,5 @@ def test_offline_commands_work_without_mpi(no_mpi_env, tmp_path):
 
 def test_run_without_mpi_fails(no_mpi_env, tmp_path):
     """Known answer for the shim: ``run`` needs MPI, and without it fails naming the import error."""
-    proc = fourd(["run", "--steps", "1"], no_mpi_env, tmp_path)
+    proc = fourd(["run", "--steps", "1", "--warmup", "0"], no_mpi_env, tmp_path)
     assert proc.returncode != 0 and "mpi4py.MPI is blocked" in proc.stderr

@@ -21,9 +21,10 @@ prints its traceback and aborts the whole job, so no rank is left waiting.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
 from fourd_mpi.cli import analyze, perf, run, sweep, traces
@@ -59,6 +60,29 @@ def parse(argv: Optional[List[str]] = None):
     return args
 
 
+#: parsed attributes that are not options of the command
+_NOT_OPTIONS = {"handler", "serial"}
+
+
+def command_fingerprint(args) -> Dict[str, str]:
+    """What every rank of an MPI command must agree on: the package version and every parsed
+    option (as ``--name``: its value's repr); a ``--config`` file also by the SHA-256 of its
+    bytes, so that a stale copy on one node is caught."""
+    import hashlib
+
+    from fourd_mpi import __version__
+
+    out = {"version": __version__}
+    for name, value in sorted(vars(args).items()):
+        if name in _NOT_OPTIONS or name.startswith("_"):
+            continue
+        out["--" + name.replace("_", "-")] = repr(value)
+        if name == "config" and value and os.path.isfile(str(value)):
+            with open(str(value), "rb") as fh:
+                out["--config (file contents, sha256)"] = hashlib.sha256(fh.read()).hexdigest()[:16]
+    return out
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     try:
         args = parse(argv)
@@ -72,6 +96,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         from mpi4py import MPI
 
         world = MPI.COMM_WORLD
+        from fourd_mpi.core.mpiutil import check_same
+
+        check_same(world, command_fingerprint(args))  # before any other collective
         return args.handler(args, world)
     except (ConfigError, BackendError) as exc:
         error_line(exc)

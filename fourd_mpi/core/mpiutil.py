@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
-from typing import Callable, TypeVar
+from typing import Callable, Dict, TypeVar
 
 from fourd_mpi.errors import BackendError, ConfigError
 
@@ -57,3 +59,48 @@ def idle_barrier(comm, poll_seconds: float = 1e-3) -> None:
     request = comm.Ibarrier()
     while not request.Test():
         time.sleep(poll_seconds)
+
+
+def _ranges(ranks) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    out, start, prev = [], None, None
+    for r in sorted(ranks):
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            out.append(f"{start}-{prev}" if prev > start else str(start))
+            start = prev = r
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev > start else str(start))
+    return ",".join(out)
+
+
+def check_same(comm, settings: Dict[str, str], what: str = "arguments") -> None:
+    """Raise the same :class:`ConfigError` on every rank unless every rank passed equal ``settings``.
+
+    ``settings``: name -> canonical text of the value. Two reductions of a 63-bit hash of the
+    sorted settings (MIN and MAX) decide; only on a mismatch are the settings gathered, to name
+    the first differing one (in sorted order) and which ranks have which value. Collective
+    over ``comm``; call it before any other collective of the command (ranks that disagree on
+    what to run would otherwise wait in different collectives forever).
+    """
+    text = json.dumps(sorted(settings.items()))
+    digest = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+    from mpi4py import MPI
+
+    if comm.allreduce(digest, op=MPI.MIN) == comm.allreduce(digest, op=MPI.MAX):
+        return
+    everyone = comm.allgather(settings)
+    names = sorted(set().union(*everyone))
+    for name in names:
+        values: Dict[str, list] = {}
+        for rank, mine in enumerate(everyone):
+            values.setdefault(mine.get(name, "(absent)"), []).append(rank)
+        if len(values) > 1:
+            shown = "; ".join(f"{value} on ranks {_ranges(ranks)}" for value, ranks in
+                              sorted(values.items(), key=lambda kv: kv[1][0]))
+            raise ConfigError(f"the ranks were started with different {what}: {name} is {shown} "
+                              "(every rank must run the same command)")
+    raise ConfigError(f"the ranks were started with different {what} (every rank must run the same command)")

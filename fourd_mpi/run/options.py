@@ -18,6 +18,7 @@ everywhere with the same one-line message. This module never imports ``mpi4py.MP
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -242,6 +243,12 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
         raise ConfigError(f"--steps must be positive, got {options['steps']}")
     if options.get("warmup", 0) < 0:
         raise ConfigError(f"--warmup must be zero or positive, got {options['warmup']}")
+    if options.get("warmup", 0) >= options.get("steps", 1):
+        raise ConfigError(f"--warmup {options.get('warmup', 0)} leaves no measured step of --steps "
+                          f"{options.get('steps', 1)}: give --warmup smaller than --steps (--warmup 0 measures all)")
+    lr = options.get("lr")
+    if lr is not None and not (math.isfinite(lr) and lr > 0):
+        raise ConfigError(f"--lr must be a positive finite number, got {lr}")
     if options.get("progress", "poll") not in PROGRESS_STRATEGIES:
         raise ConfigError(f"unknown progress strategy {options['progress']!r}: "
                           f"choose one of {', '.join(PROGRESS_STRATEGIES)}")

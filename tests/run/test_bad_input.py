@@ -18,6 +18,10 @@ CASES = [
     (["--steps", "0"], "--steps: expected a positive integer, got 0"),
     (["--overlap", "oag,prefetch"], "unknown overlap 'prefetch'"),
     (["--progress", "async"], "--progress: invalid choice: 'async'"),
+    # issue 19 item 10: accepted before (losses nan, or every step a warm-up, trace "complete")
+    (["--lr", "nan"], "--lr must be a positive finite number, got nan"),
+    (["--lr", "-1"], "--lr must be a positive finite number, got -1.0"),
+    (["--steps", "2", "--warmup", "2"], "--warmup 2 leaves no measured step of --steps 2"),
 ]
 
 
@@ -51,3 +55,35 @@ def test_a_config_alias_bomb_fails_on_every_rank_at_once(run_mpi, tmp_path):
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if "alias bomb" in line]
     assert len(errors) == 4, proc.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("command, left, right, option", [
+    ("run", ["--steps", "3"], ["--steps", "4"], "--steps"),            # hung forever before
+    ("run", ["--model", "gpt-tiny"], ["--model", "mlp-tiny"], "--model"),
+    ("run", ["--seed", "0"], ["--seed", "1"], "--seed"),                # went undetected before
+    ("run", ["--trace-level", "op"], ["--trace-level", "step"], "--trace-level"),
+    ("verify", ["--steps", "2"], ["--steps", "3"], "--steps"),
+    ("bench", ["--iters", "2"], ["--iters", "3"], "--iters"),
+])
+def test_ranks_started_with_different_arguments_fail_at_once(tmp_path, command, left, right, option):
+    """MPMD launch with a different option on half the ranks: the same one-line error on every
+    rank, naming the option and which ranks have which value, before any other collective."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, find_mpiexec, mpi_env
+
+    base = {"run": ["run", "--gx", "2", "--gy", "2", "--results-dir", str(tmp_path), "--display", "quiet"],
+            "verify": ["verify", "--gx", "2", "--gy", "2"],
+            "bench": ["bench", "collectives", "--max-size", "64", "-o", str(tmp_path / "p.yaml")]}[command]
+    half = [sys.executable, "-m", "fourd_mpi", *base]
+    cmd = [find_mpiexec(), "-n", "2", *half, *left, ":", "-n", "2", *half, *right]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=REPO)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("fourd-mpi: error:")]
+    assert len(errors) == 4 and len(set(errors)) == 1, proc.stderr
+    assert f"different arguments: {option} is" in errors[0] and "on ranks 0-1" in errors[0] \
+        and "on ranks 2-3" in errors[0], errors[0]
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.glob("*.h5"))

@@ -211,14 +211,14 @@ def _one_line_errors(proc, nranks):
 def test_unwritable_results_directory(run_mpi, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    proc = run_mpi(8, ["run", "--gx", "2", "--results-dir", blocker / "results", "--steps", "1"], timeout=60)
+    proc = run_mpi(8, ["run", "--gx", "2", "--results-dir", blocker / "results", "--steps", "1", "--warmup", "0"], timeout=60)
     assert "cannot create the results directory" in _one_line_errors(proc, 8)
     assert proc.stdout.strip() == ""
     assert blocker.read_text() == "not a directory"
 
 
 def test_an_existing_run_id_is_never_overwritten(run_mpi, tmp_path):
-    args = ["--gx", "2", "--gy", "2", "--steps", "1", "--run-id", "fixed"]
+    args = ["--gx", "2", "--gy", "2", "--steps", "1", "--warmup", "0", "--run-id", "fixed"]
     first, _ = traced(run_mpi, 4, str(tmp_path), *args)
     digest = hashlib.sha256(open(first, "rb").read()).hexdigest()
     proc = run_mpi(4, ["run", "--results-dir", tmp_path, *args], timeout=60)
