@@ -93,7 +93,7 @@ def build_ours(world, gx, gy, gz, hidden, seq, batch):
 
     values = defaults()
     values.update(model="mlp", layers=1, hidden=hidden, ffn_hidden=hidden, seq=seq, batch=batch, gx=gx, gy=gy,
-                  gz=gz, gdata=1, dtype="float32", backend="numpy", overlap="none", steps=1, data_batches=1)
+                  gz=gz, gdata=1, dtype="float32", backend="numpy", overlap="none", steps=1, warmup=0, data_batches=1)
     return Run.build(world, resolve_values(values, world.Get_size()))
 
 

@@ -309,7 +309,7 @@ def _check_option(spec: SweepSpec, parts: Sequence, key: str, value) -> str:
     try:
         option = lookup(name, spec.source)
         typed = option.parse(value)
-        resolve_values({option.dest: typed}, 1)
+        resolve_values({option.dest: typed}, 1, cross_checks=False)  # combinations: checked per run below
     except ConfigError as exc:
         message = str(exc).replace(f"{spec.source}: ", "")
         raise spec.error(parts, message) from None

@@ -226,8 +226,11 @@ _RUN_FIELDS = tuple(f.name for f in fields(RunOptions) if f.name not in ("model"
 
 
 def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
-            model_overrides: Dict[str, Optional[int]], **options) -> RunOptions:
-    """Pure validation of user options into :class:`RunOptions` (raises :class:`ConfigError`)."""
+            model_overrides: Dict[str, Optional[int]], _cross_checks: bool = True, **options) -> RunOptions:
+    """Pure validation of user options into :class:`RunOptions` (raises :class:`ConfigError`).
+
+    ``_cross_checks=False`` leaves out the checks between options (warm-up against steps), for
+    validating one option at a time against the defaults (sweep specs)."""
     shape = infer_grid_shape(world_size, **grid_sizes)
     model = resolve_model(preset, **model_overrides)
     validate_model(model, shape)
@@ -243,7 +246,7 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
         raise ConfigError(f"--steps must be positive, got {options['steps']}")
     if options.get("warmup", 0) < 0:
         raise ConfigError(f"--warmup must be zero or positive, got {options['warmup']}")
-    if options.get("warmup", 0) >= options.get("steps", 1):
+    if _cross_checks and options.get("warmup", 0) >= options.get("steps", 1):
         raise ConfigError(f"--warmup {options.get('warmup', 0)} leaves no measured step of --steps "
                           f"{options.get('steps', 1)}: give --warmup smaller than --steps (--warmup 0 measures all)")
     lr = options.get("lr")
@@ -259,13 +262,13 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
     return run_options
 
 
-def resolve_values(values: Mapping[str, Any], world_size: int) -> RunOptions:
+def resolve_values(values: Mapping[str, Any], world_size: int, cross_checks: bool = True) -> RunOptions:
     """:func:`resolve` from option values keyed by ``dest`` (an argparse namespace's ``vars``, or a
     sweep run's options); missing ones take the table's defaults. The command line and the sweep
     spec both resolve through here, so a spec is checked exactly as ``fourd-mpi run`` will run it."""
     v = {**defaults(), **{k: val for k, val in values.items() if k in defaults()}}
     return resolve(world_size, v["model"], {"data": v["gdata"], "z": v["gz"], "y": v["gy"], "x": v["gx"]},
-                   {k: v[k] for k in MODEL_SIZES}, **{k: v[k] for k in _RUN_FIELDS})
+                   {k: v[k] for k in MODEL_SIZES}, cross_checks, **{k: v[k] for k in _RUN_FIELDS})
 
 
 def resolved_config(preset: str, options: RunOptions, extra: Mapping[str, Any] = ()) -> Dict[str, Any]:

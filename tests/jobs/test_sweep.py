@@ -55,6 +55,15 @@ def test_weak_batch_grows_with_ranks(tmp_path):
     assert len({r.run_id for r in runs}) == 4
 
 
+def test_warmup_is_checked_against_the_steps_of_each_run(tmp_path):
+    """One option at a time is checked against the defaults, combinations per run: warmup 12 with
+    steps 20 is fine although the default steps (10) is smaller; warmup 3 with steps 3 is refused."""
+    runs = load_spec(write(tmp_path, BASE.replace("options: {steps: 3}", "options: {steps: 20, warmup: 12}"))).expand()
+    assert len(runs) == 4
+    with pytest.raises(ConfigError, match="--warmup 3 leaves no measured step of --steps 3"):
+        load_spec(write(tmp_path, BASE.replace("options: {steps: 3}", "options: {steps: 3, warmup: 3}"))).expand()
+
+
 def test_weak_growth_of_hidden_and_layers(tmp_path):
     hidden = load_spec(write(tmp_path, BASE + "weak: {grow: hidden}\n")).expand()
     # hidden ~ sqrt(ranks) in multiples of the head count (8): 64, 88 (90.5), 128, 184 (181)
