@@ -105,6 +105,8 @@ def cmd_run(args, world) -> int:
     options = run_options(args, world.Get_size())
     trace = TraceOptions(args.trace_level, args.results_dir, args.run_id, args.label, args.force).validate()
     fault = Fault.parse(args.inject_fault) if args.inject_fault else None
+    if not args.step_timeout >= 0:  # NaN too
+        raise ConfigError(f"--step-timeout must be zero (off) or a positive number of seconds, got {args.step_timeout}")
     if fault is not None and fault.rank >= world.Get_size():
         raise ConfigError(f"--inject-fault: rank {fault.rank} does not exist in a world of {world.Get_size()}")
     config = resolved_config(args.model, options, {"trace_level": trace.level, "results_dir": trace.results_dir,
@@ -117,7 +119,8 @@ def cmd_run(args, world) -> int:
         _header(world, run)
 
     path, summary = traced_run(world, options, trace, config, lambda text: say(world, text),
-                               display=args.display, peak_tflops=args.peak_tflops, fault=fault, header=header)
+                               display=args.display, peak_tflops=args.peak_tflops, fault=fault, header=header,
+                               step_timeout=args.step_timeout)
     if world.Get_rank() == 0:
         for line in summary.lines():
             print(line)

@@ -34,6 +34,7 @@ in :meth:`CommHandle.wait`, after the request completed.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
@@ -75,6 +76,8 @@ class CommRecord:
     #: completion (:class:`~fourd_mpi.core.backend.CopySpan`; None on the direct path)
     d2h: Any = None
     h2d: Any = None
+    #: position of this collective among the step's collectives (issue order), for diagnostics
+    seq: int = 0
 
 
 class CommHandle:
@@ -117,7 +120,8 @@ class CommHandle:
         if not self.waited:
             if not self.done:
                 t0 = time.perf_counter_ns()
-                self.owner.progress.wait(self)
+                with self.owner.watch(self.record):
+                    self.owner.progress.wait(self)
                 t1 = time.perf_counter_ns()
                 record = self.record
                 if record is not None:
@@ -187,14 +191,32 @@ class Collectives:
         self.in_flight: List[CommHandle] = []
         #: called after each progress poll (the gradient sync issues ready data all-reduces)
         self.on_poll: List[Callable[[], None]] = []
+        #: :class:`~fourd_mpi.core.watchdog.Watchdog` of blocking waits, or None
+        self.watchdog = None
 
     # bookkeeping -------------------------------------------------------------
     def _record(self, op: str, axis: str, nbytes: int, tag=None) -> CommRecord:
         layer, phase = tag if tag is not None else (self.tracer.where_layer, self.tracer.where_phase)
         record = CommRecord(op=op, axis=axis, nbytes=int(nbytes), issue_ns=time.perf_counter_ns(),
-                            layer=layer, phase=phase)
+                            layer=layer, phase=phase, seq=len(self.records))
         self.records.append(record)
         return record
+
+    def describe(self, record: Optional[CommRecord]) -> str:
+        """Where a collective is: op, axis, step, layer and phase, and its sequence number in the step."""
+        if record is None:
+            return "a collective"
+        tr = self.tracer
+        layer = tr.layer_names[record.layer] if 0 < record.layer < len(tr.layer_names) else "no layer"
+        phase = ("none", "forward", "backward", "optimizer")[record.phase] if record.phase < 4 else str(record.phase)
+        return (f"{record.op} over {record.axis} ({record.nbytes} bytes), step {tr.step}, layer {layer} ({phase}), "
+                f"collective #{record.seq} of the step")
+
+    def watch(self, what):
+        """Context of a blocking wait for ``what`` (a :class:`CommRecord` or a text) under the watchdog."""
+        if self.watchdog is None:
+            return contextlib.nullcontext()
+        return self.watchdog.watch(what if isinstance(what, str) else self.describe(what))
 
     def _buffers(self, array, recv_shape, wire):
         """``(send, recv, d2h)``: MPI buffers for ``array`` and a result of ``recv_shape``.
@@ -375,7 +397,8 @@ class Collectives:
             if self.grid.size(axis) > 1:
                 record = self._record("allreduce", axis, buf.nbytes)
                 record.call_ns = record.issue_ns  # blocking: the whole call is the wait, nothing overlaps
-                getattr(self.grid.axis_comm(axis), COLLECTIVES["allreduce"].blocking)(MPI.IN_PLACE, buf)
+                with self.watch(record):
+                    getattr(self.grid.axis_comm(axis), COLLECTIVES["allreduce"].blocking)(MPI.IN_PLACE, buf)
                 record.complete_ns = time.perf_counter_ns()
                 record.wait_start_ns, record.wait_ns = record.issue_ns, record.complete_ns - record.issue_ns
                 self.tracer.blocked(record.issue_ns, record.complete_ns)

@@ -154,6 +154,10 @@ RUN_OPTIONS: Tuple[Option, ...] = (
            help="rank 0's per-step output: a progress bar, lines, or nothing (auto: bar on a terminal)"),
     Option("peak-tflops", "trace", positive_float, None, metavar="T",
            help="peak TFLOP/s per rank for the %% of peak (default: measure the step's largest GEMM)"),
+    Option("step-timeout", "trace", number, 600.0, metavar="SECONDS",
+           help="watchdog: a rank that waits longer than this in one collective prints where it waits, marks "
+                "the run hung and aborts the job (MPI_Abort) so the allocation is freed; 0 disables (default "
+                "600: far above any step of the presets on a working machine)"),
     Option("inject-fault", "trace", str, None, metavar="RANK:STEP[:MODE]",
            help="testing: RANK dies at the start of STEP, once every rank has finished the steps "
                 "before (MODE kill = SIGKILL, default; raise = exception)"),

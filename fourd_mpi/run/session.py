@@ -24,6 +24,7 @@ from fourd_mpi.run.metadata import rank_metadata, run_metadata
 from fourd_mpi.core.mpiutil import agree, on_root
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import RunOptions
+from fourd_mpi.core.watchdog import Watchdog
 from fourd_mpi.trace.clocks import DriftModel, measure_offsets
 from fourd_mpi.trace.store import (RankSpool, check_name, merge_run, new_run_id, now_iso, prepare_spool, read_records,
                          trace_paths)
@@ -108,10 +109,17 @@ def end_alignment(run, rank_meta: Dict):
 
 def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, say: Callable[[str], None],
                display: str = "auto", peak_tflops: Optional[float] = None, fault: Optional[Fault] = None,
-               header: Callable[[Run], None] = None):
-    """Run ``options.steps`` traced steps; returns ``(trace path, Summary)`` (Summary on rank 0 only)."""
+               header: Callable[[Run], None] = None, step_timeout: float = 0.0):
+    """Run ``options.steps`` traced steps; returns ``(trace path, Summary)`` (Summary on rank 0 only).
+
+    ``step_timeout`` > 0: a :class:`~fourd_mpi.core.watchdog.Watchdog` aborts the job when a rank
+    waits longer than that in one collective, after marking its spool ``hung``.
+    """
     rank = world.Get_rank()
     run = Run.build(world, options, trace_level=trace.level)
+    hang_note = []  # the spool, once it exists, records a hang
+    run.comm.watchdog = Watchdog(step_timeout, rank, on_hang=lambda message: [s.mark_failed(message)
+                                                                               for s in hang_note])
     start_time = now_iso()
     run_id = on_root(world, lambda: trace.run_id or new_run_id(trace.label))
     trace_path, _ = trace_paths(trace.results_dir, run_id)
@@ -121,6 +129,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     spool = None
     try:
         spool = agree(world, lambda: RankSpool(spool_dir, rank, rank_meta))
+        hang_note.append(spool)
     finally:
         if spool is None:  # some rank could not open its files: nothing was recorded, remove the spool
             _remove_spool_dir(world, spool_dir)
@@ -161,6 +170,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     drift = end_alignment(run, rank_meta)
     path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, trace.force,
                      correct=drift.correct_records if drift is not None else None)
+    run.comm.watchdog.close()
     run.close()
     return path, summary
 

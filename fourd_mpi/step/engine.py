@@ -100,7 +100,8 @@ class Trainer:
         t1 = time.perf_counter_ns()
         events = trace.end_step(t0, t1, self.comm.records, self._group_sizes)
         local = (t1 - t0) * 1e-9
-        slowest = self.comm.grid.cart.allreduce(local, op=MPI.MAX)
+        with self.comm.watch(f"the end-of-step MAX all-reduce of step {step}"):
+            slowest = self.comm.grid.cart.allreduce(local, op=MPI.MAX)
         return StepResult(step=step, loss=loss, seconds=slowest, local_seconds=local, events=events,
                           start_ns=t0, end_ns=t1, compute_ns=trace.compute_ns, wait_ns=trace.wait_ns,
                           mpi_ns=trace.mpi_ns)

@@ -22,6 +22,7 @@ CASES = [
     (["--lr", "nan"], "--lr must be a positive finite number, got nan"),
     (["--lr", "-1"], "--lr must be a positive finite number, got -1.0"),
     (["--steps", "2", "--warmup", "2"], "--warmup 2 leaves no measured step of --steps 2"),
+    (["--step-timeout", "-1"], "--step-timeout must be zero (off) or a positive number of seconds, got -1.0"),
 ]
 
 

@@ -1,0 +1,88 @@
+"""A watchdog for blocking MPI waits: a rank that waits too long says where and aborts the job.
+
+A stopped or hung rank (a node that froze, a process stopped with SIGSTOP, ranks that run
+different commands) leaves its partners waiting in a collective forever, and on a cluster the
+whole allocation burns. Each rank runs one daemon thread; the main thread announces every
+blocking wait it enters (:meth:`Watchdog.watch`: what it waits for, e.g. ``allreduce over x,
+step 3, layer block0.fc2 (backward), collective #17 of the step``) and leaves it. When one wait
+has lasted longer than ``timeout_s``, the thread prints one line on this rank (what, for how
+long, the limit), calls ``on_hang`` (the run marks its spool ``hung``) and calls
+``MPI_Abort``, so the launcher ends every rank and the scheduler frees the allocation.
+
+mpi4py releases the GIL inside blocking MPI calls, so the thread runs while the main thread
+waits. The thread itself makes no MPI call but the final ``Abort`` (``MPI_THREAD_MULTIPLE``,
+mpi4py's default; if the library gives less, the process exits right after).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Optional
+
+
+class Watchdog:
+    """Per-rank watchdog of blocking waits (see the module doc); ``timeout_s <= 0`` disables it."""
+
+    def __init__(self, timeout_s: float, rank: int, on_hang: Optional[Callable[[str], None]] = None,
+                 abort: Optional[Callable[[int], None]] = None, poll_s: Optional[float] = None):
+        self.timeout_s = float(timeout_s)
+        self.rank = rank
+        self.on_hang = on_hang
+        self._abort = abort
+        self._current = None  # (what, start) of the wait in progress, set and cleared by the main thread
+        self._stop = threading.Event()
+        self.fired: Optional[str] = None
+        self._thread = None
+        if self.timeout_s > 0:
+            self._poll_s = poll_s if poll_s is not None else min(1.0, self.timeout_s / 10)
+            self._thread = threading.Thread(target=self._run, name="fourd-mpi-watchdog", daemon=True)
+            self._thread.start()
+
+    @contextmanager
+    def watch(self, what: str):
+        """The main thread is about to block in MPI for ``what`` (a description, evaluated now)."""
+        self._current = (what, time.monotonic())
+        try:
+            yield
+        finally:
+            self._current = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            current = self._current
+            if current is None:
+                continue
+            what, start = current
+            waited = time.monotonic() - start
+            if waited > self.timeout_s:
+                self._fire(what, waited)
+                return
+
+    def _fire(self, what: str, waited: float) -> None:
+        message = (f"rank {self.rank} waited {waited:.0f} s in {what}, longer than --step-timeout "
+                   f"{self.timeout_s:g} s: a partner rank is stopped, hung or running another command; "
+                   "aborting the job")
+        self.fired = message
+        sys.stderr.write(f"fourd-mpi: error: {message}\n")
+        sys.stderr.flush()
+        if self.on_hang is not None:
+            try:
+                self.on_hang(f"hung: {message}")
+            except Exception:  # noqa: BLE001 - recording the hang must not stop the abort
+                pass
+        if self._abort is not None:
+            self._abort(3)
+            return
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(3)
+        os._exit(3)  # pragma: no cover - Abort does not return
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
