@@ -6,20 +6,26 @@
 >>> write_perfetto(trace, "run.json.gz", steps=[1, 2])     # open in ui.perfetto.dev
 >>> write_caliper_json(trace, "run.cali.json")               # hatchet / thicket
 
-**Perfetto** (Chrome trace-event JSON): one process per rank (``pid`` = rank), one named
-thread per lane: ``step``, ``phase``, ``layer``, ``host``, ``comm0``, ``comm1`` ... (in that
-order). Every event is a complete (``"X"``) event: step spans ("step 5"), phase spans
-("step 5 backward", derived from the layer and host events of the phase), layer spans
-("layer 3 backward (block0.fc2)": Perfetto's search finds "layer 3 backward"), host-lane
-events (compute ops, waits: "wait x") and collectives with their staging copies on their
-comm lane ("allreduce x", "d2h x"), from the ``MPI_I*`` call to the observed completion.
-Events never overlap within a thread (the recorder packs collectives in flight together
-onto separate comm lanes). Flow events (``"s"``/``"t"``/``"f"``, category ``collective``)
-link the pieces of one collective instance across its ranks: the ranks of one axis
-communicator (equal coordinates on the other three axes), the same step, axis and
-sequence number of the collective on that communicator (MPI matches collectives by issue
-order per communicator). Times are microseconds (floats) on the trace's aligned clock:
-``ts = start_ns / 1000``.
+**Perfetto** (Chrome trace-event JSON): one process per rank, one named thread per lane:
+``step``, ``phase``, ``layer``, ``host``, ``comm0``, ``comm1`` ... (in that order). Every event
+is a complete (``"X"``) event: step spans ("step 5"), phase spans ("step 5 backward", derived
+from the layer events of the phase), layer spans ("layer 3 backward (block0.fc2)": Perfetto's
+search finds "layer 3 backward"), host-lane events (compute ops, waits: "wait x") and
+collectives with their staging copies on their comm lane ("allreduce x", "d2h x"), from the
+``MPI_I*`` call to the observed completion, with their accounting in ``args`` (``bytes``,
+``wire_bytes``, ``wait_ns``, ``mpi_ns``, ``overlap_ns``, ``call_return_ns``). Events never
+overlap within a thread (the recorder packs collectives in flight together onto separate comm
+lanes). Flow events (``"s"``/``"t"``/``"f"``, category ``collective``) link the pieces of one
+collective instance across its ranks (:func:`collective_instances`).
+
+Ids: ``pid = rank + 1`` and ``tid = 1000 * pid + k`` (``k`` = 1 step, 2 phase, 3 layer, 4 host,
+5 + i comm<i>): Perfetto reserves pid/tid 0 for the kernel's idle task, and a tid equal to its
+pid would make that lane the process's "main thread"; names (``rank 3 (host)``, ``comm0``) and
+sort indices carry the meaning. Times are microseconds (floats) on the trace's aligned clock,
+``ts = start_ns / 1000``, written so that Perfetto's reading (``int(ts * 1000)``, truncated)
+gives back the exact nanoseconds of the trace: the no-overlap guarantee survives the import.
+Flow points of one instance are strictly increasing in time (Perfetto drops a flow step or end
+read before its start), each strictly inside the slice it binds to.
 
 **Caliper JSON-split** (what ``hatchet.GraphFrame.from_caliper`` and
 ``thicket.Thicket.from_caliper`` read): a tree ``step > phase > layer > op`` with one row
@@ -56,9 +62,11 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from fourd_mpi.trace.events import LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP, lane_name
+from fourd_mpi.core.grid import AXES as GRID_AXES
+from fourd_mpi.trace.events import COLLECTIVE_OPS, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP, lane_name
 
-__all__ = ["to_perfetto", "write_perfetto", "collective_instances", "to_caliper_json", "write_caliper_json"]
+__all__ = ["to_perfetto", "write_perfetto", "collective_instances", "rank_coordinates", "perfetto_ids",
+           "to_caliper_json", "write_caliper_json"]
 
 _NS_PER_US = 1000.0
 _CHUNK = 1 << 16  # events converted (and written) at a time
@@ -93,8 +101,35 @@ def _perfetto_header(trace) -> Dict:
     return {"displayTimeUnit": "ns", "metadata": _perfetto_metadata(trace)}
 
 
-#: Perfetto thread id of the derived phase spans (lanes are 0..255)
-PHASE_TID = 256
+#: position of the derived phase thread among a rank's threads (step 1, phase 2, layer 3, host 4, comm<i> 5 + i)
+_PHASE_POS = 2
+_TIDS_PER_PID = 1000
+
+
+def perfetto_ids(rank, lane=None, phase_thread: bool = False):
+    """``pid`` of ``rank`` (``lane`` None) or ``tid`` of its ``lane`` (or of its phase thread); arrays or ints.
+
+    ``pid = rank + 1``, ``tid = 1000 * pid + k`` with ``k`` = 1 step, 2 phase, 3 layer, 4 host,
+    5 + i comm<i>: never 0, never equal to a pid, in the threads' display order.
+    """
+    pid = rank + 1
+    if phase_thread:
+        return _TIDS_PER_PID * pid + _PHASE_POS
+    if lane is None:
+        return pid
+    # lanes step 0, layer 1, host 2, comm<i> 3 + i -> positions 1, 3, 4, 5 + i
+    return _TIDS_PER_PID * pid + np.where(lane == LANE_STEP, 1, lane + 2)
+
+
+def _us(ns) -> np.ndarray:
+    """Nanoseconds as float microseconds that Perfetto reads back exactly: ``int(us * 1000) == ns``.
+
+    ``ns / 1000`` times 1000 can round to just below ``ns`` in binary floating point, and
+    Perfetto's JSON importer truncates; the next float up fixes that.
+    """
+    ns = np.asarray(ns, dtype=np.int64)
+    us = ns / _NS_PER_US
+    return np.where(np.trunc(us * _NS_PER_US) < ns, np.nextafter(us, np.inf), us)
 
 
 def _perfetto_event_chunks(trace, steps, ranks) -> Iterator[List[Dict]]:
@@ -137,26 +172,25 @@ def _process_metadata(trace, rank_rows: np.ndarray) -> List[Dict]:
     out = []
     for rank, host in zip(rank_rows["rank"].tolist(), rank_rows["hostname"].tolist()):
         host = host.decode(errors="replace") if isinstance(host, bytes) else str(host)
-        out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
-                    "args": {"name": f"rank {rank} ({host})"}})
-        out.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
-                    "args": {"sort_index": rank}})
+        pid = perfetto_ids(rank)
+        out.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"rank {rank} ({host})"}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": rank}})
     return out
 
 
 def _thread_metadata(events: np.ndarray) -> List[Dict]:
     """Name and order every (rank, lane) thread that has events: step < phase < layer < host < comm<i>."""
     pairs = np.unique(events["rank"].astype(np.int64) * 256 + events["lane"])
+    threads = [(rank, int(perfetto_ids(rank, lane)), lane_name(lane)) for rank, lane in
+               (divmod(pair, 256) for pair in pairs.tolist())]
+    threads += [(rank, int(perfetto_ids(rank, phase_thread=True)), "phase")
+                for rank in np.unique(events["rank"][events["lane"] == LANE_LAYER]).tolist()]
     out = []
-    for pair in pairs.tolist():
-        rank, lane = divmod(pair, 256)
-        out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": lane, "args": {"name": lane_name(lane)}})
-        out.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": lane,
-                    "args": {"sort_index": 2 * lane}})
-    for rank in np.unique(events["rank"][events["lane"] == LANE_LAYER]).tolist():
-        out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": PHASE_TID, "args": {"name": "phase"}})
-        out.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": PHASE_TID,
-                    "args": {"sort_index": 2 * LANE_STEP + 1}})
+    for rank, tid, name in sorted(threads, key=lambda t: t[1]):
+        pid = perfetto_ids(rank)
+        out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+        out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                    "args": {"sort_index": tid - _TIDS_PER_PID * pid}})
     return out
 
 
@@ -166,14 +200,17 @@ def _complete_events(trace, events: np.ndarray, end_ns: np.ndarray) -> List[Dict
     layers = trace.decode("layer", events["layer"]).tolist()
     phases = trace.decode("phase", events["phase"]).tolist()
     axes = trace.decode("axis", events["axis"]).tolist()
-    columns = zip(names, events["rank"].tolist(), events["lane"].tolist(), (events["start_ns"] / _NS_PER_US).tolist(),
-                  ((end_ns - events["start_ns"]) / _NS_PER_US).tolist(), events["step"].tolist(), layers, phases,
-                  axes, events["bytes"].tolist(), events["flops"].tolist())
+    columns = zip(names, perfetto_ids(events["rank"].astype(np.int64)).tolist(),
+                  perfetto_ids(events["rank"].astype(np.int64), events["lane"].astype(np.int64)).tolist(),
+                  _us(events["start_ns"]).tolist(), _us(end_ns - events["start_ns"]).tolist(), events["step"].tolist(),
+                  layers, phases, axes, events["bytes"].tolist(), events["flops"].tolist())
     out = []
     comm = {"wire_bytes": events["wire_bytes"].tolist(), "wait_ns": events["wait_ns"].tolist(),
             "mpi_ns": events["mpi_ns"].tolist(), "overlap_ns": events["overlap_ns"].tolist(),
             "call_ns": events["call_ns"].tolist(), "issue_ns": events["issue_ns"].tolist()}
-    for i, (name, rank, lane, ts, dur, step, layer, phase, axis, nbytes, flops) in enumerate(columns):
+    lanes = events["lane"].tolist()
+    for i, (name, pid, tid, ts, dur, step, layer, phase, axis, nbytes, flops) in enumerate(columns):
+        lane = lanes[i]
         args = {"step": step}
         if lane != LANE_STEP:
             args["phase"] = phase
@@ -188,7 +225,7 @@ def _complete_events(trace, events: np.ndarray, end_ns: np.ndarray) -> List[Dict
             args.update(wire_bytes=comm["wire_bytes"][i], wait_ns=comm["wait_ns"][i], mpi_ns=comm["mpi_ns"][i],
                         overlap_ns=comm["overlap_ns"][i], call_return_ns=comm["call_ns"][i])
         out.append({"ph": "X", "name": name, "cat": "comm" if lane >= LANE_COMM0 else _LANE_NAMES[lane],
-                    "pid": rank, "tid": lane, "ts": ts, "dur": dur, "args": args})
+                    "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args})
     return out
 
 
@@ -239,9 +276,41 @@ def _phase_events(trace, events: np.ndarray) -> List[Dict]:
         sel = layer[key == k]
         rank, step, phase = int(sel["rank"][0]), int(sel["step"][0]), int(sel["phase"][0])
         t0, t1 = int(sel["start_ns"].min()), int(sel["end_ns"].max())
-        out.append({"ph": "X", "name": f"step {step} {phases[phase]}", "cat": "phase", "pid": rank,
-                    "tid": PHASE_TID, "ts": t0 / _NS_PER_US, "dur": (t1 - t0) / _NS_PER_US,
+        out.append({"ph": "X", "name": f"step {step} {phases[phase]}", "cat": "phase", "pid": perfetto_ids(rank),
+                    "tid": int(perfetto_ids(rank, phase_thread=True)), "ts": float(_us(t0)), "dur": float(_us(t1 - t0)),
                     "args": {"step": step, "phase": phases[phase]}})
+    return out
+
+
+def rank_coordinates(trace) -> Dict[str, np.ndarray]:
+    """``{"data", "z", "y", "x"} -> coordinate of every rank`` (arrays indexed by rank).
+
+    From the grid in the trace's metadata (``run_options.grid``, else the ``grid`` string
+    ``GdataxGzxGyxGx``): the Cartesian communicator is built without reordering, so rank ``r``
+    sits at ``unravel_index(r, (G_data, G_z, G_y, G_x))`` (row-major, ``x`` fastest). A trace
+    whose grid is missing or does not match its world size falls back to the coordinates each
+    rank recorded (ranks table).
+    """
+    meta = trace.metadata
+    options = meta.get("run_options") or {}
+    grid = options.get("grid") if isinstance(options, dict) else None
+    dims = None
+    if isinstance(grid, dict) and all(a in grid for a in GRID_AXES):
+        dims = tuple(int(grid[a]) for a in GRID_AXES)
+    else:
+        try:
+            dims = tuple(int(v) for v in str(meta.get("grid", "")).split("x"))
+        except ValueError:
+            dims = None
+    world = int(trace.world_size)
+    if dims is not None and len(dims) == len(GRID_AXES) and min(dims) >= 1 and int(np.prod(dims)) == world:
+        return dict(zip(GRID_AXES, np.unravel_index(np.arange(world), dims)))
+    ranks = trace.ranks
+    out = {}
+    for axis in GRID_AXES:
+        coord = np.zeros(max(world, int(ranks["rank"].max()) + 1 if len(ranks) else 0), dtype=np.int64)
+        coord[ranks["rank"].astype(np.int64)] = ranks[f"coord_{axis}"]
+        out[axis] = coord
     return out
 
 
@@ -249,52 +318,79 @@ def collective_instances(trace, events: np.ndarray) -> np.ndarray:
     """An instance id per event (-1 for events that are not collectives): the same id for the pieces
     of one collective on the ranks of one axis communicator.
 
-    Key: (step, axis, communicator, sequence), the communicator being the ranks with equal
-    coordinates on the other three axes and the sequence the collective's position among this
-    rank's collectives on that axis in the step, by issue time (MPI matches collectives on a
-    communicator by issue order, the same on every rank).
+    Key: (step, op, axis, communicator, sequence). The communicator of a collective over
+    ``axis`` is the set of ranks with equal coordinates on the other three axes
+    (:func:`rank_coordinates`); the sequence is the collective's position among this rank's
+    collectives on that communicator in the step, by issue time (MPI matches collectives on a
+    communicator by issue order, the same on every rank). The op is part of the key only as a
+    check: ranks that disagree on it get different ids (no flow), instead of a wrong link.
     """
     ids = np.full(len(events), -1, dtype=np.int64)
     names = trace.vocab["ops"]
-    codes = [names.index(o) for o in ("allgather", "reduce_scatter", "allreduce") if o in names]
+    codes = [names.index(o) for o in COLLECTIVE_OPS if o in names]
     coll = np.flatnonzero(np.isin(events["op"], codes) & (events["lane"] >= LANE_COMM0))
     if not len(coll):
         return ids
-    ranks = trace.ranks
-    coords = {a: dict(zip(ranks["rank"].tolist(), ranks[f"coord_{a}"].tolist())) for a in ("data", "z", "y", "x")}
+    coords = rank_coordinates(trace)
     axes = trace.vocab["axes"]
-    keys = {}
+    keys: Dict[Tuple, int] = {}
     per_stream: Dict[Tuple, int] = {}
     order = coll[np.lexsort((events["issue_ns"][coll], events["axis"][coll], events["step"][coll],
                              events["rank"][coll]))]
     for i in order.tolist():
         rank, step, axis = int(events["rank"][i]), int(events["step"][i]), axes[int(events["axis"][i])]
-        group = tuple(coords[a][rank] for a in ("data", "z", "y", "x") if a != axis)
+        group = tuple(int(coords[a][rank]) for a in GRID_AXES if a != axis)
         seq = per_stream.get((rank, step, axis), 0)
         per_stream[rank, step, axis] = seq + 1
-        ids[i] = keys.setdefault((step, axis, group, seq), len(keys))
+        ids[i] = keys.setdefault((step, int(events["op"][i]), axis, group, seq), len(keys))
     return ids
 
 
+def _flow_points(start: np.ndarray, end: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Chain order and time points (ns) for flow events through the slices ``[start, end]`` of one instance.
+
+    Perfetto reads flow events in time order and drops a step or end that comes before its
+    start, and binds each to the slice open on its thread at that time. So: slices in order of
+    their middles, points strictly increasing, each strictly inside its slice (at its middle,
+    pushed 1 ns later past the previous point where needed); a slice that cannot take a point
+    after the previous one (too short) is left out. Returns (indices into the slices, points).
+    """
+    mid = start + (end - start) // 2
+    lo = np.where(end - start >= 2, start + 1, start)  # strictly inside where there is room
+    hi = np.where(end - start >= 2, end - 1, end)
+    picked, points = [], []
+    for j in np.lexsort((np.arange(len(mid)), mid)).tolist():
+        point = max(int(mid[j]), int(lo[j]), points[-1] + 1 if points else int(lo[j]))
+        if point <= hi[j]:
+            picked.append(j)
+            points.append(point)
+    return np.asarray(picked, dtype=np.int64), np.asarray(points, dtype=np.int64)
+
+
 def _flow_events(trace, events: np.ndarray, end_ns: np.ndarray) -> List[Dict]:
-    """Flow arrows through the pieces of each collective instance, in rank order: "s" on the lowest
-    rank, "t" on the middle ones, "f" on the highest, each at the middle of its piece (bound to it)."""
+    """Flow arrows through the pieces of each collective instance in time order: "s" on the first,
+    "t" on the middle ones, "f" on the last (bound to its enclosing slice: ``"bp": "e"``)."""
     ids = collective_instances(trace, events)
-    out = []
     picked = np.flatnonzero(ids >= 0)
-    picked = picked[np.lexsort((events["rank"][picked], ids[picked]))]
-    mid = (events["start_ns"] + np.maximum(end_ns - events["start_ns"], 0) // 2) / _NS_PER_US
+    picked = picked[np.argsort(ids[picked], kind="stable")]
     labels = _op_labels(trace, events)
-    for instance in np.unique(ids[picked]).tolist():
-        members = picked[ids[picked] == instance]
+    bounds = np.flatnonzero(np.diff(ids[picked])) + 1
+    out = []
+    for members in np.split(picked, bounds):
         if len(members) < 2:
             continue
-        for j, i in enumerate(members.tolist()):
+        chain, points = _flow_points(events["start_ns"][members], end_ns[members])
+        if len(chain) < 2:
+            continue
+        members = members[chain]
+        ranks = events["rank"][members].astype(np.int64)
+        pids, tids = perfetto_ids(ranks), perfetto_ids(ranks, events["lane"][members].astype(np.int64))
+        for j, (i, pid, tid, ts) in enumerate(zip(members.tolist(), pids.tolist(), tids.tolist(), _us(points).tolist())):
             ph = "s" if j == 0 else ("f" if j == len(members) - 1 else "t")
-            flow = {"ph": ph, "name": str(labels[i]), "cat": "collective", "id": int(instance),
-                    "pid": int(events["rank"][i]), "tid": int(events["lane"][i]), "ts": float(mid[i])}
-            if ph != "s":
-                flow["bp"] = "e"  # bind to the enclosing slice
+            flow = {"ph": ph, "name": str(labels[i]), "cat": "collective", "id": int(ids[i]),
+                    "pid": pid, "tid": tid, "ts": ts}
+            if ph == "f":
+                flow["bp"] = "e"  # bind to the enclosing slice (not the next one)
             out.append(flow)
     return out
 

@@ -88,7 +88,7 @@ def test_export_from_the_command_line(tmp_path):
     import gzip
 
     events = json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
-    assert {e["pid"] for e in events} == {0, 1, 2, 3}
+    assert {e["pid"] for e in events} == {1, 2, 3, 4}  # pid = rank + 1
     cali = tmp_path / "w8.cali.json"
     assert fourd("export", "thicket", SAMPLES / "weak-8.h5", "-o", cali).returncode == 0
     doc = json.loads(cali.read_text())

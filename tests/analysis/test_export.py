@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from conftest import mpirun
-from fourd_mpi.analysis.export import to_caliper_json, to_perfetto, write_caliper_json, write_perfetto
+from fourd_mpi.analysis.export import (collective_instances, perfetto_ids, rank_coordinates, to_caliper_json,
+                                       to_perfetto, write_caliper_json, write_perfetto)
 from fourd_mpi.trace.read import load_trace
-from fourd_mpi.trace.events import LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP
+from fourd_mpi.trace.events import LANE_COMM0, LANE_HOST, LANE_STEP, lane_name
 
 pytestmark = pytest.mark.mpi
 
@@ -50,6 +51,20 @@ def _measured_steps(trace):
     return trace.steps["step"][trace.steps["warmup"] == 0]
 
 
+def _ns(us):
+    """A JSON time as Perfetto's importer reads it: microseconds times 1000, truncated to ns."""
+    return int(us * 1000.0)
+
+
+def _rank_lane(trace):
+    """(pid, tid) of the export -> (rank, lane) of the trace."""
+    out = {}
+    for rank in range(RANKS):
+        for lane in range(256):
+            out[perfetto_ids(rank), int(perfetto_ids(rank, lane))] = (rank, lane)
+    return out
+
+
 # ----------------------------------------------------------------------------- Perfetto
 
 def test_perfetto_top_level(trace, perfetto):
@@ -64,18 +79,31 @@ def test_perfetto_top_level(trace, perfetto):
 #: the Chrome trace-event JSON format, for the events this exporter writes
 EVENT_SCHEMA = {
     "type": "object",
-    "required": ["ph", "pid", "tid"],
+    "required": ["ph", "pid"],
     "properties": {
         "ph": {"enum": ["M", "X", "s", "t", "f"]},
-        "pid": {"type": "integer", "minimum": 0}, "tid": {"type": "integer", "minimum": 0},
+        "pid": {"type": "integer", "minimum": 1}, "tid": {"type": "integer", "minimum": 1},
         "name": {"type": "string"}, "cat": {"type": "string"}, "args": {"type": "object"},
-        "ts": {"type": "number"}, "dur": {"type": "number", "minimum": 0}, "id": {"type": "integer"},
+        "ts": {"type": "number", "minimum": 0}, "dur": {"type": "number", "minimum": 0}, "id": {"type": "integer"},
         "bp": {"const": "e"},
     },
     "allOf": [
-        {"if": {"properties": {"ph": {"const": "X"}}}, "then": {"required": ["name", "cat", "ts", "dur", "args"]}},
-        {"if": {"properties": {"ph": {"enum": ["s", "t", "f"]}}}, "then": {"required": ["name", "cat", "id", "ts"]}},
-        {"if": {"properties": {"ph": {"const": "M"}}}, "then": {"required": ["name", "args"]}},
+        {"if": {"properties": {"ph": {"const": "X"}}},
+         "then": {"required": ["name", "cat", "ts", "dur", "args", "tid"]}},
+        {"if": {"properties": {"ph": {"enum": ["s", "t", "f"]}}}, "then": {"required": ["name", "cat", "id", "ts", "tid"]}},
+        {"if": {"properties": {"ph": {"const": "f"}}}, "then": {"required": ["bp"]}},
+        {"if": {"properties": {"ph": {"const": "M"}}}, "then": {
+            "required": ["name", "args"],
+            "properties": {"name": {"enum": ["process_name", "process_sort_index", "thread_name", "thread_sort_index"]}},
+            "allOf": [
+                {"if": {"properties": {"name": {"enum": ["thread_name", "thread_sort_index"]}}},
+                 "then": {"required": ["tid"]}},
+                {"if": {"properties": {"name": {"enum": ["process_name", "thread_name"]}}},
+                 "then": {"properties": {"args": {"required": ["name"], "properties": {"name": {"type": "string"}}}}}},
+                {"if": {"properties": {"name": {"enum": ["process_sort_index", "thread_sort_index"]}}},
+                 "then": {"properties": {"args": {"required": ["sort_index"],
+                                                  "properties": {"sort_index": {"type": "integer"}}}}}},
+            ]}},
     ],
 }
 
@@ -88,47 +116,74 @@ def test_perfetto_events_match_the_trace_event_schema(perfetto):
         validator.validate(event)
 
 
+def test_perfetto_ids_avoid_what_perfetto_treats_specially():
+    """pid/tid 0 is the kernel's idle task, a tid equal to its pid the process's main thread."""
+    tids = {int(perfetto_ids(r, lane)) for r in range(300) for lane in range(256)}
+    tids |= {int(perfetto_ids(r, phase_thread=True)) for r in range(300)}
+    assert len(tids) == 300 * 257 and min(tids) > 0
+    assert all(int(perfetto_ids(r, lane)) != perfetto_ids(r) for r in range(300) for lane in range(256))
+    assert perfetto_ids(np.arange(3)).tolist() == [1, 2, 3]
+
+
 def test_perfetto_processes_and_threads(trace, perfetto):
     meta = _by_phase(perfetto["traceEvents"], "M")
     names = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
-    assert names == {r: f"rank {r} ({trace.ranks['hostname'][r].decode()})" for r in range(RANKS)}
+    assert names == {r + 1: f"rank {r} ({trace.ranks['hostname'][r].decode()})" for r in range(RANKS)}
     sort = {e["pid"]: e["args"]["sort_index"] for e in meta if e["name"] == "process_sort_index"}
-    assert sort == {r: r for r in range(RANKS)}
+    assert sort == {r + 1: r for r in range(RANKS)}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta if e["name"] == "thread_name"}
     thread_sort = {(e["pid"], e["tid"]): e["args"]["sort_index"] for e in meta if e["name"] == "thread_sort_index"}
+    assert set(thread_sort) == set(threads)
     for rank in range(RANKS):
-        mine = sorted((thread_sort[key], name) for key, name in threads.items() if key[0] == rank)
-        ordered = [name for _, name in mine]
+        mine = sorted((thread_sort[key], key[1], name) for key, name in threads.items() if key[0] == rank + 1)
+        ordered = [name for _, _, name in mine]
         assert ordered[:4] == ["step", "phase", "layer", "host"]
         assert ordered[4:] == [f"comm{i}" for i in range(len(ordered) - 4)] and len(ordered) > 4
+        assert [tid for _, tid, _ in mine] == sorted(tid for _, tid, _ in mine)  # tids in the same order
     used = {(e["pid"], e["tid"]) for e in perfetto["traceEvents"] if e["ph"] != "M"}
     assert used == set(threads)
 
 
 def test_perfetto_slices_per_thread_equal_events_per_lane(trace, perfetto):
-    """What a trace processor query of slices per thread would give: one X slice per trace event
-    on each (rank, lane), the phase thread aside."""
+    """What a trace processor query of slices per thread gives: one X slice per trace event
+    on each (rank, lane), named after the lane; the phase thread aside."""
     x = _by_phase(perfetto["traceEvents"], "X")
-    per_thread = Counter((e["pid"], e["tid"]) for e in x if e["cat"] != "phase")
+    to_lane = _rank_lane(trace)
+    per_thread = Counter(to_lane[e["pid"], e["tid"]] for e in x if e["cat"] != "phase")
     assert per_thread == Counter(zip(trace.events["rank"].tolist(), trace.events["lane"].tolist()))
-    comm = [e for e in x if e["tid"] >= LANE_COMM0 and e["cat"] == "comm"]
-    assert len(comm) == int((trace.events["lane"] >= LANE_COMM0).sum()) > 0
+    thread_names = {(e["pid"], e["tid"]): e["args"]["name"] for e in perfetto["traceEvents"] if e["name"] == "thread_name"}
+    for (pid, tid), name in thread_names.items():
+        if name != "phase":
+            assert name == lane_name(to_lane[pid, tid][1])
+    comm = [e for e in x if to_lane.get((e["pid"], e["tid"]), (0, 0))[1] >= LANE_COMM0]
+    assert len(comm) == int((trace.events["lane"] >= LANE_COMM0).sum()) > 0 and {e["cat"] for e in comm} == {"comm"}
     host = trace.events[trace.events["lane"] == LANE_HOST]
-    x_names = Counter(e["name"].split()[0] for e in x if e["tid"] == LANE_HOST)
+    x_names = Counter(e["name"].split()[0] for e in x if thread_names[e["pid"], e["tid"]] == "host")
     assert x_names == Counter(trace.decode("op", host["op"]).tolist())
-    steps = sorted(e["name"] for e in x if e["tid"] == LANE_STEP)
+    steps = sorted(e["name"] for e in x if thread_names[e["pid"], e["tid"]] == "step")
     assert steps == sorted(f"step {s}" for s in trace.events["step"][trace.events["lane"] == LANE_STEP].tolist())
 
 
-def test_perfetto_times_are_aligned_microseconds(trace, perfetto):
+def test_perfetto_times_read_back_as_the_trace_nanoseconds(trace, perfetto):
+    """As Perfetto reads them (us * 1000, truncated), starts are the trace's exact ns, and so are ends
+    (but for the <= 1 ns trimmed off an event that touches its successor)."""
     events = [e for e in _by_phase(perfetto["traceEvents"], "X") if e["cat"] != "phase"]
+    to_lane = _rank_lane(trace)
     ev = trace.events
-    assert sorted((e["pid"], e["tid"], e["ts"]) for e in events) == sorted(
-        zip(ev["rank"].tolist(), ev["lane"].tolist(), (ev["start_ns"] / 1000).tolist()))
-    # durations: exact, but for the <= 1 ns trimmed off an event that touches its successor
-    expected = sorted(((ev["end_ns"] - ev["start_ns"]) / 1000).tolist())
-    got = sorted(e["dur"] for e in events)
-    assert np.allclose(got, expected, rtol=0, atol=0.0011)
+    got = sorted((*to_lane[e["pid"], e["tid"]], _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"])) for e in events)
+    want = sorted(zip(ev["rank"].tolist(), ev["lane"].tolist(), ev["start_ns"].tolist(), ev["end_ns"].tolist()))
+    assert [g[:3] for g in got] == [w[:3] for w in want]
+    assert all(0 <= w[3] - g[3] <= 1 for g, w in zip(got, want))
+
+
+def test_us_reads_back_exactly():
+    from fourd_mpi.analysis.export import _us
+
+    ns = np.random.default_rng(0).integers(0, 10 ** 13, 200_000)
+    us = _us(ns)
+    assert (np.trunc(us * 1000.0).astype(np.int64) == ns).all()
+    assert np.allclose(us, ns / 1000, rtol=1e-15, atol=0)
+    assert [_ns(v) for v in json.loads(json.dumps(us[:1000].tolist()))] == ns[:1000].tolist()
 
 
 def test_perfetto_collectives_are_complete_events_with_their_accounting(perfetto):
@@ -136,43 +191,95 @@ def test_perfetto_collectives_are_complete_events_with_their_accounting(perfetto
     collectives = [e for e in comm if e["name"].split()[0] in ("allgather", "reduce_scatter", "allreduce")]
     assert collectives
     for e in collectives:
-        assert e["tid"] >= LANE_COMM0 and e["name"].split()[1] in ("data", "z", "y", "x")
+        assert e["name"].split()[1] in ("data", "z", "y", "x")
         assert {"bytes", "wire_bytes", "wait_ns", "mpi_ns", "overlap_ns", "call_return_ns"} <= set(e["args"])
         assert e["args"]["bytes"] > 0
 
 
+def test_rank_coordinates_from_the_grid_match_the_recorded_ones(trace):
+    coords = rank_coordinates(trace)
+    for axis in ("data", "z", "y", "x"):
+        assert coords[axis][trace.ranks["rank"]].tolist() == trace.ranks[f"coord_{axis}"].tolist()
+    # without a usable grid in the metadata: the recorded coordinates
+    broken = dataclasses.replace(trace, metadata={**trace.metadata, "grid": "?", "run_options": {}})
+    fallback = rank_coordinates(broken)
+    assert all(fallback[a].tolist() == coords[a].tolist() for a in coords)
+
+
+def test_collective_instances_group_one_collective_over_its_communicator(trace):
+    ev = trace.events
+    ids = collective_instances(trace, ev)
+    coll = np.isin(trace.decode("op", ev["op"]), ["allgather", "reduce_scatter", "allreduce"])
+    assert (ids[coll] >= 0).all() and (ids[~coll] == -1).all()
+    sizes = {"data": 1, "z": 2, "y": 2, "x": 2}
+    coords = rank_coordinates(trace)
+    for instance in np.unique(ids[coll]).tolist():
+        piece = ev[ids == instance]
+        axis = trace.decode("axis", piece["axis"][:1])[0]
+        assert len(piece) == sizes[axis] == len(np.unique(piece["rank"]))  # each rank of the communicator once
+        assert len(np.unique(piece["step"])) == len(np.unique(piece["op"])) == len(np.unique(piece["bytes"])) == 1
+        for other in ("data", "z", "y", "x"):
+            if other != axis:
+                assert len(np.unique(coords[other][piece["rank"]])) == 1
+        assert len(np.unique(coords[axis][piece["rank"]])) == sizes[axis]
+
+
 def test_perfetto_flows_link_one_collective_across_its_ranks(trace, perfetto):
-    """Every flow id: one "s" on its lowest rank, one "f" on its highest, "t" between, all on comm
-    threads of the same step and op; as many pieces as the axis has ranks."""
+    """Every flow id, read in time order as Perfetto does: "s", then "t"s, then "f", at strictly increasing
+    times, each strictly inside a comm slice of the same collective on its thread; one piece per rank
+    of the axis communicator."""
     flows = defaultdict(list)
     for e in perfetto["traceEvents"]:
         if e["ph"] in ("s", "t", "f"):
             flows[e["id"]].append(e)
     assert flows
     sizes = {"data": 1, "z": 2, "y": 2, "x": 2}
-    comm = {(e["pid"], e["tid"]): [] for e in _by_phase(perfetto["traceEvents"], "X")}
+    slices = defaultdict(list)
     for e in _by_phase(perfetto["traceEvents"], "X"):
-        comm[e["pid"], e["tid"]].append(e)
+        slices[e["pid"], e["tid"]].append(e)
+    coll = ~np.isin(trace.decode("op", trace.events["op"]), ["d2h", "h2d"]) & (trace.events["lane"] >= LANE_COMM0)
+    assert len(flows) * 2 == int(coll.sum())  # every collective instance (2 ranks each here) has its flow
     for pieces in flows.values():
-        pieces.sort(key=lambda e: e["pid"])
+        pieces.sort(key=lambda e: _ns(e["ts"]))
+        times = [_ns(p["ts"]) for p in pieces]
+        assert times == sorted(set(times))
         assert [p["ph"] for p in pieces] == ["s"] + ["t"] * (len(pieces) - 2) + ["f"]
+        assert pieces[-1]["bp"] == "e"
         op, axis = pieces[0]["name"].split()
         assert len(pieces) == sizes[axis] and len({p["name"] for p in pieces}) == 1
-        assert len({p["pid"] for p in pieces}) == len(pieces)
+        assert len({p["pid"] for p in pieces}) == len(pieces) and {p["cat"] for p in pieces} == {"collective"}
+        steps = set()
         for p in pieces:  # bound to a comm slice of the same collective on its thread
-            assert p["tid"] >= LANE_COMM0
-            enclosing = [x for x in comm[p["pid"], p["tid"]] if x["ts"] <= p["ts"] <= x["ts"] + x["dur"]]
-            assert len(enclosing) == 1 and enclosing[0]["name"] == p["name"]
+            t = _ns(p["ts"])
+            enclosing = [x for x in slices[p["pid"], p["tid"]]
+                         if _ns(x["ts"]) < t < _ns(x["ts"]) + _ns(x["dur"])]
+            assert len(enclosing) == 1 and enclosing[0]["name"] == p["name"] and enclosing[0]["cat"] == "comm"
+            steps.add(enclosing[0]["args"]["step"])
+        assert len(steps) == 1
+
+
+def test_flow_points_are_ordered_inside_their_slices():
+    from fourd_mpi.analysis.export import _flow_points
+
+    # middles out of rank order, a tie, and a slice too short to follow the others
+    start = np.array([100, 0, 40, 40, 50])
+    end = np.array([200, 100, 80, 80, 50])
+    order, points = _flow_points(start, end)
+    assert order.tolist() == [1, 2, 3, 0] and points.tolist() == [50, 60, 61, 150]
+    assert all(start[i] < p < end[i] for i, p in zip(order.tolist(), points.tolist()))
+    order, points = _flow_points(np.array([5]), np.array([5]))
+    assert order.tolist() == [0] and points.tolist() == [5]
 
 
 def test_perfetto_names_are_searchable(trace, perfetto):
     x = _by_phase(perfetto["traceEvents"], "X")
-    layers = [e for e in x if e["tid"] == LANE_LAYER]
+    layers = [e for e in x if e["cat"] == "layer"]
     assert layers and all(e["name"].startswith("layer ") for e in layers)
     first = layers[0]
     code = trace.vocab["layers"].index(first["args"]["layer"])
     assert first["name"] == f"layer {code} {first['args']['phase']} ({first['args']['layer']})"
     assert any(e["name"].startswith("layer ") and " backward (" in e["name"] for e in layers)
+    assert any(e["name"] == "step 1" for e in x if e["cat"] == "step")
     phases = {e["name"].split()[-1] for e in x if e["cat"] == "phase"}
     assert {"forward", "backward"} <= phases
 
@@ -186,11 +293,23 @@ def test_perfetto_collectives_overlap_compute(perfetto):
     assert overlapped > 0
 
 
+def test_comm_lanes_never_overlap(trace):
+    """The recorder's lane packing: collectives on one comm lane of a rank are disjoint in time
+    (docs/trace-format.md section 8, 1 ns rounding slack)."""
+    ev = trace.events[trace.events["lane"] >= LANE_COMM0]
+    order = np.lexsort((ev["start_ns"], ev["lane"], ev["rank"]))
+    ev = ev[order]
+    same = (ev["rank"][1:] == ev["rank"][:-1]) & (ev["lane"][1:] == ev["lane"][:-1])
+    assert same.any() and (ev["end_ns"][:-1][same] - ev["start_ns"][1:][same] <= 1).all()
+    assert len(np.unique(ev["lane"])) > 1  # collectives were in flight together
+
+
 def test_perfetto_complete_events_do_not_overlap(perfetto):
+    """On every thread, as Perfetto reads the times: slices disjoint (so none is dropped or nested)."""
     per_thread = defaultdict(list)
     for e in _by_phase(perfetto["traceEvents"], "X"):
         assert e["dur"] >= 0
-        per_thread[e["pid"], e["tid"]].append((round(e["ts"] * 1000), round((e["ts"] + e["dur"]) * 1000)))
+        per_thread[e["pid"], e["tid"]].append((_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"])))
     for spans in per_thread.values():
         spans.sort()
         for (_, end), (start, _) in zip(spans, spans[1:]):
@@ -208,7 +327,7 @@ def test_perfetto_args(perfetto):
 def test_perfetto_filter_steps_and_ranks(trace):
     doc = to_perfetto(trace, steps=[1], ranks=iter([0, 3]))  # any iterable
     body = [e for e in doc["traceEvents"] if e["ph"] != "M"]
-    assert {e["pid"] for e in doc["traceEvents"]} == {0, 3}
+    assert {e["pid"] for e in doc["traceEvents"]} == {1, 4}
     assert {e["args"]["step"] for e in body if "args" in e} == {1}
     ev = trace.events
     kept = ev[(ev["step"] == 1) & np.isin(ev["rank"], [0, 3])]
@@ -227,6 +346,54 @@ def test_write_perfetto_round_trip(trace, tmp_path, name):
     with opener(path, "rt") as f:
         written = json.load(f)
     assert written == json.loads(json.dumps(to_perfetto(trace, steps=[2])))
+
+
+def _trace_processor_binary():
+    """A trace_processor_shell binary: $PERFETTO_TRACE_PROCESSOR, on PATH, or in the perfetto package's
+    download cache (its own download needs network access, which tests do not assume)."""
+    import glob
+    import os
+    import shutil
+
+    found = os.environ.get("PERFETTO_TRACE_PROCESSOR") or shutil.which("trace_processor_shell") \
+        or shutil.which("trace_processor")
+    if not found:
+        cached = sorted(glob.glob(os.path.expanduser("~/.local/share/perfetto/prebuilts/trace_processor_shell*")))
+        found = next((c for c in cached if not c.endswith(".tmp") and os.access(c, os.X_OK)), None)
+    return found
+
+
+def test_perfetto_trace_processor_reads_the_export(trace, tmp_path):
+    """Perfetto's own importer: slices per thread equal the trace's events per lane, the flows
+    link the collective pieces, and nothing is dropped (import stats)."""
+    tp_api = pytest.importorskip("perfetto.trace_processor", reason="the perfetto package is not installed")
+    binary = _trace_processor_binary()
+    if binary is None:
+        pytest.skip("no trace_processor_shell binary (set PERFETTO_TRACE_PROCESSOR or put it on PATH; "
+                    "the perfetto package would download it, which needs network access)")
+    path = tmp_path / "trace.json"
+    write_perfetto(trace, str(path))
+    tp = tp_api.TraceProcessor(trace=str(path), config=tp_api.TraceProcessorConfig(bin_path=binary))
+    try:
+        rows = tp.query("select thread.tid as tid, count(*) as n from slice "
+                        "join thread_track on slice.track_id = thread_track.id "
+                        "join thread on thread_track.utid = thread.utid group by thread.tid").as_pandas_dataframe()
+        flows = tp.query("select count(*) as n from flow").as_pandas_dataframe()
+        names = tp.query("select tid, name from thread where tid > 0").as_pandas_dataframe()
+        stats = tp.query("select name, value from stats where value > 0 and (name like 'flow%' or name in "
+                         "('misplaced_end_event', 'json_parser_failure', 'json_tokenizer_failure'))"
+                         ).as_pandas_dataframe()
+    finally:
+        tp.close()
+    ev = trace.events
+    want = Counter(int(perfetto_ids(int(r), int(lane))) for r, lane in zip(ev["rank"], ev["lane"]))
+    got = dict(zip(rows["tid"].tolist(), rows["n"].tolist()))
+    for tid, n in want.items():
+        assert got[tid] == n
+    coll = ~np.isin(trace.decode("op", ev["op"]), ["d2h", "h2d"]) & (ev["lane"] >= LANE_COMM0)
+    assert int(flows["n"][0]) == int(coll.sum()) // 2  # one arrow per 2-rank instance
+    assert {"step", "phase", "layer", "host", "comm0"} <= set(names["name"])
+    assert stats.empty, stats
 
 
 # ----------------------------------------------------------------------------- Caliper JSON
