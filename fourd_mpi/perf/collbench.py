@@ -30,6 +30,13 @@ latencies by least squares on relative error, ``t = k(p-1)*alpha + k(p-1)/p*S*be
 and per group size; the GEMM rate per dtype of one rank alone (the others sleep) and of all
 ranks at once (their ratio is the oversubscription factor), element-wise bandwidth and the cost
 of one NumPy call; the overlap efficiency = OSU overlap with polling at the largest sizes / 100.
+Only what was measured is fitted: with ``--ops`` a subset, a collective whose nonblocking form
+is missing has no fit and is listed under ``calibration.missing_ops`` (the model takes it from
+the fallback profile or refuses); without any nonblocking op no profile is written.
+
+Communicators: an axis with the same group size and placement as one already measured (on one
+node), or an axis of every rank (the world's group), is measured once and reported under all
+its names (``axes``).
 """
 
 from __future__ import annotations

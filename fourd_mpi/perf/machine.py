@@ -51,6 +51,7 @@ _level = {
     # a calibration of a subset of the collectives (bench collectives --ops) has only their fits
     "type": "object", "additionalProperties": False, "required": ["shared_by"],
     "anyOf": [{"required": [k]} for k in KINDS],
+    "description": f"a level needs shared_by and the fit of at least one of {', '.join(KINDS)}",
     "properties": {
         "shared_by": {"type": "integer", "minimum": 1},
         "description": {"type": "string"},
