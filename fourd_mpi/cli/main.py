@@ -15,8 +15,8 @@ imports this package.
 
 Error policy, as in ``python -m mpi4py``: a user error (:class:`ConfigError`,
 :class:`BackendError`) is raised on every rank by validation that runs before any collective,
-and every rank prints the same one-line message and exits with status 2; any other exception
-prints its traceback and aborts the whole job, so no rank is left waiting.
+and every rank prints the same one-line message (``bench``: rank 0 only) and exits with status 2;
+any other exception prints its traceback and aborts the whole job, so no rank is left waiting.
 """
 
 from __future__ import annotations
@@ -83,11 +83,26 @@ def command_fingerprint(args) -> Dict[str, str]:
     return out
 
 
+#: MPI commands whose errors are printed by rank 0 only (the others exit with the same status, silently)
+ROOT_REPORTS = ("bench",)
+
+
+def _not_root(argv: Optional[List[str]]) -> bool:
+    """True on ranks other than 0 of a :data:`ROOT_REPORTS` command (MPI is initialized to ask)."""
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    if not tokens or tokens[0] not in ROOT_REPORTS:
+        return False
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank() != 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     try:
         args = parse(argv)
     except ConfigError as exc:
-        error_line(exc)
+        if not _not_root(argv):
+            error_line(exc)
         return 2
     world = None
     try:
@@ -101,7 +116,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         check_same(world, command_fingerprint(args))  # before any other collective
         return args.handler(args, world)
     except (ConfigError, BackendError) as exc:
-        error_line(exc)
+        if not (world is not None and args.command in ROOT_REPORTS and world.Get_rank() != 0):
+            error_line(exc)
         return 2
     except BrokenPipeError:  # output piped into head & co.
         return 0

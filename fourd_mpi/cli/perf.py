@@ -225,7 +225,8 @@ def _register_bench(sub) -> None:
     o.add_argument("--fallback", default=None, metavar="PROFILE",
                    help="built-in profile named in the file for levels not measured (e.g. perlmutter)")
     o.add_argument("--force", action="store_true", help="replace an existing profile file")
-    o.add_argument("--table", metavar="FILE", help="also write the printed report there")
+    o.add_argument("--report", "--table", dest="table", metavar="FILE",
+                   help="also write the printed report (in --format) there")
     o.add_argument("--format", choices=("table", "csv", "json"), default="table",
                    help="report on stdout: table (nccl-tests / OSU-like text, default), csv (a row per "
                         "communicator, op, size and placement) or json (everything)")
@@ -235,22 +236,24 @@ def _register_bench(sub) -> None:
 
 
 def cmd_bench(args, world) -> int:
-    """``fourd-mpi bench collectives``: run, print the report (rank 0), write the profile (rank 0).
+    """``fourd-mpi bench collectives``: run, write the profile (rank 0), print the report (rank 0).
 
-    Errors in the options are printed once, by rank 0, and every rank exits 2; a failed result
-    check (``#wrong`` > 0) makes every rank exit 1 after the report.
+    Errors are printed once, by rank 0, and every rank exits with the same status (rank 0's,
+    broadcast): 2 for bad options or a profile/report that cannot be written, 1 when the result
+    check found wrong elements (``#wrong`` > 0), else 0.
     """
-    import yaml
-
+    from fourd_mpi.cli.args import error_line
     from fourd_mpi.core.mpiutil import on_root
     from fourd_mpi.errors import ConfigError
-    from fourd_mpi.perf.collbench import build_profile, format_result, missing_kinds, run_bench
+    from fourd_mpi.perf.collbench import run_bench
 
     hostname = socket.gethostname()
     out = args.output or os.path.join("results", "profiles", f"{hostname}.yaml")
     rank = world.Get_rank()
     try:
         on_root(world, lambda: refuse_overwrite(out, args.force))  # rank 0 writes it; every rank hears
+        if args.table:
+            on_root(world, lambda: refuse_overwrite(args.table, args.force))
         if args.fallback:
             from fourd_mpi.perf.machine import load_profile
 
@@ -258,27 +261,51 @@ def cmd_bench(args, world) -> int:
         result = run_bench(args, world)
     except ConfigError as exc:  # the same on every rank (checked before any collective): said once
         if rank == 0:
-            print(f"fourd-mpi: error: {exc}", file=sys.stderr, flush=True)
+            error_line(exc)
         return 2
-    wrong = sum(r.wrong for r in result["rows"])
-    if rank != 0:
-        return 1 if wrong else 0
+    status = 0
+    if rank == 0:
+        try:
+            status = _report_bench(result, args, hostname, out)
+        except (ConfigError, OSError) as exc:
+            error_line(exc)
+            status = 2
+    return world.bcast(status, root=0)
+
+
+def _report_bench(result, args, hostname, out) -> int:
+    """Rank 0: write the machine profile (from what was measured), print the report in ``--format``
+    and the profile summary; the exit status."""
+    import yaml
+
+    from fourd_mpi.perf.collbench import (build_profile, format_result, missing_kinds, profile_problem,
+                                          total_wrong)
+
+    problem = profile_problem(result)
+    missing = missing_kinds(result)
+    if problem:
+        summary = [f"# {problem}"]
+        result["profile"] = {"path": None, "reason": problem}
+    else:
+        summary = _write_profile(result, args, hostname, out, build_profile, yaml)
+        result["profile"] = {"path": out, "missing_ops": missing}
+        if missing:
+            summary.append(f"  no fit of {', '.join(m[1:] for m in missing)}: --ops lacks {', '.join(missing)}; the "
+                           f"model takes them from the profile's fallback (--fallback) or refuses")
     text = format_result(result, args.format)
     print(text, flush=True)
-    summary = []
-    missing = missing_kinds(result)
-    if missing:
-        summary.append(f"# no machine profile written: a profile needs {', '.join(missing)} as well "
-                       f"(--ops measured {args.ops})")
-    else:
-        summary += _write_profile(result, args, hostname, out, build_profile, yaml)
-    if args.format == "table" or missing:
-        print("\n".join(summary), file=sys.stdout if args.format == "table" else sys.stderr, flush=True)
+    if args.format == "table":
+        print("\n".join(summary), flush=True)
+    else:  # stdout stays machine-readable
+        print("\n".join(line.lstrip("# ") if line.startswith("#") else line for line in summary if line),
+              file=sys.stderr, flush=True)
     if args.table:
         with open(args.table, "w") as fh:
             fh.write(text + "\n" + ("\n".join(summary) + "\n" if args.format == "table" else ""))
+    wrong = total_wrong(result)
     if wrong:
-        print(f"fourd-mpi: error: the result check found {wrong} wrong element(s) (#wrong)", file=sys.stderr)
+        print(f"fourd-mpi: error: the result check found {wrong} wrong element(s) (#wrong)", file=sys.stderr,
+              flush=True)
         return 1
     return 0
 
@@ -301,7 +328,10 @@ def _write_profile(result, args, hostname, out, build_profile, yaml):
     fits = []
     for level, entry in profile["levels"].items():
         for kind in ("allgather", "reduce_scatter", "allreduce"):
-            f = entry[kind]
+            f = entry.get(kind)
+            if f is None:
+                fits.append(f"  {level:<5} {kind:<15} not measured")
+                continue
             fits.append(f"  {level:<5} {kind:<15} alpha {f['alpha_s'] * 1e6:8.2f} us  beta {f['beta_s_per_byte'] * 1e9:8.4f} "
                         f"ns/B ({1 / f['beta_s_per_byte'] / 1e9 if f['beta_s_per_byte'] > 0 else float('inf'):.3f} GB/s)"
                         f"  rms rel. error {100 * f['rms_rel_error']:.0f}% over {f['points']} points")

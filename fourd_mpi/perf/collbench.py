@@ -30,6 +30,13 @@ latencies by least squares on relative error, ``t = k(p-1)*alpha + k(p-1)/p*S*be
 and per group size; the GEMM rate per dtype of one rank alone (the others sleep) and of all
 ranks at once (their ratio is the oversubscription factor), element-wise bandwidth and the cost
 of one NumPy call; the overlap efficiency = OSU overlap with polling at the largest sizes / 100.
+Only what was measured is fitted: with ``--ops`` a subset, a collective whose nonblocking form
+is missing has no fit and is listed under ``calibration.missing_ops`` (the model takes it from
+the fallback profile or refuses); without any nonblocking op no profile is written.
+
+Communicators: an axis with the same group size and placement as one already measured (on one
+node), or an axis of every rank (the world's group), is measured once and reported under all
+its names (``axes``).
 """
 
 from __future__ import annotations
@@ -450,14 +457,19 @@ def run_bench(args, world) -> Dict:
             if p == 1:
                 continue
             level = "intra" if pg.intra_node[axis] else "inter"
-            key = (p, level, axis if pg.num_nodes > 1 else "")
-            if key in seen:  # the same group size and placement: measured once, reported for both
+            # the same group size and placement (on one node; across nodes the same axis), or an axis
+            # of every rank (the world's group): measured once, reported for every axis it stands for
+            key = ("all",) if p == size else (p, level, axis if pg.num_nodes > 1 else "")
+            if key in seen:
                 seen[key][3].append(f"{g}:{axis}")
                 continue
             seen[key] = [f"{g}:{axis}", level, pg.axis_comm(axis), [f"{g}:{axis}"]]
             comms.append(seen[key])
     if not args.no_world and size > 1:
-        comms.append(["world", "intra" if num_nodes == 1 else "inter", world, ["world"]])
+        if ("all",) in seen:  # an axis of every rank is the world's group
+            seen[("all",)][3].append("world")
+        else:
+            comms.append(["world", "intra" if num_nodes == 1 else "inter", world, ["world"]])
 
     rows: List[Row] = []
     overlap: List[Dict] = []
@@ -478,16 +490,18 @@ def run_bench(args, world) -> Dict:
                                     wrong, ",".join(also)))
             if op == "iallreduce":
                 sync = world.allreduce(_measure_sync(comm, max(5, args.iters), args.warmup), op=MPI.MAX)
-                syncs.append({"comm": name, "level": level, "p": p, "sync_s": sync})
+                syncs.append({"comm": name, "axes": ",".join(also), "level": level, "p": p, "sync_s": sync})
             if op.startswith("i") and args.overlap_sizes > 0:
                 for s in sizes[-args.overlap_sizes:]:
                     iters = max(3, args.iters // 4)
                     res = _measure_overlap(comm, world, op, s, iters, args.warmup)
-                    overlap.append(dict(comm=name, level=level, p=p, op=op, size=s, **res))
+                    overlap.append(dict(comm=name, axes=",".join(also), level=level, p=p, op=op, size=s, **res))
+    listed = [{"comm": name, "axes": also, "level": level, "p": comm.Get_size()} for name, level, comm, also in comms]
     compute = _compute_rates(world, dtypes, args.gemm_size, args.backend)
     for pg in made:
         pg.free()
     return {"rows": rows, "overlap": overlap, "syncs": syncs, "compute": compute, "grids": [str(g) for g in grids],
+            "comms": listed,
             "num_nodes": num_nodes, "ranks_per_node": local_size, "world_size": size}
 
 
@@ -503,6 +517,10 @@ def format_tables(result: Dict) -> str:
     lines = ["# fourd-mpi bench collectives: " + f"{result['world_size']} ranks, {result['num_nodes']} node(s), "
              f"grids {', '.join(result['grids'])}; type float (float32), redop sum (none for allgather), root -1"]
     lines += [f"# {f}" for f in FORMULAS]
+    for c in result.get("comms", []):
+        also = (f" (measured once for all {len(c['axes'])}: same group size and placement)"
+                if len(c["axes"]) > 1 else "")
+        lines.append(f"# communicator {' = '.join(c['axes'])}: p = {c['p']}, {c['level']}-node{also}")
     groups: Dict[Tuple[str, str], Dict[int, Dict[bool, Row]]] = {}
     for r in result["rows"]:
         groups.setdefault((r.axes or r.comm, r.op), {}).setdefault(r.size, {})[r.inplace] = r
@@ -527,17 +545,21 @@ def format_tables(result: Dict) -> str:
             lines.append(f" {size:>11} {ref.count:>10} {'float':>6} {ref.redop:>6} {-1:>5} | {cells(oop)} | "
                          f"{cells(ip)} | {ref.avg_s * 1e6:>9.2f} {ref.min_s * 1e6:>9.2f} {ref.max_s * 1e6:>9.2f}")
     if result["overlap"]:
+        w = max([13] + [len(o.get("axes") or o["comm"]) for o in result["overlap"]])
         lines += ["", "# overlap with a calibrated compute phase (NumPy 128x128 GEMMs), times in us:",
-                  f"#{'comm':<13} {'p':>3} {'op':<16} {'size (B)':>10} {'t_pure':>9} {'t_cpu':>9} "
+                  f"#{'comm':<{w}} {'p':>3} {'op':<16} {'size (B)':>10} {'t_pure':>9} {'t_cpu':>9} "
                   f"{'ovrl none':>9} {'OSU%':>6} {'IMB%':>6} {'ovrl poll':>9} {'OSU%':>6} {'IMB%':>6}"]
         for o in result["overlap"]:
-            lines.append(f" {o['comm']:<13} {o['p']:>3} {o['op']:<16} {o['size']:>10} {o['t_pure'] * 1e6:>9.1f} "
+            lines.append(f" {o.get('axes') or o['comm']:<{w}} {o['p']:>3} {o['op']:<16} {o['size']:>10} "
+                         f"{o['t_pure'] * 1e6:>9.1f} "
                          f"{o['t_cpu'] * 1e6:>9.1f} {o['t_ovrl_none'] * 1e6:>9.1f} {o['osu_none']:>6.1f} "
                          f"{o['imb_none']:>6.1f} {o['t_ovrl_poll'] * 1e6:>9.1f} {o['osu_poll']:>6.1f} "
                          f"{o['imb_poll']:>6.1f}")
     if result.get("syncs"):
         lines += ["", "# synchronization: extra latency of an 8-byte Iallreduce right after compute vs after a barrier:"]
-        lines += [f"  {y['comm']:<14} p={y['p']:<3} {y['sync_s'] * 1e6:10.1f} us" for y in result["syncs"]]
+        w = max([14] + [len(y.get("axes") or y["comm"]) for y in result["syncs"]])
+        lines += [f"  {y.get('axes') or y['comm']:<{w}} p={y['p']:<3} {y['sync_s'] * 1e6:10.1f} us"
+                  for y in result["syncs"]]
     c = result["compute"]
     lines += ["", "# compute (per rank):"]
     for dtype, alone in c["alone"].items():
@@ -545,12 +567,33 @@ def format_tables(result: Dict) -> str:
                      f"{result['ranks_per_node']} ranks of the node computing (x{alone / c['all'][dtype]:.2f})")
     lines.append(f"  element-wise {c['mem_bandwidth_gbs']['alone']:.2f} GB/s alone; one small NumPy call "
                  f"{c['op_overhead_s']['alone'] * 1e6:.2f} us alone")
-    wrong = sum(r.wrong for r in result["rows"])
-    busbw = [r.busbw for r in result["rows"] if math.isfinite(r.busbw)]
-    lines += ["", f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}",
-              f"# Avg bus bandwidth    : {float(np.mean(busbw)) if busbw else float('nan'):.4f} GB/s "
-              f"(mean busbw of all {len(busbw)} rows, out-of-place and in-place)"]
+    lines += ["", f"# Out of bounds values : {total_wrong(result)} {'OK' if total_wrong(result) == 0 else 'FAILED'}",
+              f"# Avg bus bandwidth    : {avg_busbw(result):.4f} GB/s (mean busbw of all "
+              f"{sum(math.isfinite(r.busbw) for r in result['rows'])} rows: "
+              f"{' and '.join(sorted({'in-place' if r.inplace else 'out-of-place' for r in result['rows']}, reverse=True)) or 'none'})"]
     return "\n".join(lines)
+
+
+def total_wrong(result: Dict) -> int:
+    """Wrong result elements of every row (``#wrong``, each already summed over ranks)."""
+    return sum(r.wrong for r in result["rows"])
+
+
+def avg_busbw(result: Dict) -> float:
+    """nccl-tests' closing "Avg bus bandwidth": the mean busbw (GB/s) of every row, NaN without rows."""
+    busbw = [r.busbw for r in result["rows"] if math.isfinite(r.busbw)]
+    return float(np.mean(busbw)) if busbw else float("nan")
+
+
+def _finite(value):
+    """JSON has no NaN or infinity: ``None`` instead (recursively)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 #: columns of ``--format csv`` (rows; one per communicator, op, size and placement)
@@ -560,19 +603,27 @@ CSV_COLUMNS = ["comm", "axes", "level", "p", "op", "placement", "size", "count",
 
 def format_result(result: Dict, fmt: str) -> str:
     """``table`` (:func:`format_tables`), ``csv`` (:data:`CSV_COLUMNS`, ``#`` lines with the formulas
-    first) or ``json`` (rows, overlap, synchronization, compute, formulas)."""
+    first) or ``json`` (rows, overlap, synchronization, compute, formulas, communicators, ``wrong``,
+    ``avg_busbw_gbps`` and, when the command wrote one, ``profile``; NaN as null; times in us)."""
     if fmt == "table":
         return format_tables(result)
     rows = [r.as_dict() for r in result["rows"]]
     if fmt == "json":
         import json
 
-        overlap = [{k: (v * 1e6 if k.startswith("t_") else v) for k, v in o.items()} for o in result["overlap"]]
-        return json.dumps({"world_size": result["world_size"], "num_nodes": result["num_nodes"],
-                           "grids": result["grids"], "formulas": FORMULAS, "rows": rows,
-                           "overlap_us": overlap, "sync_us": [dict(y, sync_s=y["sync_s"] * 1e6) for y in
-                                                              result.get("syncs", [])],
-                           "compute": result["compute"]}, indent=1)
+        overlap = [{(f"{k}_us" if k.startswith("t_") else k): (v * 1e6 if k.startswith("t_") else v)
+                    for k, v in o.items()} for o in result["overlap"]]
+        syncs = [{(k if k != "sync_s" else "sync_us"): (v * 1e6 if k == "sync_s" else v) for k, v in y.items()}
+                 for y in result.get("syncs", [])]
+        compute = {k: v for k, v in result["compute"].items() if k != "op_overhead_s"}
+        compute["op_overhead_us"] = {k: v * 1e6 for k, v in result["compute"]["op_overhead_s"].items()}
+        doc = {"world_size": result["world_size"], "num_nodes": result["num_nodes"], "grids": result["grids"],
+               "formulas": FORMULAS, "units": "latencies and times in us, bandwidths in GB/s (1e9 B/s), sizes in B",
+               "communicators": result.get("comms", []), "rows": rows, "overlap": overlap, "sync": syncs,
+               "compute": compute, "wrong": total_wrong(result), "avg_busbw_gbps": avg_busbw(result)}
+        if "profile" in result:
+            doc["profile"] = result["profile"]
+        return json.dumps(_finite(doc), indent=1, allow_nan=False)
     if fmt == "csv":
         import csv
         import io
@@ -587,9 +638,19 @@ def format_result(result: Dict, fmt: str) -> str:
 
 
 def missing_kinds(result: Dict) -> List[str]:
-    """Nonblocking collectives a machine profile needs that this run did not measure."""
+    """Nonblocking collectives a complete machine profile needs that this run did not measure
+    (``--ops`` a subset): the profile has no fit of them (the model takes them from the fallback)."""
     measured = {r.op for r in result["rows"]}
     return [f"i{k}" for k in COLLECTIVES if f"i{k}" not in measured]
+
+
+def profile_problem(result: Dict) -> Optional[str]:
+    """Why no machine profile can be written from ``result`` (no nonblocking collective measured), or None."""
+    if any(r.op.startswith("i") and r.p > 1 for r in result["rows"]):
+        return None
+    measured = sorted({r.op for r in result["rows"]}) or ["nothing"]
+    return (f"no machine profile written: its alpha-beta fits come from the nonblocking collectives "
+            f"(iallgather, ireduce_scatter, iallreduce) and --ops measured {', '.join(measured)}")
 
 
 def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str] = None,
@@ -600,14 +661,15 @@ def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str
         rows = [r for r in result["rows"] if r.level == level and r.op.startswith("i") and not r.inplace]
         if not rows:
             continue
-        entry: Dict = {"shared_by": int(result["ranks_per_node"]),
-                       "description": f"fitted to {len(rows)} nonblocking latencies"}
+        entry: Dict = {"shared_by": int(result["ranks_per_node"])}
         by_size: Dict[str, Dict] = {}
-        for kind in COLLECTIVES:
+        fitted = []
+        for kind in COLLECTIVES:  # only what was measured: a kind without points gets no fit
             pts = [(r.kind, r.p, r.size, r.lat_s) for r in rows if r.kind == kind]
             fit = fit_alpha_beta(pts)
             if fit is None:
-                break
+                continue
+            fitted.append(kind)
             entry[kind] = fit
             per_p = {}
             for p in sorted({pt[1] for pt in pts}):
@@ -616,19 +678,22 @@ def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str
                     per_p[str(p)] = f
             if per_p:
                 by_size[kind] = per_p
-        else:
-            if by_size:
-                entry["by_size"] = by_size
-            syncs = {}
-            for y in result.get("syncs", []):
-                if y["level"] == level:
-                    syncs.setdefault(str(y["p"]), []).append(y["sync_s"])
-            if syncs:
-                entry["sync_s"] = {p: float(np.median(v)) for p, v in syncs.items()}
-            levels[level] = entry
+        if not fitted:
+            continue
+        lacking = [k for k in COLLECTIVES if k not in fitted]
+        entry["description"] = (f"fitted to {len(rows)} nonblocking latencies"
+                                + (f"; no fit of {', '.join(lacking)} (not measured)" if lacking else ""))
+        if by_size:
+            entry["by_size"] = by_size
+        syncs = {}
+        for y in result.get("syncs", []):
+            if y["level"] == level:
+                syncs.setdefault(str(y["p"]), []).append(y["sync_s"])
+        if syncs:
+            entry["sync_s"] = {p: float(np.median(v)) for p, v in syncs.items()}
+        levels[level] = entry
     if not levels:
-        raise ConfigError("no nonblocking collective was measured: include iallgather, ireduce_scatter and "
-                          "iallreduce in --ops to write a profile")
+        raise ConfigError(profile_problem(result) or "no nonblocking collective was measured")
     c = result["compute"]
     oversub = float(np.median([c["alone"][d] / c["all"][d] for d in c["alone"]]))
     polled = [o["osu_poll"] for o in result["overlap"] if math.isfinite(o["osu_poll"])]
@@ -658,9 +723,17 @@ def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str
                         "mpi": MPI.Get_library_version().splitlines()[0].strip(),
                         "gemm_tflops_all_ranks": {d: float(v) for d, v in c["all"].items()}},
     }
+    measured = sorted({r.op for r in result["rows"]}, key=OPS.index)
+    profile["calibration"]["measured_ops"] = measured
+    missing_ops = missing_kinds(result)
+    if missing_ops:  # --ops a subset: the model takes these from the fallback profile, or refuses
+        profile["calibration"]["missing_ops"] = missing_ops
     if "inter" not in levels:
         profile["calibration"]["missing"] = ("inter: measured on one node; predictions for grids that cross "
                                              "nodes need a fallback profile or a multi-node calibration")
+    if not result["overlap"]:
+        profile["progress"]["description"] = ("not measured (--overlap-sizes 0 or no nonblocking op): 0 assumed, "
+                                              "nothing hidden")
     if fallback:
         profile["fallback"] = fallback
     return profile

@@ -12,7 +12,8 @@ A profile (YAML, validated with JSON Schema, see :data:`PROFILE_SCHEMA`) holds
   polls while the GPU computes). Without polling on a CPU nothing is hidden (docs/design.md section 3);
 - ``levels``: alpha-beta parameters per placement level, ``intra`` (the axis stays in a node)
   and ``inter`` (it crosses nodes), per collective (``allgather``, ``reduce_scatter``,
-  ``allreduce``): time of one message of ``S`` bytes on ``p`` ranks =
+  ``allreduce``; a calibration of a subset has only those, the others come from the fallback
+  profile): time of one message of ``S`` bytes on ``p`` ranks =
   ``k*(p-1)*alpha + k*(p-1)/p*S*beta`` (k = 2 for all-reduce, else 1), with ``shared_by`` = how
   many ranks of a node were communicating at once over that level when beta was measured
   (beta scales with the ranks that share the link in a run). Optional ``by_size`` holds fits per
@@ -47,7 +48,10 @@ _fit = {"type": "object", "additionalProperties": False, "required": ["alpha_s",
         "properties": {"alpha_s": _nonneg, "beta_s_per_byte": _nonneg, "points": {"type": "integer"},
                        "rms_rel_error": _nonneg}}
 _level = {
-    "type": "object", "additionalProperties": False, "required": ["shared_by", *KINDS],
+    # a calibration of a subset of the collectives (bench collectives --ops) has only their fits
+    "type": "object", "additionalProperties": False, "required": ["shared_by"],
+    "anyOf": [{"required": [k]} for k in KINDS],
+    "description": f"a level needs shared_by and the fit of at least one of {', '.join(KINDS)}",
     "properties": {
         "shared_by": {"type": "integer", "minimum": 1},
         "description": {"type": "string"},
@@ -140,7 +144,7 @@ class MachineProfile:
             return float(rates[dtype])
         raise ConfigError(f"machine profile {self.name} has no GEMM rate for {dtype} (it has "
                           f"{', '.join(rates)}): add compute.gemm_tflops.{dtype} or calibrate with "
-                          f"fourd-mpi bench collectives --dtype {dtype}")
+                          f"fourd-mpi bench collectives --dtypes {dtype}")
 
     @property
     def mem_bandwidth(self) -> float:
@@ -212,19 +216,43 @@ class MachineProfile:
         return float(table[nearest])
 
     def fit(self, level: str, op: str, p: int) -> Tuple[Fit, int]:
-        """The alpha-beta fit for ``op`` on ``p`` ranks at ``level`` and the level's ``shared_by``."""
-        _, lv = self.level(level)
+        """The alpha-beta fit for ``op`` on ``p`` ranks at ``level`` and the level's ``shared_by``.
+
+        A level calibrated without ``op`` (``bench collectives --ops`` a subset) takes the
+        fallback profile's fit of ``op`` at that level (noted), or raises saying what to do."""
+        owner, lv = self.level(level)
+        if op not in lv:
+            fb = owner.fallback
+            if fb is not None and fb.has_level(level) and op in fb.data["levels"][level]:
+                note = (f"profile {owner.name} has no {op} fit at the {level}-node level: using "
+                        f"{fb.name}'s (fallback: {fb.name})")
+                if note not in self.notes:
+                    self.notes.append(note)
+                lv = fb.data["levels"][level]
+            else:
+                have = ", ".join(k for k in KINDS if k in lv)
+                raise ConfigError(
+                    f"machine profile {owner.name} has no {op} fit at the '{level}' level (it has: {have}): "
+                    f"calibrate with fourd-mpi bench collectives --ops including i{op}, or add "
+                    f"'fallback: perlmutter' (or another built-in) to the profile")
         by_size = (lv.get("by_size") or {}).get(op) or {}
         entry = by_size.get(str(p)) or lv[op]
         return Fit(float(entry["alpha_s"]), float(entry["beta_s_per_byte"])), int(lv["shared_by"])
+
+    def missing_fits(self) -> List[str]:
+        """``level:op`` of every collective fit this profile's own levels lack."""
+        return [f"{lv}:{k}" for lv, entry in self.data["levels"].items() for k in KINDS if k not in entry]
 
     def describe(self) -> str:
         levels = ", ".join(self.data["levels"])
         rates = ", ".join(f"{k} {v:g}" for k, v in self.data["compute"]["gemm_tflops"].items())
         text = (f"machine profile {self.name} ({self.data.get('source', 'file')}): {self.ranks_per_node} ranks/node, "
                 f"levels {levels}; GEMM TFLOP/s per rank {rates}")
+        missing = self.missing_fits()
+        if missing:
+            text += f"; no fit of {', '.join(missing)}"
         if self.fallback is not None:
-            text += f"; missing levels from {self.fallback.name}"
+            text += f"; missing levels{' and fits' if missing else ''} from {self.fallback.name}"
         return text
 
 

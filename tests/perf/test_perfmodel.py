@@ -133,6 +133,25 @@ def test_profile_schema_errors_name_the_key(tmp_path):
                 dtype="float64")
 
 
+def test_profile_of_a_subset_of_the_collectives(tmp_path):
+    """A calibration of some collectives only (bench collectives --ops): the others come from the
+    fallback (noted) or the model refuses saying what to do; a level with no fit at all is refused."""
+    part = ONE_LEVEL.replace("    reduce_scatter: {alpha_s: 1.0e-6, beta_s_per_byte: 1.0e-9}\n", "")
+    prof = load_profile(_write(tmp_path, part))
+    assert prof.missing_fits() == ["intra:reduce_scatter"]
+    assert prof.fit("intra", "allreduce", 4)[0].alpha_s == 1e-6
+    with pytest.raises(ConfigError, match="no reduce_scatter fit at the 'intra' level.*--ops including ireduce_scatter"):
+        prof.fit("intra", "reduce_scatter", 4)
+    fb = load_profile(_write(tmp_path, part), fallback="laptop")
+    fit, _ = fb.fit("intra", "reduce_scatter", 4)
+    assert fit == load_profile("laptop").fit("intra", "reduce_scatter", 4)[0]
+    assert any("no reduce_scatter fit" in n and "fallback: laptop" in n for n in fb.notes)
+    empty = part.replace("    allgather: {alpha_s: 1.0e-6, beta_s_per_byte: 1.0e-9}\n", "").replace(
+        "    allreduce: {alpha_s: 1.0e-6, beta_s_per_byte: 1.0e-9}\n", "")
+    with pytest.raises(ConfigError, match=r"levels.intra: .*the fit of at least one of allgather"):
+        load_profile(_write(tmp_path, empty))
+
+
 def test_placement():
     assert axis_placement(GridShape(2, 2, 2, 2), 4) == {"x": "intra", "y": "intra", "z": "inter", "data": "inter"}
     assert axis_placement(GridShape(1, 1, 8, 1), 4) == {"x": "-", "y": "inter", "z": "-", "data": "-"}
