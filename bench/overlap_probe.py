@@ -30,7 +30,7 @@ from fourd_mpi.core.backend import make_backend
 from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.core.grid import GridShape, ProcessGrid
 from fourd_mpi.core.progress import PollProgress
-from fourd_mpi.perf.collbench import osu_overlap
+from fourd_mpi.perf.collbench import barrier_median_time, osu_overlap
 from fourd_mpi.trace.events import LANE_COMM0, Tracer
 
 SIZE = int(float(sys.argv[1])) if len(sys.argv) > 1 else 1 << 23
@@ -52,15 +52,8 @@ def gemms(n, poll=None):
             poll()
 
 
-def median_time(body, warmup=2):
-    times = []
-    for i in range(warmup + TRIALS):
-        world.Barrier()
-        t0 = time.perf_counter()
-        body()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def median_time(body):
+    return barrier_median_time(world, body, TRIALS, warmup=2)
 
 
 def exposed_ns(events):

@@ -70,8 +70,6 @@ def command_fingerprint(args) -> Dict[str, str]:
     bytes, so that a stale copy on one node is caught."""
     import hashlib
 
-    from fourd_mpi import __version__
-
     out = {"version": __version__}
     for name, value in sorted(vars(args).items()):
         if name in _NOT_OPTIONS or name.startswith("_"):

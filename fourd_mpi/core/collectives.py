@@ -45,7 +45,7 @@ from mpi4py import MPI
 from fourd_mpi.core.backend import ArrayBackend
 from fourd_mpi.core.colltable import COLLECTIVES
 from fourd_mpi.core.grid import ProcessGrid
-from fourd_mpi.trace.events import Tracer
+from fourd_mpi.trace.events import PHASES, Tracer
 
 
 @dataclass
@@ -208,7 +208,7 @@ class Collectives:
             return "a collective"
         tr = self.tracer
         layer = tr.layer_names[record.layer] if 0 < record.layer < len(tr.layer_names) else "no layer"
-        phase = ("none", "forward", "backward", "optimizer")[record.phase] if record.phase < 4 else str(record.phase)
+        phase = PHASES[record.phase] if record.phase < len(PHASES) else str(record.phase)
         return (f"{record.op} over {record.axis} ({record.nbytes} bytes), step {tr.step}, layer {layer} ({phase}), "
                 f"collective #{record.seq} of the step")
 

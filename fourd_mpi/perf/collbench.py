@@ -278,6 +278,21 @@ def _gemm_calls(n_calls: int, a, b, poll=None) -> None:
             poll()
 
 
+def barrier_median_time(comm, body, iters: int, warmup: int) -> float:
+    """Median seconds of ``body()`` over ``iters`` timed runs after ``warmup`` untimed ones, a
+    barrier on ``comm`` before each (not timed). Collective over ``comm``."""
+    from mpi4py import MPI
+
+    times = []
+    for i in range(warmup + iters):
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        body()
+        if i >= warmup:
+            times.append(MPI.Wtime() - t0)
+    return float(np.median(times))
+
+
 def _measure_overlap(comm, world, op: str, size: int, iters: int, warmup: int) -> Dict[str, float]:
     """t_pure, t_cpu, t_ovrl without and with polling, and the OSU / IMB-NBC overlap %."""
     from mpi4py import MPI
@@ -289,14 +304,7 @@ def _measure_overlap(comm, world, op: str, size: int, iters: int, warmup: int) -
     b = rng.standard_normal((128, 128)).astype(np.float32)
 
     def median_time(body):
-        times = []
-        for i in range(warmup + iters):
-            comm.Barrier()
-            t0 = MPI.Wtime()
-            body()
-            if i >= warmup:
-                times.append(MPI.Wtime() - t0)
-        return float(np.median(times))
+        return barrier_median_time(comm, body, iters, warmup)
 
     t_pure = median_time(lambda: start().Wait())
     t_gemm = median_time(lambda: _gemm_calls(4, a, b)) / 4

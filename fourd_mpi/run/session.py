@@ -117,9 +117,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     """
     rank = world.Get_rank()
     run = Run.build(world, options, trace_level=trace.level)
-    hang_note = []  # the spool, once it exists, records a hang
-    run.comm.watchdog = Watchdog(step_timeout, rank, on_hang=lambda message: [s.mark_failed(message)
-                                                                               for s in hang_note])
+    run.comm.watchdog = Watchdog(step_timeout, rank)
     start_time = now_iso()
     run_id = on_root(world, lambda: trace.run_id or new_run_id(trace.label))
     trace_path, _ = trace_paths(trace.results_dir, run_id)
@@ -129,7 +127,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     spool = None
     try:
         spool = agree(world, lambda: RankSpool(spool_dir, rank, rank_meta))
-        hang_note.append(spool)
+        run.comm.watchdog.on_hang = spool.mark_failed  # a hang from here on is recorded in the spool
     finally:
         if spool is None:  # some rank could not open its files: nothing was recorded, remove the spool
             _remove_spool_dir(world, spool_dir)

@@ -93,25 +93,29 @@ def test_polls_inside_a_gemm_are_not_compute():
     assert tr.compute_ns == (300 - 100 - 30) + (int(gelu["end_ns"] - gelu["start_ns"]) - 5)
 
 
-def accounting_events(world=2):
-    """Two steps (step 0 warm-up); per rank and step one all-reduce issued at t0+100 whose I* call
-    returns at t0+600 (500 ns inside the call), completes at t0+5100, waited 4100-5100 and polled
-    inside a GEMM (1000-4000): window 4500 ns, MPI in it 1200 ns, compute in it 3000 - 200 ns."""
+def allreduce_steps(wait, mpi, overlap, host, world=2):
+    """Two steps (step 0 warm-up) per rank: one all-reduce issued at t0+100 whose I* call returns at
+    t0+600 (500 ns inside the call) and completes at t0+5100, with the given ``wait``/``mpi``/
+    ``overlap`` accounting, and the host events ``host(t0)`` -> ``[(op, start, end, extra), ...]``."""
     events = []
     for rank in range(world):
         for step in range(2):
             t0 = 1_000_000 * (step + 1)
-            events += [
-                event(rank, step, "step", LANE_STEP, t0, t0 + 9000),
-                event(rank, step, "gemm", LANE_HOST, t0 + 1000, t0 + 4000, layer=1, phase="forward", flops=1e6,
-                      mpi=200),
-                event(rank, step, "allreduce", LANE_COMM0, t0 + 100, t0 + 5100, layer=1, phase="forward", axis="x",
-                      nbytes=4096, wire=4096, issue=t0 + 100, complete=t0 + 5100, wait=1000, call=t0 + 600,
-                      mpi=1200, overlap=2800),
-                event(rank, step, "wait", LANE_HOST, t0 + 4100, t0 + 5100, layer=1, phase="forward", axis="x",
-                      nbytes=4096),
-            ]
+            events += [event(rank, step, "step", LANE_STEP, t0, t0 + 9000),
+                       event(rank, step, "allreduce", LANE_COMM0, t0 + 100, t0 + 5100, layer=1, phase="forward",
+                             axis="x", nbytes=4096, wire=4096, issue=t0 + 100, complete=t0 + 5100, wait=wait,
+                             call=t0 + 600, mpi=mpi, overlap=overlap)]
+            events += [event(rank, step, op, LANE_HOST, a, b, layer=1, phase="forward", **extra)
+                       for op, a, b, extra in host(t0)]
     return events
+
+
+def accounting_events(world=2):
+    """Waited 4100-5100 and polled inside a GEMM (1000-4000): window 4500 ns, MPI in it 1200 ns,
+    compute in it 3000 - 200 ns."""
+    return allreduce_steps(1000, 1200, 2800, lambda t0: [
+        ("gemm", t0 + 1000, t0 + 4000, {"flops": 1e6, "mpi": 200}),
+        ("wait", t0 + 4100, t0 + 5100, {"axis": "x", "nbytes": 4096})], world)
 
 
 def test_comm_table_exact_overlap(tmp_path):
@@ -127,21 +131,10 @@ def test_comm_table_exact_overlap(tmp_path):
 
 
 def baseline_events(world=2):
-    """The same collective waited at once: issued t0+100, I* returns t0+600, waited 600-5100."""
-    events = []
-    for rank in range(world):
-        for step in range(2):
-            t0 = 1_000_000 * (step + 1)
-            events += [
-                event(rank, step, "step", LANE_STEP, t0, t0 + 9000),
-                event(rank, step, "allreduce", LANE_COMM0, t0 + 100, t0 + 5100, layer=1, phase="forward", axis="x",
-                      nbytes=4096, wire=4096, issue=t0 + 100, complete=t0 + 5100, wait=4500, call=t0 + 600,
-                      mpi=4500, overlap=0),
-                event(rank, step, "wait", LANE_HOST, t0 + 600, t0 + 5100, layer=1, phase="forward", axis="x",
-                      nbytes=4096),
-                event(rank, step, "gemm", LANE_HOST, t0 + 5200, t0 + 8200, layer=1, phase="forward", flops=1e6),
-            ]
-    return events
+    """The same collective waited at once (600-5100), then a GEMM."""
+    return allreduce_steps(4500, 4500, 0, lambda t0: [
+        ("wait", t0 + 600, t0 + 5100, {"axis": "x", "nbytes": 4096}),
+        ("gemm", t0 + 5200, t0 + 8200, {"flops": 1e6})], world)
 
 
 def test_hidden_against_a_baseline_run(tmp_path):
