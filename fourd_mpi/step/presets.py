@@ -63,6 +63,28 @@ class ModelConfig:
             return float(self.layers * (6 * tokens * (4 * h * h + 2 * h * f) + 12 * (self.batch or 0) * self.seq ** 2 * h))
         return float(self.layers * 6 * tokens * 2 * h * f)
 
+    def hardware_flops_per_step(self, recompute: str = "none") -> float:
+        """FLOPs one training step executes, counting activation recompute (whole model).
+
+        ``recompute``:
+        - ``"none"``: equal to :meth:`flops_per_step` (the ``72 B s l h^2 (1 + s/(6h))`` convention);
+        - ``"full"``: every block's forward runs twice (once more in backward), i.e. a step is 4
+          forward passes instead of 3: ``96 B s l h^2 (1 + s/(6h))``, the hardware-FLOPs convention
+          AxoNN and Megatron-LM use for "% of peak";
+        - ``"selective"``: only the attention core (scores ``Q K^T`` and context ``P V``,
+          ``4 B s^2 h`` per GPT layer) is recomputed.
+        """
+        model = self.flops_per_step()
+        if recompute == "none":
+            return model
+        if recompute == "full":
+            return model * 4.0 / 3.0
+        if recompute == "selective":
+            if self.kind != "gpt":
+                return model
+            return model + float(self.layers * 4 * (self.batch or 0) * self.seq ** 2 * self.hidden)
+        raise ValueError(f"recompute must be none, full or selective, not {recompute!r}")
+
     def as_dict(self) -> Dict:
         return asdict(self)
 
