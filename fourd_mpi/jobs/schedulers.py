@@ -51,31 +51,74 @@ class JobRequest:
                               f"is not {self.ranks} ranks")
 
 
+#: Slurm's ``--time`` forms, exactly as ``sbatch(1)`` lists them: ``minutes``, ``minutes:seconds``,
+#: ``hours:minutes:seconds``, ``days-hours``, ``days-hours:minutes``, ``days-hours:minutes:seconds``.
+#: Like Slurm (``time_str2secs`` in ``src/common/parse_time.c``) no field has an upper bound: ``90``
+#: and ``1:30:00`` are the same limit, and so are ``0-36`` and ``1-12``.
+SLURM_TIME = re.compile(r"(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+                        r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?")
+TIME_FORMS = "minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes or days-hours:minutes:seconds"
+
+
 def parse_time(value) -> int:
-    """Seconds of a time limit: minutes (int), ``MM:SS``, ``HH:MM:SS`` or ``D-HH:MM:SS`` (Slurm's forms)."""
-    if isinstance(value, str) and value.isdigit():
-        value = int(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 1:
-            raise ConfigError(f"time limit {value}: must be at least one minute")
-        return 60 * value
-    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d{1,2}):)?(\d{1,2}):(\d{2})", str(value))
+    """Seconds of a time limit written as Slurm's ``--time`` (one syntax for every scheduler).
+
+    ``M`` (an int or a string of digits) -> ``60 M``; ``M:S`` -> ``60 M + S``; ``H:M:S`` ->
+    ``3600 H + 60 M + S``; ``D-H``, ``D-H:M``, ``D-H:M:S`` -> ``86400 D + 3600 H + 60 M + S``
+    (so ``1-12:30`` is 36:30:00 and ``2-0`` is 48:00:00). Fields may exceed 59 or 23, as in Slurm.
+    Slurm's ``0``/``-1``/``INFINITE``/``UNLIMITED`` (no limit) are refused: a job script names a
+    finite limit. Slurm itself rounds seconds up to whole minutes; the directives of each scheduler
+    are written from these seconds (:func:`slurm_time`, :func:`pbs_walltime`, :func:`lsf_run_limit`,
+    :func:`sge_time`).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(f"time limit {value!r}: use {TIME_FORMS}")
+    text = str(value).strip()
+    if text.upper() in ("-1", "INFINITE", "UNLIMITED"):
+        raise ConfigError(f"time limit {value!r}: no limit is not allowed in a job script; use {TIME_FORMS}")
+    match = SLURM_TIME.fullmatch(text)
     if not match:
-        raise ConfigError(f"time limit {value!r}: use minutes, MM:SS, HH:MM:SS or D-HH:MM:SS")
-    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-    if match.group(2) is None:  # MM:SS
-        hours, minutes, seconds = 0, int(match.group(3)), int(match.group(4))
-    if minutes > 59 or seconds > 59 or (match.group(1) and hours > 23):
-        raise ConfigError(f"time limit {value!r}: minutes and seconds must be below 60")
-    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+        raise ConfigError(f"time limit {value!r}: use {TIME_FORMS}")
+    g = {k: int(v) for k, v in match.groupdict().items() if v is not None}
+    if "days" in g:
+        total = ((g["days"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
+    elif "c" in g:  # hours:minutes:seconds
+        total = (g["a"] * 60 + g["b"]) * 60 + g["c"]
+    else:  # minutes[:seconds]
+        total = g["a"] * 60 + g.get("b", 0)
     if total < 1:
-        raise ConfigError(f"time limit {value!r} is zero")
+        raise ConfigError(f"time limit {value!r} is zero (Slurm would read it as no limit); give a finite limit")
     return total
 
 
 def hms(seconds: int) -> str:
     """``HH:MM:SS`` (hours may exceed 24)."""
     return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def slurm_time(seconds: int) -> str:
+    """Slurm ``--time``: ``HH:MM:SS`` below a day, ``D-HH:MM:SS`` from one day (sbatch(1))."""
+    days, rest = divmod(seconds, 86400)
+    return (f"{days}-" if days else "") + hms(rest)
+
+
+def pbs_walltime(seconds: int) -> str:
+    """PBS Pro ``-l walltime``: a duration ``[[hours:]minutes:]seconds``; written ``HH:MM:SS``, hours
+    unbounded (pbs_resources(7B))."""
+    return hms(seconds)
+
+
+def lsf_run_limit(seconds: int) -> str:
+    """LSF ``bsub -W [hour:]minute``: whole minutes only, so the limit is rounded UP to the next minute
+    (never shorter than asked); written ``H:MM``."""
+    minutes = -(-seconds // 60)
+    return f"{minutes // 60:02d}:{minutes % 60:02d}"
+
+
+def sge_time(seconds: int) -> str:
+    """Grid Engine ``-l h_rt``: a time_specifier ``hours:minutes:seconds`` (or plain seconds), written
+    ``HH:MM:SS``, hours unbounded (sge_types(1))."""
+    return hms(seconds)
 
 
 def _run(argv: Sequence[str], cwd: Optional[str] = None) -> subprocess.CompletedProcess:
@@ -132,8 +175,7 @@ class Slurm(Scheduler):
                    "ntasks-per-node": job.ranks_per_node}
         if job.cpus_per_rank:
             options["cpus-per-task"] = job.cpus_per_rank
-        days, rest = divmod(job.time_seconds, 86400)
-        options["time"] = (f"{days}-" if days else "") + hms(rest)
+        options["time"] = slurm_time(job.time_seconds)
         options["output"] = job.log
         for key in ("account", "partition", "qos", "constraint", "reservation"):
             if getattr(job, key):
@@ -172,7 +214,7 @@ class Pbs(Scheduler):
             chunk += f":ngpus={job.gpus_per_node}" if job.gpus_per_node else ""
         lines = [f"-N {job.name}", f"-l {chunk}"]
         lines += [f"-l {k}={v}" for k, v in extra.items()]
-        lines.append(f"-l walltime={hms(job.time_seconds)}")
+        lines.append(f"-l walltime={pbs_walltime(job.time_seconds)}")
         if job.queue or job.partition:
             lines.append(f"-q {job.queue or job.partition}")
         if job.account:
@@ -200,8 +242,7 @@ class Lsf(Scheduler):
                "SSUSP": "RUNNING", "DONE": "COMPLETED", "EXIT": "FAILED", "ZOMBI": "FAILED"}
 
     def directives(self, job: JobRequest) -> List[str]:
-        minutes = -(-job.time_seconds // 60)
-        lines = [f"-J {job.name}", f"-nnodes {job.nodes}", f"-W {minutes // 60:02d}:{minutes % 60:02d}"]
+        lines = [f"-J {job.name}", f"-nnodes {job.nodes}", f"-W {lsf_run_limit(job.time_seconds)}"]
         if job.account:
             lines.append(f"{job.account_option or '-P'} {job.account}")
         if job.queue or job.partition:
@@ -234,7 +275,7 @@ class GridEngine(Scheduler):
 
     def directives(self, job: JobRequest) -> List[str]:
         lines = [f"-N {job.name}", "-S /bin/bash", "-cwd", f"-pe {job.parallel_environment} {job.ranks}",
-                 f"-l h_rt={hms(job.time_seconds)}"]
+                 f"-l h_rt={sge_time(job.time_seconds)}"]
         if job.queue or job.partition:
             lines.append(f"-q {job.queue or job.partition}")
         if job.account:

@@ -59,7 +59,7 @@ SITE_SCHEMA: Dict[str, Any] = {
         "defaults": {
             "type": "object", "additionalProperties": False,
             "properties": {"time": {"type": "string", "pattern": TIME_PATTERN,
-                                    "description": "a time limit is MM:SS, HH:MM:SS or D-HH:MM:SS"},
+                                    "description": "a time limit is minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S (Slurm's forms)"},
                            "account": _safe, "partition": _safe, "qos": _safe, "queue": _safe,
                            "constraint": _safe, "reservation": _safe},
         },

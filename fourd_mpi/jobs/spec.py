@@ -39,7 +39,8 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 #: Scheduler values (account, partition, queue, ...) go into directives unquoted.
 SAFE_VALUE_PATTERN = r"^[A-Za-z0-9_.:+@/=,-]{1,128}$"
 GRID_PATTERN = r"^[1-9][0-9]*x[1-9][0-9]*x[1-9][0-9]*x[1-9][0-9]*$"
-TIME_PATTERN = r"^([0-9]+|([0-9]+-)?([0-9]{1,2}:)?[0-9]{1,2}:[0-9]{2})$"
+# Slurm's --time forms (fourd_mpi.jobs.schedulers.parse_time): M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+TIME_PATTERN = r"^([0-9]+(:[0-9]+){0,2}|[0-9]+-[0-9]+(:[0-9]+){0,2})$"
 MODEL_FIELDS = ("layers", "hidden", "heads", "ffn_hidden", "seq", "batch")
 GROW_RULES = ("batch", "hidden", "layers")
 
@@ -97,7 +98,7 @@ SCHEMA: Dict[str, Any] = {
             "type": "object", "additionalProperties": False,
             "properties": {
                 "time": {"type": ["string", "integer"], "pattern": TIME_PATTERN, "minimum": 1,
-                         "description": "a time limit is minutes, MM:SS, HH:MM:SS or D-HH:MM:SS"},
+                         "description": "a time limit is minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S (Slurm's forms)"},
                 "ranks_per_node": _positive,
                 "account": _safe, "partition": _safe, "qos": _safe, "queue": _safe,
                 "constraint": _safe, "reservation": _safe,

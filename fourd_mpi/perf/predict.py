@@ -160,16 +160,24 @@ def term_features(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     return out
 
 
-def fit_term_weights(features: List[Dict[str, float]], measured: List[float], terms=None, iterations: int = 20000):
+def fit_term_weights(features: List[Dict[str, float]], measured: List[float], terms=None):
     """Non-negative weights ``w`` minimising the relative error of ``sum_t w_t * feature_t`` against the
-    measured step times (projected gradient descent on the scaled least-squares problem).
+    measured step times: ``min_{w >= 0} sum_i (sum_t w_t f_it / y_i - 1)^2``, solved exactly by the
+    Lawson-Hanson active-set method (``scipy.optimize.nnls``) on columns scaled to a maximum of 1.
 
-    ``terms``: the terms the fit may use (default all); the others get weight 0, except terms that
-    are zero in every row, which keep weight 1. Returns ``(weights, predicted)``."""
+    ``features``: one dict of term -> predicted seconds per measured run (n runs); ``measured``: the
+    n measured step times ``y_i``. ``terms``: the terms the fit may use (default all); the others get
+    weight 0, except terms that are zero in every row, which keep weight 1. Returns
+    ``(weights, predicted)``. Needs scipy (the ``analysis`` extra)."""
     import numpy as np
 
     from fourd_mpi.perf.machine import TERMS
 
+    try:
+        from scipy.optimize import nnls
+    except ImportError:
+        raise ConfigError("model calibrate needs scipy for its non-negative least-squares fit: "
+                          "pip install 'fourd_mpi[analysis]' (or pip install scipy)") from None
     terms = list(TERMS if terms is None else terms)
     used = [t for t in terms if any(f[t] > 0 for f in features)]
     if not used or len(features) < len(used):
@@ -178,11 +186,8 @@ def fit_term_weights(features: List[Dict[str, float]], measured: List[float], te
     y = np.asarray(measured, dtype=float)
     a = np.array([[f[t] for t in used] for f in features], dtype=float) / y[:, None]
     scale = a.max(axis=0)
-    a = a / scale  # columns of comparable size: the step below is stable
-    x = np.maximum(np.linalg.lstsq(a, np.ones(len(y)), rcond=None)[0], 0.0)
-    step = 1.0 / max(np.linalg.norm(a, 2) ** 2, 1e-300)
-    for _ in range(iterations):
-        x = np.maximum(0.0, x - step * (a.T @ (a @ x - 1.0)))
+    a = a / scale  # columns of comparable size (the solution of the unscaled problem is x / scale)
+    x, _ = nnls(a, np.ones(len(y)))
     weights = {t: (1.0 if not any(f[t] > 0 for f in features) else 0.0) for t in TERMS}
     weights.update({t: float(v / s) for t, v, s in zip(used, x, scale)})
     predicted = [sum(weights[t] * f[t] for t in TERMS) for f in features]
