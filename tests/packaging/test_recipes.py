@@ -1,0 +1,215 @@
+"""Packaging recipes and metadata (issue 18): Spack package.py, container files, CITATION.cff, LICENSE,
+CHANGELOG, the ReFrame files, and setup.py's metadata.
+
+The Spack recipe is compiled and executed against a tiny stand-in of ``spack.package`` (Spack is not
+on PyPI): its directives are recorded and compared with setup.py's requirements. CI also lints the
+Dockerfile with hadolint and validates CITATION.cff with cffconvert (packaging/ci_check.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import py_compile
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGING = REPO / "packaging"
+
+SPACK_STUB = '''
+"""Stand-in for spack.package: records the directives a package class calls."""
+CALLS = []
+
+def _directive(name):
+    def record(*args, **kwargs):
+        CALLS.append((name, args, kwargs, list(_WHEN)))
+    return record
+
+for _name in ("version", "variant", "depends_on", "conflicts", "license", "maintainers", "extends", "patch",
+              "resource", "provides", "requires"):
+    globals()[_name] = _directive(_name)
+
+_WHEN = []
+
+class when:
+    def __init__(self, spec):
+        self.spec = spec
+    def __enter__(self):
+        _WHEN.append(self.spec)
+    def __exit__(self, *exc):
+        _WHEN.pop()
+
+class _Meta(type):
+    def __new__(mcs, name, bases, ns):
+        cls = super().__new__(mcs, name, bases, ns)
+        cls.directives = list(CALLS)
+        CALLS.clear()
+        return cls
+
+class PackageBase(metaclass=_Meta):
+    pass
+
+class PythonPackage(PackageBase):
+    pass
+
+def which(*names, **kwargs):
+    raise RuntimeError("not in the stub")
+
+__all__ = [n for n in list(globals()) if not n.startswith("_")]
+'''
+
+DUMP = '''
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("fourd_spack_package", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+import spack.package as sp
+cls = mod.PyFourdMpi
+assert issubclass(cls, sp.PythonPackage)
+print(json.dumps({"name": cls.__name__, "doc": cls.__doc__, "pypi": getattr(cls, "pypi", None),
+                  "homepage": getattr(cls, "homepage", None),
+                  "methods": sorted(k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")),
+                  "directives": [[n, list(map(str, a)), {k: v if isinstance(v, (str, bool, int)) else list(v)
+                                                          for k, v in kw.items()}, w]
+                                 for n, a, kw, w in cls.directives]}))
+'''
+
+
+@pytest.fixture(scope="module")
+def spack_recipe(tmp_path_factory):
+    path = PACKAGING / "spack" / "package.py"
+    py_compile.compile(str(path), doraise=True)
+    stub = tmp_path_factory.mktemp("spackstub")
+    (stub / "spack").mkdir()
+    (stub / "spack" / "__init__.py").write_text("")
+    (stub / "spack" / "package.py").write_text(SPACK_STUB)
+    done = subprocess.run([sys.executable, "-c", DUMP, str(path)], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(stub), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _setup_requirements():
+    """install_requires and extras_require of setup.py, read from its source (no setuptools run)."""
+    text = (REPO / "setup.py").read_text()
+    install = re.search(r"install_requires=\[(.*?)\n    \]", text, re.S).group(1)
+    names = lambda block: [re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower()  # noqa: E731
+                           for r in re.findall(r'"([^"]+)"', re.sub(r"#[^\n]*", "", block))]
+    extras = {k: names(v) for k, v in re.findall(r'"([a-z0-9-]+)": \[([^\]]*)\]', text)}
+    return names(install), extras
+
+
+def test_spack_recipe_declares_variants_and_dependencies(spack_recipe):
+    d = spack_recipe["directives"]
+    variants = {a[0]: kw for n, a, kw, w in d if n == "variant"}
+    assert set(variants) == {"cuda", "analysis"} and not any(v["default"] for v in variants.values())
+    deps = {a[0].split("@")[0]: (kw.get("type"), w, kw.get("when")) for n, a, kw, w in d if n == "depends_on"}
+    for name in ("mpi", "py-mpi4py", "py-numpy", "py-h5py", "py-pyyaml", "py-jinja2", "py-jsonschema", "py-tqdm"):
+        assert name in deps and deps[name][1] == [], name  # unconditional
+    assert deps["py-setuptools"][0] == "build"
+    assert deps["py-cupy"][1] == ["+cuda"]
+    for name in ("py-pandas", "py-matplotlib", "py-scipy"):
+        assert deps[name][1] == ["+analysis"], name
+    assert ["license", ["BSD-3-Clause"], {}, []] in d
+    assert "test_version" in spack_recipe["methods"] and "setup_run_environment" in spack_recipe["methods"]
+
+
+def test_spack_recipe_matches_setup_py(spack_recipe):
+    """Every run requirement of setup.py (and of the gpu/analysis extras) has its Spack package,
+    and the recipe's version is the package's."""
+    import fourd_mpi
+
+    deps = {a[0].split("@")[0] for n, a, kw, w in spack_recipe["directives"] if n == "depends_on"}
+    install, extras = _setup_requirements()
+    spack_name = {"cupy-cuda12x": "py-cupy"}
+    for req in install + extras["analysis"] + extras["gpu"]:
+        assert spack_name.get(req, "py-" + req) in deps, req
+    versions = [a[0] for n, a, kw, w in spack_recipe["directives"] if n == "version"]
+    assert versions == [fourd_mpi.__version__]
+    assert spack_recipe["pypi"] == f"fourd_mpi/fourd_mpi-{fourd_mpi.__version__}.tar.gz"
+
+
+def _stanzas(text):
+    return set(re.findall(r"^%(\w+)", text, re.M))
+
+
+def test_apptainer_definition_has_the_required_sections():
+    text = (PACKAGING / "container" / "fourd_mpi.def").read_text()
+    header = dict(re.findall(r"^(Bootstrap|From):\s*(\S+)", text, re.M))
+    assert header == {"Bootstrap": "docker", "From": "ubuntu:24.04"}
+    assert {"help", "labels", "files", "post", "environment", "runscript", "test"} <= _stanzas(text)
+    post = re.search(r"^%post\n(.*?)(?=^%)", text, re.M | re.S).group(1)
+    assert re.search(r"apt-get install .*\bmpich\b.*\blibmpich-dev\b", post)  # the MPICH ABI
+    assert "--no-binary=mpi4py" in post and "MPICC=mpicc" in post  # mpi4py against that MPICH
+    files = re.search(r"^%files\n(.*?)(?=^%)", text, re.M | re.S).group(1).split()
+    for name in ("setup.py", "pyproject.toml", "fourd_mpi", "LICENSE"):
+        assert name in files[::2] and (REPO / name).exists()
+
+
+def test_dockerfile_matches_the_apptainer_definition():
+    text = (PACKAGING / "container" / "Dockerfile").read_text()
+    assert re.search(r"^ARG BASE_IMAGE=ubuntu:24.04$", text, re.M) and re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
+    assert re.search(r"apt-get install .*\n?.*\bmpich libmpich-dev\b", text)
+    assert "MPICC=mpicc pip install --no-cache-dir --no-binary=mpi4py" in text
+    assert re.search(r"^CMD \[\"fourd-mpi\", \"--help\"\]$", text, re.M)
+    for src in re.findall(r"^COPY (.+) /opt/fourd_mpi-src/", text, re.M):
+        for name in src.split():
+            assert (REPO / name).exists(), name
+    readme = (PACKAGING / "container" / "README.md").read_text()
+    assert "lib-abi-mpich" in readme and "--bind" in readme and "APPTAINERENV_LD_LIBRARY_PATH" in readme
+
+
+def test_citation_cff_has_the_required_keys():
+    """CFF 1.2.0's required keys and the AxoNN paper under references (CI also runs cffconvert --validate)."""
+    import fourd_mpi
+
+    cff = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    assert cff["cff-version"] == "1.2.0"
+    assert {"cff-version", "message", "title", "authors"} <= set(cff)
+    assert cff["version"] == fourd_mpi.__version__ and cff["license"] == "BSD-3-Clause"
+    (paper,) = cff["references"]
+    assert paper["title"] == "A 4D Hybrid Algorithm to Scale Parallel Training to Thousands of GPUs"
+    assert [a["family-names"] for a in paper["authors"]] == ["Singh", "Singhania", "Ranjan", "Sating", "Bhatele"]
+    assert paper["identifiers"][0]["value"] == "arXiv:2305.13525"
+    for ref in [cff] + cff["references"]:
+        assert all(("name" in a) or ("family-names" in a) for a in ref["authors"])
+
+
+def test_license_changelog_and_setup_metadata():
+    import fourd_mpi
+
+    assert (REPO / "LICENSE").read_text().startswith("BSD 3-Clause License\n\nCopyright (c) 2026, the fourd_mpi developers")
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    assert "## [Unreleased]" in changelog and re.search(r"^## \[0\.1\.0\] - \d{4}-\d\d-\d\d$", changelog, re.M)
+    setup = (REPO / "setup.py").read_text()
+    assert 'license_expression="BSD-3-Clause"' in setup and 'python_requires=">=3.9"' in setup
+    assert "project_urls=" in setup and "fourd_mpi\" / \"__init__.py\"" in setup  # version read from the package
+    assert re.search(r'^__version__ = "' + re.escape(fourd_mpi.__version__) + '"$',
+                     (REPO / "fourd_mpi" / "__init__.py").read_text(), re.M)
+
+
+def test_reframe_files_compile_and_name_the_figures_of_merit():
+    check = PACKAGING / "reframe" / "fourd_mpi_check.py"
+    for path in (check, PACKAGING / "reframe" / "config_local.py"):
+        py_compile.compile(str(path), doraise=True)
+    text = check.read_text()
+    for fom in ("step_time", "tflops_per_rank", "percent_of_peak", "exposed_comm_share"):
+        assert f"def {fom}(self)" in text and f'"{fom}": (' in text
+    # the patterns read the summary lines exactly as fourd_mpi prints them
+    from fourd_mpi.trace.summary import Summary
+
+    fields = {k: 0.0 for k in Summary.__dataclass_fields__}
+    fields.update(median_s=0.03514, min_s=0.03, q1_s=0.033, q3_s=0.036, max_s=0.04, steps=9, compute_share=0.065,
+                  wait_share=0.815, other_share=0.12, model_tflops_per_rank=0.28e-3, peak_tflops=21.735e-3,
+                  peak_source="measured standalone GEMM", tokens_per_s=3642.0, data_prep_s=None, harness_share=0.0)
+    lines = "\n".join(Summary(**fields).lines())
+    float_re = re.search(r'^FLOAT = r"(.+)"$', text, re.M).group(1)
+    assert float(re.search(rf"^step time: median ({float_re}) s over", lines, re.M).group(1)) == 0.03514
+    assert float(re.search(rf"^model FLOP/s per rank: ({float_re}) GFLOP/s", lines, re.M).group(1)) == 0.28
+    assert float(re.search(rf"GFLOP/s = ({float_re})% of", lines, re.M).group(1)) == 1.3
+    assert float(re.search(rf"exposed communication ({float_re})%", lines, re.M).group(1)) == 81.5
