@@ -30,7 +30,7 @@ WHEEL=$(ls "$WORK"/dist/fourd_mpi-*.whl)
 
 step "fresh venv: the wheel with the mpich extra"
 python3 -m venv "$WORK/venv"
-"$WORK/venv/bin/pip" install -q "$WHEEL[mpich]"
+"$WORK/venv/bin/pip" install -q "${WHEEL}[mpich]"
 cd "$WORK/run"   # away from the source tree: everything below comes from the wheel
 VERSION=$(python3 -c "import re; print(re.search(r'__version__ = \"([^\"]+)\"', open('$REPO/fourd_mpi/__init__.py').read()).group(1))")
 test "$("$WORK/venv/bin/fourd-mpi" --version)" = "fourd-mpi $VERSION"
