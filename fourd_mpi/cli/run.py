@@ -86,7 +86,8 @@ def _header(world, run) -> None:
                f"({cfg.parameter_count() / 1e6:.2f} M parameters)")
     overlap = run.trainer.overlap
     say(world, f"backend {run.backend.describe()}, optimizer {run.options.optimizer}, "
-               f"weights {'cached' if overlap.cache else 're-gathered'} for backward")
+               f"weights {'cached' if overlap.cache else 're-gathered'} for backward, "
+               f"activation recompute {run.options.recompute}")
     if run.gpu_awareness is not None:
         say(world, f"GPU-aware MPI: {run.gpu_awareness.library}: {run.gpu_awareness.reason}")
         smoke = run.gpu_awareness.smoke_test

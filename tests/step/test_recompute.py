@@ -107,3 +107,27 @@ def test_traced_recompute_phase_flops_gathers_and_memory(run_mpi, tmp_path):
     wide = breakdown_wide(breakdown(traces["full"])).iloc[0]
     assert 0 < wide["recompute_%"] < 100
     assert breakdown_wide(breakdown(traces["none"])).iloc[0]["recompute_%"] == 0
+
+
+def test_summary_reports_both_flop_rates_with_formulas():
+    """Known answer: 2 ranks, every step's slowest rank takes 1 s, 4e12 model FLOPs per step and 4/3 of
+    that executed (full recompute): 2 and 2.667 TFLOP/s per rank, 20 % and 26.7 % of a 10 TFLOP/s peak."""
+    from fourd_mpi.trace.events import RANK_STEP_DTYPE
+    from fourd_mpi.trace.summary import summarize
+
+    rows = np.zeros(6, dtype=RANK_STEP_DTYPE)
+    rows["rank"] = [0, 1] * 3
+    rows["step"] = [0, 0, 1, 1, 2, 2]
+    rows["end_ns"] = [10 ** 9, 5 * 10 ** 8] * 3
+    cfg = PRESETS["gpt-tiny"]
+    s = summarize(rows, 2, 4e12, 128, 10.0, "--peak-tflops", hardware_flops_per_step=4e12 * 4 / 3,
+                  recompute="full", formulas=(cfg.flops_formula(), cfg.hardware_flops_formula("full")))
+    assert s.model_tflops_per_rank == pytest.approx(2.0) and s.hardware_tflops_per_rank == pytest.approx(8 / 3)
+    assert s.percent_of_peak == pytest.approx(20.0) and s.hardware_percent_of_peak == pytest.approx(80 / 3)
+    model, hardware = [line for line in s.lines() if "FLOP/s per rank" in line]
+    assert model.startswith("model FLOP/s per rank: 2000.000 GFLOP/s = 20.0%") and "72 B s l h^2 (1 + s/6h)" in model
+    assert hardware.startswith("hardware FLOP/s per rank: 2666.667 GFLOP/s = 26.7%")
+    assert "recompute full" in hardware and "96 B s l h^2 (1 + s/6h)" in hardware
+    old = summarize(rows, 2, 4e12, 128, 10.0, "--peak-tflops")  # traces before schema 5: one line, as before
+    assert [line for line in old.lines() if "FLOP/s" in line] == [
+        "model FLOP/s per rank: 2000.000 GFLOP/s = 20.0% of 10000.000 GFLOP/s (--peak-tflops)"]
