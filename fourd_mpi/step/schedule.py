@@ -5,8 +5,9 @@ demand, prefetched ``prefetch_depth`` layers ahead (OAG), or from the forward
 cache. With full activation recompute the backward pass needs every block's
 weights first for the block's recompute forward: they are gathered then (phase
 ``recompute``; or taken from the forward cache) and kept until the block's own
-backward GEMMs have used them, so recompute adds no weight all-gather. :class:`GradientSync` takes each gradient's first collective (the
-reduce-scatter over Z of FC weights, the all-reduce over Z of LayerNorm
+backward GEMMs have used them (at most one block's weights), so recompute adds
+no weight all-gather. :class:`GradientSync` takes each gradient's first
+collective (the reduce-scatter over Z of FC weights, the all-reduce over Z of LayerNorm
 parameters), keeps it in flight (ORS) or waits at once, and then all-reduces
 the shard over data, as soon as it is ready (DP) or before the optimizer.
 
