@@ -264,16 +264,20 @@ def _complete_event_names(trace, events: np.ndarray) -> List[str]:
 
 
 def _phase_events(trace, events: np.ndarray) -> List[Dict]:
-    """Per rank and step, one X event per phase on the ``phase`` thread: from the first to the last
-    layer-lane event of that phase ("step 5 forward"); phases without layer spans are left out."""
+    """Per rank and step, one X event per run of consecutive layer-lane events of one phase on the
+    ``phase`` thread, from its first to its last event ("step 5 forward"); phases without layer spans
+    are left out. A phase is one run unless it is interleaved with another: with activation recompute
+    each block's ``recompute`` run sits between two ``backward`` runs (X events must not overlap)."""
     layer = events[events["lane"] == LANE_LAYER]
     if not len(layer):
         return []
     phases = trace.vocab["phases"]
     out = []
+    layer = layer[np.lexsort((layer["start_ns"], layer["step"], layer["rank"]))]
     key = (layer["rank"].astype(np.int64) * (1 << 32) + layer["step"].astype(np.int64)) * 16 + layer["phase"]
-    for k in np.unique(key).tolist():
-        sel = layer[key == k]
+    starts = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+    for first, stop in zip(starts.tolist(), np.append(starts[1:], len(layer)).tolist()):
+        sel = layer[first:stop]
         rank, step, phase = int(sel["rank"][0]), int(sel["step"][0]), int(sel["phase"][0])
         t0, t1 = int(sel["start_ns"].min()), int(sel["end_ns"].max())
         out.append({"ph": "X", "name": f"step {step} {phases[phase]}", "cat": "phase", "pid": perfetto_ids(rank),

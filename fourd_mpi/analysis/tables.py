@@ -52,6 +52,7 @@ RUN_COLUMNS = [
     "progress", "level", "steps", "step_median_s", "step_min_s", "step_max_s", "step_q1_s", "step_q3_s",
     "compute_share", "wait_share", "harness_share", "other_share", "tflops_per_rank", "peak_tflops",
     "percent_of_peak", "tokens_per_s", "imbalance", "tokens_per_step", "model_flops_per_step", "config_key",
+    "recompute", "hardware_flops_per_step", "hardware_tflops_per_rank", "hardware_percent_of_peak",
 ]
 BREAKDOWN_COLUMNS = ["run_id", "phase", "category", "axis", "seconds_per_step", "share", "step_s", "step_q1_s",
                      "step_q3_s"]
@@ -72,11 +73,15 @@ COMPARE_COLUMNS = [
     "tflops_per_rank", "percent_of_peak", "vs_best",
 ]
 FORMATS = ("table", "csv", "json", "markdown")
+#: the breakdown's recompute column
+RECOMPUTE_SHARE_FORMULA = ("recompute_% = 100 * sum of the shares of phase recompute (compute and exposed "
+                           "communication of the forward work recompute repeats in backward; already counted in "
+                           "the category columns)")
 
 #: the runs table's columns on a terminal (csv and json keep all)
 RUNS_SHOWN = ["run_id", "grid", "world_size", "overlap", "progress", "steps", "step_median_s", "step_q1_s",
-              "step_q3_s", "compute_share", "wait_share", "harness_share", "other_share", "tflops_per_rank",
-              "percent_of_peak", "tokens_per_s", "imbalance"]
+              "step_q3_s", "compute_share", "wait_share", "harness_share", "other_share", "recompute",
+              "tflops_per_rank", "percent_of_peak", "hardware_tflops_per_rank", "hardware_percent_of_peak", "tokens_per_s", "imbalance"]
 
 OVERLAP_FORMULA = ("overlap_pct = 100 * sum(overlap_ns) / sum(complete_ns - call_ns)  [in flight: from the "
                    "return of the MPI_I* call to its first observed completion; overlap_ns: host compute (GEMMs, "
@@ -246,6 +251,8 @@ def run_row(trace: Trace) -> Dict:
     grid = _grid(trace)
     world = int(meta.get("world_size", trace.world_size) or trace.world_size)
     flops = float(meta.get("model_flops_per_step", float("nan")))
+    recompute = str(meta.get("recompute") or "none")  # traces before schema 5 recomputed nothing
+    hardware = float(meta.get("hardware_flops_per_step", flops))
     tokens = meta.get("tokens_per_step")
     tokens = int(tokens) if tokens is not None else 0
     stored = meta.get("summary") if isinstance(meta.get("summary"), dict) else {}
@@ -267,7 +274,8 @@ def run_row(trace: Trace) -> Dict:
                step_q1_s=nan, step_q3_s=nan, compute_share=nan, wait_share=nan, harness_share=nan, other_share=nan,
                tflops_per_rank=nan, peak_tflops=peak, percent_of_peak=nan, tokens_per_s=nan, imbalance=nan,
                tokens_per_step=tokens, model_flops_per_step=flops,
-               config_key=config_key(model, overlap, progress, label))
+               config_key=config_key(model, overlap, progress, label), recompute=recompute,
+               hardware_flops_per_step=hardware, hardware_tflops_per_rank=nan, hardware_percent_of_peak=nan)
     if len(trace.rank_steps):
         harness = harness_ns(trace)
         s = summarize(trace.rank_steps, world, flops, tokens, peak, "", harness=harness)
@@ -278,6 +286,9 @@ def run_row(trace: Trace) -> Dict:
                    percent_of_peak=(100.0 * s.model_tflops_per_rank / peak
                                     if math.isfinite(peak) and peak > 0 else nan),
                    tokens_per_s=s.tokens_per_s, imbalance=_imbalance(trace.rank_steps, harness))
+        row["hardware_tflops_per_rank"] = hardware / world / s.median_s / 1e12 if s.median_s > 0 else nan
+        row["hardware_percent_of_peak"] = (100.0 * row["hardware_tflops_per_rank"] / peak
+                                           if math.isfinite(peak) and peak > 0 else nan)
         if trace.schema_version <= 2 and row["level"] != "op":  # data made in the steps, not told apart
             row["harness_share"] = nan
     return row
@@ -295,7 +306,12 @@ def runs_table(traces: Sequence[Trace]) -> pd.DataFrame:
     / sum of the step spans; ``harness_share`` the same for harness work inside the steps (the
     ``data`` ops of schema <= 2 op-level traces; NaN for schema <= 2 traces below level op, whose
     ``compute_ns`` holds it and cannot tell it apart; 0 otherwise), ``other_share`` = max(0, 1 - all
-    three); ``tflops_per_rank`` = model FLOPs per step / world size / median step time;
+    three); ``tflops_per_rank`` = model FLOPs per step / world size / median step time
+    (:data:`~fourd_mpi.trace.summary.MODEL_FLOPS_FORMULA`: the 72 convention, whatever is recomputed);
+    ``hardware_tflops_per_rank`` the same with the FLOPs the step executes, recompute included
+    (:data:`~fourd_mpi.trace.summary.HARDWARE_FLOPS_FORMULA`; metadata ``hardware_flops_per_step``, equal to
+    the model FLOPs for traces before schema 5, which recomputed nothing), ``hardware_percent_of_peak`` its
+    share of ``peak_tflops``; ``recompute`` the run's ``--recompute`` (``none`` before schema 5);
     ``tokens_per_s`` = tokens per step / median step time.
 
     - ``steps``: number of measured steps.
@@ -437,8 +453,10 @@ def breakdown(trace: Trace) -> pd.DataFrame:
 
 def breakdown_wide(long: pd.DataFrame) -> pd.DataFrame:
     """One row per run: ``step_s`` (the run's median step time, :func:`breakdown`) and the share (%)
-    of each category, summed over phases; exposed communication as ``comm_<axis>``. For terminals;
-    :func:`breakdown` is the long form."""
+    of each category, summed over phases; exposed communication as ``comm_<axis>``; ``recompute_%``
+    (:data:`RECOMPUTE_SHARE_FORMULA`): the part of those shares spent in phase ``recompute`` (the
+    forward work that activation recompute repeats in the backward pass; 0 without recompute). For
+    terminals; :func:`breakdown` is the long form."""
     if not len(long):
         return pd.DataFrame(columns=["run_id", "step_s"])
     key = np.where(long["category"] == "exposed_comm", "comm_" + long["axis"].astype(str), long["category"])
@@ -451,6 +469,8 @@ def breakdown_wide(long: pd.DataFrame) -> pd.DataFrame:
     step = long.groupby("run_id", sort=False)["step_s"].first()
     wide = table[order].rename(columns=lambda c: f"{c}_%")
     wide.insert(0, "step_s", step.reindex(wide.index))
+    recompute = long[long["phase"].astype(str) == "recompute"].groupby("run_id", sort=False)["share"].sum() * 100
+    wide["recompute_%"] = recompute.reindex(wide.index).fillna(0.0)  # a part of the columns before it
     return wide.reset_index()
 
 

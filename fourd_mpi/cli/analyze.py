@@ -129,10 +129,14 @@ def cmd_analyze(args, world=None) -> int:
 
 
 def _render_sections(sections, fmt: str) -> str:
-    from fourd_mpi.analysis.tables import COMM_FORMULAS, SHARE_FORMULA, STEP_FORMULA, format_table
+    from fourd_mpi.analysis.tables import (COMM_FORMULAS, RECOMPUTE_SHARE_FORMULA, SHARE_FORMULA, STEP_FORMULA,
+                                           format_table)
+    from fourd_mpi.trace.summary import HARDWARE_FLOPS_FORMULA, MODEL_FLOPS_FORMULA
 
-    notes = {"runs": {"step_median_s": STEP_FORMULA, "*_share": SHARE_FORMULA},
-             "breakdown": {"step_s": STEP_FORMULA, "*_%": "100 * " + SHARE_FORMULA},
+    notes = {"runs": {"step_median_s": STEP_FORMULA, "*_share": SHARE_FORMULA,
+                      "tflops_per_rank": MODEL_FLOPS_FORMULA, "hardware_tflops_per_rank": HARDWARE_FLOPS_FORMULA},
+             "breakdown": {"step_s": STEP_FORMULA, "*_%": "100 * " + SHARE_FORMULA,
+                           "recompute_%": RECOMPUTE_SHARE_FORMULA},
              "comm": COMM_FORMULAS}
 
     if fmt == "json":

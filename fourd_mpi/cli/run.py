@@ -40,9 +40,11 @@ def register(sub) -> None:
     run.set_defaults(handler=cmd_run, serial=False)
 
     ver = sub.add_parser("verify", help="compare the distributed step with the serial reference")
-    add_options(ver, STEP_GROUPS, names=("steps",), many=("overlap", "progress"),
+    add_options(ver, STEP_GROUPS, names=("steps",), many=("overlap", "progress", "recompute"),
                 overlap={"help": "as in run; repeatable: each is checked (default none)"},
                 progress={"help": "as in run; repeatable: each is checked (default poll)"},
+                recompute={"help": "as in run; repeatable: each is checked against the reference without "
+                                   "recompute (default none)"},
                 steps={"default": 5, "help": "training steps whose losses are compared (default 5)"})
     ver.add_argument("--grid", action="append", default=[], metavar="DxZxYxX",
                      help="grid to check (repeatable), e.g. 1x2x2x2")
@@ -65,7 +67,7 @@ def register(sub) -> None:
 def run_options(args, world_size: int) -> RunOptions:
     """The resolved options of a parsed command line (verify: the first overlap and progress)."""
     values = dict(vars(args))
-    for key, default in (("overlap", "none"), ("progress", "poll")):
+    for key, default in (("overlap", "none"), ("progress", "poll"), ("recompute", "none")):
         if isinstance(values.get(key), list):  # verify's repeatable options: each variant is checked later
             values[key] = values[key][0]
         elif values.get(key) is None:
@@ -84,7 +86,8 @@ def _header(world, run) -> None:
                f"({cfg.parameter_count() / 1e6:.2f} M parameters)")
     overlap = run.trainer.overlap
     say(world, f"backend {run.backend.describe()}, optimizer {run.options.optimizer}, "
-               f"weights {'cached' if overlap.cache else 're-gathered'} for backward")
+               f"weights {'cached' if overlap.cache else 're-gathered'} for backward, "
+               f"activation recompute {run.options.recompute}")
     if run.gpu_awareness is not None:
         say(world, f"GPU-aware MPI: {run.gpu_awareness.library}: {run.gpu_awareness.reason}")
         smoke = run.gpu_awareness.smoke_test
@@ -148,7 +151,8 @@ def cmd_verify(args, world) -> int:
         if problems:
             raise ConfigError(f"model {options.model.name} on grid {g} (G_data x G_z x G_y x G_x): "
                               + "; ".join(problems))
-    variants = [replace(options, overlap=o, progress=p)
+    variants = [replace(options, overlap=o, progress=p, recompute=r)
+                for r in (args.recompute or ["none"])
                 for o in (args.overlap or ["none"]) for p in (args.progress or ["poll"])]
     for v in variants:
         v.overlap_config()
@@ -160,10 +164,11 @@ def cmd_verify(args, world) -> int:
     print(f"verify {options.model.name} ({options.dtype}{', tf32' if options.tf32 else ''}) on {size} ranks "
           f"against one rank{reference}, "
           f"{args.steps} training steps; relative error ||a-b||/||b||, tolerance {results[0].tolerance:g}")
-    print(f"{'grid (DxZxYxX)':>15} {'overlap':<22} {'progress':<8} {'output':>10} {'worst grad':>10} "
-          f"{'(tensor)':<18} {'losses':>10}  result")
+    print(f"{'grid (DxZxYxX)':>15} {'overlap':<22} {'progress':<8} {'recompute':<9} {'output':>10} "
+          f"{'worst grad':>10} {'(tensor)':<18} {'losses':>10}  result")
     for r in results:
-        print(f"{r.grid:>15} {r.overlap:<22} {r.progress:<8} {r.output_error:>10.2e} {r.grad_error:>10.2e} "
+        print(f"{r.grid:>15} {r.overlap:<22} {r.progress:<8} {r.recompute:<9} {r.output_error:>10.2e} "
+              f"{r.grad_error:>10.2e} "
               f"{r.worst_grad:<18} {r.loss_error:>10.2e}  {'ok' if r.ok else 'FAIL'}")
     for g, why in skipped:
         print(f"{str(g):>15} skipped: {why}")

@@ -93,4 +93,6 @@ def _recovered_summary(spool_dir: str):
         flops, tokens, world = meta["model_flops_per_step"], meta["tokens_per_step"], meta["world_size"]
     except (OSError, ValueError, KeyError):
         return None  # recover() reports what is wrong with the directory
-    return lambda rank_steps: summarize(rank_steps, world, flops, tokens, float("nan"), "not recorded")
+    hardware = meta.get("hardware_flops_per_step")  # schema >= 5
+    return lambda rank_steps: summarize(rank_steps, world, flops, tokens, float("nan"), "not recorded",
+                                        hardware_flops_per_step=hardware, recompute=meta.get("recompute"))

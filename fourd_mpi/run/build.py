@@ -150,7 +150,8 @@ class Run:
                              batches=min(options.data_batches, options.steps))
         data_prep = grid.cart.allreduce(data.prep_seconds, op=MPI.MAX)
         optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr, empty=backend.empty)
-        trainer = Trainer(model, data, comm, optimizer, overlap=options.overlap_config())
+        trainer = Trainer(model, data, comm, optimizer, overlap=options.overlap_config(),
+                          recompute=options.recompute)
         return cls(options, grid, backend, comm, model, data, trainer, counter, clock, awareness, buffers, data_prep,
                    clock_start=clock_start)
 

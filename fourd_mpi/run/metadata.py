@@ -75,6 +75,8 @@ def run_metadata(run, run_id: str, config: Dict, level: str, start_time: str) ->
         "command": sys.argv, "launch_host": socket.gethostname(),
         "layers": run.comm.tracer.layer_names, "warmup_steps": run.options.warmup,
         "model_flops_per_step": run.options.model.flops_per_step(), "tokens_per_step": run.options.model.tokens,
+        "recompute": run.options.recompute,
+        "hardware_flops_per_step": run.options.model.hardware_flops_per_step(run.options.recompute),
         "data": {"where": "prepared before the first step (not in any step)", "batches": run.data.batches,
                  "bytes_per_rank": run.data.nbytes, "prep_seconds_max": run.data_prep_seconds},
     }

@@ -29,7 +29,7 @@ from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.display import DISPLAYS
 from fourd_mpi.step.optim import OPTIMIZERS
 from fourd_mpi.step.overlap import OverlapConfig
-from fourd_mpi.step.presets import PRESETS, ModelConfig, resolve_model, validate_model
+from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model, validate_model
 from fourd_mpi.trace.events import LEVELS
 from fourd_mpi.util.values import integer, nonnegative_int, number, positive_float, positive_int
 
@@ -129,6 +129,10 @@ RUN_OPTIONS: Tuple[Option, ...] = (
     Option("cache-weights", "overlap", flag=True, default=False,
            help="keep weights gathered in forward for backward (memory for communication); "
                 "same as adding 'cache' to --overlap"),
+    Option("recompute", "overlap", str, "none", RECOMPUTE_MODES,
+           help="activation recompute (memory for compute): none (default); selective = drop the attention "
+                "core (scores, probabilities, context) and recompute it in backward; full = keep only each "
+                "block's input and run the block's forward again at the start of its backward"),
     Option("prefetch-depth", "overlap", positive_int, 1, metavar=_N,
            help="oag: how many layers ahead weight all-gathers are issued (default 1)"),
     Option("chunks", "overlap", positive_int, 2, metavar="K", help="od: token chunks of the forward all-reduce "
@@ -214,6 +218,8 @@ class RunOptions:
     progress: str = "poll"
     poll_flops: float = 1e7
     check_buffers: bool = False
+    #: activation recompute: none, selective, full (:data:`~fourd_mpi.step.presets.RECOMPUTE_MODES`)
+    recompute: str = "none"
 
     def overlap_config(self) -> OverlapConfig:
         text = self.overlap + (",cache" if self.cache_weights else "")
@@ -259,6 +265,8 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
     if options.get("progress", "poll") not in PROGRESS_STRATEGIES:
         raise ConfigError(f"unknown progress strategy {options['progress']!r}: "
                           f"choose one of {', '.join(PROGRESS_STRATEGIES)}")
+    if options.get("recompute", "none") not in RECOMPUTE_MODES:
+        raise ConfigError(f"unknown recompute mode {options['recompute']!r}: choose one of {', '.join(RECOMPUTE_MODES)}")
     if options.get("poll_flops", 1) <= 0:
         raise ConfigError(f"--poll-flops must be positive, got {options['poll_flops']}")
     run_options = RunOptions(model=model, grid=shape, **options)

@@ -158,12 +158,25 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
             spool.mark_failed(f"{type(exc).__name__}: {exc}")
         raise
     all_steps = world.gather(_spooled_steps(spool), root=0)
+    held = world.gather((result.saved_activation_bytes, result.peak_activation_bytes), root=0)
     summary = None
     if rank == 0:
-        summary = summarize(np.concatenate(all_steps), world.Get_size(), options.model.flops_per_step(),
-                            options.model.tokens, peak, source, data_prep_s=run.data_prep_seconds,
-                            data_batches=run.data.batches)
+        cfg = options.model
+        activations = {"recompute": options.recompute, "saved_bytes_max": max(s for s, _ in held),
+                       "saved_bytes_min": min(s for s, _ in held), "peak_bytes_max": max(p for _, p in held),
+                       "saved_bytes_by_rank": [s for s, _ in held],
+                       "measured": "bytes of the distinct arrays (views counted once) the last step kept from the "
+                                   "end of the forward pass for the backward pass; peak: the most held at once "
+                                   "during the backward pass (blocks not yet back-propagated + the rebuilt one)"}
+        summary = summarize(np.concatenate(all_steps), world.Get_size(), cfg.flops_per_step(),
+                            cfg.tokens, peak, source, data_prep_s=run.data_prep_seconds,
+                            data_batches=run.data.batches,
+                            hardware_flops_per_step=cfg.hardware_flops_per_step(options.recompute),
+                            recompute=options.recompute,
+                            formulas=(cfg.flops_formula(), cfg.hardware_flops_formula(options.recompute)),
+                            activations=activations)
         metadata["summary"] = summary.as_dict()
+        metadata["activations"] = activations
         metadata["array_pool"] = run.backend.pool_stats()  # rank 0's, after the last step
     drift = end_alignment(run, rank_meta)
     path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, trace.force,

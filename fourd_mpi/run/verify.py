@@ -1,7 +1,8 @@
 """Check a distributed run against the serial single-rank reference.
 
 The same model (same seed, same global tensors) runs on the 4D grid and on one
-rank with grid 1x1x1x1. Rank 0 assembles the distributed forward output and
+rank with grid 1x1x1x1. The reference is blocking and recomputes nothing; every
+variant (overlap, progress, activation recompute) is checked against it. Rank 0 assembles the distributed forward output and
 every gradient from the pieces of all ranks and compares them with the
 reference, then both train for a few steps and the losses are compared.
 
@@ -81,6 +82,7 @@ class GridCheck:
     worst_grad: str
     loss_error: float
     tolerance: float
+    recompute: str = "none"
 
     @property
     def ok(self) -> bool:
@@ -113,18 +115,19 @@ def check_grid(options: RunOptions, reference, steps: int, world) -> Optional[Gr
     loss_error = float(np.max(np.abs(got_losses - ref_losses) / np.abs(ref_losses)))
     overlap = ",".join(options.overlap_config().enabled) or "none"
     return GridCheck(str(options.grid), overlap, options.progress, errors["output"], grads[worst], worst[5:],
-                     loss_error, tolerance(options))
+                     loss_error, tolerance(options), options.recompute)
 
 
 def verify(variants: List[RunOptions], grids: List[GridShape], steps: int, world,
            reference_backend: Optional[str] = None) -> List[GridCheck]:
     """Check every grid in ``grids`` (each must factor ``world``) with every variant's
-    overlap and progress options against one blocking single-rank reference. Results on rank 0.
+    overlap, progress and recompute options against one blocking single-rank reference without
+    recompute. Results on rank 0.
 
     ``reference_backend``: compute the reference on this backend (``"numpy"``: the CuPy
     step against the NumPy one; TF32 is then off in the reference); None: the variants' own.
     """
-    blocking = replace(variants[0], overlap="none", cache_weights=False, progress="none")
+    blocking = replace(variants[0], overlap="none", cache_weights=False, progress="none", recompute="none")
     if reference_backend is not None:
         blocking = replace(blocking, backend=reference_backend, device_buffers="auto",
                            tf32=blocking.tf32 and reference_backend != "numpy")

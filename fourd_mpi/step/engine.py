@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from fourd_mpi.core.collectives import Collectives
-from fourd_mpi.step.model import Model, SyntheticData, mse_loss
+from fourd_mpi.step.model import Model, SyntheticData, held_bytes, mse_loss
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.schedule import GradientSync, StepContext, WeightFetcher
 
@@ -37,6 +37,10 @@ class StepResult:
     wait_ns: int = 0
     #: this rank's time inside MPI calls (issues, tests, waits) during the step
     mpi_ns: int = 0
+    #: bytes of activations this rank kept from the end of the forward pass for the backward pass, and
+    #: the most held at once during the backward pass (recompute rebuilds a block's): measured from the arrays
+    saved_activation_bytes: int = 0
+    peak_activation_bytes: int = 0
 
 
 class Trainer:
@@ -46,8 +50,11 @@ class Trainer:
     """
 
     def __init__(self, model: Model, data: SyntheticData, comm: Collectives, optimizer,
-                 overlap: OverlapConfig = OverlapConfig()):
+                 overlap: OverlapConfig = OverlapConfig(), recompute: str = "none"):
         self.model = model
+        #: activation recompute (:data:`~fourd_mpi.step.presets.RECOMPUTE_MODES`, :mod:`fourd_mpi.step.model`)
+        self.recompute = recompute
+        self.saved_activation_bytes = 0
         self.data = data
         self.comm = comm
         self.optimizer = optimizer
@@ -75,8 +82,10 @@ class Trainer:
         x, target = self.data.batch(step)  # prepared before the steps, as a data loader delivers it
         trace.enter_phase("forward")
         self.weights.begin_forward()
-        y, saved = self.model.forward(x, self.ctx)
-        self.weights.begin_backward()
+        y, saved = self.model.forward(x, self.ctx, self.recompute)
+        self.saved_activation_bytes = held_bytes(saved)
+        self.weights.begin_backward(self.model.backward_weight_order(self.recompute),
+                                    "recompute" if self.recompute == "full" else "backward")
         with trace.layer("loss", "forward"):
             loss, dy = mse_loss(y, target, self.comm, self.global_elements)
         trace.enter_phase("backward")
@@ -104,4 +113,5 @@ class Trainer:
             slowest = self.comm.grid.cart.allreduce(local, op=MPI.MAX)
         return StepResult(step=step, loss=loss, seconds=slowest, local_seconds=local, events=events,
                           start_ns=t0, end_ns=t1, compute_ns=trace.compute_ns, wait_ns=trace.wait_ns,
-                          mpi_ns=trace.mpi_ns)
+                          mpi_ns=trace.mpi_ns, saved_activation_bytes=self.saved_activation_bytes,
+                          peak_activation_bytes=self.model.peak_activation_bytes)

@@ -6,19 +6,35 @@ LN1 -> QKV (normal, h->3h, whole heads per Y block) -> causal attention on the
 local heads -> attention output (transposed, h->h) -> residual -> LN2 -> FC1
 (normal, h->4h) -> GeLU -> FC2 (transposed, 4h->h) -> residual. An MLP block is
 FC1 (normal) -> GeLU -> FC2 (transposed), no residual.
+
+Activation recompute (``--recompute``, docs/design.md section 3): what a block keeps between
+its forward and its backward.
+
+- ``none``: every activation the backward needs (LayerNorm outputs and statistics, QKV,
+  the attention probabilities ``[b, heads/y, s, s]`` and context, FC1 output, GeLU output).
+- ``selective``: as ``none`` without the attention core: the probabilities and the context are
+  dropped after the forward and recomputed from the kept QKV output just before the attention
+  output projection's backward (no communication; ``4 B s^2 h`` FLOPs per block, whole model).
+- ``full``: only the block's input ``[m, h/x]``; the backward of a block starts by running the
+  block's forward again (phase ``recompute``: its GEMMs, collectives and elementwise ops are
+  traced with that phase), which rebuilds everything ``none`` keeps; the weights that recompute
+  forward gathers over Z (or takes from the forward cache) are kept for the block's backward.
+
+Memory (:func:`held_bytes`) is measured from the arrays actually held, not from a formula.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import List
+from dataclasses import replace
+from typing import Iterable, List
 
 import numpy as np
 
 from fourd_mpi.step import elementwise, kernels
 from fourd_mpi.core.collectives import Collectives
-from fourd_mpi.step.presets import ModelConfig
+from fourd_mpi.step.presets import RECOMPUTE_MODES, ModelConfig
 from fourd_mpi.step.layers import FullyConnected4D, LayerNorm4D, Parameter
 from fourd_mpi.core.layout import activation_layout, block_range, local_sequences
 from fourd_mpi.step.schedule import StepContext, linear_backward, linear_forward
@@ -46,6 +62,8 @@ class GPTBlock:
         self.local_heads = cfg.heads // grid.shape.y
         self.head_dim = cfg.head_dim
         self.attn_name, self.gelu_name = f"{p}.attn", f"{p}.gelu"
+        #: bytes of this block's activations right after a selective recompute (0: none happened)
+        self.rebuilt_bytes = 0
 
     def layer_names(self) -> List[str]:
         """Trace names of this block's layers, in forward order."""
@@ -63,49 +81,71 @@ class GPTBlock:
         """The 4D layers in the order forward uses them."""
         return [self.qkv, self.proj, self.fc1, self.fc2]
 
-    def forward(self, h, ctx: StepContext):
+    def forward(self, h, ctx: StepContext, recompute: str = "none"):
+        """``h [m, h/x]`` rep Y -> ``(out [m, h/x], saved)``; ``saved`` holds what ``recompute`` keeps."""
         comm, xp, s, trace = ctx.comm, self.xp, {}, ctx.comm.tracer
-        with trace.layer(self.ln1.name, "forward"):
+        if recompute == "full":
+            s["input"] = h
+        with trace.layer(self.ln1.name, ctx.phase):
             a, s["ln1"] = self.ln1.forward(h, comm)
         s["a"] = a
         qkv = linear_forward(self.qkv, a, ctx)  # [m, 3h/y] rep x
-        with trace.layer(self.attn_name, "forward"), trace.op("attention"):
+        with trace.layer(self.attn_name, ctx.phase), trace.op("attention"):
             s["ctx"], s["attn"] = kernels.attention_forward(xp, qkv, *self._attention_shape(), self.counter,
                                                             comm.compute_hook, self.empty)
-        del qkv
         h1 = linear_forward(self.proj, s["ctx"], ctx)  # [m, h/x] rep y
+        if recompute == "selective":  # the attention core is rebuilt from QKV in backward
+            s["qkv"] = qkv
+            del s["ctx"], s["attn"]
+        del qkv
         with trace.op("residual"):
             h1 += h
-        with trace.layer(self.ln2.name, "forward"):
+        with trace.layer(self.ln2.name, ctx.phase):
             b, s["ln2"] = self.ln2.forward(h1, comm)
         s["b"] = b
         s["u"] = linear_forward(self.fc1, b, ctx)  # [m, 4h/y] rep x
-        with trace.layer(self.gelu_name, "forward"), trace.op("gelu"):
+        with trace.layer(self.gelu_name, ctx.phase), trace.op("gelu"):
             s["g"] = elementwise.gelu(s["u"], self.empty(s["u"].shape))
         out = linear_forward(self.fc2, s["g"], ctx)
         with trace.op("residual"):
             out += h1
+        if recompute == "full":
+            return out, {"input": h}
         return out, s
+
+    def recompute(self, s, ctx: StepContext):
+        """Full recompute: the block's forward again from the kept input (phase ``recompute``);
+        returns the activations ``none`` would have kept. Same collectives as the forward."""
+        return self.forward(s["input"], replace(ctx, phase="recompute"))[1]
+
+    def _recompute_attention(self, s, ctx: StepContext) -> None:
+        """Selective recompute: probabilities and context from the kept QKV output (no communication)."""
+        with ctx.comm.tracer.layer(self.attn_name, "recompute"), ctx.comm.tracer.op("attention"):
+            s["ctx"], s["attn"] = kernels.attention_forward(self.xp, s.pop("qkv"), *self._attention_shape(),
+                                                            self.counter, ctx.comm.compute_hook, self.empty)
+        self.rebuilt_bytes = held_bytes(s)  # this block's activations held right after the rebuild
 
     def backward(self, dh2, s, ctx: StepContext):
         comm, xp, trace = ctx.comm, self.xp, ctx.comm.tracer
-        dg = linear_backward(self.fc2, dh2, s["g"], ctx)
+        dg = linear_backward(self.fc2, dh2, s.pop("g"), ctx)
         with trace.layer(self.gelu_name, "backward"), trace.op("gelu"):
-            du = elementwise.gelu_backward(s["u"], dg, dg, self.empty)  # in place: dg is ours
-        db = linear_backward(self.fc1, du, s["b"], ctx)
+            du = elementwise.gelu_backward(s.pop("u"), dg, dg, self.empty)  # in place: dg is ours
+        db = linear_backward(self.fc1, du, s.pop("b"), ctx)
         with trace.layer(self.ln2.name, "backward"):
-            dh1 = self.ln2.backward(db, s["ln2"], comm)
+            dh1 = self.ln2.backward(db, s.pop("ln2"), comm)
             with trace.op("residual"):
                 dh1 += dh2
             for param, handle in self.ln2.reduce_param_grads(comm):
                 ctx.grads.add(param, handle)
-        dctx = linear_backward(self.proj, dh1, s["ctx"], ctx)
+        if "qkv" in s:
+            self._recompute_attention(s, ctx)
+        dctx = linear_backward(self.proj, dh1, s.pop("ctx"), ctx)
         with trace.layer(self.attn_name, "backward"), trace.op("attention"):
-            dqkv = kernels.attention_backward(xp, dctx, s["attn"], *self._attention_shape(), self.counter,
+            dqkv = kernels.attention_backward(xp, dctx, s.pop("attn"), *self._attention_shape(), self.counter,
                                               comm.compute_hook, self.empty)
-        da = linear_backward(self.qkv, dqkv, s["a"], ctx)
+        da = linear_backward(self.qkv, dqkv, s.pop("a"), ctx)
         with trace.layer(self.ln1.name, "backward"):
-            dh = self.ln1.backward(da, s["ln1"], comm)
+            dh = self.ln1.backward(da, s.pop("ln1"), comm)
             with trace.op("residual"):
                 dh += dh1
             for param, handle in self.ln1.reduce_param_grads(comm):
@@ -124,6 +164,7 @@ class MLPBlock:
                                     init_scale=2.0, counter=counter)
         self.empty = backend.empty
         self.gelu_name = f"{p}.gelu"
+        self.rebuilt_bytes = 0
 
     def parameters(self) -> List[Parameter]:
         return [self.fc1.weight, self.fc2.weight]
@@ -134,18 +175,26 @@ class MLPBlock:
     def layer_names(self) -> List[str]:
         return [self.fc1.name, self.gelu_name, self.fc2.name]
 
-    def forward(self, x, ctx: StepContext):
+    def forward(self, x, ctx: StepContext, recompute: str = "none"):
+        """``x [m, h/x]`` rep Y -> ``(y, saved)``. No attention: ``selective`` keeps what ``none`` keeps."""
         s = {"x": x}
         s["u"] = linear_forward(self.fc1, x, ctx)
-        with ctx.comm.tracer.layer(self.gelu_name, "forward"), ctx.comm.tracer.op("gelu"):
+        with ctx.comm.tracer.layer(self.gelu_name, ctx.phase), ctx.comm.tracer.op("gelu"):
             s["g"] = elementwise.gelu(s["u"], self.empty(s["u"].shape))
-        return linear_forward(self.fc2, s["g"], ctx), s
+        y = linear_forward(self.fc2, s["g"], ctx)
+        if recompute == "full":
+            return y, {"input": x}
+        return y, s
+
+    def recompute(self, s, ctx: StepContext):
+        """Full recompute: FC1 and GeLU again from the kept input (phase ``recompute``)."""
+        return self.forward(s["input"], replace(ctx, phase="recompute"))[1]
 
     def backward(self, dy, s, ctx: StepContext):
-        dg = linear_backward(self.fc2, dy, s["g"], ctx)
+        dg = linear_backward(self.fc2, dy, s.pop("g"), ctx)
         with ctx.comm.tracer.layer(self.gelu_name, "backward"), ctx.comm.tracer.op("gelu"):
-            du = elementwise.gelu_backward(s["u"], dg, dg, self.empty)  # in place: dg is ours
-        return linear_backward(self.fc1, du, s["x"], ctx)
+            du = elementwise.gelu_backward(s.pop("u"), dg, dg, self.empty)  # in place: dg is ours
+        return linear_backward(self.fc1, du, s.pop("x"), ctx)
 
 
 class Model:
@@ -163,6 +212,8 @@ class Model:
         block_cls = GPTBlock if cfg.kind == "gpt" else MLPBlock
         self.blocks = [block_cls(i, cfg, grid, backend, seed, counter) for i in range(cfg.layers)]
         self.activation_layout = activation_layout("x")
+        #: the most activation bytes held at once during the last backward pass (:meth:`backward`)
+        self.peak_activation_bytes = 0
 
     def parameters(self) -> List[Parameter]:
         return [p for block in self.blocks for p in block.parameters()]
@@ -175,19 +226,77 @@ class Model:
         """The trace's layer vocabulary: every layer in forward order, then the loss."""
         return [name for block in self.blocks for name in block.layer_names()] + ["loss"]
 
-    def forward(self, x, ctx: StepContext):
-        """``x [m, h/x]`` -> ``(y [m, h/x], saved)``; both rep Y."""
+    def forward(self, x, ctx: StepContext, recompute: str = "none"):
+        """``x [m, h/x]`` -> ``(y [m, h/x], saved)``; both rep Y. ``saved``: per block, what
+        ``recompute`` (:data:`~fourd_mpi.step.presets.RECOMPUTE_MODES`) keeps for the backward."""
+        if recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, not {recompute!r}")
         saved = []
         for block in self.blocks:
-            x, s = block.forward(x, ctx)
+            x, s = block.forward(x, ctx, recompute)
             saved.append(s)
         return x, saved
 
+    def backward_weight_order(self, recompute: str = "none") -> List[FullyConnected4D]:
+        """The 4D layers in the order the backward pass first needs their gathered weights: reversed
+        forward order; with full recompute each block's layers in forward order (its recompute forward
+        comes first), last block first."""
+        if recompute == "full":
+            return [layer for block in reversed(self.blocks) for layer in block.fc_layers()]
+        return list(reversed(self.fc_layers()))
+
     def backward(self, dy, saved, ctx: StepContext):
-        """Backpropagate ``dy [m, h/x]``; hands every gradient to ``ctx.grads``; returns ``dx``."""
-        for block, s in zip(reversed(self.blocks), reversed(saved)):
+        """Backpropagate ``dy [m, h/x]``; hands every gradient to ``ctx.grads``; returns ``dx``.
+
+        Full recompute: each block's forward runs again (phase ``recompute``) right before its
+        backward. Empties ``saved`` as it goes (a block's activations are released after its backward).
+        Sets :attr:`peak_activation_bytes`: the most activation bytes held at once during the pass
+        (the blocks not yet back-propagated plus the one just recomputed), measured.
+        """
+        trace = ctx.comm.tracer
+        held = [held_bytes(s) for s in saved]
+        before = sum(held)
+        peak = before
+        for i in reversed(range(len(self.blocks))):
+            block, s = self.blocks[i], saved[i]
+            saved[i] = None
+            before -= held[i]
+            if "input" in s:
+                trace.enter_phase("recompute")
+                s = block.recompute(s, ctx)
+                trace.enter_phase("backward")
+            peak = max(peak, before + held_bytes(s))
+            block.rebuilt_bytes = 0
             dy = block.backward(dy, s, ctx)
+            peak = max(peak, before + block.rebuilt_bytes)  # selective: measured inside, after the rebuild
+        self.peak_activation_bytes = peak
         return dy
+
+
+def _arrays(obj) -> Iterable:
+    """Every array inside nested dicts, lists and tuples."""
+    if isinstance(obj, dict):
+        for value in obj.values():
+            yield from _arrays(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _arrays(value)
+    elif hasattr(obj, "nbytes") and hasattr(obj, "shape"):
+        yield obj
+
+
+def held_bytes(*objs) -> int:
+    """Bytes of the distinct memory buffers that the arrays in ``objs`` keep alive (nested dicts,
+    lists, tuples; NumPy or CuPy). A view counts its base array once: ``q``, ``k``, ``v`` of the
+    attention are views of the QKV output and add nothing to it. Measured from the arrays held,
+    not from a formula."""
+    owners = {}
+    for array in _arrays(objs):
+        base = array
+        while getattr(base, "base", None) is not None and hasattr(base.base, "nbytes"):
+            base = base.base
+        owners[id(base)] = int(base.nbytes)
+    return sum(owners.values())
 
 
 def mse_loss(y, target, comm: Collectives, global_elements: int):

@@ -13,6 +13,10 @@ from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
 
 MODEL_KINDS = ("gpt", "mlp")
+#: ``--recompute``: what a block drops after its forward and recomputes in backward
+#: (``step/model.py``): nothing; the attention core (scores, probabilities, context); everything but the
+#: block input
+RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ class ModelConfig:
         - ``"selective"``: only the attention core (scores ``Q K^T`` and context ``P V``,
           ``4 B s^2 h`` per GPT layer) is recomputed.
         """
+        if recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute must be none, full or selective, not {recompute!r}")
         model = self.flops_per_step()
         if recompute == "none":
             return model
@@ -84,6 +90,24 @@ class ModelConfig:
                 return model
             return model + float(self.layers * 4 * (self.batch or 0) * self.seq ** 2 * self.hidden)
         raise ValueError(f"recompute must be none, full or selective, not {recompute!r}")
+
+    def flops_formula(self) -> str:
+        """The formula of :meth:`flops_per_step`, in words (printed next to every model FLOP/s)."""
+        if self.kind == "gpt":
+            return ("model FLOPs per step = 72 B s l h^2 (1 + s/6h) convention: 6 x tokens x weights "
+                    "+ 12 B s^2 h per block (no recompute, no LM head)")
+        return "model FLOPs per step = 6 x tokens x weights (no recompute)"
+
+    def hardware_flops_formula(self, recompute: str = "none") -> str:
+        """The formula of :meth:`hardware_flops_per_step` for ``recompute``, in words."""
+        if recompute == "full":
+            extra = ("96 B s l h^2 (1 + s/6h) convention: model FLOPs x 4/3 (every block's forward "
+                     "run again in backward)") if self.kind == "gpt" else "model FLOPs x 4/3 (forward run again)"
+            return "hardware FLOPs per step = " + extra
+        if recompute == "selective" and self.kind == "gpt":
+            return ("hardware FLOPs per step = model FLOPs + 4 B s^2 h per block (attention scores and "
+                    "context recomputed)")
+        return "hardware FLOPs per step = model FLOPs (nothing recomputed)"
 
     def as_dict(self) -> Dict:
         return asdict(self)

@@ -2,8 +2,12 @@
 
 :class:`WeightFetcher` hands each 4D layer its all-gathered weight block, on
 demand, prefetched ``prefetch_depth`` layers ahead (OAG), or from the forward
-cache. :class:`GradientSync` takes each gradient's first collective (the
-reduce-scatter over Z of FC weights, the all-reduce over Z of LayerNorm
+cache. With full activation recompute the backward pass needs every block's
+weights first for the block's recompute forward: they are gathered then (phase
+``recompute``; or taken from the forward cache) and kept until the block's own
+backward GEMMs have used them (at most one block's weights), so recompute adds
+no weight all-gather. :class:`GradientSync` takes each gradient's first
+collective (the reduce-scatter over Z of FC weights, the all-reduce over Z of LayerNorm
 parameters), keeps it in flight (ORS) or waits at once, and then all-reduces
 the shard over data, as soon as it is ready (DP) or before the optimizer.
 
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.step.overlap import OverlapConfig
@@ -35,6 +39,7 @@ class WeightFetcher:
         self._order: List = []
         self._next = 0
         self._phase = "idle"
+        self._gather_phase = "forward"
         self._issued: Dict[str, object] = {}
 
     def _start(self, order: List) -> None:
@@ -46,13 +51,20 @@ class WeightFetcher:
 
     def begin_forward(self) -> None:
         self.cache.clear()
-        self._phase = "forward"
+        self._phase = self._gather_phase = "forward"
         self._start(list(self.layers))
 
-    def begin_backward(self) -> None:
-        """Called right after forward, so OAG's first backward gathers overlap the loss."""
+    def begin_backward(self, order: Optional[List] = None, gather_phase: str = "backward") -> None:
+        """Called right after forward, so OAG's first backward gathers overlap the loss.
+
+        ``order``: the layers in the order the backward pass first needs their weights (default:
+        reversed forward order; full recompute: each block's layers in forward order, last block
+        first). ``gather_phase``: the trace phase of the gathers issued ahead (``recompute`` when
+        they serve the recompute forward)."""
         self._phase = "backward"
-        self._start([layer for layer in reversed(self.layers) if layer.name not in self.cache])
+        self._gather_phase = gather_phase
+        order = list(reversed(self.layers)) if order is None else list(order)
+        self._start([layer for layer in order if layer.name not in self.cache])
 
     def finish(self) -> None:
         """End a forward-only pass: drop the cache; nothing may be left prefetched."""
@@ -64,20 +76,23 @@ class WeightFetcher:
         stop = min(len(self._order), position + self.overlap.prefetch_depth + 1)
         for layer in self._order[position:stop]:
             if layer.name not in self._issued:
-                tag = self.comm.tracer.tag(layer.name, self._phase)  # its own layer, not the current one
+                tag = self.comm.tracer.tag(layer.name, self._gather_phase)  # its own layer, not the current one
                 self._issued[layer.name] = layer.gather_weight(self.comm, tag)
 
-    def get(self, layer):
-        """The weight block of ``layer`` (flat), waiting for its all-gather if needed."""
+    def get(self, layer, keep: bool = False):
+        """The weight block of ``layer`` (flat), waiting for its all-gather if needed.
+
+        ``keep`` (the recompute forward inside the backward pass): the block stays in the cache
+        for the layer's backward GEMMs, which take it from there without a second gather."""
         if self._phase == "backward" and layer.name in self.cache:
-            return self.cache.pop(layer.name)
+            return self.cache[layer.name] if keep else self.cache.pop(layer.name)
         position = self._order.index(layer, self._next)
         self._next = position + 1
         if self.overlap.oag:
             self._prefetch(position)  # this layer and the next prefetch_depth ones
         handle = self._issued.pop(layer.name, None) or layer.gather_weight(self.comm)
         block = handle.wait()
-        if self._phase == "forward" and self.overlap.cache:
+        if (self._phase == "forward" and self.overlap.cache) or keep:
             self.cache[layer.name] = block
         return block
 
@@ -134,6 +149,9 @@ class StepContext:
     weights: WeightFetcher
     grads: GradientSync
     overlap: OverlapConfig
+    #: trace phase of forward computations: ``forward``, or ``recompute`` when a block's forward is
+    #: run again inside the backward pass (its weights are then kept for the block's backward)
+    phase: str = "forward"
 
     @property
     def chunks(self) -> int:
@@ -141,9 +159,10 @@ class StepContext:
 
 
 def linear_forward(layer, x, ctx: StepContext):
-    """Gather the weight over Z, GEMM, all-reduce over the layer's in axis."""
-    with ctx.comm.tracer.layer(layer.name, "forward"):
-        return layer.forward(x, ctx.weights.get(layer), ctx.comm, ctx.chunks).wait()
+    """Gather the weight over Z, GEMM, all-reduce over the layer's in axis (phase ``ctx.phase``)."""
+    with ctx.comm.tracer.layer(layer.name, ctx.phase):
+        weight = ctx.weights.get(layer, keep=ctx.phase == "recompute")
+        return layer.forward(x, weight, ctx.comm, ctx.chunks).wait()
 
 
 def linear_backward(layer, dy, x, ctx: StepContext):

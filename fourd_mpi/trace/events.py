@@ -43,10 +43,13 @@ SCHEMA = "fourd_mpi.trace"
 #:    (:func:`fourd_mpi.trace.read.load_trace`): they cannot separate the ``I*`` call or the tests from overlap.
 #:    ``overlap_ns`` (collectives): host compute time (:data:`COMPUTE_OPS`, MPI calls inside them excluded)
 #:    during the in-flight window; older traces get ``complete_ns - issue_ns - wait_ns`` (their definition).
-SCHEMA_VERSION = 4
+#: 5: phase ``recompute`` appended to the vocabulary (``--recompute``: a block's forward run again inside
+#:    the backward pass; codes of version 4 unchanged); metadata keys ``recompute``,
+#:    ``hardware_flops_per_step`` and ``activations``
+SCHEMA_VERSION = 5
 
 LEVELS = ("step", "layer", "op")
-PHASES = ("none", "forward", "backward", "optimizer")
+PHASES = ("none", "forward", "backward", "optimizer", "recompute")
 OPS = ("step", "layer", "data", "gemm", "attention", "layernorm", "gelu", "loss", "optimizer",
        "allgather", "reduce_scatter", "allreduce", "wait", "d2h", "h2d", "residual")
 AXES = ("none", "data", "z", "y", "x")

@@ -36,6 +36,13 @@ HARNESS_OPS = ("data",)
 STEP_FORMULA = ("step time = median over measured steps of (max over ranks of the rank's step span "
                 "end_ns - start_ns); spread: quartiles q1/q3 of the same per-step series")
 SHARE_FORMULA = "share = sum over ranks and measured steps of the time / sum of the ranks' step spans"
+#: the two FLOP rates (Narayanan et al., SC'21; AxoNN and Megatron-LM report "% of peak" with the second)
+MODEL_FLOPS_FORMULA = ("model FLOP/s per rank = model FLOPs per step / ranks / median step time; model FLOPs = "
+                       "72 B s l h^2 (1 + s/6h) for a GPT (6 x tokens x weights + 12 B s^2 h per block), whatever "
+                       "is recomputed")
+HARDWARE_FLOPS_FORMULA = ("hardware FLOP/s per rank = FLOPs the step executes / ranks / median step time; "
+                          "executed = model FLOPs + recomputed forward FLOPs: full recompute 96 B s l h^2 "
+                          "(1 + s/6h), selective + 4 B s^2 h per block, none = model FLOPs")
 
 
 def measured_records(rank_steps: np.ndarray) -> np.ndarray:
@@ -134,13 +141,51 @@ class Summary:
     data_batches: Optional[int] = None
     #: share of harness work inside the steps (:data:`HARNESS_OPS`; 0 from schema 3 on)
     harness_share: float = 0.0
+    #: (schema 5) FLOP/s per rank counting recomputed forward work (:data:`HARDWARE_FLOPS_FORMULA`; None: not
+    #: recorded, equal to the model rate for traces without recompute), the activation recompute mode, the
+    #: formulas of both rates for this model, and the activations kept between forward and backward
+    hardware_tflops_per_rank: Optional[float] = None
+    recompute: Optional[str] = None
+    model_flops_formula: Optional[str] = None
+    hardware_flops_formula: Optional[str] = None
+    #: ``{"saved_bytes_max", "saved_bytes_min", "peak_bytes_max"}`` per rank, measured from the arrays held
+    activations: Optional[Dict] = None
 
     @property
     def percent_of_peak(self) -> float:
         return 100.0 * self.model_tflops_per_rank / self.peak_tflops if self.peak_tflops else float("nan")
 
+    @property
+    def hardware_percent_of_peak(self) -> float:
+        if self.hardware_tflops_per_rank is None or not self.peak_tflops:
+            return float("nan")
+        return 100.0 * self.hardware_tflops_per_rank / self.peak_tflops
+
     def as_dict(self) -> Dict:
-        return dict(self.__dict__, percent_of_peak=self.percent_of_peak)
+        return dict(self.__dict__, percent_of_peak=self.percent_of_peak,
+                    hardware_percent_of_peak=self.hardware_percent_of_peak)
+
+    def flops_lines(self) -> List[str]:
+        """The model and the hardware FLOP/s lines, each naming its formula."""
+        peak = f"of {self.peak_tflops * 1e3:.3f} GFLOP/s ({self.peak_source})"
+        model = (f"model FLOP/s per rank: {self.model_tflops_per_rank * 1e3:.3f} GFLOP/s = "
+                 f"{self.percent_of_peak:.1f}% {peak}")
+        if self.hardware_tflops_per_rank is None:
+            return [model]
+        return [model + f"  [{self.model_flops_formula or MODEL_FLOPS_FORMULA}; / ranks / median step time]",
+                f"hardware FLOP/s per rank: {self.hardware_tflops_per_rank * 1e3:.3f} GFLOP/s = "
+                f"{self.hardware_percent_of_peak:.1f}% {peak}  [recompute {self.recompute}: "
+                f"{self.hardware_flops_formula or HARDWARE_FLOPS_FORMULA}; / ranks / median step time]"]
+
+    def activation_lines(self) -> List[str]:
+        if not self.activations:
+            return []
+        a = self.activations
+        mib = 1.0 / 2 ** 20
+        return [f"activations kept from forward for backward: {a['saved_bytes_max'] * mib:.3f} MiB per rank (max "
+                f"over ranks; min {a['saved_bytes_min'] * mib:.3f}); most held at once in backward "
+                f"{a['peak_bytes_max'] * mib:.3f} MiB (recompute {self.recompute}; measured: bytes of the distinct "
+                f"arrays held, last step)"]
 
     def lines(self) -> List[str]:
         """The run summary. Step times are printed as the analysis tables print them
@@ -153,9 +198,9 @@ class Summary:
             f"the max over ranks)",
             f"time share (sum over ranks and steps / sum of step spans): compute {100 * self.compute_share:.1f}%, "
             f"exposed communication {100 * self.wait_share:.1f}%{harness}, other {100 * self.other_share:.1f}%",
-            f"model FLOP/s per rank: {self.model_tflops_per_rank * 1e3:.3f} GFLOP/s = {self.percent_of_peak:.1f}% "
-            f"of {self.peak_tflops * 1e3:.3f} GFLOP/s ({self.peak_source})",
+            *self.flops_lines(),
             f"throughput: {self.tokens_per_s:,.0f} tokens/s",
+            *self.activation_lines(),
         ] + ([f"data: {self.data_batches} synthetic batch(es) prepared before the first step in "
               f"{self.data_prep_s:.3f} s (max over ranks; in no step, not compute)"]
              if self.data_prep_s is not None else [])
@@ -163,12 +208,17 @@ class Summary:
 
 def summarize(rank_steps: np.ndarray, world_size: int, flops_per_step: float, tokens_per_step: int,
               peak_tflops: float, peak_source: str, data_prep_s: Optional[float] = None,
-              data_batches: Optional[int] = None, harness: Optional[np.ndarray] = None) -> Summary:
+              data_batches: Optional[int] = None, harness: Optional[np.ndarray] = None,
+              hardware_flops_per_step: Optional[float] = None, recompute: Optional[str] = None,
+              formulas: Optional[Sequence[str]] = None, activations: Optional[Dict] = None) -> Summary:
     """Summary of the non-warm-up steps in ``rank_steps`` (every rank's step records).
 
     Step statistics: :func:`step_stats`. ``harness``: per record of ``rank_steps``, ns of harness work
     counted in ``compute_ns`` (:func:`harness_ns`; None: none). ``data_prep_s``, ``data_batches``: the
-    run's data preparation before the steps (reported as is).
+    run's data preparation before the steps (reported as is). ``hardware_flops_per_step``: FLOPs the step
+    executes, recompute included (``ModelConfig.hardware_flops_per_step``; None: not reported), with
+    ``recompute`` its mode and ``formulas`` the ``(model, hardware)`` formulas in words; ``activations``:
+    the measured activation bytes (stored as is).
     """
     stats = step_stats(rank_steps)
     keep = rank_steps["warmup"] == 0
@@ -187,4 +237,8 @@ def summarize(rank_steps: np.ndarray, world_size: int, flops_per_step: float, to
                    other_share=max(0.0, 1.0 - compute - wait - harness_share),
                    model_tflops_per_rank=flops_per_step / world_size / median / 1e12, peak_tflops=peak_tflops,
                    peak_source=peak_source, tokens_per_s=tokens_per_step / median, data_prep_s=data_prep_s,
-                   data_batches=data_batches, harness_share=harness_share)
+                   data_batches=data_batches, harness_share=harness_share,
+                   hardware_tflops_per_rank=(None if hardware_flops_per_step is None
+                                             else hardware_flops_per_step / world_size / median / 1e12),
+                   recompute=recompute, model_flops_formula=formulas[0] if formulas else None,
+                   hardware_flops_formula=formulas[1] if formulas else None, activations=activations)
