@@ -43,13 +43,59 @@ def _register_tune(sub) -> None:
                    "profile lacks (e.g. perlmutter for inter-node axes of a one-node calibration)")
     m.add_argument("--ranks-per-node", type=positive_int, default=None, metavar="R",
                    help="ranks per node of the run (default: the profile's)")
-    m.add_argument("--memory-limit", type=positive_float, default=None, metavar="GiB",
-                   help="drop grids needing more per rank")
+    m.add_argument("--memory-limit", type=_memory_limit, default=None, metavar="GiB",
+                   help="drop grids needing more per rank (counted bytes + allocator margin + GPU runtime reserve); "
+                        "default: the profile's device memory (e.g. 40 on perlmutter, 64 on frontier; none on CPU "
+                        "profiles); 'none' keeps every grid")
+    _add_memory_model(p)
     o = p.add_argument_group("output")
     o.add_argument("--top", type=positive_int, default=5, metavar="K", help="grids to show (default 5)")
     o.add_argument("--emit-sweep", metavar="FILE", help="write a sweep spec (YAML) that measures the top K")
     o.add_argument("--force", action="store_true", help="replace an existing --emit-sweep file")
     p.set_defaults(handler=cmd_tune, serial=True)
+
+
+def _memory_limit(text: str):
+    """``--memory-limit``: GiB per rank, or ``none``."""
+    if text.strip().lower() == "none":
+        return "none"
+    return positive_float(text)
+
+
+def _add_memory_model(p) -> None:
+    """What the run keeps in memory and computes again (model options of tune and model paper)."""
+    from fourd_mpi.perf.memory import ATTENTION, PRECISIONS, RECOMPUTE
+
+    g = p.add_argument_group("memory and recompute model")
+    g.add_argument("--recompute", default=None, choices=RECOMPUTE,
+                   help="activation recompute (none: keep every block's activations; selective: recompute the "
+                        "attention core; full: keep block inputs only, recompute each block in backward)")
+    g.add_argument("--attention", default=None, choices=ATTENTION,
+                   help="unfused keeps the s x s attention probabilities (this suite's step); fused = flash "
+                        "attention (keeps none)")
+    g.add_argument("--precision", default=None, choices=PRECISIONS,
+                   help="mixed: 16-bit weights/gradients + fp32 master copy and Adam moments (default for "
+                        "float16/bfloat16); pure: everything in the run dtype (this suite's step; default otherwise)")
+
+
+def _memory_limit_bytes(args, profile):
+    """``(bytes or None, sentence saying where the limit comes from)``."""
+    from fourd_mpi.perf.memory import ALLOCATOR_MARGIN, GPU_RUNTIME_RESERVE_BYTES
+    from fourd_mpi.perf.tune import default_memory_limit, memory_reserve
+
+    how = f"need = counted bytes x {1 + ALLOCATOR_MARGIN:.2f} (allocator margin)"
+    if memory_reserve(profile):
+        how += f" + {GPU_RUNTIME_RESERVE_BYTES / GIB:g} GiB (GPU runtime reserve)"
+    if args.memory_limit == "none":
+        return None, "memory limit: none (--memory-limit none)"
+    if args.memory_limit is not None:
+        return args.memory_limit * GIB, f"memory limit: {args.memory_limit:g} GiB per rank (--memory-limit); {how}"
+    limit = default_memory_limit(profile)
+    if limit is None:
+        return None, (f"memory limit: none (profile {profile.name} states no device memory; give --memory-limit "
+                      f"GiB to drop grids)")
+    return limit, (f"memory limit: {limit / GIB:g} GiB per rank (profile {profile.name}'s device memory; "
+                   f"--memory-limit GiB|none to change); {how}")
 
 
 def cmd_tune(args, world=None) -> int:
@@ -62,14 +108,20 @@ def cmd_tune(args, world=None) -> int:
     overlap = OverlapConfig.parse(args.overlap)
     refuse_overwrite(args.emit_sweep, args.force)
     profile = resolve_profile(args.site, args.profile, args.fallback_profile)
-    limit = args.memory_limit * GIB if args.memory_limit is not None else None
+    limit, limit_text = _memory_limit_bytes(args, profile)
+    recompute, attention = args.recompute or "none", args.attention or "unfused"
     ranking = rank_grids(cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer, limit,
-                         args.ranks_per_node)
+                         args.ranks_per_node, recompute=recompute, attention=attention, precision=args.precision)
+    from fourd_mpi.perf.memory import default_precision
+
     print(profile.describe())
     print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
           f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; overlap {overlap}; progress {args.progress}; "
-          f"{args.dtype}")
-    print(ranking.dropped_summary())
+          f"{args.dtype} ({args.precision or default_precision(args.dtype)} precision); recompute {recompute}; "
+          f"attention {attention}")
+    print(limit_text)
+    print(ranking.dropped_summary()
+          + (f"; {ranking.dropped_for('memory')} dropped for memory" if limit is not None else ""))
     print(f"top {min(args.top, len(ranking.predictions))} of {len(ranking.predictions)} valid grids by predicted "
           f"step time (ms per step; comm = exposed communication per axis):")
     print(format_ranking(ranking, args.top))

@@ -4,7 +4,8 @@ A profile (YAML, validated with JSON Schema, see :data:`PROFILE_SCHEMA`) holds
 
 - ``node``: ranks per node the values assume, cores per node, NICs per node;
 - ``compute``: sustained GEMM TFLOP/s per rank and dtype (``gemm_tflops``), memory bandwidth for
-  element-wise work (GB/s), a fixed cost per kernel / NumPy call (s), and the oversubscription
+  element-wise work (GB/s), the memory of a rank's device (``device_memory_gib``, GPUs only),
+  a fixed cost per kernel / NumPy call (s), and the oversubscription
   factor (how much slower a rank computes when all ranks of a node compute at once: 1 on
   GPUs and when every rank has its own core; measured by ``fourd-mpi bench collectives``);
 - ``progress``: which share of an overlappable collective is hidden behind compute when
@@ -87,6 +88,7 @@ PROFILE_SCHEMA: Dict[str, Any] = {
                                         "additionalProperties": _pos},
                         "peak_tflops": {"type": "object", "additionalProperties": _pos},
                         "mem_bandwidth_gbs": _pos,
+                        "device_memory_gib": _pos,
                         "op_overhead_s": _nonneg,
                         "oversubscription": {"type": "number", "minimum": 1},
                         "gemm_tflops_alone": {"type": "object", "additionalProperties": _pos}}},
@@ -150,6 +152,13 @@ class MachineProfile:
     def mem_bandwidth(self) -> float:
         """Bytes/s for element-wise work."""
         return float(self.data["compute"].get("mem_bandwidth_gbs", 10.0)) * 1e9
+
+    @property
+    def device_memory_gib(self) -> Optional[float]:
+        """Memory of the device one rank uses (GiB; a GPU's HBM), or None when the profile has none
+        (CPU profiles: ranks share the host's memory)."""
+        value = self.data["compute"].get("device_memory_gib")
+        return None if value is None else float(value)
 
     @property
     def op_overhead_s(self) -> float:
