@@ -170,7 +170,55 @@ def _register_model(sub) -> None:
     add_output(v, help="also write the report there")
     v.add_argument("--require", action="store_true", help="exit 1 unless every goal is met (median |error| <= "
                    "20%%, Spearman >= 0.8 per group, measured best in the predicted top 3)")
+    pp = msub.add_parser("paper", help="the model's prediction for the AxoNN SC'24 settings (gpt-80b on 1,024 "
+                                       "Perlmutter A100s, bf16, full recompute, all overlaps) and the weak-scaling "
+                                       "series, next to the published numbers (offline)")
+    pp.add_argument("--site", default="perlmutter", help="machine whose built-in profile is used (default perlmutter)")
+    pp.add_argument("--profile", default=None, metavar="P", help="machine profile (built-in name or file; overrides "
+                                                                  "--site)")
+    pp.add_argument("--memory-limit", type=_memory_limit, default=80.0, metavar="GiB",
+                    help="GiB per GPU (default 80: the A100-80GB nodes; 40 for the others; 'none')")
+    pp.add_argument("--batch", type=positive_int, default=None, metavar="N",
+                    help="global batch in sequences of 2,048 tokens at 1,024 GPUs (default 2048, our assumption; the "
+                         "weak-scaling cases scale it with their GPU count)")
+    pp.add_argument("--series", default="all", metavar="LIST",
+                    help="weak-scaling cases: all (5B/64 ... 80B/1,024), none, or a comma list of presets "
+                         "(gpt-5b,gpt-10b,...)")
+    add_output(pp, help="write the weak-scaling plot there (PNG; needs matplotlib, the analysis extra)")
     p.set_defaults(handler=cmd_model, serial=True)
+
+
+def _cmd_paper(args) -> int:
+    from fourd_mpi.errors import ConfigError
+    from fourd_mpi.perf.paper import DEFAULT_BATCH, PUBLISHED, WEAK_SERIES, model_case, plot, report
+    from fourd_mpi.perf.tune import resolve_profile
+
+    refuse_overwrite(args.output, args.force)
+    wanted = [t.strip() for t in args.series.split(",") if t.strip()]
+    if wanted == ["all"]:
+        cases = list(WEAK_SERIES)
+    elif wanted == ["none"]:
+        cases = []
+    else:
+        known = dict(WEAK_SERIES)
+        unknown = [w for w in wanted if w not in known]
+        if unknown:
+            raise ConfigError(f"--series: unknown {', '.join(unknown)}: choose all, none or a comma list of "
+                              f"{', '.join(known)}")
+        cases = [(w, known[w]) for w in wanted]
+    if args.output and not cases:
+        raise ConfigError("-o writes the weak-scaling plot: give --series all or a list, not none")
+    profile = resolve_profile(args.site, args.profile)
+    limit = None if args.memory_limit == "none" else args.memory_limit
+    batch = args.batch or DEFAULT_BATCH
+    flagship = model_case(PUBLISHED["model"], PUBLISHED["gpus"], profile, limit, batch)
+    series = [flagship if (m, g) == (PUBLISHED["model"], PUBLISHED["gpus"])
+              else model_case(m, g, profile, limit, max(1, batch * g // PUBLISHED["gpus"])) for m, g in cases]
+    print(report(flagship, series, profile, limit))
+    if args.output:
+        plot(series, args.output, profile, limit)
+        print(f"wrote {args.output}")
+    return 0
 
 
 def cmd_model(args, world=None) -> int:
@@ -180,6 +228,8 @@ def cmd_model(args, world=None) -> int:
 
     if args.model_command == "calibrate":
         return _cmd_calibrate(args)
+    if args.model_command == "paper":
+        return _cmd_paper(args)
     refuse_overwrite(args.output, args.force)
     profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
     traces, problems = collect_or_fail(args.paths)
