@@ -120,8 +120,7 @@ def cmd_tune(args, world=None) -> int:
           f"{args.dtype} ({args.precision or default_precision(args.dtype)} precision); recompute {recompute}; "
           f"attention {attention}")
     print(limit_text)
-    print(ranking.dropped_summary()
-          + (f"; {ranking.dropped_for('memory')} dropped for memory" if limit is not None else ""))
+    print(ranking.dropped_summary())
     print(f"top {min(args.top, len(ranking.predictions))} of {len(ranking.predictions)} valid grids by predicted "
           f"step time (ms per step; comm = exposed communication per axis):")
     print(format_ranking(ranking, args.top))

@@ -36,6 +36,7 @@ class Ranking:
     predictions: List[Prediction]
     dropped: List[Tuple[GridShape, str]] = field(default_factory=list)
     considered: int = 0
+    reserve: int = 0  # bytes of the runtime reserve counted in a grid's memory need
 
     def dropped_for(self, kind: str) -> int:
         """How many grids were dropped for ``kind`` (``divisibility`` or ``memory``)."""
@@ -92,7 +93,7 @@ def rank_grids(cfg: ModelConfig, ranks: int, profile: MachineProfile, overlap: O
     overlap = overlap or OverlapConfig()
     reserve = memory_reserve(profile)
     mem = dict(recompute=recompute, attention=attention, precision=precision, shard_optimizer=shard_optimizer)
-    ranking = Ranking([])
+    ranking = Ranking([], reserve=reserve)
     fitting: List[Tuple[GridShape, int]] = []
     for grid in (grids if grids is not None else grid_factorizations(ranks)):
         ranking.considered += 1
@@ -208,13 +209,13 @@ def format_ranking(ranking: Ranking, k: int) -> str:
     preds = ranking.predictions[:k]
     axes = ("x", "y", "z", "data")
     lines = [f"{'rank':>4} {'grid DxZxYxX':>13} {'step ms':>9} {'compute':>9} {'exposed':>9} "
-             + " ".join(f"{'comm ' + a:>9}" for a in axes) + f" {'wire MB':>8} {'mem GiB':>8}  placement (x,y,z,data)"]
+             + " ".join(f"{'comm ' + a:>9}" for a in axes) + f" {'wire MB':>8} {'mem GiB':>8} {'need GiB':>8}  placement (x,y,z,data)"]
     for i, p in enumerate(preds, 1):
         by_axis = p.exposed_by_axis()
         wire = sum(p.wire_bytes.values()) / 1e6
         lines.append(f"{i:>4} {str(p.grid):>13} {_fmt_ms(p.step_s):>9} {_fmt_ms(p.compute_s):>9} "
                      f"{_fmt_ms(p.exposed_total_s):>9} " + " ".join(f"{_fmt_ms(by_axis.get(a, 0.0)):>9}" for a in axes)
-                     + f" {wire:>8.3f} {p.memory.total / GIB:>8.3g}  "
+                     + f" {wire:>8.3f} {p.memory.total / GIB:>8.3g} {p.memory.required(ranking.reserve) / GIB:>8.3g}  "
                      + ",".join(p.placement[a] for a in axes))
     return "\n".join(lines)
 
