@@ -35,7 +35,7 @@ from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
-from fourd_mpi.perf.machine import MachineProfile, axis_placement
+from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement
 from fourd_mpi.perf.memory import MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.perf.volumes import OVERLAPS, Collective, step_collectives
@@ -126,19 +126,24 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ove
 
 
 def collective_parts(c: Collective, profile: MachineProfile, placement: Dict[str, str],
-                     ranks_on_node: int) -> Tuple[float, float]:
-    """``(alpha-beta seconds, synchronization seconds)`` of all ``c.count`` messages (no overlap)."""
+                     ranks_on_node: int, inner: Optional[Dict[str, int]] = None) -> Tuple[float, float]:
+    """``(alpha-beta seconds, synchronization seconds)`` of all ``c.count`` messages (no overlap).
+    A profile with a ``network`` section costs them with its published bandwidths by placement
+    (``inner``: the axis's inner product ip, :func:`~fourd_mpi.perf.machine.axis_inner_products`)."""
     level = placement[c.axis]
+    if inner is not None and profile.has_network:
+        t = profile.network_time(c.op, c.p, c.message_bytes, inner[c.axis], level, ranks_on_node)
+        return c.count * t, c.count * profile.sync_s(level, c.p)
     fit, shared_by = profile.fit(level, c.op, c.p)
     share = ranks_on_node / shared_by if level == "inter" else 1.0
     return c.count * fit.time(c.op, c.p, c.message_bytes, share), c.count * profile.sync_s(level, c.p)
 
 
 def collective_time(c: Collective, profile: MachineProfile, placement: Dict[str, str],
-                    ranks_on_node: int) -> float:
+                    ranks_on_node: int, inner: Optional[Dict[str, int]] = None) -> float:
     """Seconds for all ``c.count`` messages of one collective (no overlap), with the profile's term weights."""
     w = profile.term_weights
-    alpha_beta, sync = collective_parts(c, profile, placement, ranks_on_node)
+    alpha_beta, sync = collective_parts(c, profile, placement, ranks_on_node, inner)
     return w["comm"] * alpha_beta + w["sync"] * sync
 
 
@@ -154,7 +159,7 @@ def term_features(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     out = {t: comp[t] for t in ("gemm", "attention", "elementwise", "calls")}
     out["comm"] = out["sync"] = 0.0
     for c in step_collectives(cfg, grid, overlap, dtype):
-        alpha_beta, sync = collective_parts(c, profile, placement, rpn)
+        alpha_beta, sync = collective_parts(c, profile, placement, rpn, axis_inner_products(grid))
         out["comm"] += alpha_beta
         out["sync"] += sync
     return out
@@ -201,6 +206,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     overlap = overlap or OverlapConfig()
     rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)
     placement = axis_placement(grid, rpn)
+    inner = axis_inner_products(grid)
     comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer)
     colls = step_collectives(cfg, grid, overlap, dtype)
     efficiency = profile.overlap_efficiency
@@ -218,7 +224,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     wire: Dict[str, int] = defaultdict(int)
     layer_index: Dict[str, int] = {}
     for c in colls:
-        t = collective_time(c, profile, placement, rpn)
+        t = collective_time(c, profile, placement, rpn, inner)
         key = (c.axis, c.op)
         comm[key] += t
         wire[c.axis] += c.wire_bytes
