@@ -118,7 +118,46 @@ def _register_model(sub) -> None:
     add_output(v, help="also write the report there")
     v.add_argument("--require", action="store_true", help="exit 1 unless every goal is met (median |error| <= "
                    "20%%, Spearman >= 0.8 per group, measured best in the predicted top 3)")
+    a = msub.add_parser("compare-axonn", help="communication only: our step's volumes and AxoNN's published "
+                        "model, both costed with AxoNN's bandwidth table; the two top-K rankings and why they differ")
+    a.add_argument("--model", default="gpt-80b", help="preset (default gpt-80b)")
+    a.add_argument("--ranks", type=positive_int, default=1024, metavar="N", help="GPUs (default 1024)")
+    a.add_argument("--batch", default="1024,2048", metavar="LIST", help="global batches in sequences, comma list "
+                   "(default 1024,2048)")
+    a.add_argument("--seq", type=positive_int, default=2048, metavar="S", help="sequence length (default 2048)")
+    a.add_argument("--min-tp", type=positive_int, default=64, metavar="T",
+                   help="minimum G_x G_y G_z (AxoNN's minimum tensor-parallel degree; default 64)")
+    a.add_argument("--profile", default="perlmutter", metavar="P", help="profile whose network.placement_gbs is "
+                   "the table (default perlmutter; frontier has AxoNN's Frontier table)")
+    a.add_argument("--top", type=positive_int, default=8, metavar="K", help="grids per list (default 8)")
+    a.add_argument("--explain", action="append", default=[], metavar="DxZxYxX",
+                   help="grid to explain term by term (repeatable; default: AxoNN's best, ours, and AxoNN's best "
+                        "with G_x, G_y > 1)")
     p.set_defaults(handler=cmd_model, serial=True)
+
+
+def _cmd_compare_axonn(args) -> int:
+    from fourd_mpi.core.grid import GridShape
+    from fourd_mpi.errors import ConfigError
+    from fourd_mpi.perf.axonn_commmodel import (compare, default_explained, explain_grid, format_comparison,
+                                                format_explanation)
+    from fourd_mpi.perf.machine import load_profile
+    from fourd_mpi.step.presets import resolve_model
+
+    batches = [positive_int(b) for b in args.batch.split(",") if b.strip()]
+    explain = [GridShape.parse(g) for g in args.explain]
+    profile = load_profile(args.profile)
+    if profile.placement_gbs(1, 2) is None:
+        raise ConfigError(f"machine profile {profile.name} has no network.placement_gbs (AxoNN's get_bw table): "
+                          f"use --profile perlmutter or frontier")
+    for i, batch in enumerate(batches):
+        cfg = resolve_model(args.model, batch=batch, seq=args.seq)
+        comp = compare(cfg, args.ranks, args.min_tp, profile.placement_gbs)
+        print(("\n" if i else "") + format_comparison(cfg, args.ranks, args.min_tp, comp, args.top, profile.name))
+        grids = explain or default_explained(comp)
+        for g in grids:
+            print(format_explanation(explain_grid(cfg, g, profile.placement_gbs), g))
+    return 0
 
 
 def cmd_model(args, world=None) -> int:
@@ -128,6 +167,8 @@ def cmd_model(args, world=None) -> int:
 
     if args.model_command == "calibrate":
         return _cmd_calibrate(args)
+    if args.model_command == "compare-axonn":
+        return _cmd_compare_axonn(args)
     refuse_overwrite(args.output, args.force)
     profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
     traces, problems = collect_or_fail(args.paths)

@@ -178,6 +178,14 @@ def compare(cfg: ModelConfig, ranks: int, min_tp: int, get_bw: BandwidthFn) -> C
     return Comparison(sorted(axonn, key=key), sorted(ours, key=key), sorted(cached, key=key), dropped)
 
 
+def default_explained(comp: Comparison) -> List[GridShape]:
+    """The grids worth a term-by-term table: AxoNN's best, ours, and AxoNN's best with ``G_x, G_y > 1``
+    (where both tensor axes, hence the transposed-layer terms, show)."""
+    grids = [lst[0][0] for lst in (comp.axonn, comp.ours) if lst]
+    grids += [g for g, _ in comp.axonn if g.x > 1 and g.y > 1][:1]
+    return list(dict.fromkeys(grids))
+
+
 #: why each of our terms differs from AxoNN's (printed by explain_grid)
 REASONS = {
     "fwd_x": "forward all-reduce: AxoNN 4(p-1)/p (forward counted twice, as with full recompute), ours 2(p-1)/p",
@@ -185,6 +193,13 @@ REASONS = {
     "bwd": "backward all-reduce: both 2(p-1)/p",
     "data": "gradient all-reduce: AxoNN 4(p-1)/p at 2 B (= fp32 gradients), ours 2(p-1)/p in the training dtype",
     "z": "depth: both 2 all-gathers + 1 reduce-scatter = 3(p-1)/p (ours 2(p-1)/p with cache)",
+}
+
+
+EXTRA_REASONS = {
+    "ln_allreduce": "ours only: LayerNorm statistics over X ([m, 1] x2 forward, [m, 2] backward per LayerNorm)",
+    "ln_grad_allreduce": "ours only: LayerNorm gamma, beta gradients [H/G_x] (AxoNN leaves LayerNorm out)",
+    "loss": "ours only: the loss (8 bytes per axis)",
 }
 
 
@@ -224,6 +239,42 @@ def explain_grid(cfg: ModelConfig, grid: GridShape, get_bw: BandwidthFn, cache: 
     for (role, axis), gib in sorted(extra.items()):
         bw = get_bw(ip[axis], grid[axis])
         rows.append({"term": f"{role} {axis}", "axonn_gib": 0.0, "ours_gib": gib, "ratio": float("inf"),
-                     "gbs": bw, "axonn_s": 0.0, "ours_s": gib / bw,
-                     "why": "ours only: LayerNorm statistics (x), LayerNorm parameter gradients (z, data), loss"})
+                     "gbs": bw, "axonn_s": 0.0, "ours_s": gib / bw, "why": EXTRA_REASONS[role]})
     return rows
+
+
+def _fmt_row(i: int, cols: List[Optional[Tuple[GridShape, float]]]) -> str:
+    cells = [f"{str(c[0]):>11} {c[1]:8.3f}" if c else " " * 20 for c in cols]
+    return f"{i:>3}  " + "   ".join(cells)
+
+
+def format_comparison(cfg: ModelConfig, ranks: int, min_tp: int, comp: Comparison, top: int,
+                      profile_name: str) -> str:
+    """The two top-``top`` lists side by side (and ours with ``cache``), with the formula and what was
+    left out."""
+    lines = [f"{cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, seq {cfg.seq}, global batch {cfg.batch}; "
+             f"{ranks} GPUs, G_x G_y G_z >= {min_tp}, powers of two; communication only, nothing overlapped; "
+             f"bandwidth table: {profile_name} network.placement_gbs (AxoNN's get_bw)",
+             f"time = {TIME_FORMULA} (AxoNN's units: GiB over GB/s)",
+             f"{len(comp.axonn)} candidate grids; {len(comp.dropped)} of them our step cannot run"
+             + (f" (e.g. {comp.dropped[0][0]}: {comp.dropped[0][1]})" if comp.dropped else ""),
+             f"{'#':>3}  {'AxoNN model':>20}   {'ours':>20}   {'ours, cache':>20}",
+             f"{'':>3}  {'DxZxYxX':>11} {'s/step':>8}   {'DxZxYxX':>11} {'s/step':>8}   {'DxZxYxX':>11} {'s/step':>8}"]
+    for i in range(top):
+        cols = [lst[i] if i < len(lst) else None for lst in (comp.axonn, comp.ours, comp.ours_cache)]
+        lines.append(_fmt_row(i + 1, cols))
+    return "\n".join(lines)
+
+
+def format_explanation(rows: List[Dict], grid: GridShape, cache: bool = False) -> str:
+    """:func:`explain_grid`'s rows as a table, with the totals."""
+    head = (f"grid {grid} ({'ours with cache' if cache else 'ours without cache'}): per term, GiB per rank and "
+            f"step, ratio ours/AxoNN, table GB/s, seconds")
+    lines = [head, f"  {'term':<26} {'AxoNN GiB':>10} {'ours GiB':>10} {'ratio':>6} {'GB/s':>5} {'AxoNN s':>8} "
+                   f"{'ours s':>8}  why"]
+    for r in rows:
+        lines.append(f"  {r['term']:<26} {r['axonn_gib']:10.3f} {r['ours_gib']:10.3f} {r['ratio']:6.2f} "
+                     f"{r['gbs']:5g} {r['axonn_s']:8.3f} {r['ours_s']:8.3f}  {r['why']}")
+    lines.append(f"  {'total':<26} {sum(r['axonn_gib'] for r in rows):10.3f} {sum(r['ours_gib'] for r in rows):10.3f} "
+                 f"{'':>6} {'':>5} {sum(r['axonn_s'] for r in rows):8.3f} {sum(r['ours_s'] for r in rows):8.3f}")
+    return "\n".join(lines)
