@@ -49,7 +49,8 @@ def _register_tune(sub) -> None:
     o.add_argument("--top", type=positive_int, default=5, metavar="K", help="grids to show (default 5)")
     o.add_argument("--emit-sweep", metavar="FILE", help="write a sweep spec (YAML) that measures the top K")
     o.add_argument("--force", action="store_true", help="replace an existing --emit-sweep file")
-    p.set_defaults(handler=cmd_tune, serial=True)
+    # --dtype: the run's choices; default the site's training dtype (bfloat16 on GPU sites, float32 on CPU)
+    p.set_defaults(handler=cmd_tune, serial=True, dtype=None)
 
 
 def cmd_tune(args, world=None) -> int:
@@ -62,6 +63,10 @@ def cmd_tune(args, world=None) -> int:
     overlap = OverlapConfig.parse(args.overlap)
     refuse_overwrite(args.emit_sweep, args.force)
     profile = resolve_profile(args.site, args.profile, args.fallback_profile)
+    if args.dtype is None:
+        args.dtype = profile.training_dtype
+        print(f"dtype {args.dtype}: the training dtype of machine profile {profile.name} "
+              f"({'bf16 on GPU sites' if profile.backend == 'cupy' else 'float32 on CPU sites'}; --dtype to choose)")
     limit = args.memory_limit * GIB if args.memory_limit is not None else None
     ranking = rank_grids(cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer, limit,
                          args.ranks_per_node)

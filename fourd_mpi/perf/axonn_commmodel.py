@@ -52,7 +52,7 @@ The terms that differ (:func:`explain_grid` prints them per grid):
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from fourd_mpi.core.grid import GridShape
@@ -116,9 +116,10 @@ def our_terms(cfg: ModelConfig, grid: GridShape, cache: bool = False,
     from fourd_mpi.step.overlap import OverlapConfig
 
     out: Dict[Tuple[str, str, str], float] = defaultdict(float)
-    for c in step_collectives(cfg, grid, OverlapConfig(cache=cache), dtype):
+    # every block sends the same: list one block (and the loss) and multiply by the layer count
+    for c in step_collectives(replace(cfg, layers=1), grid, OverlapConfig(cache=cache), dtype):
         kind = c.layer.split(".")[-1]
-        out[(kind, c.axis, c.role)] += c.wire_bytes / GIB
+        out[(kind, c.axis, c.role)] += c.wire_bytes * (1 if c.layer == "loss" else cfg.layers) / GIB
     return dict(out)
 
 

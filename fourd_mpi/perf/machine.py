@@ -399,6 +399,9 @@ class MachineProfile:
         rates = ", ".join(f"{k} {v:g}" for k, v in self.data["compute"]["gemm_tflops"].items())
         text = (f"machine profile {self.name} ({self.data.get('source', 'file')}): {self.ranks_per_node} ranks/node, "
                 f"levels {levels}; GEMM TFLOP/s per rank {rates}")
+        if self.has_network:
+            text += (f"; network: published bandwidths by placement and size ({self.data['network'].get('use', 'measured')} "
+                     f"rule)")
         missing = self.missing_fits()
         if missing:
             text += f"; no fit of {', '.join(missing)}"
