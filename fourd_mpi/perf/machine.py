@@ -21,8 +21,24 @@ A profile (YAML, validated with JSON Schema, see :data:`PROFILE_SCHEMA`) holds
   extra time of a collective issued right after compute rather than after a barrier (ranks
   arriving apart; large on oversubscribed nodes), added once per message.
 
+Optional, for machines with published network measurements (the built-in GPU profiles):
+
+- ``network``: replaces the levels' alpha-beta for the model's collectives when present
+  (:meth:`MachineProfile.network_time`). ``placement_gbs``: AxoNN's ``get_bw(ip, group)`` as rows
+  (``ip``/``ip_min``/``ip_max``, ``group``/``group_min``/``group_max``, ``gbs``; first match wins),
+  ``ip`` being the product of the axes placed inside the collective's axis (X, Y, Z, data from
+  inside out, :func:`axis_inner_products`); ``busbw_by_size``: published bus bandwidth (GB/s) per
+  output size (rows, bytes) and GPU count (columns) per collective, or the name of another
+  collective's table; ``inter_node_gbs`` and ``latency_s_per_rank`` per collective (an all-reduce
+  without its own value is a reduce-scatter plus an all-gather); ``use``: ``measured`` (default:
+  groups inside a node take the placement table, groups across nodes the size table divided by
+  ``min(ip, ranks per node)``) or ``placement`` (AxoNN's table for every group);
+- ``sources``: the citation of each constant (key = its path in the file);
+- ``compute.training_dtype``: the dtype the site trains in (default bfloat16 on cupy profiles,
+  float32 on numpy ones); ``tune`` uses it when ``--dtype`` is not given.
+
 Built-in profiles are ``fourd_mpi/perf/profiles/<name>.yaml``: ``perlmutter``, ``frontier`` (from
-published figures, cited in the files) and ``laptop`` (a generic CPU default).
+published figures, each constant cited in the file's ``sources``) and ``laptop`` (a generic CPU default).
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ Per rank and step (seconds), from :mod:`fourd_mpi.perf.volumes` (every collectiv
   ``t = count * (k*(p-1)*alpha + k*(p-1)/p*S*beta*share)``, k = 2 for all-reduce; ``share`` =
   ranks of a node in the run / the level's ``shared_by`` (ranks that shared the link when beta
   was measured); plus the profile's synchronization cost per message (``sync_s``: ranks arriving
-  apart, measured by the benchmark) where it has one;
+  apart, measured by the benchmark) where it has one; a profile with a ``network`` section (published
+  bandwidths by placement ``ip`` and message size, :meth:`~fourd_mpi.perf.machine.MachineProfile.network_time`)
+  costs each message with that instead of alpha-beta;
 - **compute**: local GEMM FLOPs (forward ``2*m*(n/G_out)*(k/G_in)`` per 4D layer, backward twice
   that; attention ``12*m*s*h/G_y`` per GPT block, replicated over X) at the profile's sustained
   GEMM rate, element-wise work (LayerNorm, GeLU, softmax, residuals, Adam) at its memory
