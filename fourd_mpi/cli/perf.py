@@ -52,7 +52,8 @@ def _register_tune(sub) -> None:
     o.add_argument("--top", type=positive_int, default=5, metavar="K", help="grids to show (default 5)")
     o.add_argument("--emit-sweep", metavar="FILE", help="write a sweep spec (YAML) that measures the top K")
     o.add_argument("--force", action="store_true", help="replace an existing --emit-sweep file")
-    p.set_defaults(handler=cmd_tune, serial=True)
+    # --dtype: the run's choices; default the site's training dtype (bfloat16 on GPU sites, float32 on CPU)
+    p.set_defaults(handler=cmd_tune, serial=True, dtype=None)
 
 
 def _memory_limit(text: str):
@@ -108,6 +109,10 @@ def cmd_tune(args, world=None) -> int:
     overlap = OverlapConfig.parse(args.overlap)
     refuse_overwrite(args.emit_sweep, args.force)
     profile = resolve_profile(args.site, args.profile, args.fallback_profile)
+    if args.dtype is None:
+        args.dtype = profile.training_dtype
+        print(f"dtype {args.dtype}: the training dtype of machine profile {profile.name} "
+              f"({'bf16 on GPU sites' if profile.backend == 'cupy' else 'float32 on CPU sites'}; --dtype to choose)")
     limit, limit_text = _memory_limit_bytes(args, profile)
     recompute, attention = args.recompute or "none", args.attention or "unfused"
     ranking = rank_grids(cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer, limit,
@@ -169,6 +174,21 @@ def _register_model(sub) -> None:
     add_output(v, help="also write the report there")
     v.add_argument("--require", action="store_true", help="exit 1 unless every goal is met (median |error| <= "
                    "20%%, Spearman >= 0.8 per group, measured best in the predicted top 3)")
+    a = msub.add_parser("compare-axonn", help="communication only: our step's volumes and AxoNN's published "
+                        "model, both costed with AxoNN's bandwidth table; the two top-K rankings and why they differ")
+    a.add_argument("--model", default="gpt-80b", help="preset (default gpt-80b)")
+    a.add_argument("--ranks", type=positive_int, default=1024, metavar="N", help="GPUs (default 1024)")
+    a.add_argument("--batch", default="1024,2048", metavar="LIST", help="global batches in sequences, comma list "
+                   "(default 1024,2048)")
+    a.add_argument("--seq", type=positive_int, default=2048, metavar="S", help="sequence length (default 2048)")
+    a.add_argument("--min-tp", type=positive_int, default=64, metavar="T",
+                   help="minimum G_x G_y G_z (AxoNN's minimum tensor-parallel degree; default 64)")
+    a.add_argument("--profile", default="perlmutter", metavar="P", help="profile whose network.placement_gbs is "
+                   "the table (default perlmutter; frontier has AxoNN's Frontier table)")
+    a.add_argument("--top", type=positive_int, default=8, metavar="K", help="grids per list (default 8)")
+    a.add_argument("--explain", action="append", default=[], metavar="DxZxYxX",
+                   help="grid to explain term by term (repeatable; default: AxoNN's best, ours, and AxoNN's best "
+                        "with G_x, G_y > 1)")
     pp = msub.add_parser("paper", help="the model's prediction for the AxoNN SC'24 settings (gpt-80b on 1,024 "
                                        "Perlmutter A100s, bf16, full recompute, all overlaps) and the weak-scaling "
                                        "series, next to the published numbers (offline)")
@@ -184,7 +204,32 @@ def _register_model(sub) -> None:
                     help="weak-scaling cases: all (5B/64 ... 80B/1,024), none, or a comma list of presets "
                          "(gpt-5b,gpt-10b,...)")
     add_output(pp, help="write the weak-scaling plot there (PNG; needs matplotlib, the analysis extra)")
+
     p.set_defaults(handler=cmd_model, serial=True)
+
+
+def _cmd_compare_axonn(args) -> int:
+    from fourd_mpi.core.grid import GridShape
+    from fourd_mpi.errors import ConfigError
+    from fourd_mpi.perf.axonn_commmodel import (compare, default_explained, explain_grid, format_comparison,
+                                                format_explanation)
+    from fourd_mpi.perf.machine import load_profile
+    from fourd_mpi.step.presets import resolve_model
+
+    batches = [positive_int(b) for b in args.batch.split(",") if b.strip()]
+    explain = [GridShape.parse(g) for g in args.explain]
+    profile = load_profile(args.profile)
+    if profile.placement_gbs(1, 2) is None:
+        raise ConfigError(f"machine profile {profile.name} has no network.placement_gbs (AxoNN's get_bw table): "
+                          f"use --profile perlmutter or frontier")
+    for i, batch in enumerate(batches):
+        cfg = resolve_model(args.model, batch=batch, seq=args.seq)
+        comp = compare(cfg, args.ranks, args.min_tp, profile.placement_gbs)
+        print(("\n" if i else "") + format_comparison(cfg, args.ranks, args.min_tp, comp, args.top, profile.name))
+        grids = explain or default_explained(comp)
+        for g in grids:
+            print(format_explanation(explain_grid(cfg, g, profile.placement_gbs), g))
+    return 0
 
 
 def _cmd_paper(args) -> int:
@@ -229,6 +274,8 @@ def cmd_model(args, world=None) -> int:
         return _cmd_calibrate(args)
     if args.model_command == "paper":
         return _cmd_paper(args)
+    if args.model_command == "compare-axonn":
+        return _cmd_compare_axonn(args)
     refuse_overwrite(args.output, args.force)
     profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
     traces, problems = collect_or_fail(args.paths)

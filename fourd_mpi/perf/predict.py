@@ -8,7 +8,9 @@ Per rank and step (seconds), from :mod:`fourd_mpi.perf.volumes` (every collectiv
   ``t = count * (k*(p-1)*alpha + k*(p-1)/p*S*beta*share)``, k = 2 for all-reduce; ``share`` =
   ranks of a node in the run / the level's ``shared_by`` (ranks that shared the link when beta
   was measured); plus the profile's synchronization cost per message (``sync_s``: ranks arriving
-  apart, measured by the benchmark) where it has one;
+  apart, measured by the benchmark) where it has one; a profile with a ``network`` section (published
+  bandwidths by placement ``ip`` and message size, :meth:`~fourd_mpi.perf.machine.MachineProfile.network_time`)
+  costs each message with that instead of alpha-beta;
 - **compute**: local GEMM FLOPs (forward ``2*m*(n/G_out)*(k/G_in)`` per 4D layer, backward twice
   that; attention ``12*m*s*h/G_y`` per GPT block, replicated over X) at the profile's sustained
   GEMM rate, element-wise work (LayerNorm, GeLU, softmax, residuals, Adam) at its memory
@@ -53,7 +55,7 @@ from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
-from fourd_mpi.perf.machine import MachineProfile, axis_placement
+from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement
 from fourd_mpi.perf.memory import MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.perf.volumes import OVERLAPS, Collective, step_collectives
@@ -183,19 +185,24 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ove
 
 
 def collective_parts(c: Collective, profile: MachineProfile, placement: Dict[str, str],
-                     ranks_on_node: int) -> Tuple[float, float]:
-    """``(alpha-beta seconds, synchronization seconds)`` of all ``c.count`` messages (no overlap)."""
+                     ranks_on_node: int, inner: Optional[Dict[str, int]] = None) -> Tuple[float, float]:
+    """``(alpha-beta seconds, synchronization seconds)`` of all ``c.count`` messages (no overlap).
+    A profile with a ``network`` section costs them with its published bandwidths by placement
+    (``inner``: the axis's inner product ip, :func:`~fourd_mpi.perf.machine.axis_inner_products`)."""
     level = placement[c.axis]
+    if inner is not None and profile.has_network:
+        t = profile.network_time(c.op, c.p, c.message_bytes, inner[c.axis], level, ranks_on_node)
+        return c.count * t, c.count * profile.sync_s(level, c.p)
     fit, shared_by = profile.fit(level, c.op, c.p)
     share = ranks_on_node / shared_by if level == "inter" else 1.0
     return c.count * fit.time(c.op, c.p, c.message_bytes, share), c.count * profile.sync_s(level, c.p)
 
 
 def collective_time(c: Collective, profile: MachineProfile, placement: Dict[str, str],
-                    ranks_on_node: int) -> float:
+                    ranks_on_node: int, inner: Optional[Dict[str, int]] = None) -> float:
     """Seconds for all ``c.count`` messages of one collective (no overlap), with the profile's term weights."""
     w = profile.term_weights
-    alpha_beta, sync = collective_parts(c, profile, placement, ranks_on_node)
+    alpha_beta, sync = collective_parts(c, profile, placement, ranks_on_node, inner)
     return w["comm"] * alpha_beta + w["sync"] * sync
 
 
@@ -211,7 +218,7 @@ def term_features(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     out = {t: comp[t] for t in ("gemm", "attention", "elementwise", "calls")}
     out["comm"] = out["sync"] = 0.0
     for c in step_collectives(cfg, grid, overlap, dtype):
-        alpha_beta, sync = collective_parts(c, profile, placement, rpn)
+        alpha_beta, sync = collective_parts(c, profile, placement, rpn, axis_inner_products(grid))
         out["comm"] += alpha_beta
         out["sync"] += sync
     return out
@@ -434,6 +441,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     overlap = overlap or OverlapConfig()
     rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)
     placement = axis_placement(grid, rpn)
+    inner = axis_inner_products(grid)
     notes: List[str] = []
     gemm_rate_tflops(profile, dtype, notes)
     comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
@@ -444,7 +452,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
                              attention=attention, precision=precision, shard_optimizer=shard_optimizer)
     if not profile.host_driven:
         return _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, efficiency, memory,
-                               notes, recompute)
+                               notes, recompute, inner)
     if profile.host_driven and progress == "none":
         efficiency = 0.0
         if overlap.enabled and overlap.enabled != ["cache"]:
@@ -458,7 +466,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     wire: Dict[str, int] = defaultdict(int)
     layer_index: Dict[str, int] = {}
     for c in colls:
-        t = collective_time(c, profile, placement, rpn)
+        t = collective_time(c, profile, placement, rpn, inner)
         key = (c.axis, c.op)
         comm[key] += t
         wire[c.axis] += c.wire_bytes
@@ -493,13 +501,13 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
 
 
 def _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, efficiency, memory, notes,
-                    recompute) -> Prediction:
+                    recompute, inner=None) -> Prediction:
     """The device-driven regime: exposed communication from :func:`device_timeline`."""
     cache: Dict[tuple, Tuple[float, int]] = {}  # every block repeats the same shapes
     for c in colls:
         shape = (c.op, c.axis, c.p, c.count, c.message_bytes)
         if shape not in cache:
-            cache[shape] = (collective_time(c, profile, placement, rpn), c.wire_bytes)
+            cache[shape] = (collective_time(c, profile, placement, rpn, inner), c.wire_bytes)
     times = [cache[(c.op, c.axis, c.p, c.count, c.message_bytes)][0] for c in colls]
     if recompute == "full":  # the forward all-reduces run again when the block is recomputed
         times = [t * (2 if c.role == "fwd_allreduce" else 1) for c, t in zip(colls, times)]
