@@ -43,13 +43,60 @@ def _register_tune(sub) -> None:
                    "profile lacks (e.g. perlmutter for inter-node axes of a one-node calibration)")
     m.add_argument("--ranks-per-node", type=positive_int, default=None, metavar="R",
                    help="ranks per node of the run (default: the profile's)")
-    m.add_argument("--memory-limit", type=positive_float, default=None, metavar="GiB",
-                   help="drop grids needing more per rank")
+    m.add_argument("--memory-limit", type=_memory_limit, default=None, metavar="GiB",
+                   help="drop grids needing more per rank (counted bytes + allocator margin + GPU runtime reserve); "
+                        "default: the profile's device memory (e.g. 40 on perlmutter, 64 on frontier; none on CPU "
+                        "profiles); 'none' keeps every grid")
+    _add_memory_model(p)
     o = p.add_argument_group("output")
     o.add_argument("--top", type=positive_int, default=5, metavar="K", help="grids to show (default 5)")
     o.add_argument("--emit-sweep", metavar="FILE", help="write a sweep spec (YAML) that measures the top K")
     o.add_argument("--force", action="store_true", help="replace an existing --emit-sweep file")
-    p.set_defaults(handler=cmd_tune, serial=True)
+    # --dtype: the run's choices; default the site's training dtype (bfloat16 on GPU sites, float32 on CPU)
+    p.set_defaults(handler=cmd_tune, serial=True, dtype=None)
+
+
+def _memory_limit(text: str):
+    """``--memory-limit``: GiB per rank, or ``none``."""
+    if text.strip().lower() == "none":
+        return "none"
+    return positive_float(text)
+
+
+def _add_memory_model(p) -> None:
+    """What the run keeps in memory and computes again (model options of tune and model paper)."""
+    from fourd_mpi.perf.memory import ATTENTION, PRECISIONS, RECOMPUTE
+
+    g = p.add_argument_group("memory and recompute model")
+    g.add_argument("--recompute", default=None, choices=RECOMPUTE,
+                   help="activation recompute (none: keep every block's activations; selective: recompute the "
+                        "attention core; full: keep block inputs only, recompute each block in backward)")
+    g.add_argument("--attention", default=None, choices=ATTENTION,
+                   help="unfused keeps the s x s attention probabilities (this suite's step); fused = flash "
+                        "attention (keeps none)")
+    g.add_argument("--precision", default=None, choices=PRECISIONS,
+                   help="mixed: 16-bit weights/gradients + fp32 master copy and Adam moments (default for "
+                        "float16/bfloat16); pure: everything in the run dtype (this suite's step; default otherwise)")
+
+
+def _memory_limit_bytes(args, profile):
+    """``(bytes or None, sentence saying where the limit comes from)``."""
+    from fourd_mpi.perf.memory import ALLOCATOR_MARGIN, GPU_RUNTIME_RESERVE_BYTES
+    from fourd_mpi.perf.tune import default_memory_limit, memory_reserve
+
+    how = f"need = counted bytes x {1 + ALLOCATOR_MARGIN:.2f} (allocator margin)"
+    if memory_reserve(profile):
+        how += f" + {GPU_RUNTIME_RESERVE_BYTES / GIB:g} GiB (GPU runtime reserve)"
+    if args.memory_limit == "none":
+        return None, "memory limit: none (--memory-limit none)"
+    if args.memory_limit is not None:
+        return args.memory_limit * GIB, f"memory limit: {args.memory_limit:g} GiB per rank (--memory-limit); {how}"
+    limit = default_memory_limit(profile)
+    if limit is None:
+        return None, (f"memory limit: none (profile {profile.name} states no device memory; give --memory-limit "
+                      f"GiB to drop grids)")
+    return limit, (f"memory limit: {limit / GIB:g} GiB per rank (profile {profile.name}'s device memory; "
+                   f"--memory-limit GiB|none to change); {how}")
 
 
 def cmd_tune(args, world=None) -> int:
@@ -62,13 +109,22 @@ def cmd_tune(args, world=None) -> int:
     overlap = OverlapConfig.parse(args.overlap)
     refuse_overwrite(args.emit_sweep, args.force)
     profile = resolve_profile(args.site, args.profile, args.fallback_profile)
-    limit = args.memory_limit * GIB if args.memory_limit is not None else None
+    if args.dtype is None:
+        args.dtype = profile.training_dtype
+        print(f"dtype {args.dtype}: the training dtype of machine profile {profile.name} "
+              f"({'bf16 on GPU sites' if profile.backend == 'cupy' else 'float32 on CPU sites'}; --dtype to choose)")
+    limit, limit_text = _memory_limit_bytes(args, profile)
+    recompute, attention = args.recompute or "none", args.attention or "unfused"
     ranking = rank_grids(cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer, limit,
-                         args.ranks_per_node)
+                         args.ranks_per_node, recompute=recompute, attention=attention, precision=args.precision)
+    from fourd_mpi.perf.memory import default_precision
+
     print(profile.describe())
     print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
           f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; overlap {overlap}; progress {args.progress}; "
-          f"{args.dtype}")
+          f"{args.dtype} ({args.precision or default_precision(args.dtype)} precision); recompute {recompute}; "
+          f"attention {attention}")
+    print(limit_text)
     print(ranking.dropped_summary())
     print(f"top {min(args.top, len(ranking.predictions))} of {len(ranking.predictions)} valid grids by predicted "
           f"step time (ms per step; comm = exposed communication per axis):")
@@ -118,7 +174,95 @@ def _register_model(sub) -> None:
     add_output(v, help="also write the report there")
     v.add_argument("--require", action="store_true", help="exit 1 unless every goal is met (median |error| <= "
                    "20%%, Spearman >= 0.8 per group, measured best in the predicted top 3)")
+    a = msub.add_parser("compare-axonn", help="communication only: our step's volumes and AxoNN's published "
+                        "model, both costed with AxoNN's bandwidth table; the two top-K rankings and why they differ")
+    a.add_argument("--model", default="gpt-80b", help="preset (default gpt-80b)")
+    a.add_argument("--ranks", type=positive_int, default=1024, metavar="N", help="GPUs (default 1024)")
+    a.add_argument("--batch", default="1024,2048", metavar="LIST", help="global batches in sequences, comma list "
+                   "(default 1024,2048)")
+    a.add_argument("--seq", type=positive_int, default=2048, metavar="S", help="sequence length (default 2048)")
+    a.add_argument("--min-tp", type=positive_int, default=64, metavar="T",
+                   help="minimum G_x G_y G_z (AxoNN's minimum tensor-parallel degree; default 64)")
+    a.add_argument("--profile", default="perlmutter", metavar="P", help="profile whose network.placement_gbs is "
+                   "the table (default perlmutter; frontier has AxoNN's Frontier table)")
+    a.add_argument("--top", type=positive_int, default=8, metavar="K", help="grids per list (default 8)")
+    a.add_argument("--explain", action="append", default=[], metavar="DxZxYxX",
+                   help="grid to explain term by term (repeatable; default: AxoNN's best, ours, and AxoNN's best "
+                        "with G_x, G_y > 1)")
+    pp = msub.add_parser("paper", help="the model's prediction for the AxoNN SC'24 settings (gpt-80b on 1,024 "
+                                       "Perlmutter A100s, bf16, full recompute, all overlaps) and the weak-scaling "
+                                       "series, next to the published numbers (offline)")
+    pp.add_argument("--site", default="perlmutter", help="machine whose built-in profile is used (default perlmutter)")
+    pp.add_argument("--profile", default=None, metavar="P", help="machine profile (built-in name or file; overrides "
+                                                                  "--site)")
+    pp.add_argument("--memory-limit", type=_memory_limit, default=80.0, metavar="GiB",
+                    help="GiB per GPU (default 80: the A100-80GB nodes; 40 for the others; 'none')")
+    pp.add_argument("--batch", type=positive_int, default=None, metavar="N",
+                    help="global batch in sequences of 2,048 tokens at 1,024 GPUs (default 2048, our assumption; the "
+                         "weak-scaling cases scale it with their GPU count)")
+    pp.add_argument("--series", default="all", metavar="LIST",
+                    help="weak-scaling cases: all (5B/64 ... 80B/1,024), none, or a comma list of presets "
+                         "(gpt-5b,gpt-10b,...)")
+    add_output(pp, help="write the weak-scaling plot there (PNG; needs matplotlib, the analysis extra)")
+
     p.set_defaults(handler=cmd_model, serial=True)
+
+
+def _cmd_compare_axonn(args) -> int:
+    from fourd_mpi.core.grid import GridShape
+    from fourd_mpi.errors import ConfigError
+    from fourd_mpi.perf.axonn_commmodel import (compare, default_explained, explain_grid, format_comparison,
+                                                format_explanation)
+    from fourd_mpi.perf.machine import load_profile
+    from fourd_mpi.step.presets import resolve_model
+
+    batches = [positive_int(b) for b in args.batch.split(",") if b.strip()]
+    explain = [GridShape.parse(g) for g in args.explain]
+    profile = load_profile(args.profile)
+    if profile.placement_gbs(1, 2) is None:
+        raise ConfigError(f"machine profile {profile.name} has no network.placement_gbs (AxoNN's get_bw table): "
+                          f"use --profile perlmutter or frontier")
+    for i, batch in enumerate(batches):
+        cfg = resolve_model(args.model, batch=batch, seq=args.seq)
+        comp = compare(cfg, args.ranks, args.min_tp, profile.placement_gbs)
+        print(("\n" if i else "") + format_comparison(cfg, args.ranks, args.min_tp, comp, args.top, profile.name))
+        grids = explain or default_explained(comp)
+        for g in grids:
+            print(format_explanation(explain_grid(cfg, g, profile.placement_gbs), g))
+    return 0
+
+
+def _cmd_paper(args) -> int:
+    from fourd_mpi.errors import ConfigError
+    from fourd_mpi.perf.paper import DEFAULT_BATCH, PUBLISHED, WEAK_SERIES, model_case, plot, report
+    from fourd_mpi.perf.tune import resolve_profile
+
+    refuse_overwrite(args.output, args.force)
+    wanted = [t.strip() for t in args.series.split(",") if t.strip()]
+    if wanted == ["all"]:
+        cases = list(WEAK_SERIES)
+    elif wanted == ["none"]:
+        cases = []
+    else:
+        known = dict(WEAK_SERIES)
+        unknown = [w for w in wanted if w not in known]
+        if unknown:
+            raise ConfigError(f"--series: unknown {', '.join(unknown)}: choose all, none or a comma list of "
+                              f"{', '.join(known)}")
+        cases = [(w, known[w]) for w in wanted]
+    if args.output and not cases:
+        raise ConfigError("-o writes the weak-scaling plot: give --series all or a list, not none")
+    profile = resolve_profile(args.site, args.profile)
+    limit = None if args.memory_limit == "none" else args.memory_limit
+    batch = args.batch or DEFAULT_BATCH
+    flagship = model_case(PUBLISHED["model"], PUBLISHED["gpus"], profile, limit, batch)
+    series = [flagship if (m, g) == (PUBLISHED["model"], PUBLISHED["gpus"])
+              else model_case(m, g, profile, limit, max(1, batch * g // PUBLISHED["gpus"])) for m, g in cases]
+    print(report(flagship, series, profile, limit))
+    if args.output:
+        plot(series, args.output, profile, limit)
+        print(f"wrote {args.output}")
+    return 0
 
 
 def cmd_model(args, world=None) -> int:
@@ -128,6 +272,10 @@ def cmd_model(args, world=None) -> int:
 
     if args.model_command == "calibrate":
         return _cmd_calibrate(args)
+    if args.model_command == "paper":
+        return _cmd_paper(args)
+    if args.model_command == "compare-axonn":
+        return _cmd_compare_axonn(args)
     refuse_overwrite(args.output, args.force)
     profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
     traces, problems = collect_or_fail(args.paths)

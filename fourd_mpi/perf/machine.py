@@ -4,7 +4,8 @@ A profile (YAML, validated with JSON Schema, see :data:`PROFILE_SCHEMA`) holds
 
 - ``node``: ranks per node the values assume, cores per node, NICs per node;
 - ``compute``: sustained GEMM TFLOP/s per rank and dtype (``gemm_tflops``), memory bandwidth for
-  element-wise work (GB/s), a fixed cost per kernel / NumPy call (s), and the oversubscription
+  element-wise work (GB/s), the memory of a rank's device (``device_memory_gib``, GPUs only),
+  a fixed cost per kernel / NumPy call (s), and the oversubscription
   factor (how much slower a rank computes when all ranks of a node compute at once: 1 on
   GPUs and when every rank has its own core; measured by ``fourd-mpi bench collectives``);
 - ``progress``: which share of an overlappable collective is hidden behind compute when
@@ -21,8 +22,24 @@ A profile (YAML, validated with JSON Schema, see :data:`PROFILE_SCHEMA`) holds
   extra time of a collective issued right after compute rather than after a barrier (ranks
   arriving apart; large on oversubscribed nodes), added once per message.
 
+Optional, for machines with published network measurements (the built-in GPU profiles):
+
+- ``network``: replaces the levels' alpha-beta for the model's collectives when present
+  (:meth:`MachineProfile.network_time`). ``placement_gbs``: AxoNN's ``get_bw(ip, group)`` as rows
+  (``ip``/``ip_min``/``ip_max``, ``group``/``group_min``/``group_max``, ``gbs``; first match wins),
+  ``ip`` being the product of the axes placed inside the collective's axis (X, Y, Z, data from
+  inside out, :func:`axis_inner_products`); ``busbw_by_size``: published bus bandwidth (GB/s) per
+  output size (rows, bytes) and GPU count (columns) per collective, or the name of another
+  collective's table; ``inter_node_gbs`` and ``latency_s_per_rank`` per collective (an all-reduce
+  without its own value is a reduce-scatter plus an all-gather); ``use``: ``measured`` (default:
+  groups inside a node take the placement table, groups across nodes the size table divided by
+  ``min(ip, ranks per node)``) or ``placement`` (AxoNN's table for every group);
+- ``sources``: the citation of each constant (key = its path in the file);
+- ``compute.training_dtype``: the dtype the site trains in (default bfloat16 on cupy profiles,
+  float32 on numpy ones); ``tune`` uses it when ``--dtype`` is not given.
+
 Built-in profiles are ``fourd_mpi/perf/profiles/<name>.yaml``: ``perlmutter``, ``frontier`` (from
-published figures, cited in the files) and ``laptop`` (a generic CPU default).
+published figures, each constant cited in the file's ``sources``) and ``laptop`` (a generic CPU default).
 """
 
 from __future__ import annotations
@@ -31,6 +48,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from fourd_mpi.core.backend import DTYPES
 from fourd_mpi.core.colltable import COLLECTIVES, collective
 from fourd_mpi.errors import ConfigError
 
@@ -38,6 +56,8 @@ PROFILES_DIR = os.path.join(os.path.dirname(__file__), "profiles")
 LEVELS = ("intra", "inter")
 KINDS = tuple(COLLECTIVES)  # allgather, reduce_scatter, allreduce
 #: the model's terms; ``step_fit.weights`` (``fourd-mpi model calibrate``) scales each one
+#: how a ``network`` section costs a collective (:meth:`MachineProfile.network_time`)
+NETWORK_RULES = ("measured", "placement")
 TERMS = ("gemm", "attention", "elementwise", "calls", "comm", "sync")
 #: site names that map to a built-in machine profile
 SITE_PROFILES = {"perlmutter": "perlmutter", "frontier": "frontier", "local": "laptop", "laptop": "laptop"}
@@ -63,6 +83,36 @@ _level = {
                                        "additionalProperties": _fit} for k in KINDS}},
     },
 }
+_count = {"type": "integer", "minimum": 1}
+_rule = {
+    # one row of AxoNN's get_bw(ip, group): the first row whose bounds hold gives the bandwidth
+    "type": "object", "additionalProperties": False, "required": ["gbs"],
+    "properties": {"ip": _count, "ip_min": _count, "ip_max": _count, "group": _count, "group_min": _count,
+                   "group_max": _count, "gbs": _pos, "source": {"type": "string"}},
+}
+_size_table = {
+    "type": "object", "additionalProperties": False, "required": ["gpus", "bytes", "busbw_gbs"],
+    "properties": {"gpus": {"type": "array", "minItems": 1, "items": _count},
+                   "bytes": {"type": "array", "minItems": 1, "items": _pos},
+                   "busbw_gbs": {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1,
+                                                                            "items": _pos}},
+                   "source": {"type": "string"}},
+    "description": "bus bandwidth (GB/s) measured per output size (rows, bytes) and GPU count (columns)",
+}
+_per_op = {"type": "object", "additionalProperties": False, "minProperties": 1,
+           "properties": {k: _nonneg for k in KINDS}}
+_network = {
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        "description": {"type": "string"},
+        "use": {"enum": list(NETWORK_RULES)},
+        "placement_gbs": {"type": "array", "minItems": 1, "items": _rule},
+        "inter_node_gbs": _per_op,
+        "latency_s_per_rank": _per_op,
+        "busbw_by_size": {"type": "object", "additionalProperties": False,
+                          "properties": {k: {"oneOf": [_size_table, {"enum": list(KINDS)}]} for k in KINDS}},
+    },
+}
 PROFILE_SCHEMA: Dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
@@ -72,6 +122,8 @@ PROFILE_SCHEMA: Dict[str, Any] = {
                  "description": "a profile name uses letters, digits and . _ -"},
         "description": {"type": "string"},
         "source": {"type": "string"},
+        "sources": {"type": "object", "additionalProperties": {"type": "string"},
+                    "description": "citation per constant (key: the constant's path in the file)"},
         "backend": {"enum": ["numpy", "cupy"]},
         "fallback": {"type": "string", "description": "built-in profile for the levels this one lacks"},
         "calibration": {"type": "object"},
@@ -83,10 +135,13 @@ PROFILE_SCHEMA: Dict[str, Any] = {
         "compute": {"type": "object", "additionalProperties": False, "required": ["gemm_tflops"],
                     "properties": {
                         "gemm_tflops": {"type": "object", "minProperties": 1,
-                                        "propertyNames": {"enum": ["float16", "float32", "float64"]},
+                                        "propertyNames": {"enum": list(DTYPES)},
                                         "additionalProperties": _pos},
-                        "peak_tflops": {"type": "object", "additionalProperties": _pos},
+                        "peak_tflops": {"type": "object", "propertyNames": {"enum": list(DTYPES)},
+                                        "additionalProperties": _pos},
+                        "training_dtype": {"enum": list(DTYPES)},
                         "mem_bandwidth_gbs": _pos,
+                        "device_memory_gib": _pos,
                         "op_overhead_s": _nonneg,
                         "oversubscription": {"type": "number", "minimum": 1},
                         "gemm_tflops_alone": {"type": "object", "additionalProperties": _pos}}},
@@ -94,6 +149,7 @@ PROFILE_SCHEMA: Dict[str, Any] = {
                      "properties": {"overlap_efficiency": {"type": "number", "minimum": 0, "maximum": 1},
                                     "host_driven": {"type": "boolean"},
                                     "description": {"type": "string"}}},
+        "network": _network,
         "levels": {"type": "object", "additionalProperties": False, "minProperties": 1,
                    "properties": {lv: _level for lv in LEVELS}},
         "step_fit": {"type": "object", "additionalProperties": False, "required": ["weights"],
@@ -138,10 +194,32 @@ class MachineProfile:
     def backend(self) -> str:
         return self.data.get("backend", "numpy")
 
+    @property
+    def training_dtype(self) -> str:
+        """The dtype a site trains in: ``compute.training_dtype``, else bfloat16 on GPU (cupy) profiles
+        and float32 on CPU (numpy) ones (NumPy has no bfloat16 arithmetic)."""
+        return str(self.data["compute"].get("training_dtype", "bfloat16" if self.backend == "cupy" else "float32"))
+
+    def peak_tflops(self, dtype: str) -> Optional[float]:
+        """The data-sheet peak per rank for ``dtype`` (None when the profile has none)."""
+        peaks = self.data["compute"].get("peak_tflops") or {}
+        if dtype == "bfloat16" and dtype not in peaks and "float16" in peaks:
+            dtype = "float16"
+        return float(peaks[dtype]) if dtype in peaks else None
+
     def gemm_tflops(self, dtype: str) -> float:
+        """Sustained GEMM TFLOP/s per rank. A profile without a bfloat16 rate (calibrated before bf16
+        existed) uses its float16 rate, noted: both run on the same tensor cores at the same
+        data-sheet peak on A100, H100 and MI250X."""
         rates = self.data["compute"]["gemm_tflops"]
         if dtype in rates:
             return float(rates[dtype])
+        if dtype == "bfloat16" and "float16" in rates:
+            note = (f"profile {self.name} has no bfloat16 GEMM rate: using its float16 rate "
+                    f"({float(rates['float16']):g} TFLOP/s; same tensor-core peak)")
+            if note not in self.notes:
+                self.notes.append(note)
+            return float(rates["float16"])
         raise ConfigError(f"machine profile {self.name} has no GEMM rate for {dtype} (it has "
                           f"{', '.join(rates)}): add compute.gemm_tflops.{dtype} or calibrate with "
                           f"fourd-mpi bench collectives --dtypes {dtype}")
@@ -150,6 +228,13 @@ class MachineProfile:
     def mem_bandwidth(self) -> float:
         """Bytes/s for element-wise work."""
         return float(self.data["compute"].get("mem_bandwidth_gbs", 10.0)) * 1e9
+
+    @property
+    def device_memory_gib(self) -> Optional[float]:
+        """Memory of the device one rank uses (GiB; a GPU's HBM), or None when the profile has none
+        (CPU profiles: ranks share the host's memory)."""
+        value = self.data["compute"].get("device_memory_gib")
+        return None if value is None else float(value)
 
     @property
     def op_overhead_s(self) -> float:
@@ -239,6 +324,97 @@ class MachineProfile:
         entry = by_size.get(str(p)) or lv[op]
         return Fit(float(entry["alpha_s"]), float(entry["beta_s_per_byte"])), int(lv["shared_by"])
 
+    # -- the network section: published bandwidths by placement and message size ------------------
+
+    @property
+    def has_network(self) -> bool:
+        return bool(self.data.get("network"))
+
+    def placement_gbs(self, ip: int, group: int) -> Optional[float]:
+        """AxoNN's ``get_bw(ip, group)``: GB/s of a collective over ``group`` ranks whose axis has the
+        product ``ip`` of the axes placed inside it (X, Y, Z, data from inside out); the first
+        ``network.placement_gbs`` row whose bounds hold, or None (no row: AxoNN leaves the grid out)."""
+        for row in (self.data.get("network") or {}).get("placement_gbs", []):
+            if "ip" in row and ip != row["ip"] or "group" in row and group != row["group"]:
+                continue
+            if ip < row.get("ip_min", 0) or ip > row.get("ip_max", ip) or group < row.get("group_min", 0) \
+                    or group > row.get("group_max", group):
+                continue
+            return float(row["gbs"])
+        return None
+
+    def _per_op(self, key: str, op: str) -> Optional[float]:
+        """``network.<key>[op]``; an all-reduce without its own value is a ring reduce-scatter plus
+        all-gather: latencies add, bandwidths combine harmonically (``2 / (1/b_rs + 1/b_ag)``)."""
+        table = (self.data.get("network") or {}).get(key) or {}
+        if op in table:
+            return float(table[op])
+        if op == "allreduce" and "allgather" in table and "reduce_scatter" in table:
+            ag, rs = float(table["allgather"]), float(table["reduce_scatter"])
+            return ag + rs if key == "latency_s_per_rank" else 2.0 / (1.0 / ag + 1.0 / rs)
+        return None
+
+    def busbw_by_size(self, op: str, p: int, message_bytes: float) -> Optional[Tuple[float, bool]]:
+        """``(GB/s, below_range)`` interpolated in the published table of bus bandwidth by output size and
+        GPU count (``network.busbw_by_size``): linear in ``log(bytes)`` and ``log(p)``, clamped to the
+        table's ends (``below_range``: the message is smaller than the smallest measured). An
+        all-reduce without a table combines the reduce-scatter and all-gather ones as :meth:`_per_op`.
+        None when the profile has no table for ``op``."""
+        import numpy as np
+
+        tables = (self.data.get("network") or {}).get("busbw_by_size") or {}
+        entry = tables.get(op)
+        if isinstance(entry, str):
+            entry = tables.get(entry)
+        if entry is None:
+            if op == "allreduce" and "allgather" in tables and "reduce_scatter" in tables:
+                ag = self.busbw_by_size("allgather", p, message_bytes)
+                rs = self.busbw_by_size("reduce_scatter", p, message_bytes)
+                return 2.0 / (1.0 / ag[0] + 1.0 / rs[0]), ag[1] or rs[1]
+            return None
+        lb = np.log(np.asarray(entry["bytes"], dtype=float))
+        lg = np.log(np.asarray(entry["gpus"], dtype=float))
+        bw = np.asarray(entry["busbw_gbs"], dtype=float)
+        x = float(np.log(max(message_bytes, 1.0)))
+        per_gpus = np.array([np.interp(x, lb, bw[:, j]) for j in range(len(lg))])
+        return float(np.interp(np.log(p), lg, per_gpus)), bool(x < lb[0])
+
+    def network_time(self, op: str, p: int, message_bytes: float, ip: int, level: str,
+                     ranks_on_node: Optional[int] = None) -> float:
+        """Seconds of one ``op`` message of ``message_bytes`` (nccl-tests size) on ``p`` ranks whose axis
+        has inner product ``ip``, from the ``network`` section (docs: README "Machine profiles").
+
+        ``wire = k(p-1)/p * S`` (k = 2 all-reduce), ``lat = latency_s_per_rank * p`` (AxoNN's
+        latency-aware model), ``share = min(ip, ranks per node)`` (groups placed with stride share
+        the node's NICs). Rule ``placement``: ``lat + wire / placement_gbs(ip, p)``. Rule
+        ``measured`` (default): a group inside a node (``level == "intra"``) with a placement row
+        takes ``lat + wire / placement_gbs(ip, p)``; otherwise ``wire / (busbw(S, p) / share)`` from the
+        published size table (measured times include latency; below the smallest measured size at
+        least ``lat``), else ``lat + wire / (inter_node_gbs / share)``."""
+        net = self.data["network"]
+        kind = collective(op)
+        if p <= 1:
+            return 0.0
+        wire = kind.wire_factor(p) * message_bytes
+        lat = (self._per_op("latency_s_per_rank", op) or 0.0) * p
+        rule = net.get("use", "measured")
+        bw = self.placement_gbs(ip, p)
+        if rule == "placement" or (level == "intra" and bw is not None):
+            if bw is None:
+                raise ConfigError(f"machine profile {self.name}: network.placement_gbs has no row for ip={ip}, "
+                                  f"group={p} ({op}): add one (ip/ip_min/ip_max, group/group_min/group_max, gbs)")
+            return lat + wire / (bw * 1e9)
+        share = float(min(ip, ranks_on_node or self.ranks_per_node))
+        sized = self.busbw_by_size(op, p, message_bytes)
+        if sized is not None:
+            t = wire / (sized[0] * 1e9 / share)
+            return max(t, lat) if sized[1] else t
+        inter = self._per_op("inter_node_gbs", op)
+        if inter is None:
+            raise ConfigError(f"machine profile {self.name}: network has neither busbw_by_size nor "
+                              f"inter_node_gbs for {op} (needed for a group of {p} crossing nodes)")
+        return lat + wire / (inter * 1e9 / share)
+
     def missing_fits(self) -> List[str]:
         """``level:op`` of every collective fit this profile's own levels lack."""
         return [f"{lv}:{k}" for lv, entry in self.data["levels"].items() for k in KINDS if k not in entry]
@@ -248,6 +424,9 @@ class MachineProfile:
         rates = ", ".join(f"{k} {v:g}" for k, v in self.data["compute"]["gemm_tflops"].items())
         text = (f"machine profile {self.name} ({self.data.get('source', 'file')}): {self.ranks_per_node} ranks/node, "
                 f"levels {levels}; GEMM TFLOP/s per rank {rates}")
+        if self.has_network:
+            text += (f"; network: published bandwidths by placement and size ({self.data['network'].get('use', 'measured')} "
+                     f"rule)")
         missing = self.missing_fits()
         if missing:
             text += f"; no fit of {', '.join(missing)}"
@@ -276,6 +455,7 @@ def load_profile(name_or_path: Optional[str] = None, fallback: Optional[str] = N
                           f"({', '.join(builtin_profiles())}) or a profile file written by "
                           f"fourd-mpi bench collectives")
     doc = load_yaml(path, "machine profile", PROFILE_SCHEMA)
+    _check_size_tables(doc.data, path)
     profile = MachineProfile(doc.data["name"], doc.data, path)
     fb = fallback or doc.data.get("fallback")
     if fb:
@@ -283,6 +463,35 @@ def load_profile(name_or_path: Optional[str] = None, fallback: Optional[str] = N
             raise ConfigError(f"{path}: profile {profile.name} cannot be its own fallback")
         profile.fallback = load_profile(fb)
     return profile
+
+
+def _check_size_tables(data: Dict[str, Any], path: str) -> None:
+    """``network.busbw_by_size`` tables: one row per size, one column per GPU count, both ascending,
+    and a name (``reduce_scatter: allgather``) points at a table."""
+    tables = (data.get("network") or {}).get("busbw_by_size") or {}
+    for op, entry in tables.items():
+        where = f"{path}: network.busbw_by_size.{op}"
+        if isinstance(entry, str):
+            if not isinstance(tables.get(entry), dict):
+                raise ConfigError(f"{where} names {entry!r}, which has no table of its own")
+            continue
+        rows, cols = entry["bytes"], entry["gpus"]
+        if list(rows) != sorted(set(rows)) or list(cols) != sorted(set(cols)):
+            raise ConfigError(f"{where}: bytes and gpus must be strictly increasing, got {rows} and {cols}")
+        shape = [len(r) for r in entry["busbw_gbs"]]
+        if len(shape) != len(rows) or any(n != len(cols) for n in shape):
+            raise ConfigError(f"{where}: busbw_gbs must have {len(rows)} rows (one per size) of {len(cols)} "
+                              f"values (one per GPU count), got rows of {shape}")
+
+
+def axis_inner_products(grid) -> Dict[str, int]:
+    """``axis -> ip``, the product of the sizes of the axes placed inside it (order X, Y, Z, data from
+    inside out): AxoNN's ``ip`` (X: 1, Y: G_x, Z: G_x G_y, data: G_x G_y G_z)."""
+    out, ip = {}, 1
+    for axis in ("x", "y", "z", "data"):
+        out[axis] = ip
+        ip *= grid[axis]
+    return out
 
 
 def profile_for_site(site: Optional[str], profile: Optional[str] = None,

@@ -1,37 +1,57 @@
 """Memory per rank of a training step: what :mod:`fourd_mpi.step.layers`, :mod:`fourd_mpi.step.model`
-and :mod:`fourd_mpi.step.optim` actually keep, counted from the shapes (pure, no MPI).
+and :mod:`fourd_mpi.step.optim` actually keep, counted from the shapes, and what a GPU run with mixed
+precision, activation recompute and fused (flash) attention keeps (pure, no MPI).
 
 Notation (docs/design.md section 2): ``m = B*s/(G_data*G_z)`` local tokens, ``h`` hidden,
 ``f`` MLP hidden, ``e`` the dtype's item size in bytes. A weight ``W[n, k]`` of a normal
 layer has blocks ``[n/G_y, k/G_x]`` (transposed: ``[n/G_x, k/G_y]``); a rank stores
 ``n*k/(G_x*G_y*G_z)`` elements of it.
 
-Categories (bytes, per rank, at the step's peak: the end of the forward pass):
+Categories (bytes, per rank, at the step's peak: the end of the forward pass, or the backward of
+the first block with recompute):
 
-``weights``      FC weight shards ``n*k/(G_x*G_y*G_z)`` and LayerNorm ``gamma, beta`` ``[h/G_x]``.
-``gradients``    one gradient per parameter, the size of its shard (``param.grad`` persists).
-``optimizer``    Adam: ``m`` and ``v`` per parameter (2x weights); SGD (momentum 0): nothing.
-``activations``  what the forward saves for backward, per block:
-                 GPT: ``xhat, a, xhat2, b`` ``[m, h/G_x]`` each, ``rstd`` x2 ``[m, 1]``, the QKV
+``weights``      FC weight shards ``n*k/(G_x*G_y*G_z)`` and LayerNorm ``gamma, beta`` ``[h/G_x]``, in the
+                 run dtype (``e`` bytes each).
+``gradients``    one gradient per parameter, the size of its shard, in the run dtype.
+``master``       precision ``mixed`` only: an fp32 copy of every parameter shard the optimizer updates
+                 (4 bytes each; Megatron-LM and AxoNN keep one with bf16/fp16 training).
+``optimizer``    Adam: ``m`` and ``v`` per parameter (2 per parameter, run dtype with ``pure``, fp32 with
+                 ``mixed``); SGD (momentum 0): nothing. ``shard_optimizer="data"`` divides master and
+                 optimizer state by ``G_data`` (Megatron's distributed optimizer, ZeRO stage 1).
+``activations``  what the forward saves for backward, per block, by ``recompute``:
+                 ``none``: GPT: ``xhat, a, xhat2, b`` ``[m, h/G_x]`` each, ``rstd`` x2 ``[m, 1]``, the QKV
                  output ``[m, 3h/G_y]`` (q, k, v are views of it), the attention probabilities
-                 ``[m/s, heads/G_y, s, s]``, the context ``[m, h/G_y]``, ``u`` and ``gelu(u)``
-                 ``[m, f/G_y]``; MLP: ``x [m, h/G_x]``, ``u, g [m, f/G_y]``;
+                 ``[m/s, heads/G_y, s, s]`` (``attention="fused"``: the per-row log-sum-exp
+                 ``[m/s, heads/G_y, s]`` instead, as flash attention keeps), the context ``[m, h/G_y]``,
+                 ``u`` and ``gelu(u)`` ``[m, f/G_y]``; MLP: ``x [m, h/G_x]``, ``u, g [m, f/G_y]``;
+                 ``selective``: the same without the attention probabilities (the attention core is
+                 recomputed in backward);
+                 ``full``: only each block's input ``[m, h/G_x]``, plus one block's ``none`` set (the
+                 block being recomputed and differentiated);
                  plus the step's input and target ``[m, h/G_x]`` and the largest transient of a
-                 layer (the attention scores ``[m/s, heads/G_y, s, s]`` in GPT, else one
+                 layer (the attention scores ``[m/s, heads/G_y, s, s]`` in an unfused GPT, else one
                  ``[m, f/G_y]`` output).
 ``comm_buffers`` all-gathered weight blocks alive at once (1, or ``prefetch_depth + 1`` with
                  OAG; every layer's block with ``cache``), the all-reduce send/receive pair
                  of the largest activation ``[m, max(3h, f)/G_y]``, and the ``dW`` blocks whose
-                 reduce-scatter is in flight (1, or every layer's with ORS).
+                 reduce-scatter is in flight (1, or every layer's with ORS: the step keeps their
+                 handles, and so their buffers, until the optimizer).
+
+``total`` is the sum of the counted bytes. What a device must hold is more: :meth:`MemoryEstimate.required`
+adds :data:`ALLOCATOR_MARGIN` (caching-allocator fragmentation and NumPy/CuPy temporaries) and, on a GPU,
+:data:`GPU_RUNTIME_RESERVE_BYTES` (CUDA/HIP context, BLAS and MPI/NCCL workspaces).
 
 Exactness: weights, gradients and optimizer state are exact (tested against the arrays of a
 built run); activations are exact for the saved tensors and approximate for transients
 (NumPy temporaries are not counted); communication buffers are an upper bound of the
-buffers alive at one time.
+buffers alive at one time. ``master`` and ``attention="fused"`` describe a GPU framework (AxoNN,
+Megatron-LM): this suite's own step keeps its state in the run dtype (``precision="pure"``) and
+computes attention unfused.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -40,20 +60,49 @@ from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.step.overlap import OverlapConfig
 
+GIB = 2 ** 30
+#: activation recompute choices (what the forward keeps for backward, module docstring)
+RECOMPUTE = ("none", "selective", "full")
+#: attention implementations: ``unfused`` keeps the ``s x s`` probabilities (this suite's step),
+#: ``fused`` (flash attention) keeps only a log-sum-exp per query row
+ATTENTION = ("unfused", "fused")
+#: ``mixed``: 16-bit weights and gradients, fp32 master copy and fp32 Adam moments (Megatron-LM,
+#: AxoNN with bf16); ``pure``: everything in the run dtype (this suite's step)
+PRECISIONS = ("mixed", "pure")
+#: where the optimizer state is sharded beyond the 4D shards: ``none`` (the suite's step) or ``data``
+#: (Megatron-LM's distributed optimizer / ZeRO stage 1: master copy and moments split over G_data)
+OPTIMIZER_SHARDING = ("none", "data")
+#: Fraction added to the counted bytes before comparing with a device: a caching allocator
+#: (CuPy's pool, PyTorch's) rounds blocks up and fragments, and element-wise kernels make temporaries
+#: the count leaves out. 10 % is an assumption (PyTorch's documentation of the caching allocator
+#: discusses fragmentation without a single figure); ``tune --memory-limit`` moves the limit instead.
+ALLOCATOR_MARGIN = 0.10
+#: Bytes a GPU process holds beyond its arrays: the CUDA/HIP context (hundreds of MiB on an A100),
+#: cuBLAS/hipBLAS workspaces and the MPI/NCCL staging buffers. An assumption, stated once here.
+GPU_RUNTIME_RESERVE_BYTES = 1 * GIB
+_16BIT = ("float16", "bfloat16")
+
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes per rank by category; ``total`` is their sum."""
+    """Bytes per rank by category; ``total`` is their sum (the module docstring defines each)."""
 
     weights: int
     gradients: int
     optimizer: int
     activations: int
     comm_buffers: int
+    master: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.comm_buffers
+        return (self.weights + self.gradients + self.master + self.optimizer + self.activations
+                + self.comm_buffers)
+
+    def required(self, reserve_bytes: int = 0, margin: float = ALLOCATOR_MARGIN) -> int:
+        """Bytes a device needs: ``ceil(total * (1 + margin)) + reserve_bytes`` (pass
+        :data:`GPU_RUNTIME_RESERVE_BYTES` for a GPU)."""
+        return int(math.ceil(self.total * (1.0 + margin))) + int(reserve_bytes)
 
     def as_dict(self) -> Dict[str, int]:
         d = asdict(self)
@@ -63,8 +112,9 @@ class MemoryEstimate:
     def describe(self) -> str:
         """``1.23 GiB (weights 0.1, grads 0.1, optimizer 0.2, activations 0.8, comm 0.03 GiB)``."""
         g = 2.0 ** 30
+        master = f"master {self.master / g:.3g}, " if self.master else ""
         return (f"{self.total / g:.3g} GiB (weights {self.weights / g:.3g}, grads {self.gradients / g:.3g}, "
-                f"optimizer {self.optimizer / g:.3g}, activations {self.activations / g:.3g}, "
+                f"{master}optimizer {self.optimizer / g:.3g}, activations {self.activations / g:.3g}, "
                 f"comm {self.comm_buffers / g:.3g})")
 
 
@@ -95,15 +145,41 @@ def parameter_elements(cfg: ModelConfig, grid: GridShape) -> int:
     return cfg.layers * per_block
 
 
-def saved_activation_elements(cfg: ModelConfig, grid: GridShape) -> int:
-    """Elements the forward pass saves for backward, whole stack (module docstring lists them)."""
+def _check(name: str, value: str, choices) -> None:
+    if value not in choices:
+        from fourd_mpi.errors import ConfigError
+
+        raise ConfigError(f"unknown {name} {value!r}: choose {', '.join(choices)}")
+
+
+def block_saved_elements(cfg: ModelConfig, grid: GridShape, attention: str = "unfused",
+                         recompute: str = "none") -> int:
+    """Elements one block keeps for its backward when it is not recomputed as a whole
+    (``recompute`` none or selective; module docstring)."""
     m, h, f = local_tokens(cfg, grid), cfg.hidden, cfg.ffn_hidden
     hx, hy, fy = h // grid.x, h // grid.y, f // grid.y
-    if cfg.kind == "gpt":
-        per_block = m * (4 * hx + 2 + 3 * hy + hy + 2 * fy) + _probs_elements(cfg, grid)
+    if cfg.kind != "gpt":
+        return m * (hx + 2 * fy)
+    if recompute == "selective":
+        attn = 0  # the attention core (scores, softmax) runs again in backward
+    elif attention == "fused":
+        attn = (m // cfg.seq) * (cfg.heads // grid.y) * cfg.seq  # log-sum-exp per query row
     else:
-        per_block = m * (hx + 2 * fy)
-    return cfg.layers * per_block
+        attn = _probs_elements(cfg, grid)
+    return m * (4 * hx + 2 + 3 * hy + hy + 2 * fy) + attn
+
+
+def saved_activation_elements(cfg: ModelConfig, grid: GridShape, recompute: str = "none",
+                              attention: str = "unfused") -> int:
+    """Elements the forward pass saves for backward, whole stack (module docstring lists them).
+
+    ``recompute="full"``: each block's input ``[m, h/G_x]`` plus one block's working set."""
+    _check("recompute", recompute, RECOMPUTE)
+    _check("attention", attention, ATTENTION)
+    if recompute == "full":
+        m, hx = local_tokens(cfg, grid), cfg.hidden // grid.x
+        return cfg.layers * m * hx + block_saved_elements(cfg, grid, attention, "none")
+    return cfg.layers * block_saved_elements(cfg, grid, attention, recompute)
 
 
 def _probs_elements(cfg: ModelConfig, grid: GridShape) -> int:
@@ -111,11 +187,13 @@ def _probs_elements(cfg: ModelConfig, grid: GridShape) -> int:
     return (local_tokens(cfg, grid) // cfg.seq) * (cfg.heads // grid.y) * cfg.seq * cfg.seq
 
 
-def activation_elements(cfg: ModelConfig, grid: GridShape) -> int:
+def activation_elements(cfg: ModelConfig, grid: GridShape, recompute: str = "none",
+                        attention: str = "unfused") -> int:
     """Saved activations, plus the step's input/target and the largest transient of a layer."""
     m, hx, fy = local_tokens(cfg, grid), cfg.hidden // grid.x, cfg.ffn_hidden // grid.y
-    transient = max(_probs_elements(cfg, grid), m * fy) if cfg.kind == "gpt" else m * fy
-    return saved_activation_elements(cfg, grid) + 2 * m * hx + transient
+    unfused_gpt = cfg.kind == "gpt" and attention == "unfused"
+    transient = max(_probs_elements(cfg, grid), m * fy) if unfused_gpt else m * fy
+    return saved_activation_elements(cfg, grid, recompute, attention) + 2 * m * hx + transient
 
 
 def comm_buffer_elements(cfg: ModelConfig, grid: GridShape, overlap: OverlapConfig) -> int:
@@ -139,19 +217,33 @@ def comm_buffer_elements(cfg: ModelConfig, grid: GridShape, overlap: OverlapConf
     return total
 
 
+def default_precision(dtype: str) -> str:
+    """``mixed`` for 16-bit dtypes (what GPU frameworks train with), ``pure`` otherwise (float32 and
+    float64 training has no master copy)."""
+    return "mixed" if dtype in _16BIT else "pure"
+
+
 def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", optimizer: str = "adam",
                     cache_weights: bool = False, prefetch_depth: int = 1,
-                    overlap: Optional[OverlapConfig] = None) -> MemoryEstimate:
+                    overlap: Optional[OverlapConfig] = None, recompute: str = "none",
+                    attention: str = "unfused", precision: Optional[str] = None,
+                    shard_optimizer: str = "none") -> MemoryEstimate:
     """Bytes per rank of training ``cfg`` on ``grid`` (see the module docstring for what is counted).
 
     ``overlap``: the run's :class:`~fourd_mpi.step.overlap.OverlapConfig`; when None, a conservative
     default for planning: OAG on with ``prefetch_depth``, cache as ``cache_weights``, ORS off.
-    ``cfg`` must have its batch and fit the grid (:func:`fourd_mpi.step.presets.model_problems`).
+    ``recompute`` (:data:`RECOMPUTE`), ``attention`` (:data:`ATTENTION`), ``precision``
+    (:data:`PRECISIONS`; None: :func:`default_precision` of ``dtype``), ``shard_optimizer``
+    (:data:`OPTIMIZER_SHARDING`). ``cfg`` must have its batch and fit the grid
+    (:func:`fourd_mpi.step.presets.model_problems`).
     """
     if overlap is None:
         overlap = OverlapConfig(oag=True, cache=cache_weights, prefetch_depth=prefetch_depth)
     elif cache_weights and not overlap.cache:
         overlap = OverlapConfig(**{**asdict(overlap), "cache": True})
+    precision = precision or default_precision(dtype)
+    _check("precision", precision, PRECISIONS)
+    _check("optimizer sharding", shard_optimizer, OPTIMIZER_SHARDING)
     e = dtype_bytes(dtype)
     params = parameter_elements(cfg, grid)
     opt_states = {"adam": 2, "sgd": 0}.get(optimizer)
@@ -159,10 +251,13 @@ def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", o
         from fourd_mpi.errors import ConfigError
 
         raise ConfigError(f"unknown optimizer {optimizer!r}: choose adam or sgd")
+    state_e = 4 if precision == "mixed" else e
+    owned = -(-params // grid.data) if shard_optimizer == "data" else params  # shards this rank updates
     return MemoryEstimate(
         weights=params * e,
         gradients=params * e,
-        optimizer=opt_states * params * e,
-        activations=activation_elements(cfg, grid) * e,
+        master=owned * 4 if precision == "mixed" else 0,
+        optimizer=opt_states * owned * state_e,
+        activations=activation_elements(cfg, grid, recompute, attention) * e,
         comm_buffers=comm_buffer_elements(cfg, grid, overlap) * e,
     )

@@ -8,20 +8,40 @@ Per rank and step (seconds), from :mod:`fourd_mpi.perf.volumes` (every collectiv
   ``t = count * (k*(p-1)*alpha + k*(p-1)/p*S*beta*share)``, k = 2 for all-reduce; ``share`` =
   ranks of a node in the run / the level's ``shared_by`` (ranks that shared the link when beta
   was measured); plus the profile's synchronization cost per message (``sync_s``: ranks arriving
-  apart, measured by the benchmark) where it has one;
+  apart, measured by the benchmark) where it has one; a profile with a ``network`` section (published
+  bandwidths by placement ``ip`` and message size, :meth:`~fourd_mpi.perf.machine.MachineProfile.network_time`)
+  costs each message with that instead of alpha-beta;
 - **compute**: local GEMM FLOPs (forward ``2*m*(n/G_out)*(k/G_in)`` per 4D layer, backward twice
   that; attention ``12*m*s*h/G_y`` per GPT block, replicated over X) at the profile's sustained
   GEMM rate, element-wise work (LayerNorm, GeLU, softmax, residuals, Adam) at its memory
   bandwidth, and a fixed cost per kernel / NumPy call; all times the oversubscription factor
-  (ranks sharing a core compute in turn);
-- **exposed communication**: a collective whose overlap option is on (oag: weight all-gathers,
-  ors: dW reduce-scatters, oar: backward all-reduces, od: forward all-reduces, dp: data
-  all-reduces) hides ``efficiency * min(t, window)``, the window being the compute it can run
-  behind (the previous layer's GEMMs for oag, the dW GEMM for oar, the other chunks' GEMMs for
-  od, the rest of the backward pass for ors and dp); the total hidden is at most
-  ``efficiency * compute``. ``efficiency`` is the profile's; it is 0 on a CPU (host-driven
-  progress) with ``--progress none``: MPI does not progress inside a NumPy GEMM (docs/design.md
-  section 3);
+  (ranks sharing a core compute in turn). ``recompute="full"`` runs every block's forward once
+  more in backward (GEMMs, attention, element-wise work and calls x 4/3 of the block part: the
+  96 convention of :meth:`~fourd_mpi.step.presets.ModelConfig.hardware_flops_per_step`);
+  ``"selective"`` only the attention core (+1/3 of attention and softmax work).
+  ``attention="fused"`` (flash attention) removes the softmax passes over ``s x s`` matrices
+  (they stay in on-chip memory); its FLOPs are counted as the convention counts them;
+- **exposed communication**, two regimes chosen by the profile's ``progress.host_driven``:
+
+  * host-driven (CPU profiles, unchanged since issue 7): a collective whose overlap option is on
+    (oag: weight all-gathers, ors: dW reduce-scatters, oar: backward all-reduces, od: forward
+    all-reduces, dp: data all-reduces) hides ``efficiency * min(t, window)``, the window being the
+    compute it can run behind (the previous layer's GEMMs for oag, the dW GEMM for oar, the other
+    chunks' GEMMs for od, the rest of the backward pass for ors and dp); the total hidden is at most
+    ``efficiency * compute``. ``efficiency`` is 0 with ``--progress none``: MPI does not progress
+    inside a NumPy GEMM (docs/design.md section 3);
+  * device-driven (GPU profiles: the network moves the data while the GPU computes): a timeline of
+    the step (:class:`Link`). Nonblocking collectives enter one FIFO served by the network while the
+    rank computes (``efficiency`` seconds of transfer per second of compute) and at full speed
+    while the rank waits; a rank waits for a collective where the step needs its result. Each
+    collective is thereby bounded by the compute it can hide behind: OAG's gather of layer ``j``
+    is issued ``prefetch_depth`` layers ahead and needed before layer ``j`` computes; OAR's dX
+    all-reduce is issued after the dX GEMM and needed after the dW GEMM; OD's chunks hide behind
+    the rest of their layer; ORS reduce-scatters and DP all-reduces are needed only before the
+    optimizer. A collective whose option is off, and every LayerNorm / loss all-reduce, is
+    blocking: all of it is exposed, and the FIFO does not advance meanwhile (the network is busy).
+    With ``recompute="full"`` the forward all-reduces run again in backward (Megatron-LM and
+    AxoNN recompute the whole block, collectives included);
 - **step** = compute + exposed communication; **memory** from :mod:`fourd_mpi.perf.memory`.
 """
 
@@ -35,7 +55,7 @@ from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
-from fourd_mpi.perf.machine import MachineProfile, axis_placement
+from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement
 from fourd_mpi.perf.memory import MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.perf.volumes import OVERLAPS, Collective, step_collectives
@@ -79,13 +99,34 @@ _SOFTMAX_PASSES, _SOFTMAX_CALLS = 12, 14  # mask, max, exp, sum, divide; backwar
 _ADAM_PASSES, _ADAM_CALLS = 14, 14        # per parameter
 
 
+def gemm_rate_tflops(profile: MachineProfile, dtype: str, notes: Optional[List[str]] = None) -> float:
+    """The profile's sustained GEMM rate for ``dtype``; a profile without a bfloat16 rate uses its
+    float16 one (the tensor cores of A100, H100 and MI250X run both at the same peak), noted."""
+    rates = profile.data["compute"]["gemm_tflops"]
+    if dtype == "bfloat16" and dtype not in rates and "float16" in rates:
+        if notes is not None:
+            note = f"profile {profile.name} has no bfloat16 GEMM rate: using its float16 rate (same tensor-core peak)"
+            if note not in notes:
+                notes.append(note)
+        return float(rates["float16"])
+    return profile.gemm_tflops(dtype)
+
+
 def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
-                 dtype: str, ranks_on_node: int, optimizer: str = "adam", weighted: bool = True) -> Dict[str, float]:
-    """Seconds of local work per step, by kind: ``gemm`` (4D layers, fwd/bwd separately in
-    ``gemm_fwd``/``gemm_bwd``), ``attention``, ``elementwise``, ``calls``, ``total``; each
-    scaled by the profile's calibrated term weight unless ``weighted`` is False."""
+                 dtype: str, ranks_on_node: int, optimizer: str = "adam", weighted: bool = True,
+                 recompute: str = "none", attention: str = "unfused") -> Dict[str, float]:
+    """Seconds of local work per step, by kind: ``gemm`` (4D layers, recompute included; one forward
+    pass in ``gemm_fwd``, the backward's ``2 x`` in ``gemm_bwd``), ``attention``, ``elementwise``,
+    ``calls``, ``total``; ``optimizer`` (the Adam part of elementwise and calls), ``recompute`` (the
+    extra work of activation recompute, part of the others), ``block_other`` (attention,
+    element-wise work and calls of the blocks without recompute); each scaled by the profile's
+    calibrated term weight unless ``weighted`` is False."""
+    from fourd_mpi.perf.memory import ATTENTION, RECOMPUTE, _check
+
+    _check("recompute", recompute, RECOMPUTE)
+    _check("attention", attention, ATTENTION)
     e = dtype_bytes(dtype)
-    rate = profile.gemm_tflops(dtype) * 1e12
+    rate = gemm_rate_tflops(profile, dtype) * 1e12
     bw = profile.mem_bandwidth
     call = profile.op_overhead_s
     slow = profile.oversubscription(ranks_on_node)
@@ -98,47 +139,70 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ove
         calls += chunks + 2 + 6  # GEMMs, plus reshapes, handles and collective bookkeeping
     gemm_flops *= cfg.layers
     calls *= cfg.layers
-    attn_flops = 0.0
+    attn_flops, softmax_passes, softmax_calls = 0.0, 0.0, 0
     if cfg.kind == "gpt":
         attn_flops = cfg.layers * 12.0 * m * cfg.seq * (cfg.hidden // grid.y)
         probs = (m // cfg.seq) * (cfg.heads // grid.y) * cfg.seq * cfg.seq
         hx = cfg.hidden // grid.x
-        passes += cfg.layers * (2 * _LN_PASSES * m * hx + _SOFTMAX_PASSES * probs + 4 * m * hx)
-        calls += cfg.layers * (2 * _LN_CALLS + _SOFTMAX_CALLS + 6 + 4)
+        # fused (flash) attention keeps the s x s scores on chip: no element-wise passes over them
+        softmax_passes = 0.0 if attention == "fused" else cfg.layers * _SOFTMAX_PASSES * probs
+        softmax_calls = 0 if attention == "fused" else cfg.layers * _SOFTMAX_CALLS
+        passes += cfg.layers * (2 * _LN_PASSES * m * hx + 4 * m * hx) + softmax_passes
+        calls += cfg.layers * (2 * _LN_CALLS + 6 + 4) + softmax_calls
     fy = cfg.ffn_hidden // grid.y
     passes += cfg.layers * _GELU_PASSES * m * fy
     calls += cfg.layers * _GELU_CALLS
     params = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap).weights // e
     n_params = len(fc_weights(cfg, grid)) * cfg.layers + (4 * cfg.layers if cfg.kind == "gpt" else 0)
+    opt_passes, opt_calls = 0.0, 0
     if optimizer == "adam":
-        passes += _ADAM_PASSES * params
-        calls += _ADAM_CALLS * n_params
+        opt_passes, opt_calls = _ADAM_PASSES * params, _ADAM_CALLS * n_params
+    # activation recompute: the forward share (1/3) of the block work once more
+    rec = {"none": (0.0, 0.0, 0.0, 0.0),
+           "full": (gemm_flops / 3.0, attn_flops / 3.0, passes / 3.0, calls / 3.0),
+           "selective": (0.0, attn_flops / 3.0, softmax_passes / 3.0, softmax_calls / 3.0)}[recompute]
     w = profile.term_weights if weighted else {t: 1.0 for t in profile.term_weights}
-    gemm = w["gemm"] * gemm_flops / rate
-    attention = w["attention"] * attn_flops / rate
-    elementwise = w["elementwise"] * passes * e / bw
-    overhead = w["calls"] * calls * call
-    total = (gemm + attention + elementwise + overhead) * slow
+    gemm_model = w["gemm"] * gemm_flops / rate
+    attention_model = w["attention"] * attn_flops / rate
+    block_elementwise = w["elementwise"] * passes * e / bw
+    block_calls = w["calls"] * calls * call
+    opt_time = w["elementwise"] * opt_passes * e / bw + w["calls"] * opt_calls * call
+    rec_gemm = w["gemm"] * rec[0] / rate
+    rec_other = w["attention"] * rec[1] / rate + w["elementwise"] * rec[2] * e / bw + w["calls"] * rec[3] * call
+    gemm = gemm_model + rec_gemm
+    attention_t = attention_model + w["attention"] * rec[1] / rate
+    elementwise = w["elementwise"] * (passes + rec[2] + opt_passes) * e / bw
+    overhead = w["calls"] * (calls + rec[3] + opt_calls) * call
+    total = (gemm + attention_t + elementwise + overhead) * slow
     fwd_share = 1.0 / 3.0
-    return {"gemm": gemm * slow, "gemm_fwd": gemm * slow * fwd_share, "gemm_bwd": gemm * slow * (1 - fwd_share),
-            "attention": attention * slow, "elementwise": elementwise * slow, "calls": overhead * slow,
-            "total": total, "oversubscription": slow}
+    return {"gemm": gemm * slow, "gemm_fwd": gemm_model * slow * fwd_share,
+            "gemm_bwd": gemm_model * slow * (1 - fwd_share), "attention": attention_t * slow,
+            "elementwise": elementwise * slow, "calls": overhead * slow, "total": total,
+            "oversubscription": slow, "optimizer": opt_time * slow,
+            "recompute": (rec_gemm + rec_other) * slow, "recompute_gemm": rec_gemm * slow,
+            "block_other": (attention_model + block_elementwise + block_calls) * slow,
+            "gemm_per_flop": w["gemm"] * slow / rate}
 
 
 def collective_parts(c: Collective, profile: MachineProfile, placement: Dict[str, str],
-                     ranks_on_node: int) -> Tuple[float, float]:
-    """``(alpha-beta seconds, synchronization seconds)`` of all ``c.count`` messages (no overlap)."""
+                     ranks_on_node: int, inner: Optional[Dict[str, int]] = None) -> Tuple[float, float]:
+    """``(alpha-beta seconds, synchronization seconds)`` of all ``c.count`` messages (no overlap).
+    A profile with a ``network`` section costs them with its published bandwidths by placement
+    (``inner``: the axis's inner product ip, :func:`~fourd_mpi.perf.machine.axis_inner_products`)."""
     level = placement[c.axis]
+    if inner is not None and profile.has_network:
+        t = profile.network_time(c.op, c.p, c.message_bytes, inner[c.axis], level, ranks_on_node)
+        return c.count * t, c.count * profile.sync_s(level, c.p)
     fit, shared_by = profile.fit(level, c.op, c.p)
     share = ranks_on_node / shared_by if level == "inter" else 1.0
     return c.count * fit.time(c.op, c.p, c.message_bytes, share), c.count * profile.sync_s(level, c.p)
 
 
 def collective_time(c: Collective, profile: MachineProfile, placement: Dict[str, str],
-                    ranks_on_node: int) -> float:
+                    ranks_on_node: int, inner: Optional[Dict[str, int]] = None) -> float:
     """Seconds for all ``c.count`` messages of one collective (no overlap), with the profile's term weights."""
     w = profile.term_weights
-    alpha_beta, sync = collective_parts(c, profile, placement, ranks_on_node)
+    alpha_beta, sync = collective_parts(c, profile, placement, ranks_on_node, inner)
     return w["comm"] * alpha_beta + w["sync"] * sync
 
 
@@ -154,7 +218,7 @@ def term_features(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     out = {t: comp[t] for t in ("gemm", "attention", "elementwise", "calls")}
     out["comm"] = out["sync"] = 0.0
     for c in step_collectives(cfg, grid, overlap, dtype):
-        alpha_beta, sync = collective_parts(c, profile, placement, rpn)
+        alpha_beta, sync = collective_parts(c, profile, placement, rpn, axis_inner_products(grid))
         out["comm"] += alpha_beta
         out["sync"] += sync
     return out
@@ -194,22 +258,206 @@ def fit_term_weights(features: List[Dict[str, float]], measured: List[float], te
     return weights, predicted
 
 
+class Link:
+    """The network of one rank as a FIFO of in-flight nonblocking collectives (device-driven regime).
+
+    :meth:`issue` enqueues a transfer of ``t`` seconds; :meth:`compute` lets the rank compute for
+    ``seconds`` while the network serves the queue for ``efficiency * seconds``; :meth:`wait` blocks
+    the rank until one transfer is done (the queue ahead of it drains at full speed and every
+    second of it is exposed); :meth:`blocking` is a collective the rank waits on at once (all of it
+    exposed, the queue does not move). ``exposed[key]`` / ``hidden[key]``: seconds of each
+    ``(axis, op)`` that the rank waited for / that ran during compute.
+    """
+
+    def __init__(self, efficiency: float):
+        from collections import deque
+
+        self.efficiency = efficiency
+        self.queue = deque()
+        self.exposed: Dict[Tuple[str, str], float] = defaultdict(float)
+        self.hidden: Dict[Tuple[str, str], float] = defaultdict(float)
+
+    def issue(self, key: Tuple[str, str], seconds: float) -> list:
+        item = [seconds, key]
+        if seconds > 0:
+            self.queue.append(item)
+        return item
+
+    def compute(self, seconds: float) -> None:
+        budget = self.efficiency * seconds
+        while budget > 0 and self.queue:
+            item = self.queue[0]
+            used = min(item[0], budget)
+            item[0] -= used
+            budget -= used
+            self.hidden[item[1]] += used
+            if item[0] <= 0:
+                self.queue.popleft()
+
+    def wait(self, item: list) -> None:
+        while item[0] > 0 and self.queue:
+            head = self.queue.popleft()
+            self.exposed[head[1]] += head[0]
+            head[0] = 0.0
+
+    def wait_all(self) -> None:
+        while self.queue:
+            self.wait(self.queue[-1])
+
+    def blocking(self, key: Tuple[str, str], seconds: float) -> None:
+        self.exposed[key] += seconds
+
+
+def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], times: List[float],
+                    comp: Dict[str, float], overlap: OverlapConfig, efficiency: float,
+                    recompute: str = "none") -> Link:
+    """Replay one step on a :class:`Link` (device-driven regime of the module docstring).
+
+    ``times[i]``: seconds of all messages of ``colls[i]``. Compute per 4D layer ``j``: its forward
+    GEMM ``g_j`` plus a third of its block's other work ``o_j`` in forward; ``2 g_j + 2 o_j`` in
+    backward, split evenly between the dX and dW GEMMs; with full recompute the forward once more
+    before them. The optimizer runs after every collective has completed (not a window).
+    """
+    link = Link(efficiency)
+    fcs = fc_weights(cfg, grid)
+    order = [f"block{b}.{name}" for b in range(cfg.layers) for name, _, _, _ in fcs]
+    m = local_tokens(cfg, grid)
+    per_flop = comp["gemm_per_flop"]
+    gemm_f = {f"block{b}.{name}": 2.0 * m * block_elements(n, k, t, grid) * per_flop
+              for b in range(cfg.layers) for name, n, k, t in fcs}
+    other = comp["block_other"] / max(1, len(order))
+    rec_other = (comp["recompute"] - comp["recompute_gemm"]) / max(1, len(order))
+    by_layer: Dict[str, Dict[Tuple[str, str], List[Tuple[float, Collective]]]] = defaultdict(lambda: defaultdict(list))
+    for c, t in zip(colls, times):
+        by_layer[c.layer][(c.role, c.phase)].append((t, c))
+    depth = overlap.prefetch_depth if overlap.oag else 0
+
+    def key(c: Collective) -> Tuple[str, str]:
+        return (c.axis, c.op)
+
+    def block_ln(block: int, phase: str) -> None:  # LayerNorm statistics and loss: small and blocking
+        for ln in ("ln1", "ln2"):
+            for (role, ph), items in by_layer.get(f"block{block}.{ln}", {}).items():
+                if ph == phase:
+                    for t, c in items:
+                        link.blocking(key(c), t)
+
+    def gather(layer: str, phase: str) -> Optional[list]:
+        items = by_layer.get(layer, {}).get(("weight_allgather", phase), [])
+        if not items:
+            return None
+        t, c = items[0]
+        if not overlap.oag:
+            link.blocking(key(c), t)
+            return None
+        return link.issue(key(c), t)
+
+    def forward_allreduce(layer: str, window: float, phase: str) -> None:
+        """The forward all-reduce of ``layer`` (od: all chunks but the last behind the layer's own
+        remaining chunks) around ``window`` seconds of its compute."""
+        items = by_layer.get(layer, {}).get(("fwd_allreduce", "forward"), [])
+        if not items:
+            link.compute(window)
+            return
+        t, c = items[0]
+        chunks = c.count
+        if overlap.od and chunks > 1:
+            link.compute(window / chunks)
+            pending = link.issue(key(c), t * (chunks - 1) / chunks)
+            link.compute(window * (chunks - 1) / chunks)
+            link.wait(pending)
+            link.blocking(key(c), t / chunks)
+        else:
+            link.compute(window)
+            link.blocking(key(c), t)
+
+    # forward: gathers of layers j .. j+depth issued when layer j starts, layer j's needed now
+    issued: Dict[str, list] = {}
+    for j, layer in enumerate(order):
+        if j % len(fcs) == 0 and cfg.kind == "gpt":
+            block_ln(j // len(fcs), "forward")
+        for ahead in order[j:j + depth + 1]:
+            if ahead not in issued:
+                issued[ahead] = gather(ahead, "forward")
+        if issued.get(layer) is not None:
+            link.wait(issued[layer])
+        forward_allreduce(layer, gemm_f[layer] + other / 3.0, "forward")
+    for t, c in by_layer.get("loss", {}).get(("loss", "forward"), []):
+        link.blocking(key(c), t)
+
+    # backward, last layer first
+    back = list(reversed(order))
+    issued = {}
+    for j, layer in enumerate(back):
+        for ahead in back[j:j + depth + 1]:
+            if ahead not in issued:
+                issued[ahead] = gather(ahead, "backward")
+        if issued.get(layer) is not None:
+            link.wait(issued[layer])
+        if recompute == "full":  # the block's forward again, its all-reduces included
+            forward_allreduce(layer, gemm_f[layer] + rec_other, "backward")
+        elif rec_other:
+            link.compute(rec_other)
+        half = gemm_f[layer] + other / 3.0
+        link.compute(half)  # dX GEMM
+        dx = by_layer.get(layer, {}).get(("bwd_allreduce", "backward"), [])
+        pending = None
+        if dx:
+            t, c = dx[0]
+            if overlap.oar:
+                pending = link.issue(key(c), t)
+            else:
+                link.blocking(key(c), t)
+        link.compute(half)  # dW GEMM
+        if pending is not None:
+            link.wait(pending)
+        for role, option in (("dw_reduce_scatter", "ors"), ("grad_allreduce", "dp")):
+            for t, c in by_layer.get(layer, {}).get((role, "backward"), []):
+                if role == "grad_allreduce" and not overlap.dp:
+                    continue  # issued at the end (finish), below
+                if getattr(overlap, option):
+                    link.issue(key(c), t)
+                else:
+                    link.blocking(key(c), t)
+        if j % len(fcs) == len(fcs) - 1 and cfg.kind == "gpt":
+            block_ln(cfg.layers - 1 - j // len(fcs), "backward")
+    link.wait_all()
+    if not overlap.dp:
+        for layer in back:
+            for t, c in by_layer.get(layer, {}).get(("grad_allreduce", "backward"), []):
+                link.blocking(key(c), t)
+    return link
+
+
 def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
             overlap: Optional[OverlapConfig] = None, dtype: str = "float32", progress: str = "poll",
-            optimizer: str = "adam", ranks_per_node: Optional[int] = None) -> Prediction:
+            optimizer: str = "adam", ranks_per_node: Optional[int] = None, recompute: str = "none",
+            attention: str = "unfused", precision: Optional[str] = None,
+            shard_optimizer: str = "none") -> Prediction:
     """Predict one training step of ``cfg`` on ``grid`` (see the module docstring).
 
     ``ranks_per_node``: ranks of the run per node (default: the profile's, or the world size when
-    smaller). Raises :class:`~fourd_mpi.errors.ConfigError` when the profile lacks a level the
-    grid needs and has no fallback.
+    smaller). ``recompute``, ``attention``, ``precision``, ``shard_optimizer``: as in
+    :func:`~fourd_mpi.perf.memory.estimate_memory` (they change compute and memory; sharding the
+    optimizer over data keeps the data all-reduce's volume: a reduce-scatter plus an all-gather).
+    Raises :class:`~fourd_mpi.errors.ConfigError` when the profile lacks a level the grid needs and
+    has no fallback.
     """
     overlap = overlap or OverlapConfig()
     rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)
     placement = axis_placement(grid, rpn)
-    comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer)
+    inner = axis_inner_products(grid)
+    notes: List[str] = []
+    gemm_rate_tflops(profile, dtype, notes)
+    comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
+                        attention=attention)
     colls = step_collectives(cfg, grid, overlap, dtype)
     efficiency = profile.overlap_efficiency
-    notes: List[str] = []
+    memory = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap, recompute=recompute,
+                             attention=attention, precision=precision, shard_optimizer=shard_optimizer)
+    if not profile.host_driven:
+        return _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, efficiency, memory,
+                               notes, recompute, inner)
     if profile.host_driven and progress == "none":
         efficiency = 0.0
         if overlap.enabled and overlap.enabled != ["cache"]:
@@ -223,7 +471,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     wire: Dict[str, int] = defaultdict(int)
     layer_index: Dict[str, int] = {}
     for c in colls:
-        t = collective_time(c, profile, placement, rpn)
+        t = collective_time(c, profile, placement, rpn, inner)
         key = (c.axis, c.op)
         comm[key] += t
         wire[c.axis] += c.wire_bytes
@@ -248,7 +496,34 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     cap = efficiency * comp["total"]
     scale = cap / total_hidden if total_hidden > cap and total_hidden > 0 else 1.0
     exposed = {k: max(0.0, v - hidden.get(k, 0.0) * scale) for k, v in comm.items()}
-    memory = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap)
+    for note in profile.notes:
+        if note not in notes:
+            notes.append(note)
+    step = comp["total"] + sum(exposed.values())
+    return Prediction(grid=grid, step_s=step, compute_s=comp["total"], gemm_s=comp["gemm"] + comp["attention"],
+                      comm_s=dict(comm), exposed_s=exposed, wire_bytes=dict(wire), placement=placement,
+                      memory=memory, notes=notes)
+
+
+def _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, efficiency, memory, notes,
+                    recompute, inner=None) -> Prediction:
+    """The device-driven regime: exposed communication from :func:`device_timeline`."""
+    cache: Dict[tuple, Tuple[float, int]] = {}  # every block repeats the same shapes
+    for c in colls:
+        shape = (c.op, c.axis, c.p, c.count, c.message_bytes)
+        if shape not in cache:
+            cache[shape] = (collective_time(c, profile, placement, rpn, inner), c.wire_bytes)
+    times = [cache[(c.op, c.axis, c.p, c.count, c.message_bytes)][0] for c in colls]
+    if recompute == "full":  # the forward all-reduces run again when the block is recomputed
+        times = [t * (2 if c.role == "fwd_allreduce" else 1) for c, t in zip(colls, times)]
+    comm: Dict[Tuple[str, str], float] = defaultdict(float)
+    wire: Dict[str, int] = defaultdict(int)
+    for c, t in zip(colls, times):
+        comm[(c.axis, c.op)] += t
+        wire[c.axis] += cache[(c.op, c.axis, c.p, c.count, c.message_bytes)][1] * (2 if recompute == "full" and c.role == "fwd_allreduce" else 1)
+    halved = [t / 2 if recompute == "full" and c.role == "fwd_allreduce" else t for c, t in zip(colls, times)]
+    link = device_timeline(cfg, grid, colls, halved, comp, overlap, efficiency, recompute)
+    exposed = {k: link.exposed.get(k, 0.0) for k in comm}
     for note in profile.notes:
         if note not in notes:
             notes.append(note)

@@ -4,6 +4,11 @@ Every ordered ``(G_data, G_z, G_y, G_x)`` with product N (:func:`fourd_mpi.core.
 is checked against the model's divisibility rules (:func:`fourd_mpi.step.presets.model_problems`) and
 the memory limit (:mod:`fourd_mpi.perf.memory`), then predicted (:mod:`fourd_mpi.perf.predict`) on a
 machine profile (:mod:`fourd_mpi.perf.machine`) and sorted by step time.
+
+Memory admission: a grid fits when :meth:`~fourd_mpi.perf.memory.MemoryEstimate.required` (the counted
+bytes plus :data:`~fourd_mpi.perf.memory.ALLOCATOR_MARGIN`, plus
+:data:`~fourd_mpi.perf.memory.GPU_RUNTIME_RESERVE_BYTES` on a GPU profile) is at most the limit; the
+default limit is the profile's ``device_memory_gib`` (:func:`default_memory_limit`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from fourd_mpi.step.presets import ModelConfig, model_problems
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.perf.machine import MachineProfile, load_profile
-from fourd_mpi.perf.memory import estimate_memory
+from fourd_mpi.perf.memory import GPU_RUNTIME_RESERVE_BYTES, estimate_memory
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.perf.predict import Prediction, predict
 
@@ -31,6 +36,11 @@ class Ranking:
     predictions: List[Prediction]
     dropped: List[Tuple[GridShape, str]] = field(default_factory=list)
     considered: int = 0
+    reserve: int = 0  # bytes of the runtime reserve counted in a grid's memory need
+
+    def dropped_for(self, kind: str) -> int:
+        """How many grids were dropped for ``kind`` (``divisibility`` or ``memory``)."""
+        return sum(1 for _, why in self.dropped if why.startswith(kind + ":"))
 
     def dropped_summary(self) -> str:
         """``"12 of 20 grids dropped: 8 divisibility (hidden size ... not divisible by 8), 4 memory (> 16 GiB)"``."""
@@ -55,33 +65,50 @@ def _nearby_rank_counts(cfg: ModelConfig, ranks: int, limit: int = 6) -> List[in
     return sorted(out)
 
 
+def memory_reserve(profile: MachineProfile) -> int:
+    """Bytes a rank holds beyond its arrays: the GPU runtime's reserve on a CuPy profile, else 0."""
+    return GPU_RUNTIME_RESERVE_BYTES if profile.backend == "cupy" else 0
+
+
+def default_memory_limit(profile: MachineProfile) -> Optional[float]:
+    """The profile's device memory in bytes (None when it has none: CPU profiles)."""
+    gib = profile.device_memory_gib
+    return None if gib is None else gib * GIB
+
+
 def rank_grids(cfg: ModelConfig, ranks: int, profile: MachineProfile, overlap: OverlapConfig = None,
                dtype: str = "float32", progress: str = "poll", optimizer: str = "adam",
-               memory_limit_bytes: Optional[float] = None, ranks_per_node: Optional[int] = None) -> Ranking:
-    """Every valid grid of ``ranks``, predicted and sorted (fastest first).
+               memory_limit_bytes: Optional[float] = None, ranks_per_node: Optional[int] = None,
+               recompute: str = "none", attention: str = "unfused", precision: Optional[str] = None,
+               shard_optimizer: str = "none", grids: Optional[List[GridShape]] = None) -> Ranking:
+    """Every valid grid of ``ranks`` (or of ``grids``), predicted and sorted (fastest first).
 
-    Raises :class:`ConfigError` saying what would fit when nothing does.
+    A grid is dropped when ``required`` memory (module docstring) exceeds ``memory_limit_bytes``
+    (None: no limit). Raises :class:`ConfigError` saying what would fit when nothing does.
     """
     if ranks < 1:
         raise ConfigError(f"--ranks must be positive, got {ranks}")
     if cfg.batch is None:
         raise ConfigError(f"preset {cfg.name} needs the global batch: give --batch SEQUENCES")
     overlap = overlap or OverlapConfig()
-    ranking = Ranking([])
+    reserve = memory_reserve(profile)
+    mem = dict(recompute=recompute, attention=attention, precision=precision, shard_optimizer=shard_optimizer)
+    ranking = Ranking([], reserve=reserve)
     fitting: List[Tuple[GridShape, int]] = []
-    for grid in grid_factorizations(ranks):
+    for grid in (grids if grids is not None else grid_factorizations(ranks)):
         ranking.considered += 1
         problems = model_problems(cfg, grid)
         if problems:
             ranking.dropped.append((grid, f"divisibility: {problems[0]}"))
             continue
-        need = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap).total
+        need = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap, **mem).required(reserve)
         fitting.append((grid, need))
         if memory_limit_bytes is not None and need > memory_limit_bytes:
             ranking.dropped.append((grid, f"memory: needs {need / GIB:.3g} GiB per rank > "
                                           f"{memory_limit_bytes / GIB:.3g} GiB"))
             continue
-        ranking.predictions.append(predict(cfg, grid, profile, overlap, dtype, progress, optimizer, ranks_per_node))
+        ranking.predictions.append(predict(cfg, grid, profile, overlap, dtype, progress, optimizer, ranks_per_node,
+                                           **mem))
     if not ranking.predictions:
         shape = (f"{cfg.name} (hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, seq {cfg.seq}, "
                  f"batch {cfg.batch})")
@@ -92,7 +119,7 @@ def rank_grids(cfg: ModelConfig, ranks: int, profile: MachineProfile, overlap: O
                 f"(e.g. {ranking.dropped[0][0]}: {ranking.dropped[0][1].split(':', 1)[1].strip()}); rank counts "
                 f"with a valid grid: {', '.join(map(str, near)) or 'none up to ' + str(4 * ranks)}")
         best_grid, best_need = min(fitting, key=lambda gn: gn[1])
-        more = _ranks_that_fit(cfg, ranks, memory_limit_bytes, dtype, optimizer, overlap)
+        more = _ranks_that_fit(cfg, ranks, memory_limit_bytes, dtype, optimizer, overlap, reserve, mem)
         raise ConfigError(
             f"no grid of {ranks} ranks fits {shape} in {memory_limit_bytes / GIB:.3g} GiB per rank: the "
             f"smallest need is {best_need / GIB:.3g} GiB per rank (grid {best_grid}); raise --memory-limit to "
@@ -102,12 +129,13 @@ def rank_grids(cfg: ModelConfig, ranks: int, profile: MachineProfile, overlap: O
     return ranking
 
 
-def _ranks_that_fit(cfg, ranks, limit, dtype, optimizer, overlap) -> Optional[int]:
+def _ranks_that_fit(cfg, ranks, limit, dtype, optimizer, overlap, reserve=0, mem=None) -> Optional[int]:
     """The smallest multiple of ``ranks`` (up to 64x) with a grid that fits the memory limit."""
     n = ranks * 2
     while n <= ranks * 64:
         for g in grid_factorizations(n):
-            if not model_problems(cfg, g) and estimate_memory(cfg, g, dtype, optimizer, overlap=overlap).total <= limit:
+            if not model_problems(cfg, g) and estimate_memory(cfg, g, dtype, optimizer, overlap=overlap,
+                                                              **(mem or {})).required(reserve) <= limit:
                 return n
         n *= 2
     return None
@@ -181,13 +209,13 @@ def format_ranking(ranking: Ranking, k: int) -> str:
     preds = ranking.predictions[:k]
     axes = ("x", "y", "z", "data")
     lines = [f"{'rank':>4} {'grid DxZxYxX':>13} {'step ms':>9} {'compute':>9} {'exposed':>9} "
-             + " ".join(f"{'comm ' + a:>9}" for a in axes) + f" {'wire MB':>8} {'mem GiB':>8}  placement (x,y,z,data)"]
+             + " ".join(f"{'comm ' + a:>9}" for a in axes) + f" {'wire MB':>8} {'mem GiB':>8} {'need GiB':>8}  placement (x,y,z,data)"]
     for i, p in enumerate(preds, 1):
         by_axis = p.exposed_by_axis()
         wire = sum(p.wire_bytes.values()) / 1e6
         lines.append(f"{i:>4} {str(p.grid):>13} {_fmt_ms(p.step_s):>9} {_fmt_ms(p.compute_s):>9} "
                      f"{_fmt_ms(p.exposed_total_s):>9} " + " ".join(f"{_fmt_ms(by_axis.get(a, 0.0)):>9}" for a in axes)
-                     + f" {wire:>8.3f} {p.memory.total / GIB:>8.3g}  "
+                     + f" {wire:>8.3f} {p.memory.total / GIB:>8.3g} {p.memory.required(ranking.reserve) / GIB:>8.3g}  "
                      + ",".join(p.placement[a] for a in axes))
     return "\n".join(lines)
 

@@ -2,7 +2,10 @@
 
 For every grid that factors the world and fits the model: sum the bytes of the parameter
 shards, gradients and Adam state after one step, and of the tensors the forward pass saves
-for backward (deduplicated by their base array), and compare with the estimate.
+for backward (deduplicated by their base array), and compare with the estimate. Each grid runs
+in float32 (no master copy) and in float16 with ``precision="pure"`` (this suite's step keeps its
+Adam state in the run dtype); float16 with the default ``mixed`` precision must add exactly the fp32
+master copy and fp32 moments of the same parameters (what a GPU framework keeps).
 Usage: mpiexec -n N python tests/mpi_memory_check.py MODEL [FIELD=VALUE ...] (batch=8 hidden=48 ...)
 """
 
@@ -42,6 +45,41 @@ def _unique_bytes(arrays):
     return total
 
 
+def check(world, cfg, shape, dtype):
+    """Measured vs estimated bytes of one built run; the failures as sentences."""
+    failures = []
+    run = Run.build(world, RunOptions(model=cfg, grid=shape, optimizer="adam", dtype=dtype))
+    run.trainer.step(0)
+    params = run.model.parameters()
+    opt = run.trainer.optimizer
+    measured = {
+        "weights": sum(p.data.nbytes for p in params),
+        "gradients": sum(p.grad.nbytes for p in params),
+        "optimizer": sum(a.nbytes for a in opt.m + opt.v),
+        "master": 0,
+    }
+    ctx = run.trainer.ctx
+    x, _ = run.data.batch(1)
+    run.trainer.weights.begin_forward()
+    _, saved = run.model.forward(x, ctx)
+    run.trainer.weights.finish()
+    measured["saved"] = _unique_bytes(_arrays(saved, []))
+    e = np.dtype(dtype).itemsize
+    est = estimate_memory(cfg, shape, dtype=dtype, optimizer="adam", precision="pure").as_dict()
+    est["saved"] = saved_activation_elements(cfg, shape) * e
+    for key, value in measured.items():
+        if value != est[key]:
+            failures.append(f"{shape} {dtype} rank {world.Get_rank()}: {key} measured {value} B, estimated {est[key]} B")
+    if dtype == "float16":  # mixed precision: + fp32 master (4 B) and moments (2 x 4 B instead of 2 x 2 B)
+        mixed = estimate_memory(cfg, shape, dtype=dtype, optimizer="adam")
+        n = measured["weights"] // e
+        if (mixed.master, mixed.optimizer, mixed.weights) != (4 * n, 8 * n, measured["weights"]):
+            failures.append(f"{shape} mixed precision: master {mixed.master} B, optimizer {mixed.optimizer} B "
+                            f"for {n} parameter elements (expected {4 * n}, {8 * n})")
+    run.close()
+    return failures
+
+
 def main():
     world = MPI.COMM_WORLD
     model = sys.argv[1]
@@ -51,27 +89,9 @@ def main():
     for shape in grid_factorizations(world.Get_size()):
         if model_problems(cfg, shape):
             continue
-        run = Run.build(world, RunOptions(model=cfg, grid=shape, optimizer="adam"))
-        run.trainer.step(0)
-        params = run.model.parameters()
-        opt = run.trainer.optimizer
-        measured = {
-            "weights": sum(p.data.nbytes for p in params),
-            "gradients": sum(p.grad.nbytes for p in params),
-            "optimizer": sum(a.nbytes for a in opt.m + opt.v),
-        }
-        ctx = run.trainer.ctx
-        x, _ = run.data.batch(1)
-        run.trainer.weights.begin_forward()
-        _, saved = run.model.forward(x, ctx)
-        run.trainer.weights.finish()
-        measured["saved"] = _unique_bytes(_arrays(saved, []))
-        est = estimate_memory(cfg, shape, dtype="float32", optimizer="adam").as_dict()
-        est["saved"] = saved_activation_elements(cfg, shape) * 4
-        for key, value in measured.items():
-            if value != est[key]:
-                failures.append(f"{shape} rank {world.Get_rank()}: {key} measured {value} B, estimated {est[key]} B")
-        run.close()
+        for dtype in ("float32", "float16"):
+            with np.errstate(all="ignore"):  # float16 values of random weights may overflow: only bytes count
+                failures += check(world, cfg, shape, dtype)
         checked += 1
     failures = [f for per_rank in world.allgather(failures) for f in per_rank]
     if world.Get_rank() == 0:
