@@ -37,7 +37,8 @@ def test_tune_explains_dropped_grids_and_memory_limit():
     proc = cli("tune", "--ranks", 8, "--model", "gpt-small", "--heads", 2, "--top", 2)
     assert proc.returncode == 0, proc.stderr
     assert "grids dropped: " in proc.stdout and "divisibility" in proc.stdout
-    proc = cli("tune", "--ranks", 8, "--model", "gpt-5b", "--batch", 8, "--memory-limit", 24, "--site", "frontier")
+    proc = cli("tune", "--ranks", 8, "--model", "gpt-5b", "--batch", 8, "--memory-limit", 24, "--site", "frontier",
+               "--dtype", "float32")  # frontier defaults to bf16 (half the bytes)
     assert proc.returncode == 2
     err = proc.stderr.strip()
     assert err.startswith("fourd-mpi: error: no grid of 8 ranks fits gpt-5b") and "in 24 GiB per rank" in err
