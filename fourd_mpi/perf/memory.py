@@ -24,8 +24,8 @@ the first block with recompute):
                  ``[m/s, heads/G_y, s, s]`` (``attention="fused"``: the per-row log-sum-exp
                  ``[m/s, heads/G_y, s]`` instead, as flash attention keeps), the context ``[m, h/G_y]``,
                  ``u`` and ``gelu(u)`` ``[m, f/G_y]``; MLP: ``x [m, h/G_x]``, ``u, g [m, f/G_y]``;
-                 ``selective``: the same without the attention probabilities (the attention core is
-                 recomputed in backward);
+                 ``selective``: the same without the attention probabilities and the context (the
+                 attention core, scores to context, is recomputed in backward);
                  ``full``: only each block's input ``[m, h/G_x]``, plus one block's ``none`` set (the
                  block being recomputed and differentiated);
                  plus the step's input and target ``[m, h/G_x]`` and the largest transient of a
@@ -160,9 +160,9 @@ def block_saved_elements(cfg: ModelConfig, grid: GridShape, attention: str = "un
     hx, hy, fy = h // grid.x, h // grid.y, f // grid.y
     if cfg.kind != "gpt":
         return m * (hx + 2 * fy)
-    if recompute == "selective":
-        attn = 0  # the attention core (scores, softmax) runs again in backward
-    elif attention == "fused":
+    if recompute == "selective":  # the attention core (scores, softmax, context) runs again in backward
+        return m * (4 * hx + 2 + 3 * hy + 2 * fy)
+    if attention == "fused":
         attn = (m // cfg.seq) * (cfg.heads // grid.y) * cfg.seq  # log-sum-exp per query row
     else:
         attn = _probs_elements(cfg, grid)

@@ -74,7 +74,7 @@ def test_attention_probabilities_fused_and_selective():
     # two blocks keep probabilities (or the log-sum-exp); the unfused transient is an s x s score too:
     # max(probs 512, m*f/y = 32*32 = 1024) = 1024 both ways, so only the saved part differs
     assert unfused.activations - fused.activations == 2 * (probs - lse) * e
-    assert unfused.activations - selective.activations == 2 * probs * e
+    assert unfused.activations - selective.activations == 2 * (probs + 32 * 8) * e  # and the context [m, h/y]
     with pytest.raises(ConfigError, match="unknown recompute 'some'"):
         estimate_memory(GPT, g, recompute="some")
 
