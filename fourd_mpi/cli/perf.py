@@ -15,7 +15,7 @@ import sys
 
 from fourd_mpi.cli.args import add_option, add_options, add_output, add_trace_paths, parse_list
 from fourd_mpi.run.options import options_in
-from fourd_mpi.util.files import refuse_overwrite
+from fourd_mpi.util.files import refuse_output, refuse_overwrite
 from fourd_mpi.util.values import int_at_least, positive_float, positive_int
 
 GIB = 2.0 ** 30
@@ -60,7 +60,7 @@ def cmd_tune(args, world=None) -> int:
     cfg = resolve_model(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
                         ffn_hidden=args.ffn_hidden, seq=args.seq, batch=args.batch)
     overlap = OverlapConfig.parse(args.overlap)
-    refuse_overwrite(args.emit_sweep, args.force)
+    refuse_output(args.emit_sweep, args.force)
     profile = resolve_profile(args.site, args.profile, args.fallback_profile)
     limit = args.memory_limit * GIB if args.memory_limit is not None else None
     ranking = rank_grids(cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer, limit,
@@ -128,7 +128,7 @@ def cmd_model(args, world=None) -> int:
 
     if args.model_command == "calibrate":
         return _cmd_calibrate(args)
-    refuse_overwrite(args.output, args.force)
+    refuse_output(args.output, args.force)
     profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
     traces, problems = collect_or_fail(args.paths)
     df, gdf, summary = validate(traces, profile)
@@ -151,7 +151,7 @@ def _cmd_calibrate(args) -> int:
     from fourd_mpi.perf.validate import calibrate
 
     terms = parse_list(args.terms, TERMS, "--terms")  # checked before any trace is read
-    refuse_overwrite(args.output, args.force)
+    refuse_output(args.output, args.force)
     profile = load_profile(args.profile)
     traces, problems = collect_or_fail(args.paths)
     data, rows, skipped = calibrate(traces, profile, terms)
