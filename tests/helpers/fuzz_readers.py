@@ -201,7 +201,35 @@ def _bomb(depth: int, width: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+SPEC_FILE = os.path.join(REPO, "jobscripts", "weak-gpt-tiny.yaml")
+
+
+@st.composite
+def mutated_spec(draw):
+    """The example spec with one value (at any depth) replaced by a generated one."""
+    import yaml
+
+    with open(SPEC_FILE) as fh:
+        data = yaml.safe_load(fh)
+    node = data
+    while True:
+        keys = list(node) if isinstance(node, dict) else list(range(len(node)))
+        if not keys:
+            break
+        key = draw(st.sampled_from(keys))
+        if isinstance(node[key], (dict, list)) and node[key] and draw(st.booleans()):
+            node = node[key]
+            continue
+        if draw(st.integers(0, 4)) == 0 and isinstance(node, dict):
+            del node[key]
+        else:
+            node[key] = draw(TREE)
+        break
+    return yaml.safe_dump(data)
+
+
 YAML_TEXT = st.one_of(
+    mutated_spec(), mutated_spec(), st.just(open(SPEC_FILE).read()),
     TREE.map(lambda t: __import__("yaml").safe_dump(t)),
     st.builds(_bomb, st.integers(1, 12), st.integers(1, 10)),
     st.integers(1, 3000).map(lambda n: "[" * n + "]" * n),
@@ -277,7 +305,7 @@ def config_text(draw):
         n = draw(st.integers(1, 5000))
         return fmt, ("a = " if fmt == "toml" else "") + "[" * n + "]" * n
     if how == "big":
-        return fmt, "#" * draw(st.integers(1_000_000, 3_000_000)) + "\n"
+        return fmt, "#" * draw(st.integers(1 << 20, 3 << 20)) + "\n"
     return fmt, draw(st.text(alphabet="[]{}=:,.\"'#\n abc123-_", max_size=200))
 
 

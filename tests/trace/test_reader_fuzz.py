@@ -20,8 +20,8 @@ import pytest
 from conftest import HELPERS, REPO, mpi_env
 
 SCALE = float(os.environ.get("FOURD_FUZZ_SCALE", "1"))
-#: generated files per target (about 2,000 in all; ~40 s on an idle 2-core CI machine)
-EXAMPLES = {"trace": 400, "spec": 800, "config": 800}
+#: generated files per target (4,500 in all; about 45 s on a loaded 2-core machine)
+EXAMPLES = {"trace": 500, "spec": 2000, "config": 2000}
 
 
 @pytest.mark.parametrize("target", sorted(EXAMPLES))
