@@ -54,15 +54,16 @@ def cmd_trace(args, world=None) -> int:
     print(f"{args.file}: schema v{trace.schema_version}, status {trace.status}, run id {meta.get('run_id')}")
     print(f"  grid {meta.get('grid')} on {meta.get('world_size')} ranks, {meta.get('num_nodes')} node(s); "
           f"level {meta.get('level')}; started {meta.get('start_time')}")
-    print(f"  {meta.get('mpi', {}).get('library_version', '?').splitlines()[0]}")
+    print(f"  {((meta.get('mpi') or {}).get('library_version') or '?').splitlines()[0]}")
     print(f"  {len(trace.events)} events; {len(trace.steps)} steps")
     _show_clocks(trace.ranks)
     print(f"{'step':>6} {'loss':>14} {'time (s)':>10}")
     for row in trace.steps:
         print(f"{row['step']:>6} {row['loss']:>14.8g} {row['seconds']:>10.4f}" + ("  (warm-up)" if row["warmup"]
                                                                                  else ""))
-    summary = meta.get("summary")
-    if summary:
+    summary = meta.get("summary") or {}
+    if all(isinstance(summary.get(k), (int, float)) for k in ("median_s", "compute_share", "wait_share",
+                                                               "tokens_per_s")):
         from fourd_mpi.util.text import format_number
 
         print(f"median step {format_number(summary['median_s'])} s (max over ranks); "

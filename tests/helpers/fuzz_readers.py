@@ -13,6 +13,9 @@ anything else is printed with its traceback and the exit status is 1. The last l
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import json
 import os
 import resource
@@ -152,6 +155,7 @@ KINDS = ("root-attr", "meta-attr", "vocab-attr", "dtype", "values", "shape", "tr
 
 def fuzz_traces(examples: int, workdir: str) -> None:
     from fourd_mpi.analysis.tables import breakdown, comm_table, runs_table
+    from fourd_mpi.cli.traces import cmd_trace
     from fourd_mpi.trace.read import check_invariants, load_trace
 
     bases = [os.path.join(REPO, "results", "samples", name) for name in ("weak-1.h5", "weak-2.h5")]
@@ -170,6 +174,9 @@ def fuzz_traces(examples: int, workdir: str) -> None:
             pass  # h5py refused this mutation: the file is whatever it became
 
         def read():
+            with contextlib.redirect_stdout(io.StringIO()):  # the commands, as the CLI runs them
+                cmd_trace(argparse.Namespace(trace_command="show", file=path, allow_damaged=allow))
+                cmd_trace(argparse.Namespace(trace_command="check", file=path))
             trace = load_trace(path, allow_damaged=allow)
             check_invariants(trace)
             runs_table([trace])
