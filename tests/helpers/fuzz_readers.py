@@ -304,7 +304,8 @@ def config_text(draw):
         lines, tables = [], []
         for k, v in tree.items():
             if isinstance(v, dict):
-                tables.append(f"[{k}]\n" + "".join(f"{kk} = {_toml_value(vv)}\n" for kk, vv in v.items() if vv is not None))
+                tables.append(f"[{k}]\n" + "".join(f"{kk} = {_toml_value(vv)}\n"
+                                                    for kk, vv in v.items() if vv is not None))
             elif v is not None:
                 lines.append(f"{k} = {_toml_value(v)}")
         return fmt, "\n".join(lines) + "\n" + "".join(tables)
