@@ -18,3 +18,8 @@ class BackendError(RuntimeError):
 
 class TraceError(ConfigError):
     """A trace file or per-rank spool directory that cannot be written or read as asked."""
+
+
+class DamagedTraceError(TraceError):
+    """A readable trace whose values cannot be analysed as they are (NaN or negative times, a rank's
+    events missing): offline commands skip it unless ``--allow-damaged``."""

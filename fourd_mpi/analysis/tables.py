@@ -121,13 +121,14 @@ def _expand(path: str) -> Tuple[List[str], Optional[str]]:
     return [], "no such file or directory"
 
 
-def collect(paths: Union[str, Iterable[str]]) -> Tuple[List[Trace], List[Tuple[str, str]]]:
+def collect(paths: Union[str, Iterable[str]],
+            allow_damaged: bool = False) -> Tuple[List[Trace], List[Tuple[str, str]]]:
     """Load every trace named by ``paths``: files, directories (their ``*.h5``, sorted) or globs.
 
     Returns ``(traces, problems)``; ``problems`` holds ``(path, reason)`` for every argument that
     names no file and every file :func:`~fourd_mpi.trace.read.load_trace` refused (the reason is the
-    :class:`~fourd_mpi.errors.TraceError` message). Never raises for a bad file. A file named twice is
-    loaded once.
+    :class:`~fourd_mpi.errors.TraceError` message), damaged ones included unless ``allow_damaged``.
+    Never raises for a bad file. A file named twice is loaded once.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -145,7 +146,7 @@ def collect(paths: Union[str, Iterable[str]]) -> Tuple[List[Trace], List[Tuple[s
                 continue
             seen.add(key)
             try:
-                traces.append(load_trace(path))
+                traces.append(load_trace(path, allow_damaged=allow_damaged))
             except TraceError as exc:
                 problems.append((path, str(exc)))
             except Exception as exc:  # never raise for a bad file
@@ -160,10 +161,11 @@ def report_skipped(problems: Sequence[Tuple[str, str]], out=None) -> None:
         out.write(f"fourd-mpi: skipped {path}: {reason}\n")
 
 
-def collect_or_fail(paths: Sequence[str]) -> Tuple[List[Trace], List[Tuple[str, str]]]:
+def collect_or_fail(paths: Sequence[str],
+                    allow_damaged: bool = False) -> Tuple[List[Trace], List[Tuple[str, str]]]:
     """:func:`collect`, each skipped file reported (:func:`report_skipped`); a :class:`ConfigError`
     when no argument names a readable trace."""
-    traces, problems = collect(paths)
+    traces, problems = collect(paths, allow_damaged)
     report_skipped(problems)
     if not traces:
         raise ConfigError(f"no readable trace among {len(paths)} argument(s)")

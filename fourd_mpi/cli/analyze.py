@@ -7,9 +7,9 @@ import json
 import os
 import sys
 
-from fourd_mpi.cli.args import PROG, add_output, add_trace_paths, parse_list
+from fourd_mpi.cli.args import PROG, add_allow_damaged, add_output, add_trace_paths, parse_list
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.util.files import refuse_overwrite
+from fourd_mpi.util.files import refuse_output
 from fourd_mpi.util.values import int_list, nonnegative_int
 
 ANALYSES = ("runs", "breakdown", "comm", "compare", "scaling", "steps")
@@ -35,6 +35,7 @@ def register(sub) -> None:
                     "adds hidden_pct, the share of its exposed communication time no longer exposed (OSU's overlap "
                     "with the baseline as t_pure)")
     add_output(an, help="write there instead of standard output")
+    add_allow_damaged(an)
     an.set_defaults(handler=cmd_analyze, serial=True)
 
     pl = sub.add_parser("plot", help="figures from traces: scaling, breakdown, timeline, overlap (PNG, SVG, PDF)")
@@ -46,6 +47,7 @@ def register(sub) -> None:
                     "measured one)")
     pl.add_argument("--ranks", type=int_list, metavar="LIST", help="timeline: ranks to show (e.g. 0-3)")
     pl.add_argument("--normalize", action="store_true", help="breakdown: shares instead of seconds")
+    add_allow_damaged(pl)
     pl.set_defaults(handler=cmd_plot, serial=True)
 
     ex = sub.add_parser("export", help="convert a trace for Perfetto / chrome://tracing or for Hatchet / Thicket")
@@ -56,6 +58,7 @@ def register(sub) -> None:
     ex.add_argument("--steps", type=int_list, metavar="LIST", help="perfetto: only these steps (e.g. 1,2)")
     ex.add_argument("--ranks", type=int_list, metavar="LIST", help="perfetto: only these ranks (e.g. 0-3,8)")
     ex.add_argument("--include-warmup", action="store_true", help="thicket: also profile the warm-up steps")
+    add_allow_damaged(ex)
     ex.set_defaults(handler=cmd_export, serial=True)
 
 
@@ -64,8 +67,8 @@ def _load_traces(args):
     overwrite ``args.output`` without ``--force``."""
     from fourd_mpi.analysis.tables import collect_or_fail
 
-    refuse_overwrite(args.output, args.force)
-    return collect_or_fail(args.paths)
+    refuse_output(args.output, args.force)
+    return collect_or_fail(args.paths, allow_damaged=args.allow_damaged)
 
 
 def _concat(frames):
@@ -91,7 +94,7 @@ def cmd_analyze(args, world=None) -> int:
             if name == "comm" and args.baseline and frames:
                 from fourd_mpi.trace.read import load_trace
 
-                reference = analysis.comm_table(load_trace(args.baseline))
+                reference = analysis.comm_table(load_trace(args.baseline, allow_damaged=args.allow_damaged))
                 if not len(reference):
                     raise ConfigError(f"--baseline {args.baseline}: no collectives (an op-level trace is needed)")
                 frames = [analysis.hidden_vs_baseline(f, reference) for f in frames]
@@ -193,8 +196,8 @@ def cmd_export(args, world=None) -> int:
     from fourd_mpi.analysis import export
     from fourd_mpi.trace.read import load_trace
 
-    refuse_overwrite(args.output, args.force)
-    trace = load_trace(args.trace)
+    refuse_output(args.output, args.force)
+    trace = load_trace(args.trace, allow_damaged=args.allow_damaged)
     try:
         if args.format == "perfetto":
             export.write_perfetto(trace, args.output, steps=args.steps, ranks=args.ranks)

@@ -73,6 +73,14 @@ def add_trace_paths(parser: argparse.ArgumentParser, what: str = "") -> None:
                         help="trace files, directories of them, or globs" + what)
 
 
+def add_allow_damaged(parser: argparse.ArgumentParser) -> None:
+    """``--allow-damaged``: read traces with NaN or negative times or missing events (see
+    :func:`fourd_mpi.trace.read.damage`) instead of skipping them."""
+    parser.add_argument("--allow-damaged", action="store_true",
+                        help="also read damaged traces (NaN or negative times, events missing for the trace level); "
+                             "by default they are skipped with the reason")
+
+
 def add_output(parser: argparse.ArgumentParser, required: bool = False, help: str = "",
                force_help: str = "replace an existing output file") -> None:
     """``-o/--output FILE`` and ``--force`` (an existing file is never replaced without it)."""

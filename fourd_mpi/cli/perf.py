@@ -15,7 +15,7 @@ import sys
 
 from fourd_mpi.cli.args import add_option, add_options, add_output, add_trace_paths, parse_list
 from fourd_mpi.run.options import options_in
-from fourd_mpi.util.files import refuse_overwrite
+from fourd_mpi.util.files import refuse_output, refuse_overwrite
 from fourd_mpi.util.values import int_at_least, positive_float, positive_int
 
 GIB = 2.0 ** 30
@@ -107,7 +107,7 @@ def cmd_tune(args, world=None) -> int:
     cfg = resolve_model(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
                         ffn_hidden=args.ffn_hidden, seq=args.seq, batch=args.batch)
     overlap = OverlapConfig.parse(args.overlap)
-    refuse_overwrite(args.emit_sweep, args.force)
+    refuse_output(args.emit_sweep, args.force)
     profile = resolve_profile(args.site, args.profile, args.fallback_profile)
     if args.dtype is None:
         args.dtype = profile.training_dtype
@@ -237,7 +237,7 @@ def _cmd_paper(args) -> int:
     from fourd_mpi.perf.paper import DEFAULT_BATCH, PUBLISHED, WEAK_SERIES, model_case, plot, report
     from fourd_mpi.perf.tune import resolve_profile
 
-    refuse_overwrite(args.output, args.force)
+    refuse_output(args.output, args.force)
     wanted = [t.strip() for t in args.series.split(",") if t.strip()]
     if wanted == ["all"]:
         cases = list(WEAK_SERIES)
@@ -276,7 +276,7 @@ def cmd_model(args, world=None) -> int:
         return _cmd_paper(args)
     if args.model_command == "compare-axonn":
         return _cmd_compare_axonn(args)
-    refuse_overwrite(args.output, args.force)
+    refuse_output(args.output, args.force)
     profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
     traces, problems = collect_or_fail(args.paths)
     df, gdf, summary = validate(traces, profile)
@@ -299,7 +299,7 @@ def _cmd_calibrate(args) -> int:
     from fourd_mpi.perf.validate import calibrate
 
     terms = parse_list(args.terms, TERMS, "--terms")  # checked before any trace is read
-    refuse_overwrite(args.output, args.force)
+    refuse_output(args.output, args.force)
     profile = load_profile(args.profile)
     traces, problems = collect_or_fail(args.paths)
     data, rows, skipped = calibrate(traces, profile, terms)

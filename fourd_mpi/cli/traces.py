@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from fourd_mpi.cli.args import add_output
+from fourd_mpi.cli.args import add_allow_damaged, add_output
 
 
 def register(sub) -> None:
@@ -15,7 +15,9 @@ def register(sub) -> None:
     tsub = tr.add_subparsers(dest="trace_command", required=True, parser_class=type(tr))
     show = tsub.add_parser("show", help="metadata and step summary of a trace")
     show.add_argument("file", help="the trace (.h5)")
-    check = tsub.add_parser("check", help="check a trace's invariants (exit 1 if any is violated)")
+    add_allow_damaged(show)
+    check = tsub.add_parser("check", help="check a trace's invariants and whether it is damaged (NaN or negative "
+                            "times, events missing for its level): exit 1 if any is violated")
     check.add_argument("file", help="the trace (.h5)")
     rec = tsub.add_parser("recover", help="merge the per-rank files of a crashed run into a partial trace")
     rec.add_argument("directory", help="the run's per-rank directory, <results>/<run-id>.ranks")
@@ -37,27 +39,31 @@ def cmd_trace(args, world=None) -> int:
             print(f"  rank {failure.get('rank')} failed: {failure.get('error')}")
         print(f"the per-rank files in {args.directory} can now be removed")
         return 0
-    trace = load_trace(args.file)
-    if args.trace_command == "check":
-        problems = check_invariants(trace)
+    if args.trace_command == "check":  # a damaged trace is read, and its damage reported as violations
+        trace = load_trace(args.file, allow_damaged=True)
+        problems = [f"damaged: {why}" for why in trace.damage] + check_invariants(trace)
         for problem in problems:
             print(f"violation: {problem}")
         print(f"{args.file}: {len(trace.events)} events, {trace.world_size} ranks, {len(trace.steps)} steps: "
               + ("ok" if not problems else f"{len(problems)} violation(s)"))
         return 1 if problems else 0
+    trace = load_trace(args.file, allow_damaged=args.allow_damaged)
+    for why in trace.damage:
+        print(f"damaged: {why}")
     meta = trace.metadata
     print(f"{args.file}: schema v{trace.schema_version}, status {trace.status}, run id {meta.get('run_id')}")
     print(f"  grid {meta.get('grid')} on {meta.get('world_size')} ranks, {meta.get('num_nodes')} node(s); "
           f"level {meta.get('level')}; started {meta.get('start_time')}")
-    print(f"  {meta.get('mpi', {}).get('library_version', '?').splitlines()[0]}")
+    print(f"  {((meta.get('mpi') or {}).get('library_version') or '?').splitlines()[0]}")
     print(f"  {len(trace.events)} events; {len(trace.steps)} steps")
     _show_clocks(trace.ranks)
     print(f"{'step':>6} {'loss':>14} {'time (s)':>10}")
     for row in trace.steps:
         print(f"{row['step']:>6} {row['loss']:>14.8g} {row['seconds']:>10.4f}" + ("  (warm-up)" if row["warmup"]
                                                                                  else ""))
-    summary = meta.get("summary")
-    if summary:
+    summary = meta.get("summary") or {}
+    if all(isinstance(summary.get(k), (int, float)) for k in ("median_s", "compute_share", "wait_share",
+                                                               "tokens_per_s")):
         from fourd_mpi.util.text import format_number
 
         print(f"median step {format_number(summary['median_s'])} s (max over ranks); "

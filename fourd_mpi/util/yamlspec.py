@@ -29,6 +29,48 @@ def key_path(parts: Iterable[PathPart]) -> str:
 #: a spec or profile with more nodes than this once its aliases are expanded is refused: aliases
 #: nested k levels deep multiply, so a few hundred bytes can expand to billions of nodes
 MAX_EXPANDED_NODES = 100_000
+#: largest file read (bytes): specs, profiles and configs are a few kB; parsing is about 1 s per MB
+MAX_FILE_BYTES = 1 << 20
+#: deepest nesting of mappings and lists (the schemas need 4; PyYAML's composer recurses per level)
+MAX_DEPTH = 32
+#: most nodes written in the file (before alias expansion)
+MAX_NODES = 100_000
+
+
+def check_shape(text: str, source: str) -> None:
+    """Refuse a YAML text that is too large, too deep or has too many nodes, before it is composed:
+    PyYAML's event parser is iterative, so this pass is bounded by the limits themselves
+    (:data:`MAX_FILE_BYTES`, :data:`MAX_DEPTH`, :data:`MAX_NODES`)."""
+    if len(text) > MAX_FILE_BYTES:
+        raise ConfigError(f"{source}: {len(text):,} bytes, more than the {MAX_FILE_BYTES:,} a spec, profile or "
+                          "config may have")
+    depth = nodes = 0
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: ~50x faster on a 1 MB file
+    try:
+        for event in yaml.parse(text, Loader=loader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise ConfigError(f"{source}:{event.start_mark.line + 1}: nested more than {MAX_DEPTH} levels "
+                                      "deep")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+            if isinstance(event, yaml.NodeEvent):
+                nodes += 1
+                if nodes > MAX_NODES:
+                    raise ConfigError(f"{source}:{event.start_mark.line + 1}: more than {MAX_NODES:,} YAML nodes")
+    except yaml.YAMLError:
+        pass  # reported by the composer below, in PyYAML's own words
+
+
+def _syntax_error(exc, source: str) -> ConfigError:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{source}:{mark.line + 1}" if mark is not None else source
+    problem = getattr(exc, "problem", None) or str(exc)
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start is not None:
+        problem = f"{problem} ({context} at line {start.line + 1})"
+    return ConfigError(f"{where}: not valid YAML: {' '.join(str(problem).split())}")
 
 
 def _expanded_nodes(root) -> int:
@@ -42,9 +84,13 @@ def _expanded_nodes(root) -> int:
             total = 1 + sum(sizes[id(c)] for c in _children(node))
             sizes[id(node)] = min(total, MAX_EXPANDED_NODES + 1)
         elif id(node) not in sizes:
-            sizes[id(node)] = 0  # entered; its size is set when its children are done
+            sizes[id(node)] = -1  # entered; its size is set when its children are done
             stack.append((node, True))
-            stack.extend((c, False) for c in _children(node) if id(c) not in sizes)
+            for child in _children(node):
+                if sizes.get(id(child)) == -1:  # an alias to a node that contains it: infinite
+                    return MAX_EXPANDED_NODES + 1
+                if id(child) not in sizes:
+                    stack.append((child, False))
     return sizes[id(root)]
 
 
@@ -61,17 +107,14 @@ class YamlDocument:
 
     def __init__(self, text: str, source: str):
         self.source = source
+        check_shape(text, source)  # size, depth and node count first: composing recurses per level
         try:
             self.root = yaml.compose(text, Loader=yaml.SafeLoader)
             self.data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{source}:{mark.line + 1}" if mark is not None else source
-            problem = getattr(exc, "problem", None) or str(exc)
-            context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
-            if context and start is not None:
-                problem = f"{problem} ({context} at line {start.line + 1})"
-            raise ConfigError(f"{where}: not valid YAML: {' '.join(str(problem).split())}") from None
+            raise _syntax_error(exc, source) from None
+        except (RecursionError, ValueError, OverflowError) as exc:  # e.g. a huge integer literal
+            raise ConfigError(f"{source}: not valid YAML: {' '.join(str(exc).split())[:200]}") from None
         if self.root is not None:
             expanded = _expanded_nodes(self.root)
             if expanded > MAX_EXPANDED_NODES:
@@ -83,7 +126,7 @@ class YamlDocument:
     def read(cls, path: str, what: str = "file") -> "YamlDocument":
         try:
             with open(path, encoding="utf-8") as fh:
-                text = fh.read()
+                text = fh.read(MAX_FILE_BYTES + 1)  # check_shape refuses anything longer
         except OSError as exc:
             raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
         except UnicodeDecodeError:

@@ -62,8 +62,9 @@ def write_trace(path, events, world, grid=None, warmup=1, level="op", label=None
             dur = mine["end_ns"] - mine["start_ns"]
             is_compute = np.isin(mine["op"], compute_codes)
             polls = int(mine["mpi_ns"][is_compute].sum())  # MPI calls inside compute events: not compute
+            kept = len(mine) if level == "op" else int((mine["op"] == OP["step"]).sum())  # events the file keeps
             spans[rank] = (span, int(dur[is_compute].sum()) - polls, int(dur[mine["op"] == OP["wait"]].sum()),
-                           len(mine), polls)
+                           kept, polls)
         seconds = max(s["end_ns"] - s["start_ns"] for s, *_ in spans.values()) * 1e-9
         for rank, (span, compute, wait, count, polls) in spans.items():
             rs.append((rank, step, step < warmup, span["start_ns"], span["end_ns"], 1.0, seconds, compute, wait,
