@@ -16,12 +16,22 @@ mpi4py's default; if the library gives less, the process exits right after).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, Optional
+
+
+def check_timeout(value: float) -> float:
+    """``--step-timeout``: zero (off) or a positive number of seconds; a :class:`ConfigError` otherwise."""
+    from fourd_mpi.errors import ConfigError
+
+    if not value >= 0:  # NaN too
+        raise ConfigError(f"--step-timeout must be zero (off) or a positive number of seconds, got {value}")
+    return float(value)
 
 
 class Watchdog:
@@ -81,6 +91,10 @@ class Watchdog:
 
         MPI.COMM_WORLD.Abort(3)
         os._exit(3)  # pragma: no cover - Abort does not return
+
+    def watching(self, what: str):
+        """:meth:`watch` when enabled, else a context that does nothing (callers need not check)."""
+        return self.watch(what) if self._thread is not None else contextlib.nullcontext()
 
     def close(self) -> None:
         self._stop.set()

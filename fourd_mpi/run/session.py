@@ -157,8 +157,10 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: mpiexec forwards SIGINT to every rank
             when = "before the first step" if i is None else f"during step {i}"
-            spool.mark_failed(f"interrupted: SIGINT (Ctrl-C) {when}; the steps before it are in {spool_dir} "
-                              f"(fourd-mpi trace recover {spool_dir})")
+            note = (f"interrupted: SIGINT (Ctrl-C) {when}; the steps before it are in {spool_dir} "
+                    f"(fourd-mpi trace recover {spool_dir})")
+            spool.mark_failed(note)
+            os.write(2, f"fourd-mpi: {note}\n".encode())
         elif not isinstance(exc, SystemExit):
             spool.mark_failed(f"{type(exc).__name__}: {exc}")
         raise
