@@ -19,10 +19,10 @@ from fourd_mpi.util.values import byte_size
 
 
 def test_sizes_parse_with_binary_and_decimal_units():
-    assert byte_size("1073741824") == 2 ** 30
+    assert byte_size("1073741824B") == 2 ** 30
     assert byte_size("3.5GiB") == int(3.5 * 2 ** 30) and byte_size("3.5G") == int(3.5 * 2 ** 30)
     assert byte_size("2GB") == 2 * 10 ** 9 and byte_size("800 MiB") == 800 * 2 ** 20 and byte_size("0") == 0
-    for bad in ("lots", "-1G", "3 parsecs", ""):
+    for bad in ("lots", "-1G", "3 parsecs", "", "40"):  # a bare 40: bytes or GiB? a unit is required
         with pytest.raises(Exception, match="expected a size"):
             byte_size(bad)
     assert human_bytes(21.3 * 2 ** 30) == "21.3 GiB" and human_bytes(512) == "512 B"

@@ -26,7 +26,7 @@ CASES = [
     # accepted silently before
     (["--overlap", "oag", "--gz", "2", "--prefetch-depth", "100"], "--prefetch-depth 100 reaches beyond the model: "
      "gpt-tiny has 8 weight layers (2 blocks x 4), so at most 7 can be fetched ahead"),
-    (["--memory-limit", "lots"], "--memory-limit: expected a size such as 3.5GiB"),
+    (["--memory-limit", "lots"], "--memory-limit: expected a size with a unit such as 3.5GiB"),
 ]
 
 
