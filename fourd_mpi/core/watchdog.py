@@ -87,6 +87,9 @@ class Watchdog:
         if self._abort is not None:
             self._abort(3)
             return
+        # MPI_Abort makes the launcher kill every process at once; a moment first lets it forward this line
+        # (seen lost about once in five 2-rank runs without it)
+        time.sleep(0.5)
         from mpi4py import MPI
 
         MPI.COMM_WORLD.Abort(3)

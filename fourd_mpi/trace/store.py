@@ -106,7 +106,7 @@ def prepare_spool(results_dir: str, run_id: str, force: bool, run_meta: Dict) ->
         blocker = results_dir
         while os.path.dirname(blocker) not in ("", blocker) and not os.path.exists(blocker):
             blocker = os.path.dirname(blocker)
-        raise TraceError(f"the results directory {results_dir} cannot be created: {blocker} is a file, not a "
+        raise TraceError(f"cannot create the results directory {results_dir}: {blocker} is a file, not a "
                          "directory (give --results-dir a directory)") from None
     except OSError as exc:
         raise TraceError(f"cannot create the results directory {results_dir}: {exc.strerror}") from None

@@ -26,7 +26,6 @@ CASES = [
     # accepted silently before
     (["--overlap", "oag", "--gz", "2", "--prefetch-depth", "100"], "--prefetch-depth 100 reaches beyond the model: "
      "gpt-tiny has 8 weight layers (2 blocks x 4), so at most 7 can be fetched ahead"),
-    (["--memory-limit", "lots"], "--memory-limit: expected a size with a unit such as 3.5GiB"),
 ]
 
 
@@ -47,10 +46,10 @@ def test_a_results_dir_that_is_a_file_is_named(run_mpi, tmp_path):
     """Before: "cannot create the results directory ...: File exists" (or "Not a directory")."""
     (tmp_path / "afile").write_text("")
     for target in (tmp_path / "afile", tmp_path / "afile" / "sub"):
-        proc = run_mpi(4, ["run", "--results-dir", target, "--steps", "2", "--display", "quiet"], timeout=60)
+        proc = run_mpi(2, ["run", "--results-dir", target, "--steps", "2", "--display", "quiet"], timeout=60)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert proc.stderr.count(f"{tmp_path / 'afile'} is a file, not a directory (give --results-dir a "
-                                 "directory)") == 4, proc.stderr
+                                 "directory)") == 2, proc.stderr
 
 
 def test_verify_rejects_a_grid_of_the_wrong_size(run_mpi):
