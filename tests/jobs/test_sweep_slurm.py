@@ -79,7 +79,7 @@ def test_weak_scaling_sweep_through_sbatch(slurm, tmp_path):
     deadline = time.monotonic() + 600
     while True:
         status = fourd(["sweep", "status", sweep_dir], tmp_path, env)
-        assert status.returncode == 0, status.stderr
+        assert status.returncode == 0, status.stdout + status.stderr + "".join(p.read_text() for p in (tmp_path / sweep_dir / "logs").glob("*.out"))
         # a job's trace is complete a moment before Slurm marks the job COMPLETED: wait for both
         if "4/4 traces complete" in status.stdout and status.stdout.count("COMPLETED") == 4:
             break
