@@ -121,6 +121,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     except KeyboardInterrupt:
         _abort(world, 130)
+    except MemoryError as exc:  # during the steps (admission and allocation said the same on every rank)
+        where = f" on rank {world.Get_rank()}" if world is not None else ""
+        error_line(f"out of memory{where} ({exc or type(exc).__name__}): the memory model counts no temporaries; "
+                   "give a smaller model or batch, more ranks, or a lower --memory-limit; aborting the job")
+        _abort(world, 1)
     except Exception:
         traceback.print_exc()
         sys.stderr.flush()

@@ -14,7 +14,7 @@ import socket
 import sys
 
 from fourd_mpi.cli.args import add_option, add_options, add_output, add_trace_paths, parse_list
-from fourd_mpi.run.options import options_in
+from fourd_mpi.run.options import OPTIONS, options_in
 from fourd_mpi.util.files import refuse_output, refuse_overwrite
 from fourd_mpi.util.values import int_at_least, positive_float, positive_int
 
@@ -350,6 +350,9 @@ def _register_bench(sub) -> None:
                    help="grid to benchmark (repeatable); default: the grid flags, or when none is given one "
                         "grid per divisor p of the world with G_x = p (every group size once)")
     g.add_argument("--no-world", action="store_true", help="skip the world communicator")
+    add_option(g, OPTIONS["step-timeout"], help="watchdog: a rank that waits longer than this in one measurement "
+               "(one collective, size and placement) prints where it waits and aborts the job (MPI_Abort); 0 "
+               "disables (default 600)")
     s = p.add_argument_group("sweep")
     s.add_argument("--ops", default=",".join(OPS), metavar="LIST", help=f"comma list of {', '.join(OPS)}")
     s.add_argument("--min-size", type=_size, default=8, metavar="BYTES", help="smallest message (default 8)")
@@ -393,6 +396,7 @@ def cmd_bench(args, world) -> int:
     from fourd_mpi.cli.args import error_line
     from fourd_mpi.core.mpiutil import on_root
     from fourd_mpi.errors import ConfigError
+    from fourd_mpi.core.watchdog import Watchdog, check_timeout
     from fourd_mpi.perf.collbench import run_bench
 
     hostname = socket.gethostname()
@@ -406,7 +410,10 @@ def cmd_bench(args, world) -> int:
             from fourd_mpi.perf.machine import load_profile
 
             load_profile(args.fallback)  # fail early on an unknown name, on every rank
-        result = run_bench(args, world)
+        check_timeout(args.step_timeout)
+        watchdog = Watchdog(args.step_timeout, rank)
+        result = run_bench(args, world, watchdog)
+        watchdog.close()
     except ConfigError as exc:  # the same on every rank (checked before any collective): said once
         if rank == 0:
             error_line(exc)

@@ -12,6 +12,7 @@ from dataclasses import replace
 from fourd_mpi import __version__
 from fourd_mpi.cli.args import OneLineParser, add_options, say
 from fourd_mpi.core.grid import GridShape, grid_factorizations
+from fourd_mpi.core.watchdog import check_timeout
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.options import RunOptions, resolve_values, resolved_config
 from fourd_mpi.step.presets import PRESETS, model_problems
@@ -40,7 +41,7 @@ def register(sub) -> None:
     run.set_defaults(handler=cmd_run, serial=False)
 
     ver = sub.add_parser("verify", help="compare the distributed step with the serial reference")
-    add_options(ver, STEP_GROUPS, names=("steps",), many=("overlap", "progress", "recompute"),
+    add_options(ver, STEP_GROUPS, names=("steps", "step-timeout"), many=("overlap", "progress", "recompute"),
                 overlap={"help": "as in run; repeatable: each is checked (default none)"},
                 progress={"help": "as in run; repeatable: each is checked (default poll)"},
                 recompute={"help": "as in run; repeatable: each is checked against the reference without "
@@ -108,8 +109,7 @@ def cmd_run(args, world) -> int:
     options = run_options(args, world.Get_size())
     trace = TraceOptions(args.trace_level, args.results_dir, args.run_id, args.label, args.force).validate()
     fault = Fault.parse(args.inject_fault) if args.inject_fault else None
-    if not args.step_timeout >= 0:  # NaN too
-        raise ConfigError(f"--step-timeout must be zero (off) or a positive number of seconds, got {args.step_timeout}")
+    check_timeout(args.step_timeout)
     if fault is not None and fault.rank >= world.Get_size():
         raise ConfigError(f"--inject-fault: rank {fault.rank} does not exist in a world of {world.Get_size()}")
     config = resolved_config(args.model, options, {"trace_level": trace.level, "results_dir": trace.results_dir,
@@ -136,6 +136,7 @@ def cmd_verify(args, world) -> int:
 
     size = world.Get_size()
     options = run_options(args, size)
+    check_timeout(args.step_timeout)
     grids = [GridShape.parse(g) for g in args.grid]
     for g in grids:
         if g.size != size:
@@ -157,7 +158,8 @@ def cmd_verify(args, world) -> int:
     for v in variants:
         v.overlap_config()
     results = verify(variants, grids, args.steps, world,
-                     None if args.reference_backend == "same" else args.reference_backend)
+                     None if args.reference_backend == "same" else args.reference_backend,
+                     step_timeout=args.step_timeout)
     if world.Get_rank() != 0:
         return 0
     reference = "" if args.reference_backend == "same" else f" ({args.reference_backend} reference)"

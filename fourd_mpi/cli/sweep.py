@@ -42,8 +42,9 @@ def register(sub) -> None:
     render.add_argument("--out", metavar="DIR", help="directory of the scripts (default jobscripts/SWEEP)")
     render.add_argument("--force", action="store_true", help="render again over an existing directory")
 
-    for name, text in (("submit", "submit the rendered jobs (sbatch, qsub, bsub; local: run them now)"),
-                       ("status", "each run's scheduler state and trace"),
+    for name, text in (("submit", "submit the rendered jobs (sbatch, qsub, bsub; local: run them now); exit 1 "
+                                  "when a submission (or a local job) failed"),
+                       ("status", "each run's scheduler state and trace; exit 1 when a job failed"),
                        ("collect", "check the traces and print the runs and scaling tables")):
         p = ssub.add_parser(name, help=text)
         p.add_argument("sweep_dir", metavar="DIR", help="the rendered sweep, e.g. jobscripts/SWEEP")
@@ -86,14 +87,17 @@ def cmd_sweep(args, world=None) -> int:
         return 0
     manifest = load_manifest(args.sweep_dir)
     if command == "submit":
-        count = submit(manifest, args.sweep_dir, args.resubmit_failed, args.dry_run)
-        sys.stdout.write(f"{count} submitted\n")
-        return 0
+        result = submit(manifest, args.sweep_dir, args.resubmit_failed, args.dry_run)
+        failed = f", {len(result.failed)} failed" if result.failed else ""
+        sys.stdout.write(f"{result.submitted} submitted{failed}\n")
+        for run_id, why in result.failed:
+            sys.stderr.write(f"fourd-mpi: error: sweep {manifest['sweep']}: {run_id} failed: {why}\n")
+        return 1 if result.failed else 0
     if command == "status":
         rows = run_states(manifest, load_jobs(args.sweep_dir))
         sys.stdout.write(format_rows(rows))
         done = sum(r["trace"] == "complete" for r in rows)
         failed = sum(r["state"] in FINAL_STATES and r["state"] != "COMPLETED" for r in rows)
         sys.stdout.write(f"{done}/{len(rows)} traces complete, {failed} jobs failed\n")
-        return 0
+        return 1 if failed else 0
     return collect(manifest, args.into or os.path.join("results", manifest["sweep"]), fmt=args.format)

@@ -4,8 +4,9 @@
 output, and ``manifest.json`` (the resolved spec and, per run, its resources, command,
 script, log and trace path; no time stamps, so the same spec renders the same bytes).
 ``submit`` records job ids in ``jobs.json`` next to the manifest and never submits a run
-again whose job is pending, running or finished, or whose trace exists. ``status`` asks
-the scheduler and looks at the traces; ``collect`` checks the traces and runs the
+again whose job is pending, running or finished, or whose trace exists; it claims each run
+in ``jobs.json`` under a lock before launching it, so concurrent submits never launch a run
+twice (:func:`submit`). ``status`` asks the scheduler and looks at the traces; ``collect`` checks the traces and runs the
 analysis (runs table, weak or strong scaling).
 
 All commands run in one process, from the submission directory: paths in scripts and
@@ -14,11 +15,15 @@ manifests are relative to it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Dict, List, Optional, Sequence
 
@@ -32,6 +37,10 @@ from fourd_mpi.jobs.spec import RunPlan, SweepSpec
 
 MANIFEST = "manifest.json"
 JOBS = "jobs.json"
+#: the lock file of ``submit`` (:func:`sweep_lock`)
+LOCK = ".submit.lock"
+#: record states that mean "a sweep submit has claimed this run and is launching it"
+CLAIM_STATES = ("SUBMITTING", "RUNNING")
 MANIFEST_SCHEMA = "fourd_mpi.sweep"  # file-format id (kept when the module moved)
 MANIFEST_VERSION = 1
 #: job settings that render and plan take on the command line too
@@ -178,17 +187,72 @@ def load_jobs(sweep_dir: str) -> Dict[str, Dict]:
 
 
 def save_jobs(sweep_dir: str, jobs: Dict[str, Dict]) -> None:
-    """Atomic rewrite: a crash mid-submission must not lose the ids already recorded."""
+    """Atomic rewrite (a private temp file, fsync, rename): a crash or a second writer never leaves
+    a torn file. Call it under :func:`sweep_lock`, after :func:`load_jobs`, so no update is lost."""
     path = os.path.join(sweep_dir, JOBS)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(jobs, fh, indent=1)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{JOBS}.", suffix=".tmp", dir=sweep_dir)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(jobs, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+
+
+@contextlib.contextmanager
+def sweep_lock(sweep_dir: str):
+    """An exclusive ``flock`` on ``DIR/.submit.lock`` for one read-decide-write of ``jobs.json``.
+
+    Held for short sections only (never while a job runs or ``sbatch`` waits), so a second
+    ``sweep submit`` waits a moment, then sees the first one's claims."""
+    path = os.path.join(sweep_dir, LOCK)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(f"cannot lock the sweep directory {sweep_dir} ({path}: {exc.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _claimant_gone(job: Dict) -> bool:
+    """A claim (``SUBMITTING``, or a local ``RUNNING``) whose ``sweep submit`` process ended without
+    recording the outcome (Ctrl-C, a crash). Only a claimant on this host can be checked."""
+    if job.get("state") not in CLAIM_STATES or job.get("host") != socket.gethostname() or not job.get("pid"):
+        return False
+    try:
+        os.kill(int(job["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError):
+        return False
+    return False
+
+
+def record_state(job: Optional[Dict], live: Dict[str, str]) -> str:
+    """The state of a run's record: the scheduler's (``live``), else the one recorded; ``-`` when none."""
+    if not job:
+        return "-"
+    if _claimant_gone(job):
+        return "FAILED"
+    state = live.get(job.get("job_id"), "UNKNOWN") if job.get("job_id") else "UNKNOWN"
+    if state == "UNKNOWN":  # gone from the scheduler (or local, or a claim): the last state we saw
+        state = job.get("state", "UNKNOWN")
+    return state
 
 
 def trace_state(path: str) -> str:
-    """``complete``/``partial``/``failed`` (the trace's status), ``spooling`` (per-rank files only),
-    ``damaged``, or ``missing``. Reads the trace's header only."""
+    """``complete``/``partial``/``failed``/``interrupted`` (the trace's status), ``spooling`` (per-rank
+    files only), ``damaged``, or ``missing``. Reads the trace's header only."""
     from fourd_mpi.trace.read import read_status
 
     if os.path.exists(path):
@@ -203,57 +267,116 @@ def trace_state(path: str) -> str:
 
 def run_states(manifest: Dict, jobs: Dict[str, Dict], query: bool = True) -> List[Dict]:
     """Per run: job id, the scheduler's state (asked once per job), and the trace's state."""
-    scheduler = get_scheduler(manifest["scheduler"])
-    recorded = [jobs[r["run_id"]]["job_id"] for r in manifest["runs"] if r["run_id"] in jobs]
-    live = scheduler.states(recorded) if query and recorded and manifest["scheduler"] != "local" else {}
+    live = _live_states(manifest, jobs) if query else {}
     rows = []
     for run in manifest["runs"]:
         job = jobs.get(run["run_id"])
-        state = "-"
-        if job:
-            state = live.get(job["job_id"], "UNKNOWN")
-            if state == "UNKNOWN":  # gone from the scheduler (or local): the last state we saw
-                state = job.get("state", "UNKNOWN")
         rows.append({"run_id": run["run_id"], "ranks": run["ranks"], "grid": run["grid"],
-                     "job": job["job_id"] if job else "-", "state": state, "trace": trace_state(run["trace"])})
+                     "job": (job.get("job_id") or "-") if job else "-", "state": record_state(job, live),
+                     "trace": trace_state(run["trace"])})
     return rows
 
 
+def _live_states(manifest: Dict, jobs: Dict[str, Dict]) -> Dict[str, str]:
+    if manifest["scheduler"] == "local":
+        return {}
+    recorded = [jobs[r["run_id"]]["job_id"] for r in manifest["runs"]
+                if jobs.get(r["run_id"], {}).get("job_id")]
+    return get_scheduler(manifest["scheduler"]).states(recorded) if recorded else {}
+
+
+def _skip_reason(row: Dict, job: Optional[Dict], resubmit_failed: bool) -> Optional[str]:
+    """Why a run is not submitted (None: submit it)."""
+    state, trace = row["state"], row["trace"]
+    if trace in ("complete", "partial", "spooling"):
+        return f"trace {trace}"
+    if state == "SUBMITTING":
+        return f"claimed by sweep submit (pid {job.get('pid')} on {job.get('host')}) at {job.get('claimed')}"
+    if state in ACTIVE_STATES or (state == "COMPLETED" and not resubmit_failed):
+        return f"job {row['job']} {state.lower()}"
+    if state != "-" and not resubmit_failed:
+        return f"job {row['job']} {state.lower()} (--resubmit-failed submits it again)"
+    return None
+
+
+@dataclass
+class SubmitResult:
+    """What one ``sweep submit`` did: runs submitted (batch: queued; local: run), and the runs that
+    failed at submission or, local, when run (``(run_id, reason)``)."""
+
+    submitted: int = 0
+    failed: List = field(default_factory=list)
+
+
 def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_run: bool = False,
-           out=sys.stdout) -> int:
-    """Submit every run that has no live or finished job and no trace; the number submitted."""
+           out=sys.stdout) -> SubmitResult:
+    """Submit every run that has no live or finished job, no claim and no trace.
+
+    Transactional per run: under :func:`sweep_lock`, re-read ``jobs.json``, decide, and record a
+    claim (``SUBMITTING``; local: ``RUNNING``) with this process's pid and host; then launch without
+    the lock; then record the outcome under the lock. So two concurrent submits never launch a job
+    twice, and ``jobs.json`` is never torn or loses an update. A submission that fails (``sbatch``
+    exits non-zero) or a local job that exits non-zero is recorded ``FAILED`` with the reason.
+    """
     scheduler = get_scheduler(manifest["scheduler"])
-    jobs = load_jobs(sweep_dir)
-    submitted = 0
-    for row, run in zip(run_states(manifest, jobs), manifest["runs"]):
-        run_id, state, trace = row["run_id"], row["state"], row["trace"]
-        if trace in ("complete", "partial", "spooling"):
-            out.write(f"skip {run_id}: trace {trace}\n")
-            continue
-        if state in ACTIVE_STATES or (state == "COMPLETED" and not resubmit_failed):
-            out.write(f"skip {run_id}: job {row['job']} {state.lower()}\n")
-            continue
-        if state != "-" and not resubmit_failed:
-            out.write(f"skip {run_id}: job {row['job']} {state.lower()} (--resubmit-failed submits it again)\n")
-            continue
-        if dry_run:
-            out.write(f"would submit {run_id}: {' '.join(scheduler.submit_command)} {run['script']}\n")
-            continue
+    result = SubmitResult()
+    live = _live_states(manifest, load_jobs(sweep_dir))
+    host, pid = socket.gethostname(), os.getpid()
+    for run in manifest["runs"]:
+        run_id = run["run_id"]
+        with sweep_lock(sweep_dir):
+            jobs = load_jobs(sweep_dir)
+            job = jobs.get(run_id)
+            row = {"job": (job.get("job_id") or "-") if job else "-", "state": record_state(job, live),
+                   "trace": trace_state(run["trace"])}
+            why = _skip_reason(row, job, resubmit_failed)
+            if why is not None or dry_run:
+                out.write(f"skip {run_id}: {why}\n" if why is not None else
+                          f"would submit {run_id}: {' '.join(scheduler.submit_command)} {run['script']}\n")
+                continue
+            local = scheduler.name == "local"
+            record = {"submitted": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                      "scheduler": scheduler.name, "workdir": os.getcwd(), "host": host, "pid": pid,
+                      "state": "RUNNING" if local else "SUBMITTING",
+                      "job_id": f"local-{run['index']}" if local else None}
+            jobs[run_id] = record
+            save_jobs(sweep_dir, jobs)  # the claim, before anything is launched
         os.makedirs(os.path.dirname(run["log"]) or ".", exist_ok=True)  # schedulers do not create it
-        record = {"submitted": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                  "scheduler": scheduler.name, "workdir": os.getcwd()}
-        if scheduler.name == "local":
-            out.write(f"run {run_id} ({run['ranks']} ranks) ...\n")
-            out.flush()
-            rc = scheduler.run(run["script"], run["log"], os.getcwd())
-            record.update(job_id=f"local-{run['index']}", state="COMPLETED" if rc == 0 else "FAILED", returncode=rc)
+        outcome = {}
+        try:
+            if local:
+                out.write(f"run {run_id} ({run['ranks']} ranks) ...\n")
+                out.flush()
+                rc = scheduler.run(run["script"], run["log"], os.getcwd())
+                outcome = {"state": "COMPLETED" if rc == 0 else "FAILED", "returncode": rc}
+                if rc != 0:
+                    outcome["error"] = f"the job exited with status {rc}: {_last_line(run['log'])}"
+            else:
+                outcome = {"job_id": scheduler.submit(run["script"], os.getcwd()), "state": "PENDING"}
+        except ConfigError as exc:  # sbatch & co. exited non-zero, or are missing
+            outcome = {"state": "FAILED", "error": str(exc)}
+        # (Ctrl-C while launching leaves the claim; once this process is gone it reads as FAILED)
+        with sweep_lock(sweep_dir):
+            jobs = load_jobs(sweep_dir)
+            jobs[run_id] = {**jobs.get(run_id, record), **outcome}
+            save_jobs(sweep_dir, jobs)
+        if outcome["state"] == "FAILED":
+            result.failed.append((run_id, outcome["error"]))
+            out.write(f"failed {run_id}: {outcome['error']}\n")
         else:
-            record.update(job_id=scheduler.submit(run["script"], os.getcwd()), state="PENDING")
-        jobs[run_id] = record
-        save_jobs(sweep_dir, jobs)
-        submitted += 1
-        out.write(f"submitted {run_id}: job {record['job_id']}\n")
-    return submitted
+            result.submitted += 1
+            out.write(f"submitted {run_id}: job {jobs[run_id]['job_id']}\n")
+    return result
+
+
+def _last_line(log: str) -> str:
+    """The last non-empty line of a job's log (where it says why it failed), or where the log is."""
+    try:
+        with open(log, errors="replace") as fh:
+            lines = [line.strip() for line in fh.read()[-4096:].splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    return (lines[-1][:300] + f" (log: {log})") if lines else f"see {log}"
 
 
 def collect(manifest: Dict, into: Optional[str] = None, out=sys.stdout, fmt: str = "table") -> int:

@@ -416,8 +416,16 @@ def _compute_rates(world, dtypes: List[str], n: int, backend_name: str) -> Dict[
     return out
 
 
-def run_bench(args, world) -> Dict:
-    """Measure everything; returns ``{"rows", "overlap", "compute", "grids", ...}`` (same on every rank)."""
+def run_bench(args, world, watchdog=None) -> Dict:
+    """Measure everything; returns ``{"rows", "overlap", "compute", "grids", ...}`` (same on every rank).
+
+    ``watchdog``: a :class:`~fourd_mpi.core.watchdog.Watchdog` that watches each measurement (one
+    communicator, op, size and placement) and aborts the job when a rank waits longer than its limit."""
+    import contextlib
+
+    def watch(what: str):
+        return watchdog.watching(what) if watchdog is not None else contextlib.nullcontext()
+
     from mpi4py import MPI
 
     from fourd_mpi.core.grid import ProcessGrid
@@ -490,22 +498,27 @@ def run_bench(args, world) -> Dict:
             for s in sizes:
                 iters = args.iters if s < 1024 ** 2 else max(3, args.iters // 4)
                 for inplace in placements:
-                    lat, wrong = _time_op(comm, op, s, iters, args.warmup, inplace)
-                    stats = (world.allreduce(lat, op=MPI.MAX), world.allreduce(lat) / size,
-                             world.allreduce(lat, op=MPI.MIN))
-                    wrong = world.allreduce(wrong)
+                    with watch(f"{op} of {s} bytes on {name} ({'in place' if inplace else 'out of place'}, "
+                               f"{iters} iterations)"):
+                        lat, wrong = _time_op(comm, op, s, iters, args.warmup, inplace)
+                        stats = (world.allreduce(lat, op=MPI.MAX), world.allreduce(lat) / size,
+                                 world.allreduce(lat, op=MPI.MIN))
+                        wrong = world.allreduce(wrong)
                     rows.append(Row(name, level, p, op, s, iters, stats[0], inplace, stats[1], stats[2], stats[0],
                                     wrong, ",".join(also)))
             if op == "iallreduce":
-                sync = world.allreduce(_measure_sync(comm, max(5, args.iters), args.warmup), op=MPI.MAX)
+                with watch(f"the synchronization measurement of iallreduce on {name}"):
+                    sync = world.allreduce(_measure_sync(comm, max(5, args.iters), args.warmup), op=MPI.MAX)
                 syncs.append({"comm": name, "axes": ",".join(also), "level": level, "p": p, "sync_s": sync})
             if op.startswith("i") and args.overlap_sizes > 0:
                 for s in sizes[-args.overlap_sizes:]:
                     iters = max(3, args.iters // 4)
-                    res = _measure_overlap(comm, world, op, s, iters, args.warmup)
+                    with watch(f"the overlap measurement of {op} of {s} bytes on {name}"):
+                        res = _measure_overlap(comm, world, op, s, iters, args.warmup)
                     overlap.append(dict(comm=name, axes=",".join(also), level=level, p=p, op=op, size=s, **res))
     listed = [{"comm": name, "axes": also, "level": level, "p": comm.Get_size()} for name, level, comm, also in comms]
-    compute = _compute_rates(world, dtypes, args.gemm_size, args.backend)
+    with watch("the compute calibration (GEMM and elementwise rates)"):
+        compute = _compute_rates(world, dtypes, args.gemm_size, args.backend)
     for pg in made:
         pg.free()
     return {"rows": rows, "overlap": overlap, "syncs": syncs, "compute": compute, "grids": [str(g) for g in grids],

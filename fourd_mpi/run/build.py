@@ -21,6 +21,7 @@ from fourd_mpi.core.grid import ProcessGrid
 from fourd_mpi.core.mpiutil import agree
 from fourd_mpi.core.progress import make_progress
 from fourd_mpi.errors import BackendError
+from fourd_mpi.run.admission import MemoryNeed, admit, allocate
 from fourd_mpi.run.options import RunOptions
 from fourd_mpi.step.engine import Trainer
 from fourd_mpi.step.kernels import ComputeCounter
@@ -99,6 +100,8 @@ class Run:
     data_prep_seconds: float = 0.0
     #: the start alignment ``(offset_ns, uncertainty_ns, origin_ns, at_ns)`` (:func:`align_clocks`), when traced
     clock_start: Optional[tuple] = None
+    #: the memory model's estimate per rank that admission checked (:mod:`fourd_mpi.run.admission`)
+    memory_need: Optional[MemoryNeed] = None
 
     @classmethod
     def build(cls, mpi_comm, options: RunOptions, count_flops: bool = False,
@@ -131,6 +134,8 @@ class Run:
         buffers = agree(mpi_comm, lambda: choose_mpi_buffers(options.device_buffers, backend_name, evidence_ok,
                                                              evidence_reason, awareness.smoke_test))
         backend.set_staged(buffers.mode == "staged")
+        # memory admission before anything that grows with the model is allocated (same error on every rank)
+        need, _ = admit(grid.cart, options, backend)
         progress = agree(mpi_comm, lambda: make_progress(options.progress, options.poll_flops))
         clock, clock_start = (0, 0), None
         if trace_level is None:
@@ -145,15 +150,21 @@ class Run:
         comm = Collectives(grid, backend, progress=progress, check_buffers=options.check_buffers,
                            skip_communication=skip_communication, tracer=tracer)
         counter = ComputeCounter(backend=backend, enabled=count_flops, tracer=tracer)
-        model = Model(options.model, grid, backend, seed=options.seed, counter=counter)
-        data = SyntheticData(options.model, grid, backend, seed=options.seed,
-                             batches=min(options.data_batches, options.steps))
+
+        def allocate_state():
+            model = Model(options.model, grid, backend, seed=options.seed, counter=counter)
+            data = SyntheticData(options.model, grid, backend, seed=options.seed,
+                                 batches=min(options.data_batches, options.steps))
+            optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr, empty=backend.empty)
+            return model, data, optimizer
+
+        # a MemoryError on any rank (the model counts no temporaries) is one line on every rank
+        model, data, optimizer = allocate(grid.cart, "the model, optimizer state and data", allocate_state, need)
         data_prep = grid.cart.allreduce(data.prep_seconds, op=MPI.MAX)
-        optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr, empty=backend.empty)
         trainer = Trainer(model, data, comm, optimizer, overlap=options.overlap_config(),
                           recompute=options.recompute)
         return cls(options, grid, backend, comm, model, data, trainer, counter, clock, awareness, buffers, data_prep,
-                   clock_start=clock_start)
+                   clock_start=clock_start, memory_need=need)
 
     def overlap_notes(self):
         """Overlap options that are no-ops on this grid, with the reason."""

@@ -31,7 +31,7 @@ from fourd_mpi.step.optim import OPTIMIZERS
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model, validate_model
 from fourd_mpi.trace.events import LEVELS
-from fourd_mpi.util.values import integer, nonnegative_int, number, positive_float, positive_int
+from fourd_mpi.util.values import byte_size, integer, nonnegative_int, number, positive_float, positive_int
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,11 @@ RUN_OPTIONS: Tuple[Option, ...] = (
                 "emulated staging (host copies, same code path and trace events; for testing)"),
     Option("seed", "numerics", integer, 0, metavar=_N, help="seed of the synthetic weights and data (default 0)"),
     Option("optimizer", "numerics", str, "adam", OPTIMIZERS, help="default adam"),
+    Option("memory-limit", "numerics", byte_size, None, metavar="SIZE",
+           help="memory each rank may use, e.g. 3.5GiB (default: measured: MemAvailable / ranks on the node, "
+                "the memory cgroup's room, ulimit -v, free GPU memory / ranks on the GPU); a run whose "
+                "estimate (weights, gradients, optimizer state, activations, buffers, data) exceeds it is "
+                "refused before allocating; 0 turns the check off"),
     Option("lr", "numerics", number, None, metavar="LR", help="learning rate (default 1e-3 adam, 1e-2 sgd)"),
     Option("overlap", "overlap", str, "none", metavar="LIST",
            help="none, all (= oag,ors,oar,dp,od) or a comma list of oag, ors, oar, dp, od, cache (default none)"),
@@ -207,6 +212,8 @@ class RunOptions:
     seed: int = 0
     optimizer: str = "adam"
     lr: Optional[float] = None
+    #: bytes each rank may use (None: measured; 0: no admission check), :mod:`fourd_mpi.run.admission`
+    memory_limit: Optional[int] = None
     cache_weights: bool = False
     steps: int = 10
     warmup: int = 1
@@ -267,6 +274,11 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
                           f"choose one of {', '.join(PROGRESS_STRATEGIES)}")
     if options.get("recompute", "none") not in RECOMPUTE_MODES:
         raise ConfigError(f"unknown recompute mode {options['recompute']!r}: choose one of {', '.join(RECOMPUTE_MODES)}")
+    depth, layers = options.get("prefetch_depth", 1), model.layers * (4 if model.kind == "gpt" else 2)
+    if _cross_checks and depth > layers - 1:
+        raise ConfigError(f"--prefetch-depth {depth} reaches beyond the model: {model.name} has {layers} weight "
+                          f"layers ({model.layers} blocks x {layers // model.layers}), so at most {layers - 1} "
+                          f"can be fetched ahead of the current one: give --prefetch-depth {layers - 1} or less")
     if options.get("poll_flops", 1) <= 0:
         raise ConfigError(f"--poll-flops must be positive, got {options['poll_flops']}")
     run_options = RunOptions(model=model, grid=shape, **options)

@@ -131,6 +131,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     finally:
         if spool is None:  # some rank could not open its files: nothing was recorded, remove the spool
             _remove_spool_dir(world, spool_dir)
+    i = None  # the step in progress
     try:
         if header is not None:
             header(run)
@@ -154,7 +155,13 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
             out.update(i, result.loss, result.seconds)
         out.close()
     except BaseException as exc:
-        if not isinstance(exc, SystemExit):
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: mpiexec forwards SIGINT to every rank
+            when = "before the first step" if i is None else f"during step {i}"
+            note = (f"interrupted: SIGINT (Ctrl-C) {when}; the steps before it are in {spool_dir} "
+                    f"(fourd-mpi trace recover {spool_dir})")
+            spool.mark_failed(note)
+            os.write(2, f"fourd-mpi: {note}\n".encode())
+        elif not isinstance(exc, SystemExit):
             spool.mark_failed(f"{type(exc).__name__}: {exc}")
         raise
     all_steps = world.gather(_spooled_steps(spool), root=0)

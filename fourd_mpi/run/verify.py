@@ -13,6 +13,7 @@ Error measure: norm-wise relative error ``||a - b||_2 / ||b||_2`` per tensor
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional
 
@@ -21,6 +22,8 @@ from mpi4py import MPI
 
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.core.mpiutil import idle_barrier
+from fourd_mpi.core.watchdog import Watchdog
+from fourd_mpi.errors import BackendError, ConfigError
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import RunOptions
 
@@ -56,9 +59,11 @@ def snapshot(run: Run, mpi_comm, steps: int) -> Optional[Dict[str, object]]:
     """
     host = run.backend.to_host
     loss, y = run.trainer.forward_backward(0)
-    tensors = {"output": gather_global(mpi_comm, run.data.global_index(), host(y), run.data.global_shape)}
+    with run.comm.watch("a gather of the output to rank 0"):
+        tensors = {"output": gather_global(mpi_comm, run.data.global_index(), host(y), run.data.global_shape)}
     for p in run.model.parameters():
-        tensors[f"grad:{p.name}"] = gather_global(mpi_comm, p.global_index(), host(p.grad), p.global_shape)
+        with run.comm.watch(f"a gather of the gradient of {p.name} to rank 0"):
+            tensors[f"grad:{p.name}"] = gather_global(mpi_comm, p.global_index(), host(p.grad), p.global_shape)
     losses = [run.trainer.step(i).loss for i in range(steps)]
     if mpi_comm.Get_rank() != 0:
         return None
@@ -89,20 +94,36 @@ class GridCheck:
         return max(self.output_error, self.grad_error, self.loss_error) <= self.tolerance
 
 
-def serial_reference(options: RunOptions, steps: int, world) -> Optional[Dict[str, object]]:
-    """The single-rank reference, computed on rank 0 while the others sleep in a barrier."""
-    ref = None
+def serial_reference(options: RunOptions, steps: int, world, watchdog: Optional[Watchdog] = None
+                     ) -> Optional[Dict[str, object]]:
+    """The single-rank reference, computed on rank 0 while the others sleep in a barrier.
+
+    A user error on rank 0 (memory admission of the whole model on one rank) is raised on every rank."""
+    ref, error = None, None
     if world.Get_rank() == 0:
-        run = Run.build(MPI.COMM_SELF, replace(options, grid=GridShape(1, 1, 1, 1)))
-        ref = snapshot(run, MPI.COMM_SELF, steps)
-        run.close()
-    idle_barrier(world)
+        try:
+            run = Run.build(MPI.COMM_SELF, replace(options, grid=GridShape(1, 1, 1, 1)))
+            ref = snapshot(run, MPI.COMM_SELF, steps)
+            run.close()
+        except (ConfigError, BackendError) as exc:
+            error = (type(exc), f"the serial reference on rank 0: {exc}")
+    with _watch(watchdog, f"a barrier while rank 0 computes the serial reference ({steps} steps on one rank)"):
+        idle_barrier(world)
+    error = world.bcast(error, root=0)
+    if error is not None:
+        raise error[0](error[1])
     return ref
 
 
-def check_grid(options: RunOptions, reference, steps: int, world) -> Optional[GridCheck]:
+def _watch(watchdog: Optional[Watchdog], what: str):
+    return watchdog.watching(what) if watchdog is not None else contextlib.nullcontext()
+
+
+def check_grid(options: RunOptions, reference, steps: int, world,
+               watchdog: Optional[Watchdog] = None) -> Optional[GridCheck]:
     """Compare ``options.grid`` on ``world`` with ``reference``. Collective; result on rank 0."""
     run = Run.build(world, options)
+    run.comm.watchdog = watchdog  # the steps' collectives and the gathers of snapshot()
     got = snapshot(run, world, steps)
     run.close()
     if world.Get_rank() != 0:
@@ -119,23 +140,27 @@ def check_grid(options: RunOptions, reference, steps: int, world) -> Optional[Gr
 
 
 def verify(variants: List[RunOptions], grids: List[GridShape], steps: int, world,
-           reference_backend: Optional[str] = None) -> List[GridCheck]:
+           reference_backend: Optional[str] = None, step_timeout: float = 0.0) -> List[GridCheck]:
     """Check every grid in ``grids`` (each must factor ``world``) with every variant's
     overlap, progress and recompute options against one blocking single-rank reference without
     recompute. Results on rank 0.
 
     ``reference_backend``: compute the reference on this backend (``"numpy"``: the CuPy
     step against the NumPy one; TF32 is then off in the reference); None: the variants' own.
+    ``step_timeout`` > 0: a :class:`~fourd_mpi.core.watchdog.Watchdog` aborts the job when a rank
+    waits longer than that in one collective (or in the barrier around the serial reference).
     """
+    watchdog = Watchdog(step_timeout, world.Get_rank())
     blocking = replace(variants[0], overlap="none", cache_weights=False, progress="none", recompute="none")
     if reference_backend is not None:
         blocking = replace(blocking, backend=reference_backend, device_buffers="auto",
                            tf32=blocking.tf32 and reference_backend != "numpy")
         if reference_backend == "numpy" and blocking.dtype == "bfloat16":  # NumPy has none: float32 reference
             blocking = replace(blocking, dtype="float32")
-    reference = serial_reference(blocking, steps, world)
+    reference = serial_reference(blocking, steps, world, watchdog)
     results = []
     for shape in grids:
         for options in variants:
-            results.append(check_grid(replace(options, grid=shape), reference, steps, world))
+            results.append(check_grid(replace(options, grid=shape), reference, steps, world, watchdog))
+    watchdog.close()
     return results

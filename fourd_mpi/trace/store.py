@@ -102,6 +102,12 @@ def prepare_spool(results_dir: str, run_id: str, force: bool, run_meta: Dict) ->
     trace_path, spool_dir = trace_paths(results_dir, run_id)
     try:
         os.makedirs(results_dir, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # the directory, or a parent of it, is a file
+        blocker = results_dir
+        while os.path.dirname(blocker) not in ("", blocker) and not os.path.exists(blocker):
+            blocker = os.path.dirname(blocker)
+        raise TraceError(f"cannot create the results directory {results_dir}: {blocker} is a file, not a "
+                         "directory (give --results-dir a directory)") from None
     except OSError as exc:
         raise TraceError(f"cannot create the results directory {results_dir}: {exc.strerror}") from None
     if not os.access(results_dir, os.W_OK | os.X_OK):
@@ -378,6 +384,15 @@ def _append(writer: TraceFileWriter, rank: int, piece: np.ndarray) -> Optional[s
         return f"writing {writer.final_path} failed: {exc}"
 
 
+def recovered_status(failures: Sequence[Dict]) -> str:
+    """``partial`` without error reports, ``interrupted`` when every report says so (Ctrl-C), else ``failed``."""
+    if not failures:
+        return "partial"
+    if all(str(f.get("error", "")).startswith("interrupted: ") for f in failures):
+        return "interrupted"
+    return "failed"
+
+
 def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, summarize=None) -> Dict:
     """Merge the spool of a crashed run into a ``partial`` (or ``failed``) trace.
 
@@ -428,7 +443,7 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
             events = sort_events(events[keep])
             for i in range(0, len(events), MERGE_CHUNK):
                 writer.append_events(rank, events[i:i + MERGE_CHUNK])
-        status = "failed" if failures else "partial"
+        status = recovered_status(failures)
         all_steps = np.concatenate(rank_steps)
         metadata = dict(run_meta, recovered=now_iso(), recovered_from=os.path.abspath(spool_dir),
                         failures=failures, ranks_without_metadata=missing, steps_kept=len(kept),

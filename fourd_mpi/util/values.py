@@ -70,3 +70,21 @@ def int_list(text: str) -> List[int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a list like 0-3,8, got {text!r}") from None
     return out
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1024 ** 2, "mib": 1024 ** 2, "mb": 1000 ** 2,
+               "g": 1024 ** 3, "gib": 1024 ** 3, "gb": 1000 ** 3, "t": 1024 ** 4, "tib": 1024 ** 4, "tb": 1000 ** 4}
+
+
+def byte_size(text: str) -> int:
+    """Bytes from ``"3.5GiB"``, ``"800M"``, ``"2GB"`` or ``"1073741824B"`` (K/M/G/T and KiB..TiB are
+    powers of 1024, KB..TB of 1000, B bytes); ``0``; a unit is required otherwise (a bare ``40``
+    could mean bytes or, as for ``tune --memory-limit``, GiB)."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _SIZE_UNITS or (unit == "" and float(match.group(1)) != 0):
+        raise argparse.ArgumentTypeError(f"expected a size with a unit such as 3.5GiB, 800M or 2GB (or 0), "
+                                         f"got {text!r}")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])

@@ -380,3 +380,72 @@ def test_an_alias_bomb_is_refused_at_once(tmp_path):
     done = fourd(["sweep", "plan", spec], tmp_path, timeout=60)
     assert done.returncode == 2
     assert "alias bomb" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+# -- submission is transactional (issue 19 item 9) -------------------------------------------
+
+TWO_RUNS = BASE.replace("ranks: [1, 2, 4, 8]", "ranks: [1, 2]").replace(
+    "grids: {1: [1x1x1x1], 2: [1x1x1x2], 4: [1x1x2x2], 8: [1x2x2x2]}", "grids: {1: [1x1x1x1], 2: [1x1x1x2]}")
+
+
+def test_two_concurrent_submits_launch_each_run_once(tmp_path):
+    """Two ``sweep submit`` at once on the local site. Before: each ran every job (the second run of a
+    run id failed on the existing trace and marked a complete trace FAILED; jobs.json was rewritten by
+    both). Now each run is claimed under a lock in jobs.json before it is launched."""
+    spec = write(tmp_path, TWO_RUNS)
+    assert fourd(["sweep", "render", spec, "--site", "local", "--python", sys.executable], tmp_path).returncode == 0
+    cmd = [sys.executable, "-m", "fourd_mpi", "sweep", "submit", "jobscripts/s1"]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    text = "".join(out for out, _ in outs)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert text.count("submitted s1-") == 2, text  # each run launched once, by one of the two
+    jobs = json.loads((tmp_path / "jobscripts/s1/jobs.json").read_text())
+    assert sorted(j["state"] for j in jobs.values()) == ["COMPLETED", "COMPLETED"], jobs
+    status = fourd(["sweep", "status", "jobscripts/s1"], tmp_path)
+    assert status.returncode == 0 and "2/2 traces complete, 0 jobs failed" in status.stdout, status.stdout
+    assert not list((tmp_path / "jobscripts/s1").glob(".jobs.json.*"))  # no temp file left
+
+
+def test_a_job_that_fails_at_once_is_reported_failed(tmp_path):
+    """A job whose interpreter does not exist (mpiexec: execvp error). Before: "2 submitted", exit 0,
+    and status exited 0 while saying "2 jobs failed". Now submit names each failure and exits 1, the
+    record says why, and status exits 1."""
+    spec = write(tmp_path, TWO_RUNS)
+    assert fourd(["sweep", "render", spec, "--site", "local", "--python", "/nonexistent/python3"],
+                 tmp_path).returncode == 0
+    done = fourd(["sweep", "submit", "jobscripts/s1"], tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "0 submitted, 2 failed" in done.stdout
+    errors = [line for line in done.stderr.splitlines() if line.startswith("fourd-mpi: error: sweep s1: ")]
+    assert len(errors) == 2 and all("the job exited with status" in line for line in errors), done.stderr
+    jobs = json.loads((tmp_path / "jobscripts/s1/jobs.json").read_text())
+    assert all(j["state"] == "FAILED" and j["returncode"] != 0 and j["error"] for j in jobs.values())
+    status = fourd(["sweep", "status", "jobscripts/s1"], tmp_path)
+    assert status.returncode == 1 and "2 jobs failed" in status.stdout
+    again = fourd(["sweep", "submit", "jobscripts/s1"], tmp_path)  # failed runs wait for --resubmit-failed
+    assert again.returncode == 0 and "0 submitted" in again.stdout
+
+
+def test_a_claim_whose_submitter_died_reads_as_failed(tmp_path):
+    """A submit killed between its claim and the outcome (Ctrl-C, a crash) leaves a claim; once its
+    process is gone the run reads FAILED (resubmittable), not submitted forever."""
+    from fourd_mpi.jobs.sweep import load_manifest, run_states, save_jobs, sweep_lock
+
+    spec = write(tmp_path, TWO_RUNS)
+    assert fourd(["sweep", "render", spec, "--site", "local"], tmp_path).returncode == 0
+    sweep_dir = str(tmp_path / "jobscripts/s1")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    import socket
+
+    with sweep_lock(sweep_dir):
+        save_jobs(sweep_dir, {"s1-000-n1-1x1x1x1": {"state": "SUBMITTING", "host": socket.gethostname(),
+                                                    "pid": dead.pid, "job_id": None},
+                              "s1-001-n2-1x1x1x2": {"state": "SUBMITTING", "host": socket.gethostname(),
+                                                    "pid": os.getpid(), "job_id": None}})
+    from fourd_mpi.jobs.sweep import load_jobs
+
+    rows = run_states(load_manifest(sweep_dir), load_jobs(sweep_dir))
+    assert [r["state"] for r in rows] == ["FAILED", "SUBMITTING"]

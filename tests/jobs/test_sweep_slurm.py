@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -78,7 +79,7 @@ def test_weak_scaling_sweep_through_sbatch(slurm, tmp_path):
     deadline = time.monotonic() + 600
     while True:
         status = fourd(["sweep", "status", sweep_dir], tmp_path, env)
-        assert status.returncode == 0, status.stderr
+        assert status.returncode == 0, status.stdout + status.stderr + "".join(p.read_text() for p in (tmp_path / sweep_dir / "logs").glob("*.out"))
         # a job's trace is complete a moment before Slurm marks the job COMPLETED: wait for both
         if "4/4 traces complete" in status.stdout and status.stdout.count("COMPLETED") == 4:
             break
@@ -111,3 +112,59 @@ def test_weak_scaling_sweep_through_sbatch(slurm, tmp_path):
     assert (table["efficiency"] > 0).all() and table["step_median_s"].notna().all()
     expected = table["step_median_s"].iloc[0] / table["step_median_s"]
     assert table["efficiency"].to_numpy() == pytest.approx(expected.to_numpy(), rel=1e-3)
+
+
+TWO = """\
+name: {name}
+study: strong
+ranks: [1, 2]
+grids: {{1: [1x1x1x1], 2: [1x1x1x2]}}
+model: {{preset: gpt-tiny, batch: 4}}
+options: {{steps: 2, warmup: 0, trace_level: step}}
+job: {{time: "00:05:00"}}
+"""
+
+
+def test_concurrent_submits_through_sbatch_submit_each_job_once(slurm, tmp_path):
+    """Issue 19 item 9 on a real Slurm: two ``sweep submit`` at once. Before, both ran sbatch for every
+    run (4 jobs for 2 runs) and each rewrote jobs.json; now each run is claimed under the lock first."""
+    env = {**mpi_env(), **{"SLURM_CONF": str(slurm.conf)}}
+    (tmp_path / "spec.yaml").write_text(TWO.format(name="twice"))
+    sweep_dir = "jobscripts/twice"
+    done = fourd(["sweep", "render", "spec.yaml", "--site", "slurm", "--python", sys.executable], tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    cmd = [sys.executable, "-m", "fourd_mpi", "sweep", "submit", sweep_dir]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    jobs = json.loads((tmp_path / sweep_dir / "jobs.json").read_text())
+    ids = [j["job_id"] for j in jobs.values()]
+    try:
+        assert [p.returncode for p in procs] == [0, 0], outs
+        assert "".join(o for o, _ in outs).count("submitted twice-") == 2, outs
+        assert len(ids) == 2 and all(ids) and all(j["state"] == "PENDING" for j in jobs.values()), jobs
+        known = subprocess.run(["scontrol", "show", "job", "-o"], env=env, capture_output=True, text=True).stdout
+        names = re.findall(r"\bJobName=(twice-\S+)", known)
+        assert sorted(names) == sorted(jobs), known  # one Slurm job per run, no duplicate
+    finally:
+        subprocess.run(["scancel", *[i for i in ids if i]], env=env, capture_output=True)
+
+
+def test_a_failed_sbatch_is_recorded_failed_with_exit_1(slurm, tmp_path):
+    """sbatch refuses the job (an unknown partition): before, the first refusal stopped the submit with
+    its message and nothing was recorded; now every run is tried, recorded FAILED with sbatch's words,
+    submit exits 1 and status exits 1."""
+    env = {**mpi_env(), **{"SLURM_CONF": str(slurm.conf)}}
+    (tmp_path / "spec.yaml").write_text(TWO.format(name="refused"))
+    sweep_dir = "jobscripts/refused"
+    done = fourd(["sweep", "render", "spec.yaml", "--site", "slurm", "--partition", "nosuchpartition"], tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    done = fourd(["sweep", "submit", sweep_dir], tmp_path, env)
+    assert done.returncode == 1 and "0 submitted, 2 failed" in done.stdout, done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("fourd-mpi: error: sweep refused: ")]
+    assert len(errors) == 2 and all("Invalid partition" in e for e in errors), done.stderr
+    jobs = json.loads((tmp_path / sweep_dir / "jobs.json").read_text())
+    assert sorted(j["state"] for j in jobs.values()) == ["FAILED", "FAILED"]
+    assert all("partition" in j["error"].lower() for j in jobs.values()), jobs
+    status = fourd(["sweep", "status", sweep_dir], tmp_path, env)
+    assert status.returncode == 1 and "2 jobs failed" in status.stdout, status.stdout

@@ -23,6 +23,9 @@ CASES = [
     (["--lr", "-1"], "--lr must be a positive finite number, got -1.0"),
     (["--steps", "2", "--warmup", "2"], "--warmup 2 leaves no measured step of --steps 2"),
     (["--step-timeout", "-1"], "--step-timeout must be zero (off) or a positive number of seconds, got -1.0"),
+    # accepted silently before
+    (["--overlap", "oag", "--gz", "2", "--prefetch-depth", "100"], "--prefetch-depth 100 reaches beyond the model: "
+     "gpt-tiny has 8 weight layers (2 blocks x 4), so at most 7 can be fetched ahead"),
 ]
 
 
@@ -37,6 +40,16 @@ def test_every_rank_reports_the_same_line(run_mpi, args, message):
     assert len(set(errors)) == 1, proc.stderr
     assert message in errors[0], errors[0]
     assert proc.stdout.strip() == ""
+
+
+def test_a_results_dir_that_is_a_file_is_named(run_mpi, tmp_path):
+    """Before: "cannot create the results directory ...: File exists" (or "Not a directory")."""
+    (tmp_path / "afile").write_text("")
+    for target in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        proc = run_mpi(2, ["run", "--results-dir", target, "--steps", "2", "--display", "quiet"], timeout=60)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert proc.stderr.count(f"{tmp_path / 'afile'} is a file, not a directory (give --results-dir a "
+                                 "directory)") == 2, proc.stderr
 
 
 def test_verify_rejects_a_grid_of_the_wrong_size(run_mpi):

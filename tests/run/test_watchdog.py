@@ -76,3 +76,65 @@ def test_a_stopped_rank_is_diagnosed_and_the_job_ends(tmp_path):
     hung = [json.loads(p.read_text())["error"] for p in spool.glob("*.failed.json")]
     assert hung and all(text.startswith("hung: ") for text in hung)
     assert "Traceback" not in err
+
+
+def _stale_copy(tmp_path, path: str, old: str, new: str):
+    """A copy of the package with one edit and the same ``__version__``: a stale install on some nodes,
+    which the same-arguments check (it hashes the options and the version, not the code) cannot see."""
+    import shutil
+
+    root = tmp_path / "stale"
+    shutil.copytree(REPO / "fourd_mpi", root / "fourd_mpi", ignore=shutil.ignore_patterns("__pycache__"))
+    target = root / "fourd_mpi" / path
+    text = target.read_text()
+    assert text.count(old) == 1, f"{path} changed: update this test's edit"
+    target.write_text(text.replace(old, new))
+    return root
+
+
+def _mpmd(parts, cwd, timeout=120):
+    """``mpiexec -n N1 python ARGS : -n N2 ...`` with each part's PYTHONPATH; ``parts``: (n, pythonpath, args)."""
+    cmd = [find_mpiexec()]
+    for i, (n, path, args) in enumerate(parts):
+        cmd += ([":"] if i else []) + ["-n", str(n), "-env", "PYTHONPATH", str(path), sys.executable, "-m",
+                                       "fourd_mpi", *args]
+    # not from the repository: "python -m" puts the working directory first on sys.path
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=cwd)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("command", ["run", "verify"])
+def test_ranks_running_different_code_are_diagnosed(tmp_path, command):
+    """Issue 19 item 2: an MPMD mismatch the configuration check cannot see. One of two ranks runs a stale
+    copy of the package (same version, same arguments) whose step starts with a barrier over the world,
+    which the others never call. Before (verify had no watchdog) this hung forever; now every
+    rank that waits says where and the job ends with the watchdog's status within the timeout."""
+    anchor = "        t0 = time.perf_counter_ns()\n        loss, _ = self.forward_backward(step)\n"
+    stale = _stale_copy(tmp_path, "step/engine.py", anchor,
+                        "        from mpi4py import MPI\n        MPI.COMM_WORLD.Barrier()\n" + anchor)
+    args = {"run": ["run", "--results-dir", str(tmp_path / "r"), "--display", "quiet", "--steps", "3"],
+            "verify": ["verify", "--steps", "2"]}[command] + ["--gz", "2", "--step-timeout", "4"]
+    proc = _mpmd([(1, REPO, args), (1, stale, args)], tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("fourd-mpi: error: rank ")]
+    assert lines, proc.stderr
+    assert all("longer than --step-timeout 4 s" in line and " over " in line for line in lines), lines
+    assert "different arguments" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.mpi
+def test_bench_collectives_has_a_watchdog(tmp_path):
+    """A rank of ``bench collectives`` stopped (SIGSTOP) inside its first measurement: before, the
+    other rank waited forever; now it names the measurement it waits in and aborts the job."""
+    stale = _stale_copy(tmp_path, "perf/collbench.py",
+                        "def _time_op(comm, op: str, size: int, iters: int, warmup: int, inplace: bool = False) "
+                        "-> Tuple[float, int]:\n",
+                        "def _time_op(comm, op: str, size: int, iters: int, warmup: int, inplace: bool = False) "
+                        "-> Tuple[float, int]:\n    import signal; os.kill(os.getpid(), signal.SIGSTOP)\n")
+    args = ["bench", "collectives", "--max-size", "64", "--iters", "3", "--step-timeout", "3",
+            "-o", str(tmp_path / "p.yaml")]
+    proc = _mpmd([(1, REPO, args), (1, stale, args)], tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("fourd-mpi: error: rank 0 waited")]
+    assert len(lines) == 1 and "iallgather of 8 bytes on world" in lines[0], proc.stderr
+    assert not (tmp_path / "p.yaml").exists()
