@@ -246,3 +246,35 @@ def test_trace_writer_round_trip_through_the_guarded_file(tmp_path):
     with h5py.File(path, "r") as h5:
         assert np.array_equal(h5["events"][:], events) and h5.attrs["status"] == "complete"
     assert os.listdir(tmp_path) == ["r.h5"]
+
+
+def test_a_deleted_spool_is_re_created_from_the_open_files(tmp_path):
+    import shutil
+
+    spool_dir = tmp_path / "r.ranks"
+    spool_dir.mkdir()
+    (spool_dir / "run.json").write_text('{"world_size": 1}')
+    spool = RankSpool(str(spool_dir), 0, {"rank": 0})
+    events = np.zeros(7, EVENT_DTYPE)
+    events["start_ns"] = np.arange(7)
+    record = np.zeros(1, RANK_STEP_DTYPE)
+    spool.append(events, record)
+    shutil.rmtree(spool_dir)
+    assert spool.lost() and np.array_equal(spool.read_events(), events)  # read through the descriptor
+    record["step"] = 1
+    spool.append(events, record)
+    assert spool.error is None and len(spool.recreated) == 1 and not spool.lost()
+    assert json.loads((spool_dir / "run.json").read_text()) == {"world_size": 1}
+    assert (spool_dir / "rank000000.steps").stat().st_size == 2 * RANK_STEP_DTYPE.itemsize
+    assert store.read_records(str(spool_dir / "rank000000.events"), EVENT_DTYPE).tolist() == \
+        np.concatenate([events, events]).tolist()
+    assert store.live_ranks(str(spool_dir), 1) == []  # same process: its own lock never conflicts
+    spool.close()
+
+
+def test_the_summary_of_no_step_does_not_crash():
+    from fourd_mpi.trace.summary import summarize
+
+    summary = summarize(np.zeros(0, RANK_STEP_DTYPE), 4, 1e9, 128, 1.0, "--peak-tflops")
+    assert summary.steps == 0 and np.isnan(summary.median_s)
+    assert summary.lines()[0].startswith("step time: median - s over 0 step(s)")
