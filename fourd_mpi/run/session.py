@@ -211,13 +211,14 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
         metadata["summary"] = summary.as_dict()
         metadata["array_pool"] = run.backend.pool_stats()  # rank 0's, after the last step
         metadata["spool_recreated"] = [note for mine in notes for note in mine]
-    recreated = world.bcast(sum(map(len, notes)) if rank == 0 else None, root=0)
+    recreated = world.bcast(sum(1 for mine in notes if mine) if rank == 0 else None, root=0)
     drift = end_alignment(run, rank_meta)
     path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, trace.force,
                      correct=drift.correct_records if drift is not None else None)
     if recreated:
-        warning_line(f"the spool directory {spool_dir} was deleted during the run; every rank re-created its "
-                     f"files from the ones it still had open, no step was lost (trace metadata spool_recreated)")
+        warning_line(f"spool files in {spool_dir} were deleted during the run; {recreated} of {world.Get_size()} "
+                     "rank(s) re-created theirs from the files they still had open, no step was lost (trace "
+                     "metadata spool_recreated)")
     run.comm.watchdog.close()
     run.close()
     return path, summary
