@@ -201,8 +201,8 @@ class RankSpool:
             self._open_files()
         except OSError as exc:
             self.close()
-            for path in (self.events_path, self.steps_path, self.reserve_path):
-                if not isinstance(exc, FileExistsError):
+            if not isinstance(exc, FileExistsError):  # the files are this rank's own: leave none behind
+                for path in (self.events_path, self.steps_path, self.meta_path, self.reserve_path):
                     _remove_quietly(path)
             raise TraceError(f"rank {rank} cannot write its trace files in {spool_dir}: {io_error_text(exc)}") from None
 
@@ -419,7 +419,7 @@ class _GuardedFile(io.RawIOBase):
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         self.pos = 0
         self.error: Optional[OSError] = None
-        self._overlay: Dict[int, bytes] = {}
+        self._overlay: List[tuple] = []
         self._end = 0
 
     def readable(self) -> bool:
@@ -445,7 +445,7 @@ class _GuardedFile(io.RawIOBase):
         n = min(len(buffer), max(0, self._size() - self.pos))
         data = bytearray(os.pread(self.fd, n, self.pos))
         data.extend(bytes(n - len(data)))
-        for offset, blob in self._overlay.items():
+        for offset, blob in self._overlay:
             lo, hi = max(offset, self.pos), min(offset + len(blob), self.pos + n)
             if lo < hi:
                 data[lo - self.pos:hi - self.pos] = blob[lo - offset:hi - offset]
@@ -463,7 +463,7 @@ class _GuardedFile(io.RawIOBase):
             except OSError as exc:
                 self.error = exc
         if self.error is not None:
-            self._overlay[self.pos] = data
+            self._overlay.append((self.pos, data))  # reads apply the pieces in write order: the newest last
         self.pos += len(data)
         self._end = max(self._end, self.pos)
         return len(data)
@@ -485,7 +485,7 @@ class _GuardedFile(io.RawIOBase):
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-        self._overlay = {}
+        self._overlay = []
         super().close()
 
 

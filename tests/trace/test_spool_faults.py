@@ -281,3 +281,22 @@ def test_the_summary_of_no_step_does_not_crash():
     summary = summarize(np.zeros(0, RANK_STEP_DTYPE), 4, 1e9, 128, 1.0, "--peak-tflops")
     assert summary.steps == 0 and np.isnan(summary.median_s)
     assert summary.lines()[0].startswith("step time: median - s over 0 step(s)")
+
+
+def test_guarded_file_reads_back_what_was_written_after_a_failure(tmpfs):
+    """After the first failing write, the pieces live in memory; reads see disk and memory, newest last."""
+    from fourd_mpi.trace.store import _GuardedFile
+
+    fill(tmpfs)
+    os.remove(tmpfs / "fill-disk.bin")
+    fill(tmpfs)  # full again, nothing free
+    raw = _GuardedFile(str(tmpfs / "g"))
+    assert raw.write(b"a" * 10) == 10 and raw.error is not None  # failed: kept in memory
+    raw.seek(5)
+    raw.write(b"b" * 10)
+    raw.seek(0)
+    raw.write(b"c" * 3)
+    raw.seek(0)
+    buffer = bytearray(20)
+    assert raw.readinto(buffer) == 15 and bytes(buffer[:15]) == b"cccaabbbbbbbbbb"
+    raw.close()
