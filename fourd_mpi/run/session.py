@@ -273,16 +273,21 @@ class SpoolHealth:
         # a failure of the final re-creation check (after the last agreement) is agreed on here
         if not self._failed and not self.world.allreduce(int(self.spool.error is not None), op=MPI.MAX):
             return
-        errors = self.world.allgather(self.spool.error)
-        failed = [r for r, e in enumerate(errors) if e is not None]
-        first = errors[failed[0]]
+        states = self.world.allgather((self.spool.error, self.spool.lost()))
+        failed = [r for r, (e, _) in enumerate(states) if e is not None]
+        gone = [r for r, (_, lost) in enumerate(states) if lost]
+        first = states[failed[0]][0]
         if self.spool.error is not None:
             self.spool.mark_failed(self.spool.error)
         self.spool.close()
         others = f" (ranks {_ranges(failed)} failed)" if len(failed) > 1 else ""
-        raise TraceError(f"{first}{others}; the run stops after step {self._step}; the steps every rank "
-                         f"completed are kept in {self.spool.dir} ('fourd-mpi trace recover {self.spool.dir}' "
-                         "merges them once there is space)")
+        if gone:  # deleted and not re-created: what was in them went with the descriptors
+            kept = (f"the spool files of rank(s) {_ranges(gone)} were deleted and could not be re-created: "
+                    "their steps are lost")
+        else:
+            kept = (f"the steps every rank completed are kept in {self.spool.dir} ('fourd-mpi trace recover "
+                    f"{self.spool.dir}' merges them once there is space)")
+        raise TraceError(f"{first}{others}; the run stops after step {self._step}; {kept}")
 
 
 def warning_line(text: str) -> None:
