@@ -21,7 +21,9 @@ def register(sub) -> None:
     check.add_argument("file", help="the trace (.h5)")
     rec = tsub.add_parser("recover", help="merge the per-rank files of a crashed run into a partial trace")
     rec.add_argument("directory", help="the run's per-rank directory, <results>/<run-id>.ranks")
-    add_output(rec, help="trace to write (default: the run's planned trace path)")
+    add_output(rec, help="trace to write (default: the run's planned trace path)",
+               force_help="replace an existing output file, and recover a run that still holds its spool "
+                          "files (still running: a partial trace of the steps so far; the spool is kept)")
     tr.set_defaults(handler=cmd_trace, serial=True)
 
 
@@ -37,7 +39,11 @@ def cmd_trace(args, world=None) -> int:
               f"({len(steps)}), {result['events_dropped']} events of unfinished steps dropped")
         for failure in result["failures"]:
             print(f"  rank {failure.get('rank')} failed: {failure.get('error')}")
-        print(f"the per-rank files in {args.directory} can now be removed")
+        if result["removable"] is None:
+            print(f"the trace holds every step of the per-rank files and passes 'trace check': "
+                  f"{args.directory} can now be removed")
+        else:
+            print(f"keep the per-rank files in {args.directory}: {result['removable']}")
         return 0
     if args.trace_command == "check":  # a damaged trace is read, and its damage reported as violations
         trace = load_trace(args.file, allow_damaged=True)

@@ -168,8 +168,10 @@ RUN_OPTIONS: Tuple[Option, ...] = (
                 "the run hung and aborts the job (MPI_Abort) so the allocation is freed; 0 disables (default "
                 "600: far above any step of the presets on a working machine)"),
     Option("inject-fault", "trace", str, None, metavar="RANK:STEP[:MODE]",
-           help="testing: RANK dies at the start of STEP, once every rank has finished the steps "
-                "before (MODE kill = SIGKILL, default; raise = exception)"),
+           help="testing: at the start of STEP (= --steps: before the final merge), once every rank has "
+                "finished the steps before, RANK dies (MODE kill = SIGKILL, default; raise = exception), "
+                "deletes the spool directory (remove-spool) or fills the results file system, if smaller "
+                "than 1 GiB (fill-disk)"),
 )
 
 #: by long name

@@ -18,20 +18,22 @@ from typing import Callable, Dict, Optional
 import numpy as np
 
 from fourd_mpi.run.display import StepDisplay
-from fourd_mpi.errors import ConfigError
+from fourd_mpi.errors import ConfigError, TraceError
 from fourd_mpi.step.kernels import standalone_gemm_tflops
 from fourd_mpi.run.metadata import rank_metadata, run_metadata
-from fourd_mpi.core.mpiutil import agree, on_root
+from fourd_mpi.core.mpiutil import _ranges, agree, on_root
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import RunOptions
 from fourd_mpi.core.watchdog import Watchdog
 from fourd_mpi.trace.clocks import DriftModel, measure_offsets
-from fourd_mpi.trace.store import (RankSpool, check_name, merge_run, new_run_id, now_iso, prepare_spool, read_records,
-                         trace_paths)
+from fourd_mpi.trace.store import (RankSpool, check_name, merge_run, new_run_id, now_iso, prepare_spool,
+                                   trace_paths)
 from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
 from fourd_mpi.trace.summary import summarize
 
-FAULT_MODES = ("kill", "raise")
+FAULT_MODES = ("kill", "raise", "remove-spool", "fill-disk")
+#: ``fill-disk`` fills only a file system smaller than this (a tmpfs made for the test), never a real disk
+FILL_DISK_MAX_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,11 @@ class TraceOptions:
 
 @dataclass(frozen=True)
 class Fault:
-    """Testing aid: rank ``rank`` fails at the start of step ``step`` (``kill``: SIGKILL; ``raise``: exception).
+    """Testing aid: at the start of step ``step`` (``step`` = the number of steps: after the last step,
+    before the final merge) rank ``rank`` fails (``kill``: SIGKILL; ``raise``: exception), deletes the
+    spool directory (``remove-spool``) or fills the file system of the results directory with
+    ``<results-dir>/fill-disk.bin`` (``fill-disk``; only on one smaller than
+    :data:`FILL_DISK_MAX_BYTES`, see :meth:`check`).
 
     Every rank meets in a barrier first, so all steps before ``step`` are on disk on every rank.
     """
@@ -77,11 +83,38 @@ class Fault:
             raise ConfigError(f"--inject-fault {text!r}: rank and step >= 0, mode one of {', '.join(FAULT_MODES)}")
         return cls(rank, step, mode)
 
-    def trigger(self) -> None:
+    def check(self, results_dir: str) -> "Fault":
+        """``fill-disk`` refuses a file system of :data:`FILL_DISK_MAX_BYTES` or more (same answer on every rank)."""
+        if self.mode == "fill-disk":
+            where = os.path.abspath(results_dir)
+            while not os.path.exists(where):
+                where = os.path.dirname(where)
+            st = os.statvfs(where)
+            if st.f_blocks * st.f_frsize >= FILL_DISK_MAX_BYTES:
+                raise ConfigError(f"--inject-fault {self.rank}:{self.step}:fill-disk fills the file system of "
+                                  f"--results-dir; allowed only below {FILL_DISK_MAX_BYTES >> 20} MiB (a tmpfs "
+                                  f"made for the test), {where} has {st.f_blocks * st.f_frsize >> 20} MiB")
+        return self
+
+    def trigger(self, spool_dir: str, results_dir: str) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         if self.mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.mode == "remove-spool":
+            import shutil
+
+            shutil.rmtree(spool_dir)
+            return
+        if self.mode == "fill-disk":
+            block = bytes(1 << 16)
+            with open(os.path.join(results_dir, "fill-disk.bin"), "ab", buffering=0) as fh:
+                try:
+                    while True:
+                        fh.write(block)
+                except OSError:
+                    pass
+            return
         raise RuntimeError(f"injected fault (--inject-fault {self.rank}:{self.step}:{self.mode})")
 
 
@@ -116,6 +149,8 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     waits longer than that in one collective, after marking its spool ``hung``.
     """
     rank = world.Get_rank()
+    if fault is not None:
+        fault.check(trace.results_dir)
     run = Run.build(world, options, trace_level=trace.level)
     run.comm.watchdog = Watchdog(step_timeout, rank)
     start_time = now_iso()
@@ -142,18 +177,27 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
         say(f"tracing: level {trace.level}, run id {run_id}, per-rank files in {spool_dir}")
         out = StepDisplay(display, options.steps, options.warmup, say, active=rank == 0)
         record = np.zeros(1, dtype=RANK_STEP_DTYPE)
-        for i in range(options.steps):
+        health = SpoolHealth(world, spool, run.comm.watchdog)
+        for i in range(options.steps + 1):
             if fault is not None and fault.step == i:
                 world.Barrier()  # every rank has spooled the steps before: the test knows what survives
                 if fault.rank == rank:
-                    fault.trigger()
+                    fault.trigger(spool_dir, trace.results_dir)
+                if fault.mode in ("remove-spool", "fill-disk"):
+                    world.Barrier()  # every rank goes on after the spool or the disk is gone
+            if i == options.steps:
+                break
             result = run.trainer.step(i)
             shift = run.comm.tracer.shift_ns
             record[0] = (rank, i, i < options.warmup, result.start_ns - shift, result.end_ns - shift, result.loss,
                          result.seconds, result.compute_ns, result.wait_ns, len(result.events), result.mpi_ns)
             spool.append(result.events, record)
             out.update(i, result.loss, result.seconds)
+            if health.failed_before(i):
+                break
         out.close()
+        spool.ensure_present()  # deleted after the last step: re-created before the merge
+        health.finish()
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: mpiexec forwards SIGINT to every rank
             when = "before the first step" if i is None else f"during step {i}"
@@ -161,10 +205,11 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
                     f"(fourd-mpi trace recover {spool_dir})")
             spool.mark_failed(note)
             os.write(2, f"fourd-mpi: {note}\n".encode())
-        elif not isinstance(exc, SystemExit):
+        elif not isinstance(exc, (SystemExit, TraceError)):
             spool.mark_failed(f"{type(exc).__name__}: {exc}")
         raise
-    all_steps = world.gather(_spooled_steps(spool), root=0)
+    notes = world.gather(spool.recreated, root=0)
+    all_steps = world.gather(spool.read_steps(), root=0)
     held = world.gather((result.saved_activation_bytes, result.peak_activation_bytes), root=0)
     summary = None
     if rank == 0:
@@ -185,16 +230,90 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
         metadata["summary"] = summary.as_dict()
         metadata["activations"] = activations
         metadata["array_pool"] = run.backend.pool_stats()  # rank 0's, after the last step
+        metadata["spool_recreated"] = [note for mine in notes for note in mine]
+    recreated = world.bcast(sum(1 for mine in notes if mine) if rank == 0 else None, root=0)
     drift = end_alignment(run, rank_meta)
     path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, trace.force,
                      correct=drift.correct_records if drift is not None else None)
+    if recreated:
+        warning_line(f"spool files in {spool_dir} were deleted during the run; {recreated} of {world.Get_size()} "
+                     "rank(s) re-created theirs from the files they still had open, no step was lost (trace "
+                     "metadata spool_recreated)")
     run.comm.watchdog.close()
     run.close()
     return path, summary
 
 
-def _spooled_steps(spool: RankSpool) -> np.ndarray:
-    return read_records(spool.steps_path, RANK_STEP_DTYPE)
+class SpoolHealth:
+    """Agreement on the spool's health without a blocking collective per step.
+
+    After each step every rank contributes whether its spool failed (:attr:`RankSpool.error`) to a
+    non-blocking MAX all-reduce over ``world``, completed after the next step (MPI progresses it
+    inside that step's communication), so a failure stops every rank one step later and in the same
+    step. Then every rank raises the same :class:`TraceError` (one line), naming the ranks that failed
+    and their first error; the failed ranks record it in the spool first. Collective over ``world``.
+    """
+
+    def __init__(self, world, spool: RankSpool, watchdog=None):
+        self.world, self.spool, self.watchdog = world, spool, watchdog
+        self._flag, self._any = np.zeros(1, np.int32), np.zeros(1, np.int32)
+        self._request = None
+        self._step = -1  # the last step done
+        self._failed = False
+
+    def _wait(self) -> None:
+        if self._request is None:
+            return
+        if self.watchdog is not None:
+            with self.watchdog.watch(f"the spool health agreement (MPI_Iallreduce over world) after step "
+                                     f"{self._step}"):
+                self._request.Wait()
+        else:
+            self._request.Wait()
+        self._request = None
+        self._failed = self._failed or bool(self._any[0])
+
+    def failed_before(self, step: int) -> bool:
+        """After ``step``: True if a failure was agreed on for ``step - 1`` (call :meth:`finish` next)."""
+        from mpi4py import MPI
+
+        self._wait()
+        self._step = step
+        if self._failed:
+            return True
+        self._flag[0] = self.spool.error is not None
+        self._request = self.world.Iallreduce(self._flag, self._any, op=MPI.MAX)
+        return False
+
+    def finish(self) -> None:
+        """Complete the last agreement; raise the agreed :class:`TraceError` if any rank failed."""
+        from mpi4py import MPI
+
+        self._wait()
+        # a failure of the final re-creation check (after the last agreement) is agreed on here
+        if not self._failed and not self.world.allreduce(int(self.spool.error is not None), op=MPI.MAX):
+            return
+        states = self.world.allgather((self.spool.error, self.spool.lost()))
+        failed = [r for r, (e, _) in enumerate(states) if e is not None]
+        gone = [r for r, (_, lost) in enumerate(states) if lost]
+        first = states[failed[0]][0]
+        if self.spool.error is not None:
+            self.spool.mark_failed(self.spool.error)
+        self.spool.close()
+        others = f" (ranks {_ranges(failed)} failed)" if len(failed) > 1 else ""
+        if gone:  # deleted and not re-created: what was in them went with the descriptors
+            kept = (f"the spool files of rank(s) {_ranges(gone)} were deleted and could not be re-created: "
+                    "their steps are lost")
+        else:
+            kept = (f"the steps every rank completed are kept in {self.spool.dir} ('fourd-mpi trace recover "
+                    f"{self.spool.dir}' merges them once there is space)")
+        raise TraceError(f"{first}{others}; the run stops after step {self._step}; {kept}")
+
+
+def warning_line(text: str) -> None:
+    """One ``fourd-mpi: warning:`` line on this rank's stderr, in one write."""
+    sys.stderr.flush()
+    os.write(2, f"fourd-mpi: warning: {' '.join(text.split())}\n".encode())
 
 
 def _remove_spool_dir(world, spool_dir: str) -> None:

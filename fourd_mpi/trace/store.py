@@ -24,11 +24,16 @@ The file layout is documented in ``docs/trace-format.md``.
 from __future__ import annotations
 
 import datetime
+import errno
+import fcntl
+import io
 import json
 import os
 import secrets
+import socket
 import time
-from typing import Dict, Optional, Sequence
+import weakref
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -81,10 +86,30 @@ def _rank_stem(rank: int) -> str:
 
 
 def _write_json_atomic(path: str, payload) -> None:
+    """Write ``path`` as ``<path>.tmp-<pid>`` renamed into place; on any error the temporary file is
+    removed (a full disk leaves no 0-byte ``.tmp-`` file) and the error is raised."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(payload, fh, indent=1, default=str)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(payload, fh, indent=1, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def io_error_text(exc: OSError) -> str:
+    """One line for an I/O error: ``No space left on device (ENOSPC)``, without HDF5's multi-line detail."""
+    code = errno.errorcode.get(exc.errno or 0)
+    text = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
+    return f"{text} ({code})" if code else text
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -121,50 +146,243 @@ def prepare_spool(results_dir: str, run_id: str, force: bool, run_meta: Dict) ->
                          f"'fourd-mpi trace recover {spool_dir}')") from None
     except OSError as exc:
         raise TraceError(f"cannot create {spool_dir}: {exc.strerror}") from None
-    _write_json_atomic(os.path.join(spool_dir, RUN_META), dict(run_meta, trace_path=trace_path))
+    try:
+        _write_json_atomic(os.path.join(spool_dir, RUN_META), dict(run_meta, trace_path=trace_path))
+    except OSError as exc:
+        try:
+            os.rmdir(spool_dir)
+        except OSError:
+            pass
+        raise TraceError(f"cannot write {os.path.join(spool_dir, RUN_META)}: {io_error_text(exc)}") from None
     return spool_dir
 
 
+#: bytes reserved per rank for its failure report (``rankNNNNNN.reserve``), so that a rank can still
+#: record why it stops when the disk is full
+RESERVE_BYTES = 4096
+#: bytes per read when the spool files are copied or read back through their descriptors
+_COPY_BLOCK = 1 << 24
+
+
 class RankSpool:
-    """One rank's append-only spool files: ``rankNNNNNN.events``, ``.steps``, ``.json``."""
+    """One rank's append-only spool files: ``rankNNNNNN.events``, ``.steps``, ``.json``, ``.reserve``.
+
+    Liveness: the rank holds an exclusive ``fcntl`` (POSIX) lock on its ``.events`` file for as long as
+    the spool is open; :func:`recover` refuses a spool whose lock is held (a live run). The lock goes
+    away with the process (kill -9 included). On file systems without POSIX locks ``locked`` is False
+    and :func:`recover` falls back to the pid on the same host.
+
+    The record files stay open read-write for the whole run and are read back through their
+    descriptors (:meth:`read_events`, :meth:`read_steps`): the data survives the deletion of the spool
+    directory, which :meth:`append` notices (link count 0) and repairs by re-creating the files from
+    the descriptors (:attr:`recreated` says when). A failed write (disk full, I/O error) is cut back
+    to the last whole step (``ftruncate``: no torn record stays behind), kept in :attr:`error`, and
+    ends the spooling; the caller decides, with the other ranks, to stop.
+    """
 
     def __init__(self, spool_dir: str, rank: int, rank_meta: Dict):
         self.dir = spool_dir
         self.rank = rank
         stem = os.path.join(spool_dir, _rank_stem(rank))
         self.events_path, self.steps_path = stem + ".events", stem + ".steps"
-        self.failed_path = stem + ".failed.json"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
+        self.meta_path, self.failed_path, self.reserve_path = stem + ".json", stem + ".failed.json", stem + ".reserve"
+        self.rank_meta = dict(rank_meta)
+        self._run_meta = None  # rank 0: the bytes of run.json, to re-create it
         self._events_fd = self._steps_fd = None
+        self.events_written = 0
+        self._sizes = [0, 0]  # bytes of whole steps in .events and .steps
+        self.steps_written = 0
+        #: the first write error (one line), None while the spool is healthy
+        self.error: Optional[str] = None
+        #: notes of re-creations after the spool files were deleted
+        self.recreated: List[str] = []
+        self.locked = False
+        if rank == 0:
+            try:
+                with open(os.path.join(spool_dir, RUN_META), "rb") as fh:
+                    self._run_meta = fh.read()
+            except OSError:
+                pass
         try:
-            _write_json_atomic(stem + ".json", rank_meta)
-            self._events_fd = os.open(self.events_path, flags, 0o644)
-            self._steps_fd = os.open(self.steps_path, flags, 0o644)
+            self._open_files()
         except OSError as exc:
             self.close()
-            raise TraceError(f"rank {rank} cannot write its trace files in {spool_dir}: {exc.strerror}") from None
-        self.events_written = 0
+            if not isinstance(exc, FileExistsError):  # the files are this rank's own: leave none behind
+                for path in (self.events_path, self.steps_path, self.meta_path, self.reserve_path):
+                    _remove_quietly(path)
+            raise TraceError(f"rank {rank} cannot write its trace files in {spool_dir}: {io_error_text(exc)}") from None
+
+    def _open_files(self) -> None:
+        """Create this rank's files (never reusing existing ones) and take the liveness lock."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND
+        meta = dict(self.rank_meta)
+        self._events_fd = os.open(self.events_path, flags, 0o644)
+        self._steps_fd = os.open(self.steps_path, flags, 0o644)
+        try:
+            fcntl.lockf(self._events_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.locked = True
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise
+            self.locked = False  # ENOLCK, EOPNOTSUPP...: no POSIX locks on this file system
+            meta["lock"] = False
+        _write_json_atomic(self.meta_path, meta)
+        fd = os.open(self.reserve_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, b" " * RESERVE_BYTES)
+        finally:
+            os.close(fd)
 
     def append(self, events: np.ndarray, rank_step: np.ndarray) -> None:
-        """One step: its events, then its step record (the record marks the step complete)."""
-        _write_all(self._events_fd, np.ascontiguousarray(events, dtype=EVENT_DTYPE).tobytes())
-        _write_all(self._steps_fd, np.ascontiguousarray(rank_step, dtype=RANK_STEP_DTYPE).tobytes())
+        """One step: its events, then its step record (the record marks the step complete).
+
+        Never raises for I/O: a failure is cut back to the last whole step and kept in :attr:`error`;
+        later calls do nothing.
+        """
+        if self.error is not None:
+            return
+        try:
+            self._ensure_linked()
+            _write_all(self._events_fd, np.ascontiguousarray(events, dtype=EVENT_DTYPE).tobytes())
+            _write_all(self._steps_fd, np.ascontiguousarray(rank_step, dtype=RANK_STEP_DTYPE).tobytes())
+        except OSError as exc:
+            self._cut_back()
+            self.error = f"rank {self.rank} cannot write its trace files in {self.dir}: {io_error_text(exc)}"
+            return
         self.events_written += len(events)
+        self.steps_written += len(rank_step)
+        self._sizes = [self._sizes[0] + len(events) * EVENT_DTYPE.itemsize,
+                       self._sizes[1] + len(rank_step) * RANK_STEP_DTYPE.itemsize]
+
+    def _cut_back(self) -> None:
+        """Truncate both record files to their whole steps (frees what a failed write left behind)."""
+        for fd, size in zip((self._events_fd, self._steps_fd), self._sizes):
+            if fd is not None:
+                try:
+                    os.ftruncate(fd, size)
+                except OSError:
+                    pass
+
+    def lost(self) -> bool:
+        """True if this rank's spool files were deleted (or the spool is closed)."""
+        if self._events_fd is None:
+            return False
+        return any(os.fstat(fd).st_nlink == 0 for fd in (self._events_fd, self._steps_fd))
+
+    def _ensure_linked(self) -> None:
+        """If the spool files were deleted (the directory removed mid-run), re-create them from the open
+        descriptors, with ``rankNNNNNN.json`` (and ``run.json`` on rank 0). Raises OSError if it cannot."""
+        if not self.lost():
+            return
+        old = (self._events_fd, self._steps_fd)
+        os.makedirs(self.dir, exist_ok=True)
+        if self._run_meta is not None and not os.path.exists(os.path.join(self.dir, RUN_META)):
+            tmp = os.path.join(self.dir, f"{RUN_META}.tmp-{os.getpid()}")
+            try:
+                with open(tmp, "wb") as fh:
+                    fh.write(self._run_meta)
+                os.replace(tmp, os.path.join(self.dir, RUN_META))
+            except BaseException:
+                _remove_quietly(tmp)
+                raise
+        for path in (self.events_path, self.steps_path):
+            _remove_quietly(path)  # a half-made copy of an earlier attempt
+        try:
+            self._open_files()
+            for src, dst, size in zip(old, (self._events_fd, self._steps_fd), self._sizes):
+                offset = 0
+                while offset < size:
+                    block = os.pread(src, min(_COPY_BLOCK, size - offset), offset)
+                    if not block:
+                        break
+                    _write_all(dst, block)
+                    offset += len(block)
+        except BaseException:
+            for fd in (self._events_fd, self._steps_fd):
+                if fd is not None and fd not in old:
+                    os.close(fd)
+            self._events_fd, self._steps_fd = old
+            raise
+        for fd in old:
+            os.close(fd)
+        self.recreated.append(f"rank {self.rank}: spool files deleted, re-created after {self.steps_written} "
+                              f"step record(s) from the open files")
+
+    def ensure_present(self) -> None:
+        """Re-create the files if they were deleted (see :meth:`append`); an error goes to :attr:`error`."""
+        if self.error is None and self._events_fd is not None:
+            try:
+                self._ensure_linked()
+            except OSError as exc:
+                self.error = (f"rank {self.rank} cannot re-create its deleted trace files in {self.dir}: "
+                              f"{io_error_text(exc)}")
+
+    def _read_fd(self, fd: Optional[int], path: str, size: int, dtype: np.dtype) -> np.ndarray:
+        if fd is None:
+            return read_records(path, dtype)
+        out = np.empty(size, dtype=np.uint8)
+        offset = 0
+        while offset < size:
+            block = os.pread(fd, min(_COPY_BLOCK, size - offset), offset)
+            if not block:
+                break
+            out[offset:offset + len(block)] = np.frombuffer(block, dtype=np.uint8)
+            offset += len(block)
+        whole = offset - offset % dtype.itemsize
+        return out[:whole].view(dtype).copy()
+
+    def read_events(self) -> np.ndarray:
+        """This rank's events of its whole steps, through the open descriptor (the lock stays held;
+        a deleted file still reads). After :meth:`close`: from the file."""
+        return self._read_fd(self._events_fd, self.events_path, self._sizes[0], EVENT_DTYPE)
+
+    def read_steps(self) -> np.ndarray:
+        """This rank's step records (:data:`RANK_STEP_DTYPE`), as :meth:`read_events`."""
+        return self._read_fd(self._steps_fd, self.steps_path, self._sizes[1], RANK_STEP_DTYPE)
 
     def close(self) -> None:
+        """Close the files (releases the liveness lock). Idempotent."""
         for fd in (self._events_fd, self._steps_fd):
             if fd is not None:
                 os.close(fd)
         self._events_fd = self._steps_fd = None
 
-    def mark_failed(self, message: str) -> None:
-        """Leave the reason this rank is going down (``trace recover`` reports it)."""
-        _write_json_atomic(self.failed_path, {"rank": self.rank, "time": now_iso(), "error": message})
+    def mark_failed(self, message: str) -> bool:
+        """Leave the reason this rank is going down (``trace recover`` reports it); False if it could not.
+
+        Written into the space reserved at the start (``.reserve``, then renamed ``.failed.json``), so
+        that a full disk does not stop it; else as a new file. Never raises.
+        """
+        payload = {"rank": self.rank, "time": now_iso(), "error": message}
+        data = json.dumps(payload).encode()
+        if len(data) > RESERVE_BYTES:
+            payload["error"] = message[:RESERVE_BYTES // 2] + " [...]"
+            data = json.dumps(payload).encode()
+        try:
+            fd = os.open(self.reserve_path, os.O_WRONLY)
+        except OSError:
+            fd = None
+        if fd is not None:
+            try:
+                os.pwrite(fd, data, 0)
+                os.ftruncate(fd, len(data))
+                os.close(fd)
+                fd = None
+                os.replace(self.reserve_path, self.failed_path)
+                return True
+            except OSError:
+                if fd is not None:
+                    os.close(fd)
+        try:
+            _write_json_atomic(self.failed_path, payload)
+            return True
+        except OSError:
+            return False
 
     def remove(self) -> None:
         self.close()
         stem = os.path.join(self.dir, _rank_stem(self.rank))
-        for suffix in (".events", ".steps", ".json", ".failed.json"):
+        for suffix in (".events", ".steps", ".json", ".failed.json", ".reserve"):
             try:
                 os.remove(stem + suffix)
             except FileNotFoundError:
@@ -190,8 +408,100 @@ def sort_events(events: np.ndarray) -> np.ndarray:
 # the merged HDF5 file
 # ---------------------------------------------------------------------------
 
+class _GuardedFile(io.RawIOBase):
+    """The file under the HDF5 writer (h5py's file-object driver): HDF5 never sees an I/O error.
+
+    HDF5 2.0 / h5py 3.16 crash (SIGSEGV, at the latest when the interpreter exits) after a write of
+    the default ``sec2`` driver fails and the file is closed: the failed dataset or file close leaves
+    half-closed objects behind (reproduced without MPI by filling a small tmpfs). So the first
+    failing write is kept in :attr:`error`, and it and every later write go to an in-memory overlay
+    that reads see as well: HDF5 sees a consistent file, closes it cleanly, and the writer discards
+    the temporary file and reports :attr:`error`. The overlay holds at most what HDF5 writes after
+    the failure (its caches at close and the rest of one append).
+    """
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self.pos = 0
+        self.error: Optional[OSError] = None
+        self._overlay: List[tuple] = []
+        self._end = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else self._size() + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def _size(self) -> int:
+        return max(self._end, os.fstat(self.fd).st_size)
+
+    def readinto(self, buffer) -> int:
+        n = min(len(buffer), max(0, self._size() - self.pos))
+        data = bytearray(os.pread(self.fd, n, self.pos))
+        data.extend(bytes(n - len(data)))
+        for offset, blob in self._overlay:
+            lo, hi = max(offset, self.pos), min(offset + len(blob), self.pos + n)
+            if lo < hi:
+                data[lo - self.pos:hi - self.pos] = blob[lo - offset:hi - offset]
+        buffer[:n] = data
+        self.pos += n
+        return n
+
+    def write(self, data) -> int:
+        data = bytes(data)
+        if self.error is None:
+            try:
+                done = 0
+                while done < len(data):
+                    done += os.pwrite(self.fd, data[done:], self.pos + done)
+            except OSError as exc:
+                self.error = exc
+        if self.error is not None:
+            self._overlay.append((self.pos, data))  # reads apply the pieces in write order: the newest last
+        self.pos += len(data)
+        self._end = max(self._end, self.pos)
+        return len(data)
+
+    def truncate(self, size: Optional[int] = None) -> int:
+        size = self.pos if size is None else size
+        if self.error is None:
+            try:
+                os.ftruncate(self.fd, size)
+            except OSError as exc:
+                self.error = exc
+        self._end = size
+        return size
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self._overlay = []
+        super().close()
+
+
 class TraceFileWriter:
-    """Writes ``final_path`` under a temporary name; :meth:`publish` makes it appear atomically."""
+    """Writes ``final_path`` under a temporary name; :meth:`publish` makes it appear atomically.
+
+    An I/O error (disk full, ...) raises :class:`TraceError` with one line from :meth:`append_events`
+    or :meth:`finish`; the temporary file is then removed (call :meth:`abort` after an error
+    of :meth:`append_events`; :meth:`finish` does it itself).
+    """
 
     def __init__(self, final_path: str, force: bool = False):
         import h5py
@@ -202,13 +512,25 @@ class TraceFileWriter:
             raise TraceError(f"{final_path} already exists (use --force to replace it)")
         directory, name = os.path.split(os.path.abspath(final_path))
         self.tmp_path = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
+        self.h5 = self._raw = None
         try:
-            self.h5 = h5py.File(self.tmp_path, "w")
-        except OSError as exc:
-            raise TraceError(f"cannot write {final_path}: {exc}") from None
-        self.events = self.h5.create_dataset("events", shape=(0,), maxshape=(None,), dtype=EVENT_DTYPE,
-                                             chunks=(4096,), compression="gzip", compression_opts=1, shuffle=True)
+            self._raw = _GuardedFile(self.tmp_path)
+            self.h5 = h5py.File(self._raw, "w")
+            self.events = self.h5.create_dataset("events", shape=(0,), maxshape=(None,), dtype=EVENT_DTYPE,
+                                                 chunks=(4096,), compression="gzip", compression_opts=1,
+                                                 shuffle=True)
+            self._check()
+            # an exit with the file open would let HDF5 call into a half torn-down interpreter
+            self._finalizer = weakref.finalize(self, _close_quietly, self.h5, self._raw, self.tmp_path)
+        except (OSError, TraceError) as exc:
+            _close_quietly(self.h5, self._raw, self.tmp_path)
+            raise TraceError(f"cannot write {final_path}: "
+                             f"{io_error_text(exc) if isinstance(exc, OSError) else exc}") from None
         self.rank_offsets: Dict[int, tuple] = {}
+
+    def _check(self) -> None:
+        if self._raw is not None and self._raw.error is not None:
+            raise TraceError(f"writing {self.final_path} failed: {io_error_text(self._raw.error)}")
 
     def append_events(self, rank: int, events: np.ndarray) -> None:
         """Append a piece of ``rank``'s events (ranks in order, each rank's pieces in order)."""
@@ -217,10 +539,27 @@ class TraceFileWriter:
         self.events[start:] = events
         first, count = self.rank_offsets.get(rank, (start, 0))
         self.rank_offsets[rank] = (first, count + len(events))
+        self._check()
 
     def finish(self, metadata: Dict, ranks: np.ndarray, rank_steps: np.ndarray, layers: Sequence[str],
                status: str) -> str:
         """Write everything but the events, close, publish; returns the trace path."""
+        try:
+            self._write_tables(metadata, ranks, rank_steps, layers, status)
+            self.h5.close()
+            self._check()
+            self._raw.close()
+        except BaseException as exc:
+            self.abort()
+            if isinstance(exc, OSError):
+                raise TraceError(f"writing {self.final_path} failed: {io_error_text(exc)}") from None
+            raise
+        path = self.publish()
+        self._finalizer.detach()
+        return path
+
+    def _write_tables(self, metadata: Dict, ranks: np.ndarray, rank_steps: np.ndarray, layers: Sequence[str],
+                      status: str) -> None:
         h5 = self.h5
         ranks = ranks.copy()
         for i, r in enumerate(ranks["rank"]):
@@ -243,8 +582,7 @@ class TraceFileWriter:
         rank_steps = rank_steps[np.lexsort((rank_steps["rank"], rank_steps["step"]))]
         h5.create_dataset("rank_steps", data=rank_steps)
         h5.create_dataset("steps", data=steps_table(rank_steps))
-        h5.close()
-        return self.publish()
+        self._check()
 
     def publish(self) -> str:
         if self.force:
@@ -265,14 +603,19 @@ class TraceFileWriter:
         return self.final_path
 
     def abort(self) -> None:
-        try:
-            self.h5.close()
-        except Exception:
-            pass
-        try:
-            os.remove(self.tmp_path)
-        except FileNotFoundError:
-            pass
+        """Close quietly and remove the temporary file (HDF5 sees no I/O error: see :class:`_GuardedFile`)."""
+        self._finalizer()
+
+
+def _close_quietly(h5, raw, tmp_path: str) -> None:
+    """Close the HDF5 file and its :class:`_GuardedFile`, remove the temporary file (nothing raises)."""
+    for closer in (h5, raw):
+        if closer is not None:
+            try:
+                closer.close()
+            except Exception:  # noqa: BLE001 - nothing to save: the file is removed next
+                pass
+    _remove_quietly(tmp_path)
 
 
 def steps_table(rank_steps: np.ndarray) -> np.ndarray:
@@ -314,7 +657,6 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
     """
     from mpi4py import MPI
 
-    spool.close()
     rank, size = comm.Get_rank(), comm.Get_size()
     error = None
     writer = None
@@ -325,7 +667,7 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
             error = str(exc)
     for source in range(size):  # one rank at a time: rank 0 holds one chunk in memory
         if rank == source:
-            events = read_records(spool.events_path, EVENT_DTYPE)
+            events = spool.read_events()  # through the open descriptor: the liveness lock stays held
             events = sort_events(correct(events) if correct is not None else events)
             pieces = [events[i:i + MERGE_CHUNK] for i in range(0, len(events), MERGE_CHUNK)]
             if rank == 0:
@@ -341,7 +683,7 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
                 piece = np.empty(comm.recv(source=source, tag=82), dtype=EVENT_DTYPE)
                 comm.Recv([piece.view(np.uint8), MPI.BYTE], source=source, tag=83)
                 error = error or _append(writer, source, piece)
-    mine = read_records(spool.steps_path, RANK_STEP_DTYPE)
+    mine = spool.read_steps()
     if correct is not None:
         mine = correct(mine)
     rank_steps = comm.gather(mine, root=0)
@@ -358,8 +700,7 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
         writer.abort()
     error, path = comm.bcast((error, path), root=0)
     if error is not None:
-        raise TraceError(f"{error}; the per-rank files are kept in {spool.dir} "
-                         f"('fourd-mpi trace recover {spool.dir}' merges them)")
+        raise merge_failed(spool, error)
     spool.remove()
     comm.Barrier()
     if rank == 0:
@@ -375,13 +716,83 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
     return path
 
 
+def merge_failed(spool: RankSpool, error: str) -> TraceError:
+    """Every rank, after a failed merge (``error``: the same one line on all): rank 0 records the failure in
+    the spool (``trace recover`` then reports status ``failed`` with it), every rank closes its files
+    (the lock goes) and gets the error to raise, which names the spool kept for ``trace recover``."""
+    if spool.rank == 0:
+        spool.mark_failed(f"merge: {error}")
+    spool.close()
+    return TraceError(f"{error}; the per-rank files are kept in {spool.dir} "
+                      f"('fourd-mpi trace recover {spool.dir}' merges them)")
+
+
 def _append(writer: TraceFileWriter, rank: int, piece: np.ndarray) -> Optional[str]:
     """Rank 0: append, turning an I/O error into a message (the other ranks keep sending)."""
     try:
         writer.append_events(rank, piece)
         return None
+    except TraceError as exc:
+        return str(exc)
     except OSError as exc:
-        return f"writing {writer.final_path} failed: {exc}"
+        return f"writing {writer.final_path} failed: {io_error_text(exc)}"
+
+
+def live_ranks(spool_dir: str, world: int) -> List[str]:
+    """Ranks of the spool that a running process still holds, as ``"rank R (pid P on HOST)"``.
+
+    A rank is live if the ``fcntl`` lock of its ``.events`` file is held (:class:`RankSpool`), or, where
+    the run's file system had no POSIX locks (``"lock": false`` in its ``rankNNNNNN.json``), if its pid
+    is alive on this host. A process killed by any signal holds no lock.
+    """
+    host = socket.gethostname()
+    live = []
+    for rank in range(world):
+        stem = os.path.join(spool_dir, _rank_stem(rank))
+        try:
+            with open(stem + ".json") as fh:
+                meta = json.load(fh)
+        except (OSError, ValueError):
+            meta = {}
+        where = f"rank {rank} (pid {meta.get('pid', '?')} on {meta.get('hostname', '?')})"
+        if meta.get("lock", True) is False:
+            pid = meta.get("pid")
+            if meta.get("hostname") == host and isinstance(pid, int) and _pid_alive(pid):
+                live.append(where)
+            continue
+        try:
+            fd = os.open(stem + ".events", os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                live.append(where)
+        finally:
+            os.close(fd)  # releases the probe's own lock
+    return live
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _read_failure(path: str, rank: int) -> Dict:
+    try:
+        with open(path) as fh:
+            report = json.load(fh)
+        if isinstance(report, dict):
+            return report
+    except (OSError, ValueError) as exc:
+        return {"rank": rank, "error": f"unreadable failure report {os.path.basename(path)}: {exc}"}
+    return {"rank": rank, "error": f"unreadable failure report {os.path.basename(path)}"}
 
 
 def recovered_status(failures: Sequence[Dict]) -> str:
@@ -399,7 +810,14 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
     Keeps the steps that every rank finished (their step record is on disk).
     ``summarize``: ``rank_steps -> Summary`` for the kept steps (stored as
     ``metadata["summary"]``). Returns a dict with the path, status, steps kept
-    and what was dropped.
+    and what was dropped, ``live`` (ranks still running when forced), and ``removable``: None
+    if the spool may be deleted (the trace holds every whole step of every rank, nothing was
+    dropped, the run was not live, and the written file reads back with no invariant violated),
+    else the reason to keep it.
+
+    A run whose ranks still hold their spool locks (:func:`live_ranks`) is refused unless
+    ``force`` (which also replaces an existing output file). Raises :class:`TraceError` with one
+    line; on an I/O error no temporary file is left.
     """
     meta_path = os.path.join(spool_dir, RUN_META)
     if not os.path.isdir(spool_dir):
@@ -414,6 +832,12 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
     world = int(run_meta.get("world_size", 0))
     if world < 1:
         raise TraceError(f"{meta_path} has no world_size")
+    live = live_ranks(spool_dir, world)
+    if live and not force:
+        shown = ", ".join(live[:3]) + (f" and {len(live) - 3} more" if len(live) > 3 else "")
+        raise TraceError(f"the run of {spool_dir} is still running: {shown} hold their spool files; recover it "
+                         "after it ends (it merges its own trace), or --force for a partial trace of the steps "
+                         "so far (the spool is kept)")
     rank_metas, rank_steps, failures, missing = [], [], [], []
     for rank in range(world):
         stem = os.path.join(spool_dir, _rank_stem(rank))
@@ -425,11 +849,11 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
             missing.append(rank)
         rank_steps.append(read_records(stem + ".steps", RANK_STEP_DTYPE))
         if os.path.exists(stem + ".failed.json"):
-            with open(stem + ".failed.json") as fh:
-                failures.append(json.load(fh))
+            failures.append(_read_failure(stem + ".failed.json", rank))
     done = set(rank_steps[0]["step"].tolist())
     for steps in rank_steps[1:]:
         done &= set(steps["step"].tolist())
+    every = set().union(*(set(steps["step"].tolist()) for steps in rank_steps))
     kept = np.array(sorted(done), dtype=np.int32)
     # next to the spool, wherever it is now (run.json's trace_path may be relative to the job's directory)
     path = output or spool_dir.rstrip("/").removesuffix(SPOOL_SUFFIX) + ".h5"
@@ -447,14 +871,38 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
         all_steps = np.concatenate(rank_steps)
         metadata = dict(run_meta, recovered=now_iso(), recovered_from=os.path.abspath(spool_dir),
                         failures=failures, ranks_without_metadata=missing, steps_kept=len(kept),
-                        events_dropped=dropped)
+                        events_dropped=dropped, recovered_while_live=live)
         metadata.pop("trace_path", None)
         kept_steps = all_steps[np.isin(all_steps["step"], kept)]
         if len(kept_steps) and summarize is not None:
             metadata["summary"] = summarize(kept_steps).as_dict()
         path = writer.finish(metadata, ranks_table(rank_metas), kept_steps, run_meta.get("layers", []), status)
+    except OSError as exc:
+        writer.abort()
+        raise TraceError(f"writing {path} failed: {io_error_text(exc)}") from None
     except BaseException:
         writer.abort()
         raise
+    removable = _why_keep(path, live, missing, sorted(every - done), dropped)
     return {"path": path, "status": status, "steps": kept.tolist(), "events_dropped": dropped,
-            "failures": failures}
+            "failures": failures, "live": live, "removable": removable}
+
+
+def _why_keep(path: str, live: List[str], missing: List[int], unfinished: List[int], dropped: int) -> Optional[str]:
+    """None if the spool of a recovered trace may be deleted, else the reason to keep it."""
+    if live:
+        return f"the run was still running ({len(live)} rank(s) held their files)"
+    if missing:
+        return f"rank(s) {', '.join(map(str, missing))} had no metadata file"
+    if unfinished or dropped:
+        return (f"{len(unfinished)} step(s) not finished by every rank and {dropped} of their events are not "
+                "in the trace")
+    from fourd_mpi.trace.read import check_invariants, load_trace
+
+    try:
+        problems = check_invariants(load_trace(path))
+    except (OSError, TraceError) as exc:
+        return f"the written trace does not read back: {exc}"
+    if problems:
+        return f"the written trace violates {len(problems)} invariant(s) ('fourd-mpi trace check {path}')"
+    return None
