@@ -41,6 +41,7 @@ class TraceOptions:
     run_id: Optional[str] = None
     label: Optional[str] = None
     force: bool = False
+    group_size: int = 0  #: ``--trace-group-size`` (0: ranks per node, see :mod:`fourd_mpi.trace.merge`)
 
     def validate(self) -> "TraceOptions":
         if self.level not in LEVELS:
@@ -167,7 +168,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
         metadata["array_pool"] = run.backend.pool_stats()  # rank 0's, after the last step
     drift = end_alignment(run, rank_meta)
     path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, trace.force,
-                     correct=drift.correct_records if drift is not None else None)
+                     correct=drift.correct_records if drift is not None else None, group_size=trace.group_size)
     run.comm.watchdog.close()
     run.close()
     return path, summary

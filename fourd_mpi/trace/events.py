@@ -43,7 +43,9 @@ SCHEMA = "fourd_mpi.trace"
 #:    (:func:`fourd_mpi.trace.read.load_trace`): they cannot separate the ``I*`` call or the tests from overlap.
 #:    ``overlap_ns`` (collectives): host compute time (:data:`COMPUTE_OPS`, MPI calls inside them excluded)
 #:    during the in-flight window; older traces get ``complete_ns - issue_ns - wait_ns`` (their definition).
-SCHEMA_VERSION = 4
+#: 5: root attribute ``parts``: 0 = events in this file (the v4 layout), P > 0 = ``/events`` is a virtual
+#:    dataset over P part files in ``<name>.parts/`` described by ``/parts`` (:mod:`fourd_mpi.trace.merge`)
+SCHEMA_VERSION = 5
 
 LEVELS = ("step", "layer", "op")
 PHASES = ("none", "forward", "backward", "optimizer")

@@ -168,7 +168,12 @@ def load_trace(path: str) -> Trace:
             for name, dtype in _DATASETS.items():
                 if name not in h5:
                     raise TraceError(f"{path} has no /{name} dataset (incomplete file)")
-                data = h5[name][()]
+                if name == "events" and version >= 5 and int(attrs.get("parts", 0)) > 0:
+                    from fourd_mpi.trace.merge import read_parts  # a multi-part trace: parts checked, then read
+
+                    data = read_parts(path, h5, str(attrs.get("run_id", "")), int(attrs.get("events", -1)))
+                else:
+                    data = h5[name][()]
                 missing = [f for f in dtype.names if f not in (data.dtype.names or ())]
                 if missing and version < 4 and set(missing) <= V4_COLUMNS.get(name, set()):
                     data = _upgrade_v3(name, data, dtype)

@@ -8,12 +8,15 @@ pip's h5py has no parallel HDF5 (docs/design.md section 4), so:
    its step record, so a step record on disk means the step's events are all
    there. A rank killed at any point loses at most the step in flight (the
    records are fixed-size; a torn last record is cut off when read).
-2. At the end, the ranks send their events to rank 0 over MPI (rank 0 reads
-   nobody else's files) and rank 0 writes ``<results>/<run-id>.h5`` under a temporary
-   name, then publishes it with ``link`` (never overwrites; ``--force``: rename
-   over it). Only then is the spool removed.
+2. At the end, the ranks send their events over MPI to the lowest rank of their
+   group of ``--trace-group-size`` consecutive ranks (nobody reads another rank's
+   files); with one group rank 0 writes ``<results>/<run-id>.h5`` itself, with several
+   each group writes a part file and rank 0 a top-level file that binds them
+   (:mod:`fourd_mpi.trace.merge`). The trace is written under a temporary name, then
+   published with ``link`` (never overwrites; ``--force``: rename over it). Only then
+   is the spool removed.
 3. After a crash, :func:`recover` builds a ``partial`` (or ``failed``) trace from
-   the spool: the steps every rank completed.
+   the spool: the steps every rank completed, group by group.
 
 The spool directory is created by rank 0 and written by every rank, so the
 results directory must be on a file system all ranks see (as on clusters).
@@ -78,6 +81,11 @@ def trace_paths(results_dir: str, run_id: str):
 
 def _rank_stem(rank: int) -> str:
     return f"rank{rank:06d}"
+
+
+def rank_events_path(spool_dir: str, rank: int) -> str:
+    """``<spool>/rankNNNNNN.events``."""
+    return os.path.join(spool_dir, _rank_stem(rank)) + ".events"
 
 
 def _write_json_atomic(path: str, payload) -> None:
@@ -177,7 +185,10 @@ def read_records(path: str, dtype: np.dtype) -> np.ndarray:
 
 def sort_events(events: np.ndarray) -> np.ndarray:
     """Events of one rank in time order (stable: a step span precedes what starts with it)."""
-    return events[np.argsort(events["start_ns"], kind="stable")]
+    start = events["start_ns"]
+    if len(start) < 2 or (start[1:] >= start[:-1]).all():  # already in order: no copy
+        return events
+    return events[np.argsort(start, kind="stable")]
 
 
 # ---------------------------------------------------------------------------
@@ -185,10 +196,19 @@ def sort_events(events: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 class TraceFileWriter:
-    """Writes ``final_path`` under a temporary name; :meth:`publish` makes it appear atomically."""
+    """Writes ``final_path`` under a temporary name; :meth:`publish` makes it appear atomically.
 
-    def __init__(self, final_path: str, force: bool = False):
+    ``parts=False``: a self-contained file, events added with :meth:`append_events`.
+    ``parts=True``: the events go to part files written elsewhere into :attr:`staged`
+    (:class:`fourd_mpi.trace.merge.StagedParts`) and :meth:`bind` maps them into a virtual
+    ``/events``; publication renames the parts directory into place first.
+    ``compression``: a key of :data:`fourd_mpi.trace.merge.COMPRESSIONS` for ``/events``.
+    """
+
+    def __init__(self, final_path: str, force: bool = False, compression: str = "gzip", parts: bool = False):
         import h5py
+
+        from fourd_mpi.trace.merge import StagedParts, create_events_dataset
 
         self.final_path = final_path
         self.force = force
@@ -196,21 +216,37 @@ class TraceFileWriter:
             raise TraceError(f"{final_path} already exists (use --force to replace it)")
         directory, name = os.path.split(os.path.abspath(final_path))
         self.tmp_path = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
+        self.staged = StagedParts(final_path, force) if parts else None
+        self.h5 = None
         try:
             self.h5 = h5py.File(self.tmp_path, "w")
-        except OSError as exc:
+            self.events = None if parts else create_events_dataset(self.h5, compression)
+        except (OSError, TraceError) as exc:
+            self.abort()
             raise TraceError(f"cannot write {final_path}: {exc}") from None
-        self.events = self.h5.create_dataset("events", shape=(0,), maxshape=(None,), dtype=EVENT_DTYPE,
-                                             chunks=(4096,), compression="gzip", compression_opts=1, shuffle=True)
         self.rank_offsets: Dict[int, tuple] = {}
+        self.parts = 0
 
     def append_events(self, rank: int, events: np.ndarray) -> None:
         """Append a piece of ``rank``'s events (ranks in order, each rank's pieces in order)."""
+        from fourd_mpi.trace.merge import append_rows
+
         start = self.events.shape[0]
-        self.events.resize((start + len(events),))
-        self.events[start:] = events
+        append_rows(self.events, events)
         first, count = self.rank_offsets.get(rank, (start, 0))
         self.rank_offsets[rank] = (first, count + len(events))
+
+    def bind(self, groups, rank_counts) -> None:
+        """Parts mode: ``/events`` becomes the virtual concatenation of the staged parts of ``groups``
+        (consecutive rank ranges), ``rank_counts[r]`` events for rank ``r``."""
+        from fourd_mpi.trace.merge import bind_parts, parts_table
+
+        table = parts_table(groups, rank_counts)
+        bind_parts(self.h5, table, self.staged.dirname)
+        self.events = self.h5["events"]
+        offsets = np.concatenate([[0], np.cumsum(np.asarray(rank_counts, dtype=np.int64))])
+        self.rank_offsets = {r: (int(offsets[r]), int(rank_counts[r])) for r in range(len(rank_counts))}
+        self.parts = len(table)
 
     def finish(self, metadata: Dict, ranks: np.ndarray, rank_steps: np.ndarray, layers: Sequence[str],
                status: str) -> str:
@@ -221,7 +257,7 @@ class TraceFileWriter:
             ranks["event_offset"][i], ranks["event_count"][i] = self.rank_offsets.get(int(r), (0, 0))
         h5.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "status": status,
                          "run_id": metadata.get("run_id", ""), "events": self.events.shape[0],
-                         "world_size": len(ranks), "written": now_iso()})
+                         "world_size": len(ranks), "written": now_iso(), "parts": self.parts})
         meta = h5.create_group("metadata")
         json_keys = []
         for key, value in metadata.items():
@@ -241,9 +277,33 @@ class TraceFileWriter:
         return self.publish()
 
     def publish(self) -> str:
+        """Parts directory first (when there is one), then the file: the file never names missing parts."""
+        from fourd_mpi.trace.merge import parts_dir_of
+
+        if self.staged is not None:
+            try:
+                self.staged.publish()
+            except (OSError, TraceError) as exc:
+                self.abort()
+                raise TraceError(str(exc) if isinstance(exc, TraceError) else
+                                 f"cannot publish {self.staged.final_dir}: {exc}") from None
+        try:
+            self._publish_file()
+        except OSError as exc:
+            self.abort()
+            raise TraceError(f"cannot publish {self.final_path}: {exc}") from None
+        if self.staged is not None:
+            self.staged.committed()
+        elif self.force:  # a replaced multi-part trace leaves no orphan parts
+            import shutil
+
+            shutil.rmtree(parts_dir_of(os.path.abspath(self.final_path)), ignore_errors=True)
+        return self.final_path
+
+    def _publish_file(self) -> None:
         if self.force:
             os.replace(self.tmp_path, self.final_path)
-            return self.final_path
+            return
         try:
             os.link(self.tmp_path, self.final_path)  # fails if the name exists: never overwrites
         except FileExistsError:
@@ -254,19 +314,21 @@ class TraceFileWriter:
                 self.abort()
                 raise TraceError(f"{self.final_path} already exists; not overwritten") from None
             os.rename(self.tmp_path, self.final_path)
-            return self.final_path
+            return
         os.remove(self.tmp_path)
-        return self.final_path
 
     def abort(self) -> None:
         try:
-            self.h5.close()
+            if self.h5 is not None:
+                self.h5.close()
         except Exception:
             pass
         try:
             os.remove(self.tmp_path)
         except FileNotFoundError:
             pass
+        if self.staged is not None:
+            self.staged.abort()
 
 
 def steps_table(rank_steps: np.ndarray) -> np.ndarray:
@@ -296,61 +358,34 @@ def ranks_table(rank_metas: Sequence[Dict]) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata: Optional[Dict],
-              layers: Sequence[str], force: bool, correct=None) -> str:
-    """Collective: rank 0 writes the merged trace from every rank's spool; returns its path.
+              layers: Sequence[str], force: bool, correct=None, group_size: int = 0,
+              compression: str = "gzip") -> str:
+    """Collective: write the merged trace from every rank's spool; returns its path.
 
     ``correct``: this rank's clock correction (records -> records with their time columns moved,
     :meth:`fourd_mpi.trace.clocks.DriftModel.correct_records`), applied to its events and step
     records before they are sent; None keeps the start-aligned times.
 
+    ``group_size``: ranks per writer (``--trace-group-size``; <= 0: ranks per node, at most
+    :data:`fourd_mpi.trace.merge.MAX_PARTS` parts). The data movement is
+    :func:`fourd_mpi.trace.merge.merge_collective`: one group writes one file, several write part
+    files bound by a top-level file.
+
     The spool is removed only after the trace is published. On a write error
     every rank raises the same :class:`TraceError` and the spool is kept.
     """
-    from mpi4py import MPI
+    from fourd_mpi.trace.merge import merge_collective
 
     spool.close()
-    rank, size = comm.Get_rank(), comm.Get_size()
-    error = None
-    writer = None
-    if rank == 0:
-        try:
-            writer = TraceFileWriter(trace_path, force)
-        except TraceError as exc:
-            error = str(exc)
-    for source in range(size):  # one rank at a time: rank 0 holds one chunk in memory
-        if rank == source:
-            events = read_records(spool.events_path, EVENT_DTYPE)
-            events = sort_events(correct(events) if correct is not None else events)
-            pieces = [events[i:i + MERGE_CHUNK] for i in range(0, len(events), MERGE_CHUNK)]
-            if rank == 0:
-                for piece in pieces:
-                    error = error or _append(writer, 0, piece)
-            else:
-                comm.send(len(pieces), dest=0, tag=81)
-                for piece in pieces:
-                    comm.send(len(piece), dest=0, tag=82)
-                    comm.Send([piece.view(np.uint8), MPI.BYTE], dest=0, tag=83)
-        elif rank == 0:
-            for _ in range(comm.recv(source=source, tag=81)):
-                piece = np.empty(comm.recv(source=source, tag=82), dtype=EVENT_DTYPE)
-                comm.Recv([piece.view(np.uint8), MPI.BYTE], source=source, tag=83)
-                error = error or _append(writer, source, piece)
+    rank = comm.Get_rank()
+    events = read_records(spool.events_path, EVENT_DTYPE)
+    events = sort_events(correct(events) if correct is not None else events)
     mine = read_records(spool.steps_path, RANK_STEP_DTYPE)
     if correct is not None:
         mine = correct(mine)
-    rank_steps = comm.gather(mine, root=0)
-    rank_metas = comm.gather(rank_meta, root=0)
-    path = None
-    if rank == 0 and error is None:
-        try:
-            path = writer.finish(dict(metadata, end_time=now_iso()), ranks_table(rank_metas),
-                                 np.concatenate(rank_steps), layers, "complete")
-        except (OSError, TraceError) as exc:
-            writer.abort()
-            error = str(exc)
-    elif rank == 0 and writer is not None:
-        writer.abort()
-    error, path = comm.bcast((error, path), root=0)
+    error, path = merge_collective(comm, events, mine, rank_meta, trace_path, metadata, layers, force,
+                                   group_size=group_size, compression=compression)
+    del events
     if error is not None:
         raise TraceError(f"{error}; the per-rank files are kept in {spool.dir} "
                          f"('fourd-mpi trace recover {spool.dir}' merges them)")
@@ -369,22 +404,20 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
     return path
 
 
-def _append(writer: TraceFileWriter, rank: int, piece: np.ndarray) -> Optional[str]:
-    """Rank 0: append, turning an I/O error into a message (the other ranks keep sending)."""
-    try:
-        writer.append_events(rank, piece)
-        return None
-    except OSError as exc:
-        return f"writing {writer.final_path} failed: {exc}"
-
-
-def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, summarize=None) -> Dict:
+def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, summarize=None,
+            group_size: int = 0, jobs: int = 1, compression: str = "gzip") -> Dict:
     """Merge the spool of a crashed run into a ``partial`` (or ``failed``) trace.
 
     Keeps the steps that every rank finished (their step record is on disk).
     ``summarize``: ``rank_steps -> Summary`` for the kept steps (stored as
-    ``metadata["summary"]``). Returns a dict with the path, status, steps kept
-    and what was dropped.
+    ``metadata["summary"]``). Returns a dict with the path, status, steps kept,
+    what was dropped, the number of part files and the largest peak RSS (KiB) of a
+    process that wrote events.
+
+    Events move group by group as in :func:`merge_run` (``group_size`` <= 0: the run's
+    largest ``ranks_per_node``, at most :data:`~fourd_mpi.trace.merge.MAX_PARTS` parts), one
+    rank's events in memory at a time per process; ``jobs`` > 1 writes the parts in that many
+    worker processes.
     """
     meta_path = os.path.join(spool_dir, RUN_META)
     if not os.path.isdir(spool_dir):
@@ -418,16 +451,21 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
     kept = np.array(sorted(done), dtype=np.int32)
     # next to the spool, wherever it is now (run.json's trace_path may be relative to the job's directory)
     path = output or spool_dir.rstrip("/").removesuffix(SPOOL_SUFFIX) + ".h5"
-    writer = TraceFileWriter(path, force)
-    dropped = 0
+    from fourd_mpi.trace.merge import plan_groups, recover_group, recover_parts, resolve_group_size
+
+    # the run's largest node (run.json's ranks_per_node); unknown: the whole world, i.e. one file
+    per_node = max([n for n in run_meta.get("ranks_per_node") or [] if isinstance(n, int)] or [world])
+    groups = plan_groups(world, resolve_group_size(world, group_size, per_node))
+    writer = TraceFileWriter(path, force, compression=compression, parts=len(groups) > 1)
+    run_id = str(run_meta.get("run_id", ""))
     try:
-        for rank in range(world):
-            events = read_records(os.path.join(spool_dir, _rank_stem(rank)) + ".events", EVENT_DTYPE)
-            keep = np.isin(events["step"], kept)
-            dropped += int((~keep).sum())
-            events = sort_events(events[keep])
-            for i in range(0, len(events), MERGE_CHUNK):
-                writer.append_events(rank, events[i:i + MERGE_CHUNK])
+        if len(groups) > 1:
+            counts, dropped, peak_kib = recover_parts(spool_dir, groups, kept, writer.staged, run_id, compression,
+                                                      jobs)
+            writer.bind(groups, counts)
+        else:
+            counts, dropped, peak_kib = recover_group(spool_dir, 0, 0, world, kept, None, run_id, compression,
+                                                      writer=writer)
         status = "failed" if failures else "partial"
         all_steps = np.concatenate(rank_steps)
         metadata = dict(run_meta, recovered=now_iso(), recovered_from=os.path.abspath(spool_dir),
@@ -442,4 +480,4 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
         writer.abort()
         raise
     return {"path": path, "status": status, "steps": kept.tolist(), "events_dropped": dropped,
-            "failures": failures}
+            "failures": failures, "parts": writer.parts, "peak_rss_kib": peak_kib}
