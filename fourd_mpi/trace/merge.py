@@ -320,7 +320,7 @@ def merge_collective(comm, events: np.ndarray, rank_steps: np.ndarray, rank_meta
     group_size = resolve_group_size(size, group_size, ranks_per_node(comm) if group_size <= 0 else 1)
     groups = plan_groups(size, group_size)
     multi = len(groups) > 1
-    run_id = str((metadata or {}).get("run_id", ""))
+    run_id = str((metadata or {}).get("run_id", ""))  # metadata: rank 0's (None elsewhere)
     top = staged = None
     error = None
     if rank == 0:
@@ -329,7 +329,7 @@ def merge_collective(comm, events: np.ndarray, rank_steps: np.ndarray, rank_meta
             staged = top.staged
         except TraceError as exc:
             error = str(exc)
-    error, staged_dir = comm.bcast((error, staged.dir if staged is not None else None), root=0)
+    error, staged_dir, run_id = comm.bcast((error, staged.dir if staged is not None else None, run_id), root=0)
     index = rank // group_size
     group = comm.Split(index, rank) if multi else comm
     writer = None
