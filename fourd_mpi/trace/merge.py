@@ -115,6 +115,34 @@ def append_rows(dataset, rows: np.ndarray) -> None:
     dataset[start:] = rows
 
 
+class EventBuffer:
+    """Appends to ``/events`` in writes of ``rows`` events (a multiple of the chunk), so that no
+    compressed chunk is written twice (appending each rank's few hundred events directly would
+    decompress and recompress the partial last chunk every time). Holds at most ``rows`` events."""
+
+    def __init__(self, dataset, rows: int = 1 << 18):
+        self.dataset = dataset
+        self.buffer = np.empty(rows - rows % EVENT_CHUNK_ROWS or EVENT_CHUNK_ROWS, dtype=EVENT_DTYPE)
+        self.used = 0
+        self.total = dataset.shape[0]  #: events appended so far, written or buffered
+
+    def append(self, events: np.ndarray) -> None:
+        done = 0
+        while done < len(events):
+            take = min(len(events) - done, len(self.buffer) - self.used)
+            self.buffer[self.used:self.used + take] = events[done:done + take]
+            self.used += take
+            done += take
+            if self.used == len(self.buffer):
+                self.flush()
+        self.total += len(events)
+
+    def flush(self) -> None:
+        if self.used:
+            append_rows(self.dataset, self.buffer[:self.used])
+            self.used = 0
+
+
 class PartWriter:
     """Writes the ``/events`` of one group of ranks into ``path`` (a part file, see the module doc)."""
 
@@ -128,18 +156,21 @@ class PartWriter:
             self.h5 = h5py.File(path, "w")
             self.h5.attrs.update({"schema": PART_SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": run_id,
                                   "part": index, "first_rank": first_rank, "rank_count": rank_count})
-            self.events = create_events_dataset(self.h5, compression)
+            self.events = EventBuffer(create_events_dataset(self.h5, compression))
         except OSError as exc:
             self.abort()
             raise TraceError(f"cannot write the trace part {path}: {exc}") from None
-        self.count = 0
+
+    @property
+    def count(self) -> int:
+        return self.events.total
 
     def append_events(self, rank: int, events: np.ndarray) -> None:
-        append_rows(self.events, events)
-        self.count += len(events)
+        self.events.append(events)
 
     def close(self) -> int:
-        """Write the event count, close; returns it."""
+        """Write the buffered events and the event count, close; returns it."""
+        self.events.flush()
         self.h5.attrs["events"] = self.count
         self.h5.close()
         self.h5 = None
@@ -429,9 +460,11 @@ def recover_group(spool_dir: str, index: int, first: int, stop: int, kept: np.nd
     try:
         for rank in range(first, stop):
             events = read_records(rank_events_path(spool_dir, rank), EVENT_DTYPE)
-            keep = np.isin(events["step"], kept)
-            dropped += int(len(events) - keep.sum())
-            events = sort_events(events[keep])
+            keep = kept_mask(events["step"], kept)
+            if keep is not None:
+                dropped += int(len(events) - keep.sum())
+                events = events[keep]
+            events = sort_events(events)
             for i in range(0, len(events), MERGE_CHUNK):
                 writer.append_events(rank, events[i:i + MERGE_CHUNK])
             counts.append(len(events))
@@ -444,6 +477,18 @@ def recover_group(spool_dir: str, index: int, first: int, stop: int, kept: np.nd
         if part:
             writer.abort()
     return counts, dropped, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def kept_mask(steps: np.ndarray, kept: np.ndarray) -> Optional[np.ndarray]:
+    """Which of ``steps`` are in ``kept`` (sorted); None when all are (nothing to drop)."""
+    if not len(steps):
+        return None
+    if len(kept) and kept[-1] - kept[0] + 1 == len(kept):  # a range: two comparisons
+        lo, hi = int(steps.min()), int(steps.max())
+        if kept[0] <= lo and hi <= kept[-1]:
+            return None
+        return (steps >= kept[0]) & (steps <= kept[-1])
+    return np.isin(steps, kept)
 
 
 def _recover_group_task(task):

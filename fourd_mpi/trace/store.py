@@ -176,11 +176,11 @@ class RankSpool:
 def read_records(path: str, dtype: np.dtype) -> np.ndarray:
     """Whole fixed-size records of an append-only file (a torn last record is dropped)."""
     try:
-        raw = np.fromfile(path, dtype=np.uint8)
+        with open(path, "rb") as fh:
+            whole = os.fstat(fh.fileno()).st_size // dtype.itemsize
+            return np.fromfile(fh, dtype=dtype, count=whole)  # one read, no copy
     except FileNotFoundError:
         return np.empty(0, dtype=dtype)
-    whole = len(raw) - len(raw) % dtype.itemsize
-    return raw[:whole].view(dtype).copy()
 
 
 def sort_events(events: np.ndarray) -> np.ndarray:
@@ -208,7 +208,7 @@ class TraceFileWriter:
     def __init__(self, final_path: str, force: bool = False, compression: str = "gzip", parts: bool = False):
         import h5py
 
-        from fourd_mpi.trace.merge import StagedParts, create_events_dataset
+        from fourd_mpi.trace.merge import EventBuffer, StagedParts, create_events_dataset
 
         self.final_path = final_path
         self.force = force
@@ -218,9 +218,11 @@ class TraceFileWriter:
         self.tmp_path = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
         self.staged = StagedParts(final_path, force) if parts else None
         self.h5 = None
+        self._buffer = None
         try:
             self.h5 = h5py.File(self.tmp_path, "w")
             self.events = None if parts else create_events_dataset(self.h5, compression)
+            self._buffer = None if parts else EventBuffer(self.events)
         except (OSError, TraceError) as exc:
             self.abort()
             raise TraceError(f"cannot write {final_path}: {exc}") from None
@@ -228,11 +230,10 @@ class TraceFileWriter:
         self.parts = 0
 
     def append_events(self, rank: int, events: np.ndarray) -> None:
-        """Append a piece of ``rank``'s events (ranks in order, each rank's pieces in order)."""
-        from fourd_mpi.trace.merge import append_rows
-
-        start = self.events.shape[0]
-        append_rows(self.events, events)
+        """Append a piece of ``rank``'s events (ranks in order, each rank's pieces in order; buffered
+        into whole chunks, written at the latest by :meth:`finish`)."""
+        start = self._buffer.total
+        self._buffer.append(events)
         first, count = self.rank_offsets.get(rank, (start, 0))
         self.rank_offsets[rank] = (first, count + len(events))
 
@@ -252,6 +253,8 @@ class TraceFileWriter:
                status: str) -> str:
         """Write everything but the events, close, publish; returns the trace path."""
         h5 = self.h5
+        if self.staged is None:
+            self._buffer.flush()
         ranks = ranks.copy()
         for i, r in enumerate(ranks["rank"]):
             ranks["event_offset"][i], ranks["event_count"][i] = self.rank_offsets.get(int(r), (0, 0))
