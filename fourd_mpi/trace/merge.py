@@ -495,21 +495,65 @@ def _recover_group_task(task):
     return recover_group(*task)
 
 
+class GroupPool:
+    """Runs one function over the groups: in ``jobs`` spawned worker processes (a clean interpreter
+    each, no HDF5 state inherited through ``fork``), or here when ``jobs`` <= 1 or one group."""
+
+    def __init__(self, jobs: int, groups: int):
+        self.pool = None
+        if jobs > 1 and groups > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self.pool = ProcessPoolExecutor(max_workers=min(jobs, groups),
+                                            mp_context=multiprocessing.get_context("spawn"))
+
+    def map(self, function, tasks) -> list:
+        if self.pool is None:
+            return [function(task) for task in tasks]
+        return list(self.pool.map(function, tasks))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+
+def read_group_records(task) -> Tuple[List[Dict], List[np.ndarray], List[Dict], List[int]]:
+    """``(spool_dir, first, stop)`` -> the rank metadata, step records, failure reports and ranks
+    without metadata of ranks ``[first, stop)`` (``recover``'s first pass, group by group)."""
+    import json
+
+    from fourd_mpi.trace.events import RANK_STEP_DTYPE
+    from fourd_mpi.trace.store import rank_stem_path, read_records
+
+    spool_dir, first, stop = task
+    metas, steps, failures, missing = [], [], [], []
+    for rank in range(first, stop):
+        stem = rank_stem_path(spool_dir, rank)
+        try:
+            with open(stem + ".json") as fh:
+                metas.append(json.load(fh))
+        except (OSError, ValueError):
+            metas.append({"rank": rank})
+            missing.append(rank)
+        steps.append(read_records(stem + ".steps", RANK_STEP_DTYPE))
+        try:
+            with open(stem + ".failed.json") as fh:
+                failures.append(json.load(fh))
+        except FileNotFoundError:
+            pass
+    return metas, steps, failures, missing
+
+
 def recover_parts(spool_dir: str, groups: Sequence[Tuple[int, int]], kept: np.ndarray, staged: StagedParts,
-                  run_id: str, compression: str, jobs: int) -> Tuple[List[int], int, int]:
-    """Every group's part (``jobs`` worker processes when > 1); returns ``(per-rank counts in rank
-    order, events dropped, largest peak RSS of a process that wrote a part, KiB)``."""
+                  run_id: str, compression: str, pool: GroupPool) -> Tuple[List[int], int, int]:
+    """Every group's part, through ``pool``; returns ``(per-rank counts in rank order, events
+    dropped, largest peak RSS of a process that wrote a part, KiB)``."""
     tasks = [(spool_dir, i, first, stop, kept, staged.path(i), run_id, compression)
              for i, (first, stop) in enumerate(groups)]
-    if jobs > 1 and len(tasks) > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        # spawn: a clean interpreter per worker (no HDF5 state inherited through fork)
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)),
-                                 mp_context=multiprocessing.get_context("spawn")) as pool:
-            results = list(pool.map(_recover_group_task, tasks))
-    else:
-        results = [recover_group(*task) for task in tasks]
+    results = pool.map(_recover_group_task, tasks)
     counts = [c for result in results for c in result[0]]
     return counts, sum(r[1] for r in results), max(r[2] for r in results)

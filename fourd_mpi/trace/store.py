@@ -83,6 +83,11 @@ def _rank_stem(rank: int) -> str:
     return f"rank{rank:06d}"
 
 
+def rank_stem_path(spool_dir: str, rank: int) -> str:
+    """``<spool>/rankNNNNNN`` (add ``.json``, ``.events``, ``.steps``, ``.failed.json``)."""
+    return os.path.join(spool_dir, _rank_stem(rank))
+
+
 def rank_events_path(spool_dir: str, rank: int) -> str:
     """``<spool>/rankNNNNNN.events``."""
     return os.path.join(spool_dir, _rank_stem(rank)) + ".events"
@@ -435,40 +440,41 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
     world = int(run_meta.get("world_size", 0))
     if world < 1:
         raise TraceError(f"{meta_path} has no world_size")
-    rank_metas, rank_steps, failures, missing = [], [], [], []
-    for rank in range(world):
-        stem = os.path.join(spool_dir, _rank_stem(rank))
-        try:
-            with open(stem + ".json") as fh:
-                rank_metas.append(json.load(fh))
-        except (OSError, ValueError):
-            rank_metas.append({"rank": rank})
-            missing.append(rank)
-        rank_steps.append(read_records(stem + ".steps", RANK_STEP_DTYPE))
-        if os.path.exists(stem + ".failed.json"):
-            with open(stem + ".failed.json") as fh:
-                failures.append(json.load(fh))
-    done = set(rank_steps[0]["step"].tolist())
-    for steps in rank_steps[1:]:
-        done &= set(steps["step"].tolist())
-    kept = np.array(sorted(done), dtype=np.int32)
-    # next to the spool, wherever it is now (run.json's trace_path may be relative to the job's directory)
-    path = output or spool_dir.rstrip("/").removesuffix(SPOOL_SUFFIX) + ".h5"
-    from fourd_mpi.trace.merge import plan_groups, recover_group, recover_parts, resolve_group_size
+    from fourd_mpi.trace.merge import (GroupPool, plan_groups, read_group_records, recover_group, recover_parts,
+                                       resolve_group_size)
 
     # the run's largest node (run.json's ranks_per_node); unknown: the whole world, i.e. one file
     per_node = max([n for n in run_meta.get("ranks_per_node") or [] if isinstance(n, int)] or [world])
     groups = plan_groups(world, resolve_group_size(world, group_size, per_node))
-    writer = TraceFileWriter(path, force, compression=compression, parts=len(groups) > 1)
+    # next to the spool, wherever it is now (run.json's trace_path may be relative to the job's directory)
+    path = output or spool_dir.rstrip("/").removesuffix(SPOOL_SUFFIX) + ".h5"
     run_id = str(run_meta.get("run_id", ""))
+    with GroupPool(jobs, len(groups)) as pool:
+        # pass 1, group by group: metadata and step records (small), to know the steps every rank finished
+        rank_metas, rank_steps, failures, missing = [], [], [], []
+        for metas, steps, fails, lost in pool.map(read_group_records, [(spool_dir, a, b) for a, b in groups]):
+            rank_metas += metas
+            rank_steps += steps
+            failures += fails
+            missing += lost
+        done = set(rank_steps[0]["step"].tolist())
+        for steps in rank_steps[1:]:
+            done &= set(steps["step"].tolist())
+        kept = np.array(sorted(done), dtype=np.int32)
+        # pass 2: the events, one rank at a time per process
+        writer = TraceFileWriter(path, force, compression=compression, parts=len(groups) > 1)
+        try:
+            if len(groups) > 1:
+                counts, dropped, peak_kib = recover_parts(spool_dir, groups, kept, writer.staged, run_id,
+                                                          compression, pool)
+                writer.bind(groups, counts)
+            else:
+                counts, dropped, peak_kib = recover_group(spool_dir, 0, 0, world, kept, None, run_id, compression,
+                                                          writer=writer)
+        except BaseException:
+            writer.abort()
+            raise
     try:
-        if len(groups) > 1:
-            counts, dropped, peak_kib = recover_parts(spool_dir, groups, kept, writer.staged, run_id, compression,
-                                                      jobs)
-            writer.bind(groups, counts)
-        else:
-            counts, dropped, peak_kib = recover_group(spool_dir, 0, 0, world, kept, None, run_id, compression,
-                                                      writer=writer)
         status = "failed" if failures else "partial"
         all_steps = np.concatenate(rank_steps)
         metadata = dict(run_meta, recovered=now_iso(), recovered_from=os.path.abspath(spool_dir),
