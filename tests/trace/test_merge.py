@@ -63,7 +63,7 @@ def test_hierarchical_merge_equals_the_single_file_merge(tmp_path, nranks, group
 
 
 @pytest.mark.mpi
-def test_run_with_trace_group_size_writes_parts_that_check_show_and_analyze_read(tmp_path):
+def test_run_with_trace_group_size_writes_parts_that_show_and_analyze_read(tmp_path):
     results = tmp_path / "results"
     proc = mpirun(5, ["run", "--model", "gpt-tiny", "--layers", "1", "--batch", "5", "--steps", "2", "--results-dir", results,
                       "--run-id", "grouped", "--trace-group-size", "2", "--display", "quiet", "--peak-tflops", "1"],
@@ -82,9 +82,6 @@ def test_run_with_trace_group_size_writes_parts_that_check_show_and_analyze_read
     cli = [sys.executable, "-m", "fourd_mpi"]
     show = subprocess.run(cli + ["trace", "show", str(path)], capture_output=True, text=True, env=mpi_env(), cwd=REPO)
     assert show.returncode == 0 and "events in 3 part files" in show.stdout, show.stdout + show.stderr
-    check = subprocess.run(cli + ["trace", "check", str(path)], capture_output=True, text=True, env=mpi_env(),
-                           cwd=REPO)
-    assert check.returncode == 0 and check.stdout.rstrip().endswith("ok"), check.stdout + check.stderr
     analyze = subprocess.run(cli + ["analyze", str(results)], capture_output=True, text=True, env=mpi_env(), cwd=REPO)
     assert analyze.returncode == 0 and "grouped" in analyze.stdout and "skipped" not in analyze.stderr, \
         analyze.stdout + analyze.stderr
