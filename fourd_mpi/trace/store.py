@@ -121,6 +121,11 @@ def prepare_spool(results_dir: str, run_id: str, force: bool, run_meta: Dict) ->
         raise TraceError(f"the results directory {results_dir} is not writable")
     if os.path.exists(trace_path) and not force:
         raise TraceError(f"{trace_path} already exists: choose another --run-id, or --force to replace it")
+    from fourd_mpi.trace.merge import parts_dir_of
+
+    if os.path.exists(parts_dir_of(trace_path)) and not force:  # the parts of a trace of that name
+        raise TraceError(f"{parts_dir_of(trace_path)} already exists: choose another --run-id, or --force to "
+                         "replace it")
     try:
         os.mkdir(spool_dir)  # atomic: two jobs with one run id cannot both get here
     except FileExistsError:
