@@ -8,7 +8,8 @@
    fresh process per configuration: one file (the single-writer path of schema 4) or groups of
    ``--group-size`` ranks (part files bound by a virtual ``/events``), ``jobs`` worker processes,
    each compression. Rate = events in the trace / wall time of ``recover`` (reading every
-   rank's files, sorting, writing, publishing). Peak memory = ``ru_maxrss`` of the recovering
+   rank's files, sorting, writing, publishing); on a shared machine also per CPU-second (user +
+   system time of the process and its workers, less sensitive to other jobs). Peak memory = ``ru_maxrss`` of the recovering
    process and of its workers (largest), compared with the import baseline (a process that
    only imports the modules) and with the bytes of one group's and of all events.
 3. ``fourd-mpi analyze FILE`` (a subprocess, wall time) of the single-file and the multi-part
@@ -98,15 +99,18 @@ def worker(args) -> int:
         return 0
     from fourd_mpi.trace.store import recover
 
+    before = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     t = time.perf_counter()
     result = recover(args.spool, output=args.path, group_size=args.group_size, jobs=args.jobs,
                      compression=args.compression)
     seconds = time.perf_counter() - t
+    after = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = sum(a.ru_utime + a.ru_stime - b.ru_utime - b.ru_stime for a, b in zip(after, before))
     import h5py
 
     with h5py.File(result["path"], "r") as f:
         events = int(f.attrs["events"])
-    print(json.dumps({"seconds": seconds, "events": events, "parts": result["parts"],
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "events": events, "parts": result["parts"],
                       "rss_self_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                       "rss_children_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
                       "rss_writer_kib": result["peak_rss_kib"]}))
@@ -210,15 +214,18 @@ def main(argv=None) -> int:
               f"imported); one group's events {group_events * ev_bytes / 2**20:.1f} MiB "
               f"({args.group_size} ranks), all events {events * ev_bytes / 2**20:.0f} MiB")
         header = (f"{'layout':<26} {'parts':>5} {'jobs':>4} {'compr.':>6} {'wall s':>18} {'M events/s':>18} "
+                  f"{'M ev/CPU-s':>18} "
                   f"{'RSS main MiB':>13} {'RSS writer MiB':>15} {'size MiB':>9}")
         print(header)
         print("-" * len(header))
         for label, parts, jobs, compression, samples, size in rows:
             secs = [s["seconds"] for s in samples]
             rates = [events / s / 1e6 for s in secs]
+            cpu_rates = [events / s["cpu_seconds"] / 1e6 for s in samples]
             rss_main = max(s["rss_self_kib"] for s in samples) / 1024
             rss_writer = max(max(s["rss_writer_kib"], s["rss_children_kib"]) for s in samples) / 1024
             print(f"{label:<26} {parts:>5} {jobs:>4} {compression:>6} {spread(secs):>18} {spread(rates):>18} "
+                  f"{spread(cpu_rates):>18} "
                   f"{rss_main:>13.0f} {rss_writer:>15.0f} {size / 2**20:>9.1f}")
         print()
         print(f"reading: wall time of `fourd-mpi analyze FILE` (subprocess) and of load_trace alone, median (min-max) "

@@ -39,7 +39,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from fourd_mpi.errors import TraceError
-from fourd_mpi.trace.events import EVENT_DTYPE, SCHEMA_VERSION
+from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE, SCHEMA_VERSION
 
 #: the root ``schema`` attribute of a part file (not a trace on its own)
 PART_SCHEMA = "fourd_mpi.trace.part"
@@ -57,6 +57,14 @@ COMPRESSIONS = {
     "none": {},
 }
 EVENT_CHUNK_ROWS = 4096
+
+
+def concat_records(arrays: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """``np.concatenate`` of many arrays of one structured ``dtype``, as raw records (NumPy's
+    concatenate promotes structured dtypes pair by pair: slow for thousands of ranks)."""
+    raw = np.dtype((np.void, dtype.itemsize))
+    return np.concatenate([np.ascontiguousarray(a, dtype=dtype).view(raw) for a in arrays]
+                          or [np.empty(0, raw)]).view(dtype)
 
 
 def missing_part_fill() -> np.ndarray:
@@ -123,6 +131,7 @@ class EventBuffer:
     def __init__(self, dataset, rows: int = 1 << 18):
         self.dataset = dataset
         self.buffer = np.empty(rows - rows % EVENT_CHUNK_ROWS or EVENT_CHUNK_ROWS, dtype=EVENT_DTYPE)
+        self._raw = np.dtype((np.void, EVENT_DTYPE.itemsize))
         self.used = 0
         self.total = dataset.shape[0]  #: events appended so far, written or buffered
 
@@ -130,7 +139,9 @@ class EventBuffer:
         done = 0
         while done < len(events):
             take = min(len(events) - done, len(self.buffer) - self.used)
-            self.buffer[self.used:self.used + take] = events[done:done + take]
+            # as raw records: a plain copy (a structured assignment checks field by field)
+            self.buffer.view(self._raw)[self.used:self.used + take] = \
+                np.ascontiguousarray(events[done:done + take]).view(self._raw)
             self.used += take
             done += take
             if self.used == len(self.buffer):
@@ -415,7 +426,7 @@ def merge_collective(comm, events: np.ndarray, rank_steps: np.ndarray, rank_meta
                 if multi:
                     top.bind(groups, counts)
                 path = top.finish(dict(metadata or {}, end_time=_now()), ranks_table(rank_metas),
-                                  np.concatenate(all_steps), layers, "complete")
+                                  concat_records(all_steps, RANK_STEP_DTYPE), layers, "complete")
             except (OSError, TraceError) as exc:
                 top.abort()
                 error = str(exc)

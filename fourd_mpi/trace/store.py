@@ -198,7 +198,9 @@ def sort_events(events: np.ndarray) -> np.ndarray:
     start = events["start_ns"]
     if len(start) < 2 or (start[1:] >= start[:-1]).all():  # already in order: no copy
         return events
-    return events[np.argsort(start, kind="stable")]
+    order = np.argsort(start, kind="stable")
+    raw = np.dtype((np.void, events.dtype.itemsize))  # gather whole records as bytes: no per-field work
+    return np.ascontiguousarray(events).view(raw)[order].view(events.dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -445,8 +447,8 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
     world = int(run_meta.get("world_size", 0))
     if world < 1:
         raise TraceError(f"{meta_path} has no world_size")
-    from fourd_mpi.trace.merge import (GroupPool, plan_groups, read_group_records, recover_group, recover_parts,
-                                       resolve_group_size)
+    from fourd_mpi.trace.merge import (GroupPool, concat_records, plan_groups, read_group_records, recover_group,
+                                       recover_parts, resolve_group_size)
 
     # the run's largest node (run.json's ranks_per_node); unknown: the whole world, i.e. one file
     per_node = max([n for n in run_meta.get("ranks_per_node") or [] if isinstance(n, int)] or [world])
@@ -481,7 +483,7 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
             raise
     try:
         status = "failed" if failures else "partial"
-        all_steps = np.concatenate(rank_steps)
+        all_steps = concat_records(rank_steps, RANK_STEP_DTYPE)
         metadata = dict(run_meta, recovered=now_iso(), recovered_from=os.path.abspath(spool_dir),
                         failures=failures, ranks_without_metadata=missing, steps_kept=len(kept),
                         events_dropped=dropped)
