@@ -9,9 +9,10 @@
    ``--group-size`` ranks (part files bound by a virtual ``/events``), ``jobs`` worker processes,
    each compression. Rate = events in the trace / wall time of ``recover`` (reading every
    rank's files, sorting, writing, publishing); on a shared machine also per CPU-second (user +
-   system time of the process and its workers, less sensitive to other jobs). Peak memory = ``ru_maxrss`` of the recovering
-   process and of its workers (largest), compared with the import baseline (a process that
-   only imports the modules) and with the bytes of one group's and of all events.
+   system time of the process and its workers, less sensitive to other jobs). Peak memory =
+   ``ru_maxrss`` of the recovering process and of its workers (largest), compared with the
+   import baseline (a process that only imports the modules) and with the bytes of one
+   group's and of all events.
 3. ``fourd-mpi analyze FILE`` (a subprocess, wall time) of the single-file and the multi-part
    trace of the same events, and ``load_trace`` alone.
 

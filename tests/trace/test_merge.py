@@ -65,8 +65,9 @@ def test_hierarchical_merge_equals_the_single_file_merge(tmp_path, nranks, group
 @pytest.mark.mpi
 def test_run_with_trace_group_size_writes_parts_that_show_and_analyze_read(tmp_path):
     results = tmp_path / "results"
-    proc = mpirun(5, ["run", "--model", "gpt-tiny", "--layers", "1", "--batch", "5", "--steps", "2", "--results-dir", results,
-                      "--run-id", "grouped", "--trace-group-size", "2", "--display", "quiet", "--peak-tflops", "1"],
+    proc = mpirun(5, ["run", "--model", "gpt-tiny", "--layers", "1", "--batch", "5", "--steps", "2",
+                      "--results-dir", results, "--run-id", "grouped", "--trace-group-size", "2", "--display", "quiet",
+                      "--peak-tflops", "1"],
                   timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     path = results / "grouped.h5"
