@@ -107,13 +107,15 @@ def cmd_run(args, world) -> int:
     from fourd_mpi.run.session import Fault, TraceOptions, traced_run
 
     options = run_options(args, world.Get_size())
-    trace = TraceOptions(args.trace_level, args.results_dir, args.run_id, args.label, args.force).validate()
+    trace = TraceOptions(args.trace_level, args.results_dir, args.run_id, args.label, args.force,
+                         args.trace_group_size).validate()
     fault = Fault.parse(args.inject_fault) if args.inject_fault else None
     check_timeout(args.step_timeout)
     if fault is not None and fault.rank >= world.Get_size():
         raise ConfigError(f"--inject-fault: rank {fault.rank} does not exist in a world of {world.Get_size()}")
     config = resolved_config(args.model, options, {"trace_level": trace.level, "results_dir": trace.results_dir,
                                                    "label": trace.label, "display": args.display,
+                                                   "trace_group_size": trace.group_size,
                                                    "peak_tflops": args.peak_tflops})
 
     def header(run):

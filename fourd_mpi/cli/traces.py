@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 from fourd_mpi.cli.args import add_allow_damaged, add_output
+from fourd_mpi.util.values import nonnegative_int, positive_int
 
 
 def register(sub) -> None:
@@ -24,19 +25,31 @@ def register(sub) -> None:
     add_output(rec, help="trace to write (default: the run's planned trace path)",
                force_help="replace an existing output file, and recover a run that still holds its spool "
                           "files (still running: a partial trace of the steps so far; the spool is kept)")
+    rec.add_argument("--group-size", type=nonnegative_int, default=0, metavar="N",
+                     help="ranks per part file (0, default: the run's ranks per node, raised to keep at most 256 "
+                          "parts; one group: a single file)")
+    rec.add_argument("--jobs", type=positive_int, default=None, metavar="N",
+                     help="worker processes writing parts (default: the CPUs this process may use)")
+    rec.add_argument("--compression", choices=("gzip", "lzf", "none"), default="gzip",
+                     help="compression of the events (default gzip, level 1 with shuffle, as fourd-mpi run)")
     tr.set_defaults(handler=cmd_trace, serial=True)
 
 
 def cmd_trace(args, world=None) -> int:
     from fourd_mpi.trace.read import check_invariants, load_trace
+    from fourd_mpi.trace.merge import parts_dir_of
     from fourd_mpi.trace.store import recover
 
     if args.trace_command == "recover":
-        result = recover(args.directory, args.output, args.force, summarize=_recovered_summary(args.directory))
+        jobs = args.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        result = recover(args.directory, args.output, args.force, summarize=_recovered_summary(args.directory),
+                         group_size=args.group_size, jobs=jobs, compression=args.compression)
         steps = result["steps"]
         kept = f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
         print(f"{result['path']}: status {result['status']}, {kept} completed by every rank "
-              f"({len(steps)}), {result['events_dropped']} events of unfinished steps dropped")
+              f"({len(steps)}), {result['events_dropped']} events of unfinished steps dropped"
+              + (f"; events in {result['parts']} part files in {parts_dir_of(result['path'])}" if result["parts"]
+                 else ""))
         for failure in result["failures"]:
             print(f"  rank {failure.get('rank')} failed: {failure.get('error')}")
         if result["removable"] is None:
@@ -61,7 +74,9 @@ def cmd_trace(args, world=None) -> int:
     print(f"  grid {meta.get('grid')} on {meta.get('world_size')} ranks, {meta.get('num_nodes')} node(s); "
           f"level {meta.get('level')}; started {meta.get('start_time')}")
     print(f"  {((meta.get('mpi') or {}).get('library_version') or '?').splitlines()[0]}")
-    print(f"  {len(trace.events)} events; {len(trace.steps)} steps")
+    parts = int(trace.attrs.get("parts", 0) or 0)
+    print(f"  {len(trace.events)} events; {len(trace.steps)} steps"
+          + (f"; events in {parts} part files ({parts_dir_of(args.file)})" if parts else ""))
     _show_clocks(trace.ranks)
     print(f"{'step':>6} {'loss':>14} {'time (s)':>10}")
     for row in trace.steps:

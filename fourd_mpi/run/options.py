@@ -159,6 +159,10 @@ RUN_OPTIONS: Tuple[Option, ...] = (
     Option("label", "trace", str, None, metavar="TEXT", help="part of the run id: <time>-<label>-<random>"),
     Option("run-id", "trace", str, None, metavar="ID", help="the run id itself (the trace is DIR/ID.h5)"),
     Option("force", "trace", flag=True, default=False, help="replace an existing trace of the same run id"),
+    Option("trace-group-size", "trace", nonnegative_int, 0, metavar=_N,
+           help="ranks per trace writer at the end of the run: each group of N consecutive ranks writes one part "
+                "file and the trace binds them (0, default: the ranks of the largest node, raised to keep at most "
+                "256 parts; a world of one group writes a single file)"),
     Option("display", "trace", str, "auto", DISPLAYS,
            help="rank 0's per-step output: a progress bar, lines, or nothing (auto: bar on a terminal)"),
     Option("peak-tflops", "trace", positive_float, None, metavar="T",

@@ -43,6 +43,7 @@ class TraceOptions:
     run_id: Optional[str] = None
     label: Optional[str] = None
     force: bool = False
+    group_size: int = 0  #: ``--trace-group-size`` (0: ranks per node, see :mod:`fourd_mpi.trace.merge`)
 
     def validate(self) -> "TraceOptions":
         if self.level not in LEVELS:
@@ -234,7 +235,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     recreated = world.bcast(sum(1 for mine in notes if mine) if rank == 0 else None, root=0)
     drift = end_alignment(run, rank_meta)
     path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, trace.force,
-                     correct=drift.correct_records if drift is not None else None)
+                     correct=drift.correct_records if drift is not None else None, group_size=trace.group_size)
     if recreated:
         warning_line(f"spool files in {spool_dir} were deleted during the run; {recreated} of {world.Get_size()} "
                      "rank(s) re-created theirs from the files they still had open, no step was lost (trace "

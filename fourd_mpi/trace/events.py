@@ -46,6 +46,8 @@ SCHEMA = "fourd_mpi.trace"
 #: 5: phase ``recompute`` appended to the vocabulary (``--recompute``: a block's forward run again inside
 #:    the backward pass; codes of version 4 unchanged); metadata keys ``recompute``,
 #:    ``hardware_flops_per_step`` and ``activations``
+#:    and root attribute ``parts``: 0 = events in this file (the v4 layout), P > 0 = ``/events`` is a
+#:    virtual dataset over P part files in ``<name>.parts/`` described by ``/parts`` (:mod:`fourd_mpi.trace.merge`)
 SCHEMA_VERSION = 5
 
 LEVELS = ("step", "layer", "op")

@@ -464,6 +464,7 @@ def load_trace(path: str, allow_damaged: bool = False) -> Trace:
                 raise _Invalid(f"header says world_size {_int_attr(attrs, 'world_size')} but /ranks holds {world} "
                                "ranks")
             n_events = found["events"][0].shape[0]
+            parts = _int_attr(attrs, "parts", 0) if version >= 5 else 0
             if n_events != _int_attr(attrs, "events", -1):
                 raise TraceError(f"{path} holds {n_events} events but its header says "
                                  f"{attrs.get('events')} (truncated write?)")
@@ -477,7 +478,11 @@ def load_trace(path: str, allow_damaged: bool = False) -> Trace:
             vocab = _vocabulary(h5)
             metadata = _metadata(h5, world)
             arrays = {name: _read_dataset(name, dset, _DATASETS[name], missing)
-                      for name, (dset, missing) in found.items()}
+                      for name, (dset, missing) in found.items() if name != "events" or not parts}
+            if parts:  # a multi-part trace: every part checked, then read one at a time (not through the VDS)
+                from fourd_mpi.trace.merge import read_parts
+
+                arrays["events"] = read_parts(path, h5, str(attrs.get("run_id", "")), n_events)
             _check_ranges(arrays["events"], arrays["rank_steps"], arrays["ranks"], vocab, world)
     except TraceError:
         raise

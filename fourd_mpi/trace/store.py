@@ -8,12 +8,15 @@ pip's h5py has no parallel HDF5 (docs/design.md section 4), so:
    its step record, so a step record on disk means the step's events are all
    there. A rank killed at any point loses at most the step in flight (the
    records are fixed-size; a torn last record is cut off when read).
-2. At the end, the ranks send their events to rank 0 over MPI (rank 0 reads
-   nobody else's files) and rank 0 writes ``<results>/<run-id>.h5`` under a temporary
-   name, then publishes it with ``link`` (never overwrites; ``--force``: rename
-   over it). Only then is the spool removed.
+2. At the end, the ranks send their events over MPI to the lowest rank of their
+   group of ``--trace-group-size`` consecutive ranks (nobody reads another rank's
+   files); with one group rank 0 writes ``<results>/<run-id>.h5`` itself, with several
+   each group writes a part file and rank 0 a top-level file that binds them
+   (:mod:`fourd_mpi.trace.merge`). The trace is written under a temporary name, then
+   published with ``link`` (never overwrites; ``--force``: rename over it). Only then
+   is the spool removed.
 3. After a crash, :func:`recover` builds a ``partial`` (or ``failed``) trace from
-   the spool: the steps every rank completed.
+   the spool: the steps every rank completed, group by group.
 
 The spool directory is created by rank 0 and written by every rank, so the
 results directory must be on a file system all ranks see (as on clusters).
@@ -85,6 +88,16 @@ def _rank_stem(rank: int) -> str:
     return f"rank{rank:06d}"
 
 
+def rank_stem_path(spool_dir: str, rank: int) -> str:
+    """``<spool>/rankNNNNNN`` (add ``.json``, ``.events``, ``.steps``, ``.failed.json``)."""
+    return os.path.join(spool_dir, _rank_stem(rank))
+
+
+def rank_events_path(spool_dir: str, rank: int) -> str:
+    """``<spool>/rankNNNNNN.events``."""
+    return os.path.join(spool_dir, _rank_stem(rank)) + ".events"
+
+
 def _write_json_atomic(path: str, payload) -> None:
     """Write ``path`` as ``<path>.tmp-<pid>`` renamed into place; on any error the temporary file is
     removed (a full disk leaves no 0-byte ``.tmp-`` file) and the error is raised."""
@@ -139,6 +152,11 @@ def prepare_spool(results_dir: str, run_id: str, force: bool, run_meta: Dict) ->
         raise TraceError(f"the results directory {results_dir} is not writable")
     if os.path.exists(trace_path) and not force:
         raise TraceError(f"{trace_path} already exists: choose another --run-id, or --force to replace it")
+    from fourd_mpi.trace.merge import parts_dir_of
+
+    if os.path.exists(parts_dir_of(trace_path)) and not force:  # the parts of a trace of that name
+        raise TraceError(f"{parts_dir_of(trace_path)} already exists: choose another --run-id, or --force to "
+                         "replace it")
     try:
         os.mkdir(spool_dir)  # atomic: two jobs with one run id cannot both get here
     except FileExistsError:
@@ -392,16 +410,21 @@ class RankSpool:
 def read_records(path: str, dtype: np.dtype) -> np.ndarray:
     """Whole fixed-size records of an append-only file (a torn last record is dropped)."""
     try:
-        raw = np.fromfile(path, dtype=np.uint8)
+        with open(path, "rb") as fh:
+            whole = os.fstat(fh.fileno()).st_size // dtype.itemsize
+            return np.fromfile(fh, dtype=dtype, count=whole)  # one read, no copy
     except FileNotFoundError:
         return np.empty(0, dtype=dtype)
-    whole = len(raw) - len(raw) % dtype.itemsize
-    return raw[:whole].view(dtype).copy()
 
 
 def sort_events(events: np.ndarray) -> np.ndarray:
     """Events of one rank in time order (stable: a step span precedes what starts with it)."""
-    return events[np.argsort(events["start_ns"], kind="stable")]
+    start = events["start_ns"]
+    if len(start) < 2 or (start[1:] >= start[:-1]).all():  # already in order: no copy
+        return events
+    order = np.argsort(start, kind="stable")
+    raw = np.dtype((np.void, events.dtype.itemsize))  # gather whole records as bytes: no per-field work
+    return np.ascontiguousarray(events).view(raw)[order].view(events.dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -503,8 +526,17 @@ class TraceFileWriter:
     of :meth:`append_events`; :meth:`finish` does it itself).
     """
 
-    def __init__(self, final_path: str, force: bool = False):
+    ``parts=False``: a self-contained file, events added with :meth:`append_events`.
+    ``parts=True``: the events go to part files written elsewhere into :attr:`staged`
+    (:class:`fourd_mpi.trace.merge.StagedParts`) and :meth:`bind` maps them into a virtual
+    ``/events``; publication renames the parts directory into place first.
+    ``compression``: a key of :data:`fourd_mpi.trace.merge.COMPRESSIONS` for ``/events``.
+    """
+
+    def __init__(self, final_path: str, force: bool = False, compression: str = "gzip", parts: bool = False):
         import h5py
+
+        from fourd_mpi.trace.merge import EventBuffer, StagedParts, create_events_dataset
 
         self.final_path = final_path
         self.force = force
@@ -512,34 +544,50 @@ class TraceFileWriter:
             raise TraceError(f"{final_path} already exists (use --force to replace it)")
         directory, name = os.path.split(os.path.abspath(final_path))
         self.tmp_path = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
+        self.staged = StagedParts(final_path, force) if parts else None
         self.h5 = self._raw = None
+        self._buffer = None
         try:
             self._raw = _GuardedFile(self.tmp_path)
             self.h5 = h5py.File(self._raw, "w")
-            self.events = self.h5.create_dataset("events", shape=(0,), maxshape=(None,), dtype=EVENT_DTYPE,
-                                                 chunks=(4096,), compression="gzip", compression_opts=1,
-                                                 shuffle=True)
+            self.events = None if parts else create_events_dataset(self.h5, compression)
+            self._buffer = None if parts else EventBuffer(self.events)
             self._check()
             # an exit with the file open would let HDF5 call into a half torn-down interpreter
             self._finalizer = weakref.finalize(self, _close_quietly, self.h5, self._raw, self.tmp_path)
         except (OSError, TraceError) as exc:
             _close_quietly(self.h5, self._raw, self.tmp_path)
+            if self.staged is not None:
+                self.staged.abort()
             raise TraceError(f"cannot write {final_path}: "
                              f"{io_error_text(exc) if isinstance(exc, OSError) else exc}") from None
         self.rank_offsets: Dict[int, tuple] = {}
+        self.parts = 0
 
     def _check(self) -> None:
         if self._raw is not None and self._raw.error is not None:
             raise TraceError(f"writing {self.final_path} failed: {io_error_text(self._raw.error)}")
 
     def append_events(self, rank: int, events: np.ndarray) -> None:
-        """Append a piece of ``rank``'s events (ranks in order, each rank's pieces in order)."""
-        start = self.events.shape[0]
-        self.events.resize((start + len(events),))
-        self.events[start:] = events
+        """Append a piece of ``rank``'s events (ranks in order, each rank's pieces in order; buffered
+        into whole chunks, written at the latest by :meth:`finish`)."""
+        start = self._buffer.total
+        self._buffer.append(events)
         first, count = self.rank_offsets.get(rank, (start, 0))
         self.rank_offsets[rank] = (first, count + len(events))
         self._check()
+
+    def bind(self, groups, rank_counts) -> None:
+        """Parts mode: ``/events`` becomes the virtual concatenation of the staged parts of ``groups``
+        (consecutive rank ranges), ``rank_counts[r]`` events for rank ``r``."""
+        from fourd_mpi.trace.merge import bind_parts, parts_table
+
+        table = parts_table(groups, rank_counts)
+        bind_parts(self.h5, table, self.staged.dirname)
+        self.events = self.h5["events"]
+        offsets = np.concatenate([[0], np.cumsum(np.asarray(rank_counts, dtype=np.int64))])
+        self.rank_offsets = {r: (int(offsets[r]), int(rank_counts[r])) for r in range(len(rank_counts))}
+        self.parts = len(table)
 
     def finish(self, metadata: Dict, ranks: np.ndarray, rank_steps: np.ndarray, layers: Sequence[str],
                status: str) -> str:
@@ -561,12 +609,14 @@ class TraceFileWriter:
     def _write_tables(self, metadata: Dict, ranks: np.ndarray, rank_steps: np.ndarray, layers: Sequence[str],
                       status: str) -> None:
         h5 = self.h5
+        if self.staged is None:
+            self._buffer.flush()
         ranks = ranks.copy()
         for i, r in enumerate(ranks["rank"]):
             ranks["event_offset"][i], ranks["event_count"][i] = self.rank_offsets.get(int(r), (0, 0))
         h5.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "status": status,
                          "run_id": metadata.get("run_id", ""), "events": self.events.shape[0],
-                         "world_size": len(ranks), "written": now_iso()})
+                         "world_size": len(ranks), "written": now_iso(), "parts": self.parts})
         meta = h5.create_group("metadata")
         json_keys = []
         for key, value in metadata.items():
@@ -585,9 +635,33 @@ class TraceFileWriter:
         self._check()
 
     def publish(self) -> str:
+        """Parts directory first (when there is one), then the file: the file never names missing parts."""
+        from fourd_mpi.trace.merge import parts_dir_of
+
+        if self.staged is not None:
+            try:
+                self.staged.publish()
+            except (OSError, TraceError) as exc:
+                self.abort()
+                raise TraceError(str(exc) if isinstance(exc, TraceError) else
+                                 f"cannot publish {self.staged.final_dir}: {exc}") from None
+        try:
+            self._publish_file()
+        except OSError as exc:
+            self.abort()
+            raise TraceError(f"cannot publish {self.final_path}: {exc}") from None
+        if self.staged is not None:
+            self.staged.committed()
+        elif self.force:  # a replaced multi-part trace leaves no orphan parts
+            import shutil
+
+            shutil.rmtree(parts_dir_of(os.path.abspath(self.final_path)), ignore_errors=True)
+        return self.final_path
+
+    def _publish_file(self) -> None:
         if self.force:
             os.replace(self.tmp_path, self.final_path)
-            return self.final_path
+            return
         try:
             os.link(self.tmp_path, self.final_path)  # fails if the name exists: never overwrites
         except FileExistsError:
@@ -598,13 +672,14 @@ class TraceFileWriter:
                 self.abort()
                 raise TraceError(f"{self.final_path} already exists; not overwritten") from None
             os.rename(self.tmp_path, self.final_path)
-            return self.final_path
+            return
         os.remove(self.tmp_path)
-        return self.final_path
 
     def abort(self) -> None:
         """Close quietly and remove the temporary file (HDF5 sees no I/O error: see :class:`_GuardedFile`)."""
         self._finalizer()
+        if self.staged is not None:
+            self.staged.abort()
 
 
 def _close_quietly(h5, raw, tmp_path: str) -> None:
@@ -645,60 +720,33 @@ def ranks_table(rank_metas: Sequence[Dict]) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata: Optional[Dict],
-              layers: Sequence[str], force: bool, correct=None) -> str:
-    """Collective: rank 0 writes the merged trace from every rank's spool; returns its path.
+              layers: Sequence[str], force: bool, correct=None, group_size: int = 0,
+              compression: str = "gzip") -> str:
+    """Collective: write the merged trace from every rank's spool; returns its path.
 
     ``correct``: this rank's clock correction (records -> records with their time columns moved,
     :meth:`fourd_mpi.trace.clocks.DriftModel.correct_records`), applied to its events and step
     records before they are sent; None keeps the start-aligned times.
 
+    ``group_size``: ranks per writer (``--trace-group-size``; <= 0: ranks per node, at most
+    :data:`fourd_mpi.trace.merge.MAX_PARTS` parts). The data movement is
+    :func:`fourd_mpi.trace.merge.merge_collective`: one group writes one file, several write part
+    files bound by a top-level file.
+
     The spool is removed only after the trace is published. On a write error
     every rank raises the same :class:`TraceError` and the spool is kept.
     """
-    from mpi4py import MPI
+    from fourd_mpi.trace.merge import merge_collective
 
-    rank, size = comm.Get_rank(), comm.Get_size()
-    error = None
-    writer = None
-    if rank == 0:
-        try:
-            writer = TraceFileWriter(trace_path, force)
-        except TraceError as exc:
-            error = str(exc)
-    for source in range(size):  # one rank at a time: rank 0 holds one chunk in memory
-        if rank == source:
-            events = spool.read_events()  # through the open descriptor: the liveness lock stays held
-            events = sort_events(correct(events) if correct is not None else events)
-            pieces = [events[i:i + MERGE_CHUNK] for i in range(0, len(events), MERGE_CHUNK)]
-            if rank == 0:
-                for piece in pieces:
-                    error = error or _append(writer, 0, piece)
-            else:
-                comm.send(len(pieces), dest=0, tag=81)
-                for piece in pieces:
-                    comm.send(len(piece), dest=0, tag=82)
-                    comm.Send([piece.view(np.uint8), MPI.BYTE], dest=0, tag=83)
-        elif rank == 0:
-            for _ in range(comm.recv(source=source, tag=81)):
-                piece = np.empty(comm.recv(source=source, tag=82), dtype=EVENT_DTYPE)
-                comm.Recv([piece.view(np.uint8), MPI.BYTE], source=source, tag=83)
-                error = error or _append(writer, source, piece)
+    rank = comm.Get_rank()
+    events = spool.read_events()  # through the open descriptor: the liveness lock stays held
+    events = sort_events(correct(events) if correct is not None else events)
     mine = spool.read_steps()
     if correct is not None:
         mine = correct(mine)
-    rank_steps = comm.gather(mine, root=0)
-    rank_metas = comm.gather(rank_meta, root=0)
-    path = None
-    if rank == 0 and error is None:
-        try:
-            path = writer.finish(dict(metadata, end_time=now_iso()), ranks_table(rank_metas),
-                                 np.concatenate(rank_steps), layers, "complete")
-        except (OSError, TraceError) as exc:
-            writer.abort()
-            error = str(exc)
-    elif rank == 0 and writer is not None:
-        writer.abort()
-    error, path = comm.bcast((error, path), root=0)
+    error, path = merge_collective(comm, events, mine, rank_meta, trace_path, metadata, layers, force,
+                                   group_size=group_size, compression=compression)
+    del events
     if error is not None:
         raise merge_failed(spool, error)
     spool.remove()
@@ -804,7 +852,8 @@ def recovered_status(failures: Sequence[Dict]) -> str:
     return "failed"
 
 
-def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, summarize=None) -> Dict:
+def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, summarize=None,
+            group_size: int = 0, jobs: int = 1, compression: str = "gzip") -> Dict:
     """Merge the spool of a crashed run into a ``partial`` (or ``failed``) trace.
 
     Keeps the steps that every rank finished (their step record is on disk).
@@ -838,37 +887,47 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
         raise TraceError(f"the run of {spool_dir} is still running: {shown} hold their spool files; recover it "
                          "after it ends (it merges its own trace), or --force for a partial trace of the steps "
                          "so far (the spool is kept)")
-    rank_metas, rank_steps, failures, missing = [], [], [], []
-    for rank in range(world):
-        stem = os.path.join(spool_dir, _rank_stem(rank))
-        try:
-            with open(stem + ".json") as fh:
-                rank_metas.append(json.load(fh))
-        except (OSError, ValueError):
-            rank_metas.append({"rank": rank})
-            missing.append(rank)
-        rank_steps.append(read_records(stem + ".steps", RANK_STEP_DTYPE))
-        if os.path.exists(stem + ".failed.json"):
-            failures.append(_read_failure(stem + ".failed.json", rank))
-    done = set(rank_steps[0]["step"].tolist())
-    for steps in rank_steps[1:]:
-        done &= set(steps["step"].tolist())
-    every = set().union(*(set(steps["step"].tolist()) for steps in rank_steps))
-    kept = np.array(sorted(done), dtype=np.int32)
+    from fourd_mpi.trace.merge import (GroupPool, concat_records, plan_groups, read_group_records, recover_group,
+                                       recover_parts, resolve_group_size)
+
+    # the run's largest node (run.json's ranks_per_node); unknown: the whole world, i.e. one file
+    per_node = max([n for n in run_meta.get("ranks_per_node") or [] if isinstance(n, int)] or [world])
+    groups = plan_groups(world, resolve_group_size(world, group_size, per_node))
     # next to the spool, wherever it is now (run.json's trace_path may be relative to the job's directory)
     path = output or spool_dir.rstrip("/").removesuffix(SPOOL_SUFFIX) + ".h5"
-    writer = TraceFileWriter(path, force)
-    dropped = 0
+    run_id = str(run_meta.get("run_id", ""))
+    with GroupPool(jobs, len(groups)) as pool:
+        # pass 1, group by group: metadata and step records (small), to know the steps every rank finished
+        rank_metas, rank_steps, failures, missing = [], [], [], []
+        for metas, steps, fails, lost in pool.map(read_group_records, [(spool_dir, a, b) for a, b in groups]):
+            rank_metas += metas
+            rank_steps += steps
+            failures += fails
+            missing += lost
+        done = set(rank_steps[0]["step"].tolist())
+        for steps in rank_steps[1:]:
+            done &= set(steps["step"].tolist())
+        every = set().union(*(set(steps["step"].tolist()) for steps in rank_steps))
+        kept = np.array(sorted(done), dtype=np.int32)
+        # pass 2: the events, one rank at a time per process
+        writer = TraceFileWriter(path, force, compression=compression, parts=len(groups) > 1)
+        try:
+            if len(groups) > 1:
+                counts, dropped, peak_kib = recover_parts(spool_dir, groups, kept, writer.staged, run_id,
+                                                          compression, pool)
+                writer.bind(groups, counts)
+            else:
+                counts, dropped, peak_kib = recover_group(spool_dir, 0, 0, world, kept, None, run_id, compression,
+                                                          writer=writer)
+        except OSError as exc:
+            writer.abort()
+            raise TraceError(f"writing {path} failed: {io_error_text(exc)}") from None
+        except BaseException:
+            writer.abort()
+            raise
     try:
-        for rank in range(world):
-            events = read_records(os.path.join(spool_dir, _rank_stem(rank)) + ".events", EVENT_DTYPE)
-            keep = np.isin(events["step"], kept)
-            dropped += int((~keep).sum())
-            events = sort_events(events[keep])
-            for i in range(0, len(events), MERGE_CHUNK):
-                writer.append_events(rank, events[i:i + MERGE_CHUNK])
         status = recovered_status(failures)
-        all_steps = np.concatenate(rank_steps)
+        all_steps = concat_records(rank_steps, RANK_STEP_DTYPE)
         metadata = dict(run_meta, recovered=now_iso(), recovered_from=os.path.abspath(spool_dir),
                         failures=failures, ranks_without_metadata=missing, steps_kept=len(kept),
                         events_dropped=dropped, recovered_while_live=live)
@@ -885,8 +944,8 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
         raise
     removable = _why_keep(path, live, missing, sorted(every - done), dropped)
     return {"path": path, "status": status, "steps": kept.tolist(), "events_dropped": dropped,
-            "failures": failures, "live": live, "removable": removable}
-
+            "failures": failures, "live": live, "removable": removable, "parts": writer.parts,
+            "peak_rss_kib": peak_kib}
 
 def _why_keep(path: str, live: List[str], missing: List[int], unfinished: List[int], dropped: int) -> Optional[str]:
     """None if the spool of a recovered trace may be deleted, else the reason to keep it."""
