@@ -524,7 +524,6 @@ class TraceFileWriter:
     An I/O error (disk full, ...) raises :class:`TraceError` with one line from :meth:`append_events`
     or :meth:`finish`; the temporary file is then removed (call :meth:`abort` after an error
     of :meth:`append_events`; :meth:`finish` does it itself).
-    """
 
     ``parts=False``: a self-contained file, events added with :meth:`append_events`.
     ``parts=True``: the events go to part files written elsewhere into :attr:`staged`

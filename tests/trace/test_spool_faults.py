@@ -19,7 +19,7 @@ import pytest
 
 from conftest import REPO, mpi_env
 from fourd_mpi.errors import TraceError
-from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
+from fourd_mpi.trace.events import EVENT_DTYPE, LANE_STEP, RANK_STEP_DTYPE
 from fourd_mpi.trace.read import check_invariants, load_trace
 from fourd_mpi.trace import store
 from fourd_mpi.trace.store import RankSpool, TraceFileWriter, _write_json_atomic, recover
@@ -155,9 +155,12 @@ from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
 import numpy as np
 spool = RankSpool(sys.argv[1], int(sys.argv[2]), {"rank": int(sys.argv[2]), "pid": os.getpid(),
                                            "hostname": socket.gethostname()})
+from fourd_mpi.trace.events import LANE_STEP
 record = np.zeros(1, RANK_STEP_DTYPE)
-record["rank"] = int(sys.argv[2])
-spool.append(np.zeros(0, EVENT_DTYPE), record)
+record["rank"], record["events"], record["end_ns"] = int(sys.argv[2]), 1, 10
+span = np.zeros(1, EVENT_DTYPE)  # the step span: one per rank-step, as a real run records
+span["rank"], span["lane"], span["end_ns"] = int(sys.argv[2]), LANE_STEP, 10
+spool.append(span, record)
 print("ready", flush=True)
 sys.stdin.read()  # holds the spool (and its lock) until the test closes stdin
 """
@@ -166,9 +169,12 @@ sys.stdin.read()  # holds the spool (and its lock) until the test closes stdin
 def test_recover_refuses_a_live_run_unless_forced(tmp_path):
     spool = tmp_path / "live.ranks"
     spool.mkdir()
-    (spool / "run.json").write_text(json.dumps({"run_id": "live", "world_size": 2}))
+    (spool / "run.json").write_text(json.dumps({"run_id": "live", "world_size": 2, "layers": ["block0.qkv"]}))
     ended = RankSpool(str(spool), 0, {"rank": 0})  # rank 0 ended; rank 1 is alive
-    ended.append(np.zeros(0, EVENT_DTYPE), np.zeros(1, RANK_STEP_DTYPE))
+    record, span = np.zeros(1, RANK_STEP_DTYPE), np.zeros(1, EVENT_DTYPE)  # step 0: one step span
+    record["events"], record["end_ns"] = 1, 10
+    span["lane"], span["end_ns"] = LANE_STEP, 10
+    ended.append(span, record)
     ended.close()
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(spool), "1"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, env=mpi_env(), cwd=REPO)
