@@ -196,7 +196,10 @@ def schema_violations(data: Any, schema: Dict[str, Any]) -> List[Tuple[List[Path
     located = []
     for error in jsonschema.Draft202012Validator(schema).iter_errors(data):
         # best_match descends into oneOf/anyOf to the branch the value nearly matched
-        error = jsonschema.exceptions.best_match([error])
+        try:
+            error = jsonschema.exceptions.best_match([error])
+        except TypeError:  # jsonschema ranks sub-errors by path; mixed str/int path parts do not compare
+            pass
         located.append((list(error.absolute_path) + _offending_key(error), _schema_message(error)))
     return located
 
