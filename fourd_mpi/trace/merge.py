@@ -464,7 +464,9 @@ def _append(writer, rank: int, piece: np.ndarray) -> Optional[str]:
     except TraceError as exc:
         return str(exc)
     except OSError as exc:
-        return f"writing {getattr(writer, 'path', None) or writer.final_path} failed: {exc}"
+        from fourd_mpi.trace.store import io_error_text
+
+        return f"writing {getattr(writer, 'path', None) or writer.final_path} failed: {io_error_text(exc)}"
 
 
 # ---------------------------------------------------------------------------

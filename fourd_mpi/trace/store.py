@@ -774,17 +774,6 @@ def merge_failed(spool: RankSpool, error: str) -> TraceError:
                       f"('fourd-mpi trace recover {spool.dir}' merges them)")
 
 
-def _append(writer: TraceFileWriter, rank: int, piece: np.ndarray) -> Optional[str]:
-    """Rank 0: append, turning an I/O error into a message (the other ranks keep sending)."""
-    try:
-        writer.append_events(rank, piece)
-        return None
-    except TraceError as exc:
-        return str(exc)
-    except OSError as exc:
-        return f"writing {writer.final_path} failed: {io_error_text(exc)}"
-
-
 def live_ranks(spool_dir: str, world: int) -> List[str]:
     """Ranks of the spool that a running process still holds, as ``"rank R (pid P on HOST)"``.
 
