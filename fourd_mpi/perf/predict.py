@@ -496,13 +496,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     cap = efficiency * comp["total"]
     scale = cap / total_hidden if total_hidden > cap and total_hidden > 0 else 1.0
     exposed = {k: max(0.0, v - hidden.get(k, 0.0) * scale) for k, v in comm.items()}
-    for note in profile.notes:
-        if note not in notes:
-            notes.append(note)
-    step = comp["total"] + sum(exposed.values())
-    return Prediction(grid=grid, step_s=step, compute_s=comp["total"], gemm_s=comp["gemm"] + comp["attention"],
-                      comm_s=dict(comm), exposed_s=exposed, wire_bytes=dict(wire), placement=placement,
-                      memory=memory, notes=notes)
+    return _prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes)
 
 
 def _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, efficiency, memory, notes,
@@ -513,17 +507,21 @@ def _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, ef
         shape = (c.op, c.axis, c.p, c.count, c.message_bytes)
         if shape not in cache:
             cache[shape] = (collective_time(c, profile, placement, rpn, inner), c.wire_bytes)
-    times = [cache[(c.op, c.axis, c.p, c.count, c.message_bytes)][0] for c in colls]
-    if recompute == "full":  # the forward all-reduces run again when the block is recomputed
-        times = [t * (2 if c.role == "fwd_allreduce" else 1) for c, t in zip(colls, times)]
+    times = [cache[(c.op, c.axis, c.p, c.count, c.message_bytes)] for c in colls]
     comm: Dict[Tuple[str, str], float] = defaultdict(float)
     wire: Dict[str, int] = defaultdict(int)
-    for c, t in zip(colls, times):
-        comm[(c.axis, c.op)] += t
-        wire[c.axis] += cache[(c.op, c.axis, c.p, c.count, c.message_bytes)][1] * (2 if recompute == "full" and c.role == "fwd_allreduce" else 1)
-    halved = [t / 2 if recompute == "full" and c.role == "fwd_allreduce" else t for c, t in zip(colls, times)]
-    link = device_timeline(cfg, grid, colls, halved, comp, overlap, efficiency, recompute)
+    for c, (t, nbytes) in zip(colls, times):
+        # full recompute: the forward all-reduces run again when the block is recomputed
+        runs = 2 if recompute == "full" and c.role == "fwd_allreduce" else 1
+        comm[(c.axis, c.op)] += t * runs
+        wire[c.axis] += nbytes * runs
+    link = device_timeline(cfg, grid, colls, [t for t, _ in times], comp, overlap, efficiency, recompute)
     exposed = {k: link.exposed.get(k, 0.0) for k in comm}
+    return _prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes)
+
+
+def _prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes) -> Prediction:
+    """The :class:`Prediction` of both regimes: step = compute + exposed communication."""
     for note in profile.notes:
         if note not in notes:
             notes.append(note)

@@ -161,12 +161,12 @@ class PartWriter:
                  compression: str = "gzip"):
         import h5py
 
-        from fourd_mpi.trace.store import _GuardedFile
+        from fourd_mpi.trace.store import GuardedFile
 
         self.path = path
         self.h5 = self._raw = None
         try:
-            self._raw = _GuardedFile(path)  # HDF5 never sees an I/O error (store._GuardedFile: no segfault)
+            self._raw = GuardedFile(path)  # HDF5 never sees an I/O error (store.GuardedFile: no segfault)
             self.h5 = h5py.File(self._raw, "w")
             self.h5.attrs.update({"schema": PART_SCHEMA, "schema_version": SCHEMA_VERSION, "run_id": run_id,
                                   "part": index, "first_rank": first_rank, "rank_count": rank_count})
@@ -557,7 +557,7 @@ def read_group_records(task) -> Tuple[List[Dict], List[np.ndarray], List[Dict], 
     import json
 
     from fourd_mpi.trace.events import RANK_STEP_DTYPE
-    from fourd_mpi.trace.store import _read_failure, rank_stem_path, read_records
+    from fourd_mpi.trace.store import read_failure, rank_stem_path, read_records
 
     spool_dir, first, stop = task
     metas, steps, failures, missing = [], [], [], []
@@ -571,7 +571,7 @@ def read_group_records(task) -> Tuple[List[Dict], List[np.ndarray], List[Dict], 
             missing.append(rank)
         steps.append(read_records(stem + ".steps", RANK_STEP_DTYPE))
         if os.path.exists(stem + ".failed.json"):
-            failures.append(_read_failure(stem + ".failed.json", rank))
+            failures.append(read_failure(stem + ".failed.json", rank))
     return metas, steps, failures, missing
 
 

@@ -26,6 +26,7 @@ The file layout is documented in ``docs/trace-format.md``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import fcntl
@@ -431,7 +432,7 @@ def sort_events(events: np.ndarray) -> np.ndarray:
 # the merged HDF5 file
 # ---------------------------------------------------------------------------
 
-class _GuardedFile(io.RawIOBase):
+class GuardedFile(io.RawIOBase):
     """The file under the HDF5 writer (h5py's file-object driver): HDF5 never sees an I/O error.
 
     HDF5 2.0 / h5py 3.16 crash (SIGSEGV, at the latest when the interpreter exits) after a write of
@@ -547,7 +548,7 @@ class TraceFileWriter:
         self.h5 = self._raw = None
         self._buffer = None
         try:
-            self._raw = _GuardedFile(self.tmp_path)
+            self._raw = GuardedFile(self.tmp_path)
             self.h5 = h5py.File(self._raw, "w")
             self.events = None if parts else create_events_dataset(self.h5, compression)
             self._buffer = None if parts else EventBuffer(self.events)
@@ -675,14 +676,14 @@ class TraceFileWriter:
         os.remove(self.tmp_path)
 
     def abort(self) -> None:
-        """Close quietly and remove the temporary file (HDF5 sees no I/O error: see :class:`_GuardedFile`)."""
+        """Close quietly and remove the temporary file (HDF5 sees no I/O error: see :class:`GuardedFile`)."""
         self._finalizer()
         if self.staged is not None:
             self.staged.abort()
 
 
 def _close_quietly(h5, raw, tmp_path: str) -> None:
-    """Close the HDF5 file and its :class:`_GuardedFile`, remove the temporary file (nothing raises)."""
+    """Close the HDF5 file and its :class:`GuardedFile`, remove the temporary file (nothing raises)."""
     for closer in (h5, raw):
         if closer is not None:
             try:
@@ -820,7 +821,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _read_failure(path: str, rank: int) -> Dict:
+def read_failure(path: str, rank: int) -> Dict:
     try:
         with open(path) as fh:
             report = json.load(fh)
@@ -899,7 +900,7 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
         kept = np.array(sorted(done), dtype=np.int32)
         # pass 2: the events, one rank at a time per process
         writer = TraceFileWriter(path, force, compression=compression, parts=len(groups) > 1)
-        try:
+        with _aborting_on_error(writer, path):
             if len(groups) > 1:
                 counts, dropped, peak_kib = recover_parts(spool_dir, groups, kept, writer.staged, run_id,
                                                           compression, pool)
@@ -907,13 +908,7 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
             else:
                 counts, dropped, peak_kib = recover_group(spool_dir, 0, 0, world, kept, None, run_id, compression,
                                                           writer=writer)
-        except OSError as exc:
-            writer.abort()
-            raise TraceError(f"writing {path} failed: {io_error_text(exc)}") from None
-        except BaseException:
-            writer.abort()
-            raise
-    try:
+    with _aborting_on_error(writer, path):
         status = recovered_status(failures)
         all_steps = concat_records(rank_steps, RANK_STEP_DTYPE)
         metadata = dict(run_meta, recovered=now_iso(), recovered_from=os.path.abspath(spool_dir),
@@ -924,16 +919,23 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
         if len(kept_steps) and summarize is not None:
             metadata["summary"] = summarize(kept_steps).as_dict()
         path = writer.finish(metadata, ranks_table(rank_metas), kept_steps, run_meta.get("layers", []), status)
+    removable = _why_keep(path, live, missing, sorted(every - done), dropped)
+    return {"path": path, "status": status, "steps": kept.tolist(), "events_dropped": dropped,
+            "failures": failures, "live": live, "removable": removable, "parts": writer.parts,
+            "peak_rss_kib": peak_kib}
+
+@contextlib.contextmanager
+def _aborting_on_error(writer: TraceFileWriter, path: str):
+    """Any exception inside aborts ``writer`` (no temporary file left); an I/O error becomes one line."""
+    try:
+        yield
     except OSError as exc:
         writer.abort()
         raise TraceError(f"writing {path} failed: {io_error_text(exc)}") from None
     except BaseException:
         writer.abort()
         raise
-    removable = _why_keep(path, live, missing, sorted(every - done), dropped)
-    return {"path": path, "status": status, "steps": kept.tolist(), "events_dropped": dropped,
-            "failures": failures, "live": live, "removable": removable, "parts": writer.parts,
-            "peak_rss_kib": peak_kib}
+
 
 def _why_keep(path: str, live: List[str], missing: List[int], unfinished: List[int], dropped: int) -> Optional[str]:
     """None if the spool of a recovered trace may be deleted, else the reason to keep it."""

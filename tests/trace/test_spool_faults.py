@@ -291,12 +291,12 @@ def test_the_summary_of_no_step_does_not_crash():
 
 def test_guarded_file_reads_back_what_was_written_after_a_failure(tmpfs):
     """After the first failing write, the pieces live in memory; reads see disk and memory, newest last."""
-    from fourd_mpi.trace.store import _GuardedFile
+    from fourd_mpi.trace.store import GuardedFile
 
     fill(tmpfs)
     os.remove(tmpfs / "fill-disk.bin")
     fill(tmpfs)  # full again, nothing free
-    raw = _GuardedFile(str(tmpfs / "g"))
+    raw = GuardedFile(str(tmpfs / "g"))
     assert raw.write(b"a" * 10) == 10 and raw.error is not None  # failed: kept in memory
     raw.seek(5)
     raw.write(b"b" * 10)
