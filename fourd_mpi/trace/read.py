@@ -621,6 +621,10 @@ def check_invariants(trace: Trace) -> List[str]:
       and contains them;
     - staging copies: every ``d2h`` ends before the issue, every ``h2d`` starts after the
       completion, of some collective of that rank, step and axis on the same lane.
+
+    Vectorised (sorts and joins over all events, no loop over ranks or events): O(N log N) for N
+    events. Per rank the problems come in the order lanes, waits, copies, step spans (at most one
+    wait problem and one per copy op per rank: the first in file order).
     """
     problems: List[str] = []
     ev, rs = trace.events, trace.rank_steps
@@ -634,50 +638,141 @@ def check_invariants(trace: Trace) -> List[str]:
         if ranks_in_step != set(range(world)):
             problems.append(f"step {step}: step records from ranks {sorted(ranks_in_step)} only")
     wait_code = trace.code("op", "wait")
-    collective_codes = {trace.code("op", name) for name in COLLECTIVE_OPS}
-    for rank in range(world):
-        mine = ev[ev["rank"] == rank]
-        for lane in np.unique(mine["lane"]):
-            on_lane = mine[mine["lane"] == lane]
-            order = np.argsort(on_lane["start_ns"], kind="stable")
-            start, end = on_lane["start_ns"][order], on_lane["end_ns"][order]
-            if (end < start).any():
-                problems.append(f"rank {rank} lane {lane_name(lane)}: an event ends before it starts")
-            overlap = np.nonzero(start[1:] < end[:-1] - 1)[0]
-            if len(overlap):
-                i = overlap[0]
-                problems.append(f"rank {rank} lane {lane_name(lane)}: {len(overlap)} overlapping events, first at "
-                                f"{start[i + 1]} ns < previous end {end[i]} ns")
-        colls = mine[np.isin(mine["op"], list(collective_codes))]
-        for w in mine[mine["op"] == wait_code]:
-            same = colls[(colls["axis"] == w["axis"]) & (colls["step"] == w["step"])]
-            inside = (same["issue_ns"] <= w["start_ns"]) & (w["end_ns"] <= same["complete_ns"])
-            if not inside.any():
-                problems.append(f"rank {rank} step {w['step']}: a wait [{w['start_ns']}, {w['end_ns']}] lies "
-                                "outside every collective on its axis")
-                break
-        for name in COPY_OPS:  # staged mode: copies sit on their collective's lane, before / after it
-            if name not in trace.vocab["ops"]:
-                continue
-            for c in mine[mine["op"] == trace.code("op", name)]:
-                same = colls[(colls["axis"] == c["axis"]) & (colls["step"] == c["step"]) & (colls["lane"] == c["lane"])]
-                ordered = (c["end_ns"] <= same["issue_ns"]) if name == "d2h" else (c["start_ns"] >= same["complete_ns"])
-                if not ordered.any():
-                    problems.append(f"rank {rank} step {c['step']}: a {name} copy [{c['start_ns']}, {c['end_ns']}] is "
-                                    f"not {'before' if name == 'd2h' else 'after'} any collective on its lane and axis")
-                    break
-        host = mine[mine["lane"] == LANE_HOST]
-        spans = mine[mine["lane"] == LANE_STEP]
-        for span in spans:
-            in_step = host[host["step"] == span["step"]]
-            blocking = int((in_step["end_ns"] - in_step["start_ns"]).sum())
-            if blocking > span["end_ns"] - span["start_ns"]:
-                problems.append(f"rank {rank} step {span['step']}: blocking events sum to {blocking} ns, more than "
-                                f"the step's {span['end_ns'] - span['start_ns']} ns")
-            if len(in_step) and (in_step["start_ns"].min() < span["start_ns"]
-                                 or in_step["end_ns"].max() > span["end_ns"]):
-                problems.append(f"rank {rank} step {span['step']}: host events outside the step span")
+    collective_codes = [trace.code("op", name) for name in COLLECTIVE_OPS]
+    index = np.nonzero(ev["rank"].astype(np.int64) < world)[0]  # events of ranks outside the world: not checked
+    rank = ev["rank"][index].astype(np.int64)
+    found: List[Tuple[int, int, int, str]] = []  # (rank, kind, order within kind, message)
+    _lane_problems(ev, index, rank, found)
+    op = ev["op"][index]
+    colls = index[np.isin(op, collective_codes)]
+    key_columns = ("rank", "axis", "step")
+
+    def first_per_rank(rows: np.ndarray, kind: int, message) -> None:
+        if len(rows):
+            ranks_of = ev["rank"][rows].astype(np.int64)
+            _, first = np.unique(ranks_of, return_index=True)  # rows are in file order: the first per rank
+            for i in rows[first]:
+                found.append((int(ev["rank"][i]), kind, 0, message(ev[i])))
+
+    waits = index[op == wait_code]
+    inside = _any_match(ev, waits, colls, key_columns,
+                        lambda w, c: (ev["issue_ns"][c] <= ev["start_ns"][w]) & (ev["end_ns"][w] <= ev["complete_ns"][c]))
+    first_per_rank(waits[~inside], 1, lambda w: f"rank {w['rank']} step {w['step']}: a wait [{w['start_ns']}, "
+                                                f"{w['end_ns']}] lies outside every collective on its axis")
+    for k, name in enumerate(COPY_OPS):  # staged mode: copies sit on their collective's lane, before / after it
+        if name not in trace.vocab["ops"]:
+            continue
+        copies = index[op == trace.code("op", name)]
+        if name == "d2h":
+            ordered = _any_match(ev, copies, colls, key_columns + ("lane",),
+                                 lambda x, c: ev["end_ns"][x] <= ev["issue_ns"][c])
+        else:
+            ordered = _any_match(ev, copies, colls, key_columns + ("lane",),
+                                 lambda x, c: ev["start_ns"][x] >= ev["complete_ns"][c])
+        first_per_rank(copies[~ordered], 2 + k, lambda c, name=name: (
+            f"rank {c['rank']} step {c['step']}: a {name} copy [{c['start_ns']}, {c['end_ns']}] is not "
+            f"{'before' if name == 'd2h' else 'after'} any collective on its lane and axis"))
+    _span_problems(ev, index, found)
+    found.sort(key=lambda item: item[:3])
+    problems += [message for *_, message in found]
     comm_lanes = ev["lane"] >= LANE_COMM0
     if (ev["bytes"][comm_lanes] <= 0).any():
         problems.append("a collective with no bytes")
     return problems
+
+
+def _lane_problems(ev: np.ndarray, index: np.ndarray, rank: np.ndarray, found: list) -> None:
+    """Per (rank, lane), events sorted by start (stable): one that ends before it starts, and
+    overlaps of consecutive events beyond 1 ns."""
+    lane = ev["lane"][index].astype(np.int64)
+    order = np.lexsort((ev["start_ns"][index], lane, rank))  # stable: file order among equal starts
+    rows = index[order]
+    r, l = rank[order], lane[order]
+    start, end = ev["start_ns"][rows], ev["end_ns"][rows]
+    if not len(rows):
+        return
+    cut = np.nonzero((r[1:] != r[:-1]) | (l[1:] != l[:-1]))[0] + 1
+    group = np.repeat(np.arange(len(cut) + 1), np.diff(np.concatenate([[0], cut, [len(rows)]])))
+    group_first = np.concatenate([[0], cut])
+    for g in np.unique(group[end < start]):
+        i = group_first[g]
+        found.append((int(r[i]), 0, 2 * int(l[i]), f"rank {r[i]} lane {lane_name(int(l[i]))}: an event ends "
+                                                   "before it starts"))
+    pair = np.nonzero((start[1:] < end[:-1] - 1) & (group[1:] == group[:-1]))[0]  # pair i: rows i and i + 1
+    if len(pair):
+        groups, first, counts = np.unique(group[pair], return_index=True, return_counts=True)
+        for g, f, n in zip(groups, first, counts):
+            i = pair[f]
+            found.append((int(r[i]), 0, 2 * int(l[i]) + 1,
+                          f"rank {r[i]} lane {lane_name(int(l[i]))}: {n} overlapping events, first at "
+                          f"{start[i + 1]} ns < previous end {end[i]} ns"))
+
+
+def _dense_keys(ev: np.ndarray, columns: Tuple[str, ...], *row_sets: np.ndarray) -> List[np.ndarray]:
+    """One int64 key per event of each of ``row_sets``, equal iff the events agree in every column of
+    ``columns`` (dense codes combined column by column and made dense again: no overflow)."""
+    rows = np.concatenate(row_sets)
+    key = np.zeros(len(rows), dtype=np.int64)
+    for column in columns:
+        _, codes = np.unique(ev[column][rows], return_inverse=True)
+        key = np.unique(key * (int(codes.max(initial=0)) + 1) + codes.reshape(-1), return_inverse=True)[1].reshape(-1)
+    return np.split(key, np.cumsum([len(r) for r in row_sets])[:-1])
+
+
+def _any_match(ev: np.ndarray, rows: np.ndarray, candidates: np.ndarray, columns: Tuple[str, ...], test,
+               pairs_per_pass: int = 1 << 22) -> np.ndarray:
+    """For each event of ``rows``: does ``test(row, candidate)`` (index arrays into ``ev``) hold for
+    some event of ``candidates`` equal to it in every column of ``columns``? Boolean array like
+    ``rows``. A join: the candidates sorted by key, each row paired with every candidate of its key
+    (at most about ``pairs_per_pass`` pairs in memory at a time)."""
+    out = np.zeros(len(rows), dtype=bool)
+    if not len(rows) or not len(candidates):
+        return out
+    key_rows, key_cands = _dense_keys(ev, columns, rows, candidates)
+    order = np.argsort(key_cands, kind="stable")
+    candidates, key_cands = candidates[order], key_cands[order]
+    lo = np.searchsorted(key_cands, key_rows, side="left")
+    n = np.searchsorted(key_cands, key_rows, side="right") - lo
+    done = 0
+    while done < len(rows):
+        stop = done + max(1, int(np.searchsorted(np.cumsum(n[done:]), pairs_per_pass, side="right")))
+        counts = n[done:stop]
+        who = np.repeat(np.arange(done, stop), counts)
+        first = np.repeat(lo[done:stop] - (np.cumsum(counts) - counts), counts)
+        hit = test(rows[who], candidates[np.arange(len(who)) + first])
+        out[who[hit]] = True
+        done = stop
+    return out
+
+
+def _span_problems(ev: np.ndarray, index: np.ndarray, found: list) -> None:
+    """Per step span: the host-lane events of its rank and step sum to at most its length and lie
+    inside it."""
+    lane = ev["lane"][index]
+    hosts, spans = index[lane == LANE_HOST], index[lane == LANE_STEP]
+    if not len(spans):
+        return
+    key_hosts, key_spans = _dense_keys(ev, ("rank", "step"), hosts, spans)
+    order = np.argsort(key_hosts, kind="stable")
+    sorted_keys = key_hosts[order]
+    keys, begin = np.unique(sorted_keys, return_index=True)
+    span_start, span_end = ev["start_ns"][spans], ev["end_ns"][spans]
+    if len(keys):
+        h_start, h_end = ev["start_ns"][hosts][order], ev["end_ns"][hosts][order]
+        total = np.add.reduceat(h_end - h_start, begin)  # int64: exact
+        lo, hi = np.minimum.reduceat(h_start, begin), np.maximum.reduceat(h_end, begin)
+        pos = np.minimum(np.searchsorted(keys, key_spans), len(keys) - 1)
+        has = keys[pos] == key_spans
+        blocking = np.where(has, total[pos], 0)
+        outside = has & ((lo[pos] < span_start) | (hi[pos] > span_end))
+    else:
+        blocking, outside = np.zeros(len(spans), dtype=np.int64), np.zeros(len(spans), dtype=bool)
+    for j in np.nonzero((blocking > span_end - span_start) | outside)[0]:
+        span = ev[spans[j]]
+        if blocking[j] > span_end[j] - span_start[j]:
+            found.append((int(span["rank"]), 10, 2 * int(spans[j]),
+                          f"rank {span['rank']} step {span['step']}: blocking events sum to {blocking[j]} ns, more "
+                          f"than the step's {span['end_ns'] - span['start_ns']} ns"))
+        if outside[j]:
+            found.append((int(span["rank"]), 10, 2 * int(spans[j]) + 1,
+                          f"rank {span['rank']} step {span['step']}: host events outside the step span"))
