@@ -136,9 +136,16 @@ class EventBuffer:
         self.total = dataset.shape[0]  #: events appended so far, written or buffered
 
     def append(self, events: np.ndarray) -> None:
-        done = 0
-        while done < len(events):
-            take = min(len(events) - done, len(self.buffer) - self.used)
+        """Buffer ``events``; whole buffers are written, and a run of whole chunks that meets an empty
+        buffer goes to the file directly (no copy)."""
+        done, n = 0, len(events)
+        while done < n:
+            if self.used == 0 and n - done >= EVENT_CHUNK_ROWS:  # the file ends on a chunk boundary here
+                take = (n - done) // EVENT_CHUNK_ROWS * EVENT_CHUNK_ROWS
+                append_rows(self.dataset, np.ascontiguousarray(events[done:done + take]))
+                done += take
+                continue
+            take = min(n - done, len(self.buffer) - self.used)
             # as raw records: a plain copy (a structured assignment checks field by field)
             self.buffer.view(self._raw)[self.used:self.used + take] = \
                 np.ascontiguousarray(events[done:done + take]).view(self._raw)
@@ -146,7 +153,7 @@ class EventBuffer:
             done += take
             if self.used == len(self.buffer):
                 self.flush()
-        self.total += len(events)
+        self.total += n
 
     def flush(self) -> None:
         if self.used:
@@ -181,6 +188,11 @@ class PartWriter:
 
     def append_events(self, rank: int, events: np.ndarray) -> None:
         self.events.append(events)
+
+    def append_ranks(self, first_rank: int, counts: np.ndarray, events: np.ndarray) -> None:
+        """The events of ranks ``first_rank, first_rank + 1, ...`` (``counts`` each), in rank order."""
+        self.events.append(events)
+        self._check()
 
     def close(self) -> int:
         """Write the buffered events and the event count, close; returns it."""
@@ -473,32 +485,118 @@ def _append(writer, rank: int, piece: np.ndarray) -> Optional[str]:
 # recovery: the same layout from the spool files, one process (and a pool of workers)
 # ---------------------------------------------------------------------------
 
+#: events read into memory at once by a recovering process (about 50 MiB): a group's ranks are read,
+#: sorted and written in batches of whole ranks up to this size (one rank may exceed it)
+RECOVER_BATCH_EVENTS = 1 << 19
+
+
+def spool_event_counts(spool_dir: str, ranks: Sequence[int]) -> np.ndarray:
+    """Whole records in the ``.events`` spool file of each of ``ranks`` (0 for a missing file)."""
+    from fourd_mpi.trace.store import rank_events_path
+
+    counts = np.zeros(len(ranks), dtype=np.int64)
+    for i, rank in enumerate(ranks):
+        try:
+            counts[i] = os.stat(rank_events_path(spool_dir, rank)).st_size // EVENT_DTYPE.itemsize
+        except FileNotFoundError:
+            pass
+    return counts
+
+
+def read_rank_files(spool_dir: str, ranks: Sequence[int], counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The first ``counts[i]`` records of the ``.events`` spool file of each of ``ranks``, read straight
+    into one array (no per-rank arrays, no concatenation; one file open at a time); returns
+    ``(events, per-rank counts read)``: a file that is missing or shorter now gives its whole records."""
+    from fourd_mpi.trace.store import rank_events_path
+
+    size = EVENT_DTYPE.itemsize
+    counts = np.array(counts, dtype=np.int64)
+    out = np.empty(int(counts.sum()), dtype=EVENT_DTYPE)
+    raw = memoryview(out.view(np.uint8))
+    at = 0
+    for i, rank in enumerate(ranks):
+        want, got = int(counts[i]) * size, 0
+        if want:
+            try:
+                with open(rank_events_path(spool_dir, rank), "rb", buffering=0) as fh:
+                    while got < want:
+                        n = fh.readinto(raw[at + got:at + want])
+                        if not n:
+                            break
+                        got += n
+            except FileNotFoundError:
+                pass
+        if got < want:  # later files are read after this one: they simply start earlier
+            counts[i] = got // size
+            want = int(counts[i]) * size
+        at += want
+    return out[:int(counts.sum())], counts
+
+
+def sort_by_rank_and_start(events: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Events of consecutive ranks (``counts[i]`` each, in that order) sorted by start within each
+    rank, stably (a step span precedes what starts with it); no copy when already in order. One
+    stable sort of an int64 key (rank index, start) for the whole batch; two keys if it would overflow."""
+    start = events["start_ns"]
+    if len(start) < 2:
+        return events
+    block = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    if not ((start[1:] < start[:-1]) & (block[1:] == block[:-1])).any():
+        return events
+    lo, span = int(start.min()), int(start.max()) - int(start.min()) + 1
+    if span * len(counts) < (1 << 62):
+        order = np.argsort(block * span + (start - lo), kind="stable")
+    else:
+        order = np.lexsort((start, block))
+    raw = np.dtype((np.void, events.dtype.itemsize))  # gather whole records as bytes: no per-field work
+    return np.ascontiguousarray(events).view(raw)[order].view(events.dtype)
+
+
+def rank_batches(spool_dir: str, first: int, stop: int, kept: np.ndarray, max_events: int = RECOVER_BATCH_EVENTS):
+    """Batches of consecutive ranks of ``[first, stop)``: yields ``(first rank, per-rank counts, events
+    in rank order and sorted by start within each rank, events dropped)``, the events of steps
+    outside ``kept`` dropped. A batch holds whole ranks, about ``max_events`` at most."""
+    sizes = spool_event_counts(spool_dir, range(first, stop))
+    lo = 0
+    while lo < len(sizes):
+        hi = lo + 1
+        total = int(sizes[lo])
+        while hi < len(sizes) and total < max_events:
+            total += int(sizes[hi])
+            hi += 1
+        ranks = list(range(first + lo, first + hi))
+        events, counts = read_rank_files(spool_dir, ranks, sizes[lo:hi])
+        lo = hi
+        dropped = 0
+        keep = kept_mask(events["step"], kept)
+        if keep is not None:
+            held = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
+            ends = np.cumsum(counts)
+            new_counts = held[ends] - held[ends - counts]
+            dropped = int(len(events) - held[-1])
+            events, counts = events[keep], new_counts
+        yield ranks[0], counts, sort_by_rank_and_start(events, counts), dropped
+
+
 def recover_group(spool_dir: str, index: int, first: int, stop: int, kept: np.ndarray, path: Optional[str],
                   run_id: str, compression: str, writer=None) -> Tuple[List[int], int, int]:
-    """Write the events of ranks ``[first, stop)`` from their spool files (one rank in memory at a
-    time), keeping the steps in ``kept``: into the part file ``path``, or into ``writer`` (a
-    single-file :class:`~fourd_mpi.trace.store.TraceFileWriter`, left open). Returns ``(per-rank
-    counts, events dropped, peak RSS of this process in KiB)``."""
+    """Write the events of ranks ``[first, stop)`` from their spool files (:func:`rank_batches`: read
+    into one array per batch, sorted with one sort, written with one append), keeping the steps in
+    ``kept``: into the part file ``path``, or into ``writer`` (a single-file
+    :class:`~fourd_mpi.trace.store.TraceFileWriter`, left open). Returns ``(per-rank counts, events
+    dropped, peak RSS of this process in KiB)``."""
     import resource
-
-    from fourd_mpi.trace.store import MERGE_CHUNK, rank_events_path, read_records, sort_events
 
     part = writer is None
     if part:
         writer = PartWriter(path, index, first, stop - first, run_id, compression)
     counts, dropped = [], 0
     try:
-        for rank in range(first, stop):
-            events = read_records(rank_events_path(spool_dir, rank), EVENT_DTYPE)
-            keep = kept_mask(events["step"], kept)
-            if keep is not None:
-                dropped += int(len(events) - keep.sum())
-                events = events[keep]
-            events = sort_events(events)
-            for i in range(0, len(events), MERGE_CHUNK):
-                writer.append_events(rank, events[i:i + MERGE_CHUNK])
-            counts.append(len(events))
-            del events, keep
+        for batch_first, batch_counts, events, batch_dropped in rank_batches(spool_dir, first, stop, kept):
+            writer.append_ranks(batch_first, batch_counts, events)
+            counts += batch_counts.tolist()
+            dropped += batch_dropped
+            del events
         if part:
             writer.close()
     except OSError as exc:

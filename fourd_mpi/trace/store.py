@@ -484,19 +484,19 @@ class GuardedFile(io.RawIOBase):
         return n
 
     def write(self, data) -> int:
-        data = bytes(data)
+        view = memoryview(data).cast("B")  # no copy: HDF5's buffer goes to pwrite as it is
         if self.error is None:
             try:
                 done = 0
-                while done < len(data):
-                    done += os.pwrite(self.fd, data[done:], self.pos + done)
+                while done < len(view):
+                    done += os.pwrite(self.fd, view[done:], self.pos + done)
             except OSError as exc:
                 self.error = exc
-        if self.error is not None:
-            self._overlay.append((self.pos, data))  # reads apply the pieces in write order: the newest last
-        self.pos += len(data)
+        if self.error is not None:  # reads apply the pieces in write order: the newest last
+            self._overlay.append((self.pos, bytes(view)))
+        self.pos += len(view)
         self._end = max(self._end, self.pos)
-        return len(data)
+        return len(view)
 
     def truncate(self, size: Optional[int] = None) -> int:
         size = self.pos if size is None else size
@@ -575,6 +575,17 @@ class TraceFileWriter:
         self._buffer.append(events)
         first, count = self.rank_offsets.get(rank, (start, 0))
         self.rank_offsets[rank] = (first, count + len(events))
+        self._check()
+
+    def append_ranks(self, first_rank: int, counts: np.ndarray, events: np.ndarray) -> None:
+        """The events of ranks ``first_rank, first_rank + 1, ...`` (``counts`` each, in rank order), in
+        one append."""
+        start = self._buffer.total
+        self._buffer.append(events)
+        offsets = start + np.concatenate([[0], np.cumsum(counts)])
+        for i, count in enumerate(counts.tolist()):
+            if count:
+                self.rank_offsets[first_rank + i] = (int(offsets[i]), count)
         self._check()
 
     def bind(self, groups, rank_counts) -> None:
