@@ -32,6 +32,12 @@ def register(sub) -> None:
                      help="worker processes writing parts (default: the CPUs this process may use)")
     rec.add_argument("--compression", choices=("gzip", "lzf", "none"), default="gzip",
                      help="compression of the events (default gzip, level 1 with shuffle, as fourd-mpi run)")
+    rec.add_argument("--check", choices=("readback", "full"), default="readback",
+                     help="how the written trace is verified before the per-rank files are called removable: "
+                          "readback (default; a multi-part trace: every part read back by the workers and compared "
+                          "byte for byte, CRC-32, the top level validated without its events, every kept rank-step "
+                          "holding the events its record counts) or full (the whole trace loaded in one process "
+                          "and checked as 'trace check' does; always for a single-file trace)")
     tr.set_defaults(handler=cmd_trace, serial=True)
 
 
@@ -43,7 +49,7 @@ def cmd_trace(args, world=None) -> int:
     if args.trace_command == "recover":
         jobs = args.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
         result = recover(args.directory, args.output, args.force, summarize=_recovered_summary(args.directory),
-                         group_size=args.group_size, jobs=jobs, compression=args.compression)
+                         group_size=args.group_size, jobs=jobs, compression=args.compression, check=args.check)
         steps = result["steps"]
         kept = f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
         print(f"{result['path']}: status {result['status']}, {kept} completed by every rank "
@@ -53,8 +59,9 @@ def cmd_trace(args, world=None) -> int:
         for failure in result["failures"]:
             print(f"  rank {failure.get('rank')} failed: {failure.get('error')}")
         if result["removable"] is None:
-            print(f"the trace holds every step of the per-rank files and passes 'trace check': "
-                  f"{args.directory} can now be removed")
+            how = ("passes 'trace check'" if result["verified"] == "full" else
+                   "reads back byte for byte (every part's CRC-32; 'trace check' runs the full checks)")
+            print(f"the trace holds every step of the per-rank files and {how}: {args.directory} can now be removed")
         else:
             print(f"keep the per-rank files in {args.directory}: {result['removable']}")
         return 0

@@ -34,7 +34,8 @@ import math
 import os
 import secrets
 import shutil
-from typing import Dict, List, Optional, Sequence, Tuple
+import zlib
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -172,6 +173,8 @@ class PartWriter:
 
         self.path = path
         self.h5 = self._raw = None
+        #: CRC-32 of the bytes of every event appended, in order (what :func:`verify_part` reads back)
+        self.crc = 0
         try:
             self._raw = GuardedFile(path)  # HDF5 never sees an I/O error (store.GuardedFile: no segfault)
             self.h5 = h5py.File(self._raw, "w")
@@ -187,10 +190,14 @@ class PartWriter:
         return self.events.total
 
     def append_events(self, rank: int, events: np.ndarray) -> None:
+        events = np.ascontiguousarray(events)
+        self.crc = zlib.crc32(events.view(np.uint8), self.crc)
         self.events.append(events)
 
     def append_ranks(self, first_rank: int, counts: np.ndarray, events: np.ndarray) -> None:
         """The events of ranks ``first_rank, first_rank + 1, ...`` (``counts`` each), in rank order."""
+        events = np.ascontiguousarray(events)
+        self.crc = zlib.crc32(events.view(np.uint8), self.crc)
         self.events.append(events)
         self._check()
 
@@ -308,8 +315,9 @@ class StagedParts:
 # reading
 # ---------------------------------------------------------------------------
 
-def read_parts(path: str, h5, run_id: str, expected_events: int) -> np.ndarray:
-    """All events of an open multi-part trace, read part by part (one part file open at a time).
+def read_parts(path: str, h5, run_id: str, expected_events: int, read: bool = True) -> Optional[np.ndarray]:
+    """All events of an open multi-part trace, read part by part (one part file open at a time);
+    ``read=False``: the checks below only (returns None).
 
     Checks every part before use: present next to the trace, a part file of this run with the rows
     ``/parts`` promises. Raises :class:`TraceError` naming the part and the reason (a missing part
@@ -326,7 +334,7 @@ def read_parts(path: str, h5, run_id: str, expected_events: int) -> np.ndarray:
             not np.array_equal(offsets, np.concatenate([[0], np.cumsum(counts)[:-1]])):
         raise TraceError(f"{path}: /parts does not add up to the {expected_events} events of its header")
     directory = os.path.join(os.path.dirname(os.path.abspath(path)), parts_dir_of(os.path.basename(path)))
-    out = np.empty(expected_events, dtype=EVENT_DTYPE)
+    out = np.empty(expected_events, dtype=EVENT_DTYPE) if read else None
     for row in parts:
         name = row["file"].decode(errors="replace")
         if os.path.basename(name) != name or not name:
@@ -349,7 +357,7 @@ def read_parts(path: str, h5, run_id: str, expected_events: int) -> np.ndarray:
             if events is None or events.shape != (count,) or int(attrs.get("events", -1)) != count:
                 raise TraceError(f"{part_path} holds {None if events is None else events.shape[0]} events, "
                                  f"{path} expects {count} (truncated part?)")
-            if count:
+            if count and read:
                 events.read_direct(out, dest_sel=np.s_[offset:offset + count])
     return out
 
@@ -590,12 +598,15 @@ def recover_group(spool_dir: str, index: int, first: int, stop: int, kept: np.nd
     part = writer is None
     if part:
         writer = PartWriter(path, index, first, stop - first, run_id, compression)
-    counts, dropped = [], 0
+    counts, dropped, keys, held = [], 0, [], []
     try:
         for batch_first, batch_counts, events, batch_dropped in rank_batches(spool_dir, first, stop, kept):
             writer.append_ranks(batch_first, batch_counts, events)
             counts += batch_counts.tolist()
             dropped += batch_dropped
+            batch_keys, batch_held = np.unique(rank_step_keys(events["rank"], events["step"]), return_counts=True)
+            keys.append(batch_keys)
+            held.append(batch_held)
             del events
         if part:
             writer.close()
@@ -604,7 +615,56 @@ def recover_group(spool_dir: str, index: int, first: int, stop: int, kept: np.nd
     finally:
         if part:
             writer.abort()
-    return counts, dropped, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return GroupResult(counts, dropped, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                       writer.crc if part else None, np.concatenate(keys or [np.zeros(0, np.int64)]),
+                       np.concatenate(held or [np.zeros(0, np.int64)]))
+
+
+class GroupResult(NamedTuple):
+    """What writing one group returns to :func:`~fourd_mpi.trace.store.recover`."""
+
+    counts: List[int]  #: events per rank, in rank order
+    dropped: int  #: events of steps not kept
+    peak_rss_kib: int  #: ``ru_maxrss`` of the process that wrote the group
+    crc: Optional[int]  #: CRC-32 of the part's event bytes (:func:`verify_part`); None for a single file
+    keys: np.ndarray  #: :func:`rank_step_keys` of the (rank, step) pairs written, sorted
+    held: np.ndarray  #: events written per key
+
+
+def rank_step_keys(ranks: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """One int64 per (rank, step): ``rank * 2**32 + (step mod 2**32)`` (sorts by rank, then step >= 0)."""
+    return (ranks.astype(np.int64) << 32) | (steps.astype(np.int64) & 0xFFFFFFFF)
+
+
+def verify_part(task) -> Optional[str]:
+    """``(path, index, events, crc, run_id)``: read the published part file back (a fresh open, the bytes
+    from the file system) and compare its attributes, row count and the CRC-32 of its event bytes
+    with what was written. None if it matches, else the reason (one line)."""
+    import h5py
+
+    path, index, count, crc, run_id = task
+    try:
+        with h5py.File(path, "r") as part:
+            attrs = part.attrs
+            if attrs.get("schema") != PART_SCHEMA or str(attrs.get("run_id")) != run_id or \
+                    int(attrs.get("part", -1)) != index or int(attrs.get("events", -1)) != count:
+                return f"{path} does not carry the attributes written (part {index}, {count} events)"
+            events = part["events"] if "events" in part else None
+            if events is None or events.shape != (count,) or events.dtype != EVENT_DTYPE:
+                return f"{path} does not hold the {count} events written"
+            buffer = np.empty(min(count, RECOVER_BATCH_EVENTS), dtype=EVENT_DTYPE)
+            got = 0
+            for lo in range(0, count, len(buffer) or 1):
+                n = min(len(buffer), count - lo)
+                events.read_direct(buffer, source_sel=np.s_[lo:lo + n], dest_sel=np.s_[0:n])
+                got = zlib.crc32(buffer[:n].view(np.uint8), got)
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:
+        return f"{path} does not read back: {' '.join(str(exc).split())[:200]}"
+    if got != crc:
+        return f"{path}: the events read back differ from those written (CRC-32 {got:08x} != {crc:08x})"
+    return None
+
+
 
 
 def kept_mask(steps: np.ndarray, kept: np.ndarray) -> Optional[np.ndarray]:
@@ -649,36 +709,41 @@ class GroupPool:
             self.pool.shutdown(cancel_futures=True)
 
 
-def read_group_records(task) -> Tuple[List[Dict], List[np.ndarray], List[Dict], List[int]]:
-    """``(spool_dir, first, stop)`` -> the rank metadata, step records, failure reports and ranks
-    without metadata of ranks ``[first, stop)`` (``recover``'s first pass, group by group)."""
+def read_group_records(task) -> Tuple[List[Dict], List[np.ndarray], List[Dict], List[int], List[str]]:
+    """``(spool_dir, first, stop)`` -> the rank metadata, step records, failure reports, ranks
+    without metadata and live ranks (:func:`~fourd_mpi.trace.store.live_rank`) of ranks ``[first,
+    stop)`` (``recover``'s first pass, group by group)."""
     import json
+    import socket
 
     from fourd_mpi.trace.events import RANK_STEP_DTYPE
-    from fourd_mpi.trace.store import read_failure, rank_stem_path, read_records
+    from fourd_mpi.trace.store import live_rank, rank_stem_path, read_failure, read_records
 
     spool_dir, first, stop = task
-    metas, steps, failures, missing = [], [], [], []
+    host = socket.gethostname()
+    metas, steps, failures, missing, live = [], [], [], [], []
     for rank in range(first, stop):
         stem = rank_stem_path(spool_dir, rank)
         try:
             with open(stem + ".json") as fh:
-                metas.append(json.load(fh))
+                meta = json.load(fh)
+            metas.append(meta)
         except (OSError, ValueError):
+            meta = None
             metas.append({"rank": rank})
             missing.append(rank)
+        where = live_rank(stem, rank, meta if isinstance(meta, dict) else {}, host)
+        if where is not None:
+            live.append(where)
         steps.append(read_records(stem + ".steps", RANK_STEP_DTYPE))
         if os.path.exists(stem + ".failed.json"):
             failures.append(read_failure(stem + ".failed.json", rank))
-    return metas, steps, failures, missing
+    return metas, steps, failures, missing, live
 
 
 def recover_parts(spool_dir: str, groups: Sequence[Tuple[int, int]], kept: np.ndarray, staged: StagedParts,
-                  run_id: str, compression: str, pool: GroupPool) -> Tuple[List[int], int, int]:
-    """Every group's part, through ``pool``; returns ``(per-rank counts in rank order, events
-    dropped, largest peak RSS of a process that wrote a part, KiB)``."""
+                  run_id: str, compression: str, pool: GroupPool) -> List[GroupResult]:
+    """Every group's part, through ``pool``; one :class:`GroupResult` per group, in group order."""
     tasks = [(spool_dir, i, first, stop, kept, staged.path(i), run_id, compression)
              for i, (first, stop) in enumerate(groups)]
-    results = pool.map(_recover_group_task, tasks)
-    counts = [c for result in results for c in result[0]]
-    return counts, sum(r[1] for r in results), max(r[2] for r in results)
+    return pool.map(_recover_group_task, tasks)

@@ -422,15 +422,9 @@ def _check_ranges(events, rank_steps, ranks, vocab, world: int) -> None:
         if len(bad):
             raise _Invalid(f"/events row {bad[0]}: {column} code {codes[bad[0]]} outside its vocabulary of "
                            f"{len(vocab[words])} words ({len(bad)} such rows)")
+    _check_rank_ranges(ranks, world, len(events))
     offset, count = ranks["event_offset"], ranks["event_count"]
-    if (count < 0).any() or (offset < 0).any():
-        raise _Invalid("/ranks: a negative event_offset or event_count")
-    if int(count.sum()) != len(events):
-        raise _Invalid(f"/ranks event_count sums to {int(count.sum())}, /events has {len(events)} rows")
     held = count > 0
-    ends = offset[held] + count[held]
-    if len(ends) and (ends.max() > len(events) or (offset[held][1:] < ends[:-1]).any()):
-        raise _Invalid("/ranks event_offset ranges are not monotonic within /events")
     owner = np.repeat(ranks["rank"][held], count[held])
     if len(events) and not np.array_equal(events["rank"], owner):
         first = int(np.nonzero(events["rank"] != owner)[0][0])
@@ -438,7 +432,23 @@ def _check_ranges(events, rank_steps, ranks, vocab, world: int) -> None:
                        "event_offset/event_count range")
 
 
-def load_trace(path: str, allow_damaged: bool = False) -> Trace:
+def _check_rank_ranges(ranks: np.ndarray, world: int, n_events: int) -> None:
+    """``/ranks`` lists ranks 0..world-1 in order, and their event ranges are monotonic and cover
+    ``n_events`` rows exactly."""
+    if not np.array_equal(ranks["rank"], np.arange(world)):
+        raise _Invalid(f"/ranks does not list ranks 0..{world - 1} in order")
+    offset, count = ranks["event_offset"], ranks["event_count"]
+    if (count < 0).any() or (offset < 0).any():
+        raise _Invalid("/ranks: a negative event_offset or event_count")
+    if int(count.sum()) != n_events:
+        raise _Invalid(f"/ranks event_count sums to {int(count.sum())}, /events has {n_events} rows")
+    held = count > 0
+    ends = offset[held] + count[held]
+    if len(ends) and (ends.max() > n_events or (offset[held][1:] < ends[:-1]).any()):
+        raise _Invalid("/ranks event_offset ranges are not monotonic within /events")
+
+
+def load_trace(path: str, allow_damaged: bool = False, events: bool = True) -> Trace:
     """Read a trace file written by ``fourd-mpi run`` or ``fourd-mpi trace recover``.
 
     Everything is checked before use: the header, the shape and column types of each dataset (and
@@ -448,6 +458,11 @@ def load_trace(path: str, allow_damaged: bool = False) -> Trace:
     (NaN or negative times, a rank's events missing for its trace level: :func:`damage`) is
     *damaged*: it raises :class:`DamagedTraceError` unless ``allow_damaged``; ``Trace.damage``
     lists the reasons.
+
+    ``events=False``: everything but the events themselves (``Trace.events`` is empty): the header,
+    the tables, the per-rank event ranges of ``/ranks`` against the event count, and of a multi-part
+    trace every part file's identity and row count (what ``trace recover`` checks after its workers
+    have read each part back); no damage check.
     """
     h5 = _open(path)
     try:
@@ -478,12 +493,20 @@ def load_trace(path: str, allow_damaged: bool = False) -> Trace:
             vocab = _vocabulary(h5)
             metadata = _metadata(h5, world)
             arrays = {name: _read_dataset(name, dset, _DATASETS[name], missing)
-                      for name, (dset, missing) in found.items() if name != "events" or not parts}
+                      for name, (dset, missing) in found.items() if name != "events" or (not parts and events)}
             if parts:  # a multi-part trace: every part checked, then read one at a time (not through the VDS)
                 from fourd_mpi.trace.merge import read_parts
 
-                arrays["events"] = read_parts(path, h5, str(attrs.get("run_id", "")), n_events)
-            _check_ranges(arrays["events"], arrays["rank_steps"], arrays["ranks"], vocab, world)
+                arrays["events"] = read_parts(path, h5, str(attrs.get("run_id", "")), n_events, read=events)
+            if events:
+                _check_ranges(arrays["events"], arrays["rank_steps"], arrays["ranks"], vocab, world)
+            else:
+                arrays["events"] = np.zeros(0, dtype=EVENT_DTYPE)
+                _check_rank_ranges(arrays["ranks"], world, n_events)
+                bad = np.nonzero(arrays["rank_steps"]["rank"] >= world)[0]
+                if len(bad):
+                    raise _Invalid(f"/rank_steps row {bad[0]}: rank {arrays['rank_steps']['rank'][bad[0]]} outside "
+                                   f"the world of {world}")
     except TraceError:
         raise
     except _Invalid as exc:
@@ -496,7 +519,7 @@ def load_trace(path: str, allow_damaged: bool = False) -> Trace:
                   events=arrays["events"], steps=arrays["steps"], rank_steps=arrays["rank_steps"],
                   ranks=arrays["ranks"], attrs={k: (v.item() if isinstance(v, np.generic) else v)
                                                 for k, v in attrs.items()})
-    trace.damage = damage(trace)
+    trace.damage = damage(trace) if events else []
     if trace.damage and not allow_damaged:
         raise DamagedTraceError(f"{path} is damaged: {trace.damage[0]}"
                                 + (f" (and {len(trace.damage) - 1} more problem(s))" if len(trace.damage) > 1 else "")
@@ -639,40 +662,39 @@ def check_invariants(trace: Trace) -> List[str]:
             problems.append(f"step {step}: step records from ranks {sorted(ranks_in_step)} only")
     wait_code = trace.code("op", "wait")
     collective_codes = [trace.code("op", name) for name in COLLECTIVE_OPS]
-    index = np.nonzero(ev["rank"].astype(np.int64) < world)[0]  # events of ranks outside the world: not checked
-    rank = ev["rank"][index].astype(np.int64)
+    index = np.nonzero(ev["rank"] < world)[0]  # events of ranks outside the world: not checked
+    tab = _Columns(ev, index)  # positions below index the checked events; index[p] is the row in ev
     found: List[Tuple[int, int, int, str]] = []  # (rank, kind, order within kind, message)
-    _lane_problems(ev, index, rank, found)
-    op = ev["op"][index]
-    colls = index[np.isin(op, collective_codes)]
+    _lane_problems(tab, found)
+    op = tab["op"]
+    colls = np.nonzero(np.isin(op, collective_codes))[0]
     key_columns = ("rank", "axis", "step")
 
     def first_per_rank(rows: np.ndarray, kind: int, message) -> None:
         if len(rows):
-            ranks_of = ev["rank"][rows].astype(np.int64)
-            _, first = np.unique(ranks_of, return_index=True)  # rows are in file order: the first per rank
+            _, first = np.unique(tab["rank"][rows], return_index=True)  # rows in file order: the first per rank
             for i in rows[first]:
-                found.append((int(ev["rank"][i]), kind, 0, message(ev[i])))
+                found.append((int(tab["rank"][i]), kind, 0, message(ev[index[i]])))
 
-    waits = index[op == wait_code]
-    inside = _any_match(ev, waits, colls, key_columns,
-                        lambda w, c: (ev["issue_ns"][c] <= ev["start_ns"][w]) & (ev["end_ns"][w] <= ev["complete_ns"][c]))
+    waits = np.nonzero(op == wait_code)[0]
+    inside = _any_match(tab, waits, colls, key_columns, ("start_ns", "end_ns"), ("issue_ns", "complete_ns"),
+                        lambda w, c: (c[0] <= w[0]) & (w[1] <= c[1]))
     first_per_rank(waits[~inside], 1, lambda w: f"rank {w['rank']} step {w['step']}: a wait [{w['start_ns']}, "
                                                 f"{w['end_ns']}] lies outside every collective on its axis")
     for k, name in enumerate(COPY_OPS):  # staged mode: copies sit on their collective's lane, before / after it
         if name not in trace.vocab["ops"]:
             continue
-        copies = index[op == trace.code("op", name)]
+        copies = np.nonzero(op == trace.code("op", name))[0]
         if name == "d2h":
-            ordered = _any_match(ev, copies, colls, key_columns + ("lane",),
-                                 lambda x, c: ev["end_ns"][x] <= ev["issue_ns"][c])
+            ordered = _any_match(tab, copies, colls, key_columns + ("lane",), ("end_ns",), ("issue_ns",),
+                                 lambda x, c: x[0] <= c[0])
         else:
-            ordered = _any_match(ev, copies, colls, key_columns + ("lane",),
-                                 lambda x, c: ev["start_ns"][x] >= ev["complete_ns"][c])
+            ordered = _any_match(tab, copies, colls, key_columns + ("lane",), ("start_ns",), ("complete_ns",),
+                                 lambda x, c: x[0] >= c[0])
         first_per_rank(copies[~ordered], 2 + k, lambda c, name=name: (
             f"rank {c['rank']} step {c['step']}: a {name} copy [{c['start_ns']}, {c['end_ns']}] is not "
             f"{'before' if name == 'd2h' else 'after'} any collective on its lane and axis"))
-    _span_problems(ev, index, found)
+    _span_problems(tab, found)
     found.sort(key=lambda item: item[:3])
     problems += [message for *_, message in found]
     comm_lanes = ev["lane"] >= LANE_COMM0
@@ -681,84 +703,119 @@ def check_invariants(trace: Trace) -> List[str]:
     return problems
 
 
-def _lane_problems(ev: np.ndarray, index: np.ndarray, rank: np.ndarray, found: list) -> None:
+class _Columns:
+    """Contiguous copies of the columns of ``events[index]``, made on first use (a column of a
+    structured array is strided: sorting or gathering it directly is several times slower)."""
+
+    def __init__(self, events: np.ndarray, index: np.ndarray):
+        self.events, self.index, self._cache = events, index, {}
+        self.full = len(index) == len(events)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._cache:
+            column = self.events[name]
+            self._cache[name] = np.ascontiguousarray(column) if self.full else column[self.index]
+        return self._cache[name]
+
+
+def _lane_problems(tab: _Columns, found: list) -> None:
     """Per (rank, lane), events sorted by start (stable): one that ends before it starts, and
-    overlaps of consecutive events beyond 1 ns."""
-    lane = ev["lane"][index].astype(np.int64)
-    order = np.lexsort((ev["start_ns"][index], lane, rank))  # stable: file order among equal starts
-    rows = index[order]
-    r, l = rank[order], lane[order]
-    start, end = ev["start_ns"][rows], ev["end_ns"][rows]
-    if not len(rows):
+    overlaps of consecutive events beyond 1 ns. Events already in (rank, start) order (what the
+    writers store) are taken lane by lane without sorting; others are sorted first."""
+    if not len(tab):
         return
-    cut = np.nonzero((r[1:] != r[:-1]) | (l[1:] != l[:-1]))[0] + 1
-    group = np.repeat(np.arange(len(cut) + 1), np.diff(np.concatenate([[0], cut, [len(rows)]])))
-    group_first = np.concatenate([[0], cut])
-    for g in np.unique(group[end < start]):
-        i = group_first[g]
-        found.append((int(r[i]), 0, 2 * int(l[i]), f"rank {r[i]} lane {lane_name(int(l[i]))}: an event ends "
-                                                   "before it starts"))
-    pair = np.nonzero((start[1:] < end[:-1] - 1) & (group[1:] == group[:-1]))[0]  # pair i: rows i and i + 1
-    if len(pair):
-        groups, first, counts = np.unique(group[pair], return_index=True, return_counts=True)
-        for g, f, n in zip(groups, first, counts):
-            i = pair[f]
-            found.append((int(r[i]), 0, 2 * int(l[i]) + 1,
-                          f"rank {r[i]} lane {lane_name(int(l[i]))}: {n} overlapping events, first at "
-                          f"{start[i + 1]} ns < previous end {end[i]} ns"))
+    rank, start, end, lanes = tab["rank"], tab["start_ns"], tab["end_ns"], tab["lane"]
+    if ((rank[1:] > rank[:-1]) | ((rank[1:] == rank[:-1]) & (start[1:] >= start[:-1]))).all():
+        order = None
+    else:
+        order = np.lexsort((start, lanes, rank))  # stable: file order among equal starts
+    for lane in np.nonzero(np.bincount(lanes, minlength=256))[0]:
+        pick = np.nonzero(lanes == lane)[0] if order is None else order[lanes[order] == lane]
+        r, s, e = rank[pick], start[pick], end[pick]
+        bad = np.nonzero(e < s)[0]
+        for i in np.unique(r[bad], return_index=True)[1]:
+            found.append((int(r[bad[i]]), 0, 2 * int(lane), f"rank {r[bad[i]]} lane {lane_name(int(lane))}: an "
+                                                             "event ends before it starts"))
+        pair = np.nonzero((s[1:] < e[:-1] - 1) & (r[1:] == r[:-1]))[0]  # pair i: events i and i + 1
+        if len(pair):
+            ranks, first, counts = np.unique(r[pair], return_index=True, return_counts=True)
+            for who, f, n in zip(ranks, first, counts):
+                i = pair[f]
+                found.append((int(who), 0, 2 * int(lane) + 1,
+                              f"rank {who} lane {lane_name(int(lane))}: {n} overlapping events, first at "
+                              f"{s[i + 1]} ns < previous end {e[i]} ns"))
 
 
-def _dense_keys(ev: np.ndarray, columns: Tuple[str, ...], *row_sets: np.ndarray) -> List[np.ndarray]:
+def _keys(tab: _Columns, columns: Tuple[str, ...], *row_sets: np.ndarray) -> List[np.ndarray]:
     """One int64 key per event of each of ``row_sets``, equal iff the events agree in every column of
-    ``columns`` (dense codes combined column by column and made dense again: no overflow)."""
+    ``columns``: the columns' offsets from their minimum in mixed radix, or (when that could
+    overflow) dense codes combined column by column."""
     rows = np.concatenate(row_sets)
+    values = [tab[column][rows].astype(np.int64) for column in columns]
+    lows = [int(v.min(initial=0)) for v in values]
+    radix = [int(v.max(initial=0)) - lo + 1 for v, lo in zip(values, lows)]
     key = np.zeros(len(rows), dtype=np.int64)
-    for column in columns:
-        _, codes = np.unique(ev[column][rows], return_inverse=True)
-        key = np.unique(key * (int(codes.max(initial=0)) + 1) + codes.reshape(-1), return_inverse=True)[1].reshape(-1)
+    if float(np.prod([float(r) for r in radix])) < 2.0 ** 62:
+        for v, lo, r in zip(values, lows, radix):
+            key = key * r + (v - lo)
+    else:
+        for v in values:
+            _, codes = np.unique(v, return_inverse=True)
+            key = np.unique(key * (int(codes.max(initial=0)) + 1) + codes.reshape(-1),
+                            return_inverse=True)[1].reshape(-1)
     return np.split(key, np.cumsum([len(r) for r in row_sets])[:-1])
 
 
-def _any_match(ev: np.ndarray, rows: np.ndarray, candidates: np.ndarray, columns: Tuple[str, ...], test,
+def _any_match(tab: _Columns, rows: np.ndarray, candidates: np.ndarray, columns: Tuple[str, ...],
+               row_columns: Tuple[str, ...], candidate_columns: Tuple[str, ...], test,
                pairs_per_pass: int = 1 << 22) -> np.ndarray:
-    """For each event of ``rows``: does ``test(row, candidate)`` (index arrays into ``ev``) hold for
-    some event of ``candidates`` equal to it in every column of ``columns``? Boolean array like
-    ``rows``. A join: the candidates sorted by key, each row paired with every candidate of its key
-    (at most about ``pairs_per_pass`` pairs in memory at a time)."""
+    """For each event of ``rows``: does ``test(row values, candidate values)`` hold for some event of
+    ``candidates`` equal to it in every column of ``columns``? ``test`` gets the ``row_columns`` of
+    the rows and the ``candidate_columns`` of the candidates, pair by pair (lists of arrays). Boolean
+    array like ``rows``. A join: the candidates sorted by key, each row paired with every candidate of
+    its key (at most about ``pairs_per_pass`` pairs in memory at a time)."""
     out = np.zeros(len(rows), dtype=bool)
     if not len(rows) or not len(candidates):
         return out
-    key_rows, key_cands = _dense_keys(ev, columns, rows, candidates)
-    order = np.argsort(key_cands, kind="stable")
+    key_rows, key_cands = _keys(tab, columns, rows, candidates)
+    order = np.argsort(key_cands)
     candidates, key_cands = candidates[order], key_cands[order]
     lo = np.searchsorted(key_cands, key_rows, side="left")
     n = np.searchsorted(key_cands, key_rows, side="right") - lo
+    row_values = [tab[c][rows] for c in row_columns]
+    cand_values = [tab[c][candidates] for c in candidate_columns]
     done = 0
     while done < len(rows):
         stop = done + max(1, int(np.searchsorted(np.cumsum(n[done:]), pairs_per_pass, side="right")))
         counts = n[done:stop]
         who = np.repeat(np.arange(done, stop), counts)
-        first = np.repeat(lo[done:stop] - (np.cumsum(counts) - counts), counts)
-        hit = test(rows[who], candidates[np.arange(len(who)) + first])
+        cand = np.arange(len(who)) + np.repeat(lo[done:stop] - (np.cumsum(counts) - counts), counts)
+        hit = test([v[who] for v in row_values], [v[cand] for v in cand_values])
         out[who[hit]] = True
         done = stop
     return out
 
 
-def _span_problems(ev: np.ndarray, index: np.ndarray, found: list) -> None:
+def _span_problems(tab: _Columns, found: list) -> None:
     """Per step span: the host-lane events of its rank and step sum to at most its length and lie
     inside it."""
-    lane = ev["lane"][index]
-    hosts, spans = index[lane == LANE_HOST], index[lane == LANE_STEP]
+    lane = tab["lane"]
+    hosts, spans = np.nonzero(lane == LANE_HOST)[0], np.nonzero(lane == LANE_STEP)[0]
     if not len(spans):
         return
-    key_hosts, key_spans = _dense_keys(ev, ("rank", "step"), hosts, spans)
-    order = np.argsort(key_hosts, kind="stable")
-    sorted_keys = key_hosts[order]
-    keys, begin = np.unique(sorted_keys, return_index=True)
-    span_start, span_end = ev["start_ns"][spans], ev["end_ns"][spans]
+    key_hosts, key_spans = _keys(tab, ("rank", "step"), hosts, spans)
+    if (key_hosts[1:] < key_hosts[:-1]).any():  # a trace in (rank, time) order needs no sort
+        order = np.argsort(key_hosts, kind="stable")
+        hosts, key_hosts = hosts[order], key_hosts[order]
+    begin = np.concatenate([[0], np.nonzero(key_hosts[1:] != key_hosts[:-1])[0] + 1]) if len(hosts) \
+        else np.zeros(0, dtype=np.int64)
+    keys = key_hosts[begin]
+    span_start, span_end = tab["start_ns"][spans], tab["end_ns"][spans]
     if len(keys):
-        h_start, h_end = ev["start_ns"][hosts][order], ev["end_ns"][hosts][order]
+        h_start, h_end = tab["start_ns"][hosts], tab["end_ns"][hosts]
         total = np.add.reduceat(h_end - h_start, begin)  # int64: exact
         lo, hi = np.minimum.reduceat(h_start, begin), np.maximum.reduceat(h_end, begin)
         pos = np.minimum(np.searchsorted(keys, key_spans), len(keys) - 1)
@@ -768,7 +825,7 @@ def _span_problems(ev: np.ndarray, index: np.ndarray, found: list) -> None:
     else:
         blocking, outside = np.zeros(len(spans), dtype=np.int64), np.zeros(len(spans), dtype=bool)
     for j in np.nonzero((blocking > span_end - span_start) | outside)[0]:
-        span = ev[spans[j]]
+        span = tab.events[tab.index[spans[j]]]
         if blocking[j] > span_end[j] - span_start[j]:
             found.append((int(span["rank"]), 10, 2 * int(spans[j]),
                           f"rank {span['rank']} step {span['step']}: blocking events sum to {blocking[j]} ns, more "

@@ -802,24 +802,33 @@ def live_ranks(spool_dir: str, world: int) -> List[str]:
                 meta = json.load(fh)
         except (OSError, ValueError):
             meta = {}
-        where = f"rank {rank} (pid {meta.get('pid', '?')} on {meta.get('hostname', '?')})"
-        if meta.get("lock", True) is False:
-            pid = meta.get("pid")
-            if meta.get("hostname") == host and isinstance(pid, int) and _pid_alive(pid):
-                live.append(where)
-            continue
-        try:
-            fd = os.open(stem + ".events", os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
-                live.append(where)
-        finally:
-            os.close(fd)  # releases the probe's own lock
+        where = live_rank(stem, rank, meta if isinstance(meta, dict) else {}, host)
+        if where is not None:
+            live.append(where)
     return live
+
+
+def live_rank(stem: str, rank: int, meta: Dict, host: str) -> Optional[str]:
+    """``"rank R (pid P on HOST)"`` if a running process holds the spool files ``stem.*`` of ``rank``
+    (``meta``: its ``.json``, ``{}`` if unreadable), else None (:func:`live_ranks`)."""
+    where = f"rank {rank} (pid {meta.get('pid', '?')} on {meta.get('hostname', '?')})"
+    if meta.get("lock", True) is False:
+        pid = meta.get("pid")
+        if meta.get("hostname") == host and isinstance(pid, int) and _pid_alive(pid):
+            return where
+        return None
+    try:
+        fd = os.open(stem + ".events", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            return where
+    finally:
+        os.close(fd)  # releases the probe's own lock
+    return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -852,8 +861,12 @@ def recovered_status(failures: Sequence[Dict]) -> str:
     return "failed"
 
 
+#: how ``recover`` verifies the trace before it calls the spool removable (``check=``)
+RECOVER_CHECKS = ("readback", "full")
+
+
 def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, summarize=None,
-            group_size: int = 0, jobs: int = 1, compression: str = "gzip") -> Dict:
+            group_size: int = 0, jobs: int = 1, compression: str = "gzip", check: str = "readback") -> Dict:
     """Merge the spool of a crashed run into a ``partial`` (or ``failed``) trace.
 
     Keeps the steps that every rank finished (their step record is on disk).
@@ -861,14 +874,25 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
     ``metadata["summary"]``). Returns a dict with the path, status, steps kept
     and what was dropped, ``live`` (ranks still running when forced), and ``removable``: None
     if the spool may be deleted (the trace holds every whole step of every rank, nothing was
-    dropped, the run was not live, and the written file reads back with no invariant violated),
-    else the reason to keep it.
+    dropped, the run was not live, and the written trace is verified), else the reason to keep it;
+    ``verified``: how (``check``):
+
+    - ``"readback"`` (default) for a multi-part trace: every part file is opened again by a worker and
+      its event bytes compared with those written (CRC-32), the top-level file is read back with every
+      check but the events' (``load_trace(events=False)``: header, tables, part identities and row
+      counts), and every kept (rank, step) holds exactly the events its step record counts. The
+      workers check the parts in parallel; no process reads more than one group's events.
+    - ``"full"``, and any single-file trace: the whole trace is loaded (``load_trace``: every column
+      validated, damage) and passes :func:`~fourd_mpi.trace.read.check_invariants`, in this process
+      (``trace check``).
 
     A run whose ranks still hold their spool locks (:func:`live_ranks`) is refused unless
     ``force`` (which also replaces an existing output file). Raises :class:`TraceError` with one
     line; on an I/O error no temporary file is left.
     """
     meta_path = os.path.join(spool_dir, RUN_META)
+    if check not in RECOVER_CHECKS:
+        raise TraceError(f"unknown recover check {check!r}: choose one of {', '.join(RECOVER_CHECKS)}")
     if not os.path.isdir(spool_dir):
         raise TraceError(f"{spool_dir} is not a directory")
     try:
@@ -881,12 +905,6 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
     world = int(run_meta.get("world_size", 0))
     if world < 1:
         raise TraceError(f"{meta_path} has no world_size")
-    live = live_ranks(spool_dir, world)
-    if live and not force:
-        shown = ", ".join(live[:3]) + (f" and {len(live) - 3} more" if len(live) > 3 else "")
-        raise TraceError(f"the run of {spool_dir} is still running: {shown} hold their spool files; recover it "
-                         "after it ends (it merges its own trace), or --force for a partial trace of the steps "
-                         "so far (the spool is kept)")
     from fourd_mpi.trace.merge import (GroupPool, concat_records, plan_groups, read_group_records, recover_group,
                                        recover_parts, resolve_group_size)
 
@@ -897,43 +915,51 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
     path = output or spool_dir.rstrip("/").removesuffix(SPOOL_SUFFIX) + ".h5"
     run_id = str(run_meta.get("run_id", ""))
     with GroupPool(jobs, len(groups)) as pool:
-        # pass 1, group by group: metadata and step records (small), to know the steps every rank finished
-        rank_metas, rank_steps, failures, missing = [], [], [], []
-        for metas, steps, fails, lost in pool.map(read_group_records, [(spool_dir, a, b) for a, b in groups]):
+        # pass 1, group by group: metadata, step records (small) and spool locks, to know the steps every
+        # rank finished and whether the run still lives
+        rank_metas, rank_steps, failures, missing, live = [], [], [], [], []
+        for metas, steps, fails, lost, held in pool.map(read_group_records, [(spool_dir, a, b) for a, b in groups]):
             rank_metas += metas
             rank_steps += steps
             failures += fails
             missing += lost
+            live += held
+        if live and not force:
+            shown = ", ".join(live[:3]) + (f" and {len(live) - 3} more" if len(live) > 3 else "")
+            raise TraceError(f"the run of {spool_dir} is still running: {shown} hold their spool files; recover it "
+                             "after it ends (it merges its own trace), or --force for a partial trace of the steps "
+                             "so far (the spool is kept)")
         done = set(rank_steps[0]["step"].tolist())
         for steps in rank_steps[1:]:
             done &= set(steps["step"].tolist())
         every = set().union(*(set(steps["step"].tolist()) for steps in rank_steps))
         kept = np.array(sorted(done), dtype=np.int32)
-        # pass 2: the events, one rank at a time per process
+        # pass 2: the events, a batch of whole ranks at a time per process
         writer = TraceFileWriter(path, force, compression=compression, parts=len(groups) > 1)
         with _aborting_on_error(writer, path):
             if len(groups) > 1:
-                counts, dropped, peak_kib = recover_parts(spool_dir, groups, kept, writer.staged, run_id,
-                                                          compression, pool)
-                writer.bind(groups, counts)
+                results = recover_parts(spool_dir, groups, kept, writer.staged, run_id, compression, pool)
+                writer.bind(groups, [c for result in results for c in result.counts])
             else:
-                counts, dropped, peak_kib = recover_group(spool_dir, 0, 0, world, kept, None, run_id, compression,
-                                                          writer=writer)
-    with _aborting_on_error(writer, path):
-        status = recovered_status(failures)
-        all_steps = concat_records(rank_steps, RANK_STEP_DTYPE)
-        metadata = dict(run_meta, recovered=now_iso(), recovered_from=os.path.abspath(spool_dir),
-                        failures=failures, ranks_without_metadata=missing, steps_kept=len(kept),
-                        events_dropped=dropped, recovered_while_live=live)
-        metadata.pop("trace_path", None)
-        kept_steps = all_steps[np.isin(all_steps["step"], kept)]
-        if len(kept_steps) and summarize is not None:
-            metadata["summary"] = summarize(kept_steps).as_dict()
-        path = writer.finish(metadata, ranks_table(rank_metas), kept_steps, run_meta.get("layers", []), status)
-    removable = _why_keep(path, live, missing, sorted(every - done), dropped)
+                results = [recover_group(spool_dir, 0, 0, world, kept, None, run_id, compression, writer=writer)]
+        dropped = sum(result.dropped for result in results)
+        with _aborting_on_error(writer, path):
+            status = recovered_status(failures)
+            all_steps = concat_records(rank_steps, RANK_STEP_DTYPE)
+            metadata = dict(run_meta, recovered=now_iso(), recovered_from=os.path.abspath(spool_dir),
+                            failures=failures, ranks_without_metadata=missing, steps_kept=len(kept),
+                            events_dropped=dropped, recovered_while_live=live)
+            metadata.pop("trace_path", None)
+            kept_steps = all_steps[np.isin(all_steps["step"], kept)]
+            if len(kept_steps) and summarize is not None:
+                metadata["summary"] = summarize(kept_steps).as_dict()
+            path = writer.finish(metadata, ranks_table(rank_metas), kept_steps, run_meta.get("layers", []), status)
+        verified = "readback" if check == "readback" and writer.parts else "full"
+        removable = _why_keep(path, live, missing, sorted(every - done), dropped, verified, results, kept_steps,
+                              groups, run_id, pool)
     return {"path": path, "status": status, "steps": kept.tolist(), "events_dropped": dropped,
             "failures": failures, "live": live, "removable": removable, "parts": writer.parts,
-            "peak_rss_kib": peak_kib}
+            "peak_rss_kib": max(result.peak_rss_kib for result in results), "verified": verified}
 
 @contextlib.contextmanager
 def _aborting_on_error(writer: TraceFileWriter, path: str):
@@ -948,8 +974,10 @@ def _aborting_on_error(writer: TraceFileWriter, path: str):
         raise
 
 
-def _why_keep(path: str, live: List[str], missing: List[int], unfinished: List[int], dropped: int) -> Optional[str]:
-    """None if the spool of a recovered trace may be deleted, else the reason to keep it."""
+def _why_keep(path: str, live: List[str], missing: List[int], unfinished: List[int], dropped: int, verified: str,
+              results, kept_steps: np.ndarray, groups, run_id: str, pool) -> Optional[str]:
+    """None if the spool of a recovered trace may be deleted, else the reason to keep it (``verified``:
+    how the trace is checked, see :func:`recover`)."""
     if live:
         return f"the run was still running ({len(live)} rank(s) held their files)"
     if missing:
@@ -959,10 +987,58 @@ def _why_keep(path: str, live: List[str], missing: List[int], unfinished: List[i
                 "in the trace")
     from fourd_mpi.trace.read import check_invariants, load_trace
 
+    if verified == "full":
+        try:
+            problems = check_invariants(load_trace(path))
+        except (OSError, TraceError) as exc:
+            return f"the written trace does not read back: {exc}"
+        if problems:
+            return f"the written trace violates {len(problems)} invariant(s) ('fourd-mpi trace check {path}')"
+        return None
+    from fourd_mpi.trace.merge import part_name, parts_dir_of, verify_part
+
+    why = _rank_step_mismatch(results, kept_steps)
+    if why is not None:
+        return why
+    parts_dir = parts_dir_of(os.path.abspath(path))
+    tasks = [(os.path.join(parts_dir, part_name(i)), i, sum(result.counts), result.crc, run_id)
+             for i, result in enumerate(results)]
+    why = next((w for w in pool.map(verify_part, tasks) if w is not None), None)
+    if why is not None:
+        return why
     try:
-        problems = check_invariants(load_trace(path))
+        load_trace(path, events=False)
     except (OSError, TraceError) as exc:
         return f"the written trace does not read back: {exc}"
-    if problems:
-        return f"the written trace violates {len(problems)} invariant(s) ('fourd-mpi trace check {path}')"
     return None
+
+
+def _rank_step_mismatch(results, kept_steps: np.ndarray) -> Optional[str]:
+    """None if the events written per (rank, step) (the groups' ``keys``/``held``) equal the ``events``
+    of the kept step records, else the first difference."""
+    from fourd_mpi.trace.merge import rank_step_keys
+
+    keys = np.concatenate([result.keys for result in results])
+    held = np.concatenate([result.held for result in results])
+    order = np.argsort(keys, kind="stable")
+    keys, held = keys[order], held[order]
+    records = rank_step_keys(kept_steps["rank"], kept_steps["step"])
+    order = np.argsort(records, kind="stable")
+    records, expected = records[order], kept_steps["events"][order]
+    if len(records) != len(np.unique(records)):
+        return "the kept step records hold a duplicate (rank, step)"
+    if np.array_equal(keys, records) and np.array_equal(held, expected):
+        return None
+    both = np.union1d(keys, records)
+    have = np.zeros(len(both), dtype=np.int64)
+    want = np.zeros(len(both), dtype=np.int64)
+    have[np.searchsorted(both, keys)] = held
+    want[np.searchsorted(both, records)] = expected
+    bad = np.nonzero(have != want)[0]
+    if not len(bad):  # differ only by rank-steps without events whose records say 0
+        return None
+    key = int(both[bad[0]])
+    step = key & 0xFFFFFFFF
+    step -= (1 << 32) if step & 0x80000000 else 0
+    return (f"rank {key >> 32} step {step}: {have[bad[0]]} events in the trace, its record says {want[bad[0]]} "
+            f"({len(bad)} such rank-steps)")

@@ -131,7 +131,7 @@ def test_vectorised_invariants_join_in_passes(base_trace, monkeypatch):
 
     rng = np.random.default_rng(7)
     original = read._any_match
-    monkeypatch.setattr(read, "_any_match", lambda *a, **k: original(*a, pairs_per_pass=3))
+    monkeypatch.setattr(read, "_any_match", lambda *a, **k: original(*a, **k, pairs_per_pass=3))
     for trial in range(40):
         trace = mutate(copy.copy(base_trace), rng)
         assert check_invariants(trace) == reference_invariants(trace), trial
