@@ -206,3 +206,83 @@ def test_trace_recover_cli_by_groups(tmp_path):
     assert trace.attrs["parts"] == 2 and len(trace.events) == expected and check_invariants(trace) == []
     with h5py.File(str(tmp_path / "run-g.parts" / "part000000.h5"), "r") as part:
         assert part["events"].compression == "lzf"
+
+
+# ---------------------------------------------------------------------------
+# recover's removability check of a multi-part trace (readback) and its worker pool
+# ---------------------------------------------------------------------------
+
+def test_readback_check_calls_a_sound_multi_part_trace_removable_like_the_full_check(tmp_path):
+    spool = spool_of(tmp_path, 6, [2] * 6)
+    fast = recover(spool, output=str(tmp_path / "fast.h5"), group_size=2, jobs=2)
+    full = recover(spool, output=str(tmp_path / "full.h5"), group_size=2, check="full")
+    assert fast["verified"] == "readback" and full["verified"] == "full"
+    assert fast["removable"] is None and full["removable"] is None
+    same_trace(load_trace(fast["path"]), load_trace(full["path"]))
+    single = recover(spool, output=str(tmp_path / "one.h5"), group_size=6)  # one file: always the full check
+    assert single["verified"] == "full" and single["removable"] is None
+    with pytest.raises(TraceError, match="unknown recover check"):
+        recover(spool, output=str(tmp_path / "x.h5"), check="quick")
+
+
+def test_readback_sees_a_part_that_differs_from_what_was_written(tmp_path):
+    from fourd_mpi.trace.merge import verify_part
+
+    spool = spool_of(tmp_path, 4, [2] * 4)
+    path = recover(spool, group_size=2)["path"]
+    part = parts_dir_of(path) + "/part000001.h5"
+    with h5py.File(part, "r") as f:
+        events, run_id = f["events"][()], str(f.attrs["run_id"])
+    import zlib
+
+    crc = zlib.crc32(events.view(np.uint8))
+    assert verify_part((part, 1, len(events), crc, run_id)) is None
+    assert "differ from those written" in verify_part((part, 1, len(events), crc ^ 1, run_id))
+    assert "attributes written" in verify_part((part, 0, len(events), crc, run_id))
+    with h5py.File(part, "r+") as f:  # one time changed on disk after the write
+        f["events"][0, "start_ns"] = events["start_ns"][0] + 1
+    assert "differ from those written" in verify_part((part, 1, len(events), crc, run_id))
+    os.remove(part)
+    assert "does not read back" in verify_part((part, 1, len(events), crc, run_id))
+
+
+def test_readback_keeps_the_spool_when_a_rank_step_lacks_events_its_record_counts(tmp_path):
+    spool = spool_of(tmp_path, 4, [2] * 4)
+    events_file = os.path.join(spool, "rank000002.events")  # rank 2 lost its last event of step 1
+    size = os.path.getsize(events_file)
+    os.truncate(events_file, size - EVENT_DTYPE.itemsize)
+    result = recover(spool, group_size=2, jobs=2)
+    assert result["verified"] == "readback"
+    assert result["removable"] == "rank 2 step 1: 6 events in the trace, its record says 7 (1 such rank-steps)"
+    full = recover(spool, output=str(tmp_path / "full.h5"), group_size=2, check="full")
+    assert "does not read back" in full["removable"] and "damaged" in full["removable"]
+
+
+def test_group_pool_forks_only_without_open_hdf5_objects(tmp_path):
+    from fourd_mpi.trace.merge import GroupPool
+
+    with GroupPool(2, 3) as pool:
+        assert pool.start_method == "fork" and pool.map(abs, [-1, 2, -3]) == [1, 2, 3]
+    path = tmp_path / "open.h5"
+    with h5py.File(path, "w"):  # an open file: a forked child would inherit its HDF5 state
+        with GroupPool(2, 3) as pool:
+            assert pool.start_method == "spawn" and pool.map(abs, [-1, 2, -3]) == [1, 2, 3]
+    with GroupPool(1, 3) as pool:
+        assert pool.pool is None and pool.map(abs, [-4]) == [4]
+
+
+def test_recover_reads_rank_files_in_batches_and_sorts_each_rank(tmp_path, monkeypatch):
+    """Batches smaller than a group (one rank each, or two) give the same trace as one batch."""
+    from fourd_mpi.trace import merge
+
+    spool = spool_of(tmp_path, 5, [3, 3, 3, 2, 3])
+    whole = load_trace(recover(spool, output=str(tmp_path / "whole.h5"), group_size=5)["path"])
+    original = merge.rank_batches
+    for rows in (1, 9):
+        monkeypatch.setattr(merge, "rank_batches", lambda *a, rows=rows, original=original: original(*a, max_events=rows))
+        for size in (5, 2):
+            out = str(tmp_path / f"b{rows}-{size}.h5")
+            same_trace(whole, load_trace(recover(spool, output=out, group_size=size)["path"]))
+    assert (np.diff(whole.events["rank"].astype(np.int64)) >= 0).all()
+    for rank in range(5):
+        assert (np.diff(whole.events["start_ns"][whole.events["rank"] == rank]) >= 0).all()
