@@ -2,24 +2,29 @@
 
 1. Builds the spool of a crashed run of ``--ranks`` ranks x ``--steps`` op-level steps (real
    ``RankSpool`` files: ``run.json``, per rank ``.json``, ``.events``, ``.steps``), every step the
-   ~200-event GPT template of ``bench/analysis_bench.py`` stretched per rank, its events in
+   ~140-event GPT template of ``bench/analysis_bench.py`` stretched per rank, its events in
    recording order (spans after their contents), so the merge must sort them.
-2. Recovers it (``fourd_mpi.trace.store.recover``, what ``fourd-mpi trace recover`` runs) in a
-   fresh process per configuration: one file (the single-writer path of schema 4) or groups of
+2. Measures the I/O floor on the same file system: reading the spool's ``.events`` files (4,096
+   opens, page cache) and writing that many bytes to one new file (page cache, no fsync, as the
+   trace writers do), in MB/s; ``floor s`` = events bytes / read rate + output bytes / write rate.
+3. Recovers it (``fourd_mpi.trace.store.recover``, what ``fourd-mpi trace recover`` runs) in a
+   fresh process per configuration: one file (the single-writer path) or groups of
    ``--group-size`` ranks (part files bound by a virtual ``/events``), ``jobs`` worker processes,
-   each compression. Rate = events in the trace / wall time of ``recover`` (reading every
-   rank's files, sorting, writing, publishing); on a shared machine also per CPU-second (user +
-   system time of the process and its workers, less sensitive to other jobs). Peak memory =
-   ``ru_maxrss`` of the recovering process and of its workers (largest), compared with the
-   import baseline (a process that only imports the modules) and with the bytes of one
-   group's and of all events.
-3. ``fourd-mpi analyze FILE`` (a subprocess, wall time) of the single-file and the multi-part
-   trace of the same events, and ``load_trace`` alone.
+   each compression. The configurations run in turn within each repeat (alternating, so a change
+   of machine load hits them alike). Rate = events in the trace / wall time of ``recover``
+   (reading every rank's files, sorting, writing, publishing, and the removability check:
+   ``readback`` for parts, the whole-trace check for one file). ``M ev/CPU-s`` = events / (user +
+   system time of the process and its workers): less sensitive to other jobs on a shared machine.
+   Peak memory = ``ru_maxrss`` (``resource.getrusage``) of the recovering process and of its largest
+   worker, next to the import baseline (a process that only imports the modules) and the bytes of
+   one group's and of all events.
+4. ``fourd-mpi analyze FILE`` (a subprocess, wall time) of the single-file and the multi-part
+   trace of the same events, alternating, and ``load_trace`` alone; ratio parts / one file of the
+   medians.
 
-Each configuration runs ``--repeats`` times (the machine may be shared: medians, and the
-spread as min-max). Prints a table.
+Seconds are the median and quartiles (q1-q3) of ``--repeats``. Prints tables.
 
-    OMP_NUM_THREADS=1 python bench/trace_merge_bench.py [--ranks 4096] [--steps 4] [--group-size 128]
+    OMP_NUM_THREADS=1 python bench/trace_merge_bench.py [--ranks 4096] [--steps 10] [--group-size 128]
 """
 
 from __future__ import annotations
@@ -148,22 +153,53 @@ def med(values):
     return statistics.median(values)
 
 
-def spread(values, scale=1.0, fmt="{:.2f}"):
-    return (fmt + " ({}-{})").format(med(values) * scale, fmt.format(min(values) * scale),
-                                     fmt.format(max(values) * scale))
+def spread(values, fmt="{:.2f}"):
+    """``median (q1-q3)``."""
+    if len(values) >= 2:
+        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    else:
+        q1 = q3 = values[0]
+    return (fmt + " ({}-{})").format(med(values), fmt.format(q1), fmt.format(q3))
+
+
+def io_floor(spool: str, out_dir: str, nbytes: int) -> dict:
+    """Read rate of the spool's ``.events`` files and write rate of ``nbytes`` into a new file of
+    ``out_dir`` (page cache, like the writers; 4 MiB writes), MB/s."""
+    names = sorted(n for n in os.listdir(spool) if n.endswith(".events"))
+    t = time.perf_counter()
+    total = 0
+    for name in names:
+        with open(os.path.join(spool, name), "rb", buffering=0) as fh:
+            total += len(fh.read())
+    read_s = time.perf_counter() - t
+    block = np.random.default_rng(1).integers(0, 255, 4 << 20, dtype=np.uint8).tobytes()
+    path = os.path.join(out_dir, "io-floor.bin")
+    t = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        done = 0
+        while done < nbytes:
+            done += os.write(fd, block[:min(len(block), nbytes - done)])
+    finally:
+        os.close(fd)
+    write_s = time.perf_counter() - t
+    os.remove(path)
+    return {"read_MBps": total / read_s / 1e6, "write_MBps": nbytes / write_s / 1e6}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=4096)
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--blocks", type=int, default=1, help="GPT blocks of the template step (1: ~130 events)")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--blocks", type=int, default=1, help="GPT blocks of the template step (1: ~140 events)")
     p.add_argument("--ranks-per-node", type=int, default=128, help="written to run.json (default 128)")
     p.add_argument("--group-size", type=int, default=128, help="ranks per part (default 128)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes of the grouped recoveries (default 2)")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--analyze-repeats", type=int, default=3)
-    p.add_argument("--dir", help="work directory (kept); default: a temporary one, removed")
+    p.add_argument("--no-single", action="store_true", help="skip the single-file recoveries (slow)")
+    p.add_argument("--dir", help="work directory (kept; a spool of the same shape there is reused); "
+                                 "default: a temporary one, removed")
     p.add_argument("--worker", choices=("recover", "load", "baseline"), help=argparse.SUPPRESS)
     p.add_argument("--spool", help=argparse.SUPPRESS)
     p.add_argument("--path", help=argparse.SUPPRESS)
@@ -176,78 +212,97 @@ def main(argv=None) -> int:
                PYTHONPATH=os.path.join(HERE, "..") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     base = args.dir or tempfile.mkdtemp(prefix="fourd-merge-bench-")
     os.makedirs(base, exist_ok=True)
-    spool = os.path.join(base, "bench.ranks")
+    spool = os.path.join(base, f"bench-{args.ranks}x{args.steps}x{args.blocks}.ranks")
     try:
-        if os.path.exists(spool):
-            shutil.rmtree(spool)
         t = time.perf_counter()
-        events = build_spool(spool, args.ranks, args.steps, args.blocks, args.ranks_per_node)
+        if os.path.isfile(os.path.join(spool, "events.count")):
+            with open(os.path.join(spool, "events.count")) as fh:
+                events = int(fh.read())
+            how = "reused"
+        else:
+            shutil.rmtree(spool, ignore_errors=True)
+            events = build_spool(spool, args.ranks, args.steps, args.blocks, args.ranks_per_node)
+            with open(os.path.join(spool, "events.count"), "w") as fh:
+                fh.write(str(events))
+            how = "built"
         build_s = time.perf_counter() - t
         ev_bytes = EVENT_DTYPE.itemsize
         group_events = events // args.ranks * args.group_size
+        print(f"# OMP_NUM_THREADS=1 python bench/trace_merge_bench.py {' '.join(argv or sys.argv[1:])}")
         print(f"spool: {args.ranks} ranks x {args.steps} steps x {events // args.ranks // args.steps} events = "
-              f"{events:,} events ({events * ev_bytes / 2**20:.0f} MiB raw, {ev_bytes} B/event), built in "
-              f"{build_s:.1f} s; machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+              f"{events:,} events ({events * ev_bytes / 2**20:.0f} MiB raw, {ev_bytes} B/event), {how} in "
+              f"{build_s:.1f} s; machine: {os.cpu_count()} CPUs, load average "
+              f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at start")
+        floor = io_floor(spool, base, events * ev_bytes)
+        print(f"I/O floor on this file system: read the .events files {floor['read_MBps']:.0f} MB/s, write one file "
+              f"{floor['write_MBps']:.0f} MB/s (page cache, no fsync)")
         baseline = run_json(["--worker", "baseline"], env)["rss_self_kib"]
-        configs = [  # label, group size, jobs, compression
-            ("one file (schema-4 path)", args.ranks, 1, "gzip"),
-            (f"groups of {args.group_size}", args.group_size, 1, "gzip"),
-            (f"groups of {args.group_size}", args.group_size, args.jobs, "gzip"),
-            ("one file (schema-4 path)", args.ranks, 1, "none"),
-            (f"groups of {args.group_size}", args.group_size, args.jobs, "lzf"),
-            (f"groups of {args.group_size}", args.group_size, args.jobs, "none"),
-        ]
-        rows, keep = [], {}
-        for label, group, jobs, compression in configs:
-            out = os.path.join(base, f"g{group}-j{jobs}-{compression}.h5")
-            samples = []
-            for _ in range(args.repeats):
-                remove_trace(out)
-                samples.append(run_json(["--worker", "recover", "--spool", spool, "--path", out, "--group-size",
-                                         group, "--jobs", jobs, "--compression", compression], env))
-            assert all(s["events"] == events for s in samples), samples
-            rows.append((label, samples[0]["parts"], jobs, compression, samples, trace_bytes(out)))
-            keep[(group, jobs, compression)] = out
+        configs = []  # label, group size, jobs, compression
+        if not args.no_single:
+            configs += [("one file", args.ranks, 1, "gzip"), ("one file", args.ranks, 1, "none")]
+        configs += [(f"groups of {args.group_size}", args.group_size, 1, "none")]
+        configs += [(f"groups of {args.group_size}", args.group_size, args.jobs, c) for c in ("none", "lzf", "gzip")]
+        samples = {c: [] for c in configs}
+        outs = {c: os.path.join(base, f"g{c[1]}-j{c[2]}-{c[3]}.h5") for c in configs}
+        for _ in range(args.repeats):  # alternating: every configuration once per round
+            for config in configs:
+                _, group, jobs, compression = config
+                remove_trace(outs[config])
+                samples[config].append(run_json(["--worker", "recover", "--spool", spool, "--path", outs[config],
+                                                 "--group-size", group, "--jobs", jobs, "--compression",
+                                                 compression], env))
         print()
-        print("recover (fourd_mpi.trace.store.recover in a fresh process); rate = events / wall time; "
-              f"median (min-max) of {args.repeats}")
+        print(f"recover (fourd_mpi.trace.store.recover in a fresh process, removability check included); "
+              f"median (q1-q3) of {args.repeats}, alternating")
         print(f"peak RSS: ru_maxrss; import baseline {baseline / 1024:.0f} MiB (numpy, h5py, fourd_mpi.trace "
               f"imported); one group's events {group_events * ev_bytes / 2**20:.1f} MiB "
               f"({args.group_size} ranks), all events {events * ev_bytes / 2**20:.0f} MiB")
-        header = (f"{'layout':<26} {'parts':>5} {'jobs':>4} {'compr.':>6} {'wall s':>18} {'M events/s':>18} "
-                  f"{'M ev/CPU-s':>18} "
-                  f"{'RSS main MiB':>13} {'RSS writer MiB':>15} {'size MiB':>9}")
+        header = (f"{'layout':<16} {'events':>10} {'ranks':>6} {'group':>6} {'parts':>5} {'codec':>5} {'jobs':>4} "
+                  f"{'seconds':>18} {'M events/s':>18} {'M ev/CPU-s':>11} {'RSS main MiB':>12} "
+                  f"{'RSS worker MiB':>14} {'size MiB':>9} {'floor s':>7}")
         print(header)
         print("-" * len(header))
-        for label, parts, jobs, compression, samples, size in rows:
-            secs = [s["seconds"] for s in samples]
-            rates = [events / s / 1e6 for s in secs]
-            cpu_rates = [events / s["cpu_seconds"] / 1e6 for s in samples]
-            rss_main = max(s["rss_self_kib"] for s in samples) / 1024
-            rss_writer = max(max(s["rss_writer_kib"], s["rss_children_kib"]) for s in samples) / 1024
-            print(f"{label:<26} {parts:>5} {jobs:>4} {compression:>6} {spread(secs):>18} {spread(rates):>18} "
-                  f"{spread(cpu_rates):>18} "
-                  f"{rss_main:>13.0f} {rss_writer:>15.0f} {size / 2**20:>9.1f}")
+        for config in configs:
+            label, group, jobs, compression = config
+            runs = samples[config]
+            assert all(r["events"] == events for r in runs), runs
+            secs = [r["seconds"] for r in runs]
+            rates = [events / x / 1e6 for x in secs]
+            cpu_rate = med([events / r["cpu_seconds"] / 1e6 for r in runs])
+            rss_main = max(r["rss_self_kib"] for r in runs) / 1024
+            rss_worker = f"{max(max(r['rss_writer_kib'], r['rss_children_kib']) for r in runs) / 1024:.0f}" \
+                if jobs > 1 else "-"
+            size = trace_bytes(outs[config])
+            floor_s = events * ev_bytes / (floor["read_MBps"] * 1e6) + size / (floor["write_MBps"] * 1e6)
+            print(f"{label:<16} {events:>10,} {args.ranks:>6} {group:>6} {runs[0]['parts']:>5} {compression:>5} "
+                  f"{jobs:>4} {spread(secs):>18} {spread(rates):>18} {cpu_rate:>11.2f} {rss_main:>12.0f} "
+                  f"{rss_worker:>14} {size / 2**20:>9.1f} {floor_s:>7.2f}")
+        print(f"load average after the recoveries {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         print()
-        print(f"reading: wall time of `fourd-mpi analyze FILE` (subprocess) and of load_trace alone, median (min-max) "
-              f"of {args.analyze_repeats}")
-        print(f"{'trace':<40} {'analyze s':>20} {'load_trace s':>20}")
-        for key, label in (((args.ranks, 1, "gzip"), "one file, gzip"),
-                           ((args.group_size, args.jobs, "gzip"), f"{args.ranks // args.group_size} parts, gzip"),
-                           ((args.ranks, 1, "none"), "one file, none"),
-                           ((args.group_size, args.jobs, "none"), f"{args.ranks // args.group_size} parts, none")):
-            path = keep[key]
-            analyze, load = [], []
-            for _ in range(args.analyze_repeats):
-                t = time.perf_counter()
-                proc = subprocess.run([sys.executable, "-m", "fourd_mpi", "analyze", path], capture_output=True,
-                                      text=True, env=env)
-                analyze.append(time.perf_counter() - t)
-                if proc.returncode != 0:
-                    raise SystemExit(f"analyze {path} failed: {proc.stderr.strip()}")
-                load.append(run_json(["--worker", "load", "--path", path], env)["seconds"])
-            print(f"{label:<40} {spread(analyze):>20} {spread(load):>20}")
-        print(f"load average at the end {os.getloadavg()[0]:.1f}")
+        pairs = [(c, args.ranks, 1, c) for c in ("gzip", "none")] if not args.no_single else []
+        if pairs:
+            print(f"reading: wall time of `fourd-mpi analyze FILE` (subprocess) and of load_trace alone; one file and "
+                  f"{args.ranks // args.group_size} parts of the same events alternating; median (q1-q3) of "
+                  f"{args.analyze_repeats}")
+            print(f"{'trace':<28} {'analyze s':>20} {'load_trace s':>20} {'analyze parts/one':>18}")
+            for codec, *_ in pairs:
+                one, parts = outs[("one file", args.ranks, 1, codec)], \
+                    outs[(f"groups of {args.group_size}", args.group_size, args.jobs, codec)]
+                times = {one: ([], []), parts: ([], [])}
+                for _ in range(args.analyze_repeats):
+                    for path in (one, parts):
+                        t = time.perf_counter()
+                        proc = subprocess.run([sys.executable, "-m", "fourd_mpi", "analyze", path],
+                                              capture_output=True, text=True, env=env)
+                        times[path][0].append(time.perf_counter() - t)
+                        if proc.returncode != 0:
+                            raise SystemExit(f"analyze {path} failed: {proc.stderr.strip()}")
+                        times[path][1].append(run_json(["--worker", "load", "--path", path], env)["seconds"])
+                ratio = med(times[parts][0]) / med(times[one][0])
+                print(f"{'one file, ' + codec:<28} {spread(times[one][0]):>20} {spread(times[one][1]):>20}")
+                print(f"{f'{args.ranks // args.group_size} parts, ' + codec:<28} {spread(times[parts][0]):>20} "
+                      f"{spread(times[parts][1]):>20} {ratio:>18.2f}")
+        print(f"load average at the end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     finally:
         if not args.dir:
             shutil.rmtree(base, ignore_errors=True)
