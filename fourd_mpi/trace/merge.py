@@ -166,15 +166,16 @@ class PartWriter:
     """Writes the ``/events`` of one group of ranks into ``path`` (a part file, see the module doc)."""
 
     def __init__(self, path: str, index: int, first_rank: int, rank_count: int, run_id: str,
-                 compression: str = "gzip"):
+                 compression: str = "gzip", checksum: bool = False):
         import h5py
 
         from fourd_mpi.trace.store import GuardedFile
 
         self.path = path
         self.h5 = self._raw = None
-        #: CRC-32 of the bytes of every event appended, in order (what :func:`verify_part` reads back)
-        self.crc = 0
+        #: ``checksum``: CRC-32 of the bytes of every event appended, in order (what :func:`verify_part`
+        #: reads back); None without
+        self.crc = 0 if checksum else None
         try:
             self._raw = GuardedFile(path)  # HDF5 never sees an I/O error (store.GuardedFile: no segfault)
             self.h5 = h5py.File(self._raw, "w")
@@ -191,13 +192,15 @@ class PartWriter:
 
     def append_events(self, rank: int, events: np.ndarray) -> None:
         events = np.ascontiguousarray(events)
-        self.crc = zlib.crc32(events.view(np.uint8), self.crc)
+        if self.crc is not None:
+            self.crc = zlib.crc32(events.view(np.uint8), self.crc)
         self.events.append(events)
 
     def append_ranks(self, first_rank: int, counts: np.ndarray, events: np.ndarray) -> None:
         """The events of ranks ``first_rank, first_rank + 1, ...`` (``counts`` each), in rank order."""
         events = np.ascontiguousarray(events)
-        self.crc = zlib.crc32(events.view(np.uint8), self.crc)
+        if self.crc is not None:
+            self.crc = zlib.crc32(events.view(np.uint8), self.crc)
         self.events.append(events)
         self._check()
 
@@ -597,7 +600,7 @@ def recover_group(spool_dir: str, index: int, first: int, stop: int, kept: np.nd
 
     part = writer is None
     if part:
-        writer = PartWriter(path, index, first, stop - first, run_id, compression)
+        writer = PartWriter(path, index, first, stop - first, run_id, compression, checksum=True)
     counts, dropped, keys, held = [], 0, [], []
     try:
         for batch_first, batch_counts, events, batch_dropped in rank_batches(spool_dir, first, stop, kept):
