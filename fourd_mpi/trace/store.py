@@ -623,8 +623,9 @@ class TraceFileWriter:
         if self.staged is None:
             self._buffer.flush()
         ranks = ranks.copy()
-        for i, r in enumerate(ranks["rank"]):
-            ranks["event_offset"][i], ranks["event_count"][i] = self.rank_offsets.get(int(r), (0, 0))
+        where = [self.rank_offsets.get(r, (0, 0)) for r in ranks["rank"].tolist()]
+        ranks["event_offset"] = [w[0] for w in where]
+        ranks["event_count"] = [w[1] for w in where]
         h5.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "status": status,
                          "run_id": metadata.get("run_id", ""), "events": self.events.shape[0],
                          "world_size": len(ranks), "written": now_iso(), "parts": self.parts})
