@@ -618,9 +618,10 @@ def recover_group(spool_dir: str, index: int, first: int, stop: int, kept: np.nd
     finally:
         if part:
             writer.abort()
-    return GroupResult(counts, dropped, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                       writer.crc if part else None, np.concatenate(keys or [np.zeros(0, np.int64)]),
-                       np.concatenate(held or [np.zeros(0, np.int64)]))
+    # read the closed part back now, while its pages are warm and the other groups still write
+    readback = verify_part((path, index, sum(counts), writer.crc, run_id)) if part else None
+    return GroupResult(counts, dropped, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, readback,
+                       np.concatenate(keys or [np.zeros(0, np.int64)]), np.concatenate(held or [np.zeros(0, np.int64)]))
 
 
 class GroupResult(NamedTuple):
@@ -629,7 +630,7 @@ class GroupResult(NamedTuple):
     counts: List[int]  #: events per rank, in rank order
     dropped: int  #: events of steps not kept
     peak_rss_kib: int  #: ``ru_maxrss`` of the process that wrote the group
-    crc: Optional[int]  #: CRC-32 of the part's event bytes (:func:`verify_part`); None for a single file
+    readback: Optional[str]  #: a part: why it does not read back as written (:func:`verify_part`), None if it does
     keys: np.ndarray  #: :func:`rank_step_keys` of the (rank, step) pairs written, sorted
     held: np.ndarray  #: events written per key
 
@@ -649,7 +650,7 @@ def rank_step_keys(ranks: np.ndarray, steps: np.ndarray) -> np.ndarray:
 
 
 def verify_part(task) -> Optional[str]:
-    """``(path, index, events, crc, run_id)``: read the published part file back (a fresh open, the bytes
+    """``(path, index, events, crc, run_id)``: read a closed part file back (a fresh open, the bytes
     from the file system) and compare its attributes, row count and the CRC-32 of its event bytes
     with what was written. None if it matches, else the reason (one line)."""
     import h5py

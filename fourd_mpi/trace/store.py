@@ -878,8 +878,9 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
     dropped, the run was not live, and the written trace is verified), else the reason to keep it;
     ``verified``: how (``check``):
 
-    - ``"readback"`` (default) for a multi-part trace: every part file is opened again by a worker and
-      its event bytes compared with those written (CRC-32), the top-level file is read back with every
+    - ``"readback"`` (default) for a multi-part trace: every part file, once closed, is opened again by
+      the worker that wrote it and its event bytes compared with those written (CRC-32), the
+      top-level file is read back with every
       check but the events' (``load_trace(events=False)``: header, tables, part identities and row
       counts), and every kept (rank, step) holds exactly the events its step record counts. The
       workers check the parts in parallel; no process reads more than one group's events.
@@ -944,6 +945,7 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
             else:
                 results = [recover_group(spool_dir, 0, 0, world, kept, None, run_id, compression, writer=writer)]
         dropped = sum(result.dropped for result in results)
+        staged_dir = writer.staged.dir if writer.staged is not None else None  # renamed by publication
         with _aborting_on_error(writer, path):
             status = recovered_status(failures)
             all_steps = concat_records(rank_steps, RANK_STEP_DTYPE)
@@ -957,7 +959,7 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
             path = writer.finish(metadata, ranks_table(rank_metas), kept_steps, run_meta.get("layers", []), status)
         verified = "readback" if check == "readback" and writer.parts else "full"
         removable = _why_keep(path, live, missing, sorted(every - done), dropped, verified, results, kept_steps,
-                              groups, run_id, pool)
+                              staged_dir)
     return {"path": path, "status": status, "steps": kept.tolist(), "events_dropped": dropped,
             "failures": failures, "live": live, "removable": removable, "parts": writer.parts,
             "peak_rss_kib": max(result.peak_rss_kib for result in results), "verified": verified}
@@ -976,7 +978,7 @@ def _aborting_on_error(writer: TraceFileWriter, path: str):
 
 
 def _why_keep(path: str, live: List[str], missing: List[int], unfinished: List[int], dropped: int, verified: str,
-              results, kept_steps: np.ndarray, groups, run_id: str, pool) -> Optional[str]:
+              results, kept_steps: np.ndarray, staged_dir: Optional[str]) -> Optional[str]:
     """None if the spool of a recovered trace may be deleted, else the reason to keep it (``verified``:
     how the trace is checked, see :func:`recover`)."""
     if live:
@@ -996,17 +998,14 @@ def _why_keep(path: str, live: List[str], missing: List[int], unfinished: List[i
         if problems:
             return f"the written trace violates {len(problems)} invariant(s) ('fourd-mpi trace check {path}')"
         return None
-    from fourd_mpi.trace.merge import part_name, parts_dir_of, verify_part
-
     why = _rank_step_mismatch(results, kept_steps)
     if why is not None:
         return why
-    parts_dir = parts_dir_of(os.path.abspath(path))
-    tasks = [(os.path.join(parts_dir, part_name(i)), i, sum(result.counts), result.crc, run_id)
-             for i, result in enumerate(results)]
-    why = next((w for w in pool.map(verify_part, tasks) if w is not None), None)
-    if why is not None:
-        return why
+    why = next((result.readback for result in results if result.readback is not None), None)
+    if why is not None:  # read back under the staged name: the directory was renamed into place since
+        from fourd_mpi.trace.merge import parts_dir_of
+
+        return why.replace(staged_dir, parts_dir_of(os.path.abspath(path))) if staged_dir else why
     try:
         load_trace(path, events=False)
     except (OSError, TraceError) as exc:

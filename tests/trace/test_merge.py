@@ -286,3 +286,14 @@ def test_recover_reads_rank_files_in_batches_and_sorts_each_rank(tmp_path, monke
     assert (np.diff(whole.events["rank"].astype(np.int64)) >= 0).all()
     for rank in range(5):
         assert (np.diff(whole.events["start_ns"][whole.events["rank"] == rank]) >= 0).all()
+
+
+def test_a_part_that_does_not_read_back_keeps_the_spool_and_is_named_where_it_lies(tmp_path, monkeypatch):
+    from fourd_mpi.trace import merge
+
+    spool = spool_of(tmp_path, 4, [2] * 4)
+    monkeypatch.setattr(merge, "verify_part", lambda task: f"{task[0]} does not read back: injected"
+                        if task[1] == 1 else None)
+    result = recover(spool, group_size=2, jobs=1)
+    assert result["removable"] == f"{parts_dir_of(result['path'])}/part000001.h5 does not read back: injected"
+    assert load_trace(result["path"]).attrs["parts"] == 2  # the trace itself is published
