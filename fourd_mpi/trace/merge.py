@@ -501,6 +501,29 @@ def _append(writer, rank: int, piece: np.ndarray) -> Optional[str]:
 RECOVER_BATCH_EVENTS = 1 << 19
 
 
+class Scratch:
+    """Event arrays reused from batch to batch (and group to group) by one process: a new array of
+    tens of MiB per batch costs page faults and the kernel's zeroing of every page, about as much
+    as reading the batch. ``get(name, n)``: an array of at least ``n`` events (contents undefined),
+    grown as needed; :meth:`release` frees them."""
+
+    def __init__(self):
+        self._arrays: Dict[str, np.ndarray] = {}
+
+    def get(self, name: str, n: int) -> np.ndarray:
+        array = self._arrays.get(name)
+        if array is None or len(array) < n:
+            array = self._arrays[name] = np.empty(n, dtype=EVENT_DTYPE)
+        return array[:n]
+
+    def release(self) -> None:
+        self._arrays.clear()
+
+
+#: this process's scratch arrays (a forked worker starts with its own, empty)
+SCRATCH = Scratch()
+
+
 def spool_event_counts(spool_dir: str, ranks: Sequence[int]) -> np.ndarray:
     """Whole records in the ``.events`` spool file of each of ``ranks`` (0 for a missing file)."""
     from fourd_mpi.trace.store import rank_events_path
@@ -514,15 +537,17 @@ def spool_event_counts(spool_dir: str, ranks: Sequence[int]) -> np.ndarray:
     return counts
 
 
-def read_rank_files(spool_dir: str, ranks: Sequence[int], counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def read_rank_files(spool_dir: str, ranks: Sequence[int], counts: np.ndarray,
+                    out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
     """The first ``counts[i]`` records of the ``.events`` spool file of each of ``ranks``, read straight
-    into one array (no per-rank arrays, no concatenation; one file open at a time); returns
-    ``(events, per-rank counts read)``: a file that is missing or shorter now gives its whole records."""
+    into one array (``out``, of at least ``sum(counts)`` events, or a new one; no per-rank arrays, no
+    concatenation; one file open at a time); returns ``(events, per-rank counts read)``: a file that
+    is missing or shorter now gives its whole records."""
     from fourd_mpi.trace.store import rank_events_path
 
     size = EVENT_DTYPE.itemsize
     counts = np.array(counts, dtype=np.int64)
-    out = np.empty(int(counts.sum()), dtype=EVENT_DTYPE)
+    out = np.empty(int(counts.sum()), dtype=EVENT_DTYPE) if out is None else out[:int(counts.sum())]
     raw = memoryview(out.view(np.uint8))
     at = 0
     for i, rank in enumerate(ranks):
@@ -544,10 +569,11 @@ def read_rank_files(spool_dir: str, ranks: Sequence[int], counts: np.ndarray) ->
     return out[:int(counts.sum())], counts
 
 
-def sort_by_rank_and_start(events: np.ndarray, counts: np.ndarray) -> np.ndarray:
+def sort_by_rank_and_start(events: np.ndarray, counts: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     """Events of consecutive ranks (``counts[i]`` each, in that order) sorted by start within each
-    rank, stably (a step span precedes what starts with it); no copy when already in order. One
-    stable sort of an int64 key (rank index, start) for the whole batch; two keys if it would overflow."""
+    rank, stably (a step span precedes what starts with it); ``events`` itself when already in
+    order, else a copy (into ``out`` if given: at least as long). One stable sort of an int64 key
+    (rank index, start) for the whole batch; two keys if it would overflow."""
     start = events["start_ns"]
     if len(start) < 2:
         return events
@@ -559,8 +585,11 @@ def sort_by_rank_and_start(events: np.ndarray, counts: np.ndarray) -> np.ndarray
         order = np.argsort(block * span + (start - lo), kind="stable")
     else:
         order = np.lexsort((start, block))
-    raw = np.dtype((np.void, events.dtype.itemsize))  # gather whole records as bytes: no per-field work
-    return np.ascontiguousarray(events).view(raw)[order].view(events.dtype)
+    # gather whole records as rows of bytes (no per-field work); mode "clip": no bounds-check copy
+    rows = np.ascontiguousarray(events).view(np.uint8).reshape(len(events), events.dtype.itemsize)
+    target = np.empty(len(events), dtype=events.dtype) if out is None else out[:len(events)]
+    np.take(rows, order, axis=0, out=target.view(np.uint8).reshape(rows.shape), mode="clip")
+    return target
 
 
 def rank_batches(spool_dir: str, first: int, stop: int, kept: np.ndarray, max_events: int = RECOVER_BATCH_EVENTS):
@@ -576,7 +605,7 @@ def rank_batches(spool_dir: str, first: int, stop: int, kept: np.ndarray, max_ev
             total += int(sizes[hi])
             hi += 1
         ranks = list(range(first + lo, first + hi))
-        events, counts = read_rank_files(spool_dir, ranks, sizes[lo:hi])
+        events, counts = read_rank_files(spool_dir, ranks, sizes[lo:hi], SCRATCH.get("read", total))
         lo = hi
         dropped = 0
         keep = kept_mask(events["step"], kept)
@@ -586,7 +615,7 @@ def rank_batches(spool_dir: str, first: int, stop: int, kept: np.ndarray, max_ev
             new_counts = held[ends] - held[ends - counts]
             dropped = int(len(events) - held[-1])
             events, counts = events[keep], new_counts
-        yield ranks[0], counts, sort_by_rank_and_start(events, counts), dropped
+        yield ranks[0], counts, sort_by_rank_and_start(events, counts, SCRATCH.get("sorted", len(events))), dropped
 
 
 def recover_group(spool_dir: str, index: int, first: int, stop: int, kept: np.ndarray, path: Optional[str],
@@ -665,7 +694,7 @@ def verify_part(task) -> Optional[str]:
             events = part["events"] if "events" in part else None
             if events is None or events.shape != (count,) or events.dtype != EVENT_DTYPE:
                 return f"{path} does not hold the {count} events written"
-            buffer = np.empty(min(count, RECOVER_BATCH_EVENTS), dtype=EVENT_DTYPE)
+            buffer = SCRATCH.get("read", min(count, RECOVER_BATCH_EVENTS))
             got = 0
             for lo in range(0, count, len(buffer) or 1):
                 n = min(len(buffer), count - lo)

@@ -907,6 +907,16 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
     world = int(run_meta.get("world_size", 0))
     if world < 1:
         raise TraceError(f"{meta_path} has no world_size")
+    from fourd_mpi.trace.merge import SCRATCH
+
+    try:
+        return _recover(spool_dir, output, force, summarize, group_size, jobs, compression, check, run_meta, world)
+    finally:
+        SCRATCH.release()  # the batch arrays of an in-process recovery
+
+
+def _recover(spool_dir: str, output: Optional[str], force: bool, summarize, group_size: int, jobs: int,
+             compression: str, check: str, run_meta: Dict, world: int) -> Dict:
     from fourd_mpi.trace.merge import (GroupPool, concat_records, plan_groups, read_group_records, recover_group,
                                        recover_parts, resolve_group_size)
 
