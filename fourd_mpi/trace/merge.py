@@ -740,6 +740,8 @@ class GroupPool:
             from concurrent.futures import ProcessPoolExecutor
 
             self.start_method = "fork" if _fork_is_safe() else "spawn"
+            if self.start_method == "fork":
+                import h5py  # noqa: F401 - imported once here, inherited by every worker (no file open yet)
             self.pool = ProcessPoolExecutor(max_workers=min(jobs, groups),
                                             mp_context=multiprocessing.get_context(self.start_method))
             self.pool.submit(int).result()  # starts every worker now, before this process opens a file
@@ -791,8 +793,8 @@ def read_group_records(task) -> Tuple[List[Dict], List[np.ndarray], List[Dict], 
     for rank in range(first, stop):
         stem = rank_stem_path(spool_dir, rank)
         try:
-            with open(stem + ".json") as fh:
-                meta = json.load(fh)
+            with open(stem + ".json", "rb") as fh:  # bytes: no text decoder per file
+                meta = json.loads(fh.read())
             metas.append(meta)
         except (OSError, ValueError):
             meta = None

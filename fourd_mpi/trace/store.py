@@ -717,14 +717,15 @@ def steps_table(rank_steps: np.ndarray) -> np.ndarray:
 
 
 def ranks_table(rank_metas: Sequence[Dict]) -> np.ndarray:
-    out = np.zeros(len(rank_metas), dtype=RANK_DTYPE)
-    for i, m in enumerate(sorted(rank_metas, key=lambda m: m["rank"])):
+    """``/ranks`` from the ranks' metadata dicts (event ranges zero: the writer fills them)."""
+    rows = []
+    for m in sorted(rank_metas, key=lambda m: m["rank"]):
         c = m.get("coords", {})
-        out[i] = (m["rank"], str(m.get("hostname", "")).encode()[:64], m.get("node", 0), m.get("local_rank", 0),
-                  c.get("data", 0), c.get("z", 0), c.get("y", 0), c.get("x", 0), m.get("clock_offset_ns", 0),
-                  m.get("clock_uncertainty_ns", 0), m.get("pid", 0), 0, 0, m.get("clock_drift_ppm", float("nan")),
-                  m.get("clock_residual_ns", m.get("clock_uncertainty_ns", 0)))
-    return out
+        rows.append((m["rank"], str(m.get("hostname", "")).encode()[:64], m.get("node", 0), m.get("local_rank", 0),
+                     c.get("data", 0), c.get("z", 0), c.get("y", 0), c.get("x", 0), m.get("clock_offset_ns", 0),
+                     m.get("clock_uncertainty_ns", 0), m.get("pid", 0), 0, 0, m.get("clock_drift_ppm", float("nan")),
+                     m.get("clock_residual_ns", m.get("clock_uncertainty_ns", 0))))
+    return np.array(rows, dtype=RANK_DTYPE) if rows else np.zeros(0, dtype=RANK_DTYPE)
 
 
 # ---------------------------------------------------------------------------
