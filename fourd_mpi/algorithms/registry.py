@@ -14,7 +14,12 @@ name              what it is                              fixed axes
 ``megatron1d``    Megatron-LM 1D tensor + data            ``G_x = G_z = 1``
 ``fsdp``          fully sharded data parallel (ZeRO-3)    ``G_x = G_y = 1``
 ``dp``            plain data parallelism                  ``G_x = G_y = G_z = 1``
+``pipeline``      AxoNN inter-layer pipeline x 4D         none (``--ginter`` stages)
 ================  =====================================  ==========================
+
+Only ``pipeline`` splits the world before the 4D grid: :meth:`Algorithm.tensor_world` gives the
+ranks of one 4D grid (``world / G_inter``); every other algorithm refuses ``--ginter`` or
+``--microbatches`` above 1.
 
 With ``G_x = G_z = 1`` a normal layer stores ``W[n/G_y, k]`` (column-parallel) and a
 transposed layer ``W[n, k/G_y]`` with its forward all-reduce over Y (row-parallel): exactly
@@ -28,6 +33,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
+from fourd_mpi.algorithms import pipeline_plan
 from fourd_mpi.errors import ConfigError
 
 #: grid axes in Cartesian order (outermost first), as :data:`fourd_mpi.core.grid.AXES`
@@ -52,6 +58,9 @@ class Algorithm:
     reference: str
     fixed: Mapping[str, int] = field(default_factory=dict)
     checker: Optional[Callable] = None
+    #: pure ``splitter(algorithm, world_size, values) -> ranks of one 4D grid`` for algorithms that split
+    #: the world before the 4D grid (``values``: option values keyed by dest); None: the whole world
+    splitter: Optional[Callable] = None
 
     def constrain(self, grid_sizes: Mapping[str, Optional[int]]) -> Dict[str, Optional[int]]:
         """The ``--g*`` sizes with this algorithm's fixed axes filled in; a :class:`ConfigError` when the
@@ -72,6 +81,18 @@ class Algorithm:
         if self.checker is not None:
             self.checker(self, options)
 
+    def tensor_world(self, world_size: int, values: Mapping) -> int:
+        """Ranks of one 4D grid of this algorithm on ``world_size`` ranks (``values``: option values keyed
+        by dest, e.g. ``ginter``). Pure; raises :class:`ConfigError` (same line on every rank)."""
+        if self.splitter is not None:
+            return self.splitter(self, world_size, values)
+        for dest, flag in (("ginter", "--ginter"), ("microbatches", "--microbatches")):
+            given = values.get(dest) or 1
+            if given > 1:
+                raise ConfigError(f"{flag} {given}: --algorithm {self.name} ({self.title}) has no pipeline "
+                                  f"stages; use --algorithm pipeline (or {flag} 1)")
+        return world_size
+
     def module(self):
         """The implementing module (imported on first use)."""
         return importlib.import_module(self.impl)
@@ -91,6 +112,9 @@ _ALGORITHMS: Tuple[Algorithm, ...] = (
     Algorithm("fsdp", "fully sharded data parallelism (ZeRO-3 / FSDP)", "tensor4d", _TENSOR4D,
               "Rajbhandari et al., SC'20; Zhao et al., VLDB'23", {"x": 1, "y": 1}),
     Algorithm("dp", "plain data parallelism", "tensor4d", _TENSOR4D, "-", {"x": 1, "y": 1, "z": 1}),
+    Algorithm("pipeline", "AxoNN inter-layer pipeline x 4D tensor", "pipeline", "fourd_mpi.algorithms.pipeline",
+              "Singh & Bhatele, IPDPS'22, 'AxoNN: an asynchronous, message-driven parallel framework for "
+              "extreme-scale deep learning'", checker=pipeline_plan.check, splitter=pipeline_plan.stage_world),
 )
 
 #: by name, in the order ``--help`` lists them
