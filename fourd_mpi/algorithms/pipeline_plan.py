@@ -98,9 +98,13 @@ def grid5d_text(options) -> str:
     return "x".join(str(v) for v in grid5d(options).values())
 
 
-def axonn_inflight(stages: int, microbatches: int) -> int:
-    """Micro-batches stage 0 keeps in flight under AxoNN's schedule: ``min(G_inter, m)``."""
-    return min(stages, microbatches)
+def inflight(schedule: str, stages: int, microbatches: int, stage: int) -> int:
+    """The most micro-batches whose activations ``stage`` holds at once: 1F1B ``min(p - s, m)``; AxoNN
+    ``min(p, m)`` on every stage (stage 0 admits ``p``, and a later stage may forward all of them before
+    the first backward comes back)."""
+    if schedule == "axonn":
+        return min(stages, microbatches)
+    return min(stages - stage, microbatches)
 
 
 def one_f_one_b_warmup(stages: int, microbatches: int, stage: int) -> int:

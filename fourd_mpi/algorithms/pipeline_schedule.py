@@ -19,8 +19,9 @@ instead of a precomputed order.
 warm-up forwards, then ``m - w`` pairs of one forward and one backward, then ``w`` cool-down
 backwards; every wait is for one named message.
 
-Both keep at most ``p - s`` micro-batches' activations on stage ``s`` and have the same
-bubble with equal stage times: a stage idles ``(p-1)`` forward+backward slots of the
+1F1B keeps at most ``min(p - s, m)`` micro-batches' activations on stage ``s``; AxoNN ``min(p, m)`` on
+every stage (stage 0 admits ``p``; a later stage may forward all of them before the first backward
+comes back), so its later stages can hold more. Both have the same bubble with equal stage times: a stage idles ``(p-1)`` forward+backward slots of the
 ``m + p - 1`` of a step, the bubble fraction ``(p-1)/(m+p-1)`` (:mod:`fourd_mpi.perf.pipeline`).
 No schedule communicates itself: the stage's calls do.
 """

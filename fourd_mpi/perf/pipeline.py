@@ -21,8 +21,8 @@ the extra idling a fixed order adds when stage or message times vary (a stage ru
 arrived instead of waiting for the message the order names), which this model does not count.
 
 **Memory** (:func:`pipeline_memory`): stage ``s`` stores the weights, gradients and optimizer state of
-its ``L_s`` blocks; activations of at most ``min(p - s, m)`` micro-batches in flight in both schedules
-(stage 0 the most: ``min(p, m)``); the token-partial gradient sums of its FC layers (``n k/(G_x G_y)``
+its ``L_s`` blocks; activations of at most :func:`~fourd_mpi.algorithms.pipeline_plan.inflight`
+micro-batches (1F1B ``min(p - s, m)``, AxoNN ``min(p, m)``; stage 0 the most, ``min(p, m)``, in both); the token-partial gradient sums of its FC layers (``n k/(G_x G_y)``
 each, only with ``m > 1``: gradients accumulate before the reduce-scatter over Z) and two posted
 receive buffers of ``msg`` bytes.
 
@@ -46,7 +46,7 @@ import math
 from dataclasses import replace
 from typing import Dict, Optional
 
-from fourd_mpi.algorithms.pipeline_plan import stage_blocks
+from fourd_mpi.algorithms.pipeline_plan import inflight, stage_blocks
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.machine import MachineProfile
@@ -112,9 +112,9 @@ def stage_config(cfg: ModelConfig, stages: int) -> ModelConfig:
 def pipeline_memory(cfg: ModelConfig, grid: GridShape, stages: int, microbatches: int, stage: int = 0,
                     dtype: str = "float32", optimizer: str = "adam", overlap: Optional[OverlapConfig] = None,
                     recompute: str = "none", attention: str = "unfused", precision: Optional[str] = None,
-                    shard_optimizer: str = "none") -> MemoryEstimate:
-    """Bytes per rank of ``stage`` (module doc): its blocks' state, ``min(p - s, m)`` micro-batches'
-    activations, gradient sums and two receive buffers."""
+                    shard_optimizer: str = "none", schedule: str = "axonn") -> MemoryEstimate:
+    """Bytes per rank of ``stage`` (module doc): its blocks' state, the activations of the micro-batches in
+    flight under ``schedule``, gradient sums and two receive buffers."""
     blocks = len(stage_blocks(cfg.layers, stages, stage))
     mine = replace(cfg, layers=blocks)
     state = estimate_memory(mine, grid, dtype, optimizer, overlap=overlap, recompute=recompute, attention=attention,
@@ -122,7 +122,7 @@ def pipeline_memory(cfg: ModelConfig, grid: GridShape, stages: int, microbatches
     micro = estimate_memory(replace(mine, batch=cfg.batch // microbatches), grid, dtype, optimizer, overlap=overlap,
                             recompute=recompute, attention=attention, precision=precision,
                             shard_optimizer=shard_optimizer)
-    in_flight = min(stages - stage, microbatches)
+    in_flight = inflight(schedule, stages, microbatches, stage)
     e = dtype_bytes(dtype)
     sums = (sum(block_elements(n, k, t, grid) for _, n, k, t in fc_weights(mine, grid)) * blocks * e
             if microbatches > 1 else 0)
@@ -172,7 +172,7 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     wire["inter"] = max(v["send_bytes"] for v in volumes.values())
     placement = dict(full.placement, inter=level)
     memory = pipeline_memory(cfg, grid, stages, microbatches, 0, dtype, optimizer, overlap, recompute, attention,
-                             precision, shard_optimizer)
+                             precision, shard_optimizer, schedule)
     notes = list(full.notes) + [f"pipeline {schedule}: {BUBBLE_FORMULA} = {bubble_fraction(stages, microbatches, schedule):.3f}"]
     step = work * slots + sync + critical
     if not math.isfinite(step):

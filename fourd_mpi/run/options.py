@@ -278,7 +278,15 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
     ``_cross_checks=False`` leaves out the checks between options (warm-up against steps), for
     validating one option at a time against the defaults (sweep specs)."""
     algorithm = get_algorithm(options.get("algorithm", DEFAULT_ALGORITHM))
-    shape = infer_grid_shape(algorithm.tensor_world(world_size, options), **algorithm.constrain(grid_sizes))
+    tensor_world = algorithm.tensor_world(world_size, options)
+    try:
+        shape = infer_grid_shape(tensor_world, **algorithm.constrain(grid_sizes))
+    except ConfigError as exc:
+        if tensor_world == world_size:
+            raise
+        stages = world_size // tensor_world
+        raise ConfigError(f"{exc} (the 4D grid of each of the {stages} pipeline stages: world size {world_size} / "
+                          f"--ginter {stages} = {tensor_world} ranks)") from None
     model = resolve_model(preset, **model_overrides)
     validate_model(model, shape)
     if options.get("backend", "auto") not in BACKENDS:
