@@ -267,6 +267,16 @@ class PipelineTrainer:
         self.saved_activation_bytes = 0
         self.extra_coords = {"inter": self.stage}
 
+    def describe(self) -> str:
+        """One header line (the same on every rank)."""
+        o = self.options
+        blocks = " ".join(f"[{r.start},{r.stop})" for r in (plan.stage_blocks(o.model.layers, o.ginter, s)
+                                                          for s in range(o.ginter)))
+        shard = plan.local_sequences(o)
+        return (f"pipeline: {o.ginter} stages of grid {o.grid} = 5D grid {plan.grid5d_text(o)} (inter x data x z x y x "
+                f"x; rank order {', '.join(plan.RANK_ORDER)}), blocks per stage {blocks}, {o.microbatches} "
+                f"micro-batch(es) of {shard // o.microbatches} sequence(s) per rank, schedule {o.pipeline_schedule}")
+
     def trace_metadata(self) -> Dict:
         """Keys of the trace metadata: the 5D grid and the pipeline's settings."""
         o = self.options

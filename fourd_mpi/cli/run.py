@@ -84,6 +84,8 @@ def _header(world, run) -> None:
     say(world, f"fourd-mpi {__version__}  MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
     say(world, run.grid.describe())
     say(world, get_algorithm(run.options.algorithm).describe(run.options.grid))
+    if hasattr(run.trainer, "describe"):  # e.g. the pipeline's stages and schedule
+        say(world, run.trainer.describe())
     say(world, f"model {cfg.name}: {cfg.kind}, {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, "
                f"ffn {cfg.ffn_hidden}, seq {cfg.seq}, global batch {cfg.batch} "
                f"({cfg.parameter_count() / 1e6:.2f} M parameters)")
