@@ -323,13 +323,13 @@ def _vocabulary(h5) -> Dict[str, List[str]]:
     """``/vocab``: JSON lists of strings. ``ops``, ``phases`` and ``axes`` only ever grew by appending
     (section 1 of docs/trace-format.md), so each must be a prefix of this version's list, long
     enough to hold the words the analysis looks up (``ops`` up to ``wait``: version 1; ``phases`` up to
-    ``opt``: ``recompute`` was appended in version 5)."""
+    ``opt``: ``recompute`` was appended in version 5; ``axes`` up to ``x``: ``inter`` was appended in version 6)."""
     if "vocab" not in h5:
         raise _Invalid("no /vocab group")
     attrs = dict(h5["vocab"].attrs)
     vocab: Dict[str, List[str]] = {}
     for key, known, shortest in (("ops", OPS, OPS.index("wait") + 1), ("phases", PHASES, PHASES.index("recompute")),
-                                 ("axes", AXES, len(AXES)), ("layers", None, 1)):
+                                 ("axes", AXES, AXES.index("x") + 1), ("layers", None, 1)):
         if key not in attrs:
             raise _Invalid(f"no {key} vocabulary")
         words = _json_attr(attrs, key, "vocabulary")
