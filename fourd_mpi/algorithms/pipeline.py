@@ -35,6 +35,7 @@ from mpi4py import MPI
 from fourd_mpi.algorithms import pipeline_plan as plan
 from fourd_mpi.algorithms.pipeline_schedule import run as run_schedule
 from fourd_mpi.core.collectives import Collectives
+from fourd_mpi.core.layout import activation_layout
 from fourd_mpi.core.p2p import BACKWARD, FORWARD, PointToPoint, tag
 from fourd_mpi.step import elementwise
 from fourd_mpi.step.engine import StepResult
@@ -68,8 +69,6 @@ class PipelineModel(Model):
         micro = replace(cfg, batch=cfg.batch // microbatches)
         block_cls = GPTBlock if cfg.kind == "gpt" else MLPBlock
         self.blocks = [block_cls(i, micro, grid, backend, seed, counter) for i in self.blocks_range]
-        from fourd_mpi.core.layout import activation_layout
-
         self.activation_layout = activation_layout("x")
         self.peak_activation_bytes = 0
         #: the trace's layer vocabulary, the whole model's (every stage's blocks, then the loss): set by the trainer

@@ -28,7 +28,7 @@ No schedule communicates itself: the stage's calls do.
 
 from __future__ import annotations
 
-SCHEDULES = ("axonn", "1f1b")
+from fourd_mpi.algorithms.pipeline_plan import SCHEDULES  # noqa: F401 (the names, defined once)
 
 
 def run_axonn(stage) -> None:

@@ -33,6 +33,16 @@ def test_pipeline_matches_one_rank(run_mpi, tmp_path, nranks, args, schedule):
     assert max(r["output_error"], r["grad_error"], r["loss_error"]) <= 1e-10, r
 
 
+def test_pipeline_float32_matches_one_rank(run_mpi, tmp_path):
+    report = tmp_path / "verify.json"
+    proc = run_mpi(6, ["verify", "--algorithm", "pipeline", "--ginter", "3", "--gx", "2", "--microbatches", "2",
+                       "--layers", "3", "--batch", "8", "--dtype", "float32", "--steps", "2", "--json", report],
+                   timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.loads(report.read_text())["results"][0]
+    assert r["ok"] and r["tolerance"] == 1e-4
+
+
 BAD = [
     (["--ginter", "3"], "--ginter 3 does not divide the world size 8"),
     (["--ginter", "4"], "--ginter 4: more pipeline stages than blocks (gpt-tiny has 2 block(s))"),
