@@ -160,3 +160,25 @@ def test_model_formulas():
     last = pipeline_memory(cfg, grid, 4, 4, 3, "float64", schedule="1f1b")
     assert one.activations == 4 * last.activations and one.weights == last.weights
     assert pipeline_memory(cfg, grid, 4, 4, 3, "float64", schedule="axonn").activations == one.activations
+
+
+def test_prediction_has_predicts_shape_and_reduces_to_it_with_one_stage():
+    from fourd_mpi.core.grid import GridShape
+    from fourd_mpi.perf.machine import load_profile
+    from fourd_mpi.perf.pipeline import bubble_fraction, predict_pipeline
+    from fourd_mpi.perf.predict import predict
+    from fourd_mpi.step.presets import resolve_model
+
+    profile = load_profile("laptop")
+    cfg, grid = resolve_model("gpt-tiny", batch=16, layers=4), GridShape(1, 1, 1, 2)
+    flat = predict(cfg, grid, profile)
+    one = predict_pipeline(cfg, grid, profile, 1, 1)
+    assert one.step_s == pytest.approx(flat.step_s) and one.exposed_s[("inter", "bubble")] == 0
+    for stages, m in ((2, 1), (2, 4), (4, 8)):
+        p = predict_pipeline(cfg, grid, profile, stages, m, ranks_per_node=8)
+        assert p.step_s == pytest.approx(p.compute_s + p.exposed_total_s)
+        assert p.placement["inter"] == "intra" and p.wire_bytes["inter"] > 0
+        work = p.exposed_s[("inter", "bubble")] / (stages - 1) * m  # bubble = (p - 1) slots of W/m
+        assert p.exposed_s[("inter", "bubble")] / (work * (m + stages - 1) / m) == pytest.approx(
+            bubble_fraction(stages, m))
+    assert predict_pipeline(cfg, grid, profile, 4, 4, ranks_per_node=4).placement["inter"] == "inter"
