@@ -28,8 +28,9 @@ receive buffers of ``msg`` bytes.
 
 **Time** (:func:`predict_pipeline`, same inputs and output as :func:`fourd_mpi.perf.predict.predict`):
 the 4D prediction of the fullest stage (``L_s = ceil(L/p)`` blocks, the whole batch shard) gives
-the work ``W`` (its step less its exposed gradient synchronization: the Z reduce-scatters and the
-data all-reduces, which run once after the last micro-batch) and the synchronization ``S``;
+the work ``W`` (its step less its exposed gradient synchronization: the Z reduce-scatters, the Z and
+data all-reduces of gradients, which run once after the last micro-batch; plus ``m - 1`` more times its
+exposed Z all-gathers, as every micro-batch gathers the weights again) and the synchronization ``S``;
 ``step = W (m + p - 1)/m + S + 2 (p - 1) t_msg``: ``m`` slots of ``W/m`` plus the bubble of ``p - 1``
 slots, plus the messages on the critical path of the fill and the drain (the forward chain and the
 backward chain through ``p - 1`` boundaries; in the steady state ``Isend`` overlaps compute). A
@@ -44,7 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from fourd_mpi.algorithms.pipeline_plan import inflight, stage_blocks
 from fourd_mpi.core.backend import dtype_bytes
@@ -52,6 +53,7 @@ from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.machine import MachineProfile
 from fourd_mpi.perf.memory import MemoryEstimate, block_elements, estimate_memory, fc_weights
 from fourd_mpi.perf.predict import Prediction, predict
+from fourd_mpi.perf.volumes import Collective, step_collectives
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
 
@@ -93,6 +95,31 @@ def world_p2p_bytes(cfg: ModelConfig, grid: GridShape, stages: int, microbatches
     """Bytes all ranks send between stages per step: ``2 (p - 1) m msg`` per 4D position, times ``G_data G_z G_y G_x``."""
     per_stage = p2p_volumes(cfg, grid, stages, microbatches, dtype)
     return grid.size * sum(v["send_bytes"] for v in per_stage.values())
+
+
+#: 4D collectives repeated for every micro-batch (their messages scale with its tokens, or, for the weight
+#: all-gathers, each micro-batch's forward and backward gathers the weights again); the gradient collectives
+#: (Z reduce-scatters, Z and data all-reduces of gradients) run once, after the last micro-batch
+PER_MICROBATCH_ROLES = ("ln_allreduce", "weight_allgather", "fwd_allreduce", "bwd_allreduce")
+
+
+def pipeline_collectives(cfg: ModelConfig, grid: GridShape, stages: int, microbatches: int, stage: int,
+                         overlap: Optional[OverlapConfig] = None, dtype: str = "float32") -> List[Collective]:
+    """Every 4D collective of one rank of ``stage`` per step (:func:`~fourd_mpi.perf.volumes.step_collectives`
+    of the stage's blocks on one micro-batch, :data:`PER_MICROBATCH_ROLES` ``m`` times, the gradient
+    synchronization once; the loss is one world all-reduce outside the collectives, not listed). Exact
+    for the trace without ``cache`` (with it, whether a backward finds its weights cached depends on the
+    schedule: a backward right after a forward does, after another backward does not; counted as cached)."""
+    blocks = stage_blocks(cfg.layers, stages, stage)
+    micro = replace(cfg, layers=len(blocks), batch=cfg.batch // microbatches)
+    out = []
+    for c in step_collectives(micro, grid, overlap, dtype):
+        if c.role == "loss":
+            continue
+        index, rest = c.layer[len("block"):].split(".", 1)
+        count = c.count * microbatches if c.role in PER_MICROBATCH_ROLES else c.count
+        out.append(replace(c, layer=f"block{blocks.start + int(index)}.{rest}", count=count))
+    return out
 
 
 def inter_placement(grid: GridShape, stages: int, ranks_per_node: int) -> str:
@@ -154,8 +181,11 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     rpn = ranks_per_node or min(profile.ranks_per_node, world)
     full = predict(stage_config(cfg, stages), grid, profile, overlap, dtype, progress, optimizer, rpn, recompute,
                    attention, precision, shard_optimizer)
-    sync = full.exposed_s.get(("data", "allreduce"), 0.0) + full.exposed_s.get(("z", "reduce_scatter"), 0.0)
-    work = full.step_s - sync
+    sync = sum(full.exposed_s.get(key, 0.0) for key in (("data", "allreduce"), ("z", "reduce_scatter"),
+                                                          ("z", "allreduce")))
+    # every micro-batch gathers the weights over Z again (forward and backward): m times the 4D step's gathers
+    regather = (microbatches - 1) * full.exposed_s.get(("z", "allgather"), 0.0)
+    work = full.step_s - sync + regather
     slots = (microbatches + stages - 1) / microbatches
     level = inter_placement(grid, stages, rpn)
     msg = message_bytes(cfg, grid, microbatches, dtype)
@@ -164,11 +194,15 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     bubble = work * (slots - 1.0)
     comm = dict(full.comm_s)
     exposed = dict(full.exposed_s)
+    if ("z", "allgather") in comm:
+        comm[("z", "allgather")] *= microbatches
+        exposed[("z", "allgather")] *= microbatches
     volumes = p2p_volumes(cfg, grid, stages, microbatches, dtype)
     comm[("inter", "send")] = max(v["send_messages"] for v in volumes.values()) * t_msg
     exposed[("inter", "send")] = critical
     exposed[("inter", "bubble")] = bubble
-    wire = dict(full.wire_bytes)
+    wire = {axis: sum(c.wire_bytes for c in pipeline_collectives(cfg, grid, stages, microbatches, 0, overlap, dtype)
+                      if c.axis == axis) for axis in full.wire_bytes}
     wire["inter"] = max(v["send_bytes"] for v in volumes.values())
     placement = dict(full.placement, inter=level)
     memory = pipeline_memory(cfg, grid, stages, microbatches, 0, dtype, optimizer, overlap, recompute, attention,

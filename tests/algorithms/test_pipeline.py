@@ -63,7 +63,8 @@ def test_bad_pipeline_input_is_one_line_on_every_rank(run_mpi, args, message):
 
 def test_trace_p2p_bytes_equal_the_model_and_bubbles_are_a_category(run_mpi, tmp_path):
     from fourd_mpi.analysis.tables import breakdown
-    from fourd_mpi.perf.pipeline import p2p_volumes
+    from fourd_mpi.perf.pipeline import p2p_volumes, pipeline_collectives
+    from fourd_mpi.perf.volumes import totals
     from fourd_mpi.run.options import resolve_values
     from fourd_mpi.trace.read import check_invariants, load_trace
 
@@ -92,6 +93,13 @@ def test_trace_p2p_bytes_equal_the_model_and_bubbles_are_a_category(run_mpi, tmp
         assert np.array_equal(sends["wire_bytes"], sends["bytes"])
         assert (mine["axis"][np.isin(mine["op"], [ops.index("send"), ops.index("recv")])]
                 == trace.vocab["axes"].index("inter")).all()
+    # the 4D collectives of each stage: per micro-batch, and the gradient synchronization once
+    for rank, stage in stage_of.items():
+        expected = totals(pipeline_collectives(options.model, options.grid, 3, 2, stage, dtype="float64"))
+        mine = ev[(ev["rank"] == rank) & (ev["lane"] >= 3)]
+        for (op, axis), want in expected.items():
+            got = mine[(mine["op"] == ops.index(op)) & (mine["axis"] == trace.vocab["axes"].index(axis))]
+            assert (len(got), int(got["bytes"].sum())) == (steps * want["messages"], steps * want["bytes"]), (rank, op, axis)
     bubbles = ev[ev["op"] == ops.index("bubble")]
     assert len(bubbles) and set(np.unique(bubbles["rank"])) == set(range(6))  # every stage waits for messages
     table = breakdown(trace)
