@@ -6,8 +6,9 @@ import json
 import os
 import sys
 
+from fourd_mpi.cli.args import FORMATS, add_format, add_site
 from fourd_mpi.jobs.schedulers import FINAL_STATES
-from fourd_mpi.jobs.sites import builtin_sites, load_site
+from fourd_mpi.jobs.sites import load_site
 from fourd_mpi.jobs.spec import load_spec
 from fourd_mpi.jobs.sweep import (JOB_OVERRIDES, MANIFEST, build_manifest, collect, format_rows, load_jobs,
                                   load_manifest, plan_rows, public_manifest, run_states, submit, write_sweep)
@@ -20,8 +21,7 @@ def register(sub) -> None:
     ssub = sw.add_subparsers(dest="sweep_command", required=True, parser_class=type(sw))
 
     def site_arg(p):
-        p.add_argument("--site", default="local", help=f"built-in ({', '.join(builtin_sites())}) or a site "
-                                                       "profile FILE.yaml (default local)")
+        add_site(p, default="local", help="the cluster the job scripts are for")
         p.add_argument("--python", metavar="PATH", help="interpreter the jobs run (default: job.python of the "
                                                         "spec, else the site's, else python3)")
         p.add_argument("--results-dir", metavar="DIR", help="where the jobs write traces "
@@ -32,12 +32,12 @@ def register(sub) -> None:
             p.add_argument(f"--{key}", metavar=key.upper(), help=f"job.{key} for every job (overrides the spec)")
 
     plan = ssub.add_parser("plan", help="list the runs a spec expands to (rank count, nodes, memory per rank)")
-    plan.add_argument("spec", metavar="SPEC.yaml")
+    plan.add_argument("spec", metavar="SPEC.yaml", help="the sweep spec (YAML)")
     site_arg(plan)
-    plan.add_argument("--format", default="table", choices=("table", "json"))
+    add_format(plan, FORMATS, help="table (default), csv or markdown (a row per run), json (the whole manifest)")
 
     render = ssub.add_parser("render", help="write one job script per run and a manifest under jobscripts/SWEEP")
-    render.add_argument("spec", metavar="SPEC.yaml")
+    render.add_argument("spec", metavar="SPEC.yaml", help="the sweep spec (YAML)")
     site_arg(render)
     render.add_argument("--out", metavar="DIR", help="directory of the scripts (default jobscripts/SWEEP)")
     render.add_argument("--force", action="store_true", help="render again over an existing directory")
@@ -55,7 +55,7 @@ def register(sub) -> None:
         if name == "collect":
             p.add_argument("--into", metavar="DIR", help="gather the traces here (default results/SWEEP; "
                                                          "traces already there are not copied)")
-            p.add_argument("--format", default="table", choices=("table", "csv", "json", "markdown"))
+            add_format(p, FORMATS, help="the runs and scaling tables: table (default), csv, json or markdown")
     sw.set_defaults(handler=cmd_sweep, serial=True)
 
 
@@ -76,6 +76,8 @@ def cmd_sweep(args, world=None) -> int:
         if command == "plan":
             if args.format == "json":
                 sys.stdout.write(json.dumps(public_manifest(manifest), indent=1) + "\n")
+            elif args.format in ("csv", "markdown"):
+                sys.stdout.write(format_rows(plan_rows(manifest), args.format))
             else:
                 sys.stdout.write(f"sweep {spec.name}: {spec.study} scaling, {len(manifest['runs'])} runs on site "
                                  f"{site.name} ({site.scheduler})\n")

@@ -103,7 +103,25 @@ def plan_rows(manifest: Dict) -> List[Dict]:
              "memory/rank": _human_bytes(r["memory_per_rank"])} for r in manifest["runs"]]
 
 
-def format_rows(rows: Sequence[Dict]) -> str:
+def format_rows(rows: Sequence[Dict], fmt: str = "table") -> str:
+    """Rows of equal keys as an aligned ``table``, ``csv`` or a ``markdown`` table."""
+    if fmt == "csv":
+        import csv
+        import io
+
+        buf = io.StringIO()
+        if rows:
+            writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(rows)
+        return buf.getvalue()
+    if fmt == "markdown":
+        if not rows:
+            return "(none)\n"
+        keys = list(rows[0])
+        cell = lambda v: str(v).replace("|", "\\|")  # noqa: E731
+        return "\n".join(["| " + " | ".join(keys) + " |", "|" + "|".join("---" for _ in keys) + "|",
+                          *("| " + " | ".join(cell(r[k]) for k in keys) + " |" for r in rows)]) + "\n"
     if not rows:
         return "(none)\n"
     keys = list(rows[0])
