@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 
-from fourd_mpi.cli.args import (FORMATS, add_format, add_option, add_options, add_output, add_site, add_trace_paths,
+from fourd_mpi.cli.args import (FORMATS, add_deprecated, add_format, add_option, add_options, add_output, add_site, add_trace_paths,
                                 parse_list, write_output, wrote)
 from fourd_mpi.run.options import OPTIONS, options_in
 from fourd_mpi.util.files import refuse_output, refuse_overwrite
@@ -376,8 +376,9 @@ def _register_bench(sub) -> None:
     o.add_argument("--fallback", default=None, metavar="PROFILE",
                    help="built-in profile named in the file for levels not measured (e.g. perlmutter)")
     o.add_argument("--force", action="store_true", help="replace an existing profile file")
-    o.add_argument("--report", "--table", dest="table", metavar="FILE",
+    o.add_argument("--report", dest="table", metavar="FILE",
                    help="also write the printed report (in --format) there")
+    add_deprecated(o, "--table", "--report", dest="table", metavar="FILE")
     add_format(o, ("table", "csv", "json"),
                help="report on stdout: table (nccl-tests / OSU-like text, default), csv (a row per "
                     "communicator, op, size and placement) or json (everything)")

@@ -10,8 +10,9 @@ from fourd_mpi.cli.args import FORMATS, add_format, add_site
 from fourd_mpi.jobs.schedulers import FINAL_STATES
 from fourd_mpi.jobs.sites import load_site
 from fourd_mpi.jobs.spec import load_spec
-from fourd_mpi.jobs.sweep import (JOB_OVERRIDES, MANIFEST, build_manifest, collect, format_rows, load_jobs,
+from fourd_mpi.jobs.sweep import (JOB_OVERRIDES, MANIFEST, build_manifest, collect, load_jobs,
                                   load_manifest, plan_rows, public_manifest, run_states, submit, write_sweep)
+from fourd_mpi.util.text import format_rows
 from fourd_mpi.util.values import positive_int
 
 
@@ -52,6 +53,9 @@ def register(sub) -> None:
             p.add_argument("--resubmit-failed", action="store_true",
                            help="submit again runs whose job failed, was cancelled or timed out")
             p.add_argument("--dry-run", action="store_true", help="say what would be submitted")
+        if name == "status":
+            add_format(p, FORMATS, help="a row per run: table (default), csv, json or markdown (the count of "
+                                        "complete traces and failed jobs then goes to standard error)")
         if name == "collect":
             p.add_argument("--into", metavar="DIR", help="gather the traces here (default results/SWEEP; "
                                                          "traces already there are not copied)")
@@ -97,9 +101,10 @@ def cmd_sweep(args, world=None) -> int:
         return 1 if result.failed else 0
     if command == "status":
         rows = run_states(manifest, load_jobs(args.sweep_dir))
-        sys.stdout.write(format_rows(rows))
+        sys.stdout.write(format_rows(rows, args.format))
         done = sum(r["trace"] == "complete" for r in rows)
         failed = sum(r["state"] in FINAL_STATES and r["state"] != "COMPLETED" for r in rows)
-        sys.stdout.write(f"{done}/{len(rows)} traces complete, {failed} jobs failed\n")
+        (sys.stdout if args.format == "table" else sys.stderr).write(
+            f"{done}/{len(rows)} traces complete, {failed} jobs failed\n")
         return 1 if failed else 0
     return collect(manifest, args.into or os.path.join("results", manifest["sweep"]), fmt=args.format)
