@@ -201,3 +201,12 @@ def test_shell_completion_script_completes_the_new_spellings(tmp_path, capsys):
     assert second.split() == ["completion"]
     for shell in ("zsh", "tcsh"):
         assert main(["completion", shell]) == 0 and "fourd-mpi" in capsys.readouterr().out
+
+
+@pytest.mark.mpi
+def test_help_and_notes_are_printed_once_under_mpiexec(run_mpi, tmp_path):
+    """The command line is parsed before MPI starts: the launcher's rank variable picks rank 0."""
+    proc = run_mpi(3, ["bench", "collectives", "--table", tmp_path / "r.txt", "--help"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("usage: fourd-mpi bench collectives") == 1
+    assert proc.stderr.count("note: --table is deprecated, use --report") == 1

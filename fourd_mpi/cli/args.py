@@ -66,6 +66,10 @@ class OneLineParser(argparse.ArgumentParser):
             raise ConfigError(f"unrecognized arguments: {' '.join(extras)}{hint} (see {command.prog} --help)")
         return namespace
 
+    def _print_message(self, message, file=None):
+        if is_first_rank():
+            super()._print_message(message, file)
+
 
 def subparser_actions(parser: argparse.ArgumentParser) -> List[argparse._SubParsersAction]:
     """The subcommand actions of ``parser`` (none, or one)."""
@@ -91,9 +95,21 @@ def walk_parsers(parser: argparse.ArgumentParser, path: tuple = ()):
                 seen.add(id(child))
                 yield from walk_parsers(child, path + (name,))
 
-    def _print_message(self, message, file=None):
-        if "mpi4py.MPI" not in sys.modules or sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank() == 0:
-            super()._print_message(message, file)
+
+#: environment variables in which launchers (MPICH/Hydra and PMI, Open MPI, PMIx, Slurm) give the rank
+_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "PALS_RANKID")
+
+
+def is_first_rank() -> bool:
+    """True in one process of a launch: rank 0 of an initialized MPI, else the launcher's rank 0
+    (the command line is parsed before MPI starts), else a process without a launcher."""
+    if "mpi4py.MPI" in sys.modules:
+        return sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank() == 0
+    for name in _RANK_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value) == 0
+    return True
 
 
 def add_option(parser, option: Option, many: bool = False, **override) -> None:
@@ -224,7 +240,7 @@ class DeprecatedAlias(argparse.Action):
         super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        if "mpi4py.MPI" not in sys.modules or sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank() == 0:
+        if is_first_rank():
             os.write(2, f"{PROG}: note: {option_string} is deprecated, use {self.new}\n".encode())
         setattr(namespace, self.dest, values if self.nargs != 0 else self.const)
 
