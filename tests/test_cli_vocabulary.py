@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from conftest import REPO, mpi_env
-from fourd_mpi.cli.args import FORMATS, DeprecatedAlias, OneLineParser, walk_parsers
+from fourd_mpi.cli.args import FORMATS, SPECIAL_FORMATS, DeprecatedAlias, OneLineParser, walk_parsers
 from fourd_mpi.cli.main import build_parser, main
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.values import int_list
@@ -51,18 +51,36 @@ def test_help_exits_0_and_every_argument_has_help(path, parser, capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: fourd-mpi") and "Traceback" not in out
-    assert isinstance(parser, OneLineParser) and parser.allow_abbrev is False, "build it with sub.add_parser"
+    assert not help_problems(parser), help_problems(parser)
+
+
+def help_problems(parser):
+    """What breaks the rules of help text and parser class in one parser."""
+    out = []
+    if not isinstance(parser, OneLineParser) or parser.allow_abbrev is not False:
+        out.append(f"{parser.prog}: not a OneLineParser without abbreviations (build it with sub.add_parser)")
     for action in options(parser):
         name = "/".join(action.option_strings) or action.dest
         if isinstance(action, DeprecatedAlias):
-            assert action.help is argparse.SUPPRESS, f"{name}: a deprecated alias is hidden from --help"
-            continue
-        assert action.help and action.help is not argparse.SUPPRESS and action.help.strip(), \
-            f"fourd-mpi {' '.join(path)} {name}: no help text"
+            if action.help is not argparse.SUPPRESS:
+                out.append(f"{parser.prog} {name}: a deprecated alias is hidden from --help")
+        elif not action.help or action.help is argparse.SUPPRESS or not action.help.strip():
+            out.append(f"{parser.prog} {name}: no help text")
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             helped = {a.dest for a in action._choices_actions if a.help and a.help.strip()}
-            assert helped == set(action.choices), f"subcommands without help: {set(action.choices) - helped}"
+            out += [f"{parser.prog} {c}: subcommand without help" for c in set(action.choices) - helped]
+    return out
+
+
+def test_the_help_rules_catch_what_they_should():
+    bad = OneLineParser(prog="x")
+    bad.add_argument("--quiet", action="store_true")
+    sub = bad.add_subparsers(dest="c")
+    sub.add_parser("silent")
+    assert sorted(help_problems(bad)) == ["x --quiet: no help text", "x silent: subcommand without help"]
+    assert help_problems(argparse.ArgumentParser(prog="y")) == [
+        "y: not a OneLineParser without abbreviations (build it with sub.add_parser)"]
 
 
 def filler(parser):
@@ -131,7 +149,8 @@ def test_format_and_output_and_site_are_one_vocabulary():
     for path, parser in PARSERS:
         for action in options(parser):
             if "--format" in action.option_strings:
-                assert set(action.choices) <= set(FORMATS), f"{' '.join(path)} --format {action.choices}"
+                assert set(action.choices) <= set(FORMATS) | set(SPECIAL_FORMATS), \
+                    f"{' '.join(path)} --format {action.choices}: use names of fourd_mpi.cli.args.FORMATS"
             if "-o" in action.option_strings:
                 assert action.option_strings == ["-o", "--output"], path
             if "--site" in action.option_strings:

@@ -209,13 +209,16 @@ def write_output(path: Optional[str], text: str, what: str = "") -> None:
 
 #: the names ``--format`` takes, wherever a command prints a table (a command offers those it can write)
 FORMATS = ("table", "csv", "json", "markdown")
+#: formats that only make sense for one kind of output, allowed beside :data:`FORMATS`
+SPECIAL_FORMATS = {"junit": "JUnit XML, a test report for CI (regression checks)"}
 
 
 def add_format(parser, supported: Sequence[str] = FORMATS, default: str = "table", help: str = "") -> None:
-    """``--format`` with names from :data:`FORMATS` (an unsupported one is refused with the list)."""
-    unknown = set(supported) - set(FORMATS)
+    """``--format`` with names from :data:`FORMATS` (or :data:`SPECIAL_FORMATS`); an unsupported
+    one is refused with the list."""
+    unknown = set(supported) - set(FORMATS) - set(SPECIAL_FORMATS)
     if unknown:
-        raise ValueError(f"formats {sorted(unknown)} are not in the common set {FORMATS}")
+        raise ValueError(f"formats {sorted(unknown)} are not in the common set {FORMATS} (or {sorted(SPECIAL_FORMATS)})")
     parser.add_argument("--format", default=default, choices=tuple(supported),
                         help=help or f"output format: {', '.join(supported)} (default {default})")
 
