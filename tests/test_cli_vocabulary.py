@@ -174,6 +174,8 @@ def test_deprecated_aliases_still_work(capfd):
     err = capfd.readouterr().err
     assert "note: --step is deprecated, use --select-steps" in err
     assert "note: --ranks is deprecated, use --select-ranks" in err
+    assert parser.parse_args(["plot", "scaling", "t.h5", "-o", "s.png", "--mode", "strong"]).scaling == "strong"
+    assert "note: --mode is deprecated, use --scaling" in capfd.readouterr().err
     args = parser.parse_args(["export", "perfetto", "t.h5", "-o", "t.json", "--steps", "1,2", "--ranks", "4"])
     assert args.select_steps == [1, 2] and args.select_ranks == [4]
     assert "note: --steps is deprecated, use --select-steps" in capfd.readouterr().err

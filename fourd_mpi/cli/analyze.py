@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from fourd_mpi.cli.args import (FORMATS, PROG, add_allow_damaged, add_format, add_output, add_selection,
+from fourd_mpi.cli.args import (FORMATS, PROG, add_allow_damaged, add_deprecated, add_format, add_output, add_selection,
                                 add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.files import refuse_output
@@ -42,7 +42,9 @@ def register(sub) -> None:
     pl.add_argument("kind", choices=PLOTS, help="the figure")
     add_trace_paths(pl, " (timeline: one trace)")
     add_output(pl, required=True, help="the figure: .png, .svg or .pdf")
-    pl.add_argument("--mode", choices=("weak", "strong"), default="weak", help="scaling: weak (default) or strong")
+    pl.add_argument("--scaling", choices=("weak", "strong"), default="weak",
+                    help="scaling: weak (default) or strong (as analyze --scaling)")
+    add_deprecated(pl, "--mode", "--scaling", dest="scaling", choices=("weak", "strong"))
     add_selection(pl, "steps", "timeline: the step to draw, one number (default: the first measured one)",
                   old=("--step",))
     add_selection(pl, "ranks", "timeline: ranks to show (e.g. 0-3; default all)", old=("--ranks",))
@@ -171,11 +173,11 @@ def cmd_plot(args, world=None) -> int:
                 raise ConfigError(f"timeline draws one step: give --select-steps N, not {len(steps)} steps")
             plots.plot_timeline(traces[0], args.output, step=steps[0] if steps else None, ranks=args.select_ranks)
         elif args.kind == "scaling":
-            table = analysis.scaling(analysis.runs_table(traces), args.mode)
+            table = analysis.scaling(analysis.runs_table(traces), args.scaling)
             if not len(table):
                 why = "; ".join(f"{g}: {r}" for g, r in table.attrs.get("dropped", [])) or "no runs"
-                raise ConfigError(f"no {args.mode}-scaling line in these traces ({why})")
-            plots.plot_scaling(table, args.output, mode=args.mode)
+                raise ConfigError(f"no {args.scaling}-scaling line in these traces ({why})")
+            plots.plot_scaling(table, args.output, mode=args.scaling)
         elif args.kind == "breakdown":
             frame = _concat([analysis.breakdown(t) for t in traces])
             plots.plot_breakdown(frame, analysis.runs_table(traces), args.output, normalize=args.normalize)

@@ -218,7 +218,8 @@ def add_format(parser, supported: Sequence[str] = FORMATS, default: str = "table
     one is refused with the list."""
     unknown = set(supported) - set(FORMATS) - set(SPECIAL_FORMATS)
     if unknown:
-        raise ValueError(f"formats {sorted(unknown)} are not in the common set {FORMATS} (or {sorted(SPECIAL_FORMATS)})")
+        raise ValueError(f"formats {sorted(unknown)} are not in the common set {FORMATS} "
+                         f"(or {sorted(SPECIAL_FORMATS)})")
     parser.add_argument("--format", default=default, choices=tuple(supported),
                         help=help or f"output format: {', '.join(supported)} (default {default})")
 

@@ -13,8 +13,8 @@ import os
 import socket
 import sys
 
-from fourd_mpi.cli.args import (FORMATS, add_deprecated, add_format, add_option, add_options, add_output, add_site, add_trace_paths,
-                                parse_list, write_output, wrote)
+from fourd_mpi.cli.args import (FORMATS, add_deprecated, add_format, add_option, add_options, add_output, add_site,
+                                add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.run.options import OPTIONS, options_in
 from fourd_mpi.util.files import refuse_output, refuse_overwrite
 from fourd_mpi.util.values import int_at_least, positive_float, positive_int

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
 from fourd_mpi.errors import ConfigError, TraceError
