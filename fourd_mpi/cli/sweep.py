@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+from fourd_mpi.jobs.pack import PACK_MODES
 from fourd_mpi.jobs.schedulers import FINAL_STATES
 from fourd_mpi.jobs.sites import builtin_sites, load_site
 from fourd_mpi.jobs.spec import load_spec
@@ -30,6 +31,13 @@ def register(sub) -> None:
                        help="ranks per node (default: job.ranks_per_node of the spec, else the site's)")
         for key in JOB_OVERRIDES:
             p.add_argument(f"--{key}", metavar=key.upper(), help=f"job.{key} for every job (overrides the spec)")
+        p.add_argument("--pack", type=positive_int, metavar="N",
+                       help="put up to N runs in one job (default: job.pack of the spec, else the site's, "
+                            "else 1: one job per run)")
+        p.add_argument("--pack-mode", choices=PACK_MODES,
+                       help="how a pack runs its runs: one after another (sequential, any scheduler), side by "
+                            "side as srun steps (concurrent) or as a Slurm job array (array); default "
+                            "job.pack_mode of the spec, else the site's, else sequential")
 
     plan = ssub.add_parser("plan", help="list the runs a spec expands to (rank count, nodes, memory per rank)")
     plan.add_argument("spec", metavar="SPEC.yaml")
@@ -69,7 +77,10 @@ def cmd_sweep(args, world=None) -> int:
         for key in JOB_OVERRIDES:
             if getattr(args, key) is not None:
                 spec.job[key] = getattr(args, key)
-        if any(getattr(args, key) is not None for key in JOB_OVERRIDES):
+        for key in ("pack", "pack_mode"):
+            if getattr(args, key) is not None:
+                spec.job[key] = getattr(args, key)
+        if any(getattr(args, key) is not None for key in (*JOB_OVERRIDES, "pack", "pack_mode")):
             spec.revalidate_job()
         script_dir = getattr(args, "out", None) or os.path.join("jobscripts", spec.name)
         manifest = build_manifest(spec, site, args.spec, script_dir, args.python, args.results_dir)
