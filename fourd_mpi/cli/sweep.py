@@ -60,6 +60,11 @@ def register(sub) -> None:
             p.add_argument("--resubmit-failed", action="store_true",
                            help="submit again runs whose job failed, was cancelled or timed out")
             p.add_argument("--dry-run", action="store_true", help="say what would be submitted")
+            p.add_argument("--pack", type=positive_int, metavar="N",
+                           help="pack the runs to submit now into jobs of up to N runs (pack-TIME-K.sh in DIR), "
+                                "whatever the render packed; e.g. to retry failed runs as few jobs")
+            p.add_argument("--pack-mode", choices=PACK_MODES, default="sequential",
+                           help="with --pack: sequential (default), concurrent or array, as for render")
         if name == "collect":
             p.add_argument("--into", metavar="DIR", help="gather the traces here (default results/SWEEP; "
                                                          "traces already there are not copied)")
@@ -98,7 +103,8 @@ def cmd_sweep(args, world=None) -> int:
         return 0
     manifest = load_manifest(args.sweep_dir)
     if command == "submit":
-        result = submit(manifest, args.sweep_dir, args.resubmit_failed, args.dry_run)
+        result = submit(manifest, args.sweep_dir, args.resubmit_failed, args.dry_run, pack=args.pack,
+                        pack_mode=args.pack_mode)
         failed = f", {len(result.failed)} failed" if result.failed else ""
         sys.stdout.write(f"{result.submitted} submitted{failed}\n")
         for run_id, why in result.failed:

@@ -94,7 +94,7 @@ def _shape(job: JobRequest) -> tuple:
 
 
 def plan_packs(sweep: str, entries: Sequence[Dict], size: int, mode: str, script_dir: str, node_ranks: int,
-               max_time: Optional[str] = None, site_name: str = "?") -> List[PackPlan]:
+               max_time: Optional[str] = None, site_name: str = "?", prefix: str = "pack-") -> List[PackPlan]:
     """Group manifest run entries into packs of at most ``size`` consecutive runs and size each allocation.
 
     ``node_ranks`` is how many ranks a node takes (the site's or the spec's ranks per node): concurrent
@@ -104,7 +104,7 @@ def plan_packs(sweep: str, entries: Sequence[Dict], size: int, mode: str, script
     packs = []
     for start in range(0, len(entries), size):
         runs = tuple(entries[start:start + size])
-        name = f"pack-{start // size:03d}"
+        name = f"{prefix}{start // size:03d}"
         log = os.path.join(script_dir, "logs", name + ("-%a.out" if mode == "array" else ".out"))
         jobs = [r["_job"] for r in runs]
         first = jobs[0]

@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -33,8 +34,9 @@ from fourd_mpi.jobs.pack import pack_settings, plan_packs, status_path
 from fourd_mpi.jobs.render import (AFFINITY_SCRIPT, job_request, job_settings, python_for, render_affinity_script,
                                    render_pack_script, render_script, run_command)
 from fourd_mpi.jobs.schedulers import ACTIVE_STATES, FINAL_STATES, get_scheduler, parse_time, slurm_time
-from fourd_mpi.jobs.sites import Site
-from fourd_mpi.jobs.spec import RunPlan, SweepSpec
+from fourd_mpi.jobs.sites import SITES_DIR, Site, load_site
+from fourd_mpi.jobs.spec import SCHEMA, RunPlan, SweepSpec, spec_from_data
+from fourd_mpi.util.yamlspec import schema_violations
 
 MANIFEST = "manifest.json"
 JOBS = "jobs.json"
@@ -46,6 +48,8 @@ MANIFEST_SCHEMA = "fourd_mpi.sweep"  # file-format id (kept when the module move
 MANIFEST_VERSION = 1
 #: job settings that render and plan take on the command line too
 JOB_OVERRIDES = ("account", "partition", "qos", "queue", "time")
+#: a script directory whose paths may go into directives (``#SBATCH --output=DIR/logs/...``) unquoted
+DIRECTIVE_PATH = r"[A-Za-z0-9_./+-]{1,400}"
 
 
 def _human_bytes(count: float) -> str:
@@ -73,6 +77,9 @@ def results_dir_of(spec: SweepSpec, override: Optional[str] = None) -> str:
 def build_manifest(spec: SweepSpec, site: Site, spec_path: str, script_dir: str, python: Optional[str] = None,
                    results_dir: Optional[str] = None) -> Dict:
     """Every run with its resources and command; raises before anything is written."""
+    if site.scheduler != "local" and not re.fullmatch(DIRECTIVE_PATH, script_dir):
+        raise ConfigError(f"--out {script_dir!r}: job log paths in it go into scheduler directives, which no shell "
+                          f"quotes: use letters, digits and _ . / + - only")
     runs = spec.expand()
     results = results_dir_of(spec, results_dir)
     py = python_for(spec, site, python)
@@ -97,6 +104,8 @@ def build_manifest(spec: SweepSpec, site: Site, spec_path: str, script_dir: str,
     manifest = {"schema": MANIFEST_SCHEMA, "version": MANIFEST_VERSION, "sweep": spec.name, "study": spec.study,
                 "site": site.name, "scheduler": site.scheduler, "spec_path": spec_path, "results_dir": results,
                 "script_dir": script_dir, "fourd_mpi_version": __version__, "spec": spec.as_dict(), "runs": entries}
+    if site.source and os.path.dirname(os.path.abspath(site.source)) != os.path.abspath(SITES_DIR):
+        manifest["site_file"] = site.source  # a user profile: `submit --pack` renders pack scripts with it
     settings = job_settings(spec, site)
     size, mode = pack_settings(settings, site.scheduler)
     if size > 1:
@@ -327,8 +336,8 @@ def run_states(manifest: Dict, jobs: Dict[str, Dict], query: bool = True) -> Lis
     for run in manifest["runs"]:
         job = jobs.get(run["run_id"])
         row = {"run_id": run["run_id"], "ranks": run["ranks"], "grid": run["grid"]}
-        if "packs" in manifest:
-            row["pack"] = run.get("pack", "-")
+        if "packs" in manifest or any("pack" in j for j in jobs.values()):
+            row["pack"] = (job or {}).get("pack") or run.get("pack", "-")
         row.update({"job": (job.get("job_id") or "-") if job else "-", "state": record_state(job, live),
                     "trace": trace_state(run["trace"])})
         rows.append(row)
@@ -367,7 +376,7 @@ class SubmitResult:
 
 
 def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_run: bool = False,
-           out=sys.stdout) -> SubmitResult:
+           out=sys.stdout, pack: Optional[int] = None, pack_mode: str = "sequential") -> SubmitResult:
     """Submit every run that has no live or finished job, no claim and no trace.
 
     Transactional per run: under :func:`sweep_lock`, re-read ``jobs.json``, decide, and record a
@@ -381,28 +390,41 @@ def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_ru
     or ``--array=`` for an array, select them when not all do; PBS and LSF cannot pass arguments to
     a job script, so there the remaining runs are submitted as their own jobs). Each run's record
     holds the pack job's id (``ID_K`` for array task K) and its exit-status file, and is tracked alone.
+
+    ``pack`` (``submit --pack N``) packs at submission: the runs that need submitting now, rendered or
+    not in packs, go into new packs of ``pack`` runs (``DIR/pack-TIME-K.sh``), e.g. to retry the
+    failed runs of a large sweep as a few jobs.
     """
     scheduler = get_scheduler(manifest["scheduler"])
     result = SubmitResult()
     live = _live_states(manifest, load_jobs(sweep_dir))
     host, pid = socket.gethostname(), os.getpid()
     local = scheduler.name == "local"
-    for pack, runs in _units(manifest):
+    units = _units(manifest)
+    if pack and pack > 1:
+        jobs = load_jobs(sweep_dir)
+        pending = [run for run in manifest["runs"]
+                   if _skip_reason(_submit_row(run, jobs.get(run["run_id"]), live), jobs.get(run["run_id"]),
+                                   resubmit_failed) is None]
+        ids = {run["run_id"] for run in pending}
+        skipped = [(None, [run]) for run in manifest["runs"] if run["run_id"] not in ids]  # reported below
+        units = skipped + ([(entry, entry["_runs"]) for entry in submission_packs(manifest, pending, pack, pack_mode,
+                                                                                    write=not dry_run)]
+                           if pending else [])
+    for pack_entry, runs in units:
         with sweep_lock(sweep_dir):
             jobs = load_jobs(sweep_dir)
             chosen = []
             for run in runs:
                 job = jobs.get(run["run_id"])
-                row = {"job": (job.get("job_id") or "-") if job else "-", "state": record_state(job, live),
-                       "trace": trace_state(run["trace"])}
-                why = _skip_reason(row, job, resubmit_failed)
+                why = _skip_reason(_submit_row(run, job, live), job, resubmit_failed)
                 if why is not None:
                     out.write(f"skip {run['run_id']}: {why}\n")
                 else:
                     chosen.append(run)
             if not chosen:
                 continue
-            launches = _launches(scheduler, pack, runs, chosen)
+            launches = _launches(scheduler, pack_entry, runs, chosen)
             if dry_run:
                 for launch in launches:
                     what = launch.name if launch.packed else launch.runs[0]["run_id"]
@@ -441,6 +463,40 @@ def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_ru
                     result.submitted += 1
                     out.write(f"submitted {run_id}: job {jobs[run_id]['job_id']}{where}\n")
     return result
+
+
+def _submit_row(run: Dict, job: Optional[Dict], live: Dict[str, str]) -> Dict:
+    return {"job": (job.get("job_id") or "-") if job else "-", "state": record_state(job, live),
+            "trace": trace_state(run["trace"])}
+
+
+def submission_packs(manifest: Dict, runs: List[Dict], size: int, mode: str, write: bool = True) -> List[Dict]:
+    """Pack entries for ``runs`` (entries of ``manifest``), packed now; writes their scripts into the sweep's
+    directory unless ``write`` is false. The spec and site are those the sweep was rendered with."""
+    violations = schema_violations(manifest.get("spec"), SCHEMA)
+    if violations:
+        raise ConfigError(f"{manifest['script_dir']}/{MANIFEST}: its spec is not valid ({violations[0][1]}); "
+                          f"render the sweep again")
+    spec = spec_from_data(manifest["spec"], manifest["spec_path"])
+    site = load_site(manifest.get("site_file") or manifest["site"])
+    size, mode = pack_settings({"pack": size, "pack_mode": mode}, site.scheduler)
+    script_dir = manifest["script_dir"]
+    rebuilt = build_manifest(spec, site, manifest["spec_path"], script_dir, results_dir=manifest["results_dir"])
+    by_id = {r["run_id"]: r for r in rebuilt["runs"]}
+    if sorted(by_id) != sorted(r["run_id"] for r in manifest["runs"]):
+        raise ConfigError(f"{script_dir}: the runs of the spec differ from the rendered ones; render the sweep again")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    settings = job_settings(spec, site)
+    plans = plan_packs(spec.name, [by_id[r["run_id"]] for r in runs], size, mode, script_dir,
+                       settings.get("ranks_per_node") or site.ranks_per_node, site.max_time, site.name,
+                       prefix=f"pack-{stamp}-")
+    entries = pack_entries(plans, script_dir)
+    for entry in entries:
+        entry["_runs"] = list(entry["_pack"].runs)
+        if write:
+            _write(entry["script"], render_pack_script(entry["_pack"], len(entries), spec, site, manifest["spec_path"]),
+                   executable=True)
+    return entries
 
 
 def _units(manifest: Dict) -> List:
