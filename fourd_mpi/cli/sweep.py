@@ -93,7 +93,9 @@ def cmd_sweep(args, world=None) -> int:
             if args.format == "json":
                 sys.stdout.write(json.dumps(public_manifest(manifest), indent=1) + "\n")
             else:
-                sys.stdout.write(f"sweep {spec.name}: {spec.study} scaling, {len(manifest['runs'])} runs on site "
+                packs = manifest.get("packs")
+                packed = f" in {len(packs)} {packs[0]['mode']} packs" if packs else ""
+                sys.stdout.write(f"sweep {spec.name}: {spec.study} scaling, {len(manifest['runs'])} runs{packed} on site "
                                  f"{site.name} ({site.scheduler})\n")
                 sys.stdout.write(format_rows(plan_rows(manifest)))
             return 0
