@@ -10,6 +10,7 @@ import json
 from dataclasses import replace
 
 from fourd_mpi import __version__
+from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.cli.args import OneLineParser, add_options, say
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.core.watchdog import check_timeout
@@ -82,6 +83,7 @@ def _header(world, run) -> None:
     cfg = run.options.model
     say(world, f"fourd-mpi {__version__}  MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
     say(world, run.grid.describe())
+    say(world, get_algorithm(run.options.algorithm).describe(run.options.grid))
     say(world, f"model {cfg.name}: {cfg.kind}, {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, "
                f"ffn {cfg.ffn_hidden}, seq {cfg.seq}, global batch {cfg.batch} "
                f"({cfg.parameter_count() / 1e6:.2f} M parameters)")

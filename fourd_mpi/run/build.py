@@ -12,6 +12,7 @@ from typing import Dict, Optional
 
 from mpi4py import MPI
 
+from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.core.backend import cupy_usable, make_backend, parse_dtype
 from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.core.gpuaware import GpuAwareness
@@ -25,7 +26,7 @@ from fourd_mpi.run.admission import MemoryNeed, admit, allocate
 from fourd_mpi.run.options import RunOptions
 from fourd_mpi.step.engine import Trainer
 from fourd_mpi.step.kernels import ComputeCounter
-from fourd_mpi.step.model import Model, SyntheticData
+from fourd_mpi.step.model import Model, SyntheticData  # noqa: F401  (the 4D family's types, for annotations)
 from fourd_mpi.step.optim import make_optimizer
 from fourd_mpi.trace.events import Tracer, align_clocks
 
@@ -151,18 +152,17 @@ class Run:
                            skip_communication=skip_communication, tracer=tracer)
         counter = ComputeCounter(backend=backend, enabled=count_flops, tracer=tracer)
 
+        impl = get_algorithm(options.algorithm).module()
+
         def allocate_state():
-            model = Model(options.model, grid, backend, seed=options.seed, counter=counter)
-            data = SyntheticData(options.model, grid, backend, seed=options.seed,
-                                 batches=min(options.data_batches, options.steps))
+            model, data = impl.build_state(options, grid, backend, counter)
             optimizer = make_optimizer(options.optimizer, model.parameters(), options.lr, empty=backend.empty)
             return model, data, optimizer
 
         # a MemoryError on any rank (the model counts no temporaries) is one line on every rank
         model, data, optimizer = allocate(grid.cart, "the model, optimizer state and data", allocate_state, need)
         data_prep = grid.cart.allreduce(data.prep_seconds, op=MPI.MAX)
-        trainer = Trainer(model, data, comm, optimizer, overlap=options.overlap_config(),
-                          recompute=options.recompute)
+        trainer = impl.make_trainer(model, data, comm, optimizer, options)
         return cls(options, grid, backend, comm, model, data, trainer, counter, clock, awareness, buffers, data_prep,
                    clock_start=clock_start, memory_need=need)
 

@@ -64,7 +64,8 @@ def run_metadata(run, run_id: str, config: Dict, level: str, start_time: str) ->
     grid = run.grid
     return {
         "run_id": run_id, "start_time": start_time, "level": level, "config": config,
-        "run_options": run.options.as_dict(), "grid": str(run.options.grid), "world_size": grid.cart.Get_size(),
+        "run_options": run.options.as_dict(), "grid": str(run.options.grid),
+        "algorithm": run.options.algorithm, "world_size": grid.cart.Get_size(),
         "num_nodes": grid.num_nodes, "ranks_per_node": grid.ranks_per_node, "mpi": mpi_library(),
         "backend": run.backend.describe(), "device_buffers_direct": bool(run.backend.device_buffers_direct),
         "gpu_aware_mpi": run.gpu_awareness.as_dict() if run.gpu_awareness is not None else None,

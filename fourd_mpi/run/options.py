@@ -22,6 +22,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
+from fourd_mpi.algorithms.registry import ALGORITHMS, DEFAULT_ALGORITHM
+from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.core.backend import BACKENDS, DEVICE_BUFFER_MODES, DTYPES, check_dtype_options
 from fourd_mpi.core.grid import GridShape, infer_grid_shape
 from fourd_mpi.core.progress import PROGRESS_STRATEGIES
@@ -93,6 +95,9 @@ GROUPS = {
 
 _N = "N"
 RUN_OPTIONS: Tuple[Option, ...] = (
+    Option("algorithm", "grid", str, DEFAULT_ALGORITHM, tuple(ALGORITHMS),
+           help="parallel algorithm: " + "; ".join(f"{a.name} = {a.title}" for a in ALGORITHMS.values())
+           + f" (default {DEFAULT_ALGORITHM}; the named baselines fix axes to 1)"),
     Option("gx", "grid", positive_int, None, metavar=_N, help="G_x: ranks sharing a layer's input dimension "
            "(innermost, consecutive world ranks)"),
     Option("gy", "grid", positive_int, None, metavar=_N, help="G_y: ranks sharing a layer's output dimension"),
@@ -210,6 +215,8 @@ class RunOptions:
 
     model: ModelConfig
     grid: GridShape
+    #: ``--algorithm`` (:mod:`fourd_mpi.algorithms.registry`)
+    algorithm: str = DEFAULT_ALGORITHM
     dtype: str = "float32"
     backend: str = "auto"
     device_buffers: str = "auto"
@@ -254,7 +261,8 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
 
     ``_cross_checks=False`` leaves out the checks between options (warm-up against steps), for
     validating one option at a time against the defaults (sweep specs)."""
-    shape = infer_grid_shape(world_size, **grid_sizes)
+    algorithm = get_algorithm(options.get("algorithm", DEFAULT_ALGORITHM))
+    shape = infer_grid_shape(world_size, **algorithm.constrain(grid_sizes))
     model = resolve_model(preset, **model_overrides)
     validate_model(model, shape)
     if options.get("backend", "auto") not in BACKENDS:
@@ -289,6 +297,7 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
         raise ConfigError(f"--poll-flops must be positive, got {options['poll_flops']}")
     run_options = RunOptions(model=model, grid=shape, **options)
     run_options.overlap_config()  # validates the overlap list, depth and chunks
+    algorithm.check(run_options)
     return run_options
 
 

@@ -1,0 +1,110 @@
+"""The algorithm registry: names, titles, grid constraints and the module that builds each one.
+
+Pure (no MPI, no array library): :func:`fourd_mpi.run.options.resolve` applies
+:meth:`Algorithm.constrain` and :meth:`Algorithm.check` on every rank before any collective, so a
+grid that an algorithm cannot run fails with the same one-line error everywhere.
+
+The 4D family (``axonn4d`` and its named special cases) shares one implementation,
+:mod:`fourd_mpi.algorithms.tensor4d`; the baselines only fix axes to 1:
+
+================  =====================================  ==========================
+name              what it is                              fixed axes
+================  =====================================  ==========================
+``axonn4d``       AxoNN 4D: data x 3D tensor (SC'24)      none
+``megatron1d``    Megatron-LM 1D tensor + data            ``G_x = G_z = 1``
+``fsdp``          fully sharded data parallel (ZeRO-3)    ``G_x = G_y = 1``
+``dp``            plain data parallelism                  ``G_x = G_y = G_z = 1``
+================  =====================================  ==========================
+
+With ``G_x = G_z = 1`` a normal layer stores ``W[n/G_y, k]`` (column-parallel) and a
+transposed layer ``W[n, k/G_y]`` with its forward all-reduce over Y (row-parallel): exactly
+Megatron-LM's pair. With ``G_x = G_y = 1`` every weight is a flat shard over Z, all-gathered
+before use and its gradient reduce-scattered: ZeRO-3 / FSDP, with Z splitting the batch too.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Mapping, Optional, Tuple
+
+from fourd_mpi.errors import ConfigError
+
+#: grid axes in Cartesian order (outermost first), as :data:`fourd_mpi.core.grid.AXES`
+_AXES = ("data", "z", "y", "x")
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One entry of ``--algorithm``.
+
+    name: the value of ``--algorithm``; title: printed in run headers, tables and plots;
+    family: which implementation runs it (``impl``, a module path imported only when a run is built);
+    fixed: axes this algorithm pins to a size (``{"x": 1, "z": 1}``); reference: where it comes from;
+    checker: pure cross-checks of the resolved options (``checker(algorithm, options)``, raises
+    :class:`ConfigError`), defined in a module that imports neither MPI nor the step.
+    """
+
+    name: str
+    title: str
+    family: str
+    impl: str
+    reference: str
+    fixed: Mapping[str, int] = field(default_factory=dict)
+    checker: Optional[Callable] = None
+
+    def constrain(self, grid_sizes: Mapping[str, Optional[int]]) -> Dict[str, Optional[int]]:
+        """The ``--g*`` sizes with this algorithm's fixed axes filled in; a :class:`ConfigError` when the
+        user gave a fixed axis another size. Pure."""
+        sizes = dict(grid_sizes)
+        for axis, size in self.fixed.items():
+            given = sizes.get(axis)
+            if given is not None and given != size:
+                pinned = ", ".join(f"G_{a} = {s}" for a, s in self.fixed.items())
+                raise ConfigError(f"--algorithm {self.name} ({self.title}) fixes {pinned}: --g{axis} {given} "
+                                  f"contradicts it (use --algorithm axonn4d for a general grid)")
+            sizes[axis] = size
+        return sizes
+
+    def check(self, options) -> None:
+        """Cross-checks of resolved options (:class:`~fourd_mpi.run.options.RunOptions`) that only this
+        algorithm knows (e.g. a cube grid). Pure; raises :class:`ConfigError`."""
+        if self.checker is not None:
+            self.checker(self, options)
+
+    def module(self):
+        """The implementing module (imported on first use)."""
+        return importlib.import_module(self.impl)
+
+    def describe(self, shape) -> str:
+        """One header line: ``algorithm megatron1d: Megatron-LM 1D tensor parallelism + data (G_x = G_z = 1)``."""
+        pinned = ", ".join(f"G_{a} = {s}" for a, s in self.fixed.items())
+        return f"algorithm {self.name}: {self.title}" + (f" ({pinned})" if pinned else "") + f" on grid {shape}"
+
+
+_TENSOR4D = "fourd_mpi.algorithms.tensor4d"
+_ALGORITHMS: Tuple[Algorithm, ...] = (
+    Algorithm("axonn4d", "AxoNN 4D (data x 3D tensor parallelism)", "tensor4d", _TENSOR4D,
+              "Singh et al., SC'24, arXiv 2305.13525"),
+    Algorithm("megatron1d", "Megatron-LM 1D tensor parallelism + data", "tensor4d", _TENSOR4D,
+              "Shoeybi et al., arXiv 1909.08053", {"x": 1, "z": 1}),
+    Algorithm("fsdp", "fully sharded data parallelism (ZeRO-3 / FSDP)", "tensor4d", _TENSOR4D,
+              "Rajbhandari et al., SC'20; Zhao et al., VLDB'23", {"x": 1, "y": 1}),
+    Algorithm("dp", "plain data parallelism", "tensor4d", _TENSOR4D, "-", {"x": 1, "y": 1, "z": 1}),
+)
+
+#: by name, in the order ``--help`` lists them
+ALGORITHMS: Dict[str, Algorithm] = {a.name: a for a in _ALGORITHMS}
+DEFAULT_ALGORITHM = "axonn4d"
+
+
+def names() -> Tuple[str, ...]:
+    return tuple(ALGORITHMS)
+
+
+def get(name: str) -> Algorithm:
+    """The algorithm called ``name``; a :class:`ConfigError` listing the known ones otherwise."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ConfigError(f"unknown algorithm {name!r}: choose one of {', '.join(ALGORITHMS)}") from None
