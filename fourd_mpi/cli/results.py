@@ -149,7 +149,7 @@ def cmd_results(args, world=None) -> int:
             sys.stderr.write(f"{PROG}: skipped {path}: {why}\n")
         print(f"{args.output or index_file(args.directory)}: {len(entries)} run(s) indexed"
               + (f", {len(problems)} trace(s) skipped" if problems else ""))
-        return 1 if problems and not entries else 0
+        return 1 if problems else 0  # as analyze: 1 when some trace was skipped
     path = index_file(args.index)
     if not os.path.exists(path):
         raise ConfigError(f"no index at {path} (runs append to <results-dir>/index.jsonl; "

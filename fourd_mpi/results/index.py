@@ -54,7 +54,7 @@ ENTRY_SCHEMA = {
         "time": {"type": "string"}, "git_commit": _STR, "version": _STR,
         "config_key": {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "algorithm": {"type": "string"},
         "model": _STR, "label": _STR, "grid": {"type": "string"}, "world_size": {"type": "integer", "minimum": 1},
-        "num_nodes": {"type": ["integer", "null"]}, "level": _STR, "steps": {"type": ["integer", "null"]},
+        "num_nodes": {"type": ["integer", "null"]}, "level": _STR, "measured_steps": {"type": ["integer", "null"]},
         "median_s": _NUM, "q1_s": _NUM, "q3_s": _NUM, "min_s": _NUM, "max_s": _NUM,
         "model_tflops_per_rank": _NUM, "percent_of_peak": _NUM, "status": {"type": "string"},
         "trace": {"type": "string"}, "host": _STR, "config": {"type": "object"},
@@ -119,7 +119,7 @@ def make_entry(metadata: Dict, status: str, trace_path: str, index_dir: str, sta
         "config_key": config_key(config), "algorithm": str(algorithm), "model": config.get("model"),
         "label": config.get("label"), "grid": str(metadata.get("grid") or ""), "world_size": world,
         "num_nodes": metadata.get("num_nodes"), "level": metadata.get("level"),
-        "steps": int(steps) if isinstance(steps, (int, float)) and math.isfinite(steps) else None,
+        "measured_steps": int(steps) if isinstance(steps, (int, float)) and math.isfinite(steps) else None,
         **times, "model_tflops_per_rank": tflops, "percent_of_peak": percent, "status": status,
         "trace": os.path.relpath(os.path.abspath(trace_path), os.path.abspath(index_dir)),
         "host": metadata.get("launch_host"), "config": keyed_config(config),
@@ -232,7 +232,7 @@ def reindex(directory: str, output: Optional[str] = None,
     output = output or index_file(directory)
     index_dir = os.path.dirname(os.path.abspath(output))
     files, why = expand_traces(directory)
-    problems = [(directory, why)] if why is not None else []
+    problems = [(directory, why)] if why is not None and not os.path.isdir(directory) else []
     entries = []
     for path in files:
         try:
