@@ -23,7 +23,7 @@ LIST_FORMATS = ("table", "json", "csv")
 #: columns of ``results list`` (table and csv), in order
 LIST_COLUMNS = ("run_id", "time", "model", "grid", "world_size", "algorithm", "median_s", "q1_s", "q3_s",
                 "model_tflops_per_rank", "percent_of_peak", "status", "config_key", "git_commit", "trace")
-INDEX_HELP = ("the index: a results directory (its index.jsonl) or a .jsonl file (default: results)")
+INDEX_HELP = "the index: a results directory (its index.jsonl) or a .jsonl file (default: results)"
 
 
 def register(sub) -> None:
@@ -35,12 +35,13 @@ def register(sub) -> None:
                     help="more filters: any field of the index or option of the resolved configuration "
                          "(e.g. dtype=float64 overlap=none steps=10); config_key and git_commit match by prefix")
     _add_index(ls)
-    for name, what in (("model", "model preset name"), ("grid", "grid DxZxYxX, e.g. 1x1x1x2"),
-                       ("status", "trace status: complete, partial or failed"),
-                       ("since", "started at or after this ISO date or time (UTC unless a zone is given)"),
-                       ("until", "started at or before this ISO date or time"),
-                       ("algorithm", "algorithm (runs that recorded none ran axonn4d)")):
-        ls.add_argument(f"--{name}", metavar=name.upper(), help=f"only runs with this {what}")
+    for name, what in (("model", "only runs of this model preset"),
+                       ("grid", "only runs on this grid DxZxYxX, e.g. 1x1x1x2"),
+                       ("status", "only runs whose trace has this status: complete, partial or failed"),
+                       ("since", "only runs started at or after this ISO date or time (UTC unless a zone is given)"),
+                       ("until", "only runs started at or before this ISO date or time"),
+                       ("algorithm", "only runs of this algorithm (runs that recorded none ran axonn4d)")):
+        ls.add_argument(f"--{name}", metavar=name.upper(), help=what)
     ls.add_argument("--format", choices=LIST_FORMATS, default="table", help="default table")
     add_output(ls, help="write the list there (nothing is printed)")
     ls.set_defaults(handler=cmd_results, serial=True)
@@ -67,7 +68,7 @@ def register(sub) -> None:
                           "index queries KEY=VALUE[,KEY=VALUE...] (as in results list)")
     cmp.add_argument("--baseline", nargs="+", required=True, metavar="OLD",
                      help="the baseline runs, in the same forms as NEW")
-    _add_index(cmp, " where run ids and queries are looked up")
+    _add_index(cmp, "; run ids and queries are looked up there")
     cmp.add_argument("--threshold", default="5%",
                      help="slowdown tolerated: a percentage (5%%, default) or a fraction (0.05)")
     cmp.add_argument("--alpha", type=_fraction, default=0.05,
@@ -86,7 +87,7 @@ def register(sub) -> None:
 
 
 def _add_index(parser, what: str = "") -> None:
-    parser.add_argument("--index", default="results", metavar="PATH", help=INDEX_HELP.replace(" (", what + " (", 1))
+    parser.add_argument("--index", default="results", metavar="PATH", help=INDEX_HELP + what)
 
 
 def _fraction(text: str) -> float:
