@@ -10,6 +10,11 @@ only: :func:`fourd_mpi.trace.summary.step_stats`) and compared:
 - the two-sided Mann-Whitney U test of the two samples (``scipy.stats.mannwhitneyu``, exact for
   small samples without ties), whose p-value says whether the step-time distributions differ.
 
+The steps of a run are not independent of the run: a busy machine or another node moves all of
+them. With ``unit="run"`` the samples are the runs' median step times instead (one value per run),
+so the test sees the variation between runs; it needs at least 4 runs per side to reach p < 0.05
+(the exact two-sided p of 3 against 3 runs is at least 0.1).
+
 Verdict with threshold ``t`` and level ``alpha``: **slower** when ``p < alpha``, the interval lies
 above 1 and ``ratio > 1 + t``; **faster** when ``p < alpha``, the interval lies below 1 and
 ``ratio < 1 - t``; **same** otherwise (not significant, or within the threshold, or fewer than
@@ -42,11 +47,14 @@ class Settings:
     confidence: float = 0.95  #: of the bootstrap interval
     resamples: int = 9999
     seed: int = 0
+    unit: str = "step"  #: "step": every measured step is a sample; "run": each run's median step time is one
 
     def statistics_text(self) -> str:
         """The statistics in words, for every output format."""
-        return (f"ratio = median(new)/median(old) of the per-step times (a step's time: max over ranks of its "
-                f"span, measured steps; runs of one configuration pooled per side); "
+        samples = ("the per-step times (a step's time: max over ranks of its span, measured steps; runs of one "
+                   "configuration pooled per side)" if self.unit == "step" else
+                   "the runs' median step times (one sample per run; a step's time: max over ranks of its span)")
+        return (f"ratio = median(new)/median(old) of {samples}; "
                 f"{100 * self.confidence:g}% percentile bootstrap CI of the ratio ({self.resamples} resamples, "
                 f"sides resampled independently, seed {self.seed}); p: Mann-Whitney U two-sided; "
                 f"slower: p < {self.alpha:g}, CI above 1 and ratio > 1 + {100 * self.threshold:g}%; "
@@ -61,10 +69,11 @@ class Side:
     run_ids: List[str] = field(default_factory=list)
     traces: List[str] = field(default_factory=list)
     samples: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    run_medians: List[float] = field(default_factory=list)
 
-    @property
-    def median_s(self) -> float:
-        return float(np.median(self.samples)) if len(self.samples) else float("nan")
+    def values(self, unit: str) -> np.ndarray:
+        """The test's samples: the pooled per-step times (``step``) or one median per run (``run``)."""
+        return self.samples if unit == "step" else np.asarray(self.run_medians, dtype=np.float64)
 
 
 @dataclass
@@ -74,6 +83,8 @@ class Comparison:
     new: Optional[Side]
     old: Optional[Side]
     verdict: str
+    new_median_s: float = float("nan")  #: median of the new side's samples (steps or run medians)
+    old_median_s: float = float("nan")
     ratio: float = float("nan")
     ci_low: float = float("nan")
     ci_high: float = float("nan")
@@ -89,9 +100,10 @@ class Comparison:
             if s is None:
                 return None
             return {"runs": s.run_ids, "traces": s.traces, "steps": int(len(s.samples)),
-                    "median_s": _json_number(s.median_s), "samples_s": [float(v) for v in s.samples]}
+                    "run_medians_s": [float(v) for v in s.run_medians], "samples_s": [float(v) for v in s.samples]}
 
         return {"config_key": self.key, "configuration": self.label, "verdict": self.verdict,
+                "new_median_s": _json_number(self.new_median_s), "old_median_s": _json_number(self.old_median_s),
                 "ratio": _json_number(self.ratio), "ci_low": _json_number(self.ci_low),
                 "ci_high": _json_number(self.ci_high), "p_value": _json_number(self.p_value), "note": self.note,
                 "new": side(self.new), "baseline": side(self.old)}
@@ -149,13 +161,16 @@ def mann_whitney_p(new: np.ndarray, old: np.ndarray) -> float:
 def compare_sides(key: str, new: Side, old: Side, settings: Settings) -> Comparison:
     """One matched configuration: ratio, interval, p-value and verdict (see the module's notes)."""
     out = Comparison(key, describe(new.entry), new, old, "same")
-    if min(len(new.samples), len(old.samples)) < MIN_SAMPLES:
-        out.ratio = new.median_s / old.median_s if len(new.samples) and len(old.samples) else float("nan")
-        out.note = f"fewer than {MIN_SAMPLES} measured steps on a side: no test"
+    x, y = new.values(settings.unit), old.values(settings.unit)
+    if len(x) and len(y):
+        out.new_median_s, out.old_median_s = float(np.median(x)), float(np.median(y))
+        out.ratio = out.new_median_s / out.old_median_s
+    if min(len(x), len(y)) < MIN_SAMPLES:
+        what = "measured steps" if settings.unit == "step" else "runs"
+        out.note = f"fewer than {MIN_SAMPLES} {what} on a side: no test"
         return out
-    out.ratio = new.median_s / old.median_s
-    out.ci_low, out.ci_high = ratio_interval(new.samples, old.samples, settings)
-    out.p_value = mann_whitney_p(new.samples, old.samples)
+    out.ci_low, out.ci_high = ratio_interval(x, y, settings)
+    out.p_value = mann_whitney_p(x, y)
     significant = out.p_value < settings.alpha
     if significant and out.ci_low > 1 and out.ratio > 1 + settings.threshold:
         out.verdict = "slower"
@@ -180,7 +195,10 @@ def group_by_key(runs: Sequence[Tuple[Dict, np.ndarray, str]]) -> Dict[str, Side
             continue
         side.run_ids.append(entry["run_id"])
         side.traces.append(path)
-        side.samples = np.concatenate([side.samples, np.asarray(samples, dtype=np.float64)])
+        samples = np.asarray(samples, dtype=np.float64)
+        side.samples = np.concatenate([side.samples, samples])
+        if len(samples):
+            side.run_medians.append(float(np.median(samples)))
     return sides
 
 
@@ -189,10 +207,12 @@ def compare_runs(new_runs, old_runs, settings: Settings) -> List[Comparison]:
     only in the new runs, then those only in the baseline."""
     new, old = group_by_key(new_runs), group_by_key(old_runs)
     out = [compare_sides(k, new[k], old[k], settings) for k in new if k in old]
-    out += [Comparison(k, describe(new[k].entry), new[k], None, "unmatched", note="no baseline run of this "
-                       "configuration") for k in new if k not in old]
-    out += [Comparison(k, describe(old[k].entry), None, old[k], "unmatched", note="only in the baseline")
-            for k in old if k not in new]
+    out += [Comparison(k, describe(new[k].entry), new[k], None, "unmatched",
+                       new_median_s=float(np.median(new[k].values(settings.unit))) if len(new[k].samples) else
+                       float("nan"), note="no baseline run of this configuration") for k in new if k not in old]
+    out += [Comparison(k, describe(old[k].entry), None, old[k], "unmatched",
+                       old_median_s=float(np.median(old[k].values(settings.unit))) if len(old[k].samples) else
+                       float("nan"), note="only in the baseline") for k in old if k not in new]
     return out
 
 

@@ -33,8 +33,8 @@ def rows(comparisons: Sequence[Comparison]) -> List[List[str]]:
     for c in comparisons:
         ci = f"[{_num(c.ci_low)}, {_num(c.ci_high)}]" if np.isfinite(c.ci_low) else "-"
         verdict = c.verdict.upper() if c.regression else c.verdict
-        out.append([c.label, _runs(c.new), _runs(c.old), _num(c.new.median_s) if c.new else "-",
-                    _num(c.old.median_s) if c.old else "-", _num(c.ratio), ci,
+        out.append([c.label, _runs(c.new), _runs(c.old), _num(c.new_median_s), _num(c.old_median_s),
+                    _num(c.ratio), ci,
                     f"{c.p_value:.2g}" if np.isfinite(c.p_value) else "-",
                     verdict + (f": {c.note}" if c.note and c.verdict != "unmatched" else "")])
     return out
@@ -69,7 +69,7 @@ def as_markdown(comparisons: Sequence[Comparison], settings: Settings) -> str:
 
 
 def as_json(comparisons: Sequence[Comparison], settings: Settings) -> str:
-    return json.dumps({"statistics": settings.statistics_text(), "threshold": settings.threshold,
+    return json.dumps({"statistics": settings.statistics_text(), "unit": settings.unit, "threshold": settings.threshold,
                        "alpha": settings.alpha, "confidence": settings.confidence, "resamples": settings.resamples,
                        "seed": settings.seed, "exit_status": exit_status(comparisons),
                        "summary": summary_line(comparisons, settings),
@@ -85,13 +85,14 @@ def as_junit(comparisons: Sequence[Comparison], settings: Settings) -> str:
     root = ET.Element("testsuites", name="fourd-mpi compare", **counts)
     suite = ET.SubElement(root, "testsuite", name="fourd-mpi compare", **counts)
     props = ET.SubElement(suite, "properties")
-    for name, value in (("statistics", settings.statistics_text()), ("threshold", f"{100 * settings.threshold:g}%"),
+    for name, value in (("statistics", settings.statistics_text()), ("unit", settings.unit),
+                        ("threshold", f"{100 * settings.threshold:g}%"),
                         ("alpha", f"{settings.alpha:g}"), ("confidence", f"{settings.confidence:g}"),
                         ("resamples", str(settings.resamples)), ("seed", str(settings.seed))):
         ET.SubElement(props, "property", name=name, value=value)
     for c, r in zip(comparisons, rows(comparisons)):
         case = ET.SubElement(suite, "testcase", classname="fourd_mpi.compare", name=c.label,
-                             time=f"{c.new.median_s:.6f}" if c.new is not None and len(c.new.samples) else "0")
+                             time=f"{c.new_median_s:.6f}" if np.isfinite(c.new_median_s) else "0")
         detail = "; ".join(f"{k}: {v}" for k, v in zip(COLUMNS, r)) + f"; config key {c.key}"
         if c.regression:
             failure = ET.SubElement(case, "failure", type="regression",

@@ -78,6 +78,9 @@ def register(sub) -> None:
     cmp.add_argument("--resamples", type=positive_int, default=9999, metavar="N",
                      help="bootstrap resamples (default 9999)")
     cmp.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0: reproducible)")
+    cmp.add_argument("--unit", choices=("step", "run"), default="step",
+                     help="the samples: step (default), every measured step of the runs pooled; run, each run's "
+                          "median step time (sees the variation between runs; needs at least 4 runs per side)")
     cmp.add_argument("--format", choices=("table", "markdown", "json", "junit"), default="table",
                      help="table (default), markdown, json, or junit (JUnit XML: a test case per configuration, "
                           "a failure per regression)")
@@ -218,7 +221,7 @@ def cmd_compare(args, world=None) -> int:
     from fourd_mpi.results.index import index_file
 
     settings = Settings(threshold=parse_threshold(args.threshold), alpha=args.alpha, confidence=args.confidence,
-                        resamples=args.resamples, seed=args.seed)
+                        resamples=args.resamples, seed=args.seed, unit=args.unit)
     refuse_output(args.output, args.force)
     index_path = index_file(args.index)
     new = _load_side(args, args.new, index_path, "new")

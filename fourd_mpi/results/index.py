@@ -22,6 +22,7 @@ with :func:`reindex`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -131,15 +132,21 @@ def entry_line(entry: Dict) -> bytes:
     return (json.dumps(entry, sort_keys=False, separators=(",", ":"), allow_nan=False, default=str) + "\n").encode()
 
 
+#: ``flock`` errors of file systems that do not lock (some NFS and FUSE mounts): go on unlocked, a
+#: single ``O_APPEND`` write is still whole on most of them, and losing the line would be worse
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS)
+
+
 @contextlib.contextmanager
 def _locked(path: str, flags: int, lock: int) -> Iterator[int]:
     fd = os.open(path, flags, 0o644)
     try:
-        fcntl.flock(fd, lock)
         try:
-            yield fd
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            fcntl.flock(fd, lock)
+        except OSError as exc:
+            if exc.errno not in _NO_LOCKS:
+                raise
+        yield fd  # closing the descriptor releases the lock
     finally:
         os.close(fd)
 

@@ -78,6 +78,27 @@ def test_noise_alone_is_rarely_called_a_change():
     assert verdicts.count("same") >= 180 and verdicts.count("slower") <= 12, verdicts
 
 
+def test_unit_run_sees_the_variation_between_runs():
+    """Runs whose medians scatter by 30 % (another node, a busy machine) but whose steps vary by 2 %:
+    per step, the pooled samples look different; per run (4 against 4 medians), they do not."""
+    rng = np.random.default_rng(20)
+    def runs(prefix, n):
+        return [run("a", f"{prefix}{i}", noisy(0.1 * (1 + 0.3 * rng.standard_normal()), seed=30 + i + 10 * len(prefix)))
+                for i in range(n)]
+
+    new, old = runs("n", 4), runs("oo", 4)
+    per_step = compare_runs(new, old, SETTINGS)[0]
+    per_run = compare_runs(new, old, Settings(resamples=2000, unit="run"))[0]
+    assert per_step.p_value < 1e-3
+    assert per_run.verdict == "same" and per_run.p_value > 0.05
+    assert per_run.new_median_s == pytest.approx(np.median([np.median(s) for _, s, _ in new]))
+    assert "one sample per run" in Settings(unit="run").statistics_text()
+    clearly = compare_runs([run("a", f"s{i}", noisy(0.2, seed=40 + i)) for i in range(4)],
+                           [run("a", f"b{i}", noisy(0.1, seed=50 + i)) for i in range(4)],
+                           Settings(resamples=2000, unit="run"))[0]
+    assert clearly.verdict == "slower" and clearly.p_value == pytest.approx(2 / 70)  # exact: the least 4 v 4 p
+
+
 def test_too_few_steps_give_no_test():
     c = one([0.2] * (MIN_SAMPLES - 1), [0.1] * 10)
     assert c.verdict == "same" and "no test" in c.note and c.ratio == 2.0 and np.isnan(c.p_value)
