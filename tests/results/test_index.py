@@ -102,13 +102,16 @@ def test_a_missing_index_reads_as_empty(tmp_path):
 @pytest.mark.mpi
 def test_every_run_appends_its_line_and_reindex_rebuilds_the_same(tmp_path):
     results = tmp_path / "res"
-    for run_id in ("one", "two"):
-        proc = mpirun(2, ["run", "--gx", "2", "--model", "gpt-tiny", "--steps", "3", "--trace-level", "step",
-                          "--results-dir", results, "--run-id", run_id, "--display", "quiet", "--peak-tflops", "1",
-                          "--label", run_id], timeout=240)
+    for ranks, run_id in ((2, "one"), (2, "two"), (3, "odd")):
+        grid = ["--gx", "2"] if ranks == 2 else []  # 3 ranks: data parallel, 3x1x1x1
+        proc = mpirun(ranks, ["run", *grid, "--model", "gpt-tiny", "--batch", "6", "--steps", "3",
+                              "--trace-level", "step", "--results-dir", results, "--run-id", run_id, "--display",
+                              "quiet", "--peak-tflops", "1", "--label", run_id], timeout=240)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     entries = read_index(str(results / INDEX_NAME))
-    assert [e["run_id"] for e in entries] == ["one", "two"]
+    assert [e["run_id"] for e in entries] == ["one", "two", "odd"]
+    assert entries[2]["world_size"] == 3 and entries[2]["grid"] == "3x1x1x1"
+    assert entries[2]["config_key"] != entries[0]["config_key"]  # another grid: another configuration
     one = entries[0]
     trace = load_trace(str(results / "one.h5"))
     summary = trace.metadata["summary"]
