@@ -7,7 +7,6 @@ import csv
 import io
 import json
 import multiprocessing
-import os
 import shutil
 
 import pytest
@@ -203,19 +202,3 @@ def test_results_show(capfd):
     out = capfd.readouterr().out
     assert "config_key: bc70a74fa83d923c" in out and '  dtype = "float32"' in out
     assert main(["results", "show", "nope", "--index", str(BASELINES)]) == 2
-
-
-def test_results_commands_never_start_mpi(tmp_path):
-    """Offline: the index commands run where importing mpi4py.MPI would fail."""
-    import subprocess
-    import sys
-
-    block = tmp_path / "block"
-    (block / "mpi4py").mkdir(parents=True)
-    (block / "mpi4py" / "__init__.py").write_text("")
-    (block / "mpi4py" / "MPI.py").write_text("raise ImportError('mpi4py.MPI must not be imported')\n")
-    env = dict(os.environ, PYTHONPATH=f"{block}{os.pathsep}{REPO}")
-    for args in (["results", "list", "--index", str(BASELINES)], ["results", "reindex", str(tmp_path)]):
-        proc = subprocess.run([sys.executable, "-m", "fourd_mpi", *args], capture_output=True, text=True, env=env,
-                              timeout=120)
-        assert proc.returncode == 0, proc.stderr
