@@ -78,6 +78,9 @@ def register(sub) -> None:
     cmp.add_argument("--resamples", type=positive_int, default=9999, metavar="N",
                      help="bootstrap resamples (default 9999)")
     cmp.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0: reproducible)")
+    cmp.add_argument("--ignore", metavar="OPTIONS", default="",
+                     help="comma list of configuration options left out of the matching key (e.g. steps,warmup: "
+                          "compare runs that differ only in them)")
     cmp.add_argument("--unit", choices=("step", "run"), default="step",
                      help="the samples: step (default), every measured step of the runs pooled; run, each run's "
                           "median step time (sees the variation between runs; needs at least 4 runs per side)")
@@ -218,7 +221,7 @@ def cmd_compare(args, world=None) -> int:
                           "'fourd_mpi[analysis]' (or pip install scipy)") from None
     from fourd_mpi.analysis.compare import Settings, compare_runs, exit_status, parse_threshold
     from fourd_mpi.analysis.compare_report import render
-    from fourd_mpi.results.index import index_file
+    from fourd_mpi.results.index import index_file, rekeyed
 
     settings = Settings(threshold=parse_threshold(args.threshold), alpha=args.alpha, confidence=args.confidence,
                         resamples=args.resamples, seed=args.seed, unit=args.unit)
@@ -226,6 +229,15 @@ def cmd_compare(args, world=None) -> int:
     index_path = index_file(args.index)
     new = _load_side(args, args.new, index_path, "new")
     old = _load_side(args, args.baseline, index_path, "baseline")
+    ignore = [name.strip() for name in args.ignore.split(",") if name.strip()]
+    if ignore:
+        known = {k for entry, _, _ in new + old for k in entry["config"]}
+        unknown = [name for name in ignore if name not in known]
+        if unknown:
+            raise ConfigError(f"--ignore {unknown[0]}: no such configuration option in these runs (options: "
+                              f"{', '.join(sorted(known))})")
+        new = [(rekeyed(e, ignore), s, p) for e, s, p in new]
+        old = [(rekeyed(e, ignore), s, p) for e, s, p in old]
     comparisons = compare_runs(new, old, settings)
     if not any(c.verdict != "unmatched" for c in comparisons):
         keys = ", ".join(sorted({c.key for c in comparisons}))

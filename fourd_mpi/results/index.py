@@ -79,6 +79,13 @@ def config_key(config: Dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def rekeyed(entry: Dict, ignore) -> Dict:
+    """``entry`` with its config key computed without the options ``ignore`` (``compare --ignore``:
+    match runs that differ only in them, e.g. ``steps``)."""
+    config = {k: v for k, v in entry["config"].items() if k not in set(ignore)}
+    return dict(entry, config=config, config_key=config_key(config))
+
+
 def index_file(where: str) -> str:
     """The index named by ``where``: a ``.jsonl`` file as is, else ``where/index.jsonl`` (a results directory)."""
     return where if where.endswith(".jsonl") else os.path.join(where, INDEX_NAME)

@@ -212,15 +212,28 @@ def test_output_file_and_usage_errors(capfd, tmp_path):
         assert code == 2 and message in err and "Traceback" not in err, (args, err)
 
 
-def test_nothing_in_common_is_a_usage_error(capfd, tmp_path):
+def _relabelled(source, target, **changes):
+    """A copy of a committed trace whose recorded configuration says ``changes`` (e.g. another dtype)."""
     import h5py
 
-    other = tmp_path / "other.h5"
-    shutil.copy(BASE, other)
-    with h5py.File(other, "r+") as h5:  # the same trace under another configuration (float64)
+    shutil.copy(source, target)
+    with h5py.File(target, "r+") as h5:
         attrs = h5["metadata"].attrs
-        config = json.loads(attrs["config"])
-        config["dtype"] = "float64"
-        attrs["config"] = json.dumps(config)
+        attrs["config"] = json.dumps(dict(json.loads(attrs["config"]), **changes))
+    return target
+
+
+def test_nothing_in_common_is_a_usage_error(capfd, tmp_path):
+    other = _relabelled(BASE, tmp_path / "other.h5", dtype="float64")
     code, _, err = compare(capfd, other, "--baseline", BASE)
     assert code == 2 and "no configuration is in both" in err
+
+
+def test_ignore_matches_runs_that_differ_only_in_the_ignored_options(capfd, tmp_path):
+    longer = _relabelled(SLOW, tmp_path / "longer.h5", steps=40)
+    code, _, err = compare(capfd, longer, "--baseline", BASE)
+    assert code == 2 and "no configuration is in both" in err
+    code, out, _ = compare(capfd, longer, "--baseline", BASE, "--ignore", "steps", "--format", "json")
+    assert code == 1 and json.loads(out)["comparisons"][0]["verdict"] == "slower"
+    code, _, err = compare(capfd, longer, "--baseline", BASE, "--ignore", "stpes")
+    assert code == 2 and "--ignore stpes: no such configuration option" in err
