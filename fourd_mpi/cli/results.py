@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from fourd_mpi.cli.args import PROG, add_allow_damaged, add_output
+from fourd_mpi.cli.args import PROG, add_allow_damaged, add_format, add_output, write_output
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.files import refuse_output
 from fourd_mpi.util.values import positive_int
@@ -42,21 +42,21 @@ def register(sub) -> None:
                        ("until", "only runs started at or before this ISO date or time"),
                        ("algorithm", "only runs of this algorithm (runs that recorded none ran axonn4d)")):
         ls.add_argument(f"--{name}", metavar=name.upper(), help=what)
-    ls.add_argument("--format", choices=LIST_FORMATS, default="table", help="default table")
-    add_output(ls, help="write the list there (nothing is printed)")
+    add_format(ls, LIST_FORMATS)
+    add_output(ls, help="write the list to FILE instead of standard output")
     ls.set_defaults(handler=cmd_results, serial=True)
 
     show = rsub.add_parser("show", help="every field of one run's index entry")
     show.add_argument("run_id", metavar="RUN_ID", help="the run id")
     _add_index(show)
-    show.add_argument("--format", choices=("table", "json"), default="table", help="default table")
+    add_format(show, ("table", "json"))
     show.set_defaults(handler=cmd_results, serial=True)
 
     rei = rsub.add_parser("reindex", help="rebuild a directory's index.jsonl from its traces (*.h5), read by the "
                          "validating reader; unreadable traces are named and left out")
     rei.add_argument("directory", metavar="DIR", help="the results directory")
-    rei.add_argument("-o", "--output", metavar="FILE", help="the index to write (default DIR/index.jsonl; "
-                    "replaced)")
+    add_output(rei, help="the index to write (default DIR/index.jsonl, replaced: that is the command's purpose)",
+               force_help="replace an existing -o FILE", announce=False)
     add_allow_damaged(rei)
     rei.set_defaults(handler=cmd_results, serial=True)
 
@@ -84,10 +84,10 @@ def register(sub) -> None:
     cmp.add_argument("--unit", choices=("step", "run"), default="step",
                      help="the samples: step (default), every measured step of the runs pooled; run, each run's "
                           "median step time (sees the variation between runs; needs at least 4 runs per side)")
-    cmp.add_argument("--format", choices=("table", "markdown", "json", "junit"), default="table",
-                     help="table (default), markdown, json, or junit (JUnit XML: a test case per configuration, "
-                          "a failure per regression)")
-    add_output(cmp, help="write the report there (nothing is printed; the exit status still tells)")
+    add_format(cmp, ("table", "markdown", "json", "junit"),
+               help="table (default), markdown, json, or junit (JUnit XML: a test case per configuration, a failure "
+                    "per regression)")
+    add_output(cmp, help="write the report to FILE instead of standard output (the exit status still tells)")
     add_allow_damaged(cmp)
     cmp.set_defaults(handler=cmd_compare, serial=True)
 
@@ -108,14 +108,6 @@ def _fraction(text: str) -> float:
 
 def warn(text: str) -> None:
     sys.stderr.write(f"{PROG}: warning: {text}\n")
-
-
-def _write(text: str, output) -> None:
-    if output:
-        with open(output, "w") as fh:
-            fh.write(text)
-    else:
-        sys.stdout.write(text)
 
 
 def _cell(value) -> str:
@@ -151,6 +143,7 @@ def cmd_results(args, world=None) -> int:
     if args.results_command == "reindex":
         if not os.path.isdir(args.directory):
             raise ConfigError(f"{args.directory}: not a directory")
+        refuse_output(args.output, args.force)
         entries, problems = reindex(args.directory, args.output, allow_damaged=args.allow_damaged)
         for path, why in problems:
             sys.stderr.write(f"{PROG}: skipped {path}: {why}\n")
@@ -182,7 +175,7 @@ def cmd_results(args, world=None) -> int:
     terms = [(name, getattr(args, name)) for name in ("model", "grid", "status", "since", "until", "algorithm")
              if getattr(args, name) is not None]
     chosen = select(entries, terms + parse_terms(args.filters))
-    _write(format_entries(chosen, args.format), args.output)
+    write_output(args.output, format_entries(chosen, args.format), f"{args.format}: {len(chosen)} run(s)")
     return 0
 
 
@@ -243,5 +236,6 @@ def cmd_compare(args, world=None) -> int:
         keys = ", ".join(sorted({c.key for c in comparisons}))
         raise ConfigError(f"no configuration is in both the new and the baseline runs (config keys {keys}); "
                           "'fourd-mpi results list' shows each run's config_key")
-    _write(render(comparisons, settings, args.format), args.output)
+    write_output(args.output, render(comparisons, settings, args.format),
+                 f"{args.format}: {sum(c.regression for c in comparisons)} regression(s)")
     return exit_status(comparisons)

@@ -198,8 +198,8 @@ def test_run_ids_queries_and_directories_through_the_index(capfd, tmp_path):
 
 def test_output_file_and_usage_errors(capfd, tmp_path):
     report = tmp_path / "compare.xml"
-    code, out, _ = compare(capfd, SLOW, "--baseline", BASE, "--format", "junit", "-o", report)
-    assert code == 1 and out == ""
+    code, out, err = compare(capfd, SLOW, "--baseline", BASE, "--format", "junit", "-o", report)
+    assert code == 1 and out == "" and err.strip() == f"wrote {report} (junit: 1 regression(s))"
     assert ET.parse(report).getroot().get("failures") == "1"
     code, _, err = compare(capfd, SLOW, "--baseline", BASE, "-o", report)
     assert code == 2 and "already exists" in err

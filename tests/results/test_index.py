@@ -139,6 +139,12 @@ def test_reindex_names_and_leaves_out_a_bad_trace(tmp_path, capfd):
     assert f"skipped {tmp_path / 'broken.h5'}" in err
     assert [e["run_id"] for e in read_index(str(tmp_path / INDEX_NAME))] == ["baseline-gpt-tiny-np2",
                                                                               "slower-gpt-tiny-np2"]
+    elsewhere = tmp_path / "other.jsonl"
+    elsewhere.write_text("keep me\n")
+    assert main(["results", "reindex", str(tmp_path), "-o", str(elsewhere)]) == 2  # -o FILE: not without --force
+    assert elsewhere.read_text() == "keep me\n" and "already exists" in capfd.readouterr().err
+    assert main(["results", "reindex", str(tmp_path), "-o", str(elsewhere), "--force"]) == 1
+    assert len(read_index(str(elsewhere))) == 2
 
 
 def test_the_committed_index_matches_its_traces(tmp_path):
@@ -188,8 +194,9 @@ def test_results_list_usage_errors(capfd, tmp_path):
 
 def test_results_list_output_file(capfd, tmp_path):
     out_file = tmp_path / "runs.csv"
-    code, out, _ = _list(capfd, "--format", "csv", "-o", str(out_file))
+    code, out, err = _list(capfd, "--format", "csv", "-o", str(out_file))
     assert code == 0 and out == "" and out_file.read_text().startswith("run_id,")
+    assert err.strip() == f"wrote {out_file} (csv: 2 run(s))"
     code, _, err = _list(capfd, "--format", "csv", "-o", str(out_file))
     assert code == 2 and "already exists" in err
 
