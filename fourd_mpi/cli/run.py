@@ -16,7 +16,7 @@ from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.core.watchdog import check_timeout
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.options import RunOptions, resolve_values, resolved_config
-from fourd_mpi.step.presets import PRESETS, model_problems
+from fourd_mpi.step.presets import PRESETS
 
 #: what each command takes from the option table
 STEP_GROUPS = ("grid", "model", "numerics", "overlap")
@@ -146,6 +146,7 @@ def cmd_verify(args, world) -> int:
         if g.size != size:
             raise ConfigError(f"grid {g} has {g.size} ranks but the world size is {size}")
     skipped = []
+    model_problems = get_algorithm(options.algorithm).model_problems  # the algorithm's own rules
     if args.all_grids or not grids:
         candidates = list(grid_factorizations(size)) if args.all_grids else [options.grid]
         for g in candidates:
