@@ -119,6 +119,8 @@ class Algorithm:
     def describe(self, shape) -> str:
         """One header line: ``algorithm megatron1d: Megatron-LM 1D tensor parallelism + data (G_x = G_z = 1)``."""
         pinned = ", ".join(f"G_{a} = {s}" for a, s in self.fixed.items())
+        if self.name == "optimus3d":  # the cube's axes on the grid's (fourd_mpi.algorithms.cube)
+            pinned = f"cube q = {shape.x}: axes i, j, l on X, Y, Z; the 4D roles above do not apply"
         return f"algorithm {self.name}: {self.title}" + (f" ({pinned})" if pinned else "") + f" on grid {shape}"
 
 
