@@ -149,11 +149,8 @@ def check_model(cfg, grid: GridShape) -> None:
 
 def checker(algorithm, options) -> None:
     """The registry's cross-check of resolved options (pure): the model rules (again, for options built
-    without :func:`~fourd_mpi.run.options.resolve`) and what optimus3d does not implement."""
+    without :func:`~fourd_mpi.run.options.resolve`)."""
     check_model(options.model, options.grid)
-    if options.recompute != "none":
-        raise ConfigError(f"--recompute {options.recompute}: optimus3d does not implement activation recompute "
-                          "(give --recompute none, or use --algorithm axonn4d)")
 
 
 # -- layouts ----------------------------------------------------------------------------------

@@ -19,14 +19,19 @@ The trainer is the 4D step engine (:class:`~fourd_mpi.step.engine.Trainer`): wei
 are prefetched with ``oag``, the gathered weights are kept for the backward (Colossal-AI's
 ``save_for_backward``: ``cache`` is always on), ``oar`` keeps the dX reduce-scatter in flight during
 the dW GEMM, ``ors`` the dW reduce-scatters until the optimizer, ``dp`` the data all-reduces; ``od``
-has no effect (the forward ends in a reduce-scatter). Activation recompute is not implemented for
-optimus3d (the checker refuses it).
+has no effect (the forward ends in a reduce-scatter). Activation recompute (``--recompute``) as in
+:mod:`fourd_mpi.step.model`: ``full`` keeps each block's input and runs the block's forward again
+(its input all-gathers, output reduce-scatters and LayerNorm statistics again, phase ``recompute``;
+the weights come from the forward's cache); ``selective`` keeps the QKV output instead of the
+attention probabilities and proj's gathered input, and rebuilds both before proj's backward (one
+all-gather over Z per block).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import List
 
 from fourd_mpi.algorithms import cube
@@ -34,7 +39,7 @@ from fourd_mpi.algorithms.optimus_layers import CubeLayerNorm, CubeLinear, cube_
 from fourd_mpi.core.layout import Layout
 from fourd_mpi.step import elementwise, kernels
 from fourd_mpi.step.engine import Trainer
-from fourd_mpi.step.model import DEFAULT_DATA_BATCHES, Model, SyntheticData
+from fourd_mpi.step.model import DEFAULT_DATA_BATCHES, Model, SyntheticData, held_bytes
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.schedule import StepContext
 
@@ -78,7 +83,9 @@ class CubeGPTBlock:
         return [self.qkv, self.proj, self.fc1, self.fc2]
 
     def forward(self, h, ctx: StepContext, recompute: str = "none"):
-        """``h [m, h/q]`` -> ``(out [m, h/q], saved)``; ``saved`` keeps the gathered inputs of the four layers."""
+        """``h [m, h/q]`` -> ``(out [m, h/q], saved)``; ``saved`` keeps the gathered inputs of the four layers
+        (``selective``: the QKV output instead of the attention probabilities and proj's gathered input;
+        ``full``: only ``h``)."""
         comm, xp, s, trace = ctx.comm, self.xp, {}, ctx.comm.tracer
         with trace.layer(self.ln1.name, ctx.phase):
             a, s["ln1"] = self.ln1.forward(h, comm)
@@ -88,9 +95,12 @@ class CubeGPTBlock:
             attn_out, s["attn"] = kernels.attention_forward(xp, qkv, self.local_batch, self.seq, self.local_heads,
                                                             self.head_dim, self.counter, comm.compute_hook,
                                                             self.empty)
-        del qkv
         h1, s["ctx"] = cube_linear_forward(self.proj, attn_out, ctx)  # [m, h/q]
         del attn_out
+        if recompute == "selective":  # the attention core and proj's gathered input are rebuilt in backward
+            s["qkv"] = qkv
+            del s["ctx"], s["attn"]
+        del qkv
         with trace.op("residual"):
             h1 += h
         with trace.layer(self.ln2.name, ctx.phase):
@@ -102,7 +112,27 @@ class CubeGPTBlock:
         out, s["g"] = cube_linear_forward(self.fc2, g, ctx)
         with trace.op("residual"):
             out += h1
+        if recompute == "full":
+            return out, {"input": h}
         return out, s
+
+    def recompute(self, s, ctx: StepContext):
+        """Full recompute: the block's forward again from the kept input (phase ``recompute``: the same
+        collectives as the forward but the weight gathers, kept from the forward)."""
+        return self.forward(s["input"], replace(ctx, phase="recompute"))[1]
+
+    def _recompute_attention(self, s, ctx: StepContext) -> None:
+        """Selective recompute: the attention core from the kept QKV output, then proj's input all-gathered
+        again over its gather axis (Z) (phase ``recompute``)."""
+        comm = ctx.comm
+        with comm.tracer.layer(self.attn_name, "recompute"), comm.tracer.op("attention"):
+            attn_out, s["attn"] = kernels.attention_forward(self.xp, s.pop("qkv"), self.local_batch, self.seq,
+                                                            self.local_heads, self.head_dim, self.counter,
+                                                            comm.compute_hook, self.empty)
+        with comm.tracer.layer(self.proj.name, "recompute"):
+            s["ctx"] = self.proj.gather_input(attn_out, comm).wait().reshape(-1, self.proj.block_shape[1])
+        del attn_out
+        self.rebuilt_bytes = held_bytes(s)
 
     def backward(self, dh2, s, ctx: StepContext):
         comm, xp, trace = ctx.comm, self.xp, ctx.comm.tracer
@@ -116,6 +146,8 @@ class CubeGPTBlock:
                 dh1 += dh2
             for param, handle in self.ln2.reduce_param_grads(comm):
                 ctx.grads.add(param, handle)
+        if "qkv" in s:
+            self._recompute_attention(s, ctx)
         dctx = cube_linear_backward(self.proj, dh1, s.pop("ctx"), ctx)
         with trace.layer(self.attn_name, "backward"), trace.op("attention"):
             dqkv = kernels.attention_backward(xp, dctx, s.pop("attn"), self.local_batch, self.seq, self.local_heads,
@@ -152,12 +184,19 @@ class CubeMLPBlock:
         return [self.fc1.name, self.gelu_name, self.fc2.name]
 
     def forward(self, x, ctx: StepContext, recompute: str = "none"):
+        """``x [m, h/q]`` -> ``(y, saved)``; ``selective`` keeps what ``none`` keeps, ``full`` only ``x``."""
         s = {}
         s["u"], s["x"] = cube_linear_forward(self.fc1, x, ctx)
         with ctx.comm.tracer.layer(self.gelu_name, ctx.phase), ctx.comm.tracer.op("gelu"):
             g = elementwise.gelu(s["u"], self.empty(s["u"].shape))
         y, s["g"] = cube_linear_forward(self.fc2, g, ctx)
+        if recompute == "full":
+            return y, {"input": x}
         return y, s
+
+    def recompute(self, s, ctx: StepContext):
+        """Full recompute: FC1, GeLU and FC2 again from the kept input (phase ``recompute``)."""
+        return self.forward(s["input"], replace(ctx, phase="recompute"))[1]
 
     def backward(self, dy, s, ctx: StepContext):
         dg = cube_linear_backward(self.fc2, dy, s.pop("g"), ctx)
@@ -234,5 +273,5 @@ def build_state(options, grid, backend, counter):
 
 
 def make_trainer(model, data, comm, optimizer, options):
-    return Trainer(model, data, comm, optimizer, overlap=cube_overlap(options), recompute="none")
+    return Trainer(model, data, comm, optimizer, overlap=cube_overlap(options), recompute=options.recompute)
 

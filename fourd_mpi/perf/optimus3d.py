@@ -30,6 +30,9 @@ LayerNorm two forward all-reduces over Z of ``[m, 1]`` and one backward of ``[m,
 ``gamma, beta`` ``[h/q]`` an all-reduce over X, one over Y and one over data; the loss is summed over
 data, Z, Y and X (one float64 each).
 
+With ``--recompute full`` every forward collective but the weight all-gathers runs again (phase
+``recompute``); ``selective`` all-gathers proj's input again once per GPT block.
+
 Memory: weights ``(k/q^2)*(n/q)`` per layer and LayerNorm ``[h/q]``; the saved activations per GPT block
 ``xhat`` x2 ``[m, h/q]``, ``rstd`` x2 ``[m, 1]``, the gathered inputs of QKV, proj and FC1 ``[q*m, h/q]``
 (``m*h`` each) and of FC2 ``[q*m, f/q]``, the QKV output ``[m, 3h/q]``, the attention probabilities
@@ -52,7 +55,8 @@ from typing import Dict, List, Optional, Tuple
 from fourd_mpi.algorithms.cube import axes_of
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
-from fourd_mpi.perf.memory import ATTENTION, OPTIMIZER_SHARDING, PRECISIONS, MemoryEstimate, _check, default_precision
+from fourd_mpi.perf.memory import (ATTENTION, OPTIMIZER_SHARDING, PRECISIONS, RECOMPUTE, MemoryEstimate, _check,
+                                   default_precision)
 from fourd_mpi.perf.volumes import Collective
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
@@ -76,10 +80,12 @@ def local_tokens(cfg: ModelConfig, grid: GridShape) -> int:
 
 
 def step_collectives(cfg: ModelConfig, grid: GridShape, overlap: Optional[OverlapConfig] = None,
-                     dtype: str = "float32") -> List[Collective]:
+                     dtype: str = "float32", recompute: str = "none") -> List[Collective]:
     """Every collective of one optimus3d training step on one rank, in program order per layer (module
     docstring). Collectives over an axis of size 1 are not issued and not listed. ``overlap`` changes
-    when they are waited, not what is sent."""
+    when they are waited, not what is sent. ``recompute``: ``full`` repeats every forward collective but
+    the weight all-gathers (phase ``recompute``); ``selective`` adds proj's input all-gather per GPT block."""
+    _check("recompute", recompute, RECOMPUTE)
     e = dtype_bytes(dtype)
     q = grid.x
     m = local_tokens(cfg, grid)
@@ -94,6 +100,8 @@ def step_collectives(cfg: ModelConfig, grid: GridShape, overlap: Optional[Overla
             for ln in ("ln1", "ln2"):
                 name = f"block{b}.{ln}"
                 add(name, "ln_allreduce", "allreduce", "z", "forward", 2, m * e)
+                if recompute == "full":
+                    add(name, "ln_allreduce", "allreduce", "z", "recompute", 2, m * e)
                 add(name, "ln_allreduce", "allreduce", "z", "backward", 1, 2 * m * e)
                 for axis in ("x", "y", "data"):
                     add(name, "ln_grad_allreduce", "allreduce", axis, "backward", 2, cfg.hidden // q * e)
@@ -104,6 +112,10 @@ def step_collectives(cfg: ModelConfig, grid: GridShape, overlap: Optional[Overla
             add(name, "input_allgather", "allgather", gather, "forward", 1, m * k * e)
             add(name, "weight_allgather", "allgather", "x", "forward", 1, block * e)
             add(name, "output_reduce_scatter", "reduce_scatter", scatter, "forward", 1, m * n * e)
+            if recompute == "full" or (recompute == "selective" and lname == "proj"):
+                add(name, "input_allgather", "allgather", gather, "recompute", 1, m * k * e)
+            if recompute == "full":
+                add(name, "output_reduce_scatter", "reduce_scatter", scatter, "recompute", 1, m * n * e)
             add(name, "dy_allgather", "allgather", scatter, "backward", 1, m * n * e)
             add(name, "dx_reduce_scatter", "reduce_scatter", gather, "backward", 1, m * k * e)
             add(name, "dw_reduce_scatter", "reduce_scatter", "x", "backward", 1, block * e)
@@ -122,27 +134,42 @@ def parameter_elements(cfg: ModelConfig, grid: GridShape) -> int:
     return cfg.layers * per_block
 
 
-def saved_activation_elements(cfg: ModelConfig, grid: GridShape, attention: str = "unfused") -> int:
-    """Elements the forward pass saves for backward, whole stack (module docstring)."""
-    _check("attention", attention, ATTENTION)
+def block_saved_elements(cfg: ModelConfig, grid: GridShape, attention: str = "unfused",
+                         recompute: str = "none") -> int:
+    """Elements one block keeps for its backward when it is not recomputed as a whole (module docstring;
+    ``selective``: without the attention probabilities and proj's gathered input ``[q*m, h/q]``)."""
     q, m, h, f = grid.x, local_tokens(cfg, grid), cfg.hidden, cfg.ffn_hidden
     if cfg.kind != "gpt":
-        return cfg.layers * (m * h + m * (f // q) + m * f)
+        return m * h + m * (f // q) + m * f
+    if recompute == "selective":
+        return 2 * m * (h // q) + 2 * m + 2 * m * h + m * f + m * (3 * h // q) + m * (f // q)
     if attention == "fused":
         attn = (m // cfg.seq) * (cfg.heads // q) * cfg.seq
     else:
         attn = (m // cfg.seq) * (cfg.heads // q) * cfg.seq * cfg.seq
-    per_block = 2 * m * (h // q) + 2 * m + 3 * m * h + m * f + m * (3 * h // q) + attn + m * (f // q)
-    return cfg.layers * per_block
+    return 2 * m * (h // q) + 2 * m + 3 * m * h + m * f + m * (3 * h // q) + attn + m * (f // q)
 
 
-def activation_elements(cfg: ModelConfig, grid: GridShape, attention: str = "unfused") -> int:
+def saved_activation_elements(cfg: ModelConfig, grid: GridShape, attention: str = "unfused",
+                              recompute: str = "none") -> int:
+    """Elements the forward pass saves for backward, whole stack (module docstring); ``full``: each block's
+    input ``[m, h/q]`` plus one block's working set (the block being recomputed), as
+    :func:`fourd_mpi.perf.memory.saved_activation_elements` counts it."""
+    _check("attention", attention, ATTENTION)
+    _check("recompute", recompute, RECOMPUTE)
+    if recompute == "full":
+        return (cfg.layers * local_tokens(cfg, grid) * (cfg.hidden // grid.x)
+                + block_saved_elements(cfg, grid, attention, "none"))
+    return cfg.layers * block_saved_elements(cfg, grid, attention, recompute)
+
+
+def activation_elements(cfg: ModelConfig, grid: GridShape, attention: str = "unfused", recompute: str = "none") -> int:
     """Saved activations, the step's input and target ``[m, h/q]`` and the largest transient (the attention
     scores, or the widest gathered output ``[q*m, max(3h, f)/q]``)."""
     q, m = grid.x, local_tokens(cfg, grid)
     widest = m * max(n for _, n, _, _ in layers(cfg))
     probs = (m // cfg.seq) * (cfg.heads // q) * cfg.seq * cfg.seq if cfg.kind == "gpt" and attention == "unfused" else 0
-    return saved_activation_elements(cfg, grid, attention) + 2 * m * (cfg.hidden // q) + max(widest, probs)
+    return saved_activation_elements(cfg, grid, attention, recompute) + 2 * m * (cfg.hidden // q) + max(widest, probs)
 
 
 def comm_buffer_elements(cfg: ModelConfig, grid: GridShape, overlap: OverlapConfig) -> int:
@@ -167,11 +194,7 @@ def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", o
                     shard_optimizer: str = "none") -> MemoryEstimate:
     """Bytes per rank of training ``cfg`` with optimus3d on ``grid`` (categories as
     :func:`fourd_mpi.perf.memory.estimate_memory`; ``cache_weights`` and ``prefetch_depth`` are accepted for
-    the same signature: optimus3d always keeps its gathered weights). ``recompute`` must be ``none``."""
-    if recompute != "none":
-        from fourd_mpi.errors import ConfigError
-
-        raise ConfigError(f"optimus3d does not implement activation recompute ({recompute!r})")
+    the same signature: optimus3d always keeps its gathered weights)."""
     overlap = overlap or OverlapConfig(oag=True, cache=True, prefetch_depth=prefetch_depth)
     precision = precision or default_precision(dtype)
     _check("precision", precision, PRECISIONS)
@@ -190,18 +213,19 @@ def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", o
         gradients=params * e,
         master=owned * 4 if precision == "mixed" else 0,
         optimizer=opt_states * owned * state_e,
-        activations=activation_elements(cfg, grid, attention) * e,
+        activations=activation_elements(cfg, grid, attention, recompute) * e,
         comm_buffers=comm_buffer_elements(cfg, grid, overlap) * e,
     )
 
 
 def compute_time(cfg: ModelConfig, grid: GridShape, profile, overlap: OverlapConfig, dtype: str, ranks_on_node: int,
-                 optimizer: str = "adam", attention: str = "unfused") -> Dict[str, float]:
+                 optimizer: str = "adam", attention: str = "unfused", recompute: str = "none") -> Dict[str, float]:
     """Seconds of local work per step (keys as :func:`fourd_mpi.perf.predict.compute_time`: ``gemm``,
     ``attention``, ``elementwise``, ``calls``, ``total``, ``optimizer``), each scaled by the profile's term
     weights: GEMMs ``3 * 2 * (q*m) * (k/q) * (n/q)`` per layer, attention ``12*m*s*h/q`` per GPT block,
     LayerNorm over ``[m, h/q]``, GeLU over ``[m, f/q]``, softmax over ``[m/s, heads/q, s, s]``, Adam over the
-    shards, at the profile's GEMM rate and memory bandwidth."""
+    shards, at the profile's GEMM rate and memory bandwidth; ``recompute`` adds the forward share (a third)
+    of the block work again (``full``) or of the attention core (``selective``), ``recompute`` says how much."""
     from fourd_mpi.perf import predict as p4
 
     _check("attention", attention, ATTENTION)
@@ -226,15 +250,22 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile, overlap: OverlapCon
     params = parameter_elements(cfg, grid)
     n_params = len(layers(cfg)) * cfg.layers + (4 * cfg.layers if cfg.kind == "gpt" else 0)
     opt_passes, opt_calls = (p4._ADAM_PASSES * params, p4._ADAM_CALLS * n_params) if optimizer == "adam" else (0, 0)
+    _check("recompute", recompute, RECOMPUTE)
+    rec = {"none": (0.0, 0.0, 0.0, 0.0),
+           "full": (gemm_flops / 3.0, attn_flops / 3.0, passes / 3.0, calls / 3.0),
+           "selective": (0.0, attn_flops / 3.0, softmax_passes / 3.0, softmax_calls / 3.0)}[recompute]
     w = profile.term_weights
-    gemm = w["gemm"] * gemm_flops / rate
-    attention_t = w["attention"] * attn_flops / rate
-    elementwise = w["elementwise"] * (passes + opt_passes) * e / bw
-    overhead = w["calls"] * (calls + opt_calls) * call
+    rec_time = (w["gemm"] * rec[0] / rate + w["attention"] * rec[1] / rate + w["elementwise"] * rec[2] * e / bw
+                + w["calls"] * rec[3] * call)
+    gemm = w["gemm"] * (gemm_flops + rec[0]) / rate
+    attention_t = w["attention"] * (attn_flops + rec[1]) / rate
+    elementwise = w["elementwise"] * (passes + rec[2] + opt_passes) * e / bw
+    overhead = w["calls"] * (calls + rec[3] + opt_calls) * call
     opt_time = w["elementwise"] * opt_passes * e / bw + w["calls"] * opt_calls * call
     total = (gemm + attention_t + elementwise + overhead) * slow
     return {"gemm": gemm * slow, "attention": attention_t * slow, "elementwise": elementwise * slow,
-            "calls": overhead * slow, "total": total, "optimizer": opt_time * slow, "oversubscription": slow}
+            "calls": overhead * slow, "total": total, "optimizer": opt_time * slow, "oversubscription": slow,
+            "recompute": rec_time * slow}
 
 
 def predict(cfg: ModelConfig, grid: GridShape, profile, overlap: Optional[OverlapConfig] = None,
@@ -251,8 +282,8 @@ def predict(cfg: ModelConfig, grid: GridShape, profile, overlap: Optional[Overla
     placement = axis_placement(grid, rpn)
     inner = axis_inner_products(grid)
     notes: List[str] = []
-    comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, attention)
-    colls = step_collectives(cfg, grid, overlap, dtype)
+    comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, attention, recompute)
+    colls = step_collectives(cfg, grid, overlap, dtype, recompute)
     memory = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap, recompute=recompute, attention=attention,
                              precision=precision, shard_optimizer=shard_optimizer)
     efficiency = profile.overlap_efficiency

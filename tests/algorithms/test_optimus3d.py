@@ -69,8 +69,6 @@ def test_resolve_uses_the_cube_rules_not_the_4d_ones():
     """gpt-tiny with 3 heads fits the 4D grid 1x1x1x8 but not a cube of q = 2: the error is optimus3d's."""
     with pytest.raises(ConfigError, match=r"--algorithm optimus3d: .*head count 3 is not divisible by 2"):
         resolve_values({"algorithm": "optimus3d", "heads": 3, "hidden": 48}, 8)
-    with pytest.raises(ConfigError, match="optimus3d does not implement activation recompute"):
-        resolve_values({"algorithm": "optimus3d", "recompute": "full"}, 8)
     assert str(resolve_values({"algorithm": "optimus3d"}, 16).grid) == "2x2x2x2"
 
 
@@ -154,6 +152,18 @@ levels:
     return load_profile(str(path))
 
 
+def test_recompute_adds_forward_collectives_and_saves_memory():
+    cfg, grid = resolve_model("gpt-tiny"), GridShape(1, 2, 2, 2)
+    none, sel, full = (perf.step_collectives(cfg, grid, recompute=r) for r in ("none", "selective", "full"))
+    extra = [c for c in full if c.phase == "recompute"]
+    fwd = [c for c in none if c.phase == "forward" and c.role not in ("weight_allgather", "loss")]
+    assert sorted((c.layer, c.role, c.axis, c.count, c.message_bytes) for c in extra) == \
+        sorted((c.layer, c.role, c.axis, c.count, c.message_bytes) for c in fwd)
+    assert [(c.layer, c.axis) for c in sel if c.phase == "recompute"] == [("block0.proj", "z"), ("block1.proj", "z")]
+    mem = [perf.estimate_memory(cfg, grid, recompute=r).activations for r in ("none", "selective", "full")]
+    assert mem[0] > mem[1] and mem[0] > mem[2]
+
+
 def test_prediction_is_alpha_beta_of_the_volumes(tmp_path):
     from fourd_mpi.perf.predict import Prediction
 
@@ -197,9 +207,10 @@ def _verify(run_mpi, tmp_path, nranks, args):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nranks, args, grids", [
-    (8, ["--dtype", "float64", "--overlap", "none", "--overlap", "all"], ["1x2x2x2"]),
-    (8, ["--dtype", "float32", "--model", "mlp-tiny", "--overlap", "oag,ors,oar", "--progress", "thread"],
-     ["1x2x2x2"]),
+    (8, ["--dtype", "float64", "--overlap", "none", "--overlap", "all", "--recompute", "none", "--recompute",
+         "selective", "--recompute", "full", "--steps", "3"], ["1x2x2x2"]),
+    (8, ["--dtype", "float32", "--model", "mlp-tiny", "--overlap", "oag,ors,oar", "--progress", "thread",
+         "--recompute", "full"], ["1x2x2x2"]),
     (8, ["--dtype", "float64", "--all-grids", "--steps", "2"], ["8x1x1x1", "1x2x2x2"]),
     (16, ["--dtype", "float64", "--overlap", "all", "--steps", "3"], ["2x2x2x2"]),
     (27, ["--dtype", "float64", *SMALL27, "--overlap", "all", "--steps", "2"], ["1x3x3x3"]),
@@ -212,7 +223,7 @@ def test_optimus3d_matches_the_serial_4d_reference(run_mpi, tmp_path, nranks, ar
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("model", [["gpt-tiny"], ["mlp-tiny"]])
+@pytest.mark.parametrize("model", [["gpt-tiny"], ["gpt-tiny", "recompute=selective"], ["mlp-tiny"]])
 def test_memory_model_matches_the_arrays(run_mpi, model):
     from conftest import REPO
 
@@ -221,8 +232,9 @@ def test_memory_model_matches_the_arrays(run_mpi, model):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nranks, args", [(8, ["--overlap", "all"]), (16, ["--dtype", "float64"])],
-                         ids=["8-overlap-all", "16-data2-f64"])
+@pytest.mark.parametrize("nranks, args", [(8, ["--overlap", "all", "--recompute", "selective"]),
+                                          (16, ["--dtype", "float64", "--recompute", "full"])],
+                         ids=["8-overlap-all-selective", "16-data2-f64-full"])
 def test_trace_volumes_equal_the_model(run_mpi, tmp_path, nranks, args):
     """Every collective of the trace, per (layer, phase, op, axis): messages, bytes and wire bytes equal
     :func:`fourd_mpi.perf.optimus3d.step_collectives` exactly, on every rank and step."""
@@ -238,7 +250,7 @@ def test_trace_volumes_equal_the_model(run_mpi, tmp_path, nranks, args):
     cfg = ModelConfig(**meta["model"])
     grid = GridShape(**meta["grid"])
     want = defaultdict(lambda: [0, 0, 0])
-    for c in perf.step_collectives(cfg, grid, dtype=meta["dtype"]):
+    for c in perf.step_collectives(cfg, grid, dtype=meta["dtype"], recompute=meta["recompute"]):
         key = (c.layer, c.phase, c.op, c.axis)
         want[key][0] += c.count
         want[key][1] += c.bytes
@@ -265,7 +277,6 @@ BAD = [
     (12, [], "12 ranks is not q^3 x G_data for any q > 1; try 8 or 27 ranks"),
     (8, ["--gx", "2", "--gy", "4"], "--gy 4, --gx 2 are not equal"),
     (8, ["--heads", "3", "--hidden", "48"], "head count 3 is not divisible by 2"),
-    (8, ["--recompute", "selective"], "optimus3d does not implement activation recompute"),
 ]
 
 

@@ -4,7 +4,7 @@ Builds ``--algorithm optimus3d`` on the world (the cube inferred from the world 
 training step, then sums the bytes of the parameter shards, gradients and Adam state and of the
 tensors one forward pass saves for backward (deduplicated by base array), and compares them with
 :func:`fourd_mpi.perf.optimus3d.estimate_memory` and :func:`~fourd_mpi.perf.optimus3d.saved_activation_elements`.
-Usage: mpiexec -n N python tests/helpers/mpi_optimus_check.py MODEL [FIELD=VALUE ...]
+Usage: mpiexec -n N python tests/helpers/mpi_optimus_check.py MODEL [FIELD=VALUE ...] [recompute=none|selective]
 """
 
 import sys
@@ -43,9 +43,11 @@ def _unique_bytes(arrays):
 
 def main():
     world = MPI.COMM_WORLD
-    overrides = {k: int(v) for k, v in (arg.split("=") for arg in sys.argv[2:])}
-    options = resolve(world.Get_size(), sys.argv[1], {"data": None, "z": None, "y": None, "x": None}, overrides,
-                      algorithm="optimus3d", dtype="float64", optimizer="adam")
+    overrides = dict(arg.split("=") for arg in sys.argv[2:])
+    recompute = overrides.pop("recompute", "none")  # none or selective (full's estimate adds a working set)
+    options = resolve(world.Get_size(), sys.argv[1], {"data": None, "z": None, "y": None, "x": None},
+                      {k: int(v) for k, v in overrides.items()}, algorithm="optimus3d", dtype="float64",
+                      optimizer="adam", recompute=recompute)
     run = Run.build(world, options)
     run.trainer.step(0)
     params = run.model.parameters()
@@ -54,12 +56,12 @@ def main():
                 "optimizer": sum(a.nbytes for a in opt.m + opt.v)}
     x, _ = run.data.batch(1)
     run.trainer.weights.begin_forward()
-    _, saved = run.model.forward(x, run.trainer.ctx)
+    _, saved = run.model.forward(x, run.trainer.ctx, recompute)
     run.trainer.weights.finish()
     measured["saved"] = _unique_bytes(_arrays(saved, []))
     cfg, grid = options.model, options.grid
     est = estimate_memory(cfg, grid, dtype="float64", optimizer="adam", precision="pure").as_dict()
-    est["saved"] = saved_activation_elements(cfg, grid) * 8
+    est["saved"] = saved_activation_elements(cfg, grid, recompute=recompute) * 8
     failures = [f"rank {world.Get_rank()} {grid}: {key} measured {value} B, estimated {est[key]} B"
                 for key, value in measured.items() if value != est[key]]
     run.close()
