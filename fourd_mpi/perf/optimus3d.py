@@ -40,10 +40,12 @@ Memory: weights ``(k/q^2)*(n/q)`` per layer and LayerNorm ``[h/q]``; the saved a
 
 Time: compute as :func:`fourd_mpi.perf.predict.compute_time` counts it, on this algorithm's shapes (no
 replicated work: attention, LayerNorm and GeLU run on ``m`` tokens and ``1/q`` of the hidden sizes);
-each collective costed by :func:`~fourd_mpi.perf.predict.collective_time`; exposed communication with
-the host-driven window rule of :func:`~fourd_mpi.perf.predict.predict` in both regimes (the 4D model's
-device timeline is not replayed here): ``oag`` hides a weight gather behind the previous layer's GEMMs,
-``oar`` a dX reduce-scatter behind the dW GEMM, ``ors`` and ``dp`` behind the rest of the backward pass.
+each collective costed by :func:`~fourd_mpi.perf.predict.collective_time`; exposed communication in the
+profile's regime, as :func:`~fourd_mpi.perf.predict.predict`: host-driven, the window rule (``oag`` hides
+a weight gather behind the previous layer's GEMMs, ``oar`` a dX reduce-scatter behind the dW GEMM, ``ors``
+and ``dp`` behind the rest of the backward pass); device-driven, a replay of the step on a
+:class:`~fourd_mpi.perf.predict.Link` (:func:`device_timeline`). The input all-gathers, output
+reduce-scatters, dY all-gathers, LayerNorm and loss all-reduces are always waited at once.
 """
 
 from __future__ import annotations
@@ -263,9 +265,107 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile, overlap: OverlapCon
     overhead = w["calls"] * (calls + rec[3] + opt_calls) * call
     opt_time = w["elementwise"] * opt_passes * e / bw + w["calls"] * opt_calls * call
     total = (gemm + attention_t + elementwise + overhead) * slow
+    block_other = (w["attention"] * attn_flops / rate + w["elementwise"] * passes * e / bw + w["calls"] * calls * call)
     return {"gemm": gemm * slow, "attention": attention_t * slow, "elementwise": elementwise * slow,
             "calls": overhead * slow, "total": total, "optimizer": opt_time * slow, "oversubscription": slow,
-            "recompute": rec_time * slow}
+            "recompute": rec_time * slow, "recompute_gemm": w["gemm"] * rec[0] / rate * slow,
+            "block_other": block_other * slow, "gemm_per_flop": w["gemm"] * slow / rate}
+
+
+def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], times: List[float],
+                    comp: Dict[str, float], overlap: OverlapConfig, efficiency: float, recompute: str = "none"):
+    """Replay one optimus3d step on a :class:`~fourd_mpi.perf.predict.Link` (the device-driven regime of
+    :mod:`fourd_mpi.perf.predict`): per layer, forward: LayerNorm statistics (blocking), the weight gathers
+    issued ``prefetch_depth`` layers ahead with ``oag`` (else blocking), the input all-gather (blocking),
+    the GEMM and a third of the block's other work, the output reduce-scatter (blocking); backward, last
+    layer first: with full recompute the layer's forward collectives and work again, the dY all-gather
+    (blocking), the dX GEMM, its reduce-scatter (in flight during the dW GEMM with ``oar``), the dW GEMM,
+    its reduce-scatter (in flight with ``ors``) and the data all-reduce (in flight with ``dp``, else at the
+    end). ``times[i]``: seconds of all messages of ``colls[i]``."""
+    from fourd_mpi.perf.predict import Link
+
+    link = Link(efficiency)
+    q, m = grid.x, local_tokens(cfg, grid)
+    per_block = layers(cfg)
+    order = [f"block{b}.{name}" for b in range(cfg.layers) for name, _, _, _ in per_block]
+    gemm_f = {f"block{b}.{name}": 2.0 * (q * m) * (k // q) * (n // q) * comp["gemm_per_flop"]
+              for b in range(cfg.layers) for name, n, k, _ in per_block}
+    other = comp["block_other"] / max(1, len(order))
+    rec_other = (comp["recompute"] - comp["recompute_gemm"]) / max(1, len(order))
+    by: Dict[str, Dict[Tuple[str, str], List[Tuple[float, Collective]]]] = defaultdict(lambda: defaultdict(list))
+    for c, t in zip(colls, times):
+        by[c.layer][(c.role, c.phase)].append((t, c))
+
+    def blocking(layer: str, role: str, phase: str) -> None:
+        for t, c in by.get(layer, {}).get((role, phase), []):
+            link.blocking((c.axis, c.op), t)
+
+    def ln(block: int, phase: str) -> None:
+        if cfg.kind == "gpt":
+            for name in ("ln1", "ln2"):
+                for (role, ph), items in by.get(f"block{block}.{name}", {}).items():
+                    if ph == phase:
+                        for t, c in items:
+                            link.blocking((c.axis, c.op), t)
+
+    depth = overlap.prefetch_depth if overlap.oag else 0
+    issued: Dict[str, Optional[list]] = {}
+    for j, layer in enumerate(order):
+        if j % len(per_block) == 0:
+            ln(j // len(per_block), "forward")
+        for ahead in order[j:j + depth + 1]:
+            if ahead not in issued:
+                items = by.get(ahead, {}).get(("weight_allgather", "forward"), [])
+                issued[ahead] = None
+                if items:
+                    t, c = items[0]
+                    if overlap.oag:
+                        issued[ahead] = link.issue((c.axis, c.op), t)
+                    else:
+                        link.blocking((c.axis, c.op), t)
+        blocking(layer, "input_allgather", "forward")
+        if issued.get(layer) is not None:
+            link.wait(issued[layer])
+        link.compute(gemm_f[layer] + other / 3.0)
+        blocking(layer, "output_reduce_scatter", "forward")
+    blocking("loss", "loss", "forward")
+    deferred = []
+    for j, layer in enumerate(reversed(order)):
+        if recompute == "full":
+            if j % len(per_block) == 0:
+                ln(cfg.layers - 1 - j // len(per_block), "recompute")
+            blocking(layer, "input_allgather", "recompute")
+            link.compute(gemm_f[layer] + rec_other)
+            blocking(layer, "output_reduce_scatter", "recompute")
+        elif recompute == "selective":
+            blocking(layer, "input_allgather", "recompute")
+            link.compute(rec_other)
+        blocking(layer, "dy_allgather", "backward")
+        half = gemm_f[layer] + other / 3.0
+        link.compute(half)  # dX GEMM
+        pending = None
+        for t, c in by.get(layer, {}).get(("dx_reduce_scatter", "backward"), []):
+            if overlap.oar:
+                pending = link.issue((c.axis, c.op), t)
+            else:
+                link.blocking((c.axis, c.op), t)
+        link.compute(half)  # dW GEMM
+        if pending is not None:
+            link.wait(pending)
+        for role, option in (("dw_reduce_scatter", "ors"), ("grad_allreduce", "dp")):
+            for t, c in by.get(layer, {}).get((role, "backward"), []):
+                if role == "grad_allreduce" and not overlap.dp:
+                    deferred.append((t, c))
+                elif getattr(overlap, option):
+                    link.issue((c.axis, c.op), t)
+                else:
+                    link.blocking((c.axis, c.op), t)
+        if j % len(per_block) == len(per_block) - 1:
+            ln(cfg.layers - 1 - j // len(per_block), "backward")
+    link.wait_all()
+    for t, c in deferred:
+        link.blocking((c.axis, c.op), t)
+    return link
 
 
 def predict(cfg: ModelConfig, grid: GridShape, profile, overlap: Optional[OverlapConfig] = None,
@@ -293,7 +393,15 @@ def predict(cfg: ModelConfig, grid: GridShape, profile, overlap: Optional[Overla
             notes.append("progress none on a CPU: nonblocking collectives do not progress during compute, "
                          "overlap hides nothing")
     if not profile.host_driven:
-        notes.append("optimus3d: exposed communication by the window rule (no device timeline)")
+        comm: Dict[Tuple[str, str], float] = defaultdict(float)
+        wire: Dict[str, int] = defaultdict(int)
+        times = [collective_time(c, profile, placement, rpn, inner) for c in colls]
+        for c, t in zip(colls, times):
+            comm[(c.axis, c.op)] += t
+            wire[c.axis] += c.wire_bytes
+        link = device_timeline(cfg, grid, colls, times, comp, overlap, efficiency, recompute)
+        exposed = {k: link.exposed.get(k, 0.0) for k in comm}
+        return _prediction(grid, profile, comp, dict(comm), exposed, dict(wire), placement, memory, notes)
     n_layers = max(1, len(layers(cfg)) * cfg.layers)
     per_layer_gemm = comp["gemm"] / n_layers
     backward_compute = comp["total"] * (2.0 / 3.0)

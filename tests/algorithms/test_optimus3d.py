@@ -133,21 +133,26 @@ def test_data_axis_adds_gradient_all_reduces_of_the_shards():
     assert sum(c.bytes for c in data if c.role != "loss") == shard_bytes
 
 
-def _profile(tmp_path, beta=1e-9, efficiency=0.0):
+def _profile(tmp_path, beta=1e-9, efficiency=0.0, host_driven=True):
     from fourd_mpi.perf.machine import load_profile
 
     text = f"""name: synth
 node: {{ranks_per_node: 8, cores_per_node: 8}}
 compute: {{gemm_tflops: {{float32: 1.0}}, mem_bandwidth_gbs: 100.0, op_overhead_s: 0.0}}
-progress: {{overlap_efficiency: {efficiency}, host_driven: true}}
+progress: {{overlap_efficiency: {efficiency}, host_driven: {str(host_driven).lower()}}}
 levels:
   intra:
     shared_by: 8
     allgather: {{alpha_s: 0.0, beta_s_per_byte: {beta:.3e}}}
     reduce_scatter: {{alpha_s: 0.0, beta_s_per_byte: {beta:.3e}}}
     allreduce: {{alpha_s: 0.0, beta_s_per_byte: {beta:.3e}}}
+  inter:
+    shared_by: 8
+    allgather: {{alpha_s: 0.0, beta_s_per_byte: {beta:.3e}}}
+    reduce_scatter: {{alpha_s: 0.0, beta_s_per_byte: {beta:.3e}}}
+    allreduce: {{alpha_s: 0.0, beta_s_per_byte: {beta:.3e}}}
 """
-    path = tmp_path / "synth.yaml"
+    path = tmp_path / f"synth-{efficiency}-{host_driven}.yaml"
     path.write_text(text)
     return load_profile(str(path))
 
@@ -185,6 +190,21 @@ def test_prediction_is_alpha_beta_of_the_volumes(tmp_path):
     from fourd_mpi.perf.predict import predict as predict4d
 
     assert pred.compute_s < predict4d(cfg, grid, prof).compute_s
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_device_timeline_exposes_what_cannot_hide(tmp_path, recompute):
+    """Device-driven regime: nothing hidden without overlap (exposed == total), some hidden with it, never
+    more than the overlappable collectives (weight gathers, dX/dW reduce-scatters, data all-reduces)."""
+    cfg, grid = resolve_model("gpt-small", layers=2, batch=16), GridShape(2, 2, 2, 2)
+    prof = _profile(tmp_path, efficiency=1.0, host_driven=False)
+    none = perf.predict(cfg, grid, prof, OverlapConfig(), recompute=recompute)
+    assert none.exposed_total_s == pytest.approx(none.comm_total_s)
+    allo = perf.predict(cfg, grid, prof, OverlapConfig.parse("all"), recompute=recompute)
+    assert allo.comm_total_s == pytest.approx(none.comm_total_s)
+    hideable = sum(c.wire_bytes for c in perf.step_collectives(cfg, grid, recompute=recompute)
+                   if c.role in perf.OVERLAPS) * 1e-9
+    assert none.comm_total_s - hideable - 1e-12 <= allo.exposed_total_s < none.exposed_total_s
 
 
 # -- under mpiexec -------------------------------------------------------------------------------
