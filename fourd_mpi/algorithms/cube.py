@@ -69,7 +69,7 @@ def cube_shape(world_size: int, grid_sizes: Mapping[str, Optional[int]]) -> Grid
 
     Rules: the given tensor sizes must be equal (they are q); with none given and ``--gdata`` given,
     ``world_size / G_data`` must be a cube; with nothing given, the largest ``q > 1`` whose cube divides
-    the world (data takes the rest). Pure; raises :class:`ConfigError` with one line saying what to change.
+    the world (data takes the rest; one rank is ``1x1x1x1``). Pure; raises :class:`ConfigError` with one line saying what to change.
     """
     what = "optimus3d needs a cube of tensor ranks (G_z = G_y = G_x = q) times G_data"
     for axis, size in grid_sizes.items():
@@ -98,11 +98,18 @@ def cube_shape(world_size: int, grid_sizes: Mapping[str, Optional[int]]) -> Grid
             raise ConfigError(f"{what}: {world_size} ranks / --gdata {data} = {world_size // data} is not a cube "
                               f"q^3; {_hint(world_size)}")
         return GridShape(data, q, q, q)
+    if world_size == 1:  # one rank is the trivial cube (the serial step; sweep specs check options on it)
+        return GridShape(1, 1, 1, 1)
     q = max((c for c in range(2, world_size + 1) if c ** 3 <= world_size and world_size % c ** 3 == 0),
             default=None)
     if q is None:
         raise ConfigError(f"{what}: {world_size} ranks is not q^3 x G_data for any q > 1; {_hint(world_size)}")
     return GridShape(world_size // q ** 3, q, q, q)
+
+
+def describe(grid: GridShape) -> str:
+    """The header line's note: the cube's edge and axes on the grid."""
+    return f"cube q = {grid.x}: axes i, j, l on X, Y, Z; the 4D roles above do not apply"
 
 
 def model_problems(cfg, grid: GridShape) -> List[str]:

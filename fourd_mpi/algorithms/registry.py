@@ -56,6 +56,7 @@ class Algorithm:
     factorization (a cube); None: :meth:`constrain` then :func:`~fourd_mpi.core.grid.infer_grid_shape`.
     model_checker: pure ``model_checker(model, grid) -> [sentence]`` replacing the 4D model rules
     (:func:`fourd_mpi.step.presets.model_problems`) for an algorithm with other layouts.
+    describer: pure ``describer(grid) -> text`` for the header line's parentheses (how the algorithm uses the grid).
     """
 
     name: str
@@ -67,6 +68,7 @@ class Algorithm:
     checker: Optional[Callable] = None
     shaper: Optional[Callable] = None
     model_checker: Optional[Callable] = None
+    describer: Optional[Callable] = None
 
     def shape(self, world_size: int, grid_sizes: Mapping[str, Optional[int]]) -> GridShape:
         """The grid of ``world_size`` ranks from the given ``--g*`` sizes (None: omitted). Pure."""
@@ -119,8 +121,8 @@ class Algorithm:
     def describe(self, shape) -> str:
         """One header line: ``algorithm megatron1d: Megatron-LM 1D tensor parallelism + data (G_x = G_z = 1)``."""
         pinned = ", ".join(f"G_{a} = {s}" for a, s in self.fixed.items())
-        if self.name == "optimus3d":  # the cube's axes on the grid's (fourd_mpi.algorithms.cube)
-            pinned = f"cube q = {shape.x}: axes i, j, l on X, Y, Z; the 4D roles above do not apply"
+        if self.describer is not None:
+            pinned = self.describer(shape)
         return f"algorithm {self.name}: {self.title}" + (f" ({pinned})" if pinned else "") + f" on grid {shape}"
 
 
@@ -135,7 +137,8 @@ _ALGORITHMS: Tuple[Algorithm, ...] = (
     Algorithm("dp", "plain data parallelism", "tensor4d", _TENSOR4D, "-", {"x": 1, "y": 1, "z": 1}),
     Algorithm("optimus3d", "Optimus-CUBE 3D tensor parallelism + data (Colossal-AI parallel_3d)", "optimus3d",
               "fourd_mpi.algorithms.optimus3d", "Bian, Xu, Wang, You, arXiv 2104.05343",
-              checker=cube.checker, shaper=cube.cube_shape, model_checker=cube.model_problems),
+              checker=cube.checker, shaper=cube.cube_shape, model_checker=cube.model_problems,
+              describer=cube.describe),
 )
 
 #: by name, in the order ``--help`` lists them

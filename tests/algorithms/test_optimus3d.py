@@ -29,7 +29,7 @@ SMALL27 = ["--hidden", "36", "--heads", "6", "--ffn-hidden", "72", "--seq", "6",
 @pytest.mark.parametrize("world, given, shape", [
     (8, {}, "1x2x2x2"), (16, {}, "2x2x2x2"), (27, {}, "1x3x3x3"), (64, {}, "1x4x4x4"), (54, {}, "2x3x3x3"),
     (8, {"data": 8}, "8x1x1x1"), (64, {"data": 8}, "8x2x2x2"), (24, {"data": 3}, "3x2x2x2"),
-    (64, {"x": 2}, "8x2x2x2"), (16, {"y": 2, "z": 2}, "2x2x2x2"), (8, {"x": 1, "data": 8}, "8x1x1x1"),
+    (64, {"x": 2}, "8x2x2x2"), (1, {}, "1x1x1x1"), (16, {"y": 2, "z": 2}, "2x2x2x2"), (8, {"x": 1, "data": 8}, "8x1x1x1"),
 ])
 def test_cube_shape_infers_q_and_data(world, given, shape):
     assert str(cube.cube_shape(world, {**NONE, **given})) == shape
@@ -70,6 +70,8 @@ def test_resolve_uses_the_cube_rules_not_the_4d_ones():
     with pytest.raises(ConfigError, match=r"--algorithm optimus3d: .*head count 3 is not divisible by 2"):
         resolve_values({"algorithm": "optimus3d", "heads": 3, "hidden": 48}, 8)
     assert str(resolve_values({"algorithm": "optimus3d"}, 16).grid) == "2x2x2x2"
+    # a sweep spec checks each option alone on one rank (jobs/spec.py)
+    assert str(resolve_values({"algorithm": "optimus3d"}, 1, cross_checks=False).grid) == "1x1x1x1"
 
 
 @pytest.mark.parametrize("q", [1, 2, 3])
