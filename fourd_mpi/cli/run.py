@@ -169,7 +169,7 @@ def cmd_verify(args, world) -> int:
         return 0
     reference = "" if args.reference_backend == "same" else f" ({args.reference_backend} reference)"
     print(f"verify {options.model.name} ({options.dtype}{', tf32' if options.tf32 else ''}) on {size} ranks "
-          f"against one rank{reference}, "
+          f"with {options.algorithm} against the serial 4D model on one rank{reference}, "
           f"{args.steps} training steps; relative error ||a-b||/||b||, tolerance {results[0].tolerance:g}")
     print(f"{'grid (DxZxYxX)':>15} {'overlap':<22} {'progress':<8} {'recompute':<9} {'output':>10} "
           f"{'worst grad':>10} {'(tensor)':<18} {'losses':>10}  result")
@@ -184,6 +184,7 @@ def cmd_verify(args, world) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"model": options.model.as_dict(), "dtype": options.dtype, "world_size": size,
+                       "algorithm": options.algorithm,
                        "results": [dict(r.__dict__, ok=r.ok) for r in results],
                        "skipped": [[str(g), why] for g, why in skipped]}, fh, indent=1)
     return 1 if failed else 0
