@@ -158,6 +158,10 @@ def test_offline_commands_work_without_mpi(no_mpi_env, tmp_path):
         ["tune", "--ranks", "8", "--top", "3"],
         ["tune", "--ranks", "64", "--model", "gpt-small", "--site", "perlmutter", "--top", "2"],
         ["model", "validate", str(SAMPLES)],
+        ["results", "reindex", str(ROOT / "results" / "baselines"), "-o", str(tmp_path / "index.jsonl")],
+        ["results", "list", "--index", str(tmp_path / "index.jsonl")],
+        ["compare", str(ROOT / "results" / "baselines"), "--baseline", "run_id=baseline-gpt-tiny-np2",
+         "--index", str(tmp_path)],
     ]
     for args in commands:
         proc = fourd(args, no_mpi_env, tmp_path)

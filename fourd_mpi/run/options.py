@@ -80,6 +80,8 @@ class Option:
         if self.flag:
             return [f"--{self.name}"] if value else []
         # "--key=value": a value that starts with "-" must not be taken for an option
+        if self.type is byte_size and value is not None:  # parsed to bytes: give the unit back (bare numbers are refused)
+            return [f"--{self.name}={int(value)}B"]
         return [f"--{self.name}=" + (str(value).lower() if isinstance(value, bool) else str(value))]
 
 
