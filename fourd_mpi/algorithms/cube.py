@@ -107,6 +107,12 @@ def cube_shape(world_size: int, grid_sizes: Mapping[str, Optional[int]]) -> Grid
     return GridShape(world_size // q ** 3, q, q, q)
 
 
+def cube_grids(world_size: int) -> List[GridShape]:
+    """Every grid ``G_data x q x q x q`` of ``world_size`` ranks, largest ``q`` first (``tune`` ranks them)."""
+    return [GridShape(world_size // q ** 3, q, q, q) for q in range(world_size, 0, -1)
+            if q ** 3 <= world_size and world_size % q ** 3 == 0]
+
+
 def describe(grid: GridShape) -> str:
     """The header line's note: the cube's edge and axes on the grid."""
     return f"cube q = {grid.x}: axes i, j, l on X, Y, Z; the 4D roles above do not apply"

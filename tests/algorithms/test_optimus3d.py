@@ -36,6 +36,12 @@ def test_cube_shape_infers_q_and_data(world, given, shape):
     assert str(get("optimus3d").shape(world, {**NONE, **given})) == shape
 
 
+def test_cube_grids_enumerates_every_cube_times_data():
+    assert [str(g) for g in cube.cube_grids(64)] == ["1x4x4x4", "8x2x2x2", "64x1x1x1"]
+    assert [str(g) for g in cube.cube_grids(12)] == ["12x1x1x1"]
+    assert all(not cube.model_problems(resolve_model("gpt-tiny", batch=64), g) for g in cube.cube_grids(64))
+
+
 @pytest.mark.parametrize("world, given, message", [
     (12, {}, "12 ranks is not q^3 x G_data for any q > 1; try 8 or 27 ranks"),
     (6, {}, "or --gdata 6 for q = 1"),
