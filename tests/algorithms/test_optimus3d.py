@@ -303,16 +303,17 @@ def test_trace_volumes_equal_the_model(run_mpi, tmp_path, nranks, args):
 
 #: the model rules' other messages are checked without MPI (test_model_rules_of_the_cube)
 BAD = [
-    (12, [], "12 ranks is not q^3 x G_data for any q > 1; try 8 or 27 ranks"),
-    (8, ["--gx", "2", "--gy", "4"], "--gy 4, --gx 2 are not equal"),
-    (8, ["--heads", "3", "--hidden", "48"], "head count 3 is not divisible by 2"),
+    (12, ["run"], "12 ranks is not q^3 x G_data for any q > 1; try 8 or 27 ranks"),
+    (8, ["run", "--gx", "2", "--gy", "4"], "--gy 4, --gx 2 are not equal"),
+    (8, ["run", "--heads", "3", "--hidden", "48"], "head count 3 is not divisible by 2"),
+    (8, ["verify", "--grid", "1x1x2x4"], "optimus3d needs a cube G_z = G_y = G_x = q, grid 1x1x2x4 is not one"),
 ]
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nranks, args, message", BAD, ids=[m[:30] for _, _, m in BAD])
 def test_bad_input_is_one_line_on_every_rank(run_mpi, nranks, args, message):
-    proc = run_mpi(nranks, ["run", "--algorithm", "optimus3d", *args], timeout=60)
+    proc = run_mpi(nranks, [args[0], "--algorithm", "optimus3d", *args[1:]], timeout=60)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("fourd-mpi: error: ")]
     assert len(errors) == nranks and len(set(errors)) == 1, proc.stderr
