@@ -14,6 +14,7 @@ name              what it is                              fixed axes
 ``megatron1d``    Megatron-LM 1D tensor + data            ``G_x = G_z = 1``
 ``fsdp``          fully sharded data parallel (ZeRO-3)    ``G_x = G_y = 1``
 ``dp``            plain data parallelism                  ``G_x = G_y = G_z = 1``
+``optimus3d``     Optimus-CUBE 3D tensor + data           ``G_x = G_y = G_z = q``
 ``pipeline``      AxoNN inter-layer pipeline x 4D         none (``--ginter`` stages)
 ================  =====================================  ==========================
 
@@ -25,6 +26,12 @@ With ``G_x = G_z = 1`` a normal layer stores ``W[n/G_y, k]`` (column-parallel) a
 transposed layer ``W[n, k/G_y]`` with its forward all-reduce over Y (row-parallel): exactly
 Megatron-LM's pair. With ``G_x = G_y = 1`` every weight is a flat shard over Z, all-gathered
 before use and its gradient reduce-scattered: ZeRO-3 / FSDP, with Z splitting the batch too.
+
+``optimus3d`` (:mod:`fourd_mpi.algorithms.optimus3d`) is not a preset of the 4D layers: its grid is a
+cube (``shaper``: :func:`fourd_mpi.algorithms.cube.cube_shape` infers ``q`` and ``G_data`` from the world
+size) and its model has other divisibility rules (``model_checker``:
+:func:`fourd_mpi.algorithms.cube.model_problems`, replacing the 4D rules of
+:func:`fourd_mpi.step.presets.model_problems`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from fourd_mpi.algorithms import pipeline_plan
+from fourd_mpi.algorithms import cube
+from fourd_mpi.core.grid import GridShape, infer_grid_shape
 from fourd_mpi.errors import ConfigError
 
 #: grid axes in Cartesian order (outermost first), as :data:`fourd_mpi.core.grid.AXES`
@@ -49,6 +58,11 @@ class Algorithm:
     fixed: axes this algorithm pins to a size (``{"x": 1, "z": 1}``); reference: where it comes from;
     checker: pure cross-checks of the resolved options (``checker(algorithm, options)``, raises
     :class:`ConfigError`), defined in a module that imports neither MPI nor the step.
+    shaper: pure ``shaper(world_size, grid_sizes) -> GridShape`` for a grid that is not a free
+    factorization (a cube); None: :meth:`constrain` then :func:`~fourd_mpi.core.grid.infer_grid_shape`.
+    model_checker: pure ``model_checker(model, grid) -> [sentence]`` replacing the 4D model rules
+    (:func:`fourd_mpi.step.presets.model_problems`) for an algorithm with other layouts.
+    describer: pure ``describer(grid) -> text`` for the header line's parentheses (how the algorithm uses the grid).
     """
 
     name: str
@@ -61,6 +75,34 @@ class Algorithm:
     #: pure ``splitter(algorithm, world_size, values) -> ranks of one 4D grid`` for algorithms that split
     #: the world before the 4D grid (``values``: option values keyed by dest); None: the whole world
     splitter: Optional[Callable] = None
+    shaper: Optional[Callable] = None
+    model_checker: Optional[Callable] = None
+    describer: Optional[Callable] = None
+
+    def shape(self, world_size: int, grid_sizes: Mapping[str, Optional[int]]) -> GridShape:
+        """The grid of ``world_size`` ranks from the given ``--g*`` sizes (None: omitted). Pure."""
+        if self.shaper is not None:
+            return self.shaper(world_size, grid_sizes)
+        return infer_grid_shape(world_size, **self.constrain(grid_sizes))
+
+    def model_problems(self, cfg, grid: GridShape) -> list:
+        """Everything wrong with running model ``cfg`` on ``grid`` with this algorithm (sentences). Pure."""
+        if self.model_checker is not None:
+            return self.model_checker(cfg, grid)
+        from fourd_mpi.step.presets import model_problems
+
+        return model_problems(cfg, grid)
+
+    def validate_model(self, cfg, grid: GridShape) -> None:
+        """Raise :class:`ConfigError` naming every problem of :meth:`model_problems`."""
+        if self.model_checker is None:
+            from fourd_mpi.step.presets import validate_model
+
+            return validate_model(cfg, grid)
+        problems = self.model_checker(cfg, grid)
+        if problems:
+            raise ConfigError(f"--algorithm {self.name}: model {cfg.name} on grid {grid} (G_data x G_z x G_y x G_x): "
+                              + "; ".join(problems))
 
     def constrain(self, grid_sizes: Mapping[str, Optional[int]]) -> Dict[str, Optional[int]]:
         """The ``--g*`` sizes with this algorithm's fixed axes filled in; a :class:`ConfigError` when the
@@ -100,6 +142,8 @@ class Algorithm:
     def describe(self, shape) -> str:
         """One header line: ``algorithm megatron1d: Megatron-LM 1D tensor parallelism + data (G_x = G_z = 1)``."""
         pinned = ", ".join(f"G_{a} = {s}" for a, s in self.fixed.items())
+        if self.describer is not None:
+            pinned = self.describer(shape)
         return f"algorithm {self.name}: {self.title}" + (f" ({pinned})" if pinned else "") + f" on grid {shape}"
 
 
@@ -112,6 +156,10 @@ _ALGORITHMS: Tuple[Algorithm, ...] = (
     Algorithm("fsdp", "fully sharded data parallelism (ZeRO-3 / FSDP)", "tensor4d", _TENSOR4D,
               "Rajbhandari et al., SC'20; Zhao et al., VLDB'23", {"x": 1, "y": 1}),
     Algorithm("dp", "plain data parallelism", "tensor4d", _TENSOR4D, "-", {"x": 1, "y": 1, "z": 1}),
+    Algorithm("optimus3d", "Optimus-CUBE 3D tensor parallelism + data (Colossal-AI parallel_3d)", "optimus3d",
+              "fourd_mpi.algorithms.optimus3d", "Bian, Xu, Wang, You, arXiv 2104.05343",
+              checker=cube.checker, shaper=cube.cube_shape, model_checker=cube.model_problems,
+              describer=cube.describe),
     Algorithm("pipeline", "AxoNN inter-layer pipeline x 4D tensor", "pipeline", "fourd_mpi.algorithms.pipeline",
               "Singh & Bhatele, IPDPS'22, 'AxoNN: an asynchronous, message-driven parallel framework for "
               "extreme-scale deep learning'", checker=pipeline_plan.check, splitter=pipeline_plan.stage_world),

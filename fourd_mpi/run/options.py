@@ -26,13 +26,13 @@ from fourd_mpi.algorithms.pipeline_plan import SCHEDULES as PIPELINE_SCHEDULES
 from fourd_mpi.algorithms.registry import ALGORITHMS, DEFAULT_ALGORITHM
 from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.core.backend import BACKENDS, DEVICE_BUFFER_MODES, DTYPES, check_dtype_options
-from fourd_mpi.core.grid import GridShape, infer_grid_shape
+from fourd_mpi.core.grid import GridShape
 from fourd_mpi.core.progress import PROGRESS_STRATEGIES
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.display import DISPLAYS
 from fourd_mpi.step.optim import OPTIMIZERS
 from fourd_mpi.step.overlap import OverlapConfig
-from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model, validate_model
+from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model
 from fourd_mpi.trace.events import LEVELS
 from fourd_mpi.util.values import byte_size, integer, nonnegative_int, number, positive_float, positive_int
 
@@ -282,15 +282,16 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
     algorithm = get_algorithm(options.get("algorithm", DEFAULT_ALGORITHM))
     tensor_world = algorithm.tensor_world(world_size, options)
     try:
-        shape = infer_grid_shape(tensor_world, **algorithm.constrain(grid_sizes))
+        shape = algorithm.shape(tensor_world, grid_sizes)
     except ConfigError as exc:
         if tensor_world == world_size:
             raise
         stages = world_size // tensor_world
-        raise ConfigError(f"{exc} (the 4D grid of each of the {stages} pipeline stages: world size {world_size} / "
+        text = str(exc).split("; or run under mpiexec")[0]  # a launch hint for one grid, not for the stages
+        raise ConfigError(f"{text} (the 4D grid of each of the {stages} pipeline stages: world size {world_size} / "
                           f"--ginter {stages} = {tensor_world} ranks)") from None
     model = resolve_model(preset, **model_overrides)
-    validate_model(model, shape)
+    algorithm.validate_model(model, shape)
     if options.get("backend", "auto") not in BACKENDS:
         raise ConfigError(f"unknown backend {options['backend']!r}: choose one of {', '.join(BACKENDS)}")
     check_dtype_options(options.get("dtype", "float32"), options.get("backend", "auto"), options.get("tf32", False))
