@@ -10,12 +10,13 @@ import json
 from dataclasses import replace
 
 from fourd_mpi import __version__
-from fourd_mpi.cli.args import OneLineParser, add_options, say
+from fourd_mpi.algorithms.registry import get as get_algorithm
+from fourd_mpi.cli.args import FORMATS, OneLineParser, add_format, add_options, say
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.core.watchdog import check_timeout
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.options import RunOptions, resolve_values, resolved_config
-from fourd_mpi.step.presets import PRESETS, model_problems
+from fourd_mpi.step.presets import PRESETS
 
 #: what each command takes from the option table
 STEP_GROUPS = ("grid", "model", "numerics", "overlap")
@@ -62,6 +63,7 @@ def register(sub) -> None:
     info.set_defaults(handler=cmd_info, serial=False)
 
     presets = sub.add_parser("presets", help="list the model presets")
+    add_format(presets, FORMATS, help="table (default), csv, json or markdown (json and csv: exact parameter counts)")
     presets.set_defaults(handler=cmd_presets, serial=True)
 
 
@@ -82,6 +84,9 @@ def _header(world, run) -> None:
     cfg = run.options.model
     say(world, f"fourd-mpi {__version__}  MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
     say(world, run.grid.describe())
+    say(world, get_algorithm(run.options.algorithm).describe(run.options.grid))
+    if hasattr(run.trainer, "describe"):  # e.g. the pipeline's stages and schedule
+        say(world, run.trainer.describe())
     say(world, f"model {cfg.name}: {cfg.kind}, {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, "
                f"ffn {cfg.ffn_hidden}, seq {cfg.seq}, global batch {cfg.batch} "
                f"({cfg.parameter_count() / 1e6:.2f} M parameters)")
@@ -136,14 +141,17 @@ def cmd_run(args, world) -> int:
 def cmd_verify(args, world) -> int:
     from fourd_mpi.run.verify import verify
 
-    size = world.Get_size()
-    options = run_options(args, size)
+    world_size = world.Get_size()
+    options = run_options(args, world_size)
+    size = options.grid.size  # ranks of one 4D grid: the world, or world / G_inter for pipeline stages
     check_timeout(args.step_timeout)
     grids = [GridShape.parse(g) for g in args.grid]
     for g in grids:
         if g.size != size:
-            raise ConfigError(f"grid {g} has {g.size} ranks but the world size is {size}")
+            stages = f" / G_inter {options.ginter} = {size}" if size != world_size else ""
+            raise ConfigError(f"grid {g} has {g.size} ranks but the world size is {world_size}{stages}")
     skipped = []
+    model_problems = get_algorithm(options.algorithm).model_problems  # the algorithm's own rules
     if args.all_grids or not grids:
         candidates = list(grid_factorizations(size)) if args.all_grids else [options.grid]
         for g in candidates:
@@ -154,6 +162,7 @@ def cmd_verify(args, world) -> int:
         if problems:
             raise ConfigError(f"model {options.model.name} on grid {g} (G_data x G_z x G_y x G_x): "
                               + "; ".join(problems))
+        get_algorithm(options.algorithm).check(replace(options, grid=g))  # e.g. micro-batches of this grid's shard
     variants = [replace(options, overlap=o, progress=p, recompute=r)
                 for r in (args.recompute or ["none"])
                 for o in (args.overlap or ["none"]) for p in (args.progress or ["poll"])]
@@ -165,8 +174,8 @@ def cmd_verify(args, world) -> int:
     if world.Get_rank() != 0:
         return 0
     reference = "" if args.reference_backend == "same" else f" ({args.reference_backend} reference)"
-    print(f"verify {options.model.name} ({options.dtype}{', tf32' if options.tf32 else ''}) on {size} ranks "
-          f"against one rank{reference}, "
+    print(f"verify {options.model.name} ({options.dtype}{', tf32' if options.tf32 else ''}) on {world_size} ranks "
+          f"with {options.algorithm} against the serial 4D model on one rank{reference}, "
           f"{args.steps} training steps; relative error ||a-b||/||b||, tolerance {results[0].tolerance:g}")
     print(f"{'grid (DxZxYxX)':>15} {'overlap':<22} {'progress':<8} {'recompute':<9} {'output':>10} "
           f"{'worst grad':>10} {'(tensor)':<18} {'losses':>10}  result")
@@ -180,7 +189,8 @@ def cmd_verify(args, world) -> int:
     print(f"{len(results) - failed} passed, {failed} failed, {len(skipped)} skipped")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"model": options.model.as_dict(), "dtype": options.dtype, "world_size": size,
+            json.dump({"model": options.model.as_dict(), "dtype": options.dtype, "world_size": world_size,
+                       "algorithm": options.algorithm,
                        "results": [dict(r.__dict__, ok=r.ok) for r in results],
                        "skipped": [[str(g), why] for g, why in skipped]}, fh, indent=1)
     return 1 if failed else 0
@@ -199,6 +209,14 @@ def cmd_info(args, world) -> int:
 
 
 def cmd_presets(args, world) -> int:
+    if args.format != "table":
+        from fourd_mpi.util.text import format_rows
+
+        rows = [{"preset": c.name, "kind": c.kind, "layers": c.layers, "hidden": c.hidden, "heads": c.heads,
+                 "ffn": c.ffn_hidden, "seq": c.seq, "batch": c.batch, "params": c.parameter_count()}
+                for c in PRESETS.values()]
+        say(world, format_rows(rows, args.format).rstrip("\n"))
+        return 0
     say(world, f"{'preset':<10} {'kind':<4} {'layers':>6} {'hidden':>7} {'heads':>5} {'ffn':>7} {'seq':>5} "
                f"{'batch':>5} {'params':>9}")
     for cfg in PRESETS.values():

@@ -1,4 +1,10 @@
-"""Site profiles: what a cluster needs in a job script (scheduler, launcher, node shape, modules).
+"""Site profiles: what a cluster needs in a job script (scheduler, launcher, node shape, modules),
+and which machine profile of the performance model describes it.
+
+This is the one list of sites: ``sweep --site``, ``tune --site`` and ``model paper --site`` all
+take a name from :func:`builtin_sites` or a site FILE.yaml. A site names its machine profile
+(:mod:`fourd_mpi.perf.machine`, ``machine_profile:``) when the model has one;
+:func:`machine_profile_of` refuses a site without one, listing the sites that have one.
 
 Built-in profiles live in ``fourd_mpi/jobs/sites/<name>.yaml``; ``--site FILE.yaml`` takes a
 user profile of the same form for any other cluster. A profile is validated with JSON
@@ -14,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from fourd_mpi.errors import ConfigError
+from fourd_mpi.jobs.pack import PACK_MODES
 from fourd_mpi.jobs.spec import SAFE_VALUE_PATTERN, TIME_PATTERN
 from fourd_mpi.util.yamlspec import load_yaml
 
@@ -56,12 +63,17 @@ SITE_SCHEMA: Dict[str, Any] = {
                 "additionalProperties": {"type": ["string", "number", "boolean"]}},
         "setup": {"type": "array", "items": {"type": "string"}},
         "python": {"type": "string", "minLength": 1},
+        "machine_profile": {"type": "string", "minLength": 1,
+                            "description": "a built-in machine profile name or a profile file (the performance model)"},
+        "max_time": {"type": "string", "pattern": TIME_PATTERN,
+                     "description": "the longest job the site's queue takes, in Slurm's time forms"},
         "defaults": {
             "type": "object", "additionalProperties": False,
             "properties": {"time": {"type": "string", "pattern": TIME_PATTERN,
                                     "description": "a time limit is minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S (Slurm's forms)"},
                            "account": _safe, "partition": _safe, "qos": _safe, "queue": _safe,
-                           "constraint": _safe, "reservation": _safe},
+                           "constraint": _safe, "reservation": _safe,
+                           "pack": {"type": "integer", "minimum": 1}, "pack_mode": {"enum": list(PACK_MODES)}},
         },
     },
 }
@@ -91,7 +103,10 @@ class Site:
     env: Tuple[Tuple[str, str], ...] = ()
     setup: Tuple[str, ...] = ()
     python: str = "python3"
+    max_time: Optional[str] = None  # the longest job the queue takes (packs are checked against it)
     defaults: Dict[str, str] = field(default_factory=dict)
+    #: the performance model's machine profile of this site (a built-in name or a file), if any
+    machine_profile: Optional[str] = None
     source: str = ""
 
     @property
@@ -116,6 +131,26 @@ class Site:
 
 def builtin_sites() -> List[str]:
     return sorted(os.path.splitext(f)[0] for f in os.listdir(SITES_DIR) if f.endswith(".yaml"))
+
+
+def sites_with_profiles() -> List[str]:
+    """The built-in sites that name a machine profile (``tune --site`` accepts them)."""
+    return [name for name in builtin_sites() if load_site(name).machine_profile]
+
+
+def machine_profile_of(name_or_path: str) -> str:
+    """The machine profile (built-in name or file) of a site; a :class:`ConfigError` listing the
+    sites that have one when this one has none."""
+    site = load_site(name_or_path)
+    if not site.machine_profile:
+        raise ConfigError(f"no machine profile for site {site.name!r}: sites with one are "
+                          f"{', '.join(sites_with_profiles())}; pass --profile NAME|FILE (a built-in machine profile, "
+                          f"or one measured by fourd-mpi bench collectives), or add machine_profile: to the site "
+                          f"profile")
+    profile = site.machine_profile
+    if profile.endswith((".yaml", ".yml", ".json")) and not os.path.isabs(profile) and site.source:
+        profile = os.path.join(os.path.dirname(os.path.abspath(site.source)), profile)
+    return profile
 
 
 def load_site(name_or_path: str) -> Site:

@@ -22,14 +22,17 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
+from fourd_mpi.algorithms.pipeline_plan import SCHEDULES as PIPELINE_SCHEDULES
+from fourd_mpi.algorithms.registry import ALGORITHMS, DEFAULT_ALGORITHM
+from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.core.backend import BACKENDS, DEVICE_BUFFER_MODES, DTYPES, check_dtype_options
-from fourd_mpi.core.grid import GridShape, infer_grid_shape
+from fourd_mpi.core.grid import GridShape
 from fourd_mpi.core.progress import PROGRESS_STRATEGIES
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.display import DISPLAYS
 from fourd_mpi.step.optim import OPTIMIZERS
 from fourd_mpi.step.overlap import OverlapConfig
-from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model, validate_model
+from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model
 from fourd_mpi.trace.events import LEVELS
 from fourd_mpi.util.values import byte_size, integer, nonnegative_int, number, positive_float, positive_int
 
@@ -78,6 +81,8 @@ class Option:
         if self.flag:
             return [f"--{self.name}"] if value else []
         # "--key=value": a value that starts with "-" must not be taken for an option
+        if self.type is byte_size and value is not None:  # parsed to bytes: give the unit back (bare numbers are refused)
+            return [f"--{self.name}={int(value)}B"]
         return [f"--{self.name}=" + (str(value).lower() if isinstance(value, bool) else str(value))]
 
 
@@ -93,12 +98,25 @@ GROUPS = {
 
 _N = "N"
 RUN_OPTIONS: Tuple[Option, ...] = (
+    Option("algorithm", "grid", str, DEFAULT_ALGORITHM, tuple(ALGORITHMS),
+           help="parallel algorithm: " + "; ".join(f"{a.name} = {a.title}" for a in ALGORITHMS.values())
+           + f" (default {DEFAULT_ALGORITHM}; the named baselines fix axes to 1)"),
     Option("gx", "grid", positive_int, None, metavar=_N, help="G_x: ranks sharing a layer's input dimension "
            "(innermost, consecutive world ranks)"),
     Option("gy", "grid", positive_int, None, metavar=_N, help="G_y: ranks sharing a layer's output dimension"),
     Option("gz", "grid", positive_int, None, metavar=_N, help="G_z: ranks sharding weights (all-gathered over Z) "
            "and splitting the batch"),
     Option("gdata", "grid", positive_int, None, metavar=_N, help="G_data: data-parallel replicas (outermost)"),
+    Option("ginter", "grid", positive_int, 1, metavar=_N,
+           help="--algorithm pipeline: G_inter pipeline stages, each a G_data x G_z x G_y x G_x grid of world / "
+                "G_inter ranks (rank order data, inter, z, y, x; default 1)"),
+    Option("microbatches", "grid", positive_int, 1, metavar=_N,
+           help="--algorithm pipeline: micro-batches per batch shard (must divide its B / (G_data G_z) "
+                "sequences; default 1)"),
+    Option("pipeline-schedule", "grid", str, "axonn", PIPELINE_SCHEDULES,
+           help="--algorithm pipeline: axonn (message-driven: stage 0 keeps G_inter micro-batches in flight, "
+                "the others react to whichever message arrives first; default) or 1f1b (warm-up forwards, "
+                "one forward one backward, cool-down backwards); other algorithms ignore it"),
     Option("model", "model", str, "gpt-tiny", metavar="PRESET",
            help=f"preset: {', '.join(PRESETS)} (default gpt-tiny)"),
     Option("layers", "model", positive_int, None, metavar=_N, help="transformer blocks (default: the preset's)"),
@@ -210,6 +228,13 @@ class RunOptions:
 
     model: ModelConfig
     grid: GridShape
+    #: ``--algorithm`` (:mod:`fourd_mpi.algorithms.registry`)
+    algorithm: str = DEFAULT_ALGORITHM
+    #: ``--algorithm pipeline``: stages (``grid`` is then each stage's 4D grid), micro-batches per batch
+    #: shard, schedule (:mod:`fourd_mpi.algorithms.pipeline_plan`)
+    ginter: int = 1
+    microbatches: int = 1
+    pipeline_schedule: str = "axonn"
     dtype: str = "float32"
     backend: str = "auto"
     device_buffers: str = "auto"
@@ -254,9 +279,19 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
 
     ``_cross_checks=False`` leaves out the checks between options (warm-up against steps), for
     validating one option at a time against the defaults (sweep specs)."""
-    shape = infer_grid_shape(world_size, **grid_sizes)
+    algorithm = get_algorithm(options.get("algorithm", DEFAULT_ALGORITHM))
+    tensor_world = algorithm.tensor_world(world_size, options)
+    try:
+        shape = algorithm.shape(tensor_world, grid_sizes)
+    except ConfigError as exc:
+        if tensor_world == world_size:
+            raise
+        stages = world_size // tensor_world
+        text = str(exc).split("; or run under mpiexec")[0]  # a launch hint for one grid, not for the stages
+        raise ConfigError(f"{text} (the 4D grid of each of the {stages} pipeline stages: world size {world_size} / "
+                          f"--ginter {stages} = {tensor_world} ranks)") from None
     model = resolve_model(preset, **model_overrides)
-    validate_model(model, shape)
+    algorithm.validate_model(model, shape)
     if options.get("backend", "auto") not in BACKENDS:
         raise ConfigError(f"unknown backend {options['backend']!r}: choose one of {', '.join(BACKENDS)}")
     check_dtype_options(options.get("dtype", "float32"), options.get("backend", "auto"), options.get("tf32", False))
@@ -289,6 +324,7 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
         raise ConfigError(f"--poll-flops must be positive, got {options['poll_flops']}")
     run_options = RunOptions(model=model, grid=shape, **options)
     run_options.overlap_config()  # validates the overlap list, depth and chunks
+    algorithm.check(run_options)
     return run_options
 
 

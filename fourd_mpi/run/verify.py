@@ -1,7 +1,7 @@
 """Check a distributed run against the serial single-rank reference.
 
-The same model (same seed, same global tensors) runs on the 4D grid and on one
-rank with grid 1x1x1x1. The reference is blocking and recomputes nothing; every
+The same model (same seed, same global tensors) runs on the grid with the checked
+algorithm and on one rank with grid 1x1x1x1 as the serial 4D model (``axonn4d``). The reference is blocking and recomputes nothing; every
 variant (overlap, progress, activation recompute) is checked against it. Rank 0 assembles the distributed forward output and
 every gradient from the pieces of all ranks and compares them with the
 reference, then both train for a few steps and the losses are compared.
@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 import numpy as np
 from mpi4py import MPI
 
+from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.core.mpiutil import idle_barrier
 from fourd_mpi.core.watchdog import Watchdog
@@ -61,9 +62,19 @@ def snapshot(run: Run, mpi_comm, steps: int) -> Optional[Dict[str, object]]:
     loss, y = run.trainer.forward_backward(0)
     with run.comm.watch("a gather of the output to rank 0"):
         tensors = {"output": gather_global(mpi_comm, run.data.global_index(), host(y), run.data.global_shape)}
-    for p in run.model.parameters():
-        with run.comm.watch(f"a gather of the gradient of {p.name} to rank 0"):
-            tensors[f"grad:{p.name}"] = gather_global(mpi_comm, p.global_index(), host(p.grad), p.global_shape)
+    # every parameter by name, from whichever ranks hold it (pipeline stages hold different ones): the list,
+    # in one order on every rank, comes from an allgather, so every rank joins every gather
+    mine = {p.name: p for p in run.model.parameters()}
+    shapes: Dict[str, tuple] = {}
+    for listing in mpi_comm.allgather([(p.name, tuple(p.global_shape)) for p in mine.values()]):
+        for name, shape in listing:
+            shapes.setdefault(name, shape)
+    nothing = np.zeros(0, dtype=np.int64)
+    for name, shape in shapes.items():
+        p = mine.get(name)
+        index, values = (p.global_index(), host(p.grad)) if p is not None else (nothing, nothing)
+        with run.comm.watch(f"a gather of the gradient of {name} to rank 0"):
+            tensors[f"grad:{name}"] = gather_global(mpi_comm, index, values, shape)
     losses = [run.trainer.step(i).loss for i in range(steps)]
     if mpi_comm.Get_rank() != 0:
         return None
@@ -94,6 +105,12 @@ class GridCheck:
         return max(self.output_error, self.grad_error, self.loss_error) <= self.tolerance
 
 
+def serial_options(options: RunOptions) -> RunOptions:
+    """The single-rank reference of any algorithm: the serial step (``axonn4d`` on 1x1x1x1, no pipeline
+    stages, one micro-batch), the same global model and data."""
+    return replace(options, grid=GridShape(1, 1, 1, 1), algorithm=DEFAULT_ALGORITHM, ginter=1, microbatches=1)
+
+
 def serial_reference(options: RunOptions, steps: int, world, watchdog: Optional[Watchdog] = None
                      ) -> Optional[Dict[str, object]]:
     """The single-rank reference, computed on rank 0 while the others sleep in a barrier.
@@ -102,7 +119,7 @@ def serial_reference(options: RunOptions, steps: int, world, watchdog: Optional[
     ref, error = None, None
     if world.Get_rank() == 0:
         try:
-            run = Run.build(MPI.COMM_SELF, replace(options, grid=GridShape(1, 1, 1, 1)))
+            run = Run.build(MPI.COMM_SELF, serial_options(options))
             ref = snapshot(run, MPI.COMM_SELF, steps)
             run.close()
         except (ConfigError, BackendError) as exc:
@@ -151,7 +168,10 @@ def verify(variants: List[RunOptions], grids: List[GridShape], steps: int, world
     waits longer than that in one collective (or in the barrier around the serial reference).
     """
     watchdog = Watchdog(step_timeout, world.Get_rank())
-    blocking = replace(variants[0], overlap="none", cache_weights=False, progress="none", recompute="none")
+    # the reference is the serial 4D model whatever the algorithm checked (every algorithm holds the same
+    # global parameters): an algorithm is never checked against itself on one rank
+    blocking = replace(variants[0], algorithm=DEFAULT_ALGORITHM, overlap="none", cache_weights=False,
+                       progress="none", recompute="none")
     if reference_backend is not None:
         blocking = replace(blocking, backend=reference_backend, device_buffers="auto",
                            tf32=blocking.tf32 and reference_backend != "numpy")

@@ -41,6 +41,8 @@ class StepResult:
     #: the most held at once during the backward pass (recompute rebuilds a block's): measured from the arrays
     saved_activation_bytes: int = 0
     peak_activation_bytes: int = 0
+    #: this rank's time blocked waiting for another pipeline stage's message (``--algorithm pipeline``; 0 otherwise)
+    bubble_ns: int = 0
 
 
 class Trainer:
@@ -74,7 +76,7 @@ class Trainer:
         self.weights.begin_forward()
         y, _ = self.model.forward(x, self.ctx)
         self.weights.finish()
-        return mse_loss(y, target, self.comm, self.global_elements)[0]
+        return mse_loss(y, target, self.comm, self.global_elements, self.model.loss_axes)[0]
 
     def forward_backward(self, step: int):
         """Loss and fully reduced gradients for the batch of ``step``; returns ``(loss, y)``."""
@@ -87,7 +89,7 @@ class Trainer:
         self.weights.begin_backward(self.model.backward_weight_order(self.recompute),
                                     "recompute" if self.recompute == "full" else "backward")
         with trace.layer("loss", "forward"):
-            loss, dy = mse_loss(y, target, self.comm, self.global_elements)
+            loss, dy = mse_loss(y, target, self.comm, self.global_elements, self.model.loss_axes)
         trace.enter_phase("backward")
         self.grads.begin()
         self.model.backward(dy, saved, self.ctx)
@@ -110,7 +112,7 @@ class Trainer:
         events = trace.end_step(t0, t1, self.comm.records, self._group_sizes)
         local = (t1 - t0) * 1e-9
         with self.comm.watch(f"the end-of-step MAX all-reduce of step {step}"):
-            slowest = self.comm.grid.cart.allreduce(local, op=MPI.MAX)
+            slowest = self.comm.grid.world.allreduce(local, op=MPI.MAX)
         return StepResult(step=step, loss=loss, seconds=slowest, local_seconds=local, events=events,
                           start_ns=t0, end_ns=t1, compute_ns=trace.compute_ns, wait_ns=trace.wait_ns,
                           mpi_ns=trace.mpi_ns, saved_activation_bytes=self.saved_activation_bytes,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fourd_mpi.trace.events import COLLECTIVE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST, LANE_STEP, lane_name
+from fourd_mpi.trace.events import COLLECTIVE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST, LANE_STEP, P2P_OPS, lane_name
 from fourd_mpi.trace.read import check_invariants, load_trace
 from fourd_mpi.trace.store import recover
 
@@ -26,7 +26,7 @@ def reference_invariants(trace):
         if ranks_in_step != set(range(world)):
             problems.append(f"step {step}: step records from ranks {sorted(ranks_in_step)} only")
     wait_code = trace.code("op", "wait")
-    collective_codes = {trace.code("op", name) for name in COLLECTIVE_OPS}
+    collective_codes = {trace.code("op", name) for name in COLLECTIVE_OPS + P2P_OPS if name in trace.vocab["ops"]}
     for rank in range(world):
         mine = ev[ev["rank"] == rank]
         for lane in np.unique(mine["lane"]):
@@ -92,7 +92,8 @@ def mutate(trace, rng):
             column = rng.choice(["start_ns", "end_ns", "issue_ns", "complete_ns"])
             ev[column][rows] += rng.integers(-600, 600, size=len(rows))
         elif kind == 1:
-            ev["op"][rows] = rng.choice([OP["wait"], OP["d2h"], OP["h2d"], OP["allgather"], OP["gemm"]])
+            ev["op"][rows] = rng.choice([OP["wait"], OP["d2h"], OP["h2d"], OP["allgather"], OP["gemm"], OP["send"],
+                                         OP["recv"]])
         elif kind == 2:
             ev["lane"][rows] = rng.integers(0, LANE_COMM0 + 2, size=len(rows))
         elif kind == 3:
