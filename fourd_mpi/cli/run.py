@@ -146,13 +146,16 @@ def cmd_verify(args, world) -> int:
         if g.size != size:
             raise ConfigError(f"grid {g} has {g.size} ranks but the world size is {size}")
     skipped = []
+    algorithm = get_algorithm(options.algorithm)
     if args.all_grids or not grids:
         candidates = list(grid_factorizations(size)) if args.all_grids else [options.grid]
         for g in candidates:
+            if algorithm.grid_problem(options, g):  # not a grid of this algorithm: not listed
+                continue
             problems = model_problems(options.model, g)
             (skipped.append((g, problems[0])) if problems else grids.append(g))
     for g in grids:
-        problems = model_problems(options.model, g)
+        problems = [p for p in (algorithm.grid_problem(options, g),) if p] or model_problems(options.model, g)
         if problems:
             raise ConfigError(f"model {options.model.name} on grid {g} (G_data x G_z x G_y x G_x): "
                               + "; ".join(problems))
@@ -167,8 +170,8 @@ def cmd_verify(args, world) -> int:
     if world.Get_rank() != 0:
         return 0
     reference = "" if args.reference_backend == "same" else f" ({args.reference_backend} reference)"
-    print(f"verify {options.model.name} ({options.dtype}{', tf32' if options.tf32 else ''}) on {size} ranks "
-          f"against one rank{reference}, "
+    print(f"verify {options.model.name} ({options.dtype}{', tf32' if options.tf32 else ''}) with algorithm "
+          f"{algorithm.name} ({algorithm.display}) on {size} ranks against one rank{reference}, "
           f"{args.steps} training steps; relative error ||a-b||/||b||, tolerance {results[0].tolerance:g}")
     print(f"{'grid (DxZxYxX)':>15} {'overlap':<22} {'progress':<8} {'recompute':<9} {'output':>10} "
           f"{'worst grad':>10} {'(tensor)':<18} {'losses':>10}  result")
@@ -183,6 +186,7 @@ def cmd_verify(args, world) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"model": options.model.as_dict(), "dtype": options.dtype, "world_size": size,
+                       "algorithm": algorithm.name,
                        "results": [dict(r.__dict__, ok=r.ok) for r in results],
                        "skipped": [[str(g), why] for g, why in skipped]}, fh, indent=1)
     return 1 if failed else 0
