@@ -142,6 +142,18 @@ def of_metadata(metadata: Mapping) -> str:
     return str(name) if name else DEFAULT_ALGORITHM
 
 
+def model_problems_of(algorithm: Algorithm, cfg, grid) -> list:
+    """What keeps model ``cfg`` from running on ``grid`` with ``algorithm`` (sentences): the algorithm's own
+    rules where it has them (an ``Algorithm.model_problems`` method), else the 4D rules of
+    :func:`fourd_mpi.step.presets.model_problems`. Pure."""
+    own = getattr(algorithm, "model_problems", None)
+    if callable(own):
+        return list(own(cfg, grid))
+    from fourd_mpi.step.presets import model_problems
+
+    return list(model_problems(cfg, grid))
+
+
 def display_name(name: str) -> str:
     """The usual name of algorithm ``name`` for legends and titles; an unknown name (a trace of an
     algorithm this installation lacks) as it is."""
