@@ -135,13 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def model_args(args) -> List[str]:
-    sizes = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads, "ffn-hidden": args.ffn_hidden,
-             "seq": args.seq, "batch": args.batch}
+def default_model(args) -> None:
+    """No ``--model``: :data:`DEFAULT_MODEL` with :data:`DEFAULT_OVERRIDES` for the sizes not given."""
     if args.model is None:
         args.model = DEFAULT_MODEL
         for key, value in DEFAULT_OVERRIDES.items():
-            sizes[key] = sizes[key] or value
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+
+
+def model_args(args) -> List[str]:
+    sizes = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads, "ffn-hidden": args.ffn_hidden,
+             "seq": args.seq, "batch": args.batch}
     return ["--model", args.model] + [a for k, v in sizes.items() if v is not None for a in (f"--{k}", str(v))]
 
 
@@ -389,7 +394,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from fourd_mpi.perf.tune import resolve_profile
 
     try:
-        common_args(args)  # fills the default model
+        default_model(args)
         profile = resolve_profile("local" if args.profile is None else None, args.profile)
         table = case_table(args.ranks, args.microbatches, None)
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
