@@ -45,13 +45,15 @@ setup(
         "gpu-cuda13": ["cupy-cuda13x"],  # what results/benchmarks/gpu ran on
         # fourd-mpi analyze / plot, Trace.events_frame(); scipy: model calibrate's NNLS fit
         "analysis": ["pandas>=1.5", "matplotlib>=3.5", "scipy>=1.7"],
+        # fourd-mpi completion bash|zsh|tcsh (the shell completion script)
+        "completion": ["shtab>=1.6"],
         # bench/peer_axonn.py: AxoNN's own layers. torch pinned to the exact version of the CPU wheel in
         # pip's find-links on CPU machines (so pip never pulls the multi-GB CUDA build); AxoNN 0.2.0
         # declares only torch (and imports numpy, ours anyway)
         "peer": ["torch==2.13.0", "axonn==0.2.0"],
         # llnl-thicket: the tests load our Caliper export with Thicket and Hatchet (they pin pandas < 3)
         "test": ["pytest>=7", "pytest-timeout", "hypothesis>=6", "pandas>=1.5", "matplotlib>=3.5", "scipy>=1.7",
-                 "llnl-thicket", "llnl-hatchet"],
+                 "llnl-thicket", "llnl-hatchet", "shtab>=1.6"],
     },
     entry_points={"console_scripts": ["fourd-mpi=fourd_mpi.cli.main:main"]},
     classifiers=[

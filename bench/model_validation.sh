@@ -29,7 +29,7 @@ if [ -n "${REUSE:-}" ]; then  # REUSE=DIR (a KEEP directory): validate its trace
 else
 echo "== 1. calibration: fourd-mpi bench collectives, $RANKS ranks" | tee "$WORK/report.txt"
 "$MPIEXEC" -n "$RANKS" "$PY" -m fourd_mpi bench collectives -o "$WORK/profile.yaml" --force \
-    --table "$WORK/bench.txt" > /dev/null
+    --report "$WORK/bench.txt" > /dev/null
 sed -n '/^# compute (per rank)/,$p' "$WORK/bench.txt" | tee -a "$WORK/report.txt"
 fi
 

@@ -7,16 +7,15 @@ import json
 import os
 import sys
 
-from fourd_mpi.cli.args import PROG, add_allow_damaged, add_output, add_trace_paths, parse_list
+from fourd_mpi.cli.args import (FORMATS, PROG, add_allow_damaged, add_deprecated, add_format, add_output, add_selection,
+                                add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.files import refuse_output
-from fourd_mpi.util.values import int_list, nonnegative_int
 
 ANALYSES = ("runs", "breakdown", "comm", "compare", "scaling", "steps")
 #: what ``--what auto`` shows (``steps``, a row per step and rank, only when asked for)
 AUTO = ("runs", "breakdown", "comm", "compare", "scaling")
 PLOTS = ("scaling", "breakdown", "timeline", "overlap")
-FORMATS = ("table", "csv", "json", "markdown")
 
 
 def register(sub) -> None:
@@ -30,11 +29,12 @@ def register(sub) -> None:
                          "(run, step, rank) with step, compute, wait and per-axis MPI time and loss")
     an.add_argument("--scaling", choices=("weak", "strong"), action="append", default=None,
                     help="scaling mode(s) for the scaling table (default: both where they apply)")
-    an.add_argument("--format", default="table", choices=FORMATS, help="default table")
+    add_format(an, FORMATS, help="table (default), csv (one table: choose it with --what), json (every table) or "
+                                 "markdown")
     an.add_argument("--baseline", metavar="TRACE", help="comm: a run of the same model and grid without overlap; "
                     "adds hidden_pct, the share of its exposed communication time no longer exposed (OSU's overlap "
                     "with the baseline as t_pure)")
-    add_output(an, help="write there instead of standard output")
+    add_output(an, help="write the tables to FILE instead of standard output")
     add_allow_damaged(an)
     an.set_defaults(handler=cmd_analyze, serial=True)
 
@@ -42,10 +42,12 @@ def register(sub) -> None:
     pl.add_argument("kind", choices=PLOTS, help="the figure")
     add_trace_paths(pl, " (timeline: one trace)")
     add_output(pl, required=True, help="the figure: .png, .svg or .pdf")
-    pl.add_argument("--mode", choices=("weak", "strong"), default="weak", help="scaling: weak (default) or strong")
-    pl.add_argument("--step", type=nonnegative_int, default=None, help="timeline: the step (default: the first "
-                    "measured one)")
-    pl.add_argument("--ranks", type=int_list, metavar="LIST", help="timeline: ranks to show (e.g. 0-3)")
+    pl.add_argument("--scaling", choices=("weak", "strong"), default="weak",
+                    help="scaling: weak (default) or strong (as analyze --scaling)")
+    add_deprecated(pl, "--mode", "--scaling", dest="scaling", choices=("weak", "strong"))
+    add_selection(pl, "steps", "timeline: the step to draw, one number (default: the first measured one)",
+                  old=("--step",))
+    add_selection(pl, "ranks", "timeline: ranks to show (e.g. 0-3; default all)", old=("--ranks",))
     pl.add_argument("--normalize", action="store_true", help="breakdown: shares instead of seconds")
     add_allow_damaged(pl)
     pl.set_defaults(handler=cmd_plot, serial=True)
@@ -55,8 +57,8 @@ def register(sub) -> None:
                     help="perfetto: trace-event JSON (.json or .json.gz); thicket: Caliper JSON-split profile")
     ex.add_argument("trace", metavar="TRACE", help="the trace (.h5)")
     add_output(ex, required=True, help="the exported file")
-    ex.add_argument("--steps", type=int_list, metavar="LIST", help="perfetto: only these steps (e.g. 1,2)")
-    ex.add_argument("--ranks", type=int_list, metavar="LIST", help="perfetto: only these ranks (e.g. 0-3,8)")
+    add_selection(ex, "steps", "perfetto: only these steps (e.g. 1,2; default all)", old=("--steps",))
+    add_selection(ex, "ranks", "perfetto: only these ranks (e.g. 0-3,8; default all)", old=("--ranks",))
     ex.add_argument("--include-warmup", action="store_true", help="thicket: also profile the warm-up steps")
     add_allow_damaged(ex)
     ex.set_defaults(handler=cmd_export, serial=True)
@@ -122,12 +124,7 @@ def cmd_analyze(args, world=None) -> int:
         frames = [f for f in (analysis.steps_table(t) for t in traces) if len(f)]
         if frames:
             sections.append(("steps", _concat(frames)))
-    text = _render_sections(sections, args.format)
-    if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text)
-    else:
-        sys.stdout.write(text)
+    write_output(args.output, _render_sections(sections, args.format), f"{args.format}: {len(sections)} table(s)")
     return 1 if problems else 0
 
 
@@ -171,13 +168,16 @@ def cmd_plot(args, world=None) -> int:
         if args.kind == "timeline":
             if len(traces) != 1:
                 raise ConfigError(f"timeline draws one trace; got {len(traces)}")
-            plots.plot_timeline(traces[0], args.output, step=args.step, ranks=args.ranks)
+            steps = args.select_steps or []
+            if len(steps) > 1:
+                raise ConfigError(f"timeline draws one step: give --select-steps N, not {len(steps)} steps")
+            plots.plot_timeline(traces[0], args.output, step=steps[0] if steps else None, ranks=args.select_ranks)
         elif args.kind == "scaling":
-            table = analysis.scaling(analysis.runs_table(traces), args.mode)
+            table = analysis.scaling(analysis.runs_table(traces), args.scaling)
             if not len(table):
                 why = "; ".join(f"{g}: {r}" for g, r in table.attrs.get("dropped", [])) or "no runs"
-                raise ConfigError(f"no {args.mode}-scaling line in these traces ({why})")
-            plots.plot_scaling(table, args.output, mode=args.mode)
+                raise ConfigError(f"no {args.scaling}-scaling line in these traces ({why})")
+            plots.plot_scaling(table, args.output, mode=args.scaling)
         elif args.kind == "breakdown":
             frame = _concat([analysis.breakdown(t) for t in traces])
             plots.plot_breakdown(frame, analysis.runs_table(traces), args.output, normalize=args.normalize)
@@ -188,7 +188,7 @@ def cmd_plot(args, world=None) -> int:
             plots.plot_overlap(_concat(frames), args.output, runs_df=analysis.runs_table(traces))
     except ValueError as exc:  # an unknown step or rank, an empty table
         raise ConfigError(str(exc)) from None
-    print(f"{args.output}: {args.kind} of {len(traces)} trace(s)")
+    wrote(args.output, f"{args.kind} of {len(traces)} trace(s)")
     return 1 if problems else 0
 
 
@@ -200,10 +200,10 @@ def cmd_export(args, world=None) -> int:
     trace = load_trace(args.trace, allow_damaged=args.allow_damaged)
     try:
         if args.format == "perfetto":
-            export.write_perfetto(trace, args.output, steps=args.steps, ranks=args.ranks)
+            export.write_perfetto(trace, args.output, steps=args.select_steps, ranks=args.select_ranks)
         else:
             export.write_caliper_json(trace, args.output, include_warmup=args.include_warmup)
     except ValueError as exc:  # unknown step or rank, a trace without op events
         raise ConfigError(str(exc)) from None
-    print(f"{args.output}: {args.format} export of {args.trace}")
+    wrote(args.output, f"{args.format} export of {args.trace}")
     return 0

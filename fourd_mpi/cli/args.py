@@ -1,17 +1,34 @@
 """Shared pieces of the command line: the parser class, option groups from the run-option table,
-trace-path arguments and the error line.
+trace-path arguments and the error line, and the vocabulary every command shares.
 
 The options of ``fourd-mpi run`` are declared once, in :data:`fourd_mpi.run.options.RUN_OPTIONS`;
 :func:`add_options` turns any subset of them into argparse arguments, so ``run``, ``verify``,
 ``info``, ``tune`` and ``bench`` offer the same names, types, choices and help.
+
+The vocabulary (README "Command-line conventions"; ``tests/test_cli_vocabulary.py`` walks every
+command to check it):
+
+- every parser is a :class:`OneLineParser` (``sub.add_parser`` and nested ``add_subparsers``
+  inherit the class): long options are never abbreviated, errors are one line;
+- counts and selections differ by name: ``--ranks N`` / ``--steps N`` are counts,
+  ``--select-ranks LIST`` / ``--select-steps LIST`` choose among existing ranks and steps
+  (:func:`add_selection`);
+- ``-o/--output FILE`` writes the command's product to FILE, never also to standard output,
+  and says ``wrote FILE`` on standard error (:func:`add_output`, :func:`write_output`);
+- ``--format`` takes names from :data:`FORMATS` (:func:`add_format`);
+- ``--site`` takes a built-in site of :mod:`fourd_mpi.jobs.sites` or a site FILE.yaml
+  (:func:`add_site`); the same list for sweeps and the performance model;
+- every argument has help text; an old spelling stays one release as a hidden
+  :func:`add_deprecated` alias that says ``note: --old is deprecated, use --new``.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
-from typing import Iterable, Sequence
+from typing import Iterable, List, Optional, Sequence
 
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.options import GROUPS, OPTIONS, Option, options_in
@@ -31,9 +48,68 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         raise ConfigError(f"{message} (see {self.prog} --help)")
 
+    def parse_args(self, args=None, namespace=None):
+        """As argparse, but an unrecognized option names the command it was given to and the
+        options it resembles (``run --step 3``: did you mean --steps?)."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = chosen_parser(self, namespace)
+            hints = []
+            for token in extras:
+                if token.startswith("--"):
+                    known = [o for a in command._actions for o in a.option_strings
+                             if o.startswith("--") and a.help is not argparse.SUPPRESS]
+                    close = difflib.get_close_matches(token.split("=", 1)[0], known, n=2, cutoff=0.6)
+                    if close:
+                        hints.append(f"{token.split('=', 1)[0]}: did you mean {' or '.join(close)}?")
+            hint = ("; " + "; ".join(hints) + " (options are never abbreviated)") if hints else ""
+            raise ConfigError(f"unrecognized arguments: {' '.join(extras)}{hint} (see {command.prog} --help)")
+        return namespace
+
     def _print_message(self, message, file=None):
-        if "mpi4py.MPI" not in sys.modules or sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank() == 0:
+        if is_first_rank():
             super()._print_message(message, file)
+
+
+def subparser_actions(parser: argparse.ArgumentParser) -> List[argparse._SubParsersAction]:
+    """The subcommand actions of ``parser`` (none, or one)."""
+    return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+
+
+def chosen_parser(parser: argparse.ArgumentParser, namespace) -> argparse.ArgumentParser:
+    """The innermost (sub)command parser that ``namespace`` was parsed by."""
+    for action in subparser_actions(parser):
+        name = getattr(namespace, action.dest, None)
+        if name in action.choices:
+            return chosen_parser(action.choices[name], namespace)
+    return parser
+
+
+def walk_parsers(parser: argparse.ArgumentParser, path: tuple = ()):
+    """``(command words, parser)`` of ``parser`` and every subcommand below it (aliases once)."""
+    yield path, parser
+    for action in subparser_actions(parser):
+        seen = set()
+        for name, child in action.choices.items():
+            if id(child) not in seen:
+                seen.add(id(child))
+                yield from walk_parsers(child, path + (name,))
+
+
+#: environment variables in which launchers (MPICH/Hydra and PMI, Open MPI, PMIx, Slurm) give the rank
+_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "PALS_RANKID")
+
+
+def is_first_rank() -> bool:
+    """True in one process of a launch: rank 0 of an initialized MPI, else the launcher's rank 0
+    (the command line is parsed before MPI starts), else a process without a launcher."""
+    if "mpi4py.MPI" in sys.modules:
+        return sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank() == 0
+    for name in _RANK_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value) == 0
+    return True
 
 
 def add_option(parser, option: Option, many: bool = False, **override) -> None:
@@ -67,10 +143,20 @@ def add_options(parser: argparse.ArgumentParser, groups: Sequence[str] = (), nam
             add_option(g, option, option.name in many, **overrides.get(option.dest, {}))
 
 
+#: shell completion of a file name (shtab's FILE, without importing the optional shtab)
+COMPLETE_FILE = {"bash": "_shtab_compgen_files", "zsh": "_files", "tcsh": "f"}
+
+
+def complete_files(action: argparse.Action) -> argparse.Action:
+    """Mark an argument as a file name for ``fourd-mpi completion``."""
+    action.complete = COMPLETE_FILE
+    return action
+
+
 def add_trace_paths(parser: argparse.ArgumentParser, what: str = "") -> None:
     """``TRACE...``: trace files, directories of them, or globs."""
-    parser.add_argument("paths", nargs="+", metavar="TRACE",
-                        help="trace files, directories of them, or globs" + what)
+    complete_files(parser.add_argument("paths", nargs="+", metavar="TRACE",
+                                       help="trace files, directories of them, or globs" + what))
 
 
 def add_allow_damaged(parser: argparse.ArgumentParser) -> None:
@@ -82,10 +168,100 @@ def add_allow_damaged(parser: argparse.ArgumentParser) -> None:
 
 
 def add_output(parser: argparse.ArgumentParser, required: bool = False, help: str = "",
-               force_help: str = "replace an existing output file") -> None:
-    """``-o/--output FILE`` and ``--force`` (an existing file is never replaced without it)."""
-    parser.add_argument("-o", "--output", metavar="FILE", required=required, help=help or None)
+               force_help: str = "replace an existing output file", metavar: str = "FILE",
+               announce: bool = True) -> None:
+    """``-o/--output FILE`` and ``--force`` (an existing file is never replaced without it).
+
+    The convention: FILE receives the command's product (a report, a figure, an export, a
+    profile, a trace), which then does not go to standard output; the command says
+    ``wrote FILE`` on standard error (:func:`write_output`, :func:`wrote`); ``announce=False``:
+    a command whose report on standard output already names the file (``trace recover``)."""
+    text = help or "write it to FILE instead of standard output"
+    complete_files(parser.add_argument("-o", "--output", metavar=metavar, required=required,
+                                       help=text + ("; says 'wrote FILE' on standard error" if announce else "")))
     parser.add_argument("--force", action="store_true", help=force_help)
+
+
+def wrote(path: str, what: str = "") -> None:
+    """The one line an ``-o FILE`` command prints: ``wrote FILE`` (and what), on standard error."""
+    sys.stderr.write(f"wrote {path}" + (f" ({what})" if what else "") + "\n")
+    sys.stderr.flush()
+
+
+def write_output(path: Optional[str], text: str, what: str = "") -> None:
+    """The command's report: to ``path`` when given (atomically: a temporary file renamed into
+    place; then ``wrote PATH`` on stderr), else to standard output."""
+    if not path:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise ConfigError(f"-o {path}: {exc.strerror or exc}") from None
+    wrote(path, what)
+
+
+#: the names ``--format`` takes, wherever a command prints a table (a command offers those it can write)
+FORMATS = ("table", "csv", "json", "markdown")
+#: formats that only make sense for one kind of output, allowed beside :data:`FORMATS`
+SPECIAL_FORMATS = {"junit": "JUnit XML, a test report for CI (regression checks)"}
+
+
+def add_format(parser, supported: Sequence[str] = FORMATS, default: str = "table", help: str = "") -> None:
+    """``--format`` with names from :data:`FORMATS` (or :data:`SPECIAL_FORMATS`); an unsupported
+    one is refused with the list."""
+    unknown = set(supported) - set(FORMATS) - set(SPECIAL_FORMATS)
+    if unknown:
+        raise ValueError(f"formats {sorted(unknown)} are not in the common set {FORMATS} "
+                         f"(or {sorted(SPECIAL_FORMATS)})")
+    parser.add_argument("--format", default=default, choices=tuple(supported),
+                        help=help or f"output format: {', '.join(supported)} (default {default})")
+
+
+def add_selection(parser, what: str, help: str, old: Sequence[str] = ()) -> None:
+    """``--select-ranks LIST`` / ``--select-steps LIST``: a selection among existing ranks or steps
+    (a count is ``--ranks N`` / ``--steps N``). ``old``: deprecated spellings kept as aliases."""
+    from fourd_mpi.util.values import int_list
+
+    dest = f"select_{what}"
+    parser.add_argument(f"--select-{what}", dest=dest, type=int_list, metavar="LIST", help=help)
+    for name in old:
+        add_deprecated(parser, name, f"--select-{what}", dest=dest, type=int_list)
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of an option: stores into the new option's ``dest``, says so on stderr
+    (once per process, rank 0 of an MPI run), hidden from ``--help``."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kwargs):
+        self.new = new
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if is_first_rank():
+            os.write(2, f"{PROG}: note: {option_string} is deprecated, use {self.new}\n".encode())
+        setattr(namespace, self.dest, values if self.nargs != 0 else self.const)
+
+
+def add_deprecated(parser, old: str, new: str, dest: str, **kwargs) -> None:
+    """Keep ``old`` (e.g. ``--step``) working one release as an alias of ``new``."""
+    parser.add_argument(old, dest=dest, action=DeprecatedAlias, new=new, default=argparse.SUPPRESS, **kwargs)
+
+
+def add_site(parser, default: Optional[str] = None, help: str = "") -> None:
+    """``--site NAME|FILE.yaml``: one site list for sweeps and the performance model
+    (:func:`fourd_mpi.jobs.sites.builtin_sites`)."""
+    from fourd_mpi.jobs.sites import builtin_sites
+
+    text = f"built-in {', '.join(builtin_sites())}, or a site profile FILE.yaml"
+    parser.add_argument("--site", default=default, metavar="SITE",
+                        help=(help + "; " if help else "") + text + (f" (default {default})" if default else ""))
 
 
 def error_line(exc: Exception) -> None:

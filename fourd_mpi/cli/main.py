@@ -6,7 +6,14 @@ Commands, by module:
 - :mod:`~fourd_mpi.cli.traces` — ``trace show | check | recover``;
 - :mod:`~fourd_mpi.cli.analyze` — ``analyze``, ``plot``, ``export``;
 - :mod:`~fourd_mpi.cli.sweep` — ``sweep plan | render | submit | status | collect``;
-- :mod:`~fourd_mpi.cli.perf` — ``tune``, ``model calibrate | validate``, ``bench collectives`` (under mpiexec).
+- :mod:`~fourd_mpi.cli.perf` — ``tune``, ``model calibrate | validate``, ``bench collectives`` (under mpiexec);
+- this module — ``completion bash | zsh | tcsh`` (the shell completion script, from this parser).
+
+Every parser is a :class:`~fourd_mpi.cli.args.OneLineParser`: a module's ``register(sub)`` adds its
+commands with ``sub.add_parser`` (nested ``add_subparsers`` inherit the class), so a new command
+gets the shared rules (no abbreviations, one-line errors); ``tests/test_cli_vocabulary.py`` walks
+every command of :func:`build_parser` for help text and the other rules of
+:mod:`fourd_mpi.cli.args`.
 
 Only this module touches ``COMM_WORLD``, and only for the commands that run under mpiexec:
 building the parser and running the offline commands never imports ``mpi4py.MPI`` (a login
@@ -43,7 +50,27 @@ def build_parser() -> OneLineParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for module in MODULES:
         module.register(sub)
+    comp = sub.add_parser("completion", help="print the shell completion script (needs shtab: pip install "
+                          "'fourd_mpi[completion]'); e.g. fourd-mpi completion bash > "
+                          "~/.local/share/bash-completion/completions/fourd-mpi")
+    comp.add_argument("shell", choices=SHELLS, help="the shell whose script to print")
+    comp.set_defaults(handler=cmd_completion, serial=True)
     return parser
+
+
+#: shells ``fourd-mpi completion`` writes a script for (shtab's)
+SHELLS = ("bash", "zsh", "tcsh")
+
+
+def cmd_completion(args, world=None) -> int:
+    """The completion script of the whole command line (every command, option and choice)."""
+    try:
+        import shtab
+    except ImportError:
+        raise ConfigError("shell completion needs shtab: pip install 'fourd_mpi[completion]' (or pip install "
+                          "shtab)") from None
+    sys.stdout.write(shtab.complete(build_parser(), shell=args.shell) + "\n")
+    return 0
 
 
 def parse(argv: Optional[List[str]] = None):

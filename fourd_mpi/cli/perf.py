@@ -13,7 +13,8 @@ import os
 import socket
 import sys
 
-from fourd_mpi.cli.args import add_option, add_options, add_output, add_trace_paths, parse_list
+from fourd_mpi.cli.args import (FORMATS, add_deprecated, add_format, add_option, add_options, add_output, add_site,
+                                add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.run.options import OPTIONS, options_in
 from fourd_mpi.util.files import refuse_output, refuse_overwrite
 from fourd_mpi.util.values import int_at_least, positive_float, positive_int
@@ -38,8 +39,8 @@ def _register_tune(sub) -> None:
                         "across algorithms with an algorithm column; default axonn4d)")
     add_options(p, ("model",), names=("dtype", "optimizer", "overlap", "progress"))
     m = p.add_argument_group("machine")
-    m.add_argument("--site", default=None, help="perlmutter, frontier or local (local: the calibrated "
-                   "results/profiles/<host>.yaml when it exists, else the built-in laptop profile)")
+    add_site(m, help="use the machine profile the site names (its machine_profile: key; local: the calibrated "
+                     "results/profiles/<host>.yaml when it exists, else laptop; no --site: laptop)")
     m.add_argument("--profile", default=None, metavar="P", help="machine profile: a built-in name or a file "
                    "written by fourd-mpi bench collectives (overrides --site)")
     m.add_argument("--fallback-profile", default=None, metavar="P", help="profile for placement levels the "
@@ -153,7 +154,7 @@ def cmd_tune(args, world=None) -> int:
         with open(args.emit_sweep, "w") as fh:
             fh.write("# written by fourd-mpi tune: measure the predicted top grids\n")
             yaml.safe_dump(spec, fh, sort_keys=False)
-        print(f"sweep spec {args.emit_sweep}: {len(grids)} grid(s) at {args.ranks} ranks")
+        wrote(args.emit_sweep, f"sweep spec: {len(grids)} grid(s) at {args.ranks} ranks")
     return 0
 
 
@@ -219,8 +220,9 @@ def _register_model(sub) -> None:
     v.add_argument("--profile", default=None, metavar="P", help="machine profile (built-in name or file; "
                    "default: this host's calibrated results/profiles/<host>.yaml, else laptop)")
     v.add_argument("--fallback-profile", default=None, metavar="P", help="profile for levels the profile lacks")
-    v.add_argument("--format", default="table", choices=("table", "csv", "markdown"))
-    add_output(v, help="also write the report there")
+    add_format(v, FORMATS, help="table (default), csv (the two tables), json (one document: tables, summary, "
+                                "goals) or markdown")
+    add_output(v, help="write the report to FILE instead of standard output")
     v.add_argument("--require", action="store_true", help="exit 1 unless every goal is met (median |error| <= "
                    "20%%, Spearman >= 0.8 per group, measured best in the predicted top 3)")
     a = msub.add_parser("compare-axonn", help="communication only: our step's volumes and AxoNN's published "
@@ -241,7 +243,7 @@ def _register_model(sub) -> None:
     pp = msub.add_parser("paper", help="the model's prediction for the AxoNN SC'24 settings (gpt-80b on 1,024 "
                                        "Perlmutter A100s, bf16, full recompute, all overlaps) and the weak-scaling "
                                        "series, next to the published numbers (offline)")
-    pp.add_argument("--site", default="perlmutter", help="machine whose built-in profile is used (default perlmutter)")
+    add_site(pp, default="perlmutter", help="use the machine profile the site names (its machine_profile: key)")
     pp.add_argument("--profile", default=None, metavar="P", help="machine profile (built-in name or file; overrides "
                                                                   "--site)")
     pp.add_argument("--memory-limit", type=_memory_limit, default=80.0, metavar="GiB",
@@ -310,7 +312,7 @@ def _cmd_paper(args) -> int:
     print(report(flagship, series, profile, limit))
     if args.output:
         plot(series, args.output, profile, limit)
-        print(f"wrote {args.output}")
+        wrote(args.output, "weak-scaling plot")
     return 0
 
 
@@ -330,10 +332,7 @@ def cmd_model(args, world=None) -> int:
     traces, problems = collect_or_fail(args.paths)
     df, gdf, summary = validate(traces, profile)
     text = report(df, gdf, summary, profile, args.format)
-    print(text)
-    if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text + "\n")
+    write_output(args.output, text + "\n", f"model validation, {args.format}")
     if args.require and not all(summary["goals_met"].values()):
         return 1
     return 1 if problems else 0
@@ -363,7 +362,7 @@ def _cmd_calibrate(args) -> int:
         yaml.safe_dump(data, fh, sort_keys=False)
     load_profile(tmp)  # what we write must load
     os.replace(tmp, args.output)
-    print(f"wrote {args.output}")
+    wrote(args.output, "calibrated machine profile")
     return 1 if problems else 0
 
 
@@ -420,16 +419,18 @@ def _register_bench(sub) -> None:
                    "(collective buffers are host memory)")
     o = p.add_argument_group("output")
     o.add_argument("-o", "--output", metavar="FILE", default=None,
-                   help="machine profile to write (default results/profiles/<host>.yaml)")
+                   help="machine profile to write (default results/profiles/<host>.yaml); the report stays on "
+                        "standard output")
     o.add_argument("--name", default=None, help="profile name (default local-<host>)")
     o.add_argument("--fallback", default=None, metavar="PROFILE",
                    help="built-in profile named in the file for levels not measured (e.g. perlmutter)")
     o.add_argument("--force", action="store_true", help="replace an existing profile file")
-    o.add_argument("--report", "--table", dest="table", metavar="FILE",
+    o.add_argument("--report", dest="table", metavar="FILE",
                    help="also write the printed report (in --format) there")
-    o.add_argument("--format", choices=("table", "csv", "json"), default="table",
-                   help="report on stdout: table (nccl-tests / OSU-like text, default), csv (a row per "
-                        "communicator, op, size and placement) or json (everything)")
+    add_deprecated(o, "--table", "--report", dest="table", metavar="FILE")
+    add_format(o, ("table", "csv", "json"),
+               help="report on stdout: table (nccl-tests / OSU-like text, default), csv (a row per "
+                    "communicator, op, size and placement) or json (everything)")
     s.add_argument("--no-in-place", dest="in_place", action="store_false",
                    help="measure out-of-place only (default: out-of-place and MPI_IN_PLACE)")
     bench.set_defaults(handler=cmd_bench, serial=False)

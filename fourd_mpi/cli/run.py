@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from fourd_mpi import __version__
 from fourd_mpi.algorithms.registry import get as get_algorithm
-from fourd_mpi.cli.args import OneLineParser, add_options, say
+from fourd_mpi.cli.args import FORMATS, OneLineParser, add_format, add_options, say
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.core.watchdog import check_timeout
 from fourd_mpi.errors import ConfigError
@@ -63,6 +63,7 @@ def register(sub) -> None:
     info.set_defaults(handler=cmd_info, serial=False)
 
     presets = sub.add_parser("presets", help="list the model presets")
+    add_format(presets, FORMATS, help="table (default), csv, json or markdown (json and csv: exact parameter counts)")
     presets.set_defaults(handler=cmd_presets, serial=True)
 
 
@@ -205,6 +206,14 @@ def cmd_info(args, world) -> int:
 
 
 def cmd_presets(args, world) -> int:
+    if args.format != "table":
+        from fourd_mpi.util.text import format_rows
+
+        rows = [{"preset": c.name, "kind": c.kind, "layers": c.layers, "hidden": c.hidden, "heads": c.heads,
+                 "ffn": c.ffn_hidden, "seq": c.seq, "batch": c.batch, "params": c.parameter_count()}
+                for c in PRESETS.values()]
+        say(world, format_rows(rows, args.format).rstrip("\n"))
+        return 0
     say(world, f"{'preset':<10} {'kind':<4} {'layers':>6} {'hidden':>7} {'heads':>5} {'ffn':>7} {'seq':>5} "
                f"{'batch':>5} {'params':>9}")
     for cfg in PRESETS.values():

@@ -6,11 +6,13 @@ import json
 import os
 import sys
 
+from fourd_mpi.cli.args import FORMATS, add_format, add_site
 from fourd_mpi.jobs.schedulers import FINAL_STATES
-from fourd_mpi.jobs.sites import builtin_sites, load_site
+from fourd_mpi.jobs.sites import load_site
 from fourd_mpi.jobs.spec import load_spec
-from fourd_mpi.jobs.sweep import (JOB_OVERRIDES, MANIFEST, build_manifest, collect, format_rows, load_jobs,
+from fourd_mpi.jobs.sweep import (JOB_OVERRIDES, MANIFEST, build_manifest, collect, load_jobs,
                                   load_manifest, plan_rows, public_manifest, run_states, submit, write_sweep)
+from fourd_mpi.util.text import format_rows
 from fourd_mpi.util.values import positive_int
 
 
@@ -20,8 +22,7 @@ def register(sub) -> None:
     ssub = sw.add_subparsers(dest="sweep_command", required=True, parser_class=type(sw))
 
     def site_arg(p):
-        p.add_argument("--site", default="local", help=f"built-in ({', '.join(builtin_sites())}) or a site "
-                                                       "profile FILE.yaml (default local)")
+        add_site(p, default="local", help="the cluster the job scripts are for")
         p.add_argument("--python", metavar="PATH", help="interpreter the jobs run (default: job.python of the "
                                                         "spec, else the site's, else python3)")
         p.add_argument("--results-dir", metavar="DIR", help="where the jobs write traces "
@@ -32,12 +33,12 @@ def register(sub) -> None:
             p.add_argument(f"--{key}", metavar=key.upper(), help=f"job.{key} for every job (overrides the spec)")
 
     plan = ssub.add_parser("plan", help="list the runs a spec expands to (rank count, nodes, memory per rank)")
-    plan.add_argument("spec", metavar="SPEC.yaml")
+    plan.add_argument("spec", metavar="SPEC.yaml", help="the sweep spec (YAML)")
     site_arg(plan)
-    plan.add_argument("--format", default="table", choices=("table", "json"))
+    add_format(plan, FORMATS, help="table (default), csv or markdown (a row per run), json (the whole manifest)")
 
     render = ssub.add_parser("render", help="write one job script per run and a manifest under jobscripts/SWEEP")
-    render.add_argument("spec", metavar="SPEC.yaml")
+    render.add_argument("spec", metavar="SPEC.yaml", help="the sweep spec (YAML)")
     site_arg(render)
     render.add_argument("--out", metavar="DIR", help="directory of the scripts (default jobscripts/SWEEP)")
     render.add_argument("--force", action="store_true", help="render again over an existing directory")
@@ -52,10 +53,13 @@ def register(sub) -> None:
             p.add_argument("--resubmit-failed", action="store_true",
                            help="submit again runs whose job failed, was cancelled or timed out")
             p.add_argument("--dry-run", action="store_true", help="say what would be submitted")
+        if name == "status":
+            add_format(p, FORMATS, help="a row per run: table (default), csv, json or markdown (the count of "
+                                        "complete traces and failed jobs then goes to standard error)")
         if name == "collect":
             p.add_argument("--into", metavar="DIR", help="gather the traces here (default results/SWEEP; "
                                                          "traces already there are not copied)")
-            p.add_argument("--format", default="table", choices=("table", "csv", "json", "markdown"))
+            add_format(p, FORMATS, help="the runs and scaling tables: table (default), csv, json or markdown")
     sw.set_defaults(handler=cmd_sweep, serial=True)
 
 
@@ -76,6 +80,8 @@ def cmd_sweep(args, world=None) -> int:
         if command == "plan":
             if args.format == "json":
                 sys.stdout.write(json.dumps(public_manifest(manifest), indent=1) + "\n")
+            elif args.format in ("csv", "markdown"):
+                sys.stdout.write(format_rows(plan_rows(manifest), args.format))
             else:
                 sys.stdout.write(f"sweep {spec.name}: {spec.study} scaling, {len(manifest['runs'])} runs on site "
                                  f"{site.name} ({site.scheduler})\n")
@@ -95,9 +101,10 @@ def cmd_sweep(args, world=None) -> int:
         return 1 if result.failed else 0
     if command == "status":
         rows = run_states(manifest, load_jobs(args.sweep_dir))
-        sys.stdout.write(format_rows(rows))
+        sys.stdout.write(format_rows(rows, args.format))
         done = sum(r["trace"] == "complete" for r in rows)
         failed = sum(r["state"] in FINAL_STATES and r["state"] != "COMPLETED" for r in rows)
-        sys.stdout.write(f"{done}/{len(rows)} traces complete, {failed} jobs failed\n")
+        (sys.stdout if args.format == "table" else sys.stderr).write(
+            f"{done}/{len(rows)} traces complete, {failed} jobs failed\n")
         return 1 if failed else 0
     return collect(manifest, args.into or os.path.join("results", manifest["sweep"]), fmt=args.format)

@@ -22,7 +22,8 @@ def register(sub) -> None:
     check.add_argument("file", help="the trace (.h5)")
     rec = tsub.add_parser("recover", help="merge the per-rank files of a crashed run into a partial trace")
     rec.add_argument("directory", help="the run's per-rank directory, <results>/<run-id>.ranks")
-    add_output(rec, help="trace to write (default: the run's planned trace path)",
+    add_output(rec, announce=False, help="trace to write (default: the run's planned trace path); the report on "
+                                         "standard output names it",
                force_help="replace an existing output file, and recover a run that still holds its spool "
                           "files (still running: a partial trace of the steps so far; the spool is kept)")
     rec.add_argument("--group-size", type=nonnegative_int, default=0, metavar="N",

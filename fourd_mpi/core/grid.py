@@ -62,6 +62,15 @@ class GridShape:
         return cls(*dims)
 
 
+def launch_hint(ranks: int, world_size: int) -> str:
+    """The launch that gives a grid of ``ranks`` its ranks, when the world is smaller (one process
+    outside a launcher, or too few ranks): ``; or run under mpiexec -n 4``."""
+    if ranks <= world_size:
+        return ""
+    alone = " (one process: not started under mpiexec or srun?)" if world_size == 1 else ""
+    return f"; or run under mpiexec -n {ranks} (or srun -n {ranks}){alone}"
+
+
 def infer_grid_shape(
     world_size: int,
     data: Optional[int] = None,
@@ -93,12 +102,12 @@ def infer_grid_shape(
     if not missing and known != world_size:
         raise ConfigError(
             f"grid {spelled} has product {known} but the world size is {world_size}: "
-            f"choose sizes whose product is {world_size} (or omit one to infer it)"
+            f"choose sizes whose product is {world_size} (or omit one to infer it)" + launch_hint(known, world_size)
         )
     if world_size % known != 0:
         raise ConfigError(
             f"grid {spelled} has product {known}, which does not divide the world size "
-            f"{world_size}: choose sizes whose product divides {world_size}"
+            f"{world_size}: choose sizes whose product divides {world_size}" + launch_hint(known, world_size)
         )
     rest = world_size // known
     if len(missing) == 1:

@@ -1,4 +1,10 @@
-"""Site profiles: what a cluster needs in a job script (scheduler, launcher, node shape, modules).
+"""Site profiles: what a cluster needs in a job script (scheduler, launcher, node shape, modules),
+and which machine profile of the performance model describes it.
+
+This is the one list of sites: ``sweep --site``, ``tune --site`` and ``model paper --site`` all
+take a name from :func:`builtin_sites` or a site FILE.yaml. A site names its machine profile
+(:mod:`fourd_mpi.perf.machine`, ``machine_profile:``) when the model has one;
+:func:`machine_profile_of` refuses a site without one, listing the sites that have one.
 
 Built-in profiles live in ``fourd_mpi/jobs/sites/<name>.yaml``; ``--site FILE.yaml`` takes a
 user profile of the same form for any other cluster. A profile is validated with JSON
@@ -56,6 +62,8 @@ SITE_SCHEMA: Dict[str, Any] = {
                 "additionalProperties": {"type": ["string", "number", "boolean"]}},
         "setup": {"type": "array", "items": {"type": "string"}},
         "python": {"type": "string", "minLength": 1},
+        "machine_profile": {"type": "string", "minLength": 1,
+                            "description": "a built-in machine profile name or a profile file (the performance model)"},
         "defaults": {
             "type": "object", "additionalProperties": False,
             "properties": {"time": {"type": "string", "pattern": TIME_PATTERN,
@@ -92,6 +100,8 @@ class Site:
     setup: Tuple[str, ...] = ()
     python: str = "python3"
     defaults: Dict[str, str] = field(default_factory=dict)
+    #: the performance model's machine profile of this site (a built-in name or a file), if any
+    machine_profile: Optional[str] = None
     source: str = ""
 
     @property
@@ -116,6 +126,26 @@ class Site:
 
 def builtin_sites() -> List[str]:
     return sorted(os.path.splitext(f)[0] for f in os.listdir(SITES_DIR) if f.endswith(".yaml"))
+
+
+def sites_with_profiles() -> List[str]:
+    """The built-in sites that name a machine profile (``tune --site`` accepts them)."""
+    return [name for name in builtin_sites() if load_site(name).machine_profile]
+
+
+def machine_profile_of(name_or_path: str) -> str:
+    """The machine profile (built-in name or file) of a site; a :class:`ConfigError` listing the
+    sites that have one when this one has none."""
+    site = load_site(name_or_path)
+    if not site.machine_profile:
+        raise ConfigError(f"no machine profile for site {site.name!r}: sites with one are "
+                          f"{', '.join(sites_with_profiles())}; pass --profile NAME|FILE (a built-in machine profile, "
+                          f"or one measured by fourd-mpi bench collectives), or add machine_profile: to the site "
+                          f"profile")
+    profile = site.machine_profile
+    if profile.endswith((".yaml", ".yml", ".json")) and not os.path.isabs(profile) and site.source:
+        profile = os.path.join(os.path.dirname(os.path.abspath(site.source)), profile)
+    return profile
 
 
 def load_site(name_or_path: str) -> Site:

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
 from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM
@@ -35,6 +35,7 @@ from fourd_mpi.jobs.render import (AFFINITY_SCRIPT, job_request, python_for, ren
 from fourd_mpi.jobs.schedulers import ACTIVE_STATES, get_scheduler
 from fourd_mpi.jobs.sites import Site
 from fourd_mpi.jobs.spec import RunPlan, SweepSpec
+from fourd_mpi.util.text import format_rows  # noqa: F401  (sweep plan/status tables; was defined here)
 
 MANIFEST = "manifest.json"
 JOBS = "jobs.json"
@@ -103,16 +104,6 @@ def plan_rows(manifest: Dict) -> List[Dict]:
              "batch": r["model"]["batch"], "hidden": r["model"]["hidden"], "layers": r["model"]["layers"],
              "options": " ".join(f"{k}={v}" for k, v in r["options"].items()),
              "memory/rank": _human_bytes(r["memory_per_rank"])} for r in manifest["runs"]]
-
-
-def format_rows(rows: Sequence[Dict]) -> str:
-    if not rows:
-        return "(none)\n"
-    keys = list(rows[0])
-    cells = [[str(r[k]) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(keys), line(["-" * w for w in widths]), *map(line, cells)]) + "\n"
 
 
 def public_manifest(manifest: Dict) -> Dict:

@@ -59,8 +59,6 @@ KINDS = tuple(COLLECTIVES)  # allgather, reduce_scatter, allreduce
 #: how a ``network`` section costs a collective (:meth:`MachineProfile.network_time`)
 NETWORK_RULES = ("measured", "placement")
 TERMS = ("gemm", "attention", "elementwise", "calls", "comm", "sync")
-#: site names that map to a built-in machine profile
-SITE_PROFILES = {"perlmutter": "perlmutter", "frontier": "frontier", "local": "laptop", "laptop": "laptop"}
 
 _pos = {"type": "number", "exclusiveMinimum": 0}
 _nonneg = {"type": "number", "minimum": 0}
@@ -496,16 +494,16 @@ def axis_inner_products(grid) -> Dict[str, int]:
 
 def profile_for_site(site: Optional[str], profile: Optional[str] = None,
                      fallback: Optional[str] = None) -> MachineProfile:
-    """``--profile`` wins; else the built-in profile of ``--site`` (perlmutter, frontier; local -> laptop)."""
+    """``--profile`` wins; else the machine profile that ``--site`` names (the one site list,
+    :func:`fourd_mpi.jobs.sites.machine_profile_of`: perlmutter, frontier; local -> laptop); no
+    site: laptop."""
     if profile:
         return load_profile(profile, fallback)
     if site is None:
         return load_profile("laptop", fallback)
-    if site not in SITE_PROFILES:
-        raise ConfigError(f"no machine profile for site {site!r}: sites with one are "
-                          f"{', '.join(sorted(SITE_PROFILES))}; pass --profile FILE (from fourd-mpi bench "
-                          f"collectives) or a built-in ({', '.join(builtin_profiles())})")
-    return load_profile(SITE_PROFILES[site], fallback)
+    from fourd_mpi.jobs.sites import machine_profile_of  # the site registry (jobs imports perf lazily too)
+
+    return load_profile(machine_profile_of(site), fallback)
 
 
 def axis_placement(grid, ranks_per_node: int) -> Dict[str, str]:

@@ -227,6 +227,16 @@ def report(df, gdf, summary, profile: MachineProfile, fmt: str = "table") -> str
     cols = ["group", "algorithm", "grid", "overlap", "progress", "measured_ms", "predicted_ms", "step_err_%",
             "measured_exposed_ms", "predicted_exposed_ms", "exposed_err_%", "predicted_compute_ms", "run_id"]
     shown = shown.sort_values(["group", "measured_ms"])[cols]
+    if fmt == "json":  # one document: the profile, both tables (records), the summary
+        import json
+
+        def plain(value):  # numpy scalars of the summary
+            return value.item() if hasattr(value, "item") else str(value)
+
+        return json.dumps({"profile": profile.describe(),
+                           "configurations": json.loads(format_table(shown, "json")),
+                           "groups": json.loads(format_table(gdf, "json")), "summary": summary},
+                          indent=1, default=plain)
     fmt_t = "markdown" if fmt == "markdown" else ("csv" if fmt == "csv" else "table")
     parts = [profile.describe(), "", "per configuration (errors = (predicted - measured) / measured):",
              format_table(shown, fmt_t), "", "per group (model/ranks/batch):", format_table(gdf, fmt_t), ""]

@@ -1,8 +1,10 @@
-"""Short forms of the descriptive strings stored in traces (for table columns and plot labels)."""
+"""Short forms of the descriptive strings stored in traces (for table columns and plot labels),
+and rows of plain values in each ``--format`` (for commands without pandas)."""
 
 from __future__ import annotations
 
 import math
+from typing import Dict, Sequence
 
 
 def short_label(text, default: str = "") -> str:
@@ -39,3 +41,36 @@ def format_number(value) -> str:
     if a >= 100:
         return f"{v:.1f}"
     return f"{v:.4g}" if a < 1 else f"{v:.3f}"
+
+
+def format_rows(rows: Sequence[Dict], fmt: str = "table") -> str:
+    """Rows (dicts with the same keys) as an aligned ``table``, ``csv``, ``json`` (a list of
+    records) or a ``markdown`` table; the ``--format`` names of every command
+    (``fourd_mpi.cli.args.FORMATS``) without pandas."""
+    if fmt == "json":
+        import json
+
+        return json.dumps(list(rows), indent=1, default=str) + "\n"
+    if fmt == "csv":
+        import csv
+        import io
+
+        buf = io.StringIO()
+        if rows:
+            writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(rows)
+        return buf.getvalue()
+    if not rows:
+        return "(none)\n"
+    keys = list(rows[0])
+    if fmt == "markdown":
+        cell = lambda v: str(v).replace("|", "\\|")  # noqa: E731
+        return "\n".join(["| " + " | ".join(keys) + " |", "|" + "|".join("---" for _ in keys) + "|",
+                          *("| " + " | ".join(cell(r[k]) for k in keys) + " |" for r in rows)]) + "\n"
+    if fmt != "table":
+        raise ValueError(f"unknown format {fmt!r}: choose one of table, csv, json, markdown")
+    cells = [[str(r[k]) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(keys), line(["-" * w for w in widths]), *map(line, cells)]) + "\n"

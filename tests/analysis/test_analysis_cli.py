@@ -83,7 +83,8 @@ def test_a_directory_of_good_and_bad_files(tmp_path):
 
 def test_export_from_the_command_line(tmp_path):
     out = tmp_path / "w8.json.gz"
-    proc = fourd("export", "perfetto", SAMPLES / "weak-8.h5", "-o", out, "--steps", "1", "--ranks", "0-3")
+    proc = fourd("export", "perfetto", SAMPLES / "weak-8.h5", "-o", out, "--select-steps", "1",
+                 "--select-ranks", "0-3")
     assert proc.returncode == 0, proc.stderr
     import gzip
 
@@ -95,7 +96,7 @@ def test_export_from_the_command_line(tmp_path):
     assert {"data", "columns", "column_metadata", "nodes"} <= set(doc) and doc["run_id"] == "weak-8"
     proc = fourd("export", "thicket", SAMPLES / "weak-8.h5", "-o", cali)
     assert proc.returncode == 2 and "already exists" in proc.stderr
-    proc = fourd("export", "perfetto", SAMPLES / "weak-8.h5", "-o", tmp_path / "x.json", "--steps", "42")
+    proc = fourd("export", "perfetto", SAMPLES / "weak-8.h5", "-o", tmp_path / "x.json", "--select-steps", "42")
     assert proc.returncode == 2 and "42" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -103,7 +104,7 @@ def test_export_from_the_command_line(tmp_path):
     ("scaling", [SAMPLES / "weak-1.h5", SAMPLES / "weak-2.h5", SAMPLES / "weak-4.h5", SAMPLES / "weak-8.h5"]),
     ("breakdown", [SAMPLES]),
     ("overlap", [SAMPLES]),
-    ("timeline", [SAMPLES / "grid-1x2x2x2-overlap.h5", "--step", "2", "--ranks", "0-3"]),
+    ("timeline", [SAMPLES / "grid-1x2x2x2-overlap.h5", "--select-steps", "2", "--select-ranks", "0-3"]),
 ])
 def test_plot_from_the_command_line(tmp_path, kind, args):
     out = tmp_path / f"{kind}.svg"
@@ -115,7 +116,7 @@ def test_plot_from_the_command_line(tmp_path, kind, args):
 def test_plot_errors(tmp_path):
     proc = fourd("plot", "timeline", SAMPLES, "-o", tmp_path / "t.png")
     assert proc.returncode == 2 and "one trace" in proc.stderr
-    proc = fourd("plot", "timeline", SAMPLES / "weak-8.h5", "-o", tmp_path / "t.png", "--step", "99")
+    proc = fourd("plot", "timeline", SAMPLES / "weak-8.h5", "-o", tmp_path / "t.png", "--select-steps", "99")
     assert proc.returncode == 2 and "99" in proc.stderr and "Traceback" not in proc.stderr
     proc = fourd("plot", "scaling", SAMPLES / "weak-8.h5", "-o", tmp_path / "s.png")
     assert proc.returncode == 2 and "no weak-scaling line" in proc.stderr

@@ -56,7 +56,7 @@ def test_calibration_end_to_end(run_mpi, tmp_path, nranks, flags):
     table = tmp_path / "table.txt"
     proc = run_mpi(nranks, ["bench", "collectives", *flags, "--max-size", "4K", "--factor", "8", "--iters", "3",
                             "--warmup", "1", "--overlap-sizes", "1", "--gemm-size", "64", "--dtypes", "float32",
-                            "-o", out, "--table", table, "--name", "t"], timeout=240)
+                            "-o", out, "--report", table, "--name", "t"], timeout=240)
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
     for word in ("iallgather", "ireduce_scatter", "iallreduce", "allgather", "reduce_scatter", "allreduce",

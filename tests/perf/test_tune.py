@@ -1,5 +1,6 @@
 """``fourd-mpi tune`` and ``fourd-mpi model validate`` (one process, no mpiexec)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -86,12 +87,17 @@ def test_spearman_and_ranks():
 
 def test_model_validate_on_the_sample_traces(tmp_path):
     out = tmp_path / "report.txt"
-    proc = cli("model", "validate", SAMPLES, "--profile", "laptop", "-o", out)
+    proc = cli("model", "validate", SAMPLES, "--profile", "laptop")
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
     assert "measured_ms" in text and "predicted_ms" in text and "step_err_%" in text
     assert "gpt-tiny/8/b16" in text and "Spearman" in text and "top 3" in text
+    # -o: the report goes to the file instead of standard output (the one convention of -o)
+    proc = cli("model", "validate", SAMPLES, "--profile", "laptop", "-o", out)
+    assert proc.returncode == 0 and proc.stdout == "" and proc.stderr.startswith(f"wrote {out}"), proc.stderr
     assert out.read_text().strip() == text.strip()
+    doc = json.loads(cli("model", "validate", SAMPLES, "--profile", "laptop", "--format", "json").stdout)
+    assert {"configurations", "groups", "summary"} <= set(doc) and doc["summary"]["runs"] == len(doc["configurations"])
     assert cli("model", "validate", SAMPLES, "--profile", "laptop", "--require").returncode in (0, 1)
     proc = cli("model", "validate", tmp_path / "nothing.h5")
     assert proc.returncode == 2 and "no readable trace" in proc.stderr
