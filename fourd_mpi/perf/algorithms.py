@@ -3,19 +3,21 @@ algorithm may run, and one ranking of every (algorithm, grid) of a rank count (`
 --algorithm NAME|all``). Pure: no MPI, no array library.
 
 :data:`PREDICTORS` maps an algorithm family (:attr:`fourd_mpi.algorithms.registry.Algorithm.family`) to
-the module that predicts it. A predictor module provides
+a :class:`Predictor`, one line per family:
 
-- ``predict(cfg, grid, profile, overlap, dtype, progress, optimizer, ranks_per_node, **options)`` ->
-  :class:`~fourd_mpi.perf.predict.Prediction` (the signature of :func:`fourd_mpi.perf.predict.predict`;
-  ``options``: ``recompute``, ``attention``, ``precision``, ``shard_optimizer`` and whatever the module's
-  candidates add);
-- optionally ``candidates(cfg, ranks, algorithm)`` -> a list of ``(grid, options)``: the configurations
-  of ``ranks`` ranks worth predicting, ``options`` a dict of extra ``predict`` keywords (pipeline stages,
-  micro-batches); without it every 4D factorization of ``ranks`` that the algorithm allows
-  (:meth:`~fourd_mpi.algorithms.registry.Algorithm.grid_problem`) and the model fits is a candidate, with
-  no extra options;
-- optionally ``run_options(run_options)`` -> the extra ``predict`` keywords of a run, from its trace's
-  ``run_options`` metadata (``model validate``).
+- ``predict`` (a function of the family's module, called with keywords): ``predict(cfg, grid, profile,
+  overlap=, dtype=, progress=, optimizer=, ranks_per_node=, recompute=, attention=, precision=,
+  shard_optimizer=, **extra)`` -> :class:`~fourd_mpi.perf.predict.Prediction`, as
+  :func:`fourd_mpi.perf.predict.predict`;
+- ``candidates(cfg, ranks, algorithm)`` (optional) -> ``[(grid, extra)]``: the configurations of ``ranks``
+  ranks worth predicting, ``extra`` the family's own ``predict`` keywords (pipeline stages, micro-batches);
+  without it every 4D factorization of ``ranks`` that the algorithm allows
+  (:meth:`~fourd_mpi.algorithms.registry.Algorithm.grid_problem`) and the model fits is one, with no extra;
+- ``run_options(run_options)`` (optional) -> the ``extra`` keywords of a traced run, from its metadata's
+  ``run_options`` (``model validate``).
+
+A family whose module is not in the installation (a branch not merged yet) has no predictor: its
+algorithms are skipped with a note.
 
 An algorithm of a family without a predictor is named in :attr:`AcrossRanking.skipped`, never an error of
 ``--algorithm all``. Ranking: by predicted step time (compute + exposed communication, per rank), fastest
@@ -41,21 +43,73 @@ from fourd_mpi.step.presets import ModelConfig
 
 GIB = 2.0 ** 30
 
-#: algorithm family -> the module that predicts it (one line per family)
-PREDICTORS: Dict[str, str] = {
-    "tensor4d": "fourd_mpi.perf.predict",
+@dataclass(frozen=True)
+class Predictor:
+    """How the model predicts one algorithm family: ``module.<predict>`` and the optional hooks of the
+    module docstring (callables, or names of functions of ``module``)."""
+
+    module: str
+    predict: str = "predict"
+    candidates: Any = "candidates"
+    run_options: Any = "run_options"
+
+    def hook(self, which: str):
+        """The hook ``which`` (``predict``, ``candidates``, ``run_options``) or None; None for every hook
+        when the module is not installed."""
+        try:
+            module = importlib.import_module(self.module)
+        except ImportError:  # a family listed but not in this installation
+            return None
+        value = getattr(self, which)
+        return value if callable(value) else getattr(module, value, None)
+
+
+def _pipeline_candidates(cfg: ModelConfig, ranks: int, algorithm: Algorithm) -> List[Tuple[Any, Dict[str, Any]]]:
+    """Pipeline configurations of ``ranks`` ranks: ``s`` stages (every divisor ``1 < s <= layers``), each a
+    4D grid of ``ranks / s`` ranks the algorithm allows, with ``s``, ``2s`` and ``4s`` micro-batches (the
+    schedule keeps ``s`` in flight) where they divide a batch shard."""
+    from dataclasses import replace
+
+    out = []
+    for stages in (s for s in range(2, ranks + 1) if ranks % s == 0 and s <= cfg.layers):
+        for grid in grid_factorizations(ranks // stages):
+            shard = (cfg.batch or 0) // (grid.data * grid.z) if grid.data * grid.z else 0
+            for micro in dict.fromkeys((stages, 2 * stages, 4 * stages)):
+                if not shard or shard % micro:
+                    continue
+                base = _base_options(cfg, ranks // stages, algorithm, "float32")
+                try:
+                    algorithm.check(replace(base, grid=grid, ginter=stages, microbatches=micro))
+                except (ConfigError, TypeError):
+                    continue
+                out.append((grid, {"stages": stages, "microbatches": micro}))
+    return out
+
+
+def _pipeline_run_options(run_options: Dict[str, Any]) -> Dict[str, Any]:
+    """``--ginter``, ``--microbatches``, ``--pipeline-schedule`` of a traced run as ``predict_pipeline``'s
+    keywords (``grid`` in the metadata is then each stage's 4D grid)."""
+    return {"stages": int(run_options.get("ginter", 1) or 1),
+            "microbatches": int(run_options.get("microbatches", 1) or 1),
+            "schedule": str(run_options.get("pipeline_schedule", "axonn"))}
+
+
+#: algorithm family -> its :class:`Predictor` (one line per family)
+PREDICTORS: Dict[str, Predictor] = {
+    "tensor4d": Predictor("fourd_mpi.perf.predict"),
+    "optimus3d": Predictor("fourd_mpi.perf.optimus3d"),
+    "pipeline": Predictor("fourd_mpi.perf.pipeline", "predict_pipeline", _pipeline_candidates,
+                          _pipeline_run_options),
 }
 
 
-def predictor(family: str):
-    """The predictor module of ``family``, or None when the model does not cover it (yet)."""
-    path = PREDICTORS.get(family)
-    if path is None:
+def predictor(family: str) -> Optional[Predictor]:
+    """The :class:`Predictor` of ``family``, or None when the model does not cover it (yet): no entry, or
+    its module is not installed."""
+    entry = PREDICTORS.get(family)
+    if entry is None or entry.hook("predict") is None:
         return None
-    try:
-        return importlib.import_module(path)
-    except ImportError:  # a family listed but not in this installation
-        return None
+    return entry
 
 
 def covered(names: Sequence[str]) -> Tuple[List[str], List[Tuple[str, str]]]:
@@ -100,8 +154,8 @@ def candidates(algorithm: Algorithm, cfg: ModelConfig, ranks: int, dtype: str = 
     """``(candidates, dropped)`` of ``algorithm`` on ``ranks`` ranks: ``(grid, extra predict options)``
     the model fits, and ``(grid, "divisibility: ...")`` for those it does not. A grid the algorithm
     cannot run at all (a fixed axis of another size) is neither."""
-    module = predictor(algorithm.family)
-    own = getattr(module, "candidates", None) if module is not None else None
+    entry = predictor(algorithm.family)
+    own = entry.hook("candidates") if entry is not None else None
     if callable(own):
         listed = list(own(cfg, ranks, algorithm))
     else:
@@ -173,12 +227,12 @@ def predict_one(algorithm: Algorithm, cfg: ModelConfig, grid, profile: MachinePr
                 optimizer: str = "adam", ranks_per_node: Optional[int] = None, **options) -> Prediction:
     """The prediction of one configuration by the algorithm family's predictor; a :class:`ConfigError`
     when the model has none for it."""
-    module = predictor(algorithm.family)
-    if module is None:
+    entry = predictor(algorithm.family)
+    if entry is None:
         raise ConfigError(f"the performance model has no predictor for algorithm {algorithm.name} "
                           f"(family {algorithm.family!r}) yet")
-    return module.predict(cfg, grid, profile, overlap or OverlapConfig(), dtype, progress, optimizer,
-                          ranks_per_node, **options)
+    return entry.hook("predict")(cfg, grid, profile, overlap=overlap or OverlapConfig(), dtype=dtype,
+                                 progress=progress, optimizer=optimizer, ranks_per_node=ranks_per_node, **options)
 
 
 def rank_algorithms(names: Sequence[str], cfg: ModelConfig, ranks: int, profile: MachineProfile,
@@ -251,24 +305,38 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f}"
 
 
+def _exposed_comm(p: Prediction) -> Dict[str, float]:
+    """Exposed communication per axis, pipeline bubbles (op ``bubble``) left out."""
+    out: Dict[str, float] = {}
+    for (axis, op), t in p.exposed_s.items():
+        if op != "bubble":
+            out[axis] = out.get(axis, 0.0) + t
+    return out
+
+
 def format_across(ranking: AcrossRanking, k: int) -> str:
     """The top ``k`` configurations as one table with the algorithm column (ms per step and rank;
-    ``comm <axis>`` = exposed communication per axis)."""
+    ``comm <axis>`` = exposed communication per axis; ``bubble``: pipeline idle time, where predicted)."""
     shown = ranking.entries[:k]
-    axes = [a for a in _AXIS_ORDER if any(a in e.prediction.exposed_by_axis() for e in shown)]
-    axes += sorted({a for e in shown for a in e.prediction.exposed_by_axis()} - set(_AXIS_ORDER))
+    comm = [_exposed_comm(e.prediction) for e in shown]
+    axes = [a for a in _AXIS_ORDER if any(a in c for c in comm)]
+    axes += sorted({a for c in comm for a in c} - set(_AXIS_ORDER))
+    bubbles = [sum(t for (_, op), t in e.prediction.exposed_s.items() if op == "bubble") for e in shown]
+    bubble_col = any(b > 0 for b in bubbles)
     width = max([len("configuration")] + [len(e.label) for e in shown])
     head = (f"{'rank':>4} {'algorithm':<11} {'configuration':<{width}} {'step ms':>9} {'compute':>9} {'exposed':>9} "
-            + " ".join(f"{'comm ' + a:>9}" for a in axes) + f" {'wire MB':>8} {'mem GiB':>8} {'need GiB':>8}")
+            + " ".join(f"{'comm ' + a:>9}" for a in axes) + (f" {'bubble':>9}" if bubble_col else "")
+            + f" {'wire MB':>8} {'mem GiB':>8} {'need GiB':>8}")
     lines = [head]
     aliases = []
     for i, e in enumerate(shown, 1):
         if e.same_as:
             aliases.append(f"{e.algorithm} {e.label} = {' = '.join(f'{a} {e.label}' for a in e.same_as)}")
         p = e.prediction
-        by_axis = p.exposed_by_axis()
+        by_axis = comm[i - 1]
         lines.append(f"{i:>4} {e.algorithm:<11} {e.label:<{width}} {_ms(p.step_s):>9} {_ms(p.compute_s):>9} "
                      f"{_ms(p.exposed_total_s):>9} " + " ".join(f"{_ms(by_axis.get(a, 0.0)):>9}" for a in axes)
+                     + (f" {_ms(bubbles[i - 1]):>9}" if bubble_col else "")
                      + f" {sum(p.wire_bytes.values()) / 1e6:>8.3f} {p.memory.total / GIB:>8.3g} "
                        f"{e.need_bytes / GIB:>8.3g}")
     if aliases:
@@ -293,8 +361,8 @@ def format_best(ranking: AcrossRanking) -> str:
 
 def run_predict_options(algorithm: Algorithm, run_options: Dict[str, Any]) -> Dict[str, Any]:
     """Extra ``predict`` keywords of a traced run (the family module's ``run_options``; none for 4D)."""
-    module = predictor(algorithm.family)
-    own = getattr(module, "run_options", None) if module is not None else None
+    entry = predictor(algorithm.family)
+    own = entry.hook("run_options") if entry is not None else None
     return dict(own(run_options)) if callable(own) else {}
 
 

@@ -120,11 +120,12 @@ def test_a_family_plugs_in_with_one_line(small, laptop, tmp_path, monkeypatch):
             return p
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(across.PREDICTORS, "toy", "toy_family")
+    monkeypatch.setitem(across.PREDICTORS, "toy", across.Predictor("toy_family"))
     monkeypatch.setitem(registry.ALGORITHMS, "toy", Algorithm("toy", "a toy", "toy", "nomodule", "-"))
     ranking = across.rank_algorithms(["toy"], small, 8, laptop)
     assert [e.label for e in ranking.entries] == ["8x1x1x1 stages=1", "4x1x2x1 stages=2", "2x1x4x1 stages=4"]
     assert across.run_predict_options(registry.get("toy"), {"stages": 2}) == {"stages": 2}
+    assert across.PREDICTORS["toy"] == across.Predictor("toy_family")
 
 
 def test_by_algorithm_summary():
@@ -172,3 +173,9 @@ def test_model_validate_reports_errors_per_algorithm():
     assert "per algorithm (metadata algorithm; older traces: axonn4d):" in out
     section = out.split("per algorithm")[1].splitlines()
     assert section[1].split()[:3] == ["algorithm", "runs", "predicted"] and section[3].split()[:3] == ["axonn4d", "4", "4"]
+
+
+def test_a_family_whose_module_is_not_installed_has_no_predictor(monkeypatch):
+    monkeypatch.setitem(across.PREDICTORS, "ghost", across.Predictor("fourd_mpi.perf.no_such_module"))
+    assert across.predictor("ghost") is None and across.predictor("tensor4d") is not None
+    assert across.predictor("not-listed") is None
