@@ -15,6 +15,7 @@ another's heap, buffer pools or page cache. Launch and set-up time are outside t
 (``--warmup`` untimed steps first, then ``--steps`` measured ones). Numbers, per case, from the traces
 (:mod:`fourd_mpi.analysis.tables`):
 
+- ``grid``: the 4D grid (a pipeline's ``2st:4x1x1x1``: 2 stages, each a 4x1x1x1 grid);
 - ``step ms``: the per-step series of every repeat pooled (a step's time = max over ranks of its span,
   :func:`fourd_mpi.trace.summary.step_stats`), its median and quartiles ``q1``/``q3``; ``rep min..max``:
   the range of the repeats' own medians (the run-to-run noise);
@@ -34,7 +35,7 @@ another's heap, buffer pools or page cache. Launch and set-up time are outside t
 
 Launch with ``OMP_NUM_THREADS=1`` (exported to the jobs)::
 
-    OMP_NUM_THREADS=1 python bench/algorithms.py                       # 8 ranks, gpt-small (2 layers, seq 128)
+    OMP_NUM_THREADS=1 python bench/algorithms.py                       # 8 ranks, gpt-small (4 layers, seq 64)
     python bench/algorithms.py --ranks 8 --repeats 5 --steps 6 --plot results/benchmarks/algorithms.png
     python bench/algorithms.py --cases megatron1d,fsdp --model gpt-tiny --json algos.json
 
@@ -68,9 +69,9 @@ from fourd_mpi.errors import ConfigError  # noqa: E402
 from fourd_mpi.step.presets import PRESETS  # noqa: E402
 from fourd_mpi.util.values import nonnegative_int, positive_int  # noqa: E402
 
-#: as bench/step_bench.py: gpt-small with 2 layers and sequence 128 (about 0.5-2 s a step on 8 ranks, 2 cores)
+#: gpt-small with 4 layers (pipelines of 2 and 4 stages) and sequence 64 (about 0.5-2 s a step on 8 ranks, 2 cores)
 DEFAULT_MODEL = "gpt-small"
-DEFAULT_OVERRIDES = {"layers": 2, "seq": 128}
+DEFAULT_OVERRIDES = {"layers": 4, "seq": 64}
 DEFAULT_CASES = ("optimus3d", "pipeline2", "pipeline4", "best4d", "megatron1d", "fsdp", "dp")
 GIB, MIB = 2.0 ** 30, 2.0 ** 20
 
@@ -119,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{size}", type=positive_int, default=None, help="model size override")
     p.add_argument("--best-grid", default=None, metavar="DxZxYxX",
                    help="the best4d case's grid (default: the performance model's fastest axonn4d grid)")
-    p.add_argument("--microbatches", type=positive_int, default=4, help="pipeline cases (default 4)")
+    p.add_argument("--microbatches", type=positive_int, default=2,
+                   help="pipeline cases (default 2: divides the batch shard of both default pipelines)")
     p.add_argument("--steps", type=positive_int, default=5, help="measured steps per launch (default 5)")
     p.add_argument("--warmup", type=nonnegative_int, default=2, help="untimed steps first (default 2)")
     p.add_argument("--repeats", type=positive_int, default=3, help="launches per case, round-robin (default 3)")
@@ -132,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="FILE", help="also write every number as JSON")
     p.add_argument("--mpiexec", default=None, help="launcher (default: the mpiexec next to this Python)")
     p.add_argument("--timeout", type=positive_int, default=600, help="seconds per launch (default 600)")
+    p.add_argument("--dry-run", action="store_true", help="print the cases, their grids and the skipped ones; "
+                   "launch nothing")
     return p
 
 
@@ -168,7 +172,8 @@ def check_case(case: Case, args, world: int) -> Optional[str]:
         options = resolve_values(vars(ns), world)
     except ConfigError as exc:
         return " ".join(str(exc).split())
-    case.grid = str(options.grid)
+    stages = int(getattr(options, "ginter", 1) or 1)  # pipeline: each stage's 4D grid
+    case.grid = f"{stages}st:{options.grid}" if stages > 1 else str(options.grid)
     return None
 
 
@@ -425,8 +430,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elif "best4d" in wanted:
         print(f"best4d: no grid ({how})")
     for c in cases:
-        if c.skip:
-            print(f"skipped {c.name}: {c.skip}")
+        print(f"skipped {c.name}: {c.skip}" if c.skip else
+              f"case {c.name}: --algorithm {c.algorithm} {' '.join(c.args)} -> grid {c.grid} ({c.note})")
+    if args.dry_run:
+        return 0
     per_case: Dict[str, List[Optional[Dict]]] = {c.name: [] for c in runnable}
     t0 = time.perf_counter()
     for k in range(args.repeats):

@@ -353,8 +353,9 @@ def format_best(ranking: AcrossRanking) -> str:
     from fourd_mpi.algorithms.registry import display_name
 
     lines = ["best configuration per algorithm (vs best = predicted step time / the fastest's):"]
+    width = max(len(e.label) for e in best.values())
     for name, e in sorted(best.items(), key=lambda kv: kv[1].prediction.step_s):
-        lines.append(f"  {name:<11} {display_name(name):<16} {e.label:<14} {_ms(e.prediction.step_s):>9} ms  "
+        lines.append(f"  {name:<11} {display_name(name):<16} {e.label:<{width}} {_ms(e.prediction.step_s):>9} ms  "
                      f"vs best {e.prediction.step_s / top:.2f}")
     return "\n".join(lines)
 
