@@ -19,8 +19,9 @@ another's heap, buffer pools or page cache. Launch and set-up time are outside t
 - ``step ms``: the per-step series of every repeat pooled (a step's time = max over ranks of its span,
   :func:`fourd_mpi.trace.summary.step_stats`), its median and quartiles ``q1``/``q3``; ``rep min..max``:
   the range of the repeats' own medians (the run-to-run noise);
-- ``vs best``: median over repeats of ``case median / fastest case median`` **of the same repeat round**
-  (the ratio the alternation makes fair), with its range over rounds;
+- ``vs best``: median over repeat rounds of ``case median / reference median`` **of the same round** (the
+  ratio the alternation makes fair), the reference being the case with the smallest pooled median; with
+  its range over rounds (a ratio below 1 happens when the rounds disagree with the pooled medians);
 - ``compute``, ``bubble``, ``other``: per rank and step, mean over ranks = the category's share of all
   ranks' measured time x the mean rank step span (:func:`~fourd_mpi.analysis.tables.breakdown`; bubble:
   the pipeline's idle time waiting for a stage's message, categories named ``bubble``);
@@ -453,9 +454,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print()
     print("step ms: pooled per-step times of every repeat (a step = max over ranks), median and quartiles; rep "
           "min..max: the repeats' medians;")
-    print("vs best: median over rounds of (case median / fastest case median of the same round), range over "
-          "rounds; compute, exp <op>, bubble, other: ms per rank and step, mean over ranks; wire MB: bytes a "
-          "rank sends per step;")
+    print("vs best: median over rounds of (case median / the median of the case with the smallest pooled median, "
+          "same round), range over rounds; compute, exp <op>, bubble, other: ms per rank and step, mean over ranks; "
+          "wire MB: bytes a rank sends per step;")
     print("act MiB: activations kept for backward, max over ranks (measured); state MiB: weights + gradients + "
           "optimizer per rank (memory model); model ms: performance model, profile " + profile.name)
     for r in results:
