@@ -37,7 +37,11 @@ def test_dry_run_lists_every_case_or_why_it_is_skipped():
 
 def test_a_case_the_run_refuses_is_skipped_with_the_run_s_own_words():
     proc = bench("--dry-run", "--cases", "megatron1d,dp", "--model", "gpt-tiny", "--heads", "3", "--hidden", "48")
-    assert proc.returncode == 2 and "no case can run" in proc.stderr and "heads" in proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped megatron1d: model gpt-tiny on grid 1x1x8x1" in proc.stdout and "--heads" in proc.stdout
+    assert "case dp: --algorithm dp  -> grid 8x1x1x1" in proc.stdout
+    proc = bench("--dry-run", "--cases", "megatron1d", "--model", "gpt-tiny", "--heads", "3", "--hidden", "48")
+    assert proc.returncode == 2 and "no case can run: megatron1d: " in proc.stderr
     assert bench("--dry-run", "--cases", "megatron9").returncode == 2
 
 
