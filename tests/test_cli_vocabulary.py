@@ -27,7 +27,7 @@ IDS = [" ".join(path) or "fourd-mpi" for path, _ in PARSERS]
 EXPECTED = {"run", "verify", "info", "presets", "trace show", "trace check", "trace recover", "analyze", "plot",
             "export", "sweep plan", "sweep render", "sweep submit", "sweep status", "sweep collect", "tune",
             "model calibrate", "model validate", "model compare-axonn", "model paper", "bench collectives",
-            "completion"}
+            "completion", "results list", "results show", "results reindex", "compare"}
 
 
 def options(parser):

@@ -29,6 +29,7 @@ ONLINE = {
     "fourd_mpi.core.collectives", "fourd_mpi.core.mpiutil",
     "fourd_mpi.step.layers", "fourd_mpi.step.model", "fourd_mpi.step.engine", "fourd_mpi.step.schedule",
     "fourd_mpi.run.build", "fourd_mpi.run.session", "fourd_mpi.run.verify", "fourd_mpi.algorithms.tensor4d",
+    "fourd_mpi.algorithms.optimus3d", "fourd_mpi.algorithms.optimus_layers",
     "fourd_mpi.perf.collbench",
 }
 
@@ -157,6 +158,10 @@ def test_offline_commands_work_without_mpi(no_mpi_env, tmp_path):
         ["tune", "--ranks", "8", "--top", "3"],
         ["tune", "--ranks", "64", "--model", "gpt-small", "--site", "perlmutter", "--top", "2"],
         ["model", "validate", str(SAMPLES)],
+        ["results", "reindex", str(ROOT / "results" / "baselines"), "-o", str(tmp_path / "index.jsonl")],
+        ["results", "list", "--index", str(tmp_path / "index.jsonl")],
+        ["compare", str(ROOT / "results" / "baselines"), "--baseline", "run_id=baseline-gpt-tiny-np2",
+         "--index", str(tmp_path)],
     ]
     for args in commands:
         proc = fourd(args, no_mpi_env, tmp_path)

@@ -14,6 +14,7 @@ name              what it is                              fixed axes
 ``megatron1d``    Megatron-LM 1D tensor + data            ``G_x = G_z = 1``
 ``fsdp``          fully sharded data parallel (ZeRO-3)    ``G_x = G_y = 1``
 ``dp``            plain data parallelism                  ``G_x = G_y = G_z = 1``
+``optimus3d``     Optimus-CUBE 3D tensor + data           ``G_x = G_y = G_z = q``
 ================  =====================================  ==========================
 
 With ``G_x = G_z = 1`` a normal layer stores ``W[n/G_y, k]`` (column-parallel) and a
@@ -24,6 +25,12 @@ before use and its gradient reduce-scattered: ZeRO-3 / FSDP, with Z splitting th
 Inference: with none of its free axes given, a baseline puts every rank on its characteristic axis
 (``megatron1d`` on 8 ranks is ``1x1x8x1``, ``fsdp`` ``1x8x1x1``, ``dp`` ``8x1x1x1``); ``axonn4d``, as
 before, gives the rest to the data axis. Giving one free axis (``--gdata 2``) lets the other take the rest.
+
+``optimus3d`` (:mod:`fourd_mpi.algorithms.optimus3d`) is not a preset of the 4D layers: its grid is a
+cube (``shaper``: :func:`fourd_mpi.algorithms.cube.cube_shape` infers ``q`` and ``G_data`` from the world
+size) and its model has other divisibility rules (``model_checker``:
+:func:`fourd_mpi.algorithms.cube.model_problems`, replacing the 4D rules of
+:func:`fourd_mpi.step.presets.model_problems`).
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
+from fourd_mpi.algorithms import cube
+from fourd_mpi.core.grid import GridShape, infer_grid_shape
 from fourd_mpi.errors import ConfigError
 
 #: grid axes in Cartesian order (outermost first), as :data:`fourd_mpi.core.grid.AXES`
@@ -47,6 +56,11 @@ class Algorithm:
     fixed: axes this algorithm pins to a size (``{"x": 1, "z": 1}``); reference: where it comes from;
     checker: pure cross-checks of the resolved options (``checker(algorithm, options)``, raises
     :class:`ConfigError`), defined in a module that imports neither MPI nor the step.
+    shaper: pure ``shaper(world_size, grid_sizes) -> GridShape`` for a grid that is not a free
+    factorization (a cube); None: :meth:`constrain` then :func:`~fourd_mpi.core.grid.infer_grid_shape`.
+    model_checker: pure ``model_checker(model, grid) -> [sentence]`` replacing the 4D model rules
+    (:func:`fourd_mpi.step.presets.model_problems`) for an algorithm with other layouts.
+    describer: pure ``describer(grid) -> text`` for the header line's parentheses (how the algorithm uses the grid).
     """
 
     name: str
@@ -61,11 +75,39 @@ class Algorithm:
     #: the axis that takes every rank when none of the free axes is given (``megatron1d``: all ranks
     #: tensor-parallel over Y, ``fsdp``: all sharded over Z); ``data`` as in :func:`~fourd_mpi.core.grid.infer_grid_shape`
     infer: str = "data"
+    shaper: Optional[Callable] = None
+    model_checker: Optional[Callable] = None
+    describer: Optional[Callable] = None
 
     @property
     def display(self) -> str:
         """The usual name (``label``), else ``name``."""
         return self.label or self.name
+
+    def shape(self, world_size: int, grid_sizes: Mapping[str, Optional[int]]) -> GridShape:
+        """The grid of ``world_size`` ranks from the given ``--g*`` sizes (None: omitted). Pure."""
+        if self.shaper is not None:
+            return self.shaper(world_size, grid_sizes)
+        return infer_grid_shape(world_size, **self.constrain(grid_sizes))
+
+    def model_problems(self, cfg, grid: GridShape) -> list:
+        """Everything wrong with running model ``cfg`` on ``grid`` with this algorithm (sentences). Pure."""
+        if self.model_checker is not None:
+            return self.model_checker(cfg, grid)
+        from fourd_mpi.step.presets import model_problems
+
+        return model_problems(cfg, grid)
+
+    def validate_model(self, cfg, grid: GridShape) -> None:
+        """Raise :class:`ConfigError` naming every problem of :meth:`model_problems`."""
+        if self.model_checker is None:
+            from fourd_mpi.step.presets import validate_model
+
+            return validate_model(cfg, grid)
+        problems = self.model_checker(cfg, grid)
+        if problems:
+            raise ConfigError(f"--algorithm {self.name}: model {cfg.name} on grid {grid} (G_data x G_z x G_y x G_x): "
+                              + "; ".join(problems))
 
     def constrain(self, grid_sizes: Mapping[str, Optional[int]]) -> Dict[str, Optional[int]]:
         """The ``--g*`` sizes with this algorithm's fixed axes filled in; a :class:`ConfigError` when the
@@ -109,6 +151,8 @@ class Algorithm:
     def describe(self, shape) -> str:
         """One header line: ``algorithm megatron1d: Megatron-LM 1D tensor parallelism + data (G_x = G_z = 1)``."""
         pinned = ", ".join(f"G_{a} = {s}" for a, s in self.fixed.items())
+        if self.describer is not None:
+            pinned = self.describer(shape)
         return f"algorithm {self.name}: {self.title}" + (f" ({pinned})" if pinned else "") + f" on grid {shape}"
 
 
@@ -122,6 +166,10 @@ _ALGORITHMS: Tuple[Algorithm, ...] = (
               "Rajbhandari et al., SC'20; Zhao et al., VLDB'23", {"x": 1, "y": 1}, label="FSDP (ZeRO-3)",
               infer="z"),
     Algorithm("dp", "plain data parallelism", "tensor4d", _TENSOR4D, "-", {"x": 1, "y": 1, "z": 1}, label="DP"),
+    Algorithm("optimus3d", "Optimus-CUBE 3D tensor parallelism + data (Colossal-AI parallel_3d)", "optimus3d",
+              "fourd_mpi.algorithms.optimus3d", "Bian, Xu, Wang, You, arXiv 2104.05343",
+              checker=cube.checker, shaper=cube.cube_shape, model_checker=cube.model_problems,
+              describer=cube.describe, label="Optimus-CUBE 3D"),
 )
 
 #: by name, in the order ``--help`` lists them

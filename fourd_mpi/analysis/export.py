@@ -602,9 +602,36 @@ def _caliper_run_metadata(trace, steps: Sequence[int]) -> Dict:
         "warmup_steps": meta.get("warmup_steps"), "profiled_steps": len(steps),
         "model_flops_per_step": meta.get("model_flops_per_step"), "tokens_per_step": meta.get("tokens_per_step"),
     }
+    out.update(adiak_metadata(meta, out["world_size"]))
     for key, value in (meta.get("summary") or {}).items():
         out[f"summary.{key}"] = value
     return {key: value for key, value in out.items() if _is_scalar(value)}
+
+
+def adiak_metadata(meta: Dict, world_size: int) -> Dict:
+    """The run's facts under the names Adiak's ``adiak_collect_all`` gives them (as benchpark's
+    Caliper profiles carry them), so that Thicket lines our profiles up with theirs: ``jobsize``
+    (MPI ranks), ``numhosts`` (nodes), ``hostname`` (rank 0's host), ``cluster`` (Adiak's rule: the
+    host name up to the first '.', digits dropped), ``user``, ``launchdate`` (start, seconds since
+    the Unix epoch). A fact the trace did not record is left out."""
+    import datetime
+
+    host = str(meta.get("launch_host") or "")
+    launch = None
+    try:
+        launch = int(datetime.datetime.fromisoformat(str(meta.get("start_time"))).timestamp())
+    except ValueError:
+        pass
+    user = meta.get("user") or (meta.get("environment") or {}).get("SLURM_JOB_USER")
+    out = {"jobsize": int(world_size), "numhosts": meta.get("num_nodes"), "hostname": host or None,
+           "cluster": adiak_cluster(host) or None, "user": user, "launchdate": launch}
+    return {key: value for key, value in out.items() if value is not None}
+
+
+def adiak_cluster(hostname: str) -> str:
+    """Adiak's ``adiak_clustername``: the characters of the host name before the first '.', digits
+    dropped (``quartz1234.llnl.gov`` -> ``quartz``)."""
+    return "".join(c for c in hostname.split(".", 1)[0] if not c.isdigit())
 
 
 def _is_scalar(value) -> bool:

@@ -5,6 +5,7 @@ Commands, by module:
 - :mod:`~fourd_mpi.cli.run` — ``run``, ``verify``, ``info`` (under mpiexec), ``presets``;
 - :mod:`~fourd_mpi.cli.traces` — ``trace show | check | recover``;
 - :mod:`~fourd_mpi.cli.analyze` — ``analyze``, ``plot``, ``export``;
+- :mod:`~fourd_mpi.cli.results` — ``results list | show | reindex``, ``compare``;
 - :mod:`~fourd_mpi.cli.sweep` — ``sweep plan | render | submit | status | collect``;
 - :mod:`~fourd_mpi.cli.perf` — ``tune``, ``model calibrate | validate``, ``bench collectives`` (under mpiexec);
 - this module — ``completion bash | zsh | tcsh`` (the shell completion script, from this parser).
@@ -34,12 +35,12 @@ import traceback
 from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
-from fourd_mpi.cli import analyze, perf, run, sweep, traces
+from fourd_mpi.cli import analyze, perf, results, run, sweep, traces
 from fourd_mpi.cli.args import PROG, OneLineParser, error_line
 from fourd_mpi.errors import BackendError, ConfigError
 
 #: command modules, in the order ``--help`` lists their commands
-MODULES = (run, traces, analyze, sweep, perf)
+MODULES = (run, traces, analyze, results, sweep, perf)
 
 
 def build_parser() -> OneLineParser:

@@ -16,7 +16,7 @@ from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.core.watchdog import check_timeout
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.options import RunOptions, resolve_values, resolved_config
-from fourd_mpi.step.presets import PRESETS, model_problems
+from fourd_mpi.step.presets import PRESETS
 
 #: what each command takes from the option table
 STEP_GROUPS = ("grid", "model", "numerics", "overlap")
@@ -148,6 +148,7 @@ def cmd_verify(args, world) -> int:
             raise ConfigError(f"grid {g} has {g.size} ranks but the world size is {size}")
     skipped = []
     algorithm = get_algorithm(options.algorithm)
+    model_problems = algorithm.model_problems  # the algorithm's own rules
     if args.all_grids or not grids:
         candidates = list(grid_factorizations(size)) if args.all_grids else [options.grid]
         for g in candidates:
@@ -172,7 +173,8 @@ def cmd_verify(args, world) -> int:
         return 0
     reference = "" if args.reference_backend == "same" else f" ({args.reference_backend} reference)"
     print(f"verify {options.model.name} ({options.dtype}{', tf32' if options.tf32 else ''}) with algorithm "
-          f"{algorithm.name} ({algorithm.display}) on {size} ranks against one rank{reference}, "
+          f"{algorithm.name} ({algorithm.display}) on {size} ranks against the serial 4D model on one rank"
+          f"{reference}, "
           f"{args.steps} training steps; relative error ||a-b||/||b||, tolerance {results[0].tolerance:g}")
     print(f"{'grid (DxZxYxX)':>15} {'overlap':<22} {'progress':<8} {'recompute':<9} {'output':>10} "
           f"{'worst grad':>10} {'(tensor)':<18} {'losses':>10}  result")

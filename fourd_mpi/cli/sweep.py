@@ -7,6 +7,7 @@ import os
 import sys
 
 from fourd_mpi.cli.args import FORMATS, add_format, add_site
+from fourd_mpi.jobs.pack import PACK_MODES
 from fourd_mpi.jobs.schedulers import FINAL_STATES
 from fourd_mpi.jobs.sites import load_site
 from fourd_mpi.jobs.spec import load_spec
@@ -31,6 +32,13 @@ def register(sub) -> None:
                        help="ranks per node (default: job.ranks_per_node of the spec, else the site's)")
         for key in JOB_OVERRIDES:
             p.add_argument(f"--{key}", metavar=key.upper(), help=f"job.{key} for every job (overrides the spec)")
+        p.add_argument("--pack", type=positive_int, metavar="N",
+                       help="put up to N runs in one job (default: job.pack of the spec, else the site's, "
+                            "else 1: one job per run)")
+        p.add_argument("--pack-mode", choices=PACK_MODES,
+                       help="how a pack runs its runs: one after another (sequential, any scheduler), side by "
+                            "side as srun steps (concurrent) or as a Slurm job array (array); default "
+                            "job.pack_mode of the spec, else the site's, else sequential")
 
     plan = ssub.add_parser("plan", help="list the runs a spec expands to (rank count, nodes, memory per rank)")
     plan.add_argument("spec", metavar="SPEC.yaml", help="the sweep spec (YAML)")
@@ -53,6 +61,11 @@ def register(sub) -> None:
             p.add_argument("--resubmit-failed", action="store_true",
                            help="submit again runs whose job failed, was cancelled or timed out")
             p.add_argument("--dry-run", action="store_true", help="say what would be submitted")
+            p.add_argument("--pack", type=positive_int, metavar="N",
+                           help="pack the runs to submit now into jobs of up to N runs (pack-TIME-K.sh in DIR), "
+                                "whatever the render packed; e.g. to retry failed runs as few jobs")
+            p.add_argument("--pack-mode", choices=PACK_MODES, default="sequential",
+                           help="with --pack: sequential (default), concurrent or array, as for render")
         if name == "status":
             add_format(p, FORMATS, help="a row per run: table (default), csv, json or markdown (the count of "
                                         "complete traces and failed jobs then goes to standard error)")
@@ -73,7 +86,10 @@ def cmd_sweep(args, world=None) -> int:
         for key in JOB_OVERRIDES:
             if getattr(args, key) is not None:
                 spec.job[key] = getattr(args, key)
-        if any(getattr(args, key) is not None for key in JOB_OVERRIDES):
+        for key in ("pack", "pack_mode"):
+            if getattr(args, key) is not None:
+                spec.job[key] = getattr(args, key)
+        if any(getattr(args, key) is not None for key in (*JOB_OVERRIDES, "pack", "pack_mode")):
             spec.revalidate_job()
         script_dir = getattr(args, "out", None) or os.path.join("jobscripts", spec.name)
         manifest = build_manifest(spec, site, args.spec, script_dir, args.python, args.results_dir)
@@ -83,7 +99,9 @@ def cmd_sweep(args, world=None) -> int:
             elif args.format in ("csv", "markdown"):
                 sys.stdout.write(format_rows(plan_rows(manifest), args.format))
             else:
-                sys.stdout.write(f"sweep {spec.name}: {spec.study} scaling, {len(manifest['runs'])} runs on site "
+                packs = manifest.get("packs")
+                packed = f" in {len(packs)} {packs[0]['mode']} packs" if packs else ""
+                sys.stdout.write(f"sweep {spec.name}: {spec.study} scaling, {len(manifest['runs'])} runs{packed} on site "
                                  f"{site.name} ({site.scheduler})\n")
                 sys.stdout.write(format_rows(plan_rows(manifest)))
             return 0
@@ -93,7 +111,8 @@ def cmd_sweep(args, world=None) -> int:
         return 0
     manifest = load_manifest(args.sweep_dir)
     if command == "submit":
-        result = submit(manifest, args.sweep_dir, args.resubmit_failed, args.dry_run)
+        result = submit(manifest, args.sweep_dir, args.resubmit_failed, args.dry_run, pack=args.pack,
+                        pack_mode=args.pack_mode)
         failed = f", {len(result.failed)} failed" if result.failed else ""
         sys.stdout.write(f"{result.submitted} submitted{failed}\n")
         for run_id, why in result.failed:

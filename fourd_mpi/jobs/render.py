@@ -105,6 +105,18 @@ def render_script(run: RunPlan, total: int, spec: SweepSpec, site: Site, job: Jo
         setup=setup, command=command)
 
 
+def render_pack_script(pack, packs: int, spec: SweepSpec, site: Site, spec_path: str) -> str:
+    """The job script of a :class:`fourd_mpi.jobs.pack.PackPlan` (``templates/pack.sh.j2``)."""
+    scheduler = get_scheduler(site.scheduler)
+    directives = scheduler.directives(pack.job)
+    if pack.mode == "array":
+        directives.append(f"{scheduler.prefix} --array=0-{len(pack.runs) - 1}")
+    return _environment().get_template("pack.sh.j2").render(
+        directives=directives, sweep=spec.name, pack=pack, packs=packs, site=site, job=pack.job,
+        version=__version__, spec_path=spec_path, workdir_variable=scheduler.workdir_variable,
+        job_id_variable=scheduler.job_id_variable)
+
+
 def render_affinity_script(site: Site) -> str:
     return _environment().get_template("gpu_affinity.sh.j2").render(gpus_per_node=site.gpus_per_node)
 

@@ -136,13 +136,15 @@ class Scheduler:
     submit_command: Tuple[str, ...] = ()
     #: the environment variable holding the submission directory, where the job must cd first
     workdir_variable: Optional[str] = None
+    #: the environment variable holding the job's id inside the job (pack scripts record it)
+    job_id_variable: Optional[str] = None
 
     def directives(self, job: JobRequest) -> List[str]:
         raise NotImplementedError
 
-    def submit(self, script: str, cwd: str) -> str:
-        """Submit ``script`` from ``cwd``; the job id."""
-        done = _run([*self.submit_command, script], cwd=cwd)
+    def submit(self, script: str, cwd: str, args: Sequence[str] = (), options: Sequence[str] = ()) -> str:
+        """Submit ``script`` from ``cwd`` (submit ``options`` before it, script ``args`` after); the job id."""
+        done = _run([*self.submit_command, *options, script, *args], cwd=cwd)
         if done.returncode != 0:
             raise ConfigError(f"{self.submit_command[0]} {script} failed: {' '.join(done.stderr.split())}")
         return self.parse_job_id(done.stdout)
@@ -162,6 +164,7 @@ class Scheduler:
 
 class Slurm(Scheduler):
     name = "slurm"
+    job_id_variable = "SLURM_JOB_ID"
     prefix = "#SBATCH"
     submit_command = ("sbatch", "--parsable")
     _states = {"PENDING": "PENDING", "CONFIGURING": "PENDING", "REQUEUED": "PENDING", "RESV_DEL_HOLD": "PENDING",
@@ -197,6 +200,7 @@ class Slurm(Scheduler):
 
 class Pbs(Scheduler):
     name = "pbs"
+    job_id_variable = "PBS_JOBID"
     prefix = "#PBS"
     submit_command = ("qsub",)
     workdir_variable = "PBS_O_WORKDIR"
@@ -236,6 +240,7 @@ class Pbs(Scheduler):
 
 class Lsf(Scheduler):
     name = "lsf"
+    job_id_variable = "LSB_JOBID"
     prefix = "#BSUB"
     submit_command = ("bsub",)
     _states = {"PEND": "PENDING", "PSUSP": "PENDING", "WAIT": "PENDING", "RUN": "RUNNING", "USUSP": "RUNNING",
@@ -250,7 +255,9 @@ class Lsf(Scheduler):
         lines.append(f"-o {job.log}")
         return self._lines(lines)
 
-    def submit(self, script: str, cwd: str) -> str:
+    def submit(self, script: str, cwd: str, args: Sequence[str] = (), options: Sequence[str] = ()) -> str:
+        if args or options:
+            raise ConfigError("bsub < SCRIPT passes no arguments to a job script")
         # bsub reads the #BSUB lines only from standard input
         with open(os.path.join(cwd, script)) as fh:
             try:
@@ -270,6 +277,7 @@ class Lsf(Scheduler):
 
 class GridEngine(Scheduler):
     name = "sge"
+    job_id_variable = "JOB_ID"
     prefix = "#$"
     submit_command = ("qsub", "-terse")
 
@@ -307,11 +315,11 @@ class Local(Scheduler):
     def directives(self, job: JobRequest) -> List[str]:
         return []
 
-    def run(self, script: str, log: str, cwd: str) -> int:
+    def run(self, script: str, log: str, cwd: str, args: Sequence[str] = ()) -> int:
         path = os.path.join(cwd, log)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as out:
-            return subprocess.run(["bash", script], stdout=out, stderr=subprocess.STDOUT, cwd=cwd).returncode
+            return subprocess.run(["bash", script, *args], stdout=out, stderr=subprocess.STDOUT, cwd=cwd).returncode
 
     def state(self, job_id: str) -> str:
         return "UNKNOWN"  # local runs record their final state at submission

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from fourd_mpi.errors import ConfigError
+from fourd_mpi.jobs.pack import PACK_MODES
 from fourd_mpi.jobs.spec import SAFE_VALUE_PATTERN, TIME_PATTERN
 from fourd_mpi.util.yamlspec import load_yaml
 
@@ -64,12 +65,15 @@ SITE_SCHEMA: Dict[str, Any] = {
         "python": {"type": "string", "minLength": 1},
         "machine_profile": {"type": "string", "minLength": 1,
                             "description": "a built-in machine profile name or a profile file (the performance model)"},
+        "max_time": {"type": "string", "pattern": TIME_PATTERN,
+                     "description": "the longest job the site's queue takes, in Slurm's time forms"},
         "defaults": {
             "type": "object", "additionalProperties": False,
             "properties": {"time": {"type": "string", "pattern": TIME_PATTERN,
                                     "description": "a time limit is minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S (Slurm's forms)"},
                            "account": _safe, "partition": _safe, "qos": _safe, "queue": _safe,
-                           "constraint": _safe, "reservation": _safe},
+                           "constraint": _safe, "reservation": _safe,
+                           "pack": {"type": "integer", "minimum": 1}, "pack_mode": {"enum": list(PACK_MODES)}},
         },
     },
 }
@@ -99,6 +103,7 @@ class Site:
     env: Tuple[Tuple[str, str], ...] = ()
     setup: Tuple[str, ...] = ()
     python: str = "python3"
+    max_time: Optional[str] = None  # the longest job the queue takes (packs are checked against it)
     defaults: Dict[str, str] = field(default_factory=dict)
     #: the performance model's machine profile of this site (a built-in name or a file), if any
     machine_profile: Optional[str] = None

@@ -12,7 +12,7 @@
     matrix: {overlap: [none, all]}        # cross product (ReFrame parameters, Ramble matrix)
     zip: {prefetch_depth: [1, 2], chunks: [2, 4]}   # zipped lists of equal length (Ramble zip)
     repeats: 1
-    job: {time: "00:10:00", ranks_per_node: 4, account: m1234}
+    job: {time: "00:10:00", ranks_per_node: 4, account: m1234}   # also pack: N, pack_mode: sequential
 
 Expansion order is ranks, then grid, then the matrix (first key outermost) crossed
 with the zipped lists, then repeats. ``algorithm`` may be an option, a matrix or a zip key
@@ -36,6 +36,7 @@ from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.step.presets import ModelConfig, PRESETS, resolve_model
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape, grid_factorizations
+from fourd_mpi.jobs.pack import PACK_MODES
 from fourd_mpi.run.options import RunOptions, lookup, plan_tokens, resolve_values
 from fourd_mpi.util.yamlspec import YamlDocument, load_yaml, schema_violations
 
@@ -108,6 +109,8 @@ SCHEMA: Dict[str, Any] = {
                 "account": _safe, "partition": _safe, "qos": _safe, "queue": _safe,
                 "constraint": _safe, "reservation": _safe,
                 "python": {"type": "string", "minLength": 1},
+                "pack": {**_positive, "description": "pack is the number of runs per job (1: one job per run)"},
+                "pack_mode": {"enum": list(PACK_MODES)},
                 "setup": {"type": "array", "items": {"type": "string"}},
             },
         },

@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -30,11 +31,13 @@ from typing import Dict, List, Optional
 from fourd_mpi import __version__
 from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM
 from fourd_mpi.errors import ConfigError, TraceError
-from fourd_mpi.jobs.render import (AFFINITY_SCRIPT, job_request, python_for, render_affinity_script, render_script,
-                         run_command)
-from fourd_mpi.jobs.schedulers import ACTIVE_STATES, get_scheduler
-from fourd_mpi.jobs.sites import Site
-from fourd_mpi.jobs.spec import RunPlan, SweepSpec
+from fourd_mpi.jobs.pack import pack_settings, plan_packs, status_path
+from fourd_mpi.jobs.render import (AFFINITY_SCRIPT, job_request, job_settings, python_for, render_affinity_script,
+                                   render_pack_script, render_script, run_command)
+from fourd_mpi.jobs.schedulers import ACTIVE_STATES, FINAL_STATES, get_scheduler, parse_time, slurm_time
+from fourd_mpi.jobs.sites import SITES_DIR, Site, load_site
+from fourd_mpi.jobs.spec import SCHEMA, RunPlan, SweepSpec, spec_from_data
+from fourd_mpi.util.yamlspec import schema_violations
 from fourd_mpi.util.text import format_rows  # noqa: F401  (sweep plan/status tables; was defined here)
 
 MANIFEST = "manifest.json"
@@ -47,6 +50,8 @@ MANIFEST_SCHEMA = "fourd_mpi.sweep"  # file-format id (kept when the module move
 MANIFEST_VERSION = 1
 #: job settings that render and plan take on the command line too
 JOB_OVERRIDES = ("account", "partition", "qos", "queue", "time")
+#: a script directory whose paths may go into directives (``#SBATCH --output=DIR/logs/...``) unquoted
+DIRECTIVE_PATH = r"[A-Za-z0-9_./+-]{1,400}"
 
 
 def _human_bytes(count: float) -> str:
@@ -74,6 +79,9 @@ def results_dir_of(spec: SweepSpec, override: Optional[str] = None) -> str:
 def build_manifest(spec: SweepSpec, site: Site, spec_path: str, script_dir: str, python: Optional[str] = None,
                    results_dir: Optional[str] = None) -> Dict:
     """Every run with its resources and command; raises before anything is written."""
+    if site.scheduler != "local" and not re.fullmatch(DIRECTIVE_PATH, script_dir):
+        raise ConfigError(f"--out {script_dir!r}: job log paths in it go into scheduler directives, which no shell "
+                          f"quotes: use letters, digits and _ . / + - only")
     runs = spec.expand()
     results = results_dir_of(spec, results_dir)
     py = python_for(spec, site, python)
@@ -92,9 +100,33 @@ def build_manifest(spec: SweepSpec, site: Site, spec_path: str, script_dir: str,
             "command": run_command(run, site, job, py, results, script_dir),
             "_run": run, "_job": job,
         })
-    return {"schema": MANIFEST_SCHEMA, "version": MANIFEST_VERSION, "sweep": spec.name, "study": spec.study,
-            "site": site.name, "scheduler": site.scheduler, "spec_path": spec_path, "results_dir": results,
-            "script_dir": script_dir, "fourd_mpi_version": __version__, "spec": spec.as_dict(), "runs": entries}
+        if site.max_time and job.time_seconds > parse_time(site.max_time):
+            raise ConfigError(f"run {run.run_id}: time limit {slurm_time(job.time_seconds)} is more than site "
+                              f"{site.name}'s max_time {slurm_time(parse_time(site.max_time))}")
+    manifest = {"schema": MANIFEST_SCHEMA, "version": MANIFEST_VERSION, "sweep": spec.name, "study": spec.study,
+                "site": site.name, "scheduler": site.scheduler, "spec_path": spec_path, "results_dir": results,
+                "script_dir": script_dir, "fourd_mpi_version": __version__, "spec": spec.as_dict(), "runs": entries}
+    if site.source and os.path.dirname(os.path.abspath(site.source)) != os.path.abspath(SITES_DIR):
+        manifest["site_file"] = site.source  # a user profile: `submit --pack` renders pack scripts with it
+    settings = job_settings(spec, site)
+    size, mode = pack_settings(settings, site.scheduler)
+    if size > 1:
+        node_ranks = settings.get("ranks_per_node") or site.ranks_per_node
+        manifest["packs"] = pack_entries(plan_packs(spec.name, entries, size, mode, script_dir, node_ranks,
+                                                    site.max_time, site.name), script_dir)
+    return manifest
+
+
+def pack_entries(packs, script_dir: str) -> List[Dict]:
+    """Manifest entries of packs (:mod:`fourd_mpi.jobs.pack`); marks each run with its pack and status file."""
+    out = []
+    for pack in packs:
+        for run in pack.runs:
+            run["pack"], run["status"] = pack.name, status_path(run["log"])
+        out.append({"name": pack.name, "mode": pack.mode, "runs": pack.run_ids, "nodes": pack.job.nodes,
+                    "ranks_per_node": pack.job.ranks_per_node, "time_seconds": pack.job.time_seconds,
+                    "script": os.path.join(script_dir, pack.name + ".sh"), "log": pack.job.log, "_pack": pack})
+    return out
 
 
 def plan_rows(manifest: Dict) -> List[Dict]:
@@ -108,7 +140,11 @@ def plan_rows(manifest: Dict) -> List[Dict]:
 
 def public_manifest(manifest: Dict) -> Dict:
     """The manifest without its in-memory objects."""
-    return {**manifest, "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in manifest["runs"]]}
+    public = lambda entries: [{k: v for k, v in e.items() if not k.startswith("_")} for e in entries]  # noqa: E731
+    out = {**manifest, "runs": public(manifest["runs"])}
+    if "packs" in manifest:
+        out["packs"] = public(manifest["packs"])
+    return out
 
 
 def write_sweep(manifest: Dict, spec: SweepSpec, site: Site, out_dir: str, force: bool = False) -> List[str]:
@@ -126,6 +162,11 @@ def write_sweep(manifest: Dict, spec: SweepSpec, site: Site, out_dir: str, force
         for entry in manifest["runs"]:
             text = render_script(entry["_run"], total, spec, site, entry["_job"], entry["command"],
                                  _human_bytes(entry["memory_per_rank"]), manifest["spec_path"])
+            name = os.path.basename(entry["script"])
+            _write(os.path.join(staging, name), text, executable=True)
+            written.append(name)
+        for entry in manifest.get("packs", []):
+            text = render_pack_script(entry["_pack"], len(manifest["packs"]), spec, site, manifest["spec_path"])
             name = os.path.basename(entry["script"])
             _write(os.path.join(staging, name), text, executable=True)
             written.append(name)
@@ -231,15 +272,38 @@ def _claimant_gone(job: Dict) -> bool:
     return False
 
 
+def read_exit_status(path: Optional[str]) -> Optional[int]:
+    """The exit status a pack script recorded for one run (``logs/RUN.status``: ``"STATUS JOB_ID"``),
+    or None when the run has not ended (or the file is unreadable)."""
+    if not path:
+        return None
+    try:
+        with open(path) as fh:
+            return int(fh.read(200).split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def record_state(job: Optional[Dict], live: Dict[str, str]) -> str:
-    """The state of a run's record: the scheduler's (``live``), else the one recorded; ``-`` when none."""
+    """The state of a run's record: the scheduler's (``live``), else the one recorded; ``-`` when none.
+
+    A run inside a pack (its record has a ``status_file``) is ``COMPLETED`` or ``FAILED`` by the exit
+    status its pack script recorded; before that, the pack job's state; a pack job that ended without
+    recording this run's status failed it (or was cancelled or timed out)."""
     if not job:
         return "-"
     if _claimant_gone(job):
         return "FAILED"
+    packed = bool(job.get("status_file"))
+    if packed:
+        status = read_exit_status(job["status_file"])
+        if status is not None:
+            return "COMPLETED" if status == 0 else "FAILED"
     state = live.get(job.get("job_id"), "UNKNOWN") if job.get("job_id") else "UNKNOWN"
     if state == "UNKNOWN":  # gone from the scheduler (or local, or a claim): the last state we saw
         state = job.get("state", "UNKNOWN")
+    if packed and state in FINAL_STATES:
+        return state if state in ("CANCELLED", "TIMEOUT") else "FAILED"
     return state
 
 
@@ -264,9 +328,12 @@ def run_states(manifest: Dict, jobs: Dict[str, Dict], query: bool = True) -> Lis
     rows = []
     for run in manifest["runs"]:
         job = jobs.get(run["run_id"])
-        rows.append({"run_id": run["run_id"], "ranks": run["ranks"], "grid": run["grid"],
-                     "job": (job.get("job_id") or "-") if job else "-", "state": record_state(job, live),
-                     "trace": trace_state(run["trace"])})
+        row = {"run_id": run["run_id"], "ranks": run["ranks"], "grid": run["grid"]}
+        if "packs" in manifest or any("pack" in j for j in jobs.values()):
+            row["pack"] = (job or {}).get("pack") or run.get("pack", "-")
+        row.update({"job": (job.get("job_id") or "-") if job else "-", "state": record_state(job, live),
+                    "trace": trace_state(run["trace"])})
+        rows.append(row)
     return rows
 
 
@@ -302,7 +369,7 @@ class SubmitResult:
 
 
 def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_run: bool = False,
-           out=sys.stdout) -> SubmitResult:
+           out=sys.stdout, pack: Optional[int] = None, pack_mode: str = "sequential") -> SubmitResult:
     """Submit every run that has no live or finished job, no claim and no trace.
 
     Transactional per run: under :func:`sweep_lock`, re-read ``jobs.json``, decide, and record a
@@ -310,56 +377,195 @@ def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_ru
     the lock; then record the outcome under the lock. So two concurrent submits never launch a job
     twice, and ``jobs.json`` is never torn or loses an update. A submission that fails (``sbatch``
     exits non-zero) or a local job that exits non-zero is recorded ``FAILED`` with the reason.
+
+    A packed sweep (:mod:`fourd_mpi.jobs.pack`) is submitted one pack at a time: the runs of a pack
+    that need submitting are claimed together and launched as one job (the pack script's arguments,
+    or ``--array=`` for an array, select them when not all do; PBS and LSF cannot pass arguments to
+    a job script, so there the remaining runs are submitted as their own jobs). Each run's record
+    holds the pack job's id (``ID_K`` for array task K) and its exit-status file, and is tracked alone.
+
+    ``pack`` (``submit --pack N``) packs at submission: the runs that need submitting now, rendered or
+    not in packs, go into new packs of ``pack`` runs (``DIR/pack-TIME-K.sh``), e.g. to retry the
+    failed runs of a large sweep as a few jobs.
     """
     scheduler = get_scheduler(manifest["scheduler"])
     result = SubmitResult()
     live = _live_states(manifest, load_jobs(sweep_dir))
     host, pid = socket.gethostname(), os.getpid()
-    for run in manifest["runs"]:
-        run_id = run["run_id"]
+    local = scheduler.name == "local"
+    units = _units(manifest)
+    if pack and pack > 1:
+        jobs = load_jobs(sweep_dir)
+        pending = [run for run in manifest["runs"]
+                   if _skip_reason(_submit_row(run, jobs.get(run["run_id"]), live), jobs.get(run["run_id"]),
+                                   resubmit_failed) is None]
+        ids = {run["run_id"] for run in pending}
+        skipped = [(None, [run]) for run in manifest["runs"] if run["run_id"] not in ids]  # reported below
+        units = skipped + ([(entry, entry["_runs"]) for entry in submission_packs(manifest, pending, pack, pack_mode,
+                                                                                    write=not dry_run)]
+                           if pending else [])
+    for pack_entry, runs in units:
         with sweep_lock(sweep_dir):
             jobs = load_jobs(sweep_dir)
-            job = jobs.get(run_id)
-            row = {"job": (job.get("job_id") or "-") if job else "-", "state": record_state(job, live),
-                   "trace": trace_state(run["trace"])}
-            why = _skip_reason(row, job, resubmit_failed)
-            if why is not None or dry_run:
-                out.write(f"skip {run_id}: {why}\n" if why is not None else
-                          f"would submit {run_id}: {' '.join(scheduler.submit_command)} {run['script']}\n")
+            chosen = []
+            for run in runs:
+                job = jobs.get(run["run_id"])
+                why = _skip_reason(_submit_row(run, job, live), job, resubmit_failed)
+                if why is not None:
+                    out.write(f"skip {run['run_id']}: {why}\n")
+                else:
+                    chosen.append(run)
+            if not chosen:
                 continue
-            local = scheduler.name == "local"
-            record = {"submitted": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                      "scheduler": scheduler.name, "workdir": os.getcwd(), "host": host, "pid": pid,
-                      "state": "RUNNING" if local else "SUBMITTING",
-                      "job_id": f"local-{run['index']}" if local else None}
-            jobs[run_id] = record
-            save_jobs(sweep_dir, jobs)  # the claim, before anything is launched
-        os.makedirs(os.path.dirname(run["log"]) or ".", exist_ok=True)  # schedulers do not create it
-        outcome = {}
-        try:
-            if local:
-                out.write(f"run {run_id} ({run['ranks']} ranks) ...\n")
-                out.flush()
-                rc = scheduler.run(run["script"], run["log"], os.getcwd())
-                outcome = {"state": "COMPLETED" if rc == 0 else "FAILED", "returncode": rc}
-                if rc != 0:
-                    outcome["error"] = f"the job exited with status {rc}: {_last_line(run['log'])}"
-            else:
-                outcome = {"job_id": scheduler.submit(run["script"], os.getcwd()), "state": "PENDING"}
-        except ConfigError as exc:  # sbatch & co. exited non-zero, or are missing
-            outcome = {"state": "FAILED", "error": str(exc)}
-        # (Ctrl-C while launching leaves the claim; once this process is gone it reads as FAILED)
-        with sweep_lock(sweep_dir):
-            jobs = load_jobs(sweep_dir)
-            jobs[run_id] = {**jobs.get(run_id, record), **outcome}
-            save_jobs(sweep_dir, jobs)
-        if outcome["state"] == "FAILED":
-            result.failed.append((run_id, outcome["error"]))
-            out.write(f"failed {run_id}: {outcome['error']}\n")
-        else:
-            result.submitted += 1
-            out.write(f"submitted {run_id}: job {jobs[run_id]['job_id']}\n")
+            launches = _launches(scheduler, pack_entry, runs, chosen)
+            if dry_run:
+                for launch in launches:
+                    what = launch.name if launch.packed else launch.runs[0]["run_id"]
+                    argv = [*scheduler.submit_command, *launch.options, launch.script, *launch.args]
+                    runs_text = f" ({', '.join(r['run_id'] for r in launch.runs)})" if launch.packed else ""
+                    out.write(f"would submit {what}{runs_text}: {' '.join(argv)}\n")
+                continue
+            stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            records = {}
+            for launch in launches:
+                for run in launch.runs:
+                    record = {"submitted": stamp, "scheduler": scheduler.name, "workdir": os.getcwd(), "host": host,
+                              "pid": pid, "state": "RUNNING" if local else "SUBMITTING",
+                              "job_id": (f"local-{launch.name}" if launch.packed else f"local-{run['index']}")
+                              if local else None}
+                    if launch.packed:
+                        record.update(pack=launch.name, status_file=run["status"])
+                        with contextlib.suppress(FileNotFoundError):
+                            os.remove(run["status"])  # a previous attempt's exit status
+                    jobs[run["run_id"]] = records[run["run_id"]] = record
+            save_jobs(sweep_dir, jobs)  # the claims, before anything is launched
+        for launch in launches:
+            outcomes = _launch(scheduler, launch, out)
+            # (Ctrl-C while launching leaves the claims; once this process is gone they read as FAILED)
+            with sweep_lock(sweep_dir):
+                jobs = load_jobs(sweep_dir)
+                for run_id, outcome in outcomes.items():
+                    jobs[run_id] = {**jobs.get(run_id, records[run_id]), **outcome}
+                save_jobs(sweep_dir, jobs)
+            where = f" ({launch.name})" if launch.packed else ""
+            for run_id, outcome in outcomes.items():
+                if outcome["state"] == "FAILED":
+                    result.failed.append((run_id, outcome["error"]))
+                    out.write(f"failed {run_id}{where}: {outcome['error']}\n")
+                else:
+                    result.submitted += 1
+                    out.write(f"submitted {run_id}: job {jobs[run_id]['job_id']}{where}\n")
     return result
+
+
+def _submit_row(run: Dict, job: Optional[Dict], live: Dict[str, str]) -> Dict:
+    return {"job": (job.get("job_id") or "-") if job else "-", "state": record_state(job, live),
+            "trace": trace_state(run["trace"])}
+
+
+def submission_packs(manifest: Dict, runs: List[Dict], size: int, mode: str, write: bool = True) -> List[Dict]:
+    """Pack entries for ``runs`` (entries of ``manifest``), packed now; writes their scripts into the sweep's
+    directory unless ``write`` is false. The spec and site are those the sweep was rendered with."""
+    violations = schema_violations(manifest.get("spec"), SCHEMA)
+    if violations:
+        raise ConfigError(f"{manifest['script_dir']}/{MANIFEST}: its spec is not valid ({violations[0][1]}); "
+                          f"render the sweep again")
+    spec = spec_from_data(manifest["spec"], manifest["spec_path"])
+    site = load_site(manifest.get("site_file") or manifest["site"])
+    size, mode = pack_settings({"pack": size, "pack_mode": mode}, site.scheduler)
+    script_dir = manifest["script_dir"]
+    rebuilt = build_manifest(spec, site, manifest["spec_path"], script_dir, results_dir=manifest["results_dir"])
+    by_id = {r["run_id"]: r for r in rebuilt["runs"]}
+    if sorted(by_id) != sorted(r["run_id"] for r in manifest["runs"]):
+        raise ConfigError(f"{script_dir}: the runs of the spec differ from the rendered ones; render the sweep again")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    settings = job_settings(spec, site)
+    plans = plan_packs(spec.name, [by_id[r["run_id"]] for r in runs], size, mode, script_dir,
+                       settings.get("ranks_per_node") or site.ranks_per_node, site.max_time, site.name,
+                       prefix=f"pack-{stamp}-")
+    entries = pack_entries(plans, script_dir)
+    for entry in entries:
+        entry["_runs"] = list(entry["_pack"].runs)
+        if write:
+            _write(entry["script"], render_pack_script(entry["_pack"], len(entries), spec, site, manifest["spec_path"]),
+                   executable=True)
+    return entries
+
+
+def _units(manifest: Dict) -> List:
+    """``(pack entry or None, runs)`` in submission order: each run alone, or the packs."""
+    if not manifest.get("packs"):
+        return [(None, [run]) for run in manifest["runs"]]
+    by_id = {r["run_id"]: r for r in manifest["runs"]}
+    return [(pack, [by_id[i] for i in pack["runs"]]) for pack in manifest["packs"]]
+
+
+@dataclass
+class Launch:
+    """One job to launch: its script (a run's or a pack's), log, script arguments, submit options, runs."""
+
+    name: str
+    script: str
+    log: str
+    runs: List[Dict]
+    packed: bool
+    mode: str = ""
+    args: List[str] = field(default_factory=list)
+    options: List[str] = field(default_factory=list)
+
+
+def _launches(scheduler, pack: Optional[Dict], runs: List[Dict], chosen: List[Dict]) -> List[Launch]:
+    if pack is None:
+        return [Launch(chosen[0]["run_id"], chosen[0]["script"], chosen[0]["log"], chosen, packed=False)]
+    launch = Launch(pack["name"], pack["script"], pack["log"], chosen, packed=True, mode=pack["mode"])
+    if len(chosen) == len(runs):
+        return [launch]
+    positions = [str(runs.index(run)) for run in chosen]
+    if pack["mode"] == "array":
+        launch.options = [f"--array={','.join(positions)}"]
+    elif scheduler.name in ("pbs", "lsf"):  # qsub/bsub pass no arguments to a job script
+        return [Launch(r["run_id"], r["script"], r["log"], [r], packed=False) for r in chosen]
+    else:
+        launch.args = positions
+    return [launch]
+
+
+def _launch(scheduler, launch: Launch, out) -> Dict[str, Dict]:
+    """Launch one job; the outcome of each of its runs (the fields to merge into its record)."""
+    for path in {launch.log, *(r["log"] for r in launch.runs)}:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # schedulers do not create it
+    ids = [r["run_id"] for r in launch.runs]
+    try:
+        if scheduler.name != "local":
+            job_id = scheduler.submit(launch.script, os.getcwd(), launch.args, launch.options)
+            if launch.mode == "array":
+                order = [int(o) for o in launch.options[0].split("=")[1].split(",")] if launch.options \
+                    else range(len(ids))
+                return {i: {"job_id": f"{job_id}_{k}", "state": "PENDING"} for i, k in zip(ids, order)}
+            return {i: {"job_id": job_id, "state": "PENDING"} for i in ids}
+        out.write(f"run {launch.name} " + (f"({len(ids)} runs) ...\n" if launch.packed
+                                           else f"({launch.runs[0]['ranks']} ranks) ...\n"))
+        out.flush()
+        rc = scheduler.run(launch.script, launch.log, os.getcwd(), launch.args)
+    except ConfigError as exc:  # sbatch & co. exited non-zero, or are missing
+        return {i: {"state": "FAILED", "error": str(exc)} for i in ids}
+    if not launch.packed:
+        outcome = {"state": "COMPLETED" if rc == 0 else "FAILED", "returncode": rc}
+        if rc != 0:
+            outcome["error"] = f"the job exited with status {rc}: {_last_line(launch.log)}"
+        return {ids[0]: outcome}
+    outcomes = {}
+    for run in launch.runs:
+        status = read_exit_status(run["status"])
+        if status is None:
+            outcomes[run["run_id"]] = {"state": "FAILED", "error": f"{launch.name} exited with status {rc} before "
+                                                                   f"the run ended: {_last_line(launch.log)}"}
+        elif status:
+            outcomes[run["run_id"]] = {"state": "FAILED", "returncode": status,
+                                       "error": f"the run exited with status {status}: {_last_line(run['log'])}"}
+        else:
+            outcomes[run["run_id"]] = {"state": "COMPLETED", "returncode": 0}
+    return outcomes
 
 
 def _last_line(log: str) -> str:

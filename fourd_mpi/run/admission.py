@@ -104,11 +104,14 @@ def memory_need(options) -> MemoryNeed:
     from fourd_mpi.perf.memory import estimate_memory
 
     cfg, grid = options.model, options.grid
+    m = (cfg.batch // (grid.data * grid.z)) * cfg.seq
+    if getattr(options, "algorithm", None) == "optimus3d":  # its own layouts (fourd_mpi.perf.optimus3d)
+        from fourd_mpi.perf.optimus3d import estimate_memory
+        m = (cfg.batch // (grid.data * grid.x * grid.y)) * cfg.seq
     estimate = estimate_memory(cfg, grid, dtype=options.dtype, optimizer=options.optimizer,
                                overlap=options.overlap_config())
-    m = (cfg.batch // (grid.data * grid.z)) * cfg.seq
     batches = min(options.data_batches, options.steps)
-    tensor = m * (cfg.hidden // grid.x)  # one input or target [m, h/G_x]
+    tensor = m * (cfg.hidden // grid.x)  # one input or target [m, h/G_x] ([m, h/q] on a cube)
     data = 2 * max(0, batches - 1) * tensor * dtype_bytes(options.dtype)
     init = estimate.weights + max(INIT_TRANSIENT_BYTES * largest_shard(cfg, grid),  # making the weights
                                   2 * batches * tensor * dtype_bytes(options.dtype)  # making the data

@@ -49,6 +49,16 @@ def git_commit() -> Optional[str]:
     return (commit + ("+dirty" if dirty else "")) or None
 
 
+def user_name() -> Optional[str]:
+    """The login name running rank 0 (None where the system has none for this uid, e.g. in a container)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return None
+
+
 def mpi_library() -> Dict[str, str]:
     from mpi4py import MPI
 
@@ -73,7 +83,7 @@ def run_metadata(run, run_id: str, config: Dict, level: str, start_time: str) ->
         "device": device_info(run.backend),
         "overlap": str(run.trainer.overlap), "progress": run.comm.progress.describe(),
         "environment": mpi_environment(), "packages": package_versions(), "git_commit": git_commit(),
-        "command": sys.argv, "launch_host": socket.gethostname(),
+        "command": sys.argv, "launch_host": socket.gethostname(), "user": user_name(),
         "layers": run.comm.tracer.layer_names, "warmup_steps": run.options.warmup,
         "model_flops_per_step": run.options.model.flops_per_step(), "tokens_per_step": run.options.model.tokens,
         "recompute": run.options.recompute,

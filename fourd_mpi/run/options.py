@@ -25,13 +25,13 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 from fourd_mpi.algorithms.registry import ALGORITHMS, DEFAULT_ALGORITHM
 from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.core.backend import BACKENDS, DEVICE_BUFFER_MODES, DTYPES, check_dtype_options
-from fourd_mpi.core.grid import GridShape, infer_grid_shape
+from fourd_mpi.core.grid import GridShape
 from fourd_mpi.core.progress import PROGRESS_STRATEGIES
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.display import DISPLAYS
 from fourd_mpi.step.optim import OPTIMIZERS
 from fourd_mpi.step.overlap import OverlapConfig
-from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model, validate_model
+from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model
 from fourd_mpi.trace.events import LEVELS
 from fourd_mpi.util.values import byte_size, integer, nonnegative_int, number, positive_float, positive_int
 
@@ -80,6 +80,8 @@ class Option:
         if self.flag:
             return [f"--{self.name}"] if value else []
         # "--key=value": a value that starts with "-" must not be taken for an option
+        if self.type is byte_size and value is not None:  # parsed to bytes: give the unit back (bare numbers are refused)
+            return [f"--{self.name}={int(value)}B"]
         return [f"--{self.name}=" + (str(value).lower() if isinstance(value, bool) else str(value))]
 
 
@@ -262,9 +264,9 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
     ``_cross_checks=False`` leaves out the checks between options (warm-up against steps), for
     validating one option at a time against the defaults (sweep specs)."""
     algorithm = get_algorithm(options.get("algorithm", DEFAULT_ALGORITHM))
-    shape = infer_grid_shape(world_size, **algorithm.constrain(grid_sizes))
+    shape = algorithm.shape(world_size, grid_sizes)
     model = resolve_model(preset, **model_overrides)
-    validate_model(model, shape)
+    algorithm.validate_model(model, shape)
     if options.get("backend", "auto") not in BACKENDS:
         raise ConfigError(f"unknown backend {options['backend']!r}: choose one of {', '.join(BACKENDS)}")
     check_dtype_options(options.get("dtype", "float32"), options.get("backend", "auto"), options.get("tf32", False))

@@ -236,6 +236,8 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     drift = end_alignment(run, rank_meta)
     path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, trace.force,
                      correct=drift.correct_records if drift is not None else None, group_size=trace.group_size)
+    if rank == 0:
+        index_line(metadata, path, trace.results_dir)
     if recreated:
         warning_line(f"spool files in {spool_dir} were deleted during the run; {recreated} of {world.Get_size()} "
                      "rank(s) re-created theirs from the files they still had open, no step was lost (trace "
@@ -309,6 +311,18 @@ class SpoolHealth:
             kept = (f"the steps every rank completed are kept in {self.spool.dir} ('fourd-mpi trace recover "
                     f"{self.spool.dir}' merges them once there is space)")
         raise TraceError(f"{first}{others}; the run stops after step {self._step}; {kept}")
+
+
+def index_line(metadata: Dict, path: str, results_dir: str) -> None:
+    """Rank 0, after the merge: the run's line in ``<results-dir>/index.jsonl``
+    (:mod:`fourd_mpi.results.index`); a failure to write it is a warning, the trace stands."""
+    from fourd_mpi.results.index import index_run
+    from fourd_mpi.trace.read import read_status
+
+    try:
+        index_run(metadata, read_status(path), path, results_dir)
+    except (OSError, ValueError) as exc:  # TraceError is a ValueError
+        warning_line(f"the run was not added to {results_dir}/index.jsonl: {exc}")
 
 
 def warning_line(text: str) -> None:

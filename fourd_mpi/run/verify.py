@@ -1,7 +1,7 @@
 """Check a distributed run against the serial single-rank reference.
 
-The same model (same seed, same global tensors) runs on the 4D grid and on one
-rank with grid 1x1x1x1. The reference is blocking and recomputes nothing; every
+The same model (same seed, same global tensors) runs on the grid with the checked
+algorithm and on one rank with grid 1x1x1x1 as the serial 4D model (``axonn4d``). The reference is blocking and recomputes nothing; every
 variant (overlap, progress, activation recompute) is checked against it. Rank 0 assembles the distributed forward output and
 every gradient from the pieces of all ranks and compares them with the
 reference, then both train for a few steps and the losses are compared.
@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 import numpy as np
 from mpi4py import MPI
 
+from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.core.mpiutil import idle_barrier
 from fourd_mpi.core.watchdog import Watchdog
@@ -151,7 +152,10 @@ def verify(variants: List[RunOptions], grids: List[GridShape], steps: int, world
     waits longer than that in one collective (or in the barrier around the serial reference).
     """
     watchdog = Watchdog(step_timeout, world.Get_rank())
-    blocking = replace(variants[0], overlap="none", cache_weights=False, progress="none", recompute="none")
+    # the reference is the serial 4D model whatever the algorithm checked (every algorithm holds the same
+    # global parameters): an algorithm is never checked against itself on one rank
+    blocking = replace(variants[0], algorithm=DEFAULT_ALGORITHM, overlap="none", cache_weights=False,
+                       progress="none", recompute="none")
     if reference_backend is not None:
         blocking = replace(blocking, backend=reference_backend, device_buffers="auto",
                            tf32=blocking.tf32 and reference_backend != "numpy")

@@ -74,7 +74,7 @@ class Trainer:
         self.weights.begin_forward()
         y, _ = self.model.forward(x, self.ctx)
         self.weights.finish()
-        return mse_loss(y, target, self.comm, self.global_elements)[0]
+        return mse_loss(y, target, self.comm, self.global_elements, self.model.loss_axes)[0]
 
     def forward_backward(self, step: int):
         """Loss and fully reduced gradients for the batch of ``step``; returns ``(loss, y)``."""
@@ -87,7 +87,7 @@ class Trainer:
         self.weights.begin_backward(self.model.backward_weight_order(self.recompute),
                                     "recompute" if self.recompute == "full" else "backward")
         with trace.layer("loss", "forward"):
-            loss, dy = mse_loss(y, target, self.comm, self.global_elements)
+            loss, dy = mse_loss(y, target, self.comm, self.global_elements, self.model.loss_axes)
         trace.enter_phase("backward")
         self.grads.begin()
         self.model.backward(dy, saved, self.ctx)

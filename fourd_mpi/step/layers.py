@@ -161,6 +161,9 @@ class LayerNorm4D:
     are those of the full hidden vector (two-pass, for float32 accuracy).
     """
 
+    #: the axis sharding the hidden dimension, over which the statistics are all-reduced
+    stats_axis = "x"
+
     def __init__(self, name: str, hidden: int, grid, backend, eps: float = 1e-5):
         self.name = name
         self.hidden = hidden
@@ -185,11 +188,11 @@ class LayerNorm4D:
         empty = self.backend.empty
         with trace.op("layernorm"):
             row_sums = x.sum(axis=1, keepdims=True)
-        mean = comm.allreduce("x", row_sums).wait() / self.hidden
+        mean = comm.allreduce(self.stats_axis, row_sums).wait() / self.hidden
         with trace.op("layernorm"):
             xhat = empty(x.shape)
             squares = elementwise.centered_squares(x, mean, xhat)
-        var = comm.allreduce("x", squares).wait() / self.hidden
+        var = comm.allreduce(self.stats_axis, squares).wait() / self.hidden
         with trace.op("layernorm"):
             # CuPy promotes bfloat16 with a Python float to float32: back to x's dtype for the kernels
             rstd = (1.0 / self.xp.sqrt(var + self.eps)).astype(x.dtype, copy=False)
@@ -208,7 +211,7 @@ class LayerNorm4D:
         with trace.op("layernorm"):
             partial_sums = empty((dy.shape[0], 2))
             dgamma, dbeta = elementwise.layernorm_backward_local(dy, xhat, self.gamma.data, partial_sums, empty)
-        sums = comm.allreduce("x", partial_sums).wait()
+        sums = comm.allreduce(self.stats_axis, partial_sums).wait()
         self.gamma.grad, self.beta.grad = dgamma, dbeta
         with trace.op("layernorm"):
             return elementwise.layernorm_backward_finish(dy, xhat, self.gamma.data, rstd, sums, self.hidden,

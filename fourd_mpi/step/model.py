@@ -41,6 +41,10 @@ from fourd_mpi.step.schedule import StepContext, linear_backward, linear_forward
 from fourd_mpi.step.synthetic import stream_id, uniform_block
 
 
+#: the axes :func:`mse_loss` sums over for the 4D layout (Y holds replicas)
+LOSS_AXES = ("data", "z", "x")
+
+
 class GPTBlock:
     """One transformer block on the 4D grid. Input and output ``[m, h/x]`` rep Y."""
 
@@ -204,6 +208,9 @@ class Model:
     shape holds pieces of the same global model.
     """
 
+    #: axes the loss's partial sums are all-reduced over (:func:`mse_loss`)
+    loss_axes = LOSS_AXES
+
     def __init__(self, cfg: ModelConfig, grid, backend, seed: int = 0,
                  counter: kernels.ComputeCounter = None):
         self.cfg = cfg
@@ -299,16 +306,17 @@ def held_bytes(*objs) -> int:
     return sum(owners.values())
 
 
-def mse_loss(y, target, comm: Collectives, global_elements: int):
+def mse_loss(y, target, comm: Collectives, global_elements: int, axes=LOSS_AXES):
     """``loss = sum((y - t)^2) / (2 * B*s*h)`` over the global batch; returns ``(loss, dy)``.
 
     y, target: ``[m, h/x]`` rep Y; ``dy = (y - t) / (B*s*h)``. The partial sum is all-reduced
-    over data, Z and X (not Y, which holds replicas).
+    over ``axes``: data, Z and X (not Y, which holds replicas); a model whose output has another
+    layout names its own (``Model.loss_axes``).
     """
     with comm.tracer.op("loss"):
         dy = comm.backend.empty(y.shape)
         local = elementwise.mse_parts(y, target, dy, global_elements)
-    (total,) = comm.allreduce_scalars([local], axes=("data", "z", "x"))
+    (total,) = comm.allreduce_scalars([local], axes=axes)
     return total / (2.0 * global_elements), dy
 
 

@@ -529,9 +529,42 @@ def test_caliper_json_loads_in_thicket(trace, tmp_path):
     tk = thicket.Thicket.from_caliper(str(path), disable_tqdm=True)
     assert tk.metadata["run_id"].tolist() == [trace.metadata["run_id"]]
     assert tk.metadata["grid"].tolist() == ["1x2x2x2"]
+    assert tk.metadata["jobsize"].tolist() == [RANKS] and tk.metadata["numhosts"].tolist() == [1]  # Adiak's names
     df = tk.dataframe.reset_index()
     assert sorted(df["rank"].unique().tolist()) == list(range(RANKS))
     expected = _host_seconds_per_step(trace, _measured_steps(trace))
     assert np.allclose(df.groupby("rank")["time"].sum().to_numpy(), expected, rtol=1e-12)
     depths = {len(path) for _, path in _hatchet_paths(tk.graph)}
     assert depths == {1, 2, 3, 4}
+
+
+# ----------------------------------------------------------------------------- Adiak names
+
+@pytest.mark.parametrize("host, cluster", [("quartz1234.llnl.gov", "quartz"), ("nid001234", "nid"),
+                                           ("lassen708", "lassen"), ("vm", "vm"), ("", "")])
+def test_adiak_cluster_follows_adiaks_rule(host, cluster):
+    from fourd_mpi.analysis.export import adiak_cluster
+
+    assert adiak_cluster(host) == cluster
+
+
+def test_caliper_metadata_carries_adiaks_names():
+    """jobsize, numhosts, hostname, cluster, user, launchdate (Adiak's adiak_collect_all names) next to
+    our own keys, from a committed real trace (results/baselines)."""
+    import datetime
+
+    from fourd_mpi.analysis.export import _caliper_run_metadata
+
+    from conftest import REPO
+
+    trace = load_trace(str(REPO / "results" / "baselines" / "baseline-gpt-tiny-np2.h5"))
+    trace.metadata["user"] = "alice"  # recorded by runs from this version on
+    meta = _caliper_run_metadata(trace, [2, 3])
+    start = datetime.datetime.fromisoformat(trace.metadata["start_time"])
+    assert meta["jobsize"] == meta["world_size"] == 2 and meta["numhosts"] == meta["num_nodes"] == 1
+    assert meta["hostname"] == meta["launch_host"] == trace.metadata["launch_host"]
+    assert meta["cluster"] == "".join(c for c in meta["hostname"].split(".")[0] if not c.isdigit())
+    assert meta["user"] == "alice" and meta["launchdate"] == int(start.timestamp())
+    assert abs(meta["launchdate"] - datetime.datetime(2026, 11, 24, 0, 44, tzinfo=datetime.timezone.utc).timestamp()) < 60
+    del trace.metadata["user"]
+    assert "user" not in _caliper_run_metadata(trace, [2])  # not recorded: left out, not invented

@@ -168,3 +168,94 @@ def test_a_failed_sbatch_is_recorded_failed_with_exit_1(slurm, tmp_path):
     assert all("partition" in j["error"].lower() for j in jobs.values()), jobs
     status = fourd(["sweep", "status", sweep_dir], tmp_path, env)
     assert status.returncode == 1 and "2 jobs failed" in status.stdout, status.stdout
+
+
+# -- job packing (issue 18 item 9) -------------------------------------------------------------
+
+#: four runs (1, 1, 2, 2 ranks); the second of each rank count fails at start: its memory limit
+#: (1 KiB) is below any model's estimate, a value the spec accepts and `fourd-mpi run` refuses
+PACKED = """\
+name: {name}
+study: strong
+ranks: [1, 2]
+grids: {{1: [1x1x1x1], 2: [1x1x1x2]}}
+model: {{preset: gpt-tiny, batch: 4}}
+options: {{steps: 2, warmup: 0, trace_level: step}}
+matrix: {{memory_limit: [0, 1KiB]}}
+job: {{time: "00:05:00"}}
+"""
+GOOD, BAD = ("000-n1-1x1x1x1", "002-n2-1x1x1x2"), ("001-n1-1x1x1x1", "003-n2-1x1x1x2")
+
+
+def _wait_for_queue(slurm, env, timeout=300):
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() < deadline, slurm.logs()
+        time.sleep(1)
+
+
+@pytest.mark.parametrize("mode,pack", [("sequential", 4), ("concurrent", 4), ("array", 2)])
+def test_packed_runs_in_one_allocation_are_tracked_one_by_one(slurm, tmp_path, mode, pack):
+    """4 runs in one Slurm job (array: 2 arrays of 2 tasks, one per shape), one run of each shape failing:
+    every run has its own log and exit-status file, status reports the failed runs FAILED and the others
+    COMPLETED, the pack job fails; concurrent steps run side by side (srun never waits for a busy node);
+    --resubmit-failed submits the failed runs only, inside their pack (script arguments, or --array=K)."""
+    env = {**mpi_env(), **{"SLURM_CONF": str(slurm.conf)}}
+    name = f"pk-{mode}"
+    (tmp_path / "spec.yaml").write_text(PACKED.format(name=name))
+    sweep_dir = f"jobscripts/{name}"
+    done = fourd(["sweep", "render", "spec.yaml", "--site", "slurm", "--python", sys.executable, "--pack", str(pack),
+                  "--pack-mode", mode], tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    done = fourd(["sweep", "submit", sweep_dir], tmp_path, env)
+    assert done.returncode == 0 and "4 submitted" in done.stdout, done.stdout + done.stderr + slurm.logs()
+    jobs = json.loads((tmp_path / sweep_dir / "jobs.json").read_text())
+    ids = {run_id[len(name) + 1:]: job["job_id"] for run_id, job in jobs.items()}
+    if mode == "array":  # two arrays (one per shape), task K = run K of its pack
+        assert re.fullmatch(r"\d+_0", ids[GOOD[0]]) and ids[BAD[0]] == ids[GOOD[0]][:-1] + "1", ids
+        assert ids[GOOD[1]] != ids[GOOD[0]] and ids[BAD[1]] == ids[GOOD[1]][:-1] + "1", ids
+    else:
+        assert len(set(ids.values())) == 1, ids  # one job
+    _wait_for_queue(slurm, env)
+    logs = tmp_path / sweep_dir / "logs"
+    everything = "".join(f"--- {p.name}\n{p.read_text()}" for p in sorted(logs.iterdir()))
+    status = fourd(["sweep", "status", sweep_dir], tmp_path, env)
+    rows = {line.split()[0][len(name) + 1:]: line.split() for line in status.stdout.splitlines()
+            if line.startswith(name + "-")}
+    assert status.returncode == 1 and "2/4 traces complete, 2 jobs failed" in status.stdout, status.stdout + everything
+    for run in GOOD:
+        assert rows[run][-2:] == ["COMPLETED", "complete"], status.stdout
+        assert f"trace: results/{name}/{name}-{run}.h5" in (logs / f"{name}-{run}.out").read_text()
+        assert (logs / f"{name}-{run}.status").read_text().split() == ["0", ids[run]]
+    for run in BAD:
+        assert rows[run][-2:] == ["FAILED", "missing"], status.stdout
+        assert "--memory-limit" in (logs / f"{name}-{run}.out").read_text()
+        assert (logs / f"{name}-{run}.status").read_text().split() == ["2", ids[run]]
+    assert "step creation temporarily disabled" not in everything  # steps of a concurrent pack never wait
+    if mode != "array":
+        pack_log = (logs / "pack-000.out").read_text()
+        assert "2 of 4 runs failed" in pack_log, everything
+        state = subprocess.run(["scontrol", "show", "job", "-o", ids[GOOD[0]]], env=env, capture_output=True,
+                               text=True).stdout
+        assert "JobState=FAILED" in state and "ExitCode=1:0" in state, state  # the pack job reports the failure
+    if mode == "concurrent":  # all four started before any ended
+        events = [line.split()[4] for line in pack_log.splitlines() if " started at " in line or " ended " in line]
+        assert events[:4] == ["started"] * 4, pack_log
+    if mode == "sequential":  # one after another, the failed ones in the middle did not stop the rest
+        order = [line.split()[3][len(name) + 1:] for line in pack_log.splitlines() if " started at " in line]
+        assert order == [GOOD[0], BAD[0], GOOD[1], BAD[1]], pack_log
+
+    if mode == "concurrent":  # selects the runs to retry as sequential does (the pack script's arguments)
+        return
+    again = fourd(["sweep", "submit", sweep_dir, "--resubmit-failed"], tmp_path, env)
+    assert again.returncode == 0 and "2 submitted" in again.stdout and again.stdout.count("skip ") == 2, again.stdout
+    _wait_for_queue(slurm, env)
+    retried = json.loads((tmp_path / sweep_dir / "jobs.json").read_text())
+    for run in GOOD:  # untouched: same job, same status file
+        assert retried[f"{name}-{run}"]["job_id"] == ids[run]
+        assert (logs / f"{name}-{run}.status").read_text().split() == ["0", ids[run]]
+    for run in BAD:  # run again (and failed again) in a new job of its pack
+        new = retried[f"{name}-{run}"]["job_id"]
+        assert new != ids[run] and (logs / f"{name}-{run}.status").read_text().split() == ["2", new]
+    status = fourd(["sweep", "status", sweep_dir], tmp_path, env)
+    assert "2/4 traces complete, 2 jobs failed" in status.stdout, status.stdout

@@ -71,7 +71,7 @@ def test_run_with_trace_group_size_writes_parts_that_show_and_analyze_read(tmp_p
                   timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     path = results / "grouped.h5"
-    assert sorted(os.listdir(results)) == ["grouped.h5", "grouped.parts"]
+    assert sorted(os.listdir(results)) == ["grouped.h5", "grouped.parts", "index.jsonl"]
     assert sorted(os.listdir(results / "grouped.parts")) == [f"part{i:06d}.h5" for i in range(3)]
     trace = load_trace(str(path))
     assert trace.schema_version == SCHEMA_VERSION and trace.attrs["parts"] == 3 and trace.world_size == 5

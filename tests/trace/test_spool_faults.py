@@ -141,7 +141,7 @@ def test_a_spool_deleted_mid_run_keeps_every_step(run_mpi, tmp_path, step):
     assert sorted(set(trace.rank_steps["rank"].tolist())) == list(range(NRANKS)) and check_invariants(trace) == []
     assert trace.metadata["summary"]["steps"] == 5
     assert len(trace.metadata["spool_recreated"]) == NRANKS
-    assert sorted(os.listdir(tmp_path)) == ["gone.h5"]  # the re-created spool was removed after the merge
+    assert sorted(os.listdir(tmp_path)) == ["gone.h5", "index.jsonl"]  # the re-created spool was removed after the merge
 
 
 # ---------------------------------------------------------------------------

@@ -224,7 +224,7 @@ def test_an_existing_run_id_is_never_overwritten(run_mpi, tmp_path):
     proc = run_mpi(4, ["run", "--results-dir", tmp_path, *args], timeout=60)
     assert "already exists" in _one_line_errors(proc, 4)
     assert hashlib.sha256(open(first, "rb").read()).hexdigest() == digest
-    assert sorted(os.listdir(tmp_path)) == ["fixed.h5"]
+    assert sorted(os.listdir(tmp_path)) == ["fixed.h5", "index.jsonl"]  # the first run's index line
     second, _ = traced(run_mpi, 4, str(tmp_path), *args, "--force", "--steps", "2")
     assert second == first and len(load_trace(second).steps) == 2
 

@@ -1,0 +1,271 @@
+"""The results index: one JSON line per run in ``<results-dir>/index.jsonl``.
+
+``fourd-mpi run`` appends a line on rank 0 once the trace is written (:func:`append_entry`);
+``fourd-mpi results reindex DIR`` rebuilds the file from the traces in ``DIR`` (:func:`reindex`).
+A line (:func:`make_entry`, checked against :data:`ENTRY_SCHEMA`) holds the run id, start time,
+git commit, the **configuration key** (:func:`config_key`), algorithm, model, grid, world size,
+the step-time median and quartiles (the run summary's, :data:`fourd_mpi.trace.summary.STEP_FORMULA`),
+model TFLOP/s per rank, % of peak, the trace status and the trace path (relative to the index's
+directory, so that a results directory can be moved), and the keyed configuration itself.
+
+**Concurrency.** Jobs of one study may finish at the same moment and share the results
+directory. A writer opens the index with ``O_APPEND``, takes an exclusive ``fcntl.flock`` on it and
+writes the whole line with one ``os.write``; readers take a shared lock. A line that is not valid
+JSON or not an entry (a writer killed mid-write, a file system without ``flock``, a hand edit) is
+skipped with a warning naming the line; the other lines are read. :func:`reindex` rewrites the file
+in place under the exclusive lock (truncate, then write), so appenders that opened it before keep
+appending to the same file. ``flock`` is advisory and local on some network file systems (NFS
+before v4 locks per client only): keep the index on a file system that honours it, or rebuild it
+with :func:`reindex`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import math
+import os
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
+
+INDEX_NAME = "index.jsonl"
+#: version of a line's layout (``"index": 1``)
+INDEX_VERSION = 1
+#: options that change where or how a run is written or shown, not what it runs: left out of the key
+#: (``peak-tflops`` changes only the % of peak reported, ``trace-group-size`` only how the trace is split)
+OUTPUT_ONLY = ("results-dir", "run-id", "label", "display", "force", "trace-group-size", "peak-tflops")
+#: options added after traces were written, with the value that older traces ran with: filled in
+#: before hashing, so an old trace and a new one of the same configuration share a key
+KEY_DEFAULTS = {"algorithm": "axonn4d"}
+DEFAULT_ALGORITHM = KEY_DEFAULTS["algorithm"]
+CONFIG_KEY_FORMULA = ("config key = first 16 hex digits of SHA-256 of the resolved configuration as sorted-key "
+                      "JSON, without the output-only options " + ", ".join(OUTPUT_ONLY))
+
+_NUM = {"type": ["number", "null"]}
+_STR = {"type": ["string", "null"]}
+#: what a line must hold to be read (others are skipped with a warning)
+ENTRY_SCHEMA = {
+    "type": "object",
+    "required": ["index", "run_id", "time", "config_key", "algorithm", "grid", "world_size", "median_s", "q1_s",
+                 "q3_s", "status", "trace", "config"],
+    "properties": {
+        "index": {"type": "integer", "minimum": 1}, "run_id": {"type": "string", "minLength": 1},
+        "time": {"type": "string"}, "git_commit": _STR, "version": _STR,
+        "config_key": {"type": "string", "pattern": "^[0-9a-f]{16}$"}, "algorithm": {"type": "string"},
+        "model": _STR, "label": _STR, "grid": {"type": "string"}, "world_size": {"type": "integer", "minimum": 1},
+        "num_nodes": {"type": ["integer", "null"]}, "level": _STR, "measured_steps": {"type": ["integer", "null"]},
+        "median_s": _NUM, "q1_s": _NUM, "q3_s": _NUM, "min_s": _NUM, "max_s": _NUM,
+        "model_tflops_per_rank": _NUM, "percent_of_peak": _NUM, "status": {"type": "string"},
+        "trace": {"type": "string"}, "host": _STR, "config": {"type": "object"},
+    },
+}
+
+
+def keyed_config(config: Dict) -> Dict:
+    """The configuration that identifies a run: ``config`` (a trace's ``metadata["config"]``, keyed by
+    long option names) without :data:`OUTPUT_ONLY`, with :data:`KEY_DEFAULTS` filled in."""
+    out = {k: v for k, v in dict(config or {}).items() if k not in OUTPUT_ONLY}
+    for name, default in KEY_DEFAULTS.items():
+        if out.get(name) is None:
+            out[name] = default
+    return out
+
+
+def config_key(config: Dict) -> str:
+    """:data:`CONFIG_KEY_FORMULA`: equal for runs of one configuration, whatever their output options."""
+    text = json.dumps(keyed_config(config), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def rekeyed(entry: Dict, ignore) -> Dict:
+    """``entry`` with its config key computed without the options ``ignore`` (``compare --ignore``:
+    match runs that differ only in them, e.g. ``steps``)."""
+    config = {k: v for k, v in entry["config"].items() if k not in set(ignore)}
+    return dict(entry, config=config, config_key=config_key(config))
+
+
+def index_file(where: str) -> str:
+    """The index named by ``where``: a ``.jsonl`` file as is, else ``where/index.jsonl`` (a results directory)."""
+    return where if where.endswith(".jsonl") else os.path.join(where, INDEX_NAME)
+
+
+def _finite(value) -> Optional[float]:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def make_entry(metadata: Dict, status: str, trace_path: str, index_dir: str, stats=None) -> Dict:
+    """The index line of a run from its trace metadata (``metadata["summary"]`` for the step times,
+    else ``stats``, a :class:`~fourd_mpi.trace.summary.StepStats`), its status and its trace path."""
+    config = metadata.get("config") if isinstance(metadata.get("config"), dict) else {}
+    summary = metadata.get("summary") if isinstance(metadata.get("summary"), dict) else {}
+    times = {k: _finite(summary.get(k)) for k in ("median_s", "q1_s", "q3_s", "min_s", "max_s")}
+    steps = summary.get("steps")
+    if times["median_s"] is None and stats is not None:
+        times = {k: _finite(getattr(stats, k)) for k in times}
+        steps = stats.steps
+    world = int(metadata.get("world_size") or 1)
+    tflops = _finite(summary.get("model_tflops_per_rank"))
+    flops = _finite(metadata.get("model_flops_per_step"))
+    if tflops is None and flops is not None and times["median_s"]:
+        tflops = flops / world / times["median_s"] / 1e12
+    peak = _finite(summary.get("peak_tflops"))
+    percent = _finite(summary.get("percent_of_peak"))
+    if percent is None and tflops is not None and peak:
+        percent = 100.0 * tflops / peak
+    algorithm = config.get("algorithm") or metadata.get("algorithm") or DEFAULT_ALGORITHM
+    return {
+        "index": INDEX_VERSION, "run_id": str(metadata.get("run_id") or os.path.basename(trace_path)[:-3]),
+        "time": str(metadata.get("start_time") or ""), "git_commit": metadata.get("git_commit"),
+        "version": (metadata.get("packages") or {}).get("fourd_mpi") if isinstance(metadata.get("packages"), dict)
+        else None,
+        "config_key": config_key(config), "algorithm": str(algorithm), "model": config.get("model"),
+        "label": config.get("label"), "grid": str(metadata.get("grid") or ""), "world_size": world,
+        "num_nodes": metadata.get("num_nodes"), "level": metadata.get("level"),
+        "measured_steps": int(steps) if isinstance(steps, (int, float)) and math.isfinite(steps) else None,
+        **times, "model_tflops_per_rank": tflops, "percent_of_peak": percent, "status": status,
+        "trace": os.path.relpath(os.path.abspath(trace_path), os.path.abspath(index_dir)),
+        "host": metadata.get("launch_host"), "config": keyed_config(config),
+    }
+
+
+def entry_line(entry: Dict) -> bytes:
+    """One line of strict JSON (no NaN), newline-terminated."""
+    return (json.dumps(entry, sort_keys=False, separators=(",", ":"), allow_nan=False, default=str) + "\n").encode()
+
+
+#: ``flock`` errors of file systems that do not lock (some NFS and FUSE mounts): go on unlocked, a
+#: single ``O_APPEND`` write is still whole on most of them, and losing the line would be worse
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS)
+
+
+@contextlib.contextmanager
+def _locked(path: str, flags: int, lock: int) -> Iterator[int]:
+    fd = os.open(path, flags, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, lock)
+        except OSError as exc:
+            if exc.errno not in _NO_LOCKS:
+                raise
+        yield fd  # closing the descriptor releases the lock
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # a regular file takes it in one write; a short write (a full disk) raises next time
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def append_entry(path: str, entry: Dict) -> None:
+    """Append ``entry`` to the index ``path`` (created if missing) as one line, in one ``os.write``
+    under an exclusive ``flock``; safe against other processes appending at the same time."""
+    line = entry_line(entry)
+    with _locked(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, fcntl.LOCK_EX) as fd:
+        _write_all(fd, line)
+
+
+def _validator():
+    import jsonschema
+
+    global _VALIDATOR
+    if _VALIDATOR is None:
+        _VALIDATOR = jsonschema.Draft202012Validator(ENTRY_SCHEMA)
+    return _VALIDATOR
+
+
+_VALIDATOR = None
+
+
+def parse_line(text: str) -> Tuple[Optional[Dict], Optional[str]]:
+    """``(entry, None)`` for a valid line, ``(None, reason)`` otherwise."""
+    try:
+        entry = json.loads(text)
+    except ValueError as exc:
+        return None, f"not JSON ({str(exc).split(':')[0]}): a torn or partial write?"
+    error = next(iter(_validator().iter_errors(entry)), None)
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "line"
+        return None, f"not an index entry ({where}: {error.message[:120]})"
+    return entry, None
+
+
+def read_index(path: str, warn: Optional[Callable[[str], None]] = None) -> List[Dict]:
+    """Every valid entry of the index ``path`` in file order (a missing file: none). Invalid or torn
+    lines are skipped, each reported through ``warn`` as ``PATH:LINE: reason``."""
+    if not os.path.exists(path):
+        return []
+    with _locked(path, os.O_RDONLY, fcntl.LOCK_SH) as fd:
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read()
+    entries = []
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        entry, why = parse_line(raw.decode("utf-8", errors="replace"))
+        if entry is None:
+            if warn is not None:
+                warn(f"{path}:{number}: skipped: {why}")
+            continue
+        entries.append(entry)
+    return entries
+
+
+def trace_of(entry: Dict, index_path: str) -> str:
+    """The trace file of an entry (its ``trace`` is relative to the index's directory)."""
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(index_path)), entry["trace"]))
+
+
+def entry_of_trace(trace, index_dir: str) -> Dict:
+    """The index line of a loaded :class:`~fourd_mpi.trace.read.Trace`."""
+    from fourd_mpi.trace.summary import step_stats
+
+    return make_entry(trace.metadata, trace.status, trace.path, index_dir, stats=step_stats(trace))
+
+
+def reindex(directory: str, output: Optional[str] = None,
+            allow_damaged: bool = False) -> Tuple[List[Dict], List[Tuple[str, str]]]:
+    """Rebuild the index of ``directory`` from its ``*.h5`` traces (read by the validating reader);
+    written to ``output`` (default ``directory/index.jsonl``), entries sorted by time and run id.
+
+    Returns ``(entries, problems)``: ``problems`` holds ``(path, reason)`` for every trace skipped.
+    The file is replaced in place under the exclusive lock (see the module's notes on concurrency).
+    """
+    from fourd_mpi.errors import TraceError
+    from fourd_mpi.results.query import expand_traces
+    from fourd_mpi.trace.read import load_trace
+
+    output = output or index_file(directory)
+    index_dir = os.path.dirname(os.path.abspath(output))
+    files, why = expand_traces(directory)
+    problems = [(directory, why)] if why is not None and not os.path.isdir(directory) else []
+    entries = []
+    for path in files:
+        try:
+            entries.append(entry_of_trace(load_trace(path, allow_damaged=allow_damaged), index_dir))
+        except TraceError as exc:
+            problems.append((path, str(exc)))
+    entries.sort(key=lambda e: (e["time"], e["run_id"]))
+    data = b"".join(entry_line(e) for e in entries)
+    with _locked(output, os.O_WRONLY | os.O_CREAT, fcntl.LOCK_EX) as fd:
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        _write_all(fd, data)
+        os.fsync(fd)
+    return entries, problems
+
+
+def index_run(metadata: Dict, status: str, trace_path: str, results_dir: str) -> str:
+    """What ``fourd-mpi run`` calls on rank 0 after the merge: append the run's line to
+    ``results_dir/index.jsonl``; returns the index path."""
+    path = index_file(results_dir)
+    append_entry(path, make_entry(metadata, status, trace_path, results_dir))
+    return path

@@ -1,0 +1,239 @@
+"""``fourd-mpi compare``: verdicts from the statistics, the threshold, unmatched configurations, the
+output formats (JUnit parsed with ElementTree), exit codes, and the two committed real traces."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+from fourd_mpi.analysis.compare import (MIN_SAMPLES, Settings, compare_runs, exit_status, parse_threshold)
+from fourd_mpi.analysis.compare_report import render
+from fourd_mpi.cli.main import main
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.results.index import reindex
+
+from conftest import REPO
+
+pytest.importorskip("scipy")
+
+BASELINES = REPO / "results" / "baselines"
+BASE, SLOW = BASELINES / "baseline-gpt-tiny-np2.h5", BASELINES / "slower-gpt-tiny-np2.h5"
+SETTINGS = Settings(resamples=2000)
+
+
+def run(key: str, run_id: str, samples):
+    entry = {"config_key": key * 16, "run_id": run_id, "model": "gpt-tiny", "grid": "1x1x1x2", "world_size": 2,
+             "algorithm": "axonn4d"}
+    return entry, np.asarray(samples, dtype=np.float64), f"{run_id}.h5"
+
+
+def noisy(median: float, n: int = 20, spread: float = 0.02, seed: int = 1):
+    return median * (1 + spread * np.random.default_rng(seed).standard_normal(n))
+
+
+def one(new, old, settings=SETTINGS):
+    comparisons = compare_runs([run("a", "new", new)], [run("a", "old", old)], settings)
+    assert len(comparisons) == 1
+    return comparisons[0]
+
+
+def test_identical_samples_are_the_same():
+    samples = noisy(0.1)
+    c = one(samples, samples)
+    assert c.verdict == "same" and c.ratio == 1.0 and c.p_value == pytest.approx(1.0)
+    assert c.ci_low <= 1.0 <= c.ci_high and exit_status([c]) == 0
+
+
+def test_a_clearly_slower_run_is_a_regression_and_the_reverse_is_faster():
+    slow, fast = noisy(0.15, seed=2), noisy(0.10, seed=3)
+    c = one(slow, fast)
+    assert c.verdict == "slower" and c.regression and exit_status([c]) == 1
+    assert c.ratio == pytest.approx(np.median(slow) / np.median(fast))
+    assert 1.05 < c.ci_low < c.ratio < c.ci_high and c.p_value < 1e-6
+    back = one(fast, slow)
+    assert back.verdict == "faster" and exit_status([back]) == 0 and back.ci_high < 1
+
+
+def test_the_threshold_is_respected():
+    """3 % slower with little noise: significant, but a regression only when the threshold is below 3 %."""
+    new, old = noisy(0.103, spread=0.002, seed=4), noisy(0.100, spread=0.002, seed=5)
+    within = one(new, old, Settings(threshold=0.05, resamples=2000))
+    assert within.p_value < 0.05 and within.ci_low > 1
+    assert within.verdict == "same" and "within the 5% threshold" in within.note
+    assert one(new, old, Settings(threshold=0.01, resamples=2000)).verdict == "slower"
+    assert one(new, old, Settings(threshold=0.029, resamples=2000)).verdict == "slower"
+    assert one(new, old, Settings(threshold=0.04, resamples=2000)).verdict == "same"
+
+
+def test_noise_alone_is_rarely_called_a_change():
+    """200 pairs of samples of one distribution (20 steps, 20 % noise): at level 0.05 about 5 % of the
+    pairs may differ by chance (the pair of seeds 6 and 7 does: p = 0.008); more than 10 % is a bug."""
+    settings = Settings(resamples=1000)
+    verdicts = [one(noisy(0.1, spread=0.2, seed=2 * i + 100), noisy(0.1, spread=0.2, seed=2 * i + 101),
+                    settings).verdict for i in range(200)]
+    assert verdicts.count("same") >= 180 and verdicts.count("slower") <= 12, verdicts
+
+
+def test_unit_run_sees_the_variation_between_runs():
+    """Runs whose medians scatter by 30 % (another node, a busy machine) but whose steps vary by 2 %:
+    per step, the pooled samples look different; per run (4 against 4 medians), they do not."""
+    rng = np.random.default_rng(20)
+    def runs(prefix, n):
+        return [run("a", f"{prefix}{i}", noisy(0.1 * (1 + 0.3 * rng.standard_normal()), seed=30 + i + 10 * len(prefix)))
+                for i in range(n)]
+
+    new, old = runs("n", 4), runs("oo", 4)
+    per_step = compare_runs(new, old, SETTINGS)[0]
+    per_run = compare_runs(new, old, Settings(resamples=2000, unit="run"))[0]
+    assert per_step.p_value < 1e-3
+    assert per_run.verdict == "same" and per_run.p_value > 0.05
+    assert per_run.new_median_s == pytest.approx(np.median([np.median(s) for _, s, _ in new]))
+    assert "one sample per run" in Settings(unit="run").statistics_text()
+    clearly = compare_runs([run("a", f"s{i}", noisy(0.2, seed=40 + i)) for i in range(4)],
+                           [run("a", f"b{i}", noisy(0.1, seed=50 + i)) for i in range(4)],
+                           Settings(resamples=2000, unit="run"))[0]
+    assert clearly.verdict == "slower" and clearly.p_value == pytest.approx(2 / 70)  # exact: the least 4 v 4 p
+
+
+def test_too_few_steps_give_no_test():
+    c = one([0.2] * (MIN_SAMPLES - 1), [0.1] * 10)
+    assert c.verdict == "same" and "no test" in c.note and c.ratio == 2.0 and np.isnan(c.p_value)
+
+
+def test_the_bootstrap_interval_is_reproducible():
+    new, old = noisy(0.12, seed=8), noisy(0.1, seed=9)
+    a, b = one(new, old), one(new, old)
+    assert (a.ci_low, a.ci_high) == (b.ci_low, b.ci_high)
+
+
+def test_runs_of_one_configuration_are_pooled_and_unmatched_ones_reported():
+    new = [run("a", "n1", noisy(0.1, seed=10)), run("a", "n2", noisy(0.1, seed=11)), run("b", "n3", noisy(0.2))]
+    old = [run("a", "o1", noisy(0.1, seed=12)), run("c", "o2", noisy(0.3))]
+    comparisons = compare_runs(new, old, SETTINGS)
+    assert [(c.key[0], c.verdict) for c in comparisons] == [("a", "same"), ("b", "unmatched"), ("c", "unmatched")]
+    assert comparisons[0].new.run_ids == ["n1", "n2"] and len(comparisons[0].new.samples) == 40
+    assert comparisons[1].old is None and comparisons[2].new is None
+    table = render(comparisons, SETTINGS, "table")
+    assert "unmatched: gpt-tiny 1x1x1x2 on 2 ranks, axonn4d [bbbbbbbb]: no baseline run" in table
+    assert "unmatched: gpt-tiny 1x1x1x2 on 2 ranks, axonn4d [cccccccc]: only in the baseline" in table
+    assert "ok: 0 slower, 0 faster, 1 same, 2 unmatched" in table
+
+
+def test_junit_is_well_formed_with_a_failure_per_regression():
+    comparisons = compare_runs([run("a", "n", noisy(0.2)), run("b", "m", noisy(0.1, seed=13)),
+                                run("d", "x", noisy(0.1))],
+                               [run("a", "o", noisy(0.1, seed=14)), run("b", "p", noisy(0.1, seed=15))], SETTINGS)
+    root = ET.fromstring(render(comparisons, SETTINGS, "junit"))
+    assert root.tag == "testsuites" and root.get("failures") == "1" and root.get("tests") == "3"
+    suite = root.find("testsuite")
+    cases = suite.findall("testcase")
+    assert len(cases) == 3 and suite.get("skipped") == "1"
+    failures = [c for c in cases if c.find("failure") is not None]
+    assert len(failures) == 1 and "[aaaaaaaa]" in failures[0].get("name")
+    assert failures[0].find("failure").get("message").startswith("slower: ratio 2")
+    assert [c.find("skipped") is not None for c in cases] == [False, False, True]
+    props = {p.get("name"): p.get("value") for p in suite.find("properties")}
+    assert "Mann-Whitney U two-sided" in props["statistics"] and props["threshold"] == "5%"
+
+
+def test_markdown_and_json_name_the_statistics():
+    comparisons = compare_runs([run("a", "n", noisy(0.2))], [run("a", "o", noisy(0.1, seed=16))], SETTINGS)
+    md = render(comparisons, SETTINGS, "markdown")
+    assert md.startswith("**REGRESSION: 1 slower") and "| configuration | new | baseline |" in md
+    assert "ratio = median(new)/median(old)" in md and "95% percentile bootstrap CI" in md
+    data = json.loads(render(comparisons, SETTINGS, "json"))
+    assert data["exit_status"] == 1 and data["comparisons"][0]["verdict"] == "slower"
+    assert "Mann-Whitney U two-sided" in data["statistics"] and len(data["comparisons"][0]["new"]["samples_s"]) == 20
+
+
+@pytest.mark.parametrize("text, value", [("5%", 0.05), ("0.5%", 0.005), ("0.1", 0.1), ("0", 0.0)])
+def test_parse_threshold(text, value):
+    assert parse_threshold(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["5", "abc", "-1%", "100%"])
+def test_bad_thresholds(text):
+    with pytest.raises(ConfigError):
+        parse_threshold(text)
+
+
+# ---------------------------------------------------------------------------
+# the command, on the committed real traces (results/baselines, see its README)
+# ---------------------------------------------------------------------------
+
+def compare(capfd, *args):
+    code = main(["compare", *map(str, args)])
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def test_the_committed_slower_trace_is_a_regression(capfd):
+    code, out, _ = compare(capfd, SLOW, "--baseline", BASE, "--threshold", "5%")
+    assert code == 1, out
+    assert "SLOWER" in out and "REGRESSION: 1 slower" in out and "ratio = median(new)/median(old)" in out
+    code, out, _ = compare(capfd, BASE, "--baseline", SLOW)
+    assert code == 0 and "ok: 0 slower, 1 faster" in out
+    code, out, _ = compare(capfd, BASE, "--baseline", BASE)
+    assert code == 0 and "ok: 0 slower, 0 faster, 1 same" in out
+
+
+def test_run_ids_queries_and_directories_through_the_index(capfd, tmp_path):
+    shutil.copy(BASE, tmp_path)
+    shutil.copy(SLOW, tmp_path)
+    reindex(str(tmp_path))
+    code, out, _ = compare(capfd, "slower-gpt-tiny-np2", "--baseline", "baseline-gpt-tiny-np2", "--index", tmp_path,
+                           "--format", "json")
+    assert code == 1 and json.loads(out)["comparisons"][0]["verdict"] == "slower"
+    code, out, _ = compare(capfd, "run_id=slower-gpt-tiny-np2", "--baseline", "until=2026-11-24T00:44:01",
+                           "--index", tmp_path / "index.jsonl", "--format", "json")
+    assert code == 1 and json.loads(out)["comparisons"][0]["baseline"]["runs"] == ["baseline-gpt-tiny-np2"]
+    code, out, _ = compare(capfd, tmp_path, "--baseline", BASE, "--format", "json")  # a directory: both runs pooled
+    data = json.loads(out)["comparisons"][0]
+    assert len(data["new"]["runs"]) == 2 and data["new"]["steps"] == 40
+
+
+def test_output_file_and_usage_errors(capfd, tmp_path):
+    report = tmp_path / "compare.xml"
+    code, out, err = compare(capfd, SLOW, "--baseline", BASE, "--format", "junit", "-o", report)
+    assert code == 1 and out == "" and err.strip() == f"wrote {report} (junit: 1 regression(s))"
+    assert ET.parse(report).getroot().get("failures") == "1"
+    code, _, err = compare(capfd, SLOW, "--baseline", BASE, "-o", report)
+    assert code == 2 and "already exists" in err
+    for args, message in (([SLOW, "--baseline", tmp_path / "none.h5"], "no such"),
+                          ([SLOW, "--baseline", "no-such-run", "--index", BASELINES], "no run 'no-such-run'"),
+                          ([SLOW, "--baseline", "model=gpt-small", "--index", BASELINES], "no run in"),
+                          ([SLOW, "--baseline", BASE, "--threshold", "5"], "fraction below 1"),
+                          ([SLOW], "--baseline")):
+        code, _, err = compare(capfd, *args)
+        assert code == 2 and message in err and "Traceback" not in err, (args, err)
+
+
+def _relabelled(source, target, **changes):
+    """A copy of a committed trace whose recorded configuration says ``changes`` (e.g. another dtype)."""
+    import h5py
+
+    shutil.copy(source, target)
+    with h5py.File(target, "r+") as h5:
+        attrs = h5["metadata"].attrs
+        attrs["config"] = json.dumps(dict(json.loads(attrs["config"]), **changes))
+    return target
+
+
+def test_nothing_in_common_is_a_usage_error(capfd, tmp_path):
+    other = _relabelled(BASE, tmp_path / "other.h5", dtype="float64")
+    code, _, err = compare(capfd, other, "--baseline", BASE)
+    assert code == 2 and "no configuration is in both" in err
+
+
+def test_ignore_matches_runs_that_differ_only_in_the_ignored_options(capfd, tmp_path):
+    longer = _relabelled(SLOW, tmp_path / "longer.h5", steps=40)
+    code, _, err = compare(capfd, longer, "--baseline", BASE)
+    assert code == 2 and "no configuration is in both" in err
+    code, out, _ = compare(capfd, longer, "--baseline", BASE, "--ignore", "steps", "--format", "json")
+    assert code == 1 and json.loads(out)["comparisons"][0]["verdict"] == "slower"
+    code, _, err = compare(capfd, longer, "--baseline", BASE, "--ignore", "stpes")
+    assert code == 2 and "--ignore stpes: no such configuration option" in err
