@@ -148,16 +148,17 @@ def cmd_verify(args, world) -> int:
             raise ConfigError(f"grid {g} has {g.size} ranks but the world size is {size}")
     skipped = []
     algorithm = get_algorithm(options.algorithm)
-    model_problems = algorithm.model_problems  # the algorithm's own rules
+
+    def problems_of(g):  # a fixed axis of another size, the algorithm's own checks, its model rules
+        return [p for p in (algorithm.grid_problem(options, g),) if p] or algorithm.model_problems(options.model, g)
+
     if args.all_grids or not grids:
         candidates = list(grid_factorizations(size)) if args.all_grids else [options.grid]
         for g in candidates:
-            if algorithm.grid_problem(options, g):  # not a grid of this algorithm: not listed
-                continue
-            problems = model_problems(options.model, g)
+            problems = problems_of(g)
             (skipped.append((g, problems[0])) if problems else grids.append(g))
     for g in grids:
-        problems = [p for p in (algorithm.grid_problem(options, g),) if p] or model_problems(options.model, g)
+        problems = problems_of(g)
         if problems:
             raise ConfigError(f"model {options.model.name} on grid {g} (G_data x G_z x G_y x G_x): "
                               + "; ".join(problems))
