@@ -81,7 +81,7 @@ class BookkeepingClock:
 def timed_steps(run, spool, level, first_step, count, clock):
     """``count`` steps at ``level``: per step, the max-over-ranks seconds of (step + spool append),
     this rank's events, and this rank's seconds in end-of-step bookkeeping (array + append)."""
-    world = run.grid.cart
+    world = run.world  # the whole run (a pipeline splits it into stage grids)
     run.comm.tracer.set_level(level)
     record = np.zeros(1, dtype=RANK_STEP_DTYPE)
     times, events, bookkeeping = [], [], []

@@ -29,6 +29,7 @@ ONLINE = {
     "fourd_mpi.core.collectives", "fourd_mpi.core.mpiutil",
     "fourd_mpi.step.layers", "fourd_mpi.step.model", "fourd_mpi.step.engine", "fourd_mpi.step.schedule",
     "fourd_mpi.run.build", "fourd_mpi.run.session", "fourd_mpi.run.verify", "fourd_mpi.algorithms.tensor4d",
+    "fourd_mpi.algorithms.pipeline", "fourd_mpi.core.p2p",
     "fourd_mpi.algorithms.optimus3d", "fourd_mpi.algorithms.optimus_layers",
     "fourd_mpi.perf.collbench",
 }

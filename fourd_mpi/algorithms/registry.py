@@ -15,7 +15,12 @@ name              what it is                              fixed axes
 ``fsdp``          fully sharded data parallel (ZeRO-3)    ``G_x = G_y = 1``
 ``dp``            plain data parallelism                  ``G_x = G_y = G_z = 1``
 ``optimus3d``     Optimus-CUBE 3D tensor + data           ``G_x = G_y = G_z = q``
+``pipeline``      AxoNN inter-layer pipeline x 4D         none (``--ginter`` stages)
 ================  =====================================  ==========================
+
+Only ``pipeline`` splits the world before the 4D grid: :meth:`Algorithm.tensor_world` gives the
+ranks of one 4D grid (``world / G_inter``); every other algorithm refuses ``--ginter`` or
+``--microbatches`` above 1.
 
 With ``G_x = G_z = 1`` a normal layer stores ``W[n/G_y, k]`` (column-parallel) and a
 transposed layer ``W[n, k/G_y]`` with its forward all-reduce over Y (row-parallel): exactly
@@ -39,6 +44,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
+from fourd_mpi.algorithms import pipeline_plan
 from fourd_mpi.algorithms import cube
 from fourd_mpi.core.grid import GridShape, infer_grid_shape
 from fourd_mpi.errors import ConfigError
@@ -75,6 +81,9 @@ class Algorithm:
     #: the axis that takes every rank when none of the free axes is given (``megatron1d``: all ranks
     #: tensor-parallel over Y, ``fsdp``: all sharded over Z); ``data`` as in :func:`~fourd_mpi.core.grid.infer_grid_shape`
     infer: str = "data"
+    #: pure ``splitter(algorithm, world_size, values) -> ranks of one 4D grid`` for algorithms that split
+    #: the world before the 4D grid (``values``: option values keyed by dest); None: the whole world
+    splitter: Optional[Callable] = None
     shaper: Optional[Callable] = None
     model_checker: Optional[Callable] = None
     describer: Optional[Callable] = None
@@ -144,6 +153,18 @@ class Algorithm:
         if self.checker is not None:
             self.checker(self, options)
 
+    def tensor_world(self, world_size: int, values: Mapping) -> int:
+        """Ranks of one 4D grid of this algorithm on ``world_size`` ranks (``values``: option values keyed
+        by dest, e.g. ``ginter``). Pure; raises :class:`ConfigError` (same line on every rank)."""
+        if self.splitter is not None:
+            return self.splitter(self, world_size, values)
+        for dest, flag in (("ginter", "--ginter"), ("microbatches", "--microbatches")):
+            given = values.get(dest) or 1
+            if given > 1:
+                raise ConfigError(f"{flag} {given}: --algorithm {self.name} ({self.title}) has no pipeline "
+                                  f"stages; use --algorithm pipeline (or {flag} 1)")
+        return world_size
+
     def module(self):
         """The implementing module (imported on first use)."""
         return importlib.import_module(self.impl)
@@ -170,6 +191,10 @@ _ALGORITHMS: Tuple[Algorithm, ...] = (
               "fourd_mpi.algorithms.optimus3d", "Bian, Xu, Wang, You, arXiv 2104.05343",
               checker=cube.checker, shaper=cube.cube_shape, model_checker=cube.model_problems,
               describer=cube.describe, label="Optimus-CUBE 3D"),
+    Algorithm("pipeline", "AxoNN inter-layer pipeline x 4D tensor", "pipeline", "fourd_mpi.algorithms.pipeline",
+              "Singh & Bhatele, IPDPS'22, 'AxoNN: an asynchronous, message-driven parallel framework for "
+              "extreme-scale deep learning'", checker=pipeline_plan.check, splitter=pipeline_plan.stage_world,
+              label="AxoNN pipeline"),
 )
 
 #: by name, in the order ``--help`` lists them

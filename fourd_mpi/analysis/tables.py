@@ -41,7 +41,7 @@ import pandas as pd
 
 from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM, of_metadata
 from fourd_mpi.errors import ConfigError, TraceError
-from fourd_mpi.trace.summary import (HARNESS_OPS, SHARE_FORMULA, STEP_FORMULA, harness_ns,
+from fourd_mpi.trace.summary import (HARNESS_OPS, SHARE_FORMULA, STEP_FORMULA, bubble_ns, harness_ns,
                                      host_op_mask, measured_records, per_record_sums, step_stats, summarize)
 from fourd_mpi.trace.read import Trace, load_trace
 from fourd_mpi.core.colltable import BUSBW_FORMULA, wire_factor
@@ -289,7 +289,7 @@ def run_row(trace: Trace) -> Dict:
                hardware_flops_per_step=hardware, hardware_tflops_per_rank=nan, hardware_percent_of_peak=nan)
     if len(trace.rank_steps):
         harness = harness_ns(trace)
-        s = summarize(trace.rank_steps, world, flops, tokens, peak, "", harness=harness)
+        s = summarize(trace.rank_steps, world, flops, tokens, peak, "", harness=harness, bubble=bubble_ns(trace))
         row.update(steps=s.steps, step_median_s=s.median_s, step_min_s=s.min_s, step_max_s=s.max_s,
                    step_q1_s=s.q1_s, step_q3_s=s.q3_s, compute_share=s.compute_share, wait_share=s.wait_share,
                    harness_share=s.harness_share, other_share=s.other_share,
@@ -441,6 +441,11 @@ def breakdown(trace: Trace) -> pd.DataFrame:
         for p in range(nph):
             if hcounts[p]:
                 rows.append((phases[p], "harness", "none", hsums[p]))
+        if "bubble" in ops:  # pipeline runs: blocked waiting for another stage's message, a category of its own
+            bsums, bcounts = by_phase_and(np.zeros_like(op), op == ops.index("bubble"), 1)
+            for p in range(nph):
+                if bcounts[p]:
+                    rows.append((phases[p], "bubble", "inter", bsums[p]))
         wsums, wcounts = by_phase_and(axis, op == ops.index("wait"), nax)
         for p in range(nph):
             for a in range(nax):
@@ -478,7 +483,7 @@ def breakdown_wide(long: pd.DataFrame) -> pd.DataFrame:
     table = (long.assign(key=key).pivot_table(index="run_id", columns="key", values="share", aggfunc="sum",
                                               sort=False) * 100)
     order = [c for c in (*COMPUTE_OPS, "compute", "harness", "comm_x", "comm_y", "comm_z", "comm_data",
-                         "exposed_comm", "other") if c in table.columns]
+                         "comm_inter", "exposed_comm", "bubble", "other") if c in table.columns]
     order += [c for c in table.columns if c not in order]
     step = long.groupby("run_id", sort=False)["step_s"].first()
     wide = table[order].rename(columns=lambda c: f"{c}_%")

@@ -85,6 +85,8 @@ def _header(world, run) -> None:
     say(world, f"fourd-mpi {__version__}  MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
     say(world, run.grid.describe())
     say(world, get_algorithm(run.options.algorithm).describe(run.options.grid))
+    if hasattr(run.trainer, "describe"):  # e.g. the pipeline's stages and schedule
+        say(world, run.trainer.describe())
     say(world, f"model {cfg.name}: {cfg.kind}, {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, "
                f"ffn {cfg.ffn_hidden}, seq {cfg.seq}, global batch {cfg.batch} "
                f"({cfg.parameter_count() / 1e6:.2f} M parameters)")
@@ -139,13 +141,15 @@ def cmd_run(args, world) -> int:
 def cmd_verify(args, world) -> int:
     from fourd_mpi.run.verify import verify
 
-    size = world.Get_size()
-    options = run_options(args, size)
+    world_size = world.Get_size()
+    options = run_options(args, world_size)
+    size = options.grid.size  # ranks of one 4D grid: the world, or world / G_inter for pipeline stages
     check_timeout(args.step_timeout)
     grids = [GridShape.parse(g) for g in args.grid]
     for g in grids:
         if g.size != size:
-            raise ConfigError(f"grid {g} has {g.size} ranks but the world size is {size}")
+            stages = f" / G_inter {options.ginter} = {size}" if size != world_size else ""
+            raise ConfigError(f"grid {g} has {g.size} ranks but the world size is {world_size}{stages}")
     skipped = []
     algorithm = get_algorithm(options.algorithm)
 
@@ -162,6 +166,7 @@ def cmd_verify(args, world) -> int:
         if problems:
             raise ConfigError(f"model {options.model.name} on grid {g} (G_data x G_z x G_y x G_x): "
                               + "; ".join(problems))
+        get_algorithm(options.algorithm).check(replace(options, grid=g))  # e.g. micro-batches of this grid's shard
     variants = [replace(options, overlap=o, progress=p, recompute=r)
                 for r in (args.recompute or ["none"])
                 for o in (args.overlap or ["none"]) for p in (args.progress or ["poll"])]
@@ -173,9 +178,8 @@ def cmd_verify(args, world) -> int:
     if world.Get_rank() != 0:
         return 0
     reference = "" if args.reference_backend == "same" else f" ({args.reference_backend} reference)"
-    print(f"verify {options.model.name} ({options.dtype}{', tf32' if options.tf32 else ''}) with algorithm "
-          f"{algorithm.name} ({algorithm.display}) on {size} ranks against the serial 4D model on one rank"
-          f"{reference}, "
+    print(f"verify {options.model.name} ({options.dtype}{', tf32' if options.tf32 else ''}) on {world_size} ranks "
+          f"with {options.algorithm} against the serial 4D model on one rank{reference}, "
           f"{args.steps} training steps; relative error ||a-b||/||b||, tolerance {results[0].tolerance:g}")
     print(f"{'grid (DxZxYxX)':>15} {'overlap':<22} {'progress':<8} {'recompute':<9} {'output':>10} "
           f"{'worst grad':>10} {'(tensor)':<18} {'losses':>10}  result")
@@ -189,8 +193,8 @@ def cmd_verify(args, world) -> int:
     print(f"{len(results) - failed} passed, {failed} failed, {len(skipped)} skipped")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"model": options.model.as_dict(), "dtype": options.dtype, "world_size": size,
-                       "algorithm": algorithm.name,
+            json.dump({"model": options.model.as_dict(), "dtype": options.dtype, "world_size": world_size,
+                       "algorithm": options.algorithm,
                        "results": [dict(r.__dict__, ok=r.ok) for r in results],
                        "skipped": [[str(g), why] for g, why in skipped]}, fh, indent=1)
     return 1 if failed else 0

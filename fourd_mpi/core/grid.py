@@ -169,6 +169,9 @@ class ProcessGrid:
             )
         self.shape = shape
         self.comm = comm
+        #: the communicator of the whole run this grid belongs to (end-of-step agreements span it): ``comm``
+        #: itself, unless the run splits its world first (pipeline stages: :meth:`fourd_mpi.run.build.Run.build`)
+        self.world = comm
         self.cart = comm.Create_cart(dims=list(shape.dims), periods=[False] * 4, reorder=False)
         self.rank = self.cart.Get_rank()
         self.world_size = self.cart.Get_size()

@@ -110,6 +110,13 @@ def memory_need(options) -> MemoryNeed:
         m = (cfg.batch // (grid.data * grid.x * grid.y)) * cfg.seq
     estimate = estimate_memory(cfg, grid, dtype=options.dtype, optimizer=options.optimizer,
                                overlap=options.overlap_config())
+    stages = getattr(options, "ginter", 1)
+    if stages > 1 or getattr(options, "microbatches", 1) > 1:  # pipeline: the fullest stage's blocks and activations
+        from fourd_mpi.perf.pipeline import pipeline_memory
+
+        estimate = max((pipeline_memory(cfg, grid, stages, options.microbatches, s, options.dtype, options.optimizer,
+                                        options.overlap_config(), schedule=options.pipeline_schedule)
+                        for s in range(stages)), key=lambda e: e.total)
     batches = min(options.data_batches, options.steps)
     tensor = m * (cfg.hidden // grid.x)  # one input or target [m, h/G_x] ([m, h/q] on a cube)
     data = 2 * max(0, batches - 1) * tensor * dtype_bytes(options.dtype)
@@ -389,7 +396,7 @@ def admit(comm, options, backend) -> Tuple[MemoryNeed, Optional[Budget]]:
         return need, None
     tight = Budget(*min(known))
     if need.total > tight.bytes:
-        raise ConfigError(refusal(need, tight, options, comm.Get_size()))
+        raise ConfigError(refusal(need, tight, options, options.grid.size))  # ranks of one 4D grid
     return need, tight
 
 

@@ -103,6 +103,9 @@ class Run:
     clock_start: Optional[tuple] = None
     #: the memory model's estimate per rank that admission checked (:mod:`fourd_mpi.run.admission`)
     memory_need: Optional[MemoryNeed] = None
+    #: the communicator the run was built on (all its ranks); ``grid.comm`` is this rank's part of it when
+    #: the algorithm splits the world (pipeline stages), else the same
+    world: object = None
 
     @classmethod
     def build(cls, mpi_comm, options: RunOptions, count_flops: bool = False,
@@ -113,16 +116,21 @@ class Run:
         ``trace_level``: record events at that level (:data:`fourd_mpi.trace.events.LEVELS`)
         on clocks aligned to rank 0's; None keeps only per-step totals.
         """
-        grid = ProcessGrid(mpi_comm, options.grid)
+        impl = get_algorithm(options.algorithm).module()
+        # the 4D grid's communicator: the whole world, or this rank's part of it (pipeline stages); every
+        # agreement below spans mpi_comm, the whole run, never only the grid
+        grid_comm = impl.grid_comm(mpi_comm, options) if hasattr(impl, "grid_comm") else mpi_comm
+        grid = ProcessGrid(grid_comm, options.grid)
+        grid.world = mpi_comm
         awareness = detect_gpu_awareness()
         backend_name = options.backend
         if backend_name == "auto":  # cupy only when every rank has a usable GPU
-            backend_name = "cupy" if all(grid.cart.allgather(cupy_usable())) else "numpy"
+            backend_name = "cupy" if all(mpi_comm.allgather(cupy_usable())) else "numpy"
         # CuPy starts staged; direct only once detection (and the smoke test) allow it
         first_mode = "staged" if options.device_buffers == "staged" or backend_name == "cupy" else "direct"
         backend = agree(mpi_comm, lambda: make_backend(
             backend_name, parse_dtype(options.dtype), grid.local_rank, first_mode, options.tf32))
-        evidence = grid.cart.allgather((awareness.direct_ok, awareness.reason, awareness.cuda_aware))
+        evidence = mpi_comm.allgather((awareness.direct_ok, awareness.reason, awareness.cuda_aware))
         evidence_ok = all(ok for ok, _, _ in evidence)
         evidence_reason = next((why for ok, why, _ in evidence if not ok), evidence[0][1])
         wants_direct = options.device_buffers == "direct" or (options.device_buffers == "auto" and evidence_ok)
@@ -136,23 +144,21 @@ class Run:
                                                              evidence_reason, awareness.smoke_test))
         backend.set_staged(buffers.mode == "staged")
         # memory admission before anything that grows with the model is allocated (same error on every rank)
-        need, _ = admit(grid.cart, options, backend)
+        need, _ = admit(mpi_comm, options, backend)
         progress = agree(mpi_comm, lambda: make_progress(options.progress, options.poll_flops))
         clock, clock_start = (0, 0), None
         if trace_level is None:
             tracer = Tracer(level="step")
         else:
-            clock_start = align_clocks(grid.cart)
+            clock_start = align_clocks(mpi_comm)
             offset, uncertainty, origin, _ = clock_start
             clock = (offset, uncertainty)
             sync = backend.synchronize if backend.name == "cupy" else None
-            tracer = Tracer(level=trace_level, rank=grid.cart.Get_rank(), clock_offset_ns=offset,
+            tracer = Tracer(level=trace_level, rank=mpi_comm.Get_rank(), clock_offset_ns=offset,
                             origin_ns=origin, synchronize=sync)
         comm = Collectives(grid, backend, progress=progress, check_buffers=options.check_buffers,
                            skip_communication=skip_communication, tracer=tracer)
         counter = ComputeCounter(backend=backend, enabled=count_flops, tracer=tracer)
-
-        impl = get_algorithm(options.algorithm).module()
 
         def allocate_state():
             model, data = impl.build_state(options, grid, backend, counter)
@@ -160,16 +166,22 @@ class Run:
             return model, data, optimizer
 
         # a MemoryError on any rank (the model counts no temporaries) is one line on every rank
-        model, data, optimizer = allocate(grid.cart, "the model, optimizer state and data", allocate_state, need)
-        data_prep = grid.cart.allreduce(data.prep_seconds, op=MPI.MAX)
+        model, data, optimizer = allocate(mpi_comm, "the model, optimizer state and data", allocate_state, need)
+        data_prep = mpi_comm.allreduce(data.prep_seconds, op=MPI.MAX)
         trainer = impl.make_trainer(model, data, comm, optimizer, options)
         return cls(options, grid, backend, comm, model, data, trainer, counter, clock, awareness, buffers, data_prep,
-                   clock_start=clock_start, memory_need=need)
+                   clock_start=clock_start, memory_need=need, world=mpi_comm)
 
     def overlap_notes(self):
         """Overlap options that are no-ops on this grid, with the reason."""
         return self.trainer.overlap.inapplicable(self.options.grid)
 
     def close(self) -> None:
+        """Collective over :attr:`world`."""
         self.comm.progress.close()
+        closing = getattr(self.trainer, "close", None)
+        if closing is not None:
+            closing()
         self.grid.free()
+        if self.world is not None and self.grid.comm is not self.world:
+            self.grid.comm.Free()

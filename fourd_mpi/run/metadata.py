@@ -72,10 +72,13 @@ def mpi_library() -> Dict[str, str]:
 def run_metadata(run, run_id: str, config: Dict, level: str, start_time: str) -> Dict:
     """Rank 0's metadata of a run (everything but per-rank facts, which go to the ranks table)."""
     grid = run.grid
+    world = run.world if run.world is not None else grid.cart
+    extra = getattr(run.trainer, "trace_metadata", None)  # an algorithm's own keys (pipeline: the 5D grid)
     return {
+        **(extra() if extra is not None else {}),
         "run_id": run_id, "start_time": start_time, "level": level, "config": config,
         "run_options": run.options.as_dict(), "grid": str(run.options.grid),
-        "algorithm": run.options.algorithm, "world_size": grid.cart.Get_size(),
+        "algorithm": run.options.algorithm, "world_size": world.Get_size(),
         "num_nodes": grid.num_nodes, "ranks_per_node": grid.ranks_per_node, "mpi": mpi_library(),
         "backend": run.backend.describe(), "device_buffers_direct": bool(run.backend.device_buffers_direct),
         "gpu_aware_mpi": run.gpu_awareness.as_dict() if run.gpu_awareness is not None else None,
@@ -105,7 +108,7 @@ def device_info(backend) -> Dict:
 
 def rank_metadata(run, clock_offset_ns: int, clock_uncertainty_ns: int) -> Dict:
     grid = run.grid
-    return {"rank": grid.cart.Get_rank(), "hostname": grid.hostname, "node": grid.node_index,
-            "local_rank": grid.local_rank, "coords": dict(grid.coords), "pid": os.getpid(),
+    return {"rank": (run.world if run.world is not None else grid.cart).Get_rank(), "hostname": grid.hostname, "node": grid.node_index,
+            "local_rank": grid.local_rank, "coords": {**grid.coords, **getattr(run.trainer, "extra_coords", {})}, "pid": os.getpid(),
             "clock_offset_ns": int(clock_offset_ns), "clock_uncertainty_ns": int(clock_uncertainty_ns),
             "data_prep_s": float(run.data.prep_seconds)}

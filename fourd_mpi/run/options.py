@@ -22,6 +22,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
+from fourd_mpi.algorithms.pipeline_plan import SCHEDULES as PIPELINE_SCHEDULES
 from fourd_mpi.algorithms.registry import ALGORITHMS, DEFAULT_ALGORITHM
 from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.core.backend import BACKENDS, DEVICE_BUFFER_MODES, DTYPES, check_dtype_options
@@ -106,6 +107,16 @@ RUN_OPTIONS: Tuple[Option, ...] = (
     Option("gz", "grid", positive_int, None, metavar=_N, help="G_z: ranks sharding weights (all-gathered over Z) "
            "and splitting the batch"),
     Option("gdata", "grid", positive_int, None, metavar=_N, help="G_data: data-parallel replicas (outermost)"),
+    Option("ginter", "grid", positive_int, 1, metavar=_N,
+           help="--algorithm pipeline: G_inter pipeline stages, each a G_data x G_z x G_y x G_x grid of world / "
+                "G_inter ranks (rank order data, inter, z, y, x; default 1)"),
+    Option("microbatches", "grid", positive_int, 1, metavar=_N,
+           help="--algorithm pipeline: micro-batches per batch shard (must divide its B / (G_data G_z) "
+                "sequences; default 1)"),
+    Option("pipeline-schedule", "grid", str, "axonn", PIPELINE_SCHEDULES,
+           help="--algorithm pipeline: axonn (message-driven: stage 0 keeps G_inter micro-batches in flight, "
+                "the others react to whichever message arrives first; default) or 1f1b (warm-up forwards, "
+                "one forward one backward, cool-down backwards); other algorithms ignore it"),
     Option("model", "model", str, "gpt-tiny", metavar="PRESET",
            help=f"preset: {', '.join(PRESETS)} (default gpt-tiny)"),
     Option("layers", "model", positive_int, None, metavar=_N, help="transformer blocks (default: the preset's)"),
@@ -219,6 +230,11 @@ class RunOptions:
     grid: GridShape
     #: ``--algorithm`` (:mod:`fourd_mpi.algorithms.registry`)
     algorithm: str = DEFAULT_ALGORITHM
+    #: ``--algorithm pipeline``: stages (``grid`` is then each stage's 4D grid), micro-batches per batch
+    #: shard, schedule (:mod:`fourd_mpi.algorithms.pipeline_plan`)
+    ginter: int = 1
+    microbatches: int = 1
+    pipeline_schedule: str = "axonn"
     dtype: str = "float32"
     backend: str = "auto"
     device_buffers: str = "auto"
@@ -264,7 +280,16 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
     ``_cross_checks=False`` leaves out the checks between options (warm-up against steps), for
     validating one option at a time against the defaults (sweep specs)."""
     algorithm = get_algorithm(options.get("algorithm", DEFAULT_ALGORITHM))
-    shape = algorithm.shape(world_size, grid_sizes)
+    tensor_world = algorithm.tensor_world(world_size, options)
+    try:
+        shape = algorithm.shape(tensor_world, grid_sizes)
+    except ConfigError as exc:
+        if tensor_world == world_size:
+            raise
+        stages = world_size // tensor_world
+        text = str(exc).split("; or run under mpiexec")[0]  # a launch hint for one grid, not for the stages
+        raise ConfigError(f"{text} (the 4D grid of each of the {stages} pipeline stages: world size {world_size} / "
+                          f"--ginter {stages} = {tensor_world} ranks)") from None
     model = resolve_model(preset, **model_overrides)
     algorithm.validate_model(model, shape)
     if options.get("backend", "auto") not in BACKENDS:

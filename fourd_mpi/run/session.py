@@ -126,7 +126,7 @@ def measure_peak(run: Run) -> float:
     m = cfg.batch * cfg.seq // (shape.data * shape.z)
     n, k = layer.block_shape
     tflops = standalone_gemm_tflops(run.backend, m, n, k)
-    return float(np.median(run.grid.cart.allgather(tflops)))
+    return float(np.median(run.world.allgather(tflops)))
 
 
 def end_alignment(run, rank_meta: Dict):
@@ -135,7 +135,7 @@ def end_alignment(run, rank_meta: Dict):
     if run.clock_start is None:
         return None
     offset0, uncertainty0, origin, at0 = run.clock_start
-    offset1, uncertainty1, at1 = measure_offsets(run.grid.cart)
+    offset1, uncertainty1, at1 = measure_offsets(run.world)
     drift = DriftModel(offset0, at0, offset1, at1, origin, uncertainty0, uncertainty1)
     rank_meta.update(clock_offset_end_ns=offset1, clock_drift_ppm=drift.ppm, clock_residual_ns=drift.residual_ns)
     return drift
@@ -179,6 +179,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
         out = StepDisplay(display, options.steps, options.warmup, say, active=rank == 0)
         record = np.zeros(1, dtype=RANK_STEP_DTYPE)
         health = SpoolHealth(world, spool, run.comm.watchdog)
+        bubbles = {}  # step -> this rank's ns blocked waiting for another pipeline stage's message
         for i in range(options.steps + 1):
             if fault is not None and fault.step == i:
                 world.Barrier()  # every rank has spooled the steps before: the test knows what survives
@@ -193,6 +194,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
             record[0] = (rank, i, i < options.warmup, result.start_ns - shift, result.end_ns - shift, result.loss,
                          result.seconds, result.compute_ns, result.wait_ns, len(result.events), result.mpi_ns)
             spool.append(result.events, record)
+            bubbles[i] = result.bubble_ns
             out.update(i, result.loss, result.seconds)
             if health.failed_before(i):
                 break
@@ -212,6 +214,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     notes = world.gather(spool.recreated, root=0)
     all_steps = world.gather(spool.read_steps(), root=0)
     held = world.gather((result.saved_activation_bytes, result.peak_activation_bytes), root=0)
+    all_bubbles = world.gather(bubbles, root=0)
     summary = None
     if rank == 0:
         cfg = options.model
@@ -221,13 +224,16 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
                        "measured": "bytes of the distinct arrays (views counted once) the last step kept from the "
                                    "end of the forward pass for the backward pass; peak: the most held at once "
                                    "during the backward pass (blocks not yet back-propagated + the rebuilt one)"}
-        summary = summarize(np.concatenate(all_steps), world.Get_size(), cfg.flops_per_step(),
+        rank_steps = np.concatenate(all_steps)
+        bubble = np.array([all_bubbles[r].get(st, 0) for r, st in zip(rank_steps["rank"].tolist(),
+                                                                        rank_steps["step"].tolist())], dtype=np.float64)
+        summary = summarize(rank_steps, world.Get_size(), cfg.flops_per_step(),
                             cfg.tokens, peak, source, data_prep_s=run.data_prep_seconds,
                             data_batches=run.data.batches,
                             hardware_flops_per_step=cfg.hardware_flops_per_step(options.recompute),
                             recompute=options.recompute,
                             formulas=(cfg.flops_formula(), cfg.hardware_flops_formula(options.recompute)),
-                            activations=activations)
+                            activations=activations, bubble=bubble if bubble.any() else None)
         metadata["summary"] = summary.as_dict()
         metadata["activations"] = activations
         metadata["array_pool"] = run.backend.pool_stats()  # rank 0's, after the last step

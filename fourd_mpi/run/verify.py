@@ -62,9 +62,19 @@ def snapshot(run: Run, mpi_comm, steps: int) -> Optional[Dict[str, object]]:
     loss, y = run.trainer.forward_backward(0)
     with run.comm.watch("a gather of the output to rank 0"):
         tensors = {"output": gather_global(mpi_comm, run.data.global_index(), host(y), run.data.global_shape)}
-    for p in run.model.parameters():
-        with run.comm.watch(f"a gather of the gradient of {p.name} to rank 0"):
-            tensors[f"grad:{p.name}"] = gather_global(mpi_comm, p.global_index(), host(p.grad), p.global_shape)
+    # every parameter by name, from whichever ranks hold it (pipeline stages hold different ones): the list,
+    # in one order on every rank, comes from an allgather, so every rank joins every gather
+    mine = {p.name: p for p in run.model.parameters()}
+    shapes: Dict[str, tuple] = {}
+    for listing in mpi_comm.allgather([(p.name, tuple(p.global_shape)) for p in mine.values()]):
+        for name, shape in listing:
+            shapes.setdefault(name, shape)
+    nothing = np.zeros(0, dtype=np.int64)
+    for name, shape in shapes.items():
+        p = mine.get(name)
+        index, values = (p.global_index(), host(p.grad)) if p is not None else (nothing, nothing)
+        with run.comm.watch(f"a gather of the gradient of {name} to rank 0"):
+            tensors[f"grad:{name}"] = gather_global(mpi_comm, index, values, shape)
     losses = [run.trainer.step(i).loss for i in range(steps)]
     if mpi_comm.Get_rank() != 0:
         return None
@@ -95,6 +105,12 @@ class GridCheck:
         return max(self.output_error, self.grad_error, self.loss_error) <= self.tolerance
 
 
+def serial_options(options: RunOptions) -> RunOptions:
+    """The single-rank reference of any algorithm: the serial step (``axonn4d`` on 1x1x1x1, no pipeline
+    stages, one micro-batch), the same global model and data."""
+    return replace(options, grid=GridShape(1, 1, 1, 1), algorithm=DEFAULT_ALGORITHM, ginter=1, microbatches=1)
+
+
 def serial_reference(options: RunOptions, steps: int, world, watchdog: Optional[Watchdog] = None
                      ) -> Optional[Dict[str, object]]:
     """The single-rank reference, computed on rank 0 while the others sleep in a barrier.
@@ -103,7 +119,7 @@ def serial_reference(options: RunOptions, steps: int, world, watchdog: Optional[
     ref, error = None, None
     if world.Get_rank() == 0:
         try:
-            run = Run.build(MPI.COMM_SELF, replace(options, grid=GridShape(1, 1, 1, 1)))
+            run = Run.build(MPI.COMM_SELF, serial_options(options))
             ref = snapshot(run, MPI.COMM_SELF, steps)
             run.close()
         except (ConfigError, BackendError) as exc:

@@ -41,6 +41,8 @@ class StepResult:
     #: the most held at once during the backward pass (recompute rebuilds a block's): measured from the arrays
     saved_activation_bytes: int = 0
     peak_activation_bytes: int = 0
+    #: this rank's time blocked waiting for another pipeline stage's message (``--algorithm pipeline``; 0 otherwise)
+    bubble_ns: int = 0
 
 
 class Trainer:
@@ -110,7 +112,7 @@ class Trainer:
         events = trace.end_step(t0, t1, self.comm.records, self._group_sizes)
         local = (t1 - t0) * 1e-9
         with self.comm.watch(f"the end-of-step MAX all-reduce of step {step}"):
-            slowest = self.comm.grid.cart.allreduce(local, op=MPI.MAX)
+            slowest = self.comm.grid.world.allreduce(local, op=MPI.MAX)
         return StepResult(step=step, loss=loss, seconds=slowest, local_seconds=local, events=events,
                           start_ns=t0, end_ns=t1, compute_ns=trace.compute_ns, wait_ns=trace.wait_ns,
                           mpi_ns=trace.mpi_ns, saved_activation_bytes=self.saved_activation_bytes,

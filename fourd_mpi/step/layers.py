@@ -222,7 +222,12 @@ class LayerNorm4D:
 
         Collective over Z (then over data, by the engine: ``reduce_axes``).
         """
-        return [(p, comm.allreduce("z", p.grad)) for p in (self.gamma, self.beta)]
+        return [(p, first(p.grad)) for p, first in self.grad_reductions(comm)]
+
+    def grad_reductions(self, comm: Collectives):
+        """``[(param, first)]``: ``first(partial)`` issues the all-reduce over Z of a token-partial gradient
+        (for :meth:`~fourd_mpi.step.schedule.GradientSync.reduce`, which may accumulate micro-batches first)."""
+        return [(p, lambda g: comm.allreduce("z", g)) for p in (self.gamma, self.beta)]
 
     def parameters(self):
         return [self.gamma, self.beta]

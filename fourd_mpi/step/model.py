@@ -139,8 +139,8 @@ class GPTBlock:
             dh1 = self.ln2.backward(db, s.pop("ln2"), comm)
             with trace.op("residual"):
                 dh1 += dh2
-            for param, handle in self.ln2.reduce_param_grads(comm):
-                ctx.grads.add(param, handle)
+            for param, first in self.ln2.grad_reductions(comm):
+                ctx.grads.reduce(param, param.grad, first)
         if "qkv" in s:
             self._recompute_attention(s, ctx)
         dctx = linear_backward(self.proj, dh1, s.pop("ctx"), ctx)
@@ -152,8 +152,8 @@ class GPTBlock:
             dh = self.ln1.backward(da, s.pop("ln1"), comm)
             with trace.op("residual"):
                 dh += dh1
-            for param, handle in self.ln1.reduce_param_grads(comm):
-                ctx.grads.add(param, handle)
+            for param, first in self.ln1.grad_reductions(comm):
+                ctx.grads.reduce(param, param.grad, first)
         return dh
 
 

@@ -109,6 +109,12 @@ class GradientSync:
         if self._fifo:
             raise RuntimeError("gradients of the previous step were never synchronized")
 
+    def reduce(self, param, partial, first) -> None:
+        """``partial``: this rank's token-partial gradient of ``param``; ``first(partial)`` issues its first
+        collective (over Z) and returns the handle. Issued now (a program point, see :meth:`add`); a
+        subclass may accumulate instead (pipeline micro-batches: :mod:`fourd_mpi.algorithms.pipeline`)."""
+        self.add(param, first(partial))
+
     def add(self, param, handle) -> None:
         """``handle``: the param's first collective (issued now, at a program point)."""
         if not self.overlap.ors:
@@ -176,5 +182,5 @@ def linear_backward(layer, dy, x, ctx: StepContext):
         if not ctx.overlap.oar:
             dx.wait()
         dw_block = layer.backward_weight(dy, x, comm)
-        ctx.grads.add(layer.weight, layer.reduce_weight_grad(dw_block, comm))
+        ctx.grads.reduce(layer.weight, dw_block, lambda block: layer.reduce_weight_grad(block, comm))
         return dx.wait()

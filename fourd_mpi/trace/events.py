@@ -48,19 +48,27 @@ SCHEMA = "fourd_mpi.trace"
 #:    ``hardware_flops_per_step`` and ``activations``
 #:    and root attribute ``parts``: 0 = events in this file (the v4 layout), P > 0 = ``/events`` is a
 #:    virtual dataset over P part files in ``<name>.parts/`` described by ``/parts`` (:mod:`fourd_mpi.trace.merge`)
-SCHEMA_VERSION = 5
+#: 6: ops ``send``, ``recv`` and ``bubble`` and axis ``inter`` appended (codes of version 5 unchanged):
+#:    ``--algorithm pipeline``'s point-to-point messages between stages (on comm lanes; ``wire_bytes`` = bytes
+#:    for a send, 0 for a receive) and its bubbles (host lane: time blocked waiting for another stage's message);
+#:    metadata keys ``grid5d`` and ``pipeline``
+SCHEMA_VERSION = 6
 
 LEVELS = ("step", "layer", "op")
 PHASES = ("none", "forward", "backward", "optimizer", "recompute")
 OPS = ("step", "layer", "data", "gemm", "attention", "layernorm", "gelu", "loss", "optimizer",
-       "allgather", "reduce_scatter", "allreduce", "wait", "d2h", "h2d", "residual")
-AXES = ("none", "data", "z", "y", "x")
+       "allgather", "reduce_scatter", "allreduce", "wait", "d2h", "h2d", "residual", "send", "recv", "bubble")
+AXES = ("none", "data", "z", "y", "x", "inter")
 LANE_STEP, LANE_LAYER, LANE_HOST, LANE_COMM0 = 0, 1, 2, 3
 COLLECTIVE_OPS = tuple(COLLECTIVES)  # allgather, reduce_scatter, allreduce
 #: staging copies of a collective's buffers (staged mode), on its comm lane
 COPY_OPS = ("d2h", "h2d")
 #: host-lane compute ops (the share of step time "in compute"). ``data`` (synthetic data made inside
 #: the step by traces of schema <= 2) is harness work, not compute: it counts as "other"
+#: point-to-point messages between pipeline stages (comm lanes, axis ``inter``)
+P2P_OPS = ("send", "recv")
+#: host-lane time blocked waiting for another pipeline stage's message (its own category, not "wait")
+BUBBLE_OPS = ("bubble",)
 COMPUTE_OPS = ("gemm", "attention", "layernorm", "gelu", "residual", "loss", "optimizer")
 
 EVENT_DTYPE = np.dtype([
@@ -174,6 +182,7 @@ class Tracer:
         self.compute_ns = 0
         self.wait_ns = 0
         self.mpi_ns = 0
+        self.bubble_ns = 0
         self.mpi_spans: list = []
 
     def set_level(self, level: str) -> None:
@@ -235,6 +244,15 @@ class Tracer:
         self.wait_ns += t1 - t0
         self.mpi_call(t0, t1)
 
+    def bubble(self, t0: int, t1: int, nbytes: int = 0) -> None:
+        """The main thread was blocked from ``t0`` to ``t1`` waiting for another pipeline stage's message (a
+        bubble: MPI time, not exposed communication). At level ``op`` one host-lane ``bubble`` event (axis ``inter``)."""
+        self.bubble_ns += t1 - t0
+        self.mpi_call(t0, t1)
+        if self.keep_ops:
+            self.events.append((self.rank, self.step, self.where_layer, self.where_phase, _OP["bubble"],
+                                _AXIS["inter"], LANE_HOST, t0, t1, nbytes, 0, 0.0, 0, 0, 0, 0, t1 - t0, 0))
+
     def mpi_call(self, t0: int, t1: int) -> None:
         """The main thread was inside an MPI call (``MPI_I*``, ``Test``/``Testsome``, ``Wait``) from
         ``t0`` to ``t1``. Kept for every step at every level: the overlap of each collective is its
@@ -249,7 +267,7 @@ class Tracer:
         self.step = step
         self.events = []
         self._deferred = []
-        self.compute_ns = self.wait_ns = self.mpi_ns = 0
+        self.compute_ns = self.wait_ns = self.mpi_ns = self.bubble_ns = 0
         self.mpi_spans = []
         self.where_layer = self.where_phase = 0
 
@@ -338,6 +356,8 @@ class Tracer:
         for name, kind in COLLECTIVES.items():  # S*k*(p-1)//p in integers, per kind
             of_kind = cols[:, 7] == _OP[name]
             coll["wire_bytes"][of_kind] = kind.wire_bytes(cols[of_kind, 2], group[of_kind])
+        sends = cols[:, 7] == _OP["send"]  # point to point: a send puts its bytes on the wire, a receive none
+        coll["wire_bytes"][sends] = cols[sends, 2]
         coll["issue_ns"], coll["complete_ns"], coll["wait_ns"] = issue, complete, cols[:, 3]
         coll["call_ns"] = np.minimum(np.maximum(cols[:, 16], issue), complete)
         coll["mpi_ns"] = cols[:, 17]

@@ -26,7 +26,7 @@ import numpy as np
 from fourd_mpi.errors import DamagedTraceError, TraceError
 from fourd_mpi.trace.store import RANK_DTYPE, STEP_DTYPE
 from fourd_mpi.trace.events import (AXES, COLLECTIVE_OPS, COPY_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER,
-                                   LANE_STEP, LEVELS, OPS, PHASES, RANK_STEP_DTYPE, SCHEMA, SCHEMA_VERSION, lane_name)
+                                   LANE_STEP, LEVELS, OPS, P2P_OPS, PHASES, RANK_STEP_DTYPE, SCHEMA, SCHEMA_VERSION, lane_name)
 
 _DATASETS = {"events": EVENT_DTYPE, "steps": STEP_DTYPE, "rank_steps": RANK_STEP_DTYPE, "ranks": RANK_DTYPE}
 
@@ -323,13 +323,13 @@ def _vocabulary(h5) -> Dict[str, List[str]]:
     """``/vocab``: JSON lists of strings. ``ops``, ``phases`` and ``axes`` only ever grew by appending
     (section 1 of docs/trace-format.md), so each must be a prefix of this version's list, long
     enough to hold the words the analysis looks up (``ops`` up to ``wait``: version 1; ``phases`` up to
-    ``opt``: ``recompute`` was appended in version 5)."""
+    ``opt``: ``recompute`` was appended in version 5; ``axes`` up to ``x``: ``inter`` was appended in version 6)."""
     if "vocab" not in h5:
         raise _Invalid("no /vocab group")
     attrs = dict(h5["vocab"].attrs)
     vocab: Dict[str, List[str]] = {}
     for key, known, shortest in (("ops", OPS, OPS.index("wait") + 1), ("phases", PHASES, PHASES.index("recompute")),
-                                 ("axes", AXES, len(AXES)), ("layers", None, 1)):
+                                 ("axes", AXES, AXES.index("x") + 1), ("layers", None, 1)):
         if key not in attrs:
             raise _Invalid(f"no {key} vocabulary")
         words = _json_attr(attrs, key, "vocabulary")
@@ -634,7 +634,8 @@ def check_invariants(trace: Trace) -> List[str]:
         if ranks_in_step != set(range(world)):
             problems.append(f"step {step}: step records from ranks {sorted(ranks_in_step)} only")
     wait_code = trace.code("op", "wait")
-    collective_codes = {trace.code("op", name) for name in COLLECTIVE_OPS}
+    # what a wait can wait for: collectives, and (schema >= 6) point-to-point messages between pipeline stages
+    collective_codes = {trace.code("op", name) for name in COLLECTIVE_OPS + P2P_OPS if name in trace.vocab["ops"]}
     for rank in range(world):
         mine = ev[ev["rank"] == rank]
         for lane in np.unique(mine["lane"]):

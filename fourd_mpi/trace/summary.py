@@ -15,7 +15,9 @@ of the per-rank step spans: ``compute`` (algorithm work only: the host-lane ops
 :data:`~fourd_mpi.trace.events.COMPUTE_OPS`, i.e. ``compute_ns`` less the harness time),
 ``wait`` (time blocked in ``MPI_Wait``, "exposed communication"), ``harness`` (work of the
 benchmark harness inside a step: :data:`HARNESS_OPS`, the synthetic data that traces of
-schema <= 2 made inside every step) and ``other`` (the rest). Data preparation before the
+schema <= 2 made inside every step), ``bubble`` (pipeline runs, schema >= 6: time blocked waiting for
+another stage's message, host-lane ``bubble`` events; its own category, not exposed communication) and
+``other`` (the rest). Data preparation before the
 first step (schema >= 3) is reported on its own line, never as part of a step.
 """
 
@@ -26,7 +28,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fourd_mpi.trace.events import LANE_HOST
+from fourd_mpi.trace.events import BUBBLE_OPS, LANE_HOST
 from fourd_mpi.util.text import format_number
 
 #: host-lane ops that are work of the benchmark harness, not of the algorithm (``data``: synthetic
@@ -111,6 +113,13 @@ def host_op_mask(events: np.ndarray, ops_vocab: Sequence[str], names: Sequence[s
     return (events["lane"] == LANE_HOST) & np.isin(events["op"], codes)
 
 
+def bubble_ns(trace) -> np.ndarray:
+    """Per record of ``trace.rank_steps``: ns blocked waiting for another pipeline stage's message (host-lane
+    ``bubble`` events, :data:`~fourd_mpi.trace.events.BUBBLE_OPS`; zeros without them)."""
+    mask = host_op_mask(trace.events, trace.vocab.get("ops", ()), BUBBLE_OPS)
+    return per_record_sums(trace.rank_steps, trace.events, mask)
+
+
 def harness_ns(trace) -> np.ndarray:
     """Per record of ``trace.rank_steps``: ns of harness work (:data:`HARNESS_OPS`) inside the step, from
     the host-lane events (zeros for traces below level ``op``, which cannot tell it apart)."""
@@ -150,6 +159,8 @@ class Summary:
     hardware_flops_formula: Optional[str] = None
     #: ``{"saved_bytes_max", "saved_bytes_min", "peak_bytes_max"}`` per rank, measured from the arrays held
     activations: Optional[Dict] = None
+    #: (schema 6) share of pipeline bubbles: time blocked waiting for another stage's message (0: none)
+    bubble_share: float = 0.0
 
     @property
     def percent_of_peak(self) -> float:
@@ -193,6 +204,7 @@ class Summary:
         f = format_number
         spread = f"min {f(self.min_s)}, q1 {f(self.q1_s)}, q3 {f(self.q3_s)}, max {f(self.max_s)}"
         harness = f", harness {100 * self.harness_share:.1f}%" if self.harness_share else ""
+        harness += f", pipeline bubbles {100 * self.bubble_share:.1f}%" if self.bubble_share else ""
         return [
             f"step time: median {f(self.median_s)} s over {self.steps} step(s) ({spread}; a step's time is "
             f"the max over ranks)",
@@ -210,7 +222,8 @@ def summarize(rank_steps: np.ndarray, world_size: int, flops_per_step: float, to
               peak_tflops: float, peak_source: str, data_prep_s: Optional[float] = None,
               data_batches: Optional[int] = None, harness: Optional[np.ndarray] = None,
               hardware_flops_per_step: Optional[float] = None, recompute: Optional[str] = None,
-              formulas: Optional[Sequence[str]] = None, activations: Optional[Dict] = None) -> Summary:
+              formulas: Optional[Sequence[str]] = None, activations: Optional[Dict] = None,
+              bubble: Optional[np.ndarray] = None) -> Summary:
     """Summary of the non-warm-up steps in ``rank_steps`` (every rank's step records).
 
     Step statistics: :func:`step_stats`. ``harness``: per record of ``rank_steps``, ns of harness work
@@ -218,7 +231,8 @@ def summarize(rank_steps: np.ndarray, world_size: int, flops_per_step: float, to
     run's data preparation before the steps (reported as is). ``hardware_flops_per_step``: FLOPs the step
     executes, recompute included (``ModelConfig.hardware_flops_per_step``; None: not reported), with
     ``recompute`` its mode and ``formulas`` the ``(model, hardware)`` formulas in words; ``activations``:
-    the measured activation bytes (stored as is).
+    the measured activation bytes (stored as is). ``bubble``: per record of ``rank_steps``, ns blocked waiting for
+    another pipeline stage's message (:func:`bubble_ns`; None: none), a share of its own.
     """
     stats = step_stats(rank_steps)
     keep = rank_steps["warmup"] == 0
@@ -231,14 +245,16 @@ def summarize(rank_steps: np.ndarray, world_size: int, flops_per_step: float, to
     compute = (float(measured["compute_ns"].astype(np.float64).sum()) - extra) / total
     wait = float(measured["wait_ns"].astype(np.float64).sum()) / total
     harness_share = extra / total
+    bubble_share = float(np.asarray(bubble, dtype=np.float64)[keep].sum()) / total if bubble is not None else 0.0
     median = stats.median_s
     return Summary(steps=stats.steps, median_s=median, min_s=stats.min_s, max_s=stats.max_s, q1_s=stats.q1_s,
                    q3_s=stats.q3_s, compute_share=compute, wait_share=wait,
-                   other_share=max(0.0, 1.0 - compute - wait - harness_share),
+                   other_share=max(0.0, 1.0 - compute - wait - harness_share - bubble_share),
                    model_tflops_per_rank=flops_per_step / world_size / median / 1e12, peak_tflops=peak_tflops,
                    peak_source=peak_source, tokens_per_s=tokens_per_step / median, data_prep_s=data_prep_s,
                    data_batches=data_batches, harness_share=harness_share,
                    hardware_tflops_per_rank=(None if hardware_flops_per_step is None
                                              else hardware_flops_per_step / world_size / median / 1e12),
                    recompute=recompute, model_flops_formula=formulas[0] if formulas else None,
-                   hardware_flops_formula=formulas[1] if formulas else None, activations=activations)
+                   hardware_flops_formula=formulas[1] if formulas else None, activations=activations,
+                   bubble_share=bubble_share)

@@ -227,7 +227,7 @@ def _verify(run_mpi, tmp_path, nranks, args):
     out = _ok(run_mpi(nranks, ["verify", "--algorithm", "optimus3d", *args, "--json", report], timeout=240))
     data = json.loads(report.read_text())
     assert data["results"], out
-    assert data["algorithm"] == "optimus3d" and "with algorithm optimus3d (Optimus-CUBE 3D) on" in out and "against the serial 4D model" in out
+    assert data["algorithm"] == "optimus3d" and "with optimus3d against the serial 4D model" in out
     for r in data["results"]:
         assert r["ok"], r
         assert max(r["output_error"], r["grad_error"], r["loss_error"]) <= r["tolerance"]

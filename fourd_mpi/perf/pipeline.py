@@ -1,0 +1,215 @@
+"""The performance model of ``--algorithm pipeline`` (AxoNN inter-layer pipeline x 4D tensor). Pure.
+
+Notation: ``p = G_inter`` stages, ``m`` micro-batches per batch shard, ``L`` blocks, stage ``s``
+holding ``L_s`` blocks (:func:`~fourd_mpi.algorithms.pipeline_plan.stage_blocks`, the most
+``ceil(L/p)``), each stage a 4D grid ``G_data x G_z x G_y x G_x``, ``e`` the dtype's bytes,
+``m_loc = B s / (G_data G_z)`` local tokens of a rank.
+
+**Point-to-point volume** (:func:`p2p_volumes`, exact: the trace's ``send``/``recv`` events hold the
+same bytes): one message is a micro-batch's activation or its gradient, ``[m_loc/m, h/G_x]``, so
+``msg = m_loc/m * h/G_x * e`` bytes. Per step a rank of stage ``s`` sends ``m`` forward messages if
+``s < p-1`` and ``m`` backward messages if ``s > 0`` (and receives as many): ``m*msg`` or ``2*m*msg``
+bytes, i.e. ``2*m_loc*h/G_x*e`` for a middle stage, whatever ``m``.
+
+**Bubble fraction**: with equal stage times and a forward+backward slot ``t`` per micro-batch, a
+step of either schedule takes ``(m + p - 1) t`` of which every stage idles ``(p - 1) t``:
+``bubble = (p - 1) / (m + p - 1)`` (1F1B; Narayanan et al. SC'21). AxoNN's message-driven schedule
+(stage 0 keeps ``min(p, m)`` micro-batches in flight, the others react to the first message to
+arrive) settles into the same one-forward-one-backward order in the steady state, so its bubble
+with equal stage times is the same ``(p - 1)/(m + p - 1)``; what the message-driven order saves is
+the extra idling a fixed order adds when stage or message times vary (a stage runs whatever
+arrived instead of waiting for the message the order names), which this model does not count.
+
+**Memory** (:func:`pipeline_memory`): stage ``s`` stores the weights, gradients and optimizer state of
+its ``L_s`` blocks; activations of at most :func:`~fourd_mpi.algorithms.pipeline_plan.inflight`
+micro-batches (1F1B ``min(p - s, m)``, AxoNN ``min(p, m)``; stage 0 the most, ``min(p, m)``, in both); the token-partial gradient sums of its FC layers (``n k/(G_x G_y)``
+each, only with ``m > 1``: gradients accumulate before the reduce-scatter over Z) and two posted
+receive buffers of ``msg`` bytes.
+
+**Time** (:func:`predict_pipeline`, same inputs and output as :func:`fourd_mpi.perf.predict.predict`):
+the 4D prediction of the fullest stage (``L_s = ceil(L/p)`` blocks, the whole batch shard) gives
+the work ``W`` (its step less its exposed gradient synchronization: the Z reduce-scatters, the Z and
+data all-reduces of gradients, which run once after the last micro-batch; plus ``m - 1`` more times its
+exposed Z all-gathers, as every micro-batch gathers the weights again) and the synchronization ``S``;
+``step = W (m + p - 1)/m + S + 2 (p - 1) t_msg``: ``m`` slots of ``W/m`` plus the bubble of ``p - 1``
+slots, plus the messages on the critical path of the fill and the drain (the forward chain and the
+backward chain through ``p - 1`` boundaries; in the steady state ``Isend`` overlaps compute). A
+message costs ``t_msg = alpha + msg * beta`` at the placement of the inter axis (intra-node when the
+stage neighbours share a node, :func:`inter_placement`), from the profile's all-gather fit on 2 ranks
+(whose ring moves exactly one message each way). Per-micro-batch latencies of the 4D collectives
+(``m`` times more, ``m`` times smaller messages) are not modelled: the prediction is optimistic for
+large ``m`` on a latency-bound network.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Dict, List, Optional
+
+from fourd_mpi.algorithms.pipeline_plan import inflight, stage_blocks
+from fourd_mpi.core.backend import dtype_bytes
+from fourd_mpi.core.grid import GridShape
+from fourd_mpi.perf.machine import MachineProfile
+from fourd_mpi.perf.memory import MemoryEstimate, block_elements, estimate_memory, fc_weights
+from fourd_mpi.perf.predict import Prediction, predict
+from fourd_mpi.perf.volumes import Collective, step_collectives
+from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.step.presets import ModelConfig
+
+BUBBLE_FORMULA = "bubble fraction = (p - 1) / (m + p - 1), p stages, m micro-batches (1F1B and AxoNN, equal stages)"
+P2P_FORMULA = ("p2p bytes per rank and step = m * msg * (1 if first or last stage else 2), msg = B s / (G_data G_z) / m "
+               "* h / G_x * e")
+STEP_FORMULA = ("step = W (m + p - 1) / m + S + 2 (p - 1) t_msg; W, S: work and gradient sync of the fullest stage's 4D "
+                "step; t_msg = alpha + msg beta")
+
+
+def bubble_fraction(stages: int, microbatches: int, schedule: str = "1f1b") -> float:
+    """Idle share of a stage's step with equal stage times: ``(p - 1)/(m + p - 1)`` for both schedules
+    (module doc)."""
+    if schedule not in ("1f1b", "axonn"):
+        raise ValueError(f"unknown pipeline schedule {schedule!r}")
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def message_bytes(cfg: ModelConfig, grid: GridShape, microbatches: int, dtype: str = "float32") -> int:
+    """Bytes of one activation (or its gradient) between stages: ``m_loc/m * h/G_x * e``."""
+    tokens = cfg.batch // (grid.data * grid.z) * cfg.seq
+    return tokens // microbatches * (cfg.hidden // grid.x) * dtype_bytes(dtype)
+
+
+def p2p_volumes(cfg: ModelConfig, grid: GridShape, stages: int, microbatches: int,
+                dtype: str = "float32") -> Dict[int, Dict[str, int]]:
+    """Per stage, one rank's messages and bytes per step: ``{stage: {"send_messages", "send_bytes",
+    "recv_messages", "recv_bytes"}}`` (:data:`P2P_FORMULA`)."""
+    msg = message_bytes(cfg, grid, microbatches, dtype)
+    out = {}
+    for s in range(stages):
+        links = (s < stages - 1) + (s > 0)
+        count = microbatches * links
+        out[s] = {"send_messages": count, "send_bytes": count * msg, "recv_messages": count, "recv_bytes": count * msg}
+    return out
+
+
+def world_p2p_bytes(cfg: ModelConfig, grid: GridShape, stages: int, microbatches: int, dtype: str = "float32") -> int:
+    """Bytes all ranks send between stages per step: ``2 (p - 1) m msg`` per 4D position, times ``G_data G_z G_y G_x``."""
+    per_stage = p2p_volumes(cfg, grid, stages, microbatches, dtype)
+    return grid.size * sum(v["send_bytes"] for v in per_stage.values())
+
+
+#: 4D collectives repeated for every micro-batch (their messages scale with its tokens, or, for the weight
+#: all-gathers, each micro-batch's forward and backward gathers the weights again); the gradient collectives
+#: (Z reduce-scatters, Z and data all-reduces of gradients) run once, after the last micro-batch
+PER_MICROBATCH_ROLES = ("ln_allreduce", "weight_allgather", "fwd_allreduce", "bwd_allreduce")
+
+
+def pipeline_collectives(cfg: ModelConfig, grid: GridShape, stages: int, microbatches: int, stage: int,
+                         overlap: Optional[OverlapConfig] = None, dtype: str = "float32") -> List[Collective]:
+    """Every 4D collective of one rank of ``stage`` per step (:func:`~fourd_mpi.perf.volumes.step_collectives`
+    of the stage's blocks on one micro-batch, :data:`PER_MICROBATCH_ROLES` ``m`` times, the gradient
+    synchronization once; the loss is one world all-reduce outside the collectives, not listed). Exact
+    for the trace without ``cache`` (with it, whether a backward finds its weights cached depends on the
+    schedule: a backward right after a forward does, after another backward does not; counted as cached)."""
+    blocks = stage_blocks(cfg.layers, stages, stage)
+    micro = replace(cfg, layers=len(blocks), batch=cfg.batch // microbatches)
+    out = []
+    for c in step_collectives(micro, grid, overlap, dtype):
+        if c.role == "loss":
+            continue
+        index, rest = c.layer[len("block"):].split(".", 1)
+        count = c.count * microbatches if c.role in PER_MICROBATCH_ROLES else c.count
+        out.append(replace(c, layer=f"block{blocks.start + int(index)}.{rest}", count=count))
+    return out
+
+
+def inter_placement(grid: GridShape, stages: int, ranks_per_node: int) -> str:
+    """``intra`` when a rank and its stage neighbours (``G_z G_y G_x`` world ranks apart, rank order data, inter,
+    z, y, x) share a node, ``inter`` otherwise, ``-`` for one stage."""
+    if stages == 1:
+        return "-"
+    span = grid.z * grid.y * grid.x * stages
+    return "intra" if span <= ranks_per_node and ranks_per_node % span == 0 else "inter"
+
+
+def stage_config(cfg: ModelConfig, stages: int) -> ModelConfig:
+    """The fullest stage's model: ``ceil(L/p)`` blocks (stage 0, :func:`stage_blocks`)."""
+    return replace(cfg, layers=len(stage_blocks(cfg.layers, stages, 0)))
+
+
+def pipeline_memory(cfg: ModelConfig, grid: GridShape, stages: int, microbatches: int, stage: int = 0,
+                    dtype: str = "float32", optimizer: str = "adam", overlap: Optional[OverlapConfig] = None,
+                    recompute: str = "none", attention: str = "unfused", precision: Optional[str] = None,
+                    shard_optimizer: str = "none", schedule: str = "axonn") -> MemoryEstimate:
+    """Bytes per rank of ``stage`` (module doc): its blocks' state, the activations of the micro-batches in
+    flight under ``schedule``, gradient sums and two receive buffers."""
+    blocks = len(stage_blocks(cfg.layers, stages, stage))
+    mine = replace(cfg, layers=blocks)
+    state = estimate_memory(mine, grid, dtype, optimizer, overlap=overlap, recompute=recompute, attention=attention,
+                            precision=precision, shard_optimizer=shard_optimizer)
+    micro = estimate_memory(replace(mine, batch=cfg.batch // microbatches), grid, dtype, optimizer, overlap=overlap,
+                            recompute=recompute, attention=attention, precision=precision,
+                            shard_optimizer=shard_optimizer)
+    in_flight = inflight(schedule, stages, microbatches, stage)
+    e = dtype_bytes(dtype)
+    sums = (sum(block_elements(n, k, t, grid) for _, n, k, t in fc_weights(mine, grid)) * blocks * e
+            if microbatches > 1 else 0)
+    buffers = 2 * message_bytes(cfg, grid, microbatches, dtype)
+    return replace(state, activations=micro.activations * in_flight,
+                   comm_buffers=micro.comm_buffers + sums + buffers)
+
+
+def message_time(profile: MachineProfile, level: str, nbytes: int) -> float:
+    """Seconds of one point-to-point message: the all-gather fit on 2 ranks with a gathered buffer of
+    ``2 * nbytes`` (``alpha + nbytes * beta``)."""
+    if level == "-":
+        return 0.0
+    fit, _ = profile.fit(level, "allgather", 2)
+    return fit.time("allgather", 2, 2 * nbytes)
+
+
+def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, stages: int = 1,
+                     microbatches: int = 1, schedule: str = "axonn", overlap: Optional[OverlapConfig] = None,
+                     dtype: str = "float32", progress: str = "poll", optimizer: str = "adam",
+                     ranks_per_node: Optional[int] = None, recompute: str = "none", attention: str = "unfused",
+                     precision: Optional[str] = None, shard_optimizer: str = "none") -> Prediction:
+    """Predict one step of the pipeline (module doc; ``grid`` is each stage's 4D grid). The result is a
+    :class:`~fourd_mpi.perf.predict.Prediction` like :func:`~fourd_mpi.perf.predict.predict`'s, with the
+    inter axis added: ``comm_s``/``exposed_s`` key ``("inter", "send")`` (the messages on the critical
+    path) and ``("inter", "bubble")`` (the bubble), ``wire_bytes["inter"]`` (the fullest rank's bytes sent),
+    ``placement["inter"]``; ``memory`` is stage 0's (the most activations in flight)."""
+    world = grid.size * stages
+    rpn = ranks_per_node or min(profile.ranks_per_node, world)
+    full = predict(stage_config(cfg, stages), grid, profile, overlap, dtype, progress, optimizer, rpn, recompute,
+                   attention, precision, shard_optimizer)
+    sync = sum(full.exposed_s.get(key, 0.0) for key in (("data", "allreduce"), ("z", "reduce_scatter"),
+                                                          ("z", "allreduce")))
+    # every micro-batch gathers the weights over Z again (forward and backward): m times the 4D step's gathers
+    regather = (microbatches - 1) * full.exposed_s.get(("z", "allgather"), 0.0)
+    work = full.step_s - sync + regather
+    slots = (microbatches + stages - 1) / microbatches
+    level = inter_placement(grid, stages, rpn)
+    msg = message_bytes(cfg, grid, microbatches, dtype)
+    t_msg = message_time(profile, level, msg)
+    critical = 2 * (stages - 1) * t_msg
+    bubble = work * (slots - 1.0)
+    comm = dict(full.comm_s)
+    exposed = dict(full.exposed_s)
+    if ("z", "allgather") in comm:
+        comm[("z", "allgather")] *= microbatches
+        exposed[("z", "allgather")] *= microbatches
+    volumes = p2p_volumes(cfg, grid, stages, microbatches, dtype)
+    comm[("inter", "send")] = max(v["send_messages"] for v in volumes.values()) * t_msg
+    exposed[("inter", "send")] = critical
+    exposed[("inter", "bubble")] = bubble
+    wire = {axis: sum(c.wire_bytes for c in pipeline_collectives(cfg, grid, stages, microbatches, 0, overlap, dtype)
+                      if c.axis == axis) for axis in full.wire_bytes}
+    wire["inter"] = max(v["send_bytes"] for v in volumes.values())
+    placement = dict(full.placement, inter=level)
+    memory = pipeline_memory(cfg, grid, stages, microbatches, 0, dtype, optimizer, overlap, recompute, attention,
+                             precision, shard_optimizer, schedule)
+    notes = list(full.notes) + [f"pipeline {schedule}: {BUBBLE_FORMULA} = {bubble_fraction(stages, microbatches, schedule):.3f}"]
+    step = work * slots + sync + critical
+    if not math.isfinite(step):
+        raise ValueError(f"non-finite prediction {step}")
+    return Prediction(grid=grid, step_s=step, compute_s=full.compute_s, gemm_s=full.gemm_s, comm_s=comm,
+                      exposed_s=exposed, wire_bytes=wire, placement=placement, memory=memory, notes=notes)
