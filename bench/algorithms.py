@@ -26,7 +26,9 @@ another's heap, buffer pools or page cache. Launch and set-up time are outside t
   ranks' measured time x the mean rank step span (:func:`~fourd_mpi.analysis.tables.breakdown`; bubble:
   the pipeline's idle time waiting for a stage's message, categories named ``bubble``);
 - ``exp <op>``: exposed communication per collective kind, per rank and step: host time inside MPI for
-  it, its own ``I*`` call plus tests and waits (:data:`~fourd_mpi.analysis.tables.EXPOSED_FORMULA`);
+  it, its own ``I*`` call plus tests and waits (:data:`~fourd_mpi.analysis.tables.EXPOSED_FORMULA`); for
+  a pipeline's ``send``/``recv`` that MPI time includes the bubbles in their windows (so the figure stacks
+  compute, the collectives, the bubble and the rest of the mean rank step, p2p time in the rest);
 - ``wire MB``: bytes a rank sends per step (ring model, :func:`~fourd_mpi.analysis.tables.comm_table`);
 - ``act MiB``: activations kept from forward for backward, max over ranks, measured from the arrays held
   (trace metadata ``activations``); ``state MiB``: weights + gradients + optimizer state per rank from the
@@ -75,6 +77,8 @@ DEFAULT_MODEL = "gpt-small"
 DEFAULT_OVERRIDES = {"layers": 4, "seq": 64}
 DEFAULT_CASES = ("optimus3d", "pipeline2", "pipeline4", "best4d", "megatron1d", "fsdp", "dp")
 GIB, MIB = 2.0 ** 30, 2.0 ** 20
+#: point-to-point ops (pipeline): their exposed time is MPI time in their windows, the bubbles included
+P2P_OPS = ("send", "recv")
 
 
 @dataclass
@@ -289,7 +293,7 @@ def aggregate(case: Case, reps: List[Optional[Dict]]) -> Dict:
             "step_q3_s": float(np.percentile(pooled, 75)) if len(pooled) else float("nan"),
             "repeat_medians_s": [r["median_s"] for r in ok],
             "compute_s": med("compute_s"), "bubble_s": med("bubble_s"), "other_s": med("other_s"),
-            "waits_s": med("waits_s"),
+            "waits_s": med("waits_s"), "span_s": med("mean_span_s"),
             "exposed_s": {k: float(np.median([r["exposed_s"].get(k, 0.0) for r in ok])) for k in kinds},
             "wire_bytes": med("wire_bytes"), "activation_bytes": optional("activation_bytes"),
             "activation_peak_bytes": optional("activation_peak_bytes"), "state_bytes": optional("state_bytes"),
@@ -359,8 +363,13 @@ def plot(results: List[Dict], path: str, title: str) -> None:
     parts = [("compute", [r["compute_s"] for r in shown], "#2b6cb0")]
     palette = {"allgather": "#7b4fb0", "reduce_scatter": "#8c564b", "allreduce": "#d4a017", "send": "#2f855a",
                "recv": "#68d391"}
-    parts += [(f"exposed {k}", [r["exposed_s"].get(k, 0.0) for r in shown], palette.get(k, "#e53e3e")) for k in kinds]
-    parts += [("bubble", [r["bubble_s"] for r in shown], "#f6ad55"), ("other", [r["other_s"] for r in shown], "#a0aec0")]
+    collectives = [k for k in kinds if k not in P2P_OPS]  # a p2p op's exposed time holds the bubbles: not stacked
+    parts += [(f"exposed {k}", [r["exposed_s"].get(k, 0.0) for r in shown], palette.get(k, "#e53e3e"))
+              for k in collectives]
+    parts += [("bubble", [r["bubble_s"] for r in shown], "#f6ad55")]
+    stacked = np.sum([np.array(v, dtype=float) for _, v, _ in parts], axis=0)
+    rest = [max(0.0, r.get("span_s", 0.0) - t) for r, t in zip(shown, stacked)]
+    parts += [("other (incl. p2p send/recv)" if any(k in P2P_OPS for k in kinds) else "other", rest, "#a0aec0")]
     for name, values, color in parts:
         v = np.array(values, dtype=float) * 1e3
         if not np.any(v > 0):
@@ -375,7 +384,8 @@ def plot(results: List[Dict], path: str, title: str) -> None:
     ax.set_yticks(y)
     ax.set_yticklabels(labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("ms per step: bars = mean over ranks per category; marker = median of max over ranks")
+    ax.set_xlabel("ms per step: bars = mean over ranks per category (sum: the mean rank step); "
+                  "marker = median of max over ranks")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
     ax.grid(True, axis="x", color="0.9")
     act = np.array([(r["activation_bytes"] or 0) / MIB for r in shown])
@@ -457,6 +467,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("vs best: median over rounds of (case median / the median of the case with the smallest pooled median, "
           "same round), range over rounds; compute, exp <op>, bubble, other: ms per rank and step, mean over ranks; "
           "wire MB: bytes a rank sends per step;")
+    if any(k in P2P_OPS for r in results for k in r["exposed_s"]):
+        print("exp send/recv: MPI time while the pipeline's messages were in flight, the bubble (time blocked "
+              "waiting for another stage's message) included: not additive with the bubble column;")
     print("act MiB: activations kept for backward, max over ranks (measured); state MiB: weights + gradients + "
           "optimizer per rank (memory model); model ms: performance model, profile " + profile.name)
     for r in results:
