@@ -228,8 +228,14 @@ class SweepSpec:
         return self.grids, ["grids"]
 
     def grids_for(self, ranks: int, model: ModelConfig, options: Dict[str, Any]) -> List[GridShape]:
+        """The grids of ``ranks`` ranks this run's algorithm allows; for a pipeline the 4D grid of one stage
+        (``ranks / ginter`` ranks: the job still launches ``ranks`` processes)."""
         choice, where = self._grid_choice(ranks)
         algorithm = get_algorithm(str(options.get("algorithm", DEFAULT_ALGORITHM)))
+        try:
+            ranks = algorithm.tensor_world(ranks, {k.replace("-", "_"): v for k, v in options.items()})
+        except ConfigError as exc:
+            raise self.error(where, str(exc)) from None
         base = RunOptions(model=model, grid=GridShape(ranks, 1, 1, 1), algorithm=algorithm.name)
 
         def allowed(g: GridShape) -> bool:  # a grid of this algorithm (fixed axes, its own checks)

@@ -113,3 +113,32 @@ def test_local_sweep_across_algorithms_collects_a_comparison(tmp_path):
                     ["algos-001-n2-1x2x1x1-fsdp", "fsdp", "1x2x1x1"]]
     compared = [line.split() for line in out.split("== compare ==")[1].splitlines() if " algos-" in line]
     assert sorted(r[3] for r in compared) == ["fsdp", "megatron1d"]
+
+
+PIPELINE = """\
+name: stages
+study: strong
+ranks: [8]
+grids: [1x1x2x2, 1x2x2x2]
+model: {preset: gpt-tiny, batch: 8}
+options: {steps: 3}
+zip:
+  algorithm: [axonn4d, pipeline]
+  ginter: [1, 2]
+"""
+
+
+def test_pipeline_runs_launch_every_stage_and_grid_one_stage(tmp_path):
+    """A pipeline run of 8 ranks with --ginter 2 has a 4D grid of 4 ranks per stage and launches 8 processes;
+    the run it renders resolves as ``fourd-mpi run`` will (per-option checks accept ``ginter`` in a spec)."""
+    from fourd_mpi.run.options import resolve_values
+
+    runs = load_spec(write(tmp_path, PIPELINE)).expand()
+    assert [(r.ranks, str(r.grid), r.option("algorithm")) for r in runs] == [
+        (8, "1x2x2x2", "axonn4d"), (8, "1x1x2x2", "pipeline")]
+    for r in runs:
+        resolved = resolve_values(r.values(), r.ranks)
+        assert resolved.grid == r.grid and resolved.grid.size * (r.option("ginter") or 1) == r.ranks
+    crossed = PIPELINE.replace("zip:", "matrix:")
+    with pytest.raises(ConfigError, match="has no pipeline stages"):
+        load_spec(write(tmp_path, crossed, "crossed.yaml")).expand()
