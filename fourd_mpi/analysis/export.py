@@ -45,8 +45,9 @@ per (node, rank), averaged per measured step (warm-up steps left out unless aske
 
 The rows also carry ``Node order`` (the node's index, parents first), without which
 Hatchet's default ``node_ordering=True``, the only mode Thicket uses, fails. Run metadata
-(``run_id``, ``grid``, ``world_size``, ``model``, ``overlap``, ``summary.*`` ...) are
-scalar top-level keys, which Thicket turns into its ``metadata`` table.
+(``run_id``, ``algorithm`` and its usual name ``algorithm_name``, ``grid``, ``world_size``, ``model``,
+``overlap``, ``summary.*`` ...) are scalar top-level keys, which Thicket turns into its ``metadata``
+table; the Perfetto export carries the same ``algorithm`` keys in its ``metadata``.
 
 Collectives and waits are labelled with their axis (``allgather z``, ``wait z``) so that
 traffic over different communicators stays apart. A layer's ops are those attributed to
@@ -62,6 +63,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from fourd_mpi.algorithms.registry import display_name, of_metadata
 from fourd_mpi.core.grid import AXES as GRID_AXES
 from fourd_mpi.trace.events import COLLECTIVE_OPS, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP, lane_name
 
@@ -401,7 +403,8 @@ def _flow_events(trace, events: np.ndarray, end_ns: np.ndarray) -> List[Dict]:
 
 def _perfetto_metadata(trace) -> Dict:
     meta = trace.metadata
-    return {"run_id": meta.get("run_id", trace.attrs.get("run_id", "")), "grid": meta.get("grid", ""),
+    return {"run_id": meta.get("run_id", trace.attrs.get("run_id", "")), "algorithm": of_metadata(meta),
+            "algorithm_name": display_name(of_metadata(meta)), "grid": meta.get("grid", ""),
             "world_size": int(meta.get("world_size", trace.world_size)), "status": trace.status,
             "level": meta.get("level", ""), "overlap": meta.get("overlap", ""), "clock": "aligned ns / 1000"}
 
@@ -585,7 +588,7 @@ def _caliper_run_metadata(trace, steps: Sequence[int]) -> Dict:
     grid = options.get("grid") or {}
     out = {
         "run_id": meta.get("run_id", trace.attrs.get("run_id", "")), "status": trace.status,
-        "grid": meta.get("grid", ""), "world_size": int(meta.get("world_size", trace.world_size)),
+        "algorithm": of_metadata(meta), "algorithm_name": display_name(of_metadata(meta)), "grid": meta.get("grid", ""), "world_size": int(meta.get("world_size", trace.world_size)),
         "num_nodes": meta.get("num_nodes"), "model": model.get("name"), "model_kind": model.get("kind"),
         "model_layers": model.get("layers"), "hidden": model.get("hidden"), "heads": model.get("heads"),
         "ffn_hidden": model.get("ffn_hidden"), "seq": model.get("seq"), "batch": model.get("batch"),

@@ -35,6 +35,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
+from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM, display_name, of_metadata  # noqa: E402
 from fourd_mpi.util.text import short_label  # noqa: E402
 
 __all__ = ["plot_scaling", "plot_breakdown", "plot_timeline", "plot_overlap", "FORMATS",
@@ -147,12 +148,30 @@ def _time_unit(max_seconds: float) -> Tuple[float, str]:
 
 
 
+def _shown_algorithms(frame) -> List[str]:
+    """The algorithms of a frame's rows worth naming in a figure: all of them when they differ or one
+    that is not the default (a figure of ``axonn4d`` runs alone reads as before); else none."""
+    if frame is None or not hasattr(frame, "columns") or "algorithm" not in frame.columns:
+        return []
+    names = list(dict.fromkeys(str(a) for a in frame["algorithm"] if isinstance(a, str) and a))
+    return names if len(names) > 1 or (names and names[0] != DEFAULT_ALGORITHM) else []
+
+
+def _algorithm_title(frame) -> str:
+    """``", Megatron-LM 1D"`` when every row is of one non-default algorithm, else ``""``."""
+    names = _shown_algorithms(frame)
+    return f", {display_name(names[0])}" if len(names) == 1 else ""
+
+
 def _run_labels(run_ids: Sequence[str], runs_df=None) -> Dict[str, str]:
-    """``grid · overlap · label`` per run id (run id when unknown; made unique if needed)."""
+    """``algorithm · grid · overlap · label`` per run id (run id when unknown; made unique if needed);
+    the algorithm by its usual name (:func:`~fourd_mpi.algorithms.registry.display_name`) when the runs
+    are not all ``axonn4d``."""
     info = {}
     if runs_df is not None and hasattr(runs_df, "columns") and "run_id" in runs_df.columns:
         for _, row in runs_df.drop_duplicates("run_id").iterrows():
             info[str(row["run_id"])] = row
+    named = bool(_shown_algorithms(runs_df))
     labels = {}
     for rid in run_ids:
         row = info.get(str(rid))
@@ -160,6 +179,8 @@ def _run_labels(run_ids: Sequence[str], runs_df=None) -> Dict[str, str]:
             labels[rid] = str(rid)
             continue
         parts = []
+        if named and "algorithm" in row.index:
+            parts.append(display_name(row["algorithm"]))
         if "grid" in row.index and short_label(row["grid"]):
             parts.append(str(row["grid"]))
         if "overlap" in row.index:
@@ -209,6 +230,7 @@ def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = No
     sizes = sorted(set(int(v) for v in df["world_size"]))
     groups = list(dict.fromkeys(df[key].astype(str)))
     palette = plt.get_cmap("tab10")
+    named = bool(_shown_algorithms(df))  # legend entries start with the algorithm's usual name
 
     with plt.rc_context(_RC):
         fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(11.5, 4.4))
@@ -225,7 +247,8 @@ def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = No
                 ideal = best["ideal_step_s"].astype(float).to_numpy()
             else:
                 ideal = np.full(len(n), t[0]) if mode == "weak" else t[0] * base / n
-            ax_t.plot(n, t * scale, "-o", color=color, lw=1.8, ms=6, label=name, zorder=3)
+            shown = name if not named else f"{display_name(g['algorithm'].iloc[0])}: {name}"
+            ax_t.plot(n, t * scale, "-o", color=color, lw=1.8, ms=6, label=shown, zorder=3)
             if {"step_q1_s", "step_q3_s"} <= set(g.columns):  # quartiles of the per-step max over ranks
                 for part, face in ((best, color), (g.drop(best.index), "none")):
                     q1 = part["step_q1_s"].to_numpy(dtype=float)
@@ -283,7 +306,7 @@ def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = No
                 top = max(top, float(np.nanmax(df["step_q3_s"].astype(float))))
             ax_t.set_ylim(0, top * scale * 1.18)
         ax_t.set_ylabel(f"step time ({unit}): median of max over ranks, bars q1-q3")
-        ax_t.set_title(f"{mode.capitalize()} scaling: step time (dashed: ideal)")
+        ax_t.set_title(f"{mode.capitalize()} scaling{_algorithm_title(df)}: step time (dashed: ideal)")
         ax_e.set_ylim(0, max(1.05, eff_max * 1.05))
         ax_e.set_ylabel("parallel efficiency")
         ax_e.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{100 * v:.0f} %"))
@@ -292,7 +315,8 @@ def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = No
         handles, labels = ax_t.get_legend_handles_labels()
         ncol = 1 if len(groups) <= 4 else 2
         fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, frameon=False,
-                   title="configuration (model/overlap/progress[/label])")
+                   title="configuration (" + ("algorithm: " if named else "")
+                   + "model[/algorithm]/overlap/progress[/label])")
         if title:
             fig.suptitle(title)
         fig.tight_layout()
@@ -482,7 +506,7 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
         handles, leg_labels = ax.get_legend_handles_labels()
         ax.legend(handles[::-1] if vertical else handles, leg_labels[::-1] if vertical else leg_labels,
                   loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="category")
-        head = title or ("Step time breakdown" + (f", phase {phase}" if phase else "")
+        head = title or ("Step time breakdown" + _algorithm_title(runs_df) + (f", phase {phase}" if phase else "")
                          + (" (share of the step)" if normalize else ""))
         ax.set_title(head)
         notes = [] if normalize else [STEP_CAPTION + "; segments: the step time split by each category's "
@@ -678,7 +702,7 @@ def _timeline_figure(trace, step: Optional[int] = None, ranks=None):
         warm = trace.steps["warmup"][trace.steps["step"] == step]
         step_text = f"step {step}" + (" (warm-up)" if len(warm) and warm[0] else "")
         overlap = short_label(meta.get("overlap"), "")
-        head = f"{run_id}: grid {meta.get('grid', '?')}, {step_text}"
+        head = f"{run_id}: {display_name(of_metadata(meta))}, grid {meta.get('grid', '?')}, {step_text}"
         if overlap:
             head += f", overlap {overlap}"
         if note:
@@ -809,7 +833,7 @@ def plot_overlap(comm_df, path, runs_df=None, title: Optional[str] = None) -> st
         ax.set_xlabel("collective (op, grid axis)")
         ax.grid(True, axis="y", color="0.88")
         ax.set_axisbelow(True)
-        ax.set_title(title or "Overlap of collectives with compute")
+        ax.set_title(title or "Overlap of collectives with compute" + _algorithm_title(runs_df))
         if nruns > 1 or runs_df is not None:
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="run")
         fig.tight_layout()

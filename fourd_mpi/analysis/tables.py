@@ -39,6 +39,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
+from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM, of_metadata
 from fourd_mpi.errors import ConfigError, TraceError
 from fourd_mpi.trace.summary import (HARNESS_OPS, SHARE_FORMULA, STEP_FORMULA, bubble_ns, harness_ns,
                                      host_op_mask, measured_records, per_record_sums, step_stats, summarize)
@@ -48,13 +49,13 @@ from fourd_mpi.trace.events import COMPUTE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST
 from fourd_mpi.util.text import format_number, short_label
 
 RUN_COLUMNS = [
-    "run_id", "path", "status", "label", "model", "world_size", "grid", "gdata", "gz", "gy", "gx", "overlap",
+    "run_id", "path", "status", "label", "algorithm", "model", "world_size", "grid", "gdata", "gz", "gy", "gx", "overlap",
     "progress", "level", "steps", "step_median_s", "step_min_s", "step_max_s", "step_q1_s", "step_q3_s",
     "compute_share", "wait_share", "harness_share", "other_share", "tflops_per_rank", "peak_tflops",
     "percent_of_peak", "tokens_per_s", "imbalance", "tokens_per_step", "model_flops_per_step", "config_key",
     "recompute", "hardware_flops_per_step", "hardware_tflops_per_rank", "hardware_percent_of_peak",
 ]
-BREAKDOWN_COLUMNS = ["run_id", "phase", "category", "axis", "seconds_per_step", "share", "step_s", "step_q1_s",
+BREAKDOWN_COLUMNS = ["run_id", "algorithm", "phase", "category", "axis", "seconds_per_step", "share", "step_s", "step_q1_s",
                      "step_q3_s"]
 #: the grid axes of the per-axis MPI-time columns of :func:`steps_table`
 STEP_AXES = ("data", "z", "y", "x")
@@ -63,12 +64,12 @@ STEPS_COLUMNS = (["run_id", "step", "rank", "warmup", "step_s", "step_max_s", "c
 COMM_COLUMNS = [
     "run_id", "op", "axis", "group_size", "messages_per_step", "bytes_per_step", "wire_bytes_per_step",
     "bytes_per_message", "inflight_median_s", "inflight_s_per_step", "wait_s_per_step", "mpi_s_per_step", "exposed_s_per_step", "algbw_gbps",
-    "busbw_gbps", "overlap_pct", "outside_mpi_pct", "formula",
+    "busbw_gbps", "overlap_pct", "outside_mpi_pct", "formula", "algorithm",
 ]
-SCALING_COLUMNS = ["config_key", "world_size", "grid", "step_median_s", "speedup", "efficiency", "ideal_step_s",
+SCALING_COLUMNS = ["config_key", "algorithm", "world_size", "grid", "step_median_s", "speedup", "efficiency", "ideal_step_s",
                    "group", "run_id", "tokens_per_step", "step_q1_s", "step_q3_s"]
 COMPARE_COLUMNS = [
-    "model", "world_size", "tokens_per_step", "grid", "overlap", "progress", "label", "run_id", "step_median_s",
+    "model", "world_size", "tokens_per_step", "algorithm", "grid", "overlap", "progress", "label", "run_id", "step_median_s",
     "step_q1_s", "step_q3_s", "compute_share", "wait_share", "harness_share", "other_share", "imbalance",
     "tflops_per_rank", "percent_of_peak", "vs_best",
 ]
@@ -79,7 +80,7 @@ RECOMPUTE_SHARE_FORMULA = ("recompute_% = 100 * sum of the shares of phase recom
                            "the category columns)")
 
 #: the runs table's columns on a terminal (csv and json keep all)
-RUNS_SHOWN = ["run_id", "grid", "world_size", "overlap", "progress", "steps", "step_median_s", "step_q1_s",
+RUNS_SHOWN = ["run_id", "algorithm", "grid", "world_size", "overlap", "progress", "steps", "step_median_s", "step_q1_s",
               "step_q3_s", "compute_share", "wait_share", "harness_share", "other_share", "recompute",
               "tflops_per_rank", "percent_of_peak", "hardware_tflops_per_rank", "hardware_percent_of_peak", "tokens_per_s", "imbalance"]
 
@@ -221,9 +222,16 @@ def _label(trace: Trace) -> str:
     return "" if label in (None, "") else str(label)
 
 
-def config_key(model: str, overlap: str, progress: str, label: str = "") -> str:
-    """What a scaling line groups by: ``model/overlap/progress[/label]`` (no rank count, no grid)."""
-    return "/".join([model, overlap or "none", progress or "?"] + ([label] if label else []))
+def config_key(model: str, overlap: str, progress: str, label: str = "", algorithm: str = DEFAULT_ALGORITHM) -> str:
+    """What a scaling line groups by: ``model[/algorithm]/overlap/progress[/label]`` (no rank count, no
+    grid; the algorithm only when it is not the default ``axonn4d``, so older keys stay as they were)."""
+    head = [model] + ([algorithm] if algorithm and algorithm != DEFAULT_ALGORITHM else [])
+    return "/".join(head + [overlap or "none", progress or "?"] + ([label] if label else []))
+
+
+def _algorithm(trace: Trace) -> str:
+    """The run's ``--algorithm`` (metadata; traces from before the algorithm axis: ``axonn4d``)."""
+    return of_metadata(trace.metadata)
 
 
 _measured_records = measured_records
@@ -267,16 +275,17 @@ def run_row(trace: Trace) -> Dict:
     overlap = short_label(meta.get("overlap") or (meta.get("run_options") or {}).get("overlap"), "none")
     progress = short_label(meta.get("progress") or (meta.get("run_options") or {}).get("progress"), "?")
     label = _label(trace)
+    algorithm = _algorithm(trace)
     nan = float("nan")
     row = dict(run_id=str(meta.get("run_id") or trace.attrs.get("run_id") or os.path.basename(trace.path)),
-               path=trace.path, status=trace.status, label=label, model=model, world_size=world,
+               path=trace.path, status=trace.status, label=label, algorithm=algorithm, model=model, world_size=world,
                grid=str(meta.get("grid") or "x".join(str(grid[k]) for k in ("data", "z", "y", "x"))),
                gdata=grid["data"], gz=grid["z"], gy=grid["y"], gx=grid["x"], overlap=overlap, progress=progress,
                level=str(meta.get("level", "")), steps=0, step_median_s=nan, step_min_s=nan, step_max_s=nan,
                step_q1_s=nan, step_q3_s=nan, compute_share=nan, wait_share=nan, harness_share=nan, other_share=nan,
                tflops_per_rank=nan, peak_tflops=peak, percent_of_peak=nan, tokens_per_s=nan, imbalance=nan,
                tokens_per_step=tokens, model_flops_per_step=flops,
-               config_key=config_key(model, overlap, progress, label), recompute=recompute,
+               config_key=config_key(model, overlap, progress, label, algorithm), recompute=recompute,
                hardware_flops_per_step=hardware, hardware_tflops_per_rank=nan, hardware_percent_of_peak=nan)
     if len(trace.rank_steps):
         harness = harness_ns(trace)
@@ -323,8 +332,10 @@ def runs_table(traces: Sequence[Trace]) -> pd.DataFrame:
       measured step (``compute_ns`` of ``/rank_steps`` less harness work); 1.0 is perfectly balanced.
     - ``overlap`` and ``progress`` are the short forms (``"oag,ors,oar,dp,od"``, ``"poll"``);
       ``model`` is the preset name, with ``(L..,h..,a..,f..,s..)`` appended if its shape was changed.
-    - ``config_key`` = ``model/overlap/progress[/label]``: what a scaling line groups by
-      (independent of rank count, grid and batch).
+    - ``algorithm``: the run's ``--algorithm`` (:func:`~fourd_mpi.algorithms.registry.of_metadata`:
+      ``axonn4d`` for traces written before the algorithm axis).
+    - ``config_key`` = ``model[/algorithm]/overlap/progress[/label]``: what a scaling line groups by
+      (independent of rank count, grid and batch; the algorithm when it is not ``axonn4d``).
     - A trace without step records has NaN statistics and ``steps`` 0.
     """
     rows = [run_row(t) for t in traces]
@@ -452,6 +463,7 @@ def breakdown(trace: Trace) -> pd.DataFrame:
     df["seconds_per_step"] = df["share"] * stats.median_s
     df["step_s"], df["step_q1_s"], df["step_q3_s"] = stats.median_s, stats.q1_s, stats.q3_s
     df.insert(0, "run_id", run_id)
+    df.insert(1, "algorithm", _algorithm(trace))
     out = df[BREAKDOWN_COLUMNS]
     out.attrs["formulas"] = {"step_s": STEP_FORMULA, "share": SHARE_FORMULA,
                              "seconds_per_step": "seconds_per_step = share * step_s"}
@@ -476,6 +488,8 @@ def breakdown_wide(long: pd.DataFrame) -> pd.DataFrame:
     step = long.groupby("run_id", sort=False)["step_s"].first()
     wide = table[order].rename(columns=lambda c: f"{c}_%")
     wide.insert(0, "step_s", step.reindex(wide.index))
+    if "algorithm" in long.columns:
+        wide.insert(0, "algorithm", long.groupby("run_id", sort=False)["algorithm"].first().reindex(wide.index))
     recompute = long[long["phase"].astype(str) == "recompute"].groupby("run_id", sort=False)["share"].sum() * 100
     wide["recompute_%"] = recompute.reindex(wide.index).fillna(0.0)  # a part of the columns before it
     return wide.reset_index()
@@ -646,6 +660,7 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
         out["overlap_pct"] = np.where((twindow > 0) & ~copy, 100.0 * tover / twindow, np.nan)
         out["outside_mpi_pct"] = np.where((twindow > 0) & ~copy, 100.0 * (1.0 - tmpi / twindow), np.nan)
     out["formula"] = OVERLAP_FORMULA
+    out["algorithm"] = _algorithm(trace)
     out = out[columns]
     out.attrs["formulas"] = dict(COMM_FORMULAS)
     return out
@@ -675,7 +690,7 @@ def hidden_vs_baseline(comm: pd.DataFrame, baseline: pd.DataFrame) -> pd.DataFra
 def scaling(runs, mode: str = "weak") -> pd.DataFrame:
     """Scaling lines from :func:`runs_table` rows (or a list of traces): columns :data:`SCALING_COLUMNS`.
 
-    Runs are grouped by ``config_key`` (model, overlap, progress, label); in ``strong`` mode also by
+    Runs are grouped by ``config_key`` (model, algorithm, overlap, progress, label); in ``strong`` mode also by
     the total work (``tokens_per_step``; the model is part of the key). Within a group, rows are
     sorted by ``world_size`` (then step time); every run is a row (several grids of one size may
     appear). Base = the smallest world size of the group; ``T(base)`` its fastest median step time.
@@ -728,7 +743,9 @@ def scaling(runs, mode: str = "weak") -> pd.DataFrame:
             efficiency = speedup * base / world
             ideal = t_base * base / world
         pieces.append(pd.DataFrame({
-            "config_key": group["config_key"].to_numpy(), "world_size": group["world_size"].to_numpy(),
+            "config_key": group["config_key"].to_numpy(), "algorithm": (group["algorithm"].to_numpy() if "algorithm" in group.columns
+                                                            else DEFAULT_ALGORITHM),
+            "world_size": group["world_size"].to_numpy(),
             "grid": group["grid"].to_numpy(), "step_median_s": times, "speedup": speedup,
             "efficiency": efficiency, "ideal_step_s": ideal, "group": name,
             "run_id": group["run_id"].to_numpy(), "tokens_per_step": group["tokens_per_step"].to_numpy(),
@@ -742,9 +759,10 @@ def scaling(runs, mode: str = "weak") -> pd.DataFrame:
 
 
 def compare(runs) -> pd.DataFrame:
-    """Grid shapes and overlap modes side by side: columns :data:`COMPARE_COLUMNS`.
+    """Algorithms, grid shapes and overlap modes side by side: columns :data:`COMPARE_COLUMNS`.
 
-    Runs of the same model, world size and total work (``tokens_per_step``) form a group,
+    Runs of the same model, world size and total work (``tokens_per_step``) form a group, whatever
+    their algorithm (``megatron1d`` against the best ``axonn4d`` grid is the comparison asked for),
     sorted by ``step_median_s``; ``vs_best`` = step_median_s / the group's smallest (1.0 = best,
     1.25 = 25 % slower). Groups are ordered by model, world size, tokens. Runs without a step time
     are left out.

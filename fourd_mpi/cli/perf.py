@@ -34,6 +34,9 @@ def _register_tune(sub) -> None:
     p = sub.add_parser("tune", help="rank every grid shape of a rank count by predicted step time "
                        "(performance model; one process, no mpiexec)")
     p.add_argument("--ranks", type=positive_int, required=True, metavar="N", help="the rank count to place")
+    p.add_argument("--algorithm", default="axonn4d", metavar="NAME|LIST|all",
+                   help="algorithm(s) to rank: a name of fourd-mpi run --algorithm, a comma list, or all (one table "
+                        "across algorithms with an algorithm column; default axonn4d)")
     add_options(p, ("model",), names=("dtype", "optimizer", "overlap", "progress"))
     m = p.add_argument_group("machine")
     add_site(m, help="use the machine profile the site names (its machine_profile: key; local: the calibrated "
@@ -116,6 +119,11 @@ def cmd_tune(args, world=None) -> int:
               f"({'bf16 on GPU sites' if profile.backend == 'cupy' else 'float32 on CPU sites'}; --dtype to choose)")
     limit, limit_text = _memory_limit_bytes(args, profile)
     recompute, attention = args.recompute or "none", args.attention or "unfused"
+    from fourd_mpi.perf.algorithms import algorithm_names
+
+    names = algorithm_names(args.algorithm)
+    if names != ["axonn4d"]:
+        return _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention)
     ranking = rank_grids(cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer, limit,
                          args.ranks_per_node, recompute=recompute, attention=attention, precision=args.precision)
     from fourd_mpi.perf.memory import default_precision
@@ -147,6 +155,47 @@ def cmd_tune(args, world=None) -> int:
             fh.write("# written by fourd-mpi tune: measure the predicted top grids\n")
             yaml.safe_dump(spec, fh, sort_keys=False)
         wrote(args.emit_sweep, f"sweep spec: {len(grids)} grid(s) at {args.ranks} ranks")
+    return 0
+
+
+def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention) -> int:
+    """``tune --algorithm LIST|all``: one ranking across algorithms (:mod:`fourd_mpi.perf.algorithms`)."""
+    from fourd_mpi.perf.algorithms import format_across, format_best, rank_algorithms, sweep_options
+    from fourd_mpi.perf.memory import default_precision
+
+    ranking = rank_algorithms(names, cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer,
+                              limit, args.ranks_per_node, recompute=recompute, attention=attention,
+                              precision=args.precision)
+    print(profile.describe())
+    print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
+          f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; algorithms {', '.join(names)}; overlap "
+          f"{overlap}; progress {args.progress}; {args.dtype} ({args.precision or default_precision(args.dtype)} "
+          f"precision); recompute {recompute}; attention {attention}")
+    print(limit_text)
+    print(ranking.dropped_summary())
+    for name, why in ranking.skipped:
+        print(f"skipped {name}: {why}")
+    print(f"top {min(args.top, len(ranking.entries))} of {len(ranking.entries)} valid configurations by predicted "
+          f"step time (ms per step and rank; comm = exposed communication per axis):")
+    print(format_across(ranking, args.top))
+    print(format_best(ranking))
+    notes = list(dict.fromkeys(n for e in ranking.entries[: args.top] for n in e.prediction.notes))
+    for n in notes:
+        print(f"note: {n}")
+    if args.emit_sweep:
+        import yaml
+
+        from fourd_mpi.perf.tune import sweep_spec
+
+        grids, algorithms = sweep_options(ranking, args.top)
+        spec = sweep_spec(cfg, args.ranks, [], args.overlap)
+        spec["grids"] = {args.ranks: grids}
+        spec["description"] = f"the top {args.top} configurations of fourd-mpi tune --algorithm {args.algorithm}"
+        spec["matrix"]["algorithm"] = algorithms  # each algorithm runs the listed grids it allows
+        with open(args.emit_sweep, "w") as fh:
+            fh.write("# written by fourd-mpi tune: measure the predicted top configurations\n")
+            yaml.safe_dump(spec, fh, sort_keys=False)
+        print(f"sweep spec {args.emit_sweep}: {len(grids)} grid(s) x {len(algorithms)} algorithm(s) at {args.ranks} ranks")
     return 0
 
 

@@ -151,14 +151,18 @@ def cmd_verify(args, world) -> int:
             stages = f" / G_inter {options.ginter} = {size}" if size != world_size else ""
             raise ConfigError(f"grid {g} has {g.size} ranks but the world size is {world_size}{stages}")
     skipped = []
-    model_problems = get_algorithm(options.algorithm).model_problems  # the algorithm's own rules
+    algorithm = get_algorithm(options.algorithm)
+
+    def problems_of(g):  # a fixed axis of another size, the algorithm's own checks, its model rules
+        return [p for p in (algorithm.grid_problem(options, g),) if p] or algorithm.model_problems(options.model, g)
+
     if args.all_grids or not grids:
         candidates = list(grid_factorizations(size)) if args.all_grids else [options.grid]
         for g in candidates:
-            problems = model_problems(options.model, g)
+            problems = problems_of(g)
             (skipped.append((g, problems[0])) if problems else grids.append(g))
     for g in grids:
-        problems = model_problems(options.model, g)
+        problems = problems_of(g)
         if problems:
             raise ConfigError(f"model {options.model.name} on grid {g} (G_data x G_z x G_y x G_x): "
                               + "; ".join(problems))

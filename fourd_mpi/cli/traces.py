@@ -45,6 +45,7 @@ def register(sub) -> None:
 
 
 def cmd_trace(args, world=None) -> int:
+    from fourd_mpi.algorithms.registry import of_metadata
     from fourd_mpi.trace.read import check_invariants, load_trace
     from fourd_mpi.trace.merge import parts_dir_of
     from fourd_mpi.trace.store import recover
@@ -81,7 +82,7 @@ def cmd_trace(args, world=None) -> int:
         print(f"damaged: {why}")
     meta = trace.metadata
     print(f"{args.file}: schema v{trace.schema_version}, status {trace.status}, run id {meta.get('run_id')}")
-    print(f"  grid {meta.get('grid')} on {meta.get('world_size')} ranks, {meta.get('num_nodes')} node(s); "
+    print(f"  algorithm {of_metadata(meta)}, grid {meta.get('grid')} on {meta.get('world_size')} ranks, {meta.get('num_nodes')} node(s); "
           f"level {meta.get('level')}; started {meta.get('start_time')}")
     print(f"  {((meta.get('mpi') or {}).get('library_version') or '?').splitlines()[0]}")
     parts = int(trace.attrs.get("parts", 0) or 0)

@@ -15,7 +15,10 @@
     job: {time: "00:10:00", ranks_per_node: 4, account: m1234}   # also pack: N, pack_mode: sequential
 
 Expansion order is ranks, then grid, then the matrix (first key outermost) crossed
-with the zipped lists, then repeats. Everything is checked before anything is
+with the zipped lists, then repeats. ``algorithm`` may be an option, a matrix or a zip key
+(``matrix: {algorithm: [axonn4d, megatron1d, fsdp]}``): each algorithm runs the grids of the
+spec that it allows (``all``: every factorization with its fixed axes; ``auto``: its predicted
+best; a list: the listed grids it allows), and run ids end in the algorithm's name. Everything is checked before anything is
 written: option names and values against ``fourd-mpi run``'s option table
 (:data:`fourd_mpi.run.options.RUN_OPTIONS`) and its resolution, grids against the rank
 count and the model's divisibility rules.
@@ -28,11 +31,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from fourd_mpi.step.presets import ModelConfig, PRESETS, model_problems, resolve_model
+from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM, model_problems_of
+from fourd_mpi.algorithms.registry import get as get_algorithm
+from fourd_mpi.step.presets import ModelConfig, PRESETS, resolve_model
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.jobs.pack import PACK_MODES
-from fourd_mpi.run.options import lookup, plan_tokens, resolve_values
+from fourd_mpi.run.options import RunOptions, lookup, plan_tokens, resolve_values
 from fourd_mpi.util.yamlspec import YamlDocument, load_yaml, schema_violations
 
 #: Names that reach file names, job names and scripts: nothing a shell would interpret.
@@ -223,13 +228,31 @@ class SweepSpec:
         return self.grids, ["grids"]
 
     def grids_for(self, ranks: int, model: ModelConfig, options: Dict[str, Any]) -> List[GridShape]:
+        """The grids of ``ranks`` ranks this run's algorithm allows; for a pipeline the 4D grid of one stage
+        (``ranks / ginter`` ranks: the job still launches ``ranks`` processes)."""
         choice, where = self._grid_choice(ranks)
+        algorithm = get_algorithm(str(options.get("algorithm", DEFAULT_ALGORITHM)))
+        try:
+            ranks = algorithm.tensor_world(ranks, {k.replace("-", "_"): v for k, v in options.items()})
+        except ConfigError as exc:
+            raise self.error(where, str(exc)) from None
+        base = RunOptions(model=model, grid=GridShape(ranks, 1, 1, 1), algorithm=algorithm.name)
+
+        def allowed(g: GridShape) -> bool:  # a grid of this algorithm (fixed axes, its own checks)
+            return algorithm.grid_problem(base, g) is None
+
+        def model_problems(cfg, g):
+            return model_problems_of(algorithm, cfg, g)
+
+        named = "" if algorithm.name == DEFAULT_ALGORITHM else f" with algorithm {algorithm.name}"
         if choice == "all":
-            valid = [g for g in grid_factorizations(ranks) if not model_problems(model, g)]
+            candidates = [g for g in grid_factorizations(ranks) if allowed(g)]
+            valid = [g for g in candidates if not model_problems(model, g)]
             if not valid:
-                example = model_problems(model, GridShape(ranks, 1, 1, 1))
-                raise self.error(where, f"no grid of {ranks} ranks fits model {model.name} "
-                                        f"(e.g. {ranks}x1x1x1: {'; '.join(example) or 'invalid'})")
+                first = candidates[0] if candidates else GridShape(ranks, 1, 1, 1)
+                example = model_problems(model, first) or [algorithm.grid_problem(base, first) or "invalid"]
+                raise self.error(where, f"no grid of {ranks} ranks fits model {model.name}{named} "
+                                        f"(e.g. {first}: {'; '.join(example)})")
             return valid
         if isinstance(choice, str) and choice.startswith("auto"):
             k = int(choice.split(":")[1]) if ":" in choice else 1
@@ -239,6 +262,11 @@ class SweepSpec:
         if not matching:
             raise self.error(where, f"none of the grids {', '.join(map(str, grids))} has {ranks} ranks "
                                     f"(G_data*G_z*G_y*G_x must equal the rank count)")
+        mine = [g for g in matching if allowed(g)]
+        if not mine:
+            raise self.error(where, f"none of the grids {', '.join(map(str, matching))} of {ranks} ranks is a grid "
+                                    f"of algorithm {algorithm.name}: {algorithm.grid_problem(base, matching[0])}")
+        matching = mine
         for grid in matching:
             problems = model_problems(model, grid)
             if problems:
@@ -254,7 +282,8 @@ class SweepSpec:
                                     "which this installation lacks") from None
         try:
             return top_grids(model, ranks, k, overlap=str(options.get("overlap", "none")),
-                             dtype=str(options.get("dtype", "float32")))
+                             dtype=str(options.get("dtype", "float32")),
+                             algorithm=str(options.get("algorithm", DEFAULT_ALGORITHM)))
         except ConfigError as exc:
             raise self.error(where, str(exc)) from None
 
@@ -277,6 +306,7 @@ class SweepSpec:
                     for repeat in range(self.repeats):
                         index = len(runs)
                         run_id = f"{self.name}-{index:03d}-n{ranks}-{grid}" + (
+                            f"-{params.get('algorithm', DEFAULT_ALGORITHM)}" if self.names_algorithm else "") + (
                             f"-r{repeat}" if self.repeats > 1 else "")
                         runs.append(RunPlan(index, run_id, ranks, grid, model, tuple(params.items()), repeat))
         return runs
@@ -288,6 +318,11 @@ class SweepSpec:
             for grid in self.grids_for(ranks, model, params):
                 by_grid.setdefault(grid, []).append(params)
         return [(grid, params) for grid, params_list in by_grid.items() for params in params_list]
+
+    @property
+    def names_algorithm(self) -> bool:
+        """Whether the spec sets ``algorithm`` (an option, a matrix or a zip key): run ids then name it."""
+        return any("algorithm" in section for section in (self.options, self.matrix, self.zipped))
 
     def as_dict(self) -> Dict[str, Any]:
         """The spec as YAML-ready data (round-trips through :func:`load_spec`)."""

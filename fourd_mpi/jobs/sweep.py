@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
+from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM
 from fourd_mpi.errors import ConfigError, TraceError
 from fourd_mpi.jobs.pack import pack_settings, plan_packs, status_path
 from fourd_mpi.jobs.render import (AFFINITY_SCRIPT, job_request, job_settings, python_for, render_affinity_script,
@@ -130,7 +131,8 @@ def pack_entries(packs, script_dir: str) -> List[Dict]:
 
 def plan_rows(manifest: Dict) -> List[Dict]:
     return [{"#": r["index"], "run_id": r["run_id"], "ranks": r["ranks"], "nodes": r["nodes"],
-             "per_node": r["ranks_per_node"], "grid": r["grid"], "model": r["model"]["name"],
+             "per_node": r["ranks_per_node"], "grid": r["grid"],
+             "algorithm": r["options"].get("algorithm", DEFAULT_ALGORITHM), "model": r["model"]["name"],
              "batch": r["model"]["batch"], "hidden": r["model"]["hidden"], "layers": r["model"]["layers"],
              "options": " ".join(f"{k}={v}" for k, v in r["options"].items()),
              "memory/rank": _human_bytes(r["memory_per_rank"])} for r in manifest["runs"]]
@@ -606,6 +608,8 @@ def collect(manifest: Dict, into: Optional[str] = None, out=sys.stdout, fmt: str
     if runs["world_size"].nunique() > 1:
         table = analysis.scaling(runs, manifest["study"])
         sections.append((f"{manifest['study']} scaling", table))
+    if runs["algorithm"].nunique() > 1:  # algorithms side by side at each rank count
+        sections.append(("compare", analysis.compare(runs)))
     for title, frame in sections:
         if fmt == "table":
             out.write(f"== {title} ==\n")

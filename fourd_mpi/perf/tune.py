@@ -142,17 +142,26 @@ def _ranks_that_fit(cfg, ranks, limit, dtype, optimizer, overlap, reserve=0, mem
 
 
 def top_grids(cfg: ModelConfig, ranks: int, k: int, profile=None, overlap: str = "none", dtype: str = "float32",
-              memory_limit_bytes=None) -> List[GridShape]:
+              memory_limit_bytes=None, algorithm: str = "axonn4d") -> List[GridShape]:
     """The ``k`` grids of ``ranks`` with the smallest predicted step time (for ``grids: auto:K``).
 
     ``profile``: a :class:`MachineProfile`, a built-in name or a file (None: ``laptop``);
-    ``overlap``: as ``--overlap`` (``none``, ``all``, ``oag,ors``...). Raises :class:`ConfigError`
-    with what would fit when nothing fits.
+    ``overlap``: as ``--overlap`` (``none``, ``all``, ``oag,ors``...); ``algorithm``: the grids of this
+    algorithm only (:mod:`fourd_mpi.perf.algorithms`). Raises :class:`ConfigError` with what would fit
+    when nothing fits.
     """
     if k < 1:
         raise ConfigError(f"k must be positive, got {k}")
     if not isinstance(profile, MachineProfile):
         profile = load_profile(profile)
+    if algorithm != "axonn4d":
+        from fourd_mpi.perf.algorithms import rank_algorithms
+
+        ranking = rank_algorithms([algorithm], cfg, ranks, profile, OverlapConfig.parse(overlap), dtype,
+                                  memory_limit_bytes=memory_limit_bytes)
+        if ranking.skipped:
+            raise ConfigError(f"grids: auto for algorithm {algorithm}: {ranking.skipped[0][1]}")
+        return [e.grid for e in ranking.every[:k]]
     ranking = rank_grids(cfg, ranks, profile, OverlapConfig.parse(overlap), dtype,
                          memory_limit_bytes=memory_limit_bytes)
     return [p.grid for p in ranking.predictions[:k]]

@@ -7,7 +7,11 @@ time) and :func:`fourd_mpi.analysis.tables.breakdown` (exposed communication per
 exposed communication and their relative errors ``(predicted - measured) / measured``; per group
 of runs of one model, rank count and global batch: Spearman's rank correlation of predicted and
 measured step times, and whether the measured best is the predicted best (top 1) or among the
-predicted three best (top 3); overall: the median absolute relative error of the step time.
+predicted three best (top 3); per algorithm (metadata ``algorithm``; traces without it ran ``axonn4d``):
+the runs and the median absolute relative errors of the step time and of the exposed communication;
+overall: the median absolute relative error of the step time. Each run is predicted by its algorithm
+family's predictor (:mod:`fourd_mpi.perf.algorithms`); a run of an algorithm the model does not cover
+yet keeps NaN predictions and is named in the summary.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.machine import MachineProfile
 from fourd_mpi.step.overlap import OverlapConfig
-from fourd_mpi.perf.predict import Prediction, predict
+from fourd_mpi.perf.predict import Prediction
 
 GOALS = {"median_abs_rel_error": 0.20, "spearman": 0.8, "best_in_top": 3}
 
@@ -62,24 +66,35 @@ def config_of(trace) -> Dict:
     overlap = OverlapConfig.parse(text, int(ro.get("prefetch_depth", 1)), int(ro.get("chunks", 2)))
     rpn = trace.metadata.get("ranks_per_node")
     rpn = int(max(rpn)) if isinstance(rpn, (list, tuple)) and rpn else None
+    from fourd_mpi.algorithms.registry import of_metadata
+
     return {"model": model, "grid": grid, "overlap": overlap, "progress": str(ro.get("progress", "poll")),
             "dtype": str(ro.get("dtype", "float32")), "optimizer": str(ro.get("optimizer", "adam")),
-            "ranks_per_node": rpn}
+            "ranks_per_node": rpn, "algorithm": of_metadata(trace.metadata), "run_options": ro}
 
 
 def validate(traces, profile: MachineProfile):
     """A pandas frame, one row per trace, and a summary dict (see the module docstring)."""
     import pandas as pd
 
+    from fourd_mpi.algorithms.registry import ALGORITHMS
     from fourd_mpi.analysis.tables import breakdown, runs_table
+    from fourd_mpi.perf.algorithms import predict_one, predictor, run_predict_options
     from fourd_mpi.trace.summary import measured_records
 
     runs = runs_table(traces)
     rows = []
+    uncovered: Dict[str, int] = {}
     for trace, (_, run) in zip(traces, runs.iterrows()):
         c = config_of(trace)
-        pred: Prediction = predict(c["model"], c["grid"], profile, c["overlap"], c["dtype"], c["progress"],
-                                   c["optimizer"], c["ranks_per_node"])
+        algorithm = ALGORITHMS.get(c["algorithm"])
+        if algorithm is None or predictor(algorithm.family) is None:
+            uncovered[c["algorithm"]] = uncovered.get(c["algorithm"], 0) + 1
+            pred = None
+        else:
+            pred: Prediction = predict_one(algorithm, c["model"], c["grid"], profile, c["overlap"], c["dtype"],
+                                           c["progress"], c["optimizer"], c["ranks_per_node"],
+                                           **run_predict_options(algorithm, c["run_options"]))
         bd = breakdown(trace)
         # exposed communication per rank and step, mean over the measured records: the breakdown's share
         # of all ranks' time times the mean rank span (not of the median step time: the model predicts a mean)
@@ -88,29 +103,30 @@ def validate(traces, profile: MachineProfile):
         exposed = (float(bd.loc[bd["category"] == "exposed_comm", "share"].sum()) * mean_span if len(bd)
                    else float("nan"))
         measured = float(run["step_median_s"])
+        nan = float("nan")
+        p_step, p_exposed, p_compute = ((pred.step_s, pred.exposed_total_s, pred.compute_s) if pred is not None
+                                        else (nan, nan, nan))
         rows.append({
-            "group": f"{run['model']}/{run['world_size']}/b{c['model'].batch}",
+            "group": f"{run['model']}/{run['world_size']}/b{c['model'].batch}", "algorithm": c["algorithm"],
             "run_id": run["run_id"], "grid": str(c["grid"]), "overlap": run["overlap"], "progress": run["progress"],
-            "measured_s": measured, "predicted_s": pred.step_s,
-            "step_err": (pred.step_s - measured) / measured if measured > 0 else float("nan"),
-            "measured_exposed_s": exposed, "predicted_exposed_s": pred.exposed_total_s,
-            "exposed_err": ((pred.exposed_total_s - exposed) / exposed if exposed > 0 else float("nan")),
-            "predicted_compute_s": pred.compute_s,
+            "measured_s": measured, "predicted_s": p_step,
+            "step_err": (p_step - measured) / measured if measured > 0 else nan,
+            "measured_exposed_s": exposed, "predicted_exposed_s": p_exposed,
+            "exposed_err": ((p_exposed - exposed) / exposed if exposed > 0 else nan),
+            "predicted_compute_s": p_compute,
         })
     df = pd.DataFrame(rows)
     groups = []
     for name, g in df.groupby("group", sort=True):
-        g = g[np.isfinite(g["measured_s"])]
+        g = g[np.isfinite(g["measured_s"]) & np.isfinite(g["predicted_s"])]
         if not len(g):
             continue
         pred_order = list(g.sort_values("predicted_s", kind="stable")["run_id"])
         best = g.loc[g["measured_s"].idxmin(), "run_id"]
         position = pred_order.index(best) + 1
         groups.append({"group": name, "runs": len(g), "spearman": spearman(g["predicted_s"], g["measured_s"]),
-                       "measured_best": f"{g.loc[g['measured_s'].idxmin(), 'grid']} "
-                                        f"({g.loc[g['measured_s'].idxmin(), 'overlap']})",
-                       "predicted_best": f"{g.loc[g['predicted_s'].idxmin(), 'grid']} "
-                                         f"({g.loc[g['predicted_s'].idxmin(), 'overlap']})",
+                       "measured_best": _configuration(g.loc[g["measured_s"].idxmin()]),
+                       "predicted_best": _configuration(g.loc[g["predicted_s"].idxmin()]),
                        "best_rank_in_prediction": position, "top1": position == 1, "top3": position <= 3})
     gdf = pd.DataFrame(groups)
     errs = np.abs(df["step_err"].to_numpy(dtype=float))
@@ -128,6 +144,8 @@ def validate(traces, profile: MachineProfile):
         "top3": int(gdf["top3"].sum()) if len(gdf) else 0,
         "groups": len(gdf),
     }
+    summary["by_algorithm"] = by_algorithm(df)
+    summary["not_predicted"] = dict(uncovered)
     summary["goals_met"] = {
         "median_abs_rel_error <= 0.20": bool(summary["median_abs_rel_error"] <= GOALS["median_abs_rel_error"]),
         "spearman >= 0.8 in every group": bool(np.isfinite(rhos).any()
@@ -135,6 +153,28 @@ def validate(traces, profile: MachineProfile):
         "measured best in predicted top 3 in every group": bool(len(gdf) and gdf["top3"].all()),
     }
     return df, gdf, summary
+
+
+def _configuration(row) -> str:
+    """``grid (overlap)``, with the algorithm when it is not the default: ``megatron1d 2x1x4x1 (none)``."""
+    head = "" if row.get("algorithm", "axonn4d") == "axonn4d" else f"{row['algorithm']} "
+    return f"{head}{row['grid']} ({row['overlap']})"
+
+
+def by_algorithm(df) -> "list":
+    """Per algorithm: runs, runs predicted, the median |relative error| of the step time and of the exposed
+    communication (over the runs where both are finite), the median signed step error (a bias)."""
+    out = []
+    for name, g in df.groupby("algorithm", sort=True):
+        step = g["step_err"].to_numpy(dtype=float)
+        step = step[np.isfinite(step)]
+        exp = g["exposed_err"].to_numpy(dtype=float)
+        exp = exp[np.isfinite(exp)]
+        out.append({"algorithm": name, "runs": int(len(g)), "predicted": int(np.isfinite(g["predicted_s"]).sum()),
+                    "median_abs_step_err": float(np.median(np.abs(step))) if len(step) else float("nan"),
+                    "median_step_err": float(np.median(step)) if len(step) else float("nan"),
+                    "median_abs_exposed_err": float(np.median(np.abs(exp))) if len(exp) else float("nan")})
+    return out
 
 
 #: terms ``model calibrate`` fits by default: ``sync`` (the benchmark's per-message wait after compute)
@@ -184,7 +224,7 @@ def report(df, gdf, summary, profile: MachineProfile, fmt: str = "table") -> str
         shown[col.replace("_s", "_ms")] = shown.pop(col) * 1e3
     for col in ("step_err", "exposed_err"):
         shown[col.replace("_err", "_err_%")] = shown.pop(col) * 100
-    cols = ["group", "grid", "overlap", "progress", "measured_ms", "predicted_ms", "step_err_%",
+    cols = ["group", "algorithm", "grid", "overlap", "progress", "measured_ms", "predicted_ms", "step_err_%",
             "measured_exposed_ms", "predicted_exposed_ms", "exposed_err_%", "predicted_compute_ms", "run_id"]
     shown = shown.sort_values(["group", "measured_ms"])[cols]
     if fmt == "json":  # one document: the profile, both tables (records), the summary
@@ -201,6 +241,15 @@ def report(df, gdf, summary, profile: MachineProfile, fmt: str = "table") -> str
     parts = [profile.describe(), "", "per configuration (errors = (predicted - measured) / measured):",
              format_table(shown, fmt_t), "", "per group (model/ranks/batch):", format_table(gdf, fmt_t), ""]
     s = summary
+    if s.get("by_algorithm"):
+        import pandas as pd
+
+        per = pd.DataFrame(s["by_algorithm"])
+        for col in ("median_abs_step_err", "median_step_err", "median_abs_exposed_err"):
+            per[col.replace("_err", "_err_%")] = per.pop(col) * 100
+        parts += ["per algorithm (metadata algorithm; older traces: axonn4d):", format_table(per, fmt_t), ""]
+    for name, n in (s.get("not_predicted") or {}).items():
+        parts.append(f"not predicted: {n} run(s) of {name} (the performance model has no predictor for it yet)")
     parts.append(f"{s['runs']} runs in {s['groups']} group(s): median |step error| "
                  f"{100 * s['median_abs_rel_error']:.1f}%, median |exposed-comm error| "
                  f"{100 * s['median_abs_rel_error_exposed']:.1f}%, Spearman min over groups {s['spearman_min']:.3f} "

@@ -280,7 +280,8 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
     ``_cross_checks=False`` leaves out the checks between options (warm-up against steps), for
     validating one option at a time against the defaults (sweep specs)."""
     algorithm = get_algorithm(options.get("algorithm", DEFAULT_ALGORITHM))
-    tensor_world = algorithm.tensor_world(world_size, options)
+    # one option at a time (sweep specs): --ginter 2 is checked with the algorithm of each run, not the default's
+    tensor_world = algorithm.tensor_world(world_size, options) if _cross_checks else world_size
     try:
         shape = algorithm.shape(tensor_world, grid_sizes)
     except ConfigError as exc:

@@ -45,7 +45,7 @@ def event(rank, step, op, lane, start, end, layer=0, phase="none", axis="none", 
 
 
 def write_trace(path, events, world, grid=None, warmup=1, level="op", label=None, overlap="none",
-                progress="poll", tokens=64, flops=1e6, peak=1.0, model=None, compute_ops=COMPUTE_OPS):
+                progress="poll", tokens=64, flops=1e6, peak=1.0, model=None, compute_ops=COMPUTE_OPS, algorithm=None):
     """Write ``events`` (a list of ``event`` tuples, any order) as a complete trace; ``/rank_steps`` is
     derived from them: span from the step event, ``compute_ns``/``wait_ns``/``mpi_ns`` from the host-lane
     events (compute less the MPI polls inside compute events, as the schema-4 recorder counts)."""
@@ -85,6 +85,8 @@ def write_trace(path, events, world, grid=None, warmup=1, level="op", label=None
             "progress": {"poll": "poll (Testsome between GEMM chunks of 1e+07 FLOPs)"}.get(progress, progress),
             "layers": LAYERS, "warmup_steps": warmup, "model_flops_per_step": flops, "tokens_per_step": tokens,
             "summary": summary}
+    if algorithm is not None:  # traces before the algorithm axis have no key
+        meta["algorithm"] = meta["run_options"]["algorithm"] = algorithm
     writer = TraceFileWriter(str(path))
     for rank in range(world):
         mine = ev[ev["rank"] == rank]

@@ -1,0 +1,379 @@
+"""The performance model across algorithms: which predictor serves each algorithm family, the grids each
+algorithm may run, and one ranking of every (algorithm, grid) of a rank count (``fourd-mpi tune
+--algorithm NAME|all``). Pure: no MPI, no array library.
+
+:data:`PREDICTORS` maps an algorithm family (:attr:`fourd_mpi.algorithms.registry.Algorithm.family`) to
+a :class:`Predictor`, one line per family:
+
+- ``predict`` (a function of the family's module, called with keywords): ``predict(cfg, grid, profile,
+  overlap=, dtype=, progress=, optimizer=, ranks_per_node=, recompute=, attention=, precision=,
+  shard_optimizer=, **extra)`` -> :class:`~fourd_mpi.perf.predict.Prediction`, as
+  :func:`fourd_mpi.perf.predict.predict`;
+- ``candidates(cfg, ranks, algorithm)`` (optional) -> ``[(grid, extra)]``: the configurations of ``ranks``
+  ranks worth predicting, ``extra`` the family's own ``predict`` keywords (pipeline stages, micro-batches);
+  without it every 4D factorization of ``ranks`` that the algorithm allows
+  (:meth:`~fourd_mpi.algorithms.registry.Algorithm.grid_problem`) and the model fits is one, with no extra;
+- ``run_options(run_options)`` (optional) -> the ``extra`` keywords of a traced run, from its metadata's
+  ``run_options`` (``model validate``).
+
+A family whose module is not in the installation (a branch not merged yet) has no predictor: its
+algorithms are skipped with a note.
+
+An algorithm of a family without a predictor is named in :attr:`AcrossRanking.skipped`, never an error of
+``--algorithm all``. Ranking: by predicted step time (compute + exposed communication, per rank), fastest
+first, ties by algorithm name then grid; a configuration is dropped when the model does not divide over
+its grid or its predicted memory need (:meth:`~fourd_mpi.perf.memory.MemoryEstimate.required`) exceeds
+the limit, as in :func:`fourd_mpi.perf.tune.rank_grids`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from fourd_mpi.algorithms.registry import ALGORITHMS, Algorithm, model_problems_of
+from fourd_mpi.algorithms.registry import get as get_algorithm
+from fourd_mpi.core.grid import GridShape, grid_factorizations
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.perf.machine import MachineProfile
+from fourd_mpi.perf.predict import Prediction
+from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.step.presets import ModelConfig
+
+GIB = 2.0 ** 30
+
+@dataclass(frozen=True)
+class Predictor:
+    """How the model predicts one algorithm family: ``module.<predict>`` and the optional hooks of the
+    module docstring (callables, or names of functions of ``module``)."""
+
+    module: str
+    predict: str = "predict"
+    candidates: Any = "candidates"
+    run_options: Any = "run_options"
+
+    def hook(self, which: str):
+        """The hook ``which`` (``predict``, ``candidates``, ``run_options``) or None; None for every hook
+        when the module is not installed."""
+        try:
+            module = importlib.import_module(self.module)
+        except ImportError:  # a family listed but not in this installation
+            return None
+        value = getattr(self, which)
+        return value if callable(value) else getattr(module, value, None)
+
+
+def _pipeline_candidates(cfg: ModelConfig, ranks: int, algorithm: Algorithm) -> List[Tuple[Any, Dict[str, Any]]]:
+    """Pipeline configurations of ``ranks`` ranks: ``s`` stages (every divisor ``1 < s <= layers``), each a
+    4D grid of ``ranks / s`` ranks the algorithm allows, with ``s``, ``2s`` and ``4s`` micro-batches (the
+    schedule keeps ``s`` in flight) where they divide a batch shard."""
+    from dataclasses import replace
+
+    out = []
+    for stages in (s for s in range(2, ranks + 1) if ranks % s == 0 and s <= cfg.layers):
+        for grid in grid_factorizations(ranks // stages):
+            shard = (cfg.batch or 0) // (grid.data * grid.z) if grid.data * grid.z else 0
+            for micro in dict.fromkeys((stages, 2 * stages, 4 * stages)):
+                if not shard or shard % micro:
+                    continue
+                base = _base_options(cfg, ranks // stages, algorithm, "float32")
+                try:
+                    algorithm.check(replace(base, grid=grid, ginter=stages, microbatches=micro))
+                except (ConfigError, TypeError):
+                    continue
+                out.append((grid, {"stages": stages, "microbatches": micro}))
+    return out
+
+
+def _pipeline_run_options(run_options: Dict[str, Any]) -> Dict[str, Any]:
+    """``--ginter``, ``--microbatches``, ``--pipeline-schedule`` of a traced run as ``predict_pipeline``'s
+    keywords (``grid`` in the metadata is then each stage's 4D grid)."""
+    return {"stages": int(run_options.get("ginter", 1) or 1),
+            "microbatches": int(run_options.get("microbatches", 1) or 1),
+            "schedule": str(run_options.get("pipeline_schedule", "axonn"))}
+
+
+#: algorithm family -> its :class:`Predictor` (one line per family)
+PREDICTORS: Dict[str, Predictor] = {
+    "tensor4d": Predictor("fourd_mpi.perf.predict"),
+    "optimus3d": Predictor("fourd_mpi.perf.optimus3d"),
+    "pipeline": Predictor("fourd_mpi.perf.pipeline", "predict_pipeline", _pipeline_candidates,
+                          _pipeline_run_options),
+}
+
+
+def predictor(family: str) -> Optional[Predictor]:
+    """The :class:`Predictor` of ``family``, or None when the model does not cover it (yet): no entry, or
+    its module is not installed."""
+    entry = PREDICTORS.get(family)
+    if entry is None or entry.hook("predict") is None:
+        return None
+    return entry
+
+
+def covered(names: Sequence[str]) -> Tuple[List[str], List[Tuple[str, str]]]:
+    """``(algorithms the model predicts, [(algorithm, why not)])`` of ``names``."""
+    kept, skipped = [], []
+    for name in names:
+        algorithm = get_algorithm(name)
+        if predictor(algorithm.family) is None:
+            skipped.append((name, f"the performance model has no predictor for family {algorithm.family!r} yet"))
+        else:
+            kept.append(name)
+    return kept, skipped
+
+
+def algorithm_names(text: str) -> List[str]:
+    """``--algorithm`` of ``tune``: one name, a comma list, or ``all`` (every registered algorithm)."""
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if items == ["all"]:
+        return list(ALGORITHMS)
+    for name in items:
+        get_algorithm(name)  # one line naming the known ones
+    if not items:
+        raise ConfigError("--algorithm: give a name, a comma list or all")
+    return list(dict.fromkeys(items))
+
+
+def model_problems(algorithm: Algorithm, cfg: ModelConfig, grid) -> List[str]:
+    """What keeps ``cfg`` from running on ``grid`` with ``algorithm``
+    (:func:`~fourd_mpi.algorithms.registry.model_problems_of`)."""
+    return model_problems_of(algorithm, cfg, grid)
+
+
+def _base_options(cfg: ModelConfig, ranks: int, algorithm: Algorithm, dtype: str):
+    """Resolved-looking run options for the algorithm's pure checks (no validation of their own)."""
+    from fourd_mpi.run.options import RunOptions
+
+    return RunOptions(model=cfg, grid=GridShape(ranks, 1, 1, 1), algorithm=algorithm.name, dtype=dtype)
+
+
+def candidates(algorithm: Algorithm, cfg: ModelConfig, ranks: int, dtype: str = "float32"
+               ) -> Tuple[List[Tuple[Any, Dict[str, Any]]], List[Tuple[Any, str]]]:
+    """``(candidates, dropped)`` of ``algorithm`` on ``ranks`` ranks: ``(grid, extra predict options)``
+    the model fits, and ``(grid, "divisibility: ...")`` for those it does not. A grid the algorithm
+    cannot run at all (a fixed axis of another size) is neither."""
+    entry = predictor(algorithm.family)
+    own = entry.hook("candidates") if entry is not None else None
+    if callable(own):
+        listed = list(own(cfg, ranks, algorithm))
+    else:
+        base = _base_options(cfg, ranks, algorithm, dtype)
+        listed = [(g, {}) for g in grid_factorizations(ranks) if algorithm.grid_problem(base, g) is None]
+    kept, dropped = [], []
+    for grid, extra in listed:
+        problems = model_problems(algorithm, cfg, grid)
+        if problems:
+            dropped.append((grid, f"divisibility: {problems[0]}"))
+        else:
+            kept.append((grid, dict(extra)))
+    return kept, dropped
+
+
+@dataclass
+class Ranked:
+    """One predicted configuration: the algorithm, its grid, extra options and the prediction."""
+
+    algorithm: str
+    grid: Any
+    options: Dict[str, Any]
+    prediction: Prediction
+    need_bytes: int
+    #: other algorithms whose configuration this is too (``fsdp``'s ``1x8x1x1`` is ``axonn4d``'s)
+    same_as: List[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """The grid, with the extra options (``1x1x2x2 stages=2``)."""
+        extra = " ".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        return f"{self.grid}" + (f" {extra}" if extra else "")
+
+
+@dataclass
+class AcrossRanking:
+    """Every predicted configuration of the asked algorithms, fastest first, and what was left out."""
+
+    entries: List[Ranked]
+    #: every prediction, a configuration named by several algorithms once per name (``entries`` keeps one)
+    every: List[Ranked] = field(default_factory=list)
+    dropped: List[Tuple[str, Any, str]] = field(default_factory=list)   # (algorithm, grid, reason)
+    skipped: List[Tuple[str, str]] = field(default_factory=list)        # (algorithm, reason)
+    considered: int = 0
+    reserve: int = 0
+
+    def best_by_algorithm(self) -> Dict[str, Ranked]:
+        """The fastest configuration of each algorithm (over :attr:`every`)."""
+        best: Dict[str, Ranked] = {}
+        for e in self.every:
+            best.setdefault(e.algorithm, e)
+        return best
+
+    def dropped_summary(self) -> str:
+        if not self.dropped:
+            return f"all {self.considered} configurations are valid"
+        kinds: Dict[str, int] = {}
+        example: Dict[str, str] = {}
+        for name, grid, why in self.dropped:
+            kind = why.split(":", 1)[0]
+            kinds[kind] = kinds.get(kind, 0) + 1
+            example.setdefault(kind, f"{name} {grid}: {why.split(':', 1)[1].strip()}")
+        return (f"{len(self.dropped)} of {self.considered} configurations dropped: "
+                + "; ".join(f"{n} {k} (e.g. {example[k]})" for k, n in kinds.items()))
+
+
+def predict_one(algorithm: Algorithm, cfg: ModelConfig, grid, profile: MachineProfile,
+                overlap: Optional[OverlapConfig] = None, dtype: str = "float32", progress: str = "poll",
+                optimizer: str = "adam", ranks_per_node: Optional[int] = None, **options) -> Prediction:
+    """The prediction of one configuration by the algorithm family's predictor; a :class:`ConfigError`
+    when the model has none for it."""
+    entry = predictor(algorithm.family)
+    if entry is None:
+        raise ConfigError(f"the performance model has no predictor for algorithm {algorithm.name} "
+                          f"(family {algorithm.family!r}) yet")
+    return entry.hook("predict")(cfg, grid, profile, overlap=overlap or OverlapConfig(), dtype=dtype,
+                                 progress=progress, optimizer=optimizer, ranks_per_node=ranks_per_node, **options)
+
+
+def rank_algorithms(names: Sequence[str], cfg: ModelConfig, ranks: int, profile: MachineProfile,
+                    overlap: Optional[OverlapConfig] = None, dtype: str = "float32", progress: str = "poll",
+                    optimizer: str = "adam", memory_limit_bytes: Optional[float] = None,
+                    ranks_per_node: Optional[int] = None, recompute: str = "none", attention: str = "unfused",
+                    precision: Optional[str] = None, shard_optimizer: str = "none") -> AcrossRanking:
+    """Every configuration of every algorithm in ``names`` on ``ranks`` ranks, predicted and sorted
+    (module docstring). Raises :class:`ConfigError` when no configuration of any algorithm remains."""
+    from fourd_mpi.perf.tune import memory_reserve
+
+    if ranks < 1:
+        raise ConfigError(f"--ranks must be positive, got {ranks}")
+    if cfg.batch is None:
+        raise ConfigError(f"preset {cfg.name} needs the global batch: give --batch SEQUENCES")
+    overlap = overlap or OverlapConfig()
+    kept, skipped = covered(names)
+    out = AcrossRanking([], skipped=skipped, reserve=memory_reserve(profile))
+    mem = dict(recompute=recompute, attention=attention, precision=precision, shard_optimizer=shard_optimizer)
+    for name in kept:
+        algorithm = get_algorithm(name)
+        found, dropped = candidates(algorithm, cfg, ranks, dtype)
+        out.considered += len(found) + len(dropped)
+        out.dropped += [(name, g, why) for g, why in dropped]
+        if not found and not dropped:
+            out.skipped.append((name, f"no grid of {ranks} ranks is a grid of this algorithm"))
+        for grid, extra in found:
+            pred = predict_one(algorithm, cfg, grid, profile, overlap, dtype, progress, optimizer, ranks_per_node,
+                               **mem, **extra)
+            need = pred.memory.required(out.reserve)
+            if memory_limit_bytes is not None and need > memory_limit_bytes:
+                out.dropped.append((name, grid, f"memory: needs {need / GIB:.3g} GiB per rank > "
+                                                f"{memory_limit_bytes / GIB:.3g} GiB"))
+                continue
+            out.every.append(Ranked(name, grid, extra, pred, need))
+    if not out.every:
+        why = "; ".join(f"{n} {g}: {w}" for n, g, w in out.dropped[:3]) or "; ".join(f"{n}: {w}" for n, w in skipped)
+        raise ConfigError(f"no configuration of {', '.join(names)} on {ranks} ranks fits {cfg.name} "
+                          f"(hidden {cfg.hidden}, heads {cfg.heads}, batch {cfg.batch}): {why or 'none listed'}")
+    out.every.sort(key=lambda e: (e.prediction.step_s, e.algorithm, str(e.grid)))
+    out.entries = _distinct(out.every)
+    return out
+
+
+def _distinct(entries: List[Ranked]) -> List[Ranked]:
+    """One entry per computation: a named baseline's grid is also an ``axonn4d`` grid (same family,
+    grid and options: the same step); it is listed once, under the most specific name (the algorithm
+    with the most fixed axes), with the others in :attr:`Ranked.same_as`."""
+    chosen: Dict[Tuple, Ranked] = {}
+    for e in entries:
+        key = (get_algorithm(e.algorithm).family, str(e.grid), tuple(sorted(e.options.items())))
+        held = chosen.get(key)
+        if held is None:
+            chosen[key] = e
+            continue
+        if len(get_algorithm(e.algorithm).fixed) > len(get_algorithm(held.algorithm).fixed):
+            e.same_as = held.same_as + [held.algorithm]
+            chosen[key] = e
+        else:
+            held.same_as.append(e.algorithm)
+    kept = set(id(e) for e in chosen.values())
+    return [e for e in entries if id(e) in kept]
+
+
+#: per-axis columns, in this order where present (other axes of other families follow)
+_AXIS_ORDER = ("x", "y", "z", "data")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}"
+
+
+def _exposed_comm(p: Prediction) -> Dict[str, float]:
+    """Exposed communication per axis, pipeline bubbles (op ``bubble``) left out."""
+    out: Dict[str, float] = {}
+    for (axis, op), t in p.exposed_s.items():
+        if op != "bubble":
+            out[axis] = out.get(axis, 0.0) + t
+    return out
+
+
+def format_across(ranking: AcrossRanking, k: int) -> str:
+    """The top ``k`` configurations as one table with the algorithm column (ms per step and rank;
+    ``comm <axis>`` = exposed communication per axis; ``bubble``: pipeline idle time, where predicted)."""
+    shown = ranking.entries[:k]
+    comm = [_exposed_comm(e.prediction) for e in shown]
+    axes = [a for a in _AXIS_ORDER if any(a in c for c in comm)]
+    axes += sorted({a for c in comm for a in c} - set(_AXIS_ORDER))
+    bubbles = [sum(t for (_, op), t in e.prediction.exposed_s.items() if op == "bubble") for e in shown]
+    bubble_col = any(b > 0 for b in bubbles)
+    width = max([len("configuration")] + [len(e.label) for e in shown])
+    head = (f"{'rank':>4} {'algorithm':<11} {'configuration':<{width}} {'step ms':>9} {'compute':>9} {'exposed':>9} "
+            + " ".join(f"{'comm ' + a:>9}" for a in axes) + (f" {'bubble':>9}" if bubble_col else "")
+            + f" {'wire MB':>8} {'mem GiB':>8} {'need GiB':>8}")
+    lines = [head]
+    aliases = []
+    for i, e in enumerate(shown, 1):
+        if e.same_as:
+            aliases.append(f"{e.algorithm} {e.label} = {' = '.join(f'{a} {e.label}' for a in e.same_as)}")
+        p = e.prediction
+        by_axis = comm[i - 1]
+        lines.append(f"{i:>4} {e.algorithm:<11} {e.label:<{width}} {_ms(p.step_s):>9} {_ms(p.compute_s):>9} "
+                     f"{_ms(p.exposed_total_s):>9} " + " ".join(f"{_ms(by_axis.get(a, 0.0)):>9}" for a in axes)
+                     + (f" {_ms(bubbles[i - 1]):>9}" if bubble_col else "")
+                     + f" {sum(p.wire_bytes.values()) / 1e6:>8.3f} {p.memory.total / GIB:>8.3g} "
+                       f"{e.need_bytes / GIB:>8.3g}")
+    if aliases:
+        lines.append("listed once under the most specific name (the same step): " + "; ".join(aliases))
+    return "\n".join(lines)
+
+
+def format_best(ranking: AcrossRanking) -> str:
+    """One line per algorithm: its best configuration and how much slower it is than the overall best."""
+    best = ranking.best_by_algorithm()
+    if not best:
+        return ""
+    top = ranking.entries[0].prediction.step_s
+    from fourd_mpi.algorithms.registry import display_name
+
+    lines = ["best configuration per algorithm (vs best = predicted step time / the fastest's):"]
+    width = max(len(e.label) for e in best.values())
+    for name, e in sorted(best.items(), key=lambda kv: kv[1].prediction.step_s):
+        lines.append(f"  {name:<11} {display_name(name):<16} {e.label:<{width}} {_ms(e.prediction.step_s):>9} ms  "
+                     f"vs best {e.prediction.step_s / top:.2f}")
+    return "\n".join(lines)
+
+
+def run_predict_options(algorithm: Algorithm, run_options: Dict[str, Any]) -> Dict[str, Any]:
+    """Extra ``predict`` keywords of a traced run (the family module's ``run_options``; none for 4D)."""
+    entry = predictor(algorithm.family)
+    own = entry.hook("run_options") if entry is not None else None
+    return dict(own(run_options)) if callable(own) else {}
+
+
+def sweep_options(ranking: AcrossRanking, k: int) -> Tuple[List[str], List[str]]:
+    """``(grids, algorithms)`` of the top ``k``, each once, for ``--emit-sweep``."""
+    shown = ranking.entries[:k]
+    grids = list(dict.fromkeys(str(e.grid) for e in shown))
+    return grids, list(dict.fromkeys(e.algorithm for e in shown))
+
+
+__all__ = ["PREDICTORS", "AcrossRanking", "Ranked", "algorithm_names", "candidates", "covered", "format_across",
+           "format_best", "model_problems", "predict_one", "predictor", "rank_algorithms", "run_predict_options",
+           "sweep_options"]
