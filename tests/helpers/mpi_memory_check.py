@@ -6,7 +6,7 @@ for backward (deduplicated by their base array), and compare with the estimate. 
 in float32 (no master copy) and in float16 with ``precision="pure"`` (this suite's step keeps its
 Adam state in the run dtype); float16 with the default ``mixed`` precision must add exactly the fp32
 master copy and fp32 moments of the same parameters (what a GPU framework keeps).
-Usage: mpiexec -n N python tests/mpi_memory_check.py MODEL [FIELD=VALUE ...] (batch=8 hidden=48 ...)
+Usage: mpiexec -n N python tests/helpers/mpi_memory_check.py MODEL [FIELD=VALUE ...] (batch=8 hidden=48 ...)
 """
 
 import sys
@@ -19,30 +19,7 @@ from fourd_mpi.core.grid import grid_factorizations
 from fourd_mpi.perf.memory import estimate_memory, saved_activation_elements
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import RunOptions
-
-
-def _arrays(obj, out):
-    if isinstance(obj, np.ndarray):
-        out.append(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _arrays(v, out)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _arrays(v, out)
-    return out
-
-
-def _unique_bytes(arrays):
-    seen, total = set(), 0
-    for a in arrays:
-        base = a
-        while isinstance(base.base, np.ndarray):
-            base = base.base
-        if id(base) not in seen:
-            seen.add(id(base))
-            total += base.nbytes
-    return total
+from measured_memory import measure  # tests/helpers (this script's folder)
 
 
 def check(world, cfg, shape, dtype):
@@ -50,20 +27,7 @@ def check(world, cfg, shape, dtype):
     failures = []
     run = Run.build(world, RunOptions(model=cfg, grid=shape, optimizer="adam", dtype=dtype))
     run.trainer.step(0)
-    params = run.model.parameters()
-    opt = run.trainer.optimizer
-    measured = {
-        "weights": sum(p.data.nbytes for p in params),
-        "gradients": sum(p.grad.nbytes for p in params),
-        "optimizer": sum(a.nbytes for a in opt.m + opt.v),
-        "master": 0,
-    }
-    ctx = run.trainer.ctx
-    x, _ = run.data.batch(1)
-    run.trainer.weights.begin_forward()
-    _, saved = run.model.forward(x, ctx)
-    run.trainer.weights.finish()
-    measured["saved"] = _unique_bytes(_arrays(saved, []))
+    measured = {**measure(run), "master": 0}
     e = np.dtype(dtype).itemsize
     est = estimate_memory(cfg, shape, dtype=dtype, optimizer="adam", precision="pure").as_dict()
     est["saved"] = saved_activation_elements(cfg, shape) * e

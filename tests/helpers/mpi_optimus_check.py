@@ -9,36 +9,12 @@ Usage: mpiexec -n N python tests/helpers/mpi_optimus_check.py MODEL [FIELD=VALUE
 
 import sys
 
-import numpy as np
 from mpi4py import MPI
 
 from fourd_mpi.perf.optimus3d import estimate_memory, saved_activation_elements
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import resolve
-
-
-def _arrays(obj, out):
-    if isinstance(obj, np.ndarray):
-        out.append(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _arrays(v, out)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _arrays(v, out)
-    return out
-
-
-def _unique_bytes(arrays):
-    seen, total = set(), 0
-    for a in arrays:
-        base = a
-        while isinstance(base.base, np.ndarray):
-            base = base.base
-        if id(base) not in seen:
-            seen.add(id(base))
-            total += base.nbytes
-    return total
+from measured_memory import measure  # tests/helpers (this script's folder)
 
 
 def main():
@@ -50,15 +26,7 @@ def main():
                       optimizer="adam", recompute=recompute)
     run = Run.build(world, options)
     run.trainer.step(0)
-    params = run.model.parameters()
-    opt = run.trainer.optimizer
-    measured = {"weights": sum(p.data.nbytes for p in params), "gradients": sum(p.grad.nbytes for p in params),
-                "optimizer": sum(a.nbytes for a in opt.m + opt.v)}
-    x, _ = run.data.batch(1)
-    run.trainer.weights.begin_forward()
-    _, saved = run.model.forward(x, run.trainer.ctx, recompute)
-    run.trainer.weights.finish()
-    measured["saved"] = _unique_bytes(_arrays(saved, []))
+    measured = measure(run, recompute)
     cfg, grid = options.model, options.grid
     est = estimate_memory(cfg, grid, dtype="float64", optimizer="adam", precision="pure").as_dict()
     est["saved"] = saved_activation_elements(cfg, grid, recompute=recompute) * 8
