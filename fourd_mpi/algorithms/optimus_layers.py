@@ -30,8 +30,6 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-import numpy as np
-
 from fourd_mpi.algorithms import cube
 from fourd_mpi.core.collectives import CommHandle, Collectives
 from fourd_mpi.core.layout import Layout
@@ -130,23 +128,6 @@ class CubeLayerNorm(LayerNorm4D):
     """
 
     stats_axis = "z"
-
-    def __init__(self, name: str, hidden: int, grid, backend, eps: float = 1e-5):
-        self.name = name
-        self.hidden = hidden
-        self.eps = eps
-        self.backend = backend
-        start, stop = cube.hidden_range(hidden, grid.shape, grid.coords, "z")
-        layout = Layout(("hidden",), (("z",),))
-
-        def index():
-            return np.arange(start, stop, dtype=np.int64)
-
-        self.gamma = Parameter(f"{name}.gamma", backend.asarray(np.ones(stop - start)), layout,
-                               ("data",), (hidden,), index)
-        self.beta = Parameter(f"{name}.beta", backend.asarray(np.zeros(stop - start)), layout,
-                              ("data",), (hidden,), index)
-        self.xp = backend.xp
 
     def reduce_param_grads(self, comm: Collectives):
         """All-reduce the token-partial gamma/beta grads over X (waited: ``[h/q]``, small), then issue the

@@ -169,9 +169,10 @@ class LayerNorm4D:
         self.hidden = hidden
         self.eps = eps
         self.backend = backend
-        start, stop = block_range(hidden, grid.shape.x, grid.coords["x"])
+        axis = self.stats_axis
+        start, stop = block_range(hidden, grid.shape[axis], grid.coords[axis])
         xp = backend.xp
-        layout = Layout(("hidden",), (("x",),))
+        layout = Layout(("hidden",), ((axis,),))
 
         def index():
             return np.arange(start, stop, dtype=np.int64)
