@@ -223,6 +223,28 @@ def default_precision(dtype: str) -> str:
     return "mixed" if dtype in _16BIT else "pure"
 
 
+def state_bytes(params: int, grid: GridShape, dtype: str, optimizer: str, precision: Optional[str],
+                shard_optimizer: str) -> Dict[str, int]:
+    """Bytes per rank of the parameter state of ``params`` local parameter elements (the keys ``weights``,
+    ``gradients``, ``master``, ``optimizer`` of :class:`MemoryEstimate`): weights and gradients in
+    ``dtype``; ``mixed`` precision adds an fp32 master copy and keeps the Adam moments (2 states; SGD 0)
+    in fp32; ``shard_optimizer="data"`` keeps master and moments of ``ceil(params / G_data)`` elements.
+    ``precision`` None: :func:`default_precision` of ``dtype``. Shared by every algorithm's estimate."""
+    precision = precision or default_precision(dtype)
+    _check("precision", precision, PRECISIONS)
+    _check("optimizer sharding", shard_optimizer, OPTIMIZER_SHARDING)
+    e = dtype_bytes(dtype)
+    opt_states = {"adam": 2, "sgd": 0}.get(optimizer)
+    if opt_states is None:
+        from fourd_mpi.errors import ConfigError
+
+        raise ConfigError(f"unknown optimizer {optimizer!r}: choose adam or sgd")
+    state_e = 4 if precision == "mixed" else e
+    owned = -(-params // grid.data) if shard_optimizer == "data" else params  # shards this rank updates
+    return {"weights": params * e, "gradients": params * e, "master": owned * 4 if precision == "mixed" else 0,
+            "optimizer": opt_states * owned * state_e}
+
+
 def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", optimizer: str = "adam",
                     cache_weights: bool = False, prefetch_depth: int = 1,
                     overlap: Optional[OverlapConfig] = None, recompute: str = "none",
@@ -241,23 +263,10 @@ def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", o
         overlap = OverlapConfig(oag=True, cache=cache_weights, prefetch_depth=prefetch_depth)
     elif cache_weights and not overlap.cache:
         overlap = OverlapConfig(**{**asdict(overlap), "cache": True})
-    precision = precision or default_precision(dtype)
-    _check("precision", precision, PRECISIONS)
-    _check("optimizer sharding", shard_optimizer, OPTIMIZER_SHARDING)
+    state = state_bytes(parameter_elements(cfg, grid), grid, dtype, optimizer, precision, shard_optimizer)
     e = dtype_bytes(dtype)
-    params = parameter_elements(cfg, grid)
-    opt_states = {"adam": 2, "sgd": 0}.get(optimizer)
-    if opt_states is None:
-        from fourd_mpi.errors import ConfigError
-
-        raise ConfigError(f"unknown optimizer {optimizer!r}: choose adam or sgd")
-    state_e = 4 if precision == "mixed" else e
-    owned = -(-params // grid.data) if shard_optimizer == "data" else params  # shards this rank updates
     return MemoryEstimate(
-        weights=params * e,
-        gradients=params * e,
-        master=owned * 4 if precision == "mixed" else 0,
-        optimizer=opt_states * owned * state_e,
+        **state,
         activations=activation_elements(cfg, grid, recompute, attention) * e,
         comm_buffers=comm_buffer_elements(cfg, grid, overlap) * e,
     )

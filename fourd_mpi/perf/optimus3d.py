@@ -57,8 +57,7 @@ from typing import Dict, List, Optional, Tuple
 from fourd_mpi.algorithms.cube import axes_of
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
-from fourd_mpi.perf.memory import (ATTENTION, OPTIMIZER_SHARDING, PRECISIONS, RECOMPUTE, MemoryEstimate, _check,
-                                   default_precision)
+from fourd_mpi.perf.memory import ATTENTION, RECOMPUTE, MemoryEstimate, _check, state_bytes
 from fourd_mpi.perf.volumes import Collective
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
@@ -198,23 +197,10 @@ def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", o
     :func:`fourd_mpi.perf.memory.estimate_memory`; ``cache_weights`` and ``prefetch_depth`` are accepted for
     the same signature: optimus3d always keeps its gathered weights)."""
     overlap = overlap or OverlapConfig(oag=True, cache=True, prefetch_depth=prefetch_depth)
-    precision = precision or default_precision(dtype)
-    _check("precision", precision, PRECISIONS)
-    _check("optimizer sharding", shard_optimizer, OPTIMIZER_SHARDING)
+    state = state_bytes(parameter_elements(cfg, grid), grid, dtype, optimizer, precision, shard_optimizer)
     e = dtype_bytes(dtype)
-    params = parameter_elements(cfg, grid)
-    opt_states = {"adam": 2, "sgd": 0}.get(optimizer)
-    if opt_states is None:
-        from fourd_mpi.errors import ConfigError
-
-        raise ConfigError(f"unknown optimizer {optimizer!r}: choose adam or sgd")
-    state_e = 4 if precision == "mixed" else e
-    owned = -(-params // grid.data) if shard_optimizer == "data" else params
     return MemoryEstimate(
-        weights=params * e,
-        gradients=params * e,
-        master=owned * 4 if precision == "mixed" else 0,
-        optimizer=opt_states * owned * state_e,
+        **state,
         activations=activation_elements(cfg, grid, attention, recompute) * e,
         comm_buffers=comm_buffer_elements(cfg, grid, overlap) * e,
     )
