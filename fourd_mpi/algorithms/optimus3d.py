@@ -29,17 +29,15 @@ all-gather over Z per block).
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import replace
 from typing import List
 
 from fourd_mpi.algorithms import cube
 from fourd_mpi.algorithms.optimus_layers import CubeLayerNorm, CubeLinear, cube_linear_backward, cube_linear_forward
 from fourd_mpi.core.layout import Layout
-from fourd_mpi.step import elementwise, kernels
+from fourd_mpi.step import kernels
 from fourd_mpi.step.engine import Trainer
-from fourd_mpi.step.model import DEFAULT_DATA_BATCHES, Model, SyntheticData, held_bytes
+from fourd_mpi.step.model import DEFAULT_DATA_BATCHES, GPTBlock, MLPBlock, Model, SyntheticData
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.schedule import StepContext
 
@@ -47,162 +45,39 @@ from fourd_mpi.step.schedule import StepContext
 ACTIVATION_LAYOUT = Layout(("tokens", "hidden"), (("data", "x", "y"), ("z",)))
 
 
-class CubeGPTBlock:
-    """One transformer block on the cube. Input and output ``[m, h/q]`` (module docstring)."""
+class CubeGPTBlock(GPTBlock):
+    """One transformer block on the cube. Input and output ``[m, h/q]`` (module docstring): the
+    :class:`~fourd_mpi.step.model.GPTBlock` with the cube's layers (each keeps its gathered input), its
+    LayerNorm gradient reductions, and proj's gathered input rebuilt after a selective recompute."""
 
-    def __init__(self, index: int, cfg, grid, backend, seed: int, counter):
-        h, f = cfg.hidden, cfg.ffn_hidden
-        p = f"block{index}"
-        residual_scale = 1.0 / math.sqrt(2 * cfg.layers)
-        self.ln1 = CubeLayerNorm(f"{p}.ln1", h, grid, backend)
-        self.qkv = CubeLinear(f"{p}.qkv", 3 * h, h, 0, grid, backend, seed, counter=counter)
-        self.proj = CubeLinear(f"{p}.proj", h, h, 1, grid, backend, seed, residual_scale, counter)
-        self.ln2 = CubeLayerNorm(f"{p}.ln2", h, grid, backend)
-        self.fc1 = CubeLinear(f"{p}.fc1", f, h, 0, grid, backend, seed, counter=counter)
-        self.fc2 = CubeLinear(f"{p}.fc2", h, f, 1, grid, backend, seed, residual_scale, counter)
-        self.xp = backend.xp
-        self.empty = backend.empty
-        self.counter = counter
-        q = grid.shape.x
-        self.local_batch = cfg.batch // (grid.shape.data * q * q)
-        self.seq = cfg.seq
-        self.local_heads = cfg.heads // q
-        self.head_dim = cfg.head_dim
-        self.attn_name, self.gelu_name = f"{p}.attn", f"{p}.gelu"
-        self.rebuilt_bytes = 0
+    linear_cls, norm_cls, pair = CubeLinear, CubeLayerNorm, (0, 1)  # parities
+    linear_forward = staticmethod(cube_linear_forward)  # (y, gathered input)
+    linear_backward = staticmethod(cube_linear_backward)
 
-    def layer_names(self) -> List[str]:
-        return [self.ln1.name, self.qkv.name, self.attn_name, self.proj.name, self.ln2.name, self.fc1.name,
-                self.gelu_name, self.fc2.name]
+    @staticmethod
+    def _local_batch_heads(cfg, shape):
+        """Sequences over data, X, Y (tokens over data, X, Z after QKV: whole sequences per rank); heads over Y."""
+        q = shape.x
+        return cfg.batch // (shape.data * q * q), cfg.heads // q
 
-    def parameters(self):
-        return (self.ln1.parameters() + [self.qkv.weight, self.proj.weight]
-                + self.ln2.parameters() + [self.fc1.weight, self.fc2.weight])
+    def _proj_input(self, attn_out, ctx: StepContext):
+        """proj's input all-gathered again over its gather axis (Z) (phase ``recompute``)."""
+        with ctx.comm.tracer.layer(self.proj.name, "recompute"):
+            return self.proj.gather_input(attn_out, ctx.comm).wait().reshape(-1, self.proj.block_shape[1])
 
-    def fc_layers(self) -> List[CubeLinear]:
-        return [self.qkv, self.proj, self.fc1, self.fc2]
-
-    def forward(self, h, ctx: StepContext, recompute: str = "none"):
-        """``h [m, h/q]`` -> ``(out [m, h/q], saved)``; ``saved`` keeps the gathered inputs of the four layers
-        (``selective``: the QKV output instead of the attention probabilities and proj's gathered input;
-        ``full``: only ``h``)."""
-        comm, xp, s, trace = ctx.comm, self.xp, {}, ctx.comm.tracer
-        with trace.layer(self.ln1.name, ctx.phase):
-            a, s["ln1"] = self.ln1.forward(h, comm)
-        qkv, s["a"] = cube_linear_forward(self.qkv, a, ctx)  # [m', 3h/q], tokens over (data, x, z)
-        del a
-        with trace.layer(self.attn_name, ctx.phase), trace.op("attention"):
-            attn_out, s["attn"] = kernels.attention_forward(xp, qkv, self.local_batch, self.seq, self.local_heads,
-                                                            self.head_dim, self.counter, comm.compute_hook,
-                                                            self.empty)
-        h1, s["ctx"] = cube_linear_forward(self.proj, attn_out, ctx)  # [m, h/q]
-        del attn_out
-        if recompute == "selective":  # the attention core and proj's gathered input are rebuilt in backward
-            s["qkv"] = qkv
-            del s["ctx"], s["attn"]
-        del qkv
-        with trace.op("residual"):
-            h1 += h
-        with trace.layer(self.ln2.name, ctx.phase):
-            b, s["ln2"] = self.ln2.forward(h1, comm)
-        s["u"], s["b"] = cube_linear_forward(self.fc1, b, ctx)  # [m', f/q]
-        del b
-        with trace.layer(self.gelu_name, ctx.phase), trace.op("gelu"):
-            g = elementwise.gelu(s["u"], self.empty(s["u"].shape))
-        out, s["g"] = cube_linear_forward(self.fc2, g, ctx)
-        with trace.op("residual"):
-            out += h1
-        if recompute == "full":
-            return out, {"input": h}
-        return out, s
-
-    def recompute(self, s, ctx: StepContext):
-        """Full recompute: the block's forward again from the kept input (phase ``recompute``: the same
-        collectives as the forward but the weight gathers, kept from the forward)."""
-        return self.forward(s["input"], replace(ctx, phase="recompute"))[1]
-
-    def _recompute_attention(self, s, ctx: StepContext) -> None:
-        """Selective recompute: the attention core from the kept QKV output, then proj's input all-gathered
-        again over its gather axis (Z) (phase ``recompute``)."""
-        comm = ctx.comm
-        with comm.tracer.layer(self.attn_name, "recompute"), comm.tracer.op("attention"):
-            attn_out, s["attn"] = kernels.attention_forward(self.xp, s.pop("qkv"), self.local_batch, self.seq,
-                                                            self.local_heads, self.head_dim, self.counter,
-                                                            comm.compute_hook, self.empty)
-        with comm.tracer.layer(self.proj.name, "recompute"):
-            s["ctx"] = self.proj.gather_input(attn_out, comm).wait().reshape(-1, self.proj.block_shape[1])
-        del attn_out
-        self.rebuilt_bytes = held_bytes(s)
-
-    def backward(self, dh2, s, ctx: StepContext):
-        comm, xp, trace = ctx.comm, self.xp, ctx.comm.tracer
-        dg = cube_linear_backward(self.fc2, dh2, s.pop("g"), ctx)
-        with trace.layer(self.gelu_name, "backward"), trace.op("gelu"):
-            du = elementwise.gelu_backward(s.pop("u"), dg, dg, self.empty)
-        db = cube_linear_backward(self.fc1, du, s.pop("b"), ctx)
-        with trace.layer(self.ln2.name, "backward"):
-            dh1 = self.ln2.backward(db, s.pop("ln2"), comm)
-            with trace.op("residual"):
-                dh1 += dh2
-            for param, handle in self.ln2.reduce_param_grads(comm):
-                ctx.grads.add(param, handle)
-        if "qkv" in s:
-            self._recompute_attention(s, ctx)
-        dctx = cube_linear_backward(self.proj, dh1, s.pop("ctx"), ctx)
-        with trace.layer(self.attn_name, "backward"), trace.op("attention"):
-            dqkv = kernels.attention_backward(xp, dctx, s.pop("attn"), self.local_batch, self.seq, self.local_heads,
-                                              self.head_dim, self.counter, comm.compute_hook, self.empty)
-        da = cube_linear_backward(self.qkv, dqkv, s.pop("a"), ctx)
-        with trace.layer(self.ln1.name, "backward"):
-            dh = self.ln1.backward(da, s.pop("ln1"), comm)
-            with trace.op("residual"):
-                dh += dh1
-            for param, handle in self.ln1.reduce_param_grads(comm):
-                ctx.grads.add(param, handle)
-        return dh
+    def _reduce_norm_grads(self, norm, ctx: StepContext) -> None:
+        """gamma/beta gradients all-reduced over X, then Y (issued), then data (the engine)."""
+        for param, handle in norm.reduce_param_grads(ctx.comm):
+            ctx.grads.add(param, handle)
 
 
-class CubeMLPBlock:
-    """FC1 (parity 0, h -> ffn) -> GeLU -> FC2 (parity 1, ffn -> h); ``[m, h/q]`` in and out, no residual."""
+class CubeMLPBlock(MLPBlock):
+    """FC1 (parity 0, h -> ffn) -> GeLU -> FC2 (parity 1, ffn -> h); ``[m, h/q]`` in and out, no residual:
+    the :class:`~fourd_mpi.step.model.MLPBlock` with the cube's layers."""
 
-    def __init__(self, index: int, cfg, grid, backend, seed: int, counter):
-        p = f"block{index}"
-        self.fc1 = CubeLinear(f"{p}.fc1", cfg.ffn_hidden, cfg.hidden, 0, grid, backend, seed, counter=counter)
-        self.fc2 = CubeLinear(f"{p}.fc2", cfg.hidden, cfg.ffn_hidden, 1, grid, backend, seed, init_scale=2.0,
-                              counter=counter)
-        self.empty = backend.empty
-        self.gelu_name = f"{p}.gelu"
-        self.rebuilt_bytes = 0
-
-    def parameters(self):
-        return [self.fc1.weight, self.fc2.weight]
-
-    def fc_layers(self) -> List[CubeLinear]:
-        return [self.fc1, self.fc2]
-
-    def layer_names(self) -> List[str]:
-        return [self.fc1.name, self.gelu_name, self.fc2.name]
-
-    def forward(self, x, ctx: StepContext, recompute: str = "none"):
-        """``x [m, h/q]`` -> ``(y, saved)``; ``selective`` keeps what ``none`` keeps, ``full`` only ``x``."""
-        s = {}
-        s["u"], s["x"] = cube_linear_forward(self.fc1, x, ctx)
-        with ctx.comm.tracer.layer(self.gelu_name, ctx.phase), ctx.comm.tracer.op("gelu"):
-            g = elementwise.gelu(s["u"], self.empty(s["u"].shape))
-        y, s["g"] = cube_linear_forward(self.fc2, g, ctx)
-        if recompute == "full":
-            return y, {"input": x}
-        return y, s
-
-    def recompute(self, s, ctx: StepContext):
-        """Full recompute: FC1, GeLU and FC2 again from the kept input (phase ``recompute``)."""
-        return self.forward(s["input"], replace(ctx, phase="recompute"))[1]
-
-    def backward(self, dy, s, ctx: StepContext):
-        dg = cube_linear_backward(self.fc2, dy, s.pop("g"), ctx)
-        with ctx.comm.tracer.layer(self.gelu_name, "backward"), ctx.comm.tracer.op("gelu"):
-            du = elementwise.gelu_backward(s.pop("u"), dg, dg, self.empty)
-        return cube_linear_backward(self.fc1, du, s.pop("x"), ctx)
+    linear_cls, pair = CubeLinear, (0, 1)
+    linear_forward = staticmethod(cube_linear_forward)
+    linear_backward = staticmethod(cube_linear_backward)
 
 
 class CubeModel(Model):

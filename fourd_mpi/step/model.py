@@ -45,29 +45,52 @@ from fourd_mpi.step.synthetic import stream_id, uniform_block
 LOSS_AXES = ("data", "z", "x")
 
 
+def _forward_keeping_input(layer, x, ctx: StepContext):
+    """:func:`~fourd_mpi.step.schedule.linear_forward` as a block calls its layers: ``(y, x)``, the output and
+    what the layer's backward needs (its input, kept as it is)."""
+    return linear_forward(layer, x, ctx), x
+
+
 class GPTBlock:
-    """One transformer block on the 4D grid. Input and output ``[m, h/x]`` rep Y."""
+    """One transformer block on the 4D grid. Input and output ``[m, h/x]`` rep Y.
+
+    The block's math and order are written once here; an algorithm with other layers subclasses it and
+    names its layer classes, their forward and backward functions, and how LayerNorm gradients and the
+    attention's local shape come about (:class:`~fourd_mpi.algorithms.optimus3d.CubeGPTBlock`)."""
+
+    #: the linear and LayerNorm layer classes, and the layout argument of the first and second layer of
+    #: each pair (QKV/proj, FC1/FC2): 4D ``transposed``
+    linear_cls, norm_cls, pair = FullyConnected4D, LayerNorm4D, (False, True)
+    #: ``(layer, x, ctx) -> (y, saved)``: saved is what ``linear_backward`` needs as its input
+    linear_forward = staticmethod(_forward_keeping_input)
+    #: ``(layer, dy, saved, ctx) -> dx``; the weight gradient goes to ``ctx.grads``
+    linear_backward = staticmethod(linear_backward)
 
     def __init__(self, index: int, cfg: ModelConfig, grid, backend, seed: int, counter):
         h, f = cfg.hidden, cfg.ffn_hidden
         p = f"block{index}"
         residual_scale = 1.0 / math.sqrt(2 * cfg.layers)
-        self.ln1 = LayerNorm4D(f"{p}.ln1", h, grid, backend)
-        self.qkv = FullyConnected4D(f"{p}.qkv", 3 * h, h, False, grid, backend, seed, counter=counter)
-        self.proj = FullyConnected4D(f"{p}.proj", h, h, True, grid, backend, seed, residual_scale, counter)
-        self.ln2 = LayerNorm4D(f"{p}.ln2", h, grid, backend)
-        self.fc1 = FullyConnected4D(f"{p}.fc1", f, h, False, grid, backend, seed, counter=counter)
-        self.fc2 = FullyConnected4D(f"{p}.fc2", h, f, True, grid, backend, seed, residual_scale, counter)
+        first, second = self.pair
+        self.ln1 = self.norm_cls(f"{p}.ln1", h, grid, backend)
+        self.qkv = self.linear_cls(f"{p}.qkv", 3 * h, h, first, grid, backend, seed, counter=counter)
+        self.proj = self.linear_cls(f"{p}.proj", h, h, second, grid, backend, seed, residual_scale, counter)
+        self.ln2 = self.norm_cls(f"{p}.ln2", h, grid, backend)
+        self.fc1 = self.linear_cls(f"{p}.fc1", f, h, first, grid, backend, seed, counter=counter)
+        self.fc2 = self.linear_cls(f"{p}.fc2", h, f, second, grid, backend, seed, residual_scale, counter)
         self.xp = backend.xp
         self.empty = backend.empty
         self.counter = counter
-        self.local_batch = cfg.batch // (grid.shape.data * grid.shape.z)
+        self.local_batch, self.local_heads = self._local_batch_heads(cfg, grid.shape)
         self.seq = cfg.seq
-        self.local_heads = cfg.heads // grid.shape.y
         self.head_dim = cfg.head_dim
         self.attn_name, self.gelu_name = f"{p}.attn", f"{p}.gelu"
         #: bytes of this block's activations right after a selective recompute (0: none happened)
         self.rebuilt_bytes = 0
+
+    @staticmethod
+    def _local_batch_heads(cfg: ModelConfig, shape):
+        """The attention's local sequences (over data and Z) and heads (over Y)."""
+        return cfg.batch // (shape.data * shape.z), cfg.heads // shape.y
 
     def layer_names(self) -> List[str]:
         """Trace names of this block's layers, in forward order."""
@@ -82,23 +105,24 @@ class GPTBlock:
         return self.local_batch, self.seq, self.local_heads, self.head_dim
 
     def fc_layers(self) -> List[FullyConnected4D]:
-        """The 4D layers in the order forward uses them."""
+        """The linear layers in the order forward uses them."""
         return [self.qkv, self.proj, self.fc1, self.fc2]
 
     def forward(self, h, ctx: StepContext, recompute: str = "none"):
-        """``h [m, h/x]`` rep Y -> ``(out [m, h/x], saved)``; ``saved`` holds what ``recompute`` keeps."""
+        """``h [m, h/x]`` rep Y -> ``(out [m, h/x], saved)``; ``saved`` holds what ``recompute`` keeps (each
+        layer's input as :attr:`linear_forward` keeps it; ``selective``: the QKV output instead of the
+        attention probabilities and proj's input; ``full``: only ``h``)."""
         comm, xp, s, trace = ctx.comm, self.xp, {}, ctx.comm.tracer
-        if recompute == "full":
-            s["input"] = h
         with trace.layer(self.ln1.name, ctx.phase):
             a, s["ln1"] = self.ln1.forward(h, comm)
-        s["a"] = a
-        qkv = linear_forward(self.qkv, a, ctx)  # [m, 3h/y] rep x
+        qkv, s["a"] = self.linear_forward(self.qkv, a, ctx)  # [m, 3h/y] rep x
+        del a
         with trace.layer(self.attn_name, ctx.phase), trace.op("attention"):
-            s["ctx"], s["attn"] = kernels.attention_forward(xp, qkv, *self._attention_shape(), self.counter,
+            attn_out, s["attn"] = kernels.attention_forward(xp, qkv, *self._attention_shape(), self.counter,
                                                             comm.compute_hook, self.empty)
-        h1 = linear_forward(self.proj, s["ctx"], ctx)  # [m, h/x] rep y
-        if recompute == "selective":  # the attention core is rebuilt from QKV in backward
+        h1, s["ctx"] = self.linear_forward(self.proj, attn_out, ctx)  # [m, h/x] rep y
+        del attn_out
+        if recompute == "selective":  # the attention core (and proj's input) are rebuilt from QKV in backward
             s["qkv"] = qkv
             del s["ctx"], s["attn"]
         del qkv
@@ -106,11 +130,11 @@ class GPTBlock:
             h1 += h
         with trace.layer(self.ln2.name, ctx.phase):
             b, s["ln2"] = self.ln2.forward(h1, comm)
-        s["b"] = b
-        s["u"] = linear_forward(self.fc1, b, ctx)  # [m, 4h/y] rep x
+        s["u"], s["b"] = self.linear_forward(self.fc1, b, ctx)  # [m, 4h/y] rep x
+        del b
         with trace.layer(self.gelu_name, ctx.phase), trace.op("gelu"):
-            s["g"] = elementwise.gelu(s["u"], self.empty(s["u"].shape))
-        out = linear_forward(self.fc2, s["g"], ctx)
+            g = elementwise.gelu(s["u"], self.empty(s["u"].shape))
+        out, s["g"] = self.linear_forward(self.fc2, g, ctx)
         with trace.op("residual"):
             out += h1
         if recompute == "full":
@@ -122,50 +146,66 @@ class GPTBlock:
         returns the activations ``none`` would have kept. Same collectives as the forward."""
         return self.forward(s["input"], replace(ctx, phase="recompute"))[1]
 
+    def _proj_input(self, attn_out, ctx: StepContext):
+        """What proj's backward needs, rebuilt from the recomputed attention output: the output itself."""
+        return attn_out
+
     def _recompute_attention(self, s, ctx: StepContext) -> None:
-        """Selective recompute: probabilities and context from the kept QKV output (no communication)."""
+        """Selective recompute: probabilities and context from the kept QKV output, then proj's saved input
+        (:meth:`_proj_input`; 4D: no communication)."""
         with ctx.comm.tracer.layer(self.attn_name, "recompute"), ctx.comm.tracer.op("attention"):
-            s["ctx"], s["attn"] = kernels.attention_forward(self.xp, s.pop("qkv"), *self._attention_shape(),
+            attn_out, s["attn"] = kernels.attention_forward(self.xp, s.pop("qkv"), *self._attention_shape(),
                                                             self.counter, ctx.comm.compute_hook, self.empty)
+        s["ctx"] = self._proj_input(attn_out, ctx)
+        del attn_out
         self.rebuilt_bytes = held_bytes(s)  # this block's activations held right after the rebuild
+
+    def _reduce_norm_grads(self, norm, ctx: StepContext) -> None:
+        """Hand a LayerNorm's gamma/beta gradients to ``ctx.grads`` (4D: reduced over Z, then data)."""
+        for param, first in norm.grad_reductions(ctx.comm):
+            ctx.grads.reduce(param, param.grad, first)
 
     def backward(self, dh2, s, ctx: StepContext):
         comm, xp, trace = ctx.comm, self.xp, ctx.comm.tracer
-        dg = linear_backward(self.fc2, dh2, s.pop("g"), ctx)
+        dg = self.linear_backward(self.fc2, dh2, s.pop("g"), ctx)
         with trace.layer(self.gelu_name, "backward"), trace.op("gelu"):
             du = elementwise.gelu_backward(s.pop("u"), dg, dg, self.empty)  # in place: dg is ours
-        db = linear_backward(self.fc1, du, s.pop("b"), ctx)
+        db = self.linear_backward(self.fc1, du, s.pop("b"), ctx)
         with trace.layer(self.ln2.name, "backward"):
             dh1 = self.ln2.backward(db, s.pop("ln2"), comm)
             with trace.op("residual"):
                 dh1 += dh2
-            for param, first in self.ln2.grad_reductions(comm):
-                ctx.grads.reduce(param, param.grad, first)
+            self._reduce_norm_grads(self.ln2, ctx)
         if "qkv" in s:
             self._recompute_attention(s, ctx)
-        dctx = linear_backward(self.proj, dh1, s.pop("ctx"), ctx)
+        dctx = self.linear_backward(self.proj, dh1, s.pop("ctx"), ctx)
         with trace.layer(self.attn_name, "backward"), trace.op("attention"):
             dqkv = kernels.attention_backward(xp, dctx, s.pop("attn"), *self._attention_shape(), self.counter,
                                               comm.compute_hook, self.empty)
-        da = linear_backward(self.qkv, dqkv, s.pop("a"), ctx)
+        da = self.linear_backward(self.qkv, dqkv, s.pop("a"), ctx)
         with trace.layer(self.ln1.name, "backward"):
             dh = self.ln1.backward(da, s.pop("ln1"), comm)
             with trace.op("residual"):
                 dh += dh1
-            for param, first in self.ln1.grad_reductions(comm):
-                ctx.grads.reduce(param, param.grad, first)
+            self._reduce_norm_grads(self.ln1, ctx)
         return dh
 
 
 class MLPBlock:
-    """FC1 (normal, h->ffn) -> GeLU -> FC2 (transposed, ffn->h). ``[m, h/x]`` rep Y in and out."""
+    """FC1 (normal, h->ffn) -> GeLU -> FC2 (transposed, ffn->h). ``[m, h/x]`` rep Y in and out.
+    Layer classes and functions as :class:`GPTBlock`'s (an algorithm's subclass names its own)."""
+
+    linear_cls, pair = GPTBlock.linear_cls, GPTBlock.pair
+    linear_forward = staticmethod(_forward_keeping_input)
+    linear_backward = staticmethod(linear_backward)
 
     def __init__(self, index: int, cfg: ModelConfig, grid, backend, seed: int, counter):
         p = f"block{index}"
-        self.fc1 = FullyConnected4D(f"{p}.fc1", cfg.ffn_hidden, cfg.hidden, False, grid, backend, seed,
-                                    counter=counter)
-        self.fc2 = FullyConnected4D(f"{p}.fc2", cfg.hidden, cfg.ffn_hidden, True, grid, backend, seed,
-                                    init_scale=2.0, counter=counter)
+        first, second = self.pair
+        self.fc1 = self.linear_cls(f"{p}.fc1", cfg.ffn_hidden, cfg.hidden, first, grid, backend, seed,
+                                   counter=counter)
+        self.fc2 = self.linear_cls(f"{p}.fc2", cfg.hidden, cfg.ffn_hidden, second, grid, backend, seed,
+                                   init_scale=2.0, counter=counter)
         self.empty = backend.empty
         self.gelu_name = f"{p}.gelu"
         self.rebuilt_bytes = 0
@@ -181,24 +221,24 @@ class MLPBlock:
 
     def forward(self, x, ctx: StepContext, recompute: str = "none"):
         """``x [m, h/x]`` rep Y -> ``(y, saved)``. No attention: ``selective`` keeps what ``none`` keeps."""
-        s = {"x": x}
-        s["u"] = linear_forward(self.fc1, x, ctx)
+        s = {}
+        s["u"], s["x"] = self.linear_forward(self.fc1, x, ctx)
         with ctx.comm.tracer.layer(self.gelu_name, ctx.phase), ctx.comm.tracer.op("gelu"):
-            s["g"] = elementwise.gelu(s["u"], self.empty(s["u"].shape))
-        y = linear_forward(self.fc2, s["g"], ctx)
+            g = elementwise.gelu(s["u"], self.empty(s["u"].shape))
+        y, s["g"] = self.linear_forward(self.fc2, g, ctx)
         if recompute == "full":
             return y, {"input": x}
         return y, s
 
     def recompute(self, s, ctx: StepContext):
-        """Full recompute: FC1 and GeLU again from the kept input (phase ``recompute``)."""
+        """Full recompute: FC1, GeLU and FC2 again from the kept input (phase ``recompute``)."""
         return self.forward(s["input"], replace(ctx, phase="recompute"))[1]
 
     def backward(self, dy, s, ctx: StepContext):
-        dg = linear_backward(self.fc2, dy, s.pop("g"), ctx)
+        dg = self.linear_backward(self.fc2, dy, s.pop("g"), ctx)
         with ctx.comm.tracer.layer(self.gelu_name, "backward"), ctx.comm.tracer.op("gelu"):
             du = elementwise.gelu_backward(s.pop("u"), dg, dg, self.empty)  # in place: dg is ours
-        return linear_backward(self.fc1, du, s.pop("x"), ctx)
+        return self.linear_backward(self.fc1, du, s.pop("x"), ctx)
 
 
 class Model:
