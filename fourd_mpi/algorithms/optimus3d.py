@@ -29,7 +29,6 @@ all-gather over Z per block).
 
 from __future__ import annotations
 
-import time
 from typing import List
 
 from fourd_mpi.algorithms import cube
@@ -37,7 +36,7 @@ from fourd_mpi.algorithms.optimus_layers import CubeLayerNorm, CubeLinear, cube_
 from fourd_mpi.core.layout import Layout
 from fourd_mpi.step import kernels
 from fourd_mpi.step.engine import Trainer
-from fourd_mpi.step.model import DEFAULT_DATA_BATCHES, GPTBlock, MLPBlock, Model, SyntheticData
+from fourd_mpi.step.model import GPTBlock, MLPBlock, Model, SyntheticData
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.schedule import StepContext
 
@@ -101,21 +100,10 @@ class CubeData(SyntheticData):
     """:class:`~fourd_mpi.step.model.SyntheticData` (same global tensors) in the cube's activation layout:
     rows = whole sequences over (data, X, Y), columns = hidden over Z."""
 
-    def __init__(self, cfg, grid, backend, seed: int = 0, batches: int = DEFAULT_DATA_BATCHES):
-        if batches < 1:
-            raise ValueError(f"batches must be at least 1, got {batches}")
-        self.cfg = cfg
-        self.backend = backend
-        self.seed = seed
-        first, stop = cube.sequence_range(cfg.batch, grid.shape, grid.coords, "y")
-        self.rows = slice(first * cfg.seq, stop * cfg.seq)
-        c0, c1 = cube.hidden_range(cfg.hidden, grid.shape, grid.coords, "z")
-        self.cols = slice(c0, c1)
-        self.global_shape = (cfg.batch * cfg.seq, cfg.hidden)
-        t0 = time.perf_counter()
-        self._pool = [self._generate(i) for i in range(batches)]
-        backend.synchronize()
-        self.prep_seconds = time.perf_counter() - t0
+    @staticmethod
+    def _local_ranges(cfg, grid):
+        return (cube.sequence_range(cfg.batch, grid.shape, grid.coords, "y"),
+                cube.hidden_range(cfg.hidden, grid.shape, grid.coords, "z"))
 
 
 class CubeOverlap(OverlapConfig):

@@ -382,15 +382,21 @@ class SyntheticData:
         self.cfg = cfg
         self.backend = backend
         self.seed = seed
-        first, stop = local_sequences(cfg.batch, grid.shape, grid.coords["data"], grid.coords["z"])
+        (first, stop), (c0, c1) = self._local_ranges(cfg, grid)
         self.rows = slice(first * cfg.seq, stop * cfg.seq)
-        c0, c1 = block_range(cfg.hidden, grid.shape.x, grid.coords["x"])
         self.cols = slice(c0, c1)
         self.global_shape = (cfg.batch * cfg.seq, cfg.hidden)
         t0 = time.perf_counter()
         self._pool = [self._generate(i) for i in range(batches)]
         backend.synchronize()
         self.prep_seconds = time.perf_counter() - t0
+
+    @staticmethod
+    def _local_ranges(cfg: ModelConfig, grid):
+        """``((first, stop) sequence, (first, stop) hidden column)`` of this rank's piece: whole sequences
+        over data (outer) and Z (inner), hidden over X. A layout of another algorithm overrides it."""
+        return (local_sequences(cfg.batch, grid.shape, grid.coords["data"], grid.coords["z"]),
+                block_range(cfg.hidden, grid.shape.x, grid.coords["x"]))
 
     @property
     def batches(self) -> int:
