@@ -25,7 +25,6 @@ micro-batches and all-reduced over the world once per step, as is the step's slo
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from typing import Dict, List
 
@@ -38,7 +37,7 @@ from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.core.layout import activation_layout
 from fourd_mpi.core.p2p import BACKWARD, FORWARD, PointToPoint, tag
 from fourd_mpi.step import elementwise
-from fourd_mpi.step.engine import StepResult
+from fourd_mpi.step.engine import StepResult, timed_step
 from fourd_mpi.step.model import GPTBlock, MLPBlock, Model, SyntheticData, held_bytes
 from fourd_mpi.step.schedule import GradientSync, StepContext, WeightFetcher
 
@@ -310,24 +309,7 @@ class PipelineTrainer:
         return total / (2.0 * self.global_elements), y
 
     def step(self, step: int) -> StepResult:
-        trace = self.comm.tracer
-        trace.begin_step(step)
-        self.comm.records.clear()
-        t0 = time.perf_counter_ns()
-        loss, _ = self.forward_backward(step)
-        trace.enter_phase("optimizer")
-        with trace.op("optimizer"):
-            self.optimizer.step()
-        self.comm.backend.synchronize()
-        t1 = time.perf_counter_ns()
-        events = trace.end_step(t0, t1, self.comm.records, self._group_sizes)
-        local = (t1 - t0) * 1e-9
-        with self.comm.watch(f"the end-of-step MAX all-reduce over the world of step {step}"):
-            slowest = self.world.allreduce(local, op=MPI.MAX)
-        return StepResult(step=step, loss=loss, seconds=slowest, local_seconds=local, events=events,
-                          start_ns=t0, end_ns=t1, compute_ns=trace.compute_ns, wait_ns=trace.wait_ns,
-                          mpi_ns=trace.mpi_ns, saved_activation_bytes=self.saved_activation_bytes,
-                          peak_activation_bytes=self.model.peak_activation_bytes, bubble_ns=trace.bubble_ns)
+        return timed_step(self, step, self.world, "the end-of-step MAX all-reduce over the world")
 
     def close(self) -> None:
         self.inter.Free()

@@ -98,22 +98,31 @@ class Trainer:
         return loss, y
 
     def step(self, step: int) -> StepResult:
-        trace = self.comm.tracer
-        trace.begin_step(step)
-        # keep only this step's collective records (they become the step's trace events)
-        self.comm.records.clear()
-        t0 = time.perf_counter_ns()
-        loss, _ = self.forward_backward(step)
-        trace.enter_phase("optimizer")
-        with trace.op("optimizer"):
-            self.optimizer.step()
-        self.comm.backend.synchronize()
-        t1 = time.perf_counter_ns()
-        events = trace.end_step(t0, t1, self.comm.records, self._group_sizes)
-        local = (t1 - t0) * 1e-9
-        with self.comm.watch(f"the end-of-step MAX all-reduce of step {step}"):
-            slowest = self.comm.grid.world.allreduce(local, op=MPI.MAX)
-        return StepResult(step=step, loss=loss, seconds=slowest, local_seconds=local, events=events,
-                          start_ns=t0, end_ns=t1, compute_ns=trace.compute_ns, wait_ns=trace.wait_ns,
-                          mpi_ns=trace.mpi_ns, saved_activation_bytes=self.saved_activation_bytes,
-                          peak_activation_bytes=self.model.peak_activation_bytes)
+        return timed_step(self, step, self.comm.grid.world, "the end-of-step MAX all-reduce")
+
+
+def timed_step(trainer, step: int, world, what: str) -> StepResult:
+    """One timed training step of ``trainer`` (a :class:`Trainer` or a pipeline stage's trainer: its
+    ``comm``, ``forward_backward``, ``optimizer``, ``model``, ``saved_activation_bytes``): forward and
+    backward, the optimizer, then the step's slowest time, MAX all-reduced over ``world`` (collective over
+    it; ``what`` names that all-reduce for the hang watch). The trace's step events are the collectives
+    recorded in this step only."""
+    comm = trainer.comm
+    trace = comm.tracer
+    trace.begin_step(step)
+    comm.records.clear()  # keep only this step's collective records (they become the step's trace events)
+    t0 = time.perf_counter_ns()
+    loss, _ = trainer.forward_backward(step)
+    trace.enter_phase("optimizer")
+    with trace.op("optimizer"):
+        trainer.optimizer.step()
+    comm.backend.synchronize()
+    t1 = time.perf_counter_ns()
+    events = trace.end_step(t0, t1, comm.records, trainer._group_sizes)
+    local = (t1 - t0) * 1e-9
+    with comm.watch(f"{what} of step {step}"):
+        slowest = world.allreduce(local, op=MPI.MAX)
+    return StepResult(step=step, loss=loss, seconds=slowest, local_seconds=local, events=events,
+                      start_ns=t0, end_ns=t1, compute_ns=trace.compute_ns, wait_ns=trace.wait_ns,
+                      mpi_ns=trace.mpi_ns, saved_activation_bytes=trainer.saved_activation_bytes,
+                      peak_activation_bytes=trainer.model.peak_activation_bytes, bubble_ns=trace.bubble_ns)
