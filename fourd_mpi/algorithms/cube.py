@@ -43,6 +43,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
+from fourd_mpi.step.presets import size_problems
 
 #: the cube axes and the grid axes they run on
 CUBE_AXES: Dict[str, str] = {"i": "x", "j": "y", "l": "z"}
@@ -121,17 +122,13 @@ def describe(grid: GridShape) -> str:
 def model_problems(cfg, grid: GridShape) -> List[str]:
     """Everything wrong with running ``cfg`` (:class:`~fourd_mpi.step.presets.ModelConfig`) as Optimus-CUBE
     on ``grid``, as actionable sentences (empty when fine)."""
-    problems: List[str] = []
     if not (grid.x == grid.y == grid.z):
         return [f"optimus3d needs a cube G_z = G_y = G_x = q, grid {grid} is not one"]
     if cfg.kind not in ("gpt", "mlp"):
         return [f"model kind {cfg.kind!r} is not one of gpt, mlp"]
     if cfg.batch is None:
         return [f"preset {cfg.name} needs the global batch: give --batch SEQUENCES"]
-    for field_name in ("layers", "hidden", "heads", "ffn_hidden", "seq", "batch"):
-        value = getattr(cfg, field_name)
-        if value is not None and value < 1:
-            problems.append(f"--{field_name.replace('_', '-')} must be positive, got {value}")
+    problems = size_problems(cfg)
     if problems:
         return problems
     q, d = grid.x, grid.data

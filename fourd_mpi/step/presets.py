@@ -150,6 +150,17 @@ def resolve_model(preset: str, **overrides) -> ModelConfig:
     return replace(base, **changes)
 
 
+def size_problems(cfg: ModelConfig) -> List[str]:
+    """A sentence for each size of ``cfg`` (layers, hidden, heads, ffn_hidden, seq, batch) that is given
+    and not positive (every algorithm's model check starts with these)."""
+    problems = []
+    for field_name in ("layers", "hidden", "heads", "ffn_hidden", "seq", "batch"):
+        value = getattr(cfg, field_name)
+        if value is not None and value < 1:
+            problems.append(f"--{field_name.replace('_', '-')} must be positive, got {value}")
+    return problems
+
+
 def model_problems(cfg: ModelConfig, grid: GridShape) -> List[str]:
     """Everything wrong with running ``cfg`` on ``grid``, as actionable sentences (empty when fine)."""
     problems: List[str] = []
@@ -157,10 +168,7 @@ def model_problems(cfg: ModelConfig, grid: GridShape) -> List[str]:
         problems.append(f"model kind {cfg.kind!r} is not one of {', '.join(MODEL_KINDS)}")
     if cfg.batch is None:
         problems.append(f"preset {cfg.name} needs the global batch: give --batch SEQUENCES")
-    for field_name in ("layers", "hidden", "heads", "ffn_hidden", "seq", "batch"):
-        value = getattr(cfg, field_name)
-        if value is not None and value < 1:
-            problems.append(f"--{field_name.replace('_', '-')} must be positive, got {value}")
+    problems += size_problems(cfg)
     if problems:
         return problems
 
