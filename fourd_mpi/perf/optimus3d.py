@@ -361,7 +361,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile, overlap: Optional[Overla
     """Predict one optimus3d training step (same arguments and :class:`~fourd_mpi.perf.predict.Prediction` as
     :func:`fourd_mpi.perf.predict.predict`; module docstring for the model)."""
     from fourd_mpi.perf.machine import axis_inner_products, axis_placement
-    from fourd_mpi.perf.predict import _prediction, collective_time
+    from fourd_mpi.perf.predict import _prediction, collective_time, exposed_after_hiding
 
     overlap = OverlapConfig(**{**asdict(overlap or OverlapConfig()), "cache": True})
     rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)
@@ -411,8 +411,5 @@ def predict(cfg: ModelConfig, grid: GridShape, profile, overlap: Optional[Overla
             hidden[key] += efficiency * min(t, per_layer_gemm / 3.0)
         else:  # ors, dp: the rest of the backward pass
             hidden[key] += efficiency * min(t, backward_compute * idx / max(1, len(layer_index) + 1))
-    total_hidden = sum(hidden.values())
-    cap = efficiency * comp["total"]
-    scale = cap / total_hidden if total_hidden > cap and total_hidden > 0 else 1.0
-    exposed = {k: max(0.0, v - hidden.get(k, 0.0) * scale) for k, v in comm.items()}
+    exposed = exposed_after_hiding(comm, hidden, efficiency * comp["total"])
     return _prediction(grid, profile, comp, comm, exposed, dict(wire), placement, memory, notes)

@@ -492,11 +492,18 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
         else:  # ors, dp: the rest of the backward pass (later layers in backward = earlier in forward)
             remaining = backward_compute * idx / max(1, len(layer_index) + 1)
             hidden[key] += efficiency * min(t, remaining)
-    total_hidden = sum(hidden.values())
-    cap = efficiency * comp["total"]
-    scale = cap / total_hidden if total_hidden > cap and total_hidden > 0 else 1.0
-    exposed = {k: max(0.0, v - hidden.get(k, 0.0) * scale) for k, v in comm.items()}
+    exposed = exposed_after_hiding(comm, hidden, efficiency * comp["total"])
     return _prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes)
+
+
+def exposed_after_hiding(comm: Dict[Tuple[str, str], float], hidden: Dict[Tuple[str, str], float],
+                         cap: float) -> Dict[Tuple[str, str], float]:
+    """Exposed seconds per ``(axis, op)``: ``max(0, comm - hidden * scale)``, where ``scale`` shrinks the
+    hidden seconds to at most ``cap`` in total (overlap cannot hide more than ``efficiency x`` the step's
+    compute; 1 when they fit). The host-driven window rule's last step, for every algorithm's model."""
+    total_hidden = sum(hidden.values())
+    scale = cap / total_hidden if total_hidden > cap and total_hidden > 0 else 1.0
+    return {k: max(0.0, v - hidden.get(k, 0.0) * scale) for k, v in comm.items()}
 
 
 def _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, efficiency, memory, notes,
