@@ -55,7 +55,8 @@ class CubeGPTBlock(GPTBlock):
 
     @staticmethod
     def _local_batch_heads(cfg, shape):
-        """Sequences over data, X, Y (tokens over data, X, Z after QKV: whole sequences per rank); heads over Y."""
+        """The attention's local sequences (QKV's output holds whole sequences over data, X, Z:
+        ``B/(G_data q^2)``) and heads (over Y: ``heads/q``)."""
         q = shape.x
         return cfg.batch // (shape.data * q * q), cfg.heads // q
 
