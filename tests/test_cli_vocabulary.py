@@ -9,7 +9,6 @@ help text, long options are never abbreviated, counts and selections are told ap
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 

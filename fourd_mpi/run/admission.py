@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from math import gcd
 from typing import Callable, List, Optional, Tuple, TypeVar
 
+from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.errors import ConfigError
@@ -101,22 +102,24 @@ def largest_shard(cfg: ModelConfig, grid: GridShape) -> int:
 
 def memory_need(options) -> MemoryNeed:
     """The estimate per rank of :class:`~fourd_mpi.run.options.RunOptions` ``options`` (pure)."""
-    from fourd_mpi.perf.memory import estimate_memory
-
     cfg, grid = options.model, options.grid
-    m = (cfg.batch // (grid.data * grid.z)) * cfg.seq
-    if getattr(options, "algorithm", None) == "optimus3d":  # its own layouts (fourd_mpi.perf.optimus3d)
-        from fourd_mpi.perf.optimus3d import estimate_memory
-        m = (cfg.batch // (grid.data * grid.x * grid.y)) * cfg.seq
-    estimate = estimate_memory(cfg, grid, dtype=options.dtype, optimizer=options.optimizer,
-                               overlap=options.overlap_config())
-    stages = getattr(options, "ginter", 1)
-    if stages > 1 or getattr(options, "microbatches", 1) > 1:  # pipeline: the fullest stage's blocks and activations
+    family = get_algorithm(options.algorithm).family
+    m = (cfg.batch // (grid.data * grid.z)) * cfg.seq  # tokens per rank: the batch split over data and Z
+    if family == "pipeline":  # the fullest stage's blocks and activations
         from fourd_mpi.perf.pipeline import pipeline_memory
 
-        estimate = max((pipeline_memory(cfg, grid, stages, options.microbatches, s, options.dtype, options.optimizer,
-                                        options.overlap_config(), schedule=options.pipeline_schedule)
-                        for s in range(stages)), key=lambda e: e.total)
+        estimate = max((pipeline_memory(cfg, grid, options.ginter, options.microbatches, s, options.dtype,
+                                        options.optimizer, options.overlap_config(),
+                                        schedule=options.pipeline_schedule)
+                        for s in range(options.ginter)), key=lambda e: e.total)
+    else:
+        if family == "optimus3d":  # its own layouts: the batch split over data, X and Y
+            from fourd_mpi.perf.optimus3d import estimate_memory
+            m = (cfg.batch // (grid.data * grid.x * grid.y)) * cfg.seq
+        else:
+            from fourd_mpi.perf.memory import estimate_memory
+        estimate = estimate_memory(cfg, grid, dtype=options.dtype, optimizer=options.optimizer,
+                                   overlap=options.overlap_config())
     batches = min(options.data_batches, options.steps)
     tensor = m * (cfg.hidden // grid.x)  # one input or target [m, h/G_x] ([m, h/q] on a cube)
     data = 2 * max(0, batches - 1) * tensor * dtype_bytes(options.dtype)

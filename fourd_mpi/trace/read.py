@@ -423,7 +423,7 @@ def _check_ranges(events, rank_steps, ranks, vocab, world: int) -> None:
             raise _Invalid(f"/events row {bad[0]}: {column} code {codes[bad[0]]} outside its vocabulary of "
                            f"{len(vocab[words])} words ({len(bad)} such rows)")
     _check_rank_ranges(ranks, world, len(events))
-    offset, count = ranks["event_offset"], ranks["event_count"]
+    count = ranks["event_count"]
     held = count > 0
     owner = np.repeat(ranks["rank"][held], count[held])
     if len(events) and not np.array_equal(events["rank"], owner):
