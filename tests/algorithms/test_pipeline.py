@@ -105,3 +105,19 @@ def test_trace_p2p_bytes_equal_the_model_and_bubbles_are_a_category(run_mpi, tmp
     table = breakdown(trace)
     assert "bubble" in set(table["category"]) and table["share"].sum() == pytest.approx(1.0)
     assert trace.metadata["summary"]["bubble_share"] > 0
+
+
+def test_a_run_without_stages_reports_no_bubble(run_mpi, tmp_path):
+    """The bubble metric's known answer: the same model on the same 6 ranks without a pipeline (axonn4d,
+    3x1x1x2) has no ``bubble`` events, a bubble share of exactly 0 and no bubble line or category."""
+    from fourd_mpi.analysis.tables import breakdown
+    from fourd_mpi.trace.read import load_trace
+
+    proc = run_mpi(6, ["run", "--gx", "2", "--layers", "3", "--batch", "6", "--steps", "2", "--results-dir",
+                       tmp_path, "--run-id", "flat", "--display", "quiet", "--dtype", "float64"], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "pipeline bubbles" not in proc.stdout
+    trace = load_trace(str(tmp_path / "flat.h5"))
+    assert not (trace.events["op"] == trace.vocab["ops"].index("bubble")).any()
+    assert trace.metadata["summary"]["bubble_share"] == 0
+    assert "bubble" not in set(breakdown(trace)["category"])
