@@ -36,6 +36,7 @@ setup(
         "tqdm>=4.60",  # rank 0's progress bar
         "jinja2>=3.0",  # job-script templates (fourd-mpi sweep render)
         "jsonschema>=4.0",  # sweep specs, site and machine profiles
+        "xxhash>=3.0",  # trace recover: digest of every part written, compared when read back
     ],
     extras_require={
         # The embedded default MPI: mpi4py >= 4.1 finds the wheel's libmpi by itself.

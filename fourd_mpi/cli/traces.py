@@ -38,7 +38,7 @@ def register(sub) -> None:
     rec.add_argument("--check", choices=("readback", "full"), default="readback",
                      help="how the written trace is verified before the per-rank files are called removable: "
                           "readback (default; a multi-part trace: every part read back by the workers and compared "
-                          "byte for byte, CRC-32, the top level validated without its events, every kept rank-step "
+                          "byte for byte, XXH3-64 digest, the top level validated without its events, every kept rank-step "
                           "holding the events its record counts) or full (the whole trace loaded in one process "
                           "and checked as 'trace check' does; always for a single-file trace)")
     tr.set_defaults(handler=cmd_trace, serial=True)
@@ -64,7 +64,7 @@ def cmd_trace(args, world=None) -> int:
             print(f"  rank {failure.get('rank')} failed: {failure.get('error')}")
         if result["removable"] is None:
             how = ("passes 'trace check'" if result["verified"] == "full" else
-                   "reads back byte for byte (every part's CRC-32; 'trace check' runs the full checks)")
+                   "reads back byte for byte (every part's XXH3-64 digest; 'trace check' runs the full checks)")
             print(f"the trace holds every step of the per-rank files and {how}: {args.directory} can now be removed")
         else:
             print(f"keep the per-rank files in {args.directory}: {result['removable']}")

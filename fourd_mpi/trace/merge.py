@@ -34,7 +34,6 @@ import math
 import os
 import secrets
 import shutil
-import zlib
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -173,9 +172,9 @@ class PartWriter:
 
         self.path = path
         self.h5 = self._raw = None
-        #: ``checksum``: CRC-32 of the bytes of every event appended, in order (what :func:`verify_part`
-        #: reads back); None without
-        self.crc = 0 if checksum else None
+        #: ``checksum``: the XXH3-64 digest (:func:`event_digest`) of the bytes of every event appended, in
+        #: order (what :func:`verify_part` reads back); None without
+        self.digest = event_digest() if checksum else None
         try:
             self._raw = GuardedFile(path)  # HDF5 never sees an I/O error (store.GuardedFile: no segfault)
             self.h5 = h5py.File(self._raw, "w")
@@ -192,15 +191,15 @@ class PartWriter:
 
     def append_events(self, rank: int, events: np.ndarray) -> None:
         events = np.ascontiguousarray(events)
-        if self.crc is not None:
-            self.crc = zlib.crc32(events.view(np.uint8), self.crc)
+        if self.digest is not None:
+            self.digest.update(events.view(np.uint8))
         self.events.append(events)
 
     def append_ranks(self, first_rank: int, counts: np.ndarray, events: np.ndarray) -> None:
         """The events of ranks ``first_rank, first_rank + 1, ...`` (``counts`` each), in rank order."""
         events = np.ascontiguousarray(events)
-        if self.crc is not None:
-            self.crc = zlib.crc32(events.view(np.uint8), self.crc)
+        if self.digest is not None:
+            self.digest.update(events.view(np.uint8))
         self.events.append(events)
         self._check()
 
@@ -648,7 +647,7 @@ def recover_group(spool_dir: str, index: int, first: int, stop: int, kept: np.nd
         if part:
             writer.abort()
     # read the closed part back now, while its pages are warm and the other groups still write
-    readback = verify_part((path, index, sum(counts), writer.crc, run_id)) if part else None
+    readback = verify_part((path, index, sum(counts), writer.digest.hexdigest(), run_id)) if part else None
     return GroupResult(counts, dropped, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, readback,
                        np.concatenate(keys or [np.zeros(0, np.int64)]), np.concatenate(held or [np.zeros(0, np.int64)]))
 
@@ -678,13 +677,23 @@ def rank_step_keys(ranks: np.ndarray, steps: np.ndarray) -> np.ndarray:
     return (ranks.astype(np.int64) << 32) | (steps.astype(np.int64) & 0xFFFFFFFF)
 
 
+def event_digest():
+    """A streaming XXH3-64 hash (``xxhash``) of event bytes: ``update(bytes)``, ``hexdigest()``; the same
+    digest however the bytes are split. About 30 GB/s on one core here against 4 GB/s for
+    ``zlib.crc32``, which cost a sixth of a recovery's CPU time (writing plus reading back)."""
+    import xxhash
+
+    return xxhash.xxh3_64()
+
+
 def verify_part(task) -> Optional[str]:
-    """``(path, index, events, crc, run_id)``: read a closed part file back (a fresh open, the bytes
-    from the file system) and compare its attributes, row count and the CRC-32 of its event bytes
-    with what was written. None if it matches, else the reason (one line)."""
+    """``(path, index, events, digest, run_id)``: read a closed part file back (a fresh open, the bytes
+    from the file system) and compare its attributes, row count and the XXH3-64 digest of its event
+    bytes (:func:`event_digest`, hex) with what was written. None if it matches, else the reason
+    (one line)."""
     import h5py
 
-    path, index, count, crc, run_id = task
+    path, index, count, digest, run_id = task
     try:
         with h5py.File(path, "r") as part:
             attrs = part.attrs
@@ -695,15 +704,16 @@ def verify_part(task) -> Optional[str]:
             if events is None or events.shape != (count,) or events.dtype != EVENT_DTYPE:
                 return f"{path} does not hold the {count} events written"
             buffer = SCRATCH.get("read", min(count, RECOVER_BATCH_EVENTS))
-            got = 0
+            hasher = event_digest()
             for lo in range(0, count, len(buffer) or 1):
                 n = min(len(buffer), count - lo)
                 events.read_direct(buffer, source_sel=np.s_[lo:lo + n], dest_sel=np.s_[0:n])
-                got = zlib.crc32(buffer[:n].view(np.uint8), got)
+                hasher.update(buffer[:n].view(np.uint8))
+            got = hasher.hexdigest()
     except (OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:
         return f"{path} does not read back: {' '.join(str(exc).split())[:200]}"
-    if got != crc:
-        return f"{path}: the events read back differ from those written (CRC-32 {got:08x} != {crc:08x})"
+    if got != digest:
+        return f"{path}: the events read back differ from those written (XXH3-64 {got} != {digest})"
     return None
 
 

@@ -882,7 +882,7 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
     in runs, about 10 times smaller).
 
     - ``"readback"`` (default) for a multi-part trace: every part file, once closed, is opened again by
-      the worker that wrote it and its event bytes compared with those written (CRC-32), the
+      the worker that wrote it and its event bytes compared with those written (XXH3-64 digest), the
       top-level file is read back with every
       check but the events' (``load_trace(events=False)``: header, tables, part identities and row
       counts), and every kept (rank, step) holds exactly the events its step record counts. The
