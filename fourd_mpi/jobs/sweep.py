@@ -16,6 +16,7 @@ manifests are relative to it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -244,18 +245,40 @@ def sweep_lock(sweep_dir: str):
     """An exclusive ``flock`` on ``DIR/.submit.lock`` for one read-decide-write of ``jobs.json``.
 
     Held for short sections only (never while a job runs or ``sbatch`` waits), so a second
-    ``sweep submit`` waits a moment, then sees the first one's claims."""
+    ``sweep submit`` waits a moment, then sees the first one's claims.
+
+    On a file system without file locks (``flock`` fails with ENOLCK, EOPNOTSUPP or ENOSYS: NFS
+    mounted ``nolock``, some FUSE and Lustre mounts) it goes on unlocked, after one ``note:`` line per
+    directory: refusing would make a sweep on such a file system (often the home directory on a
+    cluster) impossible to submit at all, while the lock only guards against a second ``sweep submit``
+    of the same directory at the same moment, which the user can avoid; claims are still recorded
+    before anything is launched, so a later submit still skips them. Any other error: one line."""
     path = os.path.join(sweep_dir, LOCK)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         raise ConfigError(f"cannot lock the sweep directory {sweep_dir} ({path}: {exc.strerror})") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            if exc.errno not in _NO_LOCKS:
+                raise ConfigError(f"cannot lock the sweep directory {sweep_dir} ({path}: {exc.strerror})") from None
+            if os.path.abspath(sweep_dir) not in _UNLOCKED_NOTED:
+                _UNLOCKED_NOTED.add(os.path.abspath(sweep_dir))
+                sys.stdout.flush()
+                os.write(2, (f"fourd-mpi: note: {sweep_dir} is on a file system without file locks ({path}: "
+                             f"{exc.strerror}); this submit goes on, not protected against a concurrent "
+                             "'sweep submit' of the same directory: run one at a time\n").encode())
         yield
     finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        os.close(fd)  # releases the lock
+
+
+#: ``flock`` errors of file systems that do not lock
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS)
+#: sweep directories whose missing locks were noted (one note per directory and process)
+_UNLOCKED_NOTED: set = set()
 
 
 def _claimant_gone(job: Dict) -> bool:

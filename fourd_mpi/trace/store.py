@@ -409,13 +409,35 @@ class RankSpool:
 
 
 def read_records(path: str, dtype: np.dtype) -> np.ndarray:
-    """Whole fixed-size records of an append-only file (a torn last record is dropped)."""
+    """Whole fixed-size records of an append-only file (a torn last record is dropped; a missing file
+    has none). An I/O error (EIO: a failing disk) raises :class:`TraceError` naming the file."""
     try:
         with open(path, "rb") as fh:
             whole = os.fstat(fh.fileno()).st_size // dtype.itemsize
             return np.fromfile(fh, dtype=dtype, count=whole)  # one read, no copy
     except FileNotFoundError:
         return np.empty(0, dtype=dtype)
+    except OSError as exc:
+        raise TraceError(f"reading {path} failed: {io_error_text(exc)}") from None
+
+
+#: errors of file systems that refuse locks (NFS mounted ``nolock``, some FUSE and Lustre mounts)
+NO_LOCK_ERRNOS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS)
+
+
+def open_h5_read(path: str):
+    """``h5py.File(path, "r")``; where the file system refuses locks (HDF5 takes a ``flock`` on every
+    open and fails with ENOLCK there; its ``HDF5_USE_FILE_LOCKING=BEST_EFFORT`` forgives only ENOSYS),
+    opened again without the lock: our traces are published whole (``link``/``rename``), so a reader
+    never meets one being written, which is all that lock is for."""
+    import h5py
+
+    try:
+        return h5py.File(path, "r")
+    except OSError as exc:
+        if exc.errno not in NO_LOCK_ERRNOS:
+            raise
+    return h5py.File(path, "r", locking=False)
 
 
 def sort_events(events: np.ndarray) -> np.ndarray:
@@ -985,6 +1007,14 @@ def _aborting_on_error(writer: TraceFileWriter, path: str):
     except OSError as exc:
         writer.abort()
         raise TraceError(f"writing {path} failed: {io_error_text(exc)}") from None
+    except TraceError as exc:
+        writer.abort()
+        if writer.staged is None:
+            raise
+        from fourd_mpi.trace.merge import parts_dir_of
+
+        # a part's error names the staging directory just removed: name the part where it belongs
+        raise TraceError(str(exc).replace(writer.staged.dir, parts_dir_of(os.path.abspath(path)))) from None
     except BaseException:
         writer.abort()
         raise
