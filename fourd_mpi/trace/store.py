@@ -412,9 +412,15 @@ def read_records(path: str, dtype: np.dtype) -> np.ndarray:
     """Whole fixed-size records of an append-only file (a torn last record is dropped; a missing file
     has none). An I/O error (EIO: a failing disk) raises :class:`TraceError` naming the file."""
     try:
-        with open(path, "rb") as fh:
-            whole = os.fstat(fh.fileno()).st_size // dtype.itemsize
-            return np.fromfile(fh, dtype=dtype, count=whole)  # one read, no copy
+        with open(path, "rb", buffering=0) as fh:
+            out = np.empty(os.fstat(fh.fileno()).st_size // dtype.itemsize, dtype=dtype)
+            raw, got = memoryview(out.view(np.uint8)), 0
+            while got < len(raw):  # one read, no copy (np.fromfile would return a short array on EIO)
+                n = fh.readinto(raw[got:])
+                if not n:
+                    break
+                got += n
+            return out[:got // dtype.itemsize]
     except FileNotFoundError:
         return np.empty(0, dtype=dtype)
     except OSError as exc:

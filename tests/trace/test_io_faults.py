@@ -172,6 +172,38 @@ def test_faultfs_delivers_eio_and_enolck_from_the_kernel(tmp_path):
         fs.stop()
 
 
+ORPHAN = """
+import os, subprocess, sys, time
+proc = subprocess.Popen([sys.executable, *sys.argv[1:]])
+while not os.path.ismount(sys.argv[3]):
+    time.sleep(0.05)
+print(proc.pid, flush=True)
+os._exit(0)  # killed: no teardown
+"""
+
+
+def test_faultfs_unmounts_itself_when_its_parent_dies(tmp_path):
+    _mount(tmp_path, nolock=False).stop()  # skips where FUSE is unavailable
+    mnt, backing = tmp_path / "orphan", tmp_path / "orphan-backing"
+    mnt.mkdir()
+    backing.mkdir()
+    out = subprocess.run([sys.executable, "-c", ORPHAN, str(HELPERS / "faultfs.py"), str(backing), str(mnt),
+                          str(tmp_path / "none.json")], capture_output=True, text=True, timeout=60)
+    pid = int(out.stdout)
+    try:
+        deadline = time.monotonic() + 30
+        while os.path.ismount(mnt) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not os.path.ismount(mnt)
+    finally:
+        if os.path.ismount(mnt):
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
 # ---------------------------------------------------------------------------
 # EIO in a run, at its merge, and in trace recover
 # ---------------------------------------------------------------------------
@@ -239,20 +271,21 @@ def test_eio_at_the_merge_and_during_recover(run_mpi, faultfs, group_size):
 
 @pytest.mark.mpi
 def test_eio_reading_the_spool_in_recover(run_mpi, faultfs):
-    """A spool file that cannot be read (EIO on read: a failing disk): ``trace recover`` says which, in one
-    line, exit 2, writes nothing and keeps the spool."""
+    """A spool file that cannot be read (EIO on read: a failing disk): ``trace recover`` names it in one
+    line, exit 2, writes nothing and keeps the spool; the same with two worker processes writing parts."""
     results = faultfs.path
     proc = run_mpi(NRANKS, RUN + ["--results-dir", results, "--run-id", "r", "--inject-fault", "2:4:kill"],
                    timeout=180)
     assert proc.returncode != 0 and (results / "r.ranks").is_dir()
     spool = results / "r.ranks"
-    faultfs.fail(["rank000002.events"], ops=["read"])
-    rec = cli("trace", "recover", spool)
-    assert faultfs.hits().get("read", 0) >= 1
-    assert rec.returncode == 2 and "Traceback" not in rec.stderr, rec.stderr
-    assert rec.stderr.strip().splitlines() == [rec.stderr.strip()] and EIO_TEXT in rec.stderr, rec.stderr
-    assert "rank000002.events" in rec.stderr
-    assert leftovers(faultfs.backing) == [] and sorted(os.listdir(results)) == ["r.ranks"]
+    for name in ("rank000002.events", "rank000001.steps"):
+        faultfs.fail([name], ops=["read"])
+        for args in ([], ["--group-size", 2, "--jobs", 2]):
+            rec = cli("trace", "recover", spool, *args)
+            assert rec.returncode == 2 and "Traceback" not in rec.stderr, rec.stderr
+            assert rec.stderr.strip() == f"fourd-mpi: error: reading {spool / name} failed: {EIO_TEXT}", rec.stderr
+            assert leftovers(faultfs.backing) == [] and sorted(os.listdir(results)) == ["r.ranks"]
+    assert faultfs.hits().get("read", 0) >= 4
     faultfs.clear()
     rec = cli("trace", "recover", spool)
     assert rec.returncode == 0, rec.stderr
