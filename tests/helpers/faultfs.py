@@ -241,8 +241,11 @@ def unmount_when_orphaned(mountpoint: str, parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(0.5)
     for cmd in (["fusermount", "-u", "-z", mountpoint], ["umount", "-l", mountpoint]):
-        if subprocess.run(cmd, capture_output=True).returncode == 0:
-            return
+        try:
+            if subprocess.run(cmd, capture_output=True).returncode == 0:
+                return
+        except FileNotFoundError:  # no fusermount (root mounts without it)
+            continue
 
 
 def main(argv) -> int:
