@@ -370,7 +370,10 @@ class RankSpool:
         """Leave the reason this rank is going down (``trace recover`` reports it); False if it could not.
 
         Written into the space reserved at the start (``.reserve``, then renamed ``.failed.json``), so
-        that a full disk does not stop it; else as a new file. Never raises.
+        that a full disk does not stop it; else as a new file. Where no data can be written at all (EIO
+        on every write: a failing disk, a Lustre OST gone) the reserve is still renamed: a blank
+        ``.failed.json`` that :func:`read_failure` reads as a failure whose reason was lost (a rename
+        needs no data block). Never raises.
         """
         payload = {"rank": self.rank, "time": now_iso(), "error": message}
         data = json.dumps(payload).encode()
@@ -392,6 +395,8 @@ class RankSpool:
             except OSError:
                 if fd is not None:
                     os.close(fd)
+                with contextlib.suppress(OSError):  # at least the name says that this rank failed
+                    os.replace(self.reserve_path, self.failed_path)
         try:
             _write_json_atomic(self.failed_path, payload)
             return True
@@ -872,9 +877,13 @@ def _pid_alive(pid: int) -> bool:
 
 
 def read_failure(path: str, rank: int) -> Dict:
+    """A rank's failure report (``rankNNNNNN.failed.json``, see :meth:`RankSpool.mark_failed`)."""
     try:
         with open(path) as fh:
-            report = json.load(fh)
+            text = fh.read(1 << 20)
+        if not text.strip():  # the renamed reserve: the rank failed, writing its reason failed too
+            return {"rank": rank, "error": "failed; its reason could not be written (an I/O error on every write)"}
+        report = json.loads(text)
         if isinstance(report, dict):
             return report
     except (OSError, ValueError) as exc:

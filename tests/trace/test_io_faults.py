@@ -210,6 +210,28 @@ def test_faultfs_unmounts_itself_when_its_parent_dies(tmp_path):
 # ---------------------------------------------------------------------------
 
 @pytest.mark.mpi
+def test_eio_on_every_file_during_the_steps(run_mpi, faultfs):
+    """Every write fails (the whole disk is gone): still one line on every rank, no traceback, no temporary
+    file; the reasons cannot be written, but each rank's reserve is renamed to its failure report (a
+    rename writes no data), so the recovered trace says ``failed``, not ``partial``."""
+    results = faultfs.path
+    faultfs.fail(["*"], ops=["write", "fsync", "truncate"], armed_by="inject-fault.touch")
+    proc = run_mpi(NRANKS, RUN + ["--results-dir", results, "--run-id", "all", "--inject-fault", "1:3:touch"],
+                   timeout=180)
+    line = one_line_on_every_rank(proc)
+    assert EIO_TEXT in line and "the run stops after step 4" in line, line
+    assert leftovers(faultfs.backing) == [] and not (results / "all.h5").exists()
+    faultfs.clear()
+    rec = cli("trace", "recover", results / "all.ranks")
+    assert rec.returncode == 0, rec.stderr
+    trace = load_trace(str(results / "all.h5"))
+    assert trace.status == "failed" and list(trace.steps["step"]) == [0, 1, 2] and check_invariants(trace) == []
+    # no reason could be written, but the renamed reserve says that every rank failed
+    assert sorted(f["rank"] for f in trace.metadata["failures"]) == list(range(NRANKS))
+    assert all("could not be written" in f["error"] for f in trace.metadata["failures"])
+
+
+@pytest.mark.mpi
 def test_eio_during_the_steps(run_mpi, faultfs):
     results = faultfs.path
     faultfs.fail(["*.events"], armed_by="inject-fault.touch")
