@@ -225,18 +225,25 @@ def save_jobs(sweep_dir: str, jobs: Dict[str, Dict]) -> None:
     """Atomic rewrite (a private temp file, fsync, rename): a crash or a second writer never leaves
     a torn file. Call it under :func:`sweep_lock`, after :func:`load_jobs`, so no update is lost."""
     path = os.path.join(sweep_dir, JOBS)
-    fd, tmp = tempfile.mkstemp(prefix=f".{JOBS}.", suffix=".tmp", dir=sweep_dir)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{JOBS}.", suffix=".tmp", dir=sweep_dir)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "w") as fh:
             json.dump(jobs, fh, indent=1)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.remove(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):  # a full disk, EIO: one line, jobs.json as it was
+            from fourd_mpi.trace.store import io_error_text
+
+            raise ConfigError(f"cannot write {path}: {io_error_text(exc)}") from None
         raise
 
 

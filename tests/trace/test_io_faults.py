@@ -410,3 +410,24 @@ def test_sweep_submit_without_locks(nolockfs):
     status = subprocess.run([sys.executable, "-m", "fourd_mpi", "sweep", "status", "jobscripts/s1"],
                             capture_output=True, text=True, cwd=where, env=mpi_env(), timeout=120)
     assert status.returncode == 0 and "2/2 traces complete, 0 jobs failed" in status.stdout, status.stdout
+
+
+@pytest.mark.mpi
+def test_sweep_submit_when_jobs_json_cannot_be_written(faultfs):
+    """EIO writing ``jobs.json`` (its temporary file): one line, exit 2, no temporary file, nothing launched."""
+    where = faultfs.path
+    (where / "spec.yaml").write_text(SPEC)
+    render = subprocess.run([sys.executable, "-m", "fourd_mpi", "sweep", "render", "spec.yaml", "--site", "local",
+                             "--python", sys.executable], capture_output=True, text=True, cwd=where, env=mpi_env(),
+                            timeout=120)
+    assert render.returncode == 0, render.stderr
+    assert not (where / "jobscripts/s1/jobs.json").exists()
+    faultfs.fail([".jobs.json.*"], ops=["write", "fsync"])
+    submit = subprocess.run([sys.executable, "-m", "fourd_mpi", "sweep", "submit", "jobscripts/s1"],
+                            capture_output=True, text=True, cwd=where, env=mpi_env(), timeout=300)
+    assert faultfs.hits()
+    assert submit.returncode == 2 and "Traceback" not in submit.stderr, submit.stdout + submit.stderr
+    assert submit.stderr.strip().splitlines() == [submit.stderr.strip()] and EIO_TEXT in submit.stderr, submit.stderr
+    assert "jobs.json" in submit.stderr and "submitted" not in submit.stdout
+    assert leftovers(faultfs.backing) == [] and not [f for f in os.listdir(where / "jobscripts/s1") if f.endswith(".tmp")]
+    assert not (where / "jobscripts/s1/jobs.json").exists() and not (where / "results").exists()
