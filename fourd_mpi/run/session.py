@@ -219,7 +219,11 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
             spool.mark_failed(f"{type(exc).__name__}: {exc}")
         raise
     notes = world.gather(spool.recreated, root=0)
-    all_steps = world.gather(spool.read_steps(), root=0)
+    try:
+        my_steps = spool.read_steps()
+    except OSError:  # an I/O error reading back: merge_run meets it again and stops every rank with it
+        my_steps = np.zeros(0, dtype=RANK_STEP_DTYPE)
+    all_steps = world.gather(my_steps, root=0)
     held = world.gather((result.saved_activation_bytes, result.peak_activation_bytes), root=0)
     all_bubbles = world.gather(bubbles, root=0)
     summary = None

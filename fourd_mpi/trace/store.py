@@ -342,7 +342,10 @@ class RankSpool:
         out = np.empty(size, dtype=np.uint8)
         offset = 0
         while offset < size:
-            block = os.pread(fd, min(_COPY_BLOCK, size - offset), offset)
+            try:
+                block = os.pread(fd, min(_COPY_BLOCK, size - offset), offset)
+            except OSError as exc:  # EIO: the error names the file
+                raise OSError(exc.errno, exc.strerror, path) from None
             if not block:
                 break
             out[offset:offset + len(block)] = np.frombuffer(block, dtype=np.uint8)
@@ -784,12 +787,24 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
     """
     from fourd_mpi.trace.merge import merge_collective
 
+    from mpi4py import MPI
+
     rank = comm.Get_rank()
-    events = spool.read_events()  # through the open descriptor: the liveness lock stays held
-    events = sort_events(correct(events) if correct is not None else events)
-    mine = spool.read_steps()
-    if correct is not None:
-        mine = correct(mine)
+    read_error = None
+    try:
+        events = spool.read_events()  # through the open descriptor: the liveness lock stays held
+        events = sort_events(correct(events) if correct is not None else events)
+        mine = spool.read_steps()
+        if correct is not None:
+            mine = correct(mine)
+    except OSError as exc:  # EIO reading back: agreed on below, so no rank waits in the merge for this one
+        read_error = (f"rank {rank} cannot read its trace files back: reading {exc.filename} failed: "
+                      f"{io_error_text(exc)}")
+    if comm.allreduce(int(read_error is not None), op=MPI.MAX):
+        errors = comm.allgather(read_error)
+        failed = [r for r, e in enumerate(errors) if e is not None]
+        others = f" (ranks {', '.join(map(str, failed))} failed)" if len(failed) > 1 else ""
+        raise merge_failed(spool, errors[failed[0]] + others)
     error, path = merge_collective(comm, events, mine, rank_meta, trace_path, metadata, layers, force,
                                    group_size=group_size, compression=compression)
     del events

@@ -257,9 +257,11 @@ def main(argv) -> int:
     operations = (NoLocks if "--nolock" in argv else FaultFS)(backing, Faults(os.path.abspath(control)))
     threading.Thread(target=unmount_when_orphaned, args=(mountpoint, os.getppid()), daemon=True).start()
     # hard_remove: an unlinked open file is gone at once (no .fuse_hidden* file, st_nlink 0 as on a disk);
-    # attribute and entry caches off: a test that changes the backing directory sees it at once
+    # attribute and entry caches off: a test that changes the backing directory sees it at once;
+    # direct_io: no page cache in between, every read and write reaches the rules (a read of what was
+    # just written fails too, as on a disk that died)
     fuse.FUSE(operations, mountpoint, foreground=True, nothreads=False, hard_remove=True, attr_timeout=0,
-              entry_timeout=0, negative_timeout=0, fsname="faultfs", subtype="faultfs")
+              entry_timeout=0, negative_timeout=0, direct_io=True, fsname="faultfs", subtype="faultfs")
     return 0
 
 

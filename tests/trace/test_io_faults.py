@@ -149,7 +149,8 @@ def test_faultfs_delivers_eio_and_enolck_from_the_kernel(tmp_path):
     try:
         fd = os.open(fs.path / "x.events", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            for lock in (lambda: fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB), lambda: fcntl.flock(fd, fcntl.LOCK_EX)):
+            for lock in (lambda: fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB),
+                         lambda: fcntl.flock(fd, fcntl.LOCK_EX)):
                 with pytest.raises(OSError) as info:
                     lock()
                 assert info.value.errno == errno.ENOLCK
@@ -293,6 +294,28 @@ def test_eio_at_the_merge_and_during_recover(run_mpi, faultfs, group_size):
 
 
 @pytest.mark.mpi
+def test_eio_reading_the_spool_at_the_merge(run_mpi, faultfs):
+    """Rank 2 cannot read its own spool back for the final merge (EIO on read): the same one line on every
+    rank naming the file, exit 2, no hang (the rank still takes part in the merge's collectives), the
+    spool kept with rank 0's report."""
+    results = faultfs.path
+    faultfs.fail(["rank000002.events"], ops=["read"], armed_by="inject-fault.touch")
+    proc = run_mpi(NRANKS, RUN + ["--results-dir", results, "--run-id", "rd", "--inject-fault", "1:6:touch"],
+                   timeout=180)
+    line = one_line_on_every_rank(proc)
+    assert faultfs.hits().get("read", 0) >= 1
+    assert "rank000002.events" in line and EIO_TEXT in line, line
+    spool = results / "rd.ranks"
+    assert leftovers(faultfs.backing) == [] and not (results / "rd.h5").exists()
+    assert EIO_TEXT in json.loads((spool / "rank000000.failed.json").read_text())["error"]
+    faultfs.clear()
+    rec = cli("trace", "recover", spool)
+    assert rec.returncode == 0, rec.stderr
+    trace = load_trace(str(results / "rd.h5"))
+    assert trace.status == "failed" and list(trace.steps["step"]) == list(range(6))
+
+
+@pytest.mark.mpi
 def test_eio_reading_the_spool_in_recover(run_mpi, faultfs):
     """A spool file that cannot be read (EIO on read: a failing disk): ``trace recover`` names it in one
     line, exit 2, writes nothing and keeps the spool; the same with two worker processes writing parts."""
@@ -429,5 +452,6 @@ def test_sweep_submit_when_jobs_json_cannot_be_written(faultfs):
     assert submit.returncode == 2 and "Traceback" not in submit.stderr, submit.stdout + submit.stderr
     assert submit.stderr.strip().splitlines() == [submit.stderr.strip()] and EIO_TEXT in submit.stderr, submit.stderr
     assert "jobs.json" in submit.stderr and "submitted" not in submit.stdout
-    assert leftovers(faultfs.backing) == [] and not [f for f in os.listdir(where / "jobscripts/s1") if f.endswith(".tmp")]
+    assert leftovers(faultfs.backing) == []
+    assert not [f for f in os.listdir(where / "jobscripts/s1") if f.endswith(".tmp")]
     assert not (where / "jobscripts/s1/jobs.json").exists() and not (where / "results").exists()
