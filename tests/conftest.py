@@ -49,3 +49,56 @@ def mpirun(nranks: int, args, timeout: float = 300, script: str = None) -> subpr
 @pytest.fixture
 def run_mpi():
     return mpirun
+
+
+#: MPICH's shared-memory segments (``/dev/shm/mpich_shm_*``): a rank killed by a test (``kill -9``,
+#: ``MPI_Abort``) leaves its segment behind, and enough of them make MPICH's shared-memory bootstrap
+#: fail ("Out of memory") or hang in ``MPI_Init`` for every later job on the machine
+SHM_DIR, SHM_PREFIX = "/dev/shm", "mpich_shm_"
+
+
+def _mapped_anywhere() -> set:
+    """Every file under :data:`SHM_DIR` some process maps or holds open (``/proc/*/maps``, ``/proc/*/fd``)."""
+    held = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as fh:
+                held.update(line.split(None, 5)[-1].strip() for line in fh if SHM_DIR in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(SHM_DIR):
+                    held.add(target)
+        except OSError:  # the process ended, or is not ours to read
+            continue
+    return {path.removesuffix(" (deleted)") for path in held}
+
+
+def pytest_sessionstart(session):
+    session.config._shm_start = __import__("time").time()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Remove the MPICH segments this session's killed ranks left behind: created since the session
+    started and no longer mapped or open by any process (a concurrent job's live segments are kept)."""
+    start = getattr(session.config, "_shm_start", None)
+    if start is None or not os.path.isdir(SHM_DIR):
+        return
+    try:
+        candidates = [os.path.join(SHM_DIR, n) for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)]
+        candidates = [p for p in candidates if os.stat(p).st_mtime >= start - 1]
+    except OSError:
+        return
+    if not candidates:
+        return
+    for attempt in range(2):  # ranks of a job aborted by the last test may still be exiting: look again once
+        held = _mapped_anywhere()
+        for path in candidates:
+            if path not in held:
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+        candidates = [path for path in candidates if os.path.exists(path)]
+        if not candidates or attempt:
+            return
+        __import__("time").sleep(2)

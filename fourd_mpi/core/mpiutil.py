@@ -77,12 +77,14 @@ def _ranges(ranks) -> str:
     return ",".join(out)
 
 
-def check_same(comm, settings: Dict[str, str], what: str = "arguments") -> None:
+def check_same(comm, settings: Dict[str, str], what: str = "arguments",
+               hint: str = "every rank must run the same command") -> None:
     """Raise the same :class:`ConfigError` on every rank unless every rank passed equal ``settings``.
 
     ``settings``: name -> canonical text of the value. Two reductions of a 63-bit hash of the
     sorted settings (MIN and MAX) decide; only on a mismatch are the settings gathered, to name
-    the first differing one (in sorted order) and which ranks have which value. Collective
+    the first differing one (in sorted order) and which ranks have which value; ``hint`` ends the
+    message. Collective
     over ``comm``; call it before any other collective of the command (ranks that disagree on
     what to run would otherwise wait in different collectives forever).
     """
@@ -101,6 +103,5 @@ def check_same(comm, settings: Dict[str, str], what: str = "arguments") -> None:
         if len(values) > 1:
             shown = "; ".join(f"{value} on ranks {_ranges(ranks)}" for value, ranks in
                               sorted(values.items(), key=lambda kv: kv[1][0]))
-            raise ConfigError(f"the ranks were started with different {what}: {name} is {shown} "
-                              "(every rank must run the same command)")
-    raise ConfigError(f"the ranks were started with different {what} (every rank must run the same command)")
+            raise ConfigError(f"the ranks were started with different {what}: {name} is {shown} ({hint})")
+    raise ConfigError(f"the ranks were started with different {what} ({hint})")

@@ -64,13 +64,13 @@ def _human_bytes(count: float) -> str:
 
 
 def memory_per_rank(run: RunPlan) -> int:
-    """Estimated bytes per rank (weights, gradients, optimizer state, activations, buffers)."""
-    from fourd_mpi.perf.memory import estimate_memory
+    """Estimated bytes per rank: what memory admission will check when the run starts
+    (:func:`fourd_mpi.run.admission.memory_need` of the run's resolved options, with the estimator of
+    its algorithm's family: the 4D model, Optimus-CUBE's layouts, or the fullest pipeline stage)."""
+    from fourd_mpi.run.admission import memory_need
+    from fourd_mpi.run.options import resolve_values
 
-    cache = "cache" in str(run.option("overlap", "")).split(",") or bool(run.option("cache-weights", False))
-    return estimate_memory(run.model, run.grid, dtype=str(run.option("dtype", "float32")),
-                           optimizer=str(run.option("optimizer", "adam")), cache_weights=cache,
-                           prefetch_depth=int(run.option("prefetch-depth", 1))).total
+    return memory_need(resolve_values(run.values(), run.ranks)).total
 
 
 def results_dir_of(spec: SweepSpec, override: Optional[str] = None) -> str:

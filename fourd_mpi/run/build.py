@@ -19,7 +19,7 @@ from fourd_mpi.core.gpuaware import GpuAwareness
 from fourd_mpi.core.gpuaware import detect as detect_gpu_awareness
 from fourd_mpi.core.gpuaware import smoke_test
 from fourd_mpi.core.grid import ProcessGrid
-from fourd_mpi.core.mpiutil import agree
+from fourd_mpi.core.mpiutil import agree, check_same
 from fourd_mpi.core.progress import make_progress
 from fourd_mpi.errors import BackendError
 from fourd_mpi.run.admission import MemoryNeed, admit, allocate
@@ -46,6 +46,18 @@ class MpiBuffers:
 
     def as_dict(self) -> Dict:
         return asdict(self)
+
+
+def resolved_settings(options: RunOptions) -> Dict[str, str]:
+    """``options`` flattened for :func:`~fourd_mpi.core.mpiutil.check_same`: ``"model.hidden" -> "768"``,
+    ``"grid.x" -> "2"``, ``"steps" -> "10"`` ... (every resolved value, as its ``repr``)."""
+    out: Dict[str, str] = {}
+    for name, value in options.as_dict().items():
+        if isinstance(value, dict):
+            out.update({f"{name}.{key}": repr(inner) for key, inner in value.items()})
+        else:
+            out[name] = repr(value)
+    return out
 
 
 def choose_mpi_buffers(requested: str, backend: str, evidence_ok: bool, evidence_reason: str,
@@ -116,6 +128,11 @@ class Run:
         ``trace_level``: record events at that level (:data:`fourd_mpi.trace.events.LEVELS`)
         on clocks aligned to rank 0's; None keeps only per-step totals.
         """
+        # the same command line can resolve differently on some ranks (a stale preset table or defaults in an
+        # older install on some nodes): compare what it resolved to, before the first other collective here
+        check_same(mpi_comm, resolved_settings(options), what="resolved configurations",
+                   hint="the same arguments resolved differently: every rank must run the same installation "
+                        "of fourd_mpi; a stale copy on some nodes?")
         impl = get_algorithm(options.algorithm).module()
         # the 4D grid's communicator: the whole world, or this rank's part of it (pipeline stages); every
         # agreement below spans mpi_comm, the whole run, never only the grid

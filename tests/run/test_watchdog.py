@@ -103,6 +103,28 @@ def _mpmd(parts, cwd, timeout=120):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("command", ["run", "verify", "info"])
+def test_a_stale_preset_table_on_some_ranks_fails_at_once(tmp_path, command):
+    """Issue 19 item 1 on the *resolved* configuration: one rank runs a stale copy of the package whose
+    gpt-tiny preset has another depth (same version, same arguments, so the arguments check passes).
+    Before, the ranks built different models (a hang or garbage); now every rank prints the same line
+    naming the resolved value that differs and which ranks hold it, before the grid is built."""
+    stale = _stale_copy(tmp_path, "step/presets.py", 'layers=2, hidden=64, heads=8, seq=16, batch=8)',
+                        'layers=3, hidden=64, heads=8, seq=16, batch=8)')
+    args = {"run": ["run", "--results-dir", str(tmp_path / "r"), "--display", "quiet", "--steps", "2",
+                    "--step-timeout", "60"],
+            "verify": ["verify", "--steps", "2", "--step-timeout", "60"], "info": ["info"]}[command] + \
+        ["--model", "gpt-tiny", "--gz", "2"]
+    proc = _mpmd([(1, REPO, args), (1, stale, args)], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("fourd-mpi: error: ")]
+    assert len(errors) == 2 and len(set(errors)) == 1, proc.stderr
+    assert "different resolved configurations: model.layers is 2 on ranks 0; 3 on ranks 1" in errors[0], errors
+    assert "same installation" in errors[0]
+    assert "Traceback" not in proc.stderr and "waited" not in proc.stderr
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("command", ["run", "verify"])
 def test_ranks_running_different_code_are_diagnosed(tmp_path, command):
     """Issue 19 item 2: an MPMD mismatch the configuration check cannot see. One of two ranks runs a stale
