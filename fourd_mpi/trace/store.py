@@ -443,9 +443,14 @@ def open_h5_read(path: str):
     """``h5py.File(path, "r")``; where the file system refuses locks (HDF5 takes a ``flock`` on every
     open and fails with ENOLCK there; its ``HDF5_USE_FILE_LOCKING=BEST_EFFORT`` forgives only ENOSYS),
     opened again without the lock: our traces are published whole (``link``/``rename``), so a reader
-    never meets one being written, which is all that lock is for."""
+    never meets one being written, which is all that lock is for. Anything but a regular file (a
+    directory, a FIFO whose open would wait for a writer forever) is refused first with one line
+    (:class:`TraceError`)."""
     import h5py
 
+    from fourd_mpi.util.files import check_regular_file
+
+    check_regular_file(path, "trace file", TraceError)
     try:
         return h5py.File(path, "r")
     except OSError as exc:
