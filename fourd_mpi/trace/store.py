@@ -968,9 +968,11 @@ def read_run_meta(spool_dir: str) -> Dict:
     try:
         run_meta = json.loads(raw)
     except (ValueError, RecursionError) as exc:
-        raise TraceError(f"{meta_path} is not valid JSON: {' '.join(str(exc).split())[:160]}") from None
+        raise TraceError(f"{meta_path} is unreadable: not valid JSON ({' '.join(str(exc).split())[:160]})") from None
     if not isinstance(run_meta, dict):
         raise TraceError(f"{meta_path} is not a JSON object (it holds a {type(run_meta).__name__})")
+    if "world_size" not in run_meta:
+        raise TraceError(f"{meta_path} has no world_size")
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(RUN_META_SCHEMA).iter_errors(run_meta))
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
