@@ -55,14 +55,15 @@ def check_regular_file(path: str, what: str = "file", error=ConfigError) -> None
         mode = os.stat(path).st_mode
     except OSError:
         return
-    _refuse_mode(path, mode, what, error)
+    refuse_nonregular(path, mode, what, error)
 
 
-def _refuse_mode(path: str, mode: int, what: str, error) -> None:
+def refuse_nonregular(path: str, mode: int, what: str, error=ConfigError) -> None:
+    """Raise ``error`` (one line) unless ``mode`` (of ``stat``/``fstat`` of ``path``) is a regular file's."""
     if stat.S_ISREG(mode):
         return
     if stat.S_ISDIR(mode):
-        raise error(f"{path} is a directory, not a {what}")
+        raise error(f"{path} is a directory, not {'an' if what[:1] in 'aeiou' else 'a'} {what}")
     raise error(f"{path} is not a regular file ({_kind(mode)}); give the {what} itself")
 
 
@@ -72,7 +73,7 @@ def read_regular_file(path: str, limit: int, what: str = "file", error=ConfigErr
     ``OSError`` of the open or read propagates (the caller names the file in its words)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        _refuse_mode(path, os.fstat(fd).st_mode, what, error)
+        refuse_nonregular(path, os.fstat(fd).st_mode, what, error)
         os.set_blocking(fd, True)
         chunks, left = [], limit
         while left > 0:
