@@ -151,6 +151,8 @@ def prepare_spool(results_dir: str, run_id: str, force: bool, run_meta: Dict) ->
         raise TraceError(f"cannot create the results directory {results_dir}: {exc.strerror}") from None
     if not os.access(results_dir, os.W_OK | os.X_OK):
         raise TraceError(f"the results directory {results_dir} is not writable")
+    if os.path.isdir(trace_path):  # --force replaces a file: found only at publish, after every step
+        raise TraceError(f"{trace_path} is a directory, not a trace file: remove it or choose another --run-id")
     if os.path.exists(trace_path) and not force:
         raise TraceError(f"{trace_path} already exists: choose another --run-id, or --force to replace it")
     from fourd_mpi.trace.merge import parts_dir_of
