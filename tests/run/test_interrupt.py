@@ -41,3 +41,18 @@ def test_ctrl_c_is_recorded_as_interrupted(tmp_path):
                                capture_output=True, text=True, env=mpi_env(), cwd=REPO, timeout=120)
     assert recovered.returncode == 0, recovered.stderr
     assert "status interrupted" in recovered.stdout, recovered.stdout
+    assert "does not read back" not in recovered.stdout, recovered.stdout
+    assert_readable_interrupted(tmp_path / "c.h5")
+
+
+def assert_readable_interrupted(trace):
+    """The recovered trace reads back (before: "status 'interrupted' is not one of complete, partial,
+    failed" from ``trace check``, ``show`` and ``analyze``); analysis treats it like a partial trace."""
+    for args in (["trace", "check", str(trace)], ["trace", "show", str(trace)], ["analyze", str(trace)]):
+        out = subprocess.run([sys.executable, "-m", "fourd_mpi", *args], capture_output=True, text=True,
+                             env=mpi_env(), cwd=REPO, timeout=120)
+        assert out.returncode == 0, (args, out.stdout, out.stderr)
+        assert "Traceback" not in out.stderr and "invalid trace" not in out.stdout + out.stderr, (args, out.stderr)
+    show = subprocess.run([sys.executable, "-m", "fourd_mpi", "trace", "show", str(trace)], capture_output=True,
+                          text=True, env=mpi_env(), cwd=REPO, timeout=120)
+    assert "status interrupted" in show.stdout, show.stdout
