@@ -280,7 +280,8 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
                                        "during the backward pass (blocks not yet back-propagated + the rebuilt one)"}
             rank_steps = np.concatenate(all_steps)
             bubble = np.array([all_bubbles[r].get(st, 0) for r, st in zip(rank_steps["rank"].tolist(),
-                                                                            rank_steps["step"].tolist())], dtype=np.float64)
+                                                                            rank_steps["step"].tolist())],
+                              dtype=np.float64)
             summary = summarize(rank_steps, world.Get_size(), cfg.flops_per_step(),
                                 cfg.tokens, peak, source, data_prep_s=run.data_prep_seconds,
                                 data_batches=run.data.batches,
@@ -305,7 +306,9 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
                          correct=drift.correct_records if drift is not None else None, group_size=trace.group_size,
                          after_open=merge_fault)
     except BaseException as exc:
-        if isinstance(exc, (KeyboardInterrupt, Terminated)):  # mpiexec forwards SIGINT and SIGTERM to every rank
+        if merging and not os.path.exists(spool.steps_path):
+            pass  # the merge had published the trace and removed this rank's files: nothing to record
+        elif isinstance(exc, (KeyboardInterrupt, Terminated)):  # mpiexec forwards SIGINT and SIGTERM to every rank
             if merging:
                 when, kept = "during the final merge", "every step is"
             elif i is None:

@@ -188,7 +188,7 @@ def _header(path: str, h5) -> Tuple[Dict, int]:
 
 
 def read_status(path: str) -> str:
-    """A trace's status (``complete``, ``partial``, ``failed``, ``interrupted``) from its header, without reading the events."""
+    """A trace's status (one of :data:`STATUSES`) from its header, without reading the events."""
     h5 = _open(path)
     try:
         with h5:

@@ -121,6 +121,11 @@ def test_recover_removes_what_a_killed_merge_left(tmp_path, run_mpi):
     proc = run_mpi(3, RUN3 + ["--results-dir", tmp_path, "--run-id", "t", "--inject-fault", "0:4:kill-merge"],
                    timeout=240)
     assert proc.returncode != 0
+    writer = json.loads((tmp_path / "t.ranks" / "rank000000.json").read_text())["pid"]
+    deadline = time.monotonic() + 120
+    while _state(writer) not in ("?", "X"):  # gone (its parent, the hydra proxy, has reaped it)
+        assert time.monotonic() < deadline, f"rank 0 (pid {writer}) still exists"
+        time.sleep(0.2)
     left = temporaries(tmp_path)
     assert [name.split(".tmp-")[0] for name in left] == [".t.h5", ".t.parts"], left
     foreign = tmp_path / f".t.h5.tmp-{os.getpid()}-abcdef"  # a live pid, not a rank of the run: kept
