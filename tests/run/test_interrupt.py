@@ -176,3 +176,51 @@ def _state(pid: int) -> str:
             return fh.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "?"
+
+
+@pytest.mark.mpi
+def test_scancel_of_a_slurm_job_is_recorded_as_interrupted(tmp_path):
+    """A real (local) Slurm job running ``mpiexec -n 2 fourd-mpi run`` is cancelled with ``scancel`` once
+    both ranks finished a step: Slurm sends SIGTERM to every process of the job (then SIGKILL after
+    KillWait). Before: the ranks died without a word and the spool was recovered as "partial"."""
+    from localslurm import LocalSlurm, missing_programs
+
+    why = ("the local Slurm runs its daemons as root" if os.geteuid() != 0 else
+           (f"Slurm is not installed ({', '.join(missing_programs())} missing)" if missing_programs() else ""))
+    if why:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but no Slurm: {why}")
+        pytest.skip(why)
+    results, log = tmp_path / "results", tmp_path / "job.out"
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n" + " ".join(
+        [find_mpiexec(), "-n", "2", sys.executable, "-m", "fourd_mpi", "run", "--gx", "2", "--steps", "100000",
+         "--results-dir", str(results), "--run-id", "s", "--display", "quiet", "--peak-tflops", "1"]) + "\n")
+    cluster = LocalSlurm(tmp_path / "slurm", cpus=2)
+    cluster.start()
+    try:
+        env = {**mpi_env(), "SLURM_CONF": cluster.env["SLURM_CONF"]}
+        done = subprocess.run(["sbatch", "--parsable", "-n", "2", "-o", str(log), "-D", str(REPO), str(script)],
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        job = done.stdout.strip().split(";")[0]
+        spool = results / "s.ranks"
+        deadline = time.monotonic() + 180
+        while not all((spool / f"rank00000{r}.steps").exists() and (spool / f"rank00000{r}.steps").stat().st_size
+                      for r in range(2)):
+            assert time.monotonic() < deadline, (log.read_text() if log.exists() else "", cluster.logs())
+            time.sleep(0.3)
+        subprocess.run(["scancel", job], env=env, timeout=60, check=True)
+        while subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True, text=True,
+                             timeout=60).stdout.strip():
+            assert time.monotonic() < deadline + 120, "the job did not end after scancel"
+            time.sleep(0.5)
+    finally:
+        cluster.stop()
+    said = "interrupted: SIGTERM (scheduler time limit, scancel or kill) during step "
+    assert f"fourd-mpi: {said}" in log.read_text(), log.read_text()
+    reports = [json.loads(p.read_text())["error"] for p in spool.glob("*.failed.json")]
+    assert reports and all(r.startswith(said) for r in reports), reports
+    rec = fourd("trace", "recover", spool)
+    assert rec.returncode == 0 and "status interrupted" in rec.stdout, rec
+    assert_readable_interrupted(results / "s.h5")
