@@ -178,9 +178,13 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated(f"signal {signum}")
 
 
-def traced_run(*args, **kwargs):
+def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, say: Callable[[str], None],
+               display: str = "auto", peak_tflops: Optional[float] = None, fault: Optional[Fault] = None,
+               header: Callable[[Run], None] = None, step_timeout: float = 0.0):
     """Run ``options.steps`` traced steps; returns ``(trace path, Summary)`` (Summary on rank 0 only).
-    Arguments: :func:`_traced_run`.
+
+    ``step_timeout`` > 0: a :class:`~fourd_mpi.core.watchdog.Watchdog` aborts the job when a rank
+    waits longer than that in one collective, after marking its spool ``hung``.
 
     SIGTERM raises :class:`~fourd_mpi.errors.Terminated` in the main thread meanwhile (as Ctrl-C
     raises ``KeyboardInterrupt``): the run records ``interrupted: SIGTERM ...`` in its spool, a merge
@@ -191,11 +195,12 @@ def traced_run(*args, **kwargs):
     """
     import threading
 
+    args = (world, options, trace, config, say, display, peak_tflops, fault, header, step_timeout)
     if threading.current_thread() is not threading.main_thread():
-        return _traced_run(*args, **kwargs)
+        return _traced_run(*args)
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        return _traced_run(*args, **kwargs)
+        return _traced_run(*args)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -203,11 +208,7 @@ def traced_run(*args, **kwargs):
 def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, say: Callable[[str], None],
                 display: str = "auto", peak_tflops: Optional[float] = None, fault: Optional[Fault] = None,
                 header: Callable[[Run], None] = None, step_timeout: float = 0.0):
-    """:func:`traced_run`'s work.
-
-    ``step_timeout`` > 0: a :class:`~fourd_mpi.core.watchdog.Watchdog` aborts the job when a rank
-    waits longer than that in one collective, after marking its spool ``hung``.
-    """
+    """:func:`traced_run`'s work, with SIGTERM raising."""
     rank = world.Get_rank()
     if fault is not None:
         fault.check(trace.results_dir, options.steps)
