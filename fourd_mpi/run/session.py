@@ -9,6 +9,7 @@ enters a collective that the others would miss.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -321,7 +322,8 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
             note = (f"interrupted: {interrupt_name(exc)} {when}; {kept} in {spool_dir} "
                     f"(fourd-mpi trace recover {spool_dir})")
             spool.mark_failed(note)
-            os.write(2, f"fourd-mpi: {note}\n".encode())
+            with contextlib.suppress(OSError):  # stderr gone (its reader killed too): the exit status still says it
+                os.write(2, f"fourd-mpi: {note}\n".encode())
         elif not isinstance(exc, (SystemExit, TraceError)):
             spool.mark_failed(f"{type(exc).__name__}: {exc}")
         raise
