@@ -23,3 +23,10 @@ class TraceError(ConfigError):
 class DamagedTraceError(TraceError):
     """A readable trace whose values cannot be analysed as they are (NaN or negative times, a rank's
     events missing): offline commands skip it unless ``--allow-damaged``."""
+
+
+class Terminated(BaseException):
+    """SIGTERM (a scheduler's time limit or ``scancel``, ``kill``, ``timeout``) raised as an exception in
+    the main thread while ``fourd-mpi run`` runs, as Ctrl-C raises :class:`KeyboardInterrupt`: the run
+    records ``interrupted: SIGTERM ...`` in its spool, its trace writers remove their temporary files,
+    and the job exits with status 143 (128 + 15). A ``BaseException``, so no ``except Exception`` swallows it."""

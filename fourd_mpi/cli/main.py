@@ -37,7 +37,7 @@ from typing import Dict, List, Optional
 from fourd_mpi import __version__
 from fourd_mpi.cli import analyze, perf, results, run, sweep, traces
 from fourd_mpi.cli.args import PROG, OneLineParser, error_line
-from fourd_mpi.errors import BackendError, ConfigError
+from fourd_mpi.errors import BackendError, ConfigError, Terminated
 
 #: command modules, in the order ``--help`` lists their commands
 MODULES = (run, traces, analyze, results, sweep, perf)
@@ -149,6 +149,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     except KeyboardInterrupt:
         _abort(world, 130)
+    except Terminated:  # SIGTERM during a run (fourd_mpi.run.session.traced_run): what schedulers expect
+        _abort(world, 143)
     except MemoryError as exc:  # during the steps (admission and allocation said the same on every rank)
         where = f" on rank {world.Get_rank()}" if world is not None else ""
         error_line(f"out of memory{where} ({exc or type(exc).__name__}): the memory model counts no temporaries; "

@@ -37,7 +37,7 @@ def register(sub) -> None:
     _add_index(ls)
     for name, what in (("model", "only runs of this model preset"),
                        ("grid", "only runs on this grid DxZxYxX, e.g. 1x1x1x2"),
-                       ("status", "only runs whose trace has this status: complete, partial or failed"),
+                       ("status", "only runs whose trace has this status: complete, partial, failed or interrupted"),
                        ("since", "only runs started at or after this ISO date or time (UTC unless a zone is given)"),
                        ("until", "only runs started at or before this ISO date or time"),
                        ("algorithm", "only runs of this algorithm (runs that recorded none ran axonn4d)")):

@@ -61,6 +61,9 @@ def cmd_trace(args, world=None) -> int:
                  else ""))
         for failure in result["failures"]:
             print(f"  rank {failure.get('rank')} failed: {failure.get('error')}")
+        if result["stale_removed"]:
+            print(f"removed {len(result['stale_removed'])} temporary file(s) that an interrupted merge of this run "
+                  f"left next to the trace (their processes are gone): {', '.join(result['stale_removed'])}")
         if result["removable"] is None:
             how = ("passes 'trace check'" if result["verified"] == "full" else
                    "reads back byte for byte (every part's XXH3-64 digest; 'trace check' runs the full checks)")

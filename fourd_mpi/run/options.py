@@ -193,8 +193,10 @@ RUN_OPTIONS: Tuple[Option, ...] = (
            help="testing: at the start of STEP (= --steps: before the final merge), once every rank has "
                 "finished the steps before, RANK dies (MODE kill = SIGKILL, default; raise = exception), "
                 "deletes the spool directory (remove-spool), fills the results file system, if smaller "
-                "than 1 GiB (fill-disk), or creates RESULTS/inject-fault.touch (touch: the signal of a "
-                "fault-injecting test file system)"),
+                "than 1 GiB (fill-disk), creates RESULTS/inject-fault.touch (touch: the signal of a "
+                "fault-injecting test file system), sends itself SIGTERM (sigterm) or SIGSTOP (stop: live until "
+                "SIGCONT); sigterm-merge and kill-merge (STEP = --steps) send SIGTERM or SIGKILL during the final "
+                "merge, once the trace's temporary files exist"),
 )
 
 #: by long name

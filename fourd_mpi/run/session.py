@@ -9,6 +9,7 @@ enters a collective that the others would miss.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -18,7 +19,7 @@ from typing import Callable, Dict, Optional
 import numpy as np
 
 from fourd_mpi.run.display import StepDisplay
-from fourd_mpi.errors import ConfigError, TraceError
+from fourd_mpi.errors import ConfigError, Terminated, TraceError
 from fourd_mpi.step.kernels import standalone_gemm_tflops
 from fourd_mpi.run.metadata import rank_metadata, run_metadata
 from fourd_mpi.core.mpiutil import _ranges, agree, on_root
@@ -31,7 +32,10 @@ from fourd_mpi.trace.store import (RankSpool, check_name, merge_run, new_run_id,
 from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
 from fourd_mpi.trace.summary import summarize
 
-FAULT_MODES = ("kill", "raise", "remove-spool", "fill-disk", "touch")
+FAULT_MODES = ("kill", "raise", "remove-spool", "fill-disk", "touch", "sigterm", "stop", "sigterm-merge",
+               "kill-merge")
+#: modes that act during the final merge, once the trace's temporary files exist (STEP must be --steps)
+MERGE_FAULTS = ("sigterm-merge", "kill-merge")
 #: the file ``touch`` creates in the results directory
 TOUCH_NAME = "inject-fault.touch"
 #: ``fill-disk`` fills only a file system smaller than this (a tmpfs made for the test), never a real disk
@@ -65,7 +69,12 @@ class Fault:
     ``<results-dir>/fill-disk.bin`` (``fill-disk``; only on one smaller than
     :data:`FILL_DISK_MAX_BYTES`, see :meth:`check`) or creates the empty file
     ``<results-dir>/inject-fault.touch`` (``touch``: a signal to a fault-injecting test file system,
-    ``tests/helpers/faultfs.py``, which starts failing I/O when it sees that file created).
+    ``tests/helpers/faultfs.py``, which starts failing I/O when it sees that file created), or sends
+    itself SIGTERM (``sigterm``: what ``scancel``, a time limit or ``kill`` does) or SIGSTOP (``stop``: the
+    run stays live, its spool locked, until the test sends SIGCONT). The modes of
+    :data:`MERGE_FAULTS` act inside the final merge instead (``step`` must be the number of steps),
+    once every rank knows that the trace's temporary files exist: ``sigterm-merge`` (SIGTERM) and
+    ``kill-merge`` (SIGKILL: the temporary files stay behind, as after a node failure).
 
     Every rank meets in a barrier first, so all steps before ``step`` are on disk on every rank.
     """
@@ -88,8 +97,12 @@ class Fault:
             raise ConfigError(f"--inject-fault {text!r}: rank and step >= 0, mode one of {', '.join(FAULT_MODES)}")
         return cls(rank, step, mode)
 
-    def check(self, results_dir: str) -> "Fault":
-        """``fill-disk`` refuses a file system of :data:`FILL_DISK_MAX_BYTES` or more (same answer on every rank)."""
+    def check(self, results_dir: str, steps: int) -> "Fault":
+        """``fill-disk`` refuses a file system of :data:`FILL_DISK_MAX_BYTES` or more, a merge mode a step
+        other than ``steps`` (same answer on every rank)."""
+        if self.mode in MERGE_FAULTS and self.step != steps:
+            raise ConfigError(f"--inject-fault {self.rank}:{self.step}:{self.mode} acts in the final merge: "
+                              f"give STEP = --steps ({steps})")
         if self.mode == "fill-disk":
             where = os.path.abspath(results_dir)
             while not os.path.exists(where):
@@ -104,8 +117,14 @@ class Fault:
     def trigger(self, spool_dir: str, results_dir: str) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        if self.mode == "kill":
+        if self.mode in ("kill", "kill-merge"):
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.mode == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        if self.mode in ("sigterm", "sigterm-merge"):
+            signal.raise_signal(signal.SIGTERM)  # to this thread: the handler runs before the next line
+            return
         if self.mode == "remove-spool":
             import shutil
 
@@ -148,6 +167,18 @@ def end_alignment(run, rank_meta: Dict):
     return drift
 
 
+def interrupt_name(exc: BaseException) -> str:
+    """How an interruption is named in the spool and on stderr."""
+    if isinstance(exc, Terminated):
+        return "SIGTERM (scheduler time limit, scancel or kill)"
+    return "SIGINT (Ctrl-C)"
+
+
+def _raise_terminated(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: a second must not cut the report short
+    raise Terminated(f"signal {signum}")
+
+
 def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, say: Callable[[str], None],
                display: str = "auto", peak_tflops: Optional[float] = None, fault: Optional[Fault] = None,
                header: Callable[[Run], None] = None, step_timeout: float = 0.0):
@@ -155,10 +186,33 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
 
     ``step_timeout`` > 0: a :class:`~fourd_mpi.core.watchdog.Watchdog` aborts the job when a rank
     waits longer than that in one collective, after marking its spool ``hung``.
+
+    SIGTERM raises :class:`~fourd_mpi.errors.Terminated` in the main thread meanwhile (as Ctrl-C
+    raises ``KeyboardInterrupt``): the run records ``interrupted: SIGTERM ...`` in its spool, a merge
+    in progress removes its temporary files, and the CLI exits with 143. Python runs the handler
+    between bytecodes, so a rank blocked in an MPI call raises only when the call returns; a rank
+    that raised calls ``MPI_Abort`` (the CLI), which ends the ranks still blocked without a report of
+    their own. The handler never calls MPI.
     """
+    import threading
+
+    args = (world, options, trace, config, say, display, peak_tflops, fault, header, step_timeout)
+    if threading.current_thread() is not threading.main_thread():
+        return _traced_run(*args)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        return _traced_run(*args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, say: Callable[[str], None],
+                display: str = "auto", peak_tflops: Optional[float] = None, fault: Optional[Fault] = None,
+                header: Callable[[Run], None] = None, step_timeout: float = 0.0):
+    """:func:`traced_run`'s work, with SIGTERM raising."""
     rank = world.Get_rank()
     if fault is not None:
-        fault.check(trace.results_dir)
+        fault.check(trace.results_dir, options.steps)
     run = Run.build(world, options, trace_level=trace.level)
     run.comm.watchdog = Watchdog(step_timeout, rank)
     start_time = now_iso()
@@ -175,6 +229,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
         if spool is None:  # some rank could not open its files: nothing was recorded, remove the spool
             _remove_spool_dir(world, spool_dir)
     i = None  # the step in progress
+    merging = False
     try:
         if header is not None:
             header(run)
@@ -188,7 +243,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
         health = SpoolHealth(world, spool, run.comm.watchdog)
         bubbles = {}  # step -> this rank's ns blocked waiting for another pipeline stage's message
         for i in range(options.steps + 1):
-            if fault is not None and fault.step == i:
+            if fault is not None and fault.step == i and fault.mode not in MERGE_FAULTS:
                 world.Barrier()  # every rank has spooled the steps before: the test knows what survives
                 if fault.rank == rank:
                     fault.trigger(spool_dir, trace.results_dir)
@@ -212,51 +267,70 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
         out.close()
         spool.ensure_present()  # deleted after the last step: re-created before the merge
         health.finish()
+        notes = world.gather(spool.recreated, root=0)
+        try:
+            my_steps = spool.read_steps()
+        except OSError:  # an I/O error reading back: merge_run meets it again and stops every rank with it
+            my_steps = np.zeros(0, dtype=RANK_STEP_DTYPE)
+        all_steps = world.gather(my_steps, root=0)
+        held = world.gather((result.saved_activation_bytes, result.peak_activation_bytes), root=0)
+        all_bubbles = world.gather(bubbles, root=0)
+        summary = None
+        if rank == 0:
+            cfg = options.model
+            activations = {"recompute": options.recompute, "saved_bytes_max": max(s for s, _ in held),
+                           "saved_bytes_min": min(s for s, _ in held), "peak_bytes_max": max(p for _, p in held),
+                           "saved_bytes_by_rank": [s for s, _ in held],
+                           "measured": "bytes of the distinct arrays (views counted once) the last step kept from the "
+                                       "end of the forward pass for the backward pass; peak: the most held at once "
+                                       "during the backward pass (blocks not yet back-propagated + the rebuilt one)"}
+            rank_steps = np.concatenate(all_steps)
+            bubble = np.array([all_bubbles[r].get(st, 0) for r, st in zip(rank_steps["rank"].tolist(),
+                                                                            rank_steps["step"].tolist())],
+                              dtype=np.float64)
+            summary = summarize(rank_steps, world.Get_size(), cfg.flops_per_step(),
+                                cfg.tokens, peak, source, data_prep_s=run.data_prep_seconds,
+                                data_batches=run.data.batches,
+                                hardware_flops_per_step=cfg.hardware_flops_per_step(options.recompute),
+                                recompute=options.recompute,
+                                formulas=(cfg.flops_formula(), cfg.hardware_flops_formula(options.recompute)),
+                                activations=activations, bubble=bubble if bubble.any() else None)
+            metadata["summary"] = summary.as_dict()
+            metadata["activations"] = activations
+            metadata["array_pool"] = run.backend.pool_stats()  # rank 0's, after the last step
+            metadata["spool_recreated"] = [note for mine in notes for note in mine]
+        recreated = world.bcast(sum(1 for mine in notes if mine) if rank == 0 else None, root=0)
+        drift = end_alignment(run, rank_meta)
+        force = trace.force or on_root(world, lambda: _replaces_live_recovery(trace_path, spool_dir, say))
+        merge_fault = None
+        if fault is not None and fault.mode in MERGE_FAULTS:
+            def merge_fault():
+                if fault.rank == rank:
+                    fault.trigger(spool_dir, trace.results_dir)
+        merging = True
+        path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, force,
+                         correct=drift.correct_records if drift is not None else None, group_size=trace.group_size,
+                         after_open=merge_fault)
     except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: mpiexec forwards SIGINT to every rank
-            when = "before the first step" if i is None else f"during step {i}"
-            note = (f"interrupted: SIGINT (Ctrl-C) {when}; the steps before it are in {spool_dir} "
+        if merging and not os.path.exists(spool.steps_path):
+            pass  # the merge had published the trace and removed this rank's files: nothing to record
+        elif isinstance(exc, (KeyboardInterrupt, Terminated)):  # mpiexec forwards SIGINT and SIGTERM to every rank
+            if merging:
+                when, kept = "during the final merge", "every step is"
+            elif i is None:
+                when, kept = "before the first step", "the steps before it are"
+            elif i == options.steps:
+                when, kept = "after the last step, before the final merge", "every step is"
+            else:
+                when, kept = f"during step {i}", "the steps before it are"
+            note = (f"interrupted: {interrupt_name(exc)} {when}; {kept} in {spool_dir} "
                     f"(fourd-mpi trace recover {spool_dir})")
             spool.mark_failed(note)
-            os.write(2, f"fourd-mpi: {note}\n".encode())
+            with contextlib.suppress(OSError):  # stderr gone (its reader killed too): the exit status still says it
+                os.write(2, f"fourd-mpi: {note}\n".encode())
         elif not isinstance(exc, (SystemExit, TraceError)):
             spool.mark_failed(f"{type(exc).__name__}: {exc}")
         raise
-    notes = world.gather(spool.recreated, root=0)
-    try:
-        my_steps = spool.read_steps()
-    except OSError:  # an I/O error reading back: merge_run meets it again and stops every rank with it
-        my_steps = np.zeros(0, dtype=RANK_STEP_DTYPE)
-    all_steps = world.gather(my_steps, root=0)
-    held = world.gather((result.saved_activation_bytes, result.peak_activation_bytes), root=0)
-    all_bubbles = world.gather(bubbles, root=0)
-    summary = None
-    if rank == 0:
-        cfg = options.model
-        activations = {"recompute": options.recompute, "saved_bytes_max": max(s for s, _ in held),
-                       "saved_bytes_min": min(s for s, _ in held), "peak_bytes_max": max(p for _, p in held),
-                       "saved_bytes_by_rank": [s for s, _ in held],
-                       "measured": "bytes of the distinct arrays (views counted once) the last step kept from the "
-                                   "end of the forward pass for the backward pass; peak: the most held at once "
-                                   "during the backward pass (blocks not yet back-propagated + the rebuilt one)"}
-        rank_steps = np.concatenate(all_steps)
-        bubble = np.array([all_bubbles[r].get(st, 0) for r, st in zip(rank_steps["rank"].tolist(),
-                                                                        rank_steps["step"].tolist())], dtype=np.float64)
-        summary = summarize(rank_steps, world.Get_size(), cfg.flops_per_step(),
-                            cfg.tokens, peak, source, data_prep_s=run.data_prep_seconds,
-                            data_batches=run.data.batches,
-                            hardware_flops_per_step=cfg.hardware_flops_per_step(options.recompute),
-                            recompute=options.recompute,
-                            formulas=(cfg.flops_formula(), cfg.hardware_flops_formula(options.recompute)),
-                            activations=activations, bubble=bubble if bubble.any() else None)
-        metadata["summary"] = summary.as_dict()
-        metadata["activations"] = activations
-        metadata["array_pool"] = run.backend.pool_stats()  # rank 0's, after the last step
-        metadata["spool_recreated"] = [note for mine in notes for note in mine]
-    recreated = world.bcast(sum(1 for mine in notes if mine) if rank == 0 else None, root=0)
-    drift = end_alignment(run, rank_meta)
-    path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, trace.force,
-                     correct=drift.correct_records if drift is not None else None, group_size=trace.group_size)
     if rank == 0:
         index_line(metadata, path, trace.results_dir)
     if recreated:
@@ -357,6 +431,18 @@ class SpoolHealth:
             kept = (f"the steps every rank completed are kept in {self.spool.dir} ('fourd-mpi trace recover "
                     f"{self.spool.dir}' merges them {when})")
         raise TraceError(f"{first}{others}; the run stops after step {self._step}; {kept}")
+
+
+def _replaces_live_recovery(trace_path: str, spool_dir: str, say: Callable[[str], None]) -> bool:
+    """Rank 0, before the final merge: True (and a note) if ``trace_path`` is a trace that ``trace recover
+    --force`` made from this run's own spool while the run was live: the run's trace replaces it."""
+    from fourd_mpi.trace.store import live_recovery_of
+
+    if not live_recovery_of(trace_path, spool_dir):
+        return False
+    say(f"note: {trace_path} is a partial trace recovered from {spool_dir} while this run was running "
+        "(trace recover --force); the run's own trace replaces it")
+    return True
 
 
 def index_line(metadata: Dict, path: str, results_dir: str) -> None:

@@ -381,13 +381,18 @@ def ranks_per_node(comm) -> int:
 
 def merge_collective(comm, events: np.ndarray, rank_steps: np.ndarray, rank_meta: Dict, trace_path: str,
                      metadata: Optional[Dict], layers: Sequence[str], force: bool, group_size: int = 0,
-                     compression: str = "gzip") -> Tuple[Optional[str], Optional[str]]:
+                     compression: str = "gzip", after_open=None) -> Tuple[Optional[str], Optional[str]]:
     """Collective over ``comm``: write the trace of every rank's ``events`` (this rank's, sorted);
     returns ``(error, path)``, the same on every rank (error: one line, or None).
 
     ``group_size`` <= 0: :func:`auto_group_size` from the ranks per node. One group: rank 0 writes
     one self-contained file. Several: each group's lowest rank writes its part, rank 0 the top level.
     ``rank_steps`` (this rank's step records) and ``rank_meta`` are gathered to rank 0.
+
+    Any exception on rank 0 (Ctrl-C, SIGTERM as :class:`~fourd_mpi.errors.Terminated`, an error)
+    removes the temporary file and the staged parts before it propagates. ``after_open``: testing
+    (``--inject-fault R:S:sigterm-merge``), called on every rank after a barrier, once rank 0 has
+    created the temporary files.
     """
     from mpi4py import MPI
 
@@ -407,71 +412,79 @@ def merge_collective(comm, events: np.ndarray, rank_steps: np.ndarray, rank_meta
         except TraceError as exc:
             error = str(exc)
     error, staged_dir, run_id = comm.bcast((error, staged.dir if staged is not None else None, run_id), root=0)
-    index = rank // group_size
-    group = comm.Split(index, rank) if multi else comm
-    writer = None
-    local_error = None
-    if error is None:
-        if group.Get_rank() == 0:
-            if multi:
-                first, stop = groups[index]
+    try:
+        if after_open is not None:
+            comm.Barrier()
+            after_open()
+        index = rank // group_size
+        group = comm.Split(index, rank) if multi else comm
+        writer = None
+        local_error = None
+        if error is None:
+            if group.Get_rank() == 0:
+                if multi:
+                    first, stop = groups[index]
+                    try:
+                        writer = PartWriter(os.path.join(staged_dir, part_name(index)), index, first, stop - first,
+                                            run_id, compression)
+                    except TraceError as exc:
+                        local_error = str(exc)
+                else:
+                    writer = top
+            for source in range(group.Get_size()):  # one rank at a time: the writer holds one piece
+                if group.Get_rank() == source:
+                    pieces = [events[i:i + MERGE_CHUNK] for i in range(0, len(events), MERGE_CHUNK)]
+                    if source == 0:
+                        for piece in pieces:
+                            local_error = local_error or _append(writer, rank, piece)
+                    else:
+                        group.send(len(pieces), dest=0, tag=81)
+                        for piece in pieces:
+                            group.send(len(piece), dest=0, tag=82)
+                            group.Send([piece.view(np.uint8), MPI.BYTE], dest=0, tag=83)
+                elif group.Get_rank() == 0:
+                    sender = comm.Get_rank() + source  # groups are consecutive ranks
+                    for _ in range(group.recv(source=source, tag=81)):
+                        piece = np.empty(group.recv(source=source, tag=82), dtype=EVENT_DTYPE)
+                        group.Recv([piece.view(np.uint8), MPI.BYTE], source=source, tag=83)
+                        local_error = local_error or _append(writer, sender, piece)
+            if multi and writer is not None:
                 try:
-                    writer = PartWriter(os.path.join(staged_dir, part_name(index)), index, first, stop - first,
-                                        run_id, compression)
+                    if local_error is None:
+                        writer.close()
                 except TraceError as exc:
                     local_error = str(exc)
-            else:
-                writer = top
-        for source in range(group.Get_size()):  # one rank at a time: the writer holds one piece
-            if group.Get_rank() == source:
-                pieces = [events[i:i + MERGE_CHUNK] for i in range(0, len(events), MERGE_CHUNK)]
-                if source == 0:
-                    for piece in pieces:
-                        local_error = local_error or _append(writer, rank, piece)
-                else:
-                    group.send(len(pieces), dest=0, tag=81)
-                    for piece in pieces:
-                        group.send(len(piece), dest=0, tag=82)
-                        group.Send([piece.view(np.uint8), MPI.BYTE], dest=0, tag=83)
-            elif group.Get_rank() == 0:
-                sender = comm.Get_rank() + source  # groups are consecutive ranks
-                for _ in range(group.recv(source=source, tag=81)):
-                    piece = np.empty(group.recv(source=source, tag=82), dtype=EVENT_DTYPE)
-                    group.Recv([piece.view(np.uint8), MPI.BYTE], source=source, tag=83)
-                    local_error = local_error or _append(writer, sender, piece)
-        if multi and writer is not None:
-            try:
-                if local_error is None:
-                    writer.close()
-            except TraceError as exc:
-                local_error = str(exc)
-            except OSError as exc:
-                local_error = f"writing {writer.path} failed: {_io_error_text(exc)}"
-            finally:
-                writer.abort()
-    if multi:
-        group.Free()
-    errors = comm.gather(local_error, root=0)
-    counts = comm.gather(len(events), root=0)
-    all_steps = comm.gather(rank_steps, root=0)
-    rank_metas = comm.gather(rank_meta, root=0)
-    path = None
-    if rank == 0:
-        error = error or next((e for e in errors if e is not None), None)
-        if error is None:
-            try:
-                if multi:
-                    top.bind(groups, counts)
-                path = top.finish(dict(metadata or {}, end_time=_now()), ranks_table(rank_metas),
-                                  concat_records(all_steps, RANK_STEP_DTYPE), layers, "complete")
-            except (OSError, TraceError) as exc:
+                except OSError as exc:
+                    local_error = f"writing {writer.path} failed: {_io_error_text(exc)}"
+                finally:
+                    writer.abort()
+        if multi:
+            group.Free()
+        errors = comm.gather(local_error, root=0)
+        counts = comm.gather(len(events), root=0)
+        all_steps = comm.gather(rank_steps, root=0)
+        rank_metas = comm.gather(rank_meta, root=0)
+        path = None
+        if rank == 0:
+            error = error or next((e for e in errors if e is not None), None)
+            if error is None:
+                try:
+                    if multi:
+                        top.bind(groups, counts)
+                    path = top.finish(dict(metadata or {}, end_time=_now()), ranks_table(rank_metas),
+                                      concat_records(all_steps, RANK_STEP_DTYPE), layers, "complete")
+                except (OSError, TraceError) as exc:
+                    top.abort()
+                    error = str(exc)
+            elif top is not None:
                 top.abort()
-                error = str(exc)
-        elif top is not None:
-            top.abort()
-        if error is not None and staged_dir:  # name the part where it belongs, not the removed staging directory
-            error = error.replace(staged_dir, parts_dir_of(os.path.abspath(trace_path)))
-    return comm.bcast((error, path), root=0)
+            if error is not None and staged_dir:  # name the part where it belongs, not the removed staging directory
+                error = error.replace(staged_dir, parts_dir_of(os.path.abspath(trace_path)))
+        return comm.bcast((error, path), root=0)
+    except BaseException:
+        if top is not None:
+            top.abort()  # a no-op once the trace is published
+        raise
 
 
 def _now() -> str:

@@ -188,7 +188,7 @@ def _header(path: str, h5) -> Tuple[Dict, int]:
 
 
 def read_status(path: str) -> str:
-    """A trace's status (``complete``, ``partial``, ``failed``) from its header, without reading the events."""
+    """A trace's status (one of :data:`STATUSES`) from its header, without reading the events."""
     h5 = _open(path)
     try:
         with h5:
@@ -206,7 +206,7 @@ def read_status(path: str) -> str:
 
 
 #: the values of the root attribute ``status``
-STATUSES = ("complete", "partial", "failed")
+STATUSES = ("complete", "partial", "failed", "interrupted")
 
 #: columns added by schema version 4, per dataset (filled by :func:`_upgrade_v3` for older traces)
 V4_COLUMNS = {"events": {"call_ns", "mpi_ns", "overlap_ns"}, "rank_steps": {"mpi_ns"},

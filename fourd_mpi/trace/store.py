@@ -33,6 +33,7 @@ import fcntl
 import io
 import json
 import os
+import re
 import secrets
 import socket
 import time
@@ -658,6 +659,7 @@ class TraceFileWriter:
             raise
         path = self.publish()
         self._finalizer.detach()
+        self.published = True
         return path
 
     def _write_tables(self, metadata: Dict, ranks: np.ndarray, rank_steps: np.ndarray, layers: Sequence[str],
@@ -730,8 +732,13 @@ class TraceFileWriter:
             return
         os.remove(self.tmp_path)
 
+    #: set by :meth:`finish` once the trace is in place: :meth:`abort` then leaves it (and its parts) alone
+    published = False
+
     def abort(self) -> None:
         """Close quietly and remove the temporary file (HDF5 sees no I/O error: see :class:`GuardedFile`)."""
+        if self.published:
+            return
         self._finalizer()
         if self.staged is not None:
             self.staged.abort()
@@ -777,7 +784,7 @@ def ranks_table(rank_metas: Sequence[Dict]) -> np.ndarray:
 
 def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata: Optional[Dict],
               layers: Sequence[str], force: bool, correct=None, group_size: int = 0,
-              compression: str = "gzip") -> str:
+              compression: str = "gzip", after_open=None) -> str:
     """Collective: write the merged trace from every rank's spool; returns its path.
 
     ``correct``: this rank's clock correction (records -> records with their time columns moved,
@@ -790,7 +797,8 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
     files bound by a top-level file.
 
     The spool is removed only after the trace is published. On a write error
-    every rank raises the same :class:`TraceError` and the spool is kept.
+    every rank raises the same :class:`TraceError` and the spool is kept. ``after_open``: testing
+    (``--inject-fault``), see :func:`~fourd_mpi.trace.merge.merge_collective`.
     """
     from fourd_mpi.trace.merge import merge_collective
 
@@ -813,7 +821,7 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
         others = f" (ranks {', '.join(map(str, failed))} failed)" if len(failed) > 1 else ""
         raise merge_failed(spool, errors[failed[0]] + others)
     error, path = merge_collective(comm, events, mine, rank_meta, trace_path, metadata, layers, force,
-                                   group_size=group_size, compression=compression)
+                                   group_size=group_size, compression=compression, after_open=after_open)
     del events
     if error is not None:
         raise merge_failed(spool, error)
@@ -896,6 +904,68 @@ def _pid_alive(pid: int) -> bool:
     except OSError:
         return True  # exists, owned by someone else
     return True
+
+
+def live_recovery_of(trace_path: str, spool_dir: str) -> bool:
+    """True if ``trace_path`` is a trace that :func:`recover` (``--force``) wrote from ``spool_dir`` while
+    ranks of its run still held their spool files (metadata ``recovered_from`` is that directory,
+    ``recovered_while_live`` not empty) and not ``complete``: the run's own final merge may replace it.
+    False for anything else, an unreadable file included."""
+    if not os.path.isfile(trace_path):
+        return False
+    import h5py
+
+    try:
+        with h5py.File(trace_path, "r") as h5:
+            status, meta = h5.attrs.get("status"), h5["metadata"].attrs
+            source, live = meta.get("recovered_from"), meta.get("recovered_while_live")
+        live = json.loads(live) if isinstance(live, str) else None
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError):
+        return False
+    return (status != "complete" and isinstance(source, str) and isinstance(live, list) and bool(live)
+            and os.path.realpath(source) == os.path.realpath(spool_dir))
+
+
+#: the temporary name of a trace file or staged parts directory being written (:class:`TraceFileWriter`,
+#: :class:`~fourd_mpi.trace.merge.StagedParts`): ``.NAME.tmp-PID-HEX``
+_TEMP_NAME = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>[0-9]+)-[0-9a-f]+\Z")
+
+
+def remove_stale_temporaries(trace_path: str, rank_metas: Sequence[Dict]) -> List[str]:
+    """Remove the temporary files and staged parts directories of ``trace_path`` (``.NAME.h5.tmp-PID-*``,
+    ``.NAME.parts.tmp-PID-*``) that a merge of this run left behind when it was killed (SIGKILL, a node
+    failure, ``MPI_Abort`` from another rank): PID is that of a rank of the run (``rank_metas``) that ran
+    on this host, and no process has it now. Others (other hosts, live PIDs) are left. Returns the names
+    removed."""
+    import shutil
+
+    from fourd_mpi.trace.merge import parts_dir_of
+
+    host = socket.gethostname()
+    pids = {m.get("pid") for m in rank_metas
+            if isinstance(m, dict) and m.get("hostname") == host and isinstance(m.get("pid"), int)}
+    path = os.path.abspath(trace_path)
+    directory, names = os.path.dirname(path), {os.path.basename(path), os.path.basename(parts_dir_of(path))}
+    removed = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMP_NAME.match(entry)
+        if match is None or match["name"] not in names:
+            continue
+        pid = int(match["pid"])
+        if pid not in pids or _pid_alive(pid):
+            continue
+        full = os.path.join(directory, entry)
+        if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full, ignore_errors=True)
+        else:
+            _remove_quietly(full)
+        if not os.path.lexists(full):
+            removed.append(entry)
+    return sorted(removed)
 
 
 def read_failure(path: str, rank: int) -> Dict:
@@ -1099,12 +1169,14 @@ def _recover(spool_dir: str, output: Optional[str], force: bool, summarize, grou
             if len(kept_steps) and summarize is not None:
                 metadata["summary"] = summarize(kept_steps).as_dict()
             path = writer.finish(metadata, ranks_table(rank_metas), kept_steps, run_meta.get("layers", []), status)
+        stale = remove_stale_temporaries(path, rank_metas)
         verified = "readback" if check == "readback" and writer.parts else "full"
         removable = _why_keep(path, live, missing, sorted(every - done), dropped, verified, results, kept_steps,
                               staged_dir)
     return {"path": path, "status": status, "steps": kept.tolist(), "events_dropped": dropped,
             "failures": failures, "live": live, "removable": removable, "parts": writer.parts,
-            "peak_rss_kib": max(result.peak_rss_kib for result in results), "verified": verified}
+            "peak_rss_kib": max(result.peak_rss_kib for result in results), "verified": verified,
+            "stale_removed": stale}
 
 @contextlib.contextmanager
 def _aborting_on_error(writer: TraceFileWriter, path: str):
