@@ -107,10 +107,16 @@ def per_record_sums(rank_steps: np.ndarray, events: np.ndarray, mask: np.ndarray
 
 def host_op_mask(events: np.ndarray, ops_vocab: Sequence[str], names: Sequence[str]) -> np.ndarray:
     """Events on the host lane whose op is one of ``names`` (by name: codes differ between schemas)."""
+    from fourd_mpi.trace.read import blocks, in_codes
+
     codes = [i for i, name in enumerate(ops_vocab) if name in names]
     if not codes or not len(events):
         return np.zeros(len(events), dtype=bool)
-    return (events["lane"] == LANE_HOST) & np.isin(events["op"], codes)
+    out = np.empty(len(events), dtype=bool)
+    for a, b in blocks(len(events)):  # both columns of a block while its records are in cache
+        block = events[a:b]
+        out[a:b] = (block["lane"] == LANE_HOST) & in_codes(block["op"], codes)
+    return out
 
 
 def bubble_ns(trace) -> np.ndarray:
