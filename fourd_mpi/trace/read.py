@@ -658,12 +658,14 @@ def _completeness(trace: Trace, scan: "_Scan" = None) -> List[str]:
 SCAN_ROWS = 8192
 
 
-def blocks(n: int, rows: int = SCAN_ROWS):
-    """``(start, stop)`` of consecutive blocks of ``rows`` rows covering ``range(n)``."""
-    return ((a, min(a + rows, n)) for a in range(0, n, max(int(rows), 1)))
+def blocks(n: int, rows: int = None):
+    """``(start, stop)`` of consecutive blocks of ``rows`` rows (default :data:`SCAN_ROWS`) covering
+    ``range(n)``."""
+    rows = max(int(SCAN_ROWS if rows is None else rows), 1)
+    return ((a, min(a + rows, n)) for a in range(0, n, rows))
 
 
-def gather_columns(events: np.ndarray, columns, select, rows: int = SCAN_ROWS) -> Dict[str, np.ndarray]:
+def gather_columns(events: np.ndarray, columns, select, rows: int = None) -> Dict[str, np.ndarray]:
     """``{column: events[column][mask]}`` (contiguous copies, rows in file order) for the rows where
     ``select(block)`` is true: ``select`` gets a block of ``events`` (a slice, ``rows`` rows at most) and
     returns its boolean mask. One pass through the records, block by block (instead of one strided
@@ -728,7 +730,7 @@ def _record_keys(rank_steps: np.ndarray):
 
 
 def _scan_events(events: np.ndarray, rank_steps: np.ndarray, world=None, vocab=None, counts=None,
-                 rows: int = SCAN_ROWS) -> _Scan:
+                 rows: int = None) -> _Scan:
     """Every elementwise check of ``events`` in one pass, block by block (:data:`SCAN_ROWS`).
 
     Always (for :func:`damage`): negative values of the non-negative columns, rows ending before they
