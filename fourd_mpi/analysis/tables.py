@@ -543,6 +543,30 @@ def steps_table(trace: Trace) -> pd.DataFrame:
 _COMM_BY = ("op", "axis", "phase", "layer")
 
 
+def _groups(key: np.ndarray, span: int):
+    """``np.unique(key, return_inverse=True)`` for keys in ``[0, span)``: by counting when ``span`` is
+    small (at most the number of keys, or 2**16), instead of sorting."""
+    if not len(key) or span > max(len(key), 1 << 16) or int(key.min()) < 0:
+        return np.unique(key, return_inverse=True)
+    present = np.bincount(key, minlength=span) > 0
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[key]
+
+
+def _group_medians(values: np.ndarray, inverse: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Per group ``j`` of ``inverse`` (``count[j]`` members, every group non-empty): the median of its
+    ``values``, the mean of its two middle order statistics (``(count - 1) // 2`` and ``count // 2``,
+    as the median of the sorted group). A stable sort by group, then a selection per group."""
+    narrow = inverse.astype(np.uint16) if len(count) <= 1 << 16 else inverse  # 16-bit keys: radix sort
+    grouped = values[np.argsort(narrow, kind="stable")]
+    starts = np.concatenate([[0], np.cumsum(count)[:-1]])
+    median = np.empty(len(count))
+    for j, (start, n) in enumerate(zip(starts.tolist(), count.tolist())):
+        lo, hi = (n - 1) // 2, n // 2
+        part = np.partition(grouped[start:start + n], (lo, hi))
+        median[j] = 0.5 * (part[lo] + part[hi])
+    return median
+
+
 def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame:
     """Collectives of the measured steps per ``(op, axis)``: columns :data:`COMM_COLUMNS`.
 
@@ -605,7 +629,7 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     key = np.zeros(len(coll["bytes"]), dtype=np.int64)
     for k, r in zip(codes, radices):
         key = key * r + k
-    uniq, inverse = np.unique(key, return_inverse=True)
+    uniq, inverse = _groups(key, math.prod(radices))
     g = len(uniq)
     copy_codes = [trace.vocab["ops"].index(o) for o in COPY_OPS if o in trace.vocab["ops"]]
     is_copy = in_codes(coll["op"], copy_codes)  # copies: their own duration (no issue/completion)
@@ -623,10 +647,7 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     own_call = np.maximum(coll["call_ns"] - coll["issue_ns"], 0)
     texposed = np.bincount(inverse, weights=np.where(is_copy, 0, own_call + coll["mpi_ns"]).astype(np.float64),
                            minlength=g)
-    order = np.lexsort((inflight, inverse))
-    sorted_flight = inflight[order]
-    starts = np.concatenate([[0], np.cumsum(count)[:-1]])
-    median = 0.5 * (sorted_flight[starts + (count - 1) // 2] + sorted_flight[starts + count // 2])
+    median = _group_medians(inflight, inverse, count)
     # decode the group keys back into codes
     decoded = []
     rest = uniq.copy()
