@@ -729,6 +729,11 @@ def _record_keys(rank_steps: np.ndarray):
     return steps, keys, first
 
 
+#: the event columns :func:`_scan_events` reads
+_SCANNED = frozenset(("rank", "step", "lane", "start_ns", "end_ns", "flops", "issue_ns", "complete_ns")
+                     + tuple(_VOCAB_OF) + _NONNEGATIVE["events"])
+
+
 def _scan_events(events: np.ndarray, rank_steps: np.ndarray, world=None, vocab=None, counts=None,
                  rows: int = None) -> _Scan:
     """Every elementwise check of ``events`` in one pass, block by block (:data:`SCAN_ROWS`).
@@ -754,8 +759,10 @@ def _scan_events(events: np.ndarray, rank_steps: np.ndarray, world=None, vocab=N
     if counts is not None:
         owners = np.arange(len(counts))[counts > 0]
         ends = np.cumsum(counts[counts > 0])
+    columns = [c for c in events.dtype.names if c in _SCANNED]
     for a, b in blocks(len(events), rows):
-        block = events[a:b]
+        records = events[a:b]
+        block = {c: np.ascontiguousarray(records[c]) for c in columns}  # each column read once, from cache
         rank, lane = block["rank"], block["lane"]
         if world is not None:
             scan["rank"].add(rank >= world, a, rank)
@@ -788,7 +795,7 @@ def _scan_events(events: np.ndarray, rank_steps: np.ndarray, world=None, vocab=N
             index = np.searchsorted(steps, step)
             known = (index < len(steps)) & (steps[np.minimum(index, len(steps) - 1)] == step)
         else:
-            known, index = np.zeros(len(block), dtype=bool), np.zeros(len(block), dtype=np.int64)
+            known, index = np.zeros(b - a, dtype=bool), np.zeros(b - a, dtype=np.int64)
         scan["unknown"].add(~known, a)
         key = rank.astype(np.int64) * n_steps + index
         if dense:
@@ -797,7 +804,7 @@ def _scan_events(events: np.ndarray, rank_steps: np.ndarray, world=None, vocab=N
             where = np.searchsorted(keys, key)
             matched = known & (where < n_keys) & (keys[np.minimum(where, n_keys - 1)] == key)
         else:
-            where, matched = key, np.zeros(len(block), dtype=bool)
+            where, matched = key, np.zeros(b - a, dtype=bool)
         scan["unmatched"].add(known & ~matched, a)
         where = where[matched]
         if len(where):
