@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -215,8 +216,8 @@ def build_trace(path: str, ranks: int, steps: int, blocks: int, seed: int = 0) -
 
 
 _LOAD_WORKER = ("import json, sys, time; from fourd_mpi.trace.read import load_trace; t = time.perf_counter(); "
-                "trace = load_trace(sys.argv[1]); print(json.dumps({'seconds': time.perf_counter() - t, "
-                "'events': len(trace.events)}))")
+                "c = time.process_time(); trace = load_trace(sys.argv[1]); print(json.dumps({'seconds': "
+                "time.perf_counter() - t, 'cpu_seconds': time.process_time() - c, 'events': len(trace.events)}))")
 
 
 def ab(trace: str, against: str, rounds: int) -> int:
@@ -226,13 +227,17 @@ def ab(trace: str, against: str, rounds: int) -> int:
     env = {name: dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=tree)
            for name, tree in trees.items()}
 
+    def children_cpu():
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
     def analyze(name, *extra):
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), children_cpu()
         proc = subprocess.run([sys.executable, "-m", "fourd_mpi", "analyze", trace, *extra], capture_output=True,
                               text=True, env=env[name], cwd=trees[name])
         if proc.returncode != 0:
             raise SystemExit(f"{name}: analyze failed: {proc.stderr.strip()}")
-        return time.perf_counter() - t, proc.stdout
+        return time.perf_counter() - t, proc.stdout, children_cpu() - cpu
 
     def load(name):
         proc = subprocess.run([sys.executable, "-c", _LOAD_WORKER, trace], capture_output=True, text=True,
@@ -247,23 +252,34 @@ def ab(trace: str, against: str, rounds: int) -> int:
     print(f"# OMP_NUM_THREADS=1 python bench/analysis_bench.py --trace {trace} --against {against} --rounds {rounds}")
     print(f"trace {trace}: {events:,} events; old = {trees['old']}, new = {trees['new']}; {os.cpu_count()} CPUs; "
           f"outputs of `fourd-mpi analyze` (table, json, markdown, steps csv) identical: {'yes' if same else 'NO'}")
-    print(f"{'round':>5} {'analyze old s':>13} {'new s':>7} {'new/old':>7} {'load_trace old s':>16} {'new s':>7} "
-          f"{'new/old':>7} {'load avg':>8}")
-    times = {k: [] for k in ("a_old", "a_new", "l_old", "l_new")}
+    print("seconds: wall time (CPU time: user + system of the process); new/old: wall-time ratio of the round")
+    print(f"{'round':>5} {'analyze old':>13} {'new':>13} {'new/old':>7} {'load_trace old':>15} {'new':>13} {'new/old':>7} "
+          f"{'load avg':>8}")
+    kinds = ("a_old", "a_new", "l_old", "l_new")
+    times = {k: [] for k in kinds}
+    cpus = {k: [] for k in kinds}
+
+    def cell(k, i=-1):
+        return f"{times[k][i]:.2f} ({cpus[k][i]:.2f})"
+
     for r in range(rounds):
         order = ("old", "new") if r % 2 == 0 else ("new", "old")
         for name in order:
-            times[f"a_{name}"].append(analyze(name)[0])
-            times[f"l_{name}"].append(load(name)["seconds"])
-        print(f"{r + 1:>5} {times['a_old'][-1]:>13.2f} {times['a_new'][-1]:>7.2f} "
-              f"{times['a_new'][-1] / times['a_old'][-1]:>7.2f} {times['l_old'][-1]:>16.2f} "
-              f"{times['l_new'][-1]:>7.2f} {times['l_new'][-1] / times['l_old'][-1]:>7.2f} "
+            wall, _, cpu = analyze(name)
+            times[f"a_{name}"].append(wall)
+            cpus[f"a_{name}"].append(cpu)
+            loaded = load(name)
+            times[f"l_{name}"].append(loaded["seconds"])
+            cpus[f"l_{name}"].append(loaded["cpu_seconds"])
+        print(f"{r + 1:>5} {cell('a_old'):>13} {cell('a_new'):>13} {times['a_new'][-1] / times['a_old'][-1]:>7.2f} "
+              f"{cell('l_old'):>15} {cell('l_new'):>13} {times['l_new'][-1] / times['l_old'][-1]:>7.2f} "
               f"{os.getloadavg()[0]:>8.1f}")
-    med = {k: statistics.median(v) for k, v in times.items()}
     ratio_a = statistics.median(n / o for n, o in zip(times["a_new"], times["a_old"]))
     ratio_l = statistics.median(n / o for n, o in zip(times["l_new"], times["l_old"]))
-    print(f"{'med':>5} {med['a_old']:>13.2f} {med['a_new']:>7.2f} {ratio_a:>7.2f} {med['l_old']:>16.2f} "
-          f"{med['l_new']:>7.2f} {ratio_l:>7.2f}   (new/old: median of the per-round ratios)")
+    for k in kinds:
+        times[k], cpus[k] = [statistics.median(times[k])], [statistics.median(cpus[k])]
+    print(f"{'med':>5} {cell('a_old'):>13} {cell('a_new'):>13} {ratio_a:>7.2f} {cell('l_old'):>15} {cell('l_new'):>13} "
+          f"{ratio_l:>7.2f}   (medians; new/old: median of the per-round ratios)")
     return 0 if same else 1
 
 

@@ -677,7 +677,11 @@ def gather_columns(events: np.ndarray, columns, select, rows: int = None) -> Dic
         if len(picked):
             for c in columns:
                 pieces[c].append(block[c][picked])
-    return {c: (np.concatenate(p) if p else np.zeros(0, dtype=events.dtype[c])) for c, p in pieces.items()}
+    out = {}
+    for c in list(pieces):  # each column's pieces freed once joined
+        p = pieces.pop(c)
+        out[c] = np.concatenate(p) if p else np.zeros(0, dtype=events.dtype[c])
+    return out
 
 
 def in_codes(values: np.ndarray, codes) -> np.ndarray:
