@@ -52,9 +52,10 @@ setup(
         # pip's find-links on CPU machines (so pip never pulls the multi-GB CUDA build); AxoNN 0.2.0
         # declares only torch (and imports numpy, ours anyway)
         "peer": ["torch==2.13.0", "axonn==0.2.0"],
-        # llnl-thicket: the tests load our Caliper export with Thicket and Hatchet (they pin pandas < 3)
+        # llnl-thicket: the tests load our Caliper export with Thicket and Hatchet (they pin pandas < 3);
+        # mfusepy: tests/helpers/faultfs.py, the FUSE file system that injects EIO and ENOLCK (needs libfuse2)
         "test": ["pytest>=7", "pytest-timeout", "hypothesis>=6", "pandas>=1.5", "matplotlib>=3.5", "scipy>=1.7",
-                 "llnl-thicket", "llnl-hatchet", "shtab>=1.6"],
+                 "llnl-thicket", "llnl-hatchet", "shtab>=1.6", "mfusepy>=3.1"],
     },
     entry_points={"console_scripts": ["fourd-mpi=fourd_mpi.cli.main:main"]},
     classifiers=[

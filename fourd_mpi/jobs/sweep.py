@@ -16,6 +16,7 @@ manifests are relative to it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -63,13 +64,13 @@ def _human_bytes(count: float) -> str:
 
 
 def memory_per_rank(run: RunPlan) -> int:
-    """Estimated bytes per rank (weights, gradients, optimizer state, activations, buffers)."""
-    from fourd_mpi.perf.memory import estimate_memory
+    """Estimated bytes per rank: what memory admission will check when the run starts
+    (:func:`fourd_mpi.run.admission.memory_need` of the run's resolved options, with the estimator of
+    its algorithm's family: the 4D model, Optimus-CUBE's layouts, or the fullest pipeline stage)."""
+    from fourd_mpi.run.admission import memory_need
+    from fourd_mpi.run.options import resolve_values
 
-    cache = "cache" in str(run.option("overlap", "")).split(",") or bool(run.option("cache-weights", False))
-    return estimate_memory(run.model, run.grid, dtype=str(run.option("dtype", "float32")),
-                           optimizer=str(run.option("optimizer", "adam")), cache_weights=cache,
-                           prefetch_depth=int(run.option("prefetch-depth", 1))).total
+    return memory_need(resolve_values(run.values(), run.ranks)).total
 
 
 def results_dir_of(spec: SweepSpec, override: Optional[str] = None) -> str:
@@ -224,18 +225,25 @@ def save_jobs(sweep_dir: str, jobs: Dict[str, Dict]) -> None:
     """Atomic rewrite (a private temp file, fsync, rename): a crash or a second writer never leaves
     a torn file. Call it under :func:`sweep_lock`, after :func:`load_jobs`, so no update is lost."""
     path = os.path.join(sweep_dir, JOBS)
-    fd, tmp = tempfile.mkstemp(prefix=f".{JOBS}.", suffix=".tmp", dir=sweep_dir)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{JOBS}.", suffix=".tmp", dir=sweep_dir)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "w") as fh:
             json.dump(jobs, fh, indent=1)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.remove(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):  # a full disk, EIO: one line, jobs.json as it was
+            from fourd_mpi.trace.store import io_error_text
+
+            raise ConfigError(f"cannot write {path}: {io_error_text(exc)}") from None
         raise
 
 
@@ -244,18 +252,40 @@ def sweep_lock(sweep_dir: str):
     """An exclusive ``flock`` on ``DIR/.submit.lock`` for one read-decide-write of ``jobs.json``.
 
     Held for short sections only (never while a job runs or ``sbatch`` waits), so a second
-    ``sweep submit`` waits a moment, then sees the first one's claims."""
+    ``sweep submit`` waits a moment, then sees the first one's claims.
+
+    On a file system without file locks (``flock`` fails with ENOLCK, EOPNOTSUPP or ENOSYS: NFS
+    mounted ``nolock``, some FUSE and Lustre mounts) it goes on unlocked, after one ``note:`` line per
+    directory: refusing would make a sweep on such a file system (often the home directory on a
+    cluster) impossible to submit at all, while the lock only guards against a second ``sweep submit``
+    of the same directory at the same moment, which the user can avoid; claims are still recorded
+    before anything is launched, so a later submit still skips them. Any other error: one line."""
     path = os.path.join(sweep_dir, LOCK)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         raise ConfigError(f"cannot lock the sweep directory {sweep_dir} ({path}: {exc.strerror})") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            if exc.errno not in _NO_LOCKS:
+                raise ConfigError(f"cannot lock the sweep directory {sweep_dir} ({path}: {exc.strerror})") from None
+            if os.path.abspath(sweep_dir) not in _UNLOCKED_NOTED:
+                _UNLOCKED_NOTED.add(os.path.abspath(sweep_dir))
+                sys.stdout.flush()
+                os.write(2, (f"fourd-mpi: note: {sweep_dir} is on a file system without file locks ({path}: "
+                             f"{exc.strerror}); this submit goes on, not protected against a concurrent "
+                             "'sweep submit' of the same directory: run one at a time\n").encode())
         yield
     finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        os.close(fd)  # releases the lock
+
+
+#: ``flock`` errors of file systems that do not lock
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS)
+#: sweep directories whose missing locks were noted (one note per directory and process)
+_UNLOCKED_NOTED: set = set()
 
 
 def _claimant_gone(job: Dict) -> bool:

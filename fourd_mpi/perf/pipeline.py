@@ -27,18 +27,20 @@ each, only with ``m > 1``: gradients accumulate before the reduce-scatter over Z
 receive buffers of ``msg`` bytes.
 
 **Time** (:func:`predict_pipeline`, same inputs and output as :func:`fourd_mpi.perf.predict.predict`):
-the 4D prediction of the fullest stage (``L_s = ceil(L/p)`` blocks, the whole batch shard) gives
-the work ``W`` (its step less its exposed gradient synchronization: the Z reduce-scatters, the Z and
-data all-reduces of gradients, which run once after the last micro-batch; plus ``m - 1`` more times its
-exposed Z all-gathers, as every micro-batch gathers the weights again) and the synchronization ``S``;
-``step = W (m + p - 1)/m + S + 2 (p - 1) t_msg``: ``m`` slots of ``W/m`` plus the bubble of ``p - 1``
-slots, plus the messages on the critical path of the fill and the drain (the forward chain and the
+the 4D prediction of one **micro-batch** on the fullest stage (``L_s = ceil(L/p)`` blocks, ``B/m``
+sequences: every collective at its micro-batch size and with its own latency, the Z weight gathers
+of every micro-batch included) gives the work of one slot ``W_mb``: that step less its exposed
+gradient synchronization ``S`` (the Z reduce-scatters, the Z and data all-reduces of gradients) and
+its optimizer update ``U``, which both run once, after the last micro-batch;
+``step = W_mb (m + p - 1) + U + S + 2 (p - 1) t_msg``: ``m`` slots plus the bubble of ``p - 1`` slots,
+plus the messages on the critical path of the fill and the drain (the forward chain and the
 backward chain through ``p - 1`` boundaries; in the steady state ``Isend`` overlaps compute). A
 message costs ``t_msg = alpha + msg * beta`` at the placement of the inter axis (intra-node when the
 stage neighbours share a node, :func:`inter_placement`), from the profile's all-gather fit on 2 ranks
-(whose ring moves exactly one message each way). Per-micro-batch latencies of the 4D collectives
-(``m`` times more, ``m`` times smaller messages) are not modelled: the prediction is optimistic for
-large ``m`` on a latency-bound network.
+(whose ring moves exactly one message each way). Because each slot is predicted at its own size, the
+per-micro-batch latencies of the 4D collectives (``m`` times more, ``m`` times smaller messages) and
+the GEMMs' lower efficiency on smaller shapes are counted: more micro-batches shrink the bubble but
+cost latency, and the prediction has an optimum in ``m``.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.machine import MachineProfile
 from fourd_mpi.perf.memory import MemoryEstimate, block_elements, estimate_memory, fc_weights
-from fourd_mpi.perf.predict import Prediction, predict
+from fourd_mpi.perf.predict import Prediction, compute_time, predict
 from fourd_mpi.perf.volumes import Collective, step_collectives
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
@@ -60,8 +62,9 @@ from fourd_mpi.step.presets import ModelConfig
 BUBBLE_FORMULA = "bubble fraction = (p - 1) / (m + p - 1), p stages, m micro-batches (1F1B and AxoNN, equal stages)"
 P2P_FORMULA = ("p2p bytes per rank and step = m * msg * (1 if first or last stage else 2), msg = B s / (G_data G_z) / m "
                "* h / G_x * e")
-STEP_FORMULA = ("step = W (m + p - 1) / m + S + 2 (p - 1) t_msg; W, S: work and gradient sync of the fullest stage's 4D "
-                "step; t_msg = alpha + msg beta")
+STEP_FORMULA = ("step = W_mb (m + p - 1) + U + S + 2 (p - 1) t_msg; W_mb: one micro-batch's 4D step on the "
+                "fullest stage less U (optimizer update) and S (gradient sync), both once per step; "
+                "t_msg = alpha + msg beta")
 
 
 def bubble_fraction(stages: int, microbatches: int, schedule: str = "1f1b") -> float:
@@ -179,37 +182,38 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     ``placement["inter"]``; ``memory`` is stage 0's (the most activations in flight)."""
     world = grid.size * stages
     rpn = ranks_per_node or min(profile.ranks_per_node, world)
-    full = predict(stage_config(cfg, stages), grid, profile, overlap, dtype, progress, optimizer, rpn, recompute,
-                   attention, precision, shard_optimizer)
-    sync = sum(full.exposed_s.get(key, 0.0) for key in (("data", "allreduce"), ("z", "reduce_scatter"),
-                                                          ("z", "allreduce")))
-    # every micro-batch gathers the weights over Z again (forward and backward): m times the 4D step's gathers
-    regather = (microbatches - 1) * full.exposed_s.get(("z", "allgather"), 0.0)
-    work = full.step_s - sync + regather
-    slots = (microbatches + stages - 1) / microbatches
+    # one slot: one micro-batch (B/m sequences) through the fullest stage's blocks
+    micro_cfg = replace(stage_config(cfg, stages), batch=cfg.batch // microbatches)
+    micro = predict(micro_cfg, grid, profile, overlap, dtype, progress, optimizer, rpn, recompute, attention,
+                    precision, shard_optimizer)
+    sync_keys = (("data", "allreduce"), ("z", "reduce_scatter"), ("z", "allreduce"))
+    sync = sum(micro.exposed_s.get(key, 0.0) for key in sync_keys)
+    # the optimizer updates the stage's weights once per step, after the last micro-batch
+    update = compute_time(micro_cfg, grid, profile, overlap or OverlapConfig(), dtype, rpn, optimizer,
+                          recompute=recompute, attention=attention)["optimizer"]
+    slot = micro.step_s - sync - update
     level = inter_placement(grid, stages, rpn)
     msg = message_bytes(cfg, grid, microbatches, dtype)
     t_msg = message_time(profile, level, msg)
     critical = 2 * (stages - 1) * t_msg
-    bubble = work * (slots - 1.0)
-    comm = dict(full.comm_s)
-    exposed = dict(full.exposed_s)
-    if ("z", "allgather") in comm:
-        comm[("z", "allgather")] *= microbatches
-        exposed[("z", "allgather")] *= microbatches
+    bubble = slot * (stages - 1)
+    # every collective but the gradient synchronization runs once per micro-batch
+    comm = {key: t * (1 if key in sync_keys else microbatches) for key, t in micro.comm_s.items()}
+    exposed = {key: t * (1 if key in sync_keys else microbatches) for key, t in micro.exposed_s.items()}
     volumes = p2p_volumes(cfg, grid, stages, microbatches, dtype)
     comm[("inter", "send")] = max(v["send_messages"] for v in volumes.values()) * t_msg
     exposed[("inter", "send")] = critical
     exposed[("inter", "bubble")] = bubble
     wire = {axis: sum(c.wire_bytes for c in pipeline_collectives(cfg, grid, stages, microbatches, 0, overlap, dtype)
-                      if c.axis == axis) for axis in full.wire_bytes}
+                      if c.axis == axis) for axis in micro.wire_bytes}
     wire["inter"] = max(v["send_bytes"] for v in volumes.values())
-    placement = dict(full.placement, inter=level)
+    placement = dict(micro.placement, inter=level)
     memory = pipeline_memory(cfg, grid, stages, microbatches, 0, dtype, optimizer, overlap, recompute, attention,
                              precision, shard_optimizer, schedule)
-    notes = list(full.notes) + [f"pipeline {schedule}: {BUBBLE_FORMULA} = {bubble_fraction(stages, microbatches, schedule):.3f}"]
-    step = work * slots + sync + critical
+    notes = list(micro.notes) + [f"pipeline {schedule}: {BUBBLE_FORMULA} = {bubble_fraction(stages, microbatches, schedule):.3f}"]
+    step = slot * (microbatches + stages - 1) + update + sync + critical
     if not math.isfinite(step):
         raise ValueError(f"non-finite prediction {step}")
-    return Prediction(grid=grid, step_s=step, compute_s=full.compute_s, gemm_s=full.gemm_s, comm_s=comm,
+    return Prediction(grid=grid, step_s=step, compute_s=(micro.compute_s - update) * microbatches + update,
+                      gemm_s=micro.gemm_s * microbatches, comm_s=comm,
                       exposed_s=exposed, wire_bytes=wire, placement=placement, memory=memory, notes=notes)

@@ -192,8 +192,9 @@ RUN_OPTIONS: Tuple[Option, ...] = (
     Option("inject-fault", "trace", str, None, metavar="RANK:STEP[:MODE]",
            help="testing: at the start of STEP (= --steps: before the final merge), once every rank has "
                 "finished the steps before, RANK dies (MODE kill = SIGKILL, default; raise = exception), "
-                "deletes the spool directory (remove-spool) or fills the results file system, if smaller "
-                "than 1 GiB (fill-disk)"),
+                "deletes the spool directory (remove-spool), fills the results file system, if smaller "
+                "than 1 GiB (fill-disk), or creates RESULTS/inject-fault.touch (touch: the signal of a "
+                "fault-injecting test file system)"),
 )
 
 #: by long name

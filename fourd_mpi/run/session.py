@@ -31,7 +31,9 @@ from fourd_mpi.trace.store import (RankSpool, check_name, merge_run, new_run_id,
 from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
 from fourd_mpi.trace.summary import summarize
 
-FAULT_MODES = ("kill", "raise", "remove-spool", "fill-disk")
+FAULT_MODES = ("kill", "raise", "remove-spool", "fill-disk", "touch")
+#: the file ``touch`` creates in the results directory
+TOUCH_NAME = "inject-fault.touch"
 #: ``fill-disk`` fills only a file system smaller than this (a tmpfs made for the test), never a real disk
 FILL_DISK_MAX_BYTES = 1 << 30
 
@@ -61,7 +63,9 @@ class Fault:
     before the final merge) rank ``rank`` fails (``kill``: SIGKILL; ``raise``: exception), deletes the
     spool directory (``remove-spool``) or fills the file system of the results directory with
     ``<results-dir>/fill-disk.bin`` (``fill-disk``; only on one smaller than
-    :data:`FILL_DISK_MAX_BYTES`, see :meth:`check`).
+    :data:`FILL_DISK_MAX_BYTES`, see :meth:`check`) or creates the empty file
+    ``<results-dir>/inject-fault.touch`` (``touch``: a signal to a fault-injecting test file system,
+    ``tests/helpers/faultfs.py``, which starts failing I/O when it sees that file created).
 
     Every rank meets in a barrier first, so all steps before ``step`` are on disk on every rank.
     """
@@ -115,6 +119,9 @@ class Fault:
                         fh.write(block)
                 except OSError:
                     pass
+            return
+        if self.mode == "touch":
+            os.close(os.open(os.path.join(results_dir, TOUCH_NAME), os.O_WRONLY | os.O_CREAT, 0o644))
             return
         raise RuntimeError(f"injected fault (--inject-fault {self.rank}:{self.step}:{self.mode})")
 
@@ -185,7 +192,7 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
                 world.Barrier()  # every rank has spooled the steps before: the test knows what survives
                 if fault.rank == rank:
                     fault.trigger(spool_dir, trace.results_dir)
-                if fault.mode in ("remove-spool", "fill-disk"):
+                if fault.mode in ("remove-spool", "fill-disk", "touch"):
                     world.Barrier()  # every rank goes on after the spool or the disk is gone
             if i == options.steps:
                 break
@@ -212,7 +219,11 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
             spool.mark_failed(f"{type(exc).__name__}: {exc}")
         raise
     notes = world.gather(spool.recreated, root=0)
-    all_steps = world.gather(spool.read_steps(), root=0)
+    try:
+        my_steps = spool.read_steps()
+    except OSError:  # an I/O error reading back: merge_run meets it again and stops every rank with it
+        my_steps = np.zeros(0, dtype=RANK_STEP_DTYPE)
+    all_steps = world.gather(my_steps, root=0)
     held = world.gather((result.saved_activation_bytes, result.peak_activation_bytes), root=0)
     all_bubbles = world.gather(bubbles, root=0)
     summary = None
@@ -313,9 +324,11 @@ class SpoolHealth:
         if gone:  # deleted and not re-created: what was in them went with the descriptors
             kept = (f"the spool files of rank(s) {_ranges(gone)} were deleted and could not be re-created: "
                     "their steps are lost")
-        else:
+        else:  # a full disk (or quota) frees up; any other I/O error (EIO: a failing disk) must be repaired
+            when = "once there is space" if "(ENOSPC)" in first or "(EDQUOT)" in first else \
+                "once the file system works again"
             kept = (f"the steps every rank completed are kept in {self.spool.dir} ('fourd-mpi trace recover "
-                    f"{self.spool.dir}' merges them once there is space)")
+                    f"{self.spool.dir}' merges them {when})")
         raise TraceError(f"{first}{others}; the run stops after step {self._step}; {kept}")
 
 

@@ -325,7 +325,7 @@ def read_parts(path: str, h5, run_id: str, expected_events: int, read: bool = Tr
     ``/parts`` promises. Raises :class:`TraceError` naming the part and the reason (a missing part
     would otherwise read as fill values through the virtual dataset).
     """
-    import h5py
+    from fourd_mpi.trace.store import open_h5_read
 
     parts = h5["parts"][()]
     if parts.dtype.names is None or not set(PART_DTYPE.names) <= set(parts.dtype.names):
@@ -343,7 +343,7 @@ def read_parts(path: str, h5, run_id: str, expected_events: int, read: bool = Tr
             raise TraceError(f"{path}: part name {name!r} is not a plain file name")
         part_path = os.path.join(directory, name)
         try:
-            part = h5py.File(part_path, "r")
+            part = open_h5_read(part_path)
         except FileNotFoundError:
             raise TraceError(f"{path}: its part {part_path} is missing (a multi-part trace is the .h5 file and its "
                              f"{PARTS_SUFFIX} directory: copy or move both)") from None
@@ -446,7 +446,7 @@ def merge_collective(comm, events: np.ndarray, rank_steps: np.ndarray, rank_meta
             except TraceError as exc:
                 local_error = str(exc)
             except OSError as exc:
-                local_error = f"writing {writer.path} failed: {exc}"
+                local_error = f"writing {writer.path} failed: {_io_error_text(exc)}"
             finally:
                 writer.abort()
     if multi:
@@ -469,6 +469,8 @@ def merge_collective(comm, events: np.ndarray, rank_steps: np.ndarray, rank_meta
                 error = str(exc)
         elif top is not None:
             top.abort()
+        if error is not None and staged_dir:  # name the part where it belongs, not the removed staging directory
+            error = error.replace(staged_dir, parts_dir_of(os.path.abspath(trace_path)))
     return comm.bcast((error, path), root=0)
 
 
@@ -486,9 +488,13 @@ def _append(writer, rank: int, piece: np.ndarray) -> Optional[str]:
     except TraceError as exc:
         return str(exc)
     except OSError as exc:
-        from fourd_mpi.trace.store import io_error_text
+        return f"writing {getattr(writer, 'path', None) or writer.final_path} failed: {_io_error_text(exc)}"
 
-        return f"writing {getattr(writer, 'path', None) or writer.final_path} failed: {io_error_text(exc)}"
+
+def _io_error_text(exc: OSError) -> str:
+    from fourd_mpi.trace.store import io_error_text
+
+    return io_error_text(exc)
 
 
 # ---------------------------------------------------------------------------
@@ -533,6 +539,8 @@ def spool_event_counts(spool_dir: str, ranks: Sequence[int]) -> np.ndarray:
             counts[i] = os.stat(rank_events_path(spool_dir, rank)).st_size // EVENT_DTYPE.itemsize
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            raise TraceError(f"reading {rank_events_path(spool_dir, rank)} failed: {_io_error_text(exc)}") from None
     return counts
 
 
@@ -561,6 +569,9 @@ def read_rank_files(spool_dir: str, ranks: Sequence[int], counts: np.ndarray,
                         got += n
             except FileNotFoundError:
                 pass
+            except OSError as exc:  # EIO: a failing disk; the recovery stops with the file named
+                raise TraceError(f"reading {rank_events_path(spool_dir, rank)} failed: {_io_error_text(exc)}") \
+                    from None
         if got < want:  # later files are read after this one: they simply start earlier
             counts[i] = got // size
             want = int(counts[i]) * size
@@ -641,8 +652,8 @@ def recover_group(spool_dir: str, index: int, first: int, stop: int, kept: np.nd
             del events
         if part:
             writer.close()
-    except OSError as exc:
-        raise TraceError(f"writing {path or writer.final_path} failed: {exc}") from None
+    except OSError as exc:  # reading the spool raises TraceError itself (read_rank_files)
+        raise TraceError(f"writing {path or writer.final_path} failed: {_io_error_text(exc)}") from None
     finally:
         if part:
             writer.abort()
@@ -691,11 +702,11 @@ def verify_part(task) -> Optional[str]:
     from the file system) and compare its attributes, row count and the XXH3-64 digest of its event
     bytes (:func:`event_digest`, hex) with what was written. None if it matches, else the reason
     (one line)."""
-    import h5py
+    from fourd_mpi.trace.store import open_h5_read
 
     path, index, count, digest, run_id = task
     try:
-        with h5py.File(path, "r") as part:
+        with open_h5_read(path) as part:
             attrs = part.attrs
             if attrs.get("schema") != PART_SCHEMA or str(attrs.get("run_id")) != run_id or \
                     int(attrs.get("part", -1)) != index or int(attrs.get("events", -1)) != count:

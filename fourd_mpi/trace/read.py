@@ -129,10 +129,10 @@ def _memory_budget() -> int:
 
 
 def _open(path: str):
-    import h5py
+    from fourd_mpi.trace.store import open_h5_read
 
     try:
-        return h5py.File(path, "r")
+        return open_h5_read(path)
     except FileNotFoundError:
         raise TraceError(f"{path}: no such trace file") from None
     except OSError as exc:

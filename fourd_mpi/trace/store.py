@@ -342,7 +342,10 @@ class RankSpool:
         out = np.empty(size, dtype=np.uint8)
         offset = 0
         while offset < size:
-            block = os.pread(fd, min(_COPY_BLOCK, size - offset), offset)
+            try:
+                block = os.pread(fd, min(_COPY_BLOCK, size - offset), offset)
+            except OSError as exc:  # EIO: the error names the file
+                raise OSError(exc.errno, exc.strerror, path) from None
             if not block:
                 break
             out[offset:offset + len(block)] = np.frombuffer(block, dtype=np.uint8)
@@ -370,7 +373,10 @@ class RankSpool:
         """Leave the reason this rank is going down (``trace recover`` reports it); False if it could not.
 
         Written into the space reserved at the start (``.reserve``, then renamed ``.failed.json``), so
-        that a full disk does not stop it; else as a new file. Never raises.
+        that a full disk does not stop it; else as a new file. Where no data can be written at all (EIO
+        on every write: a failing disk, a Lustre OST gone) the reserve is still renamed: a blank
+        ``.failed.json`` that :func:`read_failure` reads as a failure whose reason was lost (a rename
+        needs no data block). Never raises.
         """
         payload = {"rank": self.rank, "time": now_iso(), "error": message}
         data = json.dumps(payload).encode()
@@ -392,6 +398,8 @@ class RankSpool:
             except OSError:
                 if fd is not None:
                     os.close(fd)
+                with contextlib.suppress(OSError):  # at least the name says that this rank failed
+                    os.replace(self.reserve_path, self.failed_path)
         try:
             _write_json_atomic(self.failed_path, payload)
             return True
@@ -409,13 +417,41 @@ class RankSpool:
 
 
 def read_records(path: str, dtype: np.dtype) -> np.ndarray:
-    """Whole fixed-size records of an append-only file (a torn last record is dropped)."""
+    """Whole fixed-size records of an append-only file (a torn last record is dropped; a missing file
+    has none). An I/O error (EIO: a failing disk) raises :class:`TraceError` naming the file."""
     try:
-        with open(path, "rb") as fh:
-            whole = os.fstat(fh.fileno()).st_size // dtype.itemsize
-            return np.fromfile(fh, dtype=dtype, count=whole)  # one read, no copy
+        with open(path, "rb", buffering=0) as fh:
+            out = np.empty(os.fstat(fh.fileno()).st_size // dtype.itemsize, dtype=dtype)
+            raw, got = memoryview(out.view(np.uint8)), 0
+            while got < len(raw):  # one read, no copy (np.fromfile would return a short array on EIO)
+                n = fh.readinto(raw[got:])
+                if not n:
+                    break
+                got += n
+            return out[:got // dtype.itemsize]
     except FileNotFoundError:
         return np.empty(0, dtype=dtype)
+    except OSError as exc:
+        raise TraceError(f"reading {path} failed: {io_error_text(exc)}") from None
+
+
+#: errors of file systems that refuse locks (NFS mounted ``nolock``, some FUSE and Lustre mounts)
+NO_LOCK_ERRNOS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS)
+
+
+def open_h5_read(path: str):
+    """``h5py.File(path, "r")``; where the file system refuses locks (HDF5 takes a ``flock`` on every
+    open and fails with ENOLCK there; its ``HDF5_USE_FILE_LOCKING=BEST_EFFORT`` forgives only ENOSYS),
+    opened again without the lock: our traces are published whole (``link``/``rename``), so a reader
+    never meets one being written, which is all that lock is for."""
+    import h5py
+
+    try:
+        return h5py.File(path, "r")
+    except OSError as exc:
+        if exc.errno not in NO_LOCK_ERRNOS:
+            raise
+    return h5py.File(path, "r", locking=False)
 
 
 def sort_events(events: np.ndarray) -> np.ndarray:
@@ -751,12 +787,24 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
     """
     from fourd_mpi.trace.merge import merge_collective
 
+    from mpi4py import MPI
+
     rank = comm.Get_rank()
-    events = spool.read_events()  # through the open descriptor: the liveness lock stays held
-    events = sort_events(correct(events) if correct is not None else events)
-    mine = spool.read_steps()
-    if correct is not None:
-        mine = correct(mine)
+    read_error = None
+    try:
+        events = spool.read_events()  # through the open descriptor: the liveness lock stays held
+        events = sort_events(correct(events) if correct is not None else events)
+        mine = spool.read_steps()
+        if correct is not None:
+            mine = correct(mine)
+    except OSError as exc:  # EIO reading back: agreed on below, so no rank waits in the merge for this one
+        read_error = (f"rank {rank} cannot read its trace files back: reading {exc.filename} failed: "
+                      f"{io_error_text(exc)}")
+    if comm.allreduce(int(read_error is not None), op=MPI.MAX):
+        errors = comm.allgather(read_error)
+        failed = [r for r, e in enumerate(errors) if e is not None]
+        others = f" (ranks {', '.join(map(str, failed))} failed)" if len(failed) > 1 else ""
+        raise merge_failed(spool, errors[failed[0]] + others)
     error, path = merge_collective(comm, events, mine, rank_meta, trace_path, metadata, layers, force,
                                    group_size=group_size, compression=compression)
     del events
@@ -844,9 +892,13 @@ def _pid_alive(pid: int) -> bool:
 
 
 def read_failure(path: str, rank: int) -> Dict:
+    """A rank's failure report (``rankNNNNNN.failed.json``, see :meth:`RankSpool.mark_failed`)."""
     try:
         with open(path) as fh:
-            report = json.load(fh)
+            text = fh.read(1 << 20)
+        if not text.strip():  # the renamed reserve: the rank failed, writing its reason failed too
+            return {"rank": rank, "error": "failed; its reason could not be written (an I/O error on every write)"}
+        report = json.loads(text)
         if isinstance(report, dict):
             return report
     except (OSError, ValueError) as exc:
@@ -985,6 +1037,14 @@ def _aborting_on_error(writer: TraceFileWriter, path: str):
     except OSError as exc:
         writer.abort()
         raise TraceError(f"writing {path} failed: {io_error_text(exc)}") from None
+    except TraceError as exc:
+        writer.abort()
+        if writer.staged is None:
+            raise
+        from fourd_mpi.trace.merge import parts_dir_of
+
+        # a part's error names the staging directory just removed: name the part where it belongs
+        raise TraceError(str(exc).replace(writer.staged.dir, parts_dir_of(os.path.abspath(path)))) from None
     except BaseException:
         writer.abort()
         raise

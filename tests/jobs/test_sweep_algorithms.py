@@ -142,3 +142,29 @@ def test_pipeline_runs_launch_every_stage_and_grid_one_stage(tmp_path):
     crossed = PIPELINE.replace("zip:", "matrix:")
     with pytest.raises(ConfigError, match="has no pipeline stages"):
         load_spec(write(tmp_path, crossed, "crossed.yaml")).expand()
+
+
+def test_the_plan_estimates_memory_with_each_algorithms_own_model(tmp_path):
+    """The plan's memory per rank is what admission will check at launch: the pipeline's fullest stage
+    and Optimus-CUBE's layouts, not the 4D model of the same grid (which a plan used before for every
+    algorithm)."""
+    from fourd_mpi.perf.memory import estimate_memory
+    from fourd_mpi.run.admission import memory_need
+    from fourd_mpi.run.options import resolve_values
+    from fourd_mpi.jobs.sweep import memory_per_rank
+
+    text = PIPELINE.replace("algorithm: [axonn4d, pipeline]\n  ginter: [1, 2]",
+                            "algorithm: [axonn4d, pipeline, optimus3d]\n  ginter: [1, 2, 1]")
+    runs = load_spec(write(tmp_path, text)).expand()
+    assert sorted((r.option("algorithm"), str(r.grid)) for r in runs) == [
+        ("axonn4d", "1x2x2x2"), ("optimus3d", "1x2x2x2"), ("pipeline", "1x1x2x2")]
+    plan = {r.option("algorithm"): memory_per_rank(r) for r in runs}
+    for r in runs:
+        assert plan[r.option("algorithm")] == memory_need(resolve_values(r.values(), r.ranks)).total
+    four_d = {r.option("algorithm"): estimate_memory(r.model, r.grid).total for r in runs}
+    # two stages hold half the blocks each: less than one 4D grid of the same 4 ranks holding them all
+    assert plan["pipeline"] < four_d["pipeline"]
+    assert plan["optimus3d"] != four_d["optimus3d"]
+    manifest = build_manifest(load_spec(write(tmp_path, text)), load_site("local"), str(tmp_path / "s.yaml"),
+                              str(tmp_path / "jobscripts"))
+    assert [entry["memory_per_rank"] for entry in manifest["runs"]] == [plan[r.option("algorithm")] for r in runs]
