@@ -41,7 +41,7 @@ import pandas as pd
 
 from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM, of_metadata
 from fourd_mpi.errors import ConfigError, TraceError
-from fourd_mpi.trace.summary import (HARNESS_OPS, SHARE_FORMULA, STEP_FORMULA, bubble_ns, harness_ns,
+from fourd_mpi.trace.summary import (HARNESS_OPS, SHARE_FORMULA, STEP_FORMULA, harness_and_bubble_ns, harness_ns,
                                      host_op_mask, measured_records, per_record_sums, step_stats, summarize)
 from fourd_mpi.trace.read import Trace, gather_columns, in_codes, load_trace
 from fourd_mpi.core.colltable import BUSBW_FORMULA, wire_factor
@@ -288,8 +288,8 @@ def run_row(trace: Trace) -> Dict:
                config_key=config_key(model, overlap, progress, label, algorithm), recompute=recompute,
                hardware_flops_per_step=hardware, hardware_tflops_per_rank=nan, hardware_percent_of_peak=nan)
     if len(trace.rank_steps):
-        harness = harness_ns(trace)
-        s = summarize(trace.rank_steps, world, flops, tokens, peak, "", harness=harness, bubble=bubble_ns(trace))
+        harness, bubble = harness_and_bubble_ns(trace)
+        s = summarize(trace.rank_steps, world, flops, tokens, peak, "", harness=harness, bubble=bubble)
         row.update(steps=s.steps, step_median_s=s.median_s, step_min_s=s.min_s, step_max_s=s.max_s,
                    step_q1_s=s.q1_s, step_q3_s=s.q3_s, compute_share=s.compute_share, wait_share=s.wait_share,
                    harness_share=s.harness_share, other_share=s.other_share,
@@ -362,7 +362,7 @@ def _measured_select(measured: np.ndarray, lanes):
     contiguous = len(steps) and steps[-1] - steps[0] + 1 == len(steps)
 
     def select(block: np.ndarray) -> np.ndarray:
-        step = block["step"]
+        step = np.ascontiguousarray(block["step"])  # read once (compared twice)
         mask = (step >= steps[0]) & (step <= steps[-1]) if contiguous else np.isin(step, steps)
         return mask & lanes(block["lane"])
 
