@@ -215,9 +215,20 @@ def build_trace(path: str, ranks: int, steps: int, blocks: int, seed: int = 0) -
     return n
 
 
-_LOAD_WORKER = ("import json, sys, time; from fourd_mpi.trace.read import load_trace; t = time.perf_counter(); "
-                "c = time.process_time(); trace = load_trace(sys.argv[1]); print(json.dumps({'seconds': "
-                "time.perf_counter() - t, 'cpu_seconds': time.process_time() - c, 'events': len(trace.events)}))")
+#: times load_trace, then (on the loaded trace) its checks of the events as load_trace runs them: the
+#: range checks and damage (given the range checks' scan where this tree's damage takes one)
+_LOAD_WORKER = """
+import inspect, json, sys, time
+from fourd_mpi.trace import read
+t, c = time.perf_counter(), time.process_time()
+trace = read.load_trace(sys.argv[1])
+seconds, cpu = time.perf_counter() - t, time.process_time() - c
+t = time.perf_counter()
+scan = read._check_ranges(trace.events, trace.rank_steps, trace.ranks, trace.vocab, trace.world_size)
+read.damage(trace, scan) if "scan" in inspect.signature(read.damage).parameters else read.damage(trace)
+print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "checks_seconds": time.perf_counter() - t,
+                  "events": len(trace.events)}))
+"""
 
 
 def ab(trace: str, against: str, rounds: int) -> int:
@@ -253,9 +264,10 @@ def ab(trace: str, against: str, rounds: int) -> int:
     print(f"trace {trace}: {events:,} events; old = {trees['old']}, new = {trees['new']}; {os.cpu_count()} CPUs; "
           f"outputs of `fourd-mpi analyze` (table, json, markdown, steps csv) identical: {'yes' if same else 'NO'}")
     print("seconds: wall time (CPU time: user + system of the process); new/old: wall-time ratio of the round")
+    print("checks: load_trace's checks of the events alone (range checks and damage), on the loaded trace")
     print(f"{'round':>5} {'analyze old':>13} {'new':>13} {'new/old':>7} {'load_trace old':>15} {'new':>13} {'new/old':>7} "
-          f"{'load avg':>8}")
-    kinds = ("a_old", "a_new", "l_old", "l_new")
+          f"{'checks old':>10} {'new':>5} {'new/old':>7} {'load avg':>8}")
+    kinds = ("a_old", "a_new", "l_old", "l_new", "c_old", "c_new")
     times = {k: [] for k in kinds}
     cpus = {k: [] for k in kinds}
 
@@ -271,15 +283,18 @@ def ab(trace: str, against: str, rounds: int) -> int:
             loaded = load(name)
             times[f"l_{name}"].append(loaded["seconds"])
             cpus[f"l_{name}"].append(loaded["cpu_seconds"])
+            times[f"c_{name}"].append(loaded["checks_seconds"])
+            cpus[f"c_{name}"].append(float("nan"))
         print(f"{r + 1:>5} {cell('a_old'):>13} {cell('a_new'):>13} {times['a_new'][-1] / times['a_old'][-1]:>7.2f} "
               f"{cell('l_old'):>15} {cell('l_new'):>13} {times['l_new'][-1] / times['l_old'][-1]:>7.2f} "
+              f"{times['c_old'][-1]:>10.2f} {times['c_new'][-1]:>5.2f} {times['c_new'][-1] / times['c_old'][-1]:>7.2f} "
               f"{os.getloadavg()[0]:>8.1f}")
-    ratio_a = statistics.median(n / o for n, o in zip(times["a_new"], times["a_old"]))
-    ratio_l = statistics.median(n / o for n, o in zip(times["l_new"], times["l_old"]))
+    ratio = {k: statistics.median(n / o for n, o in zip(times[f"{k}_new"], times[f"{k}_old"])) for k in "alc"}
     for k in kinds:
         times[k], cpus[k] = [statistics.median(times[k])], [statistics.median(cpus[k])]
-    print(f"{'med':>5} {cell('a_old'):>13} {cell('a_new'):>13} {ratio_a:>7.2f} {cell('l_old'):>15} {cell('l_new'):>13} "
-          f"{ratio_l:>7.2f}   (medians; new/old: median of the per-round ratios)")
+    print(f"{'med':>5} {cell('a_old'):>13} {cell('a_new'):>13} {ratio['a']:>7.2f} {cell('l_old'):>15} "
+          f"{cell('l_new'):>13} {ratio['l']:>7.2f} {times['c_old'][0]:>10.2f} {times['c_new'][0]:>5.2f} "
+          f"{ratio['c']:>7.2f}   (medians; new/old: median of the per-round ratios)")
     return 0 if same else 1
 
 
