@@ -803,7 +803,7 @@ def _scan_events(events: np.ndarray, rank_steps: np.ndarray, world=None, vocab=N
         scan["unknown"].add(~known, a)
         key = rank.astype(np.int64) * n_steps + index
         if dense:
-            where, matched = key, known & (key < n_keys)
+            where, matched = key, known & (key >= 0) & (key < n_keys)
         elif n_keys:
             where = np.searchsorted(keys, key)
             matched = known & (where < n_keys) & (keys[np.minimum(where, n_keys - 1)] == key)
