@@ -27,7 +27,7 @@ INDEX_HELP = "the index: a results directory (its index.jsonl) or a .jsonl file 
 
 
 def register(sub) -> None:
-    res = sub.add_parser("results", help="the run index <results-dir>/index.jsonl: list, show, rebuild "
+    res = sub.add_parser("results", help="the run index <results-dir>/index.jsonl: list, show, reindex "
                          "(one process, no mpiexec)")
     rsub = res.add_subparsers(dest="results_command", required=True, parser_class=type(res))
     ls = rsub.add_parser("list", help="runs in the index, filtered; one line each")

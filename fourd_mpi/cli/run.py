@@ -118,6 +118,9 @@ def cmd_run(args, world) -> int:
     check_timeout(args.step_timeout)
     if fault is not None and fault.rank >= world.Get_size():
         raise ConfigError(f"--inject-fault: rank {fault.rank} does not exist in a world of {world.Get_size()}")
+    if fault is not None and fault.step > options.steps:  # it would never fire
+        raise ConfigError(f"--inject-fault {args.inject_fault}: step {fault.step} is beyond the run: STEP must be <= "
+                          f"--steps {options.steps} (STEP = --steps: after the last step, before the merge)")
     config = resolved_config(args.model, options, {"trace_level": trace.level, "results_dir": trace.results_dir,
                                                    "label": trace.label, "display": args.display,
                                                    "trace_group_size": trace.group_size,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -122,14 +121,14 @@ def _show_clocks(ranks, shown: int = 16) -> None:
 
 def _recovered_summary(spool_dir: str):
     """The summary of a recovered run, from the step records and run.json (the peak was never recorded)."""
-    from fourd_mpi.trace.store import RUN_META
+    from fourd_mpi.errors import TraceError
+    from fourd_mpi.trace.store import read_run_meta
     from fourd_mpi.trace.summary import summarize
 
     try:
-        with open(os.path.join(spool_dir, RUN_META)) as fh:
-            meta = json.load(fh)
+        meta = read_run_meta(spool_dir)  # validated: a JSON object, numbers where numbers belong
         flops, tokens, world = meta["model_flops_per_step"], meta["tokens_per_step"], meta["world_size"]
-    except (OSError, ValueError, KeyError):
+    except (TraceError, KeyError):
         return None  # recover() reports what is wrong with the directory
     hardware = meta.get("hardware_flops_per_step")  # schema >= 5
     return lambda rank_steps: summarize(rank_steps, world, flops, tokens, float("nan"), "not recorded",

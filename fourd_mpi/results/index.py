@@ -146,13 +146,26 @@ _NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS)
 
 @contextlib.contextmanager
 def _locked(path: str, flags: int, lock: int) -> Iterator[int]:
-    fd = os.open(path, flags, 0o644)
+    """``path`` opened with ``flags`` under ``flock(lock)``. Opening never blocks (``O_NONBLOCK``: a
+    FIFO is refused, not waited on); what cannot be opened or locked (a read-only file system, a
+    directory, a FIFO, no permission) raises :class:`~fourd_mpi.errors.ConfigError` with one line."""
+    from fourd_mpi.errors import ConfigError
+    from fourd_mpi.util.files import check_regular_file, refuse_nonregular
+
+    verb = "write" if flags & (os.O_WRONLY | os.O_RDWR) else "read"
     try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        check_regular_file(path, "index file")  # a directory, a FIFO without a reader (ENXIO): say so
+        raise ConfigError(f"cannot {verb} the index {path}: {exc.strerror or exc}") from None
+    try:
+        refuse_nonregular(path, os.fstat(fd).st_mode, "index file")
+        os.set_blocking(fd, True)
         try:
             fcntl.flock(fd, lock)
         except OSError as exc:
             if exc.errno not in _NO_LOCKS:
-                raise
+                raise ConfigError(f"cannot lock the index {path}: {exc.strerror or exc}") from None
         yield fd  # closing the descriptor releases the lock
     finally:
         os.close(fd)
@@ -204,8 +217,13 @@ def read_index(path: str, warn: Optional[Callable[[str], None]] = None) -> List[
     if not os.path.exists(path):
         return []
     with _locked(path, os.O_RDONLY, fcntl.LOCK_SH) as fd:
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            data = fh.read()
+        try:
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                data = fh.read()
+        except OSError as exc:  # EIO of a failing disk
+            from fourd_mpi.errors import ConfigError
+
+            raise ConfigError(f"cannot read the index {path}: {exc.strerror or exc}") from None
     entries = []
     for number, raw in enumerate(data.split(b"\n"), 1):
         if not raw.strip():
@@ -256,10 +274,15 @@ def reindex(directory: str, output: Optional[str] = None,
     entries.sort(key=lambda e: (e["time"], e["run_id"]))
     data = b"".join(entry_line(e) for e in entries)
     with _locked(output, os.O_WRONLY | os.O_CREAT, fcntl.LOCK_EX) as fd:
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        _write_all(fd, data)
-        os.fsync(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            _write_all(fd, data)
+            os.fsync(fd)
+        except OSError as exc:  # a full disk, EIO
+            from fourd_mpi.errors import ConfigError
+
+            raise ConfigError(f"cannot write the index {output}: {exc.strerror or exc}") from None
     return entries, problems
 
 

@@ -50,9 +50,10 @@ def load_config_file(path: str) -> ConfigValues:
     fmt = FORMATS.get(ext)
     if fmt is None:
         raise ConfigError(f"config file {path}: unknown format {ext or '(no extension)'}; use .toml, .yaml or .json")
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
+    from fourd_mpi.util.files import read_regular_file
+
+    try:  # a FIFO or device is refused, not waited on
+        raw = read_regular_file(path, MAX_FILE_BYTES + 1, "config file")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     if len(raw) > MAX_FILE_BYTES:

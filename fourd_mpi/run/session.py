@@ -196,7 +196,8 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
                     world.Barrier()  # every rank goes on after the spool or the disk is gone
             if i == options.steps:
                 break
-            result = run.trainer.step(i)
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below, in one line
+                result = run.trainer.step(i)
             shift = run.comm.tracer.shift_ns
             record[0] = (rank, i, i < options.warmup, result.start_ns - shift, result.end_ns - shift, result.loss,
                          result.seconds, result.compute_ns, result.wait_ns, len(result.events), result.mpi_ns)
@@ -205,6 +206,9 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
             out.update(i, result.loss, result.seconds)
             if health.failed_before(i):
                 break
+            if not np.isfinite(result.loss):  # reduced to every rank: all stop here, without a collective
+                health.settle()  # no agreement left in flight at exit
+                raise non_finite_loss(result.loss, i, options, spool)
         out.close()
         spool.ensure_present()  # deleted after the last step: re-created before the merge
         health.finish()
@@ -264,6 +268,25 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     return path, summary
 
 
+class NonFiniteLoss(TraceError):
+    """The loss became NaN or infinite: a run failure, already recorded in the spool."""
+
+
+def non_finite_loss(loss: float, step: int, options: RunOptions, spool: RankSpool) -> NonFiniteLoss:
+    """The one-line error of a NaN or infinite ``loss`` after ``step``, recorded in this rank's spool.
+
+    The loss is all-reduced inside the step, so every rank holds the same value and stops at the same
+    step without a collective; ``trace recover`` then gives a ``failed`` trace of the steps so far
+    (this one included) with this reason.
+    """
+    lr = f"--lr {options.lr:g}" if options.lr is not None else f"the default of {options.optimizer}"
+    reason = (f"the loss became non-finite ({float(loss)}) at step {step}: the learning rate ({lr}) is too large "
+              "or the model diverged")
+    spool.mark_failed(reason)
+    return NonFiniteLoss(f"{reason}; the steps so far are kept in {spool.dir} ('fourd-mpi trace recover "
+                         f"{spool.dir}' merges them into a failed trace)")
+
+
 class SpoolHealth:
     """Agreement on the spool's health without a blocking collective per step.
 
@@ -304,6 +327,10 @@ class SpoolHealth:
         self._flag[0] = self.spool.error is not None
         self._request = self.world.Iallreduce(self._flag, self._any, op=MPI.MAX)
         return False
+
+    def settle(self) -> None:
+        """Complete the agreement in flight (every rank calls it at the same step), raising nothing."""
+        self._wait()
 
     def finish(self) -> None:
         """Complete the last agreement; raise the agreed :class:`TraceError` if any rank failed."""

@@ -151,6 +151,8 @@ def prepare_spool(results_dir: str, run_id: str, force: bool, run_meta: Dict) ->
         raise TraceError(f"cannot create the results directory {results_dir}: {exc.strerror}") from None
     if not os.access(results_dir, os.W_OK | os.X_OK):
         raise TraceError(f"the results directory {results_dir} is not writable")
+    if os.path.isdir(trace_path):  # --force replaces a file: found only at publish, after every step
+        raise TraceError(f"{trace_path} is a directory, not a trace file: remove it or choose another --run-id")
     if os.path.exists(trace_path) and not force:
         raise TraceError(f"{trace_path} already exists: choose another --run-id, or --force to replace it")
     from fourd_mpi.trace.merge import parts_dir_of
@@ -443,9 +445,14 @@ def open_h5_read(path: str):
     """``h5py.File(path, "r")``; where the file system refuses locks (HDF5 takes a ``flock`` on every
     open and fails with ENOLCK there; its ``HDF5_USE_FILE_LOCKING=BEST_EFFORT`` forgives only ENOSYS),
     opened again without the lock: our traces are published whole (``link``/``rename``), so a reader
-    never meets one being written, which is all that lock is for."""
+    never meets one being written, which is all that lock is for. Anything but a regular file (a
+    directory, a FIFO whose open would wait for a writer forever) is refused first with one line
+    (:class:`TraceError`)."""
     import h5py
 
+    from fourd_mpi.util.files import check_regular_file
+
+    check_regular_file(path, "trace file", TraceError)
     try:
         return h5py.File(path, "r")
     except OSError as exc:
@@ -919,6 +926,87 @@ def recovered_status(failures: Sequence[Dict]) -> str:
 RECOVER_CHECKS = ("readback", "full")
 
 
+#: what ``recover`` trusts in a spool's ``run.json`` (written by :meth:`RunSpool` on rank 0): checked once
+#: where it is read, so that a damaged or hostile file is one line, not a ``TypeError`` later
+RUN_META_SCHEMA = {
+    "type": "object",
+    "required": ["world_size"],
+    "properties": {
+        "world_size": {"type": "integer", "minimum": 1},
+        "ranks_per_node": {"type": ["array", "null"]},
+        "run_id": {"type": ["string", "null"]},
+        "model_flops_per_step": {"type": "number"},
+        "tokens_per_step": {"type": "number"},
+        "hardware_flops_per_step": {"type": ["number", "null"]},
+    },
+}
+#: largest ``run.json`` read (bytes): a few kB in practice
+MAX_RUN_META_BYTES = 16 << 20
+#: how many ranks above the highest one with files in the spool ``run.json``'s ``world_size`` may name
+#: (every rank creates its files right after ``MPI_Init``, so only deleted files are missing; a larger
+#: gap is a damaged ``run.json``, and trusting it would make ``recover`` walk ranks that never existed)
+MAX_MISSING_TAIL = 1024
+
+
+def read_run_meta(spool_dir: str) -> Dict:
+    """The spool's ``run.json`` as a dict, validated against :data:`RUN_META_SCHEMA`; anything else
+    (no directory, no file, not a regular file, not JSON, not an object, a bad ``world_size``)
+    raises :class:`TraceError` with one line."""
+    import jsonschema
+
+    from fourd_mpi.util.files import read_regular_file
+
+    if not os.path.isdir(spool_dir):
+        raise TraceError(f"{spool_dir} is not a directory")
+    meta_path = os.path.join(spool_dir, RUN_META)
+    try:
+        raw = read_regular_file(meta_path, MAX_RUN_META_BYTES + 1, "run.json", TraceError)
+    except FileNotFoundError:
+        raise TraceError(f"{spool_dir} is not a fourd-mpi spool directory (no {RUN_META})") from None
+    except OSError as exc:
+        raise TraceError(f"{meta_path} is unreadable: {io_error_text(exc)}") from None
+    if len(raw) > MAX_RUN_META_BYTES:
+        raise TraceError(f"{meta_path} is larger than {MAX_RUN_META_BYTES:,} bytes: not a run.json of fourd-mpi")
+    try:
+        run_meta = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise TraceError(f"{meta_path} is unreadable: not valid JSON ({' '.join(str(exc).split())[:160]})") from None
+    if not isinstance(run_meta, dict):
+        raise TraceError(f"{meta_path} is not a JSON object (it holds a {type(run_meta).__name__})")
+    if "world_size" not in run_meta:
+        raise TraceError(f"{meta_path} has no world_size")
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(RUN_META_SCHEMA).iter_errors(run_meta))
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise TraceError(f"{meta_path}: {where}: {' '.join(error.message.split())[:160]}")
+    run_meta["world_size"] = int(run_meta["world_size"])  # JSON Schema's integer admits 8.0
+    return run_meta
+
+
+def spool_world(spool_dir: str, declared: int) -> int:
+    """``declared`` (run.json's ``world_size``) once checked against the per-rank files present: it may
+    exceed the highest rank with files (``rankNNNNNN.*``) by at most :data:`MAX_MISSING_TAIL`, else
+    :class:`TraceError` naming both numbers."""
+    import re
+
+    pattern = re.compile(r"rank(\d{6,})\.(?:json|events|steps|reserve|failed\.json)$")
+    highest = -1
+    try:
+        with os.scandir(spool_dir) as entries:
+            for entry in entries:
+                match = pattern.match(entry.name)
+                if match:
+                    highest = max(highest, int(match.group(1)))
+    except OSError as exc:
+        raise TraceError(f"cannot list {spool_dir}: {io_error_text(exc)}") from None
+    if declared > highest + 1 + MAX_MISSING_TAIL:
+        found = (f"the highest rank with files there is {highest} ({_rank_stem(highest)}.*)" if highest >= 0
+                 else "the spool holds no per-rank files")
+        raise TraceError(f"{os.path.join(spool_dir, RUN_META)} says world_size {declared:,} but {found}: a damaged "
+                         f"run.json (at most {MAX_MISSING_TAIL:,} ranks beyond the highest may be missing)")
+    return declared
+
+
 def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, summarize=None,
             group_size: int = 0, jobs: int = 1, compression: str = "none", check: str = "readback") -> Dict:
     """Merge the spool of a crashed run into a ``partial`` (or ``failed``) trace.
@@ -947,21 +1035,10 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
     ``force`` (which also replaces an existing output file). Raises :class:`TraceError` with one
     line; on an I/O error no temporary file is left.
     """
-    meta_path = os.path.join(spool_dir, RUN_META)
     if check not in RECOVER_CHECKS:
         raise TraceError(f"unknown recover check {check!r}: choose one of {', '.join(RECOVER_CHECKS)}")
-    if not os.path.isdir(spool_dir):
-        raise TraceError(f"{spool_dir} is not a directory")
-    try:
-        with open(meta_path) as fh:
-            run_meta = json.load(fh)
-    except FileNotFoundError:
-        raise TraceError(f"{spool_dir} is not a fourd-mpi spool directory (no {RUN_META})") from None
-    except (OSError, ValueError) as exc:
-        raise TraceError(f"{meta_path} is unreadable: {exc}") from None
-    world = int(run_meta.get("world_size", 0))
-    if world < 1:
-        raise TraceError(f"{meta_path} has no world_size")
+    run_meta = read_run_meta(spool_dir)
+    world = spool_world(spool_dir, run_meta["world_size"])
     from fourd_mpi.trace.merge import SCRATCH
 
     try:

@@ -124,9 +124,10 @@ class YamlDocument:
 
     @classmethod
     def read(cls, path: str, what: str = "file") -> "YamlDocument":
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read(MAX_FILE_BYTES + 1)  # check_shape refuses anything longer
+        from fourd_mpi.util.files import read_regular_file
+
+        try:  # a FIFO or device is refused, not waited on; check_shape refuses anything longer
+            text = read_regular_file(path, MAX_FILE_BYTES + 1, what).decode("utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
         except UnicodeDecodeError:

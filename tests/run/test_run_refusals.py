@@ -1,0 +1,63 @@
+"""Issue 19: faults of a run found before the steps, or at the step they happen, in one line per rank.
+
+Before: ``--inject-fault 0:99`` with ``--steps 3`` was accepted and never fired; ``--run-id dup --force``
+with ``RESULTS/dup.h5`` a directory ran every step and failed at publish; ``--lr 1e30`` made the losses
+nan, leaked numpy ``RuntimeWarning: overflow encountered in matmul`` lines, and the trace was "complete".
+Real ``mpiexec``, real files.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, mpi_env
+
+pytestmark = pytest.mark.mpi
+
+
+def errors_of(proc, nranks):
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("fourd-mpi: error: ")]
+    assert len(errors) == nranks and len(set(errors)) == 1 and len(lines) == nranks, proc.stderr
+    return errors[0]
+
+
+def test_a_fault_step_beyond_the_run_is_refused(run_mpi, tmp_path):
+    proc = run_mpi(8, ["run", "--steps", "3", "--inject-fault", "0:99", "--results-dir", tmp_path], timeout=120)
+    line = errors_of(proc, 8)
+    assert "--inject-fault 0:99: step 99 is beyond the run: STEP must be <= --steps 3" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_in_the_way_of_the_trace_is_refused_before_the_steps(run_mpi, tmp_path):
+    (tmp_path / "dup.h5").mkdir()
+    proc = run_mpi(2, ["run", "--steps", "3", "--run-id", "dup", "--force", "--results-dir", tmp_path,
+                       "--display", "quiet"], timeout=120)
+    line = errors_of(proc, 2)
+    assert line == f"fourd-mpi: error: {tmp_path / 'dup.h5'} is a directory, not a trace file: remove it or choose " \
+                   "another --run-id"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dup.h5"]  # no spool: no step ran
+
+
+def test_a_non_finite_loss_stops_every_rank_and_keeps_the_steps(run_mpi, tmp_path):
+    proc = run_mpi(4, ["run", "--gdata", "2", "--gx", "2", "--steps", "4", "--lr", "1e30", "--run-id", "big",
+                       "--results-dir", tmp_path, "--display", "quiet"], timeout=180)
+    line = errors_of(proc, 4)
+    spool = tmp_path / "big.ranks"
+    assert line.startswith("fourd-mpi: error: the loss became non-finite (nan) at step "), line
+    assert f"the learning rate (--lr 1e+30) is too large or the model diverged; the steps so far are kept in {spool}" \
+        in line
+    step = int(line.split(" at step ")[1].split(":")[0])
+    assert step < 3
+    for rank in range(4):  # recorded as a run failure, like the others
+        report = json.loads((spool / f"rank{rank:06d}.failed.json").read_text())
+        assert report["error"].startswith(f"the loss became non-finite (nan) at step {step}: ")
+    rec = subprocess.run([sys.executable, "-m", "fourd_mpi", "trace", "recover", str(spool)], capture_output=True,
+                         text=True, timeout=120, env=mpi_env(), cwd=REPO)
+    assert rec.returncode == 0, rec.stderr
+    steps = "step 0" if step == 0 else f"steps 0-{step}"
+    assert f"status failed, {steps} completed by every rank ({step + 1})" in rec.stdout, rec.stdout
