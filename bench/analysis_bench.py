@@ -7,13 +7,27 @@ reduce-scatters, all-reduces on every axis, waits) into a temporary directory wi
 ``comm_table``.
 
     python bench/analysis_bench.py [--ranks 1024] [--steps 10] [--keep DIR]
+
+A/B mode: ``--trace FILE --against TREE`` times this checkout's code against another checkout
+``TREE`` (e.g. ``git worktree add --detach /tmp/old <commit>``) on the same trace, in fresh
+processes, alternating (old, new, new, old, ... so that a drift of the machine's load hits both
+alike): ``fourd-mpi analyze FILE`` (wall time of the subprocess, imports included) and
+``load_trace`` alone (inside a subprocess). Prints every round with the ratio new / old and the
+load average, then the medians; checks that both trees print the same analysis (every
+``--format``).
+
+    OMP_NUM_THREADS=1 python bench/analysis_bench.py --trace FILE --against TREE [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -201,13 +215,104 @@ def build_trace(path: str, ranks: int, steps: int, blocks: int, seed: int = 0) -
     return n
 
 
+#: times load_trace, then (on the loaded trace) its checks of the events as load_trace runs them: the
+#: range checks and damage (given the range checks' scan where this tree's damage takes one)
+_LOAD_WORKER = """
+import inspect, json, sys, time
+from fourd_mpi.trace import read
+t, c = time.perf_counter(), time.process_time()
+trace = read.load_trace(sys.argv[1])
+seconds, cpu = time.perf_counter() - t, time.process_time() - c
+t = time.perf_counter()
+scan = read._check_ranges(trace.events, trace.rank_steps, trace.ranks, trace.vocab, trace.world_size)
+read.damage(trace, scan) if "scan" in inspect.signature(read.damage).parameters else read.damage(trace)
+print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "checks_seconds": time.perf_counter() - t,
+                  "events": len(trace.events)}))
+"""
+
+
+def ab(trace: str, against: str, rounds: int) -> int:
+    """The A/B comparison of the module docstring; exit 1 when the two trees' outputs differ."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    trees = {"old": os.path.abspath(against), "new": os.path.abspath(here)}
+    env = {name: dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONPATH=tree)
+           for name, tree in trees.items()}
+
+    def children_cpu():
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    def analyze(name, *extra):
+        t, cpu = time.perf_counter(), children_cpu()
+        proc = subprocess.run([sys.executable, "-m", "fourd_mpi", "analyze", trace, *extra], capture_output=True,
+                              text=True, env=env[name], cwd=trees[name])
+        if proc.returncode != 0:
+            raise SystemExit(f"{name}: analyze failed: {proc.stderr.strip()}")
+        return time.perf_counter() - t, proc.stdout, children_cpu() - cpu
+
+    def load(name):
+        proc = subprocess.run([sys.executable, "-c", _LOAD_WORKER, trace], capture_output=True, text=True,
+                              env=env[name], cwd=trees[name])
+        if proc.returncode != 0:
+            raise SystemExit(f"{name}: load_trace failed: {proc.stderr.strip()}")
+        return json.loads(proc.stdout)
+
+    same = all(analyze("old", *f)[1] == analyze("new", *f)[1]
+               for f in ([], ["--format", "json"], ["--format", "markdown"], ["--what", "steps", "--format", "csv"]))
+    events = load("new")["events"]
+    print(f"# OMP_NUM_THREADS=1 python bench/analysis_bench.py --trace {trace} --against {against} --rounds {rounds}")
+    print(f"trace {trace}: {events:,} events; old = {trees['old']}, new = {trees['new']}; {os.cpu_count()} CPUs; "
+          f"outputs of `fourd-mpi analyze` (table, json, markdown, steps csv) identical: {'yes' if same else 'NO'}")
+    print("seconds: wall time (CPU time: user + system of the process); new/old: wall-time ratio of the round")
+    print("checks: load_trace's checks of the events alone (range checks and damage), on the loaded trace")
+    print(f"{'round':>5} {'analyze old':>13} {'new':>13} {'new/old':>7} {'load_trace old':>15} {'new':>13} {'new/old':>7} "
+          f"{'checks old':>10} {'new':>5} {'new/old':>7} {'load avg':>8}")
+    kinds = ("a_old", "a_new", "l_old", "l_new", "c_old", "c_new")
+    times = {k: [] for k in kinds}
+    cpus = {k: [] for k in kinds}
+
+    def cell(k, i=-1):
+        return f"{times[k][i]:.2f} ({cpus[k][i]:.2f})"
+
+    for r in range(rounds):
+        order = ("old", "new") if r % 2 == 0 else ("new", "old")
+        for name in order:
+            wall, _, cpu = analyze(name)
+            times[f"a_{name}"].append(wall)
+            cpus[f"a_{name}"].append(cpu)
+            loaded = load(name)
+            times[f"l_{name}"].append(loaded["seconds"])
+            cpus[f"l_{name}"].append(loaded["cpu_seconds"])
+            times[f"c_{name}"].append(loaded["checks_seconds"])
+            cpus[f"c_{name}"].append(float("nan"))
+        print(f"{r + 1:>5} {cell('a_old'):>13} {cell('a_new'):>13} {times['a_new'][-1] / times['a_old'][-1]:>7.2f} "
+              f"{cell('l_old'):>15} {cell('l_new'):>13} {times['l_new'][-1] / times['l_old'][-1]:>7.2f} "
+              f"{times['c_old'][-1]:>10.2f} {times['c_new'][-1]:>5.2f} {times['c_new'][-1] / times['c_old'][-1]:>7.2f} "
+              f"{os.getloadavg()[0]:>8.1f}")
+    ratio = {k: statistics.median(n / o for n, o in zip(times[f"{k}_new"], times[f"{k}_old"])) for k in "alc"}
+    for k in kinds:
+        times[k], cpus[k] = [statistics.median(times[k])], [statistics.median(cpus[k])]
+    print(f"{'med':>5} {cell('a_old'):>13} {cell('a_new'):>13} {ratio['a']:>7.2f} {cell('l_old'):>15} "
+          f"{cell('l_new'):>13} {ratio['l']:>7.2f} {times['c_old'][0]:>10.2f} {times['c_new'][0]:>5.2f} "
+          f"{ratio['c']:>7.2f}   (medians; new/old: median of the per-round ratios)")
+    return 0 if same else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--blocks", type=int, default=2, help="GPT blocks (2: ~275 events per rank and step on 1024 ranks)")
     parser.add_argument("--keep", metavar="DIR", help="write the trace into DIR and keep it")
+    parser.add_argument("--trace", metavar="FILE", help="A/B mode: an existing trace to analyse (with --against)")
+    parser.add_argument("--against", metavar="TREE", help="A/B mode: the other checkout (its fourd_mpi is imported "
+                                                          "from TREE)")
+    parser.add_argument("--rounds", type=int, default=5, help="A/B mode: alternating rounds (default 5)")
     args = parser.parse_args(argv)
+    if args.trace or args.against:
+        if not (args.trace and args.against):
+            parser.error("--trace and --against go together")
+        return ab(args.trace, args.against, args.rounds)
     directory = args.keep or tempfile.mkdtemp(prefix="fourd-analysis-bench-")
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"bench-{args.ranks}x{args.steps}.h5")

@@ -41,9 +41,9 @@ import pandas as pd
 
 from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM, of_metadata
 from fourd_mpi.errors import ConfigError, TraceError
-from fourd_mpi.trace.summary import (HARNESS_OPS, SHARE_FORMULA, STEP_FORMULA, bubble_ns, harness_ns,
+from fourd_mpi.trace.summary import (HARNESS_OPS, SHARE_FORMULA, STEP_FORMULA, harness_and_bubble_ns, harness_ns,
                                      host_op_mask, measured_records, per_record_sums, step_stats, summarize)
-from fourd_mpi.trace.read import Trace, load_trace
+from fourd_mpi.trace.read import Trace, gather_columns, in_codes, load_trace
 from fourd_mpi.core.colltable import BUSBW_FORMULA, wire_factor
 from fourd_mpi.trace.events import COMPUTE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST
 from fourd_mpi.util.text import format_number, short_label
@@ -288,8 +288,8 @@ def run_row(trace: Trace) -> Dict:
                config_key=config_key(model, overlap, progress, label, algorithm), recompute=recompute,
                hardware_flops_per_step=hardware, hardware_tflops_per_rank=nan, hardware_percent_of_peak=nan)
     if len(trace.rank_steps):
-        harness = harness_ns(trace)
-        s = summarize(trace.rank_steps, world, flops, tokens, peak, "", harness=harness, bubble=bubble_ns(trace))
+        harness, bubble = harness_and_bubble_ns(trace)
+        s = summarize(trace.rank_steps, world, flops, tokens, peak, "", harness=harness, bubble=bubble)
         row.update(steps=s.steps, step_median_s=s.median_s, step_min_s=s.min_s, step_max_s=s.max_s,
                    step_q1_s=s.q1_s, step_q3_s=s.q3_s, compute_share=s.compute_share, wait_share=s.wait_share,
                    harness_share=s.harness_share, other_share=s.other_share,
@@ -355,13 +355,18 @@ def _as_runs(runs) -> pd.DataFrame:
 # one run: where the step time goes, collectives
 # ---------------------------------------------------------------------------
 
-def _measured_mask(trace: Trace, measured: np.ndarray) -> np.ndarray:
-    """Events of the measured steps (by step index)."""
+def _measured_select(measured: np.ndarray, lanes):
+    """``select(block)`` for :func:`~fourd_mpi.trace.read.gather_columns`: events of the measured steps
+    (by step index) whose lane passes ``lanes(lane column)``."""
     steps = np.unique(measured["step"])
-    ev_steps = trace.events["step"]
-    if len(steps) and steps[-1] - steps[0] + 1 == len(steps):  # contiguous: two comparisons, no isin
-        return (ev_steps >= steps[0]) & (ev_steps <= steps[-1])
-    return np.isin(ev_steps, steps)
+    contiguous = len(steps) and steps[-1] - steps[0] + 1 == len(steps)
+
+    def select(block: np.ndarray) -> np.ndarray:
+        step = np.ascontiguousarray(block["step"])  # read once (compared twice)
+        mask = (step >= steps[0]) & (step <= steps[-1]) if contiguous else np.isin(step, steps)
+        return mask & lanes(block["lane"])
+
+    return select
 
 
 def _run_id(trace: Trace) -> str:
@@ -411,25 +416,22 @@ def breakdown(trace: Trace) -> pd.DataFrame:
     rows = []  # (phase, category, axis, ns summed over the measured records)
     ops, phases, axes = trace.vocab["ops"], trace.vocab["phases"], trace.vocab["axes"]
     if trace.metadata.get("level", "op") == "op" and "wait" in ops:
-        ev = trace.events
-        mask = _measured_mask(trace, measured) & (ev["lane"] == LANE_HOST)
-        # column by column: fancy-indexing whole (packed, 78-byte) records is several times slower
-        picked = np.flatnonzero(mask)
-        host = {c: ev[c][picked] for c in ("op", "phase", "axis", "start_ns", "end_ns", "mpi_ns")}
+        # the host-lane events of the measured steps, their columns copied block by block (one pass
+        # through the packed records; fancy-indexing whole records, or column by column, is slower)
+        host = gather_columns(trace.events, ("op", "phase", "axis", "start_ns", "end_ns", "mpi_ns"),
+                              _measured_select(measured, lambda lane: lane == LANE_HOST))
         dur = (host["end_ns"] - host["start_ns"]).astype(np.float64)
-        op = host["op"].astype(np.int64)
-        phase = host["phase"].astype(np.int64)
-        axis = host["axis"].astype(np.int64)
+        op, phase, axis = host["op"], host["phase"], host["axis"]  # one-byte codes: widened where combined
         nop, nph, nax = len(ops), len(phases), len(axes)
 
         def by_phase_and(key, selected, radix):
-            sums = np.bincount(phase[selected] * radix + key[selected], weights=dur[selected],
-                               minlength=nph * radix)
-            counts = np.bincount(phase[selected] * radix + key[selected], minlength=nph * radix)
+            cell = phase[selected].astype(np.int64) * radix + key[selected]
+            sums = np.bincount(cell, weights=dur[selected], minlength=nph * radix)
+            counts = np.bincount(cell, minlength=nph * radix)
             return sums, counts
 
         compute_codes = [ops.index(name) for name in COMPUTE_OPS if name in ops]
-        is_compute = np.isin(op, compute_codes)
+        is_compute = in_codes(op, compute_codes)
         dur = np.where(is_compute, dur - host["mpi_ns"], dur)  # polls inside a GEMM are MPI time, not compute
         sums, counts = by_phase_and(op, is_compute, nop)
         for p in range(nph):
@@ -437,7 +439,7 @@ def breakdown(trace: Trace) -> pd.DataFrame:
                 if counts[p * nop + o]:
                     rows.append((phases[p], ops[o], "none", sums[p * nop + o]))
         harness_codes = [ops.index(name) for name in HARNESS_OPS if name in ops]
-        hsums, hcounts = by_phase_and(np.zeros_like(op), np.isin(op, harness_codes), 1)
+        hsums, hcounts = by_phase_and(np.zeros_like(op), in_codes(op, harness_codes), 1)
         for p in range(nph):
             if hcounts[p]:
                 rows.append((phases[p], "harness", "none", hsums[p]))
@@ -541,6 +543,30 @@ def steps_table(trace: Trace) -> pd.DataFrame:
 _COMM_BY = ("op", "axis", "phase", "layer")
 
 
+def _groups(key: np.ndarray, span: int):
+    """``np.unique(key, return_inverse=True)`` for keys in ``[0, span)``: by counting when ``span`` is
+    small (at most the number of keys, or 2**16), instead of sorting."""
+    if not len(key) or span > max(len(key), 1 << 16) or int(key.min()) < 0:
+        return np.unique(key, return_inverse=True)
+    present = np.bincount(key, minlength=span) > 0
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[key]
+
+
+def _group_medians(values: np.ndarray, inverse: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Per group ``j`` of ``inverse`` (``count[j]`` members, every group non-empty): the median of its
+    ``values``, the mean of its two middle order statistics (``(count - 1) // 2`` and ``count // 2``,
+    as the median of the sorted group). A stable sort by group, then a selection per group."""
+    narrow = inverse.astype(np.uint16) if len(count) <= 1 << 16 else inverse  # 16-bit keys: radix sort
+    grouped = values[np.argsort(narrow, kind="stable")]
+    starts = np.concatenate([[0], np.cumsum(count)[:-1]])
+    median = np.empty(len(count))
+    for j, (start, n) in enumerate(zip(starts.tolist(), count.tolist())):
+        lo, hi = (n - 1) // 2, n // 2
+        part = np.partition(grouped[start:start + n], (lo, hi))
+        median[j] = 0.5 * (part[lo] + part[hi])
+    return median
+
+
 def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame:
     """Collectives of the measured steps per ``(op, axis)``: columns :data:`COMM_COLUMNS`.
 
@@ -588,11 +614,11 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     measured = _measured_records(trace.rank_steps)
     n_records = len(measured)
     ev = trace.events
-    mask = _measured_mask(trace, measured) & (ev["lane"] >= LANE_COMM0) if n_records else np.zeros(len(ev), bool)
     wanted = set(by) | {"op", "issue_ns", "complete_ns", "start_ns", "end_ns", "bytes", "wire_bytes", "wait_ns",
                         "call_ns", "mpi_ns", "overlap_ns"}
-    picked = np.flatnonzero(mask)
-    coll = {c: ev[c][picked] for c in wanted}  # column by column (see breakdown)
+    # the comm-lane events of the measured steps, block by block (see breakdown)
+    coll = gather_columns(ev, wanted, _measured_select(measured, lambda lane: lane >= LANE_COMM0)) if n_records \
+        else {c: ev[c][:0] for c in wanted}
     if not len(coll["bytes"]):
         out = pd.DataFrame(columns=columns)
         out.attrs["formulas"] = dict(COMM_FORMULAS)
@@ -603,10 +629,10 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     key = np.zeros(len(coll["bytes"]), dtype=np.int64)
     for k, r in zip(codes, radices):
         key = key * r + k
-    uniq, inverse = np.unique(key, return_inverse=True)
+    uniq, inverse = _groups(key, math.prod(radices))
     g = len(uniq)
     copy_codes = [trace.vocab["ops"].index(o) for o in COPY_OPS if o in trace.vocab["ops"]]
-    is_copy = np.isin(coll["op"], copy_codes)  # copies: their own duration (no issue/completion)
+    is_copy = in_codes(coll["op"], copy_codes)  # copies: their own duration (no issue/completion)
     inflight = np.where(is_copy, coll["end_ns"] - coll["start_ns"],
                         coll["complete_ns"] - coll["issue_ns"]).astype(np.float64)
     count = np.bincount(inverse, minlength=g)
@@ -621,10 +647,7 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     own_call = np.maximum(coll["call_ns"] - coll["issue_ns"], 0)
     texposed = np.bincount(inverse, weights=np.where(is_copy, 0, own_call + coll["mpi_ns"]).astype(np.float64),
                            minlength=g)
-    order = np.lexsort((inflight, inverse))
-    sorted_flight = inflight[order]
-    starts = np.concatenate([[0], np.cumsum(count)[:-1]])
-    median = 0.5 * (sorted_flight[starts + (count - 1) // 2] + sorted_flight[starts + count // 2])
+    median = _group_medians(inflight, inverse, count)
     # decode the group keys back into codes
     decoded = []
     rest = uniq.copy()

@@ -406,30 +406,40 @@ def _metadata(h5, world: int) -> Dict:
     return metadata
 
 
-def _check_ranges(events, rank_steps, ranks, vocab, world: int) -> None:
+def _check_ranges(events, rank_steps, ranks, vocab, world: int) -> "_Scan":
     """Codes within their vocabularies, ranks within the world, the per-rank event ranges of
-    ``/ranks`` monotonic and covering ``/events`` exactly (what indexing and decoding rely on)."""
+    ``/ranks`` monotonic and covering ``/events`` exactly (what indexing and decoding rely on).
+
+    The event checks run in the one pass of :func:`_scan_events`, which also gathers what
+    :func:`damage` needs (returned); problems are raised in the order: ``/ranks`` rows, event ranks,
+    rank-step ranks, codes (op, phase, axis, layer), ``/ranks`` event ranges, rows outside their rank's
+    range."""
     if not np.array_equal(ranks["rank"], np.arange(world)):
         raise _Invalid(f"/ranks does not list ranks 0..{world - 1} in order")
-    for column, table in (("rank", events), ("rank", rank_steps)):
-        bad = np.nonzero(table[column] >= world)[0]
-        if len(bad):
-            name = "events" if table is events else "rank_steps"
-            raise _Invalid(f"/{name} row {bad[0]}: rank {table[column][bad[0]]} outside the world of {world}")
+    try:
+        _check_rank_ranges(ranks, world, len(events))
+        ranges = None
+    except _Invalid as exc:
+        ranges = exc
+    scan = _scan_events(events, rank_steps, world, vocab, None if ranges is not None else ranks["event_count"])
+    found = scan["rank"]
+    if found.count:
+        raise _Invalid(f"/events row {found.first}: rank {found.value} outside the world of {world}")
+    bad = np.nonzero(rank_steps["rank"] >= world)[0]
+    if len(bad):
+        raise _Invalid(f"/rank_steps row {bad[0]}: rank {rank_steps['rank'][bad[0]]} outside the world of {world}")
     for column, words in _VOCAB_OF.items():
-        codes = events[column].astype(np.int64)
-        bad = np.nonzero((codes < 0) | (codes >= len(vocab[words])))[0]
-        if len(bad):
-            raise _Invalid(f"/events row {bad[0]}: {column} code {codes[bad[0]]} outside its vocabulary of "
-                           f"{len(vocab[words])} words ({len(bad)} such rows)")
-    _check_rank_ranges(ranks, world, len(events))
-    count = ranks["event_count"]
-    held = count > 0
-    owner = np.repeat(ranks["rank"][held], count[held])
-    if len(events) and not np.array_equal(events["rank"], owner):
-        first = int(np.nonzero(events["rank"] != owner)[0][0])
-        raise _Invalid(f"/events row {first} (rank {events['rank'][first]}) lies outside that rank's "
+        found = scan[column]
+        if found.count:
+            raise _Invalid(f"/events row {found.first}: {column} code {found.value} outside its vocabulary of "
+                           f"{len(vocab[words])} words ({found.count} such rows)")
+    if ranges is not None:
+        raise ranges
+    found = scan["owner"]
+    if found.count:
+        raise _Invalid(f"/events row {found.first} (rank {events['rank'][found.first]}) lies outside that rank's "
                        "event_offset/event_count range")
+    return scan
 
 
 def _check_rank_ranges(ranks: np.ndarray, world: int, n_events: int) -> None:
@@ -498,8 +508,9 @@ def load_trace(path: str, allow_damaged: bool = False, events: bool = True) -> T
                 from fourd_mpi.trace.merge import read_parts
 
                 arrays["events"] = read_parts(path, h5, str(attrs.get("run_id", "")), n_events, read=events)
+            scan = None
             if events:
-                _check_ranges(arrays["events"], arrays["rank_steps"], arrays["ranks"], vocab, world)
+                scan = _check_ranges(arrays["events"], arrays["rank_steps"], arrays["ranks"], vocab, world)
             else:
                 arrays["events"] = np.zeros(0, dtype=EVENT_DTYPE)
                 _check_rank_ranges(arrays["ranks"], world, n_events)
@@ -519,7 +530,7 @@ def load_trace(path: str, allow_damaged: bool = False, events: bool = True) -> T
                   events=arrays["events"], steps=arrays["steps"], rank_steps=arrays["rank_steps"],
                   ranks=arrays["ranks"], attrs={k: (v.item() if isinstance(v, np.generic) else v)
                                                 for k, v in attrs.items()})
-    trace.damage = damage(trace) if events else []
+    trace.damage = damage(trace, scan) if events else []
     if trace.damage and not allow_damaged:
         raise DamagedTraceError(f"{path} is damaged: {trace.damage[0]}"
                                 + (f" (and {len(trace.damage) - 1} more problem(s))" if len(trace.damage) > 1 else "")
@@ -540,7 +551,7 @@ _NONNEGATIVE = {
 }
 
 
-def damage(trace: Trace) -> List[str]:
+def damage(trace: Trace, scan: "_Scan" = None) -> List[str]:
     """Why a structurally valid trace cannot be analysed as it is (empty: it can).
 
     - NaN, infinite or negative times: every ``*_ns`` column but ``clock_offset_ns``, ``bytes``,
@@ -550,41 +561,53 @@ def damage(trace: Trace) -> List[str]:
       event belongs to a recorded (rank, step), each rank-step's ``events`` count equals its events
       in ``/events``, and each holds exactly one step span; level ``step`` keeps step spans only,
       ``layer`` step and layer spans only, ``op`` at least one host-lane event per rank-step.
+
+    The event checks are those of :func:`_scan_events` (one pass over the records, block by block);
+    ``scan``: its result for these events and rank-steps, when already made (:func:`load_trace`).
     """
     out: List[str] = []
+    if scan is None:
+        scan = _scan_events(trace.events, trace.rank_steps)
     tables = {"events": trace.events, "rank_steps": trace.rank_steps, "steps": trace.steps, "ranks": trace.ranks}
+
+    def failing(name: str, check: str, bad) -> Tuple[int, int]:
+        """(count, first row) of the rows of table ``name`` failing ``check`` (``bad()``: their mask)."""
+        if name == "events":
+            found = scan[check]
+            return found.count, found.first
+        rows = np.nonzero(bad())[0]
+        return len(rows), (rows[0] if len(rows) else -1)
+
     for name, columns in _NONNEGATIVE.items():
         table = tables[name]
         for column in columns:
-            bad = np.nonzero(table[column] < 0)[0]
-            if len(bad):
-                out.append(f"/{name}: {len(bad)} row(s) with negative {column} (first: row {bad[0]})")
+            count, first = failing(name, column, lambda: table[column] < 0)
+            if count:
+                out.append(f"/{name}: {count} row(s) with negative {column} (first: row {first})")
         if "end_ns" in table.dtype.names:
-            bad = np.nonzero(table["end_ns"] < table["start_ns"])[0]
-            if len(bad):
-                out.append(f"/{name}: {len(bad)} row(s) ending before they start (first: row {bad[0]})")
+            count, first = failing(name, "end_ns<start_ns", lambda: table["end_ns"] < table["start_ns"])
+            if count:
+                out.append(f"/{name}: {count} row(s) ending before they start (first: row {first})")
     for name, column in (("events", "flops"), ("rank_steps", "seconds"), ("steps", "seconds")):
         values = tables[name][column]
-        bad = np.nonzero(~np.isfinite(values) | (values < 0))[0]
-        if len(bad):
-            out.append(f"/{name}: {len(bad)} row(s) with NaN, infinite or negative {column} (first: row {bad[0]})")
-    ev = trace.events
-    comm = ev["lane"] >= LANE_COMM0
-    bad = np.nonzero(comm & ((ev["complete_ns"] < ev["issue_ns"]) | (ev["issue_ns"] < 0)))[0]
-    if len(bad):
-        out.append(f"/events: {len(bad)} collective(s) completing before their issue (first: row {bad[0]})")
-    out += _completeness(trace)
+        count, first = failing(name, column, lambda: ~np.isfinite(values) | (values < 0))
+        if count:
+            out.append(f"/{name}: {count} row(s) with NaN, infinite or negative {column} (first: row {first})")
+    found = scan["issue"]
+    if found.count:
+        out.append(f"/events: {found.count} collective(s) completing before their issue (first: row {found.first})")
+    out += _completeness(trace, scan)
     return out
 
 
-def _completeness(trace: Trace) -> List[str]:
-    """The completeness part of :func:`damage` (vectorised: sorts, no loop over ranks or steps)."""
+def _completeness(trace: Trace, scan: "_Scan" = None) -> List[str]:
+    """The completeness part of :func:`damage` (vectorised: sorts, no loop over ranks or steps; the
+    events counted per rank-step and lane class by :func:`_scan_events`)."""
     out: List[str] = []
-    ev, rs, world = trace.events, trace.rank_steps, trace.world_size
-    steps = np.unique(rs["step"])
-    n_steps = max(len(steps), 1)
-    rs_key = rs["rank"].astype(np.int64) * n_steps + np.searchsorted(steps, rs["step"])
-    keys, first = np.unique(rs_key, return_index=True)
+    if scan is None:
+        scan = _scan_events(trace.events, trace.rank_steps)
+    rs, world = trace.rank_steps, trace.world_size
+    steps, keys, first = _record_keys(rs)
     if len(keys) != len(rs):
         out.append(f"/rank_steps: {len(rs) - len(keys)} duplicate (rank, step) record(s)")
     if len(keys) != world * len(steps):
@@ -593,27 +616,19 @@ def _completeness(trace: Trace) -> List[str]:
         if len(short):
             out.append(f"step {steps[short[0]]}: records from {per_step[short[0]]} of {world} ranks"
                        + (f" ({len(short)} such steps)" if len(short) > 1 else ""))
-    index = np.searchsorted(steps, ev["step"]) if len(steps) else np.zeros(len(ev), dtype=np.int64)
-    known = (index < len(steps)) & (steps[np.minimum(index, len(steps) - 1)] == ev["step"]) if len(steps) \
-        else np.zeros(len(ev), dtype=bool)
-    if not known.all():
-        out.append(f"/events: {int((~known).sum())} event(s) of steps without a step record")
-    ev_key = ev["rank"].astype(np.int64)[known] * n_steps + index[known]
-    lanes = ev["lane"][known]
-    where = np.searchsorted(keys, ev_key)
-    matched = (where < len(keys)) & (keys[np.minimum(where, max(len(keys) - 1, 0))] == ev_key) if len(keys) \
-        else np.zeros(len(ev_key), dtype=bool)
-    if not matched.all():
-        out.append(f"/events: {int((~matched).sum())} event(s) of a rank in a step it has no record for")
-    where, lanes = where[matched], lanes[matched]
-    held = np.bincount(where, minlength=len(keys))
+    if scan["unknown"].count:
+        out.append(f"/events: {scan['unknown'].count} event(s) of steps without a step record")
+    if scan["unmatched"].count:
+        out.append(f"/events: {scan['unmatched'].count} event(s) of a rank in a step it has no record for")
+    by_key = scan.by_key  # matched events per record key; columns: step span, layer span, host, comm lanes
+    held = by_key.sum(axis=1)
     expected = rs["events"][first]
     bad = np.nonzero(held != expected)[0]
     if len(bad):
         i = first[bad[0]]
         out.append(f"rank {rs['rank'][i]} step {rs['step'][i]}: {held[bad[0]]} events in /events, its record says "
                    f"{rs['events'][i]} (truncated?; {len(bad)} such rank-steps)")
-    spans = np.bincount(where[lanes == LANE_STEP], minlength=len(keys))
+    spans = by_key[:, LANE_STEP]
     bad = np.nonzero(spans != 1)[0]
     if len(bad):
         i = first[bad[0]]
@@ -621,16 +636,188 @@ def _completeness(trace: Trace) -> List[str]:
                    f"({len(bad)} such rank-steps)")
     level = trace.metadata.get("level")
     allowed = {"step": LANE_STEP, "layer": LANE_LAYER}.get(level)
-    if allowed is not None and (lanes > allowed).any():
-        out.append(f"level {level}: {int((lanes > allowed).sum())} event(s) of a finer level")
+    finer = int(by_key[:, allowed + 1:].sum()) if allowed is not None else 0
+    if finer:
+        out.append(f"level {level}: {finer} event(s) of a finer level")
     if level == "op":
-        host = np.bincount(where[lanes == LANE_HOST], minlength=len(keys))
-        bad = np.nonzero(host == 0)[0]
+        bad = np.nonzero(by_key[:, LANE_HOST] == 0)[0]
         if len(bad):
             i = first[bad[0]]
             out.append(f"level op: rank {rs['rank'][i]} step {rs['step'][i]} has no host-lane event "
                        f"({len(bad)} such rank-steps)")
     return out
+
+
+# ---------------------------------------------------------------------------
+# one pass over the events: every elementwise check of a block of rows while it is in cache
+# ---------------------------------------------------------------------------
+
+#: rows per block of :func:`_scan_events` and :func:`gather_columns` (8192 records of 102 bytes: 0.8 MiB,
+#: within a core's L2): a column of a structured array is a strided view, so checking or copying the
+#: columns one at a time over all rows would pull every record through memory once per column
+SCAN_ROWS = 8192
+
+
+def blocks(n: int, rows: int = None):
+    """``(start, stop)`` of consecutive blocks of ``rows`` rows (default :data:`SCAN_ROWS`) covering
+    ``range(n)``."""
+    rows = max(int(SCAN_ROWS if rows is None else rows), 1)
+    return ((a, min(a + rows, n)) for a in range(0, n, rows))
+
+
+def gather_columns(events: np.ndarray, columns, select, rows: int = None) -> Dict[str, np.ndarray]:
+    """``{column: events[column][mask]}`` (contiguous copies, rows in file order) for the rows where
+    ``select(block)`` is true: ``select`` gets a block of ``events`` (a slice, ``rows`` rows at most) and
+    returns its boolean mask. One pass through the records, block by block (instead of one strided
+    pass per column)."""
+    pieces: Dict[str, List[np.ndarray]] = {c: [] for c in columns}
+    for a, b in blocks(len(events), rows):
+        block = events[a:b]
+        picked = np.flatnonzero(select(block))
+        if len(picked):
+            for c in columns:
+                pieces[c].append(block[c][picked])
+    out = {}
+    for c in list(pieces):  # each column's pieces freed once joined
+        p = pieces.pop(c)
+        out[c] = np.concatenate(p) if p else np.zeros(0, dtype=events.dtype[c])
+    return out
+
+
+def in_codes(values: np.ndarray, codes) -> np.ndarray:
+    """``np.isin(values, codes)``; for one-byte unsigned ``values`` (the op, phase, axis and lane
+    columns) by a 256-entry lookup table instead of a sort."""
+    if values.dtype != np.uint8:
+        return np.isin(values, codes)
+    table = np.zeros(256, dtype=bool)
+    table[[int(c) for c in codes if 0 <= int(c) < 256]] = True
+    return table[values]
+
+
+class _Tally:
+    """How many rows fail one check, the first of them, and its value (``values[row]`` at that row)."""
+
+    __slots__ = ("count", "first", "value")
+
+    def __init__(self):
+        self.count, self.first, self.value = 0, -1, None
+
+    def add(self, bad: np.ndarray, offset: int, values=None) -> None:
+        n = int(np.count_nonzero(bad))
+        if n:
+            if not self.count:
+                i = int(np.argmax(bad))
+                self.first, self.value = offset + i, (values[i] if values is not None else None)
+            self.count += n
+
+
+class _Scan:
+    """What :func:`_scan_events` found: one :class:`_Tally` per check, and per (rank, step) record key
+    the matched events by lane class (columns: step span, layer span, host, comm lanes)."""
+
+    def __init__(self):
+        self.tally: Dict[str, _Tally] = {}
+        self.by_key: np.ndarray = np.zeros((0, 4), dtype=np.int64)
+
+    def __getitem__(self, name: str) -> _Tally:
+        return self.tally.setdefault(name, _Tally())
+
+
+def _record_keys(rank_steps: np.ndarray):
+    """``(steps, keys, first)``: the distinct steps of ``/rank_steps``; the distinct record keys
+    ``rank * max(len(steps), 1) + step index`` (sorted) and the first record of each."""
+    steps = np.unique(rank_steps["step"])
+    n_steps = max(len(steps), 1)
+    rs_key = rank_steps["rank"].astype(np.int64) * n_steps + np.searchsorted(steps, rank_steps["step"])
+    keys, first = np.unique(rs_key, return_index=True)
+    return steps, keys, first
+
+
+#: the event columns :func:`_scan_events` reads
+_SCANNED = frozenset(("rank", "step", "lane", "start_ns", "end_ns", "flops", "issue_ns", "complete_ns")
+                     + tuple(_VOCAB_OF) + _NONNEGATIVE["events"])
+
+
+def _scan_events(events: np.ndarray, rank_steps: np.ndarray, world=None, vocab=None, counts=None,
+                 rows: int = None) -> _Scan:
+    """Every elementwise check of ``events`` in one pass, block by block (:data:`SCAN_ROWS`).
+
+    Always (for :func:`damage`): negative values of the non-negative columns, rows ending before they
+    start, NaN/infinite/negative ``flops``, collectives completing before their issue; events of a step
+    without a record (``unknown``), of a rank-step without a record (``unmatched``), and the matched
+    events counted per record key and lane class (:func:`_completeness`). With ``world`` and ``vocab``
+    (for :func:`_check_ranges`): ranks outside the world, codes outside their vocabularies; with
+    ``counts`` (``/ranks`` ``event_count``, already checked) rows outside their rank's range.
+    """
+    scan = _Scan()
+    steps, keys, _ = _record_keys(rank_steps)
+    n_steps, n_keys = max(len(steps), 1), len(keys)
+    contiguous = len(steps) > 0 and int(steps[-1]) - int(steps[0]) + 1 == len(steps)
+    dense = n_keys > 0 and int(keys[0]) == 0 and int(keys[-1]) == n_keys - 1  # keys == arange(n_keys)
+    by_key = np.zeros((n_keys, 4), dtype=np.int64)
+    codes = []
+    if world is not None:
+        for column, words in _VOCAB_OF.items():
+            info = np.iinfo(events.dtype[column])
+            codes.append((column, len(vocab[words]), info.min < 0, len(vocab[words]) <= info.max))
+    if counts is not None:
+        owners = np.arange(len(counts))[counts > 0]
+        ends = np.cumsum(counts[counts > 0])
+    columns = [c for c in events.dtype.names if c in _SCANNED]
+    for a, b in blocks(len(events), rows):
+        records = events[a:b]
+        block = {c: np.ascontiguousarray(records[c]) for c in columns}  # each column read once, from cache
+        rank, lane = block["rank"], block["lane"]
+        if world is not None:
+            scan["rank"].add(rank >= world, a, rank)
+            for column, n_words, signed, bounded in codes:
+                code = block[column]
+                if signed and bounded:
+                    scan[column].add((code < 0) | (code >= n_words), a, code)
+                elif signed:
+                    scan[column].add(code < 0, a, code)
+                elif bounded:
+                    scan[column].add(code >= n_words, a, code)
+        if counts is not None:
+            lo, hi = np.searchsorted(ends, a, side="right"), np.searchsorted(ends, b, side="left") + 1
+            starts = np.concatenate([[a], ends[lo:hi - 1]])
+            stops = np.minimum(ends[lo:hi], b)
+            scan["owner"].add(rank != np.repeat(owners[lo:hi], stops - starts), a)
+        for column in _NONNEGATIVE["events"]:
+            scan[column].add(block[column] < 0, a)
+        start, end = block["start_ns"], block["end_ns"]
+        scan["end_ns<start_ns"].add(end < start, a)
+        flops = block["flops"]
+        scan["flops"].add(~np.isfinite(flops) | (flops < 0), a)
+        issue = block["issue_ns"]
+        scan["issue"].add((lane >= LANE_COMM0) & ((block["complete_ns"] < issue) | (issue < 0)), a)
+        step = block["step"]
+        if contiguous:
+            known = (step >= steps[0]) & (step <= steps[-1])
+            index = step.astype(np.int64) - int(steps[0])
+        elif len(steps):
+            index = np.searchsorted(steps, step)
+            known = (index < len(steps)) & (steps[np.minimum(index, len(steps) - 1)] == step)
+        else:
+            known, index = np.zeros(b - a, dtype=bool), np.zeros(b - a, dtype=np.int64)
+        scan["unknown"].add(~known, a)
+        key = rank.astype(np.int64) * n_steps + index
+        if dense:
+            where, matched = key, known & (key >= 0) & (key < n_keys)
+        elif n_keys:
+            where = np.searchsorted(keys, key)
+            matched = known & (where < n_keys) & (keys[np.minimum(where, n_keys - 1)] == key)
+        else:
+            where, matched = key, np.zeros(b - a, dtype=bool)
+        scan["unmatched"].add(known & ~matched, a)
+        where = where[matched]
+        if len(where):
+            low = int(where.min())
+            cell = (where - low) * 4 + np.minimum(lane[matched], LANE_COMM0)
+            part = np.bincount(cell, minlength=4 * (int(where.max()) - low + 1)).reshape(-1, 4)
+            by_key[low:low + len(part)] += part
+    scan.by_key = by_key
+    return scan
 
 
 def check_invariants(trace: Trace) -> List[str]:
