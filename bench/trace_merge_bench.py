@@ -24,7 +24,14 @@
 
 Seconds are the median and quartiles (q1-q3) of ``--repeats``. Prints tables.
 
+``--against TREE [TREE ...]``: instead, before/after of the code: the grouped recovery (``--jobs``,
+no compression) of the same spool by this checkout and by each other checkout ``TREE`` (e.g. a
+``git worktree`` of an older commit; its own ``bench/trace_merge_bench.py --worker recover`` with
+``PYTHONPATH=TREE``), alternating within every round; rate per tree and the per-round ratio of this
+tree's rate to each other's (median and range).
+
     OMP_NUM_THREADS=1 python bench/trace_merge_bench.py [--ranks 4096] [--steps 10] [--group-size 128]
+    OMP_NUM_THREADS=1 python bench/trace_merge_bench.py --dir D --no-single --against ../old --repeats 7
 """
 
 from __future__ import annotations
@@ -202,6 +209,39 @@ def io_floor(spool: str, out_dir: str, nbytes: int, writers: int) -> dict:
     return {"read_MBps": total / read_s / 1e6, "write_MBps": rates[1], "write_parallel_MBps": rates[writers]}
 
 
+def against(args, spool: str, base: str, events: int, env) -> int:
+    """Before/after (module doc): this checkout and each ``--against`` tree, alternating per round."""
+    here = os.path.dirname(HERE)
+    trees = {"this": here, **{os.path.basename(os.path.abspath(t)) or t: os.path.abspath(t) for t in args.against}}
+    rates = {name: [] for name in trees}
+    cpu = {name: [] for name in trees}
+    for _ in range(args.repeats):
+        for name, tree in trees.items():
+            out = os.path.join(base, f"against-{name}.h5")
+            remove_trace(out)
+            tree_env = dict(env, PYTHONPATH=tree)
+            proc = subprocess.run([sys.executable, os.path.join(tree, "bench", "trace_merge_bench.py"), "--worker",
+                                   "recover", "--spool", spool, "--path", out, "--group-size", str(args.group_size),
+                                   "--jobs", str(args.jobs), "--compression", "none"],
+                                  capture_output=True, text=True, env=tree_env, cwd=base)
+            if proc.returncode != 0:
+                raise SystemExit(f"recover by {tree} failed: {proc.stderr.strip()}")
+            result = json.loads(proc.stdout.strip().splitlines()[-1])
+            assert result["events"] == events, result
+            rates[name].append(events / result["seconds"] / 1e6)
+            cpu[name].append(events / result["cpu_seconds"] / 1e6)
+            remove_trace(out)
+    print(f"before/after: recover, groups of {args.group_size}, {args.jobs} jobs, no compression, fresh process; "
+          f"{args.repeats} rounds, the trees alternating within each round")
+    print(f"{'tree':<12} {'M events/s, median (q1-q3)':>28} {'M ev/CPU-s':>11} {'this / tree per round':>26}  path")
+    for name, tree in trees.items():
+        ratios = [a / b for a, b in zip(rates["this"], rates[name])]
+        versus = "-" if name == "this" else f"{med(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+        print(f"{name:<12} {spread(rates[name]):>28} {med(cpu[name]):>11.2f} {versus:>26}  {tree}")
+    print(f"load average at the end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=4096)
@@ -215,6 +255,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-single", action="store_true", help="skip the single-file recoveries (slow)")
     p.add_argument("--dir", help="work directory (kept; a spool of the same shape there is reused); "
                                  "default: a temporary one, removed")
+    p.add_argument("--against", nargs="+", metavar="TREE",
+                   help="before/after: the grouped uncompressed recovery by this checkout and by each TREE, alternating")
     p.add_argument("--worker", choices=("recover", "load", "baseline"), help=argparse.SUPPRESS)
     p.add_argument("--spool", help=argparse.SUPPRESS)
     p.add_argument("--path", help=argparse.SUPPRESS)
@@ -248,6 +290,8 @@ def main(argv=None) -> int:
               f"{events:,} events ({events * ev_bytes / 2**20:.0f} MiB raw, {ev_bytes} B/event), {how} in "
               f"{build_s:.1f} s; machine: {os.cpu_count()} CPUs, load average "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at start")
+        if args.against:
+            return against(args, spool, base, events, env)
         floor = io_floor(spool, base, events * ev_bytes, args.jobs)
         print(f"I/O floor on this file system: read the .events files {floor['read_MBps']:.0f} MB/s; write one file "
               f"{floor['write_MBps']:.0f} MB/s, {args.jobs} files by {args.jobs} threads "
