@@ -46,6 +46,7 @@ class PyFourdMpi(PythonPackage):
     depends_on("py-tqdm@4.60:", type=("build", "run"))
     depends_on("py-jinja2@3:", type=("build", "run"))
     depends_on("py-jsonschema@4:", type=("build", "run"))
+    depends_on("py-xxhash@3:", type=("build", "run"))
 
     with when("+cuda"):
         depends_on("cuda")
