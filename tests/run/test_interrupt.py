@@ -222,7 +222,9 @@ def test_scancel_of_a_slurm_job_is_recorded_as_interrupted(tmp_path):
     said = "interrupted: SIGTERM (scheduler time limit, scancel or kill) during step "
     reports = [json.loads(p.read_text())["error"] for p in spool.glob("*.failed.json")]
     assert reports and all(r.startswith(said) for r in reports), (reports, log.read_text(), cluster.logs())
-    assert f"fourd-mpi: {said}" in log.read_text(), (log.read_text(), cluster.logs())
+    # the ranks also print the reason, but whether that line reaches the job's output is a race: hydra
+    # forwards it through the srun step that Slurm is tearing down (a CI run under load lost it), so the
+    # spool's reports above are what this test holds the run to
     rec = fourd("trace", "recover", spool)
     assert rec.returncode == 0 and "status interrupted" in rec.stdout, rec
     assert_readable_interrupted(results / "s.h5")

@@ -21,6 +21,7 @@ import time
 import pytest
 
 from conftest import HELPERS, REPO, mpi_env
+from test_spool_faults import one_line_on_every_rank  # the same promise, the same 4 ranks
 from fourd_mpi.trace.read import check_invariants, load_trace
 
 NRANKS = 4
@@ -116,14 +117,6 @@ def nolockfs(tmp_path):
         yield fs
     finally:
         fs.stop()
-
-
-def one_line_on_every_rank(proc, nranks=NRANKS) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-4000:])
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("fourd-mpi: error: ")]
-    assert len(errors) == nranks and len(set(errors)) == 1, proc.stderr
-    return errors[0]
 
 
 def leftovers(root) -> list:
