@@ -98,7 +98,7 @@ class Trainer:
         return loss, y
 
     def step(self, step: int) -> StepResult:
-        return timed_step(self, step, self.comm.grid.world, "the end-of-step MAX all-reduce")
+        return timed_step(self, step, self.comm.grid.world, "the end-of-step MAX all-reduce over world")
 
 
 def timed_step(trainer, step: int, world, what: str) -> StepResult:

@@ -72,7 +72,7 @@ def test_a_stopped_rank_is_diagnosed_and_the_job_ends(tmp_path):
     assert proc.returncode != 0
     lines = [line for line in err.splitlines() if line.startswith("fourd-mpi: error: rank ")]
     assert lines, err
-    assert all("longer than --step-timeout 3 s" in line and " over " in line and "step " in line for line in lines)
+    assert all("longer than --step-timeout 3 s" in line and " over " in line and "step " in line for line in lines), lines
     hung = [json.loads(p.read_text())["error"] for p in spool.glob("*.failed.json")]
     assert hung and all(text.startswith("hung: ") for text in hung)
     assert "Traceback" not in err
