@@ -101,22 +101,22 @@ def _mount(tmp_path, nolock: bool):
     return FaultFS(tmp_path, nolock)
 
 
-@pytest.fixture
-def faultfs(tmp_path):
-    fs = _mount(tmp_path, nolock=False)
+def _mounted(tmp_path, nolock: bool):
+    fs = _mount(tmp_path, nolock=nolock)
     try:
         yield fs
     finally:
         fs.stop()
+
+
+@pytest.fixture
+def faultfs(tmp_path):
+    yield from _mounted(tmp_path, nolock=False)
 
 
 @pytest.fixture
 def nolockfs(tmp_path):
-    fs = _mount(tmp_path, nolock=True)
-    try:
-        yield fs
-    finally:
-        fs.stop()
+    yield from _mounted(tmp_path, nolock=True)
 
 
 def leftovers(root) -> list:
