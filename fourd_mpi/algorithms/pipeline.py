@@ -49,6 +49,13 @@ def grid_comm(world, options):
     return world.Split(color=stage, key=stage_rank)
 
 
+def world_dims(options) -> Dict[str, int]:
+    """Axis -> size over the whole world in rank order (:data:`~fourd_mpi.algorithms.pipeline_plan.RANK_ORDER`,
+    ``data, inter, z, y, x``): world ranks are row-major over them (:func:`~fourd_mpi.algorithms.pipeline_plan.place`)."""
+    sizes = plan.grid5d(options)
+    return {axis: sizes[axis] for axis in plan.RANK_ORDER}
+
+
 def stage_of(world, options) -> int:
     return plan.place(world.Get_rank(), options.ginter, options.grid.z * options.grid.y * options.grid.x)[0]
 

@@ -62,7 +62,7 @@ STEP_AXES = ("data", "z", "y", "x")
 STEPS_COLUMNS = (["run_id", "step", "rank", "warmup", "step_s", "step_max_s", "compute_s", "harness_s", "wait_s"]
                  + [f"wait_{a}_s" for a in STEP_AXES] + ["mpi_s", "loss"])
 COMM_COLUMNS = [
-    "run_id", "op", "axis", "group_size", "messages_per_step", "bytes_per_step", "wire_bytes_per_step",
+    "run_id", "op", "axis", "placement", "node_span", "group_size", "messages_per_step", "bytes_per_step", "wire_bytes_per_step",
     "bytes_per_message", "inflight_median_s", "inflight_s_per_step", "wait_s_per_step", "mpi_s_per_step", "exposed_s_per_step", "algbw_gbps",
     "busbw_gbps", "overlap_pct", "outside_mpi_pct", "formula", "algorithm",
 ]
@@ -102,6 +102,17 @@ COMM_FORMULAS = {
     "busbw_gbps": BUSBW_FORMULA,
     "per_step": "messages/bytes/wire_bytes/inflight/wait/mpi per step = sum over measured steps and ranks "
                 "/ (ranks * measured steps)",
+    "placement": "inter-node when the issuing rank's communicator along the axis spans more than one node "
+                 "(node_span > 1; the run's node assignment, trace metadata placement.node_span), else intra-node; "
+                 "node_span = the most nodes one such communicator spans",
+}
+#: columns of :func:`comm_placement_table`
+COMM_PLACEMENT_COLUMNS = ["run_id", "placement", "messages_per_step", "bytes_per_step", "bytes_pct", "wire_bytes_per_step",
+                          "inflight_s_per_step", "inflight_pct", "exposed_s_per_step", "exposed_pct", "axes", "algorithm"]
+COMM_PLACEMENT_FORMULAS = {
+    "per_step": "the comm table's per-step sums (per rank and step) added over its rows of that placement",
+    "*_pct": "100 * the placement's sum / the sum over both placements",
+    "placement": COMM_FORMULAS["placement"],
 }
 
 
@@ -600,6 +611,12 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     - Traces of schema <= 3 have no ``call_ns``/``mpi_ns``/``overlap_ns`` (:func:`load_trace` fills
       them with ``issue_ns``, ``wait_ns`` and the not-waited time): both percentages then equal
       their old ``1 - wait / (complete - issue)``.
+    - ``placement``: ``intra-node`` or ``inter-node``, a grouping key after ``by``: a collective is inter-node
+      when the issuing rank's communicator along its axis spans more than one node (metadata
+      ``placement.node_span[axis][rank]`` > 1: the launcher's node assignment recorded by the run,
+      :meth:`~fourd_mpi.trace.read.Trace.placement`); ``node_span`` the most nodes one such communicator spans.
+      An axis whose communicators all lie on one node has only intra-node rows; one that crosses nodes
+      everywhere only inter-node rows; an uneven placement both. :func:`comm_placement_table` sums them.
     - ``formula`` repeats the overlap formula; ``df.attrs["formulas"]`` has all of them.
 
     In-flight times are observed (section 13 of docs/trace-format.md): the bandwidths are lower
@@ -614,7 +631,7 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     measured = _measured_records(trace.rank_steps)
     n_records = len(measured)
     ev = trace.events
-    wanted = set(by) | {"op", "issue_ns", "complete_ns", "start_ns", "end_ns", "bytes", "wire_bytes", "wait_ns",
+    wanted = set(by) | {"op", "axis", "rank", "issue_ns", "complete_ns", "start_ns", "end_ns", "bytes", "wire_bytes", "wait_ns",
                         "call_ns", "mpi_ns", "overlap_ns"}
     # the comm-lane events of the measured steps, block by block (see breakdown)
     coll = gather_columns(ev, wanted, _measured_select(measured, lambda lane: lane >= LANE_COMM0)) if n_records \
@@ -624,8 +641,9 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
         out.attrs["formulas"] = dict(COMM_FORMULAS)
         return out
     vocab_of = {"op": "ops", "axis": "axes", "phase": "phases", "layer": "layers"}
-    codes = [coll[c].astype(np.int64) for c in by]
-    radices = [max(len(trace.vocab[vocab_of[c]]), int(k.max()) + 1) for c, k in zip(by, codes)]
+    span = _event_node_span(trace, coll["axis"], coll["rank"])
+    codes = [coll[c].astype(np.int64) for c in by] + [(span > 1).astype(np.int64)]
+    radices = [max(len(trace.vocab[vocab_of[c]]), int(k.max()) + 1) for c, k in zip(by, codes)] + [2]
     key = np.zeros(len(coll["bytes"]), dtype=np.int64)
     for k, r in zip(codes, radices):
         key = key * r + k
@@ -654,12 +672,16 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     for r in reversed(radices):
         decoded.append(rest % r)
         rest = rest // r
-    decoded = dict(zip(by, reversed(decoded)))
+    decoded = dict(zip(by + ["placement"], reversed(decoded)))
     grid = _grid(trace)
     out = pd.DataFrame(index=pd.RangeIndex(g))
     for c in by:
         words = trace.vocab[vocab_of[c]]
         out[c] = [words[i] if i < len(words) else str(i) for i in decoded[c]]
+    out["placement"] = np.where(decoded["placement"] == 1, "inter-node", "intra-node")
+    widest = np.ones(g, dtype=np.int64)
+    np.maximum.at(widest, inverse, span)
+    out["node_span"] = widest
     out["run_id"] = run_id
     sizes = np.array([grid.get(a, 0) for a in out["axis"]], dtype=np.int64)
     # staging copies (d2h, h2d) share the comm lanes: copy bandwidth, but no bus bandwidth or overlap
@@ -689,6 +711,46 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     return out
 
 
+def _event_node_span(trace: Trace, axis_codes: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """Per event: the nodes spanned by its rank's communicator along its axis (:meth:`Trace.placement`; axis
+    ``none``, the world-wide loss all-reduce: the run's node count; an axis the placement lacks: 1)."""
+    if not len(axis_codes):
+        return np.ones(0, dtype=np.int64)
+    placement = trace.placement()
+    world = max(len(placement.nodes), int(ranks.max()) + 1)
+    words = trace.vocab["axes"]
+    table = np.ones((max(len(words), int(axis_codes.max()) + 1), world), dtype=np.int64)
+    for code, word in enumerate(words):
+        spans = placement.spans.get(word)
+        if spans:
+            table[code, :len(spans)] = spans
+    return table[axis_codes.astype(np.int64), ranks.astype(np.int64)]
+
+
+def comm_placement_table(comm: pd.DataFrame) -> pd.DataFrame:
+    """The comm table (:func:`comm_table`, one or more runs) split into intra- and inter-node: per run and
+    placement the per-step sums of its rows (messages, bytes, wire bytes, in-flight and exposed seconds), each
+    with its share of the run's total (``*_pct``), and the axes involved. Columns :data:`COMM_PLACEMENT_COLUMNS`."""
+    if not len(comm):
+        out = pd.DataFrame(columns=COMM_PLACEMENT_COLUMNS)
+        out.attrs["formulas"] = dict(COMM_PLACEMENT_FORMULAS)
+        return out
+    rows = comm[~comm["op"].isin(COPY_OPS)]
+    sums = ["messages_per_step", "bytes_per_step", "wire_bytes_per_step", "inflight_s_per_step", "exposed_s_per_step"]
+    grouped = rows.groupby(["run_id", "placement"], sort=True)
+    out = grouped[sums].sum().reset_index()
+    out["axes"] = grouped["axis"].agg(lambda a: ",".join(dict.fromkeys(a))).to_numpy()
+    out["algorithm"] = grouped["algorithm"].first().to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for col, pct in (("bytes_per_step", "bytes_pct"), ("inflight_s_per_step", "inflight_pct"),
+                         ("exposed_s_per_step", "exposed_pct")):
+            total = out.groupby("run_id")[col].transform("sum")
+            out[pct] = np.where(total > 0, 100.0 * out[col] / total, np.nan)
+    out = out[COMM_PLACEMENT_COLUMNS]
+    out.attrs["formulas"] = dict(COMM_PLACEMENT_FORMULAS)
+    return out
+
+
 def hidden_vs_baseline(comm: pd.DataFrame, baseline: pd.DataFrame) -> pd.DataFrame:
     """``comm`` with a ``hidden_pct`` column: the share of each collective's exposed time in
     ``baseline`` (the comm table of a run without overlap, same model and grid) that is no longer
@@ -696,7 +758,7 @@ def hidden_vs_baseline(comm: pd.DataFrame, baseline: pd.DataFrame) -> pd.DataFra
     OSU's overlap with the baseline as ``t_pure``. Rows are matched on every key column both
     tables share (op, axis, and phase/layer where both have them); unmatched rows get NaN.
     """
-    keys = [c for c in ("op", "axis", "phase", "layer") if c in comm.columns and c in baseline.columns]
+    keys = [c for c in ("op", "axis", "placement", "phase", "layer") if c in comm.columns and c in baseline.columns]
     ref = baseline[keys + ["exposed_s_per_step"]].rename(columns={"exposed_s_per_step": "_baseline"})
     out = comm.merge(ref, on=keys, how="left")
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -102,11 +102,14 @@ def cmd_analyze(args, world=None) -> int:
                 frames = [analysis.hidden_vs_baseline(f, reference) for f in frames]
             if frames:
                 frame = _concat(frames)
+                split = analysis.comm_placement_table(frame) if name == "comm" else None
                 if name == "comm" and args.format not in ("csv", "json"):
                     frame = frame.drop(columns=["formula"])
                 if name == "breakdown" and args.format not in ("csv", "json"):
                     frame = analysis.breakdown_wide(frame)  # long form in csv/json
                 sections.append((name, frame))
+                if split is not None and args.format != "csv":  # csv: one table, the comm rows (placement column)
+                    sections.append(("comm by placement", split))
     if "compare" in what and len(traces) > 1:
         table = analysis.compare(runs)
         sizes = table.groupby(["model", "world_size", "tokens_per_step"])["run_id"].transform("size")
@@ -129,15 +132,15 @@ def cmd_analyze(args, world=None) -> int:
 
 
 def _render_sections(sections, fmt: str) -> str:
-    from fourd_mpi.analysis.tables import (COMM_FORMULAS, RECOMPUTE_SHARE_FORMULA, SHARE_FORMULA, STEP_FORMULA,
-                                           format_table)
+    from fourd_mpi.analysis.tables import (COMM_FORMULAS, COMM_PLACEMENT_FORMULAS, RECOMPUTE_SHARE_FORMULA,
+                                           SHARE_FORMULA, STEP_FORMULA, format_table)
     from fourd_mpi.trace.summary import HARDWARE_FLOPS_FORMULA, MODEL_FLOPS_FORMULA
 
     notes = {"runs": {"step_median_s": STEP_FORMULA, "*_share": SHARE_FORMULA,
                       "tflops_per_rank": MODEL_FLOPS_FORMULA, "hardware_tflops_per_rank": HARDWARE_FLOPS_FORMULA},
              "breakdown": {"step_s": STEP_FORMULA, "*_%": "100 * " + SHARE_FORMULA,
                            "recompute_%": RECOMPUTE_SHARE_FORMULA},
-             "comm": COMM_FORMULAS}
+             "comm": COMM_FORMULAS, "comm by placement": COMM_PLACEMENT_FORMULAS}
 
     if fmt == "json":
         return json.dumps({title: json.loads(format_table(frame, "json")) for title, frame in sections},

@@ -83,7 +83,7 @@ def _header(world, run) -> None:
 
     cfg = run.options.model
     say(world, f"fourd-mpi {__version__}  MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
-    say(world, run.grid.describe())
+    say(world, run.grid.describe(run.placement))
     say(world, get_algorithm(run.options.algorithm).describe(run.options.grid))
     if hasattr(run.trainer, "describe"):  # e.g. the pipeline's stages and schedule
         say(world, run.trainer.describe())
@@ -184,12 +184,15 @@ def cmd_verify(args, world) -> int:
     print(f"verify {options.model.name} ({options.dtype}{', tf32' if options.tf32 else ''}) on {world_size} ranks "
           f"with {options.algorithm} against the serial 4D model on one rank{reference}, "
           f"{args.steps} training steps; relative error ||a-b||/||b||, tolerance {results[0].tolerance:g}")
+    nodes = results[0].nodes if results else 1
+    print(f"ranks on {nodes} node(s) (MPI_COMM_TYPE_SHARED); 'across nodes': the axes with a communicator that "
+          f"spans more than one node")
     print(f"{'grid (DxZxYxX)':>15} {'overlap':<22} {'progress':<8} {'recompute':<9} {'output':>10} "
-          f"{'worst grad':>10} {'(tensor)':<18} {'losses':>10}  result")
+          f"{'worst grad':>10} {'(tensor)':<18} {'losses':>10}  {'across nodes':<12}  result")
     for r in results:
         print(f"{r.grid:>15} {r.overlap:<22} {r.progress:<8} {r.recompute:<9} {r.output_error:>10.2e} "
               f"{r.grad_error:>10.2e} "
-              f"{r.worst_grad:<18} {r.loss_error:>10.2e}  {'ok' if r.ok else 'FAIL'}")
+              f"{r.worst_grad:<18} {r.loss_error:>10.2e}  {r.across_nodes:<12}  {'ok' if r.ok else 'FAIL'}")
     for g, why in skipped:
         print(f"{str(g):>15} skipped: {why}")
     failed = sum(not r.ok for r in results)

@@ -17,6 +17,7 @@ import socket
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from fourd_mpi.core.placement import NodePlacement
 from fourd_mpi.errors import ConfigError
 
 #: Axis names in Cartesian-dimension order (outermost first).
@@ -138,6 +139,30 @@ def grid_factorizations(world_size: int) -> Iterator[GridShape]:
             yield GridShape(data, z, y, world_size // (data * z * y))
 
 
+def gather_placement(comm, dims: Dict[str, int], node_comm=None) -> NodePlacement:
+    """The node of every rank of ``comm`` and each axis' node span (:class:`NodePlacement`).
+
+    Nodes come from ``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`` (``node_comm``, split here when not
+    given), i.e. from the launcher's node assignment; a node is labelled by the ``comm`` rank of its
+    first rank and named by that rank's ``MPI_Get_processor_name``. ``dims``: axis -> size, outermost
+    first, with ``comm``'s ranks row-major over them. Collective over ``comm`` (one allgather).
+    """
+    from mpi4py import MPI
+
+    own = node_comm if node_comm is not None else comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        leader = own.bcast(comm.Get_rank(), root=0)
+        pairs = comm.allgather((leader, MPI.Get_processor_name()))
+    finally:
+        if node_comm is None:
+            own.Free()
+    hosts: Dict[int, str] = {}
+    for leader_rank, name in pairs:
+        hosts.setdefault(leader_rank, pairs[leader_rank][1])
+    leaders = [p[0] for p in pairs]
+    return NodePlacement.from_nodes(leaders, dims, [hosts[k] for k in dict.fromkeys(leaders)])
+
+
 class ProcessGrid:
     """The 4D Cartesian communicator and its four axis communicators.
 
@@ -185,19 +210,13 @@ class ProcessGrid:
         self.node_comm = self.cart.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank = self.node_comm.Get_rank()
         self.local_size = self.node_comm.Get_size()
-        # A node is named by the world rank of its first rank.
-        node_id = self.node_comm.bcast(self.rank, root=0)
-        node_ids = self.cart.allgather(node_id)
-        self.node_index = sorted(set(node_ids)).index(node_id)
-        self.num_nodes = len(set(node_ids))
-        self.ranks_per_node = sorted(node_ids.count(n) for n in set(node_ids))
         self.hostname = socket.gethostname()
-        self.intra_node = {}
-        for axis in AXES:
-            lo = self.axis_comms[axis].allreduce(node_id, op=MPI.MIN)
-            hi = self.axis_comms[axis].allreduce(node_id, op=MPI.MAX)
-            same_everywhere = self.cart.allreduce(int(lo == hi), op=MPI.MIN)
-            self.intra_node[axis] = bool(same_everywhere)
+        #: where this grid's ranks run (the launcher's node assignment) and each axis' node span
+        self.placement = gather_placement(self.cart, dict(zip(AXES, shape.dims)), self.node_comm)
+        self.node_index = self.placement.nodes[self.rank]
+        self.num_nodes = self.placement.num_nodes
+        self.ranks_per_node = self.placement.ranks_per_node
+        self.intra_node = {axis: not self.placement.crosses(axis) for axis in AXES}
 
     def size(self, axis: str) -> int:
         return self.shape[axis]
@@ -223,13 +242,19 @@ class ProcessGrid:
             c.Free()
         self.axis_comms = {}
 
-    def describe(self) -> str:
-        """A multi-line, human-readable description (same text on every rank)."""
-        per_node = self.ranks_per_node
+    def describe(self, placement: Optional[NodePlacement] = None) -> str:
+        """A multi-line, human-readable description (same text on every rank).
+
+        ``placement``: the whole run's (pipeline stages: the world's, whose axes include ``inter``);
+        default this grid's. An axis is ``inter-node`` when any of its communicators spans more than
+        one node (:mod:`fourd_mpi.core.placement`)."""
+        placement = placement if placement is not None else self.placement
+        per_node = placement.ranks_per_node
         per_node_text = str(per_node[0]) if per_node[0] == per_node[-1] else f"{per_node[0]}-{per_node[-1]}"
         lines = [
             f"4D grid G_data x G_z x G_y x G_x = {self.shape} on {self.world_size} ranks, "
-            f"{self.num_nodes} node(s), {per_node_text} rank(s) per node",
+            f"{placement.num_nodes} node(s), {per_node_text} rank(s) per node",
+            f"  nodes (from MPI_COMM_TYPE_SHARED, the launcher's assignment): {placement.describe()}",
             "  axis  size  stride  placement   communicates",
         ]
         roles = {
@@ -239,7 +264,7 @@ class ProcessGrid:
             "data": "gradient all-reduce",
         }
         for axis in reversed(AXES):
-            place = "intra-node" if self.intra_node[axis] else "inter-node"
+            place = "inter-node" if placement.crosses(axis) else "intra-node"
             if self.shape[axis] == 1:
                 place = "-"
             lines.append(

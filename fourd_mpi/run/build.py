@@ -18,7 +18,8 @@ from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.core.gpuaware import GpuAwareness
 from fourd_mpi.core.gpuaware import detect as detect_gpu_awareness
 from fourd_mpi.core.gpuaware import smoke_test
-from fourd_mpi.core.grid import ProcessGrid
+from fourd_mpi.core.grid import ProcessGrid, gather_placement
+from fourd_mpi.core.placement import NodePlacement
 from fourd_mpi.core.mpiutil import agree, check_same
 from fourd_mpi.core.progress import make_progress
 from fourd_mpi.errors import BackendError
@@ -118,6 +119,9 @@ class Run:
     #: the communicator the run was built on (all its ranks); ``grid.comm`` is this rank's part of it when
     #: the algorithm splits the world (pipeline stages), else the same
     world: object = None
+    #: the node of every world rank and each axis' node span over the whole run (:mod:`fourd_mpi.core.placement`;
+    #: pipeline stages: axes ``data, inter, z, y, x``)
+    placement: Optional[NodePlacement] = None
 
     @classmethod
     def build(cls, mpi_comm, options: RunOptions, count_flops: bool = False,
@@ -139,6 +143,8 @@ class Run:
         grid_comm = impl.grid_comm(mpi_comm, options) if hasattr(impl, "grid_comm") else mpi_comm
         grid = ProcessGrid(grid_comm, options.grid)
         grid.world = mpi_comm
+        # where every rank of the run is (the launcher's node assignment): the grid's own when it is the world
+        placement = grid.placement if grid_comm is mpi_comm else gather_placement(mpi_comm, impl.world_dims(options))
         awareness = detect_gpu_awareness()
         backend_name = options.backend
         if backend_name == "auto":  # cupy only when every rank has a usable GPU
@@ -187,7 +193,7 @@ class Run:
         data_prep = mpi_comm.allreduce(data.prep_seconds, op=MPI.MAX)
         trainer = impl.make_trainer(model, data, comm, optimizer, options)
         return cls(options, grid, backend, comm, model, data, trainer, counter, clock, awareness, buffers, data_prep,
-                   clock_start=clock_start, memory_need=need, world=mpi_comm)
+                   clock_start=clock_start, memory_need=need, world=mpi_comm, placement=placement)
 
     def overlap_notes(self):
         """Overlap options that are no-ops on this grid, with the reason."""

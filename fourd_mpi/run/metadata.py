@@ -73,13 +73,15 @@ def run_metadata(run, run_id: str, config: Dict, level: str, start_time: str) ->
     """Rank 0's metadata of a run (everything but per-rank facts, which go to the ranks table)."""
     grid = run.grid
     world = run.world if run.world is not None else grid.cart
+    placement = run.placement if run.placement is not None else grid.placement
     extra = getattr(run.trainer, "trace_metadata", None)  # an algorithm's own keys (pipeline: the 5D grid)
     return {
         **(extra() if extra is not None else {}),
         "run_id": run_id, "start_time": start_time, "level": level, "config": config,
         "run_options": run.options.as_dict(), "grid": str(run.options.grid),
         "algorithm": run.options.algorithm, "world_size": world.Get_size(),
-        "num_nodes": grid.num_nodes, "ranks_per_node": grid.ranks_per_node, "mpi": mpi_library(),
+        "num_nodes": placement.num_nodes, "ranks_per_node": placement.ranks_per_node,
+        "placement": placement.as_dict(), "mpi": mpi_library(),
         "backend": run.backend.describe(), "device_buffers_direct": bool(run.backend.device_buffers_direct),
         "gpu_aware_mpi": run.gpu_awareness.as_dict() if run.gpu_awareness is not None else None,
         "mpi_buffers": run.mpi_buffers.as_dict() if run.mpi_buffers is not None else None,
@@ -107,8 +109,12 @@ def device_info(backend) -> Dict:
 
 
 def rank_metadata(run, clock_offset_ns: int, clock_uncertainty_ns: int) -> Dict:
+    """This rank's row of ``/ranks``: ``node`` is its node index over the whole run (numbered by lowest world
+    rank, :mod:`fourd_mpi.core.placement`), not within a pipeline stage."""
     grid = run.grid
-    return {"rank": (run.world if run.world is not None else grid.cart).Get_rank(), "hostname": grid.hostname, "node": grid.node_index,
+    rank = (run.world if run.world is not None else grid.cart).Get_rank()
+    node = run.placement.nodes[rank] if run.placement is not None else grid.node_index
+    return {"rank": rank, "hostname": grid.hostname, "node": node,
             "local_rank": grid.local_rank, "coords": {**grid.coords, **getattr(run.trainer, "extra_coords", {})}, "pid": os.getpid(),
             "clock_offset_ns": int(clock_offset_ns), "clock_uncertainty_ns": int(clock_uncertainty_ns),
             "data_prep_s": float(run.data.prep_seconds)}

@@ -99,6 +99,10 @@ class GridCheck:
     loss_error: float
     tolerance: float
     recompute: str = "none"
+    #: the axes whose communicators span more than one node in this run (:mod:`fourd_mpi.core.placement`)
+    across_nodes: str = "-"
+    #: nodes the run's ranks were on (the launcher's assignment)
+    nodes: int = 1
 
     @property
     def ok(self) -> bool:
@@ -141,6 +145,7 @@ def check_grid(options: RunOptions, reference, steps: int, world,
     """Compare ``options.grid`` on ``world`` with ``reference``. Collective; result on rank 0."""
     run = Run.build(world, options)
     run.comm.watchdog = watchdog  # the steps' collectives and the gathers of snapshot()
+    placement = run.placement if run.placement is not None else run.grid.placement
     got = snapshot(run, world, steps)
     run.close()
     if world.Get_rank() != 0:
@@ -153,7 +158,8 @@ def check_grid(options: RunOptions, reference, steps: int, world,
     loss_error = float(np.max(np.abs(got_losses - ref_losses) / np.abs(ref_losses)))
     overlap = ",".join(options.overlap_config().enabled) or "none"
     return GridCheck(str(options.grid), overlap, options.progress, errors["output"], grads[worst], worst[5:],
-                     loss_error, tolerance(options), options.recompute)
+                     loss_error, tolerance(options), options.recompute,
+                     ",".join(placement.inter_node_axes) or "-", placement.num_nodes)
 
 
 def verify(variants: List[RunOptions], grids: List[GridShape], steps: int, world,

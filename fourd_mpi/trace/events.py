@@ -52,7 +52,11 @@ SCHEMA = "fourd_mpi.trace"
 #:    ``--algorithm pipeline``'s point-to-point messages between stages (on comm lanes; ``wire_bytes`` = bytes
 #:    for a send, 0 for a receive) and its bubbles (host lane: time blocked waiting for another stage's message);
 #:    metadata keys ``grid5d`` and ``pipeline``
-SCHEMA_VERSION = 6
+#: 7: metadata key ``placement`` (the node of every rank from the launcher's assignment, each axis' node span per
+#:    rank, the axes that cross nodes: :mod:`fourd_mpi.core.placement`); ``/ranks`` ``node`` is numbered over the
+#:    whole run (version 6 pipeline traces numbered nodes within each stage). Older traces: the reader derives the
+#:    placement from ``/ranks`` (host names, coordinates)
+SCHEMA_VERSION = 7
 
 LEVELS = ("step", "layer", "op")
 PHASES = ("none", "forward", "backward", "optimizer", "recompute")

@@ -23,6 +23,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
+from fourd_mpi.core.placement import NodePlacement
 from fourd_mpi.errors import DamagedTraceError, TraceError
 from fourd_mpi.trace.store import RANK_DTYPE, STEP_DTYPE
 from fourd_mpi.trace.events import (AXES, COLLECTIVE_OPS, COPY_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER,
@@ -68,6 +69,31 @@ class Trace:
                 value = self.code(column, value)
             mask &= self.events[column] == value
         return self.events[mask]
+
+    def placement(self) -> NodePlacement:
+        """Where the ranks ran and each axis' node span per rank (:mod:`fourd_mpi.core.placement`).
+
+        Schema 7: metadata ``placement`` (the launcher's node assignment, recorded by the run). Older
+        traces: derived from ``/ranks``: a node per distinct ``hostname`` (the ``node`` column where host
+        names are missing), the axes ``data, z, y, x`` (pipeline: ``data, inter, z, y, x`` from metadata
+        ``pipeline.grid5d``) with world ranks row-major over them."""
+        recorded = self.metadata.get("placement")
+        if isinstance(recorded, dict) and recorded.get("node_span"):
+            return NodePlacement.from_dict(recorded)
+        ranks = np.sort(self.ranks, order="rank")
+        hosts = [h.decode("utf-8", "replace") if isinstance(h, bytes) else str(h) for h in ranks["hostname"]]
+        labels = hosts if all(hosts) else [int(n) for n in ranks["node"]]
+        grid = self.metadata.get("run_options", {}).get("grid") or {}
+        dims = {a: int(grid.get(a, 1) or 1) for a in ("data", "z", "y", "x")}
+        g5 = (self.metadata.get("pipeline") or {}).get("grid5d") if isinstance(self.metadata.get("pipeline"), dict) else None
+        if isinstance(g5, dict) and "inter" in g5:
+            dims = {"data": dims["data"], "inter": int(g5["inter"]), "z": dims["z"], "y": dims["y"], "x": dims["x"]}
+        if int(np.prod(list(dims.values()))) != len(labels):  # no usable grid: every rank its own axis-less world
+            dims = {"world": len(labels)}
+        names = list(dict.fromkeys(labels))
+        return NodePlacement.from_nodes(labels, dims, [str(n) for n in names],
+                                        source="derived from /ranks (hostname, else node) of a trace without "
+                                               "metadata placement (schema < 7)")
 
     def decode(self, column: str, codes) -> np.ndarray:
         words = np.array(self.vocab[_VOCAB_OF[column]], dtype=object)
@@ -369,6 +395,13 @@ METADATA_SCHEMA = {
             "steps", "median_s", "min_s", "max_s", "q1_s", "q3_s", "compute_share", "wait_share", "other_share",
             "harness_share", "model_tflops_per_rank", "peak_tflops", "tokens_per_s", "percent_of_peak")}},
         "failures": {"type": "array"}, "command": {"type": "array"},
+        "placement": {"type": "object", "properties": {
+            "num_nodes": _COUNT, "nodes": {"type": "array", "items": _COUNT},
+            "hosts": {"type": "array", "items": {"type": "string"}},
+            "dims": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1}},
+            "node_span": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "integer",
+                                                                                                "minimum": 1}}},
+            "inter_node_axes": {"type": "array", "items": {"type": "string"}}}},
     },
 }
 
