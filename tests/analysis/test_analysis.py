@@ -45,10 +45,12 @@ def event(rank, step, op, lane, start, end, layer=0, phase="none", axis="none", 
 
 
 def write_trace(path, events, world, grid=None, warmup=1, level="op", label=None, overlap="none",
-                progress="poll", tokens=64, flops=1e6, peak=1.0, model=None, compute_ops=COMPUTE_OPS, algorithm=None):
+                progress="poll", tokens=64, flops=1e6, peak=1.0, model=None, compute_ops=COMPUTE_OPS, algorithm=None,
+                hosts=None, extra_meta=None):
     """Write ``events`` (a list of ``event`` tuples, any order) as a complete trace; ``/rank_steps`` is
     derived from them: span from the step event, ``compute_ns``/``wait_ns``/``mpi_ns`` from the host-lane
-    events (compute less the MPI polls inside compute events, as the schema-4 recorder counts)."""
+    events (compute less the MPI polls inside compute events, as the schema-4 recorder counts).
+    ``hosts``: each rank's host name (default ``node0`` for all); ``extra_meta``: more metadata keys."""
     grid = grid or {"data": 1, "z": 1, "y": 1, "x": world}
     ev = np.array(events, dtype=EVENT_DTYPE)
     compute_codes = [OP[o] for o in compute_ops]
@@ -87,11 +89,13 @@ def write_trace(path, events, world, grid=None, warmup=1, level="op", label=None
             "summary": summary}
     if algorithm is not None:  # traces before the algorithm axis have no key
         meta["algorithm"] = meta["run_options"]["algorithm"] = algorithm
+    meta.update(extra_meta or {})
     writer = TraceFileWriter(str(path))
     for rank in range(world):
         mine = ev[ev["rank"] == rank]
         writer.append_events(rank, mine[np.argsort(mine["start_ns"], kind="stable")])
-    metas = [{"rank": r, "hostname": "node0", "coords": {"data": 0, "z": 0, "y": 0, "x": r}} for r in range(world)]
+    metas = [{"rank": r, "hostname": hosts[r] if hosts else "node0", "coords": {"data": 0, "z": 0, "y": 0, "x": r}}
+             for r in range(world)]
     return writer.finish(meta, ranks_table(metas), rank_steps, LAYERS, "complete")
 
 
