@@ -27,6 +27,9 @@ EXAMPLES = "jobscripts/examples"
 RANKS_PER_NODE = {"summit": 4}
 #: a placeholder project for the sites that refuse jobs without one
 ACCOUNT = "PROJECT123"
+#: the interpreter the examples name (a real render names the one it runs with, e.g. /home/me/.venv/bin/python,
+#: so that the jobs run in that environment; the examples must not depend on where they were regenerated)
+PYTHON = "python3"
 
 
 def render_all(root: str) -> list:
@@ -40,7 +43,7 @@ def render_all(root: str) -> list:
         if "account" in site.requires:
             spec.job["account"] = ACCOUNT
         script_dir = f"{EXAMPLES}/{name}"
-        manifest = build_manifest(spec, site, SPEC, script_dir)
+        manifest = build_manifest(spec, site, SPEC, script_dir, python=PYTHON)
         written += write_sweep(manifest, spec, site, os.path.join(root, script_dir), force=True)
     return written
 

@@ -27,7 +27,8 @@ def register(sub) -> None:
         p.add_argument("--python", metavar="PATH", help="interpreter the jobs run (default: job.python of the "
                                                         "spec, else the site's, else python3)")
         p.add_argument("--results-dir", metavar="DIR", help="where the jobs write traces "
-                                                            "(default: results_dir of the spec, else results/SWEEP)")
+                                                            "(default: results_dir of the spec, else results/SWEEP, with the "
+                                                            "site's name below it: results/SWEEP/SITE)")
         p.add_argument("--ranks-per-node", type=positive_int, metavar="N",
                        help="ranks per node (default: job.ranks_per_node of the spec, else the site's)")
         for key in JOB_OVERRIDES:
@@ -70,8 +71,9 @@ def register(sub) -> None:
             add_format(p, FORMATS, help="a row per run: table (default), csv, json or markdown (the count of "
                                         "complete traces and failed jobs then goes to standard error)")
         if name == "collect":
-            p.add_argument("--into", metavar="DIR", help="gather the traces here (default results/SWEEP; "
-                                                         "traces already there are not copied)")
+            p.add_argument("--into", metavar="DIR", help="gather the traces here (default: analyse them where the "
+                                                         "jobs wrote them, the sweep's results directory; traces "
+                                                         "already in DIR are not copied)")
             add_format(p, FORMATS, help="the runs and scaling tables: table (default), csv, json or markdown")
     sw.set_defaults(handler=cmd_sweep, serial=True)
 
@@ -126,4 +128,4 @@ def cmd_sweep(args, world=None) -> int:
         (sys.stdout if args.format == "table" else sys.stderr).write(
             f"{done}/{len(rows)} traces complete, {failed} jobs failed\n")
         return 1 if failed else 0
-    return collect(manifest, args.into or os.path.join("results", manifest["sweep"]), fmt=args.format)
+    return collect(manifest, args.into, fmt=args.format)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
@@ -83,26 +84,41 @@ def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "
     raise ConfigError(f"site {site.name}: unknown launcher {site.launcher!r}")
 
 
+def mpiexec_for(site: Site, python: str) -> str:
+    """The ``mpiexec`` of a site whose launcher is plain ``mpiexec``: the one beside an absolute ``python`` (a
+    virtual environment with the ``mpich`` wheel, the MPI its mpi4py loads), else ``mpiexec`` from the job's
+    PATH (the site's modules)."""
+    if os.path.isabs(python):
+        sibling = os.path.join(os.path.dirname(python), "mpiexec")
+        if os.path.exists(sibling):
+            return sibling
+    return "mpiexec"
+
+
 def run_command(run: RunPlan, site: Site, job: JobRequest, python: str, results_dir: str, script_dir: str) -> str:
     """The job's command line, shell-quoted token by token."""
+    return shlex.join(run_argv(run, site, job, python, results_dir, script_dir))
+
+
+def run_argv(run: RunPlan, site: Site, job: JobRequest, python: str, results_dir: str, script_dir: str) -> List[str]:
+    """The job's command line as a list: launcher, interpreter, ``-m fourd_mpi run ...``."""
     argv = run.run_argv(results_dir)
     if site.backend != "auto" and run.option("backend") is None:
         argv[1:1] = ["--backend", site.backend]
-    mpiexec = "mpiexec"
-    if site.launcher == "mpiexec" and os.path.isabs(python):
-        sibling = os.path.join(os.path.dirname(python), "mpiexec")
-        mpiexec = sibling if os.path.exists(sibling) else mpiexec  # a venv with the mpich wheel
-    return shlex.join([*launcher_argv(site, job, script_dir, mpiexec), python, "-m", "fourd_mpi", *argv])
+    mpiexec = mpiexec_for(site, python) if site.launcher == "mpiexec" else "mpiexec"
+    return [*launcher_argv(site, job, script_dir, mpiexec), python, "-m", "fourd_mpi", *argv]
 
 
 def render_script(run: RunPlan, total: int, spec: SweepSpec, site: Site, job: JobRequest, command: str,
-                  memory: str, spec_path: str) -> str:
+                  memory: str, spec_path: str, tools: Optional[List[str]] = None) -> str:
+    """One run's job script. ``tools``: the programs the command starts (launcher, interpreter), checked at the
+    start of the job after the modules and setup lines, so that a missing one is one line naming it."""
     scheduler = get_scheduler(site.scheduler)
     setup = list(site.setup) + list(spec.job.get("setup", []))
     return _environment().get_template("job.sh.j2").render(
         directives=scheduler.directives(job), sweep=spec.name, run=run, total=total, site=site, job=job,
         memory=memory, version=__version__, spec_path=spec_path, workdir_variable=scheduler.workdir_variable,
-        setup=setup, command=command)
+        setup=setup, command=command, tools=list(dict.fromkeys(tools or [])))
 
 
 def render_pack_script(pack, packs: int, spec: SweepSpec, site: Site, spec_path: str) -> str:
@@ -122,4 +138,8 @@ def render_affinity_script(site: Site) -> str:
 
 
 def python_for(spec: SweepSpec, site: Site, override: Optional[str]) -> str:
-    return override or spec.job.get("python") or site.python
+    """The interpreter the jobs run: ``--python``, else the spec's ``job.python``, else the site's ``python:``,
+    else the interpreter rendering the sweep (``sys.executable`` as an absolute path, symlinks kept: a virtual
+    environment's ``bin/python`` is what makes it that environment). So a sweep rendered from a virtual
+    environment runs in it whether or not it is activated where the job runs (docs/placement.md section 3)."""
+    return override or spec.job.get("python") or site.python or os.path.abspath(sys.executable)

@@ -102,7 +102,8 @@ class Site:
     module_paths: Tuple[str, ...] = ()
     env: Tuple[Tuple[str, str], ...] = ()
     setup: Tuple[str, ...] = ()
-    python: str = "python3"
+    #: the interpreter jobs run; None: the one the sweep is rendered with (:func:`fourd_mpi.jobs.render.python_for`)
+    python: Optional[str] = None
     max_time: Optional[str] = None  # the longest job the queue takes (packs are checked against it)
     defaults: Dict[str, str] = field(default_factory=dict)
     #: the performance model's machine profile of this site (a built-in name or a file), if any

@@ -21,6 +21,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import sys
@@ -34,7 +35,7 @@ from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM
 from fourd_mpi.errors import ConfigError, TraceError
 from fourd_mpi.jobs.pack import pack_settings, plan_packs, status_path
 from fourd_mpi.jobs.render import (AFFINITY_SCRIPT, job_request, job_settings, python_for, render_affinity_script,
-                                   render_pack_script, render_script, run_command)
+                                   render_pack_script, render_script, run_argv)
 from fourd_mpi.jobs.schedulers import ACTIVE_STATES, FINAL_STATES, get_scheduler, parse_time, slurm_time
 from fourd_mpi.jobs.sites import SITES_DIR, Site, load_site
 from fourd_mpi.jobs.spec import SCHEMA, RunPlan, SweepSpec, spec_from_data
@@ -73,8 +74,15 @@ def memory_per_rank(run: RunPlan) -> int:
     return memory_need(resolve_values(run.values(), run.ranks)).total
 
 
-def results_dir_of(spec: SweepSpec, override: Optional[str] = None) -> str:
-    return override or spec.results_dir or os.path.join("results", spec.name)
+def results_dir_of(spec: SweepSpec, override: Optional[str] = None, site: Optional[str] = None) -> str:
+    """Where a sweep's jobs write their traces: ``--results-dir`` as given; else the spec's ``results_dir`` (default
+    ``results/SWEEP``) with the site's name below it, ``results/SWEEP/SITE``: the same spec rendered for two
+    sites keeps two sets of traces, so the second never finds the first one's traces and skips its runs as
+    done (``sweep submit`` skips a run whose trace is complete)."""
+    if override:
+        return override
+    base = spec.results_dir or os.path.join("results", spec.name)
+    return os.path.join(base, site) if site else base
 
 
 def build_manifest(spec: SweepSpec, site: Site, spec_path: str, script_dir: str, python: Optional[str] = None,
@@ -84,13 +92,14 @@ def build_manifest(spec: SweepSpec, site: Site, spec_path: str, script_dir: str,
         raise ConfigError(f"--out {script_dir!r}: job log paths in it go into scheduler directives, which no shell "
                           f"quotes: use letters, digits and _ . / + - only")
     runs = spec.expand()
-    results = results_dir_of(spec, results_dir)
+    results = results_dir_of(spec, results_dir, site.name)
     py = python_for(spec, site, python)
     entries = []
     for run in runs:
         log = os.path.join(script_dir, "logs", run.run_id + ".out")
         job = job_request(run, spec, site, log)
         memory = memory_per_rank(run)
+        argv = run_argv(run, site, job, py, results, script_dir)
         entries.append({
             "index": run.index, "run_id": run.run_id, "ranks": run.ranks, "nodes": job.nodes,
             "ranks_per_node": job.ranks_per_node, "gpus_per_node": site.gpus_per_node, "grid": str(run.grid),
@@ -98,8 +107,8 @@ def build_manifest(spec: SweepSpec, site: Site, spec_path: str, script_dir: str,
             "memory_per_rank": memory, "time_seconds": job.time_seconds,
             "script": os.path.join(script_dir, run.run_id + ".sh"), "log": log,
             "trace": os.path.join(results, run.run_id + ".h5"),
-            "command": run_command(run, site, job, py, results, script_dir),
-            "_run": run, "_job": job,
+            "command": shlex.join(argv),
+            "_run": run, "_job": job, "_tools": [argv[0], py],
         })
         if site.max_time and job.time_seconds > parse_time(site.max_time):
             raise ConfigError(f"run {run.run_id}: time limit {slurm_time(job.time_seconds)} is more than site "
@@ -162,7 +171,7 @@ def write_sweep(manifest: Dict, spec: SweepSpec, site: Site, out_dir: str, force
         total = len(manifest["runs"])
         for entry in manifest["runs"]:
             text = render_script(entry["_run"], total, spec, site, entry["_job"], entry["command"],
-                                 _human_bytes(entry["memory_per_rank"]), manifest["spec_path"])
+                                 _human_bytes(entry["memory_per_rank"]), manifest["spec_path"], entry.get("_tools"))
             name = os.path.basename(entry["script"])
             _write(os.path.join(staging, name), text, executable=True)
             written.append(name)

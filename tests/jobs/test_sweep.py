@@ -298,7 +298,8 @@ def test_hostile_values_are_quoted_or_rejected(tmp_path):
     script = tmp_path / "jobscripts" / "s1" / "s1-000-n1-1x1x1x1.sh"
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
     run = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, env=env)
-    assert run.returncode != 0 and "No such file or directory" in run.stderr  # the quoted python is not found
+    # the quoted python is not found: the job's check says so in one line, before any launcher starts
+    assert run.returncode == 127 and f"fourd-mpi job: /nonexistent/py thon; touch {pwned}3 not found" in run.stderr
     assert not list(tmp_path.glob("pwned*"))
     assert "export QUOTE='it'\"'\"'s'" in script.read_text()
     for option in (["--account", "x;rm -rf ~"], ["--partition", "$(id)"], ["--time", "10; reboot"]):
@@ -327,7 +328,7 @@ def test_local_site_submit_status_collect(tmp_path):
     assert "2/2 traces complete, 0 jobs failed" in status.stdout and status.stdout.count("COMPLETED") == 2
     again = fourd(["sweep", "submit", "jobscripts/s1"], tmp_path)
     assert "0 submitted" in again.stdout
-    os.remove(tmp_path / "results/s1/s1-001-n3-3x1x1x1.h5")
+    os.remove(tmp_path / "results/s1/local/s1-001-n3-3x1x1x1.h5")  # each site keeps its own results directory
     again = fourd(["sweep", "submit", "jobscripts/s1"], tmp_path)  # finished job, trace gone: not resubmitted
     assert "0 submitted" in again.stdout and "job local-1 completed" in again.stdout
     collected = fourd(["sweep", "collect", "jobscripts/s1", "--into", "gathered"], tmp_path)

@@ -225,7 +225,7 @@ def test_packed_runs_in_one_allocation_are_tracked_one_by_one(slurm, tmp_path, m
     assert status.returncode == 1 and "2/4 traces complete, 2 jobs failed" in status.stdout, status.stdout + everything
     for run in GOOD:
         assert rows[run][-2:] == ["COMPLETED", "complete"], status.stdout
-        assert f"trace: results/{name}/{name}-{run}.h5" in (logs / f"{name}-{run}.out").read_text()
+        assert f"trace: results/{name}/slurm/{name}-{run}.h5" in (logs / f"{name}-{run}.out").read_text()
         assert (logs / f"{name}-{run}.status").read_text().split() == ["0", ids[run]]
     for run in BAD:
         assert rows[run][-2:] == ["FAILED", "missing"], status.stdout
