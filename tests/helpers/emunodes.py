@@ -61,64 +61,88 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
-def node_names(n: int) -> List[str]:
-    return [f"{PREFIX}{k}" for k in range(1, n + 1)]
+class EmulatedNodes:
+    """A bed of emulated nodes named ``PREFIX1..PREFIXn`` on bridge ``bridge`` with addresses ``SUBNET.k/24``
+    (the bridge ``SUBNET.254``). Two beds with different prefixes, bridges and subnets coexist."""
+
+    def __init__(self, prefix: str = PREFIX, bridge: str = BRIDGE, subnet: str = SUBNET):
+        self.prefix, self.bridge, self.subnet = prefix, bridge, subnet
+
+    def node_names(self, n: int) -> List[str]:
+        return [f"{self.prefix}{k}" for k in range(1, n + 1)]
+
+    def existing_nodes(self) -> List[str]:
+        out = _ip("netns", "list", check=False).stdout.split("\n")
+        names = [line.split()[0] for line in out if line.strip()]
+        p = self.prefix
+        return sorted((n for n in names if n.startswith(p) and n[len(p):].isdigit()), key=lambda n: int(n[len(p):]))
+
+    def link(self, node: str) -> str:
+        """The host-side end of ``node``'s link (its byte counters: /sys/class/net/LINK/statistics)."""
+        return f"{node}h"
+
+    def down(self) -> None:
+        """Kill what runs in our namespaces, delete them, their links and the bridge (idempotent)."""
+        for name in self.existing_nodes():
+            for pid in _ip("netns", "pids", name, check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+            _ip("netns", "delete", name, check=False)
+            _ip("link", "delete", self.link(name), check=False)
+        _ip("link", "delete", self.bridge, check=False)
+
+    def up(self, n: int) -> List[str]:
+        """Make ``n`` emulated nodes (tearing down a leftover bed first); returns their names."""
+        if not 1 <= n <= MAX_NODES:
+            raise ValueError(f"emulated nodes: {n} nodes asked, 1 to {MAX_NODES} possible")
+        self.down()
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        names = self.node_names(n)
+        try:
+            for k, name in enumerate(names, start=1):
+                _ip("netns", "add", name)
+                _ip("link", "add", self.link(name), "type", "veth", "peer", "name", "eth0", "netns", name)
+                _ip("link", "set", self.link(name), "master", self.bridge)
+                _ip("link", "set", self.link(name), "up")
+                _ip("-n", name, "addr", "add", f"{self.subnet}.{k}/24", "dev", "eth0")
+                _ip("-n", name, "link", "set", "eth0", "up")
+                _ip("-n", name, "link", "set", "lo", "up")
+        except Exception:
+            self.down()
+            raise
+        return names
+
+    def status(self) -> str:
+        nodes = self.existing_nodes()
+        if not nodes:
+            return "no emulated nodes"
+        return f"{len(nodes)} emulated node(s): {', '.join(nodes)} on bridge {self.bridge} ({self.subnet}.0/24)"
+
+    def link_bytes(self, node: str) -> int:
+        """Bytes sent plus received on ``node``'s link so far."""
+        base = Path("/sys/class/net") / self.link(node) / "statistics"
+        return sum(int((base / f).read_text()) for f in ("rx_bytes", "tx_bytes"))
+
+    def mpiexec_prefix(self, mpiexec: str, nodes: int, ppn: int) -> List[str]:
+        """The launcher words that put ``ppn`` consecutive ranks on each of ``nodes`` emulated nodes."""
+        return [mpiexec, "-launcher", "ssh", "-launcher-exec", str(SHIM), "-iface", self.bridge,
+                "-hosts", ",".join(self.node_names(nodes)), "-ppn", str(ppn), "-n", str(nodes * ppn)]
+
+    @contextlib.contextmanager
+    def running(self, n: int) -> Iterator[List[str]]:
+        """``with bed.running(2) as names:`` the bed is up inside and always torn down after."""
+        try:
+            yield self.up(n)
+        finally:
+            self.down()
 
 
-def existing_nodes() -> List[str]:
-    out = _ip("netns", "list", check=False).stdout.split("\n")
-    names = [line.split()[0] for line in out if line.strip()]
-    return sorted((n for n in names if n.startswith(PREFIX) and n[len(PREFIX):].isdigit()),
-                  key=lambda n: int(n[len(PREFIX):]))
-
-
-def down() -> None:
-    """Kill what runs in our namespaces, delete them, their links and the bridge (idempotent)."""
-    for name in existing_nodes():
-        pids = _ip("netns", "pids", name, check=False).stdout.split()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
-        _ip("netns", "delete", name, check=False)
-        _ip("link", "delete", f"{name}h", check=False)
-    _ip("link", "delete", BRIDGE, check=False)
-
-
-def up(n: int) -> List[str]:
-    """Make ``n`` emulated nodes (tearing down a leftover bed first); returns their names."""
-    if not 1 <= n <= MAX_NODES:
-        raise ValueError(f"emulated nodes: {n} nodes asked, 1 to {MAX_NODES} possible")
-    down()
-    _ip("link", "add", BRIDGE, "type", "bridge")
-    _ip("addr", "add", f"{SUBNET}.254/24", "dev", BRIDGE)
-    _ip("link", "set", BRIDGE, "up")
-    names = node_names(n)
-    try:
-        for k, name in enumerate(names, start=1):
-            _ip("netns", "add", name)
-            _ip("link", "add", f"{name}h", "type", "veth", "peer", "name", "eth0", "netns", name)
-            _ip("link", "set", f"{name}h", "master", BRIDGE)
-            _ip("link", "set", f"{name}h", "up")
-            _ip("-n", name, "addr", "add", f"{SUBNET}.{k}/24", "dev", "eth0")
-            _ip("-n", name, "link", "set", "eth0", "up")
-            _ip("-n", name, "link", "set", "lo", "up")
-    except Exception:
-        down()
-        raise
-    return names
-
-
-def status() -> str:
-    nodes = existing_nodes()
-    if not nodes:
-        return "no emulated nodes"
-    return f"{len(nodes)} emulated node(s): {', '.join(nodes)} on bridge {BRIDGE} ({SUBNET}.0/24)"
-
-
-def mpiexec_prefix(mpiexec: str, nodes: int, ppn: int) -> List[str]:
-    """The launcher words that put ``ppn`` consecutive ranks on each of ``nodes`` emulated nodes."""
-    return [mpiexec, "-launcher", "ssh", "-launcher-exec", str(SHIM), "-iface", BRIDGE,
-            "-hosts", ",".join(node_names(nodes)), "-ppn", str(ppn), "-n", str(nodes * ppn)]
+DEFAULT = EmulatedNodes()
+node_names, existing_nodes, down, up, status = (DEFAULT.node_names, DEFAULT.existing_nodes, DEFAULT.down, DEFAULT.up,
+                                                DEFAULT.status)
+mpiexec_prefix, emulated_nodes = DEFAULT.mpiexec_prefix, DEFAULT.running
 
 
 def environment(base: Optional[dict] = None) -> dict:
@@ -128,15 +152,6 @@ def environment(base: Optional[dict] = None) -> dict:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     return env
-
-
-@contextlib.contextmanager
-def emulated_nodes(n: int) -> Iterator[List[str]]:
-    """``with emulated_nodes(2) as names:`` the bed is up inside and always torn down after."""
-    try:
-        yield up(n)
-    finally:
-        down()
 
 
 def main(argv: List[str]) -> int:
