@@ -28,6 +28,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _first_job_id() -> int:
+    """A random first job id: MPICH names its shared-memory segment after the PMI job (``mpich_shm_<world id>_<node>``,
+    the world id from the job id under ``srun --mpi=pmi2``), so two Slurm instances on one machine that both run
+    their job 2 at once attach to one segment and both hang. Distinct job ids keep them apart."""
+    import random
+
+    return random.SystemRandom().randrange(1000, 60_000_000)
+
+
 class LocalSlurm:
     def __init__(self, root: Path, cpus: int = 8):
         self.root = Path(root)
@@ -60,6 +69,7 @@ MpiDefault=pmi2
 SlurmdParameters=config_overrides
 ReturnToService=2
 MinJobAge=3600
+FirstJobId={_first_job_id()}
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 StateSaveLocation={r}/state

@@ -259,3 +259,36 @@ def test_packed_runs_in_one_allocation_are_tracked_one_by_one(slurm, tmp_path, m
         assert new != ids[run] and (logs / f"{name}-{run}.status").read_text().split() == ["2", new]
     status = fourd(["sweep", "status", sweep_dir], tmp_path, env)
     assert "2/4 traces complete, 2 jobs failed" in status.stdout, status.stdout
+
+
+def test_slurm_sweep_after_a_local_one_without_an_activated_environment(slurm, tmp_path):
+    """Issue 29 item 4: from a shell with only the ``fourd-mpi`` console script on PATH (no venv activated),
+    a local sweep runs, then the same spec rendered for the slurm site (no --python) is submitted for real:
+    its runs are not skipped as "trace complete" (each site keeps results/SWEEP/SITE), and its jobs run the
+    rendering environment's interpreter under srun."""
+    bin_dir = tmp_path / "user-bin"
+    bin_dir.mkdir()
+    os.symlink(os.path.join(os.path.dirname(sys.executable), "fourd-mpi"), bin_dir / "fourd-mpi")
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env.update(PATH=os.pathsep.join([str(bin_dir), "/usr/local/bin", "/usr/bin", "/bin"]), SLURM_CONF=str(slurm.conf),
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    (tmp_path / "spec.yaml").write_text(SPEC.replace("ranks: [1, 2, 4, 8]", "ranks: [1, 2]").replace(
+        "grids: {1: [1x1x1x1], 2: [2x1x1x1], 4: [1x1x2x2], 8: [2x1x2x2]}", "grids: {1: [1x1x1x1], 2: [2x1x1x1]}"))
+
+    def sh(command):
+        return subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+
+    local = sh("fourd-mpi sweep render spec.yaml && fourd-mpi sweep submit jobscripts/weak-slurm")
+    assert local.returncode == 0 and "2 submitted" in local.stdout, local.stdout + local.stderr
+    assert len(list((tmp_path / "results/weak-slurm/local").glob("*.h5"))) == 2
+    done = sh("fourd-mpi sweep render spec.yaml --site slurm --out jobscripts/weak-slurm-cluster && "
+              "fourd-mpi sweep submit jobscripts/weak-slurm-cluster")
+    assert done.returncode == 0 and done.stdout.count("submitted weak-slurm-") == 2, done.stdout + done.stderr
+    assert "trace complete" not in done.stdout
+    _wait_for_queue(slurm, env)
+    status = sh("fourd-mpi sweep status jobscripts/weak-slurm-cluster")
+    logs = "".join(p.read_text() for p in (tmp_path / "jobscripts/weak-slurm-cluster/logs").glob("*.out"))
+    assert "2/2 traces complete, 0 jobs failed" in status.stdout, status.stdout + logs + slurm.logs()
+    assert len(list((tmp_path / "results/weak-slurm/slurm").glob("*.h5"))) == 2
+    assert f"{os.path.dirname(sys.executable)}/python" in (tmp_path / "jobscripts/weak-slurm-cluster/manifest.json").read_text()
