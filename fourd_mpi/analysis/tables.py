@@ -723,6 +723,7 @@ def _event_node_span(trace: Trace, axis_codes: np.ndarray, ranks: np.ndarray) ->
     for code, word in enumerate(words):
         spans = placement.spans.get(word)
         if spans:
+            spans = spans[:world]
             table[code, :len(spans)] = spans
     return table[axis_codes.astype(np.int64), ranks.astype(np.int64)]
 

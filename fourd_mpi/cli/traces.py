@@ -87,6 +87,9 @@ def cmd_trace(args, world=None) -> int:
     print(f"  algorithm {of_metadata(meta)}, grid {meta.get('grid')} on {meta.get('world_size')} ranks, {meta.get('num_nodes')} node(s); "
           f"level {meta.get('level')}; started {meta.get('start_time')}")
     print(f"  {((meta.get('mpi') or {}).get('library_version') or '?').splitlines()[0]}")
+    placement = trace.placement()
+    print(f"  nodes{'' if 'placement' in meta else ' (derived from /ranks: the trace predates metadata placement)'}: "
+          f"{placement.describe()}")
     parts = int(trace.attrs.get("parts", 0) or 0)
     print(f"  {len(trace.events)} events; {len(trace.steps)} steps"
           + (f"; events in {parts} part files ({parts_dir_of(args.file)})" if parts else ""))
