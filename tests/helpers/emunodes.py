@@ -176,12 +176,20 @@ def main(argv: List[str]) -> int:
             return 0
         if what == "run" and len(argv) > 4 and argv[3] == "--":
             nodes, ppn = int(argv[1]), int(argv[2])
+
+            def stop(signum, frame):  # a killed run still tears the bed down (the finally of emulated_nodes)
+                raise KeyboardInterrupt
+
+            signal.signal(signal.SIGTERM, stop)
             mpiexec = str(Path(sys.executable).parent / "mpiexec")
             with emulated_nodes(nodes):
                 return subprocess.run(mpiexec_prefix(mpiexec, nodes, ppn) + argv[4:], env=environment()).returncode
     except ValueError as exc:
         print(f"emunodes: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("emunodes: interrupted; the emulated nodes are torn down", file=sys.stderr)
+        return 130
     print(usage, file=sys.stderr)
     return 2
 
