@@ -30,7 +30,10 @@ WHEEL=$(ls "$WORK"/dist/fourd_mpi-*.whl)
 
 step "fresh venv: the wheel with the mpich extra"
 python3 -m venv "$WORK/venv"
-"$WORK/venv/bin/pip" install -q "${WHEEL}[mpich]"
+# the versions CI pins (constraints.txt) unless .ci/run was asked for the newest (FOURD_CI_DEPS=newest)
+PIPC=()
+if [ -n "${FOURD_PIP_CONSTRAINTS:-}" ]; then PIPC=(-c "$FOURD_PIP_CONSTRAINTS"); fi
+"$WORK/venv/bin/pip" install -q "${PIPC[@]}" "${WHEEL}[mpich]"
 cd "$WORK/run"   # away from the source tree: everything below comes from the wheel
 VERSION=$(python3 -c "import re; print(re.search(r'__version__ = \"([^\"]+)\"', open('$REPO/fourd_mpi/__init__.py').read()).group(1))")
 test "$("$WORK/venv/bin/fourd-mpi" --version)" = "fourd-mpi $VERSION"
