@@ -17,7 +17,7 @@ from fourd_mpi.cli.args import (FORMATS, add_deprecated, add_format, add_option,
                                 add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.run.options import OPTIONS, options_in
 from fourd_mpi.util.files import refuse_output, refuse_overwrite
-from fourd_mpi.util.values import int_at_least, positive_float, positive_int
+from fourd_mpi.util.values import int_at_least, positive_float, positive_int, rank_count
 
 GIB = 2.0 ** 30
 
@@ -33,7 +33,7 @@ def register(sub) -> None:
 def _register_tune(sub) -> None:
     p = sub.add_parser("tune", help="rank every grid shape of a rank count by predicted step time "
                        "(performance model; one process, no mpiexec)")
-    p.add_argument("--ranks", type=positive_int, required=True, metavar="N", help="the rank count to place")
+    p.add_argument("--ranks", type=rank_count, required=True, metavar="N", help="the rank count to place")
     p.add_argument("--algorithm", default="axonn4d", metavar="NAME|LIST|all",
                    help="algorithm(s) to rank: a name of fourd-mpi run --algorithm, a comma list, or all (one table "
                         "across algorithms with an algorithm column; default axonn4d)")
@@ -228,7 +228,7 @@ def _register_model(sub) -> None:
     a = msub.add_parser("compare-axonn", help="communication only: our step's volumes and AxoNN's published "
                         "model, both costed with AxoNN's bandwidth table; the two top-K rankings and why they differ")
     a.add_argument("--model", default="gpt-80b", help="preset (default gpt-80b)")
-    a.add_argument("--ranks", type=positive_int, default=1024, metavar="N", help="GPUs (default 1024)")
+    a.add_argument("--ranks", type=rank_count, default=1024, metavar="N", help="GPUs (default 1024)")
     a.add_argument("--batch", default="1024,2048", metavar="LIST", help="global batches in sequences, comma list "
                    "(default 1024,2048)")
     a.add_argument("--seq", type=positive_int, default=2048, metavar="S", help="sequence length (default 2048)")

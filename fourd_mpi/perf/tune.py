@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 from fourd_mpi.step.presets import ModelConfig, model_problems
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.core.grid import GridShape, grid_factorizations
+from fourd_mpi.core.grid import GridShape, divisors, grid_factorizations
 from fourd_mpi.perf.machine import MachineProfile, load_profile
 from fourd_mpi.perf.memory import GPU_RUNTIME_RESERVE_BYTES, estimate_memory
 from fourd_mpi.step.overlap import OverlapConfig
@@ -55,13 +55,21 @@ class Ranking:
 
 
 def _nearby_rank_counts(cfg: ModelConfig, ranks: int, limit: int = 6) -> List[int]:
-    """Rank counts near ``ranks`` for which some grid passes the divisibility rules."""
+    """Up to ``limit`` rank counts closest to ``ranks`` (the smaller of a tie first) for which some
+    grid passes the divisibility rules of :func:`model_problems`.
+
+    Every valid world size is ``(G_data G_z) G_y G_x`` with ``G_data G_z | batch``, ``G_y | ffn``
+    and ``G_x | hidden``, so the candidates are the products of one divisor of each (a superset,
+    each then checked against the rules); nothing scales with ``ranks`` itself. (Sorting
+    ``range(4 * ranks)`` was O(ranks) before the first answer: ``tune --ranks 65536`` hung.)"""
+    candidates = sorted({a * b * c for a in divisors(cfg.batch) for b in divisors(cfg.ffn_hidden)
+                         for c in divisors(cfg.hidden)}, key=lambda v: (abs(v - ranks), v))
     out = []
-    for n in sorted(range(1, 4 * ranks + 1), key=lambda v: (abs(v - ranks), v)):
+    for n in candidates:
         if any(not model_problems(cfg, g) for g in grid_factorizations(n)):
             out.append(n)
-        if len(out) >= limit:
-            break
+            if len(out) >= limit:
+                break
     return sorted(out)
 
 
@@ -117,7 +125,7 @@ def rank_grids(cfg: ModelConfig, ranks: int, profile: MachineProfile, overlap: O
             raise ConfigError(
                 f"no grid of {ranks} ranks fits {shape}: every factorization breaks a divisibility rule "
                 f"(e.g. {ranking.dropped[0][0]}: {ranking.dropped[0][1].split(':', 1)[1].strip()}); rank counts "
-                f"with a valid grid: {', '.join(map(str, near)) or 'none up to ' + str(4 * ranks)}")
+                f"with a valid grid: {', '.join(map(str, near)) or 'none'}")
         best_grid, best_need = min(fitting, key=lambda gn: gn[1])
         more = _ranks_that_fit(cfg, ranks, memory_limit_bytes, dtype, optimizer, overlap, reserve, mem)
         raise ConfigError(
