@@ -132,3 +132,10 @@ def test_the_navigation_and_the_pages_agree():
     on_disk = sorted(p.relative_to(docs).as_posix() for p in docs.rglob("*.md"))
     assert [p for p in listed if not (docs / p).is_file()] == []
     assert sorted(set(listed)) == on_disk
+
+
+def test_the_readme_links_to_files_that_exist():
+    """mkdocs checks the site's links; the README is not a page of it, so its links are checked here."""
+    text = (REPO / "README.md").read_text()
+    targets = [t.split("#", 1)[0] for t in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in t]
+    assert targets and [t for t in targets if t and not (REPO / t).exists()] == []
