@@ -58,7 +58,9 @@ EXAMPLES: Dict[str, Example] = {
     "trace-show": Example('.venv/bin/fourd-mpi trace show "$(ls -t results/*.h5 | head -n 1)"'),
     "install-analysis": Example('.venv/bin/pip install -q -e ".[mpich,analysis]"', show_output=False),
     "analyze-compare": Example(".venv/bin/fourd-mpi analyze results/samples/grid-*.h5 --what compare "
-                               "--format markdown", format="markdown", stable=True),
+                               "--format markdown", format="markdown", stable=True,
+                               columns=("grid", "overlap", "step_median_s", "step_q1_s", "step_q3_s",
+                                        "compute_share", "wait_share", "tflops_per_rank", "vs_best")),
     "tune": Example(".venv/bin/fourd-mpi tune --ranks 64 --model gpt-5b --batch 64 --site perlmutter --top 3",
                     stable=True),
     "plan": Example(".venv/bin/fourd-mpi sweep plan jobscripts/weak-gpt-tiny.yaml --site perlmutter "
