@@ -42,7 +42,9 @@ class Example:
     """One command and how its output is shown."""
 
     command: str  #: a bash command line, run in the repository root
-    format: str = "console"  #: console: a code block with ``$ COMMAND`` and the output; markdown: the output as Markdown
+    #: console: a code block with ``$ COMMAND`` and the output; markdown: the output as Markdown;
+    #: note: the output as one line of text, without the command (the conditions the examples ran under)
+    format: str = "console"
     stable: bool = False  #: reads only committed files: the output is the same on every run
     show_output: bool = True  #: False: the block shows the command only (an install step)
     columns: Tuple[str, ...] = ()  #: markdown tables: keep only these columns (the block says so)
@@ -51,6 +53,9 @@ class Example:
 RUN = ("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/fourd-mpi run --gx 2 --gy 2 --gz 2 "
        "--model gpt-tiny --steps 10")
 EXAMPLES: Dict[str, Example] = {
+    # the machine and its load when the examples ran (other jobs share the development machine)
+    "conditions": Example("echo \"Last regenerated on $(date -u +%Y-%m-%d) on $(nproc) cores, load average "
+                          "$(cut -d' ' -f1 /proc/loadavg) (1 min) as the examples started.\"", format="note"),
     # README command 1's job (the tour's first stop; docs/guide/runs.md shows it whole)
     "run": Example(RUN),
     "verify": Example("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/fourd-mpi verify --gx 2 --gy 2 --gz 2 "
@@ -128,6 +133,8 @@ def render(name: str, opts: List[str], output: Optional[str]) -> str:
         return f"```bash\n{example.command}\n```\n"
     if "elide-config" in opts:
         output = elide_config(output)
+    if example.format == "note":
+        return output.strip() + "\n"
     if example.columns:
         output = keep_columns(output, example.columns)
     if example.format == "markdown":
@@ -164,7 +171,7 @@ def check(files: Iterable[str] = FILES) -> List[str]:
                 problems.append(f"{rel}: unknown example {name!r}")
                 continue
             shown = block_command(name, m.group("body"))
-            if shown != EXAMPLES[name].command:
+            if EXAMPLES[name].format != "note" and shown != EXAMPLES[name].command:
                 problems.append(f"{rel}: example {name!r} shows {shown!r}, docs/examples.py runs "
                                 f"{EXAMPLES[name].command!r} (run python3 docs/examples.py)")
     problems += [f"example {n!r} is shown in none of {', '.join(files)}" for n in EXAMPLES if n not in seen]
