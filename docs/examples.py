@@ -33,8 +33,6 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
-#: the files whose blocks this script owns
-FILES = ("README.md", "docs/guide/runs.md", "docs/guide/analysis.md")
 
 
 @dataclass(frozen=True)
@@ -84,6 +82,17 @@ EXAMPLES: Dict[str, Example] = {
 _BLOCK = re.compile(r"^<!-- example: (?P<name>[\w-]+)(?P<opts>(?: [\w-]+)*) -->\n(?P<body>.*?)"
                     r"^<!-- /example: (?P=name) -->\n", re.M | re.S)
 _CONFIG_HEAD = "resolved configuration (reusable as --config FILE.toml):"
+
+
+def example_files() -> Tuple[str, ...]:
+    """README.md and every page of docs/ with an example block (paths relative to the repository)."""
+    pages = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").rglob("*.md")
+                   if _BLOCK.search(p.read_text()))
+    return ("README.md", *pages)
+
+
+#: the files whose blocks this script owns
+FILES = example_files()
 
 
 def run(example: Example) -> str:
