@@ -75,7 +75,7 @@ def cli_page() -> str:
     for path, p in walk_parsers(parser):
         for sub in subparser_actions(p):
             for choice in sub._choices_actions:
-                helps[path + (choice.dest,)] = choice.help or ""
+                helps[path + (choice.dest,)] = _help(choice, p.prog)
     out: List[str] = [GENERATED, "", "# Command-line reference", "",
                       "Every command of `fourd-mpi` (also `python -m fourd_mpi`), generated from its parser. "
                       "`fourd-mpi COMMAND --help` prints the same. Options of `run` and the commands that share "
