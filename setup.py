@@ -46,6 +46,8 @@ setup(
         "gpu-cuda13": ["cupy-cuda13x"],  # what results/benchmarks/gpu ran on
         # fourd-mpi analyze / plot, Trace.events_frame(); scipy: model calibrate's NNLS fit
         "analysis": ["pandas>=1.5", "matplotlib>=3.5", "scipy>=1.7"],
+        # the documentation site: mkdocs build --strict (mkdocs.yml; docs/contributing.md says why MkDocs)
+        "docs": ["mkdocs>=1.6"],
         # fourd-mpi completion bash|zsh|tcsh (the shell completion script)
         "completion": ["shtab>=1.6"],
         # bench/peer_axonn.py: AxoNN's own layers. torch pinned to the exact version of the CPU wheel in

@@ -380,7 +380,7 @@ class MachineProfile:
     def network_time(self, op: str, p: int, message_bytes: float, ip: int, level: str,
                      ranks_on_node: Optional[int] = None) -> float:
         """Seconds of one ``op`` message of ``message_bytes`` (nccl-tests size) on ``p`` ranks whose axis
-        has inner product ``ip``, from the ``network`` section (docs: README "Machine profiles").
+        has inner product ``ip``, from the ``network`` section (docs/guide/model-and-tuning.md, "Built-in profiles").
 
         ``wire = k(p-1)/p * S`` (k = 2 all-reduce), ``lat = latency_s_per_rank * p`` (AxoNN's
         latency-aware model), ``share = min(ip, ranks per node)`` (groups placed with stride share

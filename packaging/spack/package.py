@@ -1,7 +1,7 @@
 # Copyright the fourd_mpi developers. SPDX-License-Identifier: BSD-3-Clause
 #
 # Spack recipe for fourd_mpi. Put this directory into a Spack repository as
-# packages/py-fourd-mpi/package.py (see README, "Installing at a centre"):
+# packages/py-fourd-mpi/package.py (see docs/guide/clusters.md, "Installing at a centre"):
 #
 #   spack repo create ~/spack-fourd && mkdir -p ~/spack-fourd/packages/py-fourd-mpi
 #   cp packaging/spack/package.py ~/spack-fourd/packages/py-fourd-mpi/
