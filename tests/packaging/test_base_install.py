@@ -92,6 +92,7 @@ JOURNEY = [  # (arguments, expected outcome); {trace} is the trace of the run, {
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # a venv install and 18 commands, on a loaded 2-core CI machine
 def test_the_base_install_does_the_journey(base_venv, tmp_path):
     bin_dir = base_venv / "bin"
     env = clean_env(bin_dir)
