@@ -22,11 +22,7 @@ from fourd_mpi.errors import TraceError
 
 
 SPOOL_SUFFIX = ".ranks"
-
-
 RUN_META = "run.json"
-
-
 RANK_DTYPE = np.dtype([
     ("rank", "<u4"), ("hostname", "S64"), ("node", "<u4"), ("local_rank", "<u4"),
     ("coord_data", "<u4"), ("coord_z", "<u4"), ("coord_y", "<u4"), ("coord_x", "<u4"),
@@ -35,14 +31,10 @@ RANK_DTYPE = np.dtype([
     # schema 4: the drift model of fourd_mpi.trace.clocks (NaN: no end alignment, e.g. a recovered run)
     ("clock_drift_ppm", "<f8"), ("clock_residual_ns", "<i8"),
 ])
-
-
 STEP_DTYPE = np.dtype([
     ("step", "<i4"), ("warmup", "u1"), ("loss", "<f8"), ("seconds", "<f8"),
     ("start_ns", "<i8"), ("end_ns", "<i8"), ("compute_ns_max", "<i8"), ("wait_ns_max", "<i8"),
 ])
-
-
 #: events per MPI message and per HDF5 write during the merge
 MERGE_CHUNK = 1 << 18
 

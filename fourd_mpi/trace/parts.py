@@ -30,21 +30,15 @@ PART_SCHEMA = "fourd_mpi.trace.part"
 #: the default group size is raised until there are at most this many part files: HDF5 keeps every
 #: source file of a virtual dataset open while reading it (one descriptor each)
 MAX_PARTS = 256
-
-
 #: ``/parts`` of a multi-part trace: one row per part, in rank order
 PART_DTYPE = np.dtype([("first_rank", "<u4"), ("rank_count", "<u4"), ("event_offset", "<i8"),
                        ("event_count", "<i8"), ("file", "S32")])
-
-
 #: HDF5 dataset options per ``compression`` name (gzip: the single-file default since version 1)
 COMPRESSIONS = {
     "gzip": dict(compression="gzip", compression_opts=1, shuffle=True),
     "lzf": dict(compression="lzf", shuffle=True),
     "none": {},
 }
-
-
 EVENT_CHUNK_ROWS = 4096
 
 

@@ -114,12 +114,8 @@ RUN_META_SCHEMA = {
         "hardware_flops_per_step": {"type": ["number", "null"]},
     },
 }
-
-
 #: largest ``run.json`` read (bytes): a few kB in practice
 MAX_RUN_META_BYTES = 16 << 20
-
-
 #: how many ranks above the highest one with files in the spool ``run.json``'s ``world_size`` may name
 #: (every rank creates its files right after ``MPI_Init``, so only deleted files are missing; a larger
 #: gap is a damaged ``run.json``, and trusting it would make ``recover`` walk ranks that never existed)
@@ -280,7 +276,6 @@ def _recover(spool_dir: str, output: Optional[str], force: bool, summarize, grou
             "failures": failures, "live": live, "removable": removable, "parts": writer.parts,
             "peak_rss_kib": max(result.peak_rss_kib for result in results), "verified": verified,
             "stale_removed": stale}
-
 
 @contextlib.contextmanager
 def _aborting_on_error(writer: TraceFileWriter, path: str):

@@ -77,8 +77,6 @@ def prepare_spool(results_dir: str, run_id: str, force: bool, run_meta: Dict) ->
 #: bytes reserved per rank for its failure report (``rankNNNNNN.reserve``), so that a rank can still
 #: record why it stops when the disk is full
 RESERVE_BYTES = 4096
-
-
 #: bytes per read when the spool files are copied or read back through their descriptors
 _COPY_BLOCK = 1 << 24
 
