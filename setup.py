@@ -37,6 +37,10 @@ setup(
         "jinja2>=3.0",  # job-script templates (fourd-mpi sweep render)
         "jsonschema>=4.0",  # sweep specs, site and machine profiles
         "xxhash>=3.0",  # trace recover: digest of every part written, compared when read back
+        # fourd-mpi analyze, plot, model validate, Trace.events_frame(): the default install analyses its own
+        # traces (docs/install.md says why these two are requirements and scipy is an extra)
+        "pandas>=1.5",
+        "matplotlib>=3.5",
     ],
     extras_require={
         # The embedded default MPI: mpi4py >= 4.1 finds the wheel's libmpi by itself.

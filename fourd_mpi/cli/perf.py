@@ -104,7 +104,8 @@ def _memory_limit_bytes(args, profile):
 
 
 def cmd_tune(args, world=None) -> int:
-    from fourd_mpi.perf.tune import format_ranking, rank_grids, resolve_profile, sweep_spec, why_best
+    from fourd_mpi.jobs.sites import resolve_profile
+    from fourd_mpi.perf.tune import format_ranking, rank_grids, sweep_spec, why_best
     from fourd_mpi.step.overlap import OverlapConfig
     from fourd_mpi.step.presets import resolve_model
 
@@ -286,7 +287,7 @@ def _cmd_compare_axonn(args) -> int:
 def _cmd_paper(args) -> int:
     from fourd_mpi.errors import ConfigError
     from fourd_mpi.perf.paper import DEFAULT_BATCH, PUBLISHED, WEAK_SERIES, model_case, plot, report
-    from fourd_mpi.perf.tune import resolve_profile
+    from fourd_mpi.jobs.sites import resolve_profile
 
     refuse_output(args.output, args.force)
     wanted = [t.strip() for t in args.series.split(",") if t.strip()]
@@ -318,7 +319,7 @@ def _cmd_paper(args) -> int:
 
 def cmd_model(args, world=None) -> int:
     from fourd_mpi.analysis.tables import collect_or_fail
-    from fourd_mpi.perf.tune import resolve_profile
+    from fourd_mpi.jobs.sites import resolve_profile
     from fourd_mpi.perf.validate import report, validate
 
     if args.model_command == "calibrate":

@@ -4,7 +4,9 @@ and which machine profile of the performance model describes it.
 This is the one list of sites: ``sweep --site``, ``tune --site`` and ``model paper --site`` all
 take a name from :func:`builtin_sites` or a site FILE.yaml. A site names its machine profile
 (:mod:`fourd_mpi.perf.machine`, ``machine_profile:``) when the model has one;
-:func:`machine_profile_of` refuses a site without one, listing the sites that have one.
+:func:`machine_profile_of` refuses a site without one, listing the sites that have one;
+:func:`resolve_profile` is the site -> machine profile resolution that ``tune`` and ``model`` use
+(``--profile`` wins; ``--site local`` takes this host's calibrated profile when there is one).
 
 Built-in profiles live in ``fourd_mpi/jobs/sites/<name>.yaml``; ``--site FILE.yaml`` takes a
 user profile of the same form for any other cluster. A profile is validated with JSON
@@ -22,6 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.jobs.pack import PACK_MODES
 from fourd_mpi.jobs.spec import SAFE_VALUE_PATTERN, TIME_PATTERN
+from fourd_mpi.perf.machine import MachineProfile, load_profile
 from fourd_mpi.util.yamlspec import load_yaml
 
 SITES_DIR = os.path.join(os.path.dirname(__file__), "sites")
@@ -167,3 +170,30 @@ def load_site(name_or_path: str) -> Site:
     pairs = {k: tuple((str(a), str(b)) for a, b in data[k].items()) for k in ("directives", "env") if k in data}
     rest = {k: v for k, v in data.items() if k not in tuples and k not in pairs}
     return Site(**rest, **tuples, **pairs, source=path)
+
+
+# ---------------------------------------------------------------------------
+# site -> machine profile (tune, model, bench/algorithms.py)
+# ---------------------------------------------------------------------------
+
+def profile_for_site(site: Optional[str], profile: Optional[str] = None,
+                     fallback: Optional[str] = None) -> MachineProfile:
+    """``--profile`` wins; else the machine profile that ``--site`` names (the one site list,
+    :func:`machine_profile_of`: perlmutter, frontier; local -> laptop); no
+    site: laptop."""
+    if profile:
+        return load_profile(profile, fallback)
+    if site is None:
+        return load_profile("laptop", fallback)
+    return load_profile(machine_profile_of(site), fallback)
+
+
+def resolve_profile(site: Optional[str], profile: Optional[str], fallback: Optional[str] = None) -> MachineProfile:
+    """``--profile`` wins; ``--site local`` takes the calibrated profile of this host when there is one."""
+    if not profile and site == "local":
+        import socket
+
+        calibrated = os.path.join("results", "profiles", f"{socket.gethostname()}.yaml")
+        if os.path.exists(calibrated):
+            return load_profile(calibrated, fallback)
+    return profile_for_site(site, profile, fallback)

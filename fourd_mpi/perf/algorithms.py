@@ -37,6 +37,7 @@ from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import MachineProfile
+from fourd_mpi.perf.memory import memory_reserve
 from fourd_mpi.perf.predict import Prediction
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
@@ -242,8 +243,6 @@ def rank_algorithms(names: Sequence[str], cfg: ModelConfig, ranks: int, profile:
                     precision: Optional[str] = None, shard_optimizer: str = "none") -> AcrossRanking:
     """Every configuration of every algorithm in ``names`` on ``ranks`` ranks, predicted and sorted
     (module docstring). Raises :class:`ConfigError` when no configuration of any algorithm remains."""
-    from fourd_mpi.perf.tune import memory_reserve
-
     if ranks < 1:
         raise ConfigError(f"--ranks must be positive, got {ranks}")
     if cfg.batch is None:

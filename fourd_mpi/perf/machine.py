@@ -492,20 +492,6 @@ def axis_inner_products(grid) -> Dict[str, int]:
     return out
 
 
-def profile_for_site(site: Optional[str], profile: Optional[str] = None,
-                     fallback: Optional[str] = None) -> MachineProfile:
-    """``--profile`` wins; else the machine profile that ``--site`` names (the one site list,
-    :func:`fourd_mpi.jobs.sites.machine_profile_of`: perlmutter, frontier; local -> laptop); no
-    site: laptop."""
-    if profile:
-        return load_profile(profile, fallback)
-    if site is None:
-        return load_profile("laptop", fallback)
-    from fourd_mpi.jobs.sites import machine_profile_of  # the site registry (jobs imports perf lazily too)
-
-    return load_profile(machine_profile_of(site), fallback)
-
-
 def axis_placement(grid, ranks_per_node: int) -> Dict[str, str]:
     """``axis -> "intra" | "inter" | "-"`` for a :class:`~fourd_mpi.core.grid.GridShape` with ranks placed
     in order (X innermost) on nodes of ``ranks_per_node`` ranks. An axis is intra-node when its

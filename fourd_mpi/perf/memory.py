@@ -53,12 +53,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.step.overlap import OverlapConfig
+
+if TYPE_CHECKING:  # annotations only
+    from fourd_mpi.perf.machine import MachineProfile
 
 GIB = 2 ** 30
 #: activation recompute choices (what the forward keeps for backward, module docstring)
@@ -270,3 +273,8 @@ def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", o
         activations=activation_elements(cfg, grid, recompute, attention) * e,
         comm_buffers=comm_buffer_elements(cfg, grid, overlap) * e,
     )
+
+
+def memory_reserve(profile: MachineProfile) -> int:
+    """Bytes a rank holds beyond its arrays: the GPU runtime's reserve on a CuPy profile, else 0."""
+    return GPU_RUNTIME_RESERVE_BYTES if profile.backend == "cupy" else 0

@@ -13,7 +13,6 @@ default limit is the profile's ``device_memory_gib`` (:func:`default_memory_limi
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -22,7 +21,7 @@ from fourd_mpi.step.presets import ModelConfig, model_problems
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape, divisors, grid_factorizations
 from fourd_mpi.perf.machine import MachineProfile, load_profile
-from fourd_mpi.perf.memory import GPU_RUNTIME_RESERVE_BYTES, estimate_memory
+from fourd_mpi.perf.memory import estimate_memory, memory_reserve
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.perf.predict import Prediction, predict
 
@@ -71,11 +70,6 @@ def _nearby_rank_counts(cfg: ModelConfig, ranks: int, limit: int = 6) -> List[in
             if len(out) >= limit:
                 break
     return sorted(out)
-
-
-def memory_reserve(profile: MachineProfile) -> int:
-    """Bytes a rank holds beyond its arrays: the GPU runtime's reserve on a CuPy profile, else 0."""
-    return GPU_RUNTIME_RESERVE_BYTES if profile.backend == "cupy" else 0
 
 
 def default_memory_limit(profile: MachineProfile) -> Optional[float]:
@@ -202,21 +196,8 @@ def why_best(ranking: Ranking) -> str:
 
 
 # ---------------------------------------------------------------------------
-# machine profile and presentation (for fourd-mpi tune)
+# presentation (for fourd-mpi tune; the machine profile of a site: fourd_mpi.jobs.sites.resolve_profile)
 # ---------------------------------------------------------------------------
-
-def resolve_profile(site: Optional[str], profile: Optional[str], fallback: Optional[str] = None) -> MachineProfile:
-    """``--profile`` wins; ``--site local`` takes the calibrated profile of this host when there is one."""
-    from fourd_mpi.perf.machine import profile_for_site
-
-    if not profile and site == "local":
-        import socket
-
-        calibrated = os.path.join("results", "profiles", f"{socket.gethostname()}.yaml")
-        if os.path.exists(calibrated):
-            return load_profile(calibrated, fallback)
-    return profile_for_site(site, profile, fallback)
-
 
 def _fmt_ms(s: float) -> str:
     return f"{s * 1e3:.3f}"

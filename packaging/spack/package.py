@@ -31,7 +31,7 @@ class PyFourdMpi(PythonPackage):
 
     variant("cuda", default=False, description="CuPy backend for NVIDIA GPUs (fourd_mpi[gpu])")
     variant("analysis", default=False,
-            description="analyze/plot with pandas and matplotlib, model calibrate with scipy (fourd_mpi[analysis])")
+            description="compare's statistics and model calibrate with scipy (fourd_mpi[analysis])")
 
     depends_on("python@3.9:", type=("build", "run"))
     depends_on("py-setuptools@77:", type="build")
@@ -47,14 +47,14 @@ class PyFourdMpi(PythonPackage):
     depends_on("py-jinja2@3:", type=("build", "run"))
     depends_on("py-jsonschema@4:", type=("build", "run"))
     depends_on("py-xxhash@3:", type=("build", "run"))
+    depends_on("py-pandas@1.5:", type=("build", "run"))  # analyze, model validate
+    depends_on("py-matplotlib@3.5:", type=("build", "run"))  # plot
 
     with when("+cuda"):
         depends_on("cuda")
         depends_on("py-cupy", type=("build", "run"))
 
     with when("+analysis"):
-        depends_on("py-pandas@1.5:", type=("build", "run"))
-        depends_on("py-matplotlib@3.5:", type=("build", "run"))
         depends_on("py-scipy@1.7:", type=("build", "run"))
 
     def setup_run_environment(self, env):
