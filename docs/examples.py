@@ -59,7 +59,6 @@ EXAMPLES: Dict[str, Example] = {
     "verify": Example("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/fourd-mpi verify --gx 2 --gy 2 --gz 2 "
                       "--model gpt-tiny"),
     "trace-show": Example('.venv/bin/fourd-mpi trace show "$(ls -t results/*.h5 | head -n 1)"'),
-    "install-analysis": Example('.venv/bin/pip install -q -e ".[mpich,analysis]"', show_output=False),
     "analyze-compare": Example(".venv/bin/fourd-mpi analyze results/samples/grid-*.h5 --what compare "
                                "--format markdown", format="markdown", stable=True,
                                columns=("grid", "overlap", "step_median_s", "step_q1_s", "step_q3_s",
