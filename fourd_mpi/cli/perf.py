@@ -204,7 +204,8 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
 def _register_model(sub) -> None:
     from fourd_mpi.perf.validate import DEFAULT_FIT_TERMS
 
-    p = sub.add_parser("model", help="the performance model: calibrate and validate it against traces (one process)")
+    p = sub.add_parser("model", help="the performance model: predict a forced configuration, hold it against "
+                                     "published results, calibrate and validate it against traces (one process)")
     msub = p.add_subparsers(dest="model_command", required=True, parser_class=type(p))
     c = msub.add_parser("calibrate", help="fit the model's term weights (GEMM, attention, element-wise, per-call, "
                                           "alpha-beta, synchronization) to measured runs without overlap")
@@ -256,6 +257,9 @@ def _register_model(sub) -> None:
                          "(gpt-5b,gpt-10b,...)")
     add_output(pp, help="write the weak-scaling plot there (PNG; needs matplotlib, the analysis extra)")
 
+    from fourd_mpi.cli.model_predict import register as register_predict
+
+    register_predict(msub)
     p.set_defaults(handler=cmd_model, serial=True)
 
 
@@ -316,17 +320,37 @@ def _cmd_paper(args) -> int:
     return 0
 
 
-def cmd_model(args, world=None) -> int:
-    from fourd_mpi.analysis.tables import collect_or_fail
-    from fourd_mpi.perf.tune import resolve_profile
-    from fourd_mpi.perf.validate import report, validate
+def _need_pandas(command: str) -> None:
+    """One line naming the extra when pandas (the ``analysis`` extra) is missing."""
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        from fourd_mpi.errors import ConfigError
 
-    if args.model_command == "calibrate":
-        return _cmd_calibrate(args)
+        raise ConfigError(f"fourd-mpi model {command} reads traces with pandas: pip install 'fourd_mpi[analysis]' "
+                          f"(model predict, published, paper and compare-axonn do not need it)") from None
+
+
+def cmd_model(args, world=None) -> int:
+    if args.model_command == "predict":
+        from fourd_mpi.cli.model_predict import cmd_predict
+
+        return cmd_predict(args)
+    if args.model_command == "published":
+        from fourd_mpi.cli.model_predict import cmd_published
+
+        return cmd_published(args)
     if args.model_command == "paper":
         return _cmd_paper(args)
     if args.model_command == "compare-axonn":
         return _cmd_compare_axonn(args)
+    _need_pandas(args.model_command)
+    if args.model_command == "calibrate":
+        return _cmd_calibrate(args)
+    from fourd_mpi.analysis.tables import collect_or_fail
+    from fourd_mpi.perf.tune import resolve_profile
+    from fourd_mpi.perf.validate import report, validate
+
     refuse_output(args.output, args.force)
     profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
     traces, problems = collect_or_fail(args.paths)
