@@ -49,7 +49,9 @@ def register(msub) -> None:
     p = msub.add_parser("predict", help="one configuration with every choice forced: step time split into compute, "
                                         "exposed communication per axis and bubble, memory per GPU by part, % of "
                                         "peak under each FLOP convention (offline)")
-    p.add_argument("--config", default=None, metavar="FILE", help="YAML mapping of these options (the command line wins)")
+    # dest differs from "config": the main parser expands a command's ``config`` as run options
+    p.add_argument("--config", dest="predict_config", default=None, metavar="FILE",
+                   help="YAML mapping of these options (the command line wins)")
     for name, (kind, _, text) in PREDICT_OPTIONS.items():
         if kind is bool:
             p.add_argument(f"--{name}", action="store_const", const=True, default=None, help=text)
@@ -66,28 +68,28 @@ def register(msub) -> None:
 def _options(args) -> dict:
     """The options of ``predict``: command line over ``--config`` over defaults."""
     values = {name: getattr(args, name.replace("-", "_")) for name in PREDICT_OPTIONS}
-    if args.config:
+    if args.predict_config:
         import yaml
 
         try:
-            with open(args.config) as fh:
+            with open(args.predict_config) as fh:
                 doc = yaml.safe_load(fh) or {}
         except OSError as exc:
-            raise ConfigError(f"--config {args.config}: {exc.strerror}") from None
+            raise ConfigError(f"--config {args.predict_config}: {exc.strerror}") from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"--config {args.config}: not YAML ({str(exc).splitlines()[0]})") from None
+            raise ConfigError(f"--config {args.predict_config}: not YAML ({str(exc).splitlines()[0]})") from None
         if not isinstance(doc, dict):
-            raise ConfigError(f"--config {args.config}: expected a mapping of option: value")
+            raise ConfigError(f"--config {args.predict_config}: expected a mapping of option: value")
         for key, value in doc.items():
             name = str(key).replace("_", "-")
             if name not in PREDICT_OPTIONS:
-                raise ConfigError(f"--config {args.config}: unknown option {key!r} (known: {', '.join(PREDICT_OPTIONS)})")
+                raise ConfigError(f"--config {args.predict_config}: unknown option {key!r} (known: {', '.join(PREDICT_OPTIONS)})")
             if values[name] is None:
                 kind = PREDICT_OPTIONS[name][0]
                 try:
                     values[name] = value if kind is bool or value is None else kind(value)
                 except (TypeError, ValueError):
-                    raise ConfigError(f"--config {args.config}: {key} must be {kind.__name__}, got {value!r}") from None
+                    raise ConfigError(f"--config {args.predict_config}: {key} must be {kind.__name__}, got {value!r}") from None
     for name, (_, default, _) in PREDICT_OPTIONS.items():
         if values[name] is None:
             values[name] = default
