@@ -47,7 +47,7 @@ def register(msub) -> None:
     from fourd_mpi.cli.args import add_format
 
     p = msub.add_parser("predict", help="one configuration with every choice forced: step time split into compute, "
-                                        "exposed communication per axis and bubble, memory per GPU by part, % of "
+                                        "exposed communication per axis and bubble, memory per GPU by part, %% of "
                                         "peak under each FLOP convention (offline)")
     # dest differs from "config": the main parser expands a command's ``config`` as run options
     p.add_argument("--config", dest="predict_config", default=None, metavar="FILE",

@@ -313,7 +313,9 @@ def _cmd_paper(args) -> int:
     flagship = model_case(PUBLISHED["model"], PUBLISHED["gpus"], profile, limit, batch)
     series = [flagship if (m, g) == (PUBLISHED["model"], PUBLISHED["gpus"])
               else model_case(m, g, profile, limit, max(1, batch * g // PUBLISHED["gpus"])) for m, g in cases]
-    print(report(flagship, series, profile, limit))
+    from fourd_mpi.perf.paper import ptdp_case
+
+    print(report(flagship, series, profile, limit, ptdp_case(flagship.cfg, flagship.gpus, profile, limit)))
     if args.output:
         plot(series, args.output, profile, limit)
         wrote(args.output, "weak-scaling plot")
