@@ -155,6 +155,18 @@ class Row:
     def error(self) -> float:
         return abs(self.ratio - 1.0)
 
+    def to_match(self) -> Dict[str, float]:
+        """Which term would have to change, alone, for the prediction to equal the published result (a
+        diagnosis, never applied): the published step ``t_pub = t_pred x ratio`` (both metrics are
+        FLOPs / time, so ``ratio = t_pub / t_pred``); ``compute = (t_pub - (t_pred - c)) / c`` for the compute term ``c``;
+        ``exposed = (t_pub - (t_pred - x)) / x`` for the exposed communication and bubble ``x``."""
+        res = self.result
+        t_pub = res.step_s * self.ratio
+        c = res.compute_s
+        x = sum(res.exposed_s.values()) + res.bubble_s
+        return {"compute": (t_pub - (res.step_s - c)) / c if c else float("nan"),
+                "exposed": (t_pub - (res.step_s - x)) / x if x else float("nan")}
+
 
 def metric_of(r: ScenarioResult, metric: str) -> float:
     return r.pct_peak("megatron") if metric == "pct_peak" else r.tflops_per_gpu("megatron")
@@ -283,20 +295,23 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None) -> st
              "ratio = predicted / published; error = |ratio - 1|",
              ""]
     table = [("dataset", "point", "GPUs", "configuration", "metric", "published", "predicted", "ratio", "mem GiB",
-              "fits", "bubble %", "exposed comm % (largest axis)")]
+              "fits", "bubble %", "exposed comm % (largest axis)", "to match: compute x", "or comm+bubble x")]
     for r in rows:
         res = r.result
         exp = max(res.exposed_s.items(), key=lambda kv: kv[1]) if res.exposed_s else ("-", 0.0)
         table.append((r.dataset, r.name, r.gpus, describe_config(res), r.metric, f"{r.published:g}",
                       f"{r.predicted:.1f}", f"{r.ratio:.3f}", f"{res.memory['required'] / 2 ** 30:.1f}",
                       {True: "yes", False: "NO", None: "-"}[res.fits()], f"{100 * res.bubble_s / res.step_s:.1f}",
-                      f"{100 * sum(res.exposed_s.values()) / res.step_s:.1f} ({exp[0]})"))
+                      f"{100 * sum(res.exposed_s.values()) / res.step_s:.1f} ({exp[0]})",
+                      f"{r.to_match()['compute']:.2f}", f"{r.to_match()['exposed']:.2f}"))
     lines.append(_table(table))
     lines += ["",
               f"summary over {s['points']} points: median |error| {100 * s['median_abs_error']:.1f} % (target <= "
               f"{100 * TARGET_MEDIAN_ERROR:g} %), worst {s['worst']} {100 * s['worst_error']:.1f} %, Spearman "
               f"{s['spearman']:.2f} (target >= {TARGET_SPEARMAN}; of % of peak, published vs predicted), every "
               f"configuration fits its GPU's memory: {'yes' if s['all_fit'] else 'NO'}"]
+    lines.append("to match: the factor by which that term alone would have to change for predicted = published "
+                 "(a diagnosis of which term is wrong; never applied to the model)")
     assumed = [f"{r.name}: {', '.join(r.assumed)}" for r in rows if r.assumed]
     if assumed:
         lines.append("assumed (not in the source): " + "; ".join(assumed))
@@ -322,6 +337,7 @@ def as_dict(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None) -> D
     out = {"summary": summary(rows),
            "points": [{"dataset": r.dataset, "name": r.name, "gpus": r.gpus, "metric": r.metric,
                        "published": r.published, "predicted": r.predicted, "ratio": r.ratio, "error": r.error,
+                       "to_match": r.to_match(),
                        "assumed": r.assumed, "source": r.source, "prediction": r.result.as_dict()} for r in rows]}
     if claims is not None:
         out["claims"] = [{"name": c["name"], "source": c["source"], "published_margin": c["published_margin"],
