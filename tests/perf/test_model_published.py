@@ -241,3 +241,19 @@ def test_model_published_cli_prints_summary_and_claims():
     out = proc.stdout
     assert "summary over 11 points: median |error|" in out and "Spearman" in out
     assert "4D vs Megatron-LM" in out and "PTD-P vs ZeRO-3" in out and "published margin" in out
+
+
+def test_model_without_pandas_is_one_line_or_works(tmp_path):
+    code = ("import sys, runpy; sys.modules['pandas'] = None; sys.argv = ['fourd-mpi', 'model'] + sys.argv[1:]; "
+            "runpy.run_module('fourd_mpi', run_name='__main__')")
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=REPO,
+                              timeout=300)
+
+    bad = run("validate", str(tmp_path / "none.h5"))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "fourd_mpi[analysis]" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    ok = run("published", "--dataset", "axonn_sc24", "--no-claims")
+    assert ok.returncode == 0 and "summary over 1 points" in ok.stdout, ok.stderr

@@ -227,7 +227,7 @@ def summary(rows: List[Row]) -> Dict[str, Any]:
     pub = [r.result.pct_peak() * r.published / r.predicted for r in rows]  # published % of peak
     pred = [r.result.pct_peak() for r in rows]
     return {"points": n, "median_abs_error": median, "worst": worst.name, "worst_error": worst.error,
-            "spearman": spearman(pub, pred), "all_fit": all(r.result.fits() is not False for r in rows),
+            "spearman": spearman(pub, pred) if n > 1 else None, "all_fit": all(r.result.fits() is not False for r in rows),
             "targets": {"median_abs_error": TARGET_MEDIAN_ERROR, "spearman": TARGET_SPEARMAN}}
 
 
@@ -308,7 +308,8 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None) -> st
     lines += ["",
               f"summary over {s['points']} points: median |error| {100 * s['median_abs_error']:.1f} % (target <= "
               f"{100 * TARGET_MEDIAN_ERROR:g} %), worst {s['worst']} {100 * s['worst_error']:.1f} %, Spearman "
-              f"{s['spearman']:.2f} (target >= {TARGET_SPEARMAN}; of % of peak, published vs predicted), every "
+              f"{'-' if s['spearman'] is None else format(s['spearman'], '.2f')} (target >= {TARGET_SPEARMAN}; of % "
+              f"of peak, published vs predicted), every "
               f"configuration fits its GPU's memory: {'yes' if s['all_fit'] else 'NO'}"]
     lines.append("to match: the factor by which that term alone would have to change for predicted = published "
                  "(a diagnosis of which term is wrong; never applied to the model)")
