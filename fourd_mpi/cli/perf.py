@@ -52,6 +52,10 @@ def _register_tune(sub) -> None:
                         "default: the profile's device memory (e.g. 40 on perlmutter, 64 on frontier; none on CPU "
                         "profiles); 'none' keeps every grid")
     _add_memory_model(p)
+    p.add_argument("--dw-window", type=positive_int, default=None, metavar="N",
+                   help="with ORS, at most N dW blocks in flight (memory; as FSDP/ZeRO-3 bound their buckets; "
+                        "default: every layer's, as this suite's step keeps every handle until the optimizer; "
+                        "--algorithm axonn4d only)")
     o = p.add_argument_group("output")
     o.add_argument("--top", type=positive_int, default=5, metavar="K", help="grids to show (default 5)")
     o.add_argument("--emit-sweep", metavar="FILE", help="write a sweep spec (YAML) that measures the top K")
@@ -123,16 +127,21 @@ def cmd_tune(args, world=None) -> int:
 
     names = algorithm_names(args.algorithm)
     if names != ["axonn4d"]:
+        if args.dw_window is not None:
+            from fourd_mpi.errors import ConfigError
+
+            raise ConfigError("--dw-window applies to --algorithm axonn4d (model predict takes it for every algorithm)")
         return _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention)
     ranking = rank_grids(cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer, limit,
-                         args.ranks_per_node, recompute=recompute, attention=attention, precision=args.precision)
+                         args.ranks_per_node, recompute=recompute, attention=attention, precision=args.precision,
+                         dw_window=args.dw_window)
     from fourd_mpi.perf.memory import default_precision
 
     print(profile.describe())
     print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
           f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; overlap {overlap}; progress {args.progress}; "
           f"{args.dtype} ({args.precision or default_precision(args.dtype)} precision); recompute {recompute}; "
-          f"attention {attention}")
+          f"attention {attention}" + ("" if args.dw_window is None else f"; dW window {args.dw_window}"))
     print(limit_text)
     print(ranking.dropped_summary())
     print(f"top {min(args.top, len(ranking.predictions))} of {len(ranking.predictions)} valid grids by predicted "

@@ -257,3 +257,19 @@ def test_model_without_pandas_is_one_line_or_works(tmp_path):
     assert len(bad.stderr.strip().splitlines()) == 1
     ok = run("published", "--dataset", "axonn_sc24", "--no-claims")
     assert ok.returncode == 0 and "summary over 1 points" in ok.stdout, ok.stderr
+
+
+def test_tune_bounded_dw_window_lowers_memory_not_time():
+    from fourd_mpi.perf.tune import rank_grids
+
+    prof = load_profile("perlmutter")
+    cfg = ModelConfig("g", "gpt", 8, 1024, 16, 4096, 1024, 64)
+    kw = dict(overlap=OverlapConfig.parse("all"), dtype="bfloat16", grids=[GridShape(2, 4, 1, 1)])
+    free = rank_grids(cfg, 8, prof, **kw).predictions[0]
+    bounded = rank_grids(cfg, 8, prof, dw_window=1, **kw).predictions[0]
+    blocks = sorted((block_elements(n, k, t, GridShape(2, 4, 1, 1)) for _, n, k, t in fc_weights(cfg, GridShape(2, 4, 1, 1))
+                     * cfg.layers), reverse=True)
+    assert free.memory.comm_buffers - bounded.memory.comm_buffers == sum(b + b // 4 for b in blocks[1:]) * 2
+    assert bounded.step_s == free.step_s
+    bad = cli("tune", "--ranks", "8", "--model", "gpt-small", "--algorithm", "fsdp", "--dw-window", "2")
+    assert bad.returncode == 2 and "--dw-window applies to --algorithm axonn4d" in bad.stderr
