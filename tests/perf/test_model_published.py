@@ -273,3 +273,19 @@ def test_tune_bounded_dw_window_lowers_memory_not_time():
     assert bounded.step_s == free.step_s
     bad = cli("tune", "--ranks", "8", "--model", "gpt-small", "--algorithm", "fsdp", "--dw-window", "2")
     assert bad.returncode == 2 and "--dw-window applies to --algorithm axonn4d" in bad.stderr
+
+
+def test_published_table_is_self_consistent():
+    """Each Table 1 row against its own columns: % of peak = TFLOP/s / 312 (rounded), the parameter count
+    from the paper's formula P = 12 l h^2 (1 + 13/12h + (V + s)/12lh) to the table's rounding (0.05 B or 1 %), and GPUs = TP x PP x DP."""
+    from fourd_mpi.perf import published
+
+    ds = published.load("narayanan_sc21")
+    V, s = ds["defaults"]["vocab"], ds["defaults"]["seq"]
+    for p in ds["points"]:
+        assert abs(p["tflops_per_gpu"] / 312 * 100 - p["pct_peak"]) < 0.6, p["name"]
+        l, h = p["layers"], p["hidden"]
+        params = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+        assert abs(params / 1e9 - p["params_b"]) <= max(0.05, 0.01 * p["params_b"]), (p["name"], params / 1e9)
+        assert p["gpus"] % (p["tp"] * p["pp"]) == 0 and p["layers"] % (p["pp"] * p["chunks"]) == 0
+        assert p["batch"] % (p["gpus"] // (p["tp"] * p["pp"]) * p["mbs"]) == 0
