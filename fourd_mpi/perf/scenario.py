@@ -288,6 +288,20 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     return out
 
 
+def scenario_memory(sc: Scenario, profile: MachineProfile) -> Dict[str, int]:
+    """Bytes per rank by part of the larger of the first and last stage (no time prediction: cheap, so a
+    search can drop what does not fit before predicting it)."""
+    sc = sc.resolved()
+    first = _stage_memory(sc, 0, profile)
+    last = _stage_memory(sc, sc.stages - 1, profile) if sc.stages > 1 else first
+    return first if first["required"] >= last["required"] else last
+
+
+def fits_memory(sc: Scenario, profile: MachineProfile) -> bool:
+    """``required <= memory_limit_gib`` (True without a limit)."""
+    return sc.memory_limit_gib is None or scenario_memory(sc, profile)["required"] <= sc.memory_limit_gib * GIB
+
+
 def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     """Predict one step of ``sc`` on ``profile`` (module docstring)."""
     sc = sc.resolved()

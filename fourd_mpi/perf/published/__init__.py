@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import MachineProfile, load_profile
-from fourd_mpi.perf.scenario import Scenario, ScenarioResult, predict_scenario
+from fourd_mpi.perf.scenario import Scenario, ScenarioResult, fits_memory, predict_scenario
 from fourd_mpi.step.presets import ModelConfig, model_problems
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -82,9 +82,9 @@ def tuned_4d(point: Dict[str, Any], defaults: Dict[str, Any], profile: MachinePr
                       dtype=d["dtype"], attention=d["attention"], precision=d["precision"],
                       shard_optimizer=d["shard_optimizer"], optimizer=d["optimizer"], overlap=d.get("overlap", "all"),
                       memory_limit_gib=d.get("memory_limit_gib"))
-        r = predict_scenario(sc, profile)
-        if r.fits() is False:
+        if not fits_memory(sc, profile):
             continue
+        r = predict_scenario(sc, profile)
         if best is None or r.step_s < best.step_s:
             best = r
     if best is None:
@@ -121,10 +121,10 @@ def megatron_search(cfg: ModelConfig, gpus: int, profile: MachineProfile, defaul
                                   optimizer=defaults["optimizer"], overlap="none",
                                   memory_limit_gib=defaults.get("memory_limit_gib"))
                     try:
+                        if not fits_memory(sc, profile):
+                            continue
                         r = predict_scenario(sc, profile)
                     except ConfigError:
-                        continue
-                    if r.fits() is False:
                         continue
                     if best is None or r.step_s < best.step_s:
                         best = r
