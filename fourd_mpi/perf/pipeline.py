@@ -215,8 +215,11 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     comm[("inter", "send")] = max(v["send_messages"] for v in volumes.values()) * t_msg
     exposed[("inter", "send")] = critical
     exposed[("inter", "bubble")] = bubble
-    wire = {axis: sum(c.wire_bytes for c in pipeline_collectives(cfg, grid, stages, microbatches, 0, overlap, dtype)
-                      if c.axis == axis) for axis in micro.wire_bytes}
+    # stage 0's wire bytes by axis, as pipeline_collectives counts them (per-micro-batch roles m times)
+    wire = {axis: 0 for axis in micro.wire_bytes}
+    for c in step_collectives(micro_cfg, grid, overlap, dtype):
+        if c.role != "loss" and c.axis in wire:
+            wire[c.axis] += c.wire_bytes * (microbatches if c.role in PER_MICROBATCH_ROLES else 1)
     wire["inter"] = max(v["send_bytes"] for v in volumes.values())
     placement = dict(micro.placement, inter=level)
     memory = pipeline_memory(cfg, grid, stages, microbatches, 0, dtype, optimizer, overlap, recompute, attention,

@@ -289,3 +289,19 @@ def test_published_table_is_self_consistent():
         assert abs(params / 1e9 - p["params_b"]) <= max(0.05, 0.01 * p["params_b"]), (p["name"], params / 1e9)
         assert p["gpus"] % (p["tp"] * p["pp"]) == 0 and p["layers"] % (p["pp"] * p["chunks"]) == 0
         assert p["batch"] % (p["gpus"] // (p["tp"] * p["pp"]) * p["mbs"]) == 0
+
+
+def test_pipeline_memory_precheck_keeps_the_ranking(monkeypatch):
+    """Dropping what does not fit before predicting it (the pipeline's memory hook) changes no answer."""
+    from dataclasses import replace as dc_replace
+
+    from fourd_mpi.perf import algorithms
+
+    cfg = ModelConfig("g", "gpt", 8, 1024, 16, 4096, 1024, 64)
+    prof = load_profile("perlmutter")
+    kw = dict(overlap=OverlapConfig.parse("all"), dtype="bfloat16", memory_limit_bytes=3.4 * 2 ** 30)
+    fast = algorithms.rank_algorithms(["pipeline"], cfg, 16, prof, **kw)
+    monkeypatch.setitem(algorithms.PREDICTORS, "pipeline", dc_replace(algorithms.PREDICTORS["pipeline"], memory=None))
+    slow = algorithms.rank_algorithms(["pipeline"], cfg, 16, prof, **kw)
+    assert [(e.label, e.prediction.step_s) for e in fast.every] == [(e.label, e.prediction.step_s) for e in slow.every]
+    assert sorted(map(str, fast.dropped)) == sorted(map(str, slow.dropped)) and fast.dropped
