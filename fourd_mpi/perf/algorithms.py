@@ -65,6 +65,8 @@ class Predictor:
         except ImportError:  # a family listed but not in this installation
             return None
         value = getattr(self, which)
+        if value is None:
+            return None
         return value if callable(value) else getattr(module, value, None)
 
 
