@@ -112,7 +112,7 @@ def _pipeline_run_options(run_options: Dict[str, Any]) -> Dict[str, Any]:
 
 #: algorithm family -> its :class:`Predictor` (one line per family)
 PREDICTORS: Dict[str, Predictor] = {
-    "tensor4d": Predictor("fourd_mpi.perf.predict"),
+    "tensor4d": Predictor("fourd_mpi.perf.predict", memory="predicted_memory"),
     "optimus3d": Predictor("fourd_mpi.perf.optimus3d"),
     "pipeline": Predictor("fourd_mpi.perf.pipeline", "predict_pipeline", _pipeline_candidates,
                           _pipeline_run_options, _pipeline_memory),

@@ -498,6 +498,17 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     return _prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes)
 
 
+def predicted_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", optimizer: str = "adam",
+                     overlap: Optional[OverlapConfig] = None, recompute: str = "none", attention: str = "unfused",
+                     precision: Optional[str] = None, shard_optimizer: str = "none",
+                     dw_window: Optional[int] = None, **_) -> MemoryEstimate:
+    """The memory :func:`predict` reports for these arguments, without predicting the time (a ranking
+    drops what does not fit first)."""
+    return estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap or OverlapConfig(), recompute=recompute,
+                           attention=attention, precision=precision, shard_optimizer=shard_optimizer,
+                           dw_window=dw_window)
+
+
 def exposed_after_hiding(comm: Dict[Tuple[str, str], float], hidden: Dict[Tuple[str, str], float],
                          cap: float) -> Dict[Tuple[str, str], float]:
     """Exposed seconds per ``(axis, op)``: ``max(0, comm - hidden * scale)``, where ``scale`` shrinks the

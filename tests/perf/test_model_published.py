@@ -291,17 +291,19 @@ def test_published_table_is_self_consistent():
         assert p["batch"] % (p["gpus"] // (p["tp"] * p["pp"]) * p["mbs"]) == 0
 
 
-def test_pipeline_memory_precheck_keeps_the_ranking(monkeypatch):
-    """Dropping what does not fit before predicting it (the pipeline's memory hook) changes no answer."""
+@pytest.mark.parametrize("family,names,gib", [("pipeline", ["pipeline"], 3.4), ("tensor4d", ["axonn4d", "fsdp"], 5.8)])
+def test_memory_precheck_keeps_the_ranking(monkeypatch, family, names, gib):
+    """Dropping what does not fit before predicting it (a family's memory hook) changes no answer."""
     from dataclasses import replace as dc_replace
 
     from fourd_mpi.perf import algorithms
 
     cfg = ModelConfig("g", "gpt", 8, 1024, 16, 4096, 1024, 64)
     prof = load_profile("perlmutter")
-    kw = dict(overlap=OverlapConfig.parse("all"), dtype="bfloat16", memory_limit_bytes=3.4 * 2 ** 30)
-    fast = algorithms.rank_algorithms(["pipeline"], cfg, 16, prof, **kw)
-    monkeypatch.setitem(algorithms.PREDICTORS, "pipeline", dc_replace(algorithms.PREDICTORS["pipeline"], memory=None))
-    slow = algorithms.rank_algorithms(["pipeline"], cfg, 16, prof, **kw)
-    assert [(e.label, e.prediction.step_s) for e in fast.every] == [(e.label, e.prediction.step_s) for e in slow.every]
+    kw = dict(overlap=OverlapConfig.parse("all"), dtype="bfloat16", memory_limit_bytes=gib * 2 ** 30)
+    fast = algorithms.rank_algorithms(names, cfg, 16, prof, **kw)
+    monkeypatch.setitem(algorithms.PREDICTORS, family, dc_replace(algorithms.PREDICTORS[family], memory=None))
+    slow = algorithms.rank_algorithms(names, cfg, 16, prof, **kw)
+    assert [(e.algorithm, e.label, e.prediction.step_s, e.need_bytes) for e in fast.every] == \
+        [(e.algorithm, e.label, e.prediction.step_s, e.need_bytes) for e in slow.every]
     assert sorted(map(str, fast.dropped)) == sorted(map(str, slow.dropped)) and fast.dropped
