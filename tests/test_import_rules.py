@@ -281,6 +281,8 @@ def test_offline_commands_work_without_mpi(no_mpi_env, tmp_path):
         ["tune", "--ranks", "8", "--top", "3"],
         ["tune", "--ranks", "64", "--model", "gpt-small", "--site", "perlmutter", "--top", "2"],
         ["model", "validate", str(SAMPLES)],
+        ["model", "predict", "--grid", "1x1x8x1", "--batch", "16", "--profile", "dgx-a100"],
+        ["model", "published", "--dataset", "axonn_sc24", "--no-claims"],
         ["results", "reindex", str(ROOT / "results" / "baselines"), "-o", str(tmp_path / "index.jsonl")],
         ["results", "list", "--index", str(tmp_path / "index.jsonl")],
         ["compare", str(ROOT / "results" / "baselines"), "--baseline", "run_id=baseline-gpt-tiny-np2",

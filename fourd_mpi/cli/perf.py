@@ -52,6 +52,10 @@ def _register_tune(sub) -> None:
                         "default: the profile's device memory (e.g. 40 on perlmutter, 64 on frontier; none on CPU "
                         "profiles); 'none' keeps every grid")
     _add_memory_model(p)
+    p.add_argument("--dw-window", type=positive_int, default=None, metavar="N",
+                   help="with ORS, at most N dW blocks in flight (memory; as FSDP/ZeRO-3 bound their buckets; "
+                        "default: every layer's, as this suite's step keeps every handle until the optimizer; "
+                        "--algorithm axonn4d only)")
     o = p.add_argument_group("output")
     o.add_argument("--top", type=positive_int, default=5, metavar="K", help="grids to show (default 5)")
     o.add_argument("--emit-sweep", metavar="FILE", help="write a sweep spec (YAML) that measures the top K")
@@ -124,16 +128,21 @@ def cmd_tune(args, world=None) -> int:
 
     names = algorithm_names(args.algorithm)
     if names != ["axonn4d"]:
+        if args.dw_window is not None:
+            from fourd_mpi.errors import ConfigError
+
+            raise ConfigError("--dw-window applies to --algorithm axonn4d (model predict takes it for every algorithm)")
         return _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention)
     ranking = rank_grids(cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer, limit,
-                         args.ranks_per_node, recompute=recompute, attention=attention, precision=args.precision)
+                         args.ranks_per_node, recompute=recompute, attention=attention, precision=args.precision,
+                         dw_window=args.dw_window)
     from fourd_mpi.perf.memory import default_precision
 
     print(profile.describe())
     print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
           f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; overlap {overlap}; progress {args.progress}; "
           f"{args.dtype} ({args.precision or default_precision(args.dtype)} precision); recompute {recompute}; "
-          f"attention {attention}")
+          f"attention {attention}" + ("" if args.dw_window is None else f"; dW window {args.dw_window}"))
     print(limit_text)
     print(ranking.dropped_summary())
     print(f"top {min(args.top, len(ranking.predictions))} of {len(ranking.predictions)} valid grids by predicted "
@@ -205,7 +214,8 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
 def _register_model(sub) -> None:
     from fourd_mpi.perf.validate import DEFAULT_FIT_TERMS
 
-    p = sub.add_parser("model", help="the performance model: calibrate and validate it against traces (one process)")
+    p = sub.add_parser("model", help="the performance model: predict a forced configuration, hold it against "
+                                     "published results, calibrate and validate it against traces (one process)")
     msub = p.add_subparsers(dest="model_command", required=True, parser_class=type(p))
     c = msub.add_parser("calibrate", help="fit the model's term weights (GEMM, attention, element-wise, per-call, "
                                           "alpha-beta, synchronization) to measured runs without overlap")
@@ -257,6 +267,9 @@ def _register_model(sub) -> None:
                          "(gpt-5b,gpt-10b,...)")
     add_output(pp, help="write the weak-scaling plot there (PNG; needs matplotlib, the analysis extra)")
 
+    from fourd_mpi.cli.model_predict import register as register_predict
+
+    register_predict(msub)
     p.set_defaults(handler=cmd_model, serial=True)
 
 
@@ -310,24 +323,46 @@ def _cmd_paper(args) -> int:
     flagship = model_case(PUBLISHED["model"], PUBLISHED["gpus"], profile, limit, batch)
     series = [flagship if (m, g) == (PUBLISHED["model"], PUBLISHED["gpus"])
               else model_case(m, g, profile, limit, max(1, batch * g // PUBLISHED["gpus"])) for m, g in cases]
-    print(report(flagship, series, profile, limit))
+    from fourd_mpi.perf.paper import ptdp_case
+
+    print(report(flagship, series, profile, limit, ptdp_case(flagship.cfg, flagship.gpus, profile, limit)))
     if args.output:
         plot(series, args.output, profile, limit)
         wrote(args.output, "weak-scaling plot")
     return 0
 
 
-def cmd_model(args, world=None) -> int:
-    from fourd_mpi.analysis.tables import collect_or_fail
-    from fourd_mpi.jobs.sites import resolve_profile
-    from fourd_mpi.perf.validate import report, validate
+def _need_pandas(command: str) -> None:
+    """One line naming the extra when pandas (the ``analysis`` extra) is missing."""
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        from fourd_mpi.errors import ConfigError
 
-    if args.model_command == "calibrate":
-        return _cmd_calibrate(args)
+        raise ConfigError(f"fourd-mpi model {command} reads traces with pandas: pip install 'fourd_mpi[analysis]' "
+                          f"(model predict, published, paper and compare-axonn do not need it)") from None
+
+
+def cmd_model(args, world=None) -> int:
+    if args.model_command == "predict":
+        from fourd_mpi.cli.model_predict import cmd_predict
+
+        return cmd_predict(args)
+    if args.model_command == "published":
+        from fourd_mpi.cli.model_predict import cmd_published
+
+        return cmd_published(args)
     if args.model_command == "paper":
         return _cmd_paper(args)
     if args.model_command == "compare-axonn":
         return _cmd_compare_axonn(args)
+    _need_pandas(args.model_command)
+    if args.model_command == "calibrate":
+        return _cmd_calibrate(args)
+    from fourd_mpi.analysis.tables import collect_or_fail
+    from fourd_mpi.jobs.sites import resolve_profile
+    from fourd_mpi.perf.validate import report, validate
+
     refuse_output(args.output, args.force)
     profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
     traces, problems = collect_or_fail(args.paths)

@@ -82,7 +82,8 @@ def rank_grids(cfg: ModelConfig, ranks: int, profile: MachineProfile, overlap: O
                dtype: str = "float32", progress: str = "poll", optimizer: str = "adam",
                memory_limit_bytes: Optional[float] = None, ranks_per_node: Optional[int] = None,
                recompute: str = "none", attention: str = "unfused", precision: Optional[str] = None,
-               shard_optimizer: str = "none", grids: Optional[List[GridShape]] = None) -> Ranking:
+               shard_optimizer: str = "none", grids: Optional[List[GridShape]] = None,
+               dw_window: Optional[int] = None) -> Ranking:
     """Every valid grid of ``ranks`` (or of ``grids``), predicted and sorted (fastest first).
 
     A grid is dropped when ``required`` memory (module docstring) exceeds ``memory_limit_bytes``
@@ -94,7 +95,8 @@ def rank_grids(cfg: ModelConfig, ranks: int, profile: MachineProfile, overlap: O
         raise ConfigError(f"preset {cfg.name} needs the global batch: give --batch SEQUENCES")
     overlap = overlap or OverlapConfig()
     reserve = memory_reserve(profile)
-    mem = dict(recompute=recompute, attention=attention, precision=precision, shard_optimizer=shard_optimizer)
+    mem = dict(recompute=recompute, attention=attention, precision=precision, shard_optimizer=shard_optimizer,
+               dw_window=dw_window)
     ranking = Ranking([], reserve=reserve)
     fitting: List[Tuple[GridShape, int]] = []
     for grid in (grids if grids is not None else grid_factorizations(ranks)):
