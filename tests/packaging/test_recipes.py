@@ -164,6 +164,23 @@ def test_dockerfile_matches_the_apptainer_definition():
     assert "lib-abi-mpich" in readme and "--bind" in readme and "APPTAINERENV_LD_LIBRARY_PATH" in readme
 
 
+def test_container_library_path_names_directories_that_exist_inside_the_container():
+    """The Cray recipe's LD_LIBRARY_PATH is read inside the container: a host directory is there only
+    where a --bind put it (host /usr/lib64 at /host/usr/lib64, never as /usr/lib64, which is Ubuntu's
+    own), and the host's /usr/lib64 comes after the container's library directory."""
+    readme = (PACKAGING / "container" / "README.md").read_text()
+    path = re.search(r'^export APPTAINERENV_LD_LIBRARY_PATH="([^"]+)"$', readme, re.M).group(1).split(":")
+    binds = re.search(r"^BINDS=(\S+)$", readme, re.M).group(1).split(",")
+    targets = [b.split(":")[-1] for b in binds]  # where each bind lands inside the container
+    assert "/usr/lib64:/host/usr/lib64" in binds and "/usr/lib64" not in path
+    container_own = ("/.singularity.d/libs", "/usr/lib/x86_64-linux-gnu")
+    for entry in path:
+        if entry.startswith("$"):  # $ABI_LIB, $CRAY_LD_LIBRARY_PATH: under /opt/cray on the host, bound as is
+            continue
+        assert entry in container_own or any(entry == t or entry.startswith(t + "/") for t in targets), entry
+    assert path.index("/usr/lib/x86_64-linux-gnu") < path.index("/host/usr/lib64") == len(path) - 1
+
+
 def test_citation_cff_has_the_required_keys():
     """CFF 1.2.0's required keys and the AxoNN paper under references (CI also runs cffconvert --validate)."""
     import fourd_mpi
