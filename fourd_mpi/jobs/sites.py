@@ -44,6 +44,10 @@ SITE_SCHEMA: Dict[str, Any] = {
         "name": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
                  "description": "a site name uses letters, digits and . _ -"},
         "description": {"type": "string"},
+        "documentation": {"type": "array", "items": {"type": "string", "pattern": r"^https://\S+$",
+                                                      "description": "a documentation page is an https:// URL"}},
+        "retired": {"type": "string", "pattern": r"^[0-9]{4}-[0-9]{2}$",
+                    "description": "the month the machine was retired, YYYY-MM"},
         "scheduler": {"enum": list(SCHEDULERS)},
         "launcher": {"enum": list(LAUNCHERS)},
         "launcher_args": {"type": "array", "items": {"type": "string"}},
@@ -91,6 +95,10 @@ class Site:
     launcher: str
     ranks_per_node: int
     description: str = ""
+    #: the centre's pages that the profile's binding, modules and MPI switches were checked against
+    documentation: Tuple[str, ...] = ()
+    #: YYYY-MM when the machine was retired (the profile is kept for its idiom; scripts say so)
+    retired: Optional[str] = None
     launcher_args: Tuple[str, ...] = ()
     cores_per_node: int = 0
     gpus_per_node: int = 0
@@ -166,7 +174,8 @@ def load_site(name_or_path: str) -> Site:
             raise ConfigError(f"unknown site {name_or_path!r}: choose one of {', '.join(builtin_sites())} "
                               "or give a site profile FILE.yaml")
     data = load_yaml(path, "site profile", SITE_SCHEMA).data
-    tuples = {k: tuple(data[k]) for k in ("launcher_args", "modules", "module_paths", "setup", "requires") if k in data}
+    tuples = {k: tuple(data[k]) for k in ("launcher_args", "modules", "module_paths", "setup", "requires",
+                                                   "documentation") if k in data}
     pairs = {k: tuple((str(a), str(b)) for a, b in data[k].items()) for k in ("directives", "env") if k in data}
     rest = {k: v for k, v in data.items() if k not in tuples and k not in pairs}
     return Site(**rest, **tuples, **pairs, source=path)

@@ -1,15 +1,21 @@
 # Copyright the fourd_mpi developers. SPDX-License-Identifier: BSD-3-Clause
 #
-# Spack recipe for fourd_mpi. Put this directory into a Spack repository as
-# packages/py-fourd-mpi/package.py (see docs/guide/clusters.md, "Installing at a centre"):
+# Spack (>= 1.0) recipe for fourd_mpi, in a package repository of Spack 1.0's layout
+# (spack_repo/fourd_mpi/packages/py_fourd_mpi/package.py; builtin's build systems come from the
+# spack-packages repository). fourd_mpi is not published, so the recipe names no download: its
+# versions are local sdists, written in by packaging/spack/make_repo.py with the sdist's sha256
+# (see docs/sites.md, "Spack"):
 #
-#   spack repo create ~/spack-fourd && mkdir -p ~/spack-fourd/packages/py-fourd-mpi
-#   cp packaging/spack/package.py ~/spack-fourd/packages/py-fourd-mpi/
-#   spack repo add ~/spack-fourd
-#   spack develop --path "$PWD" py-fourd-mpi@=0.1.0 && spack add py-fourd-mpi+analysis && spack install
+#   python -m build --sdist --outdir dist .
+#   python packaging/spack/make_repo.py ~/spack-fourd --sdist dist/fourd_mpi-0.1.0.tar.gz
+#   spack repo add ~/spack-fourd/spack_repo/fourd_mpi
+#   spack install py-fourd-mpi+analysis ^mpi=cray-mpich      # the site's MPI: an external
 #
+# or, from a checkout without an sdist: spack develop --path "$PWD" py-fourd-mpi@=0.1.0.
 # The site's MPI (cray-mpich, openmpi, mvapich, ...) comes from Spack's `mpi` virtual, usually an
 # external in packages.yaml; py-mpi4py is then built against it.
+
+from spack_repo.builtin.build_systems.python import PythonPackage
 
 from spack.package import *
 
@@ -21,17 +27,17 @@ class PyFourdMpi(PythonPackage):
     Slurm/PBS/LSF/Grid Engine and an analytical performance model."""
 
     homepage = "https://arxiv.org/abs/2305.13525"
-    # The sdist that `python -m build` makes (.ci/run builds and checks it). fourd_mpi is not on
-    # PyPI yet: use `spack develop` on a checkout, or put the sdist into a Spack mirror.
-    pypi = "fourd_mpi/fourd_mpi-0.1.0.tar.gz"
 
     license("BSD-3-Clause")
 
-    version("0.1.0")
+    # local sdists (packaging/spack/make_repo.py writes them between these two lines)
+    # end of local sdists
 
-    variant("cuda", default=False, description="CuPy backend for NVIDIA GPUs (fourd_mpi[gpu])")
+    variant("cuda", default=False, description="CuPy backend on NVIDIA GPUs (fourd_mpi[gpu])")
+    variant("rocm", default=False, description="CuPy backend on AMD GPUs (fourd_mpi[rocm])")
     variant("analysis", default=False,
             description="compare's statistics and model calibrate with scipy (fourd_mpi[analysis])")
+    conflicts("+cuda", when="+rocm", msg="CuPy is built for CUDA or for ROCm, not both")
 
     depends_on("python@3.9:", type=("build", "run"))
     depends_on("py-setuptools@77:", type="build")
@@ -50,16 +56,14 @@ class PyFourdMpi(PythonPackage):
     depends_on("py-pandas@1.5:", type=("build", "run"))  # analyze, model validate
     depends_on("py-matplotlib@3.5:", type=("build", "run"))  # plot
 
-    with when("+cuda"):
-        depends_on("cuda")
-        depends_on("py-cupy", type=("build", "run"))
+    depends_on("py-cupy+cuda", when="+cuda", type=("build", "run"))
+    depends_on("py-cupy+rocm", when="+rocm", type=("build", "run"))
 
     with when("+analysis"):
         depends_on("py-scipy@1.7:", type=("build", "run"))
 
-    def setup_run_environment(self, env):
-        # one BLAS thread per rank: ranks are the parallelism
-        env.set("OMP_NUM_THREADS", "1")
+    # No setup_run_environment: the module sets nothing for everyone who loads it (thread counts
+    # such as OMP_NUM_THREADS belong to the job script: the site profiles set them per rank).
 
     def test_version(self):
         """fourd-mpi --version prints the package version"""
