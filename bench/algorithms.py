@@ -407,7 +407,7 @@ def plot(results: List[Dict], path: str, title: str) -> None:
 # --------------------------------------------------------------------------- main
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    from fourd_mpi.perf.tune import resolve_profile
+    from fourd_mpi.jobs.sites import resolve_profile
 
     try:
         default_model(args)

@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from fourd_mpi.analysis import tables as analysis  # noqa: E402
 from fourd_mpi.trace.summary import summarize  # noqa: E402
-from fourd_mpi.trace.store import TraceFileWriter, ranks_table  # noqa: E402
+from fourd_mpi.trace.writer import TraceFileWriter, ranks_table  # noqa: E402
 from fourd_mpi.trace.read import load_trace  # noqa: E402
 from fourd_mpi.trace.events import (AXES, COMPUTE_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP,  # noqa: E402
                                OPS, PHASES, RANK_STEP_DTYPE)

@@ -9,8 +9,9 @@ of the same trials recorded by the step's own machinery (``Collectives`` + ``Tra
 ``overlap_pct = 100 * sum(overlap_ns) / sum(complete_ns - call_ns)`` (compute while in flight) and
 ``hidden_pct = 100 * (1 - exposed / exposed of the pure pattern)`` with ``exposed = (call_ns -
 issue_ns) + mpi_ns`` (the comm table's ``--baseline`` column, the pure pattern's trace as the
-baseline). Rank 0 prints all three per compute length (0.5 and 2 x t_pure), medians of TRIALS
-trials, and whether OSU and the trace's hidden_pct agree within 5 percentage points (issue 15's
+baseline). Each trial is one round of the three patterns back to back (pure, compute alone,
+overlapped), so load that comes and goes moves them alike. Rank 0 prints all three per compute
+length (0.5 and 2 x t_pure), medians of TRIALS rounds, and whether OSU and the trace's hidden_pct agree within 5 percentage points (issue 15's
 validation (c)). overlap_pct answers another question: it counts compute done while the
 collective was in flight, progressed or not, so it is an upper bound of what OSU measures. Noise: the OSU formula divides by t_pure and subtracts two medians; on shared or
 oversubscribed cores it swings by tens of points between identical runs, so run it on a quiet node.
@@ -73,28 +74,47 @@ def traced(body, i):
     return (t1 - t0) * 1e-9, tracer.end_step(t0, t1, comm.records, {"x": world.Get_size()})
 
 
-pure = [traced(lambda: comm.allreduce("x", buf).wait(), i) for i in range(2 + TRIALS)][2:]
-t_pure = world.allreduce(statistics.median(t for t, _ in pure), op=MPI.MAX)
-exposed_pure = statistics.median(exposed_ns(ev) for _, ev in pure)
+def timed(body):
+    """Seconds of ``body()`` after a barrier (not timed)."""
+    world.Barrier()
+    t0 = time.perf_counter()
+    body()
+    return time.perf_counter() - t0
+
+
+# A first, short look at t_pure and one GEMM only sizes the compute; the figures below come from
+# rounds that run the three patterns back to back (pure collective, compute alone, both), so a load
+# that comes and goes on a shared machine moves all three alike instead of one block of trials.
+t_pure0 = world.allreduce(median_time(lambda: comm.allreduce("x", buf).wait()), op=MPI.MAX)
 t_gemm = world.allreduce(median_time(lambda: gemms(8)) / 8, op=MPI.MAX)
 problems, lines = [], []
+step = 0
 for fraction in (0.5, 2.0):
-    n = world.allreduce(max(1, int(round(fraction * t_pure / t_gemm))), op=MPI.MAX)
-    t_cpu = median_time(lambda: gemms(n))
+    n = world.allreduce(max(1, int(round(fraction * t_pure0 / t_gemm))), op=MPI.MAX)
+
     def pattern():
         handle = comm.allreduce("x", buf)
         with tracer.op("gemm"):
             gemms(n, comm.poll)
         handle.wait()
 
-    overlaps, t_ovrl, exposed = [], [], []
+    t_pures, exposed_pures, t_cpus, overlaps, t_ovrl, exposed = [], [], [], [], [], []
     for i in range(2 + TRIALS):
-        seconds, ev = traced(pattern, i)
+        pure_s, pure_ev = traced(lambda: comm.allreduce("x", buf).wait(), step)
+        cpu_s = timed(lambda: gemms(n))
+        seconds, ev = traced(pattern, step + 1)
+        step += 2
         coll = ev[ev["lane"] >= LANE_COMM0]
         if i >= 2:
+            t_pures.append(pure_s)
+            exposed_pures.append(exposed_ns(pure_ev))
+            t_cpus.append(cpu_s)
             t_ovrl.append(seconds)
             exposed.append(exposed_ns(ev))
             overlaps.append(100.0 * coll["overlap_ns"].sum() / max(1, (coll["complete_ns"] - coll["call_ns"]).sum()))
+    t_pure = world.allreduce(statistics.median(t_pures), op=MPI.MAX)
+    t_cpu = statistics.median(t_cpus)
+    exposed_pure = statistics.median(exposed_pures)
     osu = world.allreduce(osu_overlap(statistics.median(t_ovrl), t_cpu, t_pure)) / world.Get_size()
     window = world.allreduce(statistics.median(overlaps)) / world.Get_size()
     hidden = 100.0 * min(1.0, max(0.0, 1.0 - statistics.median(exposed) / max(exposed_pure, 1)))

@@ -7,7 +7,7 @@
 2. Measures the I/O floor on the same file system: reading the spool's ``.events`` files (4,096
    opens, page cache) and writing that many bytes to one new file (page cache, no fsync, as the
    trace writers do), in MB/s; ``floor s`` = events bytes / read rate + output bytes / write rate.
-3. Recovers it (``fourd_mpi.trace.store.recover``, what ``fourd-mpi trace recover`` runs) in a
+3. Recovers it (``fourd_mpi.trace.recover.recover``, what ``fourd-mpi trace recover`` runs) in a
    fresh process per configuration: one file (the single-writer path) or groups of
    ``--group-size`` ranks (part files bound by a virtual ``/events``), ``jobs`` worker processes,
    each compression. The configurations run in turn within each repeat (alternating, so a change
@@ -54,7 +54,8 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
 from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE  # noqa: E402
-from fourd_mpi.trace.store import RUN_META, RankSpool  # noqa: E402
+from fourd_mpi.trace.files import RUN_META  # noqa: E402
+from fourd_mpi.trace.spool import RankSpool  # noqa: E402
 
 
 def build_spool(spool_dir: str, ranks: int, steps: int, blocks: int, ranks_per_node: int) -> int:
@@ -110,7 +111,7 @@ def worker(args) -> int:
         trace = load_trace(args.path)
         print(json.dumps({"seconds": time.perf_counter() - t, "events": len(trace.events)}))
         return 0
-    from fourd_mpi.trace.store import recover
+    from fourd_mpi.trace.recover import recover
 
     before = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     t = time.perf_counter()
@@ -139,7 +140,7 @@ def run_json(argv, env) -> dict:
 
 
 def trace_bytes(path: str) -> int:
-    from fourd_mpi.trace.merge import parts_dir_of
+    from fourd_mpi.trace.files import parts_dir_of
 
     total = os.path.getsize(path)
     parts = parts_dir_of(path)
@@ -149,7 +150,7 @@ def trace_bytes(path: str) -> int:
 
 
 def remove_trace(path: str) -> None:
-    from fourd_mpi.trace.merge import parts_dir_of
+    from fourd_mpi.trace.files import parts_dir_of
 
     if os.path.exists(path):
         os.remove(path)
@@ -313,7 +314,7 @@ def main(argv=None) -> int:
                                                  "--group-size", group, "--jobs", jobs, "--compression",
                                                  compression], env))
         print()
-        print(f"recover (fourd_mpi.trace.store.recover in a fresh process, removability check included); "
+        print(f"recover (fourd_mpi.trace.recover.recover in a fresh process, removability check included); "
               f"median (q1-q3) of {args.repeats}, alternating")
         print(f"peak RSS: ru_maxrss; import baseline {baseline / 1024:.0f} MiB (numpy, h5py, fourd_mpi.trace "
               f"imported); one group's events {group_events * ev_bytes / 2**20:.1f} MiB "

@@ -1,7 +1,7 @@
 """Merge rate of the collective merge of ``fourd-mpi run`` (``merge_run``) by trace-group size.
 
 Each rank appends ``--events`` synthetic events (the real record layout) to its spool, then
-``fourd_mpi.trace.store.merge_run`` writes the trace with each ``--group-sizes`` value: the
+``fourd_mpi.trace.merge.merge_run`` writes the trace with each ``--group-sizes`` value: the
 world size is one writer (the single-file path), smaller groups write part files in parallel.
 Rate = all events / merge wall time (max over ranks); median of ``--repeats``.
 
@@ -24,7 +24,8 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE  # noqa: E402
-from fourd_mpi.trace.store import RankSpool, merge_run  # noqa: E402
+from fourd_mpi.trace.merge import merge_run  # noqa: E402
+from fourd_mpi.trace.spool import RankSpool  # noqa: E402
 
 
 def main(argv=None) -> int:

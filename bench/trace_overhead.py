@@ -39,7 +39,8 @@ from mpi4py import MPI  # noqa: E402
 from fourd_mpi.cli.main import positive_int  # noqa: E402
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import resolve  # noqa: E402
-from fourd_mpi.trace.store import RankSpool, merge_run  # noqa: E402
+from fourd_mpi.trace.merge import merge_run  # noqa: E402
+from fourd_mpi.trace.spool import RankSpool  # noqa: E402
 from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE  # noqa: E402
 
 

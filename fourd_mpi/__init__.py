@@ -1,7 +1,7 @@
 """fourd_mpi: an MPI-native benchmark suite for 4D hybrid parallel training
 (data parallelism x 3D tensor parallelism, as in AxoNN).
 
-Subpackages, one role each (the README's "Layout" lists every module):
+Subpackages, one role each (docs/layout.md lists every module):
 
 - :mod:`fourd_mpi.core` — the grid, layouts, array backends, GPU-aware MPI detection,
   progress strategies, and the collectives (the only code that calls MPI collectives);

@@ -5,8 +5,10 @@
 The wheel must hold every module of fourd_mpi and every package-data file (site profiles
 jobs/sites/*.yaml, job-script templates jobs/templates/*.j2, machine profiles perf/profiles/*.yaml),
 the license, the console script and the metadata; the sdist must hold what a rebuild needs
-(setup.py, pyproject.toml, MANIFEST.in, README, LICENSE, CITATION.cff, CHANGELOG.md) and the same
-sources. Prints the package data found and exits 1 with every missing file named.
+(setup.py, pyproject.toml, MANIFEST.in, README, LICENSE, CITATION.cff, CHANGELOG.md), the same
+sources, and the documentation site (mkdocs.yml and every page and script of docs/), and no test files
+(setuptools adds tests/test*.py by default: a partial test tree that cannot run). Prints the package data
+found and exits 1 with every missing or stray file named.
 """
 
 from __future__ import annotations
@@ -18,6 +20,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_GLOBS = ("fourd_mpi/jobs/sites/*.yaml", "fourd_mpi/jobs/templates/*.j2", "fourd_mpi/perf/profiles/*.yaml")
+
+
+def docs_files():
+    """mkdocs.yml and the pages and scripts of docs/ (what MANIFEST.in puts in the sdist)."""
+    docs = {p.relative_to(REPO).as_posix() for p in (REPO / "docs").rglob("*")
+            if p.is_file() and p.suffix in (".md", ".py") and "__pycache__" not in p.parts}
+    return docs | {"mkdocs.yml"}
 
 
 def source_files():
@@ -54,7 +63,8 @@ def main(wheel: str, sdist: str) -> int:
     with tarfile.open(sdist) as tf:
         snames = {m.name[len(top):] for m in tf.getmembers() if m.name.startswith(top)}
     needed = {"setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "CITATION.cff", "CHANGELOG.md"}
-    problems += [f"sdist lacks {n}" for n in sorted(needed | modules | data) if n not in snames]
+    problems += [f"sdist lacks {n}" for n in sorted(needed | modules | data | docs_files()) if n not in snames]
+    problems += [f"sdist holds a stray test file {n}" for n in sorted(snames) if n.startswith("tests/")]
 
     print(f"wheel {Path(wheel).name}: {len(names)} files, {len(modules)} modules, package data:")
     for n in sorted(data):

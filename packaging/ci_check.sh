@@ -28,9 +28,18 @@ step "sdist and wheel (python -m build; backend from pyproject.toml, installed a
 WHEEL=$(ls "$WORK"/dist/fourd_mpi-*.whl)
 "$WORK/tools/bin/python" packaging/check_dist.py "$WHEEL" "$(ls "$WORK"/dist/fourd_mpi-*.tar.gz)"
 
+step "Spack repository from the sdist (packaging/spack/make_repo.py): the recipe's version holds its checksum"
+SDIST=$(ls "$WORK"/dist/fourd_mpi-*.tar.gz)
+"$WORK/tools/bin/python" packaging/spack/make_repo.py "$WORK/spack" --sdist "$SDIST" >/dev/null
+grep -q "sha256=\"$(sha256sum "$SDIST" | cut -d' ' -f1)\", url=\"file://$WORK/spack/sources/$(basename "$SDIST")\"" \
+  "$WORK/spack/spack_repo/fourd_mpi/packages/py_fourd_mpi/package.py"
+
 step "fresh venv: the wheel with the mpich extra"
 python3 -m venv "$WORK/venv"
-"$WORK/venv/bin/pip" install -q "${WHEEL}[mpich]"
+# the versions CI pins (constraints.txt) unless .ci/run was asked for the newest (FOURD_CI_DEPS=newest)
+PIPC=()
+if [ -n "${FOURD_PIP_CONSTRAINTS:-}" ]; then PIPC=(-c "$FOURD_PIP_CONSTRAINTS"); fi
+"$WORK/venv/bin/pip" install -q "${PIPC[@]}" "${WHEEL}[mpich]"
 cd "$WORK/run"   # away from the source tree: everything below comes from the wheel
 VERSION=$(python3 -c "import re; print(re.search(r'__version__ = \"([^\"]+)\"', open('$REPO/fourd_mpi/__init__.py').read()).group(1))")
 test "$("$WORK/venv/bin/fourd-mpi" --version)" = "fourd-mpi $VERSION"

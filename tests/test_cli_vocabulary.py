@@ -1,4 +1,4 @@
-"""One command-line vocabulary (README "Command-line conventions"; ``fourd_mpi/cli/args.py``).
+"""One command-line vocabulary (docs/guide/commands.md, "Command-line conventions"; ``fourd_mpi/cli/args.py``).
 
 Every (sub)command is discovered from the parser itself (:func:`fourd_mpi.cli.args.walk_parsers`),
 so a command added later is checked by the same rules: ``--help`` exits 0, every argument has

@@ -5,6 +5,9 @@
    on a login node): importing each in a fresh interpreter leaves ``mpi4py.MPI`` out of
    ``sys.modules``.
 3. The offline commands work where importing ``mpi4py.MPI`` fails outright.
+4. No import circles between modules of ``fourd_mpi``: the graph is built from the AST of every
+   module, function-local (lazy) imports and ``TYPE_CHECKING`` imports included, so a lazy import
+   cannot hide a circle; a circle is reported by its modules and the lines that import.
 """
 
 from __future__ import annotations
@@ -43,22 +46,30 @@ def offline_modules():
     return [m for m in all_modules() if m not in ONLINE and m != "fourd_mpi.__main__"]
 
 
-def imported_names(path: Path):
-    """Every module name an ``import``/``from`` statement in ``path`` names (relative ones resolved)."""
+def import_sites(path: Path, root: Path = ROOT):
+    """``(name, line)`` for every module name an ``import``/``from`` statement in ``path`` names, at any
+    depth (function-local imports included; relative ones resolved against ``path``'s package under
+    ``root``)."""
     tree = ast.parse(path.read_text(), str(path))
-    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield alias.name
+                yield alias.name, node.lineno
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            yield base
+                pkg = package.split(".")
+                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+            yield base, node.lineno
             for alias in node.names:
-                yield f"{base}.{alias.name}"
+                yield f"{base}.{alias.name}", node.lineno
+
+
+def imported_names(path: Path):
+    """Every module name an ``import``/``from`` statement in ``path`` names (relative ones resolved)."""
+    for name, _ in import_sites(path):
+        yield name
 
 
 def test_the_walk_finds_the_subpackages():
@@ -90,6 +101,117 @@ def test_the_rule_checker_sees_a_violation(tmp_path):
     finally:
         bad.unlink()
     assert "fourd_mpi.cli" in names and "fourd_mpi.cli.args" in names
+
+
+# -- no import circles ------------------------------------------------------------------------
+
+def module_files(root: Path, package: str):
+    """``module name -> file`` for every module of ``package`` under ``root``, read from the tree (no import)."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def import_graph(root: Path = ROOT, package: str = "fourd_mpi"):
+    """``module -> {imported module: first line}`` between the modules of ``package``: a name resolves
+    to its longest prefix that is a module (``from a.b import c``: ``a.b.c`` if it is a module, else ``a.b``).
+    Every import statement counts, at module level or inside a function (lazy) or an ``if``."""
+    files = module_files(root, package)
+    graph = {}
+    for module, path in files.items():
+        edges = graph.setdefault(module, {})
+        for name, line in import_sites(path, root):
+            parts = name.split(".")
+            for n in range(len(parts), 0, -1):
+                target = ".".join(parts[:n])
+                if target in files:
+                    if target != module:
+                        edges.setdefault(target, line)
+                    break
+    return graph
+
+
+def import_circles(graph):
+    """One circle per strongly connected component of more than one module (Tarjan), each as a list of
+    modules ``[a, b, ..., a]`` that follows real edges."""
+    index, low, stack, on_stack, components = {}, {}, [], set(), []
+
+    def connect(v):  # recursive Tarjan: the package graph is shallow (tens of modules deep at most)
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(set(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    circles = []
+    for component in components:  # a shortest way back to the first module, inside the component
+        start = min(component)
+        paths, frontier = {start: [start]}, [start]
+        while frontier:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v]):
+                    if w == start:
+                        circles.append(paths[v] + [start])
+                        nxt = frontier = []
+                        break
+                    if w in component and w not in paths:
+                        paths[w] = paths[v] + [w]
+                        nxt.append(w)
+                if not frontier:
+                    break
+            frontier = nxt
+    return circles
+
+
+def describe_circle(graph, circle) -> str:
+    """``a (line 12) -> b (line 40) -> a``: each module with the line of its import of the next."""
+    return " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(circle, circle[1:])) + f" -> {circle[-1]}"
+
+
+def test_no_import_circles():
+    graph = import_graph()
+    assert len(graph) > 40 and graph["fourd_mpi.trace.read"], "the graph is not vacuous"
+    circles = [describe_circle(graph, c) for c in import_circles(graph)]
+    assert not circles, "import circles between modules (lazy imports count too):\n" + "\n".join(circles)
+
+
+def test_the_circle_checker_sees_a_lazy_circle(tmp_path):
+    """Known answer: a circle closed by a function-local relative import is found and named by its
+    modules and lines; a chain without a way back is not a circle."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("import os\nfrom pkg.c import helper\n")
+    (pkg / "c.py").write_text("def helper():\n    from .a import x\n    return x\n")
+    (pkg / "d.py").write_text("from pkg import a\n")  # into the circle, not part of it
+    graph = import_graph(tmp_path, "pkg")
+    circles = import_circles(graph)
+    assert circles == [["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]]
+    assert describe_circle(graph, circles[0]) == "pkg.a (line 1) -> pkg.sub.b (line 2) -> pkg.c (line 2) -> pkg.a"
+    (pkg / "c.py").write_text("def helper():\n    return 1\n")
+    assert import_circles(import_graph(tmp_path, "pkg")) == []
 
 
 @pytest.mark.parametrize("module", offline_modules())
@@ -159,6 +281,8 @@ def test_offline_commands_work_without_mpi(no_mpi_env, tmp_path):
         ["tune", "--ranks", "8", "--top", "3"],
         ["tune", "--ranks", "64", "--model", "gpt-small", "--site", "perlmutter", "--top", "2"],
         ["model", "validate", str(SAMPLES)],
+        ["model", "predict", "--grid", "1x1x8x1", "--batch", "16", "--profile", "dgx-a100"],
+        ["model", "published", "--dataset", "axonn_sc24", "--no-claims"],
         ["results", "reindex", str(ROOT / "results" / "baselines"), "-o", str(tmp_path / "index.jsonl")],
         ["results", "list", "--index", str(tmp_path / "index.jsonl")],
         ["compare", str(ROOT / "results" / "baselines"), "--baseline", "run_id=baseline-gpt-tiny-np2",

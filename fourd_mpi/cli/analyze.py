@@ -86,6 +86,8 @@ def cmd_analyze(args, world=None) -> int:
     what = list(AUTO) if args.what == "auto" else parse_list(args.what, ANALYSES, "--what")
     traces, problems = _load_traces(args)
     runs = analysis.runs_table(traces)
+    if args.what != "auto":  # asked for by name: too few runs is one line, not an empty answer
+        _need_enough_runs(what, runs, analysis)
     sections = []  # (title, frame)
     if "runs" in what:
         sections.append(("runs", runs if args.format in ("csv", "json") else runs[analysis.RUNS_SHOWN]))
@@ -129,6 +131,23 @@ def cmd_analyze(args, world=None) -> int:
             sections.append(("steps", _concat(frames)))
     write_output(args.output, _render_sections(sections, args.format), f"{args.format}: {len(sections)} table(s)")
     return 1 if problems else 0
+
+
+def _need_enough_runs(what, runs, analysis) -> None:
+    """Refuse ``--what compare`` without two runs of one configuration, and ``--what scaling`` without
+    runs at two rank counts, before any table is written (``auto`` leaves such sections out quietly)."""
+    n = len(runs)
+    if "compare" in what:
+        keys = ["model", "world_size", "tokens_per_step"]
+        if n < 2 or not runs.duplicated(keys, keep=False).any():
+            raise ConfigError(f"--what compare needs at least 2 traces of one configuration (same model, rank "
+                              f"count and tokens per step) to rank their grids and options; got {n} trace(s)"
+                              + ("" if n < 2 else ", no two of them alike"))
+    if "scaling" in what:
+        counts = runs["world_size"].nunique() if n else 0
+        if counts < 2:
+            raise ConfigError(f"--what scaling needs traces at 2 or more rank counts (a weak or strong scaling "
+                              f"line); got {n} trace(s) at {counts} rank count(s)")
 
 
 def _render_sections(sections, fmt: str) -> str:

@@ -5,7 +5,7 @@ The options of ``fourd-mpi run`` are declared once, in :data:`fourd_mpi.run.opti
 :func:`add_options` turns any subset of them into argparse arguments, so ``run``, ``verify``,
 ``info``, ``tune`` and ``bench`` offer the same names, types, choices and help.
 
-The vocabulary (README "Command-line conventions"; ``tests/test_cli_vocabulary.py`` walks every
+The vocabulary (docs/guide/commands.md, "Command-line conventions"; ``tests/test_cli_vocabulary.py`` walks every
 command to check it):
 
 - every parser is a :class:`OneLineParser` (``sub.add_parser`` and nested ``add_subparsers``

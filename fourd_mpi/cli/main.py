@@ -109,6 +109,24 @@ def command_fingerprint(args) -> Dict[str, str]:
     return out
 
 
+#: packages that commands import only when they need them, and what installs each: a command that meets one
+#: missing says so in one line (exit 2) instead of a traceback (docs/install.md)
+INSTALLS = {
+    "pandas": "pip install 'pandas>=1.5' (a requirement of fourd_mpi: an install with --no-deps lacks it)",
+    "matplotlib": "pip install 'matplotlib>=3.5' (a requirement of fourd_mpi: an install with --no-deps lacks it)",
+    "scipy": "pip install 'fourd_mpi[analysis]' (or pip install scipy)",
+    "shtab": "pip install 'fourd_mpi[completion]' (or pip install shtab)",
+}
+
+
+def missing_package(exc: BaseException, command: str) -> Optional[str]:
+    """The one line for a :data:`INSTALLS` package that ``command`` did not find installed, else None."""
+    name = (getattr(exc, "name", None) or "").split(".")[0]
+    if not isinstance(exc, ModuleNotFoundError) or name not in INSTALLS:
+        return None
+    return f"{command} needs {name}, which is not installed: {INSTALLS[name]}"
+
+
 #: MPI commands whose errors are printed by rank 0 only (the others exit with the same status, silently)
 ROOT_REPORTS = ("bench",)
 
@@ -156,7 +174,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         error_line(f"out of memory{where} ({exc or type(exc).__name__}): the memory model counts no temporaries; "
                    "give a smaller model or batch, more ranks, or a lower --memory-limit; aborting the job")
         _abort(world, 1)
-    except Exception:
+    except Exception as exc:
+        missing = missing_package(exc, args.command)
+        if missing:
+            error_line(missing)
+            if world is not None and world.Get_size() > 1:
+                world.Abort(2)
+            return 2
         traceback.print_exc()
         sys.stderr.flush()
         _abort(world, 1)

@@ -17,7 +17,7 @@ from fourd_mpi.cli.args import (FORMATS, add_deprecated, add_format, add_option,
                                 add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.run.options import OPTIONS, options_in
 from fourd_mpi.util.files import refuse_output, refuse_overwrite
-from fourd_mpi.util.values import int_at_least, positive_float, positive_int
+from fourd_mpi.util.values import int_at_least, positive_float, positive_int, rank_count
 
 GIB = 2.0 ** 30
 
@@ -33,7 +33,7 @@ def register(sub) -> None:
 def _register_tune(sub) -> None:
     p = sub.add_parser("tune", help="rank every grid shape of a rank count by predicted step time "
                        "(performance model; one process, no mpiexec)")
-    p.add_argument("--ranks", type=positive_int, required=True, metavar="N", help="the rank count to place")
+    p.add_argument("--ranks", type=rank_count, required=True, metavar="N", help="the rank count to place")
     p.add_argument("--algorithm", default="axonn4d", metavar="NAME|LIST|all",
                    help="algorithm(s) to rank: a name of fourd-mpi run --algorithm, a comma list, or all (one table "
                         "across algorithms with an algorithm column; default axonn4d)")
@@ -52,6 +52,10 @@ def _register_tune(sub) -> None:
                         "default: the profile's device memory (e.g. 40 on perlmutter, 64 on frontier; none on CPU "
                         "profiles); 'none' keeps every grid")
     _add_memory_model(p)
+    p.add_argument("--dw-window", type=positive_int, default=None, metavar="N",
+                   help="with ORS, at most N dW blocks in flight (memory; as FSDP/ZeRO-3 bound their buckets; "
+                        "default: every layer's, as this suite's step keeps every handle until the optimizer; "
+                        "--algorithm axonn4d only)")
     o = p.add_argument_group("output")
     o.add_argument("--top", type=positive_int, default=5, metavar="K", help="grids to show (default 5)")
     o.add_argument("--emit-sweep", metavar="FILE", help="write a sweep spec (YAML) that measures the top K")
@@ -104,7 +108,8 @@ def _memory_limit_bytes(args, profile):
 
 
 def cmd_tune(args, world=None) -> int:
-    from fourd_mpi.perf.tune import format_ranking, rank_grids, resolve_profile, sweep_spec, why_best
+    from fourd_mpi.jobs.sites import resolve_profile
+    from fourd_mpi.perf.tune import format_ranking, rank_grids, sweep_spec, why_best
     from fourd_mpi.step.overlap import OverlapConfig
     from fourd_mpi.step.presets import resolve_model
 
@@ -123,16 +128,21 @@ def cmd_tune(args, world=None) -> int:
 
     names = algorithm_names(args.algorithm)
     if names != ["axonn4d"]:
+        if args.dw_window is not None:
+            from fourd_mpi.errors import ConfigError
+
+            raise ConfigError("--dw-window applies to --algorithm axonn4d (model predict takes it for every algorithm)")
         return _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention)
     ranking = rank_grids(cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer, limit,
-                         args.ranks_per_node, recompute=recompute, attention=attention, precision=args.precision)
+                         args.ranks_per_node, recompute=recompute, attention=attention, precision=args.precision,
+                         dw_window=args.dw_window)
     from fourd_mpi.perf.memory import default_precision
 
     print(profile.describe())
     print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
           f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; overlap {overlap}; progress {args.progress}; "
           f"{args.dtype} ({args.precision or default_precision(args.dtype)} precision); recompute {recompute}; "
-          f"attention {attention}")
+          f"attention {attention}" + ("" if args.dw_window is None else f"; dW window {args.dw_window}"))
     print(limit_text)
     print(ranking.dropped_summary())
     print(f"top {min(args.top, len(ranking.predictions))} of {len(ranking.predictions)} valid grids by predicted "
@@ -204,7 +214,8 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
 def _register_model(sub) -> None:
     from fourd_mpi.perf.validate import DEFAULT_FIT_TERMS
 
-    p = sub.add_parser("model", help="the performance model: calibrate and validate it against traces (one process)")
+    p = sub.add_parser("model", help="the performance model: predict a forced configuration, hold it against "
+                                     "published results, calibrate and validate it against traces (one process)")
     msub = p.add_subparsers(dest="model_command", required=True, parser_class=type(p))
     c = msub.add_parser("calibrate", help="fit the model's term weights (GEMM, attention, element-wise, per-call, "
                                           "alpha-beta, synchronization) to measured runs without overlap")
@@ -228,7 +239,7 @@ def _register_model(sub) -> None:
     a = msub.add_parser("compare-axonn", help="communication only: our step's volumes and AxoNN's published "
                         "model, both costed with AxoNN's bandwidth table; the two top-K rankings and why they differ")
     a.add_argument("--model", default="gpt-80b", help="preset (default gpt-80b)")
-    a.add_argument("--ranks", type=positive_int, default=1024, metavar="N", help="GPUs (default 1024)")
+    a.add_argument("--ranks", type=rank_count, default=1024, metavar="N", help="GPUs (default 1024)")
     a.add_argument("--batch", default="1024,2048", metavar="LIST", help="global batches in sequences, comma list "
                    "(default 1024,2048)")
     a.add_argument("--seq", type=positive_int, default=2048, metavar="S", help="sequence length (default 2048)")
@@ -256,6 +267,9 @@ def _register_model(sub) -> None:
                          "(gpt-5b,gpt-10b,...)")
     add_output(pp, help="write the weak-scaling plot there (PNG; needs matplotlib, the analysis extra)")
 
+    from fourd_mpi.cli.model_predict import register as register_predict
+
+    register_predict(msub)
     p.set_defaults(handler=cmd_model, serial=True)
 
 
@@ -286,7 +300,7 @@ def _cmd_compare_axonn(args) -> int:
 def _cmd_paper(args) -> int:
     from fourd_mpi.errors import ConfigError
     from fourd_mpi.perf.paper import DEFAULT_BATCH, PUBLISHED, WEAK_SERIES, model_case, plot, report
-    from fourd_mpi.perf.tune import resolve_profile
+    from fourd_mpi.jobs.sites import resolve_profile
 
     refuse_output(args.output, args.force)
     wanted = [t.strip() for t in args.series.split(",") if t.strip()]
@@ -309,24 +323,46 @@ def _cmd_paper(args) -> int:
     flagship = model_case(PUBLISHED["model"], PUBLISHED["gpus"], profile, limit, batch)
     series = [flagship if (m, g) == (PUBLISHED["model"], PUBLISHED["gpus"])
               else model_case(m, g, profile, limit, max(1, batch * g // PUBLISHED["gpus"])) for m, g in cases]
-    print(report(flagship, series, profile, limit))
+    from fourd_mpi.perf.paper import ptdp_case
+
+    print(report(flagship, series, profile, limit, ptdp_case(flagship.cfg, flagship.gpus, profile, limit)))
     if args.output:
         plot(series, args.output, profile, limit)
         wrote(args.output, "weak-scaling plot")
     return 0
 
 
-def cmd_model(args, world=None) -> int:
-    from fourd_mpi.analysis.tables import collect_or_fail
-    from fourd_mpi.perf.tune import resolve_profile
-    from fourd_mpi.perf.validate import report, validate
+def _need_pandas(command: str) -> None:
+    """One line naming the extra when pandas (the ``analysis`` extra) is missing."""
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        from fourd_mpi.errors import ConfigError
 
-    if args.model_command == "calibrate":
-        return _cmd_calibrate(args)
+        raise ConfigError(f"fourd-mpi model {command} reads traces with pandas: pip install 'fourd_mpi[analysis]' "
+                          f"(model predict, published, paper and compare-axonn do not need it)") from None
+
+
+def cmd_model(args, world=None) -> int:
+    if args.model_command == "predict":
+        from fourd_mpi.cli.model_predict import cmd_predict
+
+        return cmd_predict(args)
+    if args.model_command == "published":
+        from fourd_mpi.cli.model_predict import cmd_published
+
+        return cmd_published(args)
     if args.model_command == "paper":
         return _cmd_paper(args)
     if args.model_command == "compare-axonn":
         return _cmd_compare_axonn(args)
+    _need_pandas(args.model_command)
+    if args.model_command == "calibrate":
+        return _cmd_calibrate(args)
+    from fourd_mpi.analysis.tables import collect_or_fail
+    from fourd_mpi.jobs.sites import resolve_profile
+    from fourd_mpi.perf.validate import report, validate
+
     refuse_output(args.output, args.force)
     profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
     traces, problems = collect_or_fail(args.paths)

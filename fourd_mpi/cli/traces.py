@@ -46,8 +46,8 @@ def register(sub) -> None:
 def cmd_trace(args, world=None) -> int:
     from fourd_mpi.algorithms.registry import of_metadata
     from fourd_mpi.trace.read import check_invariants, load_trace
-    from fourd_mpi.trace.merge import parts_dir_of
-    from fourd_mpi.trace.store import recover
+    from fourd_mpi.trace.files import parts_dir_of
+    from fourd_mpi.trace.recover import recover
 
     if args.trace_command == "recover":
         jobs = args.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
@@ -128,7 +128,7 @@ def _show_clocks(ranks, shown: int = 16) -> None:
 def _recovered_summary(spool_dir: str):
     """The summary of a recovered run, from the step records and run.json (the peak was never recorded)."""
     from fourd_mpi.errors import TraceError
-    from fourd_mpi.trace.store import read_run_meta
+    from fourd_mpi.trace.recover import read_run_meta
     from fourd_mpi.trace.summary import summarize
 
     try:

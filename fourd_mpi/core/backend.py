@@ -95,7 +95,7 @@ def check_dtype_options(dtype: str, backend: str, tf32: bool) -> None:
 
 
 def cupy_usable() -> bool:
-    """True when CuPy imports and sees at least one CUDA device."""
+    """True when CuPy imports and sees at least one GPU (CUDA, or HIP for CuPy's ROCm build)."""
     try:
         import cupy
     except Exception:
@@ -367,15 +367,35 @@ class NumpyBackend(ArrayBackend):
         return f"numpy {np.__version__} ({self.dtype.name}, OMP_NUM_THREADS={threads}){staging}"
 
 
-def select_device(local_rank: int, visible: int) -> int:
-    """The CUDA device of a rank: its node-local rank modulo the visible devices.
+#: the variables by which launchers restrict a rank's GPUs: CUDA's, and ROCm's (HIP_VISIBLE_DEVICES in
+#: HIP, ROCR_VISIBLE_DEVICES below it, which Slurm's --gpu-bind sets on AMD nodes such as Frontier)
+VISIBLE_DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
-    CUDA numbers the devices in ``CUDA_VISIBLE_DEVICES`` from 0, so a launcher that
-    gives each rank one device (``--gpus-per-task=1``, a GPU affinity script) makes this 0;
+
+def gpu_platform(is_hip: bool, runtime_version: int) -> str:
+    """The GPU runtime CuPy was built for, from ``cupy.cuda.runtime.is_hip`` and ``runtimeGetVersion()``:
+    ``"CUDA 12.4"`` (CUDA encodes 1000 * major + 10 * minor) or ``"HIP 7.0"`` (HIP encodes
+    10,000,000 * major + 100,000 * minor + patch: ROCm's HIP_VERSION)."""
+    if is_hip:
+        return f"HIP {runtime_version // 10_000_000}.{runtime_version // 100_000 % 100}"
+    return f"CUDA {runtime_version // 1000}.{runtime_version % 1000 // 10}"
+
+
+def visible_devices(environ) -> str:
+    """``NAME=VALUE`` of each device-restricting variable set in ``environ``, comma-separated ("" if none)."""
+    return ", ".join(f"{name}={environ[name]}" for name in VISIBLE_DEVICE_VARIABLES if name in environ)
+
+
+def select_device(local_rank: int, visible: int) -> int:
+    """The GPU of a rank: its node-local rank modulo the visible devices.
+
+    CUDA and HIP number the visible devices (``CUDA_VISIBLE_DEVICES``, ``ROCR_VISIBLE_DEVICES``,
+    ``HIP_VISIBLE_DEVICES``) from 0, so a launcher that gives each rank one device
+    (``--gpus-per-task=1`` with ``--gpu-bind``, a GPU affinity script) makes this 0;
     more ranks than visible devices share them round-robin.
     """
     if visible < 1:
-        raise BackendError("no CUDA device is visible on this rank (check CUDA_VISIBLE_DEVICES)")
+        raise BackendError("no GPU is visible on this rank (check " + ", ".join(VISIBLE_DEVICE_VARIABLES) + ")")
     return local_rank % visible
 
 
@@ -501,15 +521,17 @@ class CupyBackend(ArrayBackend):
 
     def device_name(self) -> str:
         props = self.cupy.cuda.runtime.getDeviceProperties(self.device)
-        name = props["name"]
-        return name.decode() if isinstance(name, bytes) else str(name)
+        text = lambda value: value.decode() if isinstance(value, bytes) else str(value)  # noqa: E731
+        arch = props.get("gcnArchName")  # HIP only: the GCD's ISA, e.g. gfx90a:sramecc+:xnack-
+        return text(props["name"]) + (f" {text(arch).split(':')[0]}" if arch else "")
 
     def describe(self) -> str:
         mode = "staged through pinned host memory" if self.staged else "direct"
         tf32 = ", TF32 GEMMs" if self.tf32 else ""
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        shown = f", CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""
-        return (f"cupy {self.cupy.__version__} on GPU {self.device} ({self.device_name()}{shown}, "
+        runtime = self.cupy.cuda.runtime
+        shown = "".join(f", {text}" for text in [visible_devices(os.environ)] if text)
+        return (f"cupy {self.cupy.__version__} on GPU {self.device} ({self.device_name()}, "
+                f"{gpu_platform(bool(getattr(runtime, 'is_hip', False)), runtime.runtimeGetVersion())}{shown}, "
                 f"{self.dtype.name}{tf32}), MPI buffers {mode}")
 
 

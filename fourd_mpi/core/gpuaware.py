@@ -46,7 +46,7 @@ QUERY_FUNCTIONS = ("MPIX_Query_cuda_support", "MPIX_Query_hip_support", "MPIX_Qu
                    "MPIX_Query_ze_support")
 #: environment variables that switch GPU support in some library
 GPU_ENV = ("MPICH_GPU_SUPPORT_ENABLED", "MPIR_CVAR_ENABLE_GPU", "MV2_USE_CUDA", "OMPI_MCA_opal_cuda_support",
-           "UCX_TLS", "CUDA_VISIBLE_DEVICES")
+           "UCX_TLS", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 
 @dataclass

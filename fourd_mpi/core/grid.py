@@ -12,7 +12,7 @@ functions so it can be tested without MPI.
 
 from __future__ import annotations
 
-import itertools
+import math
 import socket
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -129,14 +129,17 @@ def infer_grid_shape(
 
 
 def divisors(n: int) -> List[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n >= 1`` in increasing order (trial division up to sqrt(n))."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def grid_factorizations(world_size: int) -> Iterator[GridShape]:
     """Every ordered ``(G_data, G_z, G_y, G_x)`` whose product is ``world_size``."""
-    for data, z, y in itertools.product(divisors(world_size), repeat=3):
-        if world_size % (data * z * y) == 0:
-            yield GridShape(data, z, y, world_size // (data * z * y))
+    for data in divisors(world_size):
+        for z in divisors(world_size // data):
+            for y in divisors(world_size // (data * z)):
+                yield GridShape(data, z, y, world_size // (data * z * y))
 
 
 def gather_placement(comm, dims: Dict[str, int], node_comm=None) -> NodePlacement:

@@ -59,7 +59,7 @@ def job_request(run: RunPlan, spec: SweepSpec, site: Site, log: str) -> JobReque
         account=settings.get("account"), partition=settings.get("partition"), qos=settings.get("qos"),
         queue=settings.get("queue"), constraint=settings.get("constraint"),
         reservation=settings.get("reservation"), extra=site.directives, account_option=site.account_option,
-        parallel_environment=site.parallel_environment)
+        parallel_environment=site.parallel_environment, launcher=site.launcher)
 
 
 def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "mpiexec") -> List[str]:
@@ -73,7 +73,8 @@ def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "
         return ["srun", *args, "-N", str(job.nodes), "-n", n, f"--ntasks-per-node={rpn}", *extra]
     if site.launcher == "jsrun":  # one resource set per rank: 1 task, its cores, 1 GPU
         gpus = ["-g", "1"] if site.uses_gpus else []
-        return ["jsrun", *args, "-n", n, "-a", "1", "-c", *(cpus or ["1"]), *gpus, "-r", rpn,
+        per_rank = (cpus or ["1"])[0]  # each rank bound to its resource set's cores (-b packed:C)
+        return ["jsrun", *args, "-n", n, "-a", "1", "-c", per_rank, *gpus, "-b", f"packed:{per_rank}", "-r", rpn,
                 *(["--smpiargs=-gpu"] if site.uses_gpus else [])]
     if site.launcher == "lrun":
         return ["lrun", *args, "-N", str(job.nodes), "-T", rpn, *(["--smpiargs=-gpu"] if site.uses_gpus else [])]

@@ -19,6 +19,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from fourd_mpi.errors import ConfigError
 
 ACTIVE_STATES = ("PENDING", "RUNNING")
+#: launchers of LSF clusters with IBM's Cluster System Management (Summit, Lassen): ``bsub -nnodes``
+CSM_LAUNCHERS = ("jsrun", "lrun")
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 
 
@@ -44,6 +46,8 @@ class JobRequest:
     extra: Tuple[Tuple[str, str], ...] = ()  # the site's own directives
     account_option: Optional[str] = None
     parallel_environment: str = "mpi"
+    #: the site's launcher: LSF allocates whole nodes for the CSM launchers (jsrun, lrun), slots otherwise
+    launcher: str = ""
 
     def __post_init__(self):
         if self.nodes * self.ranks_per_node != self.ranks:
@@ -247,7 +251,11 @@ class Lsf(Scheduler):
                "SSUSP": "RUNNING", "DONE": "COMPLETED", "EXIT": "FAILED", "ZOMBI": "FAILED"}
 
     def directives(self, job: JobRequest) -> List[str]:
-        lines = [f"-J {job.name}", f"-nnodes {job.nodes}", f"-W {lsf_run_limit(job.time_seconds)}"]
+        if job.launcher in CSM_LAUNCHERS:  # LSF with CSM (Summit, Lassen): whole nodes; jsrun places the ranks
+            lines = [f"-J {job.name}", f"-nnodes {job.nodes}"]
+        else:  # a plain LSF cluster: ranks are slots, a fixed number per host
+            lines = [f"-J {job.name}", f"-n {job.ranks}", f'-R "span[ptile={job.ranks_per_node}]"']
+        lines.append(f"-W {lsf_run_limit(job.time_seconds)}")
         if job.account:
             lines.append(f"{job.account_option or '-P'} {job.account}")
         if job.queue or job.partition:

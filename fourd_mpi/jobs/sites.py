@@ -4,7 +4,9 @@ and which machine profile of the performance model describes it.
 This is the one list of sites: ``sweep --site``, ``tune --site`` and ``model paper --site`` all
 take a name from :func:`builtin_sites` or a site FILE.yaml. A site names its machine profile
 (:mod:`fourd_mpi.perf.machine`, ``machine_profile:``) when the model has one;
-:func:`machine_profile_of` refuses a site without one, listing the sites that have one.
+:func:`machine_profile_of` refuses a site without one, listing the sites that have one;
+:func:`resolve_profile` is the site -> machine profile resolution that ``tune`` and ``model`` use
+(``--profile`` wins; ``--site local`` takes this host's calibrated profile when there is one).
 
 Built-in profiles live in ``fourd_mpi/jobs/sites/<name>.yaml``; ``--site FILE.yaml`` takes a
 user profile of the same form for any other cluster. A profile is validated with JSON
@@ -22,6 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.jobs.pack import PACK_MODES
 from fourd_mpi.jobs.spec import SAFE_VALUE_PATTERN, TIME_PATTERN
+from fourd_mpi.perf.machine import MachineProfile, load_profile
 from fourd_mpi.util.yamlspec import load_yaml
 
 SITES_DIR = os.path.join(os.path.dirname(__file__), "sites")
@@ -41,6 +44,10 @@ SITE_SCHEMA: Dict[str, Any] = {
         "name": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
                  "description": "a site name uses letters, digits and . _ -"},
         "description": {"type": "string"},
+        "documentation": {"type": "array", "items": {"type": "string", "pattern": r"^https://\S+$",
+                                                      "description": "a documentation page is an https:// URL"}},
+        "retired": {"type": "string", "pattern": r"^[0-9]{4}-[0-9]{2}$",
+                    "description": "the month the machine was retired, YYYY-MM"},
         "scheduler": {"enum": list(SCHEDULERS)},
         "launcher": {"enum": list(LAUNCHERS)},
         "launcher_args": {"type": "array", "items": {"type": "string"}},
@@ -88,6 +95,10 @@ class Site:
     launcher: str
     ranks_per_node: int
     description: str = ""
+    #: the centre's pages that the profile's binding, modules and MPI switches were checked against
+    documentation: Tuple[str, ...] = ()
+    #: YYYY-MM when the machine was retired (the profile is kept for its idiom; scripts say so)
+    retired: Optional[str] = None
     launcher_args: Tuple[str, ...] = ()
     cores_per_node: int = 0
     gpus_per_node: int = 0
@@ -164,7 +175,35 @@ def load_site(name_or_path: str) -> Site:
             raise ConfigError(f"unknown site {name_or_path!r}: choose one of {', '.join(builtin_sites())} "
                               "or give a site profile FILE.yaml")
     data = load_yaml(path, "site profile", SITE_SCHEMA).data
-    tuples = {k: tuple(data[k]) for k in ("launcher_args", "modules", "module_paths", "setup", "requires") if k in data}
+    tuples = {k: tuple(data[k]) for k in ("launcher_args", "modules", "module_paths", "setup", "requires",
+                                                   "documentation") if k in data}
     pairs = {k: tuple((str(a), str(b)) for a, b in data[k].items()) for k in ("directives", "env") if k in data}
     rest = {k: v for k, v in data.items() if k not in tuples and k not in pairs}
     return Site(**rest, **tuples, **pairs, source=path)
+
+
+# ---------------------------------------------------------------------------
+# site -> machine profile (tune, model, bench/algorithms.py)
+# ---------------------------------------------------------------------------
+
+def profile_for_site(site: Optional[str], profile: Optional[str] = None,
+                     fallback: Optional[str] = None) -> MachineProfile:
+    """``--profile`` wins; else the machine profile that ``--site`` names (the one site list,
+    :func:`machine_profile_of`: perlmutter, frontier; local -> laptop); no
+    site: laptop."""
+    if profile:
+        return load_profile(profile, fallback)
+    if site is None:
+        return load_profile("laptop", fallback)
+    return load_profile(machine_profile_of(site), fallback)
+
+
+def resolve_profile(site: Optional[str], profile: Optional[str], fallback: Optional[str] = None) -> MachineProfile:
+    """``--profile`` wins; ``--site local`` takes the calibrated profile of this host when there is one."""
+    if not profile and site == "local":
+        import socket
+
+        calibrated = os.path.join("results", "profiles", f"{socket.gethostname()}.yaml")
+        if os.path.exists(calibrated):
+            return load_profile(calibrated, fallback)
+    return profile_for_site(site, profile, fallback)

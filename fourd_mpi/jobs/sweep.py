@@ -250,7 +250,7 @@ def save_jobs(sweep_dir: str, jobs: Dict[str, Dict]) -> None:
         except OSError:
             pass
         if isinstance(exc, OSError):  # a full disk, EIO: one line, jobs.json as it was
-            from fourd_mpi.trace.store import io_error_text
+            from fourd_mpi.trace.files import io_error_text
 
             raise ConfigError(f"cannot write {path}: {io_error_text(exc)}") from None
         raise

@@ -37,6 +37,7 @@ from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import MachineProfile
+from fourd_mpi.perf.memory import memory_reserve
 from fourd_mpi.perf.predict import Prediction
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
@@ -52,6 +53,10 @@ class Predictor:
     predict: str = "predict"
     candidates: Any = "candidates"
     run_options: Any = "run_options"
+    #: optional ``memory(cfg, grid, dtype=, optimizer=, overlap=, recompute=, attention=, precision=,
+    #: shard_optimizer=, **extra)`` -> MemoryEstimate equal to the prediction's (a ranking drops what does
+    #: not fit before predicting its time)
+    memory: Any = "memory"
 
     def hook(self, which: str):
         """The hook ``which`` (``predict``, ``candidates``, ``run_options``) or None; None for every hook
@@ -61,6 +66,8 @@ class Predictor:
         except ImportError:  # a family listed but not in this installation
             return None
         value = getattr(self, which)
+        if value is None:
+            return None
         return value if callable(value) else getattr(module, value, None)
 
 
@@ -86,6 +93,16 @@ def _pipeline_candidates(cfg: ModelConfig, ranks: int, algorithm: Algorithm) -> 
     return out
 
 
+def _pipeline_memory(cfg: ModelConfig, grid, dtype: str = "float32", optimizer: str = "adam", overlap=None,
+                     recompute: str = "none", attention: str = "unfused", precision=None, shard_optimizer: str = "none",
+                     stages: int = 1, microbatches: int = 1, schedule: str = "axonn", **_):
+    """Stage 0's memory, as :func:`~fourd_mpi.perf.pipeline.predict_pipeline` reports it."""
+    from fourd_mpi.perf.pipeline import pipeline_memory
+
+    return pipeline_memory(cfg, grid, stages, microbatches, 0, dtype, optimizer, overlap, recompute, attention,
+                           precision, shard_optimizer, schedule)
+
+
 def _pipeline_run_options(run_options: Dict[str, Any]) -> Dict[str, Any]:
     """``--ginter``, ``--microbatches``, ``--pipeline-schedule`` of a traced run as ``predict_pipeline``'s
     keywords (``grid`` in the metadata is then each stage's 4D grid)."""
@@ -96,10 +113,10 @@ def _pipeline_run_options(run_options: Dict[str, Any]) -> Dict[str, Any]:
 
 #: algorithm family -> its :class:`Predictor` (one line per family)
 PREDICTORS: Dict[str, Predictor] = {
-    "tensor4d": Predictor("fourd_mpi.perf.predict"),
+    "tensor4d": Predictor("fourd_mpi.perf.predict", memory="predicted_memory"),
     "optimus3d": Predictor("fourd_mpi.perf.optimus3d"),
     "pipeline": Predictor("fourd_mpi.perf.pipeline", "predict_pipeline", _pipeline_candidates,
-                          _pipeline_run_options),
+                          _pipeline_run_options, _pipeline_memory),
 }
 
 
@@ -242,8 +259,6 @@ def rank_algorithms(names: Sequence[str], cfg: ModelConfig, ranks: int, profile:
                     precision: Optional[str] = None, shard_optimizer: str = "none") -> AcrossRanking:
     """Every configuration of every algorithm in ``names`` on ``ranks`` ranks, predicted and sorted
     (module docstring). Raises :class:`ConfigError` when no configuration of any algorithm remains."""
-    from fourd_mpi.perf.tune import memory_reserve
-
     if ranks < 1:
         raise ConfigError(f"--ranks must be positive, got {ranks}")
     if cfg.batch is None:
@@ -259,7 +274,15 @@ def rank_algorithms(names: Sequence[str], cfg: ModelConfig, ranks: int, profile:
         out.dropped += [(name, g, why) for g, why in dropped]
         if not found and not dropped:
             out.skipped.append((name, f"no grid of {ranks} ranks is a grid of this algorithm"))
+        memory_hook = predictor(algorithm.family).hook("memory") if memory_limit_bytes is not None else None
         for grid, extra in found:
+            if memory_hook is not None:  # cheap: drop what does not fit before predicting its time
+                need = memory_hook(cfg, grid, dtype=dtype, optimizer=optimizer, overlap=overlap, **mem,
+                                   **extra).required(out.reserve)
+                if need > memory_limit_bytes:
+                    out.dropped.append((name, grid, f"memory: needs {need / GIB:.3g} GiB per rank > "
+                                                    f"{memory_limit_bytes / GIB:.3g} GiB"))
+                    continue
             pred = predict_one(algorithm, cfg, grid, profile, overlap, dtype, progress, optimizer, ranks_per_node,
                                **mem, **extra)
             need = pred.memory.required(out.reserve)

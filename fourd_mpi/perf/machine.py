@@ -380,7 +380,7 @@ class MachineProfile:
     def network_time(self, op: str, p: int, message_bytes: float, ip: int, level: str,
                      ranks_on_node: Optional[int] = None) -> float:
         """Seconds of one ``op`` message of ``message_bytes`` (nccl-tests size) on ``p`` ranks whose axis
-        has inner product ``ip``, from the ``network`` section (docs: README "Machine profiles").
+        has inner product ``ip``, from the ``network`` section (docs/guide/model-and-tuning.md, "Built-in profiles").
 
         ``wire = k(p-1)/p * S`` (k = 2 all-reduce), ``lat = latency_s_per_rank * p`` (AxoNN's
         latency-aware model), ``share = min(ip, ranks per node)`` (groups placed with stride share
@@ -490,20 +490,6 @@ def axis_inner_products(grid) -> Dict[str, int]:
         out[axis] = ip
         ip *= grid[axis]
     return out
-
-
-def profile_for_site(site: Optional[str], profile: Optional[str] = None,
-                     fallback: Optional[str] = None) -> MachineProfile:
-    """``--profile`` wins; else the machine profile that ``--site`` names (the one site list,
-    :func:`fourd_mpi.jobs.sites.machine_profile_of`: perlmutter, frontier; local -> laptop); no
-    site: laptop."""
-    if profile:
-        return load_profile(profile, fallback)
-    if site is None:
-        return load_profile("laptop", fallback)
-    from fourd_mpi.jobs.sites import machine_profile_of  # the site registry (jobs imports perf lazily too)
-
-    return load_profile(machine_profile_of(site), fallback)
 
 
 def axis_placement(grid, ranks_per_node: int) -> Dict[str, str]:

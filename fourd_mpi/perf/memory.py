@@ -35,7 +35,8 @@ the first block with recompute):
                  OAG; every layer's block with ``cache``), the all-reduce send/receive pair
                  of the largest activation ``[m, max(3h, f)/G_y]``, and the ``dW`` blocks whose
                  reduce-scatter is in flight (1, or every layer's with ORS: the step keeps their
-                 handles, and so their buffers, until the optimizer).
+                 handles, and so their buffers, until the optimizer; ``dw_window`` bounds them,
+                 as FSDP and ZeRO-3 bound their buckets).
 
 ``total`` is the sum of the counted bytes. What a device must hold is more: :meth:`MemoryEstimate.required`
 adds :data:`ALLOCATOR_MARGIN` (caching-allocator fragmentation and NumPy/CuPy temporaries) and, on a GPU,
@@ -53,12 +54,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.step.overlap import OverlapConfig
+
+if TYPE_CHECKING:  # annotations only
+    from fourd_mpi.perf.machine import MachineProfile
 
 GIB = 2 ** 30
 #: activation recompute choices (what the forward keeps for backward, module docstring)
@@ -196,8 +200,14 @@ def activation_elements(cfg: ModelConfig, grid: GridShape, recompute: str = "non
     return saved_activation_elements(cfg, grid, recompute, attention) + 2 * m * hx + transient
 
 
-def comm_buffer_elements(cfg: ModelConfig, grid: GridShape, overlap: OverlapConfig) -> int:
-    """Elements of the communication buffers alive at one time (upper bound, see module docstring)."""
+def comm_buffer_elements(cfg: ModelConfig, grid: GridShape, overlap: OverlapConfig,
+                         dw_window: Optional[int] = None) -> int:
+    """Elements of the communication buffers alive at one time (upper bound, see module docstring).
+
+    ``dw_window``: with ORS, at most this many ``dW`` blocks (the largest) whose reduce-scatter is in
+    flight at once (FSDP and ZeRO-3 bound their reduce buckets the same way); None: every layer's, as
+    this suite's step keeps every handle until the optimizer. Known answer: ``w`` blocks of ``b``
+    elements each in flight hold ``w (b + b/G_z)`` elements."""
     layers = fc_weights(cfg, grid) * cfg.layers
     blocks = sorted((block_elements(n, k, t, grid) for _, n, k, t in layers), reverse=True)
     total = 0
@@ -208,7 +218,7 @@ def comm_buffer_elements(cfg: ModelConfig, grid: GridShape, overlap: OverlapConf
             live = min(len(blocks), overlap.prefetch_depth + 1) if overlap.oag else 1
             total += sum(blocks[:live])
         # dW blocks (send) and their shards (receive) while their reduce-scatter is in flight
-        in_flight = blocks if overlap.ors else blocks[:1]
+        in_flight = (blocks if dw_window is None else blocks[:max(1, dw_window)]) if overlap.ors else blocks[:1]
         total += sum(b + b // grid.z for b in in_flight)
     m = local_tokens(cfg, grid)
     widest = max(n // grid.y if not t else n // grid.x for _, n, _, t in fc_weights(cfg, grid))
@@ -249,14 +259,14 @@ def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", o
                     cache_weights: bool = False, prefetch_depth: int = 1,
                     overlap: Optional[OverlapConfig] = None, recompute: str = "none",
                     attention: str = "unfused", precision: Optional[str] = None,
-                    shard_optimizer: str = "none") -> MemoryEstimate:
+                    shard_optimizer: str = "none", dw_window: Optional[int] = None) -> MemoryEstimate:
     """Bytes per rank of training ``cfg`` on ``grid`` (see the module docstring for what is counted).
 
     ``overlap``: the run's :class:`~fourd_mpi.step.overlap.OverlapConfig`; when None, a conservative
     default for planning: OAG on with ``prefetch_depth``, cache as ``cache_weights``, ORS off.
     ``recompute`` (:data:`RECOMPUTE`), ``attention`` (:data:`ATTENTION`), ``precision``
     (:data:`PRECISIONS`; None: :func:`default_precision` of ``dtype``), ``shard_optimizer``
-    (:data:`OPTIMIZER_SHARDING`). ``cfg`` must have its batch and fit the grid
+    (:data:`OPTIMIZER_SHARDING`), ``dw_window`` (:func:`comm_buffer_elements`). ``cfg`` must have its batch and fit the grid
     (:func:`fourd_mpi.step.presets.model_problems`).
     """
     if overlap is None:
@@ -268,5 +278,10 @@ def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", o
     return MemoryEstimate(
         **state,
         activations=activation_elements(cfg, grid, recompute, attention) * e,
-        comm_buffers=comm_buffer_elements(cfg, grid, overlap) * e,
+        comm_buffers=comm_buffer_elements(cfg, grid, overlap, dw_window) * e,
     )
+
+
+def memory_reserve(profile: MachineProfile) -> int:
+    """Bytes a rank holds beyond its arrays: the GPU runtime's reserve on a CuPy profile, else 0."""
+    return GPU_RUNTIME_RESERVE_BYTES if profile.backend == "cupy" else 0

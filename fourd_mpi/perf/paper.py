@@ -20,8 +20,11 @@ Metrics (every one printed with its formula):
 
 Megatron-LM-like configuration: 1D tensor parallelism of 4 inside a node (the grid
 ``G_x = G_z = 1, G_y = 4``: column- then row-parallel layers), the rest data parallel, the optimizer
-state sharded over data as Megatron's distributed optimizer does. Megatron's pipeline stages cannot
-be modelled: the suite has no pipeline algorithm yet; the prediction is for TP-only + DP.
+state sharded over data as Megatron's distributed optimizer does (TP + DP, no pipeline). Megatron-LM
+with its pipeline (PTD-P) is predicted too (:func:`ptdp_case`): the fastest PTD-P configuration the
+model finds (:func:`fourd_mpi.perf.published.megatron_search`: TP 1/2/4, every pipeline depth, 1F1B or
+interleaved, micro-batch 1/2/4) with the vocabulary included; ``fourd-mpi model published`` prints
+it beside the published 26 %.
 """
 
 from __future__ import annotations
@@ -126,12 +129,29 @@ def model_case(model: str, gpus: int, profile: MachineProfile, memory_limit_gib:
     return case
 
 
+def ptdp_case(cfg: ModelConfig, gpus: int, profile: MachineProfile, memory_limit_gib: Optional[float]):
+    """The fastest Megatron-LM PTD-P configuration of ``gpus`` the model finds (a
+    :class:`~fourd_mpi.perf.scenario.ScenarioResult`), the paper's settings, vocabulary 51,200; None when
+    none fits."""
+    from fourd_mpi.perf.published import megatron_search
+    from fourd_mpi.perf.vocab import DEFAULT_VOCAB
+
+    defaults = dict(vocab=DEFAULT_VOCAB, recompute=SETTINGS["recompute"], dtype=SETTINGS["dtype"],
+                    attention=SETTINGS["attention"], precision=SETTINGS["precision"], optimizer=SETTINGS["optimizer"],
+                    memory_limit_gib=memory_limit_gib)
+    try:
+        return megatron_search(cfg, gpus, profile, defaults)
+    except ConfigError:
+        return None
+
+
 def fits(pred: Optional[Prediction], profile: MachineProfile, memory_limit_gib: Optional[float]) -> bool:
     return pred is not None and (memory_limit_gib is None
                                  or pred.memory.required(memory_reserve(profile)) <= memory_limit_gib * GIB)
 
 
-def report(flagship: Case, series: List[Case], profile: MachineProfile, memory_limit_gib: Optional[float]) -> str:
+def report(flagship: Case, series: List[Case], profile: MachineProfile, memory_limit_gib: Optional[float],
+           ptdp=None) -> str:
     """The text of ``fourd-mpi model paper``: settings, the flagship against the paper, Megatron-like,
     the weak-scaling table."""
     reserve = memory_reserve(profile)
@@ -178,9 +198,16 @@ def report(flagship: Case, series: List[Case], profile: MachineProfile, memory_l
                      + ("fits" if fit else f"does NOT fit in {lim}") + ".")
     elif c.megatron_problem:
         lines.append(f"Megatron-LM-like grid: cannot run {c.cfg.name}: {c.megatron_problem}")
-    lines.append("Not modelled: Megatron-LM's pipeline stages (the suite has no pipeline algorithm yet), so the "
-                 "Megatron configuration the paper measured (tensor + pipeline + data parallelism) cannot be "
-                 "predicted; the line above is tensor parallelism 4 + data parallelism only.")
+    if ptdp is not None:
+        sc = ptdp.scenario
+        sched = sc.schedule + (f" v={sc.chunks}" if sc.schedule == "interleaved" else "")
+        lines.append(f"Megatron-LM with its pipeline (PTD-P; the fastest configuration the model finds, vocabulary "
+                     f"{sc.vocab} included): TP {sc.grid.y} x PP {sc.stages} x DP {sc.grid.data}, {sched}, micro-batch "
+                     f"{sc.microbatch_size} x {sc.microbatches}: step {ptdp.step_s:.3f} s, {ptdp.pct_peak():.1f} % of peak "
+                     f"(96 B s l h^2 (1 + s/6h + V/16lh) convention), memory {ptdp.memory['required'] / GIB:.3g} GiB per "
+                     f"GPU; fourd-mpi model published compares it with the 4D side and the published 26 %.")
+    else:
+        lines.append("Megatron-LM with its pipeline (PTD-P): no configuration fits (fourd-mpi model published)")
     if series:
         lines += ["", "weak scaling (model size and global batch double with the GPU count, batch = "
                       f"{c.cfg.batch} x GPUs / {c.gpus}; published: only the 80B point's 57 % is in the abstract)",

@@ -22,7 +22,9 @@ arrived instead of waiting for the message the order names), which this model do
 
 **Memory** (:func:`pipeline_memory`): stage ``s`` stores the weights, gradients and optimizer state of
 its ``L_s`` blocks; activations of at most :func:`~fourd_mpi.algorithms.pipeline_plan.inflight`
-micro-batches (1F1B ``min(p - s, m)``, AxoNN ``min(p, m)``; stage 0 the most, ``min(p, m)``, in both); the token-partial gradient sums of its FC layers (``n k/(G_x G_y)``
+micro-batches (1F1B ``min(p - s, m)``, AxoNN ``min(p, m)``; stage 0 the most, ``min(p, m)``, in both): what each
+keeps for its backward (with full recompute only its blocks' stored inputs ``L_s x m_loc/m x h/G_x``), while one
+block's recompute working set, the step's input/target and the largest transient are counted once; the token-partial gradient sums of its FC layers (``n k/(G_x G_y)``
 each, only with ``m > 1``: gradients accumulate before the reduce-scatter over Z) and two posted
 receive buffers of ``msg`` bytes.
 
@@ -53,7 +55,8 @@ from fourd_mpi.algorithms.pipeline_plan import inflight, stage_blocks
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.machine import MachineProfile
-from fourd_mpi.perf.memory import MemoryEstimate, block_elements, estimate_memory, fc_weights
+from fourd_mpi.perf.memory import (MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens,
+                                   saved_activation_elements)
 from fourd_mpi.perf.predict import Prediction, compute_time, predict
 from fourd_mpi.perf.volumes import Collective, step_collectives
 from fourd_mpi.step.overlap import OverlapConfig
@@ -154,10 +157,18 @@ def pipeline_memory(cfg: ModelConfig, grid: GridShape, stages: int, microbatches
                             shard_optimizer=shard_optimizer)
     in_flight = inflight(schedule, stages, microbatches, stage)
     e = dtype_bytes(dtype)
+    # what each further in-flight micro-batch adds: its stored block inputs (full recompute) or its blocks'
+    # saved sets; the recompute working set, the step's input/target and the largest transient exist once
+    one_mb = replace(mine, batch=cfg.batch // microbatches)
+    if recompute == "full":
+        per_mb = blocks * local_tokens(one_mb, grid) * (cfg.hidden // grid.x) * e
+    else:
+        per_mb = saved_activation_elements(one_mb, grid, recompute, attention) * e
+    activations = micro.activations + (in_flight - 1) * per_mb
     sums = (sum(block_elements(n, k, t, grid) for _, n, k, t in fc_weights(mine, grid)) * blocks * e
             if microbatches > 1 else 0)
     buffers = 2 * message_bytes(cfg, grid, microbatches, dtype)
-    return replace(state, activations=micro.activations * in_flight,
+    return replace(state, activations=activations,
                    comm_buffers=micro.comm_buffers + sums + buffers)
 
 
@@ -204,8 +215,11 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     comm[("inter", "send")] = max(v["send_messages"] for v in volumes.values()) * t_msg
     exposed[("inter", "send")] = critical
     exposed[("inter", "bubble")] = bubble
-    wire = {axis: sum(c.wire_bytes for c in pipeline_collectives(cfg, grid, stages, microbatches, 0, overlap, dtype)
-                      if c.axis == axis) for axis in micro.wire_bytes}
+    # stage 0's wire bytes by axis, as pipeline_collectives counts them (per-micro-batch roles m times)
+    wire = {axis: 0 for axis in micro.wire_bytes}
+    for c in step_collectives(micro_cfg, grid, overlap, dtype):
+        if c.role != "loss" and c.axis in wire:
+            wire[c.axis] += c.wire_bytes * (microbatches if c.role in PER_MICROBATCH_ROLES else 1)
     wire["inter"] = max(v["send_bytes"] for v in volumes.values())
     placement = dict(micro.placement, inter=level)
     memory = pipeline_memory(cfg, grid, stages, microbatches, 0, dtype, optimizer, overlap, recompute, attention,

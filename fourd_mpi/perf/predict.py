@@ -433,7 +433,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
             overlap: Optional[OverlapConfig] = None, dtype: str = "float32", progress: str = "poll",
             optimizer: str = "adam", ranks_per_node: Optional[int] = None, recompute: str = "none",
             attention: str = "unfused", precision: Optional[str] = None,
-            shard_optimizer: str = "none") -> Prediction:
+            shard_optimizer: str = "none", dw_window: Optional[int] = None) -> Prediction:
     """Predict one training step of ``cfg`` on ``grid`` (see the module docstring).
 
     ``ranks_per_node``: ranks of the run per node (default: the profile's, or the world size when
@@ -441,7 +441,8 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     :func:`~fourd_mpi.perf.memory.estimate_memory` (they change compute and memory; sharding the
     optimizer over data keeps the data all-reduce's volume: a reduce-scatter plus an all-gather).
     Raises :class:`~fourd_mpi.errors.ConfigError` when the profile lacks a level the grid needs and
-    has no fallback.
+    has no fallback. ``dw_window``: at most this many dW blocks in flight with ORS (memory only;
+    :func:`~fourd_mpi.perf.memory.comm_buffer_elements`; None: every layer's, as this suite's step).
     """
     overlap = overlap or OverlapConfig()
     rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)
@@ -454,7 +455,8 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     colls = step_collectives(cfg, grid, overlap, dtype)
     efficiency = profile.overlap_efficiency
     memory = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap, recompute=recompute,
-                             attention=attention, precision=precision, shard_optimizer=shard_optimizer)
+                             attention=attention, precision=precision, shard_optimizer=shard_optimizer,
+                             dw_window=dw_window)
     if not profile.host_driven:
         return _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, efficiency, memory,
                                notes, recompute, inner)
@@ -494,6 +496,17 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
             hidden[key] += efficiency * min(t, remaining)
     exposed = exposed_after_hiding(comm, hidden, efficiency * comp["total"])
     return _prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes)
+
+
+def predicted_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", optimizer: str = "adam",
+                     overlap: Optional[OverlapConfig] = None, recompute: str = "none", attention: str = "unfused",
+                     precision: Optional[str] = None, shard_optimizer: str = "none",
+                     dw_window: Optional[int] = None, **_) -> MemoryEstimate:
+    """The memory :func:`predict` reports for these arguments, without predicting the time (a ranking
+    drops what does not fit first)."""
+    return estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap or OverlapConfig(), recompute=recompute,
+                           attention=attention, precision=precision, shard_optimizer=shard_optimizer,
+                           dw_window=dw_window)
 
 
 def exposed_after_hiding(comm: Dict[Tuple[str, str], float], hidden: Dict[Tuple[str, str], float],

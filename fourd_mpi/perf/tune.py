@@ -13,16 +13,15 @@ default limit is the profile's ``device_memory_gib`` (:func:`default_memory_limi
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from fourd_mpi.step.presets import ModelConfig, model_problems
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.core.grid import GridShape, grid_factorizations
+from fourd_mpi.core.grid import GridShape, divisors, grid_factorizations
 from fourd_mpi.perf.machine import MachineProfile, load_profile
-from fourd_mpi.perf.memory import GPU_RUNTIME_RESERVE_BYTES, estimate_memory
+from fourd_mpi.perf.memory import estimate_memory, memory_reserve
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.perf.predict import Prediction, predict
 
@@ -55,19 +54,22 @@ class Ranking:
 
 
 def _nearby_rank_counts(cfg: ModelConfig, ranks: int, limit: int = 6) -> List[int]:
-    """Rank counts near ``ranks`` for which some grid passes the divisibility rules."""
+    """Up to ``limit`` rank counts closest to ``ranks`` (the smaller of a tie first) for which some
+    grid passes the divisibility rules of :func:`model_problems`.
+
+    Every valid world size is ``(G_data G_z) G_y G_x`` with ``G_data G_z | batch``, ``G_y | ffn``
+    and ``G_x | hidden``, so the candidates are the products of one divisor of each (a superset,
+    each then checked against the rules); nothing scales with ``ranks`` itself. (Sorting
+    ``range(4 * ranks)`` was O(ranks) before the first answer: ``tune --ranks 65536`` hung.)"""
+    candidates = sorted({a * b * c for a in divisors(cfg.batch) for b in divisors(cfg.ffn_hidden)
+                         for c in divisors(cfg.hidden)}, key=lambda v: (abs(v - ranks), v))
     out = []
-    for n in sorted(range(1, 4 * ranks + 1), key=lambda v: (abs(v - ranks), v)):
+    for n in candidates:
         if any(not model_problems(cfg, g) for g in grid_factorizations(n)):
             out.append(n)
-        if len(out) >= limit:
-            break
+            if len(out) >= limit:
+                break
     return sorted(out)
-
-
-def memory_reserve(profile: MachineProfile) -> int:
-    """Bytes a rank holds beyond its arrays: the GPU runtime's reserve on a CuPy profile, else 0."""
-    return GPU_RUNTIME_RESERVE_BYTES if profile.backend == "cupy" else 0
 
 
 def default_memory_limit(profile: MachineProfile) -> Optional[float]:
@@ -80,7 +82,8 @@ def rank_grids(cfg: ModelConfig, ranks: int, profile: MachineProfile, overlap: O
                dtype: str = "float32", progress: str = "poll", optimizer: str = "adam",
                memory_limit_bytes: Optional[float] = None, ranks_per_node: Optional[int] = None,
                recompute: str = "none", attention: str = "unfused", precision: Optional[str] = None,
-               shard_optimizer: str = "none", grids: Optional[List[GridShape]] = None) -> Ranking:
+               shard_optimizer: str = "none", grids: Optional[List[GridShape]] = None,
+               dw_window: Optional[int] = None) -> Ranking:
     """Every valid grid of ``ranks`` (or of ``grids``), predicted and sorted (fastest first).
 
     A grid is dropped when ``required`` memory (module docstring) exceeds ``memory_limit_bytes``
@@ -92,7 +95,8 @@ def rank_grids(cfg: ModelConfig, ranks: int, profile: MachineProfile, overlap: O
         raise ConfigError(f"preset {cfg.name} needs the global batch: give --batch SEQUENCES")
     overlap = overlap or OverlapConfig()
     reserve = memory_reserve(profile)
-    mem = dict(recompute=recompute, attention=attention, precision=precision, shard_optimizer=shard_optimizer)
+    mem = dict(recompute=recompute, attention=attention, precision=precision, shard_optimizer=shard_optimizer,
+               dw_window=dw_window)
     ranking = Ranking([], reserve=reserve)
     fitting: List[Tuple[GridShape, int]] = []
     for grid in (grids if grids is not None else grid_factorizations(ranks)):
@@ -117,7 +121,7 @@ def rank_grids(cfg: ModelConfig, ranks: int, profile: MachineProfile, overlap: O
             raise ConfigError(
                 f"no grid of {ranks} ranks fits {shape}: every factorization breaks a divisibility rule "
                 f"(e.g. {ranking.dropped[0][0]}: {ranking.dropped[0][1].split(':', 1)[1].strip()}); rank counts "
-                f"with a valid grid: {', '.join(map(str, near)) or 'none up to ' + str(4 * ranks)}")
+                f"with a valid grid: {', '.join(map(str, near)) or 'none'}")
         best_grid, best_need = min(fitting, key=lambda gn: gn[1])
         more = _ranks_that_fit(cfg, ranks, memory_limit_bytes, dtype, optimizer, overlap, reserve, mem)
         raise ConfigError(
@@ -194,21 +198,8 @@ def why_best(ranking: Ranking) -> str:
 
 
 # ---------------------------------------------------------------------------
-# machine profile and presentation (for fourd-mpi tune)
+# presentation (for fourd-mpi tune; the machine profile of a site: fourd_mpi.jobs.sites.resolve_profile)
 # ---------------------------------------------------------------------------
-
-def resolve_profile(site: Optional[str], profile: Optional[str], fallback: Optional[str] = None) -> MachineProfile:
-    """``--profile`` wins; ``--site local`` takes the calibrated profile of this host when there is one."""
-    from fourd_mpi.perf.machine import profile_for_site
-
-    if not profile and site == "local":
-        import socket
-
-        calibrated = os.path.join("results", "profiles", f"{socket.gethostname()}.yaml")
-        if os.path.exists(calibrated):
-            return load_profile(calibrated, fallback)
-    return profile_for_site(site, profile, fallback)
-
 
 def _fmt_ms(s: float) -> str:
     return f"{s * 1e3:.3f}"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import hashlib
 import json
 import math
@@ -237,6 +238,19 @@ def read_index(path: str, warn: Optional[Callable[[str], None]] = None) -> List[
     return entries
 
 
+def expand_traces(arg: str) -> Tuple[List[str], Optional[str]]:
+    """Trace files named by one argument (a file, a directory of ``*.h5``, or a glob), or why none."""
+    if os.path.isdir(arg):
+        found = sorted(p for p in glob.glob(os.path.join(glob.escape(arg), "*.h5")) if os.path.isfile(p))
+        return found, (None if found else "directory holds no *.h5 file")
+    if os.path.exists(arg):
+        return [arg], None
+    if glob.has_magic(arg):
+        found = sorted(p for p in glob.glob(arg) if os.path.isfile(p))
+        return found, (None if found else "no file matches the pattern")
+    return [], "no such file or directory"
+
+
 def trace_of(entry: Dict, index_path: str) -> str:
     """The trace file of an entry (its ``trace`` is relative to the index's directory)."""
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(index_path)), entry["trace"]))
@@ -258,7 +272,6 @@ def reindex(directory: str, output: Optional[str] = None,
     The file is replaced in place under the exclusive lock (see the module's notes on concurrency).
     """
     from fourd_mpi.errors import TraceError
-    from fourd_mpi.results.query import expand_traces
     from fourd_mpi.trace.read import load_trace
 
     output = output or index_file(directory)

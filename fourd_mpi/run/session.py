@@ -27,8 +27,9 @@ from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import RunOptions
 from fourd_mpi.core.watchdog import Watchdog
 from fourd_mpi.trace.clocks import DriftModel, measure_offsets
-from fourd_mpi.trace.store import (RankSpool, check_name, merge_run, new_run_id, now_iso, prepare_spool,
-                                   trace_paths)
+from fourd_mpi.trace.files import check_name, new_run_id, now_iso, trace_paths
+from fourd_mpi.trace.merge import merge_run
+from fourd_mpi.trace.spool import RankSpool, prepare_spool
 from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
 from fourd_mpi.trace.summary import summarize
 
@@ -436,7 +437,7 @@ class SpoolHealth:
 def _replaces_live_recovery(trace_path: str, spool_dir: str, say: Callable[[str], None]) -> bool:
     """Rank 0, before the final merge: True (and a note) if ``trace_path`` is a trace that ``trace recover
     --force`` made from this run's own spool while the run was live: the run's trace replaces it."""
-    from fourd_mpi.trace.store import live_recovery_of
+    from fourd_mpi.trace.recover import live_recovery_of
 
     if not live_recovery_of(trace_path, spool_dir):
         return False

@@ -2,7 +2,8 @@
 
 The schema (vocabularies and record layouts) is documented in
 ``docs/trace-format.md``; this module is its single source in code. Recording
-only: files are :mod:`fourd_mpi.trace.store`, reading is :mod:`fourd_mpi.trace.read`.
+only: files are :mod:`fourd_mpi.trace.spool` and :mod:`fourd_mpi.trace.writer`, reading is
+:mod:`fourd_mpi.trace.read`.
 
 Lanes (``lane`` column) keep the events of one rank on one lane disjoint in time:
 

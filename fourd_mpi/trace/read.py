@@ -25,9 +25,10 @@ import numpy as np
 
 from fourd_mpi.core.placement import NodePlacement
 from fourd_mpi.errors import DamagedTraceError, TraceError
-from fourd_mpi.trace.store import RANK_DTYPE, STEP_DTYPE
 from fourd_mpi.trace.events import (AXES, COLLECTIVE_OPS, COPY_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER,
                                    LANE_STEP, LEVELS, OPS, P2P_OPS, PHASES, RANK_STEP_DTYPE, SCHEMA, SCHEMA_VERSION, lane_name)
+from fourd_mpi.trace.files import RANK_DTYPE, STEP_DTYPE, open_h5_read
+from fourd_mpi.trace.parts import read_parts
 
 _DATASETS = {"events": EVENT_DTYPE, "steps": STEP_DTYPE, "rank_steps": RANK_STEP_DTYPE, "ranks": RANK_DTYPE}
 
@@ -155,8 +156,6 @@ def _memory_budget() -> int:
 
 
 def _open(path: str):
-    from fourd_mpi.trace.store import open_h5_read
-
     try:
         return open_h5_read(path)
     except FileNotFoundError:
@@ -538,8 +537,6 @@ def load_trace(path: str, allow_damaged: bool = False, events: bool = True) -> T
             arrays = {name: _read_dataset(name, dset, _DATASETS[name], missing)
                       for name, (dset, missing) in found.items() if name != "events" or (not parts and events)}
             if parts:  # a multi-part trace: every part checked, then read one at a time (not through the VDS)
-                from fourd_mpi.trace.merge import read_parts
-
                 arrays["events"] = read_parts(path, h5, str(attrs.get("run_id", "")), n_events, read=events)
             scan = None
             if events:

@@ -33,6 +33,28 @@ positive_int = int_at_least(1)
 nonnegative_int = int_at_least(0)
 
 
+def int_in(minimum: int, maximum: int, what: str = "") -> Callable[[str], int]:
+    """A parser of integers in ``[minimum, maximum]`` whose message names both bounds (and, when
+    given, ``what`` the bound is about)."""
+    base = int_at_least(minimum)
+
+    def parse(text: str) -> int:
+        value = base(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"expected an integer from {minimum:,} to {maximum:,}"
+                                             f"{' (' + what + ')' if what else ''}, got {value:,}")
+        return value
+
+    parse.__name__ = f"int_in_{minimum}_{maximum}"
+    return parse
+
+
+#: the most ranks the model, the tuner and the planners accept: 2^24 = 16,777,216, about 400 times
+#: the GPU count of the largest machine of today's TOP500 (the enumeration of grids is then bounded)
+MAX_RANKS = 1 << 24
+rank_count = int_in(1, MAX_RANKS, "the most ranks the model plans for")
+
+
 def positive_float(text: str) -> float:
     """A finite number > 0."""
     try:

@@ -228,7 +228,10 @@ def _offending_key(error) -> List[PathPart]:
 
 
 def _schema_message(error) -> str:
-    """jsonschema's message, made shorter for the usual cases."""
+    """One short line for a schema violation, in the project's own words for every validator the
+    project's schemas use (so the text does not change when jsonschema rewords its messages; the
+    tests pin these lines); jsonschema's own message only for a validator none of them uses."""
+    value = error.validator_value
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         extra = sorted(set(error.instance) - set(allowed), key=str)
@@ -239,7 +242,31 @@ def _schema_message(error) -> str:
         return f"{error.instance!r}: {error.schema['description']}"
     if error.validator in ("oneOf", "anyOf") and "description" in error.schema:
         return f"{error.instance!r}: {error.schema['description']}"
+    if error.validator == "type":
+        types = [value] if isinstance(value, str) else list(value)
+        return f"{error.instance!r} is not of type {', '.join(repr(t) for t in types)}"
+    if error.validator == "required":
+        missing = [name for name in value if isinstance(error.instance, dict) and name not in error.instance]
+        return f"{(missing or value)[0]!r} is a required property"
+    if error.validator == "const":
+        return f"{value!r} was expected"
+    bounds = {"minimum": "less than the minimum of", "maximum": "greater than the maximum of",
+              "exclusiveMinimum": "less than or equal to the minimum of",
+              "exclusiveMaximum": "greater than or equal to the maximum of"}
+    if error.validator in bounds:
+        return f"{error.instance!r} is {bounds[error.validator]} {value!r}"
+    if error.validator in ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties"):
+        kind = "few" if error.validator.startswith("min") else "many"
+        unit = {"Items": "items", "Length": "characters", "Properties": "keys"}[error.validator[3:]]
+        return f"{error.instance!r} has too {kind} {unit} ({error.validator[:3]} {value})"
+    if error.validator == "uniqueItems":
+        return f"{error.instance!r} has repeated items"
     return error.message
+
+
+def schema_message(error) -> str:
+    """:func:`_schema_message` for the other JSON-Schema users (run metadata, index entries)."""
+    return _schema_message(error)
 
 
 def load_yaml(path: str, what: str, schema: Dict[str, Any]) -> YamlDocument:

@@ -122,3 +122,24 @@ def test_plot_errors(tmp_path):
     assert proc.returncode == 2 and "no weak-scaling line" in proc.stderr
     proc = fourd("plot", "breakdown", SAMPLES, "-o", tmp_path / "b.jpg")
     assert proc.returncode == 2 and ".png, .svg or .pdf" in proc.stderr
+
+
+@pytest.mark.parametrize("what, traces, needed", [
+    ("compare", ["grid-8x1x1x1.h5"], "got 1 trace(s)"),
+    ("compare", ["weak-1.h5", "grid-8x1x1x1.h5"], "got 2 trace(s), no two of them alike"),
+    ("scaling", ["grid-8x1x1x1.h5", "grid-2x2x1x2.h5"], "got 2 trace(s) at 1 rank count(s)"),
+    ("runs,scaling", ["weak-2.h5"], "got 1 trace(s) at 1 rank count(s)"),
+])
+def test_compare_and_scaling_asked_for_with_too_few_traces_is_one_line(what, traces, needed):
+    """Issue 32 item 7: before, ``--what compare|scaling`` on one trace printed nothing and exited 0."""
+    proc = fourd("analyze", *[SAMPLES / t for t in traces], "--what", what)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and needed in proc.stderr, proc.stderr
+    assert f"--what {what.split(',')[-1]} needs" in proc.stderr
+
+
+def test_compare_and_scaling_with_enough_traces_answer():
+    compare = fourd("analyze", *sorted(SAMPLES.glob("grid-*.h5")), "--what", "compare")
+    scaling = fourd("analyze", *sorted(SAMPLES.glob("weak-*.h5")), "--what", "scaling", "--scaling", "weak")
+    assert compare.returncode == 0 and "== compare ==" in compare.stdout, compare.stderr
+    assert scaling.returncode == 0 and "== weak scaling ==" in scaling.stdout, scaling.stderr

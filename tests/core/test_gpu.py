@@ -190,3 +190,17 @@ def test_batched_16bit_matmul_matches_float32(dtype):
             err = float(cupy.linalg.norm(result.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
             assert err < (1e-2 if dtype == "bfloat16" else 2e-3), (x.shape, y.shape, err)
         assert float(cupy.abs(wide[..., y.shape[-1]:].astype(cupy.float32)).max()) == 0.0  # nothing outside out
+
+
+@needs_gpu
+def test_backend_names_its_gpu_runtime():
+    """CUDA or HIP (CuPy's ROCm build), as the runtime says: what ``info`` and the run header print."""
+    import cupy
+
+    from fourd_mpi.core.backend import make_backend
+    from fourd_mpi.run.metadata import device_info
+
+    backend = make_backend("cupy", np.float32, device_buffers="staged")
+    hip = bool(getattr(cupy.cuda.runtime, "is_hip", False))
+    assert ("HIP " if hip else "CUDA ") in backend.describe()
+    assert device_info(backend)["kind"] == ("hip" if hip else "cuda")

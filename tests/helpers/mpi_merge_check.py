@@ -21,9 +21,10 @@ from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import resolve
 from fourd_mpi.trace.clocks import EVENT_TIME_COLUMNS
 from fourd_mpi.trace.events import RANK_STEP_DTYPE
-from fourd_mpi.trace.merge import parts_dir_of
+from fourd_mpi.trace.files import parts_dir_of
 from fourd_mpi.trace.read import check_invariants, load_trace
-from fourd_mpi.trace.store import RankSpool, merge_run
+from fourd_mpi.trace.merge import merge_run
+from fourd_mpi.trace.spool import RankSpool
 
 base, group_size = sys.argv[1], int(sys.argv[2])
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 2

@@ -244,12 +244,17 @@ def test_scripts_are_valid_shell_with_consistent_resources(tmp_path, site_name):
             assert f"mpiexec -n {n} --ppn {per_node} " in command
             assert "gpu_affinity.sh" in command and (tmp_path / run["script"]).with_name("gpu_affinity.sh").exists()
         elif site.scheduler == "lsf":
-            assert int(_directive(text, r"^#BSUB -nnodes (\d+)$")) == nodes
             hours, minutes = map(int, _directive(text, r"^#BSUB -W (\d+):(\d\d)$"))
             assert (hours * 60 + minutes) * 60 >= run["time_seconds"] and minutes < 60
+            if site.launcher in ("jsrun", "lrun"):  # CSM: whole nodes
+                assert int(_directive(text, r"^#BSUB -nnodes (\d+)$")) == nodes and "#BSUB -n " not in text
+            else:  # plain LSF: slots, a fixed number per host
+                assert int(_directive(text, r"^#BSUB -n (\d+)$")) == n and "-nnodes" not in text
+                assert int(_directive(text, r'^#BSUB -R "span\[ptile=(\d+)\]"$')) == per_node
+                assert f"mpiexec -n {n} " in command
             if site.launcher == "jsrun":
-                assert f"jsrun -n {n} -a 1 -c 7 -g 1 -r {per_node} --smpiargs=-gpu " in command
-            else:
+                assert f"jsrun -n {n} -a 1 -c 7 -g 1 -b packed:7 -r {per_node} --smpiargs=-gpu " in command
+            elif site.launcher == "lrun":
                 assert f"lrun -N {nodes} -T {per_node} --smpiargs=-gpu " in command
         elif site.scheduler == "sge":
             assert int(_directive(text, r"^#\$ -pe mpi (\d+)$")) == n

@@ -1,18 +1,25 @@
-"""Packaging recipes and metadata (issue 18): Spack package.py, container files, CITATION.cff, LICENSE,
-CHANGELOG, the ReFrame files, and setup.py's metadata.
+"""Packaging recipes and metadata (issue 18, issue 31 item 6): the Spack repository, container files,
+CITATION.cff, LICENSE, CHANGELOG, the ReFrame files, and setup.py's metadata.
 
-The Spack recipe is compiled and executed against a tiny stand-in of ``spack.package`` (Spack is not
-on PyPI): its directives are recorded and compared with setup.py's requirements. CI also lints the
-Dockerfile with hadolint and validates CITATION.cff with cffconvert (packaging/ci_check.sh).
+The Spack recipe is in a package repository of Spack 1.0's layout
+(packaging/spack/spack_repo/fourd_mpi/packages/py_fourd_mpi/package.py). These tests execute it against
+a stand-in of ``spack.package`` and of ``spack_repo.builtin.build_systems.python`` that records its
+directives: Spack is not on PyPI, and the newest Spack whose source could be had here (0.23.0.dev0,
+October 2024; Spack 1.0's repository is over the size that can be fetched) predates the 1.0 layout,
+so CI checks the recipe offline. The recipe was run through real Spack 0.23 by hand (spack audit
+packages, spack spec, spack install --fake: docs/sites.md, "Spack"). CI also lints the Dockerfile with
+hadolint and validates CITATION.cff with cffconvert (packaging/ci_check.sh).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import py_compile
 import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +27,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGING = REPO / "packaging"
+SPACK_REPO = PACKAGING / "spack" / "spack_repo" / "fourd_mpi"
+RECIPE = SPACK_REPO / "packages" / "py_fourd_mpi" / "package.py"
 
 SPACK_STUB = '''
 """Stand-in for spack.package: records the directives a package class calls."""
@@ -54,13 +63,18 @@ class _Meta(type):
 class PackageBase(metaclass=_Meta):
     pass
 
-class PythonPackage(PackageBase):
-    pass
-
 def which(*names, **kwargs):
     raise RuntimeError("not in the stub")
 
 __all__ = [n for n in list(globals()) if not n.startswith("_")]
+'''
+
+# Spack >= 1.0: the build systems live in the builtin repository, not in spack.package
+BUILD_SYSTEM_STUB = '''
+from spack.package import PackageBase
+
+class PythonPackage(PackageBase):
+    pass
 '''
 
 DUMP = '''
@@ -69,10 +83,12 @@ spec = importlib.util.spec_from_file_location("fourd_spack_package", sys.argv[1]
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
 import spack.package as sp
+from spack_repo.builtin.build_systems.python import PythonPackage
+assert not hasattr(sp, "PythonPackage")  # as in Spack 1.0: the recipe must import it from the repository
 cls = mod.PyFourdMpi
-assert issubclass(cls, sp.PythonPackage)
+assert issubclass(cls, PythonPackage)
 print(json.dumps({"name": cls.__name__, "doc": cls.__doc__, "pypi": getattr(cls, "pypi", None),
-                  "homepage": getattr(cls, "homepage", None),
+                  "url": getattr(cls, "url", None), "homepage": getattr(cls, "homepage", None),
                   "methods": sorted(k for k, v in vars(cls).items() if callable(v) and not k.startswith("__")),
                   "directives": [[n, list(map(str, a)), {k: v if isinstance(v, (str, bool, int)) else list(v)
                                                           for k, v in kw.items()}, w]
@@ -81,17 +97,27 @@ print(json.dumps({"name": cls.__name__, "doc": cls.__doc__, "pypi": getattr(cls,
 
 
 @pytest.fixture(scope="module")
-def spack_recipe(tmp_path_factory):
-    path = PACKAGING / "spack" / "package.py"
-    py_compile.compile(str(path), doraise=True)
+def spack_stub(tmp_path_factory):
     stub = tmp_path_factory.mktemp("spackstub")
-    (stub / "spack").mkdir()
-    (stub / "spack" / "__init__.py").write_text("")
+    for package in ("spack", "spack_repo", "spack_repo/builtin", "spack_repo/builtin/build_systems"):
+        (stub / package).mkdir()
+        (stub / package / "__init__.py").write_text("")
     (stub / "spack" / "package.py").write_text(SPACK_STUB)
+    (stub / "spack_repo" / "builtin" / "build_systems" / "python.py").write_text(BUILD_SYSTEM_STUB)
+    return stub
+
+
+def _load_recipe(stub, path):
+    py_compile.compile(str(path), doraise=True)
     done = subprocess.run([sys.executable, "-c", DUMP, str(path)], capture_output=True, text=True, timeout=60,
                           env={"PYTHONPATH": str(stub), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def spack_recipe(spack_stub):
+    return _load_recipe(spack_stub, RECIPE)
 
 
 def _setup_requirements():
@@ -104,34 +130,101 @@ def _setup_requirements():
     return names(install), extras
 
 
+def test_spack_repository_has_the_layout_of_spack_1():
+    """spack_repo/<namespace>/repo.yaml (package API v2) and packages/py_fourd_mpi/package.py, which
+    imports PythonPackage from the builtin repository's build systems, as Spack >= 1.0 recipes do."""
+    config = yaml.safe_load((SPACK_REPO / "repo.yaml").read_text())["repo"]
+    assert config["namespace"] == SPACK_REPO.name == "fourd_mpi" and str(config["api"]).startswith("v2.")
+    text = RECIPE.read_text()
+    assert re.search(r"^from spack_repo\.builtin\.build_systems\.python import PythonPackage$", text, re.M)
+    assert re.search(r"^from spack\.package import \*$", text, re.M)
+    assert not (PACKAGING / "spack" / "package.py").exists()  # the pre-1.0 location is gone
+
+
 def test_spack_recipe_declares_variants_and_dependencies(spack_recipe):
     d = spack_recipe["directives"]
     variants = {a[0]: kw for n, a, kw, w in d if n == "variant"}
-    assert set(variants) == {"cuda", "analysis"} and not any(v["default"] for v in variants.values())
+    assert set(variants) == {"cuda", "rocm", "analysis"} and not any(v["default"] for v in variants.values())
     deps = {a[0].split("@")[0]: (kw.get("type"), w, kw.get("when")) for n, a, kw, w in d if n == "depends_on"}
-    for name in ("mpi", "py-mpi4py", "py-numpy", "py-h5py", "py-pyyaml", "py-jinja2", "py-jsonschema", "py-tqdm"):
-        assert name in deps and deps[name][1] == [], name  # unconditional
+    for name in ("mpi", "py-mpi4py", "py-numpy", "py-h5py", "py-pyyaml", "py-jinja2", "py-jsonschema", "py-tqdm",
+                 "py-xxhash", "py-pandas", "py-matplotlib"):
+        assert name in deps and deps[name][1] == [] and deps[name][2] is None, name  # unconditional
     assert deps["py-setuptools"][0] == "build"
-    assert deps["py-cupy"][1] == ["+cuda"]
-    for name in ("py-pandas", "py-matplotlib", "py-scipy"):
-        assert deps[name][1] == ["+analysis"], name
+    assert deps["py-cupy+cuda"][2] == "+cuda" and deps["py-cupy+rocm"][2] == "+rocm"
+    assert ["conflicts", ["+cuda"], {"when": "+rocm", "msg": "CuPy is built for CUDA or for ROCm, not both"}, []] in d
+    assert deps["py-scipy"][1] == ["+analysis"]
     assert ["license", ["BSD-3-Clause"], {}, []] in d
-    assert "test_version" in spack_recipe["methods"] and "setup_run_environment" in spack_recipe["methods"]
+    assert "test_version" in spack_recipe["methods"]
+
+
+def test_spack_recipe_sets_no_run_environment(spack_recipe):
+    """Loading the module changes nothing for its user: thread counts belong to the job (site profiles)."""
+    assert "setup_run_environment" not in spack_recipe["methods"]
+    assert "OMP_NUM_THREADS" not in re.sub(r"#[^\n]*", "", RECIPE.read_text())
+
+
+def test_spack_recipe_names_no_download_of_an_unpublished_package(spack_recipe):
+    """fourd_mpi is on no index: no pypi=, no url=, and no version in the committed recipe (versions are
+    local sdists, written in with their own checksum by make_repo.py)."""
+    assert spack_recipe["pypi"] is None and spack_recipe["url"] is None
+    assert [x for x in spack_recipe["directives"] if x[0] == "version"] == []
 
 
 def test_spack_recipe_matches_setup_py(spack_recipe):
-    """Every run requirement of setup.py (and of the gpu/analysis extras) has its Spack package,
-    and the recipe's version is the package's."""
-    import fourd_mpi
-
-    deps = {a[0].split("@")[0] for n, a, kw, w in spack_recipe["directives"] if n == "depends_on"}
+    """Every run requirement of setup.py (and of the gpu/rocm/analysis extras) has its Spack package."""
+    deps = {a[0].split("@")[0].split("+")[0] for n, a, kw, w in spack_recipe["directives"] if n == "depends_on"}
     install, extras = _setup_requirements()
-    spack_name = {"cupy-cuda12x": "py-cupy"}
-    for req in install + extras["analysis"] + extras["gpu"]:
+    spack_name = {"cupy-cuda12x": "py-cupy", "cupy-rocm-7-0": "py-cupy"}
+    for req in install + extras["analysis"] + extras["gpu"] + extras["rocm"]:
         assert spack_name.get(req, "py-" + req) in deps, req
-    versions = [a[0] for n, a, kw, w in spack_recipe["directives"] if n == "version"]
-    assert versions == [fourd_mpi.__version__]
-    assert spack_recipe["pypi"] == f"fourd_mpi/fourd_mpi-{fourd_mpi.__version__}.tar.gz"
+    build = re.search(r"^requires = \[(.*)\]$", (REPO / "pyproject.toml").read_text(), re.M).group(1)
+    assert '"setuptools>=77"' in build and ["depends_on", ["py-setuptools@77:"], {"type": "build"}, []] in \
+        spack_recipe["directives"]
+
+
+def _sdist(tmp_path, version="0.1.0", name=None):
+    """An archive of the sdist's shape: fourd_mpi-V/ with setup.py and the package's __init__.py."""
+    path = tmp_path / (name or f"fourd_mpi-{version}.tar.gz")
+    with tarfile.open(path, "w:gz") as tar:
+        for member in ("setup.py", "fourd_mpi/__init__.py"):
+            tar.add(REPO / member, arcname=f"fourd_mpi-{version}/{member}")
+    return path
+
+
+def test_make_repo_writes_each_sdist_with_its_own_checksum(tmp_path, spack_stub):
+    sdists = [_sdist(tmp_path, "0.1.0"), _sdist(tmp_path, "0.2.0rc1")]
+    out = tmp_path / "out"
+    args = [str(out)] + [arg for s in sdists for arg in ("--sdist", str(s))]
+    done = subprocess.run([sys.executable, str(PACKAGING / "spack" / "make_repo.py"), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    repo = out / "spack_repo" / "fourd_mpi"
+    assert done.stdout == f"spack repo add {repo}\n"
+    recipe = _load_recipe(spack_stub, repo / "packages" / "py_fourd_mpi" / "package.py")
+    versions = {a[0]: kw for n, a, kw, w in recipe["directives"] if n == "version"}
+    assert set(versions) == {"0.1.0", "0.2.0rc1"}
+    for sdist in sdists:
+        kw = versions[sdist.name[len("fourd_mpi-"):-len(".tar.gz")]]
+        copied = out / "sources" / sdist.name
+        assert kw["url"] == f"file://{copied}"
+        assert kw["sha256"] == hashlib.sha256(copied.read_bytes()).hexdigest() == \
+            hashlib.sha256(sdist.read_bytes()).hexdigest()
+    assert not re.search(r"^\s+version\(", RECIPE.read_text(), re.M)  # the committed recipe is left as it was
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tmp: tmp / "missing.tar.gz", "not an sdist of fourd_mpi"),
+    (lambda tmp: _sdist(tmp, name="fourd_mpi-0.1.0.tgz"), "not an sdist of fourd_mpi"),
+    (lambda tmp: (tmp / "fourd_mpi-0.1.0.tar.gz").write_text("plain text") and tmp / "fourd_mpi-0.1.0.tar.gz",
+     "not a readable .tar.gz"),
+    (lambda tmp: _sdist(tmp, version="0.0.9").rename(tmp / "fourd_mpi-0.1.0.tar.gz"), "has no fourd_mpi-0.1.0/setup.py"),
+])
+def test_make_repo_refuses_what_is_not_an_sdist_in_one_line(tmp_path, make, message):
+    path = make(tmp_path)
+    done = subprocess.run([sys.executable, str(PACKAGING / "spack" / "make_repo.py"), str(tmp_path / "out"),
+                           "--sdist", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1 and message in done.stderr, done.stderr
 
 
 def _stanzas(text):
@@ -162,6 +255,23 @@ def test_dockerfile_matches_the_apptainer_definition():
             assert (REPO / name).exists(), name
     readme = (PACKAGING / "container" / "README.md").read_text()
     assert "lib-abi-mpich" in readme and "--bind" in readme and "APPTAINERENV_LD_LIBRARY_PATH" in readme
+
+
+def test_container_library_path_names_directories_that_exist_inside_the_container():
+    """The Cray recipe's LD_LIBRARY_PATH is read inside the container: a host directory is there only
+    where a --bind put it (host /usr/lib64 at /host/usr/lib64, never as /usr/lib64, which is Ubuntu's
+    own), and the host's /usr/lib64 comes after the container's library directory."""
+    readme = (PACKAGING / "container" / "README.md").read_text()
+    path = re.search(r'^export APPTAINERENV_LD_LIBRARY_PATH="([^"]+)"$', readme, re.M).group(1).split(":")
+    binds = re.search(r"^BINDS=(\S+)$", readme, re.M).group(1).split(",")
+    targets = [b.split(":")[-1] for b in binds]  # where each bind lands inside the container
+    assert "/usr/lib64:/host/usr/lib64" in binds and "/usr/lib64" not in path
+    container_own = ("/.singularity.d/libs", "/usr/lib/x86_64-linux-gnu")
+    for entry in path:
+        if entry.startswith("$"):  # $ABI_LIB, $CRAY_LD_LIBRARY_PATH: under /opt/cray on the host, bound as is
+            continue
+        assert entry in container_own or any(entry == t or entry.startswith(t + "/") for t in targets), entry
+    assert path.index("/usr/lib/x86_64-linux-gnu") < path.index("/host/usr/lib64") == len(path) - 1
 
 
 def test_citation_cff_has_the_required_keys():

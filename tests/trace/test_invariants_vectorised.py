@@ -8,7 +8,7 @@ import pytest
 
 from fourd_mpi.trace.events import COLLECTIVE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST, LANE_STEP, P2P_OPS, lane_name
 from fourd_mpi.trace.read import check_invariants, load_trace
-from fourd_mpi.trace.store import recover
+from fourd_mpi.trace.recover import recover
 
 from tests.trace.test_trace_units import OP, make_spool
 

@@ -356,7 +356,7 @@ HOLDER = """
 import os, socket, sys
 import numpy as np
 from fourd_mpi.trace.events import EVENT_DTYPE, LANE_STEP, RANK_STEP_DTYPE
-from fourd_mpi.trace.store import RankSpool
+from fourd_mpi.trace.spool import RankSpool
 rank = int(sys.argv[2])
 spool = RankSpool(sys.argv[1], rank, {"rank": rank, "pid": os.getpid(), "hostname": socket.gethostname()})
 record, span = np.zeros(1, RANK_STEP_DTYPE), np.zeros(1, EVENT_DTYPE)  # step 0: one step span

@@ -16,10 +16,12 @@ import pytest
 from conftest import HELPERS, REPO, mpi_env, mpirun
 from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE, LANE_HOST, LANE_STEP, OPS, RANK_STEP_DTYPE, SCHEMA_VERSION
-from fourd_mpi.trace.merge import (MAX_PARTS, PART_SCHEMA, auto_group_size, parts_dir_of, plan_groups,
-                                   resolve_group_size)
+from fourd_mpi.trace.files import parts_dir_of
+from fourd_mpi.trace.parts import MAX_PARTS, PART_SCHEMA, auto_group_size, plan_groups, resolve_group_size
 from fourd_mpi.trace.read import check_invariants, load_trace
-from fourd_mpi.trace.store import RUN_META, RankSpool, recover
+from fourd_mpi.trace.files import RUN_META
+from fourd_mpi.trace.recover import recover
+from fourd_mpi.trace.spool import RankSpool
 
 OP = {name: i for i, name in enumerate(OPS)}
 
@@ -226,7 +228,7 @@ def test_readback_check_calls_a_sound_multi_part_trace_removable_like_the_full_c
 
 
 def test_readback_sees_a_part_that_differs_from_what_was_written(tmp_path):
-    from fourd_mpi.trace.merge import verify_part
+    from fourd_mpi.trace.rebuild import verify_part
 
     spool = spool_of(tmp_path, 4, [2] * 4)
     path = recover(spool, group_size=2)["path"]
@@ -260,7 +262,7 @@ def test_readback_keeps_the_spool_when_a_rank_step_lacks_events_its_record_count
 
 
 def test_group_pool_forks_only_without_open_hdf5_objects(tmp_path):
-    from fourd_mpi.trace.merge import GroupPool
+    from fourd_mpi.trace.rebuild import GroupPool
 
     with GroupPool(2, 3) as pool:
         assert pool.start_method == "fork" and pool.map(abs, [-1, 2, -3]) == [1, 2, 3]
@@ -274,13 +276,13 @@ def test_group_pool_forks_only_without_open_hdf5_objects(tmp_path):
 
 def test_recover_reads_rank_files_in_batches_and_sorts_each_rank(tmp_path, monkeypatch):
     """Batches smaller than a group (one rank each, or two) give the same trace as one batch."""
-    from fourd_mpi.trace import merge
+    from fourd_mpi.trace import rebuild
 
     spool = spool_of(tmp_path, 5, [3, 3, 3, 2, 3])
     whole = load_trace(recover(spool, output=str(tmp_path / "whole.h5"), group_size=5)["path"])
-    original = merge.rank_batches
+    original = rebuild.rank_batches
     for rows in (1, 9):
-        monkeypatch.setattr(merge, "rank_batches", lambda *a, rows=rows, original=original: original(*a, max_events=rows))
+        monkeypatch.setattr(rebuild, "rank_batches", lambda *a, rows=rows, original=original: original(*a, max_events=rows))
         for size in (5, 2):
             out = str(tmp_path / f"b{rows}-{size}.h5")
             same_trace(whole, load_trace(recover(spool, output=out, group_size=size)["path"]))
@@ -290,10 +292,10 @@ def test_recover_reads_rank_files_in_batches_and_sorts_each_rank(tmp_path, monke
 
 
 def test_a_part_that_does_not_read_back_keeps_the_spool_and_is_named_where_it_lies(tmp_path, monkeypatch):
-    from fourd_mpi.trace import merge
+    from fourd_mpi.trace import rebuild
 
     spool = spool_of(tmp_path, 4, [2] * 4)
-    monkeypatch.setattr(merge, "verify_part", lambda task: f"{task[0]} does not read back: injected"
+    monkeypatch.setattr(rebuild, "verify_part", lambda task: f"{task[0]} does not read back: injected"
                         if task[1] == 1 else None)
     result = recover(spool, group_size=2, jobs=1)
     assert result["removable"] == f"{parts_dir_of(result['path'])}/part000001.h5 does not read back: injected"

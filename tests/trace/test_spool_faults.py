@@ -21,8 +21,10 @@ from conftest import REPO, mpi_env
 from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE, LANE_STEP, RANK_STEP_DTYPE
 from fourd_mpi.trace.read import check_invariants, load_trace
-from fourd_mpi.trace import store
-from fourd_mpi.trace.store import RankSpool, TraceFileWriter, _write_json_atomic, recover
+from fourd_mpi.trace.files import _write_json_atomic
+from fourd_mpi.trace.recover import recover
+from fourd_mpi.trace.spool import RankSpool, live_ranks, read_records
+from fourd_mpi.trace.writer import TraceFileWriter
 
 NRANKS = 4
 RUN = ["run", "--gx", "2", "--gy", "2", "--steps", "6", "--display", "lines", "--peak-tflops", "1"]
@@ -150,7 +152,7 @@ def test_a_spool_deleted_mid_run_keeps_every_step(run_mpi, tmp_path, step):
 
 HOLDER = """
 import os, socket, sys
-from fourd_mpi.trace.store import RankSpool
+from fourd_mpi.trace.spool import RankSpool
 from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
 import numpy as np
 spool = RankSpool(sys.argv[1], int(sys.argv[2]), {"rank": int(sys.argv[2]), "pid": os.getpid(),
@@ -180,7 +182,7 @@ def test_recover_refuses_a_live_run_unless_forced(tmp_path):
                               stdout=subprocess.PIPE, text=True, env=mpi_env(), cwd=REPO)
     try:
         assert holder.stdout.readline().strip() == "ready"
-        assert store.live_ranks(str(spool), 2) == [f"rank 1 (pid {holder.pid} on {socket.gethostname()})"]
+        assert live_ranks(str(spool), 2) == [f"rank 1 (pid {holder.pid} on {socket.gethostname()})"]
         with pytest.raises(TraceError, match="is still running: rank 1"):
             recover(str(spool))
         assert not (tmp_path / "live.h5").exists()
@@ -218,7 +220,7 @@ import sys
 import numpy as np
 from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE
-from fourd_mpi.trace.store import TraceFileWriter
+from fourd_mpi.trace.writer import TraceFileWriter
 events = np.frombuffer(np.random.default_rng(0).bytes(20000 * EVENT_DTYPE.itemsize), EVENT_DTYPE)
 writer = TraceFileWriter(sys.argv[1])
 try:
@@ -241,7 +243,7 @@ def test_trace_writer_on_a_full_disk_exits_cleanly(tmpfs):
 
 
 def test_trace_writer_round_trip_through_the_guarded_file(tmp_path):
-    from fourd_mpi.trace.store import RANK_DTYPE
+    from fourd_mpi.trace.files import RANK_DTYPE
 
     events = np.zeros(10000, EVENT_DTYPE)
     events["start_ns"] = np.arange(10000)
@@ -275,9 +277,9 @@ def test_a_deleted_spool_is_re_created_from_the_open_files(tmp_path):
     assert spool.error is None and len(spool.recreated) == 1 and not spool.lost()
     assert json.loads((spool_dir / "run.json").read_text()) == {"world_size": 1}
     assert (spool_dir / "rank000000.steps").stat().st_size == 2 * RANK_STEP_DTYPE.itemsize
-    assert store.read_records(str(spool_dir / "rank000000.events"), EVENT_DTYPE).tolist() == \
+    assert read_records(str(spool_dir / "rank000000.events"), EVENT_DTYPE).tolist() == \
         np.concatenate([events, events]).tolist()
-    assert store.live_ranks(str(spool_dir), 1) == []  # same process: its own lock never conflicts
+    assert live_ranks(str(spool_dir), 1) == []  # same process: its own lock never conflicts
     spool.close()
 
 
@@ -291,7 +293,7 @@ def test_the_summary_of_no_step_does_not_crash():
 
 def test_guarded_file_reads_back_what_was_written_after_a_failure(tmpfs):
     """After the first failing write, the pieces live in memory; reads see disk and memory, newest last."""
-    from fourd_mpi.trace.store import GuardedFile
+    from fourd_mpi.trace.guarded import GuardedFile
 
     fill(tmpfs)
     os.remove(tmpfs / "fill-disk.bin")

@@ -25,8 +25,10 @@ from fourd_mpi.run.configfile import config_tokens, dump_toml, load_config_file
 from fourd_mpi.run.options import resolved_config
 from fourd_mpi.run.session import Fault, TraceOptions
 from fourd_mpi.trace.summary import summarize
-from fourd_mpi.trace.store import (RUN_META, RankSpool, TraceFileWriter, check_name, new_run_id, prepare_spool,
-                                  read_records, recover)
+from fourd_mpi.trace.files import RUN_META, check_name, new_run_id
+from fourd_mpi.trace.recover import recover
+from fourd_mpi.trace.spool import RankSpool, prepare_spool, read_records
+from fourd_mpi.trace.writer import TraceFileWriter
 from fourd_mpi.trace.read import check_invariants, load_trace
 from fourd_mpi.trace.events import (AXES, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP, OPS, PHASES,
                                RANK_STEP_DTYPE, SCHEMA_VERSION, Tracer)

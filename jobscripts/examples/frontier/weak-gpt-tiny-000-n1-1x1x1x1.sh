@@ -3,6 +3,7 @@
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
 #SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=7
 #SBATCH --time=00:10:00
 #SBATCH --output=jobscripts/examples/frontier/logs/weak-gpt-tiny-000-n1-1x1x1x1.out
 #SBATCH --account=PROJECT123
@@ -14,13 +15,15 @@
 # Rendered by fourd-mpi 0.1.0 from jobscripts/weak-gpt-tiny.yaml; re-render rather than edit.
 set -eo pipefail
 module load PrgEnv-gnu
-module load rocm
+module load miniforge3
+module load rocm/7.0.2
 module load craype-accel-amd-gfx90a
-module load cray-python
 export MPICH_GPU_SUPPORT_ENABLED=1
 export OMP_NUM_THREADS=7
+export ROCM_HOME="${ROCM_PATH}"
+export LD_LIBRARY_PATH="${CRAY_LD_LIBRARY_PATH}:${LD_LIBRARY_PATH}"
 for tool in srun python3; do  # the launcher and interpreter this job runs
   command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
 done
 echo "fourd-mpi sweep weak-gpt-tiny run weak-gpt-tiny-000-n1-1x1x1x1 on $(hostname) at $(date -u +%FT%TZ)"
-srun -c 7 --gpus-per-task=1 --gpu-bind=closest -N 1 -n 1 --ntasks-per-node=1 python3 -m fourd_mpi run --backend cupy --gdata 1 --gz 1 --gy 1 --gx 1 --model gpt-tiny --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny/frontier --run-id weak-gpt-tiny-000-n1-1x1x1x1 --display lines
+srun --gpus-per-task=1 --gpu-bind=closest -N 1 -n 1 --ntasks-per-node=1 -c 7 python3 -m fourd_mpi run --backend cupy --gdata 1 --gz 1 --gy 1 --gx 1 --model gpt-tiny --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny/frontier --run-id weak-gpt-tiny-000-n1-1x1x1x1 --display lines

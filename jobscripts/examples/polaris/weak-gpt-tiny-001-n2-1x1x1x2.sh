@@ -16,6 +16,7 @@
 set -eo pipefail
 cd "${PBS_O_WORKDIR}"
 module use /soft/modulefiles
+module load craype-accel-nvidia80
 module load conda
 export MPICH_GPU_SUPPORT_ENABLED=1
 export OMP_NUM_THREADS=8

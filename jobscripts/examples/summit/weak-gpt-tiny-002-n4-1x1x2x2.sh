@@ -10,6 +10,7 @@
 #   grid 1x1x2x2 (G_data x G_z x G_y x G_x), model gpt-tiny, global batch 32
 #   estimated memory per rank: 3.9 MiB
 # Rendered by fourd-mpi 0.1.0 from jobscripts/weak-gpt-tiny.yaml; re-render rather than edit.
+# HISTORIC site: summit was retired in 2024-11; kept for its scheduler idiom, not for submission.
 set -eo pipefail
 module load gcc
 module load cuda
@@ -20,4 +21,4 @@ for tool in jsrun python3; do  # the launcher and interpreter this job runs
   command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
 done
 echo "fourd-mpi sweep weak-gpt-tiny run weak-gpt-tiny-002-n4-1x1x2x2 on $(hostname) at $(date -u +%FT%TZ)"
-jsrun -n 4 -a 1 -c 7 -g 1 -r 4 --smpiargs=-gpu python3 -m fourd_mpi run --backend cupy --gdata 1 --gz 1 --gy 2 --gx 2 --model gpt-tiny --batch 32 --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny/summit --run-id weak-gpt-tiny-002-n4-1x1x2x2 --display lines
+jsrun -n 4 -a 1 -c 7 -g 1 -b packed:7 -r 4 --smpiargs=-gpu python3 -m fourd_mpi run --backend cupy --gdata 1 --gz 1 --gy 2 --gx 2 --model gpt-tiny --batch 32 --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny/summit --run-id weak-gpt-tiny-002-n4-1x1x2x2 --display lines

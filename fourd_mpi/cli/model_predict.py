@@ -1,0 +1,177 @@
+"""``fourd-mpi model predict`` and ``fourd-mpi model published``: a forced configuration through the
+model, and the model against the shipped published results (one process, no MPI).
+
+Every option of ``predict`` may also come from ``--config FILE.yaml`` (keys = option names without the
+leading dashes, ``-`` or ``_``); the command line wins over the file, the file over the defaults.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fourd_mpi.errors import ConfigError
+
+#: option -> (type, default, help); every one a ``--name`` of ``model predict`` and a key of ``--config``
+PREDICT_OPTIONS = {
+    "model": (str, "gpt-80b", "model preset (fourd-mpi run --model); sizes below override it"),
+    "layers": (int, None, "blocks l"), "hidden": (int, None, "hidden size h (ffn = 4h unless --ffn-hidden)"),
+    "heads": (int, None, "attention heads"), "ffn-hidden": (int, None, "MLP width"),
+    "seq": (int, None, "sequence length s"), "batch": (int, None, "global batch B in sequences (required)"),
+    "vocab": (int, 51200, "vocabulary V (embedding and LM head; 0 leaves them out; default 51200)"),
+    "algorithm": (str, "axonn4d", "axonn4d, megatron1d, fsdp, dp or pipeline (4D family)"),
+    "grid": (str, None, "G_data x G_z x G_y x G_x of one pipeline stage, e.g. 16x1x8x1 (required)"),
+    "stages": (int, 1, "pipeline stages p (default 1)"),
+    "schedule": (str, "1f1b", "1f1b, interleaved (with --chunks-per-stage v) or axonn"),
+    "chunks-per-stage": (int, 1, "model chunks v per stage of the interleaved schedule"),
+    "microbatch-size": (int, None, "sequences b per micro-batch and data x Z shard"),
+    "microbatches": (int, None, "micro-batches m per step (B = b m G_data G_z; gradient accumulation)"),
+    "sequence-parallel": (bool, False, "sequence parallelism over Y (Megatron-like grids)"),
+    "recompute": (str, "full", "none, selective or full activation recompute"),
+    "dtype": (str, None, "float16, bfloat16, float32 (default: the profile's training dtype)"),
+    "attention": (str, "fused", "fused (flash) or unfused"),
+    "precision": (str, None, "mixed or pure (default mixed for 16-bit dtypes)"),
+    "shard-optimizer": (str, "none", "none or data (distributed optimizer / ZeRO-1)"),
+    "optimizer": (str, "adam", "adam or sgd"),
+    "overlap": (str, "all", "none, all or a list of oag,ors,oar,dp,od"),
+    "dw-window": (str, "2", "dW blocks whose reduce-scatter may be in flight at once with ORS, or 'none' "
+                            "(unbounded; default 2)"),
+    "profile": (str, "perlmutter", "machine profile: a built-in (dgx-a100, dgx-h100, alps-gh200, perlmutter, "
+                                   "frontier, laptop) or a file"),
+    "ranks-per-node": (int, None, "ranks per node (default: the profile's)"),
+    "memory-limit": (str, None, "GiB per GPU for the fits line (default: the profile's device memory; 'none')"),
+}
+
+
+def register(msub) -> None:
+    """Add ``predict`` and ``published`` to ``fourd-mpi model``'s subcommands."""
+    from fourd_mpi.cli.args import add_format
+
+    p = msub.add_parser("predict", help="one configuration with every choice forced: step time split into compute, "
+                                        "exposed communication per axis and bubble, memory per GPU by part, %% of "
+                                        "peak under each FLOP convention (offline)")
+    # dest differs from "config": the main parser expands a command's ``config`` as run options
+    p.add_argument("--config", dest="predict_config", default=None, metavar="FILE",
+                   help="YAML mapping of these options (the command line wins)")
+    for name, (kind, _, text) in PREDICT_OPTIONS.items():
+        if kind is bool:
+            p.add_argument(f"--{name}", action="store_const", const=True, default=None, help=text)
+        else:
+            p.add_argument(f"--{name}", type=kind, default=None, help=text)
+    add_format(p, ("table", "json"))
+    pub = msub.add_parser("published", help="the model against the shipped published results (Megatron-LM SC21 "
+                                            "Table 1, AxoNN SC'24) and the ranking claims (offline)")
+    pub.add_argument("--dataset", default="all", metavar="NAME", help="narayanan_sc21, axonn_sc24 or all (default)")
+    pub.add_argument("--no-claims", action="store_true", help="leave out the ranking claims")
+    add_format(pub, ("table", "json"))
+
+
+def _options(args) -> dict:
+    """The options of ``predict``: command line over ``--config`` over defaults."""
+    values = {name: getattr(args, name.replace("-", "_")) for name in PREDICT_OPTIONS}
+    if args.predict_config:
+        import yaml
+
+        try:
+            with open(args.predict_config) as fh:
+                doc = yaml.safe_load(fh) or {}
+        except OSError as exc:
+            raise ConfigError(f"--config {args.predict_config}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--config {args.predict_config}: not YAML ({str(exc).splitlines()[0]})") from None
+        if not isinstance(doc, dict):
+            raise ConfigError(f"--config {args.predict_config}: expected a mapping of option: value")
+        for key, value in doc.items():
+            name = str(key).replace("_", "-")
+            if name not in PREDICT_OPTIONS:
+                raise ConfigError(f"--config {args.predict_config}: unknown option {key!r} (known: {', '.join(PREDICT_OPTIONS)})")
+            if values[name] is None:
+                kind = PREDICT_OPTIONS[name][0]
+                try:
+                    values[name] = value if kind is bool or value is None else kind(value)
+                except (TypeError, ValueError):
+                    raise ConfigError(f"--config {args.predict_config}: {key} must be {kind.__name__}, got {value!r}") from None
+    for name, (_, default, _) in PREDICT_OPTIONS.items():
+        if values[name] is None:
+            values[name] = default
+    return values
+
+
+def scenario_from(values: dict):
+    """``(Scenario, MachineProfile)`` of the resolved options; one-line :class:`ConfigError` otherwise."""
+    from fourd_mpi.core.grid import GridShape
+    from fourd_mpi.perf.memory import ATTENTION, OPTIMIZER_SHARDING, PRECISIONS, RECOMPUTE
+    from fourd_mpi.perf.scenario import Scenario
+    from fourd_mpi.jobs.sites import resolve_profile
+    from fourd_mpi.step.overlap import OverlapConfig
+    from fourd_mpi.step.presets import resolve_model
+
+    if values["grid"] is None:
+        raise ConfigError("model predict needs --grid G_DATAxG_ZxG_YxG_X (one pipeline stage's 4D grid)")
+    for name, choices in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("shard-optimizer", OPTIMIZER_SHARDING)):
+        if values[name] not in choices:
+            raise ConfigError(f"--{name} {values[name]!r}: choose {', '.join(choices)}")
+    if values["precision"] is not None and values["precision"] not in PRECISIONS:
+        raise ConfigError(f"--precision {values['precision']!r}: choose {', '.join(PRECISIONS)}")
+    for name in ("layers", "hidden", "heads", "ffn-hidden", "seq", "batch", "stages", "chunks-per-stage",
+                 "microbatch-size", "microbatches", "ranks-per-node"):
+        if values[name] is not None and values[name] < 1:
+            raise ConfigError(f"--{name} must be positive, got {values[name]}")
+    OverlapConfig.parse(values["overlap"])  # one line for an unknown overlap
+    cfg = resolve_model(values["model"], layers=values["layers"], hidden=values["hidden"], heads=values["heads"],
+                        ffn_hidden=values["ffn-hidden"], seq=values["seq"], batch=values["batch"])
+    profile = resolve_profile(None, values["profile"])
+    window = values["dw-window"]
+    if str(window).lower() == "none":
+        window = None
+    else:
+        try:
+            window = int(window)
+        except ValueError:
+            raise ConfigError(f"--dw-window: a positive count or none, got {window!r}") from None
+    limit = values["memory-limit"]
+    if limit is None:
+        limit = profile.device_memory_gib
+    elif str(limit).lower() == "none":
+        limit = None
+    else:
+        try:
+            limit = float(limit)
+        except ValueError:
+            raise ConfigError(f"--memory-limit: GiB or none, got {limit!r}") from None
+    dtype = values["dtype"] or profile.training_dtype
+    sc = Scenario(cfg, GridShape.parse(values["grid"]), profile.name, algorithm=values["algorithm"],
+                  stages=values["stages"], schedule=values["schedule"], chunks=values["chunks-per-stage"],
+                  microbatch_size=values["microbatch-size"], microbatches=values["microbatches"], vocab=values["vocab"],
+                  sequence_parallel=bool(values["sequence-parallel"]), recompute=values["recompute"], dtype=dtype,
+                  attention=values["attention"], precision=values["precision"],
+                  shard_optimizer=values["shard-optimizer"], optimizer=values["optimizer"], overlap=values["overlap"],
+                  dw_window=window, ranks_per_node=values["ranks-per-node"], memory_limit_gib=limit)
+    return sc, profile
+
+
+def cmd_predict(args) -> int:
+    from fourd_mpi.perf.scenario import format_result, predict_scenario
+
+    sc, profile = scenario_from(_options(args))
+    result = predict_scenario(sc, profile)
+    if args.format == "json":
+        print(json.dumps(result.as_dict(), indent=1, sort_keys=True))
+    else:
+        print(format_result(result, profile))
+    return 0
+
+
+def cmd_published(args) -> int:
+    from fourd_mpi.perf import published
+
+    names = published.DATASETS if args.dataset == "all" else (args.dataset,)
+    for name in names:
+        if name not in published.DATASETS:
+            raise ConfigError(f"--dataset {name!r}: choose {', '.join(published.DATASETS)} or all")
+    rows = published.evaluate(names)
+    claims = None if args.no_claims else published.evaluate_claims()
+    if args.format == "json":
+        print(json.dumps(published.as_dict(rows, claims), indent=1, sort_keys=True, default=str))
+    else:
+        print(published.report(rows, claims))
+    return 0

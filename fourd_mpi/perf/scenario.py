@@ -1,0 +1,447 @@
+"""``fourd-mpi model predict``: one fully forced configuration (a *scenario*) through the model (pure).
+
+A :class:`Scenario` fixes every choice: the model (with its vocabulary), the algorithm and its 4D grid
+per pipeline stage ``G_data x G_z x G_y x G_x``, ``p`` stages, the schedule (``1f1b``,
+``interleaved`` with ``v`` chunks per stage, ``axonn``), the micro-batch size ``b`` and count ``m``
+(``B = b m G_data G_z``: gradient accumulation for every algorithm, ``p = 1`` included), sequence
+parallelism, recompute, dtype, attention, optimizer sharding, overlap, the dW window, the machine
+profile and ranks per node.
+
+**Time** (per rank and step): :func:`~fourd_mpi.perf.predict.predict` of one micro-batch (``B/m``
+sequences) through the fullest stage's ``ceil(L/p)`` blocks gives ``W``; less its exposed gradient
+synchronization ``S`` (Z reduce-scatters, Z and data all-reduces) and optimizer update ``U``, which
+run once per step, it is the slot ``t = W - S - U``, to which the last stage adds the LM head
+(:mod:`fourd_mpi.perf.vocab`: ``6 m h V/T`` FLOPs at the GEMM rate, the cross entropy's 6 passes of
+fp32 logits at the memory bandwidth, its collectives blocking) and, for the blocking schedules
+(``1f1b``, ``interleaved``: Megatron-LM waits on every ``batch_isend_irecv``), ``2 v`` point-to-point
+messages (``t_p2p``). Then
+
+    ``step = (t + t_head + t_p2p) (m + (p - 1)/v) + U + S + t_emb``
+
+where ``(p - 1)/v`` slots are the bubble (:mod:`fourd_mpi.perf.schedules`) and ``t_emb`` the
+per-step embedding-gradient all-reduces (over data and Z, and between the first and last stage
+when ``p > 1``: tied weights), blocking. With the ``axonn`` schedule the messages overlap compute
+(Isend) and only the fill and drain chain ``2 (p - 1) t_msg`` is added. A message of
+``b s h/G_x e`` bytes crosses the pipeline axis at its placement; with Megatron's scatter/gather
+optimisation (``1f1b``/``interleaved`` and ``G_y > 1``) each rank sends ``1/G_y`` of it and the
+receivers all-gather over Y.
+
+**Sequence parallelism** (Korthikanti et al. 2022, Megatron-like grids): each tensor-parallel
+all-reduce of ``S`` bytes becomes a reduce-scatter and an all-gather of ``S``: the wire volume is the
+same (``2 (p-1)/p S``, :func:`sequence_parallel_volumes`) and so is its ring time; what changes is
+memory: the block inputs and LayerNorm/residual activations ``[m, h/G_x]`` are split over Y too.
+
+**Memory** per rank, the larger of the first and the last stage: parameter state of the stage's
+blocks (and the embedding shard ``V h/T`` on the first and last stage); activations = stored inputs
+of the in-flight block passes (:func:`~fourd_mpi.perf.schedules.inflight_block_passes`) ``x b s h/G_x
+e`` with full recompute, plus ONE block's recompute working set (it is recomputed and freed block by
+block), the step's input and target and the largest transient; without recompute every in-flight
+block keeps its full saved set; the last stage adds the logits ``m V/T (e + 4)``; communication
+buffers at micro-batch size with at most ``dw_window`` dW blocks in flight; the token-partial
+gradient sums of the FC blocks when ``m > 1`` and ``G_z > 1`` (gradients accumulate before the
+reduce-scatter); two receive buffers per pipeline neighbour.
+
+**FLOP conventions** (printed with % of the data-sheet peak):
+Megatron's ``96 B s l h^2 (1 + s/6h + V/16lh)`` with full recompute (``72 ... V/12lh`` without:
+``selective`` counts as without), hardware FLOPs (what the step executes: the model's counted GEMM
+and attention FLOPs with recompute, plus the head ``6 B s h V``) and model FLOPs (the 72 convention
+whatever the recompute, as PaLM's MFU).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Dict, List, Optional
+
+from fourd_mpi.core.backend import dtype_bytes
+from fourd_mpi.core.grid import GridShape
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.perf import schedules, vocab
+from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement
+from fourd_mpi.perf.memory import (ALLOCATOR_MARGIN, GPU_RUNTIME_RESERVE_BYTES, activation_elements,
+                                   block_saved_elements, comm_buffer_elements, block_elements, fc_weights,
+                                   parameter_elements, state_bytes)
+from fourd_mpi.perf.predict import collective_time, compute_time, gemm_rate_tflops, predict
+from fourd_mpi.perf.volumes import Collective
+from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.step.presets import ModelConfig, model_problems
+
+GIB = 2.0 ** 30
+#: the 4D-family algorithms ``model predict`` takes (``pipeline`` = ``axonn4d`` with stages)
+ALGORITHMS = ("axonn4d", "megatron1d", "fsdp", "dp", "pipeline")
+MEGATRON_FORMULA = {"full": "96 B s l h^2 (1 + s/6h + V/16lh)", "none": "72 B s l h^2 (1 + s/6h + V/12lh)"}
+#: passes of 4-byte elements over the logits for the cross entropy (cast, max, exp-sum, softmax, and
+#: the backward's write): an assumption, stated once
+CE_PASSES = 6
+SYNC_KEYS = (("data", "allreduce"), ("z", "reduce_scatter"), ("z", "allreduce"))
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Every choice of one predicted configuration (module docstring). ``model.batch`` is the global
+    batch ``B``; ``microbatch_size`` ``b`` and ``microbatches`` ``m`` satisfy ``B = b m G_data G_z``."""
+
+    model: ModelConfig
+    grid: GridShape
+    profile: str
+    algorithm: str = "axonn4d"
+    stages: int = 1
+    schedule: str = "1f1b"
+    chunks: int = 1
+    microbatch_size: Optional[int] = None
+    microbatches: Optional[int] = None
+    vocab: int = vocab.DEFAULT_VOCAB
+    sequence_parallel: bool = False
+    recompute: str = "full"
+    dtype: str = "bfloat16"
+    attention: str = "fused"
+    precision: Optional[str] = None
+    shard_optimizer: str = "none"
+    optimizer: str = "adam"
+    overlap: str = "all"
+    dw_window: Optional[int] = 2
+    ranks_per_node: Optional[int] = None
+    memory_limit_gib: Optional[float] = None
+
+    @property
+    def world(self) -> int:
+        return self.grid.size * self.stages
+
+    def resolved(self) -> "Scenario":
+        """The scenario with ``b`` and ``m`` both filled in, or a :class:`ConfigError` (one line)."""
+        check(self)
+        shards = self.grid.data * self.grid.z
+        replica = self.model.batch // shards
+        b, m = self.microbatch_size, self.microbatches
+        if b is None and m is None:
+            b, m = replica, 1
+        elif b is None:
+            if replica % m:
+                raise ConfigError(f"{replica} sequences per data x Z shard (batch {self.model.batch} / {shards}) do "
+                                  f"not split into {m} micro-batches")
+            b = replica // m
+        elif m is None:
+            if replica % b:
+                raise ConfigError(f"{replica} sequences per data x Z shard (batch {self.model.batch} / {shards}) are "
+                                  f"not a multiple of the micro-batch size {b}")
+            m = replica // b
+        elif b * m != replica:
+            raise ConfigError(f"micro-batch size {b} x {m} micro-batches = {b * m} sequences, but batch "
+                              f"{self.model.batch} / (G_data {self.grid.data} x G_z {self.grid.z}) = {replica}")
+        schedules.check_schedule(self.schedule, self.stages, self.chunks, self.model.layers, m)
+        return replace(self, microbatch_size=b, microbatches=m)
+
+
+def check(sc: Scenario) -> None:
+    """One-line refusals: an unknown algorithm, a grid the algorithm pins otherwise, sizes that do not
+    divide, a pipeline deeper than the model."""
+    from fourd_mpi.algorithms.registry import get as get_algorithm
+
+    if sc.algorithm not in ALGORITHMS:
+        raise ConfigError(f"model predict covers the algorithms {', '.join(ALGORITHMS)}, not {sc.algorithm!r} "
+                          f"(fourd-mpi tune --algorithm {sc.algorithm} ranks its configurations)")
+    algo = get_algorithm(sc.algorithm)
+    for axis, size in algo.fixed.items():
+        if sc.grid[axis] != size:
+            raise ConfigError(f"algorithm {sc.algorithm} pins G_{axis} = {size}, got grid {sc.grid} "
+                              f"(G_data x G_z x G_y x G_x)")
+    if sc.model.batch is None:
+        raise ConfigError(f"model {sc.model.name} needs the global batch: give --batch SEQUENCES")
+    if sc.stages < 1 or sc.stages > sc.model.layers:
+        raise ConfigError(f"--stages must be between 1 and the {sc.model.layers} layers, got {sc.stages}")
+    if sc.model.layers % sc.stages:
+        raise ConfigError(f"{sc.model.layers} layers do not split into {sc.stages} equal stages")
+    if sc.vocab < 0:
+        raise ConfigError(f"--vocab must be 0 or more, got {sc.vocab}")
+    tp = sc.grid.x * sc.grid.y
+    if sc.vocab % tp:
+        raise ConfigError(f"vocabulary {sc.vocab} is not divisible by G_x G_y = {tp} (pad it, as Megatron-LM does)")
+    if sc.sequence_parallel and sc.grid.y == 1:
+        raise ConfigError("--sequence-parallel splits activations over the tensor-parallel axis Y: it needs G_y > 1")
+    if sc.dw_window is not None and sc.dw_window < 1:
+        raise ConfigError(f"--dw-window must be at least 1 (or none), got {sc.dw_window}")
+    problems = model_problems(sc.model, sc.grid)
+    if problems:
+        raise ConfigError(f"model {sc.model.name} on grid {sc.grid}: {problems[0]}")
+
+
+@dataclass
+class ScenarioResult:
+    """What the model says about a :class:`Scenario` (seconds per step, bytes per rank)."""
+
+    scenario: Scenario
+    step_s: float
+    compute_s: float
+    exposed_s: Dict[str, float]          # axis (x, y, z, data, pipeline) -> exposed seconds
+    bubble_s: float
+    memory: Dict[str, int]               # part -> bytes (the larger stage), plus total and required
+    memory_stage: str
+    flops: Dict[str, float]              # convention -> FLOPs per step, whole model
+    peak_tflops: float
+    terms: Dict[str, float] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def gpus(self) -> int:
+        return self.scenario.world
+
+    def tflops_per_gpu(self, convention: str = "megatron") -> float:
+        """``F / (t_step N) / 1e12``."""
+        return self.flops[convention] / (self.step_s * self.gpus) / 1e12
+
+    def pct_peak(self, convention: str = "megatron") -> float:
+        """``100 F / (t_step N peak)``."""
+        return 100.0 * self.tflops_per_gpu(convention) / self.peak_tflops
+
+    def fits(self) -> Optional[bool]:
+        limit = self.scenario.memory_limit_gib
+        return None if limit is None else self.memory["required"] <= limit * GIB
+
+    def as_dict(self) -> Dict[str, Any]:
+        sc = self.scenario
+        return {"scenario": {**{k: v for k, v in asdict(sc).items() if k not in ("model", "grid")},
+                             "model": sc.model.as_dict(), "grid": str(sc.grid), "gpus": self.gpus},
+                "step_s": self.step_s, "compute_s": self.compute_s, "exposed_s": self.exposed_s,
+                "bubble_s": self.bubble_s, "terms_s": self.terms, "memory_bytes": self.memory,
+                "memory_stage": self.memory_stage, "fits": self.fits(), "flops_per_step": self.flops,
+                "peak_tflops": self.peak_tflops,
+                "tflops_per_gpu": {c: self.tflops_per_gpu(c) for c in self.flops},
+                "pct_peak": {c: self.pct_peak(c) for c in self.flops}, "formulas": formulas(sc),
+                "notes": self.notes}
+
+
+def megatron_flops(cfg: ModelConfig, vocab_size: int, recompute: str) -> float:
+    """Megatron's convention: ``96 B s l h^2 (1 + s/6h + V/16lh)`` with full recompute, else
+    ``72 B s l h^2 (1 + s/6h + V/12lh)`` (Narayanan et al. SC'21, section 5.1)."""
+    B, s, l, h, V = cfg.batch, cfg.seq, cfg.layers, cfg.hidden, vocab_size
+    if recompute == "full":
+        return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+
+
+def formulas(sc: Scenario) -> Dict[str, str]:
+    conv = "full" if sc.recompute == "full" else "none"
+    return {"megatron": f"Megatron FLOPs = {MEGATRON_FORMULA[conv]} (recompute {sc.recompute})",
+            "hardware": "hardware FLOPs = executed GEMM + attention FLOPs with recompute + LM head 6 B s h V",
+            "model": "model FLOPs = 72 B s l h^2 (1 + s/6h + V/12lh) (no recompute counted; MFU)",
+            "pct_peak": "% of peak = 100 F / (t_step x GPUs x data-sheet peak)",
+            "step": "step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb",
+            "bubble": schedules.BUBBLE_FORMULA[sc.schedule] if sc.stages > 1 else "no pipeline: no bubble"}
+
+
+def sequence_parallel_volumes(tokens: int, hidden: int, gy: int, gx: int, e: int) -> Dict[str, int]:
+    """Wire bytes per rank of one tensor-parallel all-reduce of ``[m, h/G_x]`` and of its sequence-parallel
+    replacement (a reduce-scatter and an all-gather of the same array): ``allreduce = 2 (p-1)/p S``,
+    ``reduce_scatter = allgather = (p-1)/p S``, ``S = m h/G_x e``, ``p = G_y``: the same total."""
+    S = tokens * hidden // gx * e
+    one = (gy - 1) * S // gy
+    return {"allreduce": 2 * one, "reduce_scatter": one, "allgather": one, "sequence_parallel": 2 * one}
+
+
+def _coll(axis: str, op: str, p: int, nbytes: int, phase: str, role: str) -> Collective:
+    return Collective(layer="vocab", role=role, op=op, axis=axis, p=p, phase=phase, count=1, message_bytes=int(nbytes))
+
+
+def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str, int]:
+    """Bytes per rank of ``stage`` by part (module docstring)."""
+    cfg, grid, p = sc.model, sc.grid, sc.stages
+    b, m, v = sc.microbatch_size, sc.microbatches, sc.chunks
+    e = dtype_bytes(sc.dtype)
+    layers = cfg.layers // p
+    stage_cfg = replace(cfg, layers=layers)
+    micro = replace(stage_cfg, batch=b * grid.data * grid.z, layers=1)
+    tokens = b * cfg.seq
+    hx = cfg.hidden // grid.x
+    sp = grid.y if sc.sequence_parallel else 1
+    first, last = stage == 0, stage == p - 1
+    params = parameter_elements(stage_cfg, grid)
+    tp = grid.x * grid.y
+    emb = vocab.embedding_elements(cfg.hidden, sc.vocab, tp) if (first or last) else 0
+    state = state_bytes(params + emb, grid, sc.dtype, sc.optimizer, sc.precision, sc.shard_optimizer)
+    passes = schedules.inflight_block_passes(sc.schedule, p, m, cfg.layers, v if sc.schedule == "interleaved" else 1,
+                                             stage)
+    # the [m, h/G_x] tensors a block keeps (4 of them when not recomputed) are split over Y with SP
+    sp_saving = 4 * tokens * (hx - hx // sp) if sp > 1 else 0
+    if sc.recompute == "full":
+        stored = passes * tokens * (hx // sp)
+        working = block_saved_elements(micro, grid, sc.attention, "none") - sp_saving
+        saved = stored + working
+    else:
+        per_block = block_saved_elements(micro, grid, sc.attention, sc.recompute) - sp_saving
+        saved = passes * per_block
+    extra = activation_elements(micro, grid, "none", sc.attention) - \
+        block_saved_elements(micro, grid, sc.attention, "none")      # input, target and the largest transient
+    activations = (saved + extra) * e
+    if last and sc.vocab:
+        activations += vocab.logits_bytes(tokens, sc.vocab, tp, e)
+    overlap = OverlapConfig.parse(sc.overlap)
+    comm = comm_buffer_elements(replace(stage_cfg, batch=b * grid.data * grid.z), grid, overlap, sc.dw_window) * e
+    if m > 1 and grid.z > 1:  # token-partial gradient sums before the reduce-scatter over Z
+        comm += sum(block_elements(n, k, t, grid) for _, n, k, t in fc_weights(stage_cfg, grid)) * layers * e
+    if p > 1:
+        comm += 2 * tokens * hx * e * (1 if first or last else 2)
+    out = dict(state, activations=int(activations), comm_buffers=int(comm))
+    out["total"] = sum(out.values())
+    reserve = GPU_RUNTIME_RESERVE_BYTES if profile.backend == "cupy" else 0
+    out["required"] = int(math.ceil(out["total"] * (1 + ALLOCATOR_MARGIN))) + reserve
+    return out
+
+
+def scenario_memory(sc: Scenario, profile: MachineProfile) -> Dict[str, int]:
+    """Bytes per rank by part of the larger of the first and last stage (no time prediction: cheap, so a
+    search can drop what does not fit before predicting it)."""
+    sc = sc.resolved()
+    first = _stage_memory(sc, 0, profile)
+    last = _stage_memory(sc, sc.stages - 1, profile) if sc.stages > 1 else first
+    return first if first["required"] >= last["required"] else last
+
+
+def fits_memory(sc: Scenario, profile: MachineProfile) -> bool:
+    """``required <= memory_limit_gib`` (True without a limit)."""
+    return sc.memory_limit_gib is None or scenario_memory(sc, profile)["required"] <= sc.memory_limit_gib * GIB
+
+
+def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
+    """Predict one step of ``sc`` on ``profile`` (module docstring)."""
+    sc = sc.resolved()
+    cfg, grid, p = sc.model, sc.grid, sc.stages
+    b, m = sc.microbatch_size, sc.microbatches
+    v = sc.chunks if sc.schedule == "interleaved" else 1
+    e = dtype_bytes(sc.dtype)
+    overlap = OverlapConfig.parse(sc.overlap)
+    rpn = sc.ranks_per_node or min(profile.ranks_per_node, sc.world)
+    notes: List[str] = []
+    peak = profile.peak_tflops(sc.dtype)
+    if peak is None:
+        raise ConfigError(f"machine profile {profile.name} has no data-sheet peak for {sc.dtype}: add "
+                          f"compute.peak_tflops.{sc.dtype}")
+    # one slot: a micro-batch (B/m sequences in all) through one stage's L/p blocks
+    micro_cfg = replace(cfg, layers=cfg.layers // p, batch=cfg.batch // m)
+    micro = predict(micro_cfg, grid, profile, overlap, sc.dtype, "poll", sc.optimizer, rpn, sc.recompute,
+                    sc.attention, sc.precision, sc.shard_optimizer)
+    sync = sum(micro.exposed_s.get(k, 0.0) for k in SYNC_KEYS)
+    comp = compute_time(micro_cfg, grid, profile, overlap, sc.dtype, rpn, sc.optimizer, recompute=sc.recompute,
+                        attention=sc.attention)
+    update = comp["optimizer"]
+    slot = micro.step_s - sync - update
+    exposed: Dict[str, float] = {}
+    for (axis, op), t in micro.exposed_s.items():
+        exposed[axis] = exposed.get(axis, 0.0) + t * (1 if (axis, op) in SYNC_KEYS else m)
+    # the LM head on the last stage (and the embedding's all-reduce on the first), per micro-batch
+    tokens = b * cfg.seq
+    tp = grid.x * grid.y
+    placement = axis_placement(grid, rpn)
+    inner = axis_inner_products(grid)
+    t_head = t_head_comm = 0.0
+    if sc.vocab:
+        rate = gemm_rate_tflops(profile, sc.dtype, notes) * 1e12
+        t_head = vocab.head_flops_per_rank(tokens, cfg.hidden, sc.vocab, tp) / rate
+        t_head += CE_PASSES * tokens * (sc.vocab // tp) * 4 / profile.mem_bandwidth
+        for axis, op, size, nbytes in vocab.microbatch_collectives(tokens, cfg.hidden, grid.x, grid.y, e):
+            t = collective_time(_coll(axis, op, size, nbytes, "forward", "vocab"), profile, placement, rpn, inner)
+            t_head_comm += t
+            exposed[axis] = exposed.get(axis, 0.0) + t * m
+    # point-to-point between stages
+    t_p2p, critical = 0.0, 0.0
+    if p > 1:
+        from fourd_mpi.perf.pipeline import inter_placement, message_time
+
+        level = inter_placement(grid, p, rpn)
+        msg = tokens * (cfg.hidden // grid.x) * e
+        scatter = sc.schedule in ("1f1b", "interleaved") and grid.y > 1
+        wire = msg // grid.y if scatter else msg
+        if profile.has_network:
+            t_msg = profile.network_time("allgather", 2, 2 * wire, grid.x * grid.y * grid.z, level, rpn)
+        else:
+            t_msg = message_time(profile, level, wire)
+        if scatter:
+            t_msg += collective_time(_coll("y", "allgather", grid.y, msg, "forward", "p2p_gather"), profile,
+                                     placement, rpn, inner)
+        if sc.schedule == "axonn":
+            critical = 2 * (p - 1) * t_msg
+        else:
+            t_p2p = schedules.p2p_messages_per_microbatch(sc.schedule, p, v) * t_msg
+    full_slot = slot + t_head + t_head_comm + t_p2p
+    bubble = full_slot * schedules.bubble_slots(sc.schedule, p, v)
+    # per-step embedding gradient all-reduces (data x Z replicas; first <-> last stage when p > 1), blocking
+    t_emb = 0.0
+    if sc.vocab:
+        emb_bytes = vocab.embedding_elements(cfg.hidden, sc.vocab, tp) * e
+        for axis in ("z", "data"):
+            if grid[axis] > 1:
+                t = collective_time(_coll(axis, "allreduce", grid[axis], emb_bytes, "backward", "emb_grad"),
+                                    profile, placement, rpn, inner)
+                t_emb += t
+                exposed[axis] = exposed.get(axis, 0.0) + t
+        if p > 1:
+            from fourd_mpi.perf.pipeline import inter_placement
+
+            level = inter_placement(grid, p, rpn)
+            if profile.has_network:
+                t = profile.network_time("allreduce", 2, emb_bytes, grid.x * grid.y * grid.z, level, rpn)
+            else:
+                fit, _ = profile.fit(level, "allreduce", 2)
+                t = fit.time("allreduce", 2, emb_bytes)
+            t_emb += t
+            exposed["pipeline"] = exposed.get("pipeline", 0.0) + t
+    if p > 1:
+        exposed["pipeline"] = exposed.get("pipeline", 0.0) + t_p2p * m + critical
+    step = full_slot * m + bubble + update + sync + t_emb + critical
+    compute = (micro.compute_s - update) * m + update + t_head * m
+    if not math.isfinite(step) or step <= 0:
+        raise ConfigError(f"the model gave a non-finite step time for {sc.grid}: {step}")
+    mem_first = _stage_memory(sc, 0, profile)
+    mem_last = _stage_memory(sc, p - 1, profile) if p > 1 else mem_first
+    memory, which = (mem_first, "first") if mem_first["required"] >= mem_last["required"] else (mem_last, "last")
+    if p == 1:
+        which = "only"
+    head = vocab.head_flops(cfg.batch, cfg.seq, cfg.hidden, sc.vocab)
+    flops = {"megatron": megatron_flops(cfg, sc.vocab, "full" if sc.recompute == "full" else "none"),
+             "hardware": cfg.hardware_flops_per_step(sc.recompute) + head,
+             "model": megatron_flops(cfg, sc.vocab, "none")}
+    if cfg.ffn_hidden != 4 * cfg.hidden:
+        notes.append(f"ffn {cfg.ffn_hidden} is not 4h: Megatron's formula assumes it (the hardware count does not)")
+    for n in micro.notes + profile.notes:
+        if n not in notes:
+            notes.append(n)
+    terms = {"slot_blocks": slot, "slot_head": t_head, "slot_head_comm": t_head_comm, "slot_p2p": t_p2p,
+             "optimizer": update, "grad_sync": sync, "embedding_sync": t_emb, "pipeline_critical": critical}
+    return ScenarioResult(sc, step, compute, exposed, bubble, memory, which, flops, peak, terms, notes)
+
+
+def format_result(r: ScenarioResult, profile: MachineProfile) -> str:
+    """The text of ``model predict``: configuration, step split, memory by part, % of peak per convention."""
+    sc = r.scenario
+    cfg = sc.model
+    lines = [f"# fourd-mpi model predict: {profile.describe()}",
+             f"# model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
+             f"seq {cfg.seq}, vocab {sc.vocab}, global batch {cfg.batch}",
+             f"# {sc.algorithm}: grid {sc.grid} (G_data x G_z x G_y x G_x) x {sc.stages} stage(s) = {r.gpus} GPUs, "
+             f"{sc.ranks_per_node or min(profile.ranks_per_node, r.gpus)} per node; schedule {sc.schedule}"
+             f"{f' v={sc.chunks}' if sc.schedule == 'interleaved' else ''}; micro-batch {sc.microbatch_size} x "
+             f"{sc.microbatches}; {sc.dtype} ({sc.precision or 'default'} precision), recompute {sc.recompute}, "
+             f"attention {sc.attention}, sequence parallel {'on' if sc.sequence_parallel else 'off'}, optimizer "
+             f"{sc.optimizer} sharded {sc.shard_optimizer}, overlap {sc.overlap}, dW window "
+             f"{sc.dw_window if sc.dw_window is not None else 'unbounded'}",
+             f"# {formulas(sc)['step']}; {formulas(sc)['bubble']}",
+             "",
+             f"step {r.step_s:.4f} s = compute {r.compute_s:.4f} s + exposed communication "
+             f"{sum(r.exposed_s.values()):.4f} s + bubble {r.bubble_s:.4f} s",
+             "exposed communication by axis: " + (", ".join(f"{a} {t:.4f} s" for a, t in sorted(r.exposed_s.items())
+                                                          if t > 0) or "none"),
+             "terms: " + ", ".join(f"{k} {v:.4g} s" for k, v in r.terms.items()),
+             f"memory per GPU ({r.memory_stage} stage): " + ", ".join(
+                 f"{k} {v / GIB:.2f}" for k, v in r.memory.items() if k not in ("total", "required"))
+             + f" GiB; total {r.memory['total'] / GIB:.2f} GiB, required {r.memory['required'] / GIB:.2f} GiB "
+               f"(x {1 + ALLOCATOR_MARGIN:.2f} allocator margin + GPU reserve)"
+             + ("" if r.fits() is None else f"; {'fits' if r.fits() else 'does NOT fit'} in "
+                                             f"{sc.memory_limit_gib:g} GiB"),
+             ""]
+    f = formulas(sc)
+    for conv in ("megatron", "hardware", "model"):
+        lines.append(f"{conv:9s} {r.flops[conv]:.4g} FLOPs/step, {r.tflops_per_gpu(conv):.1f} TFLOP/s per GPU, "
+                     f"{r.pct_peak(conv):.1f} % of {r.peak_tflops:g} TFLOP/s peak  [{f[conv]}]")
+    lines.append(f"({f['pct_peak']})")
+    lines += [f"note: {n}" for n in r.notes]
+    return "\n".join(lines)

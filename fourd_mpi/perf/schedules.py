@@ -1,0 +1,85 @@
+"""Pipeline schedules as formulas: bubble, activations in flight, point-to-point messages (pure).
+
+Notation: ``p`` pipeline stages, ``m`` micro-batches per step (per data-parallel replica), ``v``
+model chunks per stage (virtual stages; ``v = 1`` without interleaving), ``L`` blocks, ``L/p``
+blocks per stage, ``L/(p v)`` blocks per chunk.
+
+Schedules (Narayanan et al., SC'21, arXiv 2104.04473, section 2.2):
+
+- ``1f1b``: PipeDream-Flush's one-forward-one-backward; bubble fraction of the ideal time
+  ``(p - 1)/m``, i.e. the step is ``(m + p - 1) t`` for a slot ``t`` (one micro-batch's forward and
+  backward through one stage); stage ``s`` holds at most ``min(p - s, m)`` micro-batches' inputs.
+- ``interleaved``: each stage holds ``v`` chunks; the bubble shrinks ``v``-fold,
+  ``(p - 1)/(v m)`` of the ideal time (step ``(m + (p - 1)/v) t``), at ``v`` times the
+  point-to-point messages. Megatron-LM's warm-up on stage ``s`` runs ``(p - s - 1) 2 + (v - 1) p``
+  chunk forwards before its first backward (``megatron/schedules.py``,
+  ``forward_backward_pipelining_with_interleaving``), so stage 0 holds the inputs of at most
+  ``min(m v, 2 (p - 1) + (v - 1) p + 1)`` chunk passes of ``L/(p v)`` blocks each.
+- ``axonn``: AxoNN's message-driven schedule; stage 0 admits ``min(p, m)`` micro-batches; the
+  same ``(p - 1)/m`` bubble with equal stage times (:mod:`fourd_mpi.perf.pipeline`).
+"""
+
+from __future__ import annotations
+
+from fourd_mpi.errors import ConfigError
+
+SCHEDULES = ("1f1b", "interleaved", "axonn")
+BUBBLE_FORMULA = {"1f1b": "bubble = (p - 1)/m of the ideal time (1F1B)",
+                  "interleaved": "bubble = (p - 1)/(v m) of the ideal time (interleaved 1F1B, v chunks per stage)",
+                  "axonn": "bubble = (p - 1)/m of the ideal time (AxoNN message-driven, equal stages)"}
+
+
+def check_schedule(schedule: str, stages: int, chunks: int, layers: int, microbatches: int) -> None:
+    """Refuse a schedule that cannot run: an unknown name, ``v > 1`` without ``interleaved``, blocks
+    that do not split into ``p v`` equal chunks, or (interleaved, as Megatron-LM requires) ``m`` not a
+    multiple of ``p``."""
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"unknown pipeline schedule {schedule!r}: choose {', '.join(SCHEDULES)}")
+    if chunks < 1:
+        raise ConfigError(f"--chunks-per-stage must be at least 1, got {chunks}")
+    if chunks > 1 and schedule != "interleaved":
+        raise ConfigError(f"--chunks-per-stage {chunks} needs --schedule interleaved (got {schedule})")
+    if schedule == "interleaved":
+        if stages < 2:
+            raise ConfigError("--schedule interleaved needs --stages 2 or more")
+        if layers % (stages * chunks):
+            raise ConfigError(f"interleaved: {layers} layers do not split into {stages} stages x {chunks} chunks "
+                              f"of equal size (layers must be a multiple of {stages * chunks})")
+        if microbatches % stages:
+            raise ConfigError(f"interleaved: {microbatches} micro-batches is not a multiple of {stages} stages "
+                              f"(Megatron-LM's interleaved schedule needs it)")
+
+
+def bubble_fraction(schedule: str, stages: int, microbatches: int, chunks: int = 1) -> float:
+    """Bubble as a fraction of the ideal (bubble-free) time ``m t``: ``(p - 1)/(v m)`` (``v = 1`` for
+    ``1f1b`` and ``axonn``). Known answers: p = 8, m = 32: 7/32; interleaved v = 4: 7/128."""
+    v = chunks if schedule == "interleaved" else 1
+    return (stages - 1) / (v * microbatches)
+
+
+def bubble_slots(schedule: str, stages: int, chunks: int = 1) -> float:
+    """Bubble in slots of one micro-batch through one stage: ``(p - 1)/v``."""
+    v = chunks if schedule == "interleaved" else 1
+    return (stages - 1) / v
+
+
+def inflight_block_passes(schedule: str, stages: int, microbatches: int, layers: int, chunks: int = 1,
+                          stage: int = 0) -> float:
+    """Block-micro-batch pairs whose stored input ``stage`` holds at its peak (module docstring):
+    ``1f1b`` ``min(p - s, m) L/p``; ``axonn`` ``min(p, m) L/p``; ``interleaved``
+    ``min(m v, 2 (p - s - 1) + (v - 1) p + 1) L/(p v)``."""
+    per_stage = layers / stages
+    if schedule == "interleaved":
+        passes = min(microbatches * chunks, 2 * (stages - stage - 1) + (chunks - 1) * stages + 1)
+        return passes * per_stage / chunks
+    if schedule == "axonn":
+        return min(stages, microbatches) * per_stage
+    return min(stages - stage, microbatches) * per_stage
+
+
+def p2p_messages_per_microbatch(schedule: str, stages: int, chunks: int = 1) -> int:
+    """Messages a middle stage sends per micro-batch: one activation forward and one gradient backward
+    per chunk, ``2 v`` (``0`` with one stage)."""
+    if stages == 1:
+        return 0
+    return 2 * (chunks if schedule == "interleaved" else 1)

@@ -1,0 +1,357 @@
+"""``fourd-mpi trace recover``: a ``partial`` (or ``failed``) trace from the spool of a run that did
+not finish, with the steps every rank completed, group by group (:func:`recover`); what a spool's
+``run.json`` may hold (:func:`read_run_meta`); the temporaries a killed merge left
+(:func:`remove_stale_temporaries`); whether a trace is a recovery of a run that was still live
+(:func:`live_recovery_of`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from fourd_mpi.errors import TraceError
+from fourd_mpi.trace.events import RANK_STEP_DTYPE
+from fourd_mpi.trace.files import (RUN_META, SPOOL_SUFFIX, _rank_stem, _remove_quietly, io_error_text, now_iso,
+                                   parts_dir_of)
+from fourd_mpi.trace.parts import concat_records, plan_groups, resolve_group_size
+from fourd_mpi.trace.read import check_invariants, load_trace
+from fourd_mpi.trace.rebuild import (GroupPool, SCRATCH, rank_step_keys, read_group_records, recover_group,
+                                     recover_parts)
+from fourd_mpi.trace.spool import _pid_alive
+from fourd_mpi.trace.writer import TraceFileWriter, ranks_table
+
+
+def live_recovery_of(trace_path: str, spool_dir: str) -> bool:
+    """True if ``trace_path`` is a trace that :func:`recover` (``--force``) wrote from ``spool_dir`` while
+    ranks of its run still held their spool files (metadata ``recovered_from`` is that directory,
+    ``recovered_while_live`` not empty) and not ``complete``: the run's own final merge may replace it.
+    False for anything else, an unreadable file included."""
+    if not os.path.isfile(trace_path):
+        return False
+    import h5py
+
+    try:
+        with h5py.File(trace_path, "r") as h5:
+            status, meta = h5.attrs.get("status"), h5["metadata"].attrs
+            source, live = meta.get("recovered_from"), meta.get("recovered_while_live")
+        live = json.loads(live) if isinstance(live, str) else None
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError):
+        return False
+    return (status != "complete" and isinstance(source, str) and isinstance(live, list) and bool(live)
+            and os.path.realpath(source) == os.path.realpath(spool_dir))
+
+
+#: the temporary name of a trace file or staged parts directory being written (:class:`TraceFileWriter`,
+#: :class:`~fourd_mpi.trace.parts.StagedParts`): ``.NAME.tmp-PID-HEX``
+_TEMP_NAME = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>[0-9]+)-[0-9a-f]+\Z")
+
+
+def remove_stale_temporaries(trace_path: str, rank_metas: Sequence[Dict]) -> List[str]:
+    """Remove the temporary files and staged parts directories of ``trace_path`` (``.NAME.h5.tmp-PID-*``,
+    ``.NAME.parts.tmp-PID-*``) that a merge of this run left behind when it was killed (SIGKILL, a node
+    failure, ``MPI_Abort`` from another rank): PID is that of a rank of the run (``rank_metas``) that ran
+    on this host, and no process has it now. Others (other hosts, live PIDs) are left. Returns the names
+    removed."""
+    import shutil
+
+    host = socket.gethostname()
+    pids = {m.get("pid") for m in rank_metas
+            if isinstance(m, dict) and m.get("hostname") == host and isinstance(m.get("pid"), int)}
+    path = os.path.abspath(trace_path)
+    directory, names = os.path.dirname(path), {os.path.basename(path), os.path.basename(parts_dir_of(path))}
+    removed = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMP_NAME.match(entry)
+        if match is None or match["name"] not in names:
+            continue
+        pid = int(match["pid"])
+        if pid not in pids or _pid_alive(pid):
+            continue
+        full = os.path.join(directory, entry)
+        if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full, ignore_errors=True)
+        else:
+            _remove_quietly(full)
+        if not os.path.lexists(full):
+            removed.append(entry)
+    return sorted(removed)
+
+
+def recovered_status(failures: Sequence[Dict]) -> str:
+    """``partial`` without error reports, ``interrupted`` when every report says so (Ctrl-C), else ``failed``."""
+    if not failures:
+        return "partial"
+    if all(str(f.get("error", "")).startswith("interrupted: ") for f in failures):
+        return "interrupted"
+    return "failed"
+
+
+#: how ``recover`` verifies the trace before it calls the spool removable (``check=``)
+RECOVER_CHECKS = ("readback", "full")
+
+
+#: what ``recover`` trusts in a spool's ``run.json`` (written by :meth:`RunSpool` on rank 0): checked once
+#: where it is read, so that a damaged or hostile file is one line, not a ``TypeError`` later
+RUN_META_SCHEMA = {
+    "type": "object",
+    "required": ["world_size"],
+    "properties": {
+        "world_size": {"type": "integer", "minimum": 1},
+        "ranks_per_node": {"type": ["array", "null"]},
+        "run_id": {"type": ["string", "null"]},
+        "model_flops_per_step": {"type": "number"},
+        "tokens_per_step": {"type": "number"},
+        "hardware_flops_per_step": {"type": ["number", "null"]},
+    },
+}
+#: largest ``run.json`` read (bytes): a few kB in practice
+MAX_RUN_META_BYTES = 16 << 20
+#: how many ranks above the highest one with files in the spool ``run.json``'s ``world_size`` may name
+#: (every rank creates its files right after ``MPI_Init``, so only deleted files are missing; a larger
+#: gap is a damaged ``run.json``, and trusting it would make ``recover`` walk ranks that never existed)
+MAX_MISSING_TAIL = 1024
+
+
+def read_run_meta(spool_dir: str) -> Dict:
+    """The spool's ``run.json`` as a dict, validated against :data:`RUN_META_SCHEMA`; anything else
+    (no directory, no file, not a regular file, not JSON, not an object, a bad ``world_size``)
+    raises :class:`TraceError` with one line."""
+    import jsonschema
+
+    from fourd_mpi.util.files import read_regular_file
+
+    if not os.path.isdir(spool_dir):
+        raise TraceError(f"{spool_dir} is not a directory")
+    meta_path = os.path.join(spool_dir, RUN_META)
+    try:
+        raw = read_regular_file(meta_path, MAX_RUN_META_BYTES + 1, "run.json", TraceError)
+    except FileNotFoundError:
+        raise TraceError(f"{spool_dir} is not a fourd-mpi spool directory (no {RUN_META})") from None
+    except OSError as exc:
+        raise TraceError(f"{meta_path} is unreadable: {io_error_text(exc)}") from None
+    if len(raw) > MAX_RUN_META_BYTES:
+        raise TraceError(f"{meta_path} is larger than {MAX_RUN_META_BYTES:,} bytes: not a run.json of fourd-mpi")
+    try:
+        run_meta = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise TraceError(f"{meta_path} is unreadable: not valid JSON ({' '.join(str(exc).split())[:160]})") from None
+    if not isinstance(run_meta, dict):
+        raise TraceError(f"{meta_path} is not a JSON object (it holds a {type(run_meta).__name__})")
+    if "world_size" not in run_meta:
+        raise TraceError(f"{meta_path} has no world_size")
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(RUN_META_SCHEMA).iter_errors(run_meta))
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise TraceError(f"{meta_path}: {where}: {' '.join(error.message.split())[:160]}")
+    run_meta["world_size"] = int(run_meta["world_size"])  # JSON Schema's integer admits 8.0
+    return run_meta
+
+
+def spool_world(spool_dir: str, declared: int) -> int:
+    """``declared`` (run.json's ``world_size``) once checked against the per-rank files present: it may
+    exceed the highest rank with files (``rankNNNNNN.*``) by at most :data:`MAX_MISSING_TAIL`, else
+    :class:`TraceError` naming both numbers."""
+    import re
+
+    pattern = re.compile(r"rank(\d{6,})\.(?:json|events|steps|reserve|failed\.json)$")
+    highest = -1
+    try:
+        with os.scandir(spool_dir) as entries:
+            for entry in entries:
+                match = pattern.match(entry.name)
+                if match:
+                    highest = max(highest, int(match.group(1)))
+    except OSError as exc:
+        raise TraceError(f"cannot list {spool_dir}: {io_error_text(exc)}") from None
+    if declared > highest + 1 + MAX_MISSING_TAIL:
+        found = (f"the highest rank with files there is {highest} ({_rank_stem(highest)}.*)" if highest >= 0
+                 else "the spool holds no per-rank files")
+        raise TraceError(f"{os.path.join(spool_dir, RUN_META)} says world_size {declared:,} but {found}: a damaged "
+                         f"run.json (at most {MAX_MISSING_TAIL:,} ranks beyond the highest may be missing)")
+    return declared
+
+
+def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, summarize=None,
+            group_size: int = 0, jobs: int = 1, compression: str = "none", check: str = "readback") -> Dict:
+    """Merge the spool of a crashed run into a ``partial`` (or ``failed``) trace.
+
+    Keeps the steps that every rank finished (their step record is on disk).
+    ``summarize``: ``rank_steps -> Summary`` for the kept steps (stored as
+    ``metadata["summary"]``). Returns a dict with the path, status, steps kept
+    and what was dropped, ``live`` (ranks still running when forced), and ``removable``: None
+    if the spool may be deleted (the trace holds every whole step of every rank, nothing was
+    dropped, the run was not live, and the written trace is verified), else the reason to keep it;
+    ``verified``: how (``check``). ``compression``: of the events (default ``none``: a recovery runs on
+    the CPUs of one machine, where deflate costs about 2.5 times the rest of the merge; ``gzip`` as
+    in runs, about 10 times smaller).
+
+    - ``"readback"`` (default) for a multi-part trace: every part file, once closed, is opened again by
+      the worker that wrote it and its event bytes compared with those written (XXH3-64 digest), the
+      top-level file is read back with every
+      check but the events' (``load_trace(events=False)``: header, tables, part identities and row
+      counts), and every kept (rank, step) holds exactly the events its step record counts. The
+      workers check the parts in parallel; no process reads more than one group's events.
+    - ``"full"``, and any single-file trace: the whole trace is loaded (``load_trace``: every column
+      validated, damage) and passes :func:`~fourd_mpi.trace.read.check_invariants`, in this process
+      (``trace check``).
+
+    A run whose ranks still hold their spool locks (:func:`live_ranks`) is refused unless
+    ``force`` (which also replaces an existing output file). Raises :class:`TraceError` with one
+    line; on an I/O error no temporary file is left.
+    """
+    if check not in RECOVER_CHECKS:
+        raise TraceError(f"unknown recover check {check!r}: choose one of {', '.join(RECOVER_CHECKS)}")
+    run_meta = read_run_meta(spool_dir)
+    world = spool_world(spool_dir, run_meta["world_size"])
+    try:
+        return _recover(spool_dir, output, force, summarize, group_size, jobs, compression, check, run_meta, world)
+    finally:
+        SCRATCH.release()  # the batch arrays of an in-process recovery
+
+
+def _recover(spool_dir: str, output: Optional[str], force: bool, summarize, group_size: int, jobs: int,
+             compression: str, check: str, run_meta: Dict, world: int) -> Dict:
+    # the run's largest node (run.json's ranks_per_node); unknown: the whole world, i.e. one file
+    per_node = max([n for n in run_meta.get("ranks_per_node") or [] if isinstance(n, int)] or [world])
+    groups = plan_groups(world, resolve_group_size(world, group_size, per_node))
+    # next to the spool, wherever it is now (run.json's trace_path may be relative to the job's directory)
+    path = output or spool_dir.rstrip("/").removesuffix(SPOOL_SUFFIX) + ".h5"
+    run_id = str(run_meta.get("run_id", ""))
+    with GroupPool(jobs, len(groups)) as pool:
+        # pass 1, group by group: metadata, step records (small) and spool locks, to know the steps every
+        # rank finished and whether the run still lives
+        rank_metas, rank_steps, failures, missing, live = [], [], [], [], []
+        for metas, steps, fails, lost, held in pool.map(read_group_records, [(spool_dir, a, b) for a, b in groups]):
+            rank_metas += metas
+            rank_steps += steps
+            failures += fails
+            missing += lost
+            live += held
+        if live and not force:
+            shown = ", ".join(live[:3]) + (f" and {len(live) - 3} more" if len(live) > 3 else "")
+            raise TraceError(f"the run of {spool_dir} is still running: {shown} hold their spool files; recover it "
+                             "after it ends (it merges its own trace), or --force for a partial trace of the steps "
+                             "so far (the spool is kept)")
+        done = set(rank_steps[0]["step"].tolist())
+        for steps in rank_steps[1:]:
+            done &= set(steps["step"].tolist())
+        every = set().union(*(set(steps["step"].tolist()) for steps in rank_steps))
+        kept = np.array(sorted(done), dtype=np.int32)
+        # pass 2: the events, a batch of whole ranks at a time per process
+        writer = TraceFileWriter(path, force, compression=compression, parts=len(groups) > 1)
+        with _aborting_on_error(writer, path):
+            if len(groups) > 1:
+                results = recover_parts(spool_dir, groups, kept, writer.staged, run_id, compression, pool)
+                writer.bind(groups, [c for result in results for c in result.counts])
+            else:
+                results = [recover_group(spool_dir, 0, 0, world, kept, None, run_id, compression, writer=writer)]
+        dropped = sum(result.dropped for result in results)
+        staged_dir = writer.staged.dir if writer.staged is not None else None  # renamed by publication
+        with _aborting_on_error(writer, path):
+            status = recovered_status(failures)
+            all_steps = concat_records(rank_steps, RANK_STEP_DTYPE)
+            metadata = dict(run_meta, recovered=now_iso(), recovered_from=os.path.abspath(spool_dir),
+                            failures=failures, ranks_without_metadata=missing, steps_kept=len(kept),
+                            events_dropped=dropped, recovered_while_live=live)
+            metadata.pop("trace_path", None)
+            kept_steps = all_steps[np.isin(all_steps["step"], kept)]
+            if len(kept_steps) and summarize is not None:
+                metadata["summary"] = summarize(kept_steps).as_dict()
+            path = writer.finish(metadata, ranks_table(rank_metas), kept_steps, run_meta.get("layers", []), status)
+        stale = remove_stale_temporaries(path, rank_metas)
+        verified = "readback" if check == "readback" and writer.parts else "full"
+        removable = _why_keep(path, live, missing, sorted(every - done), dropped, verified, results, kept_steps,
+                              staged_dir)
+    return {"path": path, "status": status, "steps": kept.tolist(), "events_dropped": dropped,
+            "failures": failures, "live": live, "removable": removable, "parts": writer.parts,
+            "peak_rss_kib": max(result.peak_rss_kib for result in results), "verified": verified,
+            "stale_removed": stale}
+
+@contextlib.contextmanager
+def _aborting_on_error(writer: TraceFileWriter, path: str):
+    """Any exception inside aborts ``writer`` (no temporary file left); an I/O error becomes one line."""
+    try:
+        yield
+    except OSError as exc:
+        writer.abort()
+        raise TraceError(f"writing {path} failed: {io_error_text(exc)}") from None
+    except TraceError as exc:
+        writer.abort()
+        if writer.staged is None:
+            raise
+        # a part's error names the staging directory just removed: name the part where it belongs
+        raise TraceError(str(exc).replace(writer.staged.dir, parts_dir_of(os.path.abspath(path)))) from None
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _why_keep(path: str, live: List[str], missing: List[int], unfinished: List[int], dropped: int, verified: str,
+              results, kept_steps: np.ndarray, staged_dir: Optional[str]) -> Optional[str]:
+    """None if the spool of a recovered trace may be deleted, else the reason to keep it (``verified``:
+    how the trace is checked, see :func:`recover`)."""
+    if live:
+        return f"the run was still running ({len(live)} rank(s) held their files)"
+    if missing:
+        return f"rank(s) {', '.join(map(str, missing))} had no metadata file"
+    if unfinished or dropped:
+        return (f"{len(unfinished)} step(s) not finished by every rank and {dropped} of their events are not "
+                "in the trace")
+    if verified == "full":
+        try:
+            problems = check_invariants(load_trace(path))
+        except (OSError, TraceError) as exc:
+            return f"the written trace does not read back: {exc}"
+        if problems:
+            return f"the written trace violates {len(problems)} invariant(s) ('fourd-mpi trace check {path}')"
+        return None
+    why = _rank_step_mismatch(results, kept_steps)
+    if why is not None:
+        return why
+    why = next((result.readback for result in results if result.readback is not None), None)
+    if why is not None:  # read back under the staged name: the directory was renamed into place since
+        return why.replace(staged_dir, parts_dir_of(os.path.abspath(path))) if staged_dir else why
+    try:
+        load_trace(path, events=False)
+    except (OSError, TraceError) as exc:
+        return f"the written trace does not read back: {exc}"
+    return None
+
+
+def _rank_step_mismatch(results, kept_steps: np.ndarray) -> Optional[str]:
+    """None if the events written per (rank, step) (the groups' ``keys``/``held``) equal the ``events``
+    of the kept step records, else the first difference."""
+    keys = np.concatenate([result.keys for result in results])
+    held = np.concatenate([result.held for result in results])
+    order = np.argsort(keys, kind="stable")
+    keys, held = keys[order], held[order]
+    records = rank_step_keys(kept_steps["rank"], kept_steps["step"])
+    order = np.argsort(records, kind="stable")
+    records, expected = records[order], kept_steps["events"][order]
+    if len(records) != len(np.unique(records)):
+        return "the kept step records hold a duplicate (rank, step)"
+    if np.array_equal(keys, records) and np.array_equal(held, expected):
+        return None
+    both = np.union1d(keys, records)
+    have = np.zeros(len(both), dtype=np.int64)
+    want = np.zeros(len(both), dtype=np.int64)
+    have[np.searchsorted(both, keys)] = held
+    want[np.searchsorted(both, records)] = expected
+    bad = np.nonzero(have != want)[0]
+    if not len(bad):  # differ only by rank-steps without events whose records say 0
+        return None
+    key = int(both[bad[0]])
+    step = key & 0xFFFFFFFF
+    step -= (1 << 32) if step & 0x80000000 else 0
+    return (f"rank {key >> 32} step {step}: {have[bad[0]]} events in the trace, its record says {want[bad[0]]} "
+            f"({len(bad)} such rank-steps)")
