@@ -116,9 +116,11 @@ def elide_config(output: str) -> str:
 
 
 def keep_columns(output: str, columns: Iterable[str]) -> str:
-    """A Markdown table (the lines starting with ``|``) with only ``columns``, in their table order."""
+    """A Markdown table (the lines starting with ``|``) with only ``columns``, in their table order. Another table
+    of the same output that lacks some of them (another section, e.g. ``comm by placement``) is kept whole; at
+    least one table must have them all."""
     columns = list(columns)
-    out, keep = [], None
+    out, keep, matched = [], None, False
     for line in output.splitlines():
         if not line.startswith("|"):
             out.append(line)
@@ -127,10 +129,13 @@ def keep_columns(output: str, columns: Iterable[str]) -> str:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if keep is None:
             keep = [i for i, c in enumerate(cells) if c in columns]
-            missing = set(columns) - {cells[i] for i in keep}
-            if missing:
-                raise SystemExit(f"examples: the table has no column(s) {sorted(missing)}")
+            if set(columns) - {cells[i] for i in keep}:
+                keep = list(range(len(cells)))
+            else:
+                matched = True
         out.append("| " + " | ".join(cells[i] for i in keep) + " |")
+    if not matched:
+        raise SystemExit(f"examples: no table has all the column(s) {sorted(columns)}")
     return "\n".join(out) + "\n"
 
 

@@ -1,4 +1,5 @@
-"""The README's sweep commands, run literally from a shell where the environment is not activated.
+"""The documented sweep commands (README.md, docs/guide/sweeps.md), run literally from a shell where the
+environment is not activated.
 
 The user's shell has ``fourd-mpi`` on its PATH (a console script, as ``pipx`` or ``~/.local/bin`` install it)
 but not the virtual environment's ``bin/``: no ``mpiexec``, no ``python`` with fourd_mpi. The rendered job
@@ -24,10 +25,16 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
 
+#: where the documentation shows the sweep commands: the README (before it became a door to the docs site), then
+#: the sweeps page of the guide
+DOCUMENTED = ("README.md", "docs/guide/sweeps.md")
+
+
 def readme_commands():
-    """The README's ``fourd-mpi sweep render|submit|status|collect`` lines, in order (comments dropped)."""
+    """The documented ``fourd-mpi sweep render|submit|status|collect`` lines (first of each; comments dropped)."""
     lines = {}
-    for line in (REPO / "README.md").read_text().splitlines():
+    text = "\n".join((REPO / f).read_text() for f in DOCUMENTED if (REPO / f).exists())
+    for line in text.splitlines():
         m = re.match(r"^fourd-mpi sweep (render|submit|status|collect)\s+(.*?)\s*(#.*)?$", line)
         if m and m.group(1) not in lines:
             lines[m.group(1)] = f"fourd-mpi sweep {m.group(1)} {m.group(2)}"
