@@ -1,4 +1,4 @@
-"""Emulated nodes on one machine for the cross-node tests (docs/design.md section 5b).
+"""Emulated nodes on one machine for the cross-node tests (docs/placement.md section 4).
 
 A small stand-in for the issue-29 test bed: one Linux network namespace per node (``h2n1``,
 ``h2n2``, ...), each with a veth link onto one bridge (``h2br``) and an address ``10.77.0.K/24``

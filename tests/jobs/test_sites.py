@@ -53,7 +53,8 @@ def render(tmp_path, site_name):
         spec.job["account"] = "proj1"
     if site_name in ("summit", "lsf"):
         spec.job["ranks_per_node"] = 4
-    manifest = build_manifest(spec, site, "spec.yaml", f"jobs/{site_name}")
+    # python3 as the job's PATH has it (a real render names the rendering interpreter: docs/placement.md section 3)
+    manifest = build_manifest(spec, site, "spec.yaml", f"jobs/{site_name}", python="python3")
     write_sweep(manifest, spec, site, str(tmp_path / "jobs" / site_name))
     return {r["ranks"]: (tmp_path / r["script"]).read_text() for r in manifest["runs"]}
 
