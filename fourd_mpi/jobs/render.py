@@ -61,8 +61,10 @@ def job_request(run: RunPlan, spec: SweepSpec, site: Site, log: str) -> JobReque
         parallel_environment=site.parallel_environment, launcher=site.launcher)
 
 
-def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "mpiexec") -> List[str]:
-    """The launcher part of the command line: ranks, nodes, binding, GPUs."""
+def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "mpiexec",
+                  python: str = "python3") -> List[str]:
+    """The launcher part of the command line: ranks, nodes, binding, GPUs (``python``: the interpreter
+    whose ``fourd-mpi testbed mpiexec`` launches on a test bed)."""
     n, rpn, args = str(job.ranks), str(job.ranks_per_node), list(site.launcher_args)
     cpus = [str(site.cpus_per_rank)] if site.cpus_per_rank else []
     if site.launcher == "mpiexec":
@@ -77,6 +79,8 @@ def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "
                 *(["--smpiargs=-gpu"] if site.uses_gpus else [])]
     if site.launcher == "lrun":
         return ["lrun", *args, "-N", str(job.nodes), "-T", rpn, *(["--smpiargs=-gpu"] if site.uses_gpus else [])]
+    if site.launcher == "testbed":  # consecutive ranks on one emulated node, as a scheduler places them
+        return [python, "-m", "fourd_mpi", "testbed", "mpiexec", *args, "-n", n, "--ppn", rpn, "--"]
     if site.launcher == "polaris-mpiexec":
         depth = cpus or ["1"]
         wrapper = [os.path.join(script_dir, AFFINITY_SCRIPT)] if site.gpu_affinity_script else []
@@ -93,7 +97,7 @@ def run_command(run: RunPlan, site: Site, job: JobRequest, python: str, results_
     if site.launcher == "mpiexec" and os.path.isabs(python):
         sibling = os.path.join(os.path.dirname(python), "mpiexec")
         mpiexec = sibling if os.path.exists(sibling) else mpiexec  # a venv with the mpich wheel
-    return shlex.join([*launcher_argv(site, job, script_dir, mpiexec), python, "-m", "fourd_mpi", *argv])
+    return shlex.join([*launcher_argv(site, job, script_dir, mpiexec, python), python, "-m", "fourd_mpi", *argv])
 
 
 def render_script(run: RunPlan, total: int, spec: SweepSpec, site: Site, job: JobRequest, command: str,
