@@ -587,3 +587,50 @@ def mpiexec_argv(state: dict, ranks: int, ppn: Optional[int] = None, mpiexec: st
     hosts = [n.name for n in nodes[: -(-ranks // ppn)]]
     return [mpiexec, "-launcher", "ssh", "-launcher-exec", shim_path(state["name"]), "-iface", state["bridge"],
             "-hosts", ",".join(hosts), "-ppn", str(ppn), "-n", str(ranks)]
+
+
+# -- leftovers of a killed run --------------------------------------------------------------------
+
+SHM_DIR, SHM_PREFIX = "/dev/shm", "mpich_shm_"
+
+
+def stale_shm_segments(min_age_s: float = 60.0) -> List[str]:
+    """MPICH segments in this machine's ``/dev/shm`` that no process maps or holds open and that are older
+    than ``min_age_s`` (a run killed outside a bed leaves them; a bed's nodes have their own ``/dev/shm``)."""
+    try:
+        names = [os.path.join(SHM_DIR, n) for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)]
+    except OSError:
+        return []
+    now = time.time()
+    old = []
+    for path in names:
+        with contextlib.suppress(OSError):
+            if now - os.stat(path).st_mtime > min_age_s:
+                old.append(path)
+    if not old:
+        return []
+    held = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/maps") as fh:
+                held.update(line.split(None, 5)[-1].strip().removesuffix(" (deleted)") for line in fh
+                            if SHM_DIR in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return [p for p in old if p not in held]
+
+
+def clean_leftovers() -> List[str]:
+    """The CI-start check: take down every bed of the state directory and remove stale MPICH segments.
+    Lines saying what was removed (nothing on a clean machine). Run without the package's dependencies:
+    ``python3 -c 'import sys; sys.path.insert(0, "."); from fourd_mpi.testbed.bed import clean_leftovers;
+    print(*clean_leftovers(), sep="\\n")'``."""
+    lines = []
+    if not why_unavailable():
+        for name, removed in down_all().items():
+            lines.append(f"test bed {name}: removed {', '.join(removed) or 'its state'}")
+    for path in stale_shm_segments():
+        with contextlib.suppress(OSError):
+            os.remove(path)
+            lines.append(f"removed stale MPICH segment {path}")
+    return lines
