@@ -63,6 +63,9 @@ def register(sub) -> None:
     mx.add_argument("-n", "--ranks", type=positive_int, required=True, help="number of ranks")
     mx.add_argument("--ppn", type=positive_int, help="ranks per node, consecutive ranks on one node (default: the "
                                                      "ranks spread evenly over the bed's nodes)")
+    mx.add_argument("--order", choices=("block", "cyclic"), default="block",
+                    help="block: consecutive ranks on one node, as schedulers place them (default); cyclic: rank i "
+                         "on node i mod nodes, so the innermost grid axis (X) crosses nodes")
     mx.add_argument("--mpiexec", metavar="PATH", help="the hydra mpiexec (default: next to this Python, else on PATH)")
     mx.add_argument("--dry-run", action="store_true", help="print the command line instead of running it")
     mx.add_argument("command", nargs="+", metavar="COMMAND", help="the program and its arguments (after --)")
@@ -133,7 +136,7 @@ def cmd_testbed(args, world=None) -> int:
     if command == "mpiexec":
         state = bed.require_up(args.name)
         mpiexec = args.mpiexec or _hydra()
-        argv = bed.mpiexec_argv(state, args.ranks, args.ppn, mpiexec) + list(args.command)
+        argv = bed.mpiexec_argv(state, args.ranks, args.ppn, mpiexec, args.order) + list(args.command)
         env = {**os.environ, **bed.UCX_ENV}
         if args.dry_run:
             print(" ".join(f"{k}={shlex.quote(v)}" for k, v in bed.UCX_ENV.items()) + " " + shlex.join(argv))

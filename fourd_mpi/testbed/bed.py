@@ -570,10 +570,18 @@ def require_up(name: str) -> dict:
     return state
 
 
-def mpiexec_argv(state: dict, ranks: int, ppn: Optional[int] = None, mpiexec: str = "mpiexec") -> List[str]:
-    """The ``mpich`` wheel's hydra launching ``ranks`` ranks, ``ppn`` per node (consecutive ranks on one
-    node, as a scheduler places them), on the bed's first ``ceil(ranks / ppn)`` nodes; run it with
-    :data:`UCX_ENV` in the environment. ``ppn`` defaults to spreading the ranks evenly over all nodes."""
+#: how ranks are dealt to nodes: ``block`` (consecutive ranks on one node, as schedulers place them by
+#: default) or ``cyclic`` (rank i on node i mod nodes: the innermost grid axis crosses nodes)
+ORDERS = ("block", "cyclic")
+
+
+def mpiexec_argv(state: dict, ranks: int, ppn: Optional[int] = None, mpiexec: str = "mpiexec",
+                 order: str = "block") -> List[str]:
+    """The ``mpich`` wheel's hydra launching ``ranks`` ranks, ``ppn`` per node, on the bed's first
+    ``ceil(ranks / ppn)`` nodes, in :data:`ORDERS` ``order``; run it with :data:`UCX_ENV` in the
+    environment. ``ppn`` defaults to spreading the ranks evenly over all nodes."""
+    if order not in ORDERS:
+        raise ConfigError(f"rank order {order!r}: choose one of {', '.join(ORDERS)}")
     nodes = nodes_of(state)
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ConfigError(f"-n {ranks!r}: give a positive number of ranks")
@@ -586,7 +594,7 @@ def mpiexec_argv(state: dict, ranks: int, ppn: Optional[int] = None, mpiexec: st
                           f"{state['name']} has {len(nodes)} (it holds {ppn * len(nodes)} ranks at {ppn} per node)")
     hosts = [n.name for n in nodes[: -(-ranks // ppn)]]
     return [mpiexec, "-launcher", "ssh", "-launcher-exec", shim_path(state["name"]), "-iface", state["bridge"],
-            "-hosts", ",".join(hosts), "-ppn", str(ppn), "-n", str(ranks)]
+            "-hosts", ",".join(hosts), "-ppn", str(ppn if order == "block" else 1), "-n", str(ranks)]
 
 
 # -- leftovers of a killed run --------------------------------------------------------------------
