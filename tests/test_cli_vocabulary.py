@@ -250,4 +250,4 @@ def test_one_site_list_for_sweeps_and_the_model(tmp_path, capfd):
     assert main(["tune", "--ranks", "4", "--model", "gpt-tiny", "--site", str(site), "--top", "1"]) == 0
     assert "frontier" in capfd.readouterr().out
     assert main(["tune", "--ranks", "4", "--model", "gpt-tiny", "--site", "lassen"]) == 2
-    assert "sites with one are frontier, local, perlmutter" in capfd.readouterr().err
+    assert "sites with one are emulated, emulated-slurm, frontier, local, perlmutter" in capfd.readouterr().err

@@ -68,7 +68,7 @@ def register(sub) -> None:
                          "on node i mod nodes, so the innermost grid axis (X) crosses nodes")
     mx.add_argument("--mpiexec", metavar="PATH", help="the hydra mpiexec (default: next to this Python, else on PATH)")
     mx.add_argument("--dry-run", action="store_true", help="print the command line instead of running it")
-    mx.add_argument("command", nargs="+", metavar="COMMAND", help="the program and its arguments (after --)")
+    mx.add_argument("program", nargs="+", metavar="COMMAND", help="the program and its arguments (after --)")
     mx.set_defaults(handler=cmd_testbed, serial=True)
 
     ev = tsub.add_parser("env", help="shell lines that point Slurm's commands at the bed (SLURM_CONF) and keep "
@@ -136,7 +136,7 @@ def cmd_testbed(args, world=None) -> int:
     if command == "mpiexec":
         state = bed.require_up(args.name)
         mpiexec = args.mpiexec or _hydra()
-        argv = bed.mpiexec_argv(state, args.ranks, args.ppn, mpiexec, args.order) + list(args.command)
+        argv = bed.mpiexec_argv(state, args.ranks, args.ppn, mpiexec, args.order) + list(args.program)
         env = {**os.environ, **bed.UCX_ENV}
         if args.dry_run:
             print(" ".join(f"{k}={shlex.quote(v)}" for k, v in bed.UCX_ENV.items()) + " " + shlex.join(argv))

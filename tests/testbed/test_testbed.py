@@ -167,6 +167,10 @@ def test_the_launcher_passes_environment_and_exit_status_and_host_names(bed):
     lines = sorted(done.stdout.splitlines())
     names = [n["name"] for n in bed["nodes"]]
     assert lines == sorted(f"{n} it's passed tcp,self" for n in names for _ in range(2)), lines
+    cyclic = fourd(["testbed", "mpiexec", "--name", NAME, "-n", "4", "--order", "cyclic", "--", "sh", "-c",
+                    'echo "$PMI_RANK $(hostname)"'], timeout=120)
+    assert cyclic.returncode == 0, cyclic.stderr
+    assert sorted(cyclic.stdout.splitlines()) == [f"{r} {names[r % 2]}" for r in range(4)], cyclic.stdout
     one_line_error(fourd(["testbed", "mpiexec", "--name", NAME, "-n", "6", "--ppn", "2", "--", "true"]),
                    "6 ranks at 2 per node need 3 nodes", "has 2")
 
