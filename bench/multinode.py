@@ -126,8 +126,11 @@ def placement(args, name, env, say) -> None:
                     continue
                 link = (after["sent"] - before["sent"] + after["received"] - before["received"]) / 1e6
                 results[case].append((r, float(match.group(1)), link, axes))
+    model = predicted(args)
+    say(f"#   model: fourd_mpi.perf.predict with the laptop profile's intra-node level and a nominal inter-node "
+        f"level (alpha 100 us, beta = 8/rate s/B, shared by the node's 2 ranks); cyclic = X inter, Z intra")
     say(f"{'case':<15} {'X':<11} {'Z':<11} {'step s per round':<28} {'median s':>9} {'vs block (same round)':>24} "
-        f"{'node-1 link MB/run':>19}")
+        f"{'node-1 link MB/run':>19} {'model s':>8} {'model vs block':>15}")
     base = {r: s for r, s, _, _ in results["block"]}
     for case, rows in results.items():
         if not rows:
@@ -138,7 +141,43 @@ def placement(args, name, env, say) -> None:
         ratio = (f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-")
         say(f"{case:<15} {axes.get('x', '?'):<11} {axes.get('z', '?'):<11} "
             f"{' '.join(f'{s:.3f}' for s in steps):<28} {statistics.median(steps):>9.3f} {ratio:>24} "
-            f"{statistics.median(l for _, _, l, _ in rows):>19.1f}")
+            f"{statistics.median(l for _, _, l, _ in rows):>19.1f} {model[case]:>8.3f} "
+            f"{model[case] / model['block']:>15.2f}")
+
+
+def predicted(args) -> dict:
+    """The performance model's step time of each placement case, on a nominal profile of the bed."""
+    import yaml
+
+    from fourd_mpi.core.grid import GridShape
+    from fourd_mpi.perf import predict as pr
+    from fourd_mpi.perf.machine import PROFILES_DIR, load_profile
+    from fourd_mpi.step.overlap import OverlapConfig
+    from fourd_mpi.step.presets import resolve_model
+
+    data = yaml.safe_load(open(os.path.join(PROFILES_DIR, "laptop.yaml")))
+    beta = 8.0 / tb.parse_rate(args.rate)
+    data["name"], data["node"]["ranks_per_node"] = "bed-nominal", 2
+    data["levels"]["inter"] = {"description": f"nominal {args.rate} tbf link", "shared_by": 2,
+                               **{op: {"alpha_s": 1e-4, "beta_s_per_byte": beta}
+                                  for op in ("allgather", "reduce_scatter", "allreduce")}}
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
+        yaml.safe_dump(data, fh)
+    try:
+        profile = load_profile(fh.name)
+    finally:
+        os.unlink(fh.name)
+    cfg = resolve_model("gpt-tiny", hidden=args.hidden, seq=args.seq, batch=args.batch)
+    grid = GridShape(data=1, z=2, y=1, x=2)
+    out = {"block": pr.predict(cfg, grid, profile, ranks_per_node=2).step_s,
+           "block+overlap": pr.predict(cfg, grid, profile, OverlapConfig.parse("all"), ranks_per_node=2).step_s}
+    original = pr.axis_placement
+    pr.axis_placement = lambda g, rpn: {"x": "inter", "y": "-", "z": "intra", "data": "-"}
+    try:
+        out["cyclic"] = pr.predict(cfg, grid, profile, ranks_per_node=2).step_s
+    finally:
+        pr.axis_placement = original
+    return out
 
 
 SCRIPT = """#!/bin/bash
