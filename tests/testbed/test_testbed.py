@@ -181,16 +181,29 @@ def test_cross_node_verify_and_run_send_bytes_over_the_links(bed, tmp_path):
                   "fourd_mpi", "verify", "--grid", "1x2x1x2", "--grid", "2x1x1x2", "--steps", "2"], timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "2 passed, 0 failed" in done.stdout, done.stdout
-    run = fourd(["testbed", "mpiexec", "--name", NAME, "-n", "4", "--ppn", "2", "--", sys.executable, "-m",
-                 "fourd_mpi", "run", "--gz", "2", "--gx", "2", "--steps", "2", "--results-dir", tmp_path], timeout=600)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "on 4 ranks, 2 node(s), 2 rank(s) per node" in run.stdout, run.stdout
-    assert re.search(r"^\s+z\s+2\s+\S+\s+inter-node", run.stdout, re.M), run.stdout
-    assert re.search(r"^\s+x\s+2\s+\S+\s+intra-node", run.stdout, re.M), run.stdout
-    after = tb.link_counters(tb.load_state(NAME))
+    runs = {}
+    for order in ("block", "cyclic"):  # X inside nodes, then X across nodes
+        runs[order] = fourd(["testbed", "mpiexec", "--name", NAME, "-n", "4", "--ppn", "2", "--order", order, "--",
+                             sys.executable, "-m", "fourd_mpi", "run", "--gz", "2", "--gx", "2", "--steps", "3",
+                             "--results-dir", tmp_path / order], timeout=600)
+        assert runs[order].returncode == 0, runs[order].stdout[-3000:] + runs[order].stderr[-3000:]
+        assert "on 4 ranks, 2 node(s), 2 rank(s) per node" in runs[order].stdout, runs[order].stdout
+        if order == "block":
+            after = tb.link_counters(tb.load_state(NAME))
+    inside, across = runs["block"].stdout, runs["cyclic"].stdout
+    assert re.search(r"^\s+z\s+2\s+\S+\s+inter-node", inside, re.M) and \
+        re.search(r"^\s+x\s+2\s+\S+\s+intra-node", inside, re.M), inside
+    assert re.search(r"^\s+x\s+2\s+\S+\s+inter-node", across, re.M) and \
+        re.search(r"^\s+z\s+2\s+\S+\s+intra-node", across, re.M), across
     for node in before:  # the weight all-gathers over Z crossed each node's link, both ways
         assert after[node]["sent"] - before[node]["sent"] > 200_000, (before, after)
         assert after[node]["received"] - before[node]["received"] > 200_000, (before, after)
+    # the regression check between the placements: one configuration compared (slower or not: no wall
+    # time is asserted), exit 0 or 1, never a usage error
+    done = fourd(["compare", tmp_path / "cyclic", "--baseline", tmp_path / "block", "--threshold", "5%",
+                  "--format", "json"], timeout=300)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert len(json.loads(done.stdout)["comparisons"]) == 1, done.stdout
 
 
 SPEC = """\
