@@ -156,7 +156,8 @@ def _hydra() -> str:
         return sibling
     found = shutil.which("mpiexec")
     if not found:
-        raise ConfigError("no mpiexec next to this Python or on PATH: pip install 'fourd_mpi[mpich]', or give --mpiexec")
+        raise ConfigError("no mpiexec next to this Python or on PATH: pip install 'fourd_mpi[mpich]', or give "
+                          "--mpiexec")
     return found
 
 

@@ -33,6 +33,7 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -429,7 +430,7 @@ def _down_locked(name: str) -> List[str]:
     state = state or {"name": name, "created": []}
     removed = []
     # processes first: a namespace with processes in it outlives its name
-    pids = [p for p in state.get("pids", []) if _is_ours(p, name)]
+    pids = [p for p in state.get("pids", []) if runs_in_bed(p, name)]
     nodes = {kind_name[1] for kind_name in state.get("created", []) if kind_name[0] == "netns"}
     nodes |= {n["name"] for n in state.get("nodes", [])}
     for node in sorted(nodes):
@@ -457,8 +458,8 @@ def _netns_pids(node: str) -> List[int]:
     return [int(p) for p in done.stdout.split() if p.isdigit()]
 
 
-def _is_ours(pid: int, name: str) -> bool:
-    """A recorded daemon PID still runs a command that names this bed's directory (not a reused PID)."""
+def runs_in_bed(pid: int, name: str) -> bool:
+    """Whether a recorded daemon PID still runs a command that names this bed's directory (not a reused PID)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             return bed_dir(name).encode() in fh.read()
@@ -472,13 +473,14 @@ def _kill(pids: Sequence[int], grace: float = 5.0) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
             time.sleep(0.05)
-        if not any(_alive(p) for p in pids):
+        if not any(pid_alive(p) for p in pids):
             return
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -552,8 +554,6 @@ def node_argv(state: dict, node: str, argv: Sequence[str], shell_exec: bool = Tr
     the program's."""
     if node not in {n.name for n in nodes_of(state)}:
         raise ConfigError(f"no node {node!r} in test bed {state['name']}")
-    import shlex
-
     script = 'hostname "$0" && mount -t tmpfs -o mode=1777 fourd-shm /dev/shm && exec ' + shlex.join(argv)
     return ["nsenter", f"--net=/var/run/netns/{node}", "unshare", "--uts", "--mount", "sh", "-c", script, node]
 

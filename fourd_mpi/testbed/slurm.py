@@ -51,7 +51,8 @@ def slurm_conf(root: str, cluster: str, ctld_host: str, nodes: Sequence[Tuple[st
              "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "MpiDefault=pmi2",
              "SlurmdParameters=config_overrides", "ReturnToService=2", "MinJobAge=3600", "JobCompType=jobcomp/none",
              "AccountingStorageType=accounting_storage/none", f"StateSaveLocation={root}/state",
-             f"SlurmdSpoolDir={spool}", f"SlurmctldPidFile={root}/slurmctld.pid", f"SlurmdPidFile={root}/slurmd{per}.pid",
+             f"SlurmdSpoolDir={spool}", f"SlurmctldPidFile={root}/slurmctld.pid",
+             f"SlurmdPidFile={root}/slurmd{per}.pid",
              f"SlurmctldLogFile={root}/slurmctld.log", f"SlurmdLogFile={root}/slurmd{per}.log"]
     for name, addr in nodes:
         lines.append(f"NodeName={name}" + (f" NodeAddr={addr}" if addr else "") + f" CPUs={cpus} State=UNKNOWN")
@@ -80,7 +81,7 @@ def sinfo_states(state: dict) -> List[str]:
 def running(state: dict) -> bool:
     """The bed's Slurm daemons are alive and every node is idle, mixed or allocated."""
     pids = state.get("pids", [])
-    if not pids or not all(bed._alive(p) and bed._is_ours(p, state["name"]) for p in pids):
+    if not pids or not all(bed.pid_alive(p) and bed.runs_in_bed(p, state["name"]) for p in pids):
         return False
     nodes = [line.split() for line in sinfo_states(state) if line.strip()]
     return len(nodes) == len(state["nodes"]) and all(w[1].rstrip("*") in ("idle", "mixed", "allocated")
@@ -123,7 +124,7 @@ def start(state: dict, cpus: int = 4, timeout: float = 60) -> bool:
         bed.save_state(state)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        dead = [p for p in state["pids"] if not bed._alive(p)]
+        dead = [p for p in state["pids"] if not bed.pid_alive(p)]
         if dead:
             raise ConfigError(f"a Slurm daemon of test bed {state['name']} exited: {last_log_line(state)}")
         if running(state):

@@ -14,11 +14,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -263,7 +261,7 @@ def leftovers(name: str, state: dict) -> list:
     out = [f"namespace {n['name']}" for n in state["nodes"] if os.path.exists(f"/var/run/netns/{n['name']}")]
     out += [f"link {link}" for link in [state["bridge"]] + [n["veth"] for n in state["nodes"]]
             if os.path.exists(f"/sys/class/net/{link}")]
-    out += [f"process {p}" for p in state.get("pids", []) if tb._alive(p)]
+    out += [f"process {p}" for p in state.get("pids", []) if tb.pid_alive(p)]
     out += [f"state {tb.bed_dir(name)}"] if os.path.exists(tb.bed_dir(name)) else []
     return out
 
