@@ -59,6 +59,9 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8, help="global batch (default 8)")
     ap.add_argument("--launch-repeats", type=int, default=4, help="Slurm jobs per launcher (default 4; 0: skip)")
     ap.add_argument("--launch-timeout", type=float, default=90, help="seconds before a job counts as hung")
+    ap.add_argument("--rank-repeats", type=int, default=0,
+                    help="3. ranking: alternating rounds over every grid of 8 ranks on 2 nodes x 4 (default 0: skip)")
+    ap.add_argument("--skip-placement", action="store_true", help="skip part 1")
     ap.add_argument("--output", help="also write the report here")
     args = ap.parse_args()
     why = tb.why_unavailable()
@@ -83,7 +86,10 @@ def main() -> int:
             f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
         say(f"# command: {' '.join(shlex.quote(a) for a in sys.argv)}")
         say(f"# machine: {os.cpu_count()} cores; load average (1 min) at start {load()}")
-        placement(args, name, env, say)
+        if not args.skip_placement:
+            placement(args, name, env, say)
+        if args.rank_repeats:
+            ranking(args, name, env, say)
         if args.launch_repeats:
             launch(args, name, env, say)
         say(f"# load average (1 min) at end {load()}")
@@ -145,28 +151,90 @@ def placement(args, name, env, say) -> None:
             f"{model[case] / model['block']:>15.2f}")
 
 
-def predicted(args) -> dict:
-    """The performance model's step time of each placement case, on a nominal profile of the bed."""
+def nominal_profile(args, ranks_per_node: int):
+    """The laptop profile with the bed's link as its inter-node level (alpha 100 us, beta = 8 / rate)."""
     import yaml
 
-    from fourd_mpi.core.grid import GridShape
-    from fourd_mpi.perf import predict as pr
     from fourd_mpi.perf.machine import PROFILES_DIR, load_profile
-    from fourd_mpi.step.overlap import OverlapConfig
-    from fourd_mpi.step.presets import resolve_model
 
     data = yaml.safe_load(open(os.path.join(PROFILES_DIR, "laptop.yaml")))
     beta = 8.0 / tb.parse_rate(args.rate)
-    data["name"], data["node"]["ranks_per_node"] = "bed-nominal", 2
-    data["levels"]["inter"] = {"description": f"nominal {args.rate} tbf link", "shared_by": 2,
+    data["name"], data["node"]["ranks_per_node"] = "bed-nominal", ranks_per_node
+    data["levels"]["inter"] = {"description": f"nominal {args.rate} tbf link", "shared_by": ranks_per_node,
                                **{op: {"alpha_s": 1e-4, "beta_s_per_byte": beta}
                                   for op in ("allgather", "reduce_scatter", "allreduce")}}
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
         yaml.safe_dump(data, fh)
     try:
-        profile = load_profile(fh.name)
+        return load_profile(fh.name)
     finally:
         os.unlink(fh.name)
+
+
+def ranking(args, name, env, say) -> None:
+    """Every grid of 8 ranks (2 nodes x 4, block order): measured median step against the model's."""
+    from fourd_mpi.core.grid import GridShape
+    from fourd_mpi.errors import ConfigError
+    from fourd_mpi.perf import predict as pr
+    from fourd_mpi.step.presets import resolve_model
+
+    profile = nominal_profile(args, 4)
+    cfg = resolve_model("gpt-tiny", hidden=args.hidden, seq=args.seq, batch=args.batch)
+    grids = {}
+    for d in (1, 2, 4, 8):
+        for z in (1, 2, 4, 8):
+            for y in (1, 2, 4, 8):
+                x = 8 // (d * z * y) if 8 % (d * z * y) == 0 else 0
+                if x:
+                    try:
+                        grids[f"{d}x{z}x{y}x{x}"] = pr.predict(cfg, GridShape(data=d, z=z, y=y, x=x), profile,
+                                                               ranks_per_node=4).step_s
+                    except ConfigError:
+                        continue
+    say()
+    say(f"## 3. ranking: every grid of 8 ranks, 2 nodes x 4 (block), gpt-tiny h={args.hidden} seq={args.seq} "
+        f"batch={args.batch}, {args.steps} measured steps, {args.rank_repeats} alternating rounds; model: the "
+        f"laptop profile with the link's nominal rate as its inter level, ranks_per_node 4")
+    say(f"#   each: fourd-mpi testbed mpiexec -n 8 --ppn 4 -- fourd-mpi run --gdata D --gz Z --gy Y --gx X --model gpt-tiny "
+        f"--hidden {args.hidden} --seq {args.seq} --batch {args.batch} --steps {args.steps} --warmup 1 --trace-level step")
+    measured = {g: [] for g in grids}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rank_repeats):
+            for g in grids:
+                d, z, y, x = g.split("x")
+                done = fourd("testbed", "mpiexec", "-n", 8, "--ppn", 4, "--", PY, "-m", "fourd_mpi", "run",
+                             "--gdata", d, "--gz", z, "--gy", y, "--gx", x, "--model", "gpt-tiny", "--hidden",
+                             args.hidden, "--seq", args.seq, "--batch", args.batch, "--steps", args.steps,
+                             "--warmup", 1, "--trace-level", "step", "--results-dir", tmp, env=env)
+                match = re.search(r"step time: median ([0-9.]+) s", done.stdout)
+                if done.returncode == 0 and match:
+                    measured[g].append(float(match.group(1)))
+                else:
+                    say(f"# {g} round {r + 1} failed ({done.returncode}): {done.stderr.strip()[-200:]}")
+    rows = [(g, statistics.median(m), grids[g]) for g, m in measured.items() if m]
+    rows.sort(key=lambda row: row[1])
+    say(f"{'grid':<9} {'measured s':>10} {'rank':>5} {'model s':>8} {'model rank':>10}")
+    model_order = sorted(rows, key=lambda row: row[2])
+    model_rank = {row[0]: i + 1 for i, row in enumerate(model_order)}
+    for i, (g, m, p) in enumerate(rows):
+        say(f"{g:<9} {m:>10.3f} {i + 1:>5} {p:>8.3f} {model_rank[g]:>10}")
+    if len(rows) > 2:
+        from scipy.stats import spearmanr
+
+        rho = spearmanr([m for _, m, _ in rows], [p for _, _, p in rows]).correlation
+        best = model_order[0][0]
+        say(f"Spearman rank correlation (measured vs model, {len(rows)} grids): {rho:.2f}; the model's best grid "
+            f"{best} is measured #{[g for g, _, _ in rows].index(best) + 1}")
+
+
+def predicted(args) -> dict:
+    """The performance model's step time of each placement case, on a nominal profile of the bed."""
+    from fourd_mpi.core.grid import GridShape
+    from fourd_mpi.perf import predict as pr
+    from fourd_mpi.step.overlap import OverlapConfig
+    from fourd_mpi.step.presets import resolve_model
+
+    profile = nominal_profile(args, 2)
     cfg = resolve_model("gpt-tiny", hidden=args.hidden, seq=args.seq, batch=args.batch)
     grid = GridShape(data=1, z=2, y=1, x=2)
     out = {"block": pr.predict(cfg, grid, profile, ranks_per_node=2).step_s,
