@@ -279,7 +279,7 @@ def test_down_removes_everything_even_under_a_running_job(tmp_path):
     job = subprocess.Popen([sys.executable, "-m", "fourd_mpi", "testbed", "mpiexec", "--name", name, "-n", "4", "--",
                             sys.executable, "-c", "from mpi4py import MPI; import time, os; "
                             f"open('/dev/shm/{marker}', 'w').close(); MPI.COMM_WORLD.Barrier(); "
-                            "print('ready', flush=True); time.sleep(600)"],
+                            "MPI.COMM_WORLD.rank or print('ready', flush=True); time.sleep(600)"],
                            env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert job.stdout.readline().strip() == "ready", job.stderr.read() if job.poll() is not None else ""
