@@ -254,7 +254,8 @@ def test_slurm_places_tasks_on_every_node(bed):
     done = subprocess.run(["srun", "-N", "2", "-n", "4", "--ntasks-per-node=2", "hostname"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert sorted(done.stdout.split()) == sorted([f"{NAME}-n1"] * 2 + [f"{NAME}-n2"] * 2)
+    seen = sorted(re.findall(rf"{re.escape(NAME)}-n\d", done.stdout))
+    assert seen == sorted([f"{NAME}-n1"] * 2 + [f"{NAME}-n2"] * 2), done.stdout
 
 
 # -- nothing left behind ----------------------------------------------------------------------------
