@@ -236,10 +236,11 @@ def test_one_site_list_for_sweeps_and_the_model(tmp_path, capfd):
     """``tune --site`` takes the sweep sites; a site names its machine profile or is refused with the list."""
     from fourd_mpi.jobs.sites import builtin_sites, machine_profile_of, sites_with_profiles
 
-    assert set(sites_with_profiles()) == {"frontier", "local", "perlmutter"} <= set(builtin_sites())
+    assert set(sites_with_profiles()) == {"emulated", "emulated-slurm", "frontier", "local", "perlmutter"} \
+        <= set(builtin_sites())
     assert machine_profile_of("local") == "laptop"
-    with pytest.raises(ConfigError, match="no machine profile for site 'summit': sites with one are frontier, "
-                                          "local, perlmutter; pass --profile"):
+    with pytest.raises(ConfigError, match="no machine profile for site 'summit': sites with one are emulated, "
+                                          "emulated-slurm, frontier, local, perlmutter; pass --profile"):
         machine_profile_of("summit")
     # a user site FILE.yaml names a profile file next to it
     (tmp_path / "prof.yaml").write_text((REPO / "fourd_mpi" / "perf" / "profiles" / "frontier.yaml").read_text())
@@ -249,4 +250,4 @@ def test_one_site_list_for_sweeps_and_the_model(tmp_path, capfd):
     assert main(["tune", "--ranks", "4", "--model", "gpt-tiny", "--site", str(site), "--top", "1"]) == 0
     assert "frontier" in capfd.readouterr().out
     assert main(["tune", "--ranks", "4", "--model", "gpt-tiny", "--site", "lassen"]) == 2
-    assert "sites with one are frontier, local, perlmutter" in capfd.readouterr().err
+    assert "sites with one are emulated, emulated-slurm, frontier, local, perlmutter" in capfd.readouterr().err

@@ -8,6 +8,7 @@ Commands, by module:
 - :mod:`~fourd_mpi.cli.results` — ``results list | show | reindex``, ``compare``;
 - :mod:`~fourd_mpi.cli.sweep` — ``sweep plan | render | submit | status | collect``;
 - :mod:`~fourd_mpi.cli.perf` — ``tune``, ``model calibrate | validate``, ``bench collectives`` (under mpiexec);
+- :mod:`~fourd_mpi.cli.testbed` — ``testbed up | down | status | mpiexec | env`` (emulated nodes on this machine);
 - this module — ``completion bash | zsh | tcsh`` (the shell completion script, from this parser).
 
 Every parser is a :class:`~fourd_mpi.cli.args.OneLineParser`: a module's ``register(sub)`` adds its
@@ -35,12 +36,12 @@ import traceback
 from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
-from fourd_mpi.cli import analyze, perf, results, run, sweep, traces
+from fourd_mpi.cli import analyze, perf, results, run, sweep, testbed, traces
 from fourd_mpi.cli.args import PROG, OneLineParser, error_line
 from fourd_mpi.errors import BackendError, ConfigError, Terminated
 
 #: command modules, in the order ``--help`` lists their commands
-MODULES = (run, traces, analyze, results, sweep, perf)
+MODULES = (run, traces, analyze, results, sweep, perf, testbed)
 
 
 def build_parser() -> OneLineParser:

@@ -62,8 +62,10 @@ def job_request(run: RunPlan, spec: SweepSpec, site: Site, log: str) -> JobReque
         parallel_environment=site.parallel_environment, launcher=site.launcher)
 
 
-def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "mpiexec") -> List[str]:
-    """The launcher part of the command line: ranks, nodes, binding, GPUs."""
+def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "mpiexec",
+                  python: str = "python3") -> List[str]:
+    """The launcher part of the command line: ranks, nodes, binding, GPUs (``python``: the interpreter
+    whose ``fourd-mpi testbed mpiexec`` launches on a test bed)."""
     n, rpn, args = str(job.ranks), str(job.ranks_per_node), list(site.launcher_args)
     cpus = [str(site.cpus_per_rank)] if site.cpus_per_rank else []
     if site.launcher == "mpiexec":
@@ -78,6 +80,8 @@ def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "
                 *(["--smpiargs=-gpu"] if site.uses_gpus else [])]
     if site.launcher == "lrun":
         return ["lrun", *args, "-N", str(job.nodes), "-T", rpn, *(["--smpiargs=-gpu"] if site.uses_gpus else [])]
+    if site.launcher == "testbed":  # consecutive ranks on one emulated node, as a scheduler places them
+        return [python, "-m", "fourd_mpi", "testbed", "mpiexec", *args, "-n", n, "--ppn", rpn, "--"]
     if site.launcher == "polaris-mpiexec":
         depth = cpus or ["1"]
         wrapper = [os.path.join(script_dir, AFFINITY_SCRIPT)] if site.gpu_affinity_script else []
@@ -107,7 +111,7 @@ def run_argv(run: RunPlan, site: Site, job: JobRequest, python: str, results_dir
     if site.backend != "auto" and run.option("backend") is None:
         argv[1:1] = ["--backend", site.backend]
     mpiexec = mpiexec_for(site, python) if site.launcher == "mpiexec" else "mpiexec"
-    return [*launcher_argv(site, job, script_dir, mpiexec), python, "-m", "fourd_mpi", *argv]
+    return [*launcher_argv(site, job, script_dir, mpiexec, python), python, "-m", "fourd_mpi", *argv]
 
 
 def render_script(run: RunPlan, total: int, spec: SweepSpec, site: Site, job: JobRequest, command: str,

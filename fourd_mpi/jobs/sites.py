@@ -29,7 +29,9 @@ from fourd_mpi.util.yamlspec import load_yaml
 
 SITES_DIR = os.path.join(os.path.dirname(__file__), "sites")
 SCHEDULERS = ("local", "slurm", "pbs", "lsf", "sge")
-LAUNCHERS = ("mpiexec", "srun", "jsrun", "lrun", "polaris-mpiexec")
+#: ``testbed``: the ``mpich`` wheel's mpiexec on the nodes of a test bed of emulated nodes
+#: (``fourd-mpi testbed mpiexec``, :mod:`fourd_mpi.testbed`; the bed is ``$FOURD_TESTBED``, default ``fourd``)
+LAUNCHERS = ("mpiexec", "srun", "jsrun", "lrun", "polaris-mpiexec", "testbed")
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 _safe = {"type": "string", "pattern": SAFE_VALUE_PATTERN,
@@ -128,7 +130,7 @@ class Site:
     def rank_layout(self, ranks: int, ranks_per_node: Optional[int] = None) -> Tuple[int, int]:
         """``(nodes, ranks per node)`` for ``ranks``; full nodes only, so that nodes x per node = ranks."""
         per_node = ranks_per_node or self.ranks_per_node
-        if self.scheduler == "local":
+        if self.scheduler == "local" and self.launcher != "testbed":  # a test bed's nodes are nodes
             return 1, ranks
         if self.uses_gpus and per_node > self.gpus_per_node:
             raise ConfigError(f"site {self.name}: {per_node} ranks per node but {self.gpus_per_node} GPUs "

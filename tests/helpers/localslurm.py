@@ -1,5 +1,8 @@
 """A one-node Slurm on localhost for tests (docs/design.md section 5): Debian's slurmctld/slurmd, no munge.
 
+The configuration is the test bed's (:func:`fourd_mpi.testbed.slurm.slurm_conf`) with one node, this
+host; the multi-node Slurm of the test bed (``fourd-mpi testbed up --slurm``) uses the same writer.
+
 The daemons run in the foreground (-D) as children of the test, with state, spool, logs
 and pid files in a temporary directory and free ports, so they never touch a system
 Slurm. :meth:`LocalSlurm.stop` kills them by PID.
@@ -15,6 +18,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from fourd_mpi.testbed.slurm import random_first_job_id, slurm_conf
+
 DAEMONS = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "srun")
 
 
@@ -26,15 +31,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _first_job_id() -> int:
-    """A random first job id: MPICH names its shared-memory segment after the PMI job (``mpich_shm_<world id>_<node>``,
-    the world id from the job id under ``srun --mpi=pmi2``), so two Slurm instances on one machine that both run
-    their job 2 at once attach to one segment and both hang. Distinct job ids keep them apart."""
-    import random
-
-    return random.SystemRandom().randrange(1000, 60_000_000)
 
 
 class LocalSlurm:
@@ -52,35 +48,8 @@ class LocalSlurm:
         host = socket.gethostname().split(".")[0]
         for sub in ("state", "spool"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        r = self.root
-        self.conf.write_text(f"""ClusterName=fourdtest
-SlurmctldHost={host}
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
-AuthType=auth/none
-CredType=cred/none
-SlurmUser=root
-SlurmdUser=root
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-MpiDefault=pmi2
-SlurmdParameters=config_overrides
-ReturnToService=2
-MinJobAge=3600
-FirstJobId={_first_job_id()}
-JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
-StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool
-SlurmctldPidFile={r}/slurmctld.pid
-SlurmdPidFile={r}/slurmd.pid
-SlurmctldLogFile={r}/slurmctld.log
-SlurmdLogFile={r}/slurmd.log
-NodeName={host} CPUs={self.cpus} State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
-""")
+        self.conf.write_text(slurm_conf(str(self.root), "fourdtest", host, [(host, "")], self.cpus, _free_port(),
+                                        _free_port(), first_job_id=random_first_job_id()))
 
     def start(self, timeout: float = 60) -> None:
         self.write_conf()

@@ -235,7 +235,10 @@ def test_scripts_are_valid_shell_with_consistent_resources(tmp_path, site_name):
             assert int(_directive(text, r"^#SBATCH --ntasks-per-node=(\d+)$")) == per_node
             limit = _directive(text, r"^#SBATCH --time=(\S+)$")
             assert parse_time(limit) == run["time_seconds"]
-            assert f" -N {nodes} -n {n} --ntasks-per-node={per_node}" in command
+            if site.launcher == "srun":
+                assert f" -N {nodes} -n {n} --ntasks-per-node={per_node}" in command
+            else:  # mpiexec inside the allocation: hydra places ranks as the allocation says
+                assert f"mpiexec {' '.join(site.launcher_args)} -n {n} ".replace("  ", " ") in command
             if site.uses_gpus and "gpus-per-node" in dict(site.directives):
                 assert int(_directive(text, r"^#SBATCH --gpus-per-node=(\d+)$")) * nodes >= n
         elif site.scheduler == "pbs":

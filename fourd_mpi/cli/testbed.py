@@ -1,0 +1,182 @@
+"""``fourd-mpi testbed up | down | status | mpiexec | env``: a cluster of emulated nodes on this machine
+(:mod:`fourd_mpi.testbed`; docs/multinode.md). One process, no MPI; needs root.
+
+``up`` and ``down`` are idempotent (``up`` of a bed that is up with the same settings does nothing,
+``down`` of a bed that is not up does nothing); ``status`` exits 1 when the bed is not up or damaged.
+``mpiexec`` runs a command's ranks on the bed's nodes through the launcher shim, with ``UCX_TLS=tcp,self``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+
+from fourd_mpi.cli.args import add_format
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.util.values import positive_int
+
+NAME_HELP = "the bed's name: lowercase letters and digits, at most 10; it prefixes the bed's namespaces, bridge " \
+            "and links and chooses its subnet, so beds of different names never collide (default fourd)"
+
+
+def register(sub) -> None:
+    tb = sub.add_parser("testbed", help="a cluster of emulated nodes on this machine (network namespaces, shaped "
+                        "links, optional Slurm): up, down, status, mpiexec, env (one process, root)")
+    tsub = tb.add_subparsers(dest="testbed_command", required=True, parser_class=type(tb))
+
+    up = tsub.add_parser("up", help="make the bed (nothing when it is up with the same settings)")
+    _name(up)
+    up.add_argument("--nodes", type=positive_int, default=None,
+                    help="number of nodes (default 2, or the number of --node-names)")
+    up.add_argument("--node-names", metavar="LIST",
+                    help="comma-separated node names (namespace, host name and Slurm node name; default NAME-n1, ...)")
+    up.add_argument("--rate", default="200mbit", metavar="RATE",
+                    help="each node's link rate in both directions, as tc writes it (200mbit, 1gbit, 25mbps), one or "
+                         "one per node comma-separated; none = unshaped (default 200mbit)")
+    up.add_argument("--burst", metavar="SIZE", help="tbf burst (bucket) per link, e.g. 64kb; one or one per node "
+                                                    "(default 10 ms of the rate, at least 64kb)")
+    up.add_argument("--slurm", action="store_true", help="also start a Slurm: slurmctld here, one slurmd per node")
+    up.add_argument("--cpus", type=positive_int, default=4, help="--slurm: CPUs each node declares (default 4)")
+    add_format(up, ("table", "json"))
+    up.set_defaults(handler=cmd_testbed, serial=True)
+
+    down = tsub.add_parser("down", help="remove the bed: its processes and daemons, namespaces, links and files "
+                           "(nothing when it is not up)")
+    _name(down)
+    down.add_argument("--all", action="store_true", help="remove every bed of this machine's state directory "
+                                                         "(the check for leftovers of a killed run)")
+    down.set_defaults(handler=cmd_testbed, serial=True)
+
+    st = tsub.add_parser("status", help="the bed's nodes, addresses, links, Slurm and link byte counters; exit 1 "
+                         "when it is not up or damaged")
+    _name(st)
+    add_format(st, ("table", "json"))
+    st.set_defaults(handler=cmd_testbed, serial=True)
+
+    mx = tsub.add_parser("mpiexec", help="run COMMAND's ranks on the bed's nodes: the mpich wheel's mpiexec with "
+                         "the bed's launcher shim and UCX_TLS=tcp,self, e.g. fourd-mpi testbed mpiexec -n 4 -- "
+                         "fourd-mpi verify --grid 1x2x1x2")
+    _name(mx)
+    mx.add_argument("-n", "--ranks", type=positive_int, required=True, help="number of ranks")
+    mx.add_argument("--ppn", type=positive_int, help="ranks per node, consecutive ranks on one node (default: the "
+                                                     "ranks spread evenly over the bed's nodes)")
+    mx.add_argument("--order", choices=("block", "cyclic"), default="block",
+                    help="block: consecutive ranks on one node, as schedulers place them (default); cyclic: rank i "
+                         "on node i mod nodes, so the innermost grid axis (X) crosses nodes")
+    mx.add_argument("--mpiexec", metavar="PATH", help="the hydra mpiexec (default: next to this Python, else on PATH)")
+    mx.add_argument("--dry-run", action="store_true", help="print the command line instead of running it")
+    mx.add_argument("program", nargs="+", metavar="COMMAND", help="the program and its arguments (after --)")
+    mx.set_defaults(handler=cmd_testbed, serial=True)
+
+    ev = tsub.add_parser("env", help="shell lines that point Slurm's commands at the bed (SLURM_CONF) and keep "
+                         "UCX on TCP: eval \"$(fourd-mpi testbed env)\"")
+    _name(ev)
+    ev.set_defaults(handler=cmd_testbed, serial=True)
+
+
+def _name(parser) -> None:
+    parser.add_argument("--name", default=os.environ.get("FOURD_TESTBED", "fourd"),
+                        help=NAME_HELP + "; the environment variable FOURD_TESTBED sets the default")
+
+
+def cmd_testbed(args, world=None) -> int:
+    from fourd_mpi.testbed import bed
+
+    command = args.testbed_command
+    if command == "up":
+        from fourd_mpi.testbed import slurm
+
+        nodes = args.nodes if args.nodes is not None else (None if args.node_names else 2)
+        spec = bed.make_spec(args.name, nodes, args.node_names, args.rate, args.burst)
+        if args.slurm:
+            bed.require_machine()
+            missing = slurm.missing_programs()
+            if missing:
+                raise ConfigError(f"--slurm: Slurm is not installed ({', '.join(missing)} missing): apt-get install "
+                                  f"slurmctld slurmd slurm-client")
+        state, created = bed.up(spec)
+        started = False
+        if args.slurm:
+            try:
+                started = slurm.start(state, cpus=args.cpus)
+            except ConfigError:
+                bed.down(spec.name)
+                raise
+        verb = "up" if created else "already up"
+        print(f"test bed {spec.name} {verb}: {bed.describe(state)}"
+              + ("; Slurm " + ("started" if started else "running") if args.slurm else ""), file=sys.stderr)
+        return _show(bed.status(spec.name), args.format)
+    if command == "down":
+        removed = bed.down_all() if args.all else {args.name: bed.down(args.name)}
+        for name, what in removed.items():
+            print(f"test bed {name}: " + (f"removed {', '.join(what)}" if what else "was not up"))
+        if args.all and not removed:
+            print("no test bed was up")
+        return 0
+    if command == "status":
+        state = bed.status(args.name) if not bed.why_unavailable() else bed.load_state(args.name)
+        if state is None:
+            print(f"test bed {args.name} is not up")
+            return 1
+        _show(state, args.format)
+        return 1 if state.get("missing") else 0
+    if command == "env":
+        from fourd_mpi.testbed import slurm
+
+        state = bed.require_up(args.name)
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in bed.UCX_ENV.items()]
+        lines.append(f"export FOURD_TESTBED={shlex.quote(args.name)}")
+        if state.get("slurm"):
+            lines.append(f"export SLURM_CONF={shlex.quote(slurm.conf_path(state))}")
+        print("\n".join(lines))
+        return 0
+    if command == "mpiexec":
+        state = bed.require_up(args.name)
+        mpiexec = args.mpiexec or _hydra()
+        argv = bed.mpiexec_argv(state, args.ranks, args.ppn, mpiexec, args.order) + list(args.program)
+        env = {**os.environ, **bed.UCX_ENV}
+        if args.dry_run:
+            print(" ".join(f"{k}={shlex.quote(v)}" for k, v in bed.UCX_ENV.items()) + " " + shlex.join(argv))
+            return 0
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            os.execvpe(argv[0], argv, env)
+        except OSError as exc:
+            raise ConfigError(f"cannot run {argv[0]}: {exc.strerror}") from None
+    raise ConfigError(f"unknown testbed command {command!r}")
+
+
+def _hydra() -> str:
+    sibling = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.access(sibling, os.X_OK):
+        return sibling
+    found = shutil.which("mpiexec")
+    if not found:
+        raise ConfigError("no mpiexec next to this Python or on PATH: pip install 'fourd_mpi[mpich]', or give "
+                          "--mpiexec")
+    return found
+
+
+def _show(state: dict, fmt: str) -> int:
+    if fmt == "json":
+        print(json.dumps(state, indent=1, sort_keys=True))
+        return 0
+    from fourd_mpi.testbed import bed
+
+    print(f"test bed {state['name']}: {bed.describe(state)}; bridge address {state.get('bridge_addr')}")
+    counters = state.get("counters", {})
+    print(f"{'node':<16} {'address':<15} {'link':<14} {'rate':>10} {'burst':>9} {'sent':>12} {'received':>12}")
+    for node in bed.nodes_of(state):
+        c = counters.get(node.name, {})
+        print(f"{node.name:<16} {node.addr:<15} {node.veth:<14} {bed.rate_text(node.rate_bits):>10} "
+              f"{node.burst_bytes or '-':>9} {c.get('sent', '-'):>12} {c.get('received', '-'):>12}")
+    if state.get("slurm"):
+        print(f"slurm: SLURM_CONF={state['slurm']['conf']} (daemons {', '.join(map(str, state.get('pids', [])))})")
+    print(f"launcher shim: {bed.shim_path(state['name'])}")
+    if state.get("missing"):
+        print(f"damaged: missing {', '.join(state['missing'])}")
+    return 0

@@ -1,0 +1,21 @@
+#!/bin/bash
+#SBATCH --job-name=weak-gpt-tiny-000-n1-1x1x1x1
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=00:10:00
+#SBATCH --output=jobscripts/examples/emulated-slurm/logs/weak-gpt-tiny-000-n1-1x1x1x1.out
+# fourd-mpi sweep weak-gpt-tiny: run 1 of 4 on site emulated-slurm
+#   1 ranks = 1 node(s) x 1 ranks per node
+#   grid 1x1x1x1 (G_data x G_z x G_y x G_x), model gpt-tiny, global batch 8
+#   estimated memory per rank: 3.0 MiB
+# Rendered by fourd-mpi 0.1.0 from jobscripts/weak-gpt-tiny.yaml; re-render rather than edit.
+set -eo pipefail
+export OMP_NUM_THREADS=1
+export OPENBLAS_NUM_THREADS=1
+export UCX_TLS=tcp,self
+for tool in mpiexec python3; do  # the launcher and interpreter this job runs
+  command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
+done
+echo "fourd-mpi sweep weak-gpt-tiny run weak-gpt-tiny-000-n1-1x1x1x1 on $(hostname) at $(date -u +%FT%TZ)"
+mpiexec -iface eth0 -n 1 python3 -m fourd_mpi run --gdata 1 --gz 1 --gy 1 --gx 1 --model gpt-tiny --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny/emulated-slurm --run-id weak-gpt-tiny-000-n1-1x1x1x1 --display lines
