@@ -18,8 +18,8 @@
 set -eo pipefail
 export MPICH_GPU_SUPPORT_ENABLED=1
 export OMP_NUM_THREADS=72
-for tool in srun python3; do  # the launcher and interpreter this job runs
-  command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
-done
+# the launcher and interpreter this job runs: one line if either is missing (exit 127)
+tool=srun; command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
+tool=python3; command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
 echo "fourd-mpi sweep weak-gpt-tiny run weak-gpt-tiny-002-n4-1x1x2x2 on $(hostname) at $(date -u +%FT%TZ)"
 srun --gpus-per-task=1 -N 1 -n 4 --ntasks-per-node=4 -c 72 python3 -m fourd_mpi run --backend cupy --gdata 1 --gz 1 --gy 2 --gx 2 --model gpt-tiny --batch 32 --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny/alps --run-id weak-gpt-tiny-002-n4-1x1x2x2 --display lines

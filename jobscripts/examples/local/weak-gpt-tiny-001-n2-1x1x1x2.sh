@@ -7,8 +7,8 @@
 set -eo pipefail
 export OMP_NUM_THREADS=1
 export OPENBLAS_NUM_THREADS=1
-for tool in mpiexec python3; do  # the launcher and interpreter this job runs
-  command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
-done
+# the launcher and interpreter this job runs: one line if either is missing (exit 127)
+tool=mpiexec; command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
+tool=python3; command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
 echo "fourd-mpi sweep weak-gpt-tiny run weak-gpt-tiny-001-n2-1x1x1x2 on $(hostname) at $(date -u +%FT%TZ)"
 mpiexec -n 2 python3 -m fourd_mpi run --gdata 1 --gz 1 --gy 1 --gx 2 --model gpt-tiny --batch 16 --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny/local --run-id weak-gpt-tiny-001-n2-1x1x1x2 --display lines

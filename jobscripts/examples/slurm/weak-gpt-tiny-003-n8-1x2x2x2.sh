@@ -13,8 +13,8 @@
 set -eo pipefail
 export OMP_NUM_THREADS=1
 export OPENBLAS_NUM_THREADS=1
-for tool in srun python3; do  # the launcher and interpreter this job runs
-  command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
-done
+# the launcher and interpreter this job runs: one line if either is missing (exit 127)
+tool=srun; command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
+tool=python3; command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
 echo "fourd-mpi sweep weak-gpt-tiny run weak-gpt-tiny-003-n8-1x2x2x2 on $(hostname) at $(date -u +%FT%TZ)"
 srun --mpi=pmi2 -N 1 -n 8 --ntasks-per-node=8 python3 -m fourd_mpi run --gdata 1 --gz 2 --gy 2 --gx 2 --model gpt-tiny --batch 64 --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny/slurm --run-id weak-gpt-tiny-003-n8-1x2x2x2 --display lines

@@ -17,8 +17,8 @@ module load cuda
 module load spectrum-mpi
 module load python
 export OMP_NUM_THREADS=7
-for tool in jsrun python3; do  # the launcher and interpreter this job runs
-  command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
-done
+# the launcher and interpreter this job runs: one line if either is missing (exit 127)
+tool=jsrun; command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
+tool=python3; command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
 echo "fourd-mpi sweep weak-gpt-tiny run weak-gpt-tiny-000-n1-1x1x1x1 on $(hostname) at $(date -u +%FT%TZ)"
 jsrun -n 1 -a 1 -c 7 -g 1 -b packed:7 -r 1 --smpiargs=-gpu python3 -m fourd_mpi run --backend cupy --gdata 1 --gz 1 --gy 1 --gx 1 --model gpt-tiny --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny/summit --run-id weak-gpt-tiny-000-n1-1x1x1x1 --display lines
