@@ -52,7 +52,7 @@ RUN = ("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/fourd-mpi run --gx 2 
        "--model gpt-tiny --steps 10")
 EXAMPLES: Dict[str, Example] = {
     # the machine and its load when the examples ran (other jobs share the development machine)
-    "conditions": Example("echo \"Measured outputs last regenerated on $(date -u +%Y-%m-%d) on $(nproc) cores, load average "
+    "conditions": Example("echo \"Measured outputs last regenerated on $(date -u +%Y-%m-%d) on $(nproc --all) cores, load average "
                           "$(cut -d' ' -f1 /proc/loadavg) (1 min) as the examples started.\"", format="note"),
     # README command 1's job (the tour's first stop; docs/guide/runs.md shows it whole)
     "run": Example(RUN),
