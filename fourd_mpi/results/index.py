@@ -31,6 +31,8 @@ import math
 import os
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
+from fourd_mpi.util.yamlspec import schema_message
+
 INDEX_NAME = "index.jsonl"
 #: version of a line's layout (``"index": 1``)
 INDEX_VERSION = 1
@@ -208,7 +210,7 @@ def parse_line(text: str) -> Tuple[Optional[Dict], Optional[str]]:
     error = next(iter(_validator().iter_errors(entry)), None)
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "line"
-        return None, f"not an index entry ({where}: {error.message[:120]})"
+        return None, f"not an index entry ({where}: {schema_message(error)[:120]})"
     return entry, None
 
 

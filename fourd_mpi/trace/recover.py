@@ -25,6 +25,7 @@ from fourd_mpi.trace.rebuild import (GroupPool, SCRATCH, rank_step_keys, read_gr
                                      recover_parts)
 from fourd_mpi.trace.spool import _pid_alive
 from fourd_mpi.trace.writer import TraceFileWriter, ranks_table
+from fourd_mpi.util.yamlspec import schema_message
 
 
 def live_recovery_of(trace_path: str, spool_dir: str) -> bool:
@@ -152,7 +153,7 @@ def read_run_meta(spool_dir: str) -> Dict:
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(RUN_META_SCHEMA).iter_errors(run_meta))
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise TraceError(f"{meta_path}: {where}: {' '.join(error.message.split())[:160]}")
+        raise TraceError(f"{meta_path}: {where}: {' '.join(schema_message(error).split())[:160]}")
     run_meta["world_size"] = int(run_meta["world_size"])  # JSON Schema's integer admits 8.0
     return run_meta
 

@@ -215,7 +215,7 @@ def schema_violations(data: Any, schema: Dict[str, Any]) -> List[Tuple[List[Path
             error = jsonschema.exceptions.best_match([error])
         except TypeError:  # jsonschema ranks sub-errors by path; mixed str/int path parts do not compare
             pass
-        located.append((list(error.absolute_path) + _offending_key(error), _schema_message(error)))
+        located.append((list(error.absolute_path) + _offending_key(error), schema_message(error)))
     return located
 
 
@@ -227,7 +227,7 @@ def _offending_key(error) -> List[PathPart]:
     return []
 
 
-def _schema_message(error) -> str:
+def schema_message(error) -> str:
     """One short line for a schema violation, in the project's own words for every validator the
     project's schemas use (so the text does not change when jsonschema rewords its messages; the
     tests pin these lines); jsonschema's own message only for a validator none of them uses."""
@@ -262,11 +262,6 @@ def _schema_message(error) -> str:
     if error.validator == "uniqueItems":
         return f"{error.instance!r} has repeated items"
     return error.message
-
-
-def schema_message(error) -> str:
-    """:func:`_schema_message` for the other JSON-Schema users (run metadata, index entries)."""
-    return _schema_message(error)
 
 
 def load_yaml(path: str, what: str, schema: Dict[str, Any]) -> YamlDocument:
