@@ -18,19 +18,13 @@ import subprocess
 import time
 from pathlib import Path
 
-from fourd_mpi.testbed.slurm import random_first_job_id, slurm_conf
+from fourd_mpi.testbed.slurm import free_port, random_first_job_id, slurm_conf
 
 DAEMONS = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "srun")
 
 
 def missing_programs():
     return [name for name in DAEMONS if shutil.which(name) is None]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class LocalSlurm:
@@ -48,8 +42,8 @@ class LocalSlurm:
         host = socket.gethostname().split(".")[0]
         for sub in ("state", "spool"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        self.conf.write_text(slurm_conf(str(self.root), "fourdtest", host, [(host, "")], self.cpus, _free_port(),
-                                        _free_port(), first_job_id=random_first_job_id()))
+        self.conf.write_text(slurm_conf(str(self.root), "fourdtest", host, [(host, "")], self.cpus, free_port(),
+                                        free_port(), first_job_id=random_first_job_id()))
 
     def start(self, timeout: float = 60) -> None:
         self.write_conf()
