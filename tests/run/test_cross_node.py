@@ -1,10 +1,10 @@
-"""Runs across emulated nodes (network namespaces, tests/helpers/emunodes.py): the node records of the run
-header and the trace come from the launcher's node assignment, and ``analyze --what comm`` splits the
-collectives into intra- and inter-node by the recorded node spans.
+"""Runs across the multi-node test bed (:mod:`fourd_mpi.testbed`, network namespaces): the node records of
+the run header and the trace come from the launcher's node assignment, and ``analyze --what comm`` splits
+the collectives into intra- and inter-node by the recorded node spans.
 
-Needs root and ``ip`` (network namespaces); skipped with the reason elsewhere, except under ``CI=true``,
-where a missing prerequisite is a failure. The bed of this module (``h2t1``, ``h2t2``, ... on bridge
-``h2tbr``, 10.77.9.0/24) is torn down after every test, also when it fails.
+Needs root, iproute2 and util-linux; skipped with the reason elsewhere, except under ``CI=true``, where a
+missing prerequisite is a failure. The bed of this module has a name of its own (``x`` + this process's
+id) and is taken down after every test, also when it fails.
 """
 
 from __future__ import annotations
@@ -13,47 +13,62 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "helpers"))
-
-import emunodes  # noqa: E402
-
-from fourd_mpi.core.placement import NodePlacement  # noqa: E402
-from fourd_mpi.trace.events import LANE_COMM0  # noqa: E402
-from fourd_mpi.trace.read import load_trace  # noqa: E402
+from conftest import REPO, mpi_env
+from fourd_mpi.core.placement import NodePlacement
+from fourd_mpi.testbed import bed as tb
+from fourd_mpi.trace.events import LANE_COMM0
+from fourd_mpi.trace.read import load_trace
 
 pytestmark = pytest.mark.mpi
 
-BED = emunodes.EmulatedNodes(prefix="h2t", bridge="h2tbr", subnet="10.77.9")
-MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
-
-
-@pytest.fixture
-def bed():
-    reason = emunodes.unavailable_reason()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but {reason}")
-        pytest.skip(reason)
-    yield BED
-    BED.down()
-    assert BED.existing_nodes() == [], "emulated nodes left behind"
-
-
-def launch(bed, nodes, ppn, args, timeout=420):
-    bed.up(nodes)
-    cmd = bed.mpiexec_prefix(MPIEXEC, nodes, ppn) + [sys.executable, "-m", "fourd_mpi", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=emunodes.environment())
+NAME = f"x{os.getpid() % 10 ** 7}"
+HOSTS = [f"{NAME}-n{i}" for i in range(1, 5)]
 
 
 def fourd(args, timeout=120):
     return subprocess.run([sys.executable, "-m", "fourd_mpi", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=mpi_env(), cwd=REPO)
+
+
+class Bed:
+    """The module's test bed, brought up with as many nodes as a test asks for."""
+
+    def up(self, nodes: int) -> None:
+        state = tb.load_state(NAME)
+        if state is not None and len(state["nodes"]) != nodes:
+            self.down()
+        done = fourd(["testbed", "up", "--name", NAME, "--nodes", nodes])
+        assert done.returncode == 0, done.stderr
+
+    def down(self) -> None:
+        done = fourd(["testbed", "down", "--name", NAME])
+        assert done.returncode == 0, done.stderr
+
+    def link_sent(self, node: str) -> int:
+        return tb.link_counters(tb.load_state(NAME))[node]["sent"]
+
+
+@pytest.fixture
+def bed():
+    reason = tb.why_unavailable()
+    if reason:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but {reason}")
+        pytest.skip(reason)
+    b = Bed()
+    yield b
+    b.down()
+    assert tb.load_state(NAME) is None, "test bed left behind"
+
+
+def launch(bed, nodes, ppn, args, timeout=420):
+    bed.up(nodes)
+    return fourd(["testbed", "mpiexec", "--name", NAME, "-n", nodes * ppn, "--ppn", ppn, "--",
+                  sys.executable, "-m", "fourd_mpi", *args], timeout=timeout)
 
 
 def test_two_nodes_records_and_comm_split(bed, tmp_path):
@@ -63,7 +78,7 @@ def test_two_nodes_records_and_comm_split(bed, tmp_path):
     out = proc.stdout
     # the header: from MPI_COMM_TYPE_SHARED and the processor names, not from an assumption
     assert "on 8 ranks, 2 node(s), 4 rank(s) per node" in out, out
-    assert "2 node(s) (h2t1: ranks 0-3; h2t2: ranks 4-7); axes across nodes: z" in out, out
+    assert f"2 node(s) ({HOSTS[0]}: ranks 0-3; {HOSTS[1]}: ranks 4-7); axes across nodes: z" in out, out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ") and
             len(line.split()) > 4 and line.split()[0] in ("x", "y", "z", "data")}
     assert rows["x"][3] == "intra-node" and rows["y"][3] == "intra-node" and rows["z"][3] == "inter-node", rows
@@ -72,10 +87,10 @@ def test_two_nodes_records_and_comm_split(bed, tmp_path):
     meta = trace.metadata
     assert meta["num_nodes"] == 2 and meta["ranks_per_node"] == [4, 4]
     p = meta["placement"]
-    assert p["hosts"] == ["h2t1", "h2t2"] and p["nodes"] == [0] * 4 + [1] * 4
+    assert p["hosts"] == HOSTS[:2] and p["nodes"] == [0] * 4 + [1] * 4
     assert p["inter_node_axes"] == ["z"] and p["max_node_span"] == {"data": 1, "z": 2, "y": 1, "x": 1, "none": 2}
     ranks = np.sort(trace.ranks, order="rank")
-    assert [h.decode() for h in ranks["hostname"]] == ["h2t1"] * 4 + ["h2t2"] * 4
+    assert [h.decode() for h in ranks["hostname"]] == [HOSTS[0]] * 4 + [HOSTS[1]] * 4
     assert list(ranks["node"]) == [0] * 4 + [1] * 4 and list(ranks["local_rank"]) == [0, 1, 2, 3] * 2
 
     done = fourd(["analyze", str(tmp_path / "two-nodes.h5"), "--what", "comm", "--format", "json"])
@@ -92,14 +107,14 @@ def test_two_nodes_records_and_comm_split(bed, tmp_path):
     assert total == pytest.approx(100.0)
 
     # the inter-node collectives really crossed the link (UCX_TLS=tcp,self): at least the wire volume the trace
-    # gives for node h2t2's ranks went through its link (in TCP payload, plus headers)
+    # gives for the second node's ranks went through its link (in TCP payload, plus headers)
     ev = trace.events
     z = trace.vocab["axes"].index("z")
     node2 = (ev["rank"] >= 4) & (ev["axis"] == z) & (ev["lane"] >= LANE_COMM0)
     sent = int(ev["wire_bytes"][node2].sum())
     assert sent > 0
-    # the counters were reset with the bed: they hold this run's traffic only
-    assert bed.link_bytes("h2t2") >= sent, (bed.link_bytes("h2t2"), sent)
+    # the bed was made for this test: its counters hold this run's traffic (and the launcher's) only
+    assert bed.link_sent(HOSTS[1]) >= sent, (bed.link_sent(HOSTS[1]), sent)
 
 
 def test_four_nodes_verify_and_pipeline_node_numbering(bed, tmp_path):
