@@ -124,6 +124,19 @@ def fit_alpha_beta(points: List[Tuple[str, int, int, float]]) -> Optional[Dict[s
             "rms_rel_error": float(np.sqrt(np.mean(rel ** 2)))}
 
 
+def measured_points(rows: List["Row"]) -> Dict[str, List[List[float]]]:
+    """The profile's ``measured`` table of one collective: per group size ``p`` (a string key), the
+    ``[bytes, seconds]`` of every measured size, seconds = the median of the rows of that size and
+    ``p`` (several communicators of one size and level: their median); only sizes with a positive
+    finite time, and only group sizes with at least 2 such sizes (what interpolation needs)."""
+    by_p: Dict[int, Dict[int, List[float]]] = {}
+    for r in rows:
+        if r.p > 1 and math.isfinite(r.lat_s) and r.lat_s > 0:
+            by_p.setdefault(r.p, {}).setdefault(r.size, []).append(r.lat_s)
+    return {str(p): [[int(size), float(np.median(ts))] for size, ts in sorted(sizes.items())]
+            for p, sizes in sorted(by_p.items()) if len(sizes) >= 2}
+
+
 def default_grids(world_size: int) -> List[GridShape]:
     """One grid per divisor ``1 < p < world`` with ``G_x = p`` (the data axis takes the rest)."""
     return [GridShape(world_size // p, 1, 1, p) for p in range(2, world_size) if world_size % p == 0]
@@ -684,6 +697,7 @@ def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str
             continue
         entry: Dict = {"shared_by": int(result["ranks_per_node"])}
         by_size: Dict[str, Dict] = {}
+        measured: Dict[str, Dict] = {}
         fitted = []
         for kind in COLLECTIVES:  # only what was measured: a kind without points gets no fit
             pts = [(r.kind, r.p, r.size, r.lat_s) for r in rows if r.kind == kind]
@@ -699,6 +713,9 @@ def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str
                     per_p[str(p)] = f
             if per_p:
                 by_size[kind] = per_p
+            points = measured_points([r for r in rows if r.kind == kind])
+            if points:
+                measured[kind] = points
         if not fitted:
             continue
         lacking = [k for k in COLLECTIVES if k not in fitted]
@@ -706,6 +723,8 @@ def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str
                                 + (f"; no fit of {', '.join(lacking)} (not measured)" if lacking else ""))
         if by_size:
             entry["by_size"] = by_size
+        if measured:
+            entry["measured"] = measured
         syncs = {}
         for y in result.get("syncs", []):
             if y["level"] == level:

@@ -18,7 +18,9 @@ A profile (YAML, validated with JSON Schema, see :data:`PROFILE_SCHEMA`) holds
   ``k*(p-1)*alpha + k*(p-1)/p*S*beta`` (k = 2 for all-reduce, else 1), with ``shared_by`` = how
   many ranks of a node were communicating at once over that level when beta was measured
   (beta scales with the ranks that share the link in a run). Optional ``by_size`` holds fits per
-  group size ``p`` (used when present: calibrated profiles), and ``sync_s`` per group size the
+  group size ``p``, ``measured`` per collective and group size the benchmark's ``[bytes, seconds]``
+  points (calibrated profiles: the model interpolates them, :func:`interpolate_measured`, before it
+  falls back to the per-size fit, then the level's fit), and ``sync_s`` per group size the
   extra time of a collective issued right after compute rather than after a barrier (ranks
   arriving apart; large on oversubscribed nodes), added once per message.
 
@@ -46,7 +48,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from fourd_mpi.core.backend import DTYPES
 from fourd_mpi.core.colltable import COLLECTIVES, collective
@@ -65,6 +67,8 @@ _nonneg = {"type": "number", "minimum": 0}
 _fit = {"type": "object", "additionalProperties": False, "required": ["alpha_s", "beta_s_per_byte"],
         "properties": {"alpha_s": _nonneg, "beta_s_per_byte": _nonneg, "points": {"type": "integer"},
                        "rms_rel_error": _nonneg}}
+_points = {"type": "array", "minItems": 2, "items": {"type": "array", "minItems": 2, "maxItems": 2,
+                                                    "items": _pos}}
 _level = {
     # a calibration of a subset of the collectives (bench collectives --ops) has only their fits
     "type": "object", "additionalProperties": False, "required": ["shared_by"],
@@ -79,6 +83,11 @@ _level = {
         "by_size": {"type": "object", "additionalProperties": False,
                     "properties": {k: {"type": "object", "propertyNames": {"pattern": r"^[0-9]+$"},
                                        "additionalProperties": _fit} for k in KINDS}},
+        "measured": {"type": "object", "additionalProperties": False,
+                     "description": "per collective and group size p: [message bytes, seconds] pairs measured by "
+                                    "bench collectives (the median over iterations, max over ranks)",
+                     "properties": {k: {"type": "object", "propertyNames": {"pattern": r"^[0-9]+$"},
+                                        "additionalProperties": _points} for k in KINDS}},
     },
 }
 _count = {"type": "integer", "minimum": 1}
@@ -168,6 +177,38 @@ class Fit:
 
     def time(self, op: str, p: int, message_bytes: float, link_share: float = 1.0) -> float:
         return collective(op).ring_time(p, message_bytes, self.alpha_s, self.beta_s_per_byte, link_share)
+
+
+def monotone(values: Sequence[float]) -> List[float]:
+    """The non-decreasing sequence closest to ``values`` in least squares (isotonic regression by
+    pool-adjacent-violators: a run that decreases is replaced by its mean). [3, 1, 2] -> [2, 2, 2]."""
+    blocks: List[List[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
+    return [m for m, n in blocks for _ in range(int(n))]
+
+
+def interpolate_measured(points: Sequence[Sequence[float]], message_bytes: float) -> float:
+    """Seconds at ``message_bytes`` from measured ``[bytes, seconds]`` points: linear between the two
+    measured sizes around it; below the smallest, the smallest's time (latency-bound); above the
+    largest, the largest's time plus the extra bytes at the slope of the last two points (the
+    bandwidth of the largest messages). The times are first made non-decreasing in bytes
+    (:func:`monotone`: a larger message never costs less; on an oversubscribed node a median can
+    say otherwise by noise). Piecewise linear in bytes, so a monotone measurement is reproduced
+    exactly, unlike an alpha-beta fit through a link whose small messages pass in a burst."""
+    pts = sorted((float(b), float(t)) for b, t in points)
+    pts = list(zip([b for b, _ in pts], monotone([t for _, t in pts])))
+    if message_bytes <= pts[0][0]:
+        return pts[0][1]
+    for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+        if message_bytes <= b1:
+            return t0 + (t1 - t0) * (message_bytes - b0) / (b1 - b0) if b1 > b0 else t1
+    (b0, t0), (b1, t1) = pts[-2], pts[-1]
+    slope = max(0.0, (t1 - t0) / (b1 - b0)) if b1 > b0 else 0.0
+    return t1 + slope * (message_bytes - b1)
 
 
 @dataclass
@@ -321,6 +362,20 @@ class MachineProfile:
         by_size = (lv.get("by_size") or {}).get(op) or {}
         entry = by_size.get(str(p)) or lv[op]
         return Fit(float(entry["alpha_s"]), float(entry["beta_s_per_byte"])), int(lv["shared_by"])
+
+    def measured_time(self, level: str, op: str, p: int, message_bytes: float,
+                      link_share: float = 1.0) -> Optional[float]:
+        """Seconds of one ``op`` of ``message_bytes`` on ``p`` ranks at ``level`` from the level's
+        ``measured`` points of exactly ``p`` ranks (None without them): :func:`interpolate_measured`.
+        The part above the smallest size's time scales with ``link_share`` (ranks of a node in the run
+        / ``shared_by``), as beta does in the fit."""
+        owner, lv = self.level(level)
+        points = ((lv.get("measured") or {}).get(op) or {}).get(str(p))
+        if not points:
+            return None
+        t = interpolate_measured(points, message_bytes)
+        floor = min(pt[1] for pt in points)
+        return floor + (t - floor) * link_share if t > floor else t
 
     # -- the network section: published bandwidths by placement and message size ------------------
 

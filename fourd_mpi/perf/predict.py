@@ -7,7 +7,9 @@ Per rank and step (seconds), from :mod:`fourd_mpi.perf.volumes` (every collectiv
   uses the profile's ``intra`` level, one that crosses nodes ``inter``),
   ``t = count * (k*(p-1)*alpha + k*(p-1)/p*S*beta*share)``, k = 2 for all-reduce; ``share`` =
   ranks of a node in the run / the level's ``shared_by`` (ranks that shared the link when beta
-  was measured); plus the profile's synchronization cost per message (``sync_s``: ranks arriving
+  was measured); a calibrated profile's measured points of the same collective and group size
+  replace the fit (interpolated in bytes, :func:`~fourd_mpi.perf.machine.interpolate_measured`, the
+  part above the smallest message's time times ``share``); plus the profile's synchronization cost per message (``sync_s``: ranks arriving
   apart, measured by the benchmark) where it has one; a profile with a ``network`` section (published
   bandwidths by placement ``ip`` and message size, :meth:`~fourd_mpi.perf.machine.MachineProfile.network_time`)
   costs each message with that instead of alpha-beta;
@@ -195,7 +197,9 @@ def collective_parts(c: Collective, profile: MachineProfile, placement: Dict[str
         return c.count * t, c.count * profile.sync_s(level, c.p)
     fit, shared_by = profile.fit(level, c.op, c.p)
     share = ranks_on_node / shared_by if level == "inter" else 1.0
-    return c.count * fit.time(c.op, c.p, c.message_bytes, share), c.count * profile.sync_s(level, c.p)
+    measured = profile.measured_time(level, c.op, c.p, c.message_bytes, share)
+    one = measured if measured is not None else fit.time(c.op, c.p, c.message_bytes, share)
+    return c.count * one, c.count * profile.sync_s(level, c.p)
 
 
 def collective_time(c: Collective, profile: MachineProfile, placement: Dict[str, str],
