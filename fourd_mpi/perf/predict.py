@@ -437,7 +437,8 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
             overlap: Optional[OverlapConfig] = None, dtype: str = "float32", progress: str = "poll",
             optimizer: str = "adam", ranks_per_node: Optional[int] = None, recompute: str = "none",
             attention: str = "unfused", precision: Optional[str] = None,
-            shard_optimizer: str = "none", dw_window: Optional[int] = None) -> Prediction:
+            shard_optimizer: str = "none", dw_window: Optional[int] = None,
+            levels: Optional[Dict[str, str]] = None) -> Prediction:
     """Predict one training step of ``cfg`` on ``grid`` (see the module docstring).
 
     ``ranks_per_node``: ranks of the run per node (default: the profile's, or the world size when
@@ -447,10 +448,16 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     Raises :class:`~fourd_mpi.errors.ConfigError` when the profile lacks a level the grid needs and
     has no fallback. ``dw_window``: at most this many dW blocks in flight with ORS (memory only;
     :func:`~fourd_mpi.perf.memory.comm_buffer_elements`; None: every layer's, as this suite's step).
+    ``levels``: ``axis -> "intra" | "inter"`` for a rank order other than consecutive ranks on a node
+    (e.g. the placement a run recorded, :class:`~fourd_mpi.core.placement.NodePlacement`); axes it
+    leaves out keep :func:`~fourd_mpi.perf.machine.axis_placement`'s level.
     """
     overlap = overlap or OverlapConfig()
     rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)
-    placement = axis_placement(grid, rpn)
+    placement = {**axis_placement(grid, rpn), **(levels or {})}
+    bad = {a: v for a, v in (levels or {}).items() if a not in ("data", "z", "y", "x") or v not in ("intra", "inter")}
+    if bad:
+        raise ConfigError(f"placement levels {bad}: give axis data|z|y|x -> intra|inter")
     inner = axis_inner_products(grid)
     notes: List[str] = []
     gemm_rate_tflops(profile, dtype, notes)

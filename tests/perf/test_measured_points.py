@@ -84,3 +84,20 @@ def test_the_model_costs_a_message_from_the_measurements_with_the_link_share(tmp
 def test_a_bad_table_is_refused(tmp_path, bad):
     with pytest.raises(ConfigError):
         profile_with(tmp_path, bad)
+
+
+def test_a_rank_order_other_than_consecutive_is_given_as_levels():
+    from fourd_mpi.core.grid import GridShape
+    from fourd_mpi.perf.predict import predict
+    from fourd_mpi.step.presets import resolve_model
+
+    cfg = resolve_model("gpt-tiny")
+    prof = load_profile("laptop", fallback="perlmutter")
+    grid = GridShape(data=1, z=2, y=1, x=2)
+    block = predict(cfg, grid, prof, ranks_per_node=2)
+    assert block.placement["x"] == "intra" and block.placement["z"] == "inter"
+    cyclic = predict(cfg, grid, prof, ranks_per_node=2, levels={"x": "inter", "z": "intra"})
+    assert cyclic.placement["x"] == "inter" and cyclic.placement["z"] == "intra"
+    assert cyclic.exposed_by_axis()["x"] > block.exposed_by_axis()["x"]
+    with pytest.raises(ConfigError, match="intra|inter"):
+        predict(cfg, grid, prof, ranks_per_node=2, levels={"x": "across"})
