@@ -1,15 +1,30 @@
-"""Across node boundaries on the test bed (docs/multinode.md): placement, overlap and the Slurm launch.
+"""Across node boundaries on the test bed (docs/multinode.md): calibration, placement, overlap against a
+link, the ranking of every grid, the algorithms side by side, and the Slurm launch.
 
-Brings up its own test bed (``bm<pid>``, 2 nodes, ``--rate`` links, Slurm) and always takes it down.
-Two parts, each measured **side by side, alternating** (round r runs every case once, then round r+1),
-with the 1-minute load average before and after and the exact command of every case:
+Brings up its own test bed (``bm<pid>``, 2 nodes, or 4 when a 4 x 2 layout is asked for, ``--rate``
+links, Slurm when the launch part runs) and always takes it down. Every comparison is measured **side by
+side, alternating** (round r runs every case once, then round r+1), with the 1-minute load average before
+and after and the exact command of every case. The model's figures use only profiles that
+``fourd-mpi bench collectives`` measured on the bed itself (part 0), never a step time.
 
+0. ``calibration``: ``bench collectives`` on each rank layout used below (nodes x ranks per node), written
+   as a machine profile (alpha-beta fits and the measured points the model interpolates; the fits' rms
+   error is printed) and copied next to ``--output`` when given.
 1. ``placement``: the same grid and model with X inside nodes (``--order block``: consecutive ranks on
    one node, so X is intra-node and Z inter-node) and with X across nodes (``--order cyclic``), and the
-   block placement with ``--overlap all``. Per case: the median step time (from the run's summary line:
-   median over measured steps of the max over ranks) of each round, the ratio to ``block`` of the same
-   round, and the bytes each run put on node 1's link (``testbed status`` counters, both directions).
-2. ``launch``: ``--launch-repeats`` two-node Slurm batch jobs of a 4-rank ``fourd-mpi run``, alternating
+   block placement with ``--overlap all``; per case the median step time of each round (from the run's
+   summary line: median over measured steps of the max over ranks), the ratio to ``block`` of the same
+   round, the bytes on node 1's link, and the model's step and ratio.
+2. ``overlap``: data parallelism across the link (G_data = 2, one rank per node): ``--overlap none``
+   and ``--overlap all`` with each ``--progress`` mode, and the compute-only time (the same run with
+   both ranks on one node, less its exposed communication) and communication-only time (the
+   ``--overlap none`` run's exposed communication), both from the traces (``analyze --what
+   breakdown``); the overlapped step / max(compute, communication).
+3. ``ranking``: every grid of 8 ranks on each ``--rank-layouts`` layout, measured median step against
+   the model's (the layout's calibrated profile); Spearman and where the model's best grid is measured.
+4. ``algorithms``: the tuner's best configuration of each algorithm (``tune --algorithm all`` on the
+   2 x 4 profile), measured side by side; the measured and the predicted order.
+5. ``launch``: ``--launch-repeats`` two-node Slurm batch jobs of a 4-rank ``fourd-mpi run``, alternating
    ``srun --mpi=pmi2`` and hydra ``mpiexec -iface eth0`` inside the allocation; a job not done in
    ``--launch-timeout`` seconds is cancelled and counted as hung, with the pmi2 plugin's errors counted.
 
@@ -28,6 +43,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -60,7 +76,14 @@ def main() -> int:
     ap.add_argument("--launch-repeats", type=int, default=4, help="Slurm jobs per launcher (default 4; 0: skip)")
     ap.add_argument("--launch-timeout", type=float, default=90, help="seconds before a job counts as hung")
     ap.add_argument("--rank-repeats", type=int, default=0,
-                    help="3. ranking: alternating rounds over every grid of 8 ranks on 2 nodes x 4 (default 0: skip)")
+                    help="3. ranking: alternating rounds over every grid of 8 ranks (default 0: skip)")
+    ap.add_argument("--rank-layouts", default="2x4",
+                    help="3. ranking: comma list of NODESxPPN layouts of 8 ranks (default 2x4; e.g. 2x4,4x2)")
+    ap.add_argument("--overlap-repeats", type=int, default=0,
+                    help="2. overlap: alternating rounds (default 0: skip)")
+    ap.add_argument("--overlap-hidden", type=int, default=512, help="2. overlap: hidden size (default 512)")
+    ap.add_argument("--algorithm-repeats", type=int, default=0,
+                    help="4. algorithms: alternating rounds (default 0: skip)")
     ap.add_argument("--skip-placement", action="store_true", help="skip part 1")
     ap.add_argument("--output", help="also write the report here")
     args = ap.parse_args()
@@ -76,31 +99,51 @@ def main() -> int:
         print(line, flush=True)
         out.append(line)
 
-    up = fourd("testbed", "up", "--name", name, "--nodes", 2, "--rate", args.rate,
+    layouts = [tuple(int(v) for v in text.split("x")) for text in args.rank_layouts.split(",")] \
+        if args.rank_repeats else []
+    nodes = max([2] + [n for n, _ in layouts])
+    up = fourd("testbed", "up", "--name", name, "--nodes", nodes, "--rate", args.rate,
                *(["--slurm"] if args.launch_repeats else []), env=env)
     if up.returncode:
         print(up.stderr, file=sys.stderr)
         return 1
+    tmp = tempfile.mkdtemp(prefix="multinode-")
     try:
-        say(f"# bench/multinode.py: test bed {name}, 2 nodes, links {args.rate} each way (tbf), "
+        say(f"# bench/multinode.py: test bed {name}, {nodes} nodes, links {args.rate} each way (tbf), "
             f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
         say(f"# command: {' '.join(shlex.quote(a) for a in sys.argv)}")
         say(f"# machine: {os.cpu_count()} cores; load average (1 min) at start {load()}")
+        needed = set(layouts)
         if not args.skip_placement:
-            placement(args, name, env, say)
-        if args.rank_repeats:
-            ranking(args, name, env, say)
+            needed.add((2, 2))
+        if args.overlap_repeats:
+            needed.add((2, 1))
+        if args.algorithm_repeats:
+            needed.add((2, 4))
+        say()
+        say("## 0. calibration: fourd-mpi bench collectives on the bed, one profile per layout (nodes x ranks per "
+            "node) used below")
+        profiles = {lay: calibrate(args, name, env, say, lay, tmp) for lay in sorted(needed)}
+        if not args.skip_placement:
+            placement(args, name, env, say, profiles[(2, 2)])
+        if args.overlap_repeats:
+            overlap(args, name, env, say, profiles[(2, 1)])
+        for lay in layouts:
+            ranking(args, name, env, say, lay, profiles[lay])
+        if args.algorithm_repeats:
+            algorithms(args, name, env, say, profiles[(2, 4)])
         if args.launch_repeats:
             launch(args, name, env, say)
         say(f"# load average (1 min) at end {load()}")
     finally:
         fourd("testbed", "down", "--name", name, env=env)
+        shutil.rmtree(tmp, ignore_errors=True)
     if args.output:
         Path(args.output).write_text("\n".join(out) + "\n")
     return 0
 
 
-def placement(args, name, env, say) -> None:
+def placement(args, name, env, say, profile_path) -> None:
     model = ["--model", "gpt-tiny", "--hidden", args.hidden, "--seq", args.seq, "--batch", args.batch,
              "--steps", args.steps, "--warmup", 1, "--trace-level", "step"]
     cases = {
@@ -132,9 +175,8 @@ def placement(args, name, env, say) -> None:
                     continue
                 link = (after["sent"] - before["sent"] + after["received"] - before["received"]) / 1e6
                 results[case].append((r, float(match.group(1)), link, axes))
-    model = predicted(args)
-    say(f"#   model: fourd_mpi.perf.predict with the laptop profile's intra-node level and a nominal inter-node "
-        f"level (alpha 100 us, beta = 8/rate s/B, shared by the node's 2 ranks); cyclic = X inter, Z intra")
+    model = predicted(args, profile_path)
+    say(f"#   model: fourd_mpi.perf.predict with the 2 x 2 calibrated profile (part 0); cyclic = X inter, Z intra")
     say(f"{'case':<15} {'X':<11} {'Z':<11} {'step s per round':<28} {'median s':>9} {'vs block (same round)':>24} "
         f"{'node-1 link MB/run':>19} {'model s':>8} {'model vs block':>15}")
     base = {r: s for r, s, _, _ in results["block"]}
@@ -151,34 +193,59 @@ def placement(args, name, env, say) -> None:
             f"{model[case] / model['block']:>15.2f}")
 
 
-def nominal_profile(args, ranks_per_node: int):
-    """The laptop profile with the bed's link as its inter-node level (alpha 100 us, beta = 8 / rate)."""
-    import yaml
-
-    from fourd_mpi.perf.machine import PROFILES_DIR, load_profile
-
-    data = yaml.safe_load(open(os.path.join(PROFILES_DIR, "laptop.yaml")))
-    beta = 8.0 / tb.parse_rate(args.rate)
-    data["name"], data["node"]["ranks_per_node"] = "bed-nominal", ranks_per_node
-    data["levels"]["inter"] = {"description": f"nominal {args.rate} tbf link", "shared_by": ranks_per_node,
-                               **{op: {"alpha_s": 1e-4, "beta_s_per_byte": beta}
-                                  for op in ("allgather", "reduce_scatter", "allreduce")}}
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
-        yaml.safe_dump(data, fh)
-    try:
-        return load_profile(fh.name)
-    finally:
-        os.unlink(fh.name)
+CALIBRATION = ["--min-size", "2K", "--factor", "4", "--max-size", "2M"]
 
 
-def ranking(args, name, env, say) -> None:
-    """Every grid of 8 ranks (2 nodes x 4, block order): measured median step against the model's."""
+def calibrate(args, name, env, say, layout, tmp) -> str:
+    """``bench collectives`` on ``layout`` (nodes, ranks per node) of the bed; the profile's path."""
+    nodes, ppn = layout
+    path = os.path.join(tmp, f"bed-{nodes}x{ppn}.yaml")
+    argv = ["testbed", "mpiexec", "--name", name, "-n", nodes * ppn, "--ppn", ppn, "--", PY, "-m", "fourd_mpi",
+            "bench", "collectives", *CALIBRATION, "-o", path, "--name", f"bed-{nodes}x{ppn}", "--fallback", "laptop"]
+    say(f"#   {nodes} x {ppn}: fourd-mpi testbed mpiexec -n {nodes * ppn} --ppn {ppn} -- fourd-mpi bench collectives "
+        f"{' '.join(CALIBRATION)} -o bed-{nodes}x{ppn}.yaml --fallback laptop")
+    done = fourd(*argv, env=env, timeout=3600)
+    if done.returncode or not os.path.exists(path):
+        say(f"#   failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+        raise SystemExit(1)
+    tail = done.stdout[done.stdout.find("machine profile"):].splitlines()[1:]
+    for line in tail:
+        if line.strip():
+            say(f"#     {line.strip()}")
+    if args.output:
+        keep = os.path.join(os.path.dirname(os.path.abspath(args.output)), f"multinode-profile-{nodes}x{ppn}.yaml")
+        shutil.copyfile(path, keep)
+        say(f"#     kept as {os.path.relpath(keep, ROOT)}")
+    return path
+
+
+def _profile(path):
+    from fourd_mpi.perf.machine import load_profile
+
+    return load_profile(path)
+
+
+def _step(done):
+    match = re.search(r"step time: median ([0-9.]+) s", done.stdout)
+    return float(match.group(1)) if done.returncode == 0 and match else None
+
+
+def _spearman(a, b) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b).correlation)
+
+
+def ranking(args, name, env, say, layout, profile_path) -> None:
+    """Every grid of 8 ranks (``layout`` nodes x ranks per node, block order): measured median step
+    against the model's with the layout's calibrated profile."""
     from fourd_mpi.core.grid import GridShape
     from fourd_mpi.errors import ConfigError
     from fourd_mpi.perf import predict as pr
     from fourd_mpi.step.presets import resolve_model
 
-    profile = nominal_profile(args, 4)
+    nodes, ppn = layout
+    profile = _profile(profile_path)
     cfg = resolve_model("gpt-tiny", hidden=args.hidden, seq=args.seq, batch=args.batch)
     grids = {}
     for d in (1, 2, 4, 8):
@@ -188,21 +255,21 @@ def ranking(args, name, env, say) -> None:
                 if x:
                     try:
                         grids[f"{d}x{z}x{y}x{x}"] = pr.predict(cfg, GridShape(data=d, z=z, y=y, x=x), profile,
-                                                               ranks_per_node=4).step_s
+                                                               ranks_per_node=ppn).step_s
                     except ConfigError:
                         continue
     say()
-    say(f"## 3. ranking: every grid of 8 ranks, 2 nodes x 4 (block), gpt-tiny h={args.hidden} seq={args.seq} "
-        f"batch={args.batch}, {args.steps} measured steps, {args.rank_repeats} alternating rounds; model: the "
-        f"laptop profile with the link's nominal rate as its inter level, ranks_per_node 4")
-    say(f"#   each: fourd-mpi testbed mpiexec -n 8 --ppn 4 -- fourd-mpi run --gdata D --gz Z --gy Y --gx X --model gpt-tiny "
+    say(f"## 3. ranking: every grid of 8 ranks, {nodes} nodes x {ppn} (block), gpt-tiny h={args.hidden} "
+        f"seq={args.seq} batch={args.batch}, {args.steps} measured steps, {args.rank_repeats} alternating rounds; "
+        f"model: the {nodes} x {ppn} calibrated profile (part 0), ranks_per_node {ppn}")
+    say(f"#   each: fourd-mpi testbed mpiexec -n 8 --ppn {ppn} -- fourd-mpi run --gdata D --gz Z --gy Y --gx X --model gpt-tiny "
         f"--hidden {args.hidden} --seq {args.seq} --batch {args.batch} --steps {args.steps} --warmup 1 --trace-level step")
     measured = {g: [] for g in grids}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rank_repeats):
             for g in grids:
                 d, z, y, x = g.split("x")
-                done = fourd("testbed", "mpiexec", "-n", 8, "--ppn", 4, "--", PY, "-m", "fourd_mpi", "run",
+                done = fourd("testbed", "mpiexec", "-n", 8, "--ppn", ppn, "--", PY, "-m", "fourd_mpi", "run",
                              "--gdata", d, "--gz", z, "--gy", y, "--gx", x, "--model", "gpt-tiny", "--hidden",
                              args.hidden, "--seq", args.seq, "--batch", args.batch, "--steps", args.steps,
                              "--warmup", 1, "--trace-level", "step", "--results-dir", tmp, env=env)
@@ -219,33 +286,156 @@ def ranking(args, name, env, say) -> None:
     for i, (g, m, p) in enumerate(rows):
         say(f"{g:<9} {m:>10.3f} {i + 1:>5} {p:>8.3f} {model_rank[g]:>10}")
     if len(rows) > 2:
-        from scipy.stats import spearmanr
-
-        rho = spearmanr([m for _, m, _ in rows], [p for _, _, p in rows]).correlation
+        rho = _spearman([m for _, m, _ in rows], [p for _, _, p in rows])
         best = model_order[0][0]
         say(f"Spearman rank correlation (measured vs model, {len(rows)} grids): {rho:.2f}; the model's best grid "
             f"{best} is measured #{[g for g, _, _ in rows].index(best) + 1}")
 
 
-def predicted(args) -> dict:
-    """The performance model's step time of each placement case, on a nominal profile of the bed."""
+def predicted(args, profile_path) -> dict:
+    """The performance model's step time of each placement case, with the bed's calibrated profile."""
     from fourd_mpi.core.grid import GridShape
     from fourd_mpi.perf import predict as pr
     from fourd_mpi.step.overlap import OverlapConfig
     from fourd_mpi.step.presets import resolve_model
 
-    profile = nominal_profile(args, 2)
+    profile = _profile(profile_path)
     cfg = resolve_model("gpt-tiny", hidden=args.hidden, seq=args.seq, batch=args.batch)
     grid = GridShape(data=1, z=2, y=1, x=2)
-    out = {"block": pr.predict(cfg, grid, profile, ranks_per_node=2).step_s,
-           "block+overlap": pr.predict(cfg, grid, profile, OverlapConfig.parse("all"), ranks_per_node=2).step_s}
-    original = pr.axis_placement
-    pr.axis_placement = lambda g, rpn: {"x": "inter", "y": "-", "z": "intra", "data": "-"}
-    try:
-        out["cyclic"] = pr.predict(cfg, grid, profile, ranks_per_node=2).step_s
-    finally:
-        pr.axis_placement = original
-    return out
+    return {"block": pr.predict(cfg, grid, profile, ranks_per_node=2).step_s,
+            "block+overlap": pr.predict(cfg, grid, profile, OverlapConfig.parse("all"), ranks_per_node=2).step_s,
+            "cyclic": pr.predict(cfg, grid, profile, ranks_per_node=2, levels={"x": "inter", "z": "intra"}).step_s}
+
+
+def _breakdown(path: str) -> dict:
+    """``analyze --what breakdown`` of one trace: step seconds and the exposed-communication share."""
+    import json
+
+    done = fourd("analyze", path, "--what", "breakdown", "--format", "json")
+    row = json.loads(done.stdout)["breakdown"][0]
+    comm = sum(v for k, v in row.items() if k.startswith("comm_") and k.endswith("_%") and v)
+    return {"step_s": float(row["step_s"]), "comm_s": float(row["step_s"]) * comm / 100.0}
+
+
+def overlap(args, name, env, say, profile_path) -> None:
+    """Data parallelism across the link: overlapped step against max(compute-only, communication-only)."""
+    from fourd_mpi.core.grid import GridShape
+    from fourd_mpi.perf import predict as pr
+    from fourd_mpi.step.overlap import OverlapConfig
+    from fourd_mpi.step.presets import resolve_model
+
+    h = args.overlap_hidden
+    model = ["--model", "gpt-tiny", "--hidden", h, "--seq", 128, "--batch", 16, "--steps", args.steps, "--warmup", 1,
+             "--trace-level", "op", "--gdata", 2]
+    cases = {  # case: (ranks per node, run options)
+        "compute-only (1 node)": (2, ["--overlap", "none"]),
+        "none": (1, ["--overlap", "none"]),
+        "all, progress poll": (1, ["--overlap", "all", "--progress", "poll"]),
+        "all, progress thread": (1, ["--overlap", "all", "--progress", "thread"]),
+    }
+    say()
+    say(f"## 2. overlap against a link: G_data = 2, gpt-tiny h={h} seq=128 batch=16, {args.steps} measured steps, "
+        f"{args.overlap_repeats} alternating rounds; 1 rank per node (2 nodes), compute-only = both ranks on one node")
+    for case, (ppn, extra) in cases.items():
+        say(f"#   {case}: fourd-mpi testbed mpiexec -n 2 --ppn {ppn} -- fourd-mpi run "
+            f"{' '.join(map(str, model + extra))}")
+    got = {c: [] for c in cases}
+    for r in range(args.overlap_repeats):
+        for i, (case, (ppn, extra)) in enumerate(cases.items()):
+            path = os.path.join(tempfile.gettempdir(), f"{name}-ov{r}-{i}")
+            shutil.rmtree(path, ignore_errors=True)
+            done = fourd("testbed", "mpiexec", "--name", name, "-n", 2, "--ppn", ppn, "--", PY, "-m", "fourd_mpi",
+                         "run", *model, *extra, "--results-dir", path, "--run-id", "ov", env=env)
+            if _step(done) is None:
+                say(f"# {case} round {r + 1} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+                continue
+            got[case].append((r, _breakdown(os.path.join(path, "ov.h5"))))
+            shutil.rmtree(path, ignore_errors=True)
+    prof = _profile(profile_path)
+    cfg = resolve_model("gpt-tiny", hidden=h, seq=128, batch=16)
+    grid = GridShape(data=2, z=1, y=1, x=1)
+    say(f"#   compute = step - exposed comm of the 1-node run; comm = exposed comm of the 'none' run (nothing "
+        f"overlaps it); bound = max(compute, comm) of the same round; model: the 2 x 1 calibrated profile")
+    say(f"{'case':<22} {'step s per round':<40} {'median s':>9} {'exposed comm s':>15} {'vs bound (same round)':>22} "
+        f"{'model s':>8}")
+    bound = {}
+    for r, b in got["compute-only (1 node)"]:
+        none = dict(got["none"]).get(r)
+        if none is not None:
+            bound[r] = max(b["step_s"] - b["comm_s"], none["comm_s"])
+    for case, rows in got.items():
+        if not rows:
+            continue
+        steps = [b["step_s"] for _, b in rows]
+        ratios = [b["step_s"] / bound[r] for r, b in rows if r in bound]
+        ratio = f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-"
+        if case.startswith("compute"):
+            pred = pr.predict(cfg, grid, prof, ranks_per_node=2)
+            ms = pred.compute_s
+        else:
+            ov = OverlapConfig.parse("all" if case.startswith("all") else "none")
+            progress = "thread" if "thread" in case else "poll"
+            ms = pr.predict(cfg, grid, prof, ov, progress=progress, ranks_per_node=1).step_s
+        say(f"{case:<22} {' '.join(f'{v:.3f}' for v in steps):<40} {statistics.median(steps):>9.3f} "
+            f"{statistics.median(b['comm_s'] for _, b in rows):>15.3f} {ratio:>22} {ms:>8.3f}")
+    if bound:
+        say(f"# bound = max(compute, comm), median over rounds: {statistics.median(bound.values()):.3f} s; "
+            f"target: an overlapped step <= 1.10 x bound")
+
+
+#: ``tune``'s extra options of a configuration -> ``fourd-mpi run`` options
+RUN_OPTION = {"stages": "--ginter", "microbatches": "--microbatches", "schedule": "--pipeline-schedule"}
+
+
+def algorithms(args, name, env, say, profile_path) -> None:
+    """The tuner's best configuration of each algorithm on 2 nodes x 4, measured side by side."""
+    from fourd_mpi.perf.algorithms import rank_algorithms
+    from fourd_mpi.step.presets import resolve_model
+
+    prof = _profile(profile_path)
+    cfg = resolve_model("gpt-tiny", hidden=args.hidden, seq=args.seq, batch=args.batch)
+    names = ["axonn4d", "megatron1d", "fsdp", "optimus3d", "pipeline"]
+    ranked = rank_algorithms(names, cfg, 8, prof, ranks_per_node=4)
+    best = {}
+    for e in ranked.every:  # each algorithm's fastest configuration that is not plain data parallelism
+        if e.algorithm not in best and str(e.grid).split("x")[0] != "8":
+            best[e.algorithm] = e
+    say()
+    say(f"## 4. algorithms side by side: each algorithm's best configuration by tune --algorithm all (the 2 x 4 "
+        f"profile), 8 ranks on 2 nodes x 4, gpt-tiny h={args.hidden} seq={args.seq} batch={args.batch}, "
+        f"{args.steps} measured steps, {args.algorithm_repeats} alternating rounds")
+    argv = {}
+    for n, e in best.items():
+        if e is None:
+            continue
+        d, z, y, x = str(e.grid).split("x")
+        extra = [str(a) for k, v in sorted(e.options.items()) if k in RUN_OPTION for a in (RUN_OPTION[k], v)]
+        argv[n] = ["--algorithm", n, "--gdata", d, "--gz", z, "--gy", y, "--gx", x, *extra]
+        say(f"#   {n}: fourd-mpi testbed mpiexec -n 8 --ppn 4 -- fourd-mpi run {' '.join(argv[n])} --model gpt-tiny "
+            f"--hidden {args.hidden} --seq {args.seq} --batch {args.batch} --steps {args.steps} --warmup 1")
+    measured = {n: [] for n in argv}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.algorithm_repeats):
+            for n, a in argv.items():
+                done = fourd("testbed", "mpiexec", "--name", name, "-n", 8, "--ppn", 4, "--", PY, "-m", "fourd_mpi",
+                             "run", *a, "--model", "gpt-tiny", "--hidden", args.hidden, "--seq", args.seq, "--batch",
+                             args.batch, "--steps", args.steps, "--warmup", 1, "--trace-level", "step",
+                             "--results-dir", tmp, env=env)
+                step = _step(done)
+                if step is None:
+                    say(f"# {n} round {r + 1} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+                else:
+                    measured[n].append(step)
+    rows = sorted(((n, statistics.median(m), best[n]) for n, m in measured.items() if m), key=lambda t: t[1])
+    order = {n: i + 1 for i, (n, _, _) in enumerate(sorted(rows, key=lambda t: t[2].prediction.step_s))}
+    say("# plain data parallelism (8x1x1x1) is left out of every algorithm but as the same step it is; megatron1d's "
+        "grids are axonn4d grids (the same step)")
+    say(f"{'algorithm':<11} {'configuration':<34} {'measured s':>10} {'rank':>5} {'model s':>8} {'model rank':>10}")
+    for i, (n, m, e) in enumerate(rows):
+        say(f"{n:<11} {e.label:<34} {m:>10.3f} {i + 1:>5} {e.prediction.step_s:>8.3f} {order[n]:>10}")
+    if len(rows) > 2:
+        say(f"Spearman rank correlation (measured vs model, {len(rows)} algorithms): "
+            f"{_spearman([m for _, m, _ in rows], [e.prediction.step_s for _, _, e in rows]):.2f}")
 
 
 SCRIPT = """#!/bin/bash

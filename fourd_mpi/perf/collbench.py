@@ -476,7 +476,11 @@ def run_bench(args, world, watchdog=None) -> Dict:
     comms: List[List] = []  # [name, level, communicator, axes it stands for]
     seen: Dict[Tuple, List] = {}
     made = []
-    num_nodes, local_size = 1, size
+    # the world's nodes from the launcher's assignment (not from the grids: a prime world size has none)
+    from fourd_mpi.core.grid import gather_placement
+
+    whole = gather_placement(world, {"data": 1, "z": 1, "y": 1, "x": size})
+    num_nodes, local_size = whole.num_nodes, max(whole.ranks_per_node)
     for g in grids:
         pg = ProcessGrid(world, g)
         made.append(pg)

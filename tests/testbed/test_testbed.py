@@ -206,6 +206,28 @@ def test_cross_node_verify_and_run_send_bytes_over_the_links(bed, tmp_path):
     assert len(json.loads(done.stdout)["comparisons"]) == 1, done.stdout
 
 
+@pytest.mark.parametrize("ranks, ppn", [(4, 2), (2, 1)])
+def test_bench_collectives_on_the_bed_writes_intra_and_inter_levels(bed, tmp_path, ranks, ppn):
+    """A calibration on the bed: the levels follow the launcher's node assignment (also for a prime world
+    size, which has no grid of its own: 2 ranks on 2 nodes is an inter-node world), and the profile keeps
+    the measured points the model interpolates."""
+    import yaml
+
+    out = tmp_path / "bed.yaml"
+    done = fourd(["testbed", "mpiexec", "--name", NAME, "-n", str(ranks), "--ppn", str(ppn), "--", sys.executable,
+                  "-m", "fourd_mpi", "bench", "collectives", "--ops", "iallreduce,iallgather", "--min-size", "1K",
+                  "--max-size", "16K", "--iters", "3", "--warmup", "1", "--overlap-sizes", "0", "-o", out,
+                  "--fallback", "laptop"], timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    prof = yaml.safe_load(out.read_text())
+    assert prof["calibration"]["num_nodes"] == 2 and prof["node"]["ranks_per_node"] == ppn
+    assert "inter" in prof["levels"] and ("intra" in prof["levels"]) == (ppn > 1), prof["levels"].keys()
+    inter = prof["levels"]["inter"]
+    assert inter["shared_by"] == ppn
+    points = inter["measured"]["allreduce"][str(ranks)]
+    assert [b for b, _ in points] == [1024, 8192] and all(t > 0 for _, t in points)
+
+
 SPEC = """\
 name: emu
 study: weak
