@@ -120,9 +120,10 @@ def main() -> int:
             needed.add((2, 1))
         if args.algorithm_repeats:
             needed.add((2, 4))
-        say()
-        say("## 0. calibration: fourd-mpi bench collectives on the bed, one profile per layout (nodes x ranks per "
-            "node) used below")
+        if needed:
+            say()
+            say("## 0. calibration: fourd-mpi bench collectives on the bed, one profile per layout (nodes x ranks "
+                "per node) used below")
         profiles = {lay: calibrate(args, name, env, say, lay, tmp) for lay in sorted(needed)}
         if not args.skip_placement:
             placement(args, name, env, say, profiles[(2, 2)])
@@ -312,9 +313,9 @@ def _breakdown(path: str) -> dict:
     import json
 
     done = fourd("analyze", path, "--what", "breakdown", "--format", "json")
-    row = json.loads(done.stdout)["breakdown"][0]
-    comm = sum(v for k, v in row.items() if k.startswith("comm_") and k.endswith("_%") and v)
-    return {"step_s": float(row["step_s"]), "comm_s": float(row["step_s"]) * comm / 100.0}
+    rows = json.loads(done.stdout)["breakdown"]
+    comm = sum(r["seconds_per_step"] for r in rows if r["category"] == "exposed_comm")
+    return {"step_s": float(rows[0]["step_s"]), "comm_s": float(comm)}
 
 
 def overlap(args, name, env, say, profile_path) -> None:
@@ -428,8 +429,8 @@ def algorithms(args, name, env, say, profile_path) -> None:
                     measured[n].append(step)
     rows = sorted(((n, statistics.median(m), best[n]) for n, m in measured.items() if m), key=lambda t: t[1])
     order = {n: i + 1 for i, (n, _, _) in enumerate(sorted(rows, key=lambda t: t[2].prediction.step_s))}
-    say("# plain data parallelism (8x1x1x1) is left out of every algorithm but as the same step it is; megatron1d's "
-        "grids are axonn4d grids (the same step)")
+    say("# each algorithm's fastest configuration other than plain data parallelism (8x1x1x1 is the same step under "
+        "every name); megatron1d's grids are axonn4d grids, so both can name the same step")
     say(f"{'algorithm':<11} {'configuration':<34} {'measured s':>10} {'rank':>5} {'model s':>8} {'model rank':>10}")
     for i, (n, m, e) in enumerate(rows):
         say(f"{n:<11} {e.label:<34} {m:>10.3f} {i + 1:>5} {e.prediction.step_s:>8.3f} {order[n]:>10}")
