@@ -128,13 +128,25 @@ def pipeline_collectives(cfg: ModelConfig, grid: GridShape, stages: int, microba
     return out
 
 
+def world_levels(grid: GridShape, stages: int, ranks_per_node: int) -> Dict[str, str]:
+    """``axis -> "intra" | "inter" | "-"`` of the pipeline's world, rank order data, inter, z, y, x (X
+    innermost) on nodes of ``ranks_per_node`` consecutive ranks: an axis is intra-node when its span
+    (stride x size) fits in a node and tiles it. The data axis' stride is ``G_z G_y G_x x stages``, not
+    a stage grid's ``G_z G_y G_x``: with 2 stages of 2x1x2x1 on nodes of 4, the stages share a node
+    and the data all-reduce crosses nodes."""
+    out, stride = {}, 1
+    for axis, size in (("x", grid.x), ("y", grid.y), ("z", grid.z), ("inter", stages), ("data", grid.data)):
+        span = stride * size
+        out[axis] = "-" if size == 1 else ("intra" if span <= ranks_per_node and ranks_per_node % span == 0
+                                           else "inter")
+        stride = span
+    return out
+
+
 def inter_placement(grid: GridShape, stages: int, ranks_per_node: int) -> str:
     """``intra`` when a rank and its stage neighbours (``G_z G_y G_x`` world ranks apart, rank order data, inter,
-    z, y, x) share a node, ``inter`` otherwise, ``-`` for one stage."""
-    if stages == 1:
-        return "-"
-    span = grid.z * grid.y * grid.x * stages
-    return "intra" if span <= ranks_per_node and ranks_per_node % span == 0 else "inter"
+    z, y, x) share a node, ``inter`` otherwise, ``-`` for one stage (:func:`world_levels`)."""
+    return world_levels(grid, stages, ranks_per_node)["inter"]
 
 
 def stage_config(cfg: ModelConfig, stages: int) -> ModelConfig:
@@ -195,8 +207,9 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     rpn = ranks_per_node or min(profile.ranks_per_node, world)
     # one slot: one micro-batch (B/m sequences) through the fullest stage's blocks
     micro_cfg = replace(stage_config(cfg, stages), batch=cfg.batch // microbatches)
+    levels = {a: v for a, v in world_levels(grid, stages, rpn).items() if a != "inter" and v != "-"}
     micro = predict(micro_cfg, grid, profile, overlap, dtype, progress, optimizer, rpn, recompute, attention,
-                    precision, shard_optimizer)
+                    precision, shard_optimizer, levels=levels)
     sync_keys = (("data", "allreduce"), ("z", "reduce_scatter"), ("z", "allreduce"))
     sync = sum(micro.exposed_s.get(key, 0.0) for key in sync_keys)
     # the optimizer updates the stage's weights once per step, after the last micro-batch

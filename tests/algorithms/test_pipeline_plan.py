@@ -190,6 +190,28 @@ def test_prediction_has_predicts_shape_and_reduces_to_it_with_one_stage():
     assert predict_pipeline(cfg, grid, profile, 4, 4, ranks_per_node=4).placement["inter"] == "inter"
 
 
+def test_the_stage_grid_axes_are_placed_in_the_pipelines_world():
+    """Rank order data, inter, z, y, x: with 2 stages of 2x1x2x1 on nodes of 4 ranks both stages share a
+    node and the data axis (stride 4) crosses nodes, as the run records it (a stage grid placed alone
+    would put data inside the node)."""
+    from fourd_mpi.core.grid import GridShape
+    from fourd_mpi.core.placement import NodePlacement
+    from fourd_mpi.perf.machine import load_profile
+    from fourd_mpi.perf.pipeline import predict_pipeline, world_levels
+    from fourd_mpi.step.presets import resolve_model
+
+    grid = GridShape(2, 1, 2, 1)
+    levels = world_levels(grid, 2, 4)
+    assert levels == {"x": "-", "y": "intra", "z": "-", "inter": "intra", "data": "inter"}
+    recorded = NodePlacement.from_nodes([0] * 4 + [1] * 4, {"data": 2, "inter": 2, "z": 1, "y": 2, "x": 1})
+    assert recorded.inter_node_axes == ["data"]
+    assert world_levels(GridShape(1, 1, 2, 2), 2, 4) == {"x": "intra", "y": "intra", "z": "-", "inter": "inter",
+                                                        "data": "-"}
+    profile = load_profile("laptop", fallback="perlmutter")
+    p = predict_pipeline(resolve_model("gpt-tiny", batch=8), grid, profile, 2, 2, ranks_per_node=4)
+    assert p.placement["data"] == "inter" and p.placement["inter"] == "intra" and p.placement["y"] == "intra"
+
+
 def test_each_slot_is_one_micro_batch_with_its_own_latencies():
     """The time model predicts one slot as the 4D step of one micro-batch (B/m sequences) on the fullest
     stage, so every collective but the gradient synchronization counts m times at its micro-batch size
