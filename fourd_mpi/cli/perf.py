@@ -175,7 +175,7 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
 
     ranking = rank_algorithms(names, cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer,
                               limit, args.ranks_per_node, recompute=recompute, attention=attention,
-                              precision=args.precision)
+                              precision=args.precision, keep=args.top)
     print(profile.describe())
     print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
           f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; algorithms {', '.join(names)}; overlap "
@@ -183,9 +183,11 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
           f"precision); recompute {recompute}; attention {attention}")
     print(limit_text)
     print(ranking.dropped_summary())
+    if ranking.pruned:
+        print(ranking.pruned_summary())
     for name, why in ranking.skipped:
         print(f"skipped {name}: {why}")
-    print(f"top {min(args.top, len(ranking.entries))} of {len(ranking.entries)} valid configurations by predicted "
+    print(f"top {min(args.top, len(ranking.entries))} of {len(ranking.entries)} predicted valid configurations by predicted "
           f"step time (ms per step and rank; comm = exposed communication per axis):")
     print(format_across(ranking, args.top))
     print(format_best(ranking))

@@ -48,7 +48,7 @@ Per rank and step (seconds), from :mod:`fourd_mpi.perf.volumes` (every collectiv
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 from fourd_mpi.core.backend import dtype_bytes
@@ -200,10 +200,16 @@ def collective_parts(c: Collective, profile: MachineProfile, placement: Dict[str
 
 def collective_time(c: Collective, profile: MachineProfile, placement: Dict[str, str],
                     ranks_on_node: int, inner: Optional[Dict[str, int]] = None) -> float:
-    """Seconds for all ``c.count`` messages of one collective (no overlap), with the profile's term weights."""
-    w = profile.term_weights
-    alpha_beta, sync = collective_parts(c, profile, placement, ranks_on_node, inner)
-    return w["comm"] * alpha_beta + w["sync"] * sync
+    """Seconds for all ``c.count`` messages of one collective (no overlap), with the profile's term weights.
+    Memoized per profile on what the price depends on (a search prices the same message many times)."""
+    memo = profile.__dict__.setdefault("_collective_memo", {})
+    key = (c.op, c.axis, c.p, c.count, c.message_bytes, placement[c.axis], ranks_on_node,
+           None if inner is None else inner[c.axis])
+    if key not in memo:
+        w = profile.term_weights
+        alpha_beta, sync = collective_parts(c, profile, placement, ranks_on_node, inner)
+        memo[key] = w["comm"] * alpha_beta + w["sync"] * sync
+    return memo[key]
 
 
 def term_features(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
@@ -496,6 +502,59 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
             hidden[key] += efficiency * min(t, remaining)
     exposed = exposed_after_hiding(comm, hidden, efficiency * comp["total"])
     return _prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes)
+
+
+def blocking_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig, dtype: str,
+                  ranks_on_node: int, recompute: str = "none") -> Dict[Tuple[str, str], float]:
+    """Seconds per ``(axis, op)`` that :func:`predict` exposes whatever the timeline: collectives whose
+    overlap option is off, every LayerNorm and loss all-reduce, the last chunk of an OD all-reduce (and,
+    device-driven with full recompute, the forward all-reduces' second run). Every block has the same
+    collectives: priced on one block, times ``L`` (memoized per profile on the block)."""
+    memo = profile.__dict__.setdefault("_blocking_memo", {})
+    key = (replace(cfg, layers=1), grid, overlap, dtype, ranks_on_node, recompute)
+    if key not in memo:
+        memo[key] = _blocking_parts(key[0], grid, profile, overlap, dtype, ranks_on_node, recompute)
+    block, loss = memo[key]
+    out = {k: t * cfg.layers for k, t in block.items()}
+    for k, t in loss.items():
+        out[k] = out.get(k, 0.0) + t
+    return out
+
+
+def _blocking_parts(one_block: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
+                    dtype: str, ranks_on_node: int, recompute: str):
+    """``(per block, loss)`` seconds by ``(axis, op)`` of :func:`blocking_time` for a one-block model."""
+    one = step_collectives(one_block, grid, overlap, dtype)
+    placement = axis_placement(grid, ranks_on_node)
+    inner = axis_inner_products(grid)
+    block: Dict[Tuple[str, str], float] = defaultdict(float)
+    loss: Dict[Tuple[str, str], float] = defaultdict(float)
+    for c in one:
+        option = OVERLAPS.get(c.role)
+        t = collective_time(c, profile, placement, ranks_on_node, inner)
+        if option is not None and getattr(overlap, option):
+            if option != "od" or c.count <= 1:
+                continue
+            t /= c.count  # the last chunk waits for its own GEMM
+        if c.role == "fwd_allreduce" and recompute == "full" and not profile.host_driven:
+            t *= 2
+        (loss if c.layer == "loss" else block)[(c.axis, c.op)] += t
+    return dict(block), dict(loss)
+
+
+def lower_bound(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
+                overlap: Optional[OverlapConfig] = None, dtype: str = "float32", optimizer: str = "adam",
+                ranks_per_node: Optional[int] = None, recompute: str = "none", attention: str = "unfused",
+                communication: bool = True, **_) -> float:
+    """Seconds never above :func:`predict`'s step: its compute plus :func:`blocking_time` (``step = compute +
+    exposed``; ``communication=False``: the compute alone, a looser and cheaper bound). ``tune`` skips,
+    without predicting them, configurations whose bound exceeds the K-th fastest predicted step."""
+    overlap = overlap or OverlapConfig()
+    rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)
+    comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute, attention=attention)
+    if not communication:
+        return comp["total"]
+    return comp["total"] + sum(blocking_time(cfg, grid, profile, overlap, dtype, rpn, recompute).values())
 
 
 def predicted_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", optimizer: str = "adam",
