@@ -329,7 +329,7 @@ def rank_algorithms(names: Sequence[str], cfg: ModelConfig, ranks: int, profile:
             if bound_hook is not None:  # the compute alone first: cheap, and the order of the search
                 bound = bound_hook(cfg, grid, profile, overlap=overlap, dtype=dtype, optimizer=optimizer,
                                    ranks_per_node=ranks_per_node, recompute=recompute, attention=attention,
-                                   communication=False, **extra)
+                                   precision=precision, communication=False, **extra)
             todo.append((bound, grid, extra))
         if bound_hook is not None:
             todo.sort(key=lambda t: t[0])
@@ -340,7 +340,8 @@ def rank_algorithms(names: Sequence[str], cfg: ModelConfig, ranks: int, profile:
                     out.pruned += [(name, g, x, b) for b, g, x in todo[i:]]
                     break
                 tight = bound_hook(cfg, grid, profile, overlap=overlap, dtype=dtype, optimizer=optimizer,
-                                   ranks_per_node=ranks_per_node, recompute=recompute, attention=attention, **extra)
+                                   ranks_per_node=ranks_per_node, recompute=recompute, attention=attention,
+                                   precision=precision, **extra)
                 if tight > -fastest[0]:
                     out.pruned.append((name, grid, extra, tight))
                     continue

@@ -188,7 +188,8 @@ def message_time(profile: MachineProfile, level: str, nbytes: int) -> float:
 def pipeline_lower_bound(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, stages: int = 1,
                          microbatches: int = 1, overlap: Optional[OverlapConfig] = None, dtype: str = "float32",
                          optimizer: str = "adam", ranks_per_node: Optional[int] = None, recompute: str = "none",
-                         attention: str = "unfused", communication: bool = True, **_) -> float:
+                         attention: str = "unfused", communication: bool = True, precision: Optional[str] = None,
+                         **_) -> float:
     """Seconds never above :func:`predict_pipeline`'s step: ``(c - U + X_n)(m + p - 1) + U + X_s`` with ``c``
     one micro-batch's compute on the fullest stage, ``U`` its optimizer update and ``X`` the communication
     any timeline exposes (:func:`~fourd_mpi.perf.predict.blocking_time`), ``X_s`` of the gradient
@@ -202,7 +203,7 @@ def pipeline_lower_bound(cfg: ModelConfig, grid: GridShape, profile: MachineProf
     rpn = ranks_per_node or min(profile.ranks_per_node, world)
     micro_cfg = replace(stage_config(cfg, stages), batch=cfg.batch // microbatches)
     comp = compute_time(micro_cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
-                        attention=attention)
+                        attention=attention, precision=precision)
     blocking = blocking_time(micro_cfg, grid, profile, overlap, dtype, rpn, recompute) if communication else {}
     sync = sum(t for key, t in blocking.items() if key in SYNC_KEYS)
     other = sum(t for key, t in blocking.items() if key not in SYNC_KEYS)
@@ -229,7 +230,7 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     sync = sum(micro.exposed_s.get(key, 0.0) for key in sync_keys)
     # the optimizer updates the stage's weights once per step, after the last micro-batch
     update = compute_time(micro_cfg, grid, profile, overlap or OverlapConfig(), dtype, rpn, optimizer,
-                          recompute=recompute, attention=attention)["optimizer"]
+                          recompute=recompute, attention=attention, precision=precision)["optimizer"]
     slot = micro.step_s - sync - update
     level = inter_placement(grid, stages, rpn)
     msg = message_bytes(cfg, grid, microbatches, dtype)

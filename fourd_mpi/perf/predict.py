@@ -97,6 +97,16 @@ _LN_PASSES, _LN_CALLS = 12, 14            # forward + backward of one LayerNorm 
 _GELU_PASSES, _GELU_CALLS = 24, 22        # forward + backward of GeLU over [m, f/y]
 _SOFTMAX_PASSES, _SOFTMAX_CALLS = 12, 14  # mask, max, exp, sum, divide; backward over [b, nh, s, s]
 _ADAM_PASSES, _ADAM_CALLS = 14, 14        # per parameter
+#: bytes per parameter of a mixed-precision Adam step (fp32 main gradients, master weights and moments),
+#: counted from Megatron-LM's Float16OptimizerWithFloat16Params.step: 16-bit gradient -> fp32 main
+#: gradient (read 2, write 4), unscale and inf/NaN check (read 4, write 4), gradient norm for clipping
+#: (read 4), clipping (read 4, write 4), fused Adam (read weight, gradient, 2 moments: 16; write weight,
+#: 2 moments: 12), fp32 master -> 16-bit weight (read 4, write 2): 6 + 8 + 4 + 8 + 28 + 6 = 60
+MIXED_ADAM_BYTES = 60
+#: passes of ``b (a/G_y) s^2`` elements the unfused attention's batched GEMMs move (forward: Q K^T writes the
+#: scores, P V reads the probabilities; backward: dP = dO V^T writes, dV = P^T dO reads, dQ = dS K and
+#: dK = dS^T Q read dS): 2 + 4
+_ATTENTION_BMM_PASSES = 6
 
 
 def gemm_rate_tflops(profile: MachineProfile, dtype: str, notes: Optional[List[str]] = None) -> float:
@@ -114,17 +124,27 @@ def gemm_rate_tflops(profile: MachineProfile, dtype: str, notes: Optional[List[s
 
 def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
                  dtype: str, ranks_on_node: int, optimizer: str = "adam", weighted: bool = True,
-                 recompute: str = "none", attention: str = "unfused") -> Dict[str, float]:
+                 recompute: str = "none", attention: str = "unfused",
+                 precision: Optional[str] = None) -> Dict[str, float]:
     """Seconds of local work per step, by kind: ``gemm`` (4D layers, recompute included; one forward
     pass in ``gemm_fwd``, the backward's ``2 x`` in ``gemm_bwd``), ``attention``, ``elementwise``,
     ``calls``, ``total``; ``optimizer`` (the Adam part of elementwise and calls), ``recompute`` (the
     extra work of activation recompute, part of the others), ``block_other`` (attention,
     element-wise work and calls of the blocks without recompute); each scaled by the profile's
-    calibrated term weight unless ``weighted`` is False."""
-    from fourd_mpi.perf.memory import ATTENTION, RECOMPUTE, _check
+    calibrated term weight unless ``weighted`` is False.
+
+    On a GPU profile (``cupy`` backend) the unfused attention's batched GEMMs are priced by the roofline
+    ``max(F/rate, bytes/bandwidth)``: they move :data:`_ATTENTION_BMM_PASSES` passes of the ``s x s``
+    scores per head for ``4 d s^2`` FLOPs per pass pair, so with ``e``-byte elements they are
+    memory-bound when the head size ``d = h/a < e/2 x rate/bandwidth`` (A100 fp16: ``d < 122``; the
+    factor ``e rate / (2 d bw)``). Mixed precision (``precision``, default: ``mixed`` for 16-bit dtypes)
+    prices the Adam step at :data:`MIXED_ADAM_BYTES` bytes per parameter (fp32 state), else 14 passes of
+    the dtype."""
+    from fourd_mpi.perf.memory import ATTENTION, RECOMPUTE, _check, default_precision
 
     _check("recompute", recompute, RECOMPUTE)
     _check("attention", attention, ATTENTION)
+    precision = precision or default_precision(dtype)
     e = dtype_bytes(dtype)
     rate = gemm_rate_tflops(profile, dtype) * 1e12
     bw = profile.mem_bandwidth
@@ -155,8 +175,16 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ove
     params = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap).weights // e
     n_params = len(fc_weights(cfg, grid)) * cfg.layers + (4 * cfg.layers if cfg.kind == "gpt" else 0)
     opt_passes, opt_calls = 0.0, 0
-    if optimizer == "adam":
+    if optimizer == "adam":  # opt_passes: in elements of the dtype (e bytes each)
         opt_passes, opt_calls = _ADAM_PASSES * params, _ADAM_CALLS * n_params
+        if precision == "mixed":
+            opt_passes = MIXED_ADAM_BYTES * params / e
+    # unfused attention on a GPU: the batched GEMMs over the s x s scores are memory-bound for small heads
+    attn_scale = 1.0
+    if cfg.kind == "gpt" and attention == "unfused" and profile.backend == "cupy" and attn_flops > 0:
+        attn_bytes = cfg.layers * _ATTENTION_BMM_PASSES * probs * e
+        attn_scale = max(1.0, (attn_bytes / bw) / (attn_flops / rate))
+    attn_flops *= attn_scale  # FLOP-equivalents at the GEMM rate (the FLOP conventions are counted elsewhere)
     # activation recompute: the forward share (1/3) of the block work once more
     rec = {"none": (0.0, 0.0, 0.0, 0.0),
            "full": (gemm_flops / 3.0, attn_flops / 3.0, passes / 3.0, calls / 3.0),
@@ -457,7 +485,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     notes: List[str] = []
     gemm_rate_tflops(profile, dtype, notes)
     comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
-                        attention=attention)
+                        attention=attention, precision=precision)
     colls = step_collectives(cfg, grid, overlap, dtype)
     efficiency = profile.overlap_efficiency
     memory = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap, recompute=recompute,
@@ -545,13 +573,14 @@ def _blocking_parts(one_block: ModelConfig, grid: GridShape, profile: MachinePro
 def lower_bound(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
                 overlap: Optional[OverlapConfig] = None, dtype: str = "float32", optimizer: str = "adam",
                 ranks_per_node: Optional[int] = None, recompute: str = "none", attention: str = "unfused",
-                communication: bool = True, **_) -> float:
+                communication: bool = True, precision: Optional[str] = None, **_) -> float:
     """Seconds never above :func:`predict`'s step: its compute plus :func:`blocking_time` (``step = compute +
     exposed``; ``communication=False``: the compute alone, a looser and cheaper bound). ``tune`` skips,
     without predicting them, configurations whose bound exceeds the K-th fastest predicted step."""
     overlap = overlap or OverlapConfig()
     rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)
-    comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute, attention=attention)
+    comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute, attention=attention,
+                        precision=precision)
     if not communication:
         return comp["total"]
     return comp["total"] + sum(blocking_time(cfg, grid, profile, overlap, dtype, rpn, recompute).values())
