@@ -36,7 +36,10 @@ def _register_tune(sub) -> None:
     p.add_argument("--ranks", type=rank_count, required=True, metavar="N", help="the rank count to place")
     p.add_argument("--algorithm", default="axonn4d", metavar="NAME|LIST|all",
                    help="algorithm(s) to rank: a name of fourd-mpi run --algorithm, a comma list, or all (one table "
-                        "across algorithms with an algorithm column; default axonn4d)")
+                        "across algorithms with an algorithm column; default axonn4d). pipeline tries every stage "
+                        "count dividing the ranks and the layers, every 4D grid of a stage, and every micro-batch "
+                        "size that divides the per-replica batch (at most 1024 micro-batches); configurations whose "
+                        "lower bound exceeds the --top K-th fastest of their algorithm are counted, not predicted")
     add_options(p, ("model",), names=("dtype", "optimizer", "overlap", "progress"))
     m = p.add_argument_group("machine")
     add_site(m, help="use the machine profile the site names (its machine_profile: key; local: the calibrated "
