@@ -99,12 +99,13 @@ def _pipeline_candidates(cfg: ModelConfig, ranks: int, algorithm: Algorithm) -> 
         base = _base_options(cfg, ranks // stages, algorithm, "float32")
         for grid in grid_factorizations(ranks // stages):
             shard = (cfg.batch or 0) // (grid.data * grid.z) if grid.data * grid.z else 0
-            for micro in microbatch_counts(shard):
-                try:
-                    algorithm.check(replace(base, grid=grid, ginter=stages, microbatches=micro))
-                except (ConfigError, TypeError):
-                    continue
-                out.append((grid, {"stages": stages, "microbatches": micro}))
+            if not shard:
+                continue
+            try:  # once per grid: the check's only micro-batch condition (m divides the shard) holds for each m
+                algorithm.check(replace(base, grid=grid, ginter=stages, microbatches=1))
+            except (ConfigError, TypeError):
+                continue
+            out += [(grid, {"stages": stages, "microbatches": micro}) for micro in microbatch_counts(shard)]
     return out
 
 

@@ -56,7 +56,8 @@ from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement
-from fourd_mpi.perf.memory import MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens
+from fourd_mpi.perf.memory import (MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens,
+                                   parameter_elements)
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.perf.volumes import OVERLAPS, Collective, step_collectives
 
@@ -172,7 +173,7 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ove
     fy = cfg.ffn_hidden // grid.y
     passes += cfg.layers * _GELU_PASSES * m * fy
     calls += cfg.layers * _GELU_CALLS
-    params = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap).weights // e
+    params = parameter_elements(cfg, grid)  # the weights of estimate_memory, in elements
     n_params = len(fc_weights(cfg, grid)) * cfg.layers + (4 * cfg.layers if cfg.kind == "gpt" else 0)
     opt_passes, opt_calls = 0.0, 0
     if optimizer == "adam":  # opt_passes: in elements of the dtype (e bytes each)
@@ -344,10 +345,12 @@ class Link:
 
 def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], times: List[float],
                     comp: Dict[str, float], overlap: OverlapConfig, efficiency: float,
-                    recompute: str = "none") -> Link:
+                    recompute: str = "none", block_template: bool = False) -> Link:
     """Replay one step on a :class:`Link` (device-driven regime of the module docstring).
 
-    ``times[i]``: seconds of all messages of ``colls[i]``. Compute per 4D layer ``j``: its forward
+    ``times[i]``: seconds of all messages of ``colls[i]``; ``block_template``: ``colls`` hold only block 0's
+    collectives (and the loss), which every block repeats (:func:`~fourd_mpi.perf.volumes.step_collectives`
+    builds each block alike). Compute per 4D layer ``j``: its forward
     GEMM ``g_j`` plus a third of its block's other work ``o_j`` in forward; ``2 g_j + 2 o_j`` in
     backward, split evenly between the dX and dW GEMMs; with full recompute the forward once more
     before them. The optimizer runs after every collective has completed (not a window).
@@ -364,6 +367,10 @@ def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], 
     by_layer: Dict[str, Dict[Tuple[str, str], List[Tuple[float, Collective]]]] = defaultdict(lambda: defaultdict(list))
     for c, t in zip(colls, times):
         by_layer[c.layer][(c.role, c.phase)].append((t, c))
+    if block_template:  # ``colls`` are block 0's (and the loss): every block has the same, shared read-only
+        for name in [n for n in by_layer if n.startswith("block0.")]:
+            for b in range(1, cfg.layers):
+                by_layer[f"block{b}.{name[len('block0.'):]}"] = by_layer[name]
     depth = overlap.prefetch_depth if overlap.oag else 0
 
     def key(c: Collective) -> Tuple[str, str]:
@@ -486,14 +493,15 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     gemm_rate_tflops(profile, dtype, notes)
     comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
                         attention=attention, precision=precision)
-    colls = step_collectives(cfg, grid, overlap, dtype)
     efficiency = profile.overlap_efficiency
     memory = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap, recompute=recompute,
                              attention=attention, precision=precision, shard_optimizer=shard_optimizer,
                              dw_window=dw_window)
     if not profile.host_driven:
-        return _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, efficiency, memory,
+        one_block = step_collectives(replace(cfg, layers=1), grid, overlap, dtype)
+        return _predict_device(cfg, grid, profile, overlap, one_block, comp, placement, rpn, efficiency, memory,
                                notes, recompute, inner)
+    colls = step_collectives(cfg, grid, overlap, dtype)
     if profile.host_driven and progress == "none":
         efficiency = 0.0
         if overlap.enabled and overlap.enabled != ["cache"]:
@@ -609,21 +617,18 @@ def exposed_after_hiding(comm: Dict[Tuple[str, str], float], hidden: Dict[Tuple[
 
 def _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, efficiency, memory, notes,
                     recompute, inner=None) -> Prediction:
-    """The device-driven regime: exposed communication from :func:`device_timeline`."""
-    cache: Dict[tuple, Tuple[float, int]] = {}  # every block repeats the same shapes
-    for c in colls:
-        shape = (c.op, c.axis, c.p, c.count, c.message_bytes)
-        if shape not in cache:
-            cache[shape] = (collective_time(c, profile, placement, rpn, inner), c.wire_bytes)
-    times = [cache[(c.op, c.axis, c.p, c.count, c.message_bytes)] for c in colls]
+    """The device-driven regime: exposed communication from :func:`device_timeline`. Every block repeats
+    block 0's collectives: they are priced once (``colls`` of a one-block model) and counted ``L`` times."""
+    times = [(collective_time(c, profile, placement, rpn, inner), c.wire_bytes) for c in colls]
     comm: Dict[Tuple[str, str], float] = defaultdict(float)
     wire: Dict[str, int] = defaultdict(int)
     for c, (t, nbytes) in zip(colls, times):
         # full recompute: the forward all-reduces run again when the block is recomputed
-        runs = 2 if recompute == "full" and c.role == "fwd_allreduce" else 1
+        runs = (2 if recompute == "full" and c.role == "fwd_allreduce" else 1) * (1 if c.layer == "loss" else cfg.layers)
         comm[(c.axis, c.op)] += t * runs
         wire[c.axis] += nbytes * runs
-    link = device_timeline(cfg, grid, colls, [t for t, _ in times], comp, overlap, efficiency, recompute)
+    link = device_timeline(cfg, grid, colls, [t for t, _ in times], comp, overlap, efficiency, recompute,
+                           block_template=True)
     exposed = {k: link.exposed.get(k, 0.0) for k in comm}
     return _prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes)
 
