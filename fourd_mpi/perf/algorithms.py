@@ -254,7 +254,7 @@ class AcrossRanking:
         return (f"not predicted: {len(self.pruned)} configurations ({names}) whose lower bound of the step (compute "
                 f"plus the communication no overlap hides, bubble slots included) exceeds the slowest of the "
                 f"{self.keep} fastest predicted steps of their algorithm, so none can be in the top {self.keep} "
-                f"or be its algorithm's best")
+                f"or be its algorithm's best (nor was their memory checked)")
 
     def dropped_summary(self) -> str:
         if not self.dropped:
@@ -318,14 +318,23 @@ def rank_algorithms(names: Sequence[str], cfg: ModelConfig, ranks: int, profile:
         memory_hook = entry.hook("memory") if memory_limit_bytes is not None else None
         bound_hook = entry.hook("lower_bound") if keep else None
         todo = []
+
+        def too_big(grid, extra) -> bool:
+            """Drop (and say so) what does not fit, before predicting its time (cheap)."""
+            if memory_hook is None:
+                return False
+            need = memory_hook(cfg, grid, dtype=dtype, optimizer=optimizer, overlap=overlap, **mem,
+                               **extra).required(out.reserve)
+            if need > memory_limit_bytes:
+                out.dropped.append((name, grid, f"memory: needs {need / GIB:.3g} GiB per rank > "
+                                                f"{memory_limit_bytes / GIB:.3g} GiB"))
+                return True
+            return False
+
         for grid, extra in found:
-            if memory_hook is not None:  # cheap: drop what does not fit before predicting its time
-                need = memory_hook(cfg, grid, dtype=dtype, optimizer=optimizer, overlap=overlap, **mem,
-                                   **extra).required(out.reserve)
-                if need > memory_limit_bytes:
-                    out.dropped.append((name, grid, f"memory: needs {need / GIB:.3g} GiB per rank > "
-                                                    f"{memory_limit_bytes / GIB:.3g} GiB"))
-                    continue
+            # with a bound, memory is checked when a candidate is reached (pruned ones are not checked)
+            if bound_hook is None and too_big(grid, extra):
+                continue
             bound = 0.0
             if bound_hook is not None:  # the compute alone first: cheap, and the order of the search
                 bound = bound_hook(cfg, grid, profile, overlap=overlap, dtype=dtype, optimizer=optimizer,
@@ -346,6 +355,8 @@ def rank_algorithms(names: Sequence[str], cfg: ModelConfig, ranks: int, profile:
                 if tight > -fastest[0]:
                     out.pruned.append((name, grid, extra, tight))
                     continue
+            if bound_hook is not None and too_big(grid, extra):
+                continue
             pred = predict_one(algorithm, cfg, grid, profile, overlap, dtype, progress, optimizer, ranks_per_node,
                                **mem, **extra)
             need = pred.memory.required(out.reserve)

@@ -60,12 +60,15 @@ def test_comm_buffers_without_building_the_layer_list():
     assert comm_buffer_elements(cfg, grid, ov, dw_window=3) == expect
 
 
-@pytest.mark.parametrize("names,ranks,keep", [(["pipeline"], 64, 3), (["axonn4d", "fsdp", "pipeline"], 32, 2)])
-def test_pruning_keeps_the_top_k_and_each_algorithms_best(names, ranks, keep):
+@pytest.mark.parametrize("names,ranks,keep,limit", [(["pipeline"], 64, 3, None),
+                                                     (["axonn4d", "fsdp", "pipeline"], 32, 2, None),
+                                                     (["axonn4d", "pipeline"], 64, 3, 1.03 * 2 ** 30)])
+def test_pruning_keeps_the_top_k_and_each_algorithms_best(names, ranks, keep, limit):
+    """Also with a memory limit: pruned candidates are not memory-checked, the others are before predicting."""
     prof = load_profile("perlmutter")
     args = (names, GPT, ranks, prof, OverlapConfig.parse("all"), "bfloat16")
-    full = rank_algorithms(*args, memory_limit_bytes=None)
-    cut = rank_algorithms(*args, memory_limit_bytes=None, keep=keep)
+    full = rank_algorithms(*args, memory_limit_bytes=limit)
+    cut = rank_algorithms(*args, memory_limit_bytes=limit, keep=keep)
     label = lambda e: (e.algorithm, str(e.grid), tuple(sorted(e.options.items())), e.prediction.step_s)
     assert [label(e) for e in cut.entries[:keep]] == [label(e) for e in full.entries[:keep]]
     assert {k: label(v) for k, v in cut.best_by_algorithm().items()} == \
