@@ -36,7 +36,10 @@ def _register_tune(sub) -> None:
     p.add_argument("--ranks", type=rank_count, required=True, metavar="N", help="the rank count to place")
     p.add_argument("--algorithm", default="axonn4d", metavar="NAME|LIST|all",
                    help="algorithm(s) to rank: a name of fourd-mpi run --algorithm, a comma list, or all (one table "
-                        "across algorithms with an algorithm column; default axonn4d)")
+                        "across algorithms with an algorithm column; default axonn4d). pipeline tries every stage "
+                        "count dividing the ranks and the layers, every 4D grid of a stage, and every micro-batch "
+                        "size that divides the per-replica batch (at most 1024 micro-batches); configurations whose "
+                        "lower bound exceeds the --top K-th fastest of their algorithm are counted, not predicted")
     add_options(p, ("model",), names=("dtype", "optimizer", "overlap", "progress"))
     m = p.add_argument_group("machine")
     add_site(m, help="use the machine profile the site names (its machine_profile: key; local: the calibrated "
@@ -175,7 +178,7 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
 
     ranking = rank_algorithms(names, cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer,
                               limit, args.ranks_per_node, recompute=recompute, attention=attention,
-                              precision=args.precision)
+                              precision=args.precision, keep=args.top)
     print(profile.describe())
     print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
           f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; algorithms {', '.join(names)}; overlap "
@@ -183,9 +186,11 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
           f"precision); recompute {recompute}; attention {attention}")
     print(limit_text)
     print(ranking.dropped_summary())
+    if ranking.pruned:
+        print(ranking.pruned_summary())
     for name, why in ranking.skipped:
         print(f"skipped {name}: {why}")
-    print(f"top {min(args.top, len(ranking.entries))} of {len(ranking.entries)} valid configurations by predicted "
+    print(f"top {min(args.top, len(ranking.entries))} of {len(ranking.entries)} predicted valid configurations by predicted "
           f"step time (ms per step and rank; comm = exposed communication per axis):")
     print(format_across(ranking, args.top))
     print(format_best(ranking))

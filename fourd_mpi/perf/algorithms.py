@@ -57,6 +57,10 @@ class Predictor:
     #: shard_optimizer=, **extra)`` -> MemoryEstimate equal to the prediction's (a ranking drops what does
     #: not fit before predicting its time)
     memory: Any = "memory"
+    #: optional ``lower_bound(cfg, grid, profile, overlap=, dtype=, optimizer=, ranks_per_node=, recompute=,
+    #: attention=, **extra)`` -> seconds never above the predicted step (a ranking that keeps only its top K
+    #: skips, without predicting, what cannot enter it)
+    lower_bound: Any = "lower_bound"
 
     def hook(self, which: str):
         """The hook ``which`` (``predict``, ``candidates``, ``run_options``) or None; None for every hook
@@ -71,25 +75,37 @@ class Predictor:
         return value if callable(value) else getattr(module, value, None)
 
 
+#: at most this many micro-batches per step in ``tune``'s pipeline search (the bound of "every micro-batch
+#: size that divides the per-replica batch")
+MAX_MICROBATCHES = 1024
+
+
+def microbatch_counts(shard: int, limit: int = MAX_MICROBATCHES) -> List[int]:
+    """Every micro-batch count ``m`` of a per-replica batch of ``shard`` sequences: ``m`` divides ``shard``
+    (micro-batch size ``b = shard/m``, every divisor), ``m <= limit``, ascending. Known answer: 12 ->
+    [1, 2, 3, 4, 6, 12]."""
+    return [m for m in range(1, min(shard, limit) + 1) if shard % m == 0]
+
+
 def _pipeline_candidates(cfg: ModelConfig, ranks: int, algorithm: Algorithm) -> List[Tuple[Any, Dict[str, Any]]]:
     """Pipeline configurations of ``ranks`` ranks: ``s`` stages (every divisor ``1 < s <= layers``), each a
-    4D grid of ``ranks / s`` ranks the algorithm allows, with ``s``, ``2s`` and ``4s`` micro-batches (the
-    schedule keeps ``s`` in flight) where they divide a batch shard."""
+    4D grid of ``ranks / s`` ranks the algorithm allows, with every micro-batch size that divides the
+    per-replica batch shard ``B/(G_data G_z)`` (:func:`microbatch_counts`: at most
+    :data:`MAX_MICROBATCHES` micro-batches) that the algorithm accepts."""
     from dataclasses import replace
 
     out = []
     for stages in (s for s in range(2, ranks + 1) if ranks % s == 0 and s <= cfg.layers):
+        base = _base_options(cfg, ranks // stages, algorithm, "float32")
         for grid in grid_factorizations(ranks // stages):
             shard = (cfg.batch or 0) // (grid.data * grid.z) if grid.data * grid.z else 0
-            for micro in dict.fromkeys((stages, 2 * stages, 4 * stages)):
-                if not shard or shard % micro:
-                    continue
-                base = _base_options(cfg, ranks // stages, algorithm, "float32")
-                try:
-                    algorithm.check(replace(base, grid=grid, ginter=stages, microbatches=micro))
-                except (ConfigError, TypeError):
-                    continue
-                out.append((grid, {"stages": stages, "microbatches": micro}))
+            if not shard:
+                continue
+            try:  # once per grid: the check's only micro-batch condition (m divides the shard) holds for each m
+                algorithm.check(replace(base, grid=grid, ginter=stages, microbatches=1))
+            except (ConfigError, TypeError):
+                continue
+            out += [(grid, {"stages": stages, "microbatches": micro}) for micro in microbatch_counts(shard)]
     return out
 
 
@@ -116,7 +132,7 @@ PREDICTORS: Dict[str, Predictor] = {
     "tensor4d": Predictor("fourd_mpi.perf.predict", memory="predicted_memory"),
     "optimus3d": Predictor("fourd_mpi.perf.optimus3d"),
     "pipeline": Predictor("fourd_mpi.perf.pipeline", "predict_pipeline", _pipeline_candidates,
-                          _pipeline_run_options, _pipeline_memory),
+                          _pipeline_run_options, _pipeline_memory, "pipeline_lower_bound"),
 }
 
 
@@ -218,6 +234,10 @@ class AcrossRanking:
     skipped: List[Tuple[str, str]] = field(default_factory=list)        # (algorithm, reason)
     considered: int = 0
     reserve: int = 0
+    #: (algorithm, grid, options, lower bound s) of configurations not predicted: the bound exceeds the
+    #: ``keep``-th fastest predicted step of their algorithm, so they cannot be in the top ``keep``
+    pruned: List[Tuple[str, Any, Dict[str, Any], float]] = field(default_factory=list)
+    keep: Optional[int] = None
 
     def best_by_algorithm(self) -> Dict[str, Ranked]:
         """The fastest configuration of each algorithm (over :attr:`every`)."""
@@ -225,6 +245,16 @@ class AcrossRanking:
         for e in self.every:
             best.setdefault(e.algorithm, e)
         return best
+
+    def pruned_summary(self) -> str:
+        """One line on the configurations not predicted (empty when none)."""
+        if not self.pruned:
+            return ""
+        names = ", ".join(dict.fromkeys(n for n, _, _, _ in self.pruned))
+        return (f"not predicted: {len(self.pruned)} configurations ({names}) whose lower bound of the step (compute "
+                f"plus the communication no overlap hides, bubble slots included) exceeds the slowest of the "
+                f"{self.keep} fastest predicted steps of their algorithm, so none can be in the top {self.keep} "
+                f"or be its algorithm's best (nor was their memory checked)")
 
     def dropped_summary(self) -> str:
         if not self.dropped:
@@ -256,16 +286,26 @@ def rank_algorithms(names: Sequence[str], cfg: ModelConfig, ranks: int, profile:
                     overlap: Optional[OverlapConfig] = None, dtype: str = "float32", progress: str = "poll",
                     optimizer: str = "adam", memory_limit_bytes: Optional[float] = None,
                     ranks_per_node: Optional[int] = None, recompute: str = "none", attention: str = "unfused",
-                    precision: Optional[str] = None, shard_optimizer: str = "none") -> AcrossRanking:
+                    precision: Optional[str] = None, shard_optimizer: str = "none",
+                    keep: Optional[int] = None) -> AcrossRanking:
     """Every configuration of every algorithm in ``names`` on ``ranks`` ranks, predicted and sorted
-    (module docstring). Raises :class:`ConfigError` when no configuration of any algorithm remains."""
+    (module docstring). Raises :class:`ConfigError` when no configuration of any algorithm remains.
+
+    ``keep``: the caller shows only the top ``keep`` (and each algorithm's best). Then an algorithm whose
+    family has a ``lower_bound`` hook predicts its candidates in ascending order of that bound and stops
+    when the bound exceeds its ``keep``-th fastest predicted step: the rest cannot be in the top ``keep``
+    of the ranking (each of the overall top ``keep`` is among the top ``keep`` of every algorithm naming it),
+    nor be an algorithm's best; they are listed in :attr:`AcrossRanking.pruned`, never silently left out.
+    Exact: the top ``keep`` and the best per algorithm equal those of the full ranking."""
+    import heapq
+
     if ranks < 1:
         raise ConfigError(f"--ranks must be positive, got {ranks}")
     if cfg.batch is None:
         raise ConfigError(f"preset {cfg.name} needs the global batch: give --batch SEQUENCES")
     overlap = overlap or OverlapConfig()
     kept, skipped = covered(names)
-    out = AcrossRanking([], skipped=skipped, reserve=memory_reserve(profile))
+    out = AcrossRanking([], skipped=skipped, reserve=memory_reserve(profile), keep=keep)
     mem = dict(recompute=recompute, attention=attention, precision=precision, shard_optimizer=shard_optimizer)
     for name in kept:
         algorithm = get_algorithm(name)
@@ -274,15 +314,49 @@ def rank_algorithms(names: Sequence[str], cfg: ModelConfig, ranks: int, profile:
         out.dropped += [(name, g, why) for g, why in dropped]
         if not found and not dropped:
             out.skipped.append((name, f"no grid of {ranks} ranks is a grid of this algorithm"))
-        memory_hook = predictor(algorithm.family).hook("memory") if memory_limit_bytes is not None else None
+        entry = predictor(algorithm.family)
+        memory_hook = entry.hook("memory") if memory_limit_bytes is not None else None
+        bound_hook = entry.hook("lower_bound") if keep else None
+        todo = []
+
+        def too_big(grid, extra) -> bool:
+            """Drop (and say so) what does not fit, before predicting its time (cheap)."""
+            if memory_hook is None:
+                return False
+            need = memory_hook(cfg, grid, dtype=dtype, optimizer=optimizer, overlap=overlap, **mem,
+                               **extra).required(out.reserve)
+            if need > memory_limit_bytes:
+                out.dropped.append((name, grid, f"memory: needs {need / GIB:.3g} GiB per rank > "
+                                                f"{memory_limit_bytes / GIB:.3g} GiB"))
+                return True
+            return False
+
         for grid, extra in found:
-            if memory_hook is not None:  # cheap: drop what does not fit before predicting its time
-                need = memory_hook(cfg, grid, dtype=dtype, optimizer=optimizer, overlap=overlap, **mem,
-                                   **extra).required(out.reserve)
-                if need > memory_limit_bytes:
-                    out.dropped.append((name, grid, f"memory: needs {need / GIB:.3g} GiB per rank > "
-                                                    f"{memory_limit_bytes / GIB:.3g} GiB"))
+            # with a bound, memory is checked when a candidate is reached (pruned ones are not checked)
+            if bound_hook is None and too_big(grid, extra):
+                continue
+            bound = 0.0
+            if bound_hook is not None:  # the compute alone first: cheap, and the order of the search
+                bound = bound_hook(cfg, grid, profile, overlap=overlap, dtype=dtype, optimizer=optimizer,
+                                   ranks_per_node=ranks_per_node, recompute=recompute, attention=attention,
+                                   precision=precision, communication=False, **extra)
+            todo.append((bound, grid, extra))
+        if bound_hook is not None:
+            todo.sort(key=lambda t: t[0])
+        fastest: List[float] = []  # max-heap (negated) of the algorithm's keep fastest predicted steps
+        for i, (bound, grid, extra) in enumerate(todo):
+            if bound_hook is not None and len(fastest) >= keep:
+                if bound > -fastest[0]:  # sorted: every later one too
+                    out.pruned += [(name, g, x, b) for b, g, x in todo[i:]]
+                    break
+                tight = bound_hook(cfg, grid, profile, overlap=overlap, dtype=dtype, optimizer=optimizer,
+                                   ranks_per_node=ranks_per_node, recompute=recompute, attention=attention,
+                                   precision=precision, **extra)
+                if tight > -fastest[0]:
+                    out.pruned.append((name, grid, extra, tight))
                     continue
+            if bound_hook is not None and too_big(grid, extra):
+                continue
             pred = predict_one(algorithm, cfg, grid, profile, overlap, dtype, progress, optimizer, ranks_per_node,
                                **mem, **extra)
             need = pred.memory.required(out.reserve)
@@ -291,11 +365,15 @@ def rank_algorithms(names: Sequence[str], cfg: ModelConfig, ranks: int, profile:
                                                 f"{memory_limit_bytes / GIB:.3g} GiB"))
                 continue
             out.every.append(Ranked(name, grid, extra, pred, need))
+            if keep:
+                heapq.heappush(fastest, -pred.step_s)
+                if len(fastest) > keep:
+                    heapq.heappop(fastest)
     if not out.every:
         why = "; ".join(f"{n} {g}: {w}" for n, g, w in out.dropped[:3]) or "; ".join(f"{n}: {w}" for n, w in skipped)
         raise ConfigError(f"no configuration of {', '.join(names)} on {ranks} ranks fits {cfg.name} "
                           f"(hidden {cfg.hidden}, heads {cfg.heads}, batch {cfg.batch}): {why or 'none listed'}")
-    out.every.sort(key=lambda e: (e.prediction.step_s, e.algorithm, str(e.grid)))
+    out.every.sort(key=lambda e: (e.prediction.step_s, e.algorithm, str(e.grid), sorted(e.options.items())))
     out.entries = _distinct(out.every)
     return out
 

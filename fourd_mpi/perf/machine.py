@@ -443,7 +443,17 @@ class MachineProfile:
         ``measured`` (default): a group inside a node (``level == "intra"``) with a placement row
         takes ``lat + wire / placement_gbs(ip, p)``; otherwise ``wire / (busbw(S, p) / share)`` from the
         published size table (measured times include latency; below the smallest measured size at
-        least ``lat``), else ``lat + wire / (inter_node_gbs / share)``."""
+        least ``lat``), else ``lat + wire / (inter_node_gbs / share)``. Memoized per profile (a search
+        prices the same message many times; the profile's data are not changed after loading)."""
+        memo = self.__dict__.setdefault("_network_memo", {})
+        key = (op, p, message_bytes, ip, level, ranks_on_node)
+        if key not in memo:
+            memo[key] = self._network_time(op, p, message_bytes, ip, level, ranks_on_node)
+        return memo[key]
+
+    def _network_time(self, op: str, p: int, message_bytes: float, ip: int, level: str,
+                      ranks_on_node: Optional[int] = None) -> float:
+        """:meth:`network_time`, not memoized."""
         net = self.data["network"]
         kind = collective(op)
         if p <= 1:

@@ -53,6 +53,7 @@ computes attention unfused.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
@@ -208,18 +209,24 @@ def comm_buffer_elements(cfg: ModelConfig, grid: GridShape, overlap: OverlapConf
     flight at once (FSDP and ZeRO-3 bound their reduce buckets the same way); None: every layer's, as
     this suite's step keeps every handle until the optimizer. Known answer: ``w`` blocks of ``b``
     elements each in flight hold ``w (b + b/G_z)`` elements."""
-    layers = fc_weights(cfg, grid) * cfg.layers
-    blocks = sorted((block_elements(n, k, t, grid) for _, n, k, t in layers), reverse=True)
+    # every block repeats the same FC shapes: the l largest of the L-fold list, without building it
+    one = sorted((block_elements(n, k, t, grid) for _, n, k, t in fc_weights(cfg, grid)), reverse=True)
+    count = len(one) * cfg.layers
+
+    def largest(k: int, f=lambda b: b) -> int:
+        k = min(k, count)
+        return sum(f(b) * min(cfg.layers, max(0, k - i * cfg.layers)) for i, b in enumerate(one))
+
     total = 0
     if grid.z > 1:
         if overlap.cache:
-            total += sum(blocks)  # every gathered block kept from forward to backward
+            total += largest(count)  # every gathered block kept from forward to backward
         else:
-            live = min(len(blocks), overlap.prefetch_depth + 1) if overlap.oag else 1
-            total += sum(blocks[:live])
+            live = min(count, overlap.prefetch_depth + 1) if overlap.oag else 1
+            total += largest(live)
         # dW blocks (send) and their shards (receive) while their reduce-scatter is in flight
-        in_flight = (blocks if dw_window is None else blocks[:max(1, dw_window)]) if overlap.ors else blocks[:1]
-        total += sum(b + b // grid.z for b in in_flight)
+        in_flight = (count if dw_window is None else max(1, dw_window)) if overlap.ors else 1
+        total += largest(in_flight, lambda b: b + b // grid.z)
     m = local_tokens(cfg, grid)
     widest = max(n // grid.y if not t else n // grid.x for _, n, _, t in fc_weights(cfg, grid))
     if grid.x > 1 or grid.y > 1:
@@ -255,6 +262,7 @@ def state_bytes(params: int, grid: GridShape, dtype: str, optimizer: str, precis
             "optimizer": opt_states * owned * state_e}
 
 
+@lru_cache(maxsize=8192)
 def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", optimizer: str = "adam",
                     cache_weights: bool = False, prefetch_depth: int = 1,
                     overlap: Optional[OverlapConfig] = None, recompute: str = "none",
@@ -267,7 +275,8 @@ def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", o
     ``recompute`` (:data:`RECOMPUTE`), ``attention`` (:data:`ATTENTION`), ``precision``
     (:data:`PRECISIONS`; None: :func:`default_precision` of ``dtype``), ``shard_optimizer``
     (:data:`OPTIMIZER_SHARDING`), ``dw_window`` (:func:`comm_buffer_elements`). ``cfg`` must have its batch and fit the grid
-    (:func:`fourd_mpi.step.presets.model_problems`).
+    (:func:`fourd_mpi.step.presets.model_problems`). Memoized (every argument and the result are frozen):
+    a search asks for the same stage and micro-batch many times.
     """
     if overlap is None:
         overlap = OverlapConfig(oag=True, cache=cache_weights, prefetch_depth=prefetch_depth)

@@ -48,6 +48,7 @@ cost latency, and the prediction has an optimum in ``m``.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import replace
 from typing import Dict, List, Optional
 
@@ -107,6 +108,8 @@ def world_p2p_bytes(cfg: ModelConfig, grid: GridShape, stages: int, microbatches
 #: all-gathers, each micro-batch's forward and backward gathers the weights again); the gradient collectives
 #: (Z reduce-scatters, Z and data all-reduces of gradients) run once, after the last micro-batch
 PER_MICROBATCH_ROLES = ("ln_allreduce", "weight_allgather", "fwd_allreduce", "bwd_allreduce")
+#: (axis, op) of the gradient synchronization, exposed once per step after the last micro-batch
+SYNC_KEYS = (("data", "allreduce"), ("z", "reduce_scatter"), ("z", "allreduce"))
 
 
 def pipeline_collectives(cfg: ModelConfig, grid: GridShape, stages: int, microbatches: int, stage: int,
@@ -154,12 +157,13 @@ def stage_config(cfg: ModelConfig, stages: int) -> ModelConfig:
     return replace(cfg, layers=len(stage_blocks(cfg.layers, stages, 0)))
 
 
+@lru_cache(maxsize=8192)
 def pipeline_memory(cfg: ModelConfig, grid: GridShape, stages: int, microbatches: int, stage: int = 0,
                     dtype: str = "float32", optimizer: str = "adam", overlap: Optional[OverlapConfig] = None,
                     recompute: str = "none", attention: str = "unfused", precision: Optional[str] = None,
                     shard_optimizer: str = "none", schedule: str = "axonn") -> MemoryEstimate:
     """Bytes per rank of ``stage`` (module doc): its blocks' state, the activations of the micro-batches in
-    flight under ``schedule``, gradient sums and two receive buffers."""
+    flight under ``schedule``, gradient sums and two receive buffers. Memoized (arguments and result frozen)."""
     blocks = len(stage_blocks(cfg.layers, stages, stage))
     mine = replace(cfg, layers=blocks)
     state = estimate_memory(mine, grid, dtype, optimizer, overlap=overlap, recompute=recompute, attention=attention,
@@ -193,6 +197,32 @@ def message_time(profile: MachineProfile, level: str, nbytes: int) -> float:
     return fit.time("allgather", 2, 2 * nbytes)
 
 
+def pipeline_lower_bound(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, stages: int = 1,
+                         microbatches: int = 1, overlap: Optional[OverlapConfig] = None, dtype: str = "float32",
+                         optimizer: str = "adam", ranks_per_node: Optional[int] = None, recompute: str = "none",
+                         attention: str = "unfused", communication: bool = True, precision: Optional[str] = None,
+                         **_) -> float:
+    """Seconds never above :func:`predict_pipeline`'s step: ``(c - U + X_n)(m + p - 1) + U + X_s`` with ``c``
+    one micro-batch's compute on the fullest stage, ``U`` its optimizer update and ``X`` the communication
+    any timeline exposes (:func:`~fourd_mpi.perf.predict.blocking_time`), ``X_s`` of the gradient
+    synchronization's keys, ``X_n`` of the others (the slot ``W_mb - S - U`` is at least ``c - U + X_n``;
+    ``S >= X_s``; the messages on the critical path are at least 0). ``communication=False``: ``X = 0``, a
+    looser and cheaper bound."""
+    from fourd_mpi.perf.predict import blocking_time
+
+    overlap = overlap or OverlapConfig()
+    world = grid.size * stages
+    rpn = ranks_per_node or min(profile.ranks_per_node, world)
+    micro_cfg = replace(stage_config(cfg, stages), batch=cfg.batch // microbatches)
+    comp = compute_time(micro_cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
+                        attention=attention, precision=precision)
+    levels = {a: v for a, v in world_levels(grid, stages, rpn).items() if a != "inter" and v != "-"}
+    blocking = blocking_time(micro_cfg, grid, profile, overlap, dtype, rpn, recompute, levels) if communication else {}
+    sync = sum(t for key, t in blocking.items() if key in SYNC_KEYS)
+    other = sum(t for key, t in blocking.items() if key not in SYNC_KEYS)
+    return (comp["total"] - comp["optimizer"] + other) * (microbatches + stages - 1) + comp["optimizer"] + sync
+
+
 def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, stages: int = 1,
                      microbatches: int = 1, schedule: str = "axonn", overlap: Optional[OverlapConfig] = None,
                      dtype: str = "float32", progress: str = "poll", optimizer: str = "adam",
@@ -210,11 +240,11 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     levels = {a: v for a, v in world_levels(grid, stages, rpn).items() if a != "inter" and v != "-"}
     micro = predict(micro_cfg, grid, profile, overlap, dtype, progress, optimizer, rpn, recompute, attention,
                     precision, shard_optimizer, levels=levels)
-    sync_keys = (("data", "allreduce"), ("z", "reduce_scatter"), ("z", "allreduce"))
+    sync_keys = SYNC_KEYS
     sync = sum(micro.exposed_s.get(key, 0.0) for key in sync_keys)
     # the optimizer updates the stage's weights once per step, after the last micro-batch
     update = compute_time(micro_cfg, grid, profile, overlap or OverlapConfig(), dtype, rpn, optimizer,
-                          recompute=recompute, attention=attention)["optimizer"]
+                          recompute=recompute, attention=attention, precision=precision)["optimizer"]
     slot = micro.step_s - sync - update
     level = inter_placement(grid, stages, rpn)
     msg = message_bytes(cfg, grid, microbatches, dtype)

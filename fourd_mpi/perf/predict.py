@@ -50,7 +50,7 @@ Per rank and step (seconds), from :mod:`fourd_mpi.perf.volumes` (every collectiv
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 from fourd_mpi.core.backend import dtype_bytes
@@ -58,7 +58,8 @@ from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement
-from fourd_mpi.perf.memory import MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens
+from fourd_mpi.perf.memory import (MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens,
+                                   parameter_elements)
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.perf.volumes import OVERLAPS, Collective, step_collectives
 
@@ -99,6 +100,16 @@ _LN_PASSES, _LN_CALLS = 12, 14            # forward + backward of one LayerNorm 
 _GELU_PASSES, _GELU_CALLS = 24, 22        # forward + backward of GeLU over [m, f/y]
 _SOFTMAX_PASSES, _SOFTMAX_CALLS = 12, 14  # mask, max, exp, sum, divide; backward over [b, nh, s, s]
 _ADAM_PASSES, _ADAM_CALLS = 14, 14        # per parameter
+#: bytes per parameter of a mixed-precision Adam step (fp32 main gradients, master weights and moments),
+#: counted from Megatron-LM's Float16OptimizerWithFloat16Params.step: 16-bit gradient -> fp32 main
+#: gradient (read 2, write 4), unscale and inf/NaN check (read 4, write 4), gradient norm for clipping
+#: (read 4), clipping (read 4, write 4), fused Adam (read weight, gradient, 2 moments: 16; write weight,
+#: 2 moments: 12), fp32 master -> 16-bit weight (read 4, write 2): 6 + 8 + 4 + 8 + 28 + 6 = 60
+MIXED_ADAM_BYTES = 60
+#: passes of ``b (a/G_y) s^2`` elements the unfused attention's batched GEMMs move (forward: Q K^T writes the
+#: scores, P V reads the probabilities; backward: dP = dO V^T writes, dV = P^T dO reads, dQ = dS K and
+#: dK = dS^T Q read dS): 2 + 4
+_ATTENTION_BMM_PASSES = 6
 
 
 def gemm_rate_tflops(profile: MachineProfile, dtype: str, notes: Optional[List[str]] = None) -> float:
@@ -116,17 +127,27 @@ def gemm_rate_tflops(profile: MachineProfile, dtype: str, notes: Optional[List[s
 
 def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
                  dtype: str, ranks_on_node: int, optimizer: str = "adam", weighted: bool = True,
-                 recompute: str = "none", attention: str = "unfused") -> Dict[str, float]:
+                 recompute: str = "none", attention: str = "unfused",
+                 precision: Optional[str] = None) -> Dict[str, float]:
     """Seconds of local work per step, by kind: ``gemm`` (4D layers, recompute included; one forward
     pass in ``gemm_fwd``, the backward's ``2 x`` in ``gemm_bwd``), ``attention``, ``elementwise``,
     ``calls``, ``total``; ``optimizer`` (the Adam part of elementwise and calls), ``recompute`` (the
     extra work of activation recompute, part of the others), ``block_other`` (attention,
     element-wise work and calls of the blocks without recompute); each scaled by the profile's
-    calibrated term weight unless ``weighted`` is False."""
-    from fourd_mpi.perf.memory import ATTENTION, RECOMPUTE, _check
+    calibrated term weight unless ``weighted`` is False.
+
+    On a GPU profile (``cupy`` backend) the unfused attention's batched GEMMs are priced by the roofline
+    ``max(F/rate, bytes/bandwidth)``: they move :data:`_ATTENTION_BMM_PASSES` passes of the ``s x s``
+    scores per head for ``4 d s^2`` FLOPs per pass pair, so with ``e``-byte elements they are
+    memory-bound when the head size ``d = h/a < e/2 x rate/bandwidth`` (A100 fp16: ``d < 122``; the
+    factor ``e rate / (2 d bw)``). Mixed precision (``precision``, default: ``mixed`` for 16-bit dtypes)
+    prices the Adam step at :data:`MIXED_ADAM_BYTES` bytes per parameter (fp32 state), else 14 passes of
+    the dtype."""
+    from fourd_mpi.perf.memory import ATTENTION, RECOMPUTE, _check, default_precision
 
     _check("recompute", recompute, RECOMPUTE)
     _check("attention", attention, ATTENTION)
+    precision = precision or default_precision(dtype)
     e = dtype_bytes(dtype)
     rate = gemm_rate_tflops(profile, dtype) * 1e12
     bw = profile.mem_bandwidth
@@ -154,11 +175,19 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ove
     fy = cfg.ffn_hidden // grid.y
     passes += cfg.layers * _GELU_PASSES * m * fy
     calls += cfg.layers * _GELU_CALLS
-    params = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap).weights // e
+    params = parameter_elements(cfg, grid)  # the weights of estimate_memory, in elements
     n_params = len(fc_weights(cfg, grid)) * cfg.layers + (4 * cfg.layers if cfg.kind == "gpt" else 0)
     opt_passes, opt_calls = 0.0, 0
-    if optimizer == "adam":
+    if optimizer == "adam":  # opt_passes: in elements of the dtype (e bytes each)
         opt_passes, opt_calls = _ADAM_PASSES * params, _ADAM_CALLS * n_params
+        if precision == "mixed":
+            opt_passes = MIXED_ADAM_BYTES * params / e
+    # unfused attention on a GPU: the batched GEMMs over the s x s scores are memory-bound for small heads
+    attn_scale = 1.0
+    if cfg.kind == "gpt" and attention == "unfused" and profile.backend == "cupy" and attn_flops > 0:
+        attn_bytes = cfg.layers * _ATTENTION_BMM_PASSES * probs * e
+        attn_scale = max(1.0, (attn_bytes / bw) / (attn_flops / rate))
+    attn_flops *= attn_scale  # FLOP-equivalents at the GEMM rate (the FLOP conventions are counted elsewhere)
     # activation recompute: the forward share (1/3) of the block work once more
     rec = {"none": (0.0, 0.0, 0.0, 0.0),
            "full": (gemm_flops / 3.0, attn_flops / 3.0, passes / 3.0, calls / 3.0),
@@ -204,10 +233,16 @@ def collective_parts(c: Collective, profile: MachineProfile, placement: Dict[str
 
 def collective_time(c: Collective, profile: MachineProfile, placement: Dict[str, str],
                     ranks_on_node: int, inner: Optional[Dict[str, int]] = None) -> float:
-    """Seconds for all ``c.count`` messages of one collective (no overlap), with the profile's term weights."""
-    w = profile.term_weights
-    alpha_beta, sync = collective_parts(c, profile, placement, ranks_on_node, inner)
-    return w["comm"] * alpha_beta + w["sync"] * sync
+    """Seconds for all ``c.count`` messages of one collective (no overlap), with the profile's term weights.
+    Memoized per profile on what the price depends on (a search prices the same message many times)."""
+    memo = profile.__dict__.setdefault("_collective_memo", {})
+    key = (c.op, c.axis, c.p, c.count, c.message_bytes, placement[c.axis], ranks_on_node,
+           None if inner is None else inner[c.axis])
+    if key not in memo:
+        w = profile.term_weights
+        alpha_beta, sync = collective_parts(c, profile, placement, ranks_on_node, inner)
+        memo[key] = w["comm"] * alpha_beta + w["sync"] * sync
+    return memo[key]
 
 
 def term_features(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
@@ -314,10 +349,12 @@ class Link:
 
 def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], times: List[float],
                     comp: Dict[str, float], overlap: OverlapConfig, efficiency: float,
-                    recompute: str = "none") -> Link:
+                    recompute: str = "none", block_template: bool = False) -> Link:
     """Replay one step on a :class:`Link` (device-driven regime of the module docstring).
 
-    ``times[i]``: seconds of all messages of ``colls[i]``. Compute per 4D layer ``j``: its forward
+    ``times[i]``: seconds of all messages of ``colls[i]``; ``block_template``: ``colls`` hold only block 0's
+    collectives (and the loss), which every block repeats (:func:`~fourd_mpi.perf.volumes.step_collectives`
+    builds each block alike). Compute per 4D layer ``j``: its forward
     GEMM ``g_j`` plus a third of its block's other work ``o_j`` in forward; ``2 g_j + 2 o_j`` in
     backward, split evenly between the dX and dW GEMMs; with full recompute the forward once more
     before them. The optimizer runs after every collective has completed (not a window).
@@ -334,6 +371,10 @@ def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], 
     by_layer: Dict[str, Dict[Tuple[str, str], List[Tuple[float, Collective]]]] = defaultdict(lambda: defaultdict(list))
     for c, t in zip(colls, times):
         by_layer[c.layer][(c.role, c.phase)].append((t, c))
+    if block_template:  # ``colls`` are block 0's (and the loss): every block has the same, shared read-only
+        for name in [n for n in by_layer if n.startswith("block0.")]:
+            for b in range(1, cfg.layers):
+                by_layer[f"block{b}.{name[len('block0.'):]}"] = by_layer[name]
     depth = overlap.prefetch_depth if overlap.oag else 0
 
     def key(c: Collective) -> Tuple[str, str]:
@@ -462,15 +503,16 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     notes: List[str] = []
     gemm_rate_tflops(profile, dtype, notes)
     comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
-                        attention=attention)
-    colls = step_collectives(cfg, grid, overlap, dtype)
+                        attention=attention, precision=precision)
     efficiency = profile.overlap_efficiency
     memory = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap, recompute=recompute,
                              attention=attention, precision=precision, shard_optimizer=shard_optimizer,
                              dw_window=dw_window)
     if not profile.host_driven:
-        return _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, efficiency, memory,
+        one_block = step_collectives(replace(cfg, layers=1), grid, overlap, dtype)
+        return _predict_device(cfg, grid, profile, overlap, one_block, comp, placement, rpn, efficiency, memory,
                                notes, recompute, inner)
+    colls = step_collectives(cfg, grid, overlap, dtype)
     if profile.host_driven and progress == "none":
         efficiency = 0.0
         if overlap.enabled and overlap.enabled != ["cache"]:
@@ -509,6 +551,63 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     return _prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes)
 
 
+def blocking_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig, dtype: str,
+                  ranks_on_node: int, recompute: str = "none",
+                  levels: Optional[Dict[str, str]] = None) -> Dict[Tuple[str, str], float]:
+    """Seconds per ``(axis, op)`` that :func:`predict` exposes whatever the timeline: collectives whose
+    overlap option is off, every LayerNorm and loss all-reduce, the last chunk of an OD all-reduce (and,
+    device-driven with full recompute, the forward all-reduces' second run). Every block has the same
+    collectives: priced on one block, times ``L`` (memoized per profile on the block). ``levels``: as
+    :func:`predict`'s (axes placed for another rank order)."""
+    memo = profile.__dict__.setdefault("_blocking_memo", {})
+    key = (replace(cfg, layers=1), grid, overlap, dtype, ranks_on_node, recompute,
+           tuple(sorted((levels or {}).items())))
+    if key not in memo:
+        memo[key] = _blocking_parts(key[0], grid, profile, overlap, dtype, ranks_on_node, recompute, levels)
+    block, loss = memo[key]
+    out = {k: t * cfg.layers for k, t in block.items()}
+    for k, t in loss.items():
+        out[k] = out.get(k, 0.0) + t
+    return out
+
+
+def _blocking_parts(one_block: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
+                    dtype: str, ranks_on_node: int, recompute: str, levels: Optional[Dict[str, str]] = None):
+    """``(per block, loss)`` seconds by ``(axis, op)`` of :func:`blocking_time` for a one-block model."""
+    one = step_collectives(one_block, grid, overlap, dtype)
+    placement = {**axis_placement(grid, ranks_on_node), **(levels or {})}
+    inner = axis_inner_products(grid)
+    block: Dict[Tuple[str, str], float] = defaultdict(float)
+    loss: Dict[Tuple[str, str], float] = defaultdict(float)
+    for c in one:
+        option = OVERLAPS.get(c.role)
+        t = collective_time(c, profile, placement, ranks_on_node, inner)
+        if option is not None and getattr(overlap, option):
+            if option != "od" or c.count <= 1:
+                continue
+            t /= c.count  # the last chunk waits for its own GEMM
+        if c.role == "fwd_allreduce" and recompute == "full" and not profile.host_driven:
+            t *= 2
+        (loss if c.layer == "loss" else block)[(c.axis, c.op)] += t
+    return dict(block), dict(loss)
+
+
+def lower_bound(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
+                overlap: Optional[OverlapConfig] = None, dtype: str = "float32", optimizer: str = "adam",
+                ranks_per_node: Optional[int] = None, recompute: str = "none", attention: str = "unfused",
+                communication: bool = True, precision: Optional[str] = None, **_) -> float:
+    """Seconds never above :func:`predict`'s step: its compute plus :func:`blocking_time` (``step = compute +
+    exposed``; ``communication=False``: the compute alone, a looser and cheaper bound). ``tune`` skips,
+    without predicting them, configurations whose bound exceeds the K-th fastest predicted step."""
+    overlap = overlap or OverlapConfig()
+    rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)
+    comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute, attention=attention,
+                        precision=precision)
+    if not communication:
+        return comp["total"]
+    return comp["total"] + sum(blocking_time(cfg, grid, profile, overlap, dtype, rpn, recompute).values())
+
+
 def predicted_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", optimizer: str = "adam",
                      overlap: Optional[OverlapConfig] = None, recompute: str = "none", attention: str = "unfused",
                      precision: Optional[str] = None, shard_optimizer: str = "none",
@@ -532,21 +631,18 @@ def exposed_after_hiding(comm: Dict[Tuple[str, str], float], hidden: Dict[Tuple[
 
 def _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, efficiency, memory, notes,
                     recompute, inner=None) -> Prediction:
-    """The device-driven regime: exposed communication from :func:`device_timeline`."""
-    cache: Dict[tuple, Tuple[float, int]] = {}  # every block repeats the same shapes
-    for c in colls:
-        shape = (c.op, c.axis, c.p, c.count, c.message_bytes)
-        if shape not in cache:
-            cache[shape] = (collective_time(c, profile, placement, rpn, inner), c.wire_bytes)
-    times = [cache[(c.op, c.axis, c.p, c.count, c.message_bytes)] for c in colls]
+    """The device-driven regime: exposed communication from :func:`device_timeline`. Every block repeats
+    block 0's collectives: they are priced once (``colls`` of a one-block model) and counted ``L`` times."""
+    times = [(collective_time(c, profile, placement, rpn, inner), c.wire_bytes) for c in colls]
     comm: Dict[Tuple[str, str], float] = defaultdict(float)
     wire: Dict[str, int] = defaultdict(int)
     for c, (t, nbytes) in zip(colls, times):
         # full recompute: the forward all-reduces run again when the block is recomputed
-        runs = 2 if recompute == "full" and c.role == "fwd_allreduce" else 1
+        runs = (2 if recompute == "full" and c.role == "fwd_allreduce" else 1) * (1 if c.layer == "loss" else cfg.layers)
         comm[(c.axis, c.op)] += t * runs
         wire[c.axis] += nbytes * runs
-    link = device_timeline(cfg, grid, colls, [t for t, _ in times], comp, overlap, efficiency, recompute)
+    link = device_timeline(cfg, grid, colls, [t for t, _ in times], comp, overlap, efficiency, recompute,
+                           block_template=True)
     exposed = {k: link.exposed.get(k, 0.0) for k in comm}
     return _prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes)
 

@@ -322,7 +322,7 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
                     sc.attention, sc.precision, sc.shard_optimizer)
     sync = sum(micro.exposed_s.get(k, 0.0) for k in SYNC_KEYS)
     comp = compute_time(micro_cfg, grid, profile, overlap, sc.dtype, rpn, sc.optimizer, recompute=sc.recompute,
-                        attention=sc.attention)
+                        attention=sc.attention, precision=sc.precision)
     update = comp["optimizer"]
     slot = micro.step_s - sync - update
     exposed: Dict[str, float] = {}
@@ -406,7 +406,12 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
         if n not in notes:
             notes.append(n)
     terms = {"slot_blocks": slot, "slot_head": t_head, "slot_head_comm": t_head_comm, "slot_p2p": t_p2p,
-             "optimizer": update, "grad_sync": sync, "embedding_sync": t_emb, "pipeline_critical": critical}
+             "optimizer": update, "grad_sync": sync, "embedding_sync": t_emb, "pipeline_critical": critical,
+             # the compute per step by kind (diagnosis: which term makes an error): the blocks' GEMMs,
+             # attention, memory-bound work and kernel launches over m micro-batches; the head; the update
+             "step_gemm": comp["gemm"] * m, "step_attention": comp["attention"] * m,
+             "step_elementwise": (comp["elementwise"] + comp["calls"] - comp["optimizer"]) * m,
+             "step_head": t_head * m}
     return ScenarioResult(sc, step, compute, exposed, bubble, memory, which, flops, peak, terms, notes)
 
 

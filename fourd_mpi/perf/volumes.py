@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Dict, List, Optional, Tuple
 
 from fourd_mpi.core.backend import dtype_bytes
@@ -84,9 +85,15 @@ def step_collectives(cfg: ModelConfig, grid: GridShape, overlap: Optional[Overla
                      dtype: str = "float32") -> List[Collective]:
     """Every collective of one training step on one rank, in program order per layer.
 
-    Collectives over an axis of size 1 are not issued and not listed.
+    Collectives over an axis of size 1 are not issued and not listed. The list is built once per
+    ``(cfg, grid, overlap, dtype)`` (all frozen; :class:`Collective` too) and copied: a search predicts
+    the same micro-batch step many times (``tune``, the pipeline's slot and its wire bytes).
     """
-    overlap = overlap or OverlapConfig()
+    return list(_step_collectives(cfg, grid, overlap or OverlapConfig(), dtype))
+
+
+@lru_cache(maxsize=4096)
+def _step_collectives(cfg: ModelConfig, grid: GridShape, overlap: OverlapConfig, dtype: str) -> Tuple[Collective, ...]:
     e = dtype_bytes(dtype)
     m = local_tokens(cfg, grid)
     out: List[Collective] = []
@@ -118,7 +125,7 @@ def step_collectives(cfg: ModelConfig, grid: GridShape, overlap: Optional[Overla
             add(name, "grad_allreduce", "allreduce", "data", "backward", 1, block // grid.z * e)
     for axis in ("data", "z", "x"):
         add("loss", "loss", "allreduce", axis, "forward", 1, 8)
-    return out
+    return tuple(out)
 
 
 def totals(collectives: List[Collective], by: Tuple[str, ...] = ("op", "axis")) -> Dict[tuple, Dict[str, int]]:

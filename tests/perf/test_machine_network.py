@@ -118,12 +118,16 @@ def test_every_constant_has_a_source_and_no_tuning_is_stated(name):
         assert f"levels.{level}" in src
     assert "progress.overlap_efficiency" in src
     # what is carried over or not measured says so
-    assert all(w in src["compute.gemm_tflops.bfloat16"] for w in ("transfer", "0.809"))
+    gemm = src["compute.gemm_tflops.bfloat16"]
+    if name == "perlmutter":  # the A100's own published matmul ceiling at the sustained clock (issue 30)
+        assert "[mamf]" in gemm and "[clock]" in gemm and "assumption" in gemm
+    else:
+        assert all(w in gemm for w in ("transfer", "0.809"))
 
 
 def test_bf16_rates_and_training_dtype(tmp_path):
     pm = load_profile("perlmutter")
-    assert pm.gemm_tflops("bfloat16") == 252.5 and pm.peak_tflops("bfloat16") == 312.0
+    assert pm.gemm_tflops("bfloat16") == 248.0 and pm.peak_tflops("bfloat16") == 312.0  # 267.9 x 1305/1410
     assert pm.training_dtype == "bfloat16" and load_profile("laptop").training_dtype == "float32"
     # a profile calibrated before bf16 existed: its float16 rate, noted
     base = yaml.safe_load(open(os.path.join(PROFILES_DIR, "laptop.yaml")))

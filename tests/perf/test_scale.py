@@ -233,3 +233,44 @@ def test_model_paper_cli_prints_the_flagship_and_plots(tmp_path):
     assert png.stat().st_size > 10_000
     bad = cli("model", "paper", "--series", "gpt-3b")
     assert bad.returncode == 2 and "--series: unknown gpt-3b" in bad.stderr
+
+
+# --- issue 30 second pass: the compute terms from sourced constants ------------------------------
+
+def test_unfused_attention_bmm_roofline_on_a_gpu_known_answer():
+    """Head size d = 64, fp16, A100 (rate 248 TFLOP/s, 1,800 GB/s measured): the batched GEMMs move 6 passes
+    of the s x s scores for 12 d s^2 FLOPs per head: factor e rate / (2 d bw) = 2 x 248e12 / (2 x 64 x 1800e9)
+    = 2.153."""
+    prof = load_profile("dgx-a100")
+    g = GridShape(1, 1, 1, 1)
+    small = ModelConfig("s", "gpt", layers=2, hidden=512, heads=8, ffn_hidden=2048, seq=1024, batch=2)  # d = 64
+    rate, bw = 248.0e12, 1800.0e9
+    flops = 2 * 12.0 * small.batch * small.seq * small.seq * small.hidden
+    t = compute_time(small, g, prof, OverlapConfig(), "float16", 8, attention="unfused")
+    factor = 2 * rate / (2 * 64 * bw)
+    assert factor == pytest.approx(2.153, abs=1e-3)
+    assert t["attention"] == pytest.approx(flops * factor / rate, rel=1e-12)
+    fused = compute_time(small, g, prof, OverlapConfig(), "float16", 8, attention="fused")
+    assert fused["attention"] == pytest.approx(flops / rate, rel=1e-12)  # flash attention: compute-bound
+    wide = ModelConfig("w", "gpt", layers=2, hidden=2048, heads=8, ffn_hidden=8192, seq=1024, batch=2)  # d = 256
+    w = compute_time(wide, g, prof, OverlapConfig(), "float16", 8, attention="unfused")
+    assert w["attention"] == pytest.approx(2 * 12.0 * 2 * 1024 * 1024 * 2048 / rate, rel=1e-12)
+    cpu = compute_time(small, g, load_profile("laptop"), OverlapConfig(), "float32", 1, attention="unfused")
+    assert cpu["attention"] > 0  # CPU profiles keep the GEMM-rate attention (no roofline)
+
+
+def test_mixed_precision_adam_step_bytes_known_answer():
+    """Megatron-LM's fp16 optimizer step moves 60 bytes per parameter (fp32 state); pure precision 14 passes
+    of the dtype."""
+    from fourd_mpi.perf.memory import parameter_elements
+    from fourd_mpi.perf.predict import MIXED_ADAM_BYTES, _ADAM_CALLS
+
+    prof = load_profile("dgx-a100")
+    g = GridShape(1, 1, 1, 1)
+    n = parameter_elements(GPT, g)
+    calls = _ADAM_CALLS * (4 * GPT.layers + 4 * GPT.layers) * prof.op_overhead_s  # 4 FC + 4 LayerNorm params
+    mixed = compute_time(GPT, g, prof, OverlapConfig(), "float16", 8)["optimizer"]
+    assert MIXED_ADAM_BYTES == 6 + 8 + 4 + 8 + 28 + 6
+    assert mixed == pytest.approx(60 * n / 1800.0e9 + calls, rel=1e-9)
+    pure = compute_time(GPT, g, prof, OverlapConfig(), "float16", 8, precision="pure")["optimizer"]
+    assert pure == pytest.approx(14 * n * 2 / 1800.0e9 + calls, rel=1e-9)

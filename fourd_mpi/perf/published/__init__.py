@@ -287,6 +287,15 @@ def describe_config(r: ScenarioResult) -> str:
     return f"{sc.algorithm} {sc.grid} p={sc.stages} {sched} b={sc.microbatch_size} m={sc.microbatches}"
 
 
+def split(r: ScenarioResult) -> str:
+    """The compute of the step by kind, % of the step: GEMMs, attention, memory-bound work and launches,
+    LM head, optimizer update (the rest is exposed communication and bubble)."""
+    t = r.terms
+    parts = [t.get("step_gemm", 0.0), t.get("step_attention", 0.0), t.get("step_elementwise", 0.0),
+             t.get("step_head", 0.0), t.get("optimizer", 0.0)]
+    return "/".join(f"{100 * v / r.step_s:.0f}" for v in parts)
+
+
 def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None) -> str:
     """The text of ``model published``."""
     s = summary(rows)
@@ -295,13 +304,14 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None) -> st
              "ratio = predicted / published; error = |ratio - 1|",
              ""]
     table = [("dataset", "point", "GPUs", "configuration", "metric", "published", "predicted", "ratio", "mem GiB",
-              "fits", "bubble %", "exposed comm % (largest axis)", "to match: compute x", "or comm+bubble x")]
+              "fits", "step % gemm/attn/elt/head/opt", "bubble %", "exposed comm % (largest axis)", "to match: compute x",
+              "or comm+bubble x")]
     for r in rows:
         res = r.result
         exp = max(res.exposed_s.items(), key=lambda kv: kv[1]) if res.exposed_s else ("-", 0.0)
         table.append((r.dataset, r.name, r.gpus, describe_config(res), r.metric, f"{r.published:g}",
                       f"{r.predicted:.1f}", f"{r.ratio:.3f}", f"{res.memory['required'] / 2 ** 30:.1f}",
-                      {True: "yes", False: "NO", None: "-"}[res.fits()], f"{100 * res.bubble_s / res.step_s:.1f}",
+                      {True: "yes", False: "NO", None: "-"}[res.fits()], split(res), f"{100 * res.bubble_s / res.step_s:.1f}",
                       f"{100 * sum(res.exposed_s.values()) / res.step_s:.1f} ({exp[0]})",
                       f"{r.to_match()['compute']:.2f}", f"{r.to_match()['exposed']:.2f}"))
     lines.append(_table(table))
@@ -312,7 +322,8 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None) -> st
               f"of peak, published vs predicted), every "
               f"configuration fits its GPU's memory: {'yes' if s['all_fit'] else 'NO'}"]
     lines.append("to match: the factor by which that term alone would have to change for predicted = published "
-                 "(a diagnosis of which term is wrong; never applied to the model)")
+                 "(a diagnosis of which term is wrong; never applied to the model); step %: the step's compute "
+                 "by kind (GEMMs, attention, memory-bound work and launches, LM head, optimizer update)")
     assumed = [f"{r.name}: {', '.join(r.assumed)}" for r in rows if r.assumed]
     if assumed:
         lines.append("assumed (not in the source): " + "; ".join(assumed))
