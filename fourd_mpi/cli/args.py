@@ -195,15 +195,9 @@ def write_output(path: Optional[str], text: str, what: str = "") -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise ConfigError(f"-o {path}: {exc.strerror or exc}") from None
+    from fourd_mpi.util.files import write_text
+
+    write_text(path, text)
     wrote(path, what)
 
 

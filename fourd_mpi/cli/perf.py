@@ -16,7 +16,7 @@ import sys
 from fourd_mpi.cli.args import (FORMATS, add_deprecated, add_format, add_option, add_options, add_output, add_site,
                                 add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.run.options import OPTIONS, options_in
-from fourd_mpi.util.files import refuse_output, refuse_overwrite
+from fourd_mpi.util.files import named_inputs, refuse_output, replacing, write_text
 from fourd_mpi.util.values import int_at_least, positive_float, positive_int, rank_count
 
 GIB = 2.0 ** 30
@@ -116,7 +116,7 @@ def cmd_tune(args, world=None) -> int:
     cfg = resolve_model(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
                         ffn_hidden=args.ffn_hidden, seq=args.seq, batch=args.batch)
     overlap = OverlapConfig.parse(args.overlap)
-    refuse_output(args.emit_sweep, args.force)
+    refuse_output(args.emit_sweep, args.force, option="--emit-sweep")
     profile = resolve_profile(args.site, args.profile, args.fallback_profile)
     if args.dtype is None:
         args.dtype = profile.training_dtype
@@ -161,9 +161,8 @@ def cmd_tune(args, world=None) -> int:
 
         grids = [p.grid for p in ranking.predictions[: args.top]]
         spec = sweep_spec(cfg, args.ranks, grids, args.overlap)
-        with open(args.emit_sweep, "w") as fh:
-            fh.write("# written by fourd-mpi tune: measure the predicted top grids\n")
-            yaml.safe_dump(spec, fh, sort_keys=False)
+        write_text(args.emit_sweep, "# written by fourd-mpi tune: measure the predicted top grids\n"
+                   + yaml.safe_dump(spec, sort_keys=False), "--emit-sweep")
         wrote(args.emit_sweep, f"sweep spec: {len(grids)} grid(s) at {args.ranks} ranks")
     return 0
 
@@ -202,9 +201,8 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
         spec["grids"] = {args.ranks: grids}
         spec["description"] = f"the top {args.top} configurations of fourd-mpi tune --algorithm {args.algorithm}"
         spec["matrix"]["algorithm"] = algorithms  # each algorithm runs the listed grids it allows
-        with open(args.emit_sweep, "w") as fh:
-            fh.write("# written by fourd-mpi tune: measure the predicted top configurations\n")
-            yaml.safe_dump(spec, fh, sort_keys=False)
+        write_text(args.emit_sweep, "# written by fourd-mpi tune: measure the predicted top configurations\n"
+                   + yaml.safe_dump(spec, sort_keys=False), "--emit-sweep")
         print(f"sweep spec {args.emit_sweep}: {len(grids)} grid(s) x {len(algorithms)} algorithm(s) at {args.ranks} ranks")
     return 0
 
@@ -327,7 +325,8 @@ def _cmd_paper(args) -> int:
 
     print(report(flagship, series, profile, limit, ptdp_case(flagship.cfg, flagship.gpus, profile, limit)))
     if args.output:
-        plot(series, args.output, profile, limit)
+        with replacing(args.output) as tmp:  # the figure under a temporary name, renamed when complete
+            plot(series, tmp, profile, limit)
         wrote(args.output, "weak-scaling plot")
     return 0
 
@@ -363,7 +362,7 @@ def cmd_model(args, world=None) -> int:
     from fourd_mpi.jobs.sites import resolve_profile
     from fourd_mpi.perf.validate import report, validate
 
-    refuse_output(args.output, args.force)
+    refuse_output(args.output, args.force, inputs=named_inputs(args.paths + [args.profile or ""]))
     profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
     traces, problems = collect_or_fail(args.paths)
     df, gdf, summary = validate(traces, profile)
@@ -383,7 +382,7 @@ def _cmd_calibrate(args) -> int:
     from fourd_mpi.perf.validate import calibrate
 
     terms = parse_list(args.terms, TERMS, "--terms")  # checked before any trace is read
-    refuse_output(args.output, args.force)
+    refuse_output(args.output, args.force, inputs=named_inputs(args.paths + [args.profile or ""]))
     profile = load_profile(args.profile)
     traces, problems = collect_or_fail(args.paths)
     data, rows, skipped = calibrate(traces, profile, terms)
@@ -393,11 +392,10 @@ def _cmd_calibrate(args) -> int:
     fit = data["step_fit"]
     print("weights: " + ", ".join(f"{t} x{w:g}" for t, w in fit["weights"].items())
           + f"; median |error| of the fit {100 * fit['median_abs_rel_error']:.1f}% over {len(rows)} runs")
-    tmp = args.output + ".tmp"
-    with open(tmp, "w") as fh:
-        yaml.safe_dump(data, fh, sort_keys=False)
-    load_profile(tmp)  # what we write must load
-    os.replace(tmp, args.output)
+    with replacing(args.output) as tmp:
+        with open(tmp, "w") as fh:
+            yaml.safe_dump(data, fh, sort_keys=False)
+        load_profile(tmp)  # what we write must load
     wrote(args.output, "calibrated machine profile")
     return 1 if problems else 0
 
@@ -489,9 +487,12 @@ def cmd_bench(args, world) -> int:
     out = args.output or os.path.join("results", "profiles", f"{hostname}.yaml")
     rank = world.Get_rank()
     try:
-        on_root(world, lambda: refuse_overwrite(out, args.force))  # rank 0 writes it; every rank hears
+        # rank 0 writes them; every rank hears, before anything is measured
+        on_root(world, lambda: refuse_output(out, args.force, inputs=[args.fallback or ""], makes_dirs=True))
         if args.table:
-            on_root(world, lambda: refuse_overwrite(args.table, args.force))
+            on_root(world, lambda: refuse_output(args.table, args.force, option="--report", inputs=[out]))
+        if args.name is not None:
+            on_root(world, lambda: _check_profile_name(args.name))
         if args.fallback:
             from fourd_mpi.perf.machine import load_profile
 
@@ -512,6 +513,18 @@ def cmd_bench(args, world) -> int:
             error_line(exc)
             status = 2
     return world.bcast(status, root=0)
+
+
+def _check_profile_name(name: str) -> None:
+    """``--name`` as the machine profile schema wants it, checked before anything is measured."""
+    import re
+
+    from fourd_mpi.errors import ConfigError
+    from fourd_mpi.perf.machine import PROFILE_SCHEMA
+
+    rule = PROFILE_SCHEMA["properties"]["name"]
+    if not re.match(rule["pattern"], name):
+        raise ConfigError(f"--name {name!r}: {rule['description']} (at most 64 characters, starting with a letter or digit)")
 
 
 def _report_bench(result, args, hostname, out) -> int:
@@ -541,8 +554,7 @@ def _report_bench(result, args, hostname, out) -> int:
         print("\n".join(line.lstrip("# ") if line.startswith("#") else line for line in summary if line),
               file=sys.stderr, flush=True)
     if args.table:
-        with open(args.table, "w") as fh:
-            fh.write(text + "\n" + ("\n".join(summary) + "\n" if args.format == "table" else ""))
+        write_text(args.table, text + "\n" + ("\n".join(summary) + "\n" if args.format == "table" else ""), "--report")
     wrong = total_wrong(result)
     if wrong:
         print(f"fourd-mpi: error: the result check found {wrong} wrong element(s) (#wrong)", file=sys.stderr,
@@ -561,11 +573,8 @@ def _write_profile(result, args, hostname, out, build_profile, yaml):
 
     jsonschema.validate(profile, PROFILE_SCHEMA)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tmp = f"{out}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(f"# machine profile written by fourd-mpi bench collectives ({len(result['rows'])} measurements)\n")
-        yaml.safe_dump(profile, fh, sort_keys=False)
-    os.replace(tmp, out)
+    write_text(out, f"# machine profile written by fourd-mpi bench collectives ({len(result['rows'])} measurements)\n"
+               + yaml.safe_dump(profile, sort_keys=False))
     fits = []
     for level, entry in profile["levels"].items():
         for kind in ("allgather", "reduce_scatter", "allreduce"):

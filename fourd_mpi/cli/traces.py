@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from fourd_mpi.cli.args import add_allow_damaged, add_output
+from fourd_mpi.cli.args import add_allow_damaged, add_output, error_line
 from fourd_mpi.util.values import nonnegative_int, positive_int
 
 
@@ -70,6 +70,9 @@ def cmd_trace(args, world=None) -> int:
             print(f"the trace holds every step of the per-rank files and {how}: {args.directory} can now be removed")
         else:
             print(f"keep the per-rank files in {args.directory}: {result['removable']}")
+        if result["damaged"]:
+            error_line(f"the recovered trace {result['path']} does not pass 'trace check': {result['damaged']}")
+            return 1
         return 0
     if args.trace_command == "check":  # a damaged trace is read, and its damage reported as violations
         trace = load_trace(args.file, allow_damaged=True)

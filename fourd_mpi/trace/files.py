@@ -19,10 +19,8 @@ from typing import Optional
 import numpy as np
 
 from fourd_mpi.errors import TraceError
+from fourd_mpi.util.files import RUN_META, SPOOL_SUFFIX  # one definition, in the lowest room
 
-
-SPOOL_SUFFIX = ".ranks"
-RUN_META = "run.json"
 RANK_DTYPE = np.dtype([
     ("rank", "<u4"), ("hostname", "S64"), ("node", "<u4"), ("local_rank", "<u4"),
     ("coord_data", "<u4"), ("coord_z", "<u4"), ("coord_y", "<u4"), ("coord_x", "<u4"),
