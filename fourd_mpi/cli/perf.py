@@ -116,7 +116,7 @@ def cmd_tune(args, world=None) -> int:
     cfg = resolve_model(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
                         ffn_hidden=args.ffn_hidden, seq=args.seq, batch=args.batch)
     overlap = OverlapConfig.parse(args.overlap)
-    refuse_output(args.emit_sweep, args.force, option="--emit-sweep")
+    refuse_output(args.emit_sweep, args.force, option="--emit-sweep", inputs=[args.profile or "", args.site or ""])
     profile = resolve_profile(args.site, args.profile, args.fallback_profile)
     if args.dtype is None:
         args.dtype = profile.training_dtype
@@ -300,7 +300,7 @@ def _cmd_paper(args) -> int:
     from fourd_mpi.perf.paper import DEFAULT_BATCH, PUBLISHED, WEAK_SERIES, model_case, plot, report
     from fourd_mpi.jobs.sites import resolve_profile
 
-    refuse_output(args.output, args.force)
+    refuse_output(args.output, args.force, inputs=[args.profile or "", args.site or ""])
     wanted = [t.strip() for t in args.series.split(",") if t.strip()]
     if wanted == ["all"]:
         cases = list(WEAK_SERIES)
@@ -490,7 +490,8 @@ def cmd_bench(args, world) -> int:
         # rank 0 writes them; every rank hears, before anything is measured
         on_root(world, lambda: refuse_output(out, args.force, inputs=[args.fallback or ""], makes_dirs=True))
         if args.table:
-            on_root(world, lambda: refuse_output(args.table, args.force, option="--report", inputs=[out]))
+            on_root(world, lambda: refuse_output(args.table, args.force, option="--report",
+                                                   inputs=[out, args.fallback or ""]))
         if args.name is not None:
             on_root(world, lambda: _check_profile_name(args.name))
         if args.fallback:

@@ -16,7 +16,7 @@ import sys
 
 from fourd_mpi.cli.args import PROG, add_allow_damaged, add_format, add_output, write_output
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.util.files import refuse_output
+from fourd_mpi.util.files import check_regular_file, check_writable, named_inputs, refuse_output
 from fourd_mpi.util.values import positive_int
 
 LIST_FORMATS = ("table", "json", "csv")
@@ -143,7 +143,10 @@ def cmd_results(args, world=None) -> int:
     if args.results_command == "reindex":
         if not os.path.isdir(args.directory):
             raise ConfigError(f"{args.directory}: not a directory")
-        refuse_output(args.output, args.force)
+        refuse_output(args.output, args.force, inputs=named_inputs([args.directory]))
+        target = args.output or index_file(args.directory)
+        check_regular_file(target, "index file")  # before the traces are read: a FIFO, a directory
+        check_writable(os.path.dirname(os.path.abspath(target)), f"the index {target}")
         entries, problems = reindex(args.directory, args.output, allow_damaged=args.allow_damaged)
         for path, why in problems:
             sys.stderr.write(f"{PROG}: skipped {path}: {why}\n")
@@ -171,7 +174,7 @@ def cmd_results(args, world=None) -> int:
                 else:
                     print(f"{key}: {_cell(value) if not isinstance(value, float) else repr(value)}")
         return 0
-    refuse_output(args.output, args.force)
+    refuse_output(args.output, args.force, inputs=[path])
     terms = [(name, getattr(args, name)) for name in ("model", "grid", "status", "since", "until", "algorithm")
              if getattr(args, name) is not None]
     chosen = select(entries, terms + parse_terms(args.filters))
@@ -218,8 +221,8 @@ def cmd_compare(args, world=None) -> int:
 
     settings = Settings(threshold=parse_threshold(args.threshold), alpha=args.alpha, confidence=args.confidence,
                         resamples=args.resamples, seed=args.seed, unit=args.unit)
-    refuse_output(args.output, args.force)
     index_path = index_file(args.index)
+    refuse_output(args.output, args.force, inputs=named_inputs(args.new + args.baseline) + [index_path])
     new = _load_side(args, args.new, index_path, "new")
     old = _load_side(args, args.baseline, index_path, "baseline")
     ignore = [name.strip() for name in args.ignore.split(",") if name.strip()]

@@ -27,7 +27,8 @@ from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import RunOptions
 from fourd_mpi.core.watchdog import Watchdog
 from fourd_mpi.trace.clocks import DriftModel, measure_offsets
-from fourd_mpi.trace.files import check_name, new_run_id, now_iso, trace_paths
+from fourd_mpi.trace.files import (LABEL_OVERHEAD, RUN_ID_OVERHEAD, check_name, check_name_fits, new_run_id, now_iso,
+                                   trace_paths)
 from fourd_mpi.trace.merge import merge_run
 from fourd_mpi.trace.spool import RankSpool, prepare_spool
 from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
@@ -57,8 +58,10 @@ class TraceOptions:
             raise ConfigError(f"unknown trace level {self.level!r}: choose one of {', '.join(LEVELS)}")
         if self.run_id is not None:
             check_name("run id", self.run_id)
+            check_name_fits(self.results_dir, "--run-id", self.run_id)
         if self.label is not None:
             check_name("label", self.label)
+            check_name_fits(self.results_dir, "--label", self.label, RUN_ID_OVERHEAD + LABEL_OVERHEAD)
         return self
 
 

@@ -55,6 +55,29 @@ def check_name(kind: str, name: str) -> str:
     return name
 
 
+#: characters that file names derived from a run id add to it, at most: ``.RUN.parts.tmp-PID-HEX``
+#: (a staged parts directory) with a 10-digit PID and 6 hex digits
+RUN_ID_OVERHEAD = len(".") + len(".parts.tmp-") + 10 + len("-") + 6
+#: characters a generated run id adds to its label: ``YYYYmmdd-HHMMSS-LABEL-xxxxxx``
+LABEL_OVERHEAD = len("20261125-181139--") + 6
+
+
+def check_name_fits(results_dir: str, kind: str, name: str, overhead: int = RUN_ID_OVERHEAD) -> str:
+    """``name`` (a run id or label) short enough for the file names made of it on the file system of
+    ``results_dir`` (``NAME_MAX``, from ``os.pathconf`` of its nearest existing directory; 255 if unknown):
+    checked before the first step, so that a long id does not fail only at the merge."""
+    from fourd_mpi.util.files import nearest_directory
+
+    try:
+        limit = os.pathconf(nearest_directory(results_dir or "."), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if len(name.encode()) + overhead > limit:
+        raise TraceError(f"{kind} of {len(name.encode())} characters is too long: the file names made of it must fit the "
+                         f"file system's limit of {limit} (NAME_MAX): give at most {limit - overhead} characters")
+    return name
+
+
 def trace_paths(results_dir: str, run_id: str):
     """``(trace file, spool directory)`` of a run."""
     return (os.path.join(results_dir, run_id + ".h5"), os.path.join(results_dir, run_id + SPOOL_SUFFIX))

@@ -291,7 +291,7 @@ def _check_output(path: str, force: bool, spool_dir: str) -> None:
     from fourd_mpi.util.files import refuse_output
 
     try:
-        refuse_output(path, force, inputs=[os.path.join(spool_dir, RUN_META)])
+        refuse_output(path, force, inputs=[os.path.join(spool_dir, RUN_META)], writes_trace=True)
     except TraceError:
         raise
     except ConfigError as exc:

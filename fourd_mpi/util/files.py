@@ -36,12 +36,13 @@ def refuse_overwrite(path: Optional[str], force: bool, flag: str = "--force") ->
 
 
 def refuse_output(path: Optional[str], force: bool, flag: str = "--force", inputs: Sequence[str] = (),
-                  option: str = "-o", makes_dirs: bool = False) -> None:
+                  option: str = "-o", makes_dirs: bool = False, writes_trace: bool = False) -> None:
     """The one rule for an output file, checked before any work: not an existing file without
     ``force``, not a directory, FIFO or device (``/dev/full``), not one of ``inputs`` (the same file
     under any name), not inside a run's spool, and its directory exists (``makes_dirs``: the command
     creates it, so its nearest existing ancestor is checked), is writable and has space
-    (:func:`check_writable`). Each refusal is one :class:`ConfigError` line."""
+    (:func:`check_writable`); unless the command ``writes_trace``, an existing trace is never replaced
+    (:func:`refuse_hdf5`). Each refusal is one :class:`ConfigError` line."""
     if not path:
         return
     refuse_overwrite(path, force, flag)
@@ -52,6 +53,8 @@ def refuse_output(path: Optional[str], force: bool, flag: str = "--force", input
         check_output_dir(path)
     check_not_input(path, inputs, option)
     check_not_in_spool(path, option)
+    if not writes_trace:
+        refuse_hdf5(path, option)
     check_writable(directory, f"{option} {path}")
 
 
@@ -117,6 +120,24 @@ def named_inputs(args: Sequence[str], pattern: str = "*.h5") -> List[str]:
         elif glob.has_magic(arg):
             out += glob.glob(arg)
     return out
+
+
+#: the first bytes of every HDF5 file (a trace)
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def refuse_hdf5(path: Optional[str], option: str = "-o") -> None:
+    """Refuse a text output (an index, a report) that would replace an existing HDF5 file: a trace."""
+    if not path or not os.path.isfile(path):
+        return
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(HDF5_SIGNATURE))
+    except OSError:
+        return
+    if head == HDF5_SIGNATURE:
+        raise ConfigError(f"{option} {path} is an HDF5 file (a trace?): this command writes text and never replaces "
+                          "one; give another file name")
 
 
 def spool_of(path: str) -> Optional[str]:
