@@ -17,7 +17,8 @@ from fourd_mpi.cli.args import (FORMATS, add_deprecated, add_format, add_option,
                                 add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.run.options import OPTIONS, options_in
 from fourd_mpi.util.files import named_inputs, refuse_output, replacing, write_text
-from fourd_mpi.util.values import int_at_least, positive_float, positive_int, rank_count
+from fourd_mpi.util.values import (axis_size, batch_size, int_in, int_list_of, layer_count, positive_float, rank_count,
+                                  repeat_count, seq_length)
 
 GIB = 2.0 ** 30
 
@@ -45,19 +46,19 @@ def _register_tune(sub) -> None:
                    "written by fourd-mpi bench collectives (overrides --site)")
     m.add_argument("--fallback-profile", default=None, metavar="P", help="profile for placement levels the "
                    "profile lacks (e.g. perlmutter for inter-node axes of a one-node calibration)")
-    m.add_argument("--ranks-per-node", type=positive_int, default=None, metavar="R",
+    m.add_argument("--ranks-per-node", type=axis_size, default=None, metavar="R",
                    help="ranks per node of the run (default: the profile's)")
     m.add_argument("--memory-limit", type=_memory_limit, default=None, metavar="GiB",
                    help="drop grids needing more per rank (counted bytes + allocator margin + GPU runtime reserve); "
                         "default: the profile's device memory (e.g. 40 on perlmutter, 64 on frontier; none on CPU "
                         "profiles); 'none' keeps every grid")
     _add_memory_model(p)
-    p.add_argument("--dw-window", type=positive_int, default=None, metavar="N",
+    p.add_argument("--dw-window", type=layer_count, default=None, metavar="N",
                    help="with ORS, at most N dW blocks in flight (memory; as FSDP/ZeRO-3 bound their buckets; "
                         "default: every layer's, as this suite's step keeps every handle until the optimizer; "
                         "--algorithm axonn4d only)")
     o = p.add_argument_group("output")
-    o.add_argument("--top", type=positive_int, default=5, metavar="K", help="grids to show (default 5)")
+    o.add_argument("--top", type=repeat_count, default=5, metavar="K", help="grids to show (default 5)")
     o.add_argument("--emit-sweep", metavar="FILE", help="write a sweep spec (YAML) that measures the top K")
     o.add_argument("--force", action="store_true", help="replace an existing --emit-sweep file")
     # --dtype: the run's choices; default the site's training dtype (bfloat16 on GPU sites, float32 on CPU)
@@ -238,14 +239,14 @@ def _register_model(sub) -> None:
                         "model, both costed with AxoNN's bandwidth table; the two top-K rankings and why they differ")
     a.add_argument("--model", default="gpt-80b", help="preset (default gpt-80b)")
     a.add_argument("--ranks", type=rank_count, default=1024, metavar="N", help="GPUs (default 1024)")
-    a.add_argument("--batch", default="1024,2048", metavar="LIST", help="global batches in sequences, comma list "
+    a.add_argument("--batch", type=int_list_of(batch_size, "global batches"), default="1024,2048", metavar="LIST", help="global batches in sequences, comma list "
                    "(default 1024,2048)")
-    a.add_argument("--seq", type=positive_int, default=2048, metavar="S", help="sequence length (default 2048)")
-    a.add_argument("--min-tp", type=positive_int, default=64, metavar="T",
+    a.add_argument("--seq", type=seq_length, default=2048, metavar="S", help="sequence length (default 2048)")
+    a.add_argument("--min-tp", type=axis_size, default=64, metavar="T",
                    help="minimum G_x G_y G_z (AxoNN's minimum tensor-parallel degree; default 64)")
     a.add_argument("--profile", default="perlmutter", metavar="P", help="profile whose network.placement_gbs is "
                    "the table (default perlmutter; frontier has AxoNN's Frontier table)")
-    a.add_argument("--top", type=positive_int, default=8, metavar="K", help="grids per list (default 8)")
+    a.add_argument("--top", type=repeat_count, default=8, metavar="K", help="grids per list (default 8)")
     a.add_argument("--explain", action="append", default=[], metavar="DxZxYxX",
                    help="grid to explain term by term (repeatable; default: AxoNN's best, ours, and AxoNN's best "
                         "with G_x, G_y > 1)")
@@ -257,7 +258,7 @@ def _register_model(sub) -> None:
                                                                   "--site)")
     pp.add_argument("--memory-limit", type=_memory_limit, default=80.0, metavar="GiB",
                     help="GiB per GPU (default 80: the A100-80GB nodes; 40 for the others; 'none')")
-    pp.add_argument("--batch", type=positive_int, default=None, metavar="N",
+    pp.add_argument("--batch", type=batch_size, default=None, metavar="N",
                     help="global batch in sequences of 2,048 tokens at 1,024 GPUs (default 2048, our assumption; the "
                          "weak-scaling cases scale it with their GPU count)")
     pp.add_argument("--series", default="all", metavar="LIST",
@@ -279,7 +280,7 @@ def _cmd_compare_axonn(args) -> int:
     from fourd_mpi.perf.machine import load_profile
     from fourd_mpi.step.presets import resolve_model
 
-    batches = [positive_int(b) for b in args.batch.split(",") if b.strip()]
+    batches = args.batch  # parsed and bounded by int_list_of(batch_size)
     explain = [GridShape.parse(g) for g in args.explain]
     profile = load_profile(args.profile)
     if profile.placement_gbs(1, 2) is None:
@@ -402,6 +403,14 @@ def _cmd_calibrate(args) -> int:
 
 # -- bench collectives -----------------------------------------------------------------------
 
+#: the largest message of bench collectives (bytes): it holds a few buffers of this size per rank
+MAX_BENCH_BYTES = 1 << 30
+#: the most iterations of one measurement of bench collectives
+MAX_BENCH_ITERS = 1 << 20
+#: the largest n of bench collectives' n x n GEMM (three float64 matrices of 2 GiB each)
+MAX_GEMM_SIZE = 1 << 14
+
+
 def _size(text: str) -> int:
     units = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
     t = text.strip().lower().rstrip("b").rstrip("i")
@@ -409,10 +418,13 @@ def _size(text: str) -> int:
     t = t[:-1] if t[-1:] in units else t
     try:
         value = int(float(t) * scale)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: inf
         raise argparse.ArgumentTypeError(f"expected a size like 8, 64K or 4M, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    if value > MAX_BENCH_BYTES:
+        raise argparse.ArgumentTypeError(f"{text!r} is larger than the largest message, 1G ({MAX_BENCH_BYTES:,} "
+                                         "bytes): the benchmark holds a few buffers of that size on every rank")
     return value
 
 
@@ -440,15 +452,15 @@ def _register_bench(sub) -> None:
     s.add_argument("--min-size", type=_size, default=8, metavar="BYTES", help="smallest message (default 8)")
     s.add_argument("--max-size", type=_size, default=4 * 1024 ** 2, metavar="BYTES",
                    help="largest message (default 4M)")
-    s.add_argument("--factor", type=positive_int, default=8, help="size step (default 8: 8, 64, 512, ...)")
-    s.add_argument("--iters", type=positive_int, default=20, help="timed iterations (default 20; a quarter, "
+    s.add_argument("--factor", type=int_in(2, 1 << 20, "the size multiplier"), default=8, help="size step (default 8: 8, 64, 512, ...)")
+    s.add_argument("--iters", type=int_in(1, MAX_BENCH_ITERS, "timed iterations"), default=20, help="timed iterations (default 20; a quarter, "
                    "at least 3, from 1 MiB)")
-    s.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
-    s.add_argument("--overlap-sizes", type=int_at_least(0), default=2, metavar="K",
+    s.add_argument("--warmup", type=int_in(0, MAX_BENCH_ITERS, "untimed iterations"), default=3, help="untimed iterations first (default 3)")
+    s.add_argument("--overlap-sizes", type=int_in(0, 64, "sizes"), default=2, metavar="K",
                    help="measure overlap at the K largest sizes (default 2; 0 skips it)")
     c = p.add_argument_group("compute calibration")
     c.add_argument("--dtypes", default="float32,float64", help="GEMM dtypes to measure (default float32,float64)")
-    c.add_argument("--gemm-size", type=positive_int, default=256, help="n of the n x n x n GEMM (default 256)")
+    c.add_argument("--gemm-size", type=int_in(1, MAX_GEMM_SIZE, "n of an n x n GEMM"), default=256, help="n of the n x n x n GEMM (default 256)")
     c.add_argument("--backend", default="numpy", choices=("numpy", "cupy"), help="array library of the GEMM "
                    "(collective buffers are host memory)")
     o = p.add_argument_group("output")

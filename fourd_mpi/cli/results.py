@@ -17,7 +17,7 @@ import sys
 from fourd_mpi.cli.args import PROG, add_allow_damaged, add_format, add_output, write_output
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.files import check_regular_file, check_writable, named_inputs, refuse_output
-from fourd_mpi.util.values import positive_int
+from fourd_mpi.util.values import int_in, seed_value
 
 LIST_FORMATS = ("table", "json", "csv")
 #: columns of ``results list`` (table and csv), in order
@@ -75,9 +75,9 @@ def register(sub) -> None:
                      help="significance level of the Mann-Whitney U test (default 0.05)")
     cmp.add_argument("--confidence", type=_fraction, default=0.95,
                      help="confidence level of the bootstrap interval (default 0.95)")
-    cmp.add_argument("--resamples", type=positive_int, default=9999, metavar="N",
+    cmp.add_argument("--resamples", type=int_in(1, 10 ** 6, "bootstrap resamples"), default=9999, metavar="N",
                      help="bootstrap resamples (default 9999)")
-    cmp.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0: reproducible)")
+    cmp.add_argument("--seed", type=seed_value, default=0, help="seed of the bootstrap (default 0: reproducible)")
     cmp.add_argument("--ignore", metavar="OPTIONS", default="",
                      help="comma list of configuration options left out of the matching key (e.g. steps,warmup: "
                           "compare runs that differ only in them)")

@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from fourd_mpi.cli.args import add_allow_damaged, add_output, error_line
-from fourd_mpi.util.values import nonnegative_int, positive_int
+from fourd_mpi.util.values import group_size, int_in
 
 
 def register(sub) -> None:
@@ -25,10 +25,10 @@ def register(sub) -> None:
                                          "standard output names it",
                force_help="replace an existing output file, and recover a run that still holds its spool "
                           "files (still running: a partial trace of the steps so far; the spool is kept)")
-    rec.add_argument("--group-size", type=nonnegative_int, default=0, metavar="N",
+    rec.add_argument("--group-size", type=group_size, default=0, metavar="N",
                      help="ranks per part file (0, default: the run's ranks per node, raised to keep at most 256 "
                           "parts; one group: a single file)")
-    rec.add_argument("--jobs", type=positive_int, default=None, metavar="N",
+    rec.add_argument("--jobs", type=int_in(1, 1 << 12, "worker processes"), default=None, metavar="N",
                      help="worker processes writing parts (default: the CPUs this process may use)")
     rec.add_argument("--compression", choices=("gzip", "lzf", "none"), default="none",
                      help="compression of the events (default none: recovery is bound by the CPUs of one node, "

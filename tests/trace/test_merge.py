@@ -357,6 +357,8 @@ def test_recover_pool_workers_die_with_their_parent(tmp_path):
     while alive and time.monotonic() < deadline:
         time.sleep(0.1)
         alive = [p for p in workers if _running(p)]
+    for pid in alive:  # leave no stray process behind, even when the test fails
+        os.kill(pid, signal.SIGKILL)
     assert not alive, f"pool workers {alive} outlived their killed parent"
 
 
