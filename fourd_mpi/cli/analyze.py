@@ -98,7 +98,9 @@ def cmd_analyze(args, world=None) -> int:
             if name == "comm" and args.baseline and frames:
                 from fourd_mpi.trace.read import load_trace
 
-                reference = analysis.comm_table(load_trace(args.baseline, allow_damaged=args.allow_damaged))
+                base = load_trace(args.baseline, allow_damaged=args.allow_damaged)
+                _note_unlike_baseline(traces, base, args.baseline)
+                reference = analysis.comm_table(base)
                 if not len(reference):
                     raise ConfigError(f"--baseline {args.baseline}: no collectives (an op-level trace is needed)")
                 frames = [analysis.hidden_vs_baseline(f, reference) for f in frames]
@@ -131,6 +133,22 @@ def cmd_analyze(args, world=None) -> int:
             sections.append(("steps", _concat(frames)))
     write_output(args.output, _render_sections(sections, args.format), f"{args.format}: {len(sections)} table(s)")
     return 1 if problems else 0
+
+
+def _note_unlike_baseline(traces, base, path: str) -> None:
+    """One note per trace whose model or grid differs from the ``--baseline``'s: its hidden_pct is '-' (the
+    collectives of another grid or model are not the same operations), and now the note says why."""
+    def shape(trace):
+        meta = trace.metadata
+        return (meta.get("config") or {}).get("model"), meta.get("grid")
+
+    want = shape(base)
+    for trace in traces:
+        have = shape(trace)
+        if have != want:
+            sys.stderr.write(f"{PROG}: note: {trace.path} is model {have[0]} on grid {have[1]}, the --baseline {path} "
+                             f"is model {want[0]} on grid {want[1]}: its hidden_pct is '-' (the baseline must be a run "
+                             "of the same model and grid without overlap)\n")
 
 
 def _need_enough_runs(what, runs, analysis) -> None:

@@ -260,7 +260,7 @@ def add_site(parser, default: Optional[str] = None, help: str = "") -> None:
 
 def error_line(exc: Exception) -> None:
     """One line, one write: mpiexec interleaves the ranks' stderr at write granularity."""
-    text = " ".join(str(exc).split())
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())  # values keep their spaces
     sys.stderr.flush()
     os.write(2, f"{PROG}: error: {text}\n".encode())
 

@@ -83,7 +83,8 @@ def register(sub) -> None:
                           "compare runs that differ only in them)")
     cmp.add_argument("--unit", choices=("step", "run"), default="step",
                      help="the samples: step (default), every measured step of the runs pooled; run, each run's "
-                          "median step time (sees the variation between runs; needs at least 4 runs per side)")
+                          "median step time (sees the variation between runs; tested from 3 runs per side, and p < 0.05 needs at least 4: 3 against 3 "
+                          "gives p >= 0.1)")
     add_format(cmp, ("table", "markdown", "json", "junit"),
                help="table (default), markdown, json, or junit (JUnit XML: a test case per configuration, a failure "
                     "per regression)")
@@ -97,12 +98,15 @@ def _add_index(parser, what: str = "") -> None:
 
 
 def _fraction(text: str) -> float:
+    """A number strictly between 0 and 1 (``--alpha``, ``--confidence``); argparse names the option."""
+    import argparse
+
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"{text!r} is not a number") from None
-    if not 0 < value < 1:
-        raise ConfigError(f"{text!r}: expected a number between 0 and 1")
+        value = None
+    if value is None or not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1 (both excluded), e.g. 0.05, got {text!r}")
     return value
 
 

@@ -17,6 +17,7 @@ from fourd_mpi.core.watchdog import check_timeout
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.options import RunOptions, resolve_values, resolved_config
 from fourd_mpi.step.presets import PRESETS
+from fourd_mpi.util.values import text
 
 #: what each command takes from the option table
 STEP_GROUPS = ("grid", "model", "numerics", "overlap")
@@ -24,7 +25,7 @@ STEP_GROUPS = ("grid", "model", "numerics", "overlap")
 
 def add_run_arguments(parser) -> None:
     """The arguments of ``fourd-mpi run``: ``--config`` and every option of the table."""
-    parser.add_argument("--config", metavar="FILE", help="options from a .toml or .yaml file (keys: long option "
+    parser.add_argument("--config", metavar="FILE", type=text, help="options from a .toml or .yaml file (keys: long option "
                         "names); the command line wins")
     add_options(parser, STEP_GROUPS + ("steps", "trace"))
 

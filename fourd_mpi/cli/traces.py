@@ -97,10 +97,17 @@ def cmd_trace(args, world=None) -> int:
     print(f"  {len(trace.events)} events; {len(trace.steps)} steps"
           + (f"; events in {parts} part files ({parts_dir_of(args.file)})" if parts else ""))
     _show_clocks(trace.ranks)
+    from fourd_mpi.trace.read import STEP_TIME_SLACK_S, rank_max_seconds
+
     print(f"{'step':>6} {'loss':>14} {'time (s)':>10}")
-    for row in trace.steps:
-        print(f"{row['step']:>6} {row['loss']:>14.8g} {row['seconds']:>10.4f}" + ("  (warm-up)" if row["warmup"]
-                                                                                 else ""))
+    derived = rank_max_seconds(trace.steps, trace.rank_steps)  # the definition: max over ranks of the step span
+    for row, seconds in zip(trace.steps, derived):
+        stored = float(row["seconds"])
+        shown = stored if np.isnan(seconds) else seconds
+        note = ("" if np.isnan(seconds) or abs(stored - seconds) <= STEP_TIME_SLACK_S + 1e-9 * abs(seconds)
+                else f"  (/steps says {stored:.4f}: damaged, see trace check)")
+        print(f"{row['step']:>6} {row['loss']:>14.8g} {shown:>10.4f}" + ("  (warm-up)" if row["warmup"] else "")
+              + note)
     summary = meta.get("summary") or {}
     if all(isinstance(summary.get(k), (int, float)) for k in ("median_s", "compute_share", "wait_share",
                                                                "tokens_per_s")):

@@ -235,7 +235,14 @@ def load_manifest(sweep_dir: str) -> Dict:
         with open(path) as fh:
             manifest = json.load(fh)
     except OSError as exc:
-        raise ConfigError(f"no rendered sweep in {sweep_dir} ({exc.strerror}): run fourd-mpi sweep render") from None
+        if os.path.isdir(sweep_dir):
+            raise ConfigError(f"{sweep_dir} is a directory but not a rendered sweep (it holds no {MANIFEST}): give "
+                              "the directory 'fourd-mpi sweep render' wrote (jobscripts/SWEEP or its --out)") from None
+        from fourd_mpi.util.files import missing_reason
+
+        what = missing_reason(sweep_dir) if not os.path.lexists(sweep_dir) or os.path.islink(sweep_dir) else \
+            f"{exc.strerror}"
+        raise ConfigError(f"no rendered sweep in {sweep_dir} ({what}): run fourd-mpi sweep render") from None
     except ValueError as exc:
         raise ConfigError(f"{path} is not valid JSON: {exc}") from None
     if manifest.get("schema") != MANIFEST_SCHEMA or manifest.get("version") != MANIFEST_VERSION:

@@ -250,7 +250,9 @@ def expand_traces(arg: str) -> Tuple[List[str], Optional[str]]:
     if glob.has_magic(arg):
         found = sorted(p for p in glob.glob(arg) if os.path.isfile(p))
         return found, (None if found else "no file matches the pattern")
-    return [], "no such file or directory"
+    from fourd_mpi.util.files import missing_reason
+
+    return [], missing_reason(arg)
 
 
 def trace_of(entry: Dict, index_path: str) -> str:

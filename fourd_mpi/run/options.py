@@ -34,8 +34,9 @@ from fourd_mpi.step.optim import OPTIMIZERS
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model
 from fourd_mpi.trace.events import LEVELS
-from fourd_mpi.util.values import (axis_size, batch_size, byte_size, data_batch_count, group_size, head_count, layer_count, number,
-                                   positive_float, repeat_count, seed_value, seq_length, step_count, warmup_count, width)
+from fourd_mpi.util.values import (axis_size, batch_size, byte_size, data_batch_count, group_size, head_count,
+                                   layer_count, number, positive_float, repeat_count, run_seed, seq_length, step_count,
+                                   text, warmup_count, width)
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ RUN_OPTIONS: Tuple[Option, ...] = (
            help="--algorithm pipeline: axonn (message-driven: stage 0 keeps G_inter micro-batches in flight, "
                 "the others react to whichever message arrives first; default) or 1f1b (warm-up forwards, "
                 "one forward one backward, cool-down backwards); other algorithms ignore it"),
-    Option("model", "model", str, "gpt-tiny", metavar="PRESET",
+    Option("model", "model", text, "gpt-tiny", metavar="PRESET",
            help=f"preset: {', '.join(PRESETS)} (default gpt-tiny)"),
     Option("layers", "model", layer_count, None, metavar=_N, help="transformer blocks (default: the preset's)"),
     Option("hidden", "model", width, None, metavar=_N, help="hidden size h (default: the preset's)"),
@@ -138,7 +139,7 @@ RUN_OPTIONS: Tuple[Option, ...] = (
                 "pinned host buffers; auto (default) = direct only where detection and a smoke-test "
                 "all-reduce on a device buffer succeed. numpy backend: direct = host arrays; staged = "
                 "emulated staging (host copies, same code path and trace events; for testing)"),
-    Option("seed", "numerics", seed_value, 0, metavar=_N, help="seed of the synthetic weights and data (default 0)"),
+    Option("seed", "numerics", run_seed, 0, metavar=_N, help="seed of the synthetic weights and data (default 0)"),
     Option("optimizer", "numerics", str, "adam", OPTIMIZERS, help="default adam"),
     Option("memory-limit", "numerics", byte_size, None, metavar="SIZE",
            help="memory each rank may use, e.g. 3.5GiB (default: measured: MemAvailable / ranks on the node, "
@@ -146,7 +147,7 @@ RUN_OPTIONS: Tuple[Option, ...] = (
                 "estimate (weights, gradients, optimizer state, activations, buffers, data) exceeds it is "
                 "refused before allocating; 0 turns the check off"),
     Option("lr", "numerics", number, None, metavar="LR", help="learning rate (default 1e-3 adam, 1e-2 sgd)"),
-    Option("overlap", "overlap", str, "none", metavar="LIST",
+    Option("overlap", "overlap", text, "none", metavar="LIST",
            help="none, all (= oag,ors,oar,dp,od) or a comma list of oag, ors, oar, dp, od, cache (default none)"),
     Option("progress", "overlap", str, "poll", PROGRESS_STRATEGIES,
            help="who progresses nonblocking collectives during compute: poll (default), none, thread"),
@@ -174,9 +175,9 @@ RUN_OPTIONS: Tuple[Option, ...] = (
     Option("trace-level", "trace", str, "op", LEVELS,
            help="step: one event per step; layer: + per-layer spans; op: + every GEMM, collective "
                 "and wait (default)"),
-    Option("results-dir", "trace", str, "results", metavar="DIR", help="where the trace goes (default results)"),
-    Option("label", "trace", str, None, metavar="TEXT", help="part of the run id: <time>-<label>-<random>"),
-    Option("run-id", "trace", str, None, metavar="ID", help="the run id itself (the trace is DIR/ID.h5)"),
+    Option("results-dir", "trace", text, "results", metavar="DIR", help="where the trace goes (default results)"),
+    Option("label", "trace", text, None, metavar="TEXT", help="part of the run id: <time>-<label>-<random>"),
+    Option("run-id", "trace", text, None, metavar="ID", help="the run id itself (the trace is DIR/ID.h5)"),
     Option("force", "trace", flag=True, default=False, help="replace an existing trace of the same run id"),
     Option("trace-group-size", "trace", group_size, 0, metavar=_N,
            help="ranks per trace writer at the end of the run: each group of N consecutive ranks writes one part "
@@ -190,7 +191,7 @@ RUN_OPTIONS: Tuple[Option, ...] = (
            help="watchdog: a rank that waits longer than this in one collective prints where it waits, marks "
                 "the run hung and aborts the job (MPI_Abort) so the allocation is freed; 0 disables (default "
                 "600: far above any step of the presets on a working machine)"),
-    Option("inject-fault", "trace", str, None, metavar="RANK:STEP[:MODE]",
+    Option("inject-fault", "trace", text, None, metavar="RANK:STEP[:MODE]",
            help="testing: at the start of STEP (= --steps: before the final merge), once every rank has "
                 "finished the steps before, RANK dies (MODE kill = SIGKILL, default; raise = exception), "
                 "deletes the spool directory (remove-spool), fills the results file system, if smaller "

@@ -273,6 +273,21 @@ def write_marker(directory: str, files: Sequence[str]) -> None:
                json.dumps({"made_by": "fourd-mpi", "files": sorted(set(files))}, indent=1) + "\n", "marker")
 
 
+def missing_reason(path: str) -> str:
+    """Why ``path`` names nothing, in words: a symbolic link in a loop, one that leads nowhere, or no such
+    file or directory (a loop read as "no such file" or "is a file" before)."""
+    import errno
+
+    if os.path.islink(path):
+        try:
+            os.stat(path)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return "a symbolic link in a loop (too many levels of symbolic links)"
+            return f"a symbolic link to {os.readlink(path)!r}, which does not exist"
+    return "no such file or directory"
+
+
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"))
 

@@ -79,6 +79,9 @@ warmup_count = int_in(0, MAX_STEPS, "the trace stores steps as 32-bit integers")
 #: seeds of NumPy's generators (every one of them takes 0 .. 2^32 - 1)
 MAX_SEED = (1 << 32) - 1
 seed_value = int_in(0, MAX_SEED, "a NumPy seed")
+#: the seed of a run's synthetic weights and data: 32 bits select them, so every value of this range is a
+#: distinct data set (negative seeds stay accepted, as before)
+run_seed = int_in(-(1 << 31), (1 << 31) - 1, "a run's data is selected by 32 bits")
 #: repetitions of a measurement (iterations, resamples, micro-batches, chunks)
 MAX_REPEATS = 1 << 24
 repeat_count = int_in(1, MAX_REPEATS, "repetitions")
@@ -110,6 +113,14 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def text(value: str) -> str:
+    """Text that says something: an empty or blank value (``--config ""``, ``--inject-fault ''``, a
+    variable that expanded to nothing) is refused, not silently taken as "not given"."""
+    if not str(value).strip():
+        raise argparse.ArgumentTypeError(f"expected a value, got {value!r} (leave the option out for its default)")
     return value
 
 

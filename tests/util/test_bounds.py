@@ -30,8 +30,8 @@ PROBES = [
                               "steps as 32-bit integers)"),
     (["run", "--hidden", BIG], "argument --hidden: expected an integer from 1 to 1,048,576"),
     (["run", "--gx", BIG], "argument --gx: expected an integer from 1 to 16,777,216"),
-    (["run", "--seed", "-1"], "argument --seed: expected an integer >= 0, got -1"),
-    (["run", "--seed", BIG], "argument --seed: expected an integer from 0 to 4,294,967,295 (a NumPy seed)"),
+    (["run", "--seed", BIG], "argument --seed: expected an integer from -2,147,483,648 to 2,147,483,647 (a run's "
+                             "data is selected by 32 bits)"),
     (["bench", "collectives", "--max-size", "1e308"], "argument --max-size: '1e308' is larger than the largest "
                                                       "message, 1G (1,073,741,824 bytes)"),
     (["bench", "collectives", "--max-size", "4G"], "'4G' is larger than the largest message"),
