@@ -194,8 +194,8 @@ def _main(argv: Optional[List[str]] = None) -> int:
         if args.command != "run" and is_first_rank():  # run says where its steps are (fourd_mpi.run.session)
             error_line("interrupted (Ctrl-C)")
         _abort(world, 130)
-    except Terminated:  # SIGTERM during a run (fourd_mpi.run.session.traced_run): what schedulers expect
-        _abort(world, 143)
+    except Terminated as exc:  # SIGTERM or SIGHUP during a run (fourd_mpi.run.session.traced_run): 128 + signal
+        _abort(world, 128 + getattr(exc, "signum", 15))
     except MemoryError as exc:  # during the steps (admission and allocation said the same on every rank)
         where = f" on rank {world.Get_rank()}" if world is not None else ""
         error_line(f"out of memory{where} ({exc or type(exc).__name__}): the memory model counts no temporaries; "

@@ -173,14 +173,19 @@ def end_alignment(run, rank_meta: Dict):
 
 def interrupt_name(exc: BaseException) -> str:
     """How an interruption is named in the spool and on stderr."""
+    if isinstance(exc, Terminated) and getattr(exc, "signum", None) == signal.SIGHUP:
+        return "SIGHUP (the terminal or the ssh session of the run closed)"
     if isinstance(exc, Terminated):
         return "SIGTERM (scheduler time limit, scancel or kill)"
     return "SIGINT (Ctrl-C)"
 
 
 def _raise_terminated(signum, frame) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: a second must not cut the report short
-    raise Terminated(f"signal {signum}")
+    for name in ("SIGTERM", "SIGHUP"):  # one is enough: a second must not cut the report short
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    exc = Terminated(f"signal {signum}")
+    exc.signum = signum
+    raise exc
 
 
 def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, say: Callable[[str], None],
@@ -203,11 +208,13 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     args = (world, options, trace, config, say, display, peak_tflops, fault, header, step_timeout)
     if threading.current_thread() is not threading.main_thread():
         return _traced_run(*args)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)
+                if signal.getsignal(sig) is not signal.SIG_IGN}  # nohup: SIGHUP stays ignored
     try:
         return _traced_run(*args)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, say: Callable[[str], None],

@@ -434,7 +434,7 @@ def _metadata(h5, world: int) -> Dict:
         metadata[key] = value
     from fourd_mpi.util.yamlspec import key_path, schema_violations
 
-    problems = schema_violations(metadata, METADATA_SCHEMA)
+    problems = schema_violations(metadata, METADATA_SCHEMA, finite=False)  # NaN: not measured
     if problems:
         where, message = problems[0]
         raise _Invalid(f"metadata {key_path(where)}: {message}")

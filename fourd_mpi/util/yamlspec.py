@@ -204,12 +204,15 @@ class YamlDocument:
             raise self.error(*located[0])
 
 
-def schema_violations(data: Any, schema: Dict[str, Any]) -> List[Tuple[List[PathPart], str]]:
-    """Every violation of ``schema`` as ``(key path, short message)``; unknown keys point at the key."""
+def schema_violations(data: Any, schema: Dict[str, Any], finite: bool = True) -> List[Tuple[List[PathPart], str]]:
+    """Every violation of ``schema`` as ``(key path, short message)``; unknown keys point at the key.
+    ``finite``: a ``number`` is a finite one (files users write: profiles, specs, sites); False for data
+    that records NaN on purpose (a trace's metadata: a peak that was never measured)."""
     import jsonschema
 
     located = []
-    for error in _validator_class()(schema).iter_errors(data):
+    validator = _validator_class() if finite else jsonschema.Draft202012Validator
+    for error in validator(schema).iter_errors(data):
         # best_match descends into oneOf/anyOf to the branch the value nearly matched
         try:
             error = jsonschema.exceptions.best_match([error])
