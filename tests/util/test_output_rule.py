@@ -226,3 +226,14 @@ def test_a_failed_write_leaves_no_file_and_no_temporary(tmp_path):
     with pytest.raises(ConfigError, match="cannot write -o"):
         with replacing(str(tmp_path / "gone" / "x.txt")) as tmp:
             open(tmp, "w").close()
+
+
+def test_bench_refuses_a_profile_name_before_measuring(tmp_path):
+    """Before: --name 'my profile' failed with a jsonschema traceback after every measurement (all lost)."""
+    proc = subprocess.run([sys.executable, "-m", "fourd_mpi", "bench", "collectives", "--name", "my profile", "-o",
+                           str(tmp_path / "p.yaml")], capture_output=True, text=True, timeout=120, env=mpi_env(),
+                          cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)
+    assert proc.stderr.strip() == ("fourd-mpi: error: --name 'my profile': a profile name uses letters, digits and . _ - "
+                                   "(at most 64 characters, starting with a letter or digit)")
+    assert list(tmp_path.iterdir()) == []
