@@ -227,7 +227,7 @@ def _recover(spool_dir: str, output: Optional[str], force: bool, summarize, grou
     groups = plan_groups(world, resolve_group_size(world, group_size, per_node))
     # next to the spool, wherever it is now (run.json's trace_path may be relative to the job's directory)
     path = output or spool_dir.rstrip("/").removesuffix(SPOOL_SUFFIX) + ".h5"
-    _check_output(path, force, spool_dir)
+    _check_output(path, force, spool_dir, "-o" if output else "the trace")
     run_id = str(run_meta.get("run_id", ""))
     with GroupPool(jobs, len(groups)) as pool:
         # pass 1, group by group: metadata, step records (small) and spool locks, to know the steps every
@@ -284,14 +284,14 @@ def _recover(spool_dir: str, output: Optional[str], force: bool, summarize, grou
             "peak_rss_kib": max(result.peak_rss_kib for result in results), "verified": verified,
             "stale_removed": stale}
 
-def _check_output(path: str, force: bool, spool_dir: str) -> None:
+def _check_output(path: str, force: bool, spool_dir: str, option: str) -> None:
     """The output rule of :mod:`fourd_mpi.util.files`, before anything is read: not inside the spool (the
     trace would go with it), not a spool file, a directory or a device, in a writable directory with space."""
     from fourd_mpi.errors import ConfigError
     from fourd_mpi.util.files import refuse_output
 
     try:
-        refuse_output(path, force, inputs=[os.path.join(spool_dir, RUN_META)], writes_trace=True)
+        refuse_output(path, force, inputs=[os.path.join(spool_dir, RUN_META)], option=option, writes_trace=True)
     except TraceError:
         raise
     except ConfigError as exc:
