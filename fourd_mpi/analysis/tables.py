@@ -130,7 +130,9 @@ def _expand(path: str) -> Tuple[List[str], Optional[str]]:
     if glob.has_magic(path):
         found = sorted(p for p in glob.glob(path) if os.path.isfile(p))
         return found, (None if found else "no file matches the pattern")
-    return [], "no such file or directory"
+    from fourd_mpi.util.files import missing_reason
+
+    return [], missing_reason(path)
 
 
 def collect(paths: Union[str, Iterable[str]],

@@ -10,7 +10,7 @@ import sys
 from fourd_mpi.cli.args import (FORMATS, PROG, add_allow_damaged, add_deprecated, add_format, add_output, add_selection,
                                 add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.util.files import refuse_output
+from fourd_mpi.util.files import named_inputs, refuse_output, replacing
 
 ANALYSES = ("runs", "breakdown", "comm", "compare", "scaling", "steps")
 #: what ``--what auto`` shows (``steps``, a row per step and rank, only when asked for)
@@ -69,7 +69,7 @@ def _load_traces(args):
     overwrite ``args.output`` without ``--force``."""
     from fourd_mpi.analysis.tables import collect_or_fail
 
-    refuse_output(args.output, args.force)
+    refuse_output(args.output, args.force, inputs=named_inputs(args.paths + [getattr(args, "baseline", None) or ""]))
     return collect_or_fail(args.paths, allow_damaged=args.allow_damaged)
 
 
@@ -98,7 +98,9 @@ def cmd_analyze(args, world=None) -> int:
             if name == "comm" and args.baseline and frames:
                 from fourd_mpi.trace.read import load_trace
 
-                reference = analysis.comm_table(load_trace(args.baseline, allow_damaged=args.allow_damaged))
+                base = load_trace(args.baseline, allow_damaged=args.allow_damaged)
+                _note_unlike_baseline(traces, base, args.baseline)
+                reference = analysis.comm_table(base)
                 if not len(reference):
                     raise ConfigError(f"--baseline {args.baseline}: no collectives (an op-level trace is needed)")
                 frames = [analysis.hidden_vs_baseline(f, reference) for f in frames]
@@ -131,6 +133,22 @@ def cmd_analyze(args, world=None) -> int:
             sections.append(("steps", _concat(frames)))
     write_output(args.output, _render_sections(sections, args.format), f"{args.format}: {len(sections)} table(s)")
     return 1 if problems else 0
+
+
+def _note_unlike_baseline(traces, base, path: str) -> None:
+    """One note per trace whose model or grid differs from the ``--baseline``'s: its hidden_pct is '-' (the
+    collectives of another grid or model are not the same operations), and now the note says why."""
+    def shape(trace):
+        meta = trace.metadata
+        return (meta.get("config") or {}).get("model"), meta.get("grid")
+
+    want = shape(base)
+    for trace in traces:
+        have = shape(trace)
+        if have != want:
+            sys.stderr.write(f"{PROG}: note: {trace.path} is model {have[0]} on grid {have[1]}, the --baseline {path} "
+                             f"is model {want[0]} on grid {want[1]}: its hidden_pct is '-' (the baseline must be a run "
+                             "of the same model and grid without overlap)\n")
 
 
 def _need_enough_runs(what, runs, analysis) -> None:
@@ -187,44 +205,51 @@ def cmd_plot(args, world=None) -> int:
         raise ConfigError(f"{args.output}: the figure's format comes from its suffix: .png, .svg or .pdf")
     traces, problems = _load_traces(args)
     try:
-        if args.kind == "timeline":
-            if len(traces) != 1:
-                raise ConfigError(f"timeline draws one trace; got {len(traces)}")
-            steps = args.select_steps or []
-            if len(steps) > 1:
-                raise ConfigError(f"timeline draws one step: give --select-steps N, not {len(steps)} steps")
-            plots.plot_timeline(traces[0], args.output, step=steps[0] if steps else None, ranks=args.select_ranks)
-        elif args.kind == "scaling":
-            table = analysis.scaling(analysis.runs_table(traces), args.scaling)
-            if not len(table):
-                why = "; ".join(f"{g}: {r}" for g, r in table.attrs.get("dropped", [])) or "no runs"
-                raise ConfigError(f"no {args.scaling}-scaling line in these traces ({why})")
-            plots.plot_scaling(table, args.output, mode=args.scaling)
-        elif args.kind == "breakdown":
-            frame = _concat([analysis.breakdown(t) for t in traces])
-            plots.plot_breakdown(frame, analysis.runs_table(traces), args.output, normalize=args.normalize)
-        else:
-            frames = [f for f in (analysis.comm_table(t) for t in traces) if len(f)]
-            if not frames:
-                raise ConfigError("overlap needs op-level traces (--trace-level op)")
-            plots.plot_overlap(_concat(frames), args.output, runs_df=analysis.runs_table(traces))
+        with replacing(args.output) as tmp:  # the figure under a temporary name, renamed when complete
+            _draw(args, traces, tmp, plots, analysis)
     except ValueError as exc:  # an unknown step or rank, an empty table
         raise ConfigError(str(exc)) from None
     wrote(args.output, f"{args.kind} of {len(traces)} trace(s)")
     return 1 if problems else 0
 
 
+def _draw(args, traces, output: str, plots, analysis) -> None:
+    """The figure ``args.kind`` of ``traces`` into ``output``."""
+    if args.kind == "timeline":
+        if len(traces) != 1:
+            raise ConfigError(f"timeline draws one trace; got {len(traces)}")
+        steps = args.select_steps or []
+        if len(steps) > 1:
+            raise ConfigError(f"timeline draws one step: give --select-steps N, not {len(steps)} steps")
+        plots.plot_timeline(traces[0], output, step=steps[0] if steps else None, ranks=args.select_ranks)
+    elif args.kind == "scaling":
+        table = analysis.scaling(analysis.runs_table(traces), args.scaling)
+        if not len(table):
+            why = "; ".join(f"{g}: {r}" for g, r in table.attrs.get("dropped", [])) or "no runs"
+            raise ConfigError(f"no {args.scaling}-scaling line in these traces ({why})")
+        plots.plot_scaling(table, output, mode=args.scaling)
+    elif args.kind == "breakdown":
+        frame = _concat([analysis.breakdown(t) for t in traces])
+        plots.plot_breakdown(frame, analysis.runs_table(traces), output, normalize=args.normalize)
+    else:
+        frames = [f for f in (analysis.comm_table(t) for t in traces) if len(f)]
+        if not frames:
+            raise ConfigError("overlap needs op-level traces (--trace-level op)")
+        plots.plot_overlap(_concat(frames), output, runs_df=analysis.runs_table(traces))
+
+
 def cmd_export(args, world=None) -> int:
     from fourd_mpi.analysis import export
     from fourd_mpi.trace.read import load_trace
 
-    refuse_output(args.output, args.force)
+    refuse_output(args.output, args.force, inputs=[args.trace])
     trace = load_trace(args.trace, allow_damaged=args.allow_damaged)
     try:
-        if args.format == "perfetto":
-            export.write_perfetto(trace, args.output, steps=args.select_steps, ranks=args.select_ranks)
-        else:
-            export.write_caliper_json(trace, args.output, include_warmup=args.include_warmup)
+        with replacing(args.output) as tmp:  # written under a temporary name, renamed when complete
+            if args.format == "perfetto":
+                export.write_perfetto(trace, tmp, steps=args.select_steps, ranks=args.select_ranks)
+            else:
+                export.write_caliper_json(trace, tmp, include_warmup=args.include_warmup)
     except ValueError as exc:  # unknown step or rank, a trace without op events
         raise ConfigError(str(exc)) from None
     wrote(args.output, f"{args.format} export of {args.trace}")

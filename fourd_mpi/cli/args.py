@@ -195,15 +195,9 @@ def write_output(path: Optional[str], text: str, what: str = "") -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise ConfigError(f"-o {path}: {exc.strerror or exc}") from None
+    from fourd_mpi.util.files import write_text
+
+    write_text(path, text)
     wrote(path, what)
 
 
@@ -266,7 +260,7 @@ def add_site(parser, default: Optional[str] = None, help: str = "") -> None:
 
 def error_line(exc: Exception) -> None:
     """One line, one write: mpiexec interleaves the ranks' stderr at write granularity."""
-    text = " ".join(str(exc).split())
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())  # values keep their spaces
     sys.stderr.flush()
     os.write(2, f"{PROG}: error: {text}\n".encode())
 

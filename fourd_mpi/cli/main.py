@@ -37,7 +37,7 @@ from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
 from fourd_mpi.cli import analyze, perf, results, run, sweep, testbed, traces
-from fourd_mpi.cli.args import PROG, OneLineParser, error_line
+from fourd_mpi.cli.args import PROG, OneLineParser, error_line, is_first_rank
 from fourd_mpi.errors import BackendError, ConfigError, Terminated
 
 #: command modules, in the order ``--help`` lists their commands
@@ -142,7 +142,31 @@ def _not_root(argv: Optional[List[str]]) -> bool:
     return MPI.COMM_WORLD.Get_rank() != 0
 
 
+def _tolerant_streams() -> None:
+    """Standard output and error write what their encoding cannot hold as escapes (``\\xe9``), once for
+    every command: ``PYTHONIOENCODING=ascii fourd-mpi trace show`` of a non-ASCII path is no traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):  # replaced by a caller (tests), or closed
+            pass
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    import signal
+
+    _tolerant_streams()
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # from here, Ctrl-C is KeyboardInterrupt, handled below
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # outside a command's own handling (parsing, imports): one line
+        if is_first_rank():
+            error_line("interrupted (Ctrl-C)")
+        return 130
+
+
+def _main(argv: Optional[List[str]] = None) -> int:
     try:
         args = parse(argv)
     except ConfigError as exc:
@@ -167,9 +191,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BrokenPipeError:  # output piped into head & co.
         return 0
     except KeyboardInterrupt:
+        if args.command != "run" and is_first_rank():  # run says where its steps are (fourd_mpi.run.session)
+            error_line("interrupted (Ctrl-C)")
         _abort(world, 130)
-    except Terminated:  # SIGTERM during a run (fourd_mpi.run.session.traced_run): what schedulers expect
-        _abort(world, 143)
+    except Terminated as exc:  # SIGTERM or SIGHUP during a run (fourd_mpi.run.session.traced_run): 128 + signal
+        _abort(world, 128 + getattr(exc, "signum", 15))
     except MemoryError as exc:  # during the steps (admission and allocation said the same on every rank)
         where = f" on rank {world.Get_rank()}" if world is not None else ""
         error_line(f"out of memory{where} ({exc or type(exc).__name__}): the memory model counts no temporaries; "
@@ -182,6 +208,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             if world is not None and world.Get_size() > 1:
                 world.Abort(2)
             return 2
+        if isinstance(exc, OSError) and exc.strerror:  # the environment failed (a disk filled, EIO): one line
+            where = f"{exc.filename}: " if exc.filename else ""
+            error_line(f"{args.command}: {where}{exc.strerror}" + (f" (rank {world.Get_rank()})" if world else ""))
+            _abort(world, 1)
         traceback.print_exc()
         sys.stderr.flush()
         _abort(world, 1)

@@ -16,8 +16,9 @@ import sys
 from fourd_mpi.cli.args import (FORMATS, add_deprecated, add_format, add_option, add_options, add_output, add_site,
                                 add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.run.options import OPTIONS, options_in
-from fourd_mpi.util.files import refuse_output, refuse_overwrite
-from fourd_mpi.util.values import int_at_least, positive_float, positive_int, rank_count
+from fourd_mpi.util.files import named_inputs, refuse_output, replacing, write_text
+from fourd_mpi.util.values import (axis_size, batch_size, int_in, int_list_of, layer_count, positive_float, rank_count,
+                                  repeat_count, seq_length)
 
 GIB = 2.0 ** 30
 
@@ -48,19 +49,19 @@ def _register_tune(sub) -> None:
                    "written by fourd-mpi bench collectives (overrides --site)")
     m.add_argument("--fallback-profile", default=None, metavar="P", help="profile for placement levels the "
                    "profile lacks (e.g. perlmutter for inter-node axes of a one-node calibration)")
-    m.add_argument("--ranks-per-node", type=positive_int, default=None, metavar="R",
+    m.add_argument("--ranks-per-node", type=axis_size, default=None, metavar="R",
                    help="ranks per node of the run (default: the profile's)")
     m.add_argument("--memory-limit", type=_memory_limit, default=None, metavar="GiB",
                    help="drop grids needing more per rank (counted bytes + allocator margin + GPU runtime reserve); "
                         "default: the profile's device memory (e.g. 40 on perlmutter, 64 on frontier; none on CPU "
                         "profiles); 'none' keeps every grid")
     _add_memory_model(p)
-    p.add_argument("--dw-window", type=positive_int, default=None, metavar="N",
+    p.add_argument("--dw-window", type=layer_count, default=None, metavar="N",
                    help="with ORS, at most N dW blocks in flight (memory; as FSDP/ZeRO-3 bound their buckets; "
                         "default: every layer's, as this suite's step keeps every handle until the optimizer; "
                         "--algorithm axonn4d only)")
     o = p.add_argument_group("output")
-    o.add_argument("--top", type=positive_int, default=5, metavar="K", help="grids to show (default 5)")
+    o.add_argument("--top", type=repeat_count, default=5, metavar="K", help="grids to show (default 5)")
     o.add_argument("--emit-sweep", metavar="FILE", help="write a sweep spec (YAML) that measures the top K")
     o.add_argument("--force", action="store_true", help="replace an existing --emit-sweep file")
     # --dtype: the run's choices; default the site's training dtype (bfloat16 on GPU sites, float32 on CPU)
@@ -119,7 +120,7 @@ def cmd_tune(args, world=None) -> int:
     cfg = resolve_model(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
                         ffn_hidden=args.ffn_hidden, seq=args.seq, batch=args.batch)
     overlap = OverlapConfig.parse(args.overlap)
-    refuse_output(args.emit_sweep, args.force)
+    refuse_output(args.emit_sweep, args.force, option="--emit-sweep", inputs=[args.profile or "", args.site or ""])
     profile = resolve_profile(args.site, args.profile, args.fallback_profile)
     if args.dtype is None:
         args.dtype = profile.training_dtype
@@ -164,9 +165,8 @@ def cmd_tune(args, world=None) -> int:
 
         grids = [p.grid for p in ranking.predictions[: args.top]]
         spec = sweep_spec(cfg, args.ranks, grids, args.overlap)
-        with open(args.emit_sweep, "w") as fh:
-            fh.write("# written by fourd-mpi tune: measure the predicted top grids\n")
-            yaml.safe_dump(spec, fh, sort_keys=False)
+        write_text(args.emit_sweep, "# written by fourd-mpi tune: measure the predicted top grids\n"
+                   + yaml.safe_dump(spec, sort_keys=False), "--emit-sweep")
         wrote(args.emit_sweep, f"sweep spec: {len(grids)} grid(s) at {args.ranks} ranks")
     return 0
 
@@ -207,9 +207,8 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
         spec["grids"] = {args.ranks: grids}
         spec["description"] = f"the top {args.top} configurations of fourd-mpi tune --algorithm {args.algorithm}"
         spec["matrix"]["algorithm"] = algorithms  # each algorithm runs the listed grids it allows
-        with open(args.emit_sweep, "w") as fh:
-            fh.write("# written by fourd-mpi tune: measure the predicted top configurations\n")
-            yaml.safe_dump(spec, fh, sort_keys=False)
+        write_text(args.emit_sweep, "# written by fourd-mpi tune: measure the predicted top configurations\n"
+                   + yaml.safe_dump(spec, sort_keys=False), "--emit-sweep")
         print(f"sweep spec {args.emit_sweep}: {len(grids)} grid(s) x {len(algorithms)} algorithm(s) at {args.ranks} ranks")
     return 0
 
@@ -245,14 +244,14 @@ def _register_model(sub) -> None:
                         "model, both costed with AxoNN's bandwidth table; the two top-K rankings and why they differ")
     a.add_argument("--model", default="gpt-80b", help="preset (default gpt-80b)")
     a.add_argument("--ranks", type=rank_count, default=1024, metavar="N", help="GPUs (default 1024)")
-    a.add_argument("--batch", default="1024,2048", metavar="LIST", help="global batches in sequences, comma list "
+    a.add_argument("--batch", type=int_list_of(batch_size, "global batches"), default="1024,2048", metavar="LIST", help="global batches in sequences, comma list "
                    "(default 1024,2048)")
-    a.add_argument("--seq", type=positive_int, default=2048, metavar="S", help="sequence length (default 2048)")
-    a.add_argument("--min-tp", type=positive_int, default=64, metavar="T",
+    a.add_argument("--seq", type=seq_length, default=2048, metavar="S", help="sequence length (default 2048)")
+    a.add_argument("--min-tp", type=axis_size, default=64, metavar="T",
                    help="minimum G_x G_y G_z (AxoNN's minimum tensor-parallel degree; default 64)")
     a.add_argument("--profile", default="perlmutter", metavar="P", help="profile whose network.placement_gbs is "
                    "the table (default perlmutter; frontier has AxoNN's Frontier table)")
-    a.add_argument("--top", type=positive_int, default=8, metavar="K", help="grids per list (default 8)")
+    a.add_argument("--top", type=repeat_count, default=8, metavar="K", help="grids per list (default 8)")
     a.add_argument("--explain", action="append", default=[], metavar="DxZxYxX",
                    help="grid to explain term by term (repeatable; default: AxoNN's best, ours, and AxoNN's best "
                         "with G_x, G_y > 1)")
@@ -264,7 +263,7 @@ def _register_model(sub) -> None:
                                                                   "--site)")
     pp.add_argument("--memory-limit", type=_memory_limit, default=80.0, metavar="GiB",
                     help="GiB per GPU (default 80: the A100-80GB nodes; 40 for the others; 'none')")
-    pp.add_argument("--batch", type=positive_int, default=None, metavar="N",
+    pp.add_argument("--batch", type=batch_size, default=None, metavar="N",
                     help="global batch in sequences of 2,048 tokens at 1,024 GPUs (default 2048, our assumption; the "
                          "weak-scaling cases scale it with their GPU count)")
     pp.add_argument("--series", default="all", metavar="LIST",
@@ -286,7 +285,7 @@ def _cmd_compare_axonn(args) -> int:
     from fourd_mpi.perf.machine import load_profile
     from fourd_mpi.step.presets import resolve_model
 
-    batches = [positive_int(b) for b in args.batch.split(",") if b.strip()]
+    batches = args.batch  # parsed and bounded by int_list_of(batch_size)
     explain = [GridShape.parse(g) for g in args.explain]
     profile = load_profile(args.profile)
     if profile.placement_gbs(1, 2) is None:
@@ -307,7 +306,7 @@ def _cmd_paper(args) -> int:
     from fourd_mpi.perf.paper import DEFAULT_BATCH, PUBLISHED, WEAK_SERIES, model_case, plot, report
     from fourd_mpi.jobs.sites import resolve_profile
 
-    refuse_output(args.output, args.force)
+    refuse_output(args.output, args.force, inputs=[args.profile or "", args.site or ""])
     wanted = [t.strip() for t in args.series.split(",") if t.strip()]
     if wanted == ["all"]:
         cases = list(WEAK_SERIES)
@@ -332,7 +331,8 @@ def _cmd_paper(args) -> int:
 
     print(report(flagship, series, profile, limit, ptdp_case(flagship.cfg, flagship.gpus, profile, limit)))
     if args.output:
-        plot(series, args.output, profile, limit)
+        with replacing(args.output) as tmp:  # the figure under a temporary name, renamed when complete
+            plot(series, tmp, profile, limit)
         wrote(args.output, "weak-scaling plot")
     return 0
 
@@ -368,7 +368,7 @@ def cmd_model(args, world=None) -> int:
     from fourd_mpi.jobs.sites import resolve_profile
     from fourd_mpi.perf.validate import report, validate
 
-    refuse_output(args.output, args.force)
+    refuse_output(args.output, args.force, inputs=named_inputs(args.paths + [args.profile or ""]))
     profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
     traces, problems = collect_or_fail(args.paths)
     df, gdf, summary = validate(traces, profile)
@@ -388,7 +388,7 @@ def _cmd_calibrate(args) -> int:
     from fourd_mpi.perf.validate import calibrate
 
     terms = parse_list(args.terms, TERMS, "--terms")  # checked before any trace is read
-    refuse_output(args.output, args.force)
+    refuse_output(args.output, args.force, inputs=named_inputs(args.paths + [args.profile or ""]))
     profile = load_profile(args.profile)
     traces, problems = collect_or_fail(args.paths)
     data, rows, skipped = calibrate(traces, profile, terms)
@@ -398,16 +398,23 @@ def _cmd_calibrate(args) -> int:
     fit = data["step_fit"]
     print("weights: " + ", ".join(f"{t} x{w:g}" for t, w in fit["weights"].items())
           + f"; median |error| of the fit {100 * fit['median_abs_rel_error']:.1f}% over {len(rows)} runs")
-    tmp = args.output + ".tmp"
-    with open(tmp, "w") as fh:
-        yaml.safe_dump(data, fh, sort_keys=False)
-    load_profile(tmp)  # what we write must load
-    os.replace(tmp, args.output)
+    with replacing(args.output) as tmp:
+        with open(tmp, "w") as fh:
+            yaml.safe_dump(data, fh, sort_keys=False)
+        load_profile(tmp)  # what we write must load
     wrote(args.output, "calibrated machine profile")
     return 1 if problems else 0
 
 
 # -- bench collectives -----------------------------------------------------------------------
+
+#: the largest message of bench collectives (bytes): it holds a few buffers of this size per rank
+MAX_BENCH_BYTES = 1 << 30
+#: the most iterations of one measurement of bench collectives
+MAX_BENCH_ITERS = 1 << 20
+#: the largest n of bench collectives' n x n GEMM (three float64 matrices of 2 GiB each)
+MAX_GEMM_SIZE = 1 << 14
+
 
 def _size(text: str) -> int:
     units = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
@@ -416,10 +423,13 @@ def _size(text: str) -> int:
     t = t[:-1] if t[-1:] in units else t
     try:
         value = int(float(t) * scale)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: inf
         raise argparse.ArgumentTypeError(f"expected a size like 8, 64K or 4M, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    if value > MAX_BENCH_BYTES:
+        raise argparse.ArgumentTypeError(f"{text!r} is larger than the largest message, 1G ({MAX_BENCH_BYTES:,} "
+                                         "bytes): the benchmark holds a few buffers of that size on every rank")
     return value
 
 
@@ -447,15 +457,15 @@ def _register_bench(sub) -> None:
     s.add_argument("--min-size", type=_size, default=8, metavar="BYTES", help="smallest message (default 8)")
     s.add_argument("--max-size", type=_size, default=4 * 1024 ** 2, metavar="BYTES",
                    help="largest message (default 4M)")
-    s.add_argument("--factor", type=positive_int, default=8, help="size step (default 8: 8, 64, 512, ...)")
-    s.add_argument("--iters", type=positive_int, default=20, help="timed iterations (default 20; a quarter, "
+    s.add_argument("--factor", type=int_in(2, 1 << 20, "the size multiplier"), default=8, help="size step (default 8: 8, 64, 512, ...)")
+    s.add_argument("--iters", type=int_in(1, MAX_BENCH_ITERS, "timed iterations"), default=20, help="timed iterations (default 20; a quarter, "
                    "at least 3, from 1 MiB)")
-    s.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
-    s.add_argument("--overlap-sizes", type=int_at_least(0), default=2, metavar="K",
+    s.add_argument("--warmup", type=int_in(0, MAX_BENCH_ITERS, "untimed iterations"), default=3, help="untimed iterations first (default 3)")
+    s.add_argument("--overlap-sizes", type=int_in(0, 64, "sizes"), default=2, metavar="K",
                    help="measure overlap at the K largest sizes (default 2; 0 skips it)")
     c = p.add_argument_group("compute calibration")
     c.add_argument("--dtypes", default="float32,float64", help="GEMM dtypes to measure (default float32,float64)")
-    c.add_argument("--gemm-size", type=positive_int, default=256, help="n of the n x n x n GEMM (default 256)")
+    c.add_argument("--gemm-size", type=int_in(1, MAX_GEMM_SIZE, "n of an n x n GEMM"), default=256, help="n of the n x n x n GEMM (default 256)")
     c.add_argument("--backend", default="numpy", choices=("numpy", "cupy"), help="array library of the GEMM "
                    "(collective buffers are host memory)")
     o = p.add_argument_group("output")
@@ -494,9 +504,13 @@ def cmd_bench(args, world) -> int:
     out = args.output or os.path.join("results", "profiles", f"{hostname}.yaml")
     rank = world.Get_rank()
     try:
-        on_root(world, lambda: refuse_overwrite(out, args.force))  # rank 0 writes it; every rank hears
+        # rank 0 writes them; every rank hears, before anything is measured
+        on_root(world, lambda: refuse_output(out, args.force, inputs=[args.fallback or ""], makes_dirs=True))
         if args.table:
-            on_root(world, lambda: refuse_overwrite(args.table, args.force))
+            on_root(world, lambda: refuse_output(args.table, args.force, option="--report",
+                                                   inputs=[out, args.fallback or ""]))
+        if args.name is not None:
+            on_root(world, lambda: _check_profile_name(args.name))
         if args.fallback:
             from fourd_mpi.perf.machine import load_profile
 
@@ -517,6 +531,18 @@ def cmd_bench(args, world) -> int:
             error_line(exc)
             status = 2
     return world.bcast(status, root=0)
+
+
+def _check_profile_name(name: str) -> None:
+    """``--name`` as the machine profile schema wants it, checked before anything is measured."""
+    import re
+
+    from fourd_mpi.errors import ConfigError
+    from fourd_mpi.perf.machine import PROFILE_SCHEMA
+
+    rule = PROFILE_SCHEMA["properties"]["name"]
+    if not re.match(rule["pattern"], name):
+        raise ConfigError(f"--name {name!r}: {rule['description']} (at most 64 characters, starting with a letter or digit)")
 
 
 def _report_bench(result, args, hostname, out) -> int:
@@ -546,8 +572,7 @@ def _report_bench(result, args, hostname, out) -> int:
         print("\n".join(line.lstrip("# ") if line.startswith("#") else line for line in summary if line),
               file=sys.stderr, flush=True)
     if args.table:
-        with open(args.table, "w") as fh:
-            fh.write(text + "\n" + ("\n".join(summary) + "\n" if args.format == "table" else ""))
+        write_text(args.table, text + "\n" + ("\n".join(summary) + "\n" if args.format == "table" else ""), "--report")
     wrong = total_wrong(result)
     if wrong:
         print(f"fourd-mpi: error: the result check found {wrong} wrong element(s) (#wrong)", file=sys.stderr,
@@ -566,11 +591,8 @@ def _write_profile(result, args, hostname, out, build_profile, yaml):
 
     jsonschema.validate(profile, PROFILE_SCHEMA)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tmp = f"{out}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(f"# machine profile written by fourd-mpi bench collectives ({len(result['rows'])} measurements)\n")
-        yaml.safe_dump(profile, fh, sort_keys=False)
-    os.replace(tmp, out)
+    write_text(out, f"# machine profile written by fourd-mpi bench collectives ({len(result['rows'])} measurements)\n"
+               + yaml.safe_dump(profile, sort_keys=False))
     fits = []
     for level, entry in profile["levels"].items():
         for kind in ("allgather", "reduce_scatter", "allreduce"):

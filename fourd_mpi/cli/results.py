@@ -16,8 +16,8 @@ import sys
 
 from fourd_mpi.cli.args import PROG, add_allow_damaged, add_format, add_output, write_output
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.util.files import refuse_output
-from fourd_mpi.util.values import positive_int
+from fourd_mpi.util.files import check_regular_file, check_writable, named_inputs, refuse_output
+from fourd_mpi.util.values import int_in, seed_value
 
 LIST_FORMATS = ("table", "json", "csv")
 #: columns of ``results list`` (table and csv), in order
@@ -75,15 +75,16 @@ def register(sub) -> None:
                      help="significance level of the Mann-Whitney U test (default 0.05)")
     cmp.add_argument("--confidence", type=_fraction, default=0.95,
                      help="confidence level of the bootstrap interval (default 0.95)")
-    cmp.add_argument("--resamples", type=positive_int, default=9999, metavar="N",
+    cmp.add_argument("--resamples", type=int_in(1, 10 ** 6, "bootstrap resamples"), default=9999, metavar="N",
                      help="bootstrap resamples (default 9999)")
-    cmp.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0: reproducible)")
+    cmp.add_argument("--seed", type=seed_value, default=0, help="seed of the bootstrap (default 0: reproducible)")
     cmp.add_argument("--ignore", metavar="OPTIONS", default="",
                      help="comma list of configuration options left out of the matching key (e.g. steps,warmup: "
                           "compare runs that differ only in them)")
     cmp.add_argument("--unit", choices=("step", "run"), default="step",
                      help="the samples: step (default), every measured step of the runs pooled; run, each run's "
-                          "median step time (sees the variation between runs; needs at least 4 runs per side)")
+                          "median step time (sees the variation between runs; tested from 3 runs per side, and p < 0.05 needs at least 4: 3 against 3 "
+                          "gives p >= 0.1)")
     add_format(cmp, ("table", "markdown", "json", "junit"),
                help="table (default), markdown, json, or junit (JUnit XML: a test case per configuration, a failure "
                     "per regression)")
@@ -97,12 +98,15 @@ def _add_index(parser, what: str = "") -> None:
 
 
 def _fraction(text: str) -> float:
+    """A number strictly between 0 and 1 (``--alpha``, ``--confidence``); argparse names the option."""
+    import argparse
+
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"{text!r} is not a number") from None
-    if not 0 < value < 1:
-        raise ConfigError(f"{text!r}: expected a number between 0 and 1")
+        value = None
+    if value is None or not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1 (both excluded), e.g. 0.05, got {text!r}")
     return value
 
 
@@ -143,7 +147,10 @@ def cmd_results(args, world=None) -> int:
     if args.results_command == "reindex":
         if not os.path.isdir(args.directory):
             raise ConfigError(f"{args.directory}: not a directory")
-        refuse_output(args.output, args.force)
+        refuse_output(args.output, args.force, inputs=named_inputs([args.directory]))
+        target = args.output or index_file(args.directory)
+        check_regular_file(target, "index file")  # before the traces are read: a FIFO, a directory
+        check_writable(os.path.dirname(os.path.abspath(target)), f"the index {target}")
         entries, problems = reindex(args.directory, args.output, allow_damaged=args.allow_damaged)
         for path, why in problems:
             sys.stderr.write(f"{PROG}: skipped {path}: {why}\n")
@@ -171,7 +178,7 @@ def cmd_results(args, world=None) -> int:
                 else:
                     print(f"{key}: {_cell(value) if not isinstance(value, float) else repr(value)}")
         return 0
-    refuse_output(args.output, args.force)
+    refuse_output(args.output, args.force, inputs=[path])
     terms = [(name, getattr(args, name)) for name in ("model", "grid", "status", "since", "until", "algorithm")
              if getattr(args, name) is not None]
     chosen = select(entries, terms + parse_terms(args.filters))
@@ -218,8 +225,8 @@ def cmd_compare(args, world=None) -> int:
 
     settings = Settings(threshold=parse_threshold(args.threshold), alpha=args.alpha, confidence=args.confidence,
                         resamples=args.resamples, seed=args.seed, unit=args.unit)
-    refuse_output(args.output, args.force)
     index_path = index_file(args.index)
+    refuse_output(args.output, args.force, inputs=named_inputs(args.new + args.baseline) + [index_path])
     new = _load_side(args, args.new, index_path, "new")
     old = _load_side(args, args.baseline, index_path, "baseline")
     ignore = [name.strip() for name in args.ignore.split(",") if name.strip()]

@@ -17,6 +17,7 @@ from fourd_mpi.core.watchdog import check_timeout
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.options import RunOptions, resolve_values, resolved_config
 from fourd_mpi.step.presets import PRESETS
+from fourd_mpi.util.values import text
 
 #: what each command takes from the option table
 STEP_GROUPS = ("grid", "model", "numerics", "overlap")
@@ -24,7 +25,7 @@ STEP_GROUPS = ("grid", "model", "numerics", "overlap")
 
 def add_run_arguments(parser) -> None:
     """The arguments of ``fourd-mpi run``: ``--config`` and every option of the table."""
-    parser.add_argument("--config", metavar="FILE", help="options from a .toml or .yaml file (keys: long option "
+    parser.add_argument("--config", metavar="FILE", type=text, help="options from a .toml or .yaml file (keys: long option "
                         "names); the command line wins")
     add_options(parser, STEP_GROUPS + ("steps", "trace"))
 
@@ -70,6 +71,7 @@ def register(sub) -> None:
 def run_options(args, world_size: int) -> RunOptions:
     """The resolved options of a parsed command line (verify: the first overlap and progress)."""
     values = dict(vars(args))
+    values.setdefault("warmup", 0)  # verify has no --warmup: it compares every step
     for key, default in (("overlap", "none"), ("progress", "poll"), ("recompute", "none")):
         if isinstance(values.get(key), list):  # verify's repeatable options: each variant is checked later
             values[key] = values[key][0]
@@ -148,6 +150,11 @@ def cmd_verify(args, world) -> int:
     options = run_options(args, world_size)
     size = options.grid.size  # ranks of one 4D grid: the world, or world / G_inter for pipeline stages
     check_timeout(args.step_timeout)
+    if args.json:  # rank 0 writes it: checked there, before anything runs; every rank hears
+        from fourd_mpi.core.mpiutil import on_root
+        from fourd_mpi.util.files import refuse_output
+
+        on_root(world, lambda: refuse_output(args.json, True, option="--json"))
     grids = [GridShape.parse(g) for g in args.grid]
     for g in grids:
         if g.size != size:
@@ -198,11 +205,12 @@ def cmd_verify(args, world) -> int:
     failed = sum(not r.ok for r in results)
     print(f"{len(results) - failed} passed, {failed} failed, {len(skipped)} skipped")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"model": options.model.as_dict(), "dtype": options.dtype, "world_size": world_size,
-                       "algorithm": options.algorithm,
-                       "results": [dict(r.__dict__, ok=r.ok) for r in results],
-                       "skipped": [[str(g), why] for g, why in skipped]}, fh, indent=1)
+        from fourd_mpi.util.files import write_text
+
+        write_text(args.json, json.dumps({"model": options.model.as_dict(), "dtype": options.dtype,
+                                          "world_size": world_size, "algorithm": options.algorithm,
+                                          "results": [dict(r.__dict__, ok=r.ok) for r in results],
+                                          "skipped": [[str(g), why] for g, why in skipped]}, indent=1), "--json")
     return 1 if failed else 0
 
 

@@ -14,7 +14,7 @@ from fourd_mpi.jobs.spec import load_spec
 from fourd_mpi.jobs.sweep import (JOB_OVERRIDES, MANIFEST, build_manifest, collect, load_jobs,
                                   load_manifest, plan_rows, public_manifest, run_states, submit, write_sweep)
 from fourd_mpi.util.text import format_rows
-from fourd_mpi.util.values import positive_int
+from fourd_mpi.util.values import axis_size, repeat_count
 
 
 def register(sub) -> None:
@@ -29,11 +29,11 @@ def register(sub) -> None:
         p.add_argument("--results-dir", metavar="DIR", help="where the jobs write traces "
                                                             "(default: results_dir of the spec, else results/SWEEP, with the "
                                                             "site's name below it: results/SWEEP/SITE)")
-        p.add_argument("--ranks-per-node", type=positive_int, metavar="N",
+        p.add_argument("--ranks-per-node", type=axis_size, metavar="N",
                        help="ranks per node (default: job.ranks_per_node of the spec, else the site's)")
         for key in JOB_OVERRIDES:
             p.add_argument(f"--{key}", metavar=key.upper(), help=f"job.{key} for every job (overrides the spec)")
-        p.add_argument("--pack", type=positive_int, metavar="N",
+        p.add_argument("--pack", type=repeat_count, metavar="N",
                        help="put up to N runs in one job (default: job.pack of the spec, else the site's, "
                             "else 1: one job per run)")
         p.add_argument("--pack-mode", choices=PACK_MODES,
@@ -62,7 +62,7 @@ def register(sub) -> None:
             p.add_argument("--resubmit-failed", action="store_true",
                            help="submit again runs whose job failed, was cancelled or timed out")
             p.add_argument("--dry-run", action="store_true", help="say what would be submitted")
-            p.add_argument("--pack", type=positive_int, metavar="N",
+            p.add_argument("--pack", type=repeat_count, metavar="N",
                            help="pack the runs to submit now into jobs of up to N runs (pack-TIME-K.sh in DIR), "
                                 "whatever the render packed; e.g. to retry failed runs as few jobs")
             p.add_argument("--pack-mode", choices=PACK_MODES, default="sequential",

@@ -16,7 +16,7 @@ import sys
 
 from fourd_mpi.cli.args import add_format
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.util.values import positive_int
+from fourd_mpi.util.values import axis_size, int_in
 
 NAME_HELP = "the bed's name: lowercase letters and digits, at most 10; it prefixes the bed's namespaces, bridge " \
             "and links and chooses its subnet, so beds of different names never collide (default fourd)"
@@ -29,7 +29,7 @@ def register(sub) -> None:
 
     up = tsub.add_parser("up", help="make the bed (nothing when it is up with the same settings)")
     _name(up)
-    up.add_argument("--nodes", type=positive_int, default=None,
+    up.add_argument("--nodes", type=int_in(1, 1 << 10, "emulated nodes"), default=None,
                     help="number of nodes (default 2, or the number of --node-names)")
     up.add_argument("--node-names", metavar="LIST",
                     help="comma-separated node names (namespace, host name and Slurm node name; default NAME-n1, ...)")
@@ -39,7 +39,7 @@ def register(sub) -> None:
     up.add_argument("--burst", metavar="SIZE", help="tbf burst (bucket) per link, e.g. 64kb; one or one per node "
                                                     "(default 10 ms of the rate, at least 64kb)")
     up.add_argument("--slurm", action="store_true", help="also start a Slurm: slurmctld here, one slurmd per node")
-    up.add_argument("--cpus", type=positive_int, default=4, help="--slurm: CPUs each node declares (default 4)")
+    up.add_argument("--cpus", type=int_in(1, 1 << 12, "CPUs per node"), default=4, help="--slurm: CPUs each node declares (default 4)")
     add_format(up, ("table", "json"))
     up.set_defaults(handler=cmd_testbed, serial=True)
 
@@ -60,8 +60,8 @@ def register(sub) -> None:
                          "the bed's launcher shim and UCX_TLS=tcp,self, e.g. fourd-mpi testbed mpiexec -n 4 -- "
                          "fourd-mpi verify --grid 1x2x1x2")
     _name(mx)
-    mx.add_argument("-n", "--ranks", type=positive_int, required=True, help="number of ranks")
-    mx.add_argument("--ppn", type=positive_int, help="ranks per node, consecutive ranks on one node (default: the "
+    mx.add_argument("-n", "--ranks", type=axis_size, required=True, help="number of ranks")
+    mx.add_argument("--ppn", type=axis_size, help="ranks per node, consecutive ranks on one node (default: the "
                                                      "ranks spread evenly over the bed's nodes)")
     mx.add_argument("--order", choices=("block", "cyclic"), default="block",
                     help="block: consecutive ranks on one node, as schedulers place them (default); cyclic: rank i "

@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 
-from fourd_mpi.cli.args import add_allow_damaged, add_output
-from fourd_mpi.util.values import nonnegative_int, positive_int
+from fourd_mpi.cli.args import add_allow_damaged, add_output, error_line
+from fourd_mpi.util.values import group_size, int_in
 
 
 def register(sub) -> None:
@@ -25,10 +25,10 @@ def register(sub) -> None:
                                          "standard output names it",
                force_help="replace an existing output file, and recover a run that still holds its spool "
                           "files (still running: a partial trace of the steps so far; the spool is kept)")
-    rec.add_argument("--group-size", type=nonnegative_int, default=0, metavar="N",
+    rec.add_argument("--group-size", type=group_size, default=0, metavar="N",
                      help="ranks per part file (0, default: the run's ranks per node, raised to keep at most 256 "
                           "parts; one group: a single file)")
-    rec.add_argument("--jobs", type=positive_int, default=None, metavar="N",
+    rec.add_argument("--jobs", type=int_in(1, 1 << 12, "worker processes"), default=None, metavar="N",
                      help="worker processes writing parts (default: the CPUs this process may use)")
     rec.add_argument("--compression", choices=("gzip", "lzf", "none"), default="none",
                      help="compression of the events (default none: recovery is bound by the CPUs of one node, "
@@ -70,6 +70,9 @@ def cmd_trace(args, world=None) -> int:
             print(f"the trace holds every step of the per-rank files and {how}: {args.directory} can now be removed")
         else:
             print(f"keep the per-rank files in {args.directory}: {result['removable']}")
+        if result["damaged"]:
+            error_line(f"the recovered trace {result['path']} does not pass 'trace check': {result['damaged']}")
+            return 1
         return 0
     if args.trace_command == "check":  # a damaged trace is read, and its damage reported as violations
         trace = load_trace(args.file, allow_damaged=True)
@@ -94,10 +97,17 @@ def cmd_trace(args, world=None) -> int:
     print(f"  {len(trace.events)} events; {len(trace.steps)} steps"
           + (f"; events in {parts} part files ({parts_dir_of(args.file)})" if parts else ""))
     _show_clocks(trace.ranks)
+    from fourd_mpi.trace.read import STEP_TIME_SLACK_S, rank_max_seconds
+
     print(f"{'step':>6} {'loss':>14} {'time (s)':>10}")
-    for row in trace.steps:
-        print(f"{row['step']:>6} {row['loss']:>14.8g} {row['seconds']:>10.4f}" + ("  (warm-up)" if row["warmup"]
-                                                                                 else ""))
+    derived = rank_max_seconds(trace.steps, trace.rank_steps)  # the definition: max over ranks of the step span
+    for row, seconds in zip(trace.steps, derived):
+        stored = float(row["seconds"])
+        shown = stored if np.isnan(seconds) else seconds
+        note = ("" if np.isnan(seconds) or abs(stored - seconds) <= STEP_TIME_SLACK_S + 1e-9 * abs(seconds)
+                else f"  (/steps says {stored:.4f}: damaged, see trace check)")
+        print(f"{row['step']:>6} {row['loss']:>14.8g} {shown:>10.4f}" + ("  (warm-up)" if row["warmup"] else "")
+              + note)
     summary = meta.get("summary") or {}
     if all(isinstance(summary.get(k), (int, float)) for k in ("median_s", "compute_share", "wait_share",
                                                                "tokens_per_s")):

@@ -34,6 +34,11 @@ def check_timeout(value: float) -> float:
     return float(value)
 
 
+def _seconds(value: float) -> str:
+    """A wait in seconds, with the digits a short one needs ("0.0123 s", not "0 s")."""
+    return f"{value:.0f} s" if value >= 10 else f"{value:.3g} s"
+
+
 class Watchdog:
     """Per-rank watchdog of blocking waits (see the module doc); ``timeout_s <= 0`` disables it."""
 
@@ -73,7 +78,7 @@ class Watchdog:
                 return
 
     def _fire(self, what: str, waited: float) -> None:
-        message = (f"rank {self.rank} waited {waited:.0f} s in {what}, longer than --step-timeout "
+        message = (f"rank {self.rank} waited {_seconds(waited)} in {what}, longer than --step-timeout "
                    f"{self.timeout_s:g} s: a partner rank is stopped, hung or running another command; "
                    "aborting the job")
         self.fired = message
@@ -98,6 +103,21 @@ class Watchdog:
     def watching(self, what: str):
         """:meth:`watch` when enabled, else a context that does nothing (callers need not check)."""
         return self.watch(what) if self._thread is not None else contextlib.nullcontext()
+
+    def hold_if_fired(self, world) -> None:
+        """Collective over ``world``: when the watchdog of any rank has fired, never return (the firing rank
+        aborts the job with status 3; this rank waits for that, then aborts itself), so that nothing of an
+        aborted run is published as complete. Returns at once when no rank's watchdog fired (or none runs)."""
+        if self._thread is None and self._abort is None:
+            return
+        if not world.allreduce(1 if self.fired else 0):
+            return
+        time.sleep(2.0)  # the firing rank's Abort normally ends this process first
+        if self._abort is not None:
+            self._abort(3)
+            return
+        world.Abort(3)
+        os._exit(3)  # pragma: no cover - Abort does not return
 
     def close(self) -> None:
         self._stop.set()

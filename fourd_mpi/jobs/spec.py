@@ -339,7 +339,7 @@ class SweepSpec:
         return out
 
 
-def _check_option(spec: SweepSpec, parts: Sequence, key: str, value) -> str:
+def _check_option(spec: SweepSpec, parts: Sequence, key: str, value) -> Tuple[str, Any]:
     """The long option name of ``key``, after checking ``key: value`` against the run-option table
     and ``fourd-mpi run``'s own validation (overlap lists, dtype and backend, ...) on one rank."""
     name = str(key).replace("_", "-")
@@ -352,7 +352,19 @@ def _check_option(spec: SweepSpec, parts: Sequence, key: str, value) -> str:
     except ConfigError as exc:
         message = str(exc).replace(f"{spec.source}: ", "")
         raise spec.error(parts, message) from None
-    return name
+    return name, typed
+
+
+def _refuse_repeats(spec: SweepSpec, where: Sequence, typed: Sequence, shown: Sequence) -> None:
+    """A list of a spec whose values (as parsed: ``2`` and ``"2"`` are one value) repeat would run one
+    configuration twice under two run ids, silently: refused, naming both positions."""
+    seen = {}
+    for i, value in enumerate(typed):
+        key = repr(value)
+        if key in seen:
+            raise spec.error(list(where) + [i], f"{shown[i]!r} repeats item {seen[key]} of the list: give each value "
+                                                f"once (repeats: N runs every configuration N times)")
+        seen[key] = i
 
 
 def spec_from_data(data: Dict[str, Any], source: str = "<spec>", doc: Optional[YamlDocument] = None) -> SweepSpec:
@@ -374,10 +386,13 @@ def spec_from_data(data: Dict[str, Any], source: str = "<spec>", doc: Optional[Y
     for section, target in (("options", spec.options), ("matrix", spec.matrix), ("zip", spec.zipped)):
         for key, value in (data.get(section) or {}).items():
             values = value if section != "options" else [value]
-            name = None
+            name, typed = None, []
             for i, item in enumerate(values):
                 parts = [section, key] if section == "options" else [section, key, i]
-                name = _check_option(spec, parts, key, item)
+                name, value_typed = _check_option(spec, parts, key, item)
+                typed.append(value_typed)
+            if section == "matrix":
+                _refuse_repeats(spec, [section, key], typed, values)
             if name in spec.options or name in spec.matrix or name in spec.zipped:
                 raise spec.error([section, key], f"{key} is given in more than one of options, matrix and zip")
             target[name] = value
@@ -385,6 +400,15 @@ def spec_from_data(data: Dict[str, Any], source: str = "<spec>", doc: Optional[Y
     if len(set(lengths.values())) > 1:
         raise spec.error(["zip"], "zipped lists must have the same length, got "
                          + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
+    if spec.zipped:
+        rows = list(zip(*spec.zipped.values()))
+        _refuse_repeats(spec, ["zip", next(iter(data.get("zip")))], [tuple(map(str, r)) for r in rows],
+                        [", ".join(map(str, r)) for r in rows])
+    choices = grids.items() if isinstance(grids, dict) else [(None, grids)]
+    for key, choice in choices:
+        if isinstance(choice, list):
+            where = ["grids"] + ([key] if key is not None else [])
+            _refuse_repeats(spec, where, [str(g).strip().lower() for g in choice], choice)
     for run in spec.expand():  # every run resolvable exactly as `fourd-mpi run` will resolve it
         try:
             resolve_values(run.values(), run.ranks)

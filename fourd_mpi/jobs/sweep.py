@@ -39,6 +39,7 @@ from fourd_mpi.jobs.render import (AFFINITY_SCRIPT, job_request, job_settings, p
 from fourd_mpi.jobs.schedulers import ACTIVE_STATES, FINAL_STATES, get_scheduler, parse_time, slurm_time
 from fourd_mpi.jobs.sites import SITES_DIR, Site, load_site
 from fourd_mpi.jobs.spec import SCHEMA, RunPlan, SweepSpec, spec_from_data
+from fourd_mpi.util.files import claim_directory, write_marker
 from fourd_mpi.util.yamlspec import schema_violations
 from fourd_mpi.util.text import format_rows  # noqa: F401  (sweep plan/status tables; was defined here)
 
@@ -158,13 +159,20 @@ def public_manifest(manifest: Dict) -> Dict:
 
 
 def write_sweep(manifest: Dict, spec: SweepSpec, site: Site, out_dir: str, force: bool = False) -> List[str]:
-    """Write scripts and manifest into ``out_dir`` (atomically: a temp dir renamed into place)."""
-    if os.path.exists(os.path.join(out_dir, MANIFEST)) and not force:
-        raise ConfigError(f"{out_dir} already holds a rendered sweep: give --force to render it again "
-                          f"(job ids in {JOBS} and logs/ are kept)")
+    """Write scripts and manifest into ``out_dir``.
+
+    The rule of :mod:`fourd_mpi.util.files`: ``out_dir`` is new, empty, or one fourd-mpi rendered
+    before (its marker, or an older render's manifest); anything else is refused and left alone. Files
+    are rendered in a staging directory first; a new ``out_dir`` is that directory renamed, an existing
+    one (``force``) receives each file by rename and loses only the files fourd-mpi wrote there before
+    and no longer writes (never job ids in ``jobs.json``, ``logs/``, traces or anything else)."""
+    previous = claim_directory(out_dir, force, "--out", owned_files=(MANIFEST,))
+    if not previous and os.path.isfile(os.path.join(out_dir, MANIFEST)):
+        previous = _rendered_names(out_dir)  # rendered before markers existed
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".render-", dir=parent)
+    exists = os.path.isdir(out_dir)
+    staging = tempfile.mkdtemp(prefix=".render-", dir=out_dir if exists else parent)
     try:
         os.makedirs(os.path.join(staging, "logs"))
         written = []
@@ -184,18 +192,34 @@ def write_sweep(manifest: Dict, spec: SweepSpec, site: Site, out_dir: str, force
             _write(os.path.join(staging, AFFINITY_SCRIPT), render_affinity_script(site), executable=True)
             written.append(AFFINITY_SCRIPT)
         _write(os.path.join(staging, MANIFEST), json.dumps(public_manifest(manifest), indent=1, sort_keys=False) + "\n")
-        if os.path.isdir(out_dir):  # --force: keep the submission record and the logs
-            for keep in (JOBS, "logs"):
-                if os.path.exists(os.path.join(out_dir, keep)):
-                    if keep == "logs":
-                        os.rmdir(os.path.join(staging, "logs"))
-                    os.rename(os.path.join(out_dir, keep), os.path.join(staging, keep))
-            shutil.rmtree(out_dir)
-        os.rename(staging, out_dir)
+        if not exists:
+            write_marker(staging, written + [MANIFEST])
+            os.rename(staging, out_dir)
+        else:
+            os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
+            for name in written + [MANIFEST]:
+                os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+            for name in set(previous) - set(written) - {MANIFEST}:
+                path = os.path.join(out_dir, name)
+                if os.path.isfile(path) and not os.path.islink(path):
+                    os.remove(path)
+            write_marker(out_dir, written + [MANIFEST])
+            shutil.rmtree(staging, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return [os.path.join(out_dir, name) for name in written]
+
+
+def _rendered_names(out_dir: str) -> List[str]:
+    """The files an older render (before :data:`~fourd_mpi.util.files.MARKER`) wrote: its manifest's scripts."""
+    try:
+        with open(os.path.join(out_dir, MANIFEST)) as fh:
+            old = json.load(fh)
+        names = [os.path.basename(str(e.get("script", ""))) for e in old.get("runs", []) + old.get("packs", [])]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return []
+    return [n for n in names if n and n.endswith(".sh")] + [AFFINITY_SCRIPT]
 
 
 def _write(path: str, text: str, executable: bool = False) -> None:
@@ -211,7 +235,14 @@ def load_manifest(sweep_dir: str) -> Dict:
         with open(path) as fh:
             manifest = json.load(fh)
     except OSError as exc:
-        raise ConfigError(f"no rendered sweep in {sweep_dir} ({exc.strerror}): run fourd-mpi sweep render") from None
+        if os.path.isdir(sweep_dir):
+            raise ConfigError(f"{sweep_dir} is a directory but not a rendered sweep (it holds no {MANIFEST}): give "
+                              "the directory 'fourd-mpi sweep render' wrote (jobscripts/SWEEP or its --out)") from None
+        from fourd_mpi.util.files import missing_reason
+
+        what = missing_reason(sweep_dir) if not os.path.lexists(sweep_dir) or os.path.islink(sweep_dir) else \
+            f"{exc.strerror}"
+        raise ConfigError(f"no rendered sweep in {sweep_dir} ({what}): run fourd-mpi sweep render") from None
     except ValueError as exc:
         raise ConfigError(f"{path} is not valid JSON: {exc}") from None
     if manifest.get("schema") != MANIFEST_SCHEMA or manifest.get("version") != MANIFEST_VERSION:

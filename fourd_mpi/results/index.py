@@ -250,7 +250,9 @@ def expand_traces(arg: str) -> Tuple[List[str], Optional[str]]:
     if glob.has_magic(arg):
         found = sorted(p for p in glob.glob(arg) if os.path.isfile(p))
         return found, (None if found else "no file matches the pattern")
-    return [], "no such file or directory"
+    from fourd_mpi.util.files import missing_reason
+
+    return [], missing_reason(arg)
 
 
 def trace_of(entry: Dict, index_path: str) -> str:
@@ -271,7 +273,8 @@ def reindex(directory: str, output: Optional[str] = None,
     written to ``output`` (default ``directory/index.jsonl``), entries sorted by time and run id.
 
     Returns ``(entries, problems)``: ``problems`` holds ``(path, reason)`` for every trace skipped.
-    The file is replaced in place under the exclusive lock (see the module's notes on concurrency).
+    The file is replaced in place under the exclusive lock that runs append under (see the module's notes on
+    concurrency); an entry appended since the scan whose trace exists and was not scanned is kept.
     """
     from fourd_mpi.errors import TraceError
     from fourd_mpi.trace.read import load_trace
@@ -286,9 +289,12 @@ def reindex(directory: str, output: Optional[str] = None,
             entries.append(entry_of_trace(load_trace(path, allow_damaged=allow_damaged), index_dir))
         except TraceError as exc:
             problems.append((path, str(exc)))
-    entries.sort(key=lambda e: (e["time"], e["run_id"]))
-    data = b"".join(entry_line(e) for e in entries)
-    with _locked(output, os.O_WRONLY | os.O_CREAT, fcntl.LOCK_EX) as fd:
+    scanned = {os.path.realpath(p) for p in files}
+    with _locked(output, os.O_RDWR | os.O_CREAT, fcntl.LOCK_EX) as fd:
+        # lines appended since the scan (a run that finished meanwhile: its trace was not there yet) are kept
+        entries += appended_since(fd, output, scanned)
+        entries.sort(key=lambda e: (e["time"], e["run_id"]))
+        data = b"".join(entry_line(e) for e in entries)
         try:
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
@@ -299,6 +305,29 @@ def reindex(directory: str, output: Optional[str] = None,
 
             raise ConfigError(f"cannot write the index {output}: {exc.strerror or exc}") from None
     return entries, problems
+
+
+def appended_since(fd: int, index_path: str, scanned) -> List[Dict]:
+    """The valid entries of the open index ``fd`` whose trace exists but was not among the ``scanned`` files
+    (real paths): lines that runs appended while :func:`reindex` read the traces (under the same lock, so
+    none is lost when the index is rewritten)."""
+    kept = []
+    try:
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            fh.seek(0)
+            data = fh.read()
+    except OSError:
+        return kept
+    for raw in data.split(b"\n"):
+        if not raw.strip():
+            continue
+        entry, _ = parse_line(raw.decode("utf-8", errors="replace"))
+        if entry is None:
+            continue
+        trace = os.path.realpath(trace_of(entry, index_path))
+        if trace not in scanned and os.path.isfile(trace):
+            kept.append(entry)
+    return kept
 
 
 def index_run(metadata: Dict, status: str, trace_path: str, results_dir: str) -> str:

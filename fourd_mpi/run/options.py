@@ -34,7 +34,9 @@ from fourd_mpi.step.optim import OPTIMIZERS
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model
 from fourd_mpi.trace.events import LEVELS
-from fourd_mpi.util.values import byte_size, integer, nonnegative_int, number, positive_float, positive_int
+from fourd_mpi.util.values import (axis_size, batch_size, byte_size, data_batch_count, group_size, head_count,
+                                   layer_count, number, positive_float, repeat_count, run_seed, seq_length, step_count,
+                                   text, warmup_count, width)
 
 
 @dataclass(frozen=True)
@@ -101,30 +103,30 @@ RUN_OPTIONS: Tuple[Option, ...] = (
     Option("algorithm", "grid", str, DEFAULT_ALGORITHM, tuple(ALGORITHMS),
            help="parallel algorithm: " + "; ".join(f"{a.name} = {a.title}" for a in ALGORITHMS.values())
            + f" (default {DEFAULT_ALGORITHM}; the named baselines fix axes to 1)"),
-    Option("gx", "grid", positive_int, None, metavar=_N, help="G_x: ranks sharing a layer's input dimension "
+    Option("gx", "grid", axis_size, None, metavar=_N, help="G_x: ranks sharing a layer's input dimension "
            "(innermost, consecutive world ranks)"),
-    Option("gy", "grid", positive_int, None, metavar=_N, help="G_y: ranks sharing a layer's output dimension"),
-    Option("gz", "grid", positive_int, None, metavar=_N, help="G_z: ranks sharding weights (all-gathered over Z) "
+    Option("gy", "grid", axis_size, None, metavar=_N, help="G_y: ranks sharing a layer's output dimension"),
+    Option("gz", "grid", axis_size, None, metavar=_N, help="G_z: ranks sharding weights (all-gathered over Z) "
            "and splitting the batch"),
-    Option("gdata", "grid", positive_int, None, metavar=_N, help="G_data: data-parallel replicas (outermost)"),
-    Option("ginter", "grid", positive_int, 1, metavar=_N,
+    Option("gdata", "grid", axis_size, None, metavar=_N, help="G_data: data-parallel replicas (outermost)"),
+    Option("ginter", "grid", axis_size, 1, metavar=_N,
            help="--algorithm pipeline: G_inter pipeline stages, each a G_data x G_z x G_y x G_x grid of world / "
                 "G_inter ranks (rank order data, inter, z, y, x; default 1)"),
-    Option("microbatches", "grid", positive_int, 1, metavar=_N,
+    Option("microbatches", "grid", repeat_count, 1, metavar=_N,
            help="--algorithm pipeline: micro-batches per batch shard (must divide its B / (G_data G_z) "
                 "sequences; default 1)"),
     Option("pipeline-schedule", "grid", str, "axonn", PIPELINE_SCHEDULES,
            help="--algorithm pipeline: axonn (message-driven: stage 0 keeps G_inter micro-batches in flight, "
                 "the others react to whichever message arrives first; default) or 1f1b (warm-up forwards, "
                 "one forward one backward, cool-down backwards); other algorithms ignore it"),
-    Option("model", "model", str, "gpt-tiny", metavar="PRESET",
+    Option("model", "model", text, "gpt-tiny", metavar="PRESET",
            help=f"preset: {', '.join(PRESETS)} (default gpt-tiny)"),
-    Option("layers", "model", positive_int, None, metavar=_N, help="transformer blocks (default: the preset's)"),
-    Option("hidden", "model", positive_int, None, metavar=_N, help="hidden size h (default: the preset's)"),
-    Option("heads", "model", positive_int, None, metavar=_N, help="attention heads (default: the preset's)"),
-    Option("ffn-hidden", "model", positive_int, None, metavar=_N, help="FFN width (default: the preset's, 4h)"),
-    Option("seq", "model", positive_int, None, metavar=_N, help="sequence length (default: the preset's)"),
-    Option("batch", "model", positive_int, None, metavar=_N, help="global batch in sequences (default: the "
+    Option("layers", "model", layer_count, None, metavar=_N, help="transformer blocks (default: the preset's)"),
+    Option("hidden", "model", width, None, metavar=_N, help="hidden size h (default: the preset's)"),
+    Option("heads", "model", head_count, None, metavar=_N, help="attention heads (default: the preset's)"),
+    Option("ffn-hidden", "model", width, None, metavar=_N, help="FFN width (default: the preset's, 4h)"),
+    Option("seq", "model", seq_length, None, metavar=_N, help="sequence length (default: the preset's)"),
+    Option("batch", "model", batch_size, None, metavar=_N, help="global batch in sequences (default: the "
            "preset's)"),
     Option("dtype", "numerics", str, "float32", tuple(DTYPES),
            help="bfloat16: cupy backend only (CuPy >= 14 with ml_dtypes; NumPy has no bfloat16)"),
@@ -137,7 +139,7 @@ RUN_OPTIONS: Tuple[Option, ...] = (
                 "pinned host buffers; auto (default) = direct only where detection and a smoke-test "
                 "all-reduce on a device buffer succeed. numpy backend: direct = host arrays; staged = "
                 "emulated staging (host copies, same code path and trace events; for testing)"),
-    Option("seed", "numerics", integer, 0, metavar=_N, help="seed of the synthetic weights and data (default 0)"),
+    Option("seed", "numerics", run_seed, 0, metavar=_N, help="seed of the synthetic weights and data (default 0)"),
     Option("optimizer", "numerics", str, "adam", OPTIMIZERS, help="default adam"),
     Option("memory-limit", "numerics", byte_size, None, metavar="SIZE",
            help="memory each rank may use, e.g. 3.5GiB (default: measured: MemAvailable / ranks on the node, "
@@ -145,7 +147,7 @@ RUN_OPTIONS: Tuple[Option, ...] = (
                 "estimate (weights, gradients, optimizer state, activations, buffers, data) exceeds it is "
                 "refused before allocating; 0 turns the check off"),
     Option("lr", "numerics", number, None, metavar="LR", help="learning rate (default 1e-3 adam, 1e-2 sgd)"),
-    Option("overlap", "overlap", str, "none", metavar="LIST",
+    Option("overlap", "overlap", text, "none", metavar="LIST",
            help="none, all (= oag,ors,oar,dp,od) or a comma list of oag, ors, oar, dp, od, cache (default none)"),
     Option("progress", "overlap", str, "poll", PROGRESS_STRATEGIES,
            help="who progresses nonblocking collectives during compute: poll (default), none, thread"),
@@ -156,28 +158,28 @@ RUN_OPTIONS: Tuple[Option, ...] = (
            help="activation recompute (memory for compute): none (default); selective = drop the attention "
                 "core (scores, probabilities, context) and recompute it in backward; full = keep only each "
                 "block's input and run the block's forward again at the start of its backward"),
-    Option("prefetch-depth", "overlap", positive_int, 1, metavar=_N,
+    Option("prefetch-depth", "overlap", repeat_count, 1, metavar=_N,
            help="oag: how many layers ahead weight all-gathers are issued (default 1)"),
-    Option("chunks", "overlap", positive_int, 2, metavar="K", help="od: token chunks of the forward all-reduce "
+    Option("chunks", "overlap", repeat_count, 2, metavar="K", help="od: token chunks of the forward all-reduce "
            "(default 2)"),
     Option("poll-flops", "overlap", positive_float, 1e7, metavar="F",
            help="poll: FLOPs of GEMM between two MPI progress polls (default 1e7)"),
     Option("check-buffers", "overlap", flag=True, default=False,
            help="debug: verify that no send buffer is modified while its collective is in flight"),
-    Option("steps", "steps", positive_int, 10, metavar=_N, help="training steps (default 10)"),
-    Option("warmup", "steps", nonnegative_int, 1, metavar=_N,
+    Option("steps", "steps", step_count, 10, metavar=_N, help="training steps (default 10)"),
+    Option("warmup", "steps", warmup_count, 1, metavar=_N,
            help="leading steps excluded from the summary statistics, kept in the trace (default 1)"),
-    Option("data-batches", "steps", positive_int, 4, metavar=_N,
+    Option("data-batches", "steps", data_batch_count, 4, metavar=_N,
            help="distinct synthetic batches generated before the first step and cycled (step i uses batch "
                 "i mod N; at most --steps are made; default 4)"),
     Option("trace-level", "trace", str, "op", LEVELS,
            help="step: one event per step; layer: + per-layer spans; op: + every GEMM, collective "
                 "and wait (default)"),
-    Option("results-dir", "trace", str, "results", metavar="DIR", help="where the trace goes (default results)"),
-    Option("label", "trace", str, None, metavar="TEXT", help="part of the run id: <time>-<label>-<random>"),
-    Option("run-id", "trace", str, None, metavar="ID", help="the run id itself (the trace is DIR/ID.h5)"),
+    Option("results-dir", "trace", text, "results", metavar="DIR", help="where the trace goes (default results)"),
+    Option("label", "trace", text, None, metavar="TEXT", help="part of the run id: <time>-<label>-<random>"),
+    Option("run-id", "trace", text, None, metavar="ID", help="the run id itself (the trace is DIR/ID.h5)"),
     Option("force", "trace", flag=True, default=False, help="replace an existing trace of the same run id"),
-    Option("trace-group-size", "trace", nonnegative_int, 0, metavar=_N,
+    Option("trace-group-size", "trace", group_size, 0, metavar=_N,
            help="ranks per trace writer at the end of the run: each group of N consecutive ranks writes one part "
                 "file and the trace binds them (0, default: the ranks of the largest node, raised to keep at most "
                 "256 parts; a world of one group writes a single file)"),
@@ -189,7 +191,7 @@ RUN_OPTIONS: Tuple[Option, ...] = (
            help="watchdog: a rank that waits longer than this in one collective prints where it waits, marks "
                 "the run hung and aborts the job (MPI_Abort) so the allocation is freed; 0 disables (default "
                 "600: far above any step of the presets on a working machine)"),
-    Option("inject-fault", "trace", str, None, metavar="RANK:STEP[:MODE]",
+    Option("inject-fault", "trace", text, None, metavar="RANK:STEP[:MODE]",
            help="testing: at the start of STEP (= --steps: before the final merge), once every rank has "
                 "finished the steps before, RANK dies (MODE kill = SIGKILL, default; raise = exception), "
                 "deletes the spool directory (remove-spool), fills the results file system, if smaller "

@@ -27,7 +27,8 @@ from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import RunOptions
 from fourd_mpi.core.watchdog import Watchdog
 from fourd_mpi.trace.clocks import DriftModel, measure_offsets
-from fourd_mpi.trace.files import check_name, new_run_id, now_iso, trace_paths
+from fourd_mpi.trace.files import (LABEL_OVERHEAD, RUN_ID_OVERHEAD, check_name, check_name_fits, new_run_id, now_iso,
+                                   trace_paths)
 from fourd_mpi.trace.merge import merge_run
 from fourd_mpi.trace.spool import RankSpool, prepare_spool
 from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
@@ -57,8 +58,10 @@ class TraceOptions:
             raise ConfigError(f"unknown trace level {self.level!r}: choose one of {', '.join(LEVELS)}")
         if self.run_id is not None:
             check_name("run id", self.run_id)
+            check_name_fits(self.results_dir, "--run-id", self.run_id)
         if self.label is not None:
             check_name("label", self.label)
+            check_name_fits(self.results_dir, "--label", self.label, RUN_ID_OVERHEAD + LABEL_OVERHEAD)
         return self
 
 
@@ -170,14 +173,19 @@ def end_alignment(run, rank_meta: Dict):
 
 def interrupt_name(exc: BaseException) -> str:
     """How an interruption is named in the spool and on stderr."""
+    if isinstance(exc, Terminated) and getattr(exc, "signum", None) == signal.SIGHUP:
+        return "SIGHUP (the terminal or the ssh session of the run closed)"
     if isinstance(exc, Terminated):
         return "SIGTERM (scheduler time limit, scancel or kill)"
     return "SIGINT (Ctrl-C)"
 
 
 def _raise_terminated(signum, frame) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: a second must not cut the report short
-    raise Terminated(f"signal {signum}")
+    for name in ("SIGTERM", "SIGHUP"):  # one is enough: a second must not cut the report short
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    exc = Terminated(f"signal {signum}")
+    exc.signum = signum
+    raise exc
 
 
 def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, say: Callable[[str], None],
@@ -200,11 +208,13 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     args = (world, options, trace, config, say, display, peak_tflops, fault, header, step_timeout)
     if threading.current_thread() is not threading.main_thread():
         return _traced_run(*args)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)
+                if signal.getsignal(sig) is not signal.SIG_IGN}  # nohup: SIGHUP stays ignored
     try:
         return _traced_run(*args)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, say: Callable[[str], None],
@@ -308,6 +318,7 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
             def merge_fault():
                 if fault.rank == rank:
                     fault.trigger(spool_dir, trace.results_dir)
+        run.comm.watchdog.hold_if_fired(world)  # an aborted run publishes no trace
         merging = True
         path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, force,
                          correct=drift.correct_records if drift is not None else None, group_size=trace.group_size,

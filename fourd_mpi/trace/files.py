@@ -19,10 +19,8 @@ from typing import Optional
 import numpy as np
 
 from fourd_mpi.errors import TraceError
+from fourd_mpi.util.files import RUN_META, SPOOL_SUFFIX  # one definition, in the lowest room
 
-
-SPOOL_SUFFIX = ".ranks"
-RUN_META = "run.json"
 RANK_DTYPE = np.dtype([
     ("rank", "<u4"), ("hostname", "S64"), ("node", "<u4"), ("local_rank", "<u4"),
     ("coord_data", "<u4"), ("coord_z", "<u4"), ("coord_y", "<u4"), ("coord_x", "<u4"),
@@ -54,6 +52,29 @@ def check_name(kind: str, name: str) -> str:
     if not name or not all(c.isalnum() or c in "._-" for c in name) or name.startswith((".", "-")):
         raise TraceError(f"invalid {kind} {name!r}: use letters, digits, '.', '_' and '-' "
                          "(not starting with '.' or '-')")
+    return name
+
+
+#: characters that file names derived from a run id add to it, at most: ``.RUN.parts.tmp-PID-HEX``
+#: (a staged parts directory) with a 10-digit PID and 6 hex digits
+RUN_ID_OVERHEAD = len(".") + len(".parts.tmp-") + 10 + len("-") + 6
+#: characters a generated run id adds to its label: ``YYYYmmdd-HHMMSS-LABEL-xxxxxx``
+LABEL_OVERHEAD = len("20261125-181139--") + 6
+
+
+def check_name_fits(results_dir: str, kind: str, name: str, overhead: int = RUN_ID_OVERHEAD) -> str:
+    """``name`` (a run id or label) short enough for the file names made of it on the file system of
+    ``results_dir`` (``NAME_MAX``, from ``os.pathconf`` of its nearest existing directory; 255 if unknown):
+    checked before the first step, so that a long id does not fail only at the merge."""
+    from fourd_mpi.util.files import nearest_directory
+
+    try:
+        limit = os.pathconf(nearest_directory(results_dir or "."), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if len(name.encode()) + overhead > limit:
+        raise TraceError(f"{kind} of {len(name.encode())} characters is too long: the file names made of it must fit the "
+                         f"file system's limit of {limit} (NAME_MAX): give at most {limit - overhead} characters")
     return name
 
 

@@ -18,6 +18,7 @@ unless ``allow_damaged``.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
@@ -161,6 +162,10 @@ def _open(path: str):
     except FileNotFoundError:
         raise TraceError(f"{path}: no such trace file") from None
     except OSError as exc:
+        from fourd_mpi.util.files import missing_reason
+
+        if os.path.islink(path) and not os.path.exists(path):
+            raise TraceError(f"{path} is {missing_reason(path)}, not a trace file") from None
         raise TraceError(f"{path} is not a readable HDF5 file (truncated or corrupted?): {_first_line(exc)}") from None
 
 
@@ -429,7 +434,7 @@ def _metadata(h5, world: int) -> Dict:
         metadata[key] = value
     from fourd_mpi.util.yamlspec import key_path, schema_violations
 
-    problems = schema_violations(metadata, METADATA_SCHEMA)
+    problems = schema_violations(metadata, METADATA_SCHEMA, finite=False)  # NaN: not measured
     if problems:
         where, message = problems[0]
         raise _Invalid(f"metadata {key_path(where)}: {message}")
@@ -918,7 +923,41 @@ def check_invariants(trace: Trace) -> List[str]:
     comm_lanes = ev["lane"] >= LANE_COMM0
     if (ev["bytes"][comm_lanes] <= 0).any():
         problems.append("a collective with no bytes")
+    problems += step_time_problems(trace.steps, rs)
     return problems
+
+
+#: how far ``/steps`` seconds may differ from the per-rank maximum it is computed from (float rounding)
+STEP_TIME_SLACK_S = 2e-9
+
+
+def rank_max_seconds(steps: np.ndarray, rank_steps: np.ndarray) -> np.ndarray:
+    """Per row of ``steps``: the max over ranks of the step span (``end_ns - start_ns``, seconds) in
+    ``rank_steps``, the definition of a step's time; NaN for a step no rank recorded."""
+    out = np.full(len(steps), np.nan)
+    if not len(steps) or not len(rank_steps):
+        return out
+    order = np.argsort(steps["step"], kind="stable")
+    where = np.searchsorted(steps["step"][order], rank_steps["step"])
+    known = where < len(steps)
+    known[known] &= steps["step"][order][where[known]] == rank_steps["step"][known]
+    spans = (rank_steps["end_ns"].astype(np.int64) - rank_steps["start_ns"].astype(np.int64)) * 1e-9
+    best = np.full(len(steps), -np.inf)
+    np.maximum.at(best, where[known], spans[known])
+    out[order] = np.where(np.isfinite(best), best, np.nan)
+    return out
+
+
+def step_time_problems(steps: np.ndarray, rank_steps: np.ndarray) -> List[str]:
+    """``/steps`` seconds that disagree with the max over ranks of their step spans (the first, and a count)."""
+    expected = rank_max_seconds(steps, rank_steps)
+    stored = steps["seconds"].astype(np.float64)
+    bad = np.nonzero(~np.isnan(expected) & ~(np.abs(stored - expected) <= STEP_TIME_SLACK_S + 1e-9 * np.abs(expected)))[0]
+    if not len(bad):
+        return []
+    i = int(bad[0])
+    return [f"step {int(steps['step'][i])}: /steps says {stored[i]:.9g} s, the max over ranks of the step spans is "
+            f"{expected[i]:.9g} s ({len(bad)} such step(s))"]
 
 
 class _Columns:

@@ -128,6 +128,7 @@ def rank_batches(spool_dir: str, first: int, stop: int, kept: np.ndarray, max_ev
             hi += 1
         ranks = list(range(first + lo, first + hi))
         events, counts = read_rank_files(spool_dir, ranks, sizes[lo:hi], SCRATCH.get("read", total))
+        check_event_ranks(spool_dir, ranks, counts, events)
         lo = hi
         dropped = 0
         keep = kept_mask(events["step"], kept)
@@ -138,6 +139,21 @@ def rank_batches(spool_dir: str, first: int, stop: int, kept: np.ndarray, max_ev
             dropped = int(len(events) - held[-1])
             events, counts = events[keep], new_counts
         yield ranks[0], counts, sort_by_rank_and_start(events, counts, SCRATCH.get("sorted", len(events))), dropped
+
+
+def check_event_ranks(spool_dir: str, ranks: Sequence[int], counts: np.ndarray, events: np.ndarray) -> None:
+    """Every event read from rank r's ``.events`` file says rank r, else :class:`TraceError` naming the file
+    and the record (flipped bytes, a file of another run copied in): a recovery never merges such events."""
+    expected = np.repeat(np.asarray(ranks, dtype=np.int64), counts)
+    bad = np.nonzero(events["rank"].astype(np.int64) != expected)[0]
+    if not len(bad):
+        return
+    i = int(bad[0])
+    rank = int(expected[i])
+    record = i - int(np.sum(counts[:list(ranks).index(rank)]))
+    raise TraceError(f"{rank_events_path(spool_dir, rank)} is damaged: record {record} says rank "
+                     f"{int(events['rank'][i])}, not {rank} ({len(bad)} such record(s) in ranks {ranks[0]}-{ranks[-1]}; "
+                     "flipped bytes or another run's file): nothing was written, the per-rank files are kept")
 
 
 def recover_group(spool_dir: str, index: int, first: int, stop: int, kept: np.ndarray, path: Optional[str],
@@ -263,7 +279,8 @@ class GroupPool:
             if self.start_method == "fork":
                 import h5py  # noqa: F401 - imported once here, inherited by every worker (no file open yet)
             self.pool = ProcessPoolExecutor(max_workers=min(jobs, groups),
-                                            mp_context=multiprocessing.get_context(self.start_method))
+                                            mp_context=multiprocessing.get_context(self.start_method),
+                                            initializer=die_with_parent, initargs=(os.getpid(),))
             self.pool.submit(int).result()  # starts every worker now, before this process opens a file
 
     def map(self, function, tasks) -> list:
@@ -277,6 +294,27 @@ class GroupPool:
     def __exit__(self, *exc):
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
+
+
+#: ``prctl`` option: the signal a process receives when its parent dies (linux/prctl.h)
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """In a pool worker: be killed (SIGKILL) when the process that started it dies, even by SIGKILL (Linux:
+    ``prctl(PR_SET_PDEATHSIG)``), so a killed ``trace recover`` leaves no worker blocked forever; and exit
+    now if that parent is already gone (it died before the call)."""
+    import signal
+
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the parent-pid check below only
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _fork_is_safe() -> bool:

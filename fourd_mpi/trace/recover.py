@@ -227,6 +227,7 @@ def _recover(spool_dir: str, output: Optional[str], force: bool, summarize, grou
     groups = plan_groups(world, resolve_group_size(world, group_size, per_node))
     # next to the spool, wherever it is now (run.json's trace_path may be relative to the job's directory)
     path = output or spool_dir.rstrip("/").removesuffix(SPOOL_SUFFIX) + ".h5"
+    _check_output(path, force, spool_dir, "-o" if output else "the trace")
     run_id = str(run_meta.get("run_id", ""))
     with GroupPool(jobs, len(groups)) as pool:
         # pass 1, group by group: metadata, step records (small) and spool locks, to know the steps every
@@ -261,6 +262,10 @@ def _recover(spool_dir: str, output: Optional[str], force: bool, summarize, grou
         with _aborting_on_error(writer, path):
             status = recovered_status(failures)
             all_steps = concat_records(rank_steps, RANK_STEP_DTYPE)
+            damage = _rank_step_mismatch(results, all_steps[np.isin(all_steps["step"], kept)])
+            if damage is not None:  # validated before publication: a recovery never publishes what 'trace check' rejects
+                raise TraceError(f"the per-rank files in {spool_dir} are damaged: {damage.replace('in the trace', 'in the .events file')} "
+                                 "(a truncated or altered .events file): nothing was written, the per-rank files are kept")
             metadata = dict(run_meta, recovered=now_iso(), recovered_from=os.path.abspath(spool_dir),
                             failures=failures, ranks_without_metadata=missing, steps_kept=len(kept),
                             events_dropped=dropped, recovered_while_live=live)
@@ -273,10 +278,25 @@ def _recover(spool_dir: str, output: Optional[str], force: bool, summarize, grou
         verified = "readback" if check == "readback" and writer.parts else "full"
         removable = _why_keep(path, live, missing, sorted(every - done), dropped, verified, results, kept_steps,
                               staged_dir)
-    return {"path": path, "status": status, "steps": kept.tolist(), "events_dropped": dropped,
+    damaged = removable if removable is not None and removable.startswith("the written trace") else None
+    return {"path": path, "status": status, "steps": kept.tolist(), "events_dropped": dropped, "damaged": damaged,
             "failures": failures, "live": live, "removable": removable, "parts": writer.parts,
             "peak_rss_kib": max(result.peak_rss_kib for result in results), "verified": verified,
             "stale_removed": stale}
+
+def _check_output(path: str, force: bool, spool_dir: str, option: str) -> None:
+    """The output rule of :mod:`fourd_mpi.util.files`, before anything is read: not inside the spool (the
+    trace would go with it), not a spool file, a directory or a device, in a writable directory with space."""
+    from fourd_mpi.errors import ConfigError
+    from fourd_mpi.util.files import refuse_output
+
+    try:
+        refuse_output(path, force, inputs=[os.path.join(spool_dir, RUN_META)], option=option, writes_trace=True)
+    except TraceError:
+        raise
+    except ConfigError as exc:
+        raise TraceError(str(exc)) from None
+
 
 @contextlib.contextmanager
 def _aborting_on_error(writer: TraceFileWriter, path: str):

@@ -41,9 +41,12 @@ def prepare_spool(results_dir: str, run_id: str, force: bool, run_meta: Dict) ->
         os.makedirs(results_dir, exist_ok=True)
     except (FileExistsError, NotADirectoryError):  # the directory, or a parent of it, is a file
         blocker = results_dir
-        while os.path.dirname(blocker) not in ("", blocker) and not os.path.exists(blocker):
+        while os.path.dirname(blocker) not in ("", blocker) and not os.path.lexists(blocker):
             blocker = os.path.dirname(blocker)
-        raise TraceError(f"cannot create the results directory {results_dir}: {blocker} is a file, not a "
+        from fourd_mpi.util.files import missing_reason
+
+        what = missing_reason(blocker) if os.path.islink(blocker) and not os.path.exists(blocker) else "a file"
+        raise TraceError(f"cannot create the results directory {results_dir}: {blocker} is {what}, not a "
                          "directory (give --results-dir a directory)") from None
     except OSError as exc:
         raise TraceError(f"cannot create the results directory {results_dir}: {exc.strerror}") from None

@@ -1,12 +1,28 @@
-"""Output and input files: nothing is replaced unless the user asked for it, nothing read blocks."""
+"""Output and input files, one rule for every command: nothing is replaced unless the user asked for it,
+no output lands on an input or in a run's spool, every output location is checked writable (and with
+space) before the work starts, files are written under a temporary name and renamed, a directory is
+emptied only when fourd-mpi made it (its :data:`MARKER` names the files it wrote), and nothing read blocks."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
-from typing import Optional
+import tempfile
+from typing import Dict, Iterator, List, Optional, Sequence
 
 from fourd_mpi.errors import ConfigError
+
+
+#: a run's per-rank spool directory (``<results>/<run-id>.ranks``) and the file that makes one
+#: (:mod:`fourd_mpi.trace.files` reads these names from here)
+SPOOL_SUFFIX = ".ranks"
+RUN_META = "run.json"
+#: the file fourd-mpi writes into every directory it creates and may later empty (``sweep render
+#: --out``): a JSON object ``{"made_by": "fourd-mpi", "files": [...]}`` naming what it wrote there
+MARKER = ".fourd-mpi-dir.json"
+#: free bytes an output location must have before a command starts its work
+MIN_FREE_BYTES = 1 << 20
 
 
 def refuse_overwrite(path: Optional[str], force: bool, flag: str = "--force") -> None:
@@ -15,19 +31,45 @@ def refuse_overwrite(path: Optional[str], force: bool, flag: str = "--force") ->
     Every command that writes a file checks this before it reads or computes anything, so a
     refused run costs nothing.
     """
-    if path and os.path.exists(path) and not force:
+    if path and os.path.lexists(path) and not force:
         raise ConfigError(f"{path} already exists (use {flag} to replace it)")
 
 
-def refuse_output(path: Optional[str], force: bool, flag: str = "--force") -> None:
-    """:func:`refuse_overwrite` and :func:`check_output_dir`: for outputs whose directory must exist."""
+def refuse_output(path: Optional[str], force: bool, flag: str = "--force", inputs: Sequence[str] = (),
+                  option: str = "-o", makes_dirs: bool = False, writes_trace: bool = False) -> None:
+    """The one rule for an output file, checked before any work: not an existing file without
+    ``force``, not a directory, FIFO or device (``/dev/full``), not one of ``inputs`` (the same file
+    under any name), not inside a run's spool, and its directory exists (``makes_dirs``: the command
+    creates it, so its nearest existing ancestor is checked), is writable and has space
+    (:func:`check_writable`); unless the command ``writes_trace``, an existing trace is never replaced
+    (:func:`refuse_hdf5`). Each refusal is one :class:`ConfigError` line."""
+    if not path:
+        return
     refuse_overwrite(path, force, flag)
-    check_output_dir(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if makes_dirs and not os.path.isdir(directory):
+        directory = nearest_directory(directory)
+    else:
+        check_output_dir(path)
+    check_not_input(path, inputs, option)
+    check_not_in_spool(path, option)
+    if not writes_trace:
+        refuse_hdf5(path, option)
+    check_writable(directory, f"{option} {path}")
+
+
+def nearest_directory(path: str) -> str:
+    """``path`` or its nearest existing ancestor that is a directory."""
+    here = os.path.abspath(path)
+    while not os.path.isdir(here) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+    return here
 
 
 def check_output_dir(path: Optional[str]) -> None:
     """Raise :class:`ConfigError` when the directory ``path`` would be written into does not exist
-    or is not a directory (it is not created: a typo should not make a new tree)."""
+    or is not a directory (it is not created: a typo should not make a new tree), or when ``path``
+    itself is a directory, FIFO, socket or device (a temporary file renamed onto it would replace it)."""
     if not path:
         return
     directory = os.path.dirname(os.path.abspath(path))
@@ -36,6 +78,214 @@ def check_output_dir(path: Optional[str]) -> None:
         raise ConfigError(f"cannot write {path}: the directory {directory} {what}")
     if os.path.isdir(path):
         raise ConfigError(f"cannot write {path}: it is a directory")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        if os.path.islink(path):
+            raise ConfigError(f"cannot write {path}: a symbolic link that leads nowhere (or in a loop)") from None
+        return
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"cannot write {path}: it is not a regular file ({_kind(mode)}); give a file name")
+
+
+def same_file(a: str, b: str) -> bool:
+    """True when ``a`` and ``b`` name one existing file (hard links and symbolic links included)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_not_input(path: str, inputs: Sequence[str], option: str = "-o") -> None:
+    """Refuse an output that is one of ``inputs`` (files, or directories it would land in when an
+    input is a spool): an output never replaces what the command reads."""
+    for source in inputs:
+        if source and same_file(path, source):
+            raise ConfigError(f"{option} {path} is also an input of this command ({source}): an output never "
+                              "replaces its input; give another file name")
+
+
+def named_inputs(args: Sequence[str], pattern: str = "*.h5") -> List[str]:
+    """The files that input arguments name, as the readers expand them: each argument itself, a
+    directory's ``pattern`` files, a glob's matches (for :func:`check_not_input`)."""
+    import glob
+
+    out = []
+    for arg in args:
+        if not arg:
+            continue
+        out.append(arg)
+        if os.path.isdir(arg):
+            out += glob.glob(os.path.join(glob.escape(arg), pattern))
+        elif glob.has_magic(arg):
+            out += glob.glob(arg)
+    return out
+
+
+#: the first bytes of every HDF5 file (a trace)
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def refuse_hdf5(path: Optional[str], option: str = "-o") -> None:
+    """Refuse a text output (an index, a report) that would replace an existing HDF5 file: a trace."""
+    if not path or not os.path.isfile(path):
+        return
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(HDF5_SIGNATURE))
+    except OSError:
+        return
+    if head == HDF5_SIGNATURE:
+        raise ConfigError(f"{option} {path} is an HDF5 file (a trace?): this command writes text and never replaces "
+                          "one; give another file name")
+
+
+def spool_of(path: str) -> Optional[str]:
+    """The run spool (``*.ranks`` holding ``run.json``) that ``path`` lies in or is, else None."""
+    here = os.path.realpath(path)
+    while True:
+        if here.endswith(SPOOL_SUFFIX) and os.path.isfile(os.path.join(here, RUN_META)):
+            return here
+        up = os.path.dirname(here)
+        if up == here:
+            return None
+        here = up
+
+
+def check_not_in_spool(path: str, option: str = "-o") -> None:
+    """Refuse an output inside a run's per-rank spool: it would be deleted with the spool, or replace spool data."""
+    spool = spool_of(os.path.dirname(os.path.abspath(path))) or (spool_of(path) if os.path.isdir(path) else None)
+    if spool is not None:
+        raise ConfigError(f"{option} {path} lies inside the run spool {spool}: write outputs outside it (the "
+                          "spool is removed once recovered, and its files are the run's data)")
+
+
+def check_writable(directory: str, what: str, need: int = MIN_FREE_BYTES) -> None:
+    """Create and remove a probe file in ``directory``, and ask for ``need`` free bytes: a read-only file
+    system, a missing permission or a full disk is one :class:`ConfigError` line before the work starts."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".fourd-mpi-probe-", dir=directory)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {what}: {directory}: {exc.strerror or exc}") from None
+    try:
+        os.close(fd)
+        free = os.statvfs(directory)
+        left = free.f_bavail * free.f_frsize
+    except OSError as exc:
+        raise ConfigError(f"cannot write {what}: {directory}: {exc.strerror or exc}") from None
+    finally:
+        _remove(probe)
+    if left < need:
+        raise ConfigError(f"cannot write {what}: no space left on the file system of {directory} "
+                          f"({left:,} bytes free)")
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def temporary_name(path: str) -> str:
+    """A name beside ``path`` for writing it (``.tmp-PID-NAME``: the suffix kept, so writers that pick the
+    format by suffix still do), renamed onto ``path`` once complete (:func:`replacing`)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(directory, f".tmp-{os.getpid()}-{name}")
+
+
+@contextlib.contextmanager
+def replacing(path: str, option: str = "-o") -> Iterator[str]:
+    """Write ``path`` by its :func:`temporary_name`, renamed into place when the block ends without an
+    error; on an error the temporary file is removed and ``path`` is untouched (an ``OSError`` becomes
+    one :class:`ConfigError` line)."""
+    tmp = temporary_name(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove(tmp)
+        raise ConfigError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def write_text(path: str, text: str, option: str = "-o") -> None:
+    """``text`` into ``path``, atomically (:func:`replacing`)."""
+    with replacing(path, option) as tmp:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+
+
+# --- directories: only those the project made are ever emptied ---------------------------------------
+
+def read_marker(directory: str) -> Optional[Dict]:
+    """The :data:`MARKER` of ``directory`` (a dict with ``files``), or None when it has none (not ours)."""
+    import json
+
+    try:
+        raw = read_regular_file(os.path.join(directory, MARKER), 1 << 22, "marker")
+        marker = json.loads(raw)
+    except (OSError, ValueError, ConfigError):
+        return None
+    if not isinstance(marker, dict) or marker.get("made_by") != "fourd-mpi" or not isinstance(marker.get("files"), list):
+        return None
+    marker["files"] = [f for f in marker["files"] if isinstance(f, str) and _plain_name(f)]
+    return marker
+
+
+def _plain_name(name: str) -> bool:
+    """A name of a file directly in the directory (no separator, not . or ..)."""
+    return bool(name) and "/" not in name and name not in (".", "..") and "\0" not in name
+
+
+def claim_directory(directory: str, force: bool, option: str = "--out", owned_files: Sequence[str] = ()) -> List[str]:
+    """May ``directory`` receive a command's files? Returns the files the project wrote there before (to
+    replace), after refusing with one line: a path that is not a directory; an existing directory that is
+    not empty and holds no :data:`MARKER` (nor one of ``owned_files``: an older fourd-mpi's manifest) — it
+    was not made by fourd-mpi, and nothing in it is ever removed; one that is ours without ``force``.
+    Also checks that it (or its parent, when it is to be made) is writable and has space."""
+    path = os.path.abspath(directory)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{option} {directory} exists and is not a directory")
+    check_not_in_spool(os.path.join(path, "x"), option)
+    if not os.path.isdir(path):  # made below its nearest existing ancestor: check that one
+        check_writable(nearest_directory(path), f"{option} {directory}")
+        return []
+    entries = [e for e in os.listdir(path)]
+    marker = read_marker(path)
+    if marker is None and entries and not any(name in entries for name in owned_files):
+        raise ConfigError(f"{option} {directory} is a directory that fourd-mpi did not create (it is not empty and "
+                          f"holds no {MARKER}): nothing in it is removed or replaced; give a new or empty directory")
+    if entries and not force:
+        raise ConfigError(f"{option} {directory} already holds fourd-mpi's output: give --force to write it again "
+                          "(only the files fourd-mpi wrote there are replaced)")
+    check_writable(path, f"{option} {directory}")
+    return list(marker["files"]) if marker else []
+
+
+def write_marker(directory: str, files: Sequence[str]) -> None:
+    """Mark ``directory`` as made by fourd-mpi, naming ``files`` (its own, the only ones it may remove)."""
+    import json
+
+    write_text(os.path.join(directory, MARKER),
+               json.dumps({"made_by": "fourd-mpi", "files": sorted(set(files))}, indent=1) + "\n", "marker")
+
+
+def missing_reason(path: str) -> str:
+    """Why ``path`` names nothing, in words: a symbolic link in a loop, one that leads nowhere, or no such
+    file or directory (a loop read as "no such file" or "is a file" before)."""
+    import errno
+
+    if os.path.islink(path):
+        try:
+            os.stat(path)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return "a symbolic link in a loop (too many levels of symbolic links)"
+            return f"a symbolic link to {os.readlink(path)!r}, which does not exist"
+    return "no such file or directory"
 
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),

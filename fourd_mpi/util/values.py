@@ -39,7 +39,7 @@ def int_in(minimum: int, maximum: int, what: str = "") -> Callable[[str], int]:
     base = int_at_least(minimum)
 
     def parse(text: str) -> int:
-        value = base(text)
+        value = base(text)  # below the minimum: its words (a positive integer, an integer >= 0)
         if value > maximum:
             raise argparse.ArgumentTypeError(f"expected an integer from {minimum:,} to {maximum:,}"
                                              f"{' (' + what + ')' if what else ''}, got {value:,}")
@@ -54,6 +54,56 @@ def int_in(minimum: int, maximum: int, what: str = "") -> Callable[[str], int]:
 MAX_RANKS = 1 << 24
 rank_count = int_in(1, MAX_RANKS, "the most ranks the model plans for")
 
+# The sane range of every count a user types (the option table and the other parsers use these), each
+# far beyond any real use and small enough that no size computed from it overflows or exhausts memory
+# before a check can say so: one line naming the bound instead of an OverflowError or MemoryError.
+#: a grid axis (G_x, G_y, G_z, G_data, G_inter) or a count of ranks per node or per group
+axis_size = int_in(1, MAX_RANKS, "at most the 2^24 ranks the model plans for")
+#: ranks per part file (0: automatic)
+group_size = int_in(0, MAX_RANKS, "at most the 2^24 ranks the model plans for")
+#: transformer blocks (the largest published models have about 100)
+MAX_LAYERS = 1 << 16
+layer_count = int_in(1, MAX_LAYERS, "transformer blocks")
+#: hidden and FFN widths, attention heads
+MAX_WIDTH = 1 << 20
+width = int_in(1, MAX_WIDTH, "a layer width")
+head_count = int_in(1, 1 << 16, "attention heads")
+#: tokens of one sequence
+seq_length = int_in(1, 1 << 24, "tokens per sequence")
+#: a global batch in sequences
+batch_size = int_in(1, 1 << 30, "sequences per global batch")
+#: training steps: the trace stores them as 32-bit integers
+MAX_STEPS = (1 << 31) - 1
+step_count = int_in(1, MAX_STEPS, "the trace stores steps as 32-bit integers")
+warmup_count = int_in(0, MAX_STEPS, "the trace stores steps as 32-bit integers")
+#: seeds of NumPy's generators (every one of them takes 0 .. 2^32 - 1)
+MAX_SEED = (1 << 32) - 1
+seed_value = int_in(0, MAX_SEED, "a NumPy seed")
+#: the seed of a run's synthetic weights and data: 32 bits select them, so every value of this range is a
+#: distinct data set (negative seeds stay accepted, as before)
+run_seed = int_in(-(1 << 31), (1 << 31) - 1, "a run's data is selected by 32 bits")
+#: repetitions of a measurement (iterations, resamples, micro-batches, chunks)
+MAX_REPEATS = 1 << 24
+repeat_count = int_in(1, MAX_REPEATS, "repetitions")
+#: distinct synthetic batches a run holds in memory
+data_batch_count = int_in(1, 1 << 12, "synthetic batches held in memory")
+#: items of a selection (--select-steps, --select-ranks) and the largest number in one
+MAX_SELECTED = 1 << 20
+MAX_SELECT_VALUE = MAX_STEPS  # > MAX_RANKS
+
+
+def int_list_of(item: Callable[[str], int], what: str) -> Callable[[str], List[int]]:
+    """A parser of comma lists whose items ``item`` parses (``--batch 1024,2048``); an empty list is refused."""
+
+    def parse(text: str) -> List[int]:
+        items = [t.strip() for t in str(text).split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected a comma list of {what}, got {text!r}")
+        return [item(t) for t in items]
+
+    parse.__name__ = f"list_of_{getattr(item, '__name__', 'int')}"
+    return parse
+
 
 def positive_float(text: str) -> float:
     """A finite number > 0."""
@@ -63,6 +113,14 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def text(value: str) -> str:
+    """Text that says something: an empty or blank value (``--config ""``, ``--inject-fault ''``, a
+    variable that expanded to nothing) is refused, not silently taken as "not given"."""
+    if not str(value).strip():
+        raise argparse.ArgumentTypeError(f"expected a value, got {value!r} (leave the option out for its default)")
     return value
 
 
@@ -83,14 +141,30 @@ def integer(text: str) -> int:
 
 
 def int_list(text: str) -> List[int]:
-    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]``."""
+    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]``: numbers from 0 to :data:`MAX_SELECT_VALUE`, ranges ``A-B`` with
+    ``A <= B`` (both given: ``1-`` is refused, not read as ``1``), at most :data:`MAX_SELECTED` items."""
     out: List[int] = []
-    try:
-        for part in text.split(","):
-            first, _, last = part.strip().partition("-")
-            out.extend(range(int(first), int(last or first) + 1))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a list like 0-3,8, got {text!r}") from None
+    for part in str(text).split(","):
+        part = part.strip()
+        first, dash, last = part.partition("-")
+        try:
+            lo = int(first)
+            hi = int(last) if dash else lo
+        except ValueError:
+            if dash and first.strip().isdigit() and not last.strip():
+                raise argparse.ArgumentTypeError(f"{part!r}: a range needs its last number too, e.g. {first}-"
+                                                 f"{int(first) + 3} (an open range is not supported)") from None
+            raise argparse.ArgumentTypeError(f"expected a list like 0-3,8 (numbers >= 0), got {text!r}") from None
+        if hi > MAX_SELECT_VALUE:
+            raise argparse.ArgumentTypeError(f"{part!r}: {hi:,} is beyond the largest step or rank number, "
+                                             f"{MAX_SELECT_VALUE:,}")
+        if hi < lo:
+            raise argparse.ArgumentTypeError(f"{part!r} is an empty range: write the smaller number first "
+                                             f"({hi}-{lo})")
+        if len(out) + hi - lo + 1 > MAX_SELECTED:
+            raise argparse.ArgumentTypeError(f"{text!r} selects {len(out) + hi - lo + 1:,} items or more, beyond the "
+                                             f"{MAX_SELECTED:,} a selection may hold (leave the option out for all)")
+        out.extend(range(lo, hi + 1))
     return out
 
 

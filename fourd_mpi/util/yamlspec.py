@@ -204,12 +204,15 @@ class YamlDocument:
             raise self.error(*located[0])
 
 
-def schema_violations(data: Any, schema: Dict[str, Any]) -> List[Tuple[List[PathPart], str]]:
-    """Every violation of ``schema`` as ``(key path, short message)``; unknown keys point at the key."""
+def schema_violations(data: Any, schema: Dict[str, Any], finite: bool = True) -> List[Tuple[List[PathPart], str]]:
+    """Every violation of ``schema`` as ``(key path, short message)``; unknown keys point at the key.
+    ``finite``: a ``number`` is a finite one (files users write: profiles, specs, sites); False for data
+    that records NaN on purpose (a trace's metadata: a peak that was never measured)."""
     import jsonschema
 
     located = []
-    for error in jsonschema.Draft202012Validator(schema).iter_errors(data):
+    validator = _validator_class() if finite else jsonschema.Draft202012Validator
+    for error in validator(schema).iter_errors(data):
         # best_match descends into oneOf/anyOf to the branch the value nearly matched
         try:
             error = jsonschema.exceptions.best_match([error])
@@ -217,6 +220,22 @@ def schema_violations(data: Any, schema: Dict[str, Any]) -> List[Tuple[List[Path
             pass
         located.append((list(error.absolute_path) + _offending_key(error), schema_message(error)))
     return located
+
+
+def _finite_number(checker, instance) -> bool:
+    import math
+
+    return (isinstance(instance, (int, float)) and not isinstance(instance, bool)
+            and (isinstance(instance, int) or math.isfinite(instance)))
+
+
+def _validator_class():
+    """Draft 2020-12 whose ``number`` is a finite number: NaN and infinities (YAML ``.nan``, ``.inf``)
+    are never a value of any schema of the project (a profile's ``alpha_s: .inf`` changed ``tune``'s winner)."""
+    import jsonschema
+
+    checker = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("number", _finite_number)
+    return jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=checker)
 
 
 def _offending_key(error) -> List[PathPart]:
@@ -242,6 +261,8 @@ def schema_message(error) -> str:
         return f"{error.instance!r}: {error.schema['description']}"
     if error.validator in ("oneOf", "anyOf") and "description" in error.schema:
         return f"{error.instance!r}: {error.schema['description']}"
+    if error.validator == "type" and isinstance(error.instance, float) and not _finite_number(None, error.instance):
+        return f"{error.instance!r} is not a finite number"
     if error.validator == "type":
         types = [value] if isinstance(value, str) else list(value)
         return f"{error.instance!r} is not of type {', '.join(repr(t) for t in types)}"

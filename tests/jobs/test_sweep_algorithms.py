@@ -69,7 +69,7 @@ def test_listed_grids_are_kept_per_algorithm_and_auto_asks_the_model(tmp_path):
 def test_a_grid_list_without_a_grid_of_the_algorithm_names_key_and_line(tmp_path):
     text = CROSS.replace("grids: all", "grids: [1x2x2x2, 1x2x1x2]").replace("ranks: [4, 8]", "ranks: [8]")
     with pytest.raises(ConfigError) as err:
-        load_spec(write(tmp_path, text.replace("1x2x1x2", "1x2x2x2")))
+        load_spec(write(tmp_path, text.replace("1x2x1x2", "2x1x2x2")))  # (a repeated grid is refused first)
     assert "is a grid of algorithm megatron1d" in str(err.value) and "grids" in str(err.value)
     assert "\n" not in str(err.value)
 

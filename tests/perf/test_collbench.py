@@ -89,8 +89,9 @@ def test_bad_input_is_one_line_once(run_mpi, tmp_path):
                           (["--ops", "alltoall"], "--ops: unknown alltoall"),
                           (["--min-size", "1M", "--max-size", "8"], "larger than --max-size"),
                           (["--format", "xml"], "invalid choice: 'xml'"),  # argparse, before MPI
-                          # rank 0 alone fails after the run (no such directory): every rank exits 2
-                          ([*quick, "--report", tmp_path / "no" / "dir" / "r.txt"], "No such file or directory")):
+                          # rank 0 checks it before the run (issue 34; was: after it), every rank exits 2
+                          ([*quick, "--report", tmp_path / "no" / "dir" / "r.txt"],
+                           "does not exist (create it first)")):
         proc = run_mpi(3, ["bench", "collectives", "-o", tmp_path / "x.yaml", *args], timeout=60)
         assert proc.returncode == 2, proc.stderr
         errors = [l for l in proc.stderr.splitlines() if l.startswith("fourd-mpi: error:")]

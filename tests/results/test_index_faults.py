@@ -55,7 +55,9 @@ def readonly_results(tmp_path):
 
 def test_reindex_on_a_read_only_mount_is_one_line(readonly_results):
     line = one_line(fourd("results", "reindex", readonly_results))
-    assert line == f"fourd-mpi: error: cannot write the index {readonly_results / 'index.jsonl'}: Read-only file system"
+    # issue 34: checked before any trace is read
+    assert line == (f"fourd-mpi: error: cannot write the index {readonly_results / 'index.jsonl'}: {readonly_results}: "
+                    "Read-only file system")
 
 
 @pytest.mark.parametrize("command", [["results", "list", "--index", "DIR/index.jsonl"], ["results", "reindex", "DIR"],
@@ -81,3 +83,34 @@ def test_the_top_level_help_names_the_results_subcommands():
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())
     assert "list, show, reindex" in text and "rebuild" not in text
+
+
+def test_reindex_keeps_a_line_appended_while_it_read_the_traces(tmp_path):
+    """Issue 34: reindex scanned, then truncated and rewrote the index, dropping the line of a run that
+    finished meanwhile. It now rewrites under the lock runs append under, keeping such lines."""
+    import fcntl
+    import json
+    import threading
+    import time
+
+    from fourd_mpi.results.index import append_entry, reindex
+
+    shutil.copy(a_trace(), tmp_path / "a.h5")
+    index = tmp_path / "index.jsonl"
+    index.touch()
+    fd = os.open(index, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a run appending: reindex scans, then waits for the lock
+    done = {}
+    worker = threading.Thread(target=lambda: done.update(result=reindex(str(tmp_path))))
+    worker.start()
+    time.sleep(2.0)  # the scan of one trace is done well within this
+    shutil.copy(a_trace(), tmp_path / "b.h5")  # the run that finished during the reindex: trace, then its line
+    entry = reindex(str(tmp_path / "b.h5"), output=str(tmp_path / "b-only.jsonl"))[0][0]
+    os.write(fd, (json.dumps(dict(entry, run_id="late-run")) + "\n").encode())
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    worker.join(60)
+    ids = [json.loads(line)["run_id"] for line in index.read_text().splitlines()]
+    assert "late-run" in ids and len(ids) == 2, ids
+    append_entry(str(index), dict(entry, run_id="after"))  # appends go on into the same file
+    assert len(index.read_text().splitlines()) == 3

@@ -228,3 +228,30 @@ def test_scancel_of_a_slurm_job_is_recorded_as_interrupted(tmp_path):
     rec = fourd("trace", "recover", spool)
     assert rec.returncode == 0 and "status interrupted" in rec.stdout, rec
     assert_readable_interrupted(results / "s.h5")
+
+
+def test_sighup_is_recorded_as_interrupted(tmp_path):
+    """Issue 34: SIGHUP (the terminal or ssh session closed) left no "interrupted" record: the spool had no
+    reason and the recovered trace was "partial". One rank, without a launcher (the signal goes to it)."""
+    cmd = [sys.executable, "-m", "fourd_mpi", "run", "--steps", "100000", "--results-dir", str(tmp_path),
+           "--run-id", "h", "--display", "quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=REPO)
+    steps = tmp_path / "h.ranks" / "rank000000.steps"
+    try:
+        deadline = time.monotonic() + 120
+        while not (steps.exists() and steps.stat().st_size):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    said = "SIGHUP (the terminal or the ssh session of the run closed)"
+    assert proc.returncode == 129 and "Traceback" not in err, (proc.returncode, err)
+    assert f"fourd-mpi: interrupted: {said} during step " in err, err
+    report = json.loads((tmp_path / "h.ranks" / "rank000000.failed.json").read_text())["error"]
+    assert report.startswith(f"interrupted: {said}"), report
+    recovered = fourd("trace", "recover", tmp_path / "h.ranks")
+    assert recovered.returncode == 0 and "status interrupted" in recovered.stdout, recovered.stdout + recovered.stderr

@@ -61,3 +61,36 @@ def test_a_non_finite_loss_stops_every_rank_and_keeps_the_steps(run_mpi, tmp_pat
     assert rec.returncode == 0, rec.stderr
     steps = "step 0" if step == 0 else f"steps 0-{step}"
     assert f"status failed, {steps} completed by every rank ({step + 1})" in rec.stdout, rec.stdout
+
+
+# --- issue 34 ------------------------------------------------------------------------------------------
+
+def test_a_watchdog_abort_publishes_no_trace_and_no_index_entry(run_mpi, tmp_path):
+    """Before: --step-timeout 0.001 said "aborting the job" (exit 3) and still published a complete trace
+    and its index line, and the message said "waited 0 s"."""
+    proc = run_mpi(2, ["run", "--model", "gpt-tiny", "--steps", "3", "--step-timeout", "0.001", "--run-id", "wd",
+                       "--results-dir", tmp_path, "--display", "quiet"], timeout=120)
+    assert proc.returncode == 3, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "wd.h5").exists() and not (tmp_path / "index.jsonl").exists()
+    fired = [line for line in proc.stderr.splitlines() if "longer than --step-timeout 0.001 s" in line]
+    assert fired and not any(" waited 0 s " in line for line in fired), fired
+
+
+@pytest.mark.parametrize("option, length, most", [("--run-id", 240, 226), ("--label", 220, 203)])
+def test_a_run_id_longer_than_the_file_system_allows_is_refused_before_the_steps(run_mpi, tmp_path, option, length,
+                                                                                 most):
+    """Before: a run id of 240+ characters failed only at the merge, after every step (and so did the
+    suggested trace recover)."""
+    proc = run_mpi(2, ["run", "--steps", "2", option, "a" * length, "--results-dir", tmp_path], timeout=120)
+    line = errors_of(proc, 2)
+    assert line == (f"fourd-mpi: error: {option} of {length} characters is too long: the file names made of it must fit "
+                    f"the file system's limit of 255 (NAME_MAX): give at most {most} characters")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_of_one_step_does_not_ask_for_a_warmup_it_lacks(run_mpi):
+    """Before: verify --steps 1 said "give --warmup smaller than --steps"; verify has no --warmup."""
+    proc = run_mpi(1, ["verify", "--steps", "1", "--model", "gpt-tiny"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 passed, 0 failed" in proc.stdout and "--warmup" not in proc.stderr

@@ -249,16 +249,17 @@ def test_readback_sees_a_part_that_differs_from_what_was_written(tmp_path):
     assert "does not read back" in verify_part((part, 1, len(events), crc, run_id))
 
 
-def test_readback_keeps_the_spool_when_a_rank_step_lacks_events_its_record_counts(tmp_path):
+def test_recover_refuses_a_rank_step_that_lacks_events_its_record_counts(tmp_path):
     spool = spool_of(tmp_path, 4, [2] * 4)
     events_file = os.path.join(spool, "rank000002.events")  # rank 2 lost its last event of step 1
     size = os.path.getsize(events_file)
     os.truncate(events_file, size - EVENT_DTYPE.itemsize)
-    result = recover(spool, group_size=2, jobs=2)
-    assert result["verified"] == "readback"
-    assert result["removable"] == "rank 2 step 1: 6 events in the trace, its record says 7 (1 such rank-steps)"
-    full = recover(spool, output=str(tmp_path / "full.h5"), group_size=2, check="full")
-    assert "does not read back" in full["removable"] and "damaged" in full["removable"]
+    # issue 34: validated before publication, in both checks: nothing written, the damage named
+    for check, out in (("readback", "t.h5"), ("full", "full.h5")):
+        with pytest.raises(TraceError, match=r"damaged: rank 2 step 1: 6 events in the \.events file, its record says 7 "
+                                             r"\(1 such rank-steps\).*nothing was written"):
+            recover(spool, output=str(tmp_path / out), group_size=2, jobs=2, check=check)
+        assert not os.path.exists(tmp_path / out) and not os.path.exists(tmp_path / out.replace(".h5", ".parts"))
 
 
 def test_group_pool_forks_only_without_open_hdf5_objects(tmp_path):
@@ -300,3 +301,70 @@ def test_a_part_that_does_not_read_back_keeps_the_spool_and_is_named_where_it_li
     result = recover(spool, group_size=2, jobs=1)
     assert result["removable"] == f"{parts_dir_of(result['path'])}/part000001.h5 does not read back: injected"
     assert load_trace(result["path"]).attrs["parts"] == 2  # the trace itself is published
+
+
+# --- issue 34: recovery that never lies ---------------------------------------------------------------
+
+def test_recover_refuses_events_whose_rank_bytes_were_flipped(tmp_path):
+    """Before: exit 0 and a published trace that 'trace check' rejected ("rank 4278190081 outside the world")."""
+    spool = spool_of(tmp_path, 2, [2, 2])
+    events_file = os.path.join(spool, "rank000001.events")
+    with open(events_file, "r+b") as fh:  # the high byte of the rank field of record 3
+        fh.seek(3 * EVENT_DTYPE.itemsize + EVENT_DTYPE.fields["rank"][1] + 3)
+        fh.write(b"\xff")
+    with pytest.raises(TraceError, match=r"rank000001\.events is damaged: record 3 says rank 4278190081, not 1 .*"
+                                         r"nothing was written"):
+        recover(spool, output=str(tmp_path / "t.h5"))
+    assert not os.path.exists(tmp_path / "t.h5")
+    done = subprocess.run([sys.executable, "-m", "fourd_mpi", "trace", "recover", spool, "-o", str(tmp_path / "t.h5")],
+                          capture_output=True, text=True, env=mpi_env())
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is damaged" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("target", ["t.h5", "rank000000.events"])
+def test_recover_never_writes_into_the_spool(tmp_path, target):
+    """Before: -o S.ranks/t.h5 was written and then 'S.ranks can now be removed'; with --force,
+    -o S.ranks/rank000000.events replaced spool data."""
+    spool = spool_of(tmp_path, 2, [2, 2])
+    before = open(os.path.join(spool, "rank000000.events"), "rb").read()
+    done = subprocess.run([sys.executable, "-m", "fourd_mpi", "trace", "recover", spool, "-o",
+                           os.path.join(spool, target), "--force"], capture_output=True, text=True, env=mpi_env())
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "lies inside the run spool" in done.stderr
+    assert open(os.path.join(spool, "rank000000.events"), "rb").read() == before
+    assert not os.path.exists(os.path.join(spool, "t.h5"))
+
+
+def test_recover_pool_workers_die_with_their_parent(tmp_path):
+    """Before: 'trace recover --jobs 2' killed with SIGKILL left its workers blocked forever (parent pid 1)."""
+    import signal
+    import time
+
+    code = ("import os, sys, time\n"
+            "from fourd_mpi.trace.rebuild import GroupPool\n"
+            "pool = GroupPool(2, 3)\n"
+            "print(' '.join(str(p) for p in pool.pool._processes), flush=True)\n"
+            "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=mpi_env())
+    try:
+        workers = [int(p) for p in parent.stdout.readline().split()]
+        assert len(workers) == 2
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 10
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in workers if _running(p)]
+    for pid in alive:  # leave no stray process behind, even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"pool workers {alive} outlived their killed parent"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -115,11 +115,11 @@ def test_disk_full_at_the_merge_and_during_recover(run_mpi, tmpfs):
     assert leftovers(tmpfs) == [] and not [f for f in os.listdir(tmpfs) if f.startswith(".")]
     whole_steps_only(spool)
     assert "merge: writing" in json.loads((spool / "rank000000.failed.json").read_text())["error"]
-    # recover into the full disk: one line, no hidden temporary file
+    # recover into the full disk: one line, no hidden temporary file (issue 34: refused before the work)
     rec = recover_cli(spool)
     assert rec.returncode == 2 and "Traceback" not in rec.stderr, rec.stderr
-    assert rec.stderr.strip() == (f"fourd-mpi: error: writing {tmpfs / 'merge.h5'} failed: "
-                                  "No space left on device (ENOSPC)")
+    assert rec.stderr.strip() == (f"fourd-mpi: error: cannot write the trace {tmpfs / 'merge.h5'}: no space left on the "
+                                  f"file system of {tmpfs} (0 bytes free)")
     assert sorted(os.listdir(tmpfs)) == ["fill-disk.bin", "merge.ranks"]
     os.remove(tmpfs / "fill-disk.bin")
     rec = recover_cli(spool)

@@ -1,0 +1,186 @@
+"""Issue 34, item 5: the unclear messages, reworded and pinned; encoding errors and Ctrl-C handled once
+for the whole command line; empty values refused; repeated sweep values refused; ``trace check`` sees a
+``/steps`` time that disagrees with the per-rank maximum.
+
+Each test names what the command said before.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import pytest
+
+from conftest import REPO, mpi_env
+from fourd_mpi.cli.main import main
+
+SAMPLES = REPO / "results" / "samples"
+TRACE = SAMPLES / "weak-1.h5"
+SPEC = REPO / "jobscripts" / "weak-gpt-tiny.yaml"
+
+
+def fourd(*args, env=None, cwd=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "fourd_mpi", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env or mpi_env(), cwd=cwd or REPO)
+
+
+def one_error(argv, capfd, status=2) -> str:
+    assert main([str(a) for a in argv]) == status
+    err = capfd.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fourd-mpi: error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_a_symbolic_link_loop_is_named_as_one(tmp_path, capfd):
+    """Before: "no such file or directory" (analyze), "not a readable HDF5 file (truncated or corrupted?)
+    ... errno = 40" (trace show), "loop is a file, not a directory" (run --results-dir)."""
+    loop = tmp_path / "loop"
+    os.symlink("loop", loop)
+    assert main(["analyze", str(loop)]) == 2
+    err = capfd.readouterr().err
+    assert f"skipped {loop}: a symbolic link in a loop (too many levels of symbolic links)" in err, err
+    line = one_error(["trace", "show", loop], capfd)
+    assert line == f"fourd-mpi: error: {loop} is a symbolic link in a loop (too many levels of symbolic links), not a " \
+                   "trace file"
+    proc = fourd("run", "--steps", "2", "--results-dir", loop, "--display", "quiet")
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"fourd-mpi: error: cannot create the results directory {loop}: {loop} is a symbolic link in a loop (too many "
+        "levels of symbolic links), not a directory (give --results-dir a directory)"), proc.stderr
+
+
+def test_a_short_wait_is_said_with_its_digits():
+    """Before: "rank 1 waited 0 s in ..., longer than --step-timeout 0.001 s"."""
+    from fourd_mpi.core.watchdog import _seconds
+
+    assert _seconds(0.00105) == "0.00105 s" and _seconds(2.5) == "2.5 s" and _seconds(42.4) == "42 s"
+
+
+def test_a_fraction_option_names_itself(capfd):
+    """Before: "argument --alpha: invalid _fraction value: 'x'"."""
+    for value in ("x", "2"):
+        line = one_error(["compare", TRACE, "--baseline", TRACE, "--alpha", value], capfd)
+        assert line == (f"fourd-mpi: error: argument --alpha: expected a number between 0 and 1 (both excluded), e.g. "
+                        f"0.05, got '{value}' (see fourd-mpi compare --help)")
+
+
+def test_unit_run_help_and_message_agree():
+    """Before: the help said 4 runs per side, the message 'fewer than 3 runs on a side'."""
+    from fourd_mpi.analysis.compare import MIN_SAMPLES
+    from fourd_mpi.cli.args import walk_parsers
+    from fourd_mpi.cli.main import build_parser
+
+    parser = dict(walk_parsers(build_parser()))[("compare",)]
+    text = next(a.help for a in parser._actions if "--unit" in a.option_strings)
+    assert f"tested from {MIN_SAMPLES} runs per side" in text and "p < 0.05 needs at least 4" in text
+
+
+def test_a_directory_that_is_not_a_sweep_says_so(tmp_path, capfd):
+    """Before: "no rendered sweep in d (No such file or directory)" for an existing directory."""
+    line = one_error(["sweep", "status", tmp_path], capfd)
+    assert line == (f"fourd-mpi: error: {tmp_path} is a directory but not a rendered sweep (it holds no manifest.json): "
+                    "give the directory 'fourd-mpi sweep render' wrote (jobscripts/SWEEP or its --out)")
+
+
+def test_spaces_in_a_value_are_echoed_as_given(capfd):
+    """Before: three spaces were echoed as ' ' (the error line collapsed every run of whitespace)."""
+    line = one_error(["tune", "--ranks", "8", "--model", "   "], capfd)
+    assert "got '   '" in line
+
+
+@pytest.mark.parametrize("option", ["--config", "--inject-fault", "--results-dir", "--run-id", "--label", "--model"])
+def test_an_empty_value_is_refused(option, capfd):
+    """Before: --config "" and --inject-fault '' were silently ignored; --results-dir "" said "cannot create the
+    results directory : No such file or directory" (after MPI started)."""
+    line = one_error(["run", option, ""], capfd)
+    assert line == (f"fourd-mpi: error: argument {option}: expected a value, got '' (leave the option out for its "
+                    "default) (see fourd-mpi run --help)")
+
+
+def test_a_baseline_of_another_grid_says_why_hidden_is_missing(capfd):
+    """Before: hidden_pct '-' without a word."""
+    base, other = SAMPLES / "grid-1x1x2x4.h5", SAMPLES / "grid-1x2x2x2-overlap.h5"
+    assert main(["analyze", str(base), str(other), "--what", "comm", "--baseline", str(base)]) == 0
+    err = capfd.readouterr().err
+    assert err.strip() == (f"fourd-mpi: note: {other} is model gpt-tiny on grid 1x2x2x2, the --baseline {base} is model "
+                           "gpt-tiny on grid 1x1x2x4: its hidden_pct is '-' (the baseline must be a run of the same "
+                           "model and grid without overlap)")
+
+
+def test_a_non_ascii_path_on_an_ascii_terminal(tmp_path):
+    """Before: PYTHONIOENCODING=ascii fourd-mpi trace show of a non-ASCII path: UnicodeEncodeError."""
+    path = tmp_path / "tr\u00e9.h5"
+    shutil.copy(TRACE, path)
+    proc = fourd("trace", "show", path, env=dict(mpi_env(), PYTHONIOENCODING="ascii"))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "tr\\xe9.h5: schema v" in proc.stdout
+
+
+def _python_started(pid: int, timeout: float = 30) -> None:
+    """Wait until the interpreter of ``pid`` has installed its SIGINT handler (before that, Ctrl-C is the
+    interpreter's own start-up, no code of this project has run)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/status") as fh:
+            caught = next(int(line.split()[1], 16) for line in fh if line.startswith("SigCgt:"))
+        if caught & (1 << (signal.SIGINT - 1)):
+            return
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.6, 1.0, 2.0])
+def test_ctrl_c_at_any_moment_is_one_line(tmp_path, delay):
+    """Before: Ctrl-C while 'trace recover' imported printed a KeyboardInterrupt traceback. (Ctrl-C within the
+    interpreter's own start-up, its site imports, comes before any code of this project: not tested.)"""
+    spool = tmp_path / "run.ranks"
+    spool.mkdir()
+    (spool / "run.json").write_text('{"run_id": "run", "world_size": 1}')
+    proc = subprocess.Popen([sys.executable, "-m", "fourd_mpi", "trace", "recover", str(spool), "-o",
+                             str(tmp_path / "t.h5")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=mpi_env(), cwd=REPO)
+    _python_started(proc.pid)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert len(err.strip().splitlines()) <= 1, err
+    if proc.returncode == 130:
+        assert "interrupted (Ctrl-C)" in err
+    else:  # it ended before the signal came
+        assert proc.returncode in (0, 1, 2), (proc.returncode, err)
+
+
+def test_repeated_sweep_values_are_refused(tmp_path, capfd):
+    """Before: a value given twice ran the same configuration twice, without a word."""
+    text = SPEC.read_text()
+    spec = tmp_path / "dup.yaml"
+    spec.write_text(text.replace("overlap: [none]", 'overlap: [none, all, "none"]'))
+    line = one_error(["sweep", "plan", spec], capfd)
+    assert line.endswith("matrix.overlap[2]: 'none' repeats item 0 of the list: give each value once (repeats: N "
+                         "runs every configuration N times)"), line
+    spec.write_text(text.replace("8: [1x2x2x2]", "8: [1x2x2x2, 1x2x2x2]"))
+    assert "grids.8[1]: '1x2x2x2' repeats item 0" in one_error(["sweep", "plan", spec], capfd)
+
+
+def test_trace_check_sees_a_step_time_that_is_not_the_per_rank_maximum(tmp_path, capfd):
+    """Before: trace check passed it, and trace show printed the stored (wrong) time."""
+    path = tmp_path / "t.h5"
+    shutil.copy(TRACE, path)
+    with h5py.File(path, "r+") as h5:
+        steps = h5["steps"][()]
+        right = float(steps["seconds"][1])
+        steps["seconds"][1] *= 3
+        h5["steps"][...] = steps
+    assert main(["trace", "check", str(path)]) == 1
+    out = capfd.readouterr().out
+    assert f"violation: step 1: /steps says {3 * right:.9g} s, the max over ranks of the step spans is" in out, out
+    assert main(["trace", "show", str(path)]) == 0
+    out = capfd.readouterr().out
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["1"])
+    assert f"{right:.4f}" in row and "(/steps says" in row, row
