@@ -153,10 +153,15 @@ def _need_enough_runs(what, runs, analysis) -> None:
 def _render_sections(sections, fmt: str) -> str:
     from fourd_mpi.analysis.tables import (COMM_FORMULAS, COMM_PLACEMENT_FORMULAS, RECOMPUTE_SHARE_FORMULA,
                                            SHARE_FORMULA, STEP_FORMULA, format_table)
+    from fourd_mpi.perf.peaks import GEMM_PCT_FORMULA, HFU_FORMULA, MFU_FORMULA
     from fourd_mpi.trace.summary import HARDWARE_FLOPS_FORMULA, MODEL_FLOPS_FORMULA
 
+    utilization = {"mfu_pct": f"in %, {MFU_FORMULA} (NaN: no data-sheet peak, e.g. a CPU run)",
+                   "hfu_pct": f"in %, {HFU_FORMULA}", "gemm_pct": f"in %, {GEMM_PCT_FORMULA}"}
     notes = {"runs": {"step_median_s": STEP_FORMULA, "*_share": SHARE_FORMULA,
-                      "tflops_per_rank": MODEL_FLOPS_FORMULA, "hardware_tflops_per_rank": HARDWARE_FLOPS_FORMULA},
+                      "tflops_per_rank": MODEL_FLOPS_FORMULA, "hardware_tflops_per_rank": HARDWARE_FLOPS_FORMULA,
+                      **utilization},
+             "compare": {"mfu_pct": utilization["mfu_pct"], "gemm_pct": utilization["gemm_pct"]},
              "breakdown": {"step_s": STEP_FORMULA, "*_%": "100 * " + SHARE_FORMULA,
                            "recompute_%": RECOMPUTE_SHARE_FORMULA},
              "comm": COMM_FORMULAS, "comm by placement": COMM_PLACEMENT_FORMULAS}

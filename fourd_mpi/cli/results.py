@@ -22,7 +22,7 @@ from fourd_mpi.util.values import positive_int
 LIST_FORMATS = ("table", "json", "csv")
 #: columns of ``results list`` (table and csv), in order
 LIST_COLUMNS = ("run_id", "time", "model", "grid", "world_size", "algorithm", "median_s", "q1_s", "q3_s",
-                "model_tflops_per_rank", "percent_of_peak", "status", "config_key", "git_commit", "trace")
+                "model_tflops_per_rank", "mfu_pct", "gemm_pct", "status", "config_key", "git_commit", "trace")
 INDEX_HELP = "the index: a results directory (its index.jsonl) or a .jsonl file (default: results)"
 
 

@@ -32,6 +32,7 @@ from fourd_mpi.trace.merge import merge_run
 from fourd_mpi.trace.spool import RankSpool, prepare_spool
 from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
 from fourd_mpi.trace.summary import summarize
+from fourd_mpi.perf.peaks import runtime_peak
 
 FAULT_MODES = ("kill", "raise", "remove-spool", "fill-disk", "touch", "sigterm", "stop", "sigterm-merge",
                "kill-merge")
@@ -146,6 +147,12 @@ class Fault:
         raise RuntimeError(f"injected fault (--inject-fault {self.rank}:{self.step}:{self.mode})")
 
 
+def device_name(backend) -> Optional[str]:
+    """The GPU's name as its runtime gives it (None on the NumPy backend: a CPU)."""
+    name = getattr(backend, "device_name", None)
+    return name() if callable(name) else None
+
+
 def measure_peak(run: Run) -> float:
     """Median over ranks of the standalone TFLOP/s of the step's largest local GEMM (all ranks at once)."""
     layer = max(run.model.fc_layers(), key=lambda fc: fc.block_shape[0] * fc.block_shape[1])
@@ -234,8 +241,9 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
     try:
         if header is not None:
             header(run)
-        if peak_tflops is None:
-            peak, source = measure_peak(run), "measured standalone GEMM, median over ranks"
+        gemm = measure_peak(run)  # the "% of measured GEMM" column, always
+        if peak_tflops is None:  # MFU and HFU: the data-sheet peak of the device (none on a CPU)
+            peak, source = runtime_peak(device_name(run.backend), options.dtype, options.tf32)
         else:
             peak, source = peak_tflops, "--peak-tflops"
         say(f"tracing: level {trace.level}, run id {run_id}, per-rank files in {spool_dir}")
@@ -295,7 +303,8 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
                                 hardware_flops_per_step=cfg.hardware_flops_per_step(options.recompute),
                                 recompute=options.recompute,
                                 formulas=(cfg.flops_formula(), cfg.hardware_flops_formula(options.recompute)),
-                                activations=activations, bubble=bubble if bubble.any() else None)
+                                activations=activations, bubble=bubble if bubble.any() else None,
+                                gemm_tflops=gemm)
             metadata["summary"] = summary.as_dict()
             metadata["activations"] = activations
             metadata["array_pool"] = run.backend.pool_stats()  # rank 0's, after the last step
