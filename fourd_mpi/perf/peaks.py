@@ -59,6 +59,10 @@ DEVICES: Tuple[Device, ...] = (
            {"bfloat16": 756.0, "float16": 756.0, "tf32": 378.0, "float32": 51.0, "float64": 51.0},
            "NVIDIA H100 Tensor Core GPU data sheet (2023), PCIe column: dense BF16/FP16 756, TF32 378, FP32 51, "
            "FP64 tensor core 51"),
+    Device("h100-nvl", "NVIDIA H100 NVL", r"H100.*NVL",
+           {"bfloat16": 835.5, "float16": 835.5, "tf32": 417.5, "float32": 60.0, "float64": 60.0},
+           "NVIDIA H100 Tensor Core GPU data sheet (2023), NVL column: dense BF16/FP16 835.5 (1,671 with sparsity), "
+           "TF32 417.5, FP32 60, FP64 tensor core 60"),
     Device("h100-sxm", "NVIDIA H100 SXM", r"H100",
            {"bfloat16": 989.0, "float16": 989.0, "tf32": 494.7, "float32": 67.0, "float64": 67.0}, H100),
     Device("a100", "NVIDIA A100", r"A100",
