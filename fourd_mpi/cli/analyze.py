@@ -49,6 +49,9 @@ def register(sub) -> None:
                   old=("--step",))
     add_selection(pl, "ranks", "timeline: ranks to show (e.g. 0-3; default all)", old=("--ranks",))
     pl.add_argument("--normalize", action="store_true", help="breakdown: shares instead of seconds")
+    pl.add_argument("--baseline", metavar="TRACE", help="overlap: a run of the same model and grid without "
+                    "overlap; plots hidden_pct (the exposed time that stopped being exposed) instead of overlap_pct, "
+                    "an upper bound")
     add_allow_damaged(pl)
     pl.set_defaults(handler=cmd_plot, serial=True)
 
@@ -187,6 +190,7 @@ def cmd_plot(args, world=None) -> int:
     """Exit 0, or 1 when some input files were skipped (named on stderr)."""
     from fourd_mpi.analysis import tables as analysis
     from fourd_mpi.analysis import plots
+    from fourd_mpi.trace.read import load_trace
 
     if os.path.splitext(args.output)[1].lower() not in (".png", ".svg", ".pdf"):
         raise ConfigError(f"{args.output}: the figure's format comes from its suffix: .png, .svg or .pdf")
@@ -212,6 +216,11 @@ def cmd_plot(args, world=None) -> int:
             frames = [f for f in (analysis.comm_table(t) for t in traces) if len(f)]
             if not frames:
                 raise ConfigError("overlap needs op-level traces (--trace-level op)")
+            if args.baseline:
+                reference = analysis.comm_table(load_trace(args.baseline, allow_damaged=args.allow_damaged))
+                if not len(reference):
+                    raise ConfigError(f"--baseline {args.baseline}: no collectives (an op-level trace is needed)")
+                frames = [analysis.hidden_vs_baseline(f, reference) for f in frames]
             plots.plot_overlap(_concat(frames), args.output, runs_df=analysis.runs_table(traces))
     except ValueError as exc:  # an unknown step or rank, an empty table
         raise ConfigError(str(exc)) from None
