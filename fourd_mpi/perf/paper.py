@@ -270,28 +270,30 @@ def plot(series: List[Case], path: str, profile: MachineProfile, memory_limit_gi
         import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError("the plot needs matplotlib: pip install fourd-mpi[analysis]") from None
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
     gpus = [c.gpus for c in series]
-    ax.plot(gpus, [c.pct_peak(c.best) for c in series], "o-", label="4D, predicted best grid")
+    ax.plot(gpus, [c.pct_peak(c.best) for c in series], "o-", color="#0072B2",
+            label="4D, predicted best grid")
     meg = [(c.gpus, c.pct_peak(c.megatron), fits(c.megatron, profile, memory_limit_gib)) for c in series
            if c.megatron is not None]
     if meg:
-        ax.plot([g for g, _, _ in meg], [p for _, p, _ in meg], "s--", label="Megatron-like TP 4 + DP, predicted")
+        ax.plot([g for g, _, _ in meg], [p for _, p, _ in meg], "s--", color="#E69F00",
+                label="Megatron-like TP 4 + DP, predicted")
         over = [(g, p) for g, p, f in meg if not f]
         if over:
-            ax.plot([g for g, _ in over], [p for _, p in over], "x", color="red", markersize=10,
+            ax.plot([g for g, _ in over], [p for _, p in over], "x", color="#D55E00", markersize=10,
                     label="does not fit in memory")
     ax.plot([PUBLISHED["gpus"]], [PUBLISHED["pct_peak"]], "*", markersize=14, color="black",
             label="AxoNN published (80B, 1,024 A100)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(gpus)
     ax.set_xticklabels([f"{g}\n{c.cfg.name[4:]}" for g, c in zip(gpus, series)])
-    ax.set_xlabel("GPUs / model")
+    ax.set_xlabel("GPUs (count, log\u2082 scale) / model")
     ax.set_ylabel("HFU (%): 96 B s l h^2 (1+s/6h) / (t N peak_bf16)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(f"weak scaling on {profile.name}: model vs published")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=150, bbox_inches="tight", pad_inches=0.08)
     plt.close(fig)
