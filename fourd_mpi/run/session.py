@@ -33,6 +33,7 @@ from fourd_mpi.trace.spool import RankSpool, prepare_spool
 from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
 from fourd_mpi.trace.summary import summarize
 from fourd_mpi.perf.peaks import runtime_peak
+from fourd_mpi.trace.nvtx import make_ranges
 
 FAULT_MODES = ("kill", "raise", "remove-spool", "fill-disk", "touch", "sigterm", "stop", "sigterm-merge",
                "kill-merge")
@@ -52,6 +53,7 @@ class TraceOptions:
     label: Optional[str] = None
     force: bool = False
     group_size: int = 0  #: ``--trace-group-size`` (0: ranks per node, see :mod:`fourd_mpi.trace.merge`)
+    nvtx: bool = False  #: ``--nvtx``: NVTX ranges of steps, phases, layers and ops (:mod:`fourd_mpi.trace.nvtx`)
 
     def validate(self) -> "TraceOptions":
         if self.level not in LEVELS:
@@ -223,6 +225,7 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
         fault.check(trace.results_dir, options.steps)
     run = Run.build(world, options, trace_level=trace.level)
     run.comm.watchdog = Watchdog(step_timeout, rank)
+    run.comm.tracer.ranges = make_ranges(trace.nvtx, say if rank == 0 else lambda text: None)
     start_time = now_iso()
     run_id = on_root(world, lambda: trace.run_id or new_run_id(trace.label))
     trace_path, _ = trace_paths(trace.results_dir, run_id)
@@ -322,6 +325,8 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
                          correct=drift.correct_records if drift is not None else None, group_size=trace.group_size,
                          after_open=merge_fault)
     except BaseException as exc:
+        if run.comm.tracer.ranges is not None:  # NVTX ranges end with the run, whatever ended it
+            run.comm.tracer.ranges.unwind()
         if merging and not os.path.exists(spool.steps_path):
             pass  # the merge had published the trace and removed this rank's files: nothing to record
         elif isinstance(exc, (KeyboardInterrupt, Terminated)):  # mpiexec forwards SIGINT and SIGTERM to every rank
@@ -347,6 +352,8 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
         warning_line(f"spool files in {spool_dir} were deleted during the run; {recreated} of {world.Get_size()} "
                      "rank(s) re-created theirs from the files they still had open, no step was lost (trace "
                      "metadata spool_recreated)")
+    if run.comm.tracer.ranges is not None:
+        run.comm.tracer.ranges.unwind()
     run.comm.watchdog.close()
     run.close()
     return path, summary
