@@ -82,7 +82,7 @@ def scaled(runs, factor: float):
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=20)
-    p.add_argument("--runs", type=int, default=6, help="runs per side of a pair")
+    p.add_argument("--runs", type=int, default=12, help="runs per side of a pair")
     p.add_argument("--steps", type=int, default=42)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--ranks", type=int, default=2)
