@@ -45,7 +45,7 @@ from fourd_mpi.trace.summary import (HARNESS_OPS, SHARE_FORMULA, STEP_FORMULA, h
                                      host_op_mask, measured_records, per_record_sums, step_stats, summarize)
 from fourd_mpi.trace.read import Trace, gather_columns, in_codes, load_trace
 from fourd_mpi.core.colltable import BUSBW_FORMULA, wire_factor
-from fourd_mpi.perf.peaks import GEMM_PCT_FORMULA, HFU_FORMULA, MFU_FORMULA, stored_peaks, utilization_pct
+from fourd_mpi.perf.peaks import stored_peaks, utilization_pct
 from fourd_mpi.trace.events import COMPUTE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST
 from fourd_mpi.util.text import format_number, short_label
 
