@@ -19,7 +19,7 @@ around asynchronous kernels):
 2. **The same GEMM shapes alone** (:func:`~fourd_mpi.step.kernels.standalone_gemm_tflops`,
    best of 5), FLOP-weighted over the step's shapes: ``in-step / alone`` is the
    efficiency of the step's GEMMs.
-3. **The device's peak** from :data:`PEAK_TFLOPS` (dense, no sparsity; NVIDIA data
+3. **The device's peak** from the suite's one table ``fourd_mpi/perf/peaks.py`` (dense, no sparsity; NVIDIA data
    sheets) by device name and dtype: float32 without TF32 is the CUDA-core FP32 peak,
    with TF32 the TF32 tensor-core peak; float16/bfloat16 the FP16/BF16 tensor-core peak;
    float64 the FP64 tensor-core peak. Unknown devices print "n/a".
@@ -40,25 +40,15 @@ from typing import Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-#: Dense peak TFLOP/s (no structured sparsity) from NVIDIA's data sheets:
-#: (name patterns, all must occur in the device name) -> {dtype key: TFLOP/s}.
-#: Keys: fp64 (tensor core), fp32 (CUDA cores), tf32, fp16, bf16 (tensor cores).
-PEAK_TFLOPS = [
-    (("H200",), "H200 (SXM)", {"fp64": 67.0, "fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),
-    (("H100", "PCIe"), "H100 PCIe", {"fp64": 51.2, "fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0}),
-    (("H100", "NVL"), "H100 NVL", {"fp64": 60.0, "fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5}),
-    (("H100",), "H100 SXM", {"fp64": 67.0, "fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}),
-    (("A100",), "A100", {"fp64": 19.5, "fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}),
-]
+from fourd_mpi.perf import peaks  # noqa: E402  (the one table of data-sheet peaks)
 
 
 def peak_for(device_name: str, dtype: str, tf32: bool):
-    """``(TFLOP/s, device label)`` from :data:`PEAK_TFLOPS`, or ``(None, None)`` for an unknown device."""
-    key = {"float64": "fp64", "float32": "tf32" if tf32 else "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype]
-    for patterns, label, peaks in PEAK_TFLOPS:
-        if all(p.lower() in device_name.lower() for p in patterns):
-            return peaks[key], label
-    return None, None
+    """``(TFLOP/s, device label)`` from the suite's one peak table (:mod:`fourd_mpi.perf.peaks`), or
+    ``(None, None)`` for an unknown device."""
+    dev = peaks.match_device(device_name)
+    value = None if dev is None else peaks.peak_tflops(dev, dtype, tf32)
+    return (value, dev.title) if value is not None else (None, None)
 
 
 def build_parser() -> argparse.ArgumentParser:

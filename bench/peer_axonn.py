@@ -14,7 +14,14 @@ tokens (default 256 x 16 = 4096), on the grid ``(G_x, G_y, G_z)`` with ``G_data 
   same grid (forward, MSE loss, backward, gradient reduce-scatters; no optimizer).
 
 Timed region per step: forward + backward of the block, gradients complete on every
-rank. Step time = max over ranks; the table shows the median over ``--steps`` steps
+rank. **Both sides compute the same gradients** in every timed step: the input gradient dX of the block
+(with its backward all-reduce over Y) and both weight gradients dW1, dW2 (each reduce-scattered over Z).
+AxoNN's input carries ``requires_grad=True`` in the timed steps too (before issue 32 item 8 it did not, so
+AxoNN skipped the dX GEMM and its all-reduce while ours computed them); ours records which gradients its
+step hands on (dX: what its backward returns; dW: what reaches the gradient sync). Each worker reports
+the set of gradients its timed steps produced; the driver stops when the two sets differ. Ours also
+computes the MSE loss and its output gradient (an all-reduce of one number over the grid) inside the
+step, where AxoNN is handed the output gradient: the table's ``step contains`` lines say so. Step time = max over ranks; the table shows the median over ``--steps`` steps
 after ``--warmup``, and the median over ``--rounds`` runs, which alternate AxoNN, ours,
 AxoNN, ours, ... each a fresh ``mpiexec`` of ``--ranks`` ranks (the same launcher for
 both: AxoNN's ranks take ``RANK``/``WORLD_SIZE`` from MPICH's ``PMI_RANK``/``PMI_SIZE``).
@@ -99,6 +106,17 @@ def build_ours(world, gx, gy, gz, hidden, seq, batch):
 
 #: our MLP block's layer names and init scales (fourd_mpi.step.model.MLPBlock: fc2 is scaled by 2)
 LAYERS = (("block0.fc1", 1.0), ("block0.fc2", 2.0))
+#: the gradients every timed step of either side must produce
+GRADIENTS = ("dW1", "dW2", "dX")
+#: what one timed step contains, per side (printed above the table)
+STEP_CONTAINS = {
+    "axonn": "forward fc1, GeLU, fc2 (all-reduce over X per layer: normal over X, transposed over Y); backward "
+             "with the given output gradient: dX of both layers (all-reduces) and dW1, dW2 (reduce-scatter over "
+             "Z); input requires_grad, so dX of the block is computed",
+    "ours": "the same forward and backward (dX of the block returned by the backward pass, dW1, dW2 "
+            "reduce-scattered over Z), plus the MSE loss and its output gradient (one scalar all-reduce); no "
+            "optimizer",
+}
 
 
 def global_tensors(hidden: int, seq: int, batch: int, seed: int = 0):
@@ -131,23 +149,47 @@ def worker_ours(args) -> Dict:
     x, w1, w2 = f32(x), f32(w1), f32(w2)
     z = gelu(x @ w1.T) @ w2.T
     ref = reference(x, w1, w2, (f32(z) - f32(target)) / target.size)
+    fc1, fc2 = run.model.blocks[0].fc_layers()
+    produced = set()  # the gradients of the step in progress (recorded, not changed)
+    backward, reduce = run.model.backward, run.trainer.grads.reduce
+    names = {fc1.weight.name: "dW1", fc2.weight.name: "dW2"}
+    held = {}
+
+    def recording_backward(dy, saved, ctx):
+        held["dX"] = dx = backward(dy, saved, ctx)
+        produced.add("dX")
+        return dx
+
+    def recording_reduce(param, *rest):
+        produced.add(names.get(param.name, param.name))
+        return reduce(param, *rest)
+
+    run.model.backward, run.trainer.grads.reduce = recording_backward, recording_reduce
     _, y = run.trainer.forward_backward(0)
     rows, cols = run.data.rows, run.data.cols
-    fc1, fc2 = run.model.blocks[0].fc_layers()
-    errors = {"output": rel(y, ref["z"][rows, cols]),
+    errors = {"output": rel(y, ref["z"][rows, cols]), "dX": rel(held["dX"], ref["dx"][rows, cols]),
               "dW1": rel(fc1.weight.grad, ref["dw1"].reshape(-1)[fc1.weight.global_index()]),
               "dW2": rel(fc2.weight.grad, ref["dw2"].reshape(-1)[fc2.weight.global_index()])}
     errors = {k: world.allreduce(v, op=MPI.MAX) for k, v in errors.items()}
-    times = []
+    times, timed_sets = [], []
     for i in range(args.warmup + args.steps):
+        produced.clear()
         world.Barrier()
         t0 = time.perf_counter()
         run.trainer.forward_backward(0)
         local = time.perf_counter() - t0
         times.append(world.allreduce(local, op=MPI.MAX))
+        timed_sets.append(sorted(produced))
     run.close()
     return {"times": times[args.warmup:], "errors": errors, "rank": world.Get_rank(),
-            "note": "dX is internal to our step (checked through dW1 and by fourd-mpi verify)"}
+            "gradients": _one_set(timed_sets[args.warmup:])}
+
+
+def _one_set(sets) -> List[str]:
+    """The gradients every timed step produced (they must be the same set in every step)."""
+    if any(s != sets[0] for s in sets):
+        raise SystemExit(f"peer_axonn: the timed steps produced different gradient sets: {sets}")
+    return list(sets[0])
 
 
 def _with_keyword(fn, key: str, value):
@@ -230,8 +272,9 @@ def worker_axonn(args) -> Dict:
     x_local = torch.from_numpy(x[rows, cols_x].astype(np.float32)).to(device)
     dz_local = torch.from_numpy(dz[rows, cols_x].astype(np.float32)).to(device)
 
-    def step(check: bool):
-        xin = x_local.clone().requires_grad_(check)
+    def step():
+        """One step, the same in the check and in every timed step: the input requires its gradient (dX)."""
+        xin = x_local.clone().requires_grad_(True)
         fc1.weight.grad = fc2.weight.grad = None
         out = fc2(torch.nn.functional.gelu(fc1(xin), approximate="tanh"))
         out.backward(dz_local)
@@ -239,7 +282,11 @@ def worker_axonn(args) -> Dict:
             torch.cuda.synchronize()
         return out, xin
 
-    out, xin = step(True)
+    def produced(xin) -> List[str]:
+        grads = {"dX": xin.grad, "dW1": fc1.weight.grad, "dW2": fc2.weight.grad}
+        return sorted(name for name, g in grads.items() if g is not None)
+
+    out, xin = step()
     errors = {"output": rel(out.detach().cpu().numpy(), ref["z"][rows, cols_x]),
               "dX": rel(xin.grad.cpu().numpy(), ref["dx"][rows, cols_x]),
               "dW1": rel(fc1.weight.grad.cpu().numpy(), shard(ref["dw1"], args.gy, cy, args.gx, cx)),
@@ -247,18 +294,20 @@ def worker_axonn(args) -> Dict:
     worst = torch.tensor([errors[k] for k in sorted(errors)], dtype=torch.float64)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     errors = dict(zip(sorted(errors), worst.tolist()))
-    times = []
+    times, timed_sets = [], []
     for i in range(args.warmup + args.steps):
         dist.barrier()
         t0 = time.perf_counter()
-        step(False)
+        _, xin = step()
         t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         times.append(float(t))
+        timed_sets.append(produced(xin))
     dist.destroy_process_group()
     import axonn
 
     return {"times": times[args.warmup:], "errors": errors, "rank": rank, "patches": patches,
+            "gradients": _one_set(timed_sets[args.warmup:]),
             "axonn": getattr(axonn, "__version__", "0.2.0"), "torch": torch.__version__}
 
 
@@ -297,6 +346,11 @@ def _median_time(fn, repeats: int) -> float:
 
 
 # the driver -------------------------------------------------------------------------------------
+def _loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -363,7 +417,10 @@ def driver(args) -> int:
           f"median of {args.steps} steps after {args.warmup}, then median over rounds")
     print("# ratio = ours / AxoNN (below 1: ours faster); 1-rank torch / numpy = the block's 6 GEMMs "
           "on one rank, no communication (the GEMM libraries alone)")
-    rows, printed_patches = [], False
+    for side, text in STEP_CONTAINS.items():
+        print(f"# step contains ({side}): {text}")
+    print(f"# load average before: {_loadavg()}")
+    rows, printed_patches, gradient_sets = [], False, {"axonn": set(), "ours": set()}
     for hidden in sizes:
         base = gemm_baselines(tokens, hidden)
         for gx, gy, gz in grids:
@@ -375,6 +432,10 @@ def driver(args) -> int:
                         for line in result.get("patches", []):
                             print(f"# patch: {line}")
                         printed_patches = True
+                    if sorted(result["gradients"]) != sorted(GRADIENTS):
+                        raise SystemExit(f"peer_axonn: the {side} timed steps produced gradients "
+                                         f"{result['gradients']}, not {list(GRADIENTS)}: unequal work")
+                    gradient_sets[side].add(",".join(sorted(result["gradients"])))
                     worst = max(result["errors"].values())
                     errors = ", ".join(f"{k} {v:.1e}" for k, v in sorted(result["errors"].items()))
                     print(f"# check: {side} {gx}x{gy}x{gz} K={hidden}: max rel. error over ranks {errors}")
@@ -395,9 +456,12 @@ def driver(args) -> int:
               f"{r['torch_1rank_s'] or float('nan'):13.4f} {r['numpy_1rank_s']:13.4f}")
     geo = math.exp(statistics.fmean(math.log(r["ratio"]) for r in rows))
     print(f"# geometric mean of ratio over {len(rows)} row(s): {geo:.2f}")
+    print(f"# gradients of every timed step, both sides: {', '.join(GRADIENTS)}; load average after: {_loadavg()}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"rows": rows, "geomean_ratio": geo, "args": vars(args)}, fh, indent=1)
+            json.dump({"rows": rows, "geomean_ratio": geo, "args": vars(args), "gradients": list(GRADIENTS),
+                       "step_contains": STEP_CONTAINS,
+                       "gradient_sets": {k: sorted(v) for k, v in gradient_sets.items()}}, fh, indent=1)
     return 0
 
 

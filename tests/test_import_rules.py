@@ -285,8 +285,8 @@ def test_offline_commands_work_without_mpi(no_mpi_env, tmp_path):
         ["model", "published", "--dataset", "axonn_sc24", "--no-claims"],
         ["results", "reindex", str(ROOT / "results" / "baselines"), "-o", str(tmp_path / "index.jsonl")],
         ["results", "list", "--index", str(tmp_path / "index.jsonl")],
-        ["compare", str(ROOT / "results" / "baselines"), "--baseline", "run_id=baseline-gpt-tiny-np2",
-         "--index", str(tmp_path)],
+        ["compare", str(ROOT / "results" / "baselines" / "slower-gpt-tiny-np2.h5"), "--baseline",
+         "run_id=baseline-gpt-tiny-np2", "--index", str(tmp_path)],
     ]
     for args in commands:
         proc = fourd(args, no_mpi_env, tmp_path)

@@ -1,4 +1,5 @@
-"""The peer benchmark runs AxoNN's own layers and ours on the same grids, and both match float64.
+"""The peer benchmark runs AxoNN's own layers and ours on the same grids, both match float64, and both
+sides' timed steps compute the same gradients (the input gradient included).
 
 Skipped (with the reason) where torch or AxoNN is not installed: ``pip install -e ".[peer]"``.
 Asserts correctness and the table's shape, never a time.
@@ -29,7 +30,12 @@ def test_axonn_and_ours_on_odd_grids_agree_with_float64(tmp_path):
     assert len(checks) == 6 and sum(" axonn " in c for c in checks) == 3
     patches = [line for line in proc.stdout.splitlines() if line.startswith("# patch:")]
     assert any("gloo" in p for p in patches)  # CPU: every run-time patch of AxoNN is printed
-    rows = json.loads(out.read_text())["rows"]
+    data = json.loads(out.read_text())
+    # equal work: every timed step of both sides produced the same gradients, the input gradient included
+    assert data["gradient_sets"] == {"axonn": ["dW1,dW2,dX"], "ours": ["dW1,dW2,dX"]}
+    assert all(" dX " in c for c in checks)  # both sides' dX checked against float64
+    assert sum(line.startswith("# step contains (") for line in proc.stdout.splitlines()) == 2
+    rows = data["rows"]
     assert [(r["grid"], r["K"]) for r in rows] == [("2x2x1", 128), ("1x4x1", 128), ("1x1x4", 128)]
     for r in rows:
         assert r["axonn_s"] > 0 and r["ours_s"] > 0 and r["ratio"] == pytest.approx(r["ours_s"] / r["axonn_s"])

@@ -10,10 +10,19 @@ only: :func:`fourd_mpi.trace.summary.step_stats`) and compared:
 - the two-sided Mann-Whitney U test of the two samples (``scipy.stats.mannwhitneyu``, exact for
   small samples without ties), whose p-value says whether the step-time distributions differ.
 
-The steps of a run are not independent of the run: a busy machine or another node moves all of
-them. With ``unit="run"`` the samples are the runs' median step times instead (one value per run),
-so the test sees the variation between runs; it needs at least 4 runs per side to reach p < 0.05
-(the exact two-sided p of 3 against 3 runs is at least 0.1).
+**The unit of the samples.** The steps of a run are not independent of the run: a busy machine,
+another node, the placement of the ranks or the state of the caches moves all of them, so a test on
+pooled steps calls two runs of one configuration "different" far more often than ``alpha`` says
+(issue 32: an identical configuration rerun a minute later was "faster", p = 0.0004). By default
+(``unit="auto"``) a configuration is therefore compared **run against run**: the samples are the
+runs' median step times, one per run, whenever both sides have at least :func:`min_runs` runs,
+the fewest for which the exact two-sided Mann-Whitney test can reach ``p < alpha`` at all (4 at
+alpha 0.05: the least p of n against n runs is ``2 / C(2n, n)``, 0.1 at 3, 0.029 at 4). With fewer
+runs it compares steps and says so in one line: the verdict then holds for these runs only, not for
+the configuration. ``unit="step"`` or ``"run"`` forces one unit.
+
+A run named on both sides is left out of the baseline (:func:`drop_new_from_baseline`): a baseline
+given as an index query never matches the new runs themselves.
 
 Verdict with threshold ``t`` and level ``alpha``: **slower** when ``p < alpha``, the interval lies
 above 1 and ``ratio > 1 + t``; **faster** when ``p < alpha``, the interval lies below 1 and
@@ -35,6 +44,12 @@ import numpy as np
 from fourd_mpi.errors import ConfigError
 
 VERDICTS = ("slower", "faster", "same", "unmatched")
+UNITS = ("auto", "run", "step")
+MIN_RUNS_WHY = ("the fewest runs per side for which the exact two-sided Mann-Whitney p can fall below {alpha:g}: "
+                "n against n runs give at least 2/C(2n,n)")
+STEP_UNIT_NOTE = ("steps as samples: {new} new and {old} baseline run(s), a run-level test needs {need} per side; "
+                  "steps of one run share its machine state, so this verdict holds for these runs, not for the "
+                  "configuration")
 #: fewer measured steps than this on a side: no test (the exact Mann-Whitney p of 2 against 2
 #: steps is at least 1/3, never significant)
 MIN_SAMPLES = 3
@@ -47,18 +62,52 @@ class Settings:
     confidence: float = 0.95  #: of the bootstrap interval
     resamples: int = 9999
     seed: int = 0
-    unit: str = "step"  #: "step": every measured step is a sample; "run": each run's median step time is one
+    #: "auto": runs when both sides have :func:`min_runs` runs, else steps; "step": every measured step is a
+    #: sample; "run": each run's median step time is one
+    unit: str = "auto"
 
     def statistics_text(self) -> str:
         """The statistics in words, for every output format."""
-        samples = ("the per-step times (a step's time: max over ranks of its span, measured steps; runs of one "
-                   "configuration pooled per side)" if self.unit == "step" else
-                   "the runs' median step times (one sample per run; a step's time: max over ranks of its span)")
+        steps = ("the per-step times (a step's time: max over ranks of its span, measured steps; runs of one "
+                 "configuration pooled per side)")
+        runs = "the runs' median step times (one sample per run; a step's time: max over ranks of its span)"
+        samples = {"step": steps, "run": runs}.get(self.unit) or (
+            f"{runs} when both sides have at least {min_runs(self.alpha)} runs ({MIN_RUNS_WHY.format(alpha=self.alpha)}), "
+            f"else {steps}")
         return (f"ratio = median(new)/median(old) of {samples}; "
                 f"{100 * self.confidence:g}% percentile bootstrap CI of the ratio ({self.resamples} resamples, "
                 f"sides resampled independently, seed {self.seed}); p: Mann-Whitney U two-sided; "
                 f"slower: p < {self.alpha:g}, CI above 1 and ratio > 1 + {100 * self.threshold:g}%; "
                 f"faster: p < {self.alpha:g}, CI below 1 and ratio < 1 - {100 * self.threshold:g}%")
+
+
+def min_runs(alpha: float) -> int:
+    """The fewest runs ``n`` per side whose exact two-sided Mann-Whitney p can be below ``alpha``: the least
+    p of ``n`` against ``n`` samples (complete separation) is ``2 / C(2n, n)`` (4 at alpha 0.05)."""
+    from math import comb
+
+    n = 1
+    while 2.0 / comb(2 * n, n) >= alpha:
+        n += 1
+    return n
+
+
+def drop_new_from_baseline(new_runs, old_runs):
+    """``(baseline runs without any run that is also a new run, the run ids left out)``; runs are
+    ``(entry, samples, path)`` and match by the real path of their trace, or by run id and configuration key
+    (a copy of the same trace elsewhere)."""
+    import os
+
+    ids = {(entry["run_id"], entry["config_key"]) for entry, _, _ in new_runs}
+    paths = {os.path.realpath(path) for _, _, path in new_runs}
+    kept, dropped = [], []
+    for run in old_runs:
+        entry, _, path = run
+        if (entry["run_id"], entry["config_key"]) in ids or os.path.realpath(path) in paths:
+            dropped.append(entry["run_id"])
+        else:
+            kept.append(run)
+    return kept, dropped
 
 
 @dataclass
@@ -90,6 +139,8 @@ class Comparison:
     ci_high: float = float("nan")
     p_value: float = float("nan")
     note: str = ""
+    unit: str = ""  #: the samples this comparison used: "run" or "step" ("" when unmatched)
+    unit_note: str = ""  #: why steps were compared although runs are the default (:data:`STEP_UNIT_NOTE`)
 
     @property
     def regression(self) -> bool:
@@ -106,6 +157,7 @@ class Comparison:
                 "new_median_s": _json_number(self.new_median_s), "old_median_s": _json_number(self.old_median_s),
                 "ratio": _json_number(self.ratio), "ci_low": _json_number(self.ci_low),
                 "ci_high": _json_number(self.ci_high), "p_value": _json_number(self.p_value), "note": self.note,
+                "unit": self.unit or None, "unit_note": self.unit_note or None,
                 "new": side(self.new), "baseline": side(self.old)}
 
 
@@ -161,12 +213,19 @@ def mann_whitney_p(new: np.ndarray, old: np.ndarray) -> float:
 def compare_sides(key: str, new: Side, old: Side, settings: Settings) -> Comparison:
     """One matched configuration: ratio, interval, p-value and verdict (see the module's notes)."""
     out = Comparison(key, describe(new.entry), new, old, "same")
-    x, y = new.values(settings.unit), old.values(settings.unit)
+    out.unit = settings.unit
+    if settings.unit == "auto":
+        need = min_runs(settings.alpha)
+        enough = min(len(new.run_medians), len(old.run_medians)) >= need
+        out.unit = "run" if enough else "step"
+        if not enough:
+            out.unit_note = STEP_UNIT_NOTE.format(new=len(new.run_medians), old=len(old.run_medians), need=need)
+    x, y = new.values(out.unit), old.values(out.unit)
     if len(x) and len(y):
         out.new_median_s, out.old_median_s = float(np.median(x)), float(np.median(y))
         out.ratio = out.new_median_s / out.old_median_s
     if min(len(x), len(y)) < MIN_SAMPLES:
-        what = "measured steps" if settings.unit == "step" else "runs"
+        what = "measured steps" if out.unit == "step" else "runs"
         out.note = f"fewer than {MIN_SAMPLES} {what} on a side: no test"
         return out
     out.ci_low, out.ci_high = ratio_interval(x, y, settings)

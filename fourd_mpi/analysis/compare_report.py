@@ -14,7 +14,8 @@ import numpy as np
 from fourd_mpi.analysis.compare import Comparison, Settings, exit_status
 
 FORMATS = ("table", "markdown", "json", "junit")
-COLUMNS = ("configuration", "new", "baseline", "new median s", "old median s", "ratio", "CI", "p", "verdict")
+COLUMNS = ("configuration", "new", "baseline", "new median s", "old median s", "ratio", "CI", "p", "samples",
+           "verdict")
 
 
 def _num(value: float, digits: int = 4) -> str:
@@ -36,6 +37,7 @@ def rows(comparisons: Sequence[Comparison]) -> List[List[str]]:
         out.append([c.label, _runs(c.new), _runs(c.old), _num(c.new_median_s), _num(c.old_median_s),
                     _num(c.ratio), ci,
                     f"{c.p_value:.2g}" if np.isfinite(c.p_value) else "-",
+                    {"run": "runs", "step": "steps"}.get(c.unit, "-"),
                     verdict + (f": {c.note}" if c.note and c.verdict != "unmatched" else "")])
     return out
 
@@ -55,7 +57,13 @@ def as_table(comparisons: Sequence[Comparison], settings: Settings) -> str:
     for c in comparisons:
         if c.verdict == "unmatched":
             lines.append(f"unmatched: {c.label}: {c.note}")
+    lines += unit_lines(comparisons)
     return "\n".join(lines + ["", settings.statistics_text(), summary_line(comparisons, settings)]) + "\n"
+
+
+def unit_lines(comparisons: Sequence[Comparison]) -> List[str]:
+    """One line per configuration that could only be compared step by step (too few runs)."""
+    return [f"{c.label}: {c.unit_note}" for c in comparisons if c.unit_note]
 
 
 def as_markdown(comparisons: Sequence[Comparison], settings: Settings) -> str:
@@ -64,7 +72,8 @@ def as_markdown(comparisons: Sequence[Comparison], settings: Settings) -> str:
 
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cell(x) for x in r) + " |" for r in rows(comparisons)]
-    return "\n".join([f"**{summary_line(comparisons, settings)}**", ""] + lines
+    notes = [f"- {cell(text)}" for text in unit_lines(comparisons)]
+    return "\n".join([f"**{summary_line(comparisons, settings)}**", ""] + lines + ([""] + notes if notes else [])
                      + ["", f"_{settings.statistics_text()}_"]) + "\n"
 
 
@@ -93,7 +102,8 @@ def as_junit(comparisons: Sequence[Comparison], settings: Settings) -> str:
     for c, r in zip(comparisons, rows(comparisons)):
         case = ET.SubElement(suite, "testcase", classname="fourd_mpi.compare", name=c.label,
                              time=f"{c.new_median_s:.6f}" if np.isfinite(c.new_median_s) else "0")
-        detail = "; ".join(f"{k}: {v}" for k, v in zip(COLUMNS, r)) + f"; config key {c.key}"
+        detail = ("; ".join(f"{k}: {v}" for k, v in zip(COLUMNS, r)) + f"; config key {c.key}"
+                  + (f"; {c.unit_note}" if c.unit_note else ""))
         if c.regression:
             failure = ET.SubElement(case, "failure", type="regression",
                                     message=f"slower: ratio {_num(c.ratio)} (CI {r[6]}, p {r[7]}) beyond "

@@ -6,13 +6,17 @@
 >>> plot_overlap(comm_df, "overlap.png")                             # overlap_pct per collective
 
 Every function writes one file, whose format comes from the suffix of ``path`` (``.png``,
-``.svg`` or ``.pdf``), closes its figure and returns ``path``. Invalid input (an empty
+``.svg`` or ``.pdf``), closes its figure and returns ``path``; with ``path=None`` it returns the open
+figure instead (for inspection: the caller closes it). Invalid input (an empty
 frame, a missing column, an unknown step, a rank out of range, another suffix) raises
 ``ValueError`` with the reason.
 
-Colors are the same in every figure: compute ops in blues and greens, exposed communication
-(waits) in reds and oranges (one shade per grid axis), collectives in purple/brown/amber,
-harness work sand, everything else grey.
+One style for every figure (:data:`_RC`), colour-blind safe: runs and lines take the Okabe-Ito palette
+(:data:`PALETTE`, distinguishable with protanopia, deuteranopia and tritanopia), compute ops blues and
+bluish greens, exposed communication (waits) vermillion/orange/yellow shades (one per grid axis) and
+always hatched, so that no figure relies on telling red from green; collectives reddish purple, brown
+and orange; harness work sand; everything else grey. Every axis label names its unit; every run is
+labelled with its rank count and grid.
 
 Step times are the one statistic of :func:`fourd_mpi.trace.summary.step_stats` (median over the
 measured steps of the max over ranks of the step span), as in every table and the run summary;
@@ -35,7 +39,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
-from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM, display_name, of_metadata  # noqa: E402
+from fourd_mpi.algorithms.registry import ALGORITHMS, DEFAULT_ALGORITHM, display_name, of_metadata  # noqa: E402
 from fourd_mpi.util.text import short_label  # noqa: E402
 
 __all__ = ["plot_scaling", "plot_breakdown", "plot_timeline", "plot_overlap", "FORMATS",
@@ -43,33 +47,36 @@ __all__ = ["plot_scaling", "plot_breakdown", "plot_timeline", "plot_overlap", "F
 
 FORMATS = (".png", ".svg", ".pdf")
 
+#: Okabe & Ito's colour-blind-safe palette (Color Universal Design, 2008): runs and lines, in this order
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+
 #: breakdown categories (compute ops, then the aggregate "compute" of traces below level op)
 COMPUTE_COLORS = {
-    "gemm": "#08519c",
-    "attention": "#4292c6",
-    "layernorm": "#9ecae1",
-    "gelu": "#238b45",
-    "residual": "#a1d99b",
-    "loss": "#74c476",
-    "optimizer": "#00441b",
-    "compute": "#4292c6",
+    "gemm": "#0072B2",
+    "attention": "#56B4E9",
+    "layernorm": "#a6d1ef",
+    "gelu": "#009E73",
+    "residual": "#7fcdb8",
+    "loss": "#005a43",
+    "optimizer": "#003a63",
+    "compute": "#56B4E9",
 }
 #: harness work inside a step (synthetic data of schema <= 2 traces): not compute
 HARNESS_COLOR = "#d9c89e"
 #: exposed communication (waits) per grid axis
 WAIT_COLORS = {
-    "x": "#a50f15",
-    "y": "#e6550d",
-    "z": "#fd8d3c",
-    "data": "#fdd0a2",
-    "all": "#d7301f",
-    "none": "#d7301f",
-    "": "#d7301f",
+    "x": "#D55E00",
+    "y": "#E69F00",
+    "z": "#F0E442",
+    "data": "#f7e9a8",
+    "all": "#D55E00",
+    "none": "#D55E00",
+    "": "#D55E00",
 }
 OTHER_COLOR = "#9e9e9e"
 #: collectives on the comm lanes of the timeline
-COLLECTIVE_COLORS = {"allgather": "#7b4fb0", "reduce_scatter": "#8c564b", "allreduce": "#d4a017"}
-WAIT_COLOR = "#d62728"
+COLLECTIVE_COLORS = {"allgather": "#CC79A7", "reduce_scatter": "#8c6d31", "allreduce": "#E69F00"}
+WAIT_COLOR = "#D55E00"
 
 CATEGORY_COLORS = dict(COMPUTE_COLORS, other=OTHER_COLOR, harness=HARNESS_COLOR,
                        **{f"exposed_comm:{a}": c for a, c in WAIT_COLORS.items() if a})
@@ -80,13 +87,17 @@ _AXIS_ORDER = ("x", "y", "z", "data", "all", "none", "")
 _COLLECTIVE_ORDER = ("allgather", "reduce_scatter", "allreduce")
 _AGGREGATE_PHASES = ("all", "total", "step")
 
+RUN_AXIS_LABEL = "run (ranks, grid, overlap; sorted by ranks, grid, step time)"
 STEP_CAPTION = ("step time: median over the measured steps of the max over ranks of the step span; "
                 "error bars: quartiles q1-q3 of the same per-step series")
 
-OVERLAP_CAPTION = ("overlap = 100 \u00d7 host compute in flight / in-flight time, over the measured steps and ranks: "
+OVERLAP_CAPTION = ("overlap_pct = 100 \u00d7 host compute in flight / in-flight time, over the measured steps and ranks: "
                    "100 \u00d7 \u03a3 overlap_ns / \u03a3 (complete_ns \u2212 call_ns).\n"
-                   "In flight from the return of the MPI_I* call; 100 %: fully hidden behind compute; "
-                   "0 %: nothing computed while it was in flight.")
+                   "An UPPER BOUND of the hidden communication: compute beside a collective that would have "
+                   "finished anyway hides nothing. Give a run without overlap (--baseline) for hidden_pct.")
+HIDDEN_CAPTION = ("hidden_pct = 100 \u00d7 clip(1 \u2212 exposed / exposed of the baseline run, 0, 1), exposed = host "
+                  "time in MPI for the collective per step\n(OSU's overlap with the baseline, a run without overlap, as "
+                  "t_pure): the communication time that stopped being exposed.")
 
 _RC = {
     "font.size": 10,
@@ -98,6 +109,7 @@ _RC = {
     "legend.title_fontsize": 9,
     "figure.dpi": 100,
     "savefig.dpi": 150,
+    "axes.prop_cycle": matplotlib.cycler(color=list(PALETTE)),
     "svg.fonttype": "none",  # text stays text in SVG (searchable, smaller)
     "pdf.fonttype": 42,
     "hatch.linewidth": 0.6,
@@ -108,7 +120,9 @@ _RC = {
 # shared helpers
 # ---------------------------------------------------------------------------
 
-def _check_path(path) -> str:
+def _check_path(path) -> Optional[str]:
+    if path is None:  # the caller wants the figure itself
+        return None
     path = os.fspath(path)
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in FORMATS:
@@ -117,11 +131,15 @@ def _check_path(path) -> str:
     return path
 
 
-def _save(fig: Figure, path: str) -> str:
+def _save(fig: Figure, path: Optional[str]):
+    """Write ``fig`` to ``path`` in the one style and close it; ``path=None``: return the open figure."""
+    if path is None:
+        return fig
     try:
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
-        fig.savefig(path, format=os.path.splitext(path)[1].lower()[1:], bbox_inches="tight", pad_inches=0.08)
+        with plt.rc_context(_RC):
+            fig.savefig(path, format=os.path.splitext(path)[1].lower()[1:], bbox_inches="tight", pad_inches=0.08)
     finally:
         plt.close(fig)
     return path
@@ -181,8 +199,13 @@ def _run_labels(run_ids: Sequence[str], runs_df=None) -> Dict[str, str]:
         parts = []
         if named and "algorithm" in row.index:
             parts.append(display_name(row["algorithm"]))
+        where = []
+        if "world_size" in row.index and np.isfinite(float(row["world_size"])):
+            where.append(f"{int(row['world_size'])} ranks")
         if "grid" in row.index and short_label(row["grid"]):
-            parts.append(str(row["grid"]))
+            where.append(f"grid {row['grid']}")
+        if where:
+            parts.append(", ".join(where))
         if "overlap" in row.index:
             parts.append("overlap " + short_label(row["overlap"], "none").replace(",", ", "))
         if "label" in row.index and short_label(row["label"]):
@@ -195,6 +218,38 @@ def _run_labels(run_ids: Sequence[str], runs_df=None) -> Dict[str, str]:
         if counts[text] > 1:  # two runs of the same configuration: tell them apart
             labels[rid] = f"{text}\n{str(rid)[-6:]}"
     return labels
+
+
+def _sorted_runs(run_ids: Sequence[str], runs_df=None) -> List[str]:
+    """``run_ids`` by rank count, then grid, then median step time (as given where the runs table lacks them)."""
+    if runs_df is None or not hasattr(runs_df, "columns") or "run_id" not in runs_df.columns:
+        return list(run_ids)
+    info = runs_df.drop_duplicates("run_id").set_index(runs_df.drop_duplicates("run_id")["run_id"].astype(str))
+
+    def key(rid):
+        if rid not in info.index:
+            return (1, 0.0, "", 0.0)
+        row = info.loc[rid]
+        size = float(row["world_size"]) if "world_size" in row.index else 0.0
+        step = float(row["step_median_s"]) if "step_median_s" in row.index else 0.0
+        return (0, size, str(row["grid"]) if "grid" in row.index else "", step if np.isfinite(step) else math.inf)
+
+    return sorted(run_ids, key=key)
+
+
+def config_label(key: str) -> str:
+    """A scaling line's ``model[/algorithm]/overlap/progress[/label]`` key in words: ``gpt-tiny, overlap none,
+    progress poll`` (a key of another form as is)."""
+    parts = str(key).split("/")
+    if len(parts) < 3:
+        return str(key)
+    at = 2 if parts[1] in ALGORITHMS else 1
+    if len(parts) < at + 2:
+        return str(key)
+    words = [parts[0]] + ([display_name(parts[1])] if at == 2 else []) + [f"overlap {parts[at]}",
+                                                                         f"progress {parts[at + 1]}"]
+    label = "/".join(parts[at + 2:])
+    return ", ".join(words) + (f" ({label})" if label else "")
 
 
 # ---------------------------------------------------------------------------
@@ -229,14 +284,13 @@ def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = No
     scale, unit = _time_unit(float(df["step_median_s"].max()))
     sizes = sorted(set(int(v) for v in df["world_size"]))
     groups = list(dict.fromkeys(df[key].astype(str)))
-    palette = plt.get_cmap("tab10")
     named = bool(_shown_algorithms(df))  # legend entries start with the algorithm's usual name
 
     with plt.rc_context(_RC):
         fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(11.5, 4.4))
         eff_max = 1.0
         for i, name in enumerate(groups):
-            color = palette(i % 10)
+            color = PALETTE[i % len(PALETTE)]
             g = df[df[key].astype(str) == name].sort_values(["world_size", "step_median_s"], kind="stable")
             best = g.groupby("world_size", sort=True).head(1)  # fastest run per rank count
             rest = g.drop(best.index)
@@ -247,7 +301,9 @@ def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = No
                 ideal = best["ideal_step_s"].astype(float).to_numpy()
             else:
                 ideal = np.full(len(n), t[0]) if mode == "weak" else t[0] * base / n
-            shown = name if not named else f"{display_name(g['algorithm'].iloc[0])}: {name}"
+            shown = config_label(name)
+            if named and display_name(g["algorithm"].iloc[0]) not in shown:
+                shown = f"{display_name(g['algorithm'].iloc[0])}: {shown}"
             ax_t.plot(n, t * scale, "-o", color=color, lw=1.8, ms=6, label=shown, zorder=3)
             if {"step_q1_s", "step_q3_s"} <= set(g.columns):  # quartiles of the per-step max over ranks
                 for part, face in ((best, color), (g.drop(best.index), "none")):
@@ -261,7 +317,16 @@ def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = No
                                       fmt="none", ecolor=color, elinewidth=1.0, capsize=3, zorder=3)
             ax_t.plot(n, ideal * scale, "--", color=color, lw=1.2, alpha=0.8, zorder=2)
             eff = best["efficiency"].to_numpy()
-            ax_e.plot(n, eff, "-o", color=color, lw=1.8, ms=6, label=name, zorder=3)
+            ax_e.plot(n, eff, "-o", color=color, lw=1.8, ms=6, label=shown, zorder=3)
+            if {"step_q1_s", "step_q3_s"} <= set(best.columns):  # efficiency at the quartiles of T(N)
+                mid = best["step_median_s"].to_numpy(dtype=float)
+                q1, q3 = (best[c].to_numpy(dtype=float) for c in ("step_q1_s", "step_q3_s"))
+                ok = np.isfinite(q1) & np.isfinite(q3) & (q1 > 0) & np.isfinite(eff)
+                if ok.any():  # efficiency ~ 1/T(N): q3 gives the low end, q1 the high end
+                    low, high = eff * mid / np.where(ok, q3, 1.0), eff * mid / np.where(ok, q1, 1.0)
+                    ax_e.errorbar(n[ok], eff[ok], yerr=[np.maximum(eff - low, 0)[ok], np.maximum(high - eff, 0)[ok]],
+                                  fmt="none", ecolor=color, elinewidth=1.0, capsize=3, zorder=3)
+                    eff_max = max(eff_max, float(np.nanmax(high[ok])))
             if len(rest):
                 ax_t.plot(rest["world_size"], rest["step_median_s"] * scale, "o", mfc="none", color=color, ms=6,
                           zorder=3)
@@ -286,7 +351,7 @@ def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = No
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{int(round(v))}"))
             lo, hi = min(sizes), max(sizes)
             ax.set_xlim(lo / 1.3, hi * 1.3)
-            ax.set_xlabel("MPI ranks (log\u2082 scale)")
+            ax.set_xlabel("MPI ranks (count, log\u2082 scale)")
             ax.grid(True, which="major", color="0.88", lw=0.8)
             ax.set_axisbelow(True)
             if len(sizes) > 8:
@@ -308,15 +373,14 @@ def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = No
         ax_t.set_ylabel(f"step time ({unit}): median of max over ranks, bars q1-q3")
         ax_t.set_title(f"{mode.capitalize()} scaling{_algorithm_title(df)}: step time (dashed: ideal)")
         ax_e.set_ylim(0, max(1.05, eff_max * 1.05))
-        ax_e.set_ylabel("parallel efficiency")
+        ax_e.set_ylabel("parallel efficiency (%), bars: at q3-q1 of T(N)")
         ax_e.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{100 * v:.0f} %"))
         ideal_text = "T(base) / T(N)" if mode == "weak" else "T(base) \u00b7 base / (N \u00b7 T(N))"
         ax_e.set_title(f"Efficiency = {ideal_text} (dashed: ideal)")
         handles, labels = ax_t.get_legend_handles_labels()
         ncol = 1 if len(groups) <= 4 else 2
         fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, frameon=False,
-                   title="configuration (" + ("algorithm: " if named else "")
-                   + "model[/algorithm]/overlap/progress[/label])")
+                   title="configuration (model, overlap options, MPI progress)")
         if title:
             fig.suptitle(title)
         fig.tight_layout()
@@ -400,7 +464,8 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
     ``breakdown_df``: long frame of :func:`fourd_mpi.analysis.tables.breakdown` (``run_id, phase,
     category, axis, seconds_per_step, share``), several runs concatenated; phases are summed
     (``phase=`` picks one). ``runs_df``: :func:`fourd_mpi.analysis.tables.runs_table` rows, used for the
-    bar labels (grid, overlap, label) and the bar order; may be ``None`` (labels = run ids).
+    bar labels (rank count, grid, overlap, label) and the bar order (rank count, grid, step time); may be
+    ``None`` (labels = run ids, in the frame's order). The figure's width follows the number of bars.
     Segments: compute ops (blues/greens), exposed communication per axis (reds/oranges),
     ``other`` (grey). A bar's height is the run's step time (median over measured steps of the max
     over ranks), split by the categories' shares; its error bar spans the quartiles q1-q3 of the
@@ -417,8 +482,7 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
     table = data.drop(columns=["step_s", "step_q1_s", "step_q3_s"])
     run_ids = list(table.index)
     if runs_df is not None and hasattr(runs_df, "columns") and "run_id" in runs_df.columns:
-        ordered = [r for r in dict.fromkeys(runs_df["run_id"].astype(str)) if r in run_ids]
-        run_ids = ordered + [r for r in run_ids if r not in ordered]
+        run_ids = _sorted_runs(run_ids, runs_df)  # by rank count, grid, step time
         table = table.loc[run_ids]
         stats = stats.loc[run_ids]
     labels = _run_labels(run_ids, runs_df)
@@ -445,14 +509,15 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
             errors = (np.where(ok, median, np.nan), np.where(ok, np.maximum(median - q1, 0), 0.0),
                       np.where(ok, np.maximum(q3 - median, 0), 0.0))
 
-    fallback = iter(plt.get_cmap("Set3").colors * 4)
+    fallback = iter(list(PALETTE) * 4)
     segments = list(table.columns)
     nbars = len(run_ids)
     vertical = orientation == "vertical"
     with plt.rc_context(_RC):
         longest = max(len(line) for text in labels.values() for line in text.split("\n"))
         if vertical:
-            width_in = max(5.5, min(18.0, 1.0 + nbars * max(0.9, 0.075 * longest)))
+            # sized to the bars: the plot area grows with them, plus room for the axis and the legend
+            width_in = min(20.0, 3.2 + max(1.2, nbars * max(0.8, 0.075 * longest)))
             fig, ax = plt.subplots(figsize=(width_in, 4.8))
         else:
             fig, ax = plt.subplots(figsize=(9.0, max(2.6, 0.9 + 0.62 * nbars * max(1, max(
@@ -491,6 +556,7 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
         if vertical:
             ax.set_xticks(pos)
             ax.set_xticklabels(ticklabels, fontsize=8)
+            ax.set_xlabel(RUN_AXIS_LABEL)
             ax.set_ylabel(unit_label)
             ax.set_ylim(0, 100 * 1.07 if normalize else top * 1.1)
             ax.set_xlim(-0.6, nbars - 0.4)
@@ -499,6 +565,7 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
             ax.set_yticks(pos)
             ax.set_yticklabels(ticklabels, fontsize=8)
             ax.invert_yaxis()
+            ax.set_ylabel(RUN_AXIS_LABEL)
             ax.set_xlabel(unit_label)
             ax.set_xlim(0, 100 * 1.1 if normalize else top * 1.15)
             ax.grid(True, axis="x", color="0.88")
@@ -514,7 +581,8 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
         if clipped:
             notes.append("negative segments (clock rounding) were drawn as 0")
         if notes:
-            fig.text(0.01, -0.02, "\n".join(notes), fontsize=7, color="0.4", va="top")
+            fig.text(0.01, -0.02, _wrapped("\n".join(notes), fig.get_figwidth(), 7), fontsize=7, color="0.4",
+                     va="top")
         fig.tight_layout()
         return _save(fig, path)
 
@@ -693,6 +761,7 @@ def _timeline_figure(trace, step: Optional[int] = None, ranks=None):
         ax.set_ylim(nranks * block - gap + 0.15, -0.2)
         ax.set_xlim(-0.01 * span_ms, span_ms * 1.01)
         ax.set_xlabel("time from the step start (ms; earliest start over the shown ranks)")
+        ax.set_ylabel("MPI rank (lanes: host, communication)")
         ax.grid(True, axis="x", color="0.9", lw=0.6)
         ax.set_axisbelow(True)
         for i in range(1, nranks):
@@ -747,32 +816,33 @@ def plot_timeline(trace, path, step: Optional[int] = None, ranks=None) -> str:
 # 4. overlap
 # ---------------------------------------------------------------------------
 
-def overlap_matrix(comm_df):
-    """overlap_pct as a (collective ``op axis``) x run_id frame: the data behind :func:`plot_overlap`.
+def overlap_matrix(comm_df, value: str = "overlap_pct"):
+    """``value`` (``overlap_pct`` or ``hidden_pct``) as a (collective ``op axis``) x run_id frame: the data
+    behind :func:`plot_overlap`.
 
-    Rows with extra keys (``phase``, ``layer``) are merged: from ``wait_s_per_step`` and
-    ``inflight_s_per_step`` when present (exactly the aggregate formula), else weighted by
-    ``messages_per_step``.
+    Rows with extra keys (``phase``, ``layer``) are merged: ``overlap_pct`` from ``wait_s_per_step`` and
+    ``inflight_s_per_step`` when present (exactly the aggregate formula), else (and ``hidden_pct`` always)
+    weighted by ``messages_per_step``.
     """
     import pandas as pd
 
     df = comm_df.copy()
     df["collective"] = df["op"].astype(str) + " " + df["axis"].astype(str)
-    df["overlap_pct"] = df["overlap_pct"].astype(float)
+    df["overlap_pct"] = df[value].astype(float)
     rows = []
     for (coll, rid), g in df.groupby(["collective", "run_id"], sort=False):
         if len(g) == 1:
-            value = float(g["overlap_pct"].iloc[0])
-        elif {"wait_s_per_step", "inflight_s_per_step"} <= set(g.columns):
+            value_ = float(g["overlap_pct"].iloc[0])
+        elif value == "overlap_pct" and {"wait_s_per_step", "inflight_s_per_step"} <= set(g.columns):
             flight = float(g["inflight_s_per_step"].astype(float).sum())
-            value = 100.0 * (1.0 - float(g["wait_s_per_step"].astype(float).sum()) / flight) if flight > 0 \
+            value_ = 100.0 * (1.0 - float(g["wait_s_per_step"].astype(float).sum()) / flight) if flight > 0 \
                 else float("nan")
         else:
             weight = g["messages_per_step"].astype(float) if "messages_per_step" in g.columns \
                 else pd.Series(1.0, index=g.index)
             ok = np.isfinite(g["overlap_pct"])
-            value = float(np.average(g["overlap_pct"][ok], weights=weight[ok])) if ok.any() else float("nan")
-        rows.append((coll, str(rid), value))
+            value_ = float(np.average(g["overlap_pct"][ok], weights=weight[ok])) if ok.any() else float("nan")
+        rows.append((coll, str(rid), value_))
     out = pd.DataFrame(rows, columns=["collective", "run_id", "overlap_pct"])
     table = out.pivot(index="collective", columns="run_id", values="overlap_pct")
     op_rank = {name: i for i, name in enumerate(_COLLECTIVE_ORDER)}
@@ -787,55 +857,82 @@ def overlap_matrix(comm_df):
 
 
 def plot_overlap(comm_df, path, runs_df=None, title: Optional[str] = None) -> str:
-    """Grouped bars of ``overlap_pct`` per collective (op + axis), one bar per run, 0-100 %.
+    """Grouped bars per collective (op + axis), one bar per run: ``hidden_pct`` when ``comm_df`` has it
+    (:func:`fourd_mpi.analysis.tables.hidden_vs_baseline`: a baseline run without overlap was given), else
+    ``overlap_pct``, labelled as the upper bound it is (compute beside a collective is not proof that the
+    collective was hidden; see the caption).
 
     ``comm_df``: :func:`fourd_mpi.analysis.tables.comm_table` of one or more runs (concatenated).
-    ``runs_df`` (optional): runs table for the legend labels (grid, overlap, label).
-    Values are annotated on the bars; the caption states the formula.
+    ``runs_df`` (optional): runs table for the legend labels (rank count, grid, overlap, label) and their
+    order. The value axis ends just above the largest value (at least 5 %, at most 100 %); values are
+    written on the bars while there are few bars, horizontally.
     """
     path = _check_path(path)
     _check_frame(comm_df, "plot_overlap", ["run_id", "op", "axis", "overlap_pct"])
-    table = overlap_matrix(comm_df)
+    hidden = "hidden_pct" in comm_df.columns and np.isfinite(comm_df["hidden_pct"].astype(float)).any()
+    table = overlap_matrix(comm_df, "hidden_pct" if hidden else "overlap_pct")
     collectives = list(table.index)
-    run_ids = list(table.columns)
+    run_ids = _sorted_runs(list(table.columns), runs_df)
+    table = table[run_ids]
     labels = _run_labels(run_ids, runs_df)
     ncoll, nruns = len(collectives), len(run_ids)
     values = table.to_numpy(dtype=float)
-    palette = plt.get_cmap("tab10" if nruns <= 10 else "tab20")
+    finite = values[np.isfinite(values)]
+    top = float(finite.max()) if len(finite) else 0.0
+    ymax = min(100.0, max(5.0, _nice_ceiling(top * 1.15)))
     with plt.rc_context(_RC):
-        widest = max(len(c.partition(" ")[0]) for c in collectives)
-        width_in = max(6.5, min(22.0, 1.6 + ncoll * max(0.11 * widest + 0.2, 0.55 + 0.42 * nruns)))
-        fig, ax = plt.subplots(figsize=(width_in, 4.6))
+        widest = max(len(c.partition(" ")[0]) for c in collectives)  # tick labels: op over axis
+        width_in = max(4.5, min(12.0, 1.4 + ncoll * max(0.12 * widest + 0.2, 0.35 + 0.22 * nruns)))
+        fig, ax = plt.subplots(figsize=(width_in, 4.2))
         group_w = 0.8
         bar_w = group_w / nruns
         x = np.arange(ncoll)
-        vertical_text = nruns > 2 or ncoll * nruns > 14
+        annotate = ncoll * nruns <= 16
         for j, rid in enumerate(run_ids):
             offs = x - group_w / 2 + (j + 0.5) * bar_w
             v = values[:, j]
             drawn = np.where(np.isfinite(v), np.clip(v, 0, 100), 0.0)
-            ax.bar(offs, drawn, width=bar_w * 0.92, color=palette(j % palette.N), edgecolor="white",
+            ax.bar(offs, drawn, width=bar_w * 0.92, color=PALETTE[j % len(PALETTE)], edgecolor="white",
                    linewidth=0.5, label=labels[rid].replace("\n", " \u00b7 "))
-            for xo, val, d in zip(offs, v, drawn):
-                text = "n/a" if not np.isfinite(val) else f"{val:.0f}"
-                if vertical_text:
-                    ax.text(xo, d + 1.5, text, ha="center", va="bottom", fontsize=7, rotation=90)
-                else:
-                    ax.text(xo, d + 1.2, text + ("" if text == "n/a" else " %"), ha="center", va="bottom",
-                            fontsize=8)
+            if annotate:
+                for xo, val, d in zip(offs, v, drawn):
+                    text = "n/a" if not np.isfinite(val) else f"{val:.0f}" if nruns > 2 else f"{val:.1f} %"
+                    ax.text(xo, d + 0.015 * ymax, text, ha="center", va="bottom", fontsize=7)
         ax.set_xticks(x)
         ax.set_xticklabels([c.replace(" ", "\n", 1) for c in collectives])
         ax.set_xlim(-0.6, ncoll - 0.4)
-        ax.set_ylim(0, 112 if vertical_text else 108)
-        ax.set_yticks(np.arange(0, 101, 20))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0f} %"))
-        ax.set_ylabel("communication overlapped with compute (%)")
+        ax.set_ylim(0, ymax * (1.1 if annotate else 1.0))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g} %"))
+        ax.set_ylabel("hidden_pct: communication hidden vs the baseline (%)" if hidden else
+                      "overlap_pct: upper bound of hidden communication (%)", fontsize=9)
         ax.set_xlabel("collective (op, grid axis)")
         ax.grid(True, axis="y", color="0.88")
         ax.set_axisbelow(True)
-        ax.set_title(title or "Overlap of collectives with compute" + _algorithm_title(runs_df))
+        ax.set_title(title or ("Communication hidden behind compute" if hidden else
+                               "Overlap of collectives with compute (upper bound)") + _algorithm_title(runs_df))
         if nruns > 1 or runs_df is not None:
-            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="run")
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="run", fontsize=8)
         fig.tight_layout()
-        fig.text(0.01, -0.01, OVERLAP_CAPTION, ha="left", va="top", fontsize=8, color="0.25", wrap=False)
+        fig.text(0.01, -0.01, _wrapped(HIDDEN_CAPTION if hidden else OVERLAP_CAPTION, width_in, 7), ha="left",
+                 va="top", fontsize=7, color="0.25", wrap=False)
         return _save(fig, path)
+
+
+def _wrapped(text: str, width_in: float, points: float) -> str:
+    """``text`` broken into lines that fit ``width_in`` inches at ``points`` (a character ~0.55 em wide), so a
+    caption never widens the figure."""
+    import textwrap
+
+    chars = max(30, int(width_in * 72 / (0.55 * points)))
+    return "\n".join(textwrap.fill(line, chars) for line in text.split("\n"))
+
+
+def _nice_ceiling(value: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 x 10^k at or above ``value`` (> 0)."""
+    if not value > 0:
+        return 0.0
+    power = 10.0 ** math.floor(math.log10(value))
+    for step in (1.0, 2.0, 2.5, 5.0, 10.0):
+        if step * power >= value:
+            return step * power
+    return 10.0 * power

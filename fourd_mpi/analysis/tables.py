@@ -45,6 +45,7 @@ from fourd_mpi.trace.summary import (HARNESS_OPS, SHARE_FORMULA, STEP_FORMULA, h
                                      host_op_mask, measured_records, per_record_sums, step_stats, summarize)
 from fourd_mpi.trace.read import Trace, gather_columns, in_codes, load_trace
 from fourd_mpi.core.colltable import BUSBW_FORMULA, wire_factor
+from fourd_mpi.perf.peaks import stored_peaks, utilization_pct
 from fourd_mpi.trace.events import COMPUTE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST
 from fourd_mpi.util.text import format_number, short_label
 
@@ -52,8 +53,8 @@ RUN_COLUMNS = [
     "run_id", "path", "status", "label", "algorithm", "model", "world_size", "grid", "gdata", "gz", "gy", "gx", "overlap",
     "progress", "level", "steps", "step_median_s", "step_min_s", "step_max_s", "step_q1_s", "step_q3_s",
     "compute_share", "wait_share", "harness_share", "other_share", "tflops_per_rank", "peak_tflops",
-    "percent_of_peak", "tokens_per_s", "imbalance", "tokens_per_step", "model_flops_per_step", "config_key",
-    "recompute", "hardware_flops_per_step", "hardware_tflops_per_rank", "hardware_percent_of_peak",
+    "mfu_pct", "tokens_per_s", "imbalance", "tokens_per_step", "model_flops_per_step", "config_key",
+    "recompute", "hardware_flops_per_step", "hardware_tflops_per_rank", "hfu_pct", "gemm_tflops", "gemm_pct",
 ]
 BREAKDOWN_COLUMNS = ["run_id", "algorithm", "phase", "category", "axis", "seconds_per_step", "share", "step_s", "step_q1_s",
                      "step_q3_s"]
@@ -71,7 +72,7 @@ SCALING_COLUMNS = ["config_key", "algorithm", "world_size", "grid", "step_median
 COMPARE_COLUMNS = [
     "model", "world_size", "tokens_per_step", "algorithm", "grid", "overlap", "progress", "label", "run_id", "step_median_s",
     "step_q1_s", "step_q3_s", "compute_share", "wait_share", "harness_share", "other_share", "imbalance",
-    "tflops_per_rank", "percent_of_peak", "vs_best",
+    "tflops_per_rank", "mfu_pct", "gemm_pct", "vs_best",
 ]
 FORMATS = ("table", "csv", "json", "markdown")
 #: the breakdown's recompute column
@@ -82,7 +83,8 @@ RECOMPUTE_SHARE_FORMULA = ("recompute_% = 100 * sum of the shares of phase recom
 #: the runs table's columns on a terminal (csv and json keep all)
 RUNS_SHOWN = ["run_id", "algorithm", "grid", "world_size", "overlap", "progress", "steps", "step_median_s", "step_q1_s",
               "step_q3_s", "compute_share", "wait_share", "harness_share", "other_share", "recompute",
-              "tflops_per_rank", "percent_of_peak", "hardware_tflops_per_rank", "hardware_percent_of_peak", "tokens_per_s", "imbalance"]
+              "tflops_per_rank", "mfu_pct", "hardware_tflops_per_rank", "hfu_pct", "gemm_pct", "tokens_per_s",
+              "imbalance"]
 
 OVERLAP_FORMULA = ("overlap_pct = 100 * sum(overlap_ns) / sum(complete_ns - call_ns)  [in flight: from the "
                    "return of the MPI_I* call to its first observed completion; overlap_ns: host compute (GEMMs, "
@@ -279,11 +281,12 @@ def run_row(trace: Trace) -> Dict:
     tokens = meta.get("tokens_per_step")
     tokens = int(tokens) if tokens is not None else 0
     stored = meta.get("summary") if isinstance(meta.get("summary"), dict) else {}
-    peak = stored.get("peak_tflops")
-    if peak is None:
+    peak, gemm = stored_peaks(stored)
+    if peak is None and not stored:  # no summary (a recovered trace): the --peak-tflops the run was given
         config = meta.get("config") or {}
         peak = config.get("peak-tflops") if isinstance(config, dict) else None
     peak = float("nan") if peak is None else float(peak)
+    gemm = float("nan") if gemm is None else float(gemm)
     model = _model_name(trace)
     overlap = short_label(meta.get("overlap") or (meta.get("run_options") or {}).get("overlap"), "none")
     progress = short_label(meta.get("progress") or (meta.get("run_options") or {}).get("progress"), "?")
@@ -296,10 +299,11 @@ def run_row(trace: Trace) -> Dict:
                gdata=grid["data"], gz=grid["z"], gy=grid["y"], gx=grid["x"], overlap=overlap, progress=progress,
                level=str(meta.get("level", "")), steps=0, step_median_s=nan, step_min_s=nan, step_max_s=nan,
                step_q1_s=nan, step_q3_s=nan, compute_share=nan, wait_share=nan, harness_share=nan, other_share=nan,
-               tflops_per_rank=nan, peak_tflops=peak, percent_of_peak=nan, tokens_per_s=nan, imbalance=nan,
+               tflops_per_rank=nan, peak_tflops=peak, mfu_pct=nan, tokens_per_s=nan, imbalance=nan,
                tokens_per_step=tokens, model_flops_per_step=flops,
                config_key=config_key(model, overlap, progress, label, algorithm), recompute=recompute,
-               hardware_flops_per_step=hardware, hardware_tflops_per_rank=nan, hardware_percent_of_peak=nan)
+               hardware_flops_per_step=hardware, hardware_tflops_per_rank=nan, hfu_pct=nan, gemm_tflops=gemm,
+               gemm_pct=nan)
     if len(trace.rank_steps):
         harness, bubble = harness_and_bubble_ns(trace)
         s = summarize(trace.rank_steps, world, flops, tokens, peak, "", harness=harness, bubble=bubble)
@@ -307,12 +311,11 @@ def run_row(trace: Trace) -> Dict:
                    step_q1_s=s.q1_s, step_q3_s=s.q3_s, compute_share=s.compute_share, wait_share=s.wait_share,
                    harness_share=s.harness_share, other_share=s.other_share,
                    tflops_per_rank=s.model_tflops_per_rank,
-                   percent_of_peak=(100.0 * s.model_tflops_per_rank / peak
-                                    if math.isfinite(peak) and peak > 0 else nan),
+                   mfu_pct=utilization_pct(flops, s.median_s, world, peak if peak > 0 else None),
+                   gemm_pct=(100.0 * s.model_tflops_per_rank / gemm if gemm > 0 else nan),
                    tokens_per_s=s.tokens_per_s, imbalance=_imbalance(trace.rank_steps, harness))
         row["hardware_tflops_per_rank"] = hardware / world / s.median_s / 1e12 if s.median_s > 0 else nan
-        row["hardware_percent_of_peak"] = (100.0 * row["hardware_tflops_per_rank"] / peak
-                                           if math.isfinite(peak) and peak > 0 else nan)
+        row["hfu_pct"] = utilization_pct(hardware, s.median_s, world, peak if peak > 0 else None)
         if trace.schema_version <= 2 and row["level"] != "op":  # data made in the steps, not told apart
             row["harness_share"] = nan
     return row
@@ -334,13 +337,15 @@ def runs_table(traces: Sequence[Trace]) -> pd.DataFrame:
     (:data:`~fourd_mpi.trace.summary.MODEL_FLOPS_FORMULA`: the 72 convention, whatever is recomputed);
     ``hardware_tflops_per_rank`` the same with the FLOPs the step executes, recompute included
     (:data:`~fourd_mpi.trace.summary.HARDWARE_FLOPS_FORMULA`; metadata ``hardware_flops_per_step``, equal to
-    the model FLOPs for traces before schema 5, which recomputed nothing), ``hardware_percent_of_peak`` its
-    share of ``peak_tflops``; ``recompute`` the run's ``--recompute`` (``none`` before schema 5);
+    the model FLOPs for traces before schema 5, which recomputed nothing); ``recompute`` the run's ``--recompute`` (``none`` before schema 5);
     ``tokens_per_s`` = tokens per step / median step time.
 
     - ``steps``: number of measured steps.
-    - ``peak_tflops``: the peak recorded in the trace's summary (NaN for recovered traces);
-      ``percent_of_peak`` = 100 * tflops_per_rank / peak_tflops.
+    - ``peak_tflops``: the data-sheet peak per rank of the trace's summary (:mod:`fourd_mpi.perf.peaks` or
+      ``--peak-tflops``; NaN when there is none: CPU runs, recovered traces, older traces that measured the GEMM);
+      ``mfu_pct`` = :data:`~fourd_mpi.perf.peaks.MFU_FORMULA`, ``hfu_pct`` = :data:`~fourd_mpi.perf.peaks.HFU_FORMULA`.
+    - ``gemm_tflops``: the standalone GEMM the run measured (NaN: not measured); ``gemm_pct`` =
+      :data:`~fourd_mpi.perf.peaks.GEMM_PCT_FORMULA`.
     - ``imbalance`` = max over ranks / mean over ranks of the per-rank busy (compute) time per
       measured step (``compute_ns`` of ``/rank_steps`` less harness work); 1.0 is perfectly balanced.
     - ``overlap`` and ``progress`` are the short forms (``"oag,ors,oar,dp,od"``, ``"poll"``);

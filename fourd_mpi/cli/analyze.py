@@ -49,6 +49,9 @@ def register(sub) -> None:
                   old=("--step",))
     add_selection(pl, "ranks", "timeline: ranks to show (e.g. 0-3; default all)", old=("--ranks",))
     pl.add_argument("--normalize", action="store_true", help="breakdown: shares instead of seconds")
+    pl.add_argument("--baseline", metavar="TRACE", help="overlap: a run of the same model and grid without "
+                    "overlap; plots hidden_pct (the exposed time that stopped being exposed) instead of overlap_pct, "
+                    "an upper bound")
     add_allow_damaged(pl)
     pl.set_defaults(handler=cmd_plot, serial=True)
 
@@ -171,10 +174,15 @@ def _need_enough_runs(what, runs, analysis) -> None:
 def _render_sections(sections, fmt: str) -> str:
     from fourd_mpi.analysis.tables import (COMM_FORMULAS, COMM_PLACEMENT_FORMULAS, RECOMPUTE_SHARE_FORMULA,
                                            SHARE_FORMULA, STEP_FORMULA, format_table)
+    from fourd_mpi.perf.peaks import GEMM_PCT_FORMULA, HFU_FORMULA, MFU_FORMULA
     from fourd_mpi.trace.summary import HARDWARE_FLOPS_FORMULA, MODEL_FLOPS_FORMULA
 
+    utilization = {"mfu_pct": f"in %, {MFU_FORMULA} (NaN: no data-sheet peak, e.g. a CPU run)",
+                   "hfu_pct": f"in %, {HFU_FORMULA}", "gemm_pct": f"in %, {GEMM_PCT_FORMULA}"}
     notes = {"runs": {"step_median_s": STEP_FORMULA, "*_share": SHARE_FORMULA,
-                      "tflops_per_rank": MODEL_FLOPS_FORMULA, "hardware_tflops_per_rank": HARDWARE_FLOPS_FORMULA},
+                      "tflops_per_rank": MODEL_FLOPS_FORMULA, "hardware_tflops_per_rank": HARDWARE_FLOPS_FORMULA,
+                      **utilization},
+             "compare": {"mfu_pct": utilization["mfu_pct"], "gemm_pct": utilization["gemm_pct"]},
              "breakdown": {"step_s": STEP_FORMULA, "*_%": "100 * " + SHARE_FORMULA,
                            "recompute_%": RECOMPUTE_SHARE_FORMULA},
              "comm": COMM_FORMULAS, "comm by placement": COMM_PLACEMENT_FORMULAS}
@@ -200,6 +208,7 @@ def cmd_plot(args, world=None) -> int:
     """Exit 0, or 1 when some input files were skipped (named on stderr)."""
     from fourd_mpi.analysis import tables as analysis
     from fourd_mpi.analysis import plots
+    from fourd_mpi.trace.read import load_trace
 
     if os.path.splitext(args.output)[1].lower() not in (".png", ".svg", ".pdf"):
         raise ConfigError(f"{args.output}: the figure's format comes from its suffix: .png, .svg or .pdf")
@@ -235,6 +244,11 @@ def _draw(args, traces, output: str, plots, analysis) -> None:
         frames = [f for f in (analysis.comm_table(t) for t in traces) if len(f)]
         if not frames:
             raise ConfigError("overlap needs op-level traces (--trace-level op)")
+        if args.baseline:
+            reference = analysis.comm_table(load_trace(args.baseline, allow_damaged=args.allow_damaged))
+            if not len(reference):
+                raise ConfigError(f"--baseline {args.baseline}: no collectives (an op-level trace is needed)")
+            frames = [analysis.hidden_vs_baseline(f, reference) for f in frames]
         plots.plot_overlap(_concat(frames), output, runs_df=analysis.runs_table(traces))
 
 

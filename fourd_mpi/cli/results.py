@@ -22,7 +22,7 @@ from fourd_mpi.util.values import int_in, seed_value
 LIST_FORMATS = ("table", "json", "csv")
 #: columns of ``results list`` (table and csv), in order
 LIST_COLUMNS = ("run_id", "time", "model", "grid", "world_size", "algorithm", "median_s", "q1_s", "q3_s",
-                "model_tflops_per_rank", "percent_of_peak", "status", "config_key", "git_commit", "trace")
+                "model_tflops_per_rank", "mfu_pct", "gemm_pct", "status", "config_key", "git_commit", "trace")
 INDEX_HELP = "the index: a results directory (its index.jsonl) or a .jsonl file (default: results)"
 
 
@@ -81,10 +81,12 @@ def register(sub) -> None:
     cmp.add_argument("--ignore", metavar="OPTIONS", default="",
                      help="comma list of configuration options left out of the matching key (e.g. steps,warmup: "
                           "compare runs that differ only in them)")
-    cmp.add_argument("--unit", choices=("step", "run"), default="step",
-                     help="the samples: step (default), every measured step of the runs pooled; run, each run's "
-                          "median step time (sees the variation between runs; tested from 3 runs per side, and p < 0.05 needs at least 4: 3 against 3 "
-                          "gives p >= 0.1)")
+    cmp.add_argument("--unit", choices=("auto", "run", "step"), default="auto",
+                     help="the samples: auto (default), each run's median step time when both sides have at least "
+                          "4 runs (at --alpha 0.05: the fewest for which the exact two-sided Mann-Whitney p can fall "
+                          "below alpha; n against n runs give p >= 2/C(2n,n)), else the steps, with one line saying "
+                          "so; run: always the runs (sees the variation between runs, which steps of one run do "
+                          "not); step: always every measured step, pooled")
     add_format(cmp, ("table", "markdown", "json", "junit"),
                help="table (default), markdown, json, or junit (JUnit XML: a test case per configuration, a failure "
                     "per regression)")
@@ -219,7 +221,8 @@ def cmd_compare(args, world=None) -> int:
     except ImportError:
         raise ConfigError("compare needs scipy (bootstrap and Mann-Whitney U): pip install "
                           "'fourd_mpi[analysis]' (or pip install scipy)") from None
-    from fourd_mpi.analysis.compare import Settings, compare_runs, exit_status, parse_threshold
+    from fourd_mpi.analysis.compare import (Settings, compare_runs, drop_new_from_baseline, exit_status,
+                                            parse_threshold)
     from fourd_mpi.analysis.compare_report import render
     from fourd_mpi.results.index import index_file, rekeyed
 
@@ -229,6 +232,12 @@ def cmd_compare(args, world=None) -> int:
     refuse_output(args.output, args.force, inputs=named_inputs(args.new + args.baseline) + [index_path])
     new = _load_side(args, args.new, index_path, "new")
     old = _load_side(args, args.baseline, index_path, "baseline")
+    old, dropped = drop_new_from_baseline(new, old)
+    if dropped:
+        warn(f"left out of the baseline {len(dropped)} run(s) that are also new runs: {', '.join(dropped)}")
+    if not old:
+        raise ConfigError(f"--baseline: every baseline run is also a new run ({', '.join(dropped)}); name other "
+                          f"baseline runs")
     ignore = [name.strip() for name in args.ignore.split(",") if name.strip()]
     if ignore:
         known = {k for entry, _, _ in new + old for k in entry["config"]}

@@ -115,7 +115,7 @@ def cmd_run(args, world) -> int:
 
     options = run_options(args, world.Get_size())
     trace = TraceOptions(args.trace_level, args.results_dir, args.run_id, args.label, args.force,
-                         args.trace_group_size).validate()
+                         args.trace_group_size, args.nvtx).validate()
     fault = Fault.parse(args.inject_fault) if args.inject_fault else None
     check_timeout(args.step_timeout)
     if fault is not None and fault.rank >= world.Get_size():

@@ -147,5 +147,5 @@ def _recovered_summary(spool_dir: str):
     except (TraceError, KeyError):
         return None  # recover() reports what is wrong with the directory
     hardware = meta.get("hardware_flops_per_step")  # schema >= 5
-    return lambda rank_steps: summarize(rank_steps, world, flops, tokens, float("nan"), "not recorded",
+    return lambda rank_steps: summarize(rank_steps, world, flops, tokens, None, "not recorded",
                                         hardware_flops_per_step=hardware, recompute=meta.get("recompute"))

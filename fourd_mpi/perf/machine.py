@@ -53,6 +53,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from fourd_mpi.core.backend import DTYPES
 from fourd_mpi.core.colltable import COLLECTIVES, collective
 from fourd_mpi.errors import ConfigError
+from fourd_mpi.perf import peaks
 
 PROFILES_DIR = os.path.join(os.path.dirname(__file__), "profiles")
 LEVELS = ("intra", "inter")
@@ -144,8 +145,12 @@ PROFILE_SCHEMA: Dict[str, Any] = {
                         "gemm_tflops": {"type": "object", "minProperties": 1,
                                         "propertyNames": {"enum": list(DTYPES)},
                                         "additionalProperties": _pos},
+                        "device": {"enum": list(peaks.BY_NAME),
+                                   "description": "the device a rank drives: its data-sheet peaks come from "
+                                                  "fourd_mpi/perf/peaks.py"},
                         "peak_tflops": {"type": "object", "propertyNames": {"enum": list(DTYPES)},
-                                        "additionalProperties": _pos},
+                                        "additionalProperties": _pos,
+                                        "description": "a device the peak table lacks: its data-sheet peaks"},
                         "training_dtype": {"enum": list(DTYPES)},
                         "mem_bandwidth_gbs": _pos,
                         "device_memory_gib": _pos,
@@ -239,12 +244,21 @@ class MachineProfile:
         and float32 on CPU (numpy) ones (NumPy has no bfloat16 arithmetic)."""
         return str(self.data["compute"].get("training_dtype", "bfloat16" if self.backend == "cupy" else "float32"))
 
+    @property
+    def device(self) -> Optional[peaks.Device]:
+        """The entry of the one peak table (:mod:`fourd_mpi.perf.peaks`) that ``compute.device`` names."""
+        name = self.data["compute"].get("device")
+        return peaks.device(name) if name else None
+
     def peak_tflops(self, dtype: str) -> Optional[float]:
-        """The data-sheet peak per rank for ``dtype`` (None when the profile has none)."""
-        peaks = self.data["compute"].get("peak_tflops") or {}
-        if dtype == "bfloat16" and dtype not in peaks and "float16" in peaks:
+        """The data-sheet peak per rank for ``dtype``: from the peak table for the profile's ``compute.device``,
+        else from the profile's own ``compute.peak_tflops`` (a device the table lacks); None when neither has
+        one (CPU profiles). bfloat16 falls back to float16 (same tensor-core peak)."""
+        dev = self.device
+        table = dict(dev.peaks) if dev is not None else dict(self.data["compute"].get("peak_tflops") or {})
+        if dtype == "bfloat16" and dtype not in table and "float16" in table:
             dtype = "float16"
-        return float(peaks[dtype]) if dtype in peaks else None
+        return float(table[dtype]) if dtype in table else None
 
     def gemm_tflops(self, dtype: str) -> float:
         """Sustained GEMM TFLOP/s per rank. A profile without a bfloat16 rate (calibrated before bf16

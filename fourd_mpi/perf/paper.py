@@ -10,11 +10,12 @@ run scripts take it as an argument, so :data:`DEFAULT_BATCH` (2,048 sequences of
 
 Metrics (every one printed with its formula):
 
-- **% of peak** = ``F_hw / (t_step * N * peak)``: ``F_hw`` the hardware FLOPs of a step with full
+- **HFU** (hardware FLOPs utilization; what AxoNN's and Megatron's "% of peak" is) = ``F_hw / (t_step * N * peak)``: ``F_hw`` the hardware FLOPs of a step with full
   recompute, ``96 B s l h^2 (1 + s/6h)``
   (:meth:`~fourd_mpi.step.presets.ModelConfig.hardware_flops_per_step`; the suite's models have no
   LM head, so AxoNN's ``V/(16 l h)`` term is 0), ``t_step`` the predicted step time, ``N`` GPUs,
-  ``peak`` the profile's dense bf16 peak (312 TFLOP/s on an A100);
+  ``peak`` the dense bf16 data-sheet peak of the profile's device (312 TFLOP/s on an A100;
+  :mod:`fourd_mpi.perf.peaks`). MFU (model FLOPs, recompute not counted) is ``72/96`` of it here;
 - **PFLOP/s** = ``F_hw / t_step / 1e15`` (the paper's 182 PFLOP/s is the same quantity);
 - **speedup over Megatron-like** = ``t_megatron / t_4d`` (the paper: 26 % faster, i.e. 1.26).
 
@@ -55,8 +56,6 @@ PUBLISHED = {"model": "gpt-80b", "gpus": 1024, "pct_peak": 57.0, "pflops": 182.0
 #: left out. The global batch scales with the GPUs (``batch * gpus / 1024``: 2 sequences per GPU at the
 #: default), since the suite has no gradient accumulation to keep a fixed batch in memory on few GPUs.
 WEAK_SERIES = [("gpt-5b", 64), ("gpt-10b", 128), ("gpt-20b", 256), ("gpt-40b", 512), ("gpt-80b", 1024)]
-#: the A100's dense bf16 tensor-core peak (NVIDIA A100 datasheet), used when a profile has no peak_tflops
-A100_BF16_PEAK_TFLOPS = 312.0
 
 
 @dataclass
@@ -87,12 +86,13 @@ class Case:
 
 
 def peak_tflops(profile: MachineProfile, dtype: str = "bfloat16") -> float:
-    """The profile's dense peak for ``dtype`` (bfloat16 falls back to float16: same tensor-core peak)."""
-    peaks = profile.data["compute"].get("peak_tflops") or {}
-    for name in (dtype, "float16"):
-        if name in peaks:
-            return float(peaks[name])
-    raise ConfigError(f"machine profile {profile.name} has no peak_tflops for {dtype}: add compute.peak_tflops")
+    """The data-sheet dense peak of the profile's device for ``dtype`` (:meth:`MachineProfile.peak_tflops`: the
+    one peak table, :mod:`fourd_mpi.perf.peaks`)."""
+    peak = profile.peak_tflops(dtype)
+    if peak is None:
+        raise ConfigError(f"machine profile {profile.name} has no data-sheet peak for {dtype}: set compute.device "
+                          f"(one of fourd_mpi/perf/peaks.py) or compute.peak_tflops")
+    return peak
 
 
 def megatron_grid(gpus: int, tp: int = 4) -> GridShape:
@@ -163,8 +163,8 @@ def report(flagship: Case, series: List[Case], profile: MachineProfile, memory_l
         f"{c.cfg.seq}), global batch {c.cfg.batch} sequences ({c.cfg.tokens:,} tokens; our assumption, the paper's "
         f"batch is not in its abstract or run scripts), {c.gpus} GPUs, bf16 mixed precision (fp32 master + Adam), "
         f"flash attention, full recompute, overlap {OVERLAP}; memory limit {lim} per GPU",
-        "# % of peak = 96 B s l h^2 (1 + s/6h) / (t_step * GPUs * peak), peak = "
-        f"{c.peak_tflops:g} TFLOP/s bf16 dense; PFLOP/s = 96 B s l h^2 (1 + s/6h) / t_step / 1e15; "
+        "# HFU = 96 B s l h^2 (1 + s/6h) / (t_step * GPUs * peak) (hardware FLOPs with full recompute: the "
+        f"paper's % of peak), peak = {c.peak_tflops:g} TFLOP/s bf16 dense (data sheet, fourd_mpi/perf/peaks.py); PFLOP/s = 96 B s l h^2 (1 + s/6h) / t_step / 1e15; "
         "speedup = t_Megatron-like / t_4D",
         f"# source of the published column: {PUBLISHED['source']}",
         "",
@@ -182,7 +182,7 @@ def report(flagship: Case, series: List[Case], profile: MachineProfile, memory_l
                      f"{best.memory.required(reserve) / GIB:.3g} GiB")
     meg = c.megatron
     rows = [("", "ours (model)", "published")]
-    rows.append(("% of peak (96 convention)", _pct(c.pct_peak(best)), f"{PUBLISHED['pct_peak']:g} %"))
+    rows.append(("HFU (96 convention, % of peak)", _pct(c.pct_peak(best)), f"{PUBLISHED['pct_peak']:g} %"))
     rows.append(("PFLOP/s in total", _num(c.pflops(best), "{:.1f}"), f"{PUBLISHED['pflops']:g}"))
     speed = meg.step_s / best.step_s if (meg is not None and best is not None) else None
     rows.append(("4D faster than Megatron-LM by", _num(None if speed is None else 100 * (speed - 1), "{:.0f} %")
@@ -194,7 +194,7 @@ def report(flagship: Case, series: List[Case], profile: MachineProfile, memory_l
         lines.append(f"Megatron-LM-like grid {meg.grid} (1D tensor parallelism 4 inside a node, data parallel "
                      f"{meg.grid.data}, optimizer state sharded over data): step {meg.step_s:.3f} s "
                      f"(compute {meg.compute_s:.3f} s, exposed {meg.exposed_total_s:.3f} s), "
-                     f"{_pct(c.pct_peak(meg))} of peak; memory {meg.memory.required(reserve) / GIB:.3g} GiB per GPU: "
+                     f"HFU {_pct(c.pct_peak(meg))}; memory {meg.memory.required(reserve) / GIB:.3g} GiB per GPU: "
                      + ("fits" if fit else f"does NOT fit in {lim}") + ".")
     elif c.megatron_problem:
         lines.append(f"Megatron-LM-like grid: cannot run {c.cfg.name}: {c.megatron_problem}")
@@ -203,8 +203,8 @@ def report(flagship: Case, series: List[Case], profile: MachineProfile, memory_l
         sched = sc.schedule + (f" v={sc.chunks}" if sc.schedule == "interleaved" else "")
         lines.append(f"Megatron-LM with its pipeline (PTD-P; the fastest configuration the model finds, vocabulary "
                      f"{sc.vocab} included): TP {sc.grid.y} x PP {sc.stages} x DP {sc.grid.data}, {sched}, micro-batch "
-                     f"{sc.microbatch_size} x {sc.microbatches}: step {ptdp.step_s:.3f} s, {ptdp.pct_peak():.1f} % of peak "
-                     f"(96 B s l h^2 (1 + s/6h + V/16lh) convention), memory {ptdp.memory['required'] / GIB:.3g} GiB per "
+                     f"{sc.microbatch_size} x {sc.microbatches}: step {ptdp.step_s:.3f} s, HFU {ptdp.pct_peak():.1f} % "
+                     f"(96 B s l h^2 (1 + s/6h + V/16lh) convention, % of data-sheet peak), memory {ptdp.memory['required'] / GIB:.3g} GiB per "
                      f"GPU; fourd-mpi model published compares it with the 4D side and the published 26 %.")
     else:
         lines.append("Megatron-LM with its pipeline (PTD-P): no configuration fits (fourd-mpi model published)")
@@ -236,8 +236,8 @@ def _table(rows) -> str:
 
 def _series_table(series: List[Case], profile: MachineProfile, memory_limit_gib: Optional[float]) -> str:
     reserve = memory_reserve(profile)
-    rows = [("model", "GPUs", "batch", "best grid", "step s", "% peak", "PFLOP/s", "mem GiB", "Megatron-like step s",
-             "% peak", "mem GiB", "fits", "published % peak")]
+    rows = [("model", "GPUs", "batch", "best grid", "step s", "HFU", "PFLOP/s", "mem GiB", "Megatron-like step s",
+             "HFU", "mem GiB", "fits", "published HFU")]
     for c in series:
         b, m = c.best, c.megatron
         rows.append((c.cfg.name, c.gpus, c.cfg.batch, "-" if b is None else str(b.grid), _num(b and b.step_s, "{:.3f}"),
@@ -270,28 +270,30 @@ def plot(series: List[Case], path: str, profile: MachineProfile, memory_limit_gi
         import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError("the plot needs matplotlib: pip install fourd-mpi[analysis]") from None
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
     gpus = [c.gpus for c in series]
-    ax.plot(gpus, [c.pct_peak(c.best) for c in series], "o-", label="4D, predicted best grid")
+    ax.plot(gpus, [c.pct_peak(c.best) for c in series], "o-", color="#0072B2",
+            label="4D, predicted best grid")
     meg = [(c.gpus, c.pct_peak(c.megatron), fits(c.megatron, profile, memory_limit_gib)) for c in series
            if c.megatron is not None]
     if meg:
-        ax.plot([g for g, _, _ in meg], [p for _, p, _ in meg], "s--", label="Megatron-like TP 4 + DP, predicted")
+        ax.plot([g for g, _, _ in meg], [p for _, p, _ in meg], "s--", color="#E69F00",
+                label="Megatron-like TP 4 + DP, predicted")
         over = [(g, p) for g, p, f in meg if not f]
         if over:
-            ax.plot([g for g, _ in over], [p for _, p in over], "x", color="red", markersize=10,
+            ax.plot([g for g, _ in over], [p for _, p in over], "x", color="#D55E00", markersize=10,
                     label="does not fit in memory")
     ax.plot([PUBLISHED["gpus"]], [PUBLISHED["pct_peak"]], "*", markersize=14, color="black",
             label="AxoNN published (80B, 1,024 A100)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(gpus)
     ax.set_xticklabels([f"{g}\n{c.cfg.name[4:]}" for g, c in zip(gpus, series)])
-    ax.set_xlabel("GPUs / model")
-    ax.set_ylabel("% of bf16 peak (96 B s l h^2 (1+s/6h) / t / (N peak))")
+    ax.set_xlabel("GPUs (count, log\u2082 scale) / model")
+    ax.set_ylabel("HFU (%): 96 B s l h^2 (1+s/6h) / (t N peak_bf16)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(f"weak scaling on {profile.name}: model vs published")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=150, bbox_inches="tight", pad_inches=0.08)
     plt.close(fig)

@@ -70,6 +70,9 @@ from fourd_mpi.step.presets import ModelConfig, model_problems
 GIB = 2.0 ** 30
 #: the 4D-family algorithms ``model predict`` takes (``pipeline`` = ``axonn4d`` with stages)
 ALGORITHMS = ("axonn4d", "megatron1d", "fsdp", "dp", "pipeline")
+#: what the % of the data-sheet peak of each FLOP convention is called: model FLOPs give MFU, executed
+#: (hardware) FLOPs HFU; Megatron's convention counts recompute only with full recompute (its "% of peak")
+UTILIZATION_NAME = {"model": "MFU", "hardware": "HFU", "megatron": "Megatron-convention"}
 MEGATRON_FORMULA = {"full": "96 B s l h^2 (1 + s/6h + V/16lh)", "none": "72 B s l h^2 (1 + s/6h + V/12lh)"}
 #: passes of 4-byte elements over the logits for the cross entropy (cast, max, exp-sum, softmax, and
 #: the backward's write): an assumption, stated once
@@ -225,7 +228,8 @@ def formulas(sc: Scenario) -> Dict[str, str]:
     return {"megatron": f"Megatron FLOPs = {MEGATRON_FORMULA[conv]} (recompute {sc.recompute})",
             "hardware": "hardware FLOPs = executed GEMM + attention FLOPs with recompute + LM head 6 B s h V",
             "model": "model FLOPs = 72 B s l h^2 (1 + s/6h + V/12lh) (no recompute counted; MFU)",
-            "pct_peak": "% of peak = 100 F / (t_step x GPUs x data-sheet peak)",
+            "pct_peak": "% of peak = 100 F / (t_step x GPUs x data-sheet peak of fourd_mpi/perf/peaks.py): MFU with "
+                        "model FLOPs, HFU with hardware FLOPs",
             "step": "step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb",
             "bubble": schedules.BUBBLE_FORMULA[sc.schedule] if sc.stages > 1 else "no pipeline: no bubble"}
 
@@ -446,7 +450,8 @@ def format_result(r: ScenarioResult, profile: MachineProfile) -> str:
     f = formulas(sc)
     for conv in ("megatron", "hardware", "model"):
         lines.append(f"{conv:9s} {r.flops[conv]:.4g} FLOPs/step, {r.tflops_per_gpu(conv):.1f} TFLOP/s per GPU, "
-                     f"{r.pct_peak(conv):.1f} % of {r.peak_tflops:g} TFLOP/s peak  [{f[conv]}]")
+                     f"{UTILIZATION_NAME[conv]} {r.pct_peak(conv):.1f} % of {r.peak_tflops:g} TFLOP/s peak  "
+                     f"[{f[conv]}]")
     lines.append(f"({f['pct_peak']})")
     lines += [f"note: {n}" for n in r.notes]
     return "\n".join(lines)

@@ -5,7 +5,8 @@
 A line (:func:`make_entry`, checked against :data:`ENTRY_SCHEMA`) holds the run id, start time,
 git commit, the **configuration key** (:func:`config_key`), algorithm, model, grid, world size,
 the step-time median and quartiles (the run summary's, :data:`fourd_mpi.trace.summary.STEP_FORMULA`),
-model TFLOP/s per rank, % of peak, the trace status and the trace path (relative to the index's
+model TFLOP/s per rank, MFU, HFU and % of measured GEMM (:mod:`fourd_mpi.perf.peaks`), the exposed
+communication share, the trace status and the trace path (relative to the index's
 directory, so that a results directory can be moved), and the keyed configuration itself.
 
 **Concurrency.** Jobs of one study may finish at the same moment and share the results
@@ -31,6 +32,7 @@ import math
 import os
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
+from fourd_mpi.perf.peaks import stored_peaks
 from fourd_mpi.util.yamlspec import schema_message
 
 INDEX_NAME = "index.jsonl"
@@ -60,7 +62,8 @@ ENTRY_SCHEMA = {
         "model": _STR, "label": _STR, "grid": {"type": "string"}, "world_size": {"type": "integer", "minimum": 1},
         "num_nodes": {"type": ["integer", "null"]}, "level": _STR, "measured_steps": {"type": ["integer", "null"]},
         "median_s": _NUM, "q1_s": _NUM, "q3_s": _NUM, "min_s": _NUM, "max_s": _NUM,
-        "model_tflops_per_rank": _NUM, "percent_of_peak": _NUM, "status": {"type": "string"},
+        "model_tflops_per_rank": _NUM, "mfu_pct": _NUM, "hfu_pct": _NUM, "gemm_pct": _NUM, "wait_share": _NUM,
+        "percent_of_peak": _NUM, "status": {"type": "string"},
         "trace": {"type": "string"}, "host": _STR, "config": {"type": "object"},
     },
 }
@@ -117,10 +120,12 @@ def make_entry(metadata: Dict, status: str, trace_path: str, index_dir: str, sta
     flops = _finite(metadata.get("model_flops_per_step"))
     if tflops is None and flops is not None and times["median_s"]:
         tflops = flops / world / times["median_s"] / 1e12
-    peak = _finite(summary.get("peak_tflops"))
-    percent = _finite(summary.get("percent_of_peak"))
-    if percent is None and tflops is not None and peak:
-        percent = 100.0 * tflops / peak
+    peak, gemm = stored_peaks(summary)
+    hardware = _finite(summary.get("hardware_tflops_per_rank"))
+    hardware = tflops if hardware is None else hardware
+    mfu = 100.0 * tflops / peak if tflops is not None and peak else None
+    hfu = 100.0 * hardware / peak if hardware is not None and peak else None
+    gemm_pct = 100.0 * tflops / gemm if tflops is not None and gemm else None
     algorithm = config.get("algorithm") or metadata.get("algorithm") or DEFAULT_ALGORITHM
     return {
         "index": INDEX_VERSION, "run_id": str(metadata.get("run_id") or os.path.basename(trace_path)[:-3]),
@@ -131,7 +136,8 @@ def make_entry(metadata: Dict, status: str, trace_path: str, index_dir: str, sta
         "label": config.get("label"), "grid": str(metadata.get("grid") or ""), "world_size": world,
         "num_nodes": metadata.get("num_nodes"), "level": metadata.get("level"),
         "measured_steps": int(steps) if isinstance(steps, (int, float)) and math.isfinite(steps) else None,
-        **times, "model_tflops_per_rank": tflops, "percent_of_peak": percent, "status": status,
+        **times, "model_tflops_per_rank": tflops, "mfu_pct": mfu, "hfu_pct": hfu, "gemm_pct": gemm_pct,
+        "wait_share": _finite(summary.get("wait_share")), "status": status,
         "trace": os.path.relpath(os.path.abspath(trace_path), os.path.abspath(index_dir)),
         "host": metadata.get("launch_host"), "config": keyed_config(config),
     }

@@ -186,7 +186,11 @@ RUN_OPTIONS: Tuple[Option, ...] = (
     Option("display", "trace", str, "auto", DISPLAYS,
            help="rank 0's per-step output: a progress bar, lines, or nothing (auto: bar on a terminal)"),
     Option("peak-tflops", "trace", positive_float, None, metavar="T",
-           help="peak TFLOP/s per rank for the %% of peak (default: measure the step's largest GEMM)"),
+           help="data-sheet peak TFLOP/s per rank for MFU and HFU (default: the GPU's entry in the peak table "
+                "fourd_mpi/perf/peaks.py; on a CPU none, so no MFU); %% of measured GEMM is always reported"),
+    Option("nvtx", "trace", flag=True, default=False,
+           help="NVTX ranges of every step, phase, layer and op for Nsight Systems (nsys profile --trace=nvtx); "
+                "needs NVIDIA's nvtx package (pip install nvtx; without it one line says so and the run goes on)"),
     Option("step-timeout", "trace", number, 600.0, metavar="SECONDS",
            help="watchdog: a rank that waits longer than this in one collective prints where it waits, marks "
                 "the run hung and aborts the job (MPI_Abort) so the allocation is freed; 0 disables (default "

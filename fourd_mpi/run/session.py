@@ -33,6 +33,8 @@ from fourd_mpi.trace.merge import merge_run
 from fourd_mpi.trace.spool import RankSpool, prepare_spool
 from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
 from fourd_mpi.trace.summary import summarize
+from fourd_mpi.perf.peaks import runtime_peak
+from fourd_mpi.trace.nvtx import make_ranges
 
 FAULT_MODES = ("kill", "raise", "remove-spool", "fill-disk", "touch", "sigterm", "stop", "sigterm-merge",
                "kill-merge")
@@ -52,6 +54,7 @@ class TraceOptions:
     label: Optional[str] = None
     force: bool = False
     group_size: int = 0  #: ``--trace-group-size`` (0: ranks per node, see :mod:`fourd_mpi.trace.merge`)
+    nvtx: bool = False  #: ``--nvtx``: NVTX ranges of steps, phases, layers and ops (:mod:`fourd_mpi.trace.nvtx`)
 
     def validate(self) -> "TraceOptions":
         if self.level not in LEVELS:
@@ -149,6 +152,12 @@ class Fault:
         raise RuntimeError(f"injected fault (--inject-fault {self.rank}:{self.step}:{self.mode})")
 
 
+def device_name(backend) -> Optional[str]:
+    """The GPU's name as its runtime gives it (None on the NumPy backend: a CPU)."""
+    name = getattr(backend, "device_name", None)
+    return name() if callable(name) else None
+
+
 def measure_peak(run: Run) -> float:
     """Median over ranks of the standalone TFLOP/s of the step's largest local GEMM (all ranks at once)."""
     layer = max(run.model.fc_layers(), key=lambda fc: fc.block_shape[0] * fc.block_shape[1])
@@ -226,6 +235,7 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
         fault.check(trace.results_dir, options.steps)
     run = Run.build(world, options, trace_level=trace.level)
     run.comm.watchdog = Watchdog(step_timeout, rank)
+    run.comm.tracer.ranges = make_ranges(trace.nvtx, say if rank == 0 else lambda text: None)
     start_time = now_iso()
     run_id = on_root(world, lambda: trace.run_id or new_run_id(trace.label))
     trace_path, _ = trace_paths(trace.results_dir, run_id)
@@ -244,8 +254,9 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
     try:
         if header is not None:
             header(run)
-        if peak_tflops is None:
-            peak, source = measure_peak(run), "measured standalone GEMM, median over ranks"
+        gemm = measure_peak(run)  # the "% of measured GEMM" column, always
+        if peak_tflops is None:  # MFU and HFU: the data-sheet peak of the device (none on a CPU)
+            peak, source = runtime_peak(device_name(run.backend), options.dtype, options.tf32)
         else:
             peak, source = peak_tflops, "--peak-tflops"
         say(f"tracing: level {trace.level}, run id {run_id}, per-rank files in {spool_dir}")
@@ -305,7 +316,8 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
                                 hardware_flops_per_step=cfg.hardware_flops_per_step(options.recompute),
                                 recompute=options.recompute,
                                 formulas=(cfg.flops_formula(), cfg.hardware_flops_formula(options.recompute)),
-                                activations=activations, bubble=bubble if bubble.any() else None)
+                                activations=activations, bubble=bubble if bubble.any() else None,
+                                gemm_tflops=gemm)
             metadata["summary"] = summary.as_dict()
             metadata["activations"] = activations
             metadata["array_pool"] = run.backend.pool_stats()  # rank 0's, after the last step
@@ -324,6 +336,8 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
                          correct=drift.correct_records if drift is not None else None, group_size=trace.group_size,
                          after_open=merge_fault)
     except BaseException as exc:
+        if run.comm.tracer.ranges is not None:  # NVTX ranges end with the run, whatever ended it
+            run.comm.tracer.ranges.unwind()
         if merging and not os.path.exists(spool.steps_path):
             pass  # the merge had published the trace and removed this rank's files: nothing to record
         elif isinstance(exc, (KeyboardInterrupt, Terminated)):  # mpiexec forwards SIGINT and SIGTERM to every rank
@@ -349,6 +363,8 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
         warning_line(f"spool files in {spool_dir} were deleted during the run; {recreated} of {world.Get_size()} "
                      "rank(s) re-created theirs from the files they still had open, no step was lost (trace "
                      "metadata spool_recreated)")
+    if run.comm.tracer.ranges is not None:
+        run.comm.tracer.ranges.unwind()
     run.comm.watchdog.close()
     run.close()
     return path, summary

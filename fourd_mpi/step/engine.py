@@ -112,11 +112,16 @@ def timed_step(trainer, step: int, world, what: str) -> StepResult:
     trace.begin_step(step)
     comm.records.clear()  # keep only this step's collective records (they become the step's trace events)
     t0 = time.perf_counter_ns()
-    loss, _ = trainer.forward_backward(step)
-    trace.enter_phase("optimizer")
-    with trace.op("optimizer"):
-        trainer.optimizer.step()
-    comm.backend.synchronize()
+    try:
+        loss, _ = trainer.forward_backward(step)
+        trace.enter_phase("optimizer")
+        with trace.op("optimizer"):
+            trainer.optimizer.step()
+        comm.backend.synchronize()
+    except BaseException:
+        if trace.ranges is not None:  # NVTX (--nvtx): the step's open ranges end with it
+            trace.ranges.unwind()
+        raise
     t1 = time.perf_counter_ns()
     events = trace.end_step(t0, t1, comm.records, trainer._group_sizes)
     local = (t1 - t0) * 1e-9

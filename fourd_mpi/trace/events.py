@@ -26,7 +26,7 @@ each op also appends one tuple. Events become a NumPy structured array once per 
 from __future__ import annotations
 
 import time
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -129,6 +129,8 @@ class _Span:
 
     def __enter__(self):
         tr = self.tracer
+        if tr.ranges is not None:  # NVTX (--nvtx): the same scope as a range, popped in __exit__
+            tr.ranges.push(*tr.range_name(self))
         if self.lane == LANE_LAYER:
             self.saved = (tr.where_layer, tr.where_phase)
             tr.where_layer, tr.where_phase = self.layer, self.phase
@@ -139,6 +141,8 @@ class _Span:
 
     def __exit__(self, *exc):
         tr = self.tracer
+        if tr.ranges is not None:
+            tr.ranges.pop()  # also when an exception leaves the scope: ranges stay balanced
         if tr.synchronize is not None and tr.keep_ops and self.lane == LANE_HOST:
             tr.synchronize()
         t1 = time.perf_counter_ns()
@@ -189,6 +193,14 @@ class Tracer:
         self.mpi_ns = 0
         self.bubble_ns = 0
         self.mpi_spans: list = []
+        #: NVTX ranges (:class:`fourd_mpi.trace.nvtx.Ranges`, ``--nvtx``) or None
+        self.ranges = None
+
+    def range_name(self, span: "_Span") -> Tuple[str, str]:
+        """``(kind, name)`` of the NVTX range of a scope: ``layer NAME (PHASE)`` or ``op NAME``."""
+        if span.lane == LANE_LAYER:
+            return "layer", f"layer {self.layer_names[span.layer]} ({PHASES[span.phase]})"
+        return "op", f"op {OPS[span.op]}"
 
     def set_level(self, level: str) -> None:
         """Change what is kept from the next event on (benchmarks alternate levels in one run)."""
@@ -217,6 +229,9 @@ class Tracer:
     def enter_phase(self, phase: str) -> None:
         """From here on, work outside any layer scope belongs to ``phase``."""
         self.where_layer, self.where_phase = 0, _PHASE[phase]
+        if self.ranges is not None:  # the previous phase's range ends here: phases follow one another
+            self.ranges.pop_to(1)
+            self.ranges.push("phase", f"phase {phase}")
 
     def op(self, name: str) -> _Span:
         """Scope of one host compute op (``attention``, ``gelu``, ...). Must not contain a wait."""
@@ -269,6 +284,9 @@ class Tracer:
 
     # steps ------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
+        if self.ranges is not None:
+            self.ranges.unwind()  # whatever a step that raised left open
+            self.ranges.push("step", f"step {step}")
         self.step = step
         self.events = []
         self._deferred = []
@@ -282,6 +300,8 @@ class Tracer:
         ``records``: the step's :class:`~fourd_mpi.core.collectives.CommRecord` list;
         ``group_sizes``: axis name -> communicator size (for ``wire_bytes``).
         """
+        if self.ranges is not None:
+            self.ranges.unwind()  # the step's range and its last phase's
         if self._deferred:  # event-timed GEMMs (GPU, below level op): the device has finished them
             self.compute_ns += sum(w.elapsed_ns() for w in self._deferred)
             self._deferred = []

@@ -397,7 +397,8 @@ METADATA_SCHEMA = {
                                                       for a in ("data", "z", "y", "x")}}}},
         "summary": {"type": "object", "properties": {k: {"type": ["number", "null"]} for k in (
             "steps", "median_s", "min_s", "max_s", "q1_s", "q3_s", "compute_share", "wait_share", "other_share",
-            "harness_share", "model_tflops_per_rank", "peak_tflops", "tokens_per_s", "percent_of_peak")}},
+            "harness_share", "model_tflops_per_rank", "peak_tflops", "tokens_per_s", "percent_of_peak", "gemm_tflops",
+            "mfu_pct", "hfu_pct", "gemm_pct")}},
         "failures": {"type": "array"}, "command": {"type": "array"},
         "placement": {"type": "object", "properties": {
             "num_nodes": _COUNT, "nodes": {"type": "array", "items": _COUNT},

@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from fourd_mpi.perf.peaks import GEMM_PCT_FORMULA, HFU_FORMULA, MFU_FORMULA
 from fourd_mpi.trace.events import BUBBLE_OPS, LANE_HOST
 from fourd_mpi.util.text import format_number
 
@@ -147,6 +148,11 @@ def harness_and_bubble_ns(trace):
     return tuple(per_record_sums(trace.rank_steps, trace.events, mask) for mask in masks)
 
 
+def _positive(value: Optional[float]) -> bool:
+    """A usable divisor: a number > 0 (None and NaN are not)."""
+    return value is not None and value > 0
+
+
 @dataclass
 class Summary:
     """Statistics of the measured (post-warm-up) steps."""
@@ -161,7 +167,9 @@ class Summary:
     wait_share: float
     other_share: float
     model_tflops_per_rank: float
-    peak_tflops: float
+    #: the data-sheet peak per rank (TFLOP/s; :mod:`fourd_mpi.perf.peaks` or ``--peak-tflops``; None: none, e.g.
+    #: on a CPU) and where it comes from (or why there is none)
+    peak_tflops: Optional[float]
     peak_source: str
     tokens_per_s: float
     #: seconds to prepare the synthetic batches before the first step (max over ranks; None: not recorded,
@@ -181,32 +189,48 @@ class Summary:
     activations: Optional[Dict] = None
     #: (schema 6) share of pipeline bubbles: time blocked waiting for another stage's message (0: none)
     bubble_share: float = 0.0
+    #: the standalone TFLOP/s of the step's largest local GEMM, median over ranks (None: not measured)
+    gemm_tflops: Optional[float] = None
 
     @property
-    def percent_of_peak(self) -> float:
-        return 100.0 * self.model_tflops_per_rank / self.peak_tflops if self.peak_tflops else float("nan")
+    def mfu_pct(self) -> float:
+        """:data:`~fourd_mpi.perf.peaks.MFU_FORMULA` (NaN without a data-sheet peak)."""
+        return 100.0 * self.model_tflops_per_rank / self.peak_tflops if _positive(self.peak_tflops) else float("nan")
 
     @property
-    def hardware_percent_of_peak(self) -> float:
-        if self.hardware_tflops_per_rank is None or not self.peak_tflops:
-            return float("nan")
-        return 100.0 * self.hardware_tflops_per_rank / self.peak_tflops
+    def hfu_pct(self) -> float:
+        """:data:`~fourd_mpi.perf.peaks.HFU_FORMULA`: the hardware FLOPs (recompute counted; the model FLOPs
+        when the trace has none recorded: nothing recomputed) over the data-sheet peak."""
+        hardware = self.model_tflops_per_rank if self.hardware_tflops_per_rank is None else self.hardware_tflops_per_rank
+        return 100.0 * hardware / self.peak_tflops if _positive(self.peak_tflops) else float("nan")
+
+    @property
+    def gemm_pct(self) -> float:
+        """:data:`~fourd_mpi.perf.peaks.GEMM_PCT_FORMULA` (NaN when the GEMM was not measured)."""
+        return 100.0 * self.model_tflops_per_rank / self.gemm_tflops if _positive(self.gemm_tflops) else float("nan")
 
     def as_dict(self) -> Dict:
-        return dict(self.__dict__, percent_of_peak=self.percent_of_peak,
-                    hardware_percent_of_peak=self.hardware_percent_of_peak)
+        return dict(self.__dict__, mfu_pct=self.mfu_pct, hfu_pct=self.hfu_pct, gemm_pct=self.gemm_pct)
 
     def flops_lines(self) -> List[str]:
-        """The model and the hardware FLOP/s lines, each naming its formula."""
-        peak = f"of {self.peak_tflops * 1e3:.3f} GFLOP/s ({self.peak_source})"
-        model = (f"model FLOP/s per rank: {self.model_tflops_per_rank * 1e3:.3f} GFLOP/s = "
-                 f"{self.percent_of_peak:.1f}% {peak}")
-        if self.hardware_tflops_per_rank is None:
-            return [model]
-        return [model + f"  [{self.model_flops_formula or MODEL_FLOPS_FORMULA}; / ranks / median step time]",
-                f"hardware FLOP/s per rank: {self.hardware_tflops_per_rank * 1e3:.3f} GFLOP/s = "
-                f"{self.hardware_percent_of_peak:.1f}% {peak}  [recompute {self.recompute}: "
-                f"{self.hardware_flops_formula or HARDWARE_FLOPS_FORMULA}; / ranks / median step time]"]
+        """The FLOP/s lines, then MFU, HFU and % of measured GEMM, each naming its formula."""
+        model = f"model FLOP/s per rank: {self.model_tflops_per_rank * 1e3:.3f} GFLOP/s"
+        lines = [model + f"  [{self.model_flops_formula or MODEL_FLOPS_FORMULA}; / ranks / median step time]"]
+        if self.hardware_tflops_per_rank is not None:
+            lines.append(f"hardware FLOP/s per rank: {self.hardware_tflops_per_rank * 1e3:.3f} GFLOP/s  [recompute "
+                         f"{self.recompute}: {self.hardware_flops_formula or HARDWARE_FLOPS_FORMULA}; / ranks / "
+                         f"median step time]")
+        if _positive(self.peak_tflops):
+            peak = f"peak {self.peak_tflops:g} TFLOP/s per rank, {self.peak_source}"
+            lines.append(f"MFU: {self.mfu_pct:.2f}%  [{MFU_FORMULA}; {peak}]")
+            lines.append(f"HFU: {self.hfu_pct:.2f}%  [{HFU_FORMULA}]")
+        else:
+            why = self.peak_source if self.peak_source.startswith("not ") else f"not reported ({self.peak_source})"
+            lines.append(f"MFU, HFU: {why}")
+        if _positive(self.gemm_tflops):
+            lines.append(f"% of measured GEMM: {self.gemm_pct:.1f}% of {self.gemm_tflops * 1e3:.3f} GFLOP/s  "
+                         f"[{GEMM_PCT_FORMULA}]")
+        return lines
 
     def activation_lines(self) -> List[str]:
         if not self.activations:
@@ -239,11 +263,11 @@ class Summary:
 
 
 def summarize(rank_steps: np.ndarray, world_size: int, flops_per_step: float, tokens_per_step: int,
-              peak_tflops: float, peak_source: str, data_prep_s: Optional[float] = None,
+              peak_tflops: Optional[float], peak_source: str, data_prep_s: Optional[float] = None,
               data_batches: Optional[int] = None, harness: Optional[np.ndarray] = None,
               hardware_flops_per_step: Optional[float] = None, recompute: Optional[str] = None,
               formulas: Optional[Sequence[str]] = None, activations: Optional[Dict] = None,
-              bubble: Optional[np.ndarray] = None) -> Summary:
+              bubble: Optional[np.ndarray] = None, gemm_tflops: Optional[float] = None) -> Summary:
     """Summary of the non-warm-up steps in ``rank_steps`` (every rank's step records).
 
     Step statistics: :func:`step_stats`. ``harness``: per record of ``rank_steps``, ns of harness work
@@ -252,7 +276,9 @@ def summarize(rank_steps: np.ndarray, world_size: int, flops_per_step: float, to
     executes, recompute included (``ModelConfig.hardware_flops_per_step``; None: not reported), with
     ``recompute`` its mode and ``formulas`` the ``(model, hardware)`` formulas in words; ``activations``:
     the measured activation bytes (stored as is). ``bubble``: per record of ``rank_steps``, ns blocked waiting for
-    another pipeline stage's message (:func:`bubble_ns`; None: none), a share of its own.
+    another pipeline stage's message (:func:`bubble_ns`; None: none), a share of its own. ``peak_tflops``: the
+    data-sheet peak per rank (None: none; ``peak_source`` then says why), ``gemm_tflops`` the measured standalone
+    GEMM (None: not measured): MFU, HFU and % of measured GEMM divide by them (:mod:`fourd_mpi.perf.peaks`).
     """
     stats = step_stats(rank_steps)
     keep = rank_steps["warmup"] == 0
@@ -277,4 +303,4 @@ def summarize(rank_steps: np.ndarray, world_size: int, flops_per_step: float, to
                                              else hardware_flops_per_step / world_size / median / 1e12),
                    recompute=recompute, model_flops_formula=formulas[0] if formulas else None,
                    hardware_flops_formula=formulas[1] if formulas else None, activations=activations,
-                   bubble_share=bubble_share)
+                   bubble_share=bubble_share, gemm_tflops=gemm_tflops)

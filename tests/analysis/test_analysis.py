@@ -180,14 +180,15 @@ def test_runs_table_known_answers(hand):
     assert row.other_share == pytest.approx(1 - 4200 / 9500)
     assert row.tflops_per_rank == pytest.approx(1e6 / 2 / 2.75e-6 / 1e12)
     assert row.peak_tflops == 1.0
-    assert row.percent_of_peak == pytest.approx(100 * 1e6 / 2 / 2.75e-6 / 1e12)
+    assert row.mfu_pct == pytest.approx(100 * 1e6 / 2 / 2.75e-6 / 1e12)  # --peak-tflops 1: the peak
+    assert np.isnan(row.gemm_tflops) and np.isnan(row.gemm_pct)
     assert row.tokens_per_s == pytest.approx(64 / 2.75e-6)
     assert row.imbalance == pytest.approx(650 / 550)
     assert (row.tokens_per_step, row.model_flops_per_step) == (64, 1e6)
     assert row.config_key == "gpt-tiny/none/poll/hand"
     summary = hand.metadata["summary"]
     for column, key in (("step_median_s", "median_s"), ("compute_share", "compute_share"),
-                        ("tflops_per_rank", "model_tflops_per_rank"), ("percent_of_peak", "percent_of_peak")):
+                        ("tflops_per_rank", "model_tflops_per_rank"), ("mfu_pct", "mfu_pct")):
         assert row[column] == pytest.approx(summary[key], rel=1e-12)
 
 
@@ -485,7 +486,8 @@ def test_real_runs_table_agrees_with_the_stored_summary(real):
         assert (row.compute_share, row.wait_share, row.other_share) == pytest.approx(
             (s["compute_share"], s["wait_share"], s["other_share"]), rel=1e-12)
         assert row.tflops_per_rank == pytest.approx(s["model_tflops_per_rank"], rel=1e-12)
-        assert row.percent_of_peak == pytest.approx(s["percent_of_peak"], rel=1e-12)
+        assert row.mfu_pct == pytest.approx(s["mfu_pct"], rel=1e-12)
+        assert row.gemm_pct == pytest.approx(s["gemm_pct"], rel=1e-12) and row.gemm_tflops == s["gemm_tflops"] > 0
         assert row.tokens_per_s == pytest.approx(s["tokens_per_s"], rel=1e-12)
         assert row.steps == s["steps"] == 3 and row.imbalance >= 1.0
         assert row.world_size == trace.world_size and row.peak_tflops == 1.0

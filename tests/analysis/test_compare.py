@@ -10,7 +10,8 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from fourd_mpi.analysis.compare import (MIN_SAMPLES, Settings, compare_runs, exit_status, parse_threshold)
+from fourd_mpi.analysis.compare import (MIN_SAMPLES, Settings, compare_runs, drop_new_from_baseline, exit_status,
+                                        min_runs, parse_threshold)
 from fourd_mpi.analysis.compare_report import render
 from fourd_mpi.cli.main import main
 from fourd_mpi.errors import ConfigError
@@ -87,7 +88,7 @@ def test_unit_run_sees_the_variation_between_runs():
                 for i in range(n)]
 
     new, old = runs("n", 4), runs("oo", 4)
-    per_step = compare_runs(new, old, SETTINGS)[0]
+    per_step = compare_runs(new, old, Settings(resamples=2000, unit="step"))[0]
     per_run = compare_runs(new, old, Settings(resamples=2000, unit="run"))[0]
     assert per_step.p_value < 1e-3
     assert per_run.verdict == "same" and per_run.p_value > 0.05
@@ -97,6 +98,55 @@ def test_unit_run_sees_the_variation_between_runs():
                            [run("a", f"b{i}", noisy(0.1, seed=50 + i)) for i in range(4)],
                            Settings(resamples=2000, unit="run"))[0]
     assert clearly.verdict == "slower" and clearly.p_value == pytest.approx(2 / 70)  # exact: the least 4 v 4 p
+
+
+def test_min_runs_known_answers():
+    """The least exact two-sided Mann-Whitney p of n against n is 2/C(2n, n): 0.1 (3), 0.0286 (4), 0.0079 (5)."""
+    from scipy import stats
+
+    assert [min_runs(a) for a in (0.2, 0.1, 0.05, 0.01)] == [3, 4, 4, 5]
+    for n, least in ((3, 0.1), (4, 2 / 70), (5, 2 / 252)):
+        separated = stats.mannwhitneyu(np.arange(n) + 100.0, np.arange(n), alternative="two-sided").pvalue
+        assert separated == pytest.approx(least)
+
+
+def runs_of(prefix, medians, key="a"):
+    return [run(key, f"{prefix}{i}", noisy(m, n=10, spread=0.01, seed=60 + i + 7 * len(prefix)))
+            for i, m in enumerate(medians)]
+
+
+def test_auto_compares_runs_with_enough_runs_and_says_so_when_it_cannot():
+    """4 runs a side (alpha 0.05): runs are the samples; 3 against 4: steps, with one line saying what that means."""
+    four = compare_runs(runs_of("n", [0.2] * 4), runs_of("oo", [0.1] * 4), SETTINGS)[0]
+    assert four.unit == "run" and four.unit_note == "" and four.verdict == "slower"
+    assert four.p_value == pytest.approx(2 / 70) and four.new_median_s == pytest.approx(np.median(
+        [np.median(s) for _, s, _ in runs_of("n", [0.2] * 4)]))
+    three = compare_runs(runs_of("n", [0.2] * 3), runs_of("oo", [0.1] * 4), SETTINGS)[0]
+    assert three.unit == "step" and three.verdict == "slower" and three.p_value < 1e-6
+    assert three.unit_note.startswith("steps as samples: 3 new and 4 baseline run(s), a run-level test needs 4 per "
+                                      "side;") and "holds for these runs, not for the configuration" in three.unit_note
+    table = render([three], SETTINGS, "table")
+    assert f"{three.label}: {three.unit_note}" in table and "at least 4 runs" in table
+    assert json.loads(render([three], SETTINGS, "json"))["comparisons"][0]["unit"] == "step"
+    assert "| steps |" in render([three], SETTINGS, "markdown") and "| runs |" in render([four], SETTINGS, "markdown")
+
+
+def test_identical_runs_scattered_as_runs_are_not_a_change_per_run_but_are_per_step():
+    """Two sets of 5 runs of one distribution whose run medians scatter 10 % with 1 % step noise: per step
+    the pooled samples differ (p < 0.05); per run (the default with 5 a side) they are the same."""
+    new = runs_of("n", [0.100, 0.112, 0.095, 0.108, 0.101])
+    old = runs_of("oo", [0.090, 0.098, 0.093, 0.105, 0.091])
+    assert compare_runs(new, old, Settings(resamples=2000, unit="step"))[0].p_value < 0.05
+    auto = compare_runs(new, old, SETTINGS)[0]
+    assert auto.unit == "run" and auto.verdict == "same" and auto.p_value > 0.05
+
+
+def test_a_baseline_never_holds_the_new_runs():
+    new = runs_of("n", [0.1, 0.1])
+    same_file = (dict(new[0][0], run_id="renamed"), new[0][1], new[0][2])  # the same trace under another id
+    old = runs_of("oo", [0.1, 0.1]) + [new[1], same_file]
+    kept, dropped = drop_new_from_baseline(new, old)
+    assert [e["run_id"] for e, _, _ in kept] == ["oo0", "oo1"] and dropped == ["n1", "renamed"]
 
 
 def test_too_few_steps_give_no_test():
@@ -177,8 +227,9 @@ def test_the_committed_slower_trace_is_a_regression(capfd):
     assert "SLOWER" in out and "REGRESSION: 1 slower" in out and "ratio = median(new)/median(old)" in out
     code, out, _ = compare(capfd, BASE, "--baseline", SLOW)
     assert code == 0 and "ok: 0 slower, 1 faster" in out
-    code, out, _ = compare(capfd, BASE, "--baseline", BASE)
-    assert code == 0 and "ok: 0 slower, 0 faster, 1 same" in out
+    assert "steps as samples: 1 new and 1 baseline run(s)" in out  # one run a side: steps, and it says so
+    code, _, err = compare(capfd, BASE, "--baseline", BASE)  # a run is never its own baseline
+    assert code == 2 and "every baseline run is also a new run (baseline-gpt-tiny-np2)" in err
 
 
 def test_run_ids_queries_and_directories_through_the_index(capfd, tmp_path):
@@ -191,9 +242,14 @@ def test_run_ids_queries_and_directories_through_the_index(capfd, tmp_path):
     code, out, _ = compare(capfd, "run_id=slower-gpt-tiny-np2", "--baseline", "until=2026-11-24T00:44:01",
                            "--index", tmp_path / "index.jsonl", "--format", "json")
     assert code == 1 and json.loads(out)["comparisons"][0]["baseline"]["runs"] == ["baseline-gpt-tiny-np2"]
-    code, out, _ = compare(capfd, tmp_path, "--baseline", BASE, "--format", "json")  # a directory: both runs pooled
+    code, out, err = compare(capfd, tmp_path, "--baseline", SLOW, "--format", "json")  # a directory: both runs
+    assert code == 2 and "every baseline run is also a new run (slower-gpt-tiny-np2)" in err
+    # a query that matches every run of the index: the new run is left out of the baseline, with a warning
+    code, out, err = compare(capfd, "slower-gpt-tiny-np2", "--baseline", "model=gpt-tiny", "--index", tmp_path,
+                             "--format", "json")
     data = json.loads(out)["comparisons"][0]
-    assert len(data["new"]["runs"]) == 2 and data["new"]["steps"] == 40
+    assert code == 1 and data["baseline"]["runs"] == ["baseline-gpt-tiny-np2"] and data["verdict"] == "slower"
+    assert "left out of the baseline 1 run(s) that are also new runs: slower-gpt-tiny-np2" in err
 
 
 def test_output_file_and_usage_errors(capfd, tmp_path):

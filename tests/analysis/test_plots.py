@@ -120,7 +120,8 @@ def no_leaked_figures():
 def test_scaling(tmp_path, fmt, mode):
     path = str(tmp_path / f"scaling.{fmt}")
     assert plots.plot_scaling(scaling_frame(mode), path, mode=mode) == path
-    check_file(path, fmt, texts=["gpt-tiny/none/poll", "gpt-tiny/oag,ors/poll", "MPI ranks", "efficiency",
+    check_file(path, fmt, texts=["gpt-tiny, overlap none, progress poll", "gpt-tiny, overlap oag,ors, progress poll",
+                                 "MPI ranks", "efficiency",
                                  "2x2x2x2", "16"])
 
 

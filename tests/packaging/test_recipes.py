@@ -308,18 +308,47 @@ def test_reframe_files_compile_and_name_the_figures_of_merit():
     for path in (check, PACKAGING / "reframe" / "config_local.py"):
         py_compile.compile(str(path), doraise=True)
     text = check.read_text()
-    for fom in ("step_time", "tflops_per_rank", "percent_of_peak", "exposed_comm_share"):
+    for fom in ("step_time", "tflops_per_rank", "gemm_pct", "exposed_comm_share"):
         assert f"def {fom}(self)" in text and f'"{fom}": (' in text
-    # the patterns read the summary lines exactly as fourd_mpi prints them
+    assert "extractsingle(rf\"^step time" not in text and "FLOAT" not in text  # no figure parsed from text
+
+
+def _reframe_index_value():
+    """``index_value`` of the ReFrame check, compiled alone (the file imports reframe, not installed here)."""
+    import ast
+
+    check = PACKAGING / "reframe" / "fourd_mpi_check.py"
+    tree = ast.parse(check.read_text())
+    keep = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name == "index_value")
+            or (isinstance(n, ast.Assign) and n.targets[0].id in ("FIELDS", "RUN_ID"))]
+    space = {"json": json}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), str(check), "exec"), space)
+    return space["index_value"], space["RUN_ID"]
+
+
+def test_reframe_reads_the_figures_of_merit_from_the_index_json(tmp_path):
+    """Known answers: the index line that make_entry writes for a summary, read back unrounded."""
+    from fourd_mpi.results.index import make_entry
     from fourd_mpi.trace.summary import Summary
 
+    index_value, run_id = _reframe_index_value()
     fields = {k: 0.0 for k in Summary.__dataclass_fields__}
-    fields.update(median_s=0.03514, min_s=0.03, q1_s=0.033, q3_s=0.036, max_s=0.04, steps=9, compute_share=0.065,
-                  wait_share=0.815, other_share=0.12, model_tflops_per_rank=0.28e-3, peak_tflops=21.735e-3,
-                  peak_source="measured standalone GEMM", tokens_per_s=3642.0, data_prep_s=None, harness_share=0.0)
-    lines = "\n".join(Summary(**fields).lines())
-    float_re = re.search(r'^FLOAT = r"(.+)"$', text, re.M).group(1)
-    assert float(re.search(rf"^step time: median ({float_re}) s over", lines, re.M).group(1)) == 0.03514
-    assert float(re.search(rf"^model FLOP/s per rank: ({float_re}) GFLOP/s", lines, re.M).group(1)) == 0.28
-    assert float(re.search(rf"GFLOP/s = ({float_re})% of", lines, re.M).group(1)) == 1.3
-    assert float(re.search(rf"exposed communication ({float_re})%", lines, re.M).group(1)) == 81.5
+    fields.update(median_s=0.035141234, min_s=0.03, q1_s=0.033, q3_s=0.036, max_s=0.04, steps=9,
+                  compute_share=0.065, wait_share=0.8153, other_share=0.12, model_tflops_per_rank=0.28123e-3,
+                  peak_tflops=None, peak_source="no data-sheet peak", gemm_tflops=21.735e-3, tokens_per_s=3642.0,
+                  data_prep_s=None, harness_share=0.0, hardware_tflops_per_rank=None)
+    summary = Summary(**fields).as_dict()
+    meta = {"run_id": run_id, "world_size": 8, "grid": "1x2x2x2", "config": {"model": "gpt-tiny"},
+            "summary": summary}
+    path = tmp_path / "index.jsonl"
+    path.write_text("not json\n" + json.dumps(make_entry(meta, "complete", str(tmp_path / "x.h5"), str(tmp_path)))
+                    + "\n")
+    assert index_value(str(path), run_id, "step_time") == 0.035141234
+    assert index_value(str(path), run_id, "tflops_per_rank") == 0.28123e-3
+    assert index_value(str(path), run_id, "gemm_pct") == pytest.approx(100 * 0.28123 / 21.735, rel=1e-12)
+    assert index_value(str(path), run_id, "exposed_comm_share") == pytest.approx(81.53, rel=1e-12)
+    assert index_value(str(path), run_id, "mfu_pct") is None  # a CPU run: no data-sheet peak, no MFU
+    fields.update(peak_tflops=0.5)
+    meta["summary"] = Summary(**fields).as_dict()
+    path.write_text(json.dumps(make_entry(meta, "complete", str(tmp_path / "x.h5"), str(tmp_path))) + "\n")
+    assert index_value(str(path), run_id, "mfu_pct") == pytest.approx(100 * 0.28123e-3 / 0.5, rel=1e-12)

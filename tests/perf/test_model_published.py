@@ -181,7 +181,7 @@ def test_gpu_profiles_cite_every_constant_and_agree_on_fp16_and_bf16(name):
     rates = prof.data["compute"]["gemm_tflops"]
     assert rates["float16"] == rates["bfloat16"]
     sources = prof.data["sources"]
-    for key in ("compute.peak_tflops", "compute.gemm_tflops.bfloat16", "compute.mem_bandwidth_gbs",
+    for key in ("compute.device", "compute.gemm_tflops.bfloat16", "compute.mem_bandwidth_gbs",
                 "network.latency_s_per_rank", "network.placement_gbs", "network.inter_node_gbs"):
         assert key in sources, key
     with open(prof.path) as fh:

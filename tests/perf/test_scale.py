@@ -225,11 +225,11 @@ def test_model_paper_cli_prints_the_flagship_and_plots(tmp_path):
     proc = cli("model", "paper", "--series", "gpt-5b", "-o", png)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "predicted best grid (D x Z x Y x X): " in out and "% of peak (96 convention)" in out
+    assert "predicted best grid (D x Z x Y x X): " in out and "HFU (96 convention, % of peak)" in out
     assert "57 %" in out and "182" in out and "26 %" in out
     assert "no pipeline algorithm yet" not in out and "Megatron-LM-like grid 256x1x4x1" in out
     assert "Megatron-LM with its pipeline (PTD-P" in out
-    assert "% of peak = 96 B s l h^2 (1 + s/6h) / (t_step * GPUs * peak)" in out
+    assert "HFU = 96 B s l h^2 (1 + s/6h) / (t_step * GPUs * peak)" in out and "data sheet" in out
     assert png.stat().st_size > 10_000
     bad = cli("model", "paper", "--series", "gpt-3b")
     assert bad.returncode == 2 and "--series: unknown gpt-3b" in bad.stderr

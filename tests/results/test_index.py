@@ -118,7 +118,8 @@ def test_every_run_appends_its_line_and_reindex_rebuilds_the_same(tmp_path):
     assert one["config_key"] == config_key(trace.metadata["config"])
     assert (one["median_s"], one["q1_s"], one["q3_s"]) == (summary["median_s"], summary["q1_s"], summary["q3_s"])
     assert one["model_tflops_per_rank"] == summary["model_tflops_per_rank"]
-    assert one["percent_of_peak"] == pytest.approx(100 * summary["model_tflops_per_rank"] / 1.0)
+    assert one["mfu_pct"] == pytest.approx(100 * summary["model_tflops_per_rank"] / 1.0)
+    assert one["gemm_pct"] == pytest.approx(100 * summary["model_tflops_per_rank"] / summary["gemm_tflops"])
     assert (one["grid"], one["world_size"], one["status"], one["algorithm"]) == ("1x1x1x2", 2, "complete", "axonn4d")
     assert one["trace"] == "one.h5" and one["time"] == trace.metadata["start_time"]
     assert one["git_commit"] == trace.metadata["git_commit"]

@@ -123,11 +123,11 @@ def test_summary_reports_both_flop_rates_with_formulas():
     s = summarize(rows, 2, 4e12, 128, 10.0, "--peak-tflops", hardware_flops_per_step=4e12 * 4 / 3,
                   recompute="full", formulas=(cfg.flops_formula(), cfg.hardware_flops_formula("full")))
     assert s.model_tflops_per_rank == pytest.approx(2.0) and s.hardware_tflops_per_rank == pytest.approx(8 / 3)
-    assert s.percent_of_peak == pytest.approx(20.0) and s.hardware_percent_of_peak == pytest.approx(80 / 3)
-    model, hardware = [line for line in s.lines() if "FLOP/s per rank" in line]
-    assert model.startswith("model FLOP/s per rank: 2000.000 GFLOP/s = 20.0%") and "72 B s l h^2 (1 + s/6h)" in model
-    assert hardware.startswith("hardware FLOP/s per rank: 2666.667 GFLOP/s = 26.7%")
+    assert s.mfu_pct == pytest.approx(20.0) and s.hfu_pct == pytest.approx(80 / 3)
+    model, hardware = [line for line in s.lines() if line.startswith(("model FLOP/s", "hardware FLOP/s"))]
+    assert model.startswith("model FLOP/s per rank: 2000.000 GFLOP/s  [") and "72 B s l h^2 (1 + s/6h)" in model
+    assert hardware.startswith("hardware FLOP/s per rank: 2666.667 GFLOP/s  [")
     assert "recompute full" in hardware and "96 B s l h^2 (1 + s/6h)" in hardware
-    old = summarize(rows, 2, 4e12, 128, 10.0, "--peak-tflops")  # traces before schema 5: one line, as before
-    assert [line for line in old.lines() if "FLOP/s" in line] == [
-        "model FLOP/s per rank: 2000.000 GFLOP/s = 20.0% of 10000.000 GFLOP/s (--peak-tflops)"]
+    assert [line[:11] for line in s.lines() if line.startswith(("MFU", "HFU"))] == ["MFU: 20.00%", "HFU: 26.67%"]
+    old = summarize(rows, 2, 4e12, 128, 10.0, "--peak-tflops")  # traces before schema 5: HFU = MFU
+    assert old.hfu_pct == old.mfu_pct == pytest.approx(20.0)

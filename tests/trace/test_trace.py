@@ -311,7 +311,8 @@ def test_progress_bar(run_mpi, tmp_path):
 
 def test_summary_lines(trace_8):
     out = trace_8[1].stdout
-    for text in ("step time: median", "compute", "exposed communication", "GFLOP/s", "% of", "tokens/s",
+    for text in ("step time: median", "compute", "exposed communication", "GFLOP/s", "MFU: ", "HFU: ",
+                 "% of measured GEMM: ", "tokens/s",
                  "trace: "):
         assert text in out, text
     summary = trace_8[0].metadata["summary"]

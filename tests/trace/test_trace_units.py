@@ -283,14 +283,14 @@ def test_summarize_statistics():
     assert s.other_share == pytest.approx(1 - 8 * 0.9 / total)
     assert s.model_tflops_per_rank == pytest.approx(8e12 / 2 / 1.75 / 1e12)
     assert s.tokens_per_s == pytest.approx(4096 / 1.75)
-    assert s.percent_of_peak == pytest.approx(100 * s.model_tflops_per_rank / 10.0)
-    assert s.as_dict()["percent_of_peak"] == s.percent_of_peak
+    assert s.mfu_pct == pytest.approx(100 * s.model_tflops_per_rank / 10.0)
+    assert s.as_dict()["mfu_pct"] == s.mfu_pct and np.isnan(s.gemm_pct)  # no GEMM measured
     assert "median 1.750 s over 4 step(s) (min 1.200, q1 1.425, q3 2.250, max 3;" in s.lines()[0]
 
 
 def test_summarize_with_only_warmup_steps_uses_them():
     s = summarize(rank_steps_table([[2.0, 4.0]], warmup_steps=2), 1, 1e12, 10, 0.0, "none")
-    assert s.steps == 2 and s.median_s == pytest.approx(3.0) and np.isnan(s.percent_of_peak)
+    assert s.steps == 2 and s.median_s == pytest.approx(3.0) and np.isnan(s.mfu_pct)
 
 
 # ---------------------------------------------------------------------------
