@@ -82,6 +82,7 @@ def main() -> int:
     ap.add_argument("--overlap-repeats", type=int, default=0,
                     help="2. overlap: alternating rounds (default 0: skip)")
     ap.add_argument("--overlap-hidden", type=int, default=512, help="2. overlap: hidden size (default 512)")
+    ap.add_argument("--overlap-batch", type=int, default=16, help="2. overlap: global batch (default 16)")
     ap.add_argument("--algorithm-repeats", type=int, default=0,
                     help="4. algorithms: alternating rounds (default 0: skip)")
     ap.add_argument("--skip-placement", action="store_true", help="skip part 1")
@@ -325,8 +326,8 @@ def overlap(args, name, env, say, profile_path) -> None:
     from fourd_mpi.step.overlap import OverlapConfig
     from fourd_mpi.step.presets import resolve_model
 
-    h = args.overlap_hidden
-    model = ["--model", "gpt-tiny", "--hidden", h, "--seq", 128, "--batch", 16, "--steps", args.steps, "--warmup", 1,
+    h, batch = args.overlap_hidden, args.overlap_batch
+    model = ["--model", "gpt-tiny", "--hidden", h, "--seq", 128, "--batch", batch, "--steps", args.steps, "--warmup", 1,
              "--trace-level", "op", "--gdata", 2]
     cases = {  # case: (ranks per node, run options)
         "compute-only (1 node)": (2, ["--overlap", "none"]),
@@ -335,7 +336,7 @@ def overlap(args, name, env, say, profile_path) -> None:
         "all, progress thread": (1, ["--overlap", "all", "--progress", "thread"]),
     }
     say()
-    say(f"## 2. overlap against a link: G_data = 2, gpt-tiny h={h} seq=128 batch=16, {args.steps} measured steps, "
+    say(f"## 2. overlap against a link: G_data = 2, gpt-tiny h={h} seq=128 batch={batch}, {args.steps} measured steps, "
         f"{args.overlap_repeats} alternating rounds; 1 rank per node (2 nodes), compute-only = both ranks on one node")
     for case, (ppn, extra) in cases.items():
         say(f"#   {case}: fourd-mpi testbed mpiexec -n 2 --ppn {ppn} -- fourd-mpi run "
@@ -353,7 +354,7 @@ def overlap(args, name, env, say, profile_path) -> None:
             got[case].append((r, _breakdown(os.path.join(path, "ov.h5"))))
             shutil.rmtree(path, ignore_errors=True)
     prof = _profile(profile_path)
-    cfg = resolve_model("gpt-tiny", hidden=h, seq=128, batch=16)
+    cfg = resolve_model("gpt-tiny", hidden=h, seq=128, batch=batch)
     grid = GridShape(data=2, z=1, y=1, x=1)
     say(f"#   compute = step - exposed comm of the 1-node run; comm = exposed comm of the 'none' run (nothing "
         f"overlaps it); bound = max(compute, comm) of the same round; model: the 2 x 1 calibrated profile")
@@ -382,6 +383,16 @@ def overlap(args, name, env, say, profile_path) -> None:
     if bound:
         say(f"# bound = max(compute, comm), median over rounds: {statistics.median(bound.values()):.3f} s; "
             f"target: an overlapped step <= 1.10 x bound")
+        # data parallelism's gradient all-reduces start in backward: the forward pass (a third of the compute
+        # by the 2:1 backward:forward FLOP count) cannot hide them within a step
+        fwd = {r: (b["step_s"] - b["comm_s"]) / 3.0 for r, b in got["compute-only (1 node)"]}
+        none = dict(got["none"])
+        reach = {r: fwd[r] + max(2.0 * fwd[r], none[r]["comm_s"]) for r in fwd if r in none}
+        for case in ("all, progress poll", "all, progress thread"):
+            ratios = [b["step_s"] / reach[r] for r, b in got[case] if r in reach]
+            if ratios:
+                say(f"# {case}: step / (forward + max(backward, comm)) = {statistics.median(ratios):.2f} "
+                    f"(forward = compute / 3: what gradient all-reduces, issued in backward, can never hide)")
 
 
 #: ``tune``'s extra options of a configuration -> ``fourd-mpi run`` options
