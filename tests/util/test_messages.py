@@ -71,14 +71,17 @@ def test_a_fraction_option_names_itself(capfd):
 
 
 def test_unit_run_help_and_message_agree():
-    """Before: the help said 4 runs per side, the message 'fewer than 3 runs on a side'."""
-    from fourd_mpi.analysis.compare import MIN_SAMPLES
+    """Before: the help said 4 runs per side, the message 'fewer than 3 runs on a side'. Now both say the
+    number the test itself uses: the fewest runs whose exact Mann-Whitney p can fall below alpha."""
+    from fourd_mpi.analysis.compare import Settings, min_runs
     from fourd_mpi.cli.args import walk_parsers
     from fourd_mpi.cli.main import build_parser
 
     parser = dict(walk_parsers(build_parser()))[("compare",)]
     text = next(a.help for a in parser._actions if "--unit" in a.option_strings)
-    assert f"tested from {MIN_SAMPLES} runs per side" in text and "p < 0.05 needs at least 4" in text
+    assert min_runs(0.05) == 4 and "at least 4 runs (at --alpha 0.05" in text
+    said = Settings(threshold=0.05, alpha=0.05, confidence=0.95, resamples=100, seed=0, unit="auto").statistics_text()
+    assert f"at least {min_runs(0.05)} runs" in said
 
 
 def test_a_directory_that_is_not_a_sweep_says_so(tmp_path, capfd):
