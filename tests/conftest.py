@@ -20,6 +20,19 @@ HELPERS = Path(__file__).resolve().parent / "helpers"
 sys.path.insert(0, str(HELPERS))  # `from localslurm import LocalSlurm`
 
 
+def mounted_tmpfs(where, options: str):
+    """Mount a tmpfs with ``options`` (e.g. ``size=4m``, ``ro,size=1m``) on ``where`` and yield it, unmounted
+    afterwards; skips with the reason where mounting is not allowed (root / CAP_SYS_ADMIN). For fixtures."""
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {proc.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
 def find_mpiexec() -> str:
     """The ``mpiexec`` next to this Python (the mpich wheel's), else the one on PATH."""
     here = Path(sys.executable).parent / "mpiexec"

@@ -20,6 +20,7 @@ import numpy as np
 
 from fourd_mpi.errors import TraceError
 from fourd_mpi.util.files import RUN_META, SPOOL_SUFFIX  # one definition, in the lowest room
+from fourd_mpi.util.files import remove_quietly as _remove_quietly  # noqa: F401 (used here and by trace/*)
 
 RANK_DTYPE = np.dtype([
     ("rank", "<u4"), ("hostname", "S64"), ("node", "<u4"), ("local_rank", "<u4"),
@@ -108,13 +109,6 @@ def _write_json_atomic(path: str, payload) -> None:
     except BaseException:
         _remove_quietly(tmp)
         raise
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
 
 
 def io_error_text(exc: OSError) -> str:

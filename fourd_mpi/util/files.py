@@ -174,13 +174,14 @@ def check_writable(directory: str, what: str, need: int = MIN_FREE_BYTES) -> Non
     except OSError as exc:
         raise ConfigError(f"cannot write {what}: {directory}: {exc.strerror or exc}") from None
     finally:
-        _remove(probe)
+        remove_quietly(probe)
     if left < need:
         raise ConfigError(f"cannot write {what}: no space left on the file system of {directory} "
                           f"({left:,} bytes free)")
 
 
-def _remove(path: str) -> None:
+def remove_quietly(path: str) -> None:
+    """Remove ``path`` if it is there (a temporary file or a probe); an error is not one."""
     try:
         os.remove(path)
     except OSError:
@@ -204,10 +205,10 @@ def replacing(path: str, option: str = "-o") -> Iterator[str]:
         yield tmp
         os.replace(tmp, path)
     except OSError as exc:
-        _remove(tmp)
+        remove_quietly(tmp)
         raise ConfigError(f"cannot write {option} {path}: {exc.strerror or exc}") from None
     except BaseException:
-        _remove(tmp)
+        remove_quietly(tmp)
         raise
 
 

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, mpi_env
+from conftest import REPO, mpi_env, mounted_tmpfs
 from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE, LANE_STEP, RANK_STEP_DTYPE
 from fourd_mpi.trace.read import check_invariants, load_trace
@@ -35,12 +35,7 @@ def tmpfs(tmp_path):
     """A 4 MiB tmpfs (a full one is made by the run's ``fill-disk`` fault or by :func:`fill`)."""
     where = tmp_path / "tmpfs"
     where.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {proc.stderr.strip()}")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], check=False)
+    yield from mounted_tmpfs(where, "size=4m")
 
 
 def fill(directory) -> str:

@@ -24,7 +24,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, mpi_env
+from conftest import REPO, mpi_env, mounted_tmpfs
 from fourd_mpi.cli.args import walk_parsers
 from fourd_mpi.cli.main import build_parser, main
 
@@ -102,12 +102,7 @@ def world(tmp_path_factory):
 @pytest.fixture(scope="module")
 def readonly(tmp_path_factory):
     where = tmp_path_factory.mktemp("ro")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(where)], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {proc.stderr.strip()}")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], check=False)
+    yield from mounted_tmpfs(where, "ro,size=1m")
 
 
 def digest_tree(root) -> dict:
