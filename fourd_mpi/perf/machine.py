@@ -439,9 +439,11 @@ class MachineProfile:
                 rs = self.busbw_by_size("reduce_scatter", p, message_bytes)
                 return 2.0 / (1.0 / ag[0] + 1.0 / rs[0]), ag[1] or rs[1]
             return None
-        lb = np.log(np.asarray(entry["bytes"], dtype=float))
-        lg = np.log(np.asarray(entry["gpus"], dtype=float))
-        bw = np.asarray(entry["busbw_gbs"], dtype=float)
+        arrays = self.__dict__.setdefault("_busbw_arrays", {})  # the table's logs, once per profile and op
+        if op not in arrays:
+            arrays[op] = (np.log(np.asarray(entry["bytes"], dtype=float)),
+                          np.log(np.asarray(entry["gpus"], dtype=float)), np.asarray(entry["busbw_gbs"], dtype=float))
+        lb, lg, bw = arrays[op]
         x = float(np.log(max(message_bytes, 1.0)))
         per_gpus = np.array([np.interp(x, lb, bw[:, j]) for j in range(len(lg))])
         return float(np.interp(np.log(p), lg, per_gpus)), bool(x < lb[0])
