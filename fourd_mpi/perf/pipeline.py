@@ -146,6 +146,12 @@ def world_levels(grid: GridShape, stages: int, ranks_per_node: int) -> Dict[str,
     return out
 
 
+def world_strides(grid: GridShape, stages: int) -> Dict[str, int]:
+    """``{"data": G_z G_y G_x x stages}``: the data axis' stride in the pipeline's world order (data,
+    inter, z, y, x); the stage grid's other axes keep their strides."""
+    return {"data": grid.z * grid.y * grid.x * stages}
+
+
 def inter_placement(grid: GridShape, stages: int, ranks_per_node: int) -> str:
     """``intra`` when a rank and its stage neighbours (``G_z G_y G_x`` world ranks apart, rank order data, inter,
     z, y, x) share a node, ``inter`` otherwise, ``-`` for one stage (:func:`world_levels`)."""
@@ -217,7 +223,8 @@ def pipeline_lower_bound(cfg: ModelConfig, grid: GridShape, profile: MachineProf
     comp = compute_time(micro_cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
                         attention=attention, precision=precision)
     levels = {a: v for a, v in world_levels(grid, stages, rpn).items() if a != "inter" and v != "-"}
-    blocking = blocking_time(micro_cfg, grid, profile, overlap, dtype, rpn, recompute, levels) if communication else {}
+    blocking = (blocking_time(micro_cfg, grid, profile, overlap, dtype, rpn, recompute, levels,
+                              world_strides(grid, stages)) if communication else {})
     sync = sum(t for key, t in blocking.items() if key in SYNC_KEYS)
     other = sum(t for key, t in blocking.items() if key not in SYNC_KEYS)
     return (comp["total"] - comp["optimizer"] + other) * (microbatches + stages - 1) + comp["optimizer"] + sync
@@ -239,7 +246,7 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     micro_cfg = replace(stage_config(cfg, stages), batch=cfg.batch // microbatches)
     levels = {a: v for a, v in world_levels(grid, stages, rpn).items() if a != "inter" and v != "-"}
     micro = predict(micro_cfg, grid, profile, overlap, dtype, progress, optimizer, rpn, recompute, attention,
-                    precision, shard_optimizer, levels=levels)
+                    precision, shard_optimizer, levels=levels, strides=world_strides(grid, stages))
     sync_keys = SYNC_KEYS
     sync = sum(micro.exposed_s.get(key, 0.0) for key in sync_keys)
     # the optimizer updates the stage's weights once per step, after the last micro-batch
