@@ -73,7 +73,7 @@ MIN_RUNS_WHY = ("the fewest runs per side for which the exact two-sided Mann-Whi
 STEP_UNIT_NOTE = ("steps as samples: {new} new and {old} baseline run(s), a run-level test needs {need} per side; "
                   "steps of one run share its machine state, so this verdict holds for these runs, not for the "
                   "configuration")
-PAIRED_NOTE = ("paired: {pairs} pairs of neighbouring runs (each new run with the baseline run next to it in start "
+PAIRED_NOTE = ("paired: {pairs} of neighbouring runs (each new run with the baseline run next to it in start "
                "time{why}), Wilcoxon signed-rank on the log ratios of their median step times{left}")
 #: pairing: the most runs of one side in a row, ordered by start time, for the runs to count as interleaved
 MAX_IN_A_ROW = 2
@@ -131,6 +131,11 @@ def min_runs(alpha: float) -> int:
     while 2.0 / comb(2 * n, n) >= alpha:
         n += 1
     return n
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 pair``, ``2 pairs``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def min_pairs(alpha: float) -> int:
@@ -400,7 +405,7 @@ def choose_unit(new: Side, old: Side, settings: Settings) -> Tuple[str, str, Opt
     left = len(new.run_medians) + len(old.run_medians) - 2 * len(pairs)
     why = ("; the runs alternate in time, at most " f"{MAX_IN_A_ROW} of a side in a row, and give at least "
            f"{min_pairs(settings.alpha)} pairs" if settings.unit == "auto" else "")
-    note = PAIRED_NOTE.format(pairs=len(pairs), why=why, left=f"; {left} run(s) left unpaired" if left else "")
+    note = PAIRED_NOTE.format(pairs=plural(len(pairs), "pair"), why=why, left=f"; {left} run(s) left unpaired" if left else "")
     return unit, note, pairs
 
 

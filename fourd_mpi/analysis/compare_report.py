@@ -11,7 +11,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-from fourd_mpi.analysis.compare import Comparison, Settings, exit_status
+from fourd_mpi.analysis.compare import Comparison, Settings, exit_status, plural
 
 FORMATS = ("table", "markdown", "json", "junit")
 COLUMNS = ("configuration", "new", "baseline", "new median s", "old median s", "ratio", "CI", "p", "samples",
@@ -38,7 +38,7 @@ def rows(comparisons: Sequence[Comparison]) -> List[List[str]]:
         out.append([c.label, _runs(c.new), _runs(c.old), _num(c.new_median_s), _num(c.old_median_s),
                     _num(c.ratio), ci,
                     f"{c.p_value:.2g}" if np.isfinite(c.p_value) else "-",
-                    f"{len(c.pairs)} pairs" if c.unit == "paired" else units.get(c.unit, "-"),
+                    plural(len(c.pairs), "pair") if c.unit == "paired" else units.get(c.unit, "-"),
                     verdict + (f": {c.note}" if c.note and c.verdict != "unmatched" else "")])
     return out
 

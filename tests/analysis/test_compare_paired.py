@@ -183,6 +183,9 @@ def test_alternating_real_runs_are_paired_by_their_start_times(tmp_path, capfd):
     starts = {e["run_id"]: start_seconds(e) for e in entries}
     assert all(starts[f"a{i}"] < starts[f"b{i}"] for i in range(3))  # each pair: the A, then the B made after it
     os.remove(out)
+    assert main(["compare", traces["b"][0], "--baseline", traces["a"][0], "--unit", "paired"]) == 0
+    table = capfd.readouterr().out
+    assert "1 pair " in table and "paired: 1 pair of neighbouring runs" in table and "fewer than 3 pairs" in table
     assert main(["compare", *traces["b"], "--baseline", *traces["a"], "--format", "json", "-o", str(out),
                  "--resamples", "200"]) in (0, 1)
     assert json.loads(out.read_text())["comparisons"][0]["unit"] == "step"
