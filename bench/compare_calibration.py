@@ -28,12 +28,12 @@ Usage (from the repository root; runs ``.venv/bin/mpiexec`` and ``.venv/bin/four
 found in at least 19 of 20) needs a quiet machine: nothing else running (``uptime``'s load average below
 1 on 2 cores before the start), then::
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/compare_calibration.py --pairs 20 --runs 12 --steps 42 \
+    OMP_NUM_THREADS=1 .venv/bin/python bench/compare_calibration.py --pairs 20 --runs 12 --steps 42 \\
         --save results/benchmarks/compare_calibration_runs.json --out results/benchmarks/compare_calibration.txt
 
-It makes 20 x 24 = 480 runs of 44 steps: one pair (24 runs) took 52 s on the 2-core machine at load
-average 3.9 (``--pairs 1 --runs 12 --steps 42``, 2026-11-25), so about 20 x 52 s = 17 min; the last full run
-(load 2-10) took 646 s, so 11-17 min.
+It makes 20 x 24 = 480 runs of 44 steps. Timed: one pair (``--pairs 1 --runs 12 --steps 42``) took 88 s at
+load average 13-10 (2026-11-25 21:29 UTC, other jobs running: about 30 minutes for 20 pairs at that load);
+the last full calibration took 646 s at load 2-10 (32 s a pair). On a quiet machine: 11 minutes or less.
 
 The table names the command, the machine (``nproc``) and the load average before and after.
 ``--save FILE.json`` keeps every run's step times and start time (and the load average around each pair);
