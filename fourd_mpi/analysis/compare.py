@@ -282,8 +282,8 @@ class Side:
     start_times: List[Optional[float]] = field(default_factory=list)
 
     def timed(self) -> bool:
-        """Whether every run with a median has a start time (the runs can be paired)."""
-        return bool(self.run_medians) and all(t is not None for t in self.start_times)
+        """Whether every run with a median has a start time (the runs can be paired; true of no runs)."""
+        return all(t is not None for t in self.start_times)
 
     def values(self, unit: str) -> np.ndarray:
         """The test's samples: the pooled per-step times (``step``) or one median per run (``run``)."""

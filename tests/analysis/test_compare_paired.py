@@ -128,6 +128,9 @@ def test_auto_pairs_only_interleaved_runs_with_enough_pairs():
     assert compare_runs(untimed, olds, SETTINGS)[0].unit == "run"  # no start times: cannot pair
     with pytest.raises(ConfigError, match="--unit paired: .*no start time"):
         compare_runs(untimed, olds, Settings(resamples=100, unit="paired"))
+    no_steps = [(e, np.zeros(0), p) for e, s, p in news]  # no measured step: no run median, nothing to pair
+    empty = compare_runs(no_steps, olds, Settings(resamples=100, unit="paired"))[0]
+    assert empty.unit == "paired" and empty.pairs == [] and "fewer than 3 pairs" in empty.note
 
 
 def test_the_output_names_the_method_and_the_pairs():
