@@ -106,7 +106,8 @@ class Settings:
                     f"CI of the ratio ({self.resamples} resamples, sides resampled independently, seed {self.seed}); "
                     f"p: Mann-Whitney U two-sided")
         paired = (f"paired: each new run with the baseline run next to it in start time (one to one), d = log of the "
-                  f"ratio of their median step times; ratio = exp(Hodges-Lehmann estimate of d) with its exact "
+                  f"ratio of their median step times (a step's time: max over ranks of its span); ratio = "
+                  f"exp(Hodges-Lehmann estimate of d: median of the Walsh averages) with its exact "
                   f"{100 * self.confidence:g}% signed-rank CI; p: Wilcoxon signed-rank two-sided")
         if self.unit == "paired":
             method = paired
