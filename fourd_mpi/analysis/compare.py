@@ -40,7 +40,7 @@ state, and their ratio cancels the drift. The design:
   ``(d_i + d_j) / 2, i <= j``), and its exact distribution-free interval ``[W_(C), W_(M+1-C)]``
   (``M = n(n+1)/2`` sorted Walsh averages; ``C`` the largest ``k`` with ``P(T+ <= k-1) <= (1-confidence)/2``
   under the null distribution of the signed-rank statistic, :func:`signed_rank_null`; Hollander and
-  Wolfe, *Nonparametric Statistical Methods*, 3.2), exponentiated. Without ties or zero differences the
+  Wolfe, *Nonparametric Statistical Methods*), exponentiated. Without ties or zero differences the
   interval excludes 1 exactly when the exact two-sided p is at most ``1 - confidence``.
 
 A run named on both sides is left out of the baseline (:func:`drop_new_from_baseline`): a baseline

@@ -60,8 +60,8 @@ def test_signed_rank_null_by_counting_subsets():
 
 @pytest.mark.parametrize("n, critical", [(6, 0), (7, 2), (8, 3), (9, 5), (10, 8), (12, 13), (15, 25), (20, 52)])
 def test_interval_rank_matches_the_table_of_critical_values(n, critical):
-    """Two-sided 0.05 critical values of the signed-rank T (reject when T <= critical), the standard table
-    (e.g. Hollander and Wolfe, table A.4): the interval's rank C is critical + 1."""
+    """Two-sided 0.05 critical values of the signed-rank T (reject when T <= critical), as printed in the
+    standard tables of the Wilcoxon signed-rank test: the interval's rank C is critical + 1."""
     assert interval_rank(n, 0.95) == critical + 1
 
 
