@@ -437,7 +437,7 @@ def write_perfetto_proto(trace, path: str, steps: Optional[Iterable[int]] = None
     categories, argument names and string argument values are interned per sequence
     (``InternedData`` in the sequence's first event packet, ``SEQ_INCREMENTAL_STATE_CLEARED``;
     the events refer to them by ``name_iid``, ``category_iids``, ``name_iid``/``string_value_iid``),
-    arguments are debug annotations (``int_value`` / ``string_value_iid``). The JSON export's
+    arguments are debug annotations (``int_value``, ``double_value`` for ``flops``, ``string_value_iid``). The JSON export's
     flow arrows become ``flow_ids`` (every piece of a collective instance but its last, in start
     order) and ``terminating_flow_ids`` (the last), id = instance + 1: every piece is linked,
     where the JSON leaves out a piece too short to hold a flow point. The run metadata of the
@@ -559,8 +559,10 @@ class _ProtoSequence:
                     annotation.name_iid = arg_names[arg]
                     if isinstance(value, str):
                         annotation.string_value_iid = strings[value]
+                    elif isinstance(value, float):
+                        annotation.double_value = value
                     else:
-                        annotation.int_value = int(value)
+                        annotation.int_value = value
                 if flow_next[k]:
                     event.flow_ids.append(int(flow_next[k]))
                 if flow_last[k]:
