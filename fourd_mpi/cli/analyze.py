@@ -58,8 +58,9 @@ def register(sub) -> None:
     ex = sub.add_parser("export", help="convert a trace for Perfetto / chrome://tracing or for Hatchet / Thicket")
     ex.add_argument("format", choices=("perfetto", "thicket"),
                     help="perfetto: the timeline, its format from the suffix of -o: Chrome trace-event JSON "
-                         "(.json or .json.gz) or Perfetto protobuf (.pftrace or .perfetto-trace, about a third of "
-                         "the size; needs pip install 'fourd_mpi[perfetto]'); thicket: Caliper JSON-split profile")
+                         "(.json or .json.gz) or Perfetto protobuf (.pftrace or .perfetto-trace, .gz: gzip; about "
+                         "40 %% of the JSON's size; needs pip install 'fourd_mpi[perfetto]'); thicket: Caliper "
+                         "JSON-split profile")
     ex.add_argument("trace", metavar="TRACE", help="the trace (.h5)")
     add_output(ex, required=True, help="the exported file")
     add_selection(ex, "steps", "perfetto: only these steps (e.g. 1,2; default all)", old=("--steps",))

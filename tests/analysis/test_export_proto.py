@@ -207,12 +207,15 @@ def test_proto_selection_and_size(trace8, tmp_path):
 
 
 def test_export_command_picks_the_format_by_suffix(trace3_path, tmp_path):
-    for name in ("t.pftrace", "t.perfetto-trace", "t.json"):
+    import gzip
+
+    for name in ("t.pftrace", "t.perfetto-trace", "t.pftrace.gz", "t.json"):
         proc = fourd("export", "perfetto", trace3_path, "-o", tmp_path / name)
         assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "t.json").read_text())
     _assert_same_as_json(doc, read_proto(tmp_path / "t.pftrace"))
     assert (tmp_path / "t.pftrace").read_bytes() == (tmp_path / "t.perfetto-trace").read_bytes()
+    assert gzip.decompress((tmp_path / "t.pftrace.gz").read_bytes()) == (tmp_path / "t.pftrace").read_bytes()
     proc = fourd("export", "perfetto", trace3_path, "-o", tmp_path / "t.pftrace")
     assert proc.returncode == 2 and "already exists" in proc.stderr  # the output rule, as for the JSON
     proc = fourd("export", "perfetto", trace3_path, "-o", tmp_path / "t.txt")
