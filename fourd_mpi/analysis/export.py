@@ -1,9 +1,10 @@
 """Export a trace to other tools' formats: Perfetto / chrome://tracing, and Hatchet / Thicket.
 
 >>> from fourd_mpi.trace.read import load_trace
->>> from fourd_mpi.analysis.export import write_perfetto, write_caliper_json
+>>> from fourd_mpi.analysis.export import write_perfetto, write_perfetto_proto, write_caliper_json
 >>> trace = load_trace("results/20261121-170926-7d02bf.h5")
 >>> write_perfetto(trace, "run.json.gz", steps=[1, 2])     # open in ui.perfetto.dev
+>>> write_perfetto_proto(trace, "run.pftrace")               # the same, Perfetto's protobuf (pip install perfetto)
 >>> write_caliper_json(trace, "run.cali.json")               # hatchet / thicket
 
 **Perfetto** (Chrome trace-event JSON): one process per rank, one named thread per lane:
@@ -26,6 +27,11 @@ sort indices carry the meaning. Times are microseconds (floats) on the trace's a
 gives back the exact nanoseconds of the trace: the no-overlap guarantee survives the import.
 Flow points of one instance are strictly increasing in time (Perfetto drops a flow step or end
 read before its start), each strictly inside the slice it binds to.
+
+**Perfetto protobuf** (``.pftrace``; :func:`write_perfetto_proto`, needs the ``perfetto`` package): the
+same slices, names, categories, args, processes and threads as TrackEvent begin/end packets, one packet
+sequence per rank with its strings interned, times in integer ns; about 40 % of the JSON's bytes
+(``bench/timeline_formats.py``). :func:`timeline_format` picks the format from a file name.
 
 **Caliper JSON-split** (what ``hatchet.GraphFrame.from_caliper`` and
 ``thicket.Thicket.from_caliper`` read): a tree ``step > phase > layer > op`` with one row
