@@ -267,8 +267,9 @@ def cmd_export(args, world=None) -> int:
         try:
             import perfetto.protos.perfetto.trace.perfetto_trace_pb2  # noqa: F401
         except ImportError as exc:
-            raise ConfigError(f"{args.output}: the Perfetto protobuf timeline needs the perfetto package "
-                              f"({exc.name or 'perfetto'} is missing): pip install 'fourd_mpi[perfetto]' "
+            missing = "protobuf" if (exc.name or "").startswith("google") else "perfetto"
+            raise ConfigError(f"{args.output}: the Perfetto protobuf timeline needs the perfetto package and "
+                              f"protobuf ({missing} is missing): pip install 'fourd_mpi[perfetto]' "
                               "(or pip install perfetto)") from None
     refuse_output(args.output, args.force, inputs=[args.trace])
     trace = load_trace(args.trace, allow_damaged=args.allow_damaged)
