@@ -54,7 +54,8 @@ FORMATS = (("Chrome JSON", "t.json", write_perfetto), ("Chrome JSON, gzip", "t.j
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--trace", help="a real op-level trace of 8 ranks (2x2x2) to tile (default: run one with mpiexec)")
-    p.add_argument("--ranks", type=int, default=1024, help="ranks of the synthetic trace, a multiple of 8 (default 1024)")
+    p.add_argument("--ranks", type=int, default=1024,
+                   help="ranks of the synthetic trace, a multiple of 8 (default 1024)")
     p.add_argument("--steps", type=int, default=10, help="steps of the synthetic trace (default 10)")
     p.add_argument("--repeats", type=int, default=2, help="writes per format, alternating (default 2)")
     p.add_argument("--dir", help="where to write the files (default: a temporary directory, removed)")
@@ -123,8 +124,9 @@ def main(argv=None) -> int:
         trace = tile(source, args.ranks, args.steps)
         built = time.perf_counter() - t
         n = len(trace.events)
-        print(f"synthetic trace: {args.ranks} ranks x {args.steps} steps x {n / (args.ranks * args.steps):.1f} events per rank and step "
-              f"(one measured step of the source, gpt-tiny 2x2x2 overlap all) = {n:,} events, built in {built:.1f} s")
+        print(f"synthetic trace: {args.ranks} ranks x {args.steps} steps x {n / (args.ranks * args.steps):.1f} "
+              "events per rank and step (one measured step of the source, gpt-tiny 2x2x2 overlap all) = "
+              f"{n:,} events, built in {built:.1f} s")
         walls = {name: [] for name, _, _ in FORMATS}
         cpus = {name: [] for name, _, _ in FORMATS}
         sizes, rss = {}, {}
@@ -147,8 +149,9 @@ def main(argv=None) -> int:
               f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
         print(f"command: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python bench/timeline_formats.py "
               + " ".join(sys.argv[1:] if argv is None else argv))
-        print("bytes/event = file bytes / events; events/s = events / wall s; events/CPU-s = events / (user + system s);"
-              f" seconds: median of {args.repeats} writes, alternating order; RSS: peak of the process after the first write")
+        print("bytes/event = file bytes / events; events/s = events / wall s; events/CPU-s = events / "
+              f"(user + system s); seconds: median of {args.repeats} writes, alternating order; "
+              "RSS: peak of the process after the first write")
         header = (f"{'format':<25}{'events':>12}{'bytes':>15}{'bytes/event':>13}{'write s':>10}{'CPU s':>9}"
                   f"{'events/s':>12}{'events/CPU-s':>14}{'peak RSS MiB':>14}")
         print(header)

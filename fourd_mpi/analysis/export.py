@@ -73,7 +73,8 @@ from fourd_mpi.algorithms.registry import display_name, of_metadata
 from fourd_mpi.core.grid import AXES as GRID_AXES
 from fourd_mpi.trace.events import COLLECTIVE_OPS, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP, lane_name
 
-__all__ = ["to_perfetto", "write_perfetto", "write_perfetto_proto", "timeline_format", "collective_instances", "rank_coordinates", "perfetto_ids",
+__all__ = ["to_perfetto", "write_perfetto", "write_perfetto_proto", "timeline_format", "collective_instances",
+           "rank_coordinates", "perfetto_ids",
            "to_caliper_json", "write_caliper_json"]
 
 _NS_PER_US = 1000.0
@@ -432,22 +433,20 @@ def write_perfetto_proto(trace, path: str, steps: Optional[Iterable[int]] = None
     Needs the ``perfetto`` package (``pip install 'fourd_mpi[perfetto]'``): its generated
     ``perfetto_trace_pb2`` classes build every packet (``ModuleNotFoundError`` without it).
 
-    Layout: one packet sequence per rank (``trusted_packet_sequence_id = rank + 1``, as if each
-    rank wrote its own), opened by the track descriptors of the rank: a process track (``pid``,
-    the process name ``rank R (host)``, uuid ``1000 * pid``) and one thread track per lane (uuid =
-    ``tid`` of :func:`perfetto_ids`, the lane's name), the ids and names of the JSON export. Every
-    X event of the JSON export (step, phase, layer, host and comm slices, the same names,
-    categories and ``args``) becomes a ``TYPE_SLICE_BEGIN`` packet at ``start_ns`` and a
-    ``TYPE_SLICE_END`` packet at ``start_ns + dur_ns`` on its thread's track: TrackEvent times in
-    integer ns of the trace's aligned clock, the same ns the JSON's µs read back as. Event names,
-    categories, argument names and string argument values are interned per sequence
-    (``InternedData`` in the sequence's first event packet, ``SEQ_INCREMENTAL_STATE_CLEARED``;
-    the events refer to them by ``name_iid``, ``category_iids``, ``name_iid``/``string_value_iid``),
-    arguments are debug annotations (``int_value``, ``double_value`` for ``flops``, ``string_value_iid``). The JSON export's
-    flow arrows become ``flow_ids`` (every piece of a collective instance but its last, in start
-    order) and ``terminating_flow_ids`` (the last), id = instance + 1: every piece is linked,
-    where the JSON leaves out a piece too short to hold a flow point. The run metadata of the
-    JSON's ``metadata`` object has no place in a TrackEvent trace and is left out.
+    Layout: one packet sequence per rank (``trusted_packet_sequence_id = rank + 1``, as if each rank wrote its
+    own), opened by the track descriptors of the rank: a process track (``pid``, the process name ``rank R
+    (host)``, uuid ``1000 * pid``) and one thread track per lane (uuid = ``tid`` of :func:`perfetto_ids`, the
+    lane's name), the ids and names of the JSON export. Every X event of the JSON export (step, phase, layer,
+    host and comm slices, the same names, categories and ``args``) becomes a ``TYPE_SLICE_BEGIN`` packet at
+    ``start_ns`` and a ``TYPE_SLICE_END`` packet at ``start_ns + dur_ns`` on its thread's track: TrackEvent
+    times in integer ns of the trace's aligned clock, the same ns the JSON's µs read back as. Event names,
+    categories, argument names and string argument values are interned per sequence (``InternedData`` in the
+    sequence's first event packet, ``SEQ_INCREMENTAL_STATE_CLEARED``; the events refer to them by ``name_iid``,
+    ``category_iids``, ``name_iid``/``string_value_iid``), arguments are debug annotations (``int_value``,
+    ``double_value`` for ``flops``, ``string_value_iid``). The JSON export's flow arrows become ``flow_ids``
+    (every piece of a collective instance but its last, in start order) and ``terminating_flow_ids`` (the last),
+    id = instance + 1: every piece is linked, where the JSON leaves out a piece too short to hold a flow point.
+    The run metadata of the JSON's ``metadata`` object has no place in a TrackEvent trace and is left out.
 
     Packets of one sequence are in time order, a track's begin/end strictly alternating (a
     slice's end is lowered to the next slice's begin on its track where it would pass it, as
@@ -524,7 +523,8 @@ class _ProtoSequence:
         track.thread.legacy_sort_index = sort_index
 
     def slices(self, slices: List[Dict], flow_next: np.ndarray, flow_last: np.ndarray) -> int:
-        """Begin and end packets of the X events ``slices`` (JSON dicts), in time order; flow ids per slice (0: none)."""
+        """Begin and end packets of the X events ``slices`` (JSON dicts), in time order; flow ids per slice
+        (0: none)."""
         if not slices:
             return 0
         pb = self.pb
