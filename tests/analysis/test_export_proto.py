@@ -265,3 +265,29 @@ def test_perfetto_trace_processor_reads_the_proto(trace8, tmp_path):
     assert dict(zip(rows["tid"].tolist(), rows["n"].tolist())) == dict(want)
     assert int(flows["n"][0]) == sum(1 for e in doc["traceEvents"] if e["ph"] in ("t", "f"))
     assert stats.empty, stats
+
+
+def test_the_benchmark_tiles_a_real_step(trace8, tmp_path):
+    """bench/timeline_formats.py's synthetic trace (known answer): ranks x steps copies of one measured step of
+    the 8-rank trace, each rank's events those of its source rank shifted in time, on a grid that makes the
+    copies separate communicators; both exports of it agree."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("timeline_formats", REPO / "bench" / "timeline_formats.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    tiled = bench.tile(trace8, 16, 3)
+    step = int(trace8.steps["step"][trace8.steps["warmup"] == 0][0])
+    one = trace8.events[trace8.events["step"] == step]
+    assert len(tiled.events) == 3 * 2 * len(one) and tiled.world_size == 16
+    for rank in (0, 13):
+        source = one[one["rank"] == rank % 8]
+        first, last = (tiled.events[(tiled.events["rank"] == rank) & (tiled.events["step"] == k)] for k in (0, 2))
+        assert len(first) == len(last) == len(source)
+        assert len(np.unique(np.sort(first["start_ns"]) - np.sort(source["start_ns"]))) == 1  # one shift
+        later = np.unique(np.sort(last["start_ns"]) - np.sort(first["start_ns"]))
+        assert len(later) == 1 and later[0] > first["end_ns"].max() - first["start_ns"].min()  # steps in turn
+    assert tiled.metadata["grid"] == "2x2x2x2"
+    path = tmp_path / "t.pftrace"
+    write_perfetto_proto(tiled, str(path))
+    _assert_same_as_json(to_perfetto(tiled), read_proto(path))
