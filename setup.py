@@ -55,6 +55,9 @@ setup(
         "analysis": ["pandas>=1.5", "matplotlib>=3.5", "scipy>=1.7"],
         # the documentation site: mkdocs build --strict (mkdocs.yml; docs/contributing.md says why MkDocs)
         "docs": ["mkdocs>=1.6"],
+        # fourd-mpi export perfetto -o X.pftrace: the Perfetto protobuf timeline, built with Google's generated
+        # perfetto_trace_pb2 classes (pure Python, with protobuf; docs/guide/analysis.md says why not OTF2)
+        "perfetto": ["perfetto>=0.59"],
         # fourd-mpi completion bash|zsh|tcsh (the shell completion script)
         "completion": ["shtab>=1.6"],
         # bench/peer_axonn.py: AxoNN's own layers. torch pinned to the exact version of the CPU wheel in
@@ -62,9 +65,10 @@ setup(
         # declares only torch (and imports numpy, ours anyway)
         "peer": ["torch==2.13.0", "axonn==0.2.0"],
         # llnl-thicket: the tests load our Caliper export with Thicket and Hatchet (they pin pandas < 3);
+        # perfetto: the tests read the protobuf timeline back with its generated classes;
         # mfusepy: tests/helpers/faultfs.py, the FUSE file system that injects EIO and ENOLCK (needs libfuse2)
         "test": ["pytest>=7", "pytest-timeout", "hypothesis>=6", "pandas>=1.5", "matplotlib>=3.5", "scipy>=1.7",
-                 "llnl-thicket", "llnl-hatchet", "shtab>=1.6", "mfusepy>=3.1"],
+                 "llnl-thicket", "llnl-hatchet", "shtab>=1.6", "mfusepy>=3.1", "perfetto>=0.59"],
     },
     entry_points={"console_scripts": ["fourd-mpi=fourd_mpi.cli.main:main"]},
     classifiers=[

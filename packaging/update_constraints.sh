@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-constraints.txt}
-EXTRAS=mpich,test,analysis,completion,peer,docs
+EXTRAS=mpich,test,analysis,completion,peer,docs,perfetto
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 python3 -m venv "$WORK/venv"

@@ -117,6 +117,7 @@ INSTALLS = {
     "matplotlib": "pip install 'matplotlib>=3.5' (a requirement of fourd_mpi: an install with --no-deps lacks it)",
     "scipy": "pip install 'fourd_mpi[analysis]' (or pip install scipy)",
     "shtab": "pip install 'fourd_mpi[completion]' (or pip install shtab)",
+    "perfetto": "pip install 'fourd_mpi[perfetto]' (or pip install perfetto)",
 }
 
 

