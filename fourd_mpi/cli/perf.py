@@ -484,11 +484,14 @@ def _register_bench(sub) -> None:
     o.add_argument("--fallback", default=None, metavar="PROFILE",
                    help="built-in profile named in the file for levels not measured (e.g. perlmutter)")
     o.add_argument("--force", action="store_true", help="replace an existing profile file (or --report file)")
+    o.add_argument("--max-fit-error", type=float_in(0.0, 1000.0, "a percentage"), default=100 * MAX_FIT_RMS,
+                   metavar="PERCENT", help=f"the profile is written only when every alpha-beta fit (per level, "
+                   f"collective and group size) misses its measurements by less than this relative rms error "
+                   f"(default {100 * MAX_FIT_RMS:.0f}); else one line names the worst fit and every rank exits 1")
     o.add_argument("--accept-poor-fit", action="store_true",
-                   help=f"write the profile even when an alpha-beta fit misses its measurements by "
-                        f"{100 * MAX_FIT_RMS:.0f}%% rms or more (default: not written, one line says which fit, "
-                        f"exit 1); the model then uses the stored measured points. A flag of its own, not --force: "
-                        f"replacing a file and accepting a poor fit are different decisions")
+                   help="write the profile even when a fit reaches --max-fit-error; the model then uses the stored "
+                        "measured points first. A flag of its own, not --force: replacing a file and accepting a "
+                        "poor fit are different decisions")
     o.add_argument("--report", dest="table", metavar="FILE",
                    help="also write the printed report (in --format) there")
     add_deprecated(o, "--table", "--report", dest="table", metavar="FILE")
@@ -603,8 +606,9 @@ def _report_bench(result, args, hostname, out) -> int:
 def _write_profile(result, args, hostname, out, build_profile, yaml):
     """Validate and write the machine profile (rank 0); ``(the lines that describe its fits, why it was
     not written or None)``: a fit whose relative rms error reaches
-    :data:`~fourd_mpi.perf.collbench.MAX_FIT_RMS` keeps it from being written unless ``--accept-poor-fit``."""
-    from fourd_mpi.perf.collbench import MAX_FIT_RMS, poor_fit_line, poor_fits
+    ``--max-fit-error`` (default :data:`~fourd_mpi.perf.collbench.MAX_FIT_RMS`) keeps it from being written
+    unless ``--accept-poor-fit``."""
+    from fourd_mpi.perf.collbench import poor_fit_line, poor_fits
 
     name = args.name or f"local-{hostname}"
     profile = build_profile(result, name, hostname, args.fallback, args.backend)
@@ -613,10 +617,11 @@ def _write_profile(result, args, hostname, out, build_profile, yaml):
     import jsonschema
 
     jsonschema.validate(profile, PROFILE_SCHEMA)
-    bad = poor_fits(profile)
-    refused = poor_fit_line(bad) if bad and not args.accept_poor_fit else None
+    limit = args.max_fit_error / 100
+    bad = poor_fits(profile, limit)
+    refused = poor_fit_line(bad, limit) if bad and not args.accept_poor_fit else None
     if bad and args.accept_poor_fit:
-        profile["calibration"]["poor_fits"] = (f"{len(bad)} fit(s) at or over {100 * MAX_FIT_RMS:.0f}% rms, written "
+        profile["calibration"]["poor_fits"] = (f"{len(bad)} fit(s) at or over {100 * limit:g}% rms, written "
                                                f"by --accept-poor-fit: " + ", ".join(
                                                    f"{lv} {kind} p={p} {100 * rms:.0f}%" for lv, kind, p, rms in bad))
         jsonschema.validate(profile, PROFILE_SCHEMA)
@@ -640,6 +645,6 @@ def _write_profile(result, args, hostname, out, build_profile, yaml):
     if "inter" not in profile["levels"]:
         summary.append("  no inter-node level (one node): grids that cross nodes need --fallback or a multi-node run")
     if bad and args.accept_poor_fit:
-        summary.append(f"  written with {len(bad)} fit(s) at or over {100 * MAX_FIT_RMS:.0f}% rms (--accept-poor-fit): "
+        summary.append(f"  written with {len(bad)} fit(s) at or over {100 * limit:g}% rms (--accept-poor-fit): "
                        f"the model uses the stored measured points where it has them")
     return summary, refused

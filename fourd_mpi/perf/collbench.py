@@ -168,7 +168,8 @@ def poor_fit_line(bad: List[Tuple[str, str, str, float]], limit: float = MAX_FIT
     level, kind, p, rms = bad[0]
     more = f" ({len(bad) - 1} more fit(s) at or over the limit)" if len(bad) > 1 else ""
     return (f"no machine profile written: the alpha-beta fit of {kind} at the {level}-node level on p = {p} misses "
-            f"its measurements by {100 * rms:.0f}% rms (limit {100 * limit:.0f}%){more}; --accept-poor-fit writes it "
+            f"its measurements by {100 * rms:.0f}% rms (limit {100 * limit:g}%, --max-fit-error){more}; "
+            f"--accept-poor-fit writes it "
             f"anyway (the model then uses the stored measured points, levels.{level}.measured)")
 
 
@@ -306,13 +307,14 @@ def fill_pattern(kind: str, size: int, p: int, rank: int) -> Tuple[np.ndarray, n
     """
     elems = size // 4
     n = elems // p if kind == "allgather" else elems
-    j = np.arange(n, dtype=np.int64) % 7
-    mine = ((rank + 1) + j).astype(np.float32)
+    j = (np.arange(n, dtype=np.int32) % 7).astype(np.float32)  # small integers: exact in float32
+    mine = j + np.float32(rank + 1)
     if kind == "allgather":
-        expected = np.concatenate([((r + 1) + j).astype(np.float32) for r in range(p)])
+        expected = np.concatenate([j + np.float32(r + 1) for r in range(p)])
     else:
-        total = (p * (p + 1) // 2 + p * j).astype(np.float32)
-        expected = total if kind == "allreduce" else total[rank * (n // p):(rank + 1) * (n // p)]
+        j *= np.float32(p)
+        j += np.float32(p * (p + 1) // 2)
+        expected = j if kind == "allreduce" else j[rank * (n // p):(rank + 1) * (n // p)].copy()
     return mine, expected
 
 
@@ -446,7 +448,7 @@ def _time_op(comm, world, op: str, size: int, rule: IterationRule,
             req.Wait()
 
     times = timed_iterations(world, (comm.Barrier, body), rule)
-    del send, recv
+    del send, recv, start, body  # the check's buffers replace them (64 MiB messages: memory)
     send, expected = fill_pattern(kind, size, p, rank)
     recv = _inplace_buffers(kind, send, np.empty(expected.size * (p if kind == "reduce_scatter" else 1),
                                                  np.float32), rank, p) if inplace else np.empty_like(expected)
