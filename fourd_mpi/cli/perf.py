@@ -469,7 +469,7 @@ def _register_bench(sub) -> None:
                         "even below --iters or --min-time (default 10; at least one iteration)")
     s.add_argument("--warmup", type=int_in(0, MAX_BENCH_ITERS, "untimed iterations"), default=3, help="untimed iterations first (default 3)")
     s.add_argument("--overlap-sizes", type=int_in(0, 64, "sizes"), default=2, metavar="K",
-                   help="measure overlap at the K largest sizes (default 2; 0 skips it)")
+                   help="measure overlap at the K largest sizes up to 4M (default 2; 0 skips it)")
     add_options(p, ("model",), names=("dtype",))  # the step whose messages the report sets beside the table
     c = p.add_argument_group("compute calibration")
     c.add_argument("--dtypes", default="float32,float64", help="GEMM dtypes to measure (default float32,float64)")

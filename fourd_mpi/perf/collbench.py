@@ -90,6 +90,17 @@ def message_sizes(min_size: int, max_size: int, factor: int, multiple: int) -> L
     return out
 
 
+#: the overlap is measured at sizes up to this (the sweep's old largest size): its four timed phases at 64 MiB
+#: cost tens of seconds each on an oversubscribed node, and the overlap efficiency needs no larger message
+OVERLAP_MAX_BYTES = 4 * 1024 ** 2
+
+
+def overlap_sizes(sizes: List[int], k: int) -> List[int]:
+    """The ``k`` largest of ``sizes`` not above :data:`OVERLAP_MAX_BYTES` (the smallest size when all are above)."""
+    fit = [s for s in sizes if s <= OVERLAP_MAX_BYTES] or sizes[:1]
+    return fit[-k:] if k > 0 else []
+
+
 def bus_factor(kind: str, p: int) -> float:
     """nccl-tests: busbw = algbw * factor (:meth:`~fourd_mpi.core.colltable.CollectiveKind.bus_factor`)."""
     return collective(kind).bus_factor(p)
@@ -356,8 +367,8 @@ class IterationRule:
 
     In the spirit of OSU (``-x`` warm-up, ``-i`` iterations) and nccl-tests (``-w``, ``-n``), with
     Google Benchmark's minimum time: after ``warmup`` untimed iterations, timed ones run until BOTH
-    ``min_iters`` iterations AND ``min_time`` seconds of timed iterations (on every rank: the
-    minimum over ranks of the per-rank sum) are reached. Bounds: ``max_time`` seconds of wall
+    ``min_iters`` iterations AND ``min_time`` seconds of timed iterations (the slowest rank's sum, as
+    the reported latency is the slowest rank's median) are reached. Bounds: ``max_time`` seconds of wall
     time of the timed phase (barriers included, the maximum over ranks; at least one iteration)
     or :data:`MAX_ITERATIONS` iterations, whichever comes first, even below ``min_iters`` or
     ``min_time``: a slow link cannot run forever.
@@ -377,7 +388,7 @@ class IterationRule:
     def next_target(self, n: int, timed: float, wall: float) -> int:
         """0 to stop after ``n`` iterations, else the iteration count to reach before the next check.
 
-        ``timed``: seconds of the ``n`` timed iterations (minimum over ranks); ``wall``: seconds since
+        ``timed``: seconds of the ``n`` timed iterations (maximum over ranks); ``wall``: seconds since
         the first timed iteration began (maximum over ranks). The next count is what the mean
         iteration so far needs to reach ``min_iters`` and ``min_time`` (+10 %), at most 10 x ``n`` (an
         estimate from few iterations) and at most what still fits into ``max_time``."""
@@ -419,10 +430,10 @@ def timed_iterations(world, one, rule: IterationRule) -> List[float]:
             t0 = MPI.Wtime()
             body()
             times.append(MPI.Wtime() - t0)
-        # outside the timed intervals: the slowest rank's wall time, the least timed sum of any rank
-        agreed = np.array([-math.fsum(times), MPI.Wtime() - t_start])
+        # outside the timed intervals: the slowest rank's timed sum and wall time
+        agreed = np.array([math.fsum(times), MPI.Wtime() - t_start])
         world.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MAX)
-        target = rule.next_target(len(times), float(-agreed[0]), float(agreed[1]))
+        target = rule.next_target(len(times), float(agreed[0]), float(agreed[1]))
         if target == 0:
             return times
 
@@ -720,7 +731,7 @@ def run_bench(args, world, watchdog=None) -> Dict:
                     sync = world.allreduce(_measure_sync(comm, max(5, args.iters), args.warmup), op=MPI.MAX)
                 syncs.append({"comm": name, "axes": ",".join(also), "level": level, "p": p, "sync_s": sync})
             if op.startswith("i") and args.overlap_sizes > 0:
-                for s in sizes[-args.overlap_sizes:]:
+                for s in overlap_sizes(sizes, args.overlap_sizes):
                     iters = max(3, args.iters // 4)
                     with watch(f"the overlap measurement of {op} of {s} bytes on {name}"):
                         res = _measure_overlap(comm, world, op, s, iters, args.warmup)
