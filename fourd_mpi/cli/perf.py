@@ -17,8 +17,8 @@ from fourd_mpi.cli.args import (FORMATS, add_deprecated, add_format, add_option,
                                 add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.run.options import OPTIONS, options_in
 from fourd_mpi.util.files import named_inputs, refuse_output, replacing, write_text
-from fourd_mpi.util.values import (axis_size, batch_size, float_in, int_in, int_list_of, layer_count, positive_float, rank_count,
-                                  repeat_count, seq_length)
+from fourd_mpi.util.values import (axis_size, batch_size, float_in, int_in, int_list_of, layer_count, positive_float,
+                                  rank_count, repeat_count, seq_length)
 
 GIB = 2.0 ** 30
 
