@@ -21,6 +21,28 @@ alpha 0.05: the least p of n against n runs is ``2 / C(2n, n)``, 0.1 at 3, 0.029
 runs it compares steps and says so in one line: the verdict then holds for these runs only, not for
 the configuration. ``unit="step"`` or ``"run"`` forces one unit.
 
+**Paired runs** (``unit="paired"``; chosen by ``auto`` when the runs interleave). A slow drift of the
+machine (other jobs starting and ending) moves the run medians of both sides far more than a 15 %
+change, so two independent samples of runs overlap and Mann-Whitney misses the change (issue 32: 10
+of 20 planted 15 % slowdowns found under load). When the two sides' runs were made alternately
+(A B B A ... or A B A B ...), each new run and the baseline run made next to it share the machine's
+state, and their ratio cancels the drift. The design:
+
+- every run's start time is the ``time`` of its index entry (the trace's ``start_time``);
+- the runs **interleave** when, ordered by start time, no side has more than 2 runs in a row
+  (:func:`interleaved`); ``auto`` then pairs them when that gives at least :func:`min_pairs` pairs
+  (6 at alpha 0.05: the least exact two-sided signed-rank p of ``n`` pairs is ``2 / 2**n``);
+- each new run is paired with the baseline run next to it in start-time order, one to one
+  (:func:`pair_runs`: A B B A gives (A B) (B A)); runs left over stay unpaired (counted in the output line);
+- ``d_i = log(new median_i / old median_i)`` of each pair; ``p``: the two-sided Wilcoxon signed-rank
+  test of the ``d_i`` (``scipy.stats.wilcoxon``, exact for small samples without ties);
+- ``ratio = exp(HL)``, HL the Hodges-Lehmann estimate (median of the Walsh averages
+  ``(d_i + d_j) / 2, i <= j``), and its exact distribution-free interval ``[W_(C), W_(M+1-C)]``
+  (``M = n(n+1)/2`` sorted Walsh averages; ``C`` the largest ``k`` with ``P(T+ <= k-1) <= (1-confidence)/2``
+  under the null distribution of the signed-rank statistic, :func:`signed_rank_null`; Hollander and
+  Wolfe, *Nonparametric Statistical Methods*), exponentiated. Without ties or zero differences the
+  interval excludes 1 exactly when the exact two-sided p is at most ``1 - confidence``.
+
 A run named on both sides is left out of the baseline (:func:`drop_new_from_baseline`): a baseline
 given as an index query never matches the new runs themselves.
 
@@ -34,6 +56,7 @@ Needs scipy (the ``analysis`` extra). No MPI.
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import warnings
 from dataclasses import dataclass, field
@@ -44,12 +67,19 @@ import numpy as np
 from fourd_mpi.errors import ConfigError
 
 VERDICTS = ("slower", "faster", "same", "unmatched")
-UNITS = ("auto", "run", "step")
+UNITS = ("auto", "run", "step", "paired")
 MIN_RUNS_WHY = ("the fewest runs per side for which the exact two-sided Mann-Whitney p can fall below {alpha:g}: "
                 "n against n runs give at least 2/C(2n,n)")
 STEP_UNIT_NOTE = ("steps as samples: {new} new and {old} baseline run(s), a run-level test needs {need} per side; "
                   "steps of one run share its machine state, so this verdict holds for these runs, not for the "
                   "configuration")
+PAIRED_NOTE = ("paired: {pairs} of neighbouring runs (each new run with the baseline run next to it in start "
+               "time{why}), Wilcoxon signed-rank on the log ratios of their median step times{left}")
+#: pairing: the most runs of one side in a row, ordered by start time, for the runs to count as interleaved
+MAX_IN_A_ROW = 2
+#: the exact null distribution of the signed-rank statistic is computed up to this many pairs (a normal
+#: approximation of the interval's rank beyond)
+EXACT_PAIRS = 400
 #: fewer measured steps than this on a side: no test (the exact Mann-Whitney p of 2 against 2
 #: steps is at least 1/3, never significant)
 MIN_SAMPLES = 3
@@ -62,8 +92,9 @@ class Settings:
     confidence: float = 0.95  #: of the bootstrap interval
     resamples: int = 9999
     seed: int = 0
-    #: "auto": runs when both sides have :func:`min_runs` runs, else steps; "step": every measured step is a
-    #: sample; "run": each run's median step time is one
+    #: "auto": pairs of runs when the runs interleave in time and give :func:`min_pairs` pairs, else runs when both
+    #: sides have :func:`min_runs` runs, else steps; "step": every measured step is a sample; "run": each run's
+    #: median step time is one; "paired": each new run's median with that of the baseline run next to it in time
     unit: str = "auto"
 
     def statistics_text(self) -> str:
@@ -71,13 +102,24 @@ class Settings:
         steps = ("the per-step times (a step's time: max over ranks of its span, measured steps; runs of one "
                  "configuration pooled per side)")
         runs = "the runs' median step times (one sample per run; a step's time: max over ranks of its span)"
-        samples = {"step": steps, "run": runs}.get(self.unit) or (
-            f"{runs} when both sides have at least {min_runs(self.alpha)} runs ({MIN_RUNS_WHY.format(alpha=self.alpha)}), "
-            f"else {steps}")
-        return (f"ratio = median(new)/median(old) of {samples}; "
-                f"{100 * self.confidence:g}% percentile bootstrap CI of the ratio ({self.resamples} resamples, "
-                f"sides resampled independently, seed {self.seed}); p: Mann-Whitney U two-sided; "
-                f"slower: p < {self.alpha:g}, CI above 1 and ratio > 1 + {100 * self.threshold:g}%; "
+        unpaired = (f"ratio = median(new)/median(old) of {{samples}}; {100 * self.confidence:g}% percentile bootstrap "
+                    f"CI of the ratio ({self.resamples} resamples, sides resampled independently, seed {self.seed}); "
+                    f"p: Mann-Whitney U two-sided")
+        paired = (f"paired: each new run with the baseline run next to it in start time (one to one), d = log of the "
+                  f"ratio of their median step times (a step's time: max over ranks of its span); ratio = "
+                  f"exp(Hodges-Lehmann estimate of d: median of the Walsh averages) with its exact "
+                  f"{100 * self.confidence:g}% signed-rank CI; p: Wilcoxon signed-rank two-sided")
+        if self.unit == "paired":
+            method = paired
+        elif self.unit in ("step", "run"):
+            method = unpaired.format(samples={"step": steps, "run": runs}[self.unit])
+        else:
+            method = (f"{paired}, when the runs interleave in time (ordered by start time, at most {MAX_IN_A_ROW} of "
+                      f"a side in a row) and give at least {min_pairs(self.alpha)} pairs (n pairs give an exact p >= "
+                      f"2/2^n); else " + unpaired.format(
+                          samples=f"{runs} when both sides have at least {min_runs(self.alpha)} runs "
+                                  f"({MIN_RUNS_WHY.format(alpha=self.alpha)}), else {steps}"))
+        return (f"{method}; slower: p < {self.alpha:g}, CI above 1 and ratio > 1 + {100 * self.threshold:g}%; "
                 f"faster: p < {self.alpha:g}, CI below 1 and ratio < 1 - {100 * self.threshold:g}%")
 
 
@@ -90,6 +132,122 @@ def min_runs(alpha: float) -> int:
     while 2.0 / comb(2 * n, n) >= alpha:
         n += 1
     return n
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 pair``, ``2 pairs``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def min_pairs(alpha: float) -> int:
+    """The fewest pairs ``n`` whose exact two-sided Wilcoxon signed-rank p can be below ``alpha``: the least p
+    of ``n`` pairs (all differences of one sign) is ``2 / 2**n`` (6 at alpha 0.05: 0.03125; 5 give 0.0625)."""
+    n = 1
+    while 2.0 / 2 ** n >= alpha:
+        n += 1
+    return n
+
+
+def start_seconds(entry: Dict) -> Optional[float]:
+    """The start time of a run in seconds since the epoch, from its index entry's ``time`` (ISO 8601, the
+    trace's ``start_time``); ``None`` when missing or unreadable."""
+    text = str(entry.get("time") or "")
+    if not text:
+        return None
+    try:
+        stamp = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=datetime.timezone.utc)
+    return stamp.timestamp()
+
+
+def interleaved(new_times: Sequence[float], old_times: Sequence[float], most: int = MAX_IN_A_ROW) -> bool:
+    """Whether the runs of the two sides alternate in time: ordered by start time (ties: baseline first), no
+    side has more than ``most`` runs in a row (A B B A A B ... and A B A B ... do; A A A B B B does not)."""
+    if not len(new_times) or not len(old_times):
+        return False
+    order = sorted([(t, 0) for t in old_times] + [(t, 1) for t in new_times])
+    longest = streak = 1
+    for (_, before), (_, side) in zip(order, order[1:]):
+        streak = streak + 1 if side == before else 1
+        longest = max(longest, streak)
+    return longest <= most
+
+
+def pair_runs(new_times: Sequence[float], old_times: Sequence[float]) -> List[Tuple[int, int]]:
+    """Neighbouring runs as pairs: all runs ordered by start time (ties: baseline first), walked from the earliest;
+    a run and the next one form a pair when they belong to different sides (both are then taken), else the run
+    stays unpaired and the walk moves on. A B B A A B B A gives (A1 B1) (B2 A2) ...; A B A B gives (A1 B1) (A2 B2)
+    ... (a nearest-in-time rule is ambiguous there: each B sits between two A's). Returns ``(new index,
+    old index)`` pairs in time order."""
+    order = sorted([(t, 0, j) for j, t in enumerate(old_times)] + [(t, 1, i) for i, t in enumerate(new_times)])
+    pairs, k = [], 0
+    while k + 1 < len(order):
+        first, second = order[k], order[k + 1]
+        if first[1] == second[1]:
+            k += 1
+            continue
+        new_run, old_run = (second, first) if first[1] == 0 else (first, second)
+        pairs.append((new_run[2], old_run[2]))
+        k += 2
+    return pairs
+
+
+def signed_rank_null(n: int) -> np.ndarray:
+    """``P(T+ = t)`` for ``t = 0 .. n(n+1)/2``: the exact null distribution of the Wilcoxon signed-rank statistic
+    of ``n`` untied nonzero differences (each rank ``1..n`` positive with probability 1/2, independently), by the
+    recursion ``P_n(t) = (P_{n-1}(t) + P_{n-1}(t - n)) / 2``, ``P_0 = [1]``. Shape ``(n(n+1)/2 + 1,)``."""
+    dist = np.ones(1)
+    for k in range(1, n + 1):
+        nxt = np.zeros(len(dist) + k)
+        nxt[:len(dist)] += dist
+        nxt[k:] += dist
+        dist = nxt / 2.0
+    return dist
+
+
+def interval_rank(n: int, confidence: float) -> int:
+    """``C``: the largest ``k >= 1`` with ``P(T+ <= k-1) <= (1 - confidence)/2`` (0 when even ``k = 1`` fails:
+    too few pairs for this confidence). The Hodges-Lehmann interval is the ``C``-th smallest and ``C``-th
+    largest Walsh average; ``C - 1`` is the table's two-sided critical value of ``T`` (reject when ``T <= C-1``).
+    Exact up to :data:`EXACT_PAIRS` pairs, the normal approximation beyond."""
+    half = (1.0 - confidence) / 2.0
+    if n <= EXACT_PAIRS:
+        cdf = np.cumsum(signed_rank_null(n))
+        return int(np.count_nonzero(cdf <= half + 1e-12))  # cdf[k-1] <= half for k = 1..C (cdf increases)
+    from statistics import NormalDist
+
+    mean, sd = n * (n + 1) / 4.0, np.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+    return max(0, int(np.floor(mean + NormalDist().inv_cdf(half) * sd + 0.5)))
+
+
+def hodges_lehmann(d: np.ndarray, confidence: float) -> Tuple[float, float, float]:
+    """``(estimate, low, high)`` of the centre of the differences ``d`` (shape ``(n,)``): the median of the
+    ``M = n(n+1)/2`` Walsh averages ``(d_i + d_j)/2, i <= j``, and ``[W_(C), W_(M+1-C)]`` with ``C`` from
+    :func:`interval_rank` (``(-inf, inf)`` when ``C = 0``)."""
+    d = np.asarray(d, dtype=np.float64)
+    i, j = np.triu_indices(len(d))
+    walsh = np.sort((d[i] + d[j]) / 2.0)
+    c = interval_rank(len(d), confidence)
+    if c == 0:
+        return float(np.median(walsh)), float("-inf"), float("inf")
+    return float(np.median(walsh)), float(walsh[c - 1]), float(walsh[len(walsh) - c])
+
+
+def wilcoxon_p(d: np.ndarray) -> float:
+    """Two-sided p of the Wilcoxon signed-rank test of ``d`` against 0 (``scipy.stats.wilcoxon``: zero
+    differences dropped; exact for small samples without ties, the normal approximation otherwise); 1 when
+    every difference is 0."""
+    from scipy import stats
+
+    d = np.asarray(d, dtype=np.float64)
+    if not np.any(d != 0):
+        return 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # few nonzero differences or ties: scipy warns, the p stays valid
+        return float(stats.wilcoxon(d, alternative="two-sided").pvalue)
 
 
 def drop_new_from_baseline(new_runs, old_runs):
@@ -119,6 +277,14 @@ class Side:
     traces: List[str] = field(default_factory=list)
     samples: np.ndarray = field(default_factory=lambda: np.zeros(0))
     run_medians: List[float] = field(default_factory=list)
+    #: aligned with :attr:`run_medians` (runs with at least one measured step): their ids and start times (s
+    #: since the epoch, ``None`` when the entry has none)
+    median_ids: List[str] = field(default_factory=list)
+    start_times: List[Optional[float]] = field(default_factory=list)
+
+    def timed(self) -> bool:
+        """Whether every run with a median has a start time (the runs can be paired; true of no runs)."""
+        return all(t is not None for t in self.start_times)
 
     def values(self, unit: str) -> np.ndarray:
         """The test's samples: the pooled per-step times (``step``) or one median per run (``run``)."""
@@ -139,8 +305,11 @@ class Comparison:
     ci_high: float = float("nan")
     p_value: float = float("nan")
     note: str = ""
-    unit: str = ""  #: the samples this comparison used: "run" or "step" ("" when unmatched)
-    unit_note: str = ""  #: why steps were compared although runs are the default (:data:`STEP_UNIT_NOTE`)
+    unit: str = ""  #: the samples this comparison used: "paired", "run" or "step" ("" when unmatched)
+    #: why steps were compared although runs are the default (:data:`STEP_UNIT_NOTE`), or the pairs
+    #: (:data:`PAIRED_NOTE`)
+    unit_note: str = ""
+    pairs: List[Tuple[str, str]] = field(default_factory=list)  #: (new run id, baseline run id) when paired
 
     @property
     def regression(self) -> bool:
@@ -158,6 +327,7 @@ class Comparison:
                 "ratio": _json_number(self.ratio), "ci_low": _json_number(self.ci_low),
                 "ci_high": _json_number(self.ci_high), "p_value": _json_number(self.p_value), "note": self.note,
                 "unit": self.unit or None, "unit_note": self.unit_note or None,
+                "pairs": [{"new": a, "baseline": b} for a, b in self.pairs] if self.unit == "paired" else None,
                 "new": side(self.new), "baseline": side(self.old)}
 
 
@@ -210,26 +380,60 @@ def mann_whitney_p(new: np.ndarray, old: np.ndarray) -> float:
     return float(stats.mannwhitneyu(new, old, alternative="two-sided").pvalue)
 
 
+def choose_unit(new: Side, old: Side, settings: Settings) -> Tuple[str, str, Optional[List[Tuple[int, int]]]]:
+    """``(unit, note, pairs)`` of one configuration under ``settings.unit`` (see the module's notes): ``auto``
+    pairs the runs when both sides' runs have start times, interleave and give :func:`min_pairs` pairs, else
+    compares runs when both sides have :func:`min_runs`, else steps. ``unit="paired"`` with runs that have no
+    start time is a :class:`ConfigError`."""
+    unit = settings.unit
+    pairs = None
+    if unit in ("auto", "paired") and new.timed() and old.timed():
+        pairs = pair_runs(new.start_times, old.start_times)
+    if unit == "paired" and pairs is None:
+        raise ConfigError(f"--unit paired: {describe(new.entry)}: some runs have no start time (their index entry's "
+                          f"'time'), so they cannot be paired by time; use --unit run")
+    if unit == "auto":
+        if pairs is not None and len(pairs) >= min_pairs(settings.alpha) and interleaved(new.start_times,
+                                                                                           old.start_times):
+            unit = "paired"
+        elif min(len(new.run_medians), len(old.run_medians)) >= min_runs(settings.alpha):
+            unit = "run"
+        else:
+            need = min_runs(settings.alpha)
+            return "step", STEP_UNIT_NOTE.format(new=len(new.run_medians), old=len(old.run_medians), need=need), None
+    if unit != "paired":
+        return unit, "", None
+    left = len(new.run_medians) + len(old.run_medians) - 2 * len(pairs)
+    why = ("; the runs alternate in time, at most " f"{MAX_IN_A_ROW} of a side in a row, and give at least "
+           f"{min_pairs(settings.alpha)} pairs" if settings.unit == "auto" else "")
+    note = PAIRED_NOTE.format(pairs=plural(len(pairs), "pair"), why=why, left=f"; {left} run(s) left unpaired" if left else "")
+    return unit, note, pairs
+
+
 def compare_sides(key: str, new: Side, old: Side, settings: Settings) -> Comparison:
     """One matched configuration: ratio, interval, p-value and verdict (see the module's notes)."""
     out = Comparison(key, describe(new.entry), new, old, "same")
-    out.unit = settings.unit
-    if settings.unit == "auto":
-        need = min_runs(settings.alpha)
-        enough = min(len(new.run_medians), len(old.run_medians)) >= need
-        out.unit = "run" if enough else "step"
-        if not enough:
-            out.unit_note = STEP_UNIT_NOTE.format(new=len(new.run_medians), old=len(old.run_medians), need=need)
+    out.unit, out.unit_note, pairs = choose_unit(new, old, settings)
     x, y = new.values(out.unit), old.values(out.unit)
     if len(x) and len(y):
         out.new_median_s, out.old_median_s = float(np.median(x)), float(np.median(y))
         out.ratio = out.new_median_s / out.old_median_s
-    if min(len(x), len(y)) < MIN_SAMPLES:
-        what = "measured steps" if out.unit == "step" else "runs"
-        out.note = f"fewer than {MIN_SAMPLES} {what} on a side: no test"
-        return out
-    out.ci_low, out.ci_high = ratio_interval(x, y, settings)
-    out.p_value = mann_whitney_p(x, y)
+    if out.unit == "paired":
+        out.pairs = [(new.median_ids[i], old.median_ids[j]) for i, j in pairs]
+        d = np.log(np.array([x[i] / y[j] for i, j in pairs], dtype=np.float64))
+        centre, low, high = hodges_lehmann(d, settings.confidence) if len(d) else (np.nan, np.nan, np.nan)
+        out.ratio = float(np.exp(centre))
+        if len(d) < MIN_SAMPLES:
+            out.note = f"fewer than {MIN_SAMPLES} pairs of runs: no test"
+            return out
+        out.ci_low, out.ci_high, out.p_value = float(np.exp(low)), float(np.exp(high)), wilcoxon_p(d)
+    else:
+        if min(len(x), len(y)) < MIN_SAMPLES:
+            what = "measured steps" if out.unit == "step" else "runs"
+            out.note = f"fewer than {MIN_SAMPLES} {what} on a side: no test"
+            return out
+        out.ci_low, out.ci_high = ratio_interval(x, y, settings)
+        out.p_value = mann_whitney_p(x, y)
     significant = out.p_value < settings.alpha
     if significant and out.ci_low > 1 and out.ratio > 1 + settings.threshold:
         out.verdict = "slower"
@@ -258,6 +462,8 @@ def group_by_key(runs: Sequence[Tuple[Dict, np.ndarray, str]]) -> Dict[str, Side
         side.samples = np.concatenate([side.samples, samples])
         if len(samples):
             side.run_medians.append(float(np.median(samples)))
+            side.median_ids.append(entry["run_id"])
+            side.start_times.append(start_seconds(entry))
     return sides
 
 

@@ -11,7 +11,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-from fourd_mpi.analysis.compare import Comparison, Settings, exit_status
+from fourd_mpi.analysis.compare import Comparison, Settings, exit_status, plural
 
 FORMATS = ("table", "markdown", "json", "junit")
 COLUMNS = ("configuration", "new", "baseline", "new median s", "old median s", "ratio", "CI", "p", "samples",
@@ -31,13 +31,14 @@ def _runs(side) -> str:
 
 def rows(comparisons: Sequence[Comparison]) -> List[List[str]]:
     out = []
+    units = {"run": "runs", "step": "steps"}
     for c in comparisons:
         ci = f"[{_num(c.ci_low)}, {_num(c.ci_high)}]" if np.isfinite(c.ci_low) else "-"
         verdict = c.verdict.upper() if c.regression else c.verdict
         out.append([c.label, _runs(c.new), _runs(c.old), _num(c.new_median_s), _num(c.old_median_s),
                     _num(c.ratio), ci,
                     f"{c.p_value:.2g}" if np.isfinite(c.p_value) else "-",
-                    {"run": "runs", "step": "steps"}.get(c.unit, "-"),
+                    plural(len(c.pairs), "pair") if c.unit == "paired" else units.get(c.unit, "-"),
                     verdict + (f": {c.note}" if c.note and c.verdict != "unmatched" else "")])
     return out
 
@@ -62,7 +63,8 @@ def as_table(comparisons: Sequence[Comparison], settings: Settings) -> str:
 
 
 def unit_lines(comparisons: Sequence[Comparison]) -> List[str]:
-    """One line per configuration that could only be compared step by step (too few runs)."""
+    """One line per configuration that could only be compared step by step (too few runs), or whose runs were
+    paired (the method and the number of pairs)."""
     return [f"{c.label}: {c.unit_note}" for c in comparisons if c.unit_note]
 
 

@@ -61,8 +61,9 @@ def register(sub) -> None:
     rei.set_defaults(handler=cmd_results, serial=True)
 
     cmp = sub.add_parser("compare", help="regression check: new runs against baseline runs of the same "
-                         "configuration (median step-time ratio, bootstrap CI, Mann-Whitney U); exit 1 on a "
-                         "significant slowdown beyond --threshold (one process, no mpiexec; needs scipy)")
+                         "configuration (median step-time ratio, bootstrap CI, Mann-Whitney U; runs made alternately: "
+                         "paired by start time, Wilcoxon signed-rank); exit 1 on a significant slowdown beyond "
+                         "--threshold (one process, no mpiexec; needs scipy)")
     cmp.add_argument("new", nargs="+", metavar="NEW",
                      help="the new runs: trace files, directories or globs of traces, run ids in the index, or "
                           "index queries KEY=VALUE[,KEY=VALUE...] (as in results list)")
@@ -81,12 +82,17 @@ def register(sub) -> None:
     cmp.add_argument("--ignore", metavar="OPTIONS", default="",
                      help="comma list of configuration options left out of the matching key (e.g. steps,warmup: "
                           "compare runs that differ only in them)")
-    cmp.add_argument("--unit", choices=("auto", "run", "step"), default="auto",
-                     help="the samples: auto (default), each run's median step time when both sides have at least "
-                          "4 runs (at --alpha 0.05: the fewest for which the exact two-sided Mann-Whitney p can fall "
-                          "below alpha; n against n runs give p >= 2/C(2n,n)), else the steps, with one line saying "
-                          "so; run: always the runs (sees the variation between runs, which steps of one run do "
-                          "not); step: always every measured step, pooled")
+    cmp.add_argument("--unit", choices=("auto", "paired", "run", "step"), default="auto",
+                     help="the samples: auto (default): paired runs when the two sides' runs alternate in time "
+                          "(ordered by start time, at most 2 of a side in a row) and give at least 6 pairs (at --alpha "
+                          "0.05: n pairs give an exact signed-rank p >= 2/2^n), else each run's median step time when "
+                          "both sides have at least 4 runs (at --alpha 0.05: the fewest for which the exact two-sided "
+                          "Mann-Whitney p can fall below alpha; n against n runs give p >= 2/C(2n,n)), else the steps, "
+                          "with one line saying so; paired: each new run with the baseline run next to it in start "
+                          "time, Wilcoxon signed-rank test of the log ratios of their median step times (cancels a "
+                          "drift of the machine's load that moves both sides; make the runs alternately, A B B A ...); "
+                          "run: always the runs (sees the variation between runs, which steps of one run do not); "
+                          "step: always every measured step, pooled")
     add_format(cmp, ("table", "markdown", "json", "junit"),
                help="table (default), markdown, json, or junit (JUnit XML: a test case per configuration, a failure "
                     "per regression)")
@@ -219,7 +225,7 @@ def cmd_compare(args, world=None) -> int:
     try:
         import scipy  # noqa: F401
     except ImportError:
-        raise ConfigError("compare needs scipy (bootstrap and Mann-Whitney U): pip install "
+        raise ConfigError("compare needs scipy (bootstrap, Mann-Whitney U, Wilcoxon signed-rank): pip install "
                           "'fourd_mpi[analysis]' (or pip install scipy)") from None
     from fourd_mpi.analysis.compare import (Settings, compare_runs, drop_new_from_baseline, exit_status,
                                             parse_threshold)

@@ -140,16 +140,20 @@ def fit_alpha_beta(points: List[Tuple[str, int, int, float]]) -> Optional[Dict[s
 
 
 def measured_points(rows: List["Row"]) -> Dict[str, List[List[float]]]:
-    """The profile's ``measured`` table of one collective: per group size ``p`` (a string key), the
-    ``[bytes, seconds]`` of every measured size, seconds = the median of the rows of that size and
-    ``p`` (several communicators of one size and level: their median); only sizes with a positive
-    finite time, and only group sizes with at least 2 such sizes (what interpolation needs)."""
-    by_p: Dict[int, Dict[int, List[float]]] = {}
+    """The profile's ``measured`` table of one collective: per group (a string key: ``"p"`` for a
+    group on one node, ``"p@g"`` for ``p`` ranks across nodes with ``g`` on each, :attr:`Row.per_node`),
+    the ``[bytes, seconds]`` of every measured size, seconds = the median of the rows of that size and
+    group (several communicators of one size and placement: their median); only sizes with a positive
+    finite time, and only groups with at least 2 such sizes (what interpolation needs). Groups of one
+    size but another placement are kept apart: on 4 nodes of 2 ranks, 4 ranks on 2 nodes (g = 2) and 4
+    ranks on 4 nodes (g = 1) load each node's link differently."""
+    by_key: Dict[Tuple[int, int], Dict[int, List[float]]] = {}
     for r in rows:
         if r.p > 1 and math.isfinite(r.lat_s) and r.lat_s > 0:
-            by_p.setdefault(r.p, {}).setdefault(r.size, []).append(r.lat_s)
-    return {str(p): [[int(size), float(np.median(ts))] for size, ts in sorted(sizes.items())]
-            for p, sizes in sorted(by_p.items()) if len(sizes) >= 2}
+            g = r.per_node if r.level == "inter" and 0 < r.per_node < r.p else 0
+            by_key.setdefault((r.p, g), {}).setdefault(r.size, []).append(r.lat_s)
+    return {(f"{p}@{g}" if g else str(p)): [[int(size), float(np.median(ts))] for size, ts in sorted(sizes.items())]
+            for (p, g), sizes in sorted(by_key.items()) if len(sizes) >= 2}
 
 
 #: a level's alpha-beta fit is written as a machine profile only when its relative rms error is below this
@@ -269,6 +273,7 @@ class Row:
     max_s: float = float("nan")
     wrong: int = 0  # result elements that differ from the expected ones, summed over ranks
     axes: str = ""  # every axis this communicator stands for (same size measured once)
+    per_node: int = 0  # the group's ranks on one node (most on any node); 0: not known
 
     @property
     def count(self) -> int:
@@ -281,6 +286,7 @@ class Row:
 
     def as_dict(self) -> Dict:
         return {"comm": self.comm, "axes": self.axes, "level": self.level, "p": self.p, "op": self.op,
+                "per_node": self.per_node,
                 "placement": "in-place" if self.inplace else "out-of-place", "size": self.size,
                 "count": self.count, "type": "float", "redop": self.redop, "root": -1, "iters": self.iters,
                 "time_us": self.lat_s * 1e6, "algbw_gbps": self.algbw, "busbw_gbps": self.busbw,
@@ -693,26 +699,28 @@ def run_bench(args, world, watchdog=None) -> Dict:
             if p == 1:
                 continue
             level = "intra" if pg.intra_node[axis] else "inter"
-            # the same group size and placement (on one node; across nodes the same axis), or an axis
-            # of every rank (the world's group): measured once, reported for every axis it stands for
-            key = ("all",) if p == size else (p, level, axis if pg.num_nodes > 1 else "")
+            # ranks of one group on a node: the group's size over the most nodes any group spans
+            per_node = -(-p // max(pg.placement.spans.get(axis) or [1]))
+            # the same group size and placement (on one node; across nodes the same ranks per node), or
+            # an axis of every rank (the world's group): measured once, reported for every axis it stands for
+            key = ("all",) if p == size else (p, level, per_node)
             if key in seen:
                 seen[key][3].append(f"{g}:{axis}")
                 continue
-            seen[key] = [f"{g}:{axis}", level, pg.axis_comm(axis), [f"{g}:{axis}"]]
+            seen[key] = [f"{g}:{axis}", level, pg.axis_comm(axis), [f"{g}:{axis}"], per_node]
             comms.append(seen[key])
     if not args.no_world and size > 1:
         if ("all",) in seen:  # an axis of every rank is the world's group
             seen[("all",)][3].append("world")
         else:
-            comms.append(["world", "intra" if num_nodes == 1 else "inter", world, ["world"]])
+            comms.append(["world", "intra" if num_nodes == 1 else "inter", world, ["world"], local_size])
 
     rows: List[Row] = []
     overlap: List[Dict] = []
     syncs: List[Dict] = []
     placements = (False, True) if getattr(args, "in_place", True) else (False,)
     rule = iteration_rule(args)
-    for name, level, comm, also in comms:
+    for name, level, comm, also, per_node in comms:
         p = comm.Get_size()
         sizes = message_sizes(args.min_size, args.max_size, args.factor, 4 * p)
         for op in ops:
@@ -725,7 +733,7 @@ def run_bench(args, world, watchdog=None) -> Dict:
                                  world.allreduce(lat, op=MPI.MIN))
                         wrong = world.allreduce(wrong)
                     rows.append(Row(name, level, p, op, s, iters, stats[0], inplace, stats[1], stats[2], stats[0],
-                                    wrong, ",".join(also)))
+                                    wrong, ",".join(also), per_node))
             if op == "iallreduce":
                 with watch(f"the synchronization measurement of iallreduce on {name}"):
                     sync = world.allreduce(_measure_sync(comm, max(5, args.iters), args.warmup), op=MPI.MAX)
@@ -736,7 +744,8 @@ def run_bench(args, world, watchdog=None) -> Dict:
                     with watch(f"the overlap measurement of {op} of {s} bytes on {name}"):
                         res = _measure_overlap(comm, world, op, s, iters, args.warmup)
                     overlap.append(dict(comm=name, axes=",".join(also), level=level, p=p, op=op, size=s, **res))
-    listed = [{"comm": name, "axes": also, "level": level, "p": comm.Get_size()} for name, level, comm, also in comms]
+    listed = [{"comm": name, "axes": also, "level": level, "p": comm.Get_size(), "per_node": per_node}
+              for name, level, comm, also, per_node in comms]
     with watch("the compute calibration (GEMM and elementwise rates)"):
         compute = _compute_rates(world, dtypes, args.gemm_size, args.backend)
     for pg in made:
@@ -844,7 +853,7 @@ def _finite(value):
 
 
 #: columns of ``--format csv`` (rows; one per communicator, op, size and placement)
-CSV_COLUMNS = ["comm", "axes", "level", "p", "op", "placement", "size", "count", "type", "redop", "root", "iters",
+CSV_COLUMNS = ["comm", "axes", "level", "p", "per_node", "op", "placement", "size", "count", "type", "redop", "root", "iters",
                "time_us", "algbw_gbps", "busbw_gbps", "wrong", "avg_lat_us", "min_lat_us", "max_lat_us"]
 
 

@@ -85,9 +85,12 @@ _level = {
                     "properties": {k: {"type": "object", "propertyNames": {"pattern": r"^[0-9]+$"},
                                        "additionalProperties": _fit} for k in KINDS}},
         "measured": {"type": "object", "additionalProperties": False,
-                     "description": "per collective and group size p: [message bytes, seconds] pairs measured by "
-                                    "bench collectives (the median over iterations, max over ranks)",
-                     "properties": {k: {"type": "object", "propertyNames": {"pattern": r"^[0-9]+$"},
+                     "description": "per collective and group: [message bytes, seconds] pairs measured by "
+                                    "bench collectives (the median over iterations, max over ranks); the key is "
+                                    "the group size p, or 'p@g' for a group of p ranks with g of them on each "
+                                    "node (inter-node groups: the placement changes the bytes a node's link "
+                                    "carries)",
+                     "properties": {k: {"type": "object", "propertyNames": {"pattern": r"^[0-9]+(@[0-9]+)?$"},
                                         "additionalProperties": _points} for k in KINDS}},
     },
 }
@@ -378,18 +381,36 @@ class MachineProfile:
         return Fit(float(entry["alpha_s"]), float(entry["beta_s_per_byte"])), int(lv["shared_by"])
 
     def measured_time(self, level: str, op: str, p: int, message_bytes: float,
-                      link_share: float = 1.0) -> Optional[float]:
+                      link_share: float = 1.0, per_node: Optional[int] = None) -> Optional[float]:
         """Seconds of one ``op`` of ``message_bytes`` on ``p`` ranks at ``level`` from the level's
-        ``measured`` points of exactly ``p`` ranks (None without them): :func:`interpolate_measured`.
-        The part above the smallest size's time scales with ``link_share`` (ranks of a node in the run
-        / ``shared_by``), as beta does in the fit."""
+        ``measured`` points (None without points of ``p`` ranks): :func:`interpolate_measured`. The part
+        above the smallest size's time scales with ``link_share`` (ranks of a node in the run /
+        ``shared_by``), as beta does in the fit.
+
+        ``per_node`` (g): the group's ranks on one node. Points of the same placement (key ``"p@g"``)
+        come first, then points of unknown placement (key ``"p"``), then those of the nearest other
+        ``g'``, whose part above the smallest size scales by ``g'/g`` besides: while every group of the
+        axis communicates at once, a node's link carries the traffic of ``ranks/g`` groups, and a ring
+        (or a node-aware algorithm) sends about the same bytes per group through each node's link
+        whatever ``g`` is, so the link's bytes, and the bandwidth-bound time, go as ``1/g``
+        (:func:`group_per_node`)."""
         owner, lv = self.level(level)
-        points = ((lv.get("measured") or {}).get(op) or {}).get(str(p))
+        table = (lv.get("measured") or {}).get(op) or {}
+        scale = 1.0
+        points = table.get(f"{p}@{per_node}") if per_node else None
+        if not points:
+            points = table.get(str(p))
+        if not points and per_node:
+            others = sorted((abs(int(k.split("@")[1]) - per_node), int(k.split("@")[1]))
+                            for k in table if k.startswith(f"{p}@"))
+            if others:
+                g_measured = others[0][1]
+                points, scale = table[f"{p}@{g_measured}"], g_measured / per_node
         if not points:
             return None
         t = interpolate_measured(points, message_bytes)
         floor = min(pt[1] for pt in points)
-        return floor + (t - floor) * link_share if t > floor else t
+        return floor + (t - floor) * link_share * scale if t > floor else t
 
     # -- the network section: published bandwidths by placement and message size ------------------
 
@@ -559,6 +580,14 @@ def _check_size_tables(data: Dict[str, Any], path: str) -> None:
         if len(shape) != len(rows) or any(n != len(cols) for n in shape):
             raise ConfigError(f"{where}: busbw_gbs must have {len(rows)} rows (one per size) of {len(cols)} "
                               f"values (one per GPU count), got rows of {shape}")
+
+
+def group_per_node(p: int, stride: int, ranks_per_node: int) -> int:
+    """Ranks of one group on one node: a group of ``p`` ranks ``stride`` apart in rank order, placed in
+    order on nodes of ``ranks_per_node`` consecutive ranks (block placement), has
+    ``min(p, ceil(ranks_per_node / stride))`` of them on a node: X (stride 1) of 4 on nodes of 2 -> 2;
+    a data axis of stride 2 on nodes of 2 -> 1 (one rank per node)."""
+    return max(1, min(p, -(-ranks_per_node // max(1, stride))))
 
 
 def axis_inner_products(grid) -> Dict[str, int]:

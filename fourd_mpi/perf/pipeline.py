@@ -34,12 +34,16 @@ sequences: every collective at its micro-batch size and with its own latency, th
 of every micro-batch included) gives the work of one slot ``W_mb``: that step less its exposed
 gradient synchronization ``S`` (the Z reduce-scatters, the Z and data all-reduces of gradients) and
 its optimizer update ``U``, which both run once, after the last micro-batch;
-``step = W_mb (m + p - 1) + U + S + 2 (p - 1) t_msg``: ``m`` slots plus the bubble of ``p - 1`` slots,
+``step = W (m + p - 1) + U + S + 2 (p - 1) t_msg``: ``m`` slots plus the bubble of ``p - 1`` slots,
 plus the messages on the critical path of the fill and the drain (the forward chain and the
-backward chain through ``p - 1`` boundaries; in the steady state ``Isend`` overlaps compute). A
-message costs ``t_msg = alpha + msg * beta`` at the placement of the inter axis (intra-node when the
-stage neighbours share a node, :func:`inter_placement`), from the profile's all-gather fit on 2 ranks
-(whose ring moves exactly one message each way). Because each slot is predicted at its own size, the
+backward chain through ``p - 1`` boundaries). In the steady state each slot also sends one message
+each way, which ``Isend`` overlaps with compute as far as the profile's overlap efficiency ``e``
+allows: ``W = max(W_mb, t_msg) + (1 - e) min(W_mb, t_msg)`` (:func:`link_bound_slot`; a slot is never
+shorter than its message). A message costs ``t_msg`` at the placement of the inter axis (intra-node
+when the stage neighbours share a node, :func:`inter_placement`): across nodes from a calibrated
+profile's measured 2-rank points with every rank of a node's stage sending at once, else from the
+profile's all-gather fit on 2 ranks (whose ring moves exactly one message each way),
+``alpha + msg * beta`` (:func:`message_time`). Because each slot is predicted at its own size, the
 per-micro-batch latencies of the 4D collectives (``m`` times more, ``m`` times smaller messages) and
 the GEMMs' lower efficiency on smaller shapes are counted: more micro-batches shrink the bubble but
 cost latency, and the prediction has an optimum in ``m``.
@@ -146,6 +150,12 @@ def world_levels(grid: GridShape, stages: int, ranks_per_node: int) -> Dict[str,
     return out
 
 
+def world_strides(grid: GridShape, stages: int) -> Dict[str, int]:
+    """``{"data": G_z G_y G_x x stages}``: the data axis' stride in the pipeline's world order (data,
+    inter, z, y, x); the stage grid's other axes keep their strides."""
+    return {"data": grid.z * grid.y * grid.x * stages}
+
+
 def inter_placement(grid: GridShape, stages: int, ranks_per_node: int) -> str:
     """``intra`` when a rank and its stage neighbours (``G_z G_y G_x`` world ranks apart, rank order data, inter,
     z, y, x) share a node, ``inter`` otherwise, ``-`` for one stage (:func:`world_levels`)."""
@@ -188,13 +198,31 @@ def pipeline_memory(cfg: ModelConfig, grid: GridShape, stages: int, microbatches
                    comm_buffers=micro.comm_buffers + sums + buffers)
 
 
-def message_time(profile: MachineProfile, level: str, nbytes: int) -> float:
-    """Seconds of one point-to-point message: the all-gather fit on 2 ranks with a gathered buffer of
-    ``2 * nbytes`` (``alpha + nbytes * beta``)."""
+def message_time(profile: MachineProfile, level: str, nbytes: int, senders: Optional[int] = None) -> float:
+    """Seconds of one point-to-point message: a 2-rank all-gather of a gathered buffer of ``2 * nbytes``
+    (its ring moves exactly one message each way). Across nodes, from a calibrated profile's measured
+    points of 2 ranks on 2 nodes (``2@1``) when it has them, with ``senders`` ranks of a node sending at
+    once (the link share of :meth:`~fourd_mpi.perf.machine.MachineProfile.measured_time`: a stage's
+    ranks all send their micro-batch through the node's link together); otherwise the level's
+    all-gather fit on 2 ranks (``alpha + nbytes * beta``)."""
     if level == "-":
         return 0.0
-    fit, _ = profile.fit(level, "allgather", 2)
+    fit, shared_by = profile.fit(level, "allgather", 2)
+    if level == "inter" and senders:
+        measured = profile.measured_time(level, "allgather", 2, 2 * nbytes, senders / shared_by, per_node=1)
+        if measured is not None:
+            return measured
     return fit.time("allgather", 2, 2 * nbytes)
+
+
+def link_bound_slot(slot: float, t_msg: float, efficiency: float) -> float:
+    """One steady-state slot when each micro-batch's message must also cross the stage boundary:
+    ``max(W, t) + (1 - e) min(W, t)`` = ``W + t - e min(W, t)`` for compute ``W``, message ``t`` and
+    overlap efficiency ``e`` (the share of the shorter one hidden behind the longer, as the 4D model
+    hides collectives: :attr:`~fourd_mpi.perf.machine.MachineProfile.overlap_efficiency`, 0 without
+    progress). ``e = 1``: ``max(W, t)`` (a message per slot each way, the link full duplex); a slot
+    never runs faster than its link."""
+    return max(slot, t_msg) + (1.0 - efficiency) * min(slot, t_msg)
 
 
 def pipeline_lower_bound(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, stages: int = 1,
@@ -217,7 +245,8 @@ def pipeline_lower_bound(cfg: ModelConfig, grid: GridShape, profile: MachineProf
     comp = compute_time(micro_cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
                         attention=attention, precision=precision)
     levels = {a: v for a, v in world_levels(grid, stages, rpn).items() if a != "inter" and v != "-"}
-    blocking = blocking_time(micro_cfg, grid, profile, overlap, dtype, rpn, recompute, levels) if communication else {}
+    blocking = (blocking_time(micro_cfg, grid, profile, overlap, dtype, rpn, recompute, levels,
+                              world_strides(grid, stages)) if communication else {})
     sync = sum(t for key, t in blocking.items() if key in SYNC_KEYS)
     other = sum(t for key, t in blocking.items() if key not in SYNC_KEYS)
     return (comp["total"] - comp["optimizer"] + other) * (microbatches + stages - 1) + comp["optimizer"] + sync
@@ -239,7 +268,7 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     micro_cfg = replace(stage_config(cfg, stages), batch=cfg.batch // microbatches)
     levels = {a: v for a, v in world_levels(grid, stages, rpn).items() if a != "inter" and v != "-"}
     micro = predict(micro_cfg, grid, profile, overlap, dtype, progress, optimizer, rpn, recompute, attention,
-                    precision, shard_optimizer, levels=levels)
+                    precision, shard_optimizer, levels=levels, strides=world_strides(grid, stages))
     sync_keys = SYNC_KEYS
     sync = sum(micro.exposed_s.get(key, 0.0) for key in sync_keys)
     # the optimizer updates the stage's weights once per step, after the last micro-batch
@@ -248,15 +277,18 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     slot = micro.step_s - sync - update
     level = inter_placement(grid, stages, rpn)
     msg = message_bytes(cfg, grid, microbatches, dtype)
-    t_msg = message_time(profile, level, msg)
+    t_msg = message_time(profile, level, msg, min(rpn, grid.size))
     critical = 2 * (stages - 1) * t_msg
+    efficiency = 0.0 if profile.host_driven and progress == "none" else profile.overlap_efficiency
+    waiting = link_bound_slot(slot, t_msg, efficiency) - slot  # per steady slot: the message not hidden
+    slot += waiting
     bubble = slot * (stages - 1)
     # every collective but the gradient synchronization runs once per micro-batch
     comm = {key: t * (1 if key in sync_keys else microbatches) for key, t in micro.comm_s.items()}
     exposed = {key: t * (1 if key in sync_keys else microbatches) for key, t in micro.exposed_s.items()}
     volumes = p2p_volumes(cfg, grid, stages, microbatches, dtype)
     comm[("inter", "send")] = max(v["send_messages"] for v in volumes.values()) * t_msg
-    exposed[("inter", "send")] = critical
+    exposed[("inter", "send")] = critical + waiting * microbatches
     exposed[("inter", "bubble")] = bubble
     # stage 0's wire bytes by axis, as pipeline_collectives counts them (per-micro-batch roles m times)
     wire = {axis: 0 for axis in micro.wire_bytes}

@@ -57,7 +57,7 @@ from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
-from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement
+from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement, group_per_node
 from fourd_mpi.perf.memory import (MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens,
                                    parameter_elements)
 from fourd_mpi.step.overlap import OverlapConfig
@@ -226,9 +226,21 @@ def collective_parts(c: Collective, profile: MachineProfile, placement: Dict[str
         return c.count * t, c.count * profile.sync_s(level, c.p)
     fit, shared_by = profile.fit(level, c.op, c.p)
     share = ranks_on_node / shared_by if level == "inter" else 1.0
-    measured = profile.measured_time(level, c.op, c.p, c.message_bytes, share)
+    measured = profile.measured_time(level, c.op, c.p, c.message_bytes, share,
+                                     per_node=_per_node(c, level, ranks_on_node, inner))
     one = measured if measured is not None else fit.time(c.op, c.p, c.message_bytes, share)
     return c.count * one, c.count * profile.sync_s(level, c.p)
+
+
+def _per_node(c: Collective, level: str, ranks_on_node: int, inner: Optional[Dict[str, int]]) -> Optional[int]:
+    """Ranks of ``c``'s group on one node (:func:`~fourd_mpi.perf.machine.group_per_node`) for an
+    inter-node group; None inside a node or without the axis' stride. An axis that block placement
+    keeps inside a node but ``placement`` puts across nodes (another rank order, e.g. round-robin over
+    the nodes) counts one rank per node."""
+    if level != "inter" or inner is None or c.axis not in inner:
+        return None
+    g = group_per_node(c.p, inner[c.axis], ranks_on_node)
+    return 1 if g >= c.p else g
 
 
 def collective_time(c: Collective, profile: MachineProfile, placement: Dict[str, str],
@@ -479,7 +491,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
             optimizer: str = "adam", ranks_per_node: Optional[int] = None, recompute: str = "none",
             attention: str = "unfused", precision: Optional[str] = None,
             shard_optimizer: str = "none", dw_window: Optional[int] = None,
-            levels: Optional[Dict[str, str]] = None) -> Prediction:
+            levels: Optional[Dict[str, str]] = None, strides: Optional[Dict[str, int]] = None) -> Prediction:
     """Predict one training step of ``cfg`` on ``grid`` (see the module docstring).
 
     ``ranks_per_node``: ranks of the run per node (default: the profile's, or the world size when
@@ -491,7 +503,11 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     :func:`~fourd_mpi.perf.memory.comm_buffer_elements`; None: every layer's, as this suite's step).
     ``levels``: ``axis -> "intra" | "inter"`` for a rank order other than consecutive ranks on a node
     (e.g. the placement a run recorded, :class:`~fourd_mpi.core.placement.NodePlacement`); axes it
-    leaves out keep :func:`~fourd_mpi.perf.machine.axis_placement`'s level.
+    leaves out keep :func:`~fourd_mpi.perf.machine.axis_placement`'s level. ``strides``: ``axis -> ranks
+    between neighbours of its group`` where the world is more than this grid (a pipeline's data axis
+    strides over the stages); the rest are :func:`~fourd_mpi.perf.machine.axis_inner_products`. With the
+    ranks per node they give how many of a group's ranks share a node (measured points of that
+    placement price it).
     """
     overlap = overlap or OverlapConfig()
     rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)
@@ -499,7 +515,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     bad = {a: v for a, v in (levels or {}).items() if a not in ("data", "z", "y", "x") or v not in ("intra", "inter")}
     if bad:
         raise ConfigError(f"placement levels {bad}: give axis data|z|y|x -> intra|inter")
-    inner = axis_inner_products(grid)
+    inner = {**axis_inner_products(grid), **(strides or {})}
     notes: List[str] = []
     gemm_rate_tflops(profile, dtype, notes)
     comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
@@ -552,18 +568,19 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
 
 
 def blocking_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig, dtype: str,
-                  ranks_on_node: int, recompute: str = "none",
-                  levels: Optional[Dict[str, str]] = None) -> Dict[Tuple[str, str], float]:
+                  ranks_on_node: int, recompute: str = "none", levels: Optional[Dict[str, str]] = None,
+                  strides: Optional[Dict[str, int]] = None) -> Dict[Tuple[str, str], float]:
     """Seconds per ``(axis, op)`` that :func:`predict` exposes whatever the timeline: collectives whose
     overlap option is off, every LayerNorm and loss all-reduce, the last chunk of an OD all-reduce (and,
     device-driven with full recompute, the forward all-reduces' second run). Every block has the same
     collectives: priced on one block, times ``L`` (memoized per profile on the block). ``levels``: as
-    :func:`predict`'s (axes placed for another rank order)."""
+    :func:`predict`'s (axes placed for another rank order); ``strides``: as :func:`predict`'s."""
     memo = profile.__dict__.setdefault("_blocking_memo", {})
     key = (replace(cfg, layers=1), grid, overlap, dtype, ranks_on_node, recompute,
-           tuple(sorted((levels or {}).items())))
+           tuple(sorted((levels or {}).items())), tuple(sorted((strides or {}).items())))
     if key not in memo:
-        memo[key] = _blocking_parts(key[0], grid, profile, overlap, dtype, ranks_on_node, recompute, levels)
+        memo[key] = _blocking_parts(key[0], grid, profile, overlap, dtype, ranks_on_node, recompute, levels,
+                                    strides)
     block, loss = memo[key]
     out = {k: t * cfg.layers for k, t in block.items()}
     for k, t in loss.items():
@@ -572,11 +589,12 @@ def blocking_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ov
 
 
 def _blocking_parts(one_block: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
-                    dtype: str, ranks_on_node: int, recompute: str, levels: Optional[Dict[str, str]] = None):
+                    dtype: str, ranks_on_node: int, recompute: str, levels: Optional[Dict[str, str]] = None,
+                    strides: Optional[Dict[str, int]] = None):
     """``(per block, loss)`` seconds by ``(axis, op)`` of :func:`blocking_time` for a one-block model."""
     one = step_collectives(one_block, grid, overlap, dtype)
     placement = {**axis_placement(grid, ranks_on_node), **(levels or {})}
-    inner = axis_inner_products(grid)
+    inner = {**axis_inner_products(grid), **(strides or {})}
     block: Dict[Tuple[str, str], float] = defaultdict(float)
     loss: Dict[Tuple[str, str], float] = defaultdict(float)
     for c in one:

@@ -35,8 +35,8 @@ def test_interpolation_is_linear_between_points_flat_below_and_extends_the_last_
     assert interpolate_measured(list(reversed(pts)), 1500) == pytest.approx(1.5)  # order does not matter
 
 
-def row(p, size, t, comm="world", level="inter", op="iallreduce"):
-    return Row(comm, level, p, op, size, 20, t, False, t, t, t, 0, comm)
+def row(p, size, t, comm="world", level="inter", op="iallreduce", per_node=0):
+    return Row(comm, level, p, op, size, 20, t, False, t, t, t, 0, comm, per_node)
 
 
 def test_the_stored_table_is_the_median_per_size_and_group_size():
@@ -75,10 +75,47 @@ def test_the_model_costs_a_message_from_the_measurements_with_the_link_share(tmp
         pytest.approx(fit.time("allreduce", 4, 2000, 1.0))
 
 
+def test_groups_of_one_size_but_another_placement_are_kept_apart():
+    # 4 nodes x 2 ranks: X of 4 (2 ranks on each of 2 nodes) and data of 4 (one rank on each of 4 nodes)
+    rows = [row(4, 1024, 1e-3, "x", per_node=2), row(4, 4096, 2e-3, "x", per_node=2),
+            row(4, 1024, 3e-3, "data", per_node=1), row(4, 4096, 8e-3, "data", per_node=1),
+            row(2, 1024, 5e-4, "old"), row(2, 4096, 6e-4, "old")]  # per_node unknown (0): keyed by p
+    assert measured_points(rows) == {"4@1": [[1024, 3e-3], [4096, 8e-3]], "4@2": [[1024, 1e-3], [4096, 2e-3]],
+                                     "2": [[1024, 5e-4], [4096, 6e-4]]}
+    # inside a node the group is the whole placement: keyed by p
+    intra = [row(2, 1024, 1e-4, "x2", level="intra", per_node=2), row(2, 4096, 2e-4, "x2", level="intra", per_node=2)]
+    assert measured_points(intra) == {"2": [[1024, 1e-4], [4096, 2e-4]]}
+
+
+def test_the_model_prices_a_group_by_its_ranks_per_node(tmp_path):
+    from fourd_mpi.perf.machine import group_per_node
+
+    assert group_per_node(4, 1, 2) == 2   # X of 4 on nodes of 2: 2 per node
+    assert group_per_node(4, 2, 2) == 1   # stride 2 on nodes of 2: one per node
+    assert group_per_node(2, 1, 8) == 2   # inside a node: the whole group
+    assert group_per_node(4, 2, 4) == 2   # stride 2 on nodes of 4: ranks 0, 2 | 4, 6
+    prof = profile_with(tmp_path, {"allreduce": {"4@2": [[1000, 0.001], [3000, 0.003]],
+                                                 "4@1": [[1000, 0.002], [3000, 0.010]]}})
+    x = Collective("block0.fc1", "fwd_allreduce", "allreduce", "x", 4, "forward", 1, 3000)
+    d = Collective("block0.fc1", "grad_allreduce", "allreduce", "data", 4, "backward", 1, 3000)
+    inner = {"x": 1, "y": 4, "z": 4, "data": 2}  # as a grid 4x1x1x2's data axis, X of 4 as 1x1x1x4's
+    assert collective_parts(x, prof, {"x": "inter"}, ranks_on_node=2, inner=inner)[0] == pytest.approx(0.003)
+    assert collective_parts(d, prof, {"data": "inter"}, ranks_on_node=2, inner=inner)[0] == pytest.approx(0.010)
+    # only g = 2 measured: one rank per node puts twice the groups on each link, the part above the
+    # smallest size's time doubles (0.001 + 2 x 0.002)
+    only2 = profile_with(tmp_path, {"allreduce": {"4@2": [[1000, 0.001], [3000, 0.003]]}})
+    assert collective_parts(d, only2, {"data": "inter"}, ranks_on_node=2, inner=inner)[0] == pytest.approx(0.005)
+    # an axis that block placement keeps on a node, put across nodes by the rank order: one rank per node
+    y = Collective("block0.fc1", "fwd_allreduce", "allreduce", "y", 2, "forward", 1, 3000)
+    two = profile_with(tmp_path, {"allreduce": {"2@1": [[1000, 0.004], [3000, 0.006]]}})
+    assert collective_parts(y, two, {"y": "inter"}, ranks_on_node=2, inner={"y": 1})[0] == pytest.approx(0.006)
+
+
 @pytest.mark.parametrize("bad", [
     {"allreduce": {"2": [[1000, 0.001]]}},                      # one point
     {"allreduce": {"2": [[1000, -1.0], [2000, 0.002]]}},         # negative time
     {"allreduce": {"two": [[1000, 0.001], [2000, 0.002]]}},      # group size not a number
+    {"allreduce": {"4@": [[1000, 0.001], [2000, 0.002]]}},       # ranks per node missing
     {"broadcast": {"2": [[1000, 0.001], [2000, 0.002]]}},        # not a collective of the model
 ])
 def test_a_bad_table_is_refused(tmp_path, bad):

@@ -225,8 +225,11 @@ def test_bench_collectives_on_the_bed_writes_intra_and_inter_levels(bed, tmp_pat
     assert "inter" in prof["levels"] and ("intra" in prof["levels"]) == (ppn > 1), prof["levels"].keys()
     inter = prof["levels"]["inter"]
     assert inter["shared_by"] == ppn
-    points = inter["measured"]["allreduce"][str(ranks)]
+    # inter-node points are kept per placement, "p@g": p ranks with g of them on each node
+    points = inter["measured"]["allreduce"][f"{ranks}@{ppn}"]
     assert [b for b, _ in points] == [1024, 8192] and all(t > 0 for _, t in points)
+    if ranks == 4:  # grid 2x1x1x2: X of 2 inside a node, data of 2 one rank on each node
+        assert set(inter["measured"]["allreduce"]) == {"4@2", "2@1"}, inter["measured"]["allreduce"].keys()
 
 
 SPEC = """\
