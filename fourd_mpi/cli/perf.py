@@ -603,6 +603,15 @@ def _report_bench(result, args, hostname, out) -> int:
     return 0
 
 
+def _per_size_errors(entry, kind) -> str:
+    """``; per group size (what the model uses): p=2 12%, p=4 8%`` from a level's ``by_size`` fits, or ``""``."""
+    per_p = (entry.get("by_size") or {}).get(kind) or {}
+    if not per_p:
+        return ""
+    return "; per group size (what the model uses): " + ", ".join(
+        f"p={p} {100 * f['rms_rel_error']:.0f}%" for p, f in per_p.items())
+
+
 def _write_profile(result, args, hostname, out, build_profile, yaml):
     """Validate and write the machine profile (rank 0); ``(the lines that describe its fits, why it was
     not written or None)``: a fit whose relative rms error reaches
@@ -638,7 +647,8 @@ def _write_profile(result, args, hostname, out, build_profile, yaml):
                 continue
             fits.append(f"  {level:<5} {kind:<15} alpha {f['alpha_s'] * 1e6:8.2f} us  beta {f['beta_s_per_byte'] * 1e9:8.4f} "
                         f"ns/B ({1 / f['beta_s_per_byte'] / 1e9 if f['beta_s_per_byte'] > 0 else float('inf'):.3f} GB/s)"
-                        f"  rms rel. error {100 * f['rms_rel_error']:.0f}% over {f['points']} points")
+                        f"  rms rel. error {100 * f['rms_rel_error']:.0f}% over {f['points']} points"
+                        + _per_size_errors(entry, kind))
     summary = ["", f"machine profile {out}{' NOT written (see the error line)' if refused else ''}:"] + fits + [
         f"  oversubscription x{profile['compute']['oversubscription']:.2f}, overlap efficiency with polling "
         f"{profile['progress']['overlap_efficiency']:.2f}"]
