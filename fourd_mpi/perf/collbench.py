@@ -3,9 +3,12 @@
 Run under ``mpiexec``. For every axis communicator of the benchmarked grids (every instance of
 an axis runs at once, as in a training step) and for the world: ``Iallgather``,
 ``Ireduce_scatter_block``, ``Iallreduce`` (each waited at once) and their blocking forms over a
-sweep of message sizes, with warm-up and timed iterations (a barrier between iterations, not
-timed). Message size ``S`` is the nccl-tests "size": the gathered buffer of an all-gather, the
-full input of a reduce-scatter, the buffer of an all-reduce.
+sweep of message sizes (to 64 MiB by default), with warm-up and timed iterations (a barrier
+between iterations, not timed) until both a minimum count and a minimum time are reached, the
+same count on every rank (:class:`IterationRule`). Message size ``S`` is the nccl-tests "size":
+the gathered buffer of an all-gather, the full input of a reduce-scatter, the buffer of an
+all-reduce. The report sets the step's own messages beside the table (:func:`step_messages`,
+:func:`cover_step_messages`): whether the measured sizes cover them.
 
 - latency = median over iterations on each rank; ``time`` (nccl-tests) is the maximum over
   ranks, and OSU's avg/min/max latency over ranks are reported too;
@@ -30,7 +33,8 @@ latencies by least squares on relative error, ``t = k(p-1)*alpha + k(p-1)/p*S*be
 and per group size; the GEMM rate per dtype of one rank alone (the others sleep) and of all
 ranks at once (their ratio is the oversubscription factor), element-wise bandwidth and the cost
 of one NumPy call; the overlap efficiency = OSU overlap with polling at the largest sizes / 100.
-Only what was measured is fitted: with ``--ops`` a subset, a collective whose nonblocking form
+A fit whose relative rms error reaches :data:`MAX_FIT_RMS` (``--max-fit-error``) keeps the profile
+from being written unless the caller accepts it (:func:`poor_fits`). Only what was measured is fitted: with ``--ops`` a subset, a collective whose nonblocking form
 is missing has no fit and is listed under ``calibration.missing_ops`` (the model takes it from
 the fallback profile or refuses); without any nonblocking op no profile is written.
 
