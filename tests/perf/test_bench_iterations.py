@@ -103,9 +103,9 @@ def test_every_rank_runs_the_same_count_until_both_minimums(run_mpi, tmp_path, n
 
 @pytest.mark.mpi
 def test_bench_rows_meet_both_minimums(run_mpi, tmp_path):
-    """The command end to end on 3 ranks: every row ran at least --iters iterations (exact), and about
-    --min-time seconds: iterations x the slowest rank's median is not the sum the rule checks, so the check
-    allows half of it (n x median >= 0.01 s for --min-time 0.02)."""
+    """The command end to end on 3 ranks: every row ran at least --iters iterations, and the report states the
+    rule. (The time rule is checked exactly above, on the per-rank sums: a row's iterations x its median
+    is not that sum, a few slow iterations make them differ by any factor.)"""
     proc = run_mpi(3, ["bench", "collectives", "--ops", "iallreduce,allgather", "--max-size", "4K", "--iters", "5",
                        "--min-time", "0.02", "--warmup", "1", "--overlap-sizes", "0", "--gemm-size", "16",
                        "--dtypes", "float32", "--no-in-place", "--accept-poor-fit", "-o", tmp_path / "p.yaml",
@@ -113,7 +113,6 @@ def test_bench_rows_meet_both_minimums(run_mpi, tmp_path):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["rows"] and all(r["iters"] >= 5 for r in doc["rows"]), [r["iters"] for r in doc["rows"]]
-    assert all(r["iters"] * r["time_us"] * 1e-6 >= 0.01 for r in doc["rows"])
     assert "until both 5 iterations and 0.02 s" in doc["iterations"]
 
 
