@@ -195,8 +195,11 @@ def candidates(algorithm: Algorithm, cfg: ModelConfig, ranks: int, dtype: str = 
         base = _base_options(cfg, ranks, algorithm, dtype)
         listed = [(g, {}) for g in grid_factorizations(ranks) if algorithm.grid_problem(base, g) is None]
     kept, dropped = [], []
+    seen: Dict[Any, List[str]] = {}  # a grid's problems do not depend on the extra options (pipeline: m)
     for grid, extra in listed:
-        problems = model_problems(algorithm, cfg, grid)
+        problems = seen.get(grid)
+        if problems is None:
+            problems = seen[grid] = model_problems(algorithm, cfg, grid)
         if problems:
             dropped.append((grid, f"divisibility: {problems[0]}"))
         else:

@@ -167,6 +167,13 @@ def stage_config(cfg: ModelConfig, stages: int) -> ModelConfig:
     return replace(cfg, layers=len(stage_blocks(cfg.layers, stages, 0)))
 
 
+@lru_cache(maxsize=65536)
+def micro_config(cfg: ModelConfig, stages: int, microbatches: int) -> ModelConfig:
+    """One slot's model: the fullest stage's blocks (:func:`stage_config`) on ``B/m`` sequences. Memoized
+    (a search builds it for the bound and the prediction of every candidate)."""
+    return replace(stage_config(cfg, stages), batch=cfg.batch // microbatches)
+
+
 @lru_cache(maxsize=8192)
 def pipeline_memory(cfg: ModelConfig, grid: GridShape, stages: int, microbatches: int, stage: int = 0,
                     dtype: str = "float32", optimizer: str = "adam", overlap: Optional[OverlapConfig] = None,
@@ -236,17 +243,19 @@ def pipeline_lower_bound(cfg: ModelConfig, grid: GridShape, profile: MachineProf
     synchronization's keys, ``X_n`` of the others (the slot ``W_mb - S - U`` is at least ``c - U + X_n``;
     ``S >= X_s``; the messages on the critical path are at least 0). ``communication=False``: ``X = 0``, a
     looser and cheaper bound."""
-    from fourd_mpi.perf.predict import blocking_time
+    from fourd_mpi.perf.predict import blocking_time, compute_time_shared
 
     overlap = overlap or OverlapConfig()
     world = grid.size * stages
     rpn = ranks_per_node or min(profile.ranks_per_node, world)
-    micro_cfg = replace(stage_config(cfg, stages), batch=cfg.batch // microbatches)
-    comp = compute_time(micro_cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
-                        attention=attention, precision=precision)
+    micro_cfg = micro_config(cfg, stages, microbatches)
+    comp = compute_time_shared(micro_cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
+                               attention=attention, precision=precision)
+    if not communication:
+        return (comp["total"] - comp["optimizer"]) * (microbatches + stages - 1) + comp["optimizer"]
     levels = {a: v for a, v in world_levels(grid, stages, rpn).items() if a != "inter" and v != "-"}
-    blocking = (blocking_time(micro_cfg, grid, profile, overlap, dtype, rpn, recompute, levels,
-                              world_strides(grid, stages)) if communication else {})
+    blocking = blocking_time(micro_cfg, grid, profile, overlap, dtype, rpn, recompute, levels,
+                             world_strides(grid, stages))
     sync = sum(t for key, t in blocking.items() if key in SYNC_KEYS)
     other = sum(t for key, t in blocking.items() if key not in SYNC_KEYS)
     return (comp["total"] - comp["optimizer"] + other) * (microbatches + stages - 1) + comp["optimizer"] + sync
@@ -265,7 +274,7 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     world = grid.size * stages
     rpn = ranks_per_node or min(profile.ranks_per_node, world)
     # one slot: one micro-batch (B/m sequences) through the fullest stage's blocks
-    micro_cfg = replace(stage_config(cfg, stages), batch=cfg.batch // microbatches)
+    micro_cfg = micro_config(cfg, stages, microbatches)
     levels = {a: v for a, v in world_levels(grid, stages, rpn).items() if a != "inter" and v != "-"}
     micro = predict(micro_cfg, grid, profile, overlap, dtype, progress, optimizer, rpn, recompute, attention,
                     precision, shard_optimizer, levels=levels, strides=world_strides(grid, stages))

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Dict, List, Optional, Tuple
 
 from fourd_mpi.core.backend import dtype_bytes
@@ -58,10 +59,9 @@ from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement, group_per_node
-from fourd_mpi.perf.memory import (MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens,
-                                   parameter_elements)
+from fourd_mpi.perf.memory import MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens
 from fourd_mpi.step.overlap import OverlapConfig
-from fourd_mpi.perf.volumes import OVERLAPS, Collective, step_collectives
+from fourd_mpi.perf.volumes import OVERLAPS, Collective, collective_rows, step_collectives
 
 
 @dataclass
@@ -142,21 +142,56 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ove
     memory-bound when the head size ``d = h/a < e/2 x rate/bandwidth`` (A100 fp16: ``d < 122``; the
     factor ``e rate / (2 d bw)``). Mixed precision (``precision``, default: ``mixed`` for 16-bit dtypes)
     prices the Adam step at :data:`MIXED_ADAM_BYTES` bytes per parameter (fp32 state), else 14 passes of
-    the dtype."""
+    the dtype.
+
+    Memoized per profile on every argument (a search prices the same micro-batch step for its lower bound
+    and its prediction; the profile's data are not changed after loading): a fresh dict each call."""
+    return dict(compute_time_shared(cfg, grid, profile, overlap, dtype, ranks_on_node, optimizer, weighted,
+                                    recompute, attention, precision))
+
+
+def compute_time_shared(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
+                        dtype: str, ranks_on_node: int, optimizer: str = "adam", weighted: bool = True,
+                        recompute: str = "none", attention: str = "unfused",
+                        precision: Optional[str] = None) -> Dict[str, float]:
+    """:func:`compute_time`'s memoized dict itself, not a copy: for callers that only read it (lower bounds)."""
+    memo = profile.__dict__.setdefault("_compute_memo", {})
+    key = (cfg, grid, overlap, dtype, ranks_on_node, optimizer, weighted, recompute, attention, precision)
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = _compute_time(cfg, grid, profile, overlap, dtype, ranks_on_node, optimizer, weighted,
+                                          recompute, attention, precision)
+    return found
+
+
+def _machine_terms(profile: MachineProfile, dtype: str, ranks_on_node: int, weighted: bool) -> tuple:
+    """``(GEMM FLOP/s, memory bytes/s, seconds per call, oversubscription, term weights)`` of
+    :func:`compute_time` (memoized per profile)."""
+    memo = profile.__dict__.setdefault("_machine_terms_memo", {})
+    key = (dtype, ranks_on_node, bool(weighted))
+    if key not in memo:
+        weights = profile.term_weights if weighted else {t: 1.0 for t in profile.term_weights}
+        memo[key] = (gemm_rate_tflops(profile, dtype) * 1e12, profile.mem_bandwidth, profile.op_overhead_s,
+                     profile.oversubscription(ranks_on_node), weights)
+    return memo[key]
+
+
+def _compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
+                  dtype: str, ranks_on_node: int, optimizer: str, weighted: bool, recompute: str, attention: str,
+                  precision: Optional[str]) -> Dict[str, float]:
+    """:func:`compute_time`, not memoized."""
     from fourd_mpi.perf.memory import ATTENTION, RECOMPUTE, _check, default_precision
 
     _check("recompute", recompute, RECOMPUTE)
     _check("attention", attention, ATTENTION)
     precision = precision or default_precision(dtype)
     e = dtype_bytes(dtype)
-    rate = gemm_rate_tflops(profile, dtype) * 1e12
-    bw = profile.mem_bandwidth
-    call = profile.op_overhead_s
-    slow = profile.oversubscription(ranks_on_node)
+    rate, bw, call, slow, w = _machine_terms(profile, dtype, ranks_on_node, weighted)
     m = local_tokens(cfg, grid)
+    fcs = fc_weights(cfg, grid)
+    blocks = [block_elements(n, k, transposed, grid) for _, n, k, transposed in fcs]
     gemm_flops, calls, passes = 0.0, 0, 0.0
-    for _, n, k, transposed in fc_weights(cfg, grid):
-        block = block_elements(n, k, transposed, grid)
+    for block in blocks:
         gemm_flops += 3 * 2.0 * m * block
         chunks = min(overlap.chunks, m) if overlap.od else 1
         calls += chunks + 2 + 6  # GEMMs, plus reshapes, handles and collective bookkeeping
@@ -175,8 +210,10 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ove
     fy = cfg.ffn_hidden // grid.y
     passes += cfg.layers * _GELU_PASSES * m * fy
     calls += cfg.layers * _GELU_CALLS
-    params = parameter_elements(cfg, grid)  # the weights of estimate_memory, in elements
-    n_params = len(fc_weights(cfg, grid)) * cfg.layers + (4 * cfg.layers if cfg.kind == "gpt" else 0)
+    # the weights of estimate_memory, in elements (memory.parameter_elements, on the blocks above)
+    params = cfg.layers * (sum(block // grid.z for block in blocks) + (4 * (cfg.hidden // grid.x) if cfg.kind == "gpt"
+                                                                       else 0))
+    n_params = len(fcs) * cfg.layers + (4 * cfg.layers if cfg.kind == "gpt" else 0)
     opt_passes, opt_calls = 0.0, 0
     if optimizer == "adam":  # opt_passes: in elements of the dtype (e bytes each)
         opt_passes, opt_calls = _ADAM_PASSES * params, _ADAM_CALLS * n_params
@@ -184,7 +221,7 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ove
             opt_passes = MIXED_ADAM_BYTES * params / e
     # unfused attention on a GPU: the batched GEMMs over the s x s scores are memory-bound for small heads
     attn_scale = 1.0
-    if cfg.kind == "gpt" and attention == "unfused" and profile.backend == "cupy" and attn_flops > 0:
+    if cfg.kind == "gpt" and attention == "unfused" and attn_flops > 0 and profile.backend == "cupy":
         attn_bytes = cfg.layers * _ATTENTION_BMM_PASSES * probs * e
         attn_scale = max(1.0, (attn_bytes / bw) / (attn_flops / rate))
     attn_flops *= attn_scale  # FLOP-equivalents at the GEMM rate (the FLOP conventions are counted elsewhere)
@@ -192,7 +229,6 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ove
     rec = {"none": (0.0, 0.0, 0.0, 0.0),
            "full": (gemm_flops / 3.0, attn_flops / 3.0, passes / 3.0, calls / 3.0),
            "selective": (0.0, attn_flops / 3.0, softmax_passes / 3.0, softmax_calls / 3.0)}[recompute]
-    w = profile.term_weights if weighted else {t: 1.0 for t in profile.term_weights}
     gemm_model = w["gemm"] * gemm_flops / rate
     attention_model = w["attention"] * attn_flops / rate
     block_elementwise = w["elementwise"] * passes * e / bw
@@ -248,13 +284,18 @@ def collective_time(c: Collective, profile: MachineProfile, placement: Dict[str,
     """Seconds for all ``c.count`` messages of one collective (no overlap), with the profile's term weights.
     Memoized per profile on what the price depends on (a search prices the same message many times)."""
     memo = profile.__dict__.setdefault("_collective_memo", {})
-    key = (c.op, c.axis, c.p, c.count, c.message_bytes, placement[c.axis], ranks_on_node,
-           None if inner is None else inner[c.axis])
+    key = _price_key(c.op, c.axis, c.p, c.count, c.message_bytes, placement, ranks_on_node, inner)
     if key not in memo:
         w = profile.term_weights
         alpha_beta, sync = collective_parts(c, profile, placement, ranks_on_node, inner)
         memo[key] = w["comm"] * alpha_beta + w["sync"] * sync
     return memo[key]
+
+
+def _price_key(op: str, axis: str, p: int, count: int, message_bytes: int, placement: Dict[str, str],
+               ranks_on_node: int, inner: Optional[Dict[str, int]]) -> tuple:
+    """What :func:`collective_time`'s price depends on: the key of its memo."""
+    return (op, axis, p, count, message_bytes, placement[axis], ranks_on_node, None if inner is None else inner[axis])
 
 
 def term_features(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
@@ -576,7 +617,7 @@ def blocking_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ov
     collectives: priced on one block, times ``L`` (memoized per profile on the block). ``levels``: as
     :func:`predict`'s (axes placed for another rank order); ``strides``: as :func:`predict`'s."""
     memo = profile.__dict__.setdefault("_blocking_memo", {})
-    key = (replace(cfg, layers=1), grid, overlap, dtype, ranks_on_node, recompute,
+    key = (_one_block(cfg), grid, overlap, dtype, ranks_on_node, recompute,
            tuple(sorted((levels or {}).items())), tuple(sorted((strides or {}).items())))
     if key not in memo:
         memo[key] = _blocking_parts(key[0], grid, profile, overlap, dtype, ranks_on_node, recompute, levels,
@@ -588,25 +629,38 @@ def blocking_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ov
     return out
 
 
+@lru_cache(maxsize=65536)
+def _one_block(cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` with one block (memoized: the key of :func:`blocking_time`'s memo)."""
+    return replace(cfg, layers=1)
+
+
 def _blocking_parts(one_block: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
                     dtype: str, ranks_on_node: int, recompute: str, levels: Optional[Dict[str, str]] = None,
                     strides: Optional[Dict[str, int]] = None):
     """``(per block, loss)`` seconds by ``(axis, op)`` of :func:`blocking_time` for a one-block model."""
-    one = step_collectives(one_block, grid, overlap, dtype)
     placement = {**axis_placement(grid, ranks_on_node), **(levels or {})}
     inner = {**axis_inner_products(grid), **(strides or {})}
+    memo = profile.__dict__.setdefault("_collective_memo", {})
+    twice = recompute == "full" and not profile.host_driven
+    hides = {role: bool(getattr(overlap, option)) for role, option in OVERLAPS.items()}
     block: Dict[Tuple[str, str], float] = defaultdict(float)
     loss: Dict[Tuple[str, str], float] = defaultdict(float)
-    for c in one:
-        option = OVERLAPS.get(c.role)
-        t = collective_time(c, profile, placement, ranks_on_node, inner)
-        if option is not None and getattr(overlap, option):
-            if option != "od" or c.count <= 1:
-                continue
-            t /= c.count  # the last chunk waits for its own GEMM
-        if c.role == "fwd_allreduce" and recompute == "full" and not profile.host_driven:
+    # the rows of step_collectives, priced through collective_time's memo (no Collective built when known;
+    # the key is _price_key's, written out: this loop runs for every candidate of a pipeline search)
+    for row in collective_rows(one_block, grid, overlap, dtype):
+        layer, role, op, axis, p, _, count, nbytes = row
+        hidden = hides.get(role, False)
+        if hidden and (role != "fwd_allreduce" or count <= 1):
+            continue
+        t = memo.get((op, axis, p, count, nbytes, placement[axis], ranks_on_node, inner[axis]))
+        if t is None:
+            t = collective_time(Collective(*row), profile, placement, ranks_on_node, inner)
+        if hidden:
+            t /= count  # od: the last chunk waits for its own GEMM
+        if twice and role == "fwd_allreduce":
             t *= 2
-        (loss if c.layer == "loss" else block)[(c.axis, c.op)] += t
+        (loss if layer == "loss" else block)[(axis, op)] += t
     return dict(block), dict(loss)
 
 

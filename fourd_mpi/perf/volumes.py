@@ -94,13 +94,21 @@ def step_collectives(cfg: ModelConfig, grid: GridShape, overlap: Optional[Overla
 
 @lru_cache(maxsize=4096)
 def _step_collectives(cfg: ModelConfig, grid: GridShape, overlap: OverlapConfig, dtype: str) -> Tuple[Collective, ...]:
+    return tuple(Collective(*row) for row in collective_rows(cfg, grid, overlap, dtype))
+
+
+def collective_rows(cfg: ModelConfig, grid: GridShape, overlap: OverlapConfig, dtype: str) -> List[tuple]:
+    """:func:`step_collectives` as plain tuples ``(layer, role, op, axis, p, phase, count, message_bytes)``
+    (the fields of :class:`Collective`, in order): what a search prices without building the objects."""
     e = dtype_bytes(dtype)
     m = local_tokens(cfg, grid)
-    out: List[Collective] = []
+    out: List[tuple] = []
+    sizes = {"data": grid.data, "z": grid.z, "y": grid.y, "x": grid.x}
 
     def add(layer, role, op, axis, phase, count, message):
-        if grid[axis] > 1 and count > 0:
-            out.append(Collective(layer, role, op, axis, grid[axis], phase, count, int(message)))
+        p = sizes[axis]
+        if p > 1 and count > 0:
+            out.append((layer, role, op, axis, p, phase, count, int(message)))
 
     for b in range(cfg.layers):
         if cfg.kind == "gpt":
@@ -119,13 +127,13 @@ def _step_collectives(cfg: ModelConfig, grid: GridShape, overlap: OverlapConfig,
             add(name, "weight_allgather", "allgather", "z", "backward", 0 if overlap.cache else 1, block * e)
             add(name, "dw_reduce_scatter", "reduce_scatter", "z", "backward", 1, block * e)
             chunks = min(overlap.chunks, m) if overlap.od else 1
-            fwd = m * (n // grid[out_axis]) * e
+            fwd = m * (n // sizes[out_axis]) * e
             add(name, "fwd_allreduce", "allreduce", in_axis, "forward", chunks, fwd / chunks)
-            add(name, "bwd_allreduce", "allreduce", out_axis, "backward", 1, m * (k // grid[in_axis]) * e)
+            add(name, "bwd_allreduce", "allreduce", out_axis, "backward", 1, m * (k // sizes[in_axis]) * e)
             add(name, "grad_allreduce", "allreduce", "data", "backward", 1, block // grid.z * e)
     for axis in ("data", "z", "x"):
         add("loss", "loss", "allreduce", axis, "forward", 1, 8)
-    return tuple(out)
+    return out
 
 
 def totals(collectives: List[Collective], by: Tuple[str, ...] = ("op", "axis")) -> Dict[tuple, Dict[str, int]]:

@@ -138,3 +138,21 @@ def test_a_rank_order_other_than_consecutive_is_given_as_levels():
     assert cyclic.exposed_by_axis()["x"] > block.exposed_by_axis()["x"]
     with pytest.raises(ConfigError, match="intra|inter"):
         predict(cfg, grid, prof, ranks_per_node=2, levels={"x": "across"})
+
+
+def test_a_pipeline_slot_is_never_shorter_than_its_message(tmp_path):
+    from fourd_mpi.perf.pipeline import link_bound_slot, message_time
+
+    # W + t - e min(W, t): compute 3, message 1 -> 3 hidden fully (e = 1), 3.5 half hidden, 4 not at all
+    assert link_bound_slot(3.0, 1.0, 1.0) == pytest.approx(3.0)
+    assert link_bound_slot(3.0, 1.0, 0.5) == pytest.approx(3.5)
+    assert link_bound_slot(3.0, 1.0, 0.0) == pytest.approx(4.0)
+    assert link_bound_slot(1.0, 3.0, 1.0) == pytest.approx(3.0)  # the link is the bottleneck
+    # across nodes the message is priced from the 2-rank points (a 2-rank all-gather of 2 x msg bytes),
+    # with every rank of the node's stage sending at once: 4 senders where 2 shared the link when measured
+    prof = profile_with(tmp_path, {"allgather": {"2@1": [[1000, 0.001], [3000, 0.003]]}})
+    assert message_time(prof, "inter", 1000, senders=2) == pytest.approx(0.002)
+    assert message_time(prof, "inter", 1000, senders=4) == pytest.approx(0.001 + 2 * 0.001)
+    assert message_time(prof, "-", 1000, senders=4) == 0.0
+    fit, _ = prof.fit("inter", "allgather", 2)  # without points (or inside a node): the level's fit
+    assert message_time(prof, "inter", 1000) == pytest.approx(fit.time("allgather", 2, 2000))

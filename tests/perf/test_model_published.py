@@ -233,6 +233,31 @@ def test_claims_are_verified_and_the_4d_claim_has_the_right_winner():
         assert c["published_margin"] == pytest.approx(a / b - 1, abs=1e-3)
         # PTD-P's side is within 10 %; ZeRO-3's is the known miss (docs/model.md: its gathers' bandwidth)
         assert abs(c["a"].tflops_per_gpu() / a - 1) < 0.10
+    # 768 GPUs: with DeepSpeed 2021's blocking parameter gathers, PTD-P wins, as published (+69 %)
+    assert claims["PTD-P vs ZeRO-3, 175B GPT, 768 A100s"]["same_winner"]
+
+
+def test_zero3_claims_gather_blocking_as_deepspeed_2021():
+    """ZeRO-3's side of Table 2 runs with its parameter all-gathers blocking (claims.yaml: DeepSpeed v0.3.13's
+    fetch_sub_module synchronizes every fetch; issue #1069, PRs #1170 and #1188), not with overlap ``all``;
+    known answer: blocking adds at least the gathers' exposed time, so the step is longer than with every
+    overlap, and the z-axis (the ZeRO axis) exposes more."""
+    import yaml
+
+    from fourd_mpi.perf import published
+    from fourd_mpi.perf.machine import load_profile
+
+    with open(os.path.join(os.path.dirname(published.__file__), "claims.yaml")) as fh:
+        text = fh.read()
+    assert "#1069" in text and "#1188" in text and "torch.cuda.synchronize()" in text
+    prof = load_profile("dgx-a100")
+    for claim in yaml.safe_load(text)["claims"][1:]:
+        spec = claim["b"]
+        assert spec["algorithm"] == "fsdp" and spec["overlap"] == "ors,dp"
+        blocking = published.predict_scenario(published._claim_scenario(spec), prof)
+        hidden = published.predict_scenario(published._claim_scenario(dict(spec, overlap="all")), prof)
+        assert blocking.step_s > hidden.step_s and blocking.exposed_s["z"] > hidden.exposed_s["z"]
+        assert blocking.compute_s == pytest.approx(hidden.compute_s, rel=1e-3)  # (OD chunking changes the launches)
 
 
 def test_spearman_known_answers():
