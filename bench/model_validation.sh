@@ -28,7 +28,9 @@ if [ -n "${REUSE:-}" ]; then  # REUSE=DIR (a KEEP directory): validate its trace
     MODELS=()
 else
 echo "== 1. calibration: fourd-mpi bench collectives, $RANKS ranks" | tee "$WORK/report.txt"
-"$MPIEXEC" -n "$RANKS" "$PY" -m fourd_mpi bench collectives -o "$WORK/profile.yaml" --force \
+# --accept-poor-fit: on this oversubscribed 2-core machine the alpha-beta fits missed by 67-71 % rms (issue 32);
+# the model uses the profile's measured points (levels.L.measured) first, so the profile is still the right input
+"$MPIEXEC" -n "$RANKS" "$PY" -m fourd_mpi bench collectives -o "$WORK/profile.yaml" --force --accept-poor-fit \
     --report "$WORK/bench.txt" > /dev/null
 sed -n '/^# compute (per rank)/,$p' "$WORK/bench.txt" | tee -a "$WORK/report.txt"
 fi

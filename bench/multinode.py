@@ -199,7 +199,10 @@ def placement(args, name, env, say, profile_path) -> None:
             f"{model[case] / model['block']:>15.2f}")
 
 
-CALIBRATION = ["--min-size", "2K", "--factor", "4", "--max-size", "2M"]
+#: --accept-poor-fit: the bed's inter-node links are shaped by tbf, whose bursts pass small messages at once and
+#: make the alpha-beta fits miss their measurements by 59-74 % rms (over bench collectives' 25 % limit); the model
+#: uses the profile's measured points (levels.L.measured) first, which is what this benchmark needs
+CALIBRATION = ["--min-size", "2K", "--factor", "4", "--max-size", "2M", "--accept-poor-fit"]
 
 
 def calibrate(args, name, env, say, layout, tmp) -> str:

@@ -17,8 +17,8 @@ from fourd_mpi.cli.args import (FORMATS, add_deprecated, add_format, add_option,
                                 add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.run.options import OPTIONS, options_in
 from fourd_mpi.util.files import named_inputs, refuse_output, replacing, write_text
-from fourd_mpi.util.values import (axis_size, batch_size, int_in, int_list_of, layer_count, positive_float, rank_count,
-                                  repeat_count, seq_length)
+from fourd_mpi.util.values import (axis_size, batch_size, float_in, int_in, int_list_of, layer_count, positive_float,
+                                  rank_count, repeat_count, seq_length)
 
 GIB = 2.0 ** 30
 
@@ -435,7 +435,7 @@ def _size(text: str) -> int:
 
 def _register_bench(sub) -> None:
     """``fourd-mpi bench collectives ...``"""
-    from fourd_mpi.perf.collbench import OPS
+    from fourd_mpi.perf.collbench import MAX_FIT_RMS, OPS
 
     bench = sub.add_parser("bench", help="micro-benchmarks under mpiexec: collectives (OSU / nccl-tests "
                            "style) and the machine profile for the performance model")
@@ -455,14 +455,22 @@ def _register_bench(sub) -> None:
     s = p.add_argument_group("sweep")
     s.add_argument("--ops", default=",".join(OPS), metavar="LIST", help=f"comma list of {', '.join(OPS)}")
     s.add_argument("--min-size", type=_size, default=8, metavar="BYTES", help="smallest message (default 8)")
-    s.add_argument("--max-size", type=_size, default=4 * 1024 ** 2, metavar="BYTES",
-                   help="largest message (default 4M)")
+    s.add_argument("--max-size", type=_size, default=64 * 1024 ** 2, metavar="BYTES",
+                   help="largest message, measured even when the --factor steps miss it (default 64M: "
+                        "8, 64, ..., 16M, 64M; measured here: 310 MB peak resident memory per rank at 64M, 82 MB at 4M)")
     s.add_argument("--factor", type=int_in(2, 1 << 20, "the size multiplier"), default=8, help="size step (default 8: 8, 64, 512, ...)")
-    s.add_argument("--iters", type=int_in(1, MAX_BENCH_ITERS, "timed iterations"), default=20, help="timed iterations (default 20; a quarter, "
-                   "at least 3, from 1 MiB)")
+    s.add_argument("--iters", type=int_in(1, MAX_BENCH_ITERS, "timed iterations"), default=20,
+                   help="at least this many timed iterations per size and placement (default 20, as nccl-tests' -n)")
+    s.add_argument("--min-time", type=float_in(0.0, 86400.0, "seconds"), default=0.2, metavar="SECONDS",
+                   help="and at least this many seconds of timed iterations (default 0.2; 0: --iters alone); "
+                        "the ranks agree on the count, so collectives stay matched")
+    s.add_argument("--max-time", type=float_in(1e-3, 86400.0, "seconds"), default=10.0, metavar="SECONDS",
+                   help="bound: stop the timed iterations of one size and placement after this much wall time, "
+                        "even below --iters or --min-time (default 10; at least one iteration)")
     s.add_argument("--warmup", type=int_in(0, MAX_BENCH_ITERS, "untimed iterations"), default=3, help="untimed iterations first (default 3)")
     s.add_argument("--overlap-sizes", type=int_in(0, 64, "sizes"), default=2, metavar="K",
-                   help="measure overlap at the K largest sizes (default 2; 0 skips it)")
+                   help="measure overlap at the K largest sizes up to 4M (default 2; 0 skips it)")
+    add_options(p, ("model",), names=("dtype",))  # the step whose messages the report sets beside the table
     c = p.add_argument_group("compute calibration")
     c.add_argument("--dtypes", default="float32,float64", help="GEMM dtypes to measure (default float32,float64)")
     c.add_argument("--gemm-size", type=int_in(1, MAX_GEMM_SIZE, "n of an n x n GEMM"), default=256, help="n of the n x n x n GEMM (default 256)")
@@ -475,7 +483,15 @@ def _register_bench(sub) -> None:
     o.add_argument("--name", default=None, help="profile name (default local-<host>)")
     o.add_argument("--fallback", default=None, metavar="PROFILE",
                    help="built-in profile named in the file for levels not measured (e.g. perlmutter)")
-    o.add_argument("--force", action="store_true", help="replace an existing profile file")
+    o.add_argument("--force", action="store_true", help="replace an existing profile file (or --report file)")
+    o.add_argument("--max-fit-error", type=float_in(0.0, 1000.0, "a percentage"), default=100 * MAX_FIT_RMS,
+                   metavar="PERCENT", help=f"the profile is written only when every alpha-beta fit (per level, "
+                   f"collective and group size) misses its measurements by less than this relative rms error "
+                   f"(default {100 * MAX_FIT_RMS:.0f}); else one line names the worst fit and every rank exits 1")
+    o.add_argument("--accept-poor-fit", action="store_true",
+                   help="write the profile even when a fit reaches --max-fit-error; the model then uses the stored "
+                        "measured points first. A flag of its own, not --force: replacing a file and accepting a "
+                        "poor fit are different decisions")
     o.add_argument("--report", dest="table", metavar="FILE",
                    help="also write the printed report (in --format) there")
     add_deprecated(o, "--table", "--report", dest="table", metavar="FILE")
@@ -555,12 +571,15 @@ def _report_bench(result, args, hostname, out) -> int:
 
     problem = profile_problem(result)
     missing = missing_kinds(result)
+    refused = None
     if problem:
         summary = [f"# {problem}"]
         result["profile"] = {"path": None, "reason": problem}
     else:
-        summary = _write_profile(result, args, hostname, out, build_profile, yaml)
-        result["profile"] = {"path": out, "missing_ops": missing}
+        summary, refused = _write_profile(result, args, hostname, out, build_profile, yaml)
+        result["profile"] = {"path": None if refused else out, "missing_ops": missing}
+        if refused:
+            result["profile"]["reason"] = refused
         if missing:
             summary.append(f"  no fit of {', '.join(m[1:] for m in missing)}: --ops lacks {', '.join(missing)}; the "
                            f"model takes them from the profile's fallback (--fallback) or refuses")
@@ -578,11 +597,28 @@ def _report_bench(result, args, hostname, out) -> int:
         print(f"fourd-mpi: error: the result check found {wrong} wrong element(s) (#wrong)", file=sys.stderr,
               flush=True)
         return 1
+    if refused:
+        print(f"fourd-mpi: error: {refused}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
+def _per_size_errors(entry, kind) -> str:
+    """``; per group size (what the model uses): p=2 12%, p=4 8%`` from a level's ``by_size`` fits, or ``""``."""
+    per_p = (entry.get("by_size") or {}).get(kind) or {}
+    if not per_p:
+        return ""
+    return "; per group size (what the model uses): " + ", ".join(
+        f"p={p} {100 * f['rms_rel_error']:.0f}%" for p, f in per_p.items())
+
+
 def _write_profile(result, args, hostname, out, build_profile, yaml):
-    """Validate and write the machine profile (rank 0); the lines that describe its fits."""
+    """Validate and write the machine profile (rank 0); ``(the lines that describe its fits, why it was
+    not written or None)``: a fit whose relative rms error reaches
+    ``--max-fit-error`` (default :data:`~fourd_mpi.perf.collbench.MAX_FIT_RMS`) keeps it from being written
+    unless ``--accept-poor-fit``."""
+    from fourd_mpi.perf.collbench import poor_fit_line, poor_fits
+
     name = args.name or f"local-{hostname}"
     profile = build_profile(result, name, hostname, args.fallback, args.backend)
     from fourd_mpi.perf.machine import PROFILE_SCHEMA
@@ -590,9 +626,18 @@ def _write_profile(result, args, hostname, out, build_profile, yaml):
     import jsonschema
 
     jsonschema.validate(profile, PROFILE_SCHEMA)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    write_text(out, f"# machine profile written by fourd-mpi bench collectives ({len(result['rows'])} measurements)\n"
-               + yaml.safe_dump(profile, sort_keys=False))
+    limit = args.max_fit_error / 100
+    bad = poor_fits(profile, limit)
+    refused = poor_fit_line(bad, limit) if bad and not args.accept_poor_fit else None
+    if bad and args.accept_poor_fit:
+        profile["calibration"]["poor_fits"] = (f"{len(bad)} fit(s) at or over {100 * limit:g}% rms, written "
+                                               f"by --accept-poor-fit: " + ", ".join(
+                                                   f"{lv} {kind} p={p} {100 * rms:.0f}%" for lv, kind, p, rms in bad))
+        jsonschema.validate(profile, PROFILE_SCHEMA)
+    if not refused:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        write_text(out, f"# machine profile written by fourd-mpi bench collectives ({len(result['rows'])} "
+                        f"measurements)\n" + yaml.safe_dump(profile, sort_keys=False))
     fits = []
     for level, entry in profile["levels"].items():
         for kind in ("allgather", "reduce_scatter", "allreduce"):
@@ -602,10 +647,14 @@ def _write_profile(result, args, hostname, out, build_profile, yaml):
                 continue
             fits.append(f"  {level:<5} {kind:<15} alpha {f['alpha_s'] * 1e6:8.2f} us  beta {f['beta_s_per_byte'] * 1e9:8.4f} "
                         f"ns/B ({1 / f['beta_s_per_byte'] / 1e9 if f['beta_s_per_byte'] > 0 else float('inf'):.3f} GB/s)"
-                        f"  rms rel. error {100 * f['rms_rel_error']:.0f}% over {f['points']} points")
-    summary = ["", f"machine profile {out}:"] + fits + [
+                        f"  rms rel. error {100 * f['rms_rel_error']:.0f}% over {f['points']} points"
+                        + _per_size_errors(entry, kind))
+    summary = ["", f"machine profile {out}{' NOT written (see the error line)' if refused else ''}:"] + fits + [
         f"  oversubscription x{profile['compute']['oversubscription']:.2f}, overlap efficiency with polling "
         f"{profile['progress']['overlap_efficiency']:.2f}"]
     if "inter" not in profile["levels"]:
         summary.append("  no inter-node level (one node): grids that cross nodes need --fallback or a multi-node run")
-    return summary
+    if bad and args.accept_poor_fit:
+        summary.append(f"  written with {len(bad)} fit(s) at or over {100 * limit:g}% rms (--accept-poor-fit): "
+                       f"the model uses the stored measured points where it has them")
+    return summary, refused

@@ -3,9 +3,12 @@
 Run under ``mpiexec``. For every axis communicator of the benchmarked grids (every instance of
 an axis runs at once, as in a training step) and for the world: ``Iallgather``,
 ``Ireduce_scatter_block``, ``Iallreduce`` (each waited at once) and their blocking forms over a
-sweep of message sizes, with warm-up and timed iterations (a barrier between iterations, not
-timed). Message size ``S`` is the nccl-tests "size": the gathered buffer of an all-gather, the
-full input of a reduce-scatter, the buffer of an all-reduce.
+sweep of message sizes (to 64 MiB by default), with warm-up and timed iterations (a barrier
+between iterations, not timed) until both a minimum count and a minimum time are reached, the
+same count on every rank (:class:`IterationRule`). Message size ``S`` is the nccl-tests "size":
+the gathered buffer of an all-gather, the full input of a reduce-scatter, the buffer of an
+all-reduce. The report sets the step's own messages beside the table (:func:`step_messages`,
+:func:`cover_step_messages`): whether the measured sizes cover them.
 
 - latency = median over iterations on each rank; ``time`` (nccl-tests) is the maximum over
   ranks, and OSU's avg/min/max latency over ranks are reported too;
@@ -30,7 +33,8 @@ latencies by least squares on relative error, ``t = k(p-1)*alpha + k(p-1)/p*S*be
 and per group size; the GEMM rate per dtype of one rank alone (the others sleep) and of all
 ranks at once (their ratio is the oversubscription factor), element-wise bandwidth and the cost
 of one NumPy call; the overlap efficiency = OSU overlap with polling at the largest sizes / 100.
-Only what was measured is fitted: with ``--ops`` a subset, a collective whose nonblocking form
+A fit whose relative rms error reaches :data:`MAX_FIT_RMS` (``--max-fit-error``) keeps the profile
+from being written unless the caller accepts it (:func:`poor_fits`). Only what was measured is fitted: with ``--ops`` a subset, a collective whose nonblocking form
 is missing has no fit and is listed under ``calibration.missing_ops`` (the model takes it from
 the fallback profile or refuses); without any nonblocking op no profile is written.
 
@@ -71,7 +75,8 @@ FORMULAS = [
 # ---------------------------------------------------------------------------
 
 def message_sizes(min_size: int, max_size: int, factor: int, multiple: int) -> List[int]:
-    """Sizes from ``min_size`` to ``max_size`` in steps of ``factor``, each rounded up to a multiple of
+    """Sizes from ``min_size`` to ``max_size`` in steps of ``factor``, and ``max_size`` itself when the
+    steps miss it (8, 64, ..., 16M, 64M with the defaults), each rounded up to a multiple of
     ``multiple`` bytes (whole elements on every rank of the group)."""
     if min_size > max_size:
         raise ConfigError(f"--min-size {min_size} is larger than --max-size {max_size}")
@@ -83,7 +88,21 @@ def message_sizes(min_size: int, max_size: int, factor: int, multiple: int) -> L
         if rounded not in out:
             out.append(rounded)
         s *= factor
+    last = -(-max_size // multiple) * multiple
+    if last not in out and last > out[-1]:
+        out.append(last)
     return out
+
+
+#: the overlap is measured at sizes up to this (the sweep's old largest size): its four timed phases at 64 MiB
+#: cost tens of seconds each on an oversubscribed node, and the overlap efficiency needs no larger message
+OVERLAP_MAX_BYTES = 4 * 1024 ** 2
+
+
+def overlap_sizes(sizes: List[int], k: int) -> List[int]:
+    """The ``k`` largest of ``sizes`` not above :data:`OVERLAP_MAX_BYTES` (the smallest size when all are above)."""
+    fit = [s for s in sizes if s <= OVERLAP_MAX_BYTES] or sizes[:1]
+    return fit[-k:] if k > 0 else []
 
 
 def bus_factor(kind: str, p: int) -> float:
@@ -139,6 +158,97 @@ def measured_points(rows: List["Row"]) -> Dict[str, List[List[float]]]:
             by_key.setdefault((r.p, g), {}).setdefault(r.size, []).append(r.lat_s)
     return {(f"{p}@{g}" if g else str(p)): [[int(size), float(np.median(ts))] for size, ts in sorted(sizes.items())]
             for (p, g), sizes in sorted(by_key.items()) if len(sizes) >= 2}
+
+
+#: a level's alpha-beta fit is written as a machine profile only when its relative rms error is below this
+MAX_FIT_RMS = 0.25
+
+
+def poor_fits(profile: Dict, limit: float = MAX_FIT_RMS) -> List[Tuple[str, str, str, float]]:
+    """The fits of a machine profile mapping whose relative rms error is at least ``limit``, worst
+    first: ``(level, collective, group size, rms)``. Checked: the per-group-size fits
+    (``levels.L.by_size``, what the model uses for a measured group size), and a collective's fit
+    over all group sizes where it has no per-size fit (``p`` = the measured sizes joined by ``,``)."""
+    bad = []
+    for level, entry in profile.get("levels", {}).items():
+        for kind in COLLECTIVES:
+            if kind not in entry:
+                continue
+            per_p = (entry.get("by_size") or {}).get(kind) or {}
+            fits = per_p.items() if per_p else [(",".join((entry.get("measured") or {}).get(kind, {})) or "all",
+                                                 entry[kind])]
+            bad += [(level, kind, p, float(f["rms_rel_error"])) for p, f in fits if f["rms_rel_error"] >= limit]
+    return sorted(bad, key=lambda b: -b[3])
+
+
+def poor_fit_line(bad: List[Tuple[str, str, str, float]], limit: float = MAX_FIT_RMS) -> str:
+    """One line saying why no profile is written: the worst fit (level, collective, group size, error),
+    how many others miss too, and the override."""
+    level, kind, p, rms = bad[0]
+    more = f" ({len(bad) - 1} more fit(s) at or over the limit)" if len(bad) > 1 else ""
+    return (f"no machine profile written: the alpha-beta fit of {kind} at the {level}-node level on p = {p} misses "
+            f"its measurements by {100 * rms:.0f}% rms (limit {100 * limit:g}%, --max-fit-error){more}; "
+            f"--accept-poor-fit writes it "
+            f"anyway (the model then uses the stored measured points, levels.{level}.measured)")
+
+
+def step_messages(cfg, grids: List[GridShape], dtype: str = "float32") -> List[Dict]:
+    """The messages one training step of ``fourd-mpi run --model ...`` (overlap none) issues on each grid,
+    per axis and collective (:func:`fourd_mpi.perf.volumes.step_collectives`): ``{"grid", "axis", "p",
+    "op", "sizes": the distinct message bytes (nccl-tests size), ascending, "messages": per step}``."""
+    from fourd_mpi.perf.volumes import step_collectives
+
+    out: Dict[Tuple[str, str, str], Dict] = {}
+    for g in grids:
+        for c in step_collectives(cfg, g, None, dtype):
+            e = out.setdefault((str(g), c.axis, c.op), {"grid": str(g), "axis": c.axis, "p": c.p, "op": c.op,
+                                                        "sizes": set(), "messages": 0})
+            e["sizes"].add(int(c.message_bytes))
+            e["messages"] += c.count
+    for e in out.values():
+        e["sizes"] = sorted(e["sizes"])
+    return list(out.values())
+
+
+def cover_step_messages(messages: List[Dict], rows: List["Row"], world_size: int = 0) -> List[Dict]:
+    """Each entry of :func:`step_messages` with ``measured`` (``[smallest, largest]`` bytes measured for its
+    grid's axis and collective, either form, or None) and ``covered``: True when no message is larger
+    than the largest measured (smaller than the smallest is latency-bound: the model takes the smallest's
+    time, :func:`fourd_mpi.perf.machine.interpolate_measured`), False when one is, None when not measured.
+    An axis of all ``world_size`` ranks is the world's group: the ``world`` rows count for it."""
+    out = []
+    for e in messages:
+        names = {f"{e['grid']}:{e['axis']}"} | ({"world"} if e["p"] == world_size else set())
+        sizes = [r.size for r in rows if r.kind == e["op"] and names & set((r.axes or r.comm).split(","))]
+        measured = [min(sizes), max(sizes)] if sizes else None
+        out.append(dict(e, measured=measured, covered=None if measured is None else e["sizes"][-1] <= measured[1]))
+    return out
+
+
+def step_message_lines(messages: List[Dict], model: str, dtype: str) -> List[str]:
+    """The ``#`` lines of the report: one per grid, axis and collective of the step, and whether the
+    measured sizes cover it."""
+    from fourd_mpi.run.admission import human_bytes
+
+    if not messages:
+        return []
+    lines = [f"# the step's own messages (fourd-mpi run --model {model} --dtype {dtype}, overlap none, per rank and "
+             f"step; nccl-tests size) per grid, axis and collective, and whether the measured sizes cover them:"]
+    for e in messages:
+        sizes = e["sizes"]
+        what = (human_bytes(sizes[0]) if len(sizes) == 1
+                else f"{len(sizes)} sizes {human_bytes(sizes[0])} - {human_bytes(sizes[-1])}")
+        label = e["op"].replace("_", "-").replace("allreduce", "all-reduce").replace("allgather", "all-gather")
+        if e["covered"] is None:
+            state = "not measured (--ops)"
+        elif e["covered"]:
+            state = f"covered (measured {human_bytes(e['measured'][0])} - {human_bytes(e['measured'][1])})"
+        else:
+            state = (f"NOT covered: larger than the largest measured, {human_bytes(e['measured'][1])} (--max-size; "
+                     f"the model extrapolates the last measured slope)")
+        lines.append(f"#   {e['grid']} {e['axis']:<4} p = {e['p']:<3} {label:<14} {what}, {e['messages']} message(s): "
+                     f"{state}")
+    return lines
 
 
 def default_grids(world_size: int) -> List[GridShape]:
@@ -218,13 +328,14 @@ def fill_pattern(kind: str, size: int, p: int, rank: int) -> Tuple[np.ndarray, n
     """
     elems = size // 4
     n = elems // p if kind == "allgather" else elems
-    j = np.arange(n, dtype=np.int64) % 7
-    mine = ((rank + 1) + j).astype(np.float32)
+    j = (np.arange(n, dtype=np.int32) % 7).astype(np.float32)  # small integers: exact in float32
+    mine = j + np.float32(rank + 1)
     if kind == "allgather":
-        expected = np.concatenate([((r + 1) + j).astype(np.float32) for r in range(p)])
+        expected = np.concatenate([j + np.float32(r + 1) for r in range(p)])
     else:
-        total = (p * (p + 1) // 2 + p * j).astype(np.float32)
-        expected = total if kind == "allreduce" else total[rank * (n // p):(rank + 1) * (n // p)]
+        j *= np.float32(p)
+        j += np.float32(p * (p + 1) // 2)
+        expected = j if kind == "allreduce" else j[rank * (n // p):(rank + 1) * (n // p)].copy()
     return mine, expected
 
 
@@ -256,30 +367,109 @@ def _inplace_buffers(kind: str, send: np.ndarray, recv: np.ndarray, rank: int, p
     return send.copy()  # all-reduce: in place; reduce-scatter-block: full input, result in the first block
 
 
-def _time_op(comm, op: str, size: int, iters: int, warmup: int, inplace: bool = False) -> Tuple[float, int]:
-    """``(median seconds of one collective on this rank, wrong elements of the result check)``.
+#: the timed iterations of one measurement stop at this count whatever the other rules say
+MAX_ITERATIONS = 1 << 20
 
-    A barrier between iterations, not timed. The check runs once more after the timed
-    iterations, on freshly filled buffers (in-place iterations overwrite their input).
+
+@dataclass(frozen=True)
+class IterationRule:
+    """When the timed iterations of one measurement (communicator, op, size, placement) stop.
+
+    In the spirit of OSU (``-x`` warm-up, ``-i`` iterations) and nccl-tests (``-w``, ``-n``), with
+    Google Benchmark's minimum time: after ``warmup`` untimed iterations, timed ones run until BOTH
+    ``min_iters`` iterations AND ``min_time`` seconds of timed iterations (the slowest rank's sum, as
+    the reported latency is the slowest rank's median) are reached. Bounds: ``max_time`` seconds of wall
+    time of the timed phase (barriers included, the maximum over ranks; at least one iteration)
+    or :data:`MAX_ITERATIONS` iterations, whichever comes first, even below ``min_iters`` or
+    ``min_time``: a slow link cannot run forever.
+
+    The decision is collective: the ranks exchange ``(timed, wall)`` (one ``allreduce`` over the
+    world, outside the timed intervals) after the first iteration and then at the counts
+    :meth:`next_target` predicts, so every rank runs the same number of iterations and the
+    collectives stay matched.
     """
+
+    min_iters: int = 20
+    min_time: float = 0.2
+    max_time: float = 10.0
+    warmup: int = 3
+    max_iters: int = MAX_ITERATIONS
+
+    def next_target(self, n: int, timed: float, wall: float) -> int:
+        """0 to stop after ``n`` iterations, else the iteration count to reach before the next check.
+
+        ``timed``: seconds of the ``n`` timed iterations (maximum over ranks); ``wall``: seconds since
+        the first timed iteration began (maximum over ranks). The next count is what the mean
+        iteration so far needs to reach ``min_iters`` and ``min_time`` (+10 %), at most 10 x ``n`` (an
+        estimate from few iterations) and at most what still fits into ``max_time``."""
+        if n >= self.max_iters or wall >= self.max_time:
+            return 0
+        if n >= self.min_iters and timed >= self.min_time:
+            return 0
+        want = self.min_iters
+        if timed < self.min_time:
+            # 10 % more than the mean predicts: iterations vary, and each check costs an allreduce
+            want = max(want, n + math.ceil(1.1 * (self.min_time - timed) * n / timed) if timed > 0 else 10 * n)
+        target = min(want, 10 * n)
+        if wall > 0:  # what fits into the rest of max_time at the mean wall time per iteration so far
+            target = min(target, n + max(1, int((self.max_time - wall) * n / wall)))
+        return max(n + 1, min(target, self.max_iters))
+
+    def describe(self) -> str:
+        return (f"{self.warmup} warm-up iterations, then timed ones until both {self.min_iters} iterations and "
+                f"{self.min_time:g} s of timed iterations are reached; bounded by {self.max_time:g} s per "
+                f"measurement (at least one iteration) or {self.max_iters:,} iterations")
+
+
+def timed_iterations(world, one, rule: IterationRule) -> List[float]:
+    """Seconds of each timed call of ``one()`` after ``rule.warmup`` untimed ones, each preceded by
+    ``barrier()`` (not timed), until :class:`IterationRule` says stop. ``one = (barrier, body)``.
+    Collective over ``world``: every rank of the world calls it at once (each on its instance of
+    an axis) and all run the same number of iterations."""
     from mpi4py import MPI
 
+    barrier, body = one
+    for _ in range(rule.warmup):
+        barrier()
+        body()
+    times: List[float] = []
+    target, t_start = 1, MPI.Wtime()
+    while True:
+        while len(times) < target:
+            barrier()
+            t0 = MPI.Wtime()
+            body()
+            times.append(MPI.Wtime() - t0)
+        # outside the timed intervals: the slowest rank's timed sum and wall time
+        agreed = np.array([math.fsum(times), MPI.Wtime() - t_start])
+        world.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MAX)
+        target = rule.next_target(len(times), float(agreed[0]), float(agreed[1]))
+        if target == 0:
+            return times
+
+
+def _time_op(comm, world, op: str, size: int, rule: IterationRule,
+             inplace: bool = False) -> Tuple[float, int, int]:
+    """``(median seconds of one collective on this rank, wrong elements of the result check,
+    timed iterations)``; collective over ``world`` (:func:`timed_iterations`).
+
+    A barrier on ``comm`` between iterations, not timed. The check runs once more after the
+    timed iterations, on freshly filled buffers (in-place iterations overwrite their input).
+    """
     p, rank = comm.Get_size(), comm.Get_rank()
     kind = KIND_OF[op]
     send, recv = _buffers(op, size, p)
     if inplace:
         recv = _inplace_buffers(kind, send, recv, rank, p)
     start = _starter(comm, op, send, recv, inplace)
-    times = []
-    for i in range(warmup + iters):
-        comm.Barrier()
-        t0 = MPI.Wtime()
+
+    def body():
         req = start()
         if req is not None:
             req.Wait()
-        t1 = MPI.Wtime()
-        if i >= warmup:
-            times.append(t1 - t0)
+
+    times = timed_iterations(world, (comm.Barrier, body), rule)
+    del send, recv, start, body  # the check's buffers replace them (64 MiB messages: memory)
     send, expected = fill_pattern(kind, size, p, rank)
     recv = _inplace_buffers(kind, send, np.empty(expected.size * (p if kind == "reduce_scatter" else 1),
                                                  np.float32), rank, p) if inplace else np.empty_like(expected)
@@ -287,7 +477,7 @@ def _time_op(comm, op: str, size: int, iters: int, warmup: int, inplace: bool = 
     if req is not None:
         req.Wait()
     result = recv[:expected.size] if (inplace and kind == "reduce_scatter") else recv
-    return float(np.median(times)), count_wrong(result, expected)
+    return float(np.median(times)), count_wrong(result, expected), len(times)
 
 
 def _gemm_calls(n_calls: int, a, b, poll=None) -> None:
@@ -435,6 +625,14 @@ def _compute_rates(world, dtypes: List[str], n: int, backend_name: str) -> Dict[
     return out
 
 
+def iteration_rule(args) -> IterationRule:
+    """The :class:`IterationRule` of the command line (``--iters``, ``--min-time``, ``--max-time``,
+    ``--warmup``; defaults where an option is absent)."""
+    d = IterationRule()
+    return IterationRule(int(getattr(args, "iters", d.min_iters)), float(getattr(args, "min_time", d.min_time)),
+                         float(getattr(args, "max_time", d.max_time)), int(getattr(args, "warmup", d.warmup)))
+
+
 def run_bench(args, world, watchdog=None) -> Dict:
     """Measure everything; returns ``{"rows", "overlap", "compute", "grids", ...}`` (same on every rank).
 
@@ -472,6 +670,15 @@ def run_bench(args, world, watchdog=None) -> Dict:
         grids = [infer_grid_shape(size, **flags)]
     else:
         grids = default_grids(size)
+    # the step's own messages on these grids (a bad --model fails here, on every rank, before any collective)
+    from fourd_mpi.step.presets import resolve_model
+
+    model = getattr(args, "model", None) or "gpt-tiny"
+    dtype = getattr(args, "dtype", None) or "float32"
+    cfg = resolve_model(model, **{k: getattr(args, k, None) for k in ("layers", "hidden", "heads", "ffn_hidden",
+                                                                       "seq", "batch")})
+    # a prime world has no benchmarked grid: the run's default grid then (its data axis is the world)
+    messages = step_messages(cfg, grids or [infer_grid_shape(size)], dtype)
     # every rank checks the same sizes before any collective
     for g in grids:
         for axis in ("x", "y", "z", "data"):
@@ -516,16 +723,16 @@ def run_bench(args, world, watchdog=None) -> Dict:
     overlap: List[Dict] = []
     syncs: List[Dict] = []
     placements = (False, True) if getattr(args, "in_place", True) else (False,)
+    rule = iteration_rule(args)
     for name, level, comm, also, per_node in comms:
         p = comm.Get_size()
         sizes = message_sizes(args.min_size, args.max_size, args.factor, 4 * p)
         for op in ops:
             for s in sizes:
-                iters = args.iters if s < 1024 ** 2 else max(3, args.iters // 4)
                 for inplace in placements:
                     with watch(f"{op} of {s} bytes on {name} ({'in place' if inplace else 'out of place'}, "
-                               f"{iters} iterations)"):
-                        lat, wrong = _time_op(comm, op, s, iters, args.warmup, inplace)
+                               f"at least {min(rule.min_iters, rule.max_iters)} iterations)"):
+                        lat, wrong, iters = _time_op(comm, world, op, s, rule, inplace)
                         stats = (world.allreduce(lat, op=MPI.MAX), world.allreduce(lat) / size,
                                  world.allreduce(lat, op=MPI.MIN))
                         wrong = world.allreduce(wrong)
@@ -536,7 +743,7 @@ def run_bench(args, world, watchdog=None) -> Dict:
                     sync = world.allreduce(_measure_sync(comm, max(5, args.iters), args.warmup), op=MPI.MAX)
                 syncs.append({"comm": name, "axes": ",".join(also), "level": level, "p": p, "sync_s": sync})
             if op.startswith("i") and args.overlap_sizes > 0:
-                for s in sizes[-args.overlap_sizes:]:
+                for s in overlap_sizes(sizes, args.overlap_sizes):
                     iters = max(3, args.iters // 4)
                     with watch(f"the overlap measurement of {op} of {s} bytes on {name}"):
                         res = _measure_overlap(comm, world, op, s, iters, args.warmup)
@@ -548,7 +755,8 @@ def run_bench(args, world, watchdog=None) -> Dict:
     for pg in made:
         pg.free()
     return {"rows": rows, "overlap": overlap, "syncs": syncs, "compute": compute, "grids": [str(g) for g in grids],
-            "comms": listed,
+            "comms": listed, "rule": rule.describe(), "step_model": {"model": model, "dtype": dtype},
+            "step_messages": cover_step_messages(messages, rows, size),
             "num_nodes": num_nodes, "ranks_per_node": local_size, "world_size": size}
 
 
@@ -564,6 +772,8 @@ def format_tables(result: Dict) -> str:
     lines = ["# fourd-mpi bench collectives: " + f"{result['world_size']} ranks, {result['num_nodes']} node(s), "
              f"grids {', '.join(result['grids'])}; type float (float32), redop sum (none for allgather), root -1"]
     lines += [f"# {f}" for f in FORMULAS]
+    if result.get("rule"):
+        lines.append(f"# iterations: {result['rule']} (column iters)")
     for c in result.get("comms", []):
         also = (f" (measured once for all {len(c['axes'])}: same group size and placement)"
                 if len(c["axes"]) > 1 else "")
@@ -572,10 +782,11 @@ def format_tables(result: Dict) -> str:
     for r in result["rows"]:
         groups.setdefault((r.axes or r.comm, r.op), {}).setdefault(r.size, {})[r.inplace] = r
     head = (f"#{'size':>11} {'count':>10} {'type':>6} {'redop':>6} {'root':>5} | {'time':>9} {'algbw':>7} "
-            f"{'busbw':>7} {'#wrong':>6} | {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} | "
-            f"{'avg':>9} {'min':>9} {'max':>9}")
+            f"{'busbw':>7} {'#wrong':>6} {'iters':>6} | {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} "
+            f"{'iters':>6} | {'avg':>9} {'min':>9} {'max':>9}")
     units = (f"#{'(B)':>11} {'(elements)':>10} {'':>6} {'':>6} {'':>5} | {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} "
-             f"{'':>6} | {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} | {'(us)':>9} {'(us)':>9} {'(us)':>9}")
+             f"{'':>6} {'':>6} | {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} {'':>6} | {'(us)':>9} {'(us)':>9} "
+             f"{'(us)':>9}")
     for (comm, op), by_size in groups.items():
         first = next(iter(next(iter(by_size.values())).values()))
         lines += ["", f"# {op} on {comm} ({first.level}-node, p = {first.p}):   out-of-place   |   in-place   |"
@@ -585,8 +796,8 @@ def format_tables(result: Dict) -> str:
 
             def cells(r):
                 if r is None:
-                    return f"{'n/a':>9} {'':>7} {'':>7} {'':>6}"
-                return f"{r.lat_s * 1e6:>9.2f} {r.algbw:>7.3f} {r.busbw:>7.3f} {r.wrong:>6}"
+                    return f"{'n/a':>9} {'':>7} {'':>7} {'':>6} {'':>6}"
+                return f"{r.lat_s * 1e6:>9.2f} {r.algbw:>7.3f} {r.busbw:>7.3f} {r.wrong:>6} {r.iters:>6}"
 
             ref = oop or ip
             lines.append(f" {size:>11} {ref.count:>10} {'float':>6} {ref.redop:>6} {-1:>5} | {cells(oop)} | "
@@ -607,6 +818,8 @@ def format_tables(result: Dict) -> str:
         w = max([14] + [len(y.get("axes") or y["comm"]) for y in result["syncs"]])
         lines += [f"  {y.get('axes') or y['comm']:<{w}} p={y['p']:<3} {y['sync_s'] * 1e6:10.1f} us"
                   for y in result["syncs"]]
+    if result.get("step_messages"):
+        lines += [""] + step_message_lines(result["step_messages"], **result["step_model"])
     c = result["compute"]
     lines += ["", "# compute (per rank):"]
     for dtype, alone in c["alone"].items():
@@ -667,7 +880,9 @@ def format_result(result: Dict, fmt: str) -> str:
         doc = {"world_size": result["world_size"], "num_nodes": result["num_nodes"], "grids": result["grids"],
                "formulas": FORMULAS, "units": "latencies and times in us, bandwidths in GB/s (1e9 B/s), sizes in B",
                "communicators": result.get("comms", []), "rows": rows, "overlap": overlap, "sync": syncs,
-               "compute": compute, "wrong": total_wrong(result), "avg_busbw_gbps": avg_busbw(result)}
+               "compute": compute, "wrong": total_wrong(result), "avg_busbw_gbps": avg_busbw(result),
+               "iterations": result.get("rule"), "step_model": result.get("step_model"),
+               "step_messages": result.get("step_messages", [])}
         if "profile" in result:
             doc["profile"] = result["profile"]
         return json.dumps(_finite(doc), indent=1, allow_nan=False)
@@ -778,6 +993,8 @@ def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str
     }
     measured = sorted({r.op for r in result["rows"]}, key=OPS.index)
     profile["calibration"]["measured_ops"] = measured
+    if result.get("rule"):
+        profile["calibration"]["iterations"] = result["rule"]
     missing_ops = missing_kinds(result)
     if missing_ops:  # --ops a subset: the model takes these from the fallback profile, or refuses
         profile["calibration"]["missing_ops"] = missing_ops

@@ -92,6 +92,21 @@ MAX_SELECTED = 1 << 20
 MAX_SELECT_VALUE = MAX_STEPS  # > MAX_RANKS
 
 
+def float_in(minimum: float, maximum: float, what: str = "a number") -> Callable[[str], float]:
+    """A finite number from ``minimum`` to ``maximum`` (``what`` names it in the message)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not minimum <= value <= maximum:  # NaN and text fail here too
+            raise argparse.ArgumentTypeError(f"expected {what} from {minimum:g} to {maximum:g}, got {text!r}")
+        return value
+
+    parse.__name__ = "float_in"
+    return parse
+
+
 def int_list_of(item: Callable[[str], int], what: str) -> Callable[[str], List[int]]:
     """A parser of comma lists whose items ``item`` parses (``--batch 1024,2048``); an empty list is refused."""
 

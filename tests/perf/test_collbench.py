@@ -55,7 +55,8 @@ def test_calibration_end_to_end(run_mpi, tmp_path, nranks, flags):
     out = tmp_path / "prof.yaml"
     table = tmp_path / "table.txt"
     proc = run_mpi(nranks, ["bench", "collectives", *flags, "--max-size", "4K", "--factor", "8", "--iters", "3",
-                            "--warmup", "1", "--overlap-sizes", "1", "--gemm-size", "64", "--dtypes", "float32",
+                            "--min-time", "0", "--accept-poor-fit", "--warmup", "1", "--overlap-sizes", "1",
+                            "--gemm-size", "64", "--dtypes", "float32",
                             "-o", out, "--report", table, "--name", "t"], timeout=240)
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
@@ -83,7 +84,8 @@ def test_calibration_end_to_end(run_mpi, tmp_path, nranks, flags):
 @pytest.mark.mpi
 def test_bad_input_is_one_line_once(run_mpi, tmp_path):
     """Errors in the options: one line, printed by rank 0 only; every rank exits 2."""
-    quick = ["--ops", "allreduce", "--max-size", "8", "--iters", "1", "--warmup", "0", "--overlap-sizes", "0",
+    quick = ["--ops", "allreduce", "--max-size", "8", "--iters", "1", "--min-time", "0", "--warmup", "0",
+             "--overlap-sizes", "0",
              "--gemm-size", "16", "--dtypes", "float32", "--no-in-place"]
     for args, message in ((["--grid", "1x1x2x2"], "product is not the world size 3"),
                           (["--ops", "alltoall"], "--ops: unknown alltoall"),
@@ -135,8 +137,8 @@ def test_ops_subset_csv_and_json(run_mpi, tmp_path):
     from fourd_mpi.perf.predict import predict
     from fourd_mpi.step.presets import resolve_model
 
-    common = ["bench", "collectives", "--max-size", "512", "--iters", "2", "--warmup", "1", "--overlap-sizes", "0",
-              "--gemm-size", "32", "--dtypes", "float32"]
+    common = ["bench", "collectives", "--max-size", "512", "--iters", "2", "--min-time", "0", "--accept-poor-fit",
+              "--warmup", "1", "--overlap-sizes", "0", "--gemm-size", "32", "--dtypes", "float32"]
     prof_path = tmp_path / "p.yaml"
     proc = run_mpi(3, [*common, "-o", prof_path, "--ops", "iallreduce,allreduce,iallgather", "--format", "csv",
                        "--report", tmp_path / "r.csv"], timeout=180)
@@ -192,7 +194,8 @@ def test_same_size_axes_reported_for_both(run_mpi, tmp_path):
     import io
 
     proc = run_mpi(4, ["bench", "collectives", "--gx", "2", "--gy", "2", "--no-world", "--ops", "iallreduce",
-                       "--max-size", "64", "--iters", "2", "--warmup", "0", "--overlap-sizes", "0", "--gemm-size",
+                       "--max-size", "64", "--iters", "2", "--min-time", "0", "--accept-poor-fit", "--warmup", "0",
+                       "--overlap-sizes", "0", "--gemm-size",
                        "16", "--dtypes", "float32", "--no-in-place", "-o", tmp_path / "p.yaml", "--format", "csv"],
                    timeout=180)
     assert proc.returncode == 0, proc.stderr

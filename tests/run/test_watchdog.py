@@ -149,10 +149,9 @@ def test_bench_collectives_has_a_watchdog(tmp_path):
     """A rank of ``bench collectives`` stopped (SIGSTOP) inside its first measurement: before, the
     other rank waited forever; now it names the measurement it waits in and aborts the job."""
     stale = _stale_copy(tmp_path, "perf/collbench.py",
-                        "def _time_op(comm, op: str, size: int, iters: int, warmup: int, inplace: bool = False) "
-                        "-> Tuple[float, int]:\n",
-                        "def _time_op(comm, op: str, size: int, iters: int, warmup: int, inplace: bool = False) "
-                        "-> Tuple[float, int]:\n    import signal; os.kill(os.getpid(), signal.SIGSTOP)\n")
+                        "             inplace: bool = False) -> Tuple[float, int, int]:\n",
+                        "             inplace: bool = False) -> Tuple[float, int, int]:\n"
+                        "    import signal; os.kill(os.getpid(), signal.SIGSTOP)\n")
     args = ["bench", "collectives", "--max-size", "64", "--iters", "3", "--step-timeout", "3",
             "-o", str(tmp_path / "p.yaml")]
     proc = _mpmd([(1, REPO, args), (1, stale, args)], tmp_path)

@@ -216,7 +216,8 @@ def test_bench_collectives_on_the_bed_writes_intra_and_inter_levels(bed, tmp_pat
     out = tmp_path / "bed.yaml"
     done = fourd(["testbed", "mpiexec", "--name", NAME, "-n", str(ranks), "--ppn", str(ppn), "--", sys.executable,
                   "-m", "fourd_mpi", "bench", "collectives", "--ops", "iallreduce,iallgather", "--min-size", "1K",
-                  "--max-size", "16K", "--iters", "3", "--warmup", "1", "--overlap-sizes", "0", "-o", out,
+                  "--max-size", "8K", "--iters", "3", "--min-time", "0", "--warmup", "1", "--overlap-sizes", "0",
+                  "--accept-poor-fit", "-o", out,  # the bed's tbf bursts: fits miss by 59-74 % rms
                   "--fallback", "laptop"], timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     prof = yaml.safe_load(out.read_text())
