@@ -201,8 +201,11 @@ def placement(args, name, env, say, profile_path) -> None:
 
 #: --accept-poor-fit: the bed's inter-node links are shaped by tbf, whose bursts pass small messages at once and
 #: make the alpha-beta fits miss their measurements by 59-74 % rms (over bench collectives' 25 % limit); the model
-#: uses the profile's measured points (levels.L.measured) first, which is what this benchmark needs
-CALIBRATION = ["--min-size", "2K", "--factor", "4", "--max-size", "2M", "--accept-poor-fit"]
+#: uses the profile's measured points (levels.L.measured) first, which is what this benchmark needs.
+#: --iters 5 --min-time 0.1: at least 5 iterations and 0.1 s per size (a 2 MiB all-reduce over a 200 Mbit/s
+#: link takes 0.1-0.3 s, so 20 of each would make one layout's calibration about 10 minutes)
+CALIBRATION = ["--min-size", "2K", "--factor", "4", "--max-size", "2M", "--iters", "5", "--min-time", "0.1",
+               "--accept-poor-fit"]
 
 
 def calibrate(args, name, env, say, layout, tmp) -> str:
