@@ -363,14 +363,20 @@ def _trace_processor_binary():
     return found
 
 
-def test_perfetto_trace_processor_reads_the_export(trace, tmp_path):
-    """Perfetto's own importer: slices per thread equal the trace's events per lane, the flows
-    link the collective pieces, and nothing is dropped (import stats)."""
+def trace_processor_or_skip():
+    """``(perfetto.trace_processor, binary path)``, or a skip saying what is missing."""
     tp_api = pytest.importorskip("perfetto.trace_processor", reason="the perfetto package is not installed")
     binary = _trace_processor_binary()
     if binary is None:
         pytest.skip("no trace_processor_shell binary (set PERFETTO_TRACE_PROCESSOR or put it on PATH; "
                     "the perfetto package would download it, which needs network access)")
+    return tp_api, binary
+
+
+def test_perfetto_trace_processor_reads_the_export(trace, tmp_path):
+    """Perfetto's own importer: slices per thread equal the trace's events per lane, the flows
+    link the collective pieces, and nothing is dropped (import stats)."""
+    tp_api, binary = trace_processor_or_skip()
     path = tmp_path / "trace.json"
     write_perfetto(trace, str(path))
     tp = tp_api.TraceProcessor(trace=str(path), config=tp_api.TraceProcessorConfig(bin_path=binary))

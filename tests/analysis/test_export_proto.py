@@ -241,13 +241,9 @@ def test_export_without_the_perfetto_package_says_what_to_install(trace3_path, t
 def test_perfetto_trace_processor_reads_the_proto(trace8, tmp_path):
     """Perfetto's own importer (where a trace_processor_shell binary is at hand): slices per thread, flows,
     and no import errors."""
-    from test_export import _trace_processor_binary
+    from test_export import trace_processor_or_skip
 
-    tp_api = pytest.importorskip("perfetto.trace_processor", reason="the perfetto package is not installed")
-    binary = _trace_processor_binary()
-    if binary is None:
-        pytest.skip("no trace_processor_shell binary (set PERFETTO_TRACE_PROCESSOR or put it on PATH; "
-                    "the perfetto package would download it, which needs network access)")
+    tp_api, binary = trace_processor_or_skip()
     path = tmp_path / "t.pftrace"
     write_perfetto_proto(trace8, str(path))
     doc = to_perfetto(trace8)
