@@ -43,8 +43,10 @@ class Watchdog:
     """Per-rank watchdog of blocking waits (see the module doc); ``timeout_s <= 0`` disables it."""
 
     def __init__(self, timeout_s: float, rank: int, on_hang: Optional[Callable[[str], None]] = None,
-                 abort: Optional[Callable[[int], None]] = None, poll_s: Optional[float] = None):
+                 abort: Optional[Callable[[int], None]] = None, poll_s: Optional[float] = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.timeout_s = float(timeout_s)
+        self._clock = clock  # seconds; a test passes its own to decide what "long" is without waiting
         self.rank = rank
         self.on_hang = on_hang
         self._abort = abort
@@ -60,7 +62,7 @@ class Watchdog:
     @contextmanager
     def watch(self, what: str):
         """The main thread is about to block in MPI for ``what`` (a description, evaluated now)."""
-        self._current = (what, time.monotonic())
+        self._current = (what, self._clock())
         try:
             yield
         finally:
@@ -72,8 +74,10 @@ class Watchdog:
             if current is None:
                 continue
             what, start = current
-            waited = time.monotonic() - start
-            if waited > self.timeout_s:
+            waited = self._clock() - start
+            # still the same wait after the clock was read: it has lasted at least ``waited`` (a wait that
+            # ended while this thread was descheduled between the two reads is not reported)
+            if waited > self.timeout_s and self._current is current:
                 self._fire(what, waited)
                 return
 

@@ -16,18 +16,23 @@ from fourd_mpi.core.watchdog import Watchdog
 
 
 def test_watchdog_fires_once_with_the_place_and_the_limit():
+    """The watchdog's own clock is the test's: what counts as a long wait does not depend on the load."""
+    now = [0.0]
     aborted, notes = [], []
-    dog = Watchdog(0.2, rank=3, on_hang=notes.append, abort=aborted.append, poll_s=0.02)
+    dog = Watchdog(0.2, rank=3, on_hang=notes.append, abort=aborted.append, poll_s=0.02, clock=lambda: now[0])
     with dog.watch("allreduce over x, step 4"):
-        time.sleep(0.05)  # a short wait: nothing happens
+        now[0] = 0.1  # a short wait
+    now[0] = 100.0  # long after it ended, outside any wait: nothing happens
+    time.sleep(0.2)  # ten polls (or fewer on a loaded machine: then nothing happens either)
     assert dog.fired is None and not aborted
     with dog.watch("allreduce over x, step 5"):
-        deadline = time.monotonic() + 30
+        now[0] = 100.5  # this wait has lasted 0.5 s > 0.2 s
+        deadline = time.monotonic() + 60
         while not aborted and time.monotonic() < deadline:
             time.sleep(0.02)
     dog.close()
     assert aborted == [3]
-    assert "rank 3 waited" in dog.fired and "allreduce over x, step 5" in dog.fired and "--step-timeout 0.2 s" in dog.fired
+    assert "rank 3 waited 0.5 s in allreduce over x, step 5" in dog.fired and "--step-timeout 0.2 s" in dog.fired
     assert notes == [f"hung: {dog.fired}"]
 
 
