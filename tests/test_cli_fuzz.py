@@ -3,7 +3,8 @@ drawn from the parser (``tests/helpers/fuzz_cli.py``, in a subprocess under an a
 
 Every example must end with status 0, 1, 2 or 3, no traceback, no hang (CPU and wall bounds per
 example), and no file outside its scratch directory touched. The run stops drawing new examples after
-``FUZZ_BUDGET_S`` wall seconds (default 30: under 60 s in CI even on a loaded machine); ``FOURD_FUZZ_SCALE``
+``FUZZ_BUDGET_S`` CPU seconds of the fuzzing process (default 30; CPU, not wall, time: a loaded machine runs the
+same examples, more slowly, instead of fewer); ``FOURD_FUZZ_SCALE``
 multiplies the example count and the budget (e.g. 10 for a long local run).
 """
 
@@ -17,7 +18,7 @@ import sys
 from conftest import HELPERS, REPO, mpi_env
 
 SCALE = float(os.environ.get("FOURD_FUZZ_SCALE", "1"))
-#: examples drawn (a quiet machine runs them in about 20 s; a loaded one stops at the budget)
+#: examples drawn (a quiet machine runs them in about 20 s; the CPU budget below stops a slower machine)
 EXAMPLES = 200
 BUDGET_S = 30
 

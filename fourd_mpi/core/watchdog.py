@@ -9,6 +9,11 @@ has lasted longer than ``timeout_s``, the thread prints one line on this rank (w
 long, the limit), calls ``on_hang`` (the run marks its spool ``hung``) and calls
 ``MPI_Abort``, so the launcher ends every rank and the scheduler frees the allocation.
 
+Entering, leaving and judging a wait hold one lock, so a wait judged too long is marked
+(:attr:`Watchdog.fired`) before the main thread can leave it: :meth:`Watchdog.hold_if_fired`, the
+collective check before the final merge, sees every fire of every rank, and no wait is watched after
+it (the merge's own collectives are not), so an aborted run never publishes a trace.
+
 mpi4py releases the GIL inside blocking MPI calls, so the thread runs while the main thread
 waits. The thread itself makes no MPI call but the final ``Abort`` (``MPI_THREAD_MULTIPLE``,
 mpi4py's default; if the library gives less, the process exits right after).
@@ -43,12 +48,19 @@ class Watchdog:
     """Per-rank watchdog of blocking waits (see the module doc); ``timeout_s <= 0`` disables it."""
 
     def __init__(self, timeout_s: float, rank: int, on_hang: Optional[Callable[[str], None]] = None,
-                 abort: Optional[Callable[[int], None]] = None, poll_s: Optional[float] = None):
+                 abort: Optional[Callable[[int], None]] = None, poll_s: Optional[float] = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.timeout_s = float(timeout_s)
+        self._clock = clock  # seconds; a test passes its own to decide what "long" is without waiting
         self.rank = rank
         self.on_hang = on_hang
         self._abort = abort
         self._current = None  # (what, start) of the wait in progress, set and cleared by the main thread
+        # held to enter or leave a wait and to decide that one lasted too long: a wait that the thread finds too
+        # long is marked (``fired``) before the main thread can leave it, so :meth:`hold_if_fired`, reached only
+        # after the wait, always sees the mark (before: a fire decided while the wait ended could be marked
+        # after the ranks had agreed that none fired, and the merge published within the 0.5 s before Abort)
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self.fired: Optional[str] = None
         self._thread = None
@@ -60,28 +72,36 @@ class Watchdog:
     @contextmanager
     def watch(self, what: str):
         """The main thread is about to block in MPI for ``what`` (a description, evaluated now)."""
-        self._current = (what, time.monotonic())
+        with self._lock:
+            self._current = (what, self._clock())
         try:
             yield
         finally:
-            self._current = None
+            with self._lock:
+                self._current = None
 
     def _run(self) -> None:
         while not self._stop.wait(self._poll_s):
-            current = self._current
-            if current is None:
-                continue
-            what, start = current
-            waited = time.monotonic() - start
-            if waited > self.timeout_s:
-                self._fire(what, waited)
-                return
+            with self._lock:  # the main thread cannot leave the wait while it is judged and marked
+                current = self._current
+                if current is None:
+                    continue
+                what, start = current
+                waited = self._clock() - start
+                if waited <= self.timeout_s:
+                    continue
+                self.fired = self._message(what, waited)
+            self._fire()
+            return
 
-    def _fire(self, what: str, waited: float) -> None:
-        message = (f"rank {self.rank} waited {_seconds(waited)} in {what}, longer than --step-timeout "
-                   f"{self.timeout_s:g} s: a partner rank is stopped, hung or running another command; "
-                   "aborting the job")
-        self.fired = message
+    def _message(self, what: str, waited: float) -> str:
+        return (f"rank {self.rank} waited {_seconds(waited)} in {what}, longer than --step-timeout "
+                f"{self.timeout_s:g} s: a partner rank is stopped, hung or running another command; "
+                "aborting the job")
+
+    def _fire(self) -> None:
+        """Say it (``fired``, marked already), record it (``on_hang``), abort the job."""
+        message = self.fired
         sys.stderr.write(f"fourd-mpi: error: {message}\n")
         sys.stderr.flush()
         if self.on_hang is not None:

@@ -330,7 +330,9 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
             def merge_fault():
                 if fault.rank == rank:
                     fault.trigger(spool_dir, trace.results_dir)
-        run.comm.watchdog.hold_if_fired(world)  # an aborted run publishes no trace
+        # an aborted run publishes no trace: every fire is marked before its wait ends, and no wait is watched
+        # from here on (the merge's collectives are not), so none can fire after this check
+        run.comm.watchdog.hold_if_fired(world)
         merging = True
         path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, force,
                          correct=drift.correct_records if drift is not None else None, group_size=trace.group_size,

@@ -59,9 +59,11 @@ def main():
             failures.append("poll: no compute hook while a request is in flight")
         # 32 pieces of 64 rows, a poll between each. One GEMM takes ~10 ms; on an
         # oversubscribed machine a peer may not have issued yet when it ends, so
-        # the GEMM is repeated (up to ~4 s of compute) until the request is seen
-        # complete. Only polls may complete it: nobody waits before the loop ends.
-        for _ in range(1 if strategy == "none" else 400):
+        # the GEMM is repeated until the request is seen complete (up to ~40 s of
+        # compute: a peer descheduled for seconds under load still issues within it;
+        # a loop that ends early is fast anyway). Only polls may complete it:
+        # nobody waits before the loop ends.
+        for _ in range(1 if strategy == "none" else 4000):
             kernels.matmul(a, a[:256].T, progress=hook)
             if handle.done:
                 break

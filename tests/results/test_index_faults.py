@@ -103,7 +103,11 @@ def test_reindex_keeps_a_line_appended_while_it_read_the_traces(tmp_path):
     done = {}
     worker = threading.Thread(target=lambda: done.update(result=reindex(str(tmp_path))))
     worker.start()
-    time.sleep(2.0)  # the scan of one trace is done well within this
+    waiting = f":{os.fstat(fd).st_ino} "  # reindex has read the traces once it waits for the lock (/proc/locks)
+    deadline = time.monotonic() + 300
+    while not any(line.split()[1] == "->" and waiting in line for line in open("/proc/locks")):
+        assert worker.is_alive() and time.monotonic() < deadline, "reindex never waited for the index's lock"
+        time.sleep(0.05)
     shutil.copy(a_trace(), tmp_path / "b.h5")  # the run that finished during the reindex: trace, then its line
     entry = reindex(str(tmp_path / "b.h5"), output=str(tmp_path / "b-only.jsonl"))[0][0]
     os.write(fd, (json.dumps(dict(entry, run_id="late-run")) + "\n").encode())

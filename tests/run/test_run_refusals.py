@@ -6,6 +6,7 @@ nan, leaked numpy ``RuntimeWarning: overflow encountered in matmul`` lines, and 
 Real ``mpiexec``, real files.
 """
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -65,18 +66,49 @@ def test_a_non_finite_loss_stops_every_rank_and_keeps_the_steps(run_mpi, tmp_pat
 
 # --- issue 34 ------------------------------------------------------------------------------------------
 
-def test_a_watchdog_abort_publishes_no_trace_and_no_index_entry(run_mpi, tmp_path):
-    """Before: --step-timeout 0.001 said "aborting the job" (exit 3) and still published a complete trace
-    and its index line, and the message said "waited 0 s"."""
-    proc = run_mpi(2, ["run", "--model", "gpt-tiny", "--steps", "3", "--step-timeout", "0.001", "--run-id", "wd",
-                       "--results-dir", tmp_path, "--display", "quiet"], timeout=120)
-    if proc.returncode == 0 and "step-timeout" not in proc.stderr:  # every wait was under 1 ms: nothing fired
-        pytest.skip("no MPI wait of this run lasted 1 ms, so the watchdog had nothing to abort (a quiet machine)")
-    assert proc.returncode == 3, (proc.returncode, proc.stderr)
-    assert "Traceback" not in proc.stderr
+def test_a_watchdog_abort_publishes_no_trace_and_no_index_entry(tmp_path):
+    """Before: a watchdog that fired (--step-timeout 0.001: "aborting the job", exit 3) on a wait that then
+    ended still published a complete trace and its index line, and the message said "waited 0 s".
+
+    Deterministic on a quiet or a loaded machine: rank 1 stops itself (SIGSTOP) at the start of step 1, so
+    rank 0's first collective of that step outlasts --step-timeout 1 whatever the load; once rank 0's line
+    is out, rank 1 is continued, so the wait ends and the ranks could go on to the merge while the
+    watchdog aborts. Either way: exit 3, no trace, no index line."""
+    import os
+    import signal
+    from conftest import find_mpiexec
+
+    cmd = [find_mpiexec(), "-n", "2", sys.executable, "-m", "fourd_mpi", "run", "--model", "gpt-tiny", "--steps",
+           "3", "--step-timeout", "1", "--inject-fault", "1:1:stop", "--run-id", "wd", "--results-dir",
+           str(tmp_path), "--display", "quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=REPO)
+    meta, pid, err = tmp_path / "wd.ranks" / "rank000001.json", None, []
+    try:
+        for line in proc.stderr:  # until rank 0's watchdog has said it, or the job ended
+            err.append(line)
+            if pid is None and meta.exists() and meta.stat().st_size:
+                pid = json.loads(meta.read_text())["pid"]  # written before the first step
+            if "longer than --step-timeout" in line:
+                if pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+                break
+        out, rest = proc.communicate(timeout=180)
+        err.append(rest)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if pid is not None:  # never leave a stopped rank behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    stderr = "".join(err)
+    assert proc.returncode == 3, (proc.returncode, stderr)
+    assert "Traceback" not in stderr
     assert not (tmp_path / "wd.h5").exists() and not (tmp_path / "index.jsonl").exists()
-    fired = [line for line in proc.stderr.splitlines() if "longer than --step-timeout 0.001 s" in line]
-    assert fired and not any(" waited 0 s " in line for line in fired), fired
+    fired = [line for line in stderr.splitlines() if "longer than --step-timeout 1 s" in line]
+    assert fired and all(line.startswith("fourd-mpi: error: rank ") for line in fired), fired
+    assert not any(" waited 0 s " in line for line in fired), fired
 
 
 @pytest.mark.parametrize("option, length, most", [("--run-id", 240, 226), ("--label", 220, 203)])

@@ -16,19 +16,56 @@ from fourd_mpi.core.watchdog import Watchdog
 
 
 def test_watchdog_fires_once_with_the_place_and_the_limit():
+    """The watchdog's own clock is the test's: what counts as a long wait does not depend on the load."""
+    now = [0.0]
     aborted, notes = [], []
-    dog = Watchdog(0.2, rank=3, on_hang=notes.append, abort=aborted.append, poll_s=0.02)
+    dog = Watchdog(0.2, rank=3, on_hang=notes.append, abort=aborted.append, poll_s=0.02, clock=lambda: now[0])
     with dog.watch("allreduce over x, step 4"):
-        time.sleep(0.05)  # a short wait: nothing happens
+        now[0] = 0.1  # a short wait
+    now[0] = 100.0  # long after it ended, outside any wait: nothing happens
+    time.sleep(0.2)  # ten polls (or fewer on a loaded machine: then nothing happens either)
     assert dog.fired is None and not aborted
     with dog.watch("allreduce over x, step 5"):
-        deadline = time.monotonic() + 30
+        now[0] = 100.5  # this wait has lasted 0.5 s > 0.2 s
+        deadline = time.monotonic() + 60
         while not aborted and time.monotonic() < deadline:
             time.sleep(0.02)
     dog.close()
     assert aborted == [3]
-    assert "rank 3 waited" in dog.fired and "allreduce over x, step 5" in dog.fired and "--step-timeout 0.2 s" in dog.fired
+    assert "rank 3 waited 0.5 s in allreduce over x, step 5" in dog.fired and "--step-timeout 0.2 s" in dog.fired
     assert notes == [f"hung: {dog.fired}"]
+
+
+def test_a_fire_is_marked_before_the_wait_it_judged_can_end():
+    """Issue 34 leftover: the watchdog judged a wait too long while the main thread was leaving it; the mark
+    (``fired``) came after the ranks had agreed in ``hold_if_fired`` that none fired, and the merge published
+    a trace in the 0.5 s before MPI_Abort. Now judging and marking hold the lock the main thread needs to leave
+    a wait. Made deterministic: the watchdog's clock read blocks until the main thread is leaving the wait;
+    once out of the wait, the mark is there (before: the main thread was out at once, unmarked)."""
+    import threading
+
+    reading, go = threading.Event(), threading.Event()
+    now = [0.0]
+    aborted = []
+
+    def clock():
+        if threading.current_thread().name == "fourd-mpi-watchdog" and now[0] > 0:
+            reading.set()  # the watchdog is judging the wait below...
+            go.wait(30)  # ...and is held here until the main thread tries to leave it
+        return now[0]
+
+    dog = Watchdog(0.2, rank=0, abort=aborted.append, poll_s=0.01, clock=clock)
+    leaving = threading.Timer(0.3, go.set)  # lets the watchdog go on while the main thread leaves the wait
+    with dog.watch("allreduce over x, step 7"):
+        now[0] = 5.0  # the wait has lasted 5 s
+        assert reading.wait(60), "the watchdog never judged the wait"
+        leaving.start()
+    assert dog.fired is not None and "waited 5 s in allreduce over x, step 7" in dog.fired
+    deadline = time.monotonic() + 60
+    while not aborted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    dog.close()
+    assert aborted == [3]
 
 
 def test_a_disabled_watchdog_has_no_thread():

@@ -16,16 +16,14 @@ from fourd_mpi.trace.events import Tracer
 from fourd_mpi.trace.nvtx import MISSING, Ranges, make_ranges
 
 RECORDER = '''
-import atexit, json, os
-calls = []
+import json, os
+# one JSON line per call, written at once: the record survives an MPI_Abort (no atexit runs then)
+_log = open(os.path.join(os.environ["NVTX_LOG_DIR"], f"rank{os.environ.get('PMI_RANK', os.getpid())}.jsonl"), "a",
+            buffering=1)
 def push_range(message=None, color=None, domain=None, category=None, payload=None):
-    calls.append(["push", message, domain])
+    _log.write(json.dumps(["push", message, domain]) + "\\n")
 def pop_range(domain=None):
-    calls.append(["pop", None, domain])
-@atexit.register
-def _dump():
-    with open(os.path.join(os.environ["NVTX_LOG_DIR"], f"{os.getpid()}.json"), "w") as f:
-        json.dump(calls, f)
+    _log.write(json.dumps(["pop", None, domain]) + "\\n")
 '''
 
 
@@ -94,15 +92,15 @@ def _run(tmp_path, *extra, fake=RECORDER):
            "--nvtx", "--display", "lines", "--peak-tflops", "1", "--results-dir", str(tmp_path / "results"),
            "--trace-level", "layer", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
-    return proc, [json.loads(p.read_text()) for p in sorted(logs.glob("*.json"))]
+    return proc, {p.stem: [json.loads(line) for line in p.read_text().splitlines()] for p in logs.glob("*.jsonl")}
 
 
 @pytest.mark.mpi
 def test_a_run_marks_steps_phases_layers_and_ops_balanced(tmp_path):
     proc, ranks = _run(tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert len(ranks) == 2
-    for calls in ranks:
+    assert sorted(ranks) == ["rank0", "rank1"]
+    for calls in ranks.values():
         assert balanced(calls) and all(domain == "fourd_mpi" for _, _, domain in calls)
         pushed = [m for kind, m, _ in calls if kind == "push"]
         assert [m for m in pushed if m.startswith("step ")] == ["step 0", "step 1", "step 2"]
@@ -113,12 +111,15 @@ def test_a_run_marks_steps_phases_layers_and_ops_balanced(tmp_path):
 
 @pytest.mark.mpi
 def test_ranges_are_balanced_when_a_rank_raises(tmp_path):
+    """Rank 1 raises at the start of step 2; the job is then aborted (MPI_Abort: no exit handler runs), so
+    the stand-in writes each call as it is made. The raising rank unwinds its ranges before the abort:
+    its record holds steps 0 and 1 and is balanced, on a quiet or a loaded machine alike (rank 0, killed
+    wherever the abort finds it, may be inside a range)."""
     proc, ranks = _run(tmp_path, "--inject-fault", "1:2:raise")
     assert proc.returncode != 0 and "injected fault" in proc.stderr
-    raised = [calls for calls in ranks if calls]
-    if not raised:  # the abort took the ranks down before any wrote its record of calls
-        pytest.skip("no rank wrote its NVTX record before the job was aborted")
-    assert all(balanced(calls) for calls in raised)
+    calls = ranks["rank1"]
+    assert balanced(calls), calls
+    assert [m for kind, m, _ in calls if kind == "push" and m.startswith("step ")] == ["step 0", "step 1"]
 
 
 @pytest.mark.mpi
