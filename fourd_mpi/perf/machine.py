@@ -396,16 +396,14 @@ class MachineProfile:
         (:func:`group_per_node`)."""
         owner, lv = self.level(level)
         table = (lv.get("measured") or {}).get(op) or {}
+        by_g = {int(k.split("@")[1]): pts for k, pts in table.items() if k.startswith(f"{p}@")}
         scale = 1.0
-        points = table.get(f"{p}@{per_node}") if per_node else None
+        points = by_g.get(per_node) if per_node else None
         if not points:
             points = table.get(str(p))
-        if not points and per_node:
-            others = sorted((abs(int(k.split("@")[1]) - per_node), int(k.split("@")[1]))
-                            for k in table if k.startswith(f"{p}@"))
-            if others:
-                g_measured = others[0][1]
-                points, scale = table[f"{p}@{g_measured}"], g_measured / per_node
+        if not points and per_node and by_g:
+            g_measured = min(by_g, key=lambda g: (abs(g - per_node), g))
+            points, scale = by_g[g_measured], g_measured / per_node
         if not points:
             return None
         t = interpolate_measured(points, message_bytes)
