@@ -56,7 +56,6 @@ Needs scipy (the ``analysis`` extra). No MPI.
 
 from __future__ import annotations
 
-import datetime
 import inspect
 import warnings
 from dataclasses import dataclass, field
@@ -150,17 +149,15 @@ def min_pairs(alpha: float) -> int:
 
 def start_seconds(entry: Dict) -> Optional[float]:
     """The start time of a run in seconds since the epoch, from its index entry's ``time`` (ISO 8601, the
-    trace's ``start_time``); ``None`` when missing or unreadable."""
+    trace's ``start_time``; read as the index queries read it, :func:`fourd_mpi.results.query.parse_time`);
+    ``None`` when missing or unreadable."""
+    from fourd_mpi.results.query import parse_time
+
     text = str(entry.get("time") or "")
-    if not text:
-        return None
     try:
-        stamp = datetime.datetime.fromisoformat(text)
-    except ValueError:
+        return parse_time(text).timestamp() if text else None
+    except ConfigError:
         return None
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=datetime.timezone.utc)
-    return stamp.timestamp()
 
 
 def interleaved(new_times: Sequence[float], old_times: Sequence[float], most: int = MAX_IN_A_ROW) -> bool:
