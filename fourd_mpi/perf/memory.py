@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.step.presets import ModelConfig
@@ -142,9 +142,12 @@ def local_tokens(cfg: ModelConfig, grid: GridShape) -> int:
     return (cfg.batch // (grid.data * grid.z)) * cfg.seq
 
 
-def parameter_elements(cfg: ModelConfig, grid: GridShape) -> int:
-    """Elements of every parameter shard this rank stores."""
-    per_block = sum(block_elements(n, k, t, grid) // grid.z for _, n, k, t in fc_weights(cfg, grid))
+def parameter_elements(cfg: ModelConfig, grid: GridShape, blocks: Optional[Sequence[int]] = None) -> int:
+    """Elements of every parameter shard this rank stores. ``blocks``: the :func:`block_elements` of the
+    block's FC weights when the caller has them already (in :func:`fc_weights` order)."""
+    if blocks is None:
+        blocks = [block_elements(n, k, t, grid) for _, n, k, t in fc_weights(cfg, grid)]
+    per_block = sum(block // grid.z for block in blocks)
     if cfg.kind == "gpt":
         per_block += 4 * (cfg.hidden // grid.x)  # two LayerNorms, gamma and beta [h/x]
     return cfg.layers * per_block

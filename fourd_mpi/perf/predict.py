@@ -59,7 +59,8 @@ from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement, group_per_node
-from fourd_mpi.perf.memory import MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens
+from fourd_mpi.perf.memory import (MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens,
+                                   parameter_elements)
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.perf.volumes import OVERLAPS, Collective, collective_rows, step_collectives
 
@@ -210,9 +211,7 @@ def _compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ov
     fy = cfg.ffn_hidden // grid.y
     passes += cfg.layers * _GELU_PASSES * m * fy
     calls += cfg.layers * _GELU_CALLS
-    # the weights of estimate_memory, in elements (memory.parameter_elements, on the blocks above)
-    params = cfg.layers * (sum(block // grid.z for block in blocks) + (4 * (cfg.hidden // grid.x) if cfg.kind == "gpt"
-                                                                       else 0))
+    params = parameter_elements(cfg, grid, blocks)  # the weights of estimate_memory, in elements
     n_params = len(fcs) * cfg.layers + (4 * cfg.layers if cfg.kind == "gpt" else 0)
     opt_passes, opt_calls = 0.0, 0
     if optimizer == "adam":  # opt_passes: in elements of the dtype (e bytes each)
