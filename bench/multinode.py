@@ -28,10 +28,17 @@ and after and the exact command of every case. The model's figures use only prof
    ``srun --mpi=pmi2`` and hydra ``mpiexec -iface eth0`` inside the allocation; a job not done in
    ``--launch-timeout`` seconds is cancelled and counted as hung, with the pmi2 plugin's errors counted.
 
+``--from-results FILE`` (offline, no bed, no MPI, not root): part 3 again from a committed report and the
+profiles kept next to it (``multinode-profile-NxP.yaml``): per grid the measured step, the model's step,
+its compute and exposed communication per axis (level, ``g`` = the group's ranks per node, and which
+measured points priced it), Spearman and whether the model's best grid is within the measured best two.
+The measured step times are the report's; only the model is computed again.
+
 Run as root with ``OMP_NUM_THREADS=1``::
 
     python bench/multinode.py --output results/benchmarks/multinode.txt
     python bench/multinode.py --repeats 5 --rate 100mbit --hidden 256 --launch-repeats 0
+    python bench/multinode.py --from-results results/benchmarks/multinode.txt
 """
 
 from __future__ import annotations
@@ -91,7 +98,12 @@ def main() -> int:
                     help="4. algorithms: alternating rounds (default 0: skip)")
     ap.add_argument("--skip-placement", action="store_true", help="skip part 1")
     ap.add_argument("--output", help="also write the report here")
+    ap.add_argument("--from-results", metavar="FILE",
+                    help="offline: part 3's model again from a committed report FILE and the profiles next to it "
+                         "(no bed, no MPI)")
     args = ap.parse_args()
+    if args.from_results:
+        return from_results(args.from_results)
     why = tb.why_unavailable()
     if why:
         print(f"multinode.py: {why}", file=sys.stderr)
@@ -248,28 +260,133 @@ def _spearman(a, b) -> float:
     return float(spearmanr(a, b).correlation)
 
 
-def ranking(args, name, env, say, layout, profile_path) -> None:
-    """Every grid of 8 ranks (``layout`` nodes x ranks per node, block order): measured median step
-    against the model's with the layout's calibrated profile."""
+def every_grid(ranks: int = 8) -> list:
+    """Every 4D grid ``DxZxYxX`` of ``ranks`` ranks (powers of two), in ``ranking``'s order."""
+    out = []
+    for d in (1, 2, 4, 8):
+        for z in (1, 2, 4, 8):
+            for y in (1, 2, 4, 8):
+                x = ranks // (d * z * y) if ranks % (d * z * y) == 0 else 0
+                if x:
+                    out.append(f"{d}x{z}x{y}x{x}")
+    return out
+
+
+def model_steps(profile, ppn: int, hidden: int, seq: int, batch: int, grids) -> dict:
+    """``grid -> Prediction`` of gpt-tiny on each grid the profile can price (block placement, ``ppn`` ranks
+    per node; :func:`fourd_mpi.perf.predict.predict`, overlap none as the runs)."""
     from fourd_mpi.core.grid import GridShape
     from fourd_mpi.errors import ConfigError
     from fourd_mpi.perf import predict as pr
     from fourd_mpi.step.presets import resolve_model
 
+    cfg = resolve_model("gpt-tiny", hidden=hidden, seq=seq, batch=batch)
+    out = {}
+    for g in grids:
+        d, z, y, x = map(int, g.split("x"))
+        try:
+            out[g] = pr.predict(cfg, GridShape(data=d, z=z, y=y, x=x), profile, ranks_per_node=ppn)
+        except ConfigError:
+            continue
+    return out
+
+
+def rank_summary(rows) -> dict:
+    """``rows``: ``(grid, measured s, model s)``. Spearman's rank correlation of measured and model
+    (``scipy.stats.spearmanr``), the model's best grid (smallest model step), its measured position (1 = the
+    fastest measured) and ``within_two``: that position is 1 or 2 (issue 29's target)."""
+    by_measured = sorted(rows, key=lambda r: r[1])
+    best = min(rows, key=lambda r: r[2])[0]
+    position = [g for g, _, _ in by_measured].index(best) + 1
+    return {"spearman": _spearman([m for _, m, _ in rows], [p for _, _, p in rows]), "best": best,
+            "position": position, "within_two": position <= 2}
+
+
+def axis_terms(prediction, profile, ppn: int) -> list:
+    """Per axis of ``prediction``'s grid: ``(axis, exposed s, level, g, points)``: ``g`` the group's ranks on
+    one node (inter-node axes, :func:`fourd_mpi.perf.machine.group_per_node`), ``points`` the measured point
+    set of its all-reduce / all-gather that priced it (``p@g``; ``xS`` when scaled from another ``g``;
+    ``fit`` where none)."""
+    from fourd_mpi.perf.machine import axis_inner_products, group_per_node
+
+    grid = prediction.grid
+    inner = axis_inner_products(grid)
+    exposed = prediction.exposed_by_axis()
+    out = []
+    for axis in ("data", "z", "y", "x"):
+        if axis not in exposed:
+            continue
+        level = prediction.placement[axis]
+        g = group_per_node(grid[axis], inner[axis], ppn) if level == "inter" else None
+        g = 1 if g is not None and g >= grid[axis] else g
+        ops = sorted({op for a, op in prediction.exposed_s if a == axis})
+        src = profile.measured_source(level, ops[0], grid[axis], g) if ops else None
+        label = "fit" if src is None else src[0] + (f" x{src[1]:.2f}" if src[1] != 1.0 else "")
+        out.append((axis, exposed[axis], level, g, label))
+    return out
+
+
+def parse_ranking(text: str) -> list:
+    """Part 3's sections of a report: ``[(nodes, ppn, hidden, seq, batch, {grid: measured s})]``."""
+    out = []
+    for m in re.finditer(r"^## 3\. ranking: every grid of 8 ranks, (\d+) nodes x (\d+) \(block\), gpt-tiny "
+                         r"h=(\d+) seq=(\d+) batch=(\d+).*?\n(.*?)(?=^Spearman|^## |\Z)", text, re.M | re.S):
+        measured = {g: float(t) for g, t in re.findall(r"^(\d+x\d+x\d+x\d+)\s+([0-9.]+)", m.group(6), re.M)}
+        out.append((*(int(v) for v in m.groups()[:5]), measured))
+    return out
+
+
+def from_results(path: str) -> int:
+    """``--from-results``: part 3's model again from a committed report (offline)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        print(f"multinode.py: --from-results {path}: {e.strerror}", file=sys.stderr)
+        return 2
+    sections = parse_ranking(text)
+    if not sections:
+        print(f"multinode.py: --from-results {path}: no '## 3. ranking' section", file=sys.stderr)
+        return 2
+    from fourd_mpi.errors import ConfigError
+
+    print(f"# part 3 from {path}: measured steps from the report, model again (fourd_mpi.perf.predict, overlap "
+          f"none) with the profile of each layout; exposed per axis: seconds (level, g = ranks of one group on a "
+          f"node, measured points that priced it)")
+    for nodes, ppn, hidden, seq, batch, measured in sections:
+        prof_path = os.path.join(os.path.dirname(os.path.abspath(path)), f"multinode-profile-{nodes}x{ppn}.yaml")
+        try:
+            profile = _profile(prof_path)
+        except (ConfigError, OSError) as e:
+            print(f"multinode.py: --from-results: {nodes} x {ppn}: {e}", file=sys.stderr)
+            return 2
+        preds = model_steps(profile, ppn, hidden, seq, batch, measured)
+        rows = sorted(((g, m, preds[g].step_s) for g, m in measured.items() if g in preds), key=lambda r: r[1])
+        model_rank = {g: i + 1 for i, (g, _, _) in enumerate(sorted(rows, key=lambda r: r[2]))}
+        print()
+        print(f"## 3. {nodes} nodes x {ppn}, gpt-tiny h={hidden} seq={seq} batch={batch}; profile "
+              f"{os.path.relpath(prof_path, ROOT)}")
+        print(f"{'grid':<9} {'measured s':>10} {'rank':>5} {'model s':>8} {'model rank':>10} {'model/meas':>10} "
+              f"{'compute s':>9}  exposed communication per axis")
+        for i, (g, m, p) in enumerate(rows):
+            terms = "  ".join(f"{a} {t:.3f} ({lv}{'' if gg is None else f', g={gg}'}, {src})"
+                              for a, t, lv, gg, src in axis_terms(preds[g], profile, ppn))
+            print(f"{g:<9} {m:>10.3f} {i + 1:>5} {p:>8.3f} {model_rank[g]:>10} {p / m:>10.2f} "
+                  f"{preds[g].compute_s:>9.3f}  {terms}")
+        if len(rows) > 2:
+            s = rank_summary(rows)
+            print(f"Spearman rank correlation (measured vs model, {len(rows)} grids): {s['spearman']:.2f}; the model's "
+                  f"best grid {s['best']} is measured #{s['position']} "
+                  f"({'within' if s['within_two'] else 'NOT within'} the measured best two)")
+    return 0
+
+
+def ranking(args, name, env, say, layout, profile_path) -> None:
+    """Every grid of 8 ranks (``layout`` nodes x ranks per node, block order): measured median step
+    against the model's with the layout's calibrated profile."""
     nodes, ppn = layout
     profile = _profile(profile_path)
-    cfg = resolve_model("gpt-tiny", hidden=args.hidden, seq=args.seq, batch=args.batch)
-    grids = {}
-    for d in (1, 2, 4, 8):
-        for z in (1, 2, 4, 8):
-            for y in (1, 2, 4, 8):
-                x = 8 // (d * z * y) if 8 % (d * z * y) == 0 else 0
-                if x:
-                    try:
-                        grids[f"{d}x{z}x{y}x{x}"] = pr.predict(cfg, GridShape(data=d, z=z, y=y, x=x), profile,
-                                                               ranks_per_node=ppn).step_s
-                    except ConfigError:
-                        continue
+    grids = {g: p.step_s for g, p in model_steps(profile, ppn, args.hidden, args.seq, args.batch,
+                                                  every_grid()).items()}
     say()
     say(f"## 3. ranking: every grid of 8 ranks, {nodes} nodes x {ppn} (block), gpt-tiny h={args.hidden} "
         f"seq={args.seq} batch={args.batch}, {args.steps} measured steps, {args.rank_repeats} alternating rounds; "
@@ -298,10 +415,9 @@ def ranking(args, name, env, say, layout, profile_path) -> None:
     for i, (g, m, p) in enumerate(rows):
         say(f"{g:<9} {m:>10.3f} {i + 1:>5} {p:>8.3f} {model_rank[g]:>10}")
     if len(rows) > 2:
-        rho = _spearman([m for _, m, _ in rows], [p for _, _, p in rows])
-        best = model_order[0][0]
-        say(f"Spearman rank correlation (measured vs model, {len(rows)} grids): {rho:.2f}; the model's best grid "
-            f"{best} is measured #{[g for g, _, _ in rows].index(best) + 1}")
+        s = rank_summary(rows)
+        say(f"Spearman rank correlation (measured vs model, {len(rows)} grids): {s['spearman']:.2f}; the model's best "
+            f"grid {s['best']} is measured #{s['position']}")
 
 
 def predicted(args, profile_path) -> dict:

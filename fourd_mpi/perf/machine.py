@@ -380,6 +380,24 @@ class MachineProfile:
         entry = by_size.get(str(p)) or lv[op]
         return Fit(float(entry["alpha_s"]), float(entry["beta_s_per_byte"])), int(lv["shared_by"])
 
+    def measured_source(self, level: str, op: str, p: int,
+                        per_node: Optional[int] = None) -> Optional[Tuple[str, float]]:
+        """``(key, scale)``: which of the level's ``measured`` point sets prices ``op`` on ``p`` ranks with
+        ``per_node`` of them on each node, and the factor its part above the smallest size's time is scaled
+        by (1, or ``g'/g`` for the nearest other placement ``g'``, see :meth:`measured_time`); None without
+        points of ``p`` ranks. E.g. ``("4@1", 1.0)``: measured with one rank of each group on each node."""
+        _, lv = self.level(level)
+        table = (lv.get("measured") or {}).get(op) or {}
+        by_g = {int(k.split("@")[1]): k for k in table if k.startswith(f"{p}@")}
+        if per_node and per_node in by_g:
+            return by_g[per_node], 1.0
+        if str(p) in table:
+            return str(p), 1.0
+        if per_node and by_g:
+            g_measured = min(by_g, key=lambda g: (abs(g - per_node), g))
+            return by_g[g_measured], g_measured / per_node
+        return None
+
     def measured_time(self, level: str, op: str, p: int, message_bytes: float,
                       link_share: float = 1.0, per_node: Optional[int] = None) -> Optional[float]:
         """Seconds of one ``op`` of ``message_bytes`` on ``p`` ranks at ``level`` from the level's
@@ -393,19 +411,12 @@ class MachineProfile:
         axis communicates at once, a node's link carries the traffic of ``ranks/g`` groups, and a ring
         (or a node-aware algorithm) sends about the same bytes per group through each node's link
         whatever ``g`` is, so the link's bytes, and the bandwidth-bound time, go as ``1/g``
-        (:func:`group_per_node`)."""
-        owner, lv = self.level(level)
-        table = (lv.get("measured") or {}).get(op) or {}
-        by_g = {int(k.split("@")[1]): pts for k, pts in table.items() if k.startswith(f"{p}@")}
-        scale = 1.0
-        points = by_g.get(per_node) if per_node else None
-        if not points:
-            points = table.get(str(p))
-        if not points and per_node and by_g:
-            g_measured = min(by_g, key=lambda g: (abs(g - per_node), g))
-            points, scale = by_g[g_measured], g_measured / per_node
-        if not points:
+        (:func:`group_per_node`; :meth:`measured_source` says which points)."""
+        source = self.measured_source(level, op, p, per_node)
+        if source is None:
             return None
+        key, scale = source
+        points = self.level(level)[1]["measured"][op][key]
         t = interpolate_measured(points, message_bytes)
         floor = min(pt[1] for pt in points)
         return floor + (t - floor) * link_share * scale if t > floor else t
