@@ -32,7 +32,8 @@ and after and the exact command of every case. The model's figures use only prof
 profiles kept next to it (``multinode-profile-NxP.yaml``): per grid the measured step, the model's step,
 its compute and exposed communication per axis (level, ``g`` = the group's ranks per node, and which
 measured points priced it), Spearman and whether the model's best grid is within the measured best two.
-The measured step times are the report's; only the model is computed again.
+The measured step times are the report's; only the model is computed again (``--profile-dir DIR``: with the
+profiles of DIR, e.g. measured again by ``bench collectives`` on the bed).
 
 Run as root with ``OMP_NUM_THREADS=1``::
 
@@ -101,9 +102,11 @@ def main() -> int:
     ap.add_argument("--from-results", metavar="FILE",
                     help="offline: part 3's model again from a committed report FILE and the profiles next to it "
                          "(no bed, no MPI)")
+    ap.add_argument("--profile-dir", metavar="DIR",
+                    help="--from-results: take multinode-profile-NxP.yaml from DIR instead (profiles measured again)")
     args = ap.parse_args()
     if args.from_results:
-        return from_results(args.from_results)
+        return from_results(args.from_results, args.profile_dir)
     why = tb.why_unavailable()
     if why:
         print(f"multinode.py: {why}", file=sys.stderr)
@@ -305,8 +308,8 @@ def rank_summary(rows) -> dict:
 def axis_terms(prediction, profile, ppn: int) -> list:
     """Per axis of ``prediction``'s grid: ``(axis, exposed s, level, g, points)``: ``g`` the group's ranks on
     one node (inter-node axes, :func:`fourd_mpi.perf.machine.group_per_node`), ``points`` the measured point
-    set of its all-reduce / all-gather that priced it (``p@g``; ``xS`` when scaled from another ``g``;
-    ``fit`` where none)."""
+    set of its all-reduce / all-gather that priced it (``p@g``; ``runs p@g``: the back-to-back points that price
+    the data all-reduces where the profile has them; ``xS`` when scaled from another ``g``; ``fit`` where none)."""
     from fourd_mpi.perf.machine import axis_inner_products, group_per_node
 
     grid = prediction.grid
@@ -320,8 +323,9 @@ def axis_terms(prediction, profile, ppn: int) -> list:
         g = group_per_node(grid[axis], inner[axis], ppn) if level == "inter" else None
         g = 1 if g is not None and g >= grid[axis] else g
         ops = sorted({op for a, op in prediction.exposed_s if a == axis})
-        src = profile.measured_source(level, ops[0], grid[axis], g) if ops else None
-        label = "fit" if src is None else src[0] + (f" x{src[1]:.2f}" if src[1] != 1.0 else "")
+        src = profile.measured_source(level, ops[0], grid[axis], g, run=axis == "data") if ops else None
+        label = "fit" if src is None else (("runs " if src[0] == "measured_runs" else "") + src[1]
+                                           + (f" x{src[2]:.2f}" if src[2] != 1.0 else ""))
         out.append((axis, exposed[axis], level, g, label))
     return out
 
@@ -336,8 +340,9 @@ def parse_ranking(text: str) -> list:
     return out
 
 
-def from_results(path: str) -> int:
-    """``--from-results``: part 3's model again from a committed report (offline)."""
+def from_results(path: str, profile_dir: str = None) -> int:
+    """``--from-results``: part 3's model again from a committed report (offline); the profiles from
+    ``profile_dir`` when given, else those next to the report."""
     try:
         text = Path(path).read_text()
     except OSError as e:
@@ -353,7 +358,8 @@ def from_results(path: str) -> int:
           f"none) with the profile of each layout; exposed per axis: seconds (level, g = ranks of one group on a "
           f"node, measured points that priced it)")
     for nodes, ppn, hidden, seq, batch, measured in sections:
-        prof_path = os.path.join(os.path.dirname(os.path.abspath(path)), f"multinode-profile-{nodes}x{ppn}.yaml")
+        prof_path = os.path.join(profile_dir or os.path.dirname(os.path.abspath(path)),
+                                 f"multinode-profile-{nodes}x{ppn}.yaml")
         try:
             profile = _profile(prof_path)
         except (ConfigError, OSError) as e:

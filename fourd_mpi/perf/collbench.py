@@ -3,9 +3,9 @@
 Run under ``mpiexec``. For every axis communicator of the benchmarked grids (every instance of
 an axis runs at once, as in a training step) and for the world: ``Iallgather``,
 ``Ireduce_scatter_block``, ``Iallreduce`` (each waited at once) and their blocking forms over a
-sweep of message sizes (to 64 MiB by default), with warm-up and timed iterations (a barrier
-between iterations, not timed) until both a minimum count and a minimum time are reached, the
-same count on every rank (:class:`IterationRule`). Message size ``S`` is the nccl-tests "size":
+sweep of message sizes (to 64 MiB by default), with warm-up and timed iterations (a barrier of the
+world between iterations, not timed: every group of an axis starts each one together) until both a
+minimum count and a minimum time are reached, the same count on every rank (:class:`IterationRule`). Message size ``S`` is the nccl-tests "size":
 the gathered buffer of an all-gather, the full input of a reduce-scatter, the buffer of an
 all-reduce. The report sets the step's own messages beside the table (:func:`step_messages`,
 :func:`cover_step_messages`): whether the measured sizes cover them.
@@ -448,13 +448,26 @@ def timed_iterations(world, one, rule: IterationRule) -> List[float]:
             return times
 
 
+def iteration_barrier(comm, world):
+    """The barrier before each timed iteration of a collective on the axis communicator ``comm``: the
+    world's, so that every group of the axis starts each iteration together, as the groups of a training
+    step do (the step's other axes, and the data all-reduces' place at the end of the backward pass, keep
+    them in step). A barrier on ``comm`` alone lets the groups drift apart within a batch of iterations:
+    one group's timed interval then overlaps another group's untimed barrier, and where the groups share a
+    node's link the link looks faster than it is (issue 29: 4 ranks on 4 nodes, 2 groups through each
+    200 Mbit/s link, measured at 29-39 MB/s of link bytes at 128-512 KiB, more than the 25 MB/s it carries;
+    measured again with every group at once: 25 MB/s, which the step's back-to-back data all-reduces get)."""
+    return world.Barrier
+
+
 def _time_op(comm, world, op: str, size: int, rule: IterationRule,
              inplace: bool = False) -> Tuple[float, int, int]:
     """``(median seconds of one collective on this rank, wrong elements of the result check,
     timed iterations)``; collective over ``world`` (:func:`timed_iterations`).
 
-    A barrier on ``comm`` between iterations, not timed. The check runs once more after the
-    timed iterations, on freshly filled buffers (in-place iterations overwrite their input).
+    A barrier on the world between iterations (:func:`iteration_barrier`: every group of the axis at
+    once), not timed. The check runs once more after the timed iterations, on freshly filled buffers
+    (in-place iterations overwrite their input).
     """
     p, rank = comm.Get_size(), comm.Get_rank()
     kind = KIND_OF[op]
@@ -468,7 +481,7 @@ def _time_op(comm, world, op: str, size: int, rule: IterationRule,
         if req is not None:
             req.Wait()
 
-    times = timed_iterations(world, (comm.Barrier, body), rule)
+    times = timed_iterations(world, (iteration_barrier(comm, world), body), rule)
     del send, recv, start, body  # the check's buffers replace them (64 MiB messages: memory)
     send, expected = fill_pattern(kind, size, p, rank)
     recv = _inplace_buffers(kind, send, np.empty(expected.size * (p if kind == "reduce_scatter" else 1),
@@ -633,6 +646,32 @@ def iteration_rule(args) -> IterationRule:
                          float(getattr(args, "max_time", d.max_time)), int(getattr(args, "warmup", d.warmup)))
 
 
+#: messages of one back-to-back run (:func:`_time_run`): enough that a shaped link's burst, which only the first
+#: message after an idle link can use, is a small part of the run (the step's data all-reduces are 8 per block)
+RUN_LENGTH = 4
+
+
+def _time_run(comm, world, op: str, size: int, rule: IterationRule) -> float:
+    """Median seconds per message of :data:`RUN_LENGTH` ``op`` messages issued back to back on ``comm``,
+    each waited before the next is issued (as ``GradientSync.finish`` issues the data all-reduces at the
+    end of the backward pass), every group of the axis at once (:func:`iteration_barrier` before each
+    run); collective over ``world``. Unlike :func:`_time_op`'s single message after a barrier, no message
+    but the first follows an idle link: where a token bucket (``tc tbf``) shapes the link, the idle time
+    refills it and a single message of up to the burst passes faster than the link's rate; messages back
+    to back get the rate."""
+    p = comm.Get_size()
+    send, recv = _buffers(op, size, p)
+    start = _starter(comm, op, send, recv)
+
+    def body():
+        for _ in range(RUN_LENGTH):
+            req = start()
+            if req is not None:
+                req.Wait()
+
+    return float(np.median(timed_iterations(world, (iteration_barrier(comm, world), body), rule))) / RUN_LENGTH
+
+
 def run_bench(args, world, watchdog=None) -> Dict:
     """Measure everything; returns ``{"rows", "overlap", "compute", "grids", ...}`` (same on every rank).
 
@@ -720,6 +759,7 @@ def run_bench(args, world, watchdog=None) -> Dict:
             comms.append(["world", "intra" if num_nodes == 1 else "inter", world, ["world"], local_size])
 
     rows: List[Row] = []
+    runs: List[Row] = []  # back-to-back runs (_time_run): seconds per message
     overlap: List[Dict] = []
     syncs: List[Dict] = []
     placements = (False, True) if getattr(args, "in_place", True) else (False,)
@@ -738,6 +778,12 @@ def run_bench(args, world, watchdog=None) -> Dict:
                         wrong = world.allreduce(wrong)
                     rows.append(Row(name, level, p, op, s, iters, stats[0], inplace, stats[1], stats[2], stats[0],
                                     wrong, ",".join(also), per_node))
+            if op == "iallreduce" and level == "inter":
+                for s in sizes:  # back-to-back runs: the step's data all-reduces (inter-node links only)
+                    with watch(f"a run of {RUN_LENGTH} back-to-back iallreduce of {s} bytes on {name}"):
+                        lat = world.allreduce(_time_run(comm, world, op, s, rule), op=MPI.MAX)
+                    runs.append(Row(name, level, p, op, s, RUN_LENGTH, lat, False, lat, lat, lat, 0, ",".join(also),
+                                    per_node))
             if op == "iallreduce":
                 with watch(f"the synchronization measurement of iallreduce on {name}"):
                     sync = world.allreduce(_measure_sync(comm, max(5, args.iters), args.warmup), op=MPI.MAX)
@@ -754,7 +800,7 @@ def run_bench(args, world, watchdog=None) -> Dict:
         compute = _compute_rates(world, dtypes, args.gemm_size, args.backend)
     for pg in made:
         pg.free()
-    return {"rows": rows, "overlap": overlap, "syncs": syncs, "compute": compute, "grids": [str(g) for g in grids],
+    return {"rows": rows, "runs": runs, "overlap": overlap, "syncs": syncs, "compute": compute, "grids": [str(g) for g in grids],
             "comms": listed, "rule": rule.describe(), "step_model": {"model": model, "dtype": dtype},
             "step_messages": cover_step_messages(messages, rows, size),
             "num_nodes": num_nodes, "ranks_per_node": local_size, "world_size": size}
@@ -953,6 +999,9 @@ def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str
             entry["by_size"] = by_size
         if measured:
             entry["measured"] = measured
+        runs = measured_points([r for r in result.get("runs", []) if r.level == level])
+        if runs:  # back-to-back all-reduce runs (_time_run): what the model prices the step's data all-reduces with
+            entry["measured_runs"] = {"allreduce": runs}
         syncs = {}
         for y in result.get("syncs", []):
             if y["level"] == level:

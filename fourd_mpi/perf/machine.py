@@ -92,6 +92,12 @@ _level = {
                                     "carries)",
                      "properties": {k: {"type": "object", "propertyNames": {"pattern": r"^[0-9]+(@[0-9]+)?$"},
                                         "additionalProperties": _points} for k in KINDS}},
+        "measured_runs": {"type": "object", "additionalProperties": False,
+                          "description": "as measured, seconds per message of a run of messages issued back to "
+                                         "back (each waited before the next; bench collectives: 4 per run): the "
+                                         "step's data all-reduces at the end of the backward pass",
+                          "properties": {k: {"type": "object", "propertyNames": {"pattern": r"^[0-9]+(@[0-9]+)?$"},
+                                             "additionalProperties": _points} for k in KINDS}},
     },
 }
 _count = {"type": "integer", "minimum": 1}
@@ -380,26 +386,30 @@ class MachineProfile:
         entry = by_size.get(str(p)) or lv[op]
         return Fit(float(entry["alpha_s"]), float(entry["beta_s_per_byte"])), int(lv["shared_by"])
 
-    def measured_source(self, level: str, op: str, p: int,
-                        per_node: Optional[int] = None) -> Optional[Tuple[str, float]]:
-        """``(key, scale)``: which of the level's ``measured`` point sets prices ``op`` on ``p`` ranks with
-        ``per_node`` of them on each node, and the factor its part above the smallest size's time is scaled
-        by (1, or ``g'/g`` for the nearest other placement ``g'``, see :meth:`measured_time`); None without
-        points of ``p`` ranks. E.g. ``("4@1", 1.0)``: measured with one rank of each group on each node."""
+    def measured_source(self, level: str, op: str, p: int, per_node: Optional[int] = None,
+                        run: bool = False) -> Optional[Tuple[str, str, float]]:
+        """``(table, key, scale)``: which of the level's measured point sets prices ``op`` on ``p`` ranks with
+        ``per_node`` of them on each node: the table (``measured``, or ``measured_runs`` for a message of a
+        back-to-back run, ``run``, where that table has points of ``p`` ranks), the key, and the factor its
+        part above the smallest size's time is scaled by (1, or ``g'/g`` for the nearest other placement
+        ``g'``, see :meth:`measured_time`); None without points of ``p`` ranks. E.g. ``("measured", "4@1",
+        1.0)``: single messages measured with one rank of each group on each node."""
         _, lv = self.level(level)
-        table = (lv.get("measured") or {}).get(op) or {}
-        by_g = {int(k.split("@")[1]): k for k in table if k.startswith(f"{p}@")}
-        if per_node and per_node in by_g:
-            return by_g[per_node], 1.0
-        if str(p) in table:
-            return str(p), 1.0
-        if per_node and by_g:
-            g_measured = min(by_g, key=lambda g: (abs(g - per_node), g))
-            return by_g[g_measured], g_measured / per_node
+        names = (["measured_runs"] if run else []) + ["measured"]
+        for name in names:
+            table = (lv.get(name) or {}).get(op) or {}
+            by_g = {int(k.split("@")[1]): k for k in table if k.startswith(f"{p}@")}
+            if per_node and per_node in by_g:
+                return name, by_g[per_node], 1.0
+            if str(p) in table:
+                return name, str(p), 1.0
+            if per_node and by_g:
+                g_measured = min(by_g, key=lambda g: (abs(g - per_node), g))
+                return name, by_g[g_measured], g_measured / per_node
         return None
 
     def measured_time(self, level: str, op: str, p: int, message_bytes: float,
-                      link_share: float = 1.0, per_node: Optional[int] = None) -> Optional[float]:
+                      link_share: float = 1.0, per_node: Optional[int] = None, run: bool = False) -> Optional[float]:
         """Seconds of one ``op`` of ``message_bytes`` on ``p`` ranks at ``level`` from the level's
         ``measured`` points (None without points of ``p`` ranks): :func:`interpolate_measured`. The part
         above the smallest size's time scales with ``link_share`` (ranks of a node in the run /
@@ -411,12 +421,17 @@ class MachineProfile:
         axis communicates at once, a node's link carries the traffic of ``ranks/g`` groups, and a ring
         (or a node-aware algorithm) sends about the same bytes per group through each node's link
         whatever ``g`` is, so the link's bytes, and the bandwidth-bound time, go as ``1/g``
-        (:func:`group_per_node`; :meth:`measured_source` says which points)."""
-        source = self.measured_source(level, op, p, per_node)
+        (:func:`group_per_node`; :meth:`measured_source` says which points).
+
+        ``run``: the message is one of a run issued back to back (the step's data all-reduces): the
+        ``measured_runs`` points of ``p`` ranks price it where the profile has them (a shaped link passes a
+        single message after an idle link faster than its rate, messages back to back at the rate), else
+        the single-message points."""
+        source = self.measured_source(level, op, p, per_node, run)
         if source is None:
             return None
-        key, scale = source
-        points = self.level(level)[1]["measured"][op][key]
+        table, key, scale = source
+        points = self.level(level)[1][table][op][key]
         t = interpolate_measured(points, message_bytes)
         floor = min(pt[1] for pt in points)
         return floor + (t - floor) * link_share * scale if t > floor else t

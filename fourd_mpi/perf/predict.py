@@ -250,11 +250,27 @@ def _compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ov
             "gemm_per_flop": w["gemm"] * slow / rate}
 
 
+#: roles of the step's data all-reduces: with DP overlap off, ``GradientSync.finish`` issues them back to back at the
+#: end of the backward pass, each waited before the next (:func:`back_to_back`)
+GRADIENT_SYNC_ROLES = ("grad_allreduce", "ln_grad_allreduce")
+
+
+def back_to_back(role: str, axis: str, overlap: OverlapConfig) -> bool:
+    """Whether the step issues a collective of ``role`` on ``axis`` in a back-to-back run: the data all-reduces of
+    the gradients when DP overlap is off (with ``dp`` each is issued as soon as its gradient is ready, between the
+    backward GEMMs). A profile's ``measured_runs`` points price these
+    (:meth:`~fourd_mpi.perf.machine.MachineProfile.measured_time`)."""
+    return axis == "data" and role in GRADIENT_SYNC_ROLES and not overlap.dp
+
+
 def collective_parts(c: Collective, profile: MachineProfile, placement: Dict[str, str],
-                     ranks_on_node: int, inner: Optional[Dict[str, int]] = None) -> Tuple[float, float]:
+                     ranks_on_node: int, inner: Optional[Dict[str, int]] = None,
+                     run: bool = False) -> Tuple[float, float]:
     """``(alpha-beta seconds, synchronization seconds)`` of all ``c.count`` messages (no overlap).
     A profile with a ``network`` section costs them with its published bandwidths by placement
-    (``inner``: the axis's inner product ip, :func:`~fourd_mpi.perf.machine.axis_inner_products`)."""
+    (``inner``: the axis's inner product ip, :func:`~fourd_mpi.perf.machine.axis_inner_products`).
+    ``run``: the messages are part of a back-to-back run (:func:`back_to_back`): the profile's back-to-back
+    points price them where it has them."""
     level = placement[c.axis]
     if inner is not None and profile.has_network:
         t = profile.network_time(c.op, c.p, c.message_bytes, inner[c.axis], level, ranks_on_node)
@@ -262,7 +278,7 @@ def collective_parts(c: Collective, profile: MachineProfile, placement: Dict[str
     fit, shared_by = profile.fit(level, c.op, c.p)
     share = ranks_on_node / shared_by if level == "inter" else 1.0
     measured = profile.measured_time(level, c.op, c.p, c.message_bytes, share,
-                                     per_node=_per_node(c, level, ranks_on_node, inner))
+                                     per_node=_per_node(c, level, ranks_on_node, inner), run=run)
     one = measured if measured is not None else fit.time(c.op, c.p, c.message_bytes, share)
     return c.count * one, c.count * profile.sync_s(level, c.p)
 
@@ -279,22 +295,24 @@ def _per_node(c: Collective, level: str, ranks_on_node: int, inner: Optional[Dic
 
 
 def collective_time(c: Collective, profile: MachineProfile, placement: Dict[str, str],
-                    ranks_on_node: int, inner: Optional[Dict[str, int]] = None) -> float:
-    """Seconds for all ``c.count`` messages of one collective (no overlap), with the profile's term weights.
-    Memoized per profile on what the price depends on (a search prices the same message many times)."""
+                    ranks_on_node: int, inner: Optional[Dict[str, int]] = None, run: bool = False) -> float:
+    """Seconds for all ``c.count`` messages of one collective (no overlap), with the profile's term weights
+    (``run``: as :func:`collective_parts`'s). Memoized per profile on what the price depends on (a search prices
+    the same message many times)."""
     memo = profile.__dict__.setdefault("_collective_memo", {})
-    key = _price_key(c.op, c.axis, c.p, c.count, c.message_bytes, placement, ranks_on_node, inner)
+    key = _price_key(c.op, c.axis, c.p, c.count, c.message_bytes, placement, ranks_on_node, inner, run)
     if key not in memo:
         w = profile.term_weights
-        alpha_beta, sync = collective_parts(c, profile, placement, ranks_on_node, inner)
+        alpha_beta, sync = collective_parts(c, profile, placement, ranks_on_node, inner, run)
         memo[key] = w["comm"] * alpha_beta + w["sync"] * sync
     return memo[key]
 
 
 def _price_key(op: str, axis: str, p: int, count: int, message_bytes: int, placement: Dict[str, str],
-               ranks_on_node: int, inner: Optional[Dict[str, int]]) -> tuple:
+               ranks_on_node: int, inner: Optional[Dict[str, int]], run: bool = False) -> tuple:
     """What :func:`collective_time`'s price depends on: the key of its memo."""
-    return (op, axis, p, count, message_bytes, placement[axis], ranks_on_node, None if inner is None else inner[axis])
+    return (op, axis, p, count, message_bytes, placement[axis], ranks_on_node, None if inner is None else inner[axis],
+            run)
 
 
 def term_features(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
@@ -309,7 +327,8 @@ def term_features(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     out = {t: comp[t] for t in ("gemm", "attention", "elementwise", "calls")}
     out["comm"] = out["sync"] = 0.0
     for c in step_collectives(cfg, grid, overlap, dtype):
-        alpha_beta, sync = collective_parts(c, profile, placement, rpn, axis_inner_products(grid))
+        alpha_beta, sync = collective_parts(c, profile, placement, rpn, axis_inner_products(grid),
+                                            back_to_back(c.role, c.axis, overlap))
         out["comm"] += alpha_beta
         out["sync"] += sync
     return out
@@ -582,7 +601,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     wire: Dict[str, int] = defaultdict(int)
     layer_index: Dict[str, int] = {}
     for c in colls:
-        t = collective_time(c, profile, placement, rpn, inner)
+        t = collective_time(c, profile, placement, rpn, inner, back_to_back(c.role, c.axis, overlap))
         key = (c.axis, c.op)
         comm[key] += t
         wire[c.axis] += c.wire_bytes
@@ -652,9 +671,10 @@ def _blocking_parts(one_block: ModelConfig, grid: GridShape, profile: MachinePro
         hidden = hides.get(role, False)
         if hidden and (role != "fwd_allreduce" or count <= 1):
             continue
-        t = memo.get((op, axis, p, count, nbytes, placement[axis], ranks_on_node, inner[axis]))
+        run = back_to_back(role, axis, overlap)
+        t = memo.get((op, axis, p, count, nbytes, placement[axis], ranks_on_node, inner[axis], run))
         if t is None:
-            t = collective_time(Collective(*row), profile, placement, ranks_on_node, inner)
+            t = collective_time(Collective(*row), profile, placement, ranks_on_node, inner, run)
         if hidden:
             t /= count  # od: the last chunk waits for its own GEMM
         if twice and role == "fwd_allreduce":
@@ -704,7 +724,8 @@ def _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, ef
                     recompute, inner=None) -> Prediction:
     """The device-driven regime: exposed communication from :func:`device_timeline`. Every block repeats
     block 0's collectives: they are priced once (``colls`` of a one-block model) and counted ``L`` times."""
-    times = [(collective_time(c, profile, placement, rpn, inner), c.wire_bytes) for c in colls]
+    times = [(collective_time(c, profile, placement, rpn, inner, back_to_back(c.role, c.axis, overlap)), c.wire_bytes)
+             for c in colls]
     comm: Dict[Tuple[str, str], float] = defaultdict(float)
     wire: Dict[str, int] = defaultdict(int)
     for c, (t, nbytes) in zip(colls, times):

@@ -226,3 +226,49 @@ def test_bench_prints_the_step_messages(run_mpi, tmp_path):
     assert doc["step_model"] == {"model": "gpt-tiny", "dtype": "float32"}
     assert {(m["grid"], m["axis"]) for m in doc["step_messages"]} == {("3x1x1x1", "data")}
     assert doc["step_messages"][0]["covered"] is False and doc["step_messages"][0]["measured"] == [12, 72]
+
+
+# -- every group of an axis at once (issue 29 item 5) -----------------------------------------------
+
+LOCKSTEP = textwrap.dedent("""
+    import json, sys, time
+    from mpi4py import MPI
+    from fourd_mpi.perf.collbench import IterationRule, iteration_barrier, timed_iterations
+
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    comm = world.Split(rank % 2, rank)  # two groups of an axis, as a data axis of stride 2
+    pause = 0.001 if rank % 2 == 0 else 0.05  # group 0's iterations are 50 x shorter than group 1's
+    starts = []
+
+    def body():
+        starts.append(MPI.Wtime())
+        time.sleep(pause)
+
+    barrier = iteration_barrier(comm, world) if sys.argv[1] == "lockstep" else comm.Barrier
+    timed_iterations(world, (barrier, body), IterationRule(8, 0.0, 10.0, warmup=0))
+    got = world.gather(starts, root=0)
+    if rank == 0:
+        print(json.dumps(got))
+""")
+
+
+@pytest.mark.mpi
+def test_every_group_of_an_axis_starts_each_iteration_together(run_mpi, tmp_path):
+    """bench collectives' barrier before each timed iteration is the world's (``iteration_barrier``): the
+    iteration i of every group starts within a barrier's latency of the others', while the groups' own
+    barriers let a fast group run ahead (its timed collectives then miss the other group's traffic)."""
+    script = tmp_path / "lockstep.py"
+    script.write_text(LOCKSTEP)
+    spread = {}
+    for mode in ("lockstep", "own"):
+        proc = run_mpi(4, [mode], script=str(script), timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        starts = json.loads(proc.stdout)
+        assert len({len(s) for s in starts}) == 1  # the same count on every rank (the rule's agreement)
+        spread[mode] = max(max(s[i] for s in starts) - min(s[i] for s in starts) for i in range(len(starts[0])))
+    # lockstep: each start within one slow iteration (50 ms) of the others, barrier latency included
+    assert spread["lockstep"] < 0.04, spread
+    # own barriers: after the rule's first check (1 iteration) the next 7 run unchecked: group 0 finishes them
+    # in about 7 ms while group 1 needs 0.35 s, so its last starts are some 0.3 s apart
+    assert spread["own"] > 0.1, spread

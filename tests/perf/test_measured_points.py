@@ -156,3 +156,64 @@ def test_a_pipeline_slot_is_never_shorter_than_its_message(tmp_path):
     assert message_time(prof, "-", 1000, senders=4) == 0.0
     fit, _ = prof.fit("inter", "allgather", 2)  # without points (or inside a node): the level's fit
     assert message_time(prof, "inter", 1000) == pytest.approx(fit.time("allgather", 2, 2000))
+
+
+# -- back-to-back runs: the step's data all-reduces (issue 29 item 5) -------------------------------
+
+def profile_with_runs(tmp_path, measured, runs):
+    prof = profile_with(tmp_path, measured)
+    data = copy.deepcopy(prof.data)
+    data["levels"]["inter"]["measured_runs"] = runs
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_profile(str(path))
+
+
+def test_a_message_of_a_back_to_back_run_is_priced_from_the_run_points(tmp_path):
+    single = {"allreduce": {"4@1": [[1000, 0.002], [3000, 0.006]], "4@2": [[1000, 0.001], [3000, 0.003]]}}
+    runs = {"allreduce": {"4@1": [[1000, 0.003], [3000, 0.009]]}}
+    prof = profile_with_runs(tmp_path, single, runs)
+    assert prof.measured_source("inter", "allreduce", 4, 1) == ("measured", "4@1", 1.0)
+    assert prof.measured_source("inter", "allreduce", 4, 1, run=True) == ("measured_runs", "4@1", 1.0)
+    assert prof.measured_time("inter", "allreduce", 4, 2000, per_node=1) == pytest.approx(0.004)
+    assert prof.measured_time("inter", "allreduce", 4, 2000, per_node=1, run=True) == pytest.approx(0.006)
+    # runs measured at another g only: scaled from the nearest g as the single-message points are (x g'/g)
+    assert prof.measured_source("inter", "allreduce", 4, 2, run=True) == ("measured_runs", "4@1", 0.5)
+    # no runs of p ranks (or a profile without runs, as before): the single-message points
+    assert prof.measured_source("inter", "allreduce", 8, 1, run=True) is None
+    no_runs = profile_with(tmp_path, single)
+    assert no_runs.measured_time("inter", "allreduce", 4, 2000, per_node=1, run=True) == pytest.approx(0.004)
+
+
+def test_the_step_s_data_all_reduces_are_a_run_only_without_dp_overlap(tmp_path):
+    from fourd_mpi.core.grid import GridShape
+    from fourd_mpi.perf.predict import back_to_back, lower_bound, predict
+    from fourd_mpi.step.overlap import OverlapConfig
+    from fourd_mpi.step.presets import resolve_model
+
+    none, dp = OverlapConfig(), OverlapConfig.parse("dp")
+    assert back_to_back("grad_allreduce", "data", none) and back_to_back("ln_grad_allreduce", "data", none)
+    assert not back_to_back("grad_allreduce", "data", dp)      # issued as each gradient is ready
+    assert not back_to_back("ln_grad_allreduce", "z", none)    # the Z all-reduce of LayerNorm: inside backward
+    assert not back_to_back("fwd_allreduce", "y", none) and not back_to_back("loss", "data", none)
+    # 4 nodes x 2 ranks, grid 4x1x2x1: data of 4 with one rank on each node (4@1); runs cost 1.5 x the single
+    # messages above the smallest size's time; nothing else changes
+    single = {"allreduce": {"4@1": [[1024, 0.001], [1048576, 0.041]]}}
+    runs = {"allreduce": {"4@1": [[1024, 0.001], [1048576, 0.061]]}}
+    prof, base = profile_with_runs(tmp_path, single, runs), profile_with(tmp_path, single)
+    cfg = resolve_model("gpt-tiny", hidden=256, seq=64, batch=8)
+    grid = GridShape(data=4, z=1, y=2, x=1)
+    with_runs, without = predict(cfg, grid, prof, ranks_per_node=2), predict(cfg, grid, base, ranks_per_node=2)
+    data_runs, data_single = with_runs.exposed_by_axis()["data"], without.exposed_by_axis()["data"]
+    # per message: floor + (t - floor) x 1.5 for the messages above 1024 B; the 1 KiB and 8 B ones at the floor
+    extra = sum(0.5 * 0.04 * (b - 1024) / (1048576 - 1024)
+                for b in (524288, 524288, 131072, 393216) for _ in range(2))
+    assert data_runs - data_single == pytest.approx(extra)
+    assert with_runs.exposed_by_axis()["y"] == pytest.approx(without.exposed_by_axis()["y"])
+    assert with_runs.compute_s == pytest.approx(without.compute_s)
+    # with dp overlap the all-reduces are single messages again: the runs do not price them
+    assert predict(cfg, grid, prof, dp, ranks_per_node=2).comm_s[("data", "allreduce")] == pytest.approx(
+        predict(cfg, grid, base, dp, ranks_per_node=2).comm_s[("data", "allreduce")])
+    # the tuner's bound prices them as predict does, so it stays a bound
+    assert lower_bound(cfg, grid, prof, ranks_per_node=2) <= with_runs.step_s + 1e-12
+    assert lower_bound(cfg, grid, prof, ranks_per_node=2) > lower_bound(cfg, grid, base, ranks_per_node=2)

@@ -230,6 +230,11 @@ def test_bench_collectives_on_the_bed_writes_intra_and_inter_levels(bed, tmp_pat
     assert [b for b, _ in points] == [1024, 8192] and all(t > 0 for _, t in points)
     if ranks == 4:  # grid 2x1x1x2: X of 2 inside a node, data of 2 one rank on each node
         assert set(inter["measured"]["allreduce"]) == {"4@2", "2@1"}, inter["measured"]["allreduce"].keys()
+    # back-to-back runs of all-reduces (the step's data all-reduces), inter-node groups only, same keys and sizes
+    runs = inter["measured_runs"]["allreduce"]
+    assert set(runs) == set(inter["measured"]["allreduce"]), runs.keys()
+    assert [b for b, _ in runs[f"{ranks}@{ppn}"]] == [1024, 8192] and all(t > 0 for _, t in runs[f"{ranks}@{ppn}"])
+    assert "measured_runs" not in prof["levels"].get("intra", {})
 
 
 SPEC = """\
