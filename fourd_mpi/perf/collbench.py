@@ -3,9 +3,9 @@
 Run under ``mpiexec``. For every axis communicator of the benchmarked grids (every instance of
 an axis runs at once, as in a training step) and for the world: ``Iallgather``,
 ``Ireduce_scatter_block``, ``Iallreduce`` (each waited at once) and their blocking forms over a
-sweep of message sizes (to 64 MiB by default), with warm-up and timed iterations (a barrier of the
-world between iterations, not timed: every group of an axis starts each one together) until both a
-minimum count and a minimum time are reached, the same count on every rank (:class:`IterationRule`). Message size ``S`` is the nccl-tests "size":
+sweep of message sizes (to 64 MiB by default), with warm-up and timed iterations (a barrier
+between iterations, not timed) until both a minimum count and a minimum time are reached, the
+same count on every rank (:class:`IterationRule`). Message size ``S`` is the nccl-tests "size":
 the gathered buffer of an all-gather, the full input of a reduce-scatter, the buffer of an
 all-reduce. The report sets the step's own messages beside the table (:func:`step_messages`,
 :func:`cover_step_messages`): whether the measured sizes cover them.
@@ -41,6 +41,13 @@ the fallback profile or refuses); without any nonblocking op no profile is writt
 Communicators: an axis with the same group size and placement as one already measured (on one
 node), or an axis of every rank (the world's group), is measured once and reported under all
 its names (``axes``).
+
+Back-to-back runs (inter-node groups, with ``iallreduce``): :data:`RUN_LENGTH` all-reduces issued one after
+another, each waited before the next, every group of the axis at once (:func:`_time_run`), seconds per message,
+written as ``levels.inter.measured_runs``: the step's data all-reduces run like this at the end of the backward
+pass, and over a token-bucket link (``tc tbf``) a message after an idle link passes its burst faster than the
+link's rate, while messages back to back get the rate (on the test bed the step's run of 16 data all-reduces took
+0.91-1.06 x the sum of these points, 0.75-1.00 x the sum of single-message points).
 """
 
 from __future__ import annotations
@@ -449,14 +456,13 @@ def timed_iterations(world, one, rule: IterationRule) -> List[float]:
 
 
 def iteration_barrier(comm, world):
-    """The barrier before each timed iteration of a collective on the axis communicator ``comm``: the
-    world's, so that every group of the axis starts each iteration together, as the groups of a training
-    step do (the step's other axes, and the data all-reduces' place at the end of the backward pass, keep
-    them in step). A barrier on ``comm`` alone lets the groups drift apart within a batch of iterations:
-    one group's timed interval then overlaps another group's untimed barrier, and where the groups share a
-    node's link the link looks faster than it is (issue 29: 4 ranks on 4 nodes, 2 groups through each
-    200 Mbit/s link, measured at 29-39 MB/s of link bytes at 128-512 KiB, more than the 25 MB/s it carries;
-    measured again with every group at once: 25 MB/s, which the step's back-to-back data all-reduces get)."""
+    """The barrier before each timed back-to-back run (:func:`_time_run`) on the axis communicator ``comm``: the
+    world's, so that every group of the axis starts the run together, as the groups of a training step start
+    their data all-reduces together at the end of the backward pass. (Single messages, :func:`_time_op`, keep a
+    barrier on ``comm``: the world's puts its exit skew into a small message's time, which the model counts
+    apart as ``sync_s``: on the test bed, 4 nodes x 2 ranks, 2-8 KiB all-reduces of groups of 2 and 4 ranks then
+    took 4.8-13 x as long as with their own barrier, those of the world, whose barrier is the world's either way,
+    0.97-1.22 x.)"""
     return world.Barrier
 
 
@@ -465,9 +471,8 @@ def _time_op(comm, world, op: str, size: int, rule: IterationRule,
     """``(median seconds of one collective on this rank, wrong elements of the result check,
     timed iterations)``; collective over ``world`` (:func:`timed_iterations`).
 
-    A barrier on the world between iterations (:func:`iteration_barrier`: every group of the axis at
-    once), not timed. The check runs once more after the timed iterations, on freshly filled buffers
-    (in-place iterations overwrite their input).
+    A barrier on ``comm`` between iterations, not timed. The check runs once more after the
+    timed iterations, on freshly filled buffers (in-place iterations overwrite their input).
     """
     p, rank = comm.Get_size(), comm.Get_rank()
     kind = KIND_OF[op]
@@ -481,7 +486,7 @@ def _time_op(comm, world, op: str, size: int, rule: IterationRule,
         if req is not None:
             req.Wait()
 
-    times = timed_iterations(world, (iteration_barrier(comm, world), body), rule)
+    times = timed_iterations(world, (comm.Barrier, body), rule)
     del send, recv, start, body  # the check's buffers replace them (64 MiB messages: memory)
     send, expected = fill_pattern(kind, size, p, rank)
     recv = _inplace_buffers(kind, send, np.empty(expected.size * (p if kind == "reduce_scatter" else 1),

@@ -228,7 +228,7 @@ def test_bench_prints_the_step_messages(run_mpi, tmp_path):
     assert doc["step_messages"][0]["covered"] is False and doc["step_messages"][0]["measured"] == [12, 72]
 
 
-# -- every group of an axis at once (issue 29 item 5) -----------------------------------------------
+# -- back-to-back runs: every group of an axis at once (issue 29 item 5) -----------------------------------------------
 
 LOCKSTEP = textwrap.dedent("""
     import json, sys, time
@@ -254,10 +254,10 @@ LOCKSTEP = textwrap.dedent("""
 
 
 @pytest.mark.mpi
-def test_every_group_of_an_axis_starts_each_iteration_together(run_mpi, tmp_path):
-    """bench collectives' barrier before each timed iteration is the world's (``iteration_barrier``): the
-    iteration i of every group starts within a barrier's latency of the others', while the groups' own
-    barriers let a fast group run ahead (its timed collectives then miss the other group's traffic)."""
+def test_every_group_of_an_axis_starts_each_run_together(run_mpi, tmp_path):
+    """bench collectives' barrier before each timed back-to-back run is the world's (``iteration_barrier``, as
+    the groups of a step start their data all-reduces together): the iteration i of every group starts within a
+    barrier's latency of the others', while the groups' own barriers let a fast group run ahead."""
     script = tmp_path / "lockstep.py"
     script.write_text(LOCKSTEP)
     spread = {}
