@@ -52,7 +52,8 @@ if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "--trace":
         by_step = defaultdict(list)
         for (r, s), t in d.items():
             by_step[s].append(t)
-        print(f"{key[0]:5} {key[1]:15} per step (max over ranks, median over steps): {np.median([max(v) for v in by_step.values()]):.4f} s")
+        per_step = np.median([max(v) for v in by_step.values()])
+        print(f"{key[0]:5} {key[1]:15} per step (max over ranks, median over steps): {per_step:.4f} s")
     if seq:
         by_step = defaultdict(list)
         for (r, s), msgs in seq.items():

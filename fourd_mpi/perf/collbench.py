@@ -805,7 +805,8 @@ def run_bench(args, world, watchdog=None) -> Dict:
         compute = _compute_rates(world, dtypes, args.gemm_size, args.backend)
     for pg in made:
         pg.free()
-    return {"rows": rows, "runs": runs, "overlap": overlap, "syncs": syncs, "compute": compute, "grids": [str(g) for g in grids],
+    return {"rows": rows, "runs": runs, "overlap": overlap, "syncs": syncs, "compute": compute,
+            "grids": [str(g) for g in grids],
             "comms": listed, "rule": rule.describe(), "step_model": {"model": model, "dtype": dtype},
             "step_messages": cover_step_messages(messages, rows, size),
             "num_nodes": num_nodes, "ranks_per_node": local_size, "world_size": size}
