@@ -46,6 +46,10 @@ Megatron's ``96 B s l h^2 (1 + s/6h + V/16lh)`` with full recompute (``72 ... V/
 ``selective`` counts as without), hardware FLOPs (what the step executes: the model's counted GEMM
 and attention FLOPs with recompute, plus the head ``6 B s h V``) and model FLOPs (the 72 convention
 whatever the recompute, as PaLM's MFU).
+
+**Implementation** ``deepspeed-2021`` (``fsdp`` on ``1 x N x 1 x 1`` only): DeepSpeed's ZeRO-3 of 2021 instead of
+this suite's step (:mod:`fourd_mpi.perf.zero3_2021`): each slot adds its third gathers and the per-rank loops of
+its gathers, the step its persistent-parameter gather, and ``S`` loses the LayerNorm gradient all-reduces.
 """
 
 from __future__ import annotations
@@ -238,7 +242,10 @@ def formulas(sc: Scenario) -> Dict[str, str]:
             "model": "model FLOPs = 72 B s l h^2 (1 + s/6h + V/12lh) (no recompute counted; MFU)",
             "pct_peak": "% of peak = 100 F / (t_step x GPUs x data-sheet peak of fourd_mpi/perf/peaks.py): MFU with "
                         "model FLOPs, HFU with hardware FLOPs",
-            "step": "step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb",
+            "step": "step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb" + (
+                "" if sc.implementation == "fourd" else
+                "; deepspeed-2021: t += third gathers + gather loops, + persistent gather, S without LayerNorm "
+                "all-reduces (fourd_mpi/perf/zero3_2021.py)"),
             "bubble": schedules.BUBBLE_FORMULA[sc.schedule] if sc.stages > 1 else "no pipeline: no bubble"}
 
 
