@@ -6,9 +6,9 @@ commit c0eeb69, released in v0.5.5 of November 2021, replaced it):
 
 - ``deepspeed/runtime/zero/stage3.py``, ``PartitionedParameterCoordinator.fetch_sub_module``: every
   sub-module's parameters are gathered with ``_all_gather(..., async_op=True)``, i.e. one
-  ``partition_parameters._allgather_param`` per parameter: a Python loop over the world size building
-  ``world_size`` views, ``torch.cuda.synchronize()`` and one ``torch.distributed.all_gather`` into the list
-  of ``world_size`` views. PyTorch's list all-gather gathers into a flat buffer and then copies it into
+  ``partition_parameters._allgather_param`` per parameter: ``torch.zeros`` of the whole weight,
+  ``torch.cuda.synchronize()``, a Python loop over the world size building ``world_size`` views, and one
+  ``torch.distributed.all_gather`` into that list. PyTorch's list all-gather gathers into a flat buffer and then copies it into
   each of the ``world_size`` outputs (PR #1188's commit message: "the ``torch.distributed.all_gather``
   will do implicit memcpy at the end of each ``ncclAllgather``"): ``n`` copy kernels per gathered weight,
   and the weight's bytes written by ``torch.zeros``, then read and written once more by the copies.
@@ -29,11 +29,12 @@ commit c0eeb69, released in v0.5.5 of November 2021, replaced it):
   the bucketed, overlapped reduction (``overlap_comm`` default True for stage 3): no latency-bound
   all-reduce of their own, which this suite's ``fsdp`` step has (``ln_grad_allreduce``).
 
-Prices (per gather of a weight of ``S`` bytes over ``n`` ranks, following the code above): after
-``torch.cuda.synchronize()`` the host builds ``n`` views while the device idles (or writes the
-``torch.zeros``), ``max(n t_view, S / B_mem)``; it then launches the transfer and ``n`` copy kernels, which
-the transfer hides up to its own time ``t_ag``: ``max(0, n t_op - t_ag)``; the copies then move ``2 S`` bytes
-after the transfer: ``2 S / B_mem``. ``t_op`` is the profile's ``op_overhead_s`` (a kernel launch),
+Prices (per gather of a weight of ``S`` bytes over ``n`` ranks, following the code above; each
+``torch.cuda.synchronize()`` waits for the previous weight's transfer and copies and this one's
+``torch.zeros``, so the parts add): the zeros write ``S`` bytes; then the host builds ``n`` views while the
+device idles, ``n t_view``; it launches the transfer and ``n`` copy kernels, which the transfer hides up to
+its own time ``t_ag``: ``max(0, n t_op - t_ag)``; the copies move ``2 S`` bytes after the transfer: in all
+``n t_view + max(0, n t_op - t_ag) + 3 S / B_mem`` besides ``t_ag``. ``t_op`` is the profile's ``op_overhead_s`` (a kernel launch),
 ``B_mem`` its ``mem_bandwidth``, ``t_view`` = :data:`VIEW_OP_S`. The persistent loop is host-bound: per
 copied rank three views and one copy launch. The third gathers cost the profile's all-gather price
 (:func:`~fourd_mpi.perf.predict.collective_time`). NOT priced: ``torch.distributed.get_rank`` per rank
@@ -110,8 +111,8 @@ def terms(cfg: ModelConfig, grid: GridShape, profile, placement: Dict[str, str],
     """Seconds per rank of DeepSpeed 2021's extra costs on a ZeRO grid ``1 x n x 1 x 1`` (``n = G_z``):
 
     - ``regather`` (per micro-batch): ``L sum_w [g_w = 3] t_ag(w)``, the third blocking gathers;
-    - ``gather_copies`` (per micro-batch): ``L sum_w g_w (max(n t_view, S_w/B) + max(0, n t_op - t_ag(w))
-      + 2 S_w/B)``, the host loop, the copy launches the transfer does not hide and the copies' bytes;
+    - ``gather_copies`` (per micro-batch): ``L sum_w g_w (n t_view + max(0, n t_op - t_ag(w)) + 3 S_w/B)``,
+      the host loop, the copy launches the transfer does not hide, the zeros' and copies' bytes;
     - ``persistent_gather`` (per step): ``(sum_p rank_copies(p, n)) (3 t_view + t_op) + n (t_view + t_op)
       + t_ag(sum_p c_p n e)``, the loop after every optimizer step;
     - ``ln_grad_allreduce`` (per step, to take away): what the ``fsdp`` step's own LayerNorm gradient
@@ -138,7 +139,7 @@ def terms(cfg: ModelConfig, grid: GridShape, profile, placement: Dict[str, str],
         if gathers == 3:
             regather += t_ag
         nbytes = elements * e
-        copies += gathers * (max(n * VIEW_OP_S, nbytes / bw) + max(0.0, n * t_op - t_ag) + 2 * nbytes / bw)
+        copies += gathers * (n * VIEW_OP_S + max(0.0, n * t_op - t_ag) + 3 * nbytes / bw)
     persistent = persistent_numels(cfg, grid)
     t_persist = 0.0
     if persistent and n > 1:
