@@ -72,7 +72,8 @@ def loadavg() -> str:
 
 def run_command(args, results: str, run_id: str):
     bin_dir = REPO / ".venv" / "bin"
-    return [str(bin_dir / "mpiexec"), "-n", str(args.ranks), str(bin_dir / "fourd-mpi"), "run", "--gx",
+    bind = [] if args.bind == "none" else ["-bind-to", args.bind]
+    return [str(bin_dir / "mpiexec"), "-n", str(args.ranks), *bind, str(bin_dir / "fourd-mpi"), "run", "--gx",
             str(args.ranks), "--model", args.model, "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--trace-level", "step", "--results-dir", results, "--run-id", run_id, "--display", "quiet",
             "--peak-tflops", "1"]
@@ -120,6 +121,8 @@ def main() -> int:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--model", default="gpt-tiny")
     p.add_argument("--slowdown", type=float, default=0.15)
+    p.add_argument("--bind", default="core", help="Hydra's -bind-to for each run (core: one rank per core, as a "
+                   "batch system pins them; none: the kernel may put both ranks on one core for a while)")
     p.add_argument("--resamples", type=int, default=2000)
     p.add_argument("--out", default=None, help="also write the table here")
     p.add_argument("--save", default=None, help="keep every run's step times and start time in this JSON file")
@@ -129,12 +132,13 @@ def main() -> int:
     if saved is not None:
         for key in ("pairs", "runs", "steps", "warmup", "ranks", "model"):
             setattr(args, key, saved["args"][key])
+        args.bind = saved["args"].get("bind", "none")
     settings = {unit: Settings(resamples=args.resamples, unit=unit) for unit in ("run", "paired", "step", "auto")}
     work = tempfile.mkdtemp(prefix="compare-calibration-")
     command = (saved["command"] + f"  (analysed again: {' '.join(sys.argv[1:])})" if saved else
                " ".join(["OMP_NUM_THREADS=1", "python", "bench/compare_calibration.py"] + sys.argv[1:]))
     record = {"command": command, "args": {k: getattr(args, k) for k in ("pairs", "runs", "steps", "warmup",
-                                                                        "ranks", "model")},
+                                                                        "ranks", "model", "bind")},
               "load_before": loadavg() if saved is None else saved["load_before"], "pairs": []}
     untimed = saved is not None and "a_times" not in saved["pairs"][0]
     lines = [f"# compare calibration: {command}",

@@ -15,11 +15,12 @@ and after and the exact command of every case. The model's figures use only prof
    block placement with ``--overlap all``; per case the median step time of each round (from the run's
    summary line: median over measured steps of the max over ranks), the ratio to ``block`` of the same
    round, the bytes on node 1's link, and the model's step and ratio.
-2. ``overlap``: data parallelism across the link (G_data = 2, one rank per node): ``--overlap none``
-   and ``--overlap all`` with each ``--progress`` mode, and the compute-only time (the same run with
-   both ranks on one node, less its exposed communication) and communication-only time (the
-   ``--overlap none`` run's exposed communication), both from the traces (``analyze --what
-   breakdown``); the overlapped step / max(compute, communication).
+2. ``overlap``: one axis of size 2 across the link (``--overlap-axis``: data, or z), one rank per node:
+   ``--overlap none`` and ``--overlap all`` with each ``--progress`` mode, and the compute-only time
+   (the same run with both ranks on one node, less its exposed communication) and communication-only
+   time (the ``--overlap none`` run's exposed communication), both from the traces (``analyze --what
+   breakdown``); the overlapped step / max(compute, communication) and the share of the communication
+   hidden. ``--overlap-batch 32,64,128`` sweeps the batch: the same communication against growing compute.
 3. ``ranking``: every grid of 8 ranks on each ``--rank-layouts`` layout, measured median step against
    the model's (the layout's calibrated profile); Spearman and where the model's best grid is measured.
 4. ``algorithms``: the tuner's best configuration of each algorithm (``tune --algorithm all`` on the
@@ -90,7 +91,15 @@ def main() -> int:
     ap.add_argument("--overlap-repeats", type=int, default=0,
                     help="2. overlap: alternating rounds (default 0: skip)")
     ap.add_argument("--overlap-hidden", type=int, default=512, help="2. overlap: hidden size (default 512)")
-    ap.add_argument("--overlap-batch", type=int, default=16, help="2. overlap: global batch (default 16)")
+    ap.add_argument("--overlap-batch", default="16",
+                    help="2. overlap: global batch, or a comma list swept in one run (default 16; e.g. 32,64,128: "
+                         "the same communication against 1x, 2x, 4x the compute)")
+    ap.add_argument("--overlap-layers", type=int, default=None,
+                    help="2. overlap: transformer blocks (default gpt-tiny's): the first gather and the last "
+                         "reduce-scatter of a pass have no compute to hide behind, 1/layers of the traffic")
+    ap.add_argument("--overlap-poll-flops", default="1e7",
+                    help="2. overlap: --poll-flops of the poll case, or a comma list, one poll case each (default "
+                         "1e7, run's default; a poll costs host time, and too few let TCP's buffers run dry)")
     ap.add_argument("--overlap-axis", choices=("data", "z"), default="data",
                     help="2. overlap: the axis of size 2 across the link (default data: gradient all-reduces, "
                          "issued in backward; z: weight all-gathers in forward and backward, gradient "
@@ -452,24 +461,40 @@ def _breakdown(path: str) -> dict:
 
 
 def overlap(args, name, env, say, profile_path) -> None:
-    """Data parallelism across the link: overlapped step against max(compute-only, communication-only)."""
+    """One axis of size 2 across the link: overlapped step against max(compute-only, communication-only), per batch."""
+    batches = [int(b) for b in str(args.overlap_batch).split(",")]
+    for batch in batches:
+        overlap_batch(args, name, env, say, profile_path, batch)
+    if len(batches) > 1:
+        say()
+        say("# the communication is the same at every batch (weights and gradients do not grow with it); the "
+            "compute grows with the batch, so comm/compute falls from the first row to the last")
+
+
+def overlap_batch(args, name, env, say, profile_path, batch: int) -> None:
+    """Part 2 at one global batch: the cases alternating, then the table and the slow-down lines."""
     from fourd_mpi.core.grid import GridShape
     from fourd_mpi.perf import predict as pr
     from fourd_mpi.step.overlap import OverlapConfig
     from fourd_mpi.step.presets import resolve_model
 
-    h, batch = args.overlap_hidden, args.overlap_batch
-    model = ["--model", "gpt-tiny", "--hidden", h, "--seq", 128, "--batch", batch, "--steps", args.steps, "--warmup", 1,
+    h, layers = args.overlap_hidden, args.overlap_layers
+    model = ["--model", "gpt-tiny", "--hidden", h, "--seq", 128, "--batch", batch,
+             *(["--layers", layers] if layers else []), "--steps", args.steps, "--warmup", 1,
              "--trace-level", "op", "--gdata" if args.overlap_axis == "data" else "--gz", 2]
+    polls = {f"all, poll {float(f):.0e}": ["--overlap", "all", "--progress", "poll", "--poll-flops", f]
+             for f in str(args.overlap_poll_flops).split(",")}
     cases = {  # case: (ranks per node, run options)
         "compute-only (1 node)": (2, ["--overlap", "none"]),
         "none": (1, ["--overlap", "none"]),
-        "all, progress poll": (1, ["--overlap", "all", "--progress", "poll"]),
+        **{case: (1, extra) for case, extra in polls.items()},
         "all, progress thread": (1, ["--overlap", "all", "--progress", "thread"]),
     }
+    cfg = resolve_model("gpt-tiny", hidden=h, seq=128, batch=batch, **({"layers": layers} if layers else {}))
     say()
-    say(f"## 2. overlap against a link: G_{args.overlap_axis} = 2, gpt-tiny h={h} seq=128 batch={batch}, {args.steps} measured steps, "
-        f"{args.overlap_repeats} alternating rounds; 1 rank per node (2 nodes), compute-only = both ranks on one node")
+    say(f"## 2. overlap against a link: G_{args.overlap_axis} = 2, gpt-tiny h={h} layers={cfg.layers} seq=128 "
+        f"batch={batch}, {args.steps} measured steps, {args.overlap_repeats} alternating rounds; 1 rank per node "
+        f"(2 nodes), compute-only = both ranks on one node; load average (1 min) {load()}")
     for case, (ppn, extra) in cases.items():
         say(f"#   {case}: fourd-mpi testbed mpiexec -n 2 --ppn {ppn} -- fourd-mpi run "
             f"{' '.join(map(str, model + extra))}")
@@ -486,37 +511,41 @@ def overlap(args, name, env, say, profile_path) -> None:
             got[case].append((r, _breakdown(os.path.join(path, "ov.h5"))))
             shutil.rmtree(path, ignore_errors=True)
     prof = _profile(profile_path)
-    cfg = resolve_model("gpt-tiny", hidden=h, seq=128, batch=batch)
     grid = GridShape(data=2, z=1, y=1, x=1) if args.overlap_axis == "data" else GridShape(data=1, z=2, y=1, x=1)
     say(f"#   compute = step - exposed comm of the 1-node run; comm = exposed comm of the 'none' run (nothing "
-        f"overlaps it); bound = max(compute, comm) of the same round; model: the 2 x 1 calibrated profile")
+        f"overlaps it); bound = max(compute, comm) of the same round; hidden = 1 - exposed comm / comm of the "
+        f"same round; model: the 2 x 1 calibrated profile")
     say(f"{'case':<22} {'step s per round':<40} {'median s':>9} {'exposed comm s':>15} {'vs bound (same round)':>22} "
-        f"{'model s':>8}")
-    bound = {}
+        f"{'hidden %':>9} {'model s':>8}")
+    bound, comm = {}, {}
     for r, b in got["compute-only (1 node)"]:
         none = dict(got["none"]).get(r)
         if none is not None:
             bound[r] = max(b["step_s"] - b["comm_s"], none["comm_s"])
+            comm[r] = none["comm_s"]
     for case, rows in got.items():
         if not rows:
             continue
         steps = [b["step_s"] for _, b in rows]
         ratios = [b["step_s"] / bound[r] for r, b in rows if r in bound]
         ratio = f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-"
+        hidden = [100 * (1 - b["comm_s"] / comm[r]) for r, b in rows if comm.get(r)]
+        hidden = f"{statistics.median(hidden):.0f}" if hidden and case.startswith("all") else "-"
         if case.startswith("compute"):
-            pred = pr.predict(cfg, grid, prof, ranks_per_node=2)
-            ms = pred.compute_s
+            ms = pr.predict(cfg, grid, prof, ranks_per_node=2).compute_s
         else:
             ov = OverlapConfig.parse("all" if case.startswith("all") else "none")
             progress = "thread" if "thread" in case else "poll"
             ms = pr.predict(cfg, grid, prof, ov, progress=progress, ranks_per_node=1).step_s
         say(f"{case:<22} {' '.join(f'{v:.3f}' for v in steps):<40} {statistics.median(steps):>9.3f} "
-            f"{statistics.median(b['comm_s'] for _, b in rows):>15.3f} {ratio:>22} {ms:>8.3f}")
+            f"{statistics.median(b['comm_s'] for _, b in rows):>15.3f} {ratio:>22} {hidden:>9} {ms:>8.3f}")
     if bound:
+        alone = {r: b["step_s"] - b["comm_s"] for r, b in got["compute-only (1 node)"]}
+        share = statistics.median(comm[r] / alone[r] for r in comm)
         say(f"# bound = max(compute, comm), median over rounds: {statistics.median(bound.values()):.3f} s; "
-            f"target: an overlapped step <= 1.10 x bound")
+            f"comm / compute = {share:.2f}; target: an overlapped step <= 1.10 x bound")
     alone = {r: b["step_s"] - b["comm_s"] for r, b in got["compute-only (1 node)"]}
-    for case in ("none", "all, progress poll", "all, progress thread"):
+    for case in ("none", *polls, "all, progress thread"):
         slow = [(b["step_s"] - b["comm_s"]) / alone[r] for r, b in got[case] if r in alone]
         if slow:
             say(f"# {case}: compute inside the step (step - exposed comm) / compute-only = "
@@ -528,7 +557,7 @@ def overlap(args, name, env, say, profile_path) -> None:
         fwd = {r: (b["step_s"] - b["comm_s"]) / 3.0 for r, b in got["compute-only (1 node)"]}
         none = dict(got["none"])
         reach = {r: fwd[r] + max(2.0 * fwd[r], none[r]["comm_s"]) for r in fwd if r in none}
-        for case in ("all, progress poll", "all, progress thread"):
+        for case in (*polls, "all, progress thread"):
             ratios = [b["step_s"] / reach[r] for r, b in got[case] if r in reach]
             if ratios:
                 say(f"# {case}: step / (forward + max(backward, comm)) = {statistics.median(ratios):.2f} "

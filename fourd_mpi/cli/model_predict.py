@@ -39,6 +39,8 @@ PREDICT_OPTIONS = {
                                    "frontier, laptop) or a file"),
     "ranks-per-node": (int, None, "ranks per node (default: the profile's)"),
     "memory-limit": (str, None, "GiB per GPU for the fits line (default: the profile's device memory; 'none')"),
+    "implementation": (str, "fourd", "fourd (this suite's step) or deepspeed-2021 (fsdp on 1xNx1x1 only: DeepSpeed "
+                                     "ZeRO-3 v0.3.13-v0.5.4's third gathers and per-rank copy loops)"),
 }
 
 
@@ -145,7 +147,8 @@ def scenario_from(values: dict):
                   sequence_parallel=bool(values["sequence-parallel"]), recompute=values["recompute"], dtype=dtype,
                   attention=values["attention"], precision=values["precision"],
                   shard_optimizer=values["shard-optimizer"], optimizer=values["optimizer"], overlap=values["overlap"],
-                  dw_window=window, ranks_per_node=values["ranks-per-node"], memory_limit_gib=limit)
+                  dw_window=window, ranks_per_node=values["ranks-per-node"], memory_limit_gib=limit,
+                  implementation=values["implementation"])
     return sc, profile
 
 

@@ -46,6 +46,10 @@ Megatron's ``96 B s l h^2 (1 + s/6h + V/16lh)`` with full recompute (``72 ... V/
 ``selective`` counts as without), hardware FLOPs (what the step executes: the model's counted GEMM
 and attention FLOPs with recompute, plus the head ``6 B s h V``) and model FLOPs (the 72 convention
 whatever the recompute, as PaLM's MFU).
+
+**Implementation** ``deepspeed-2021`` (``fsdp`` on ``1 x N x 1 x 1`` only): DeepSpeed's ZeRO-3 of 2021 instead of
+this suite's step (:mod:`fourd_mpi.perf.zero3_2021`): each slot adds its third gathers and the per-rank loops of
+its gathers, the step its persistent-parameter gather, and ``S`` loses the LayerNorm gradient all-reduces.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from typing import Any, Dict, List, Optional
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.perf import schedules, vocab
+from fourd_mpi.perf import schedules, vocab, zero3_2021
 from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement
 from fourd_mpi.perf.memory import (ALLOCATOR_MARGIN, GPU_RUNTIME_RESERVE_BYTES, activation_elements,
                                    block_saved_elements, comm_buffer_elements, block_elements, fc_weights,
@@ -106,6 +110,9 @@ class Scenario:
     dw_window: Optional[int] = 2
     ranks_per_node: Optional[int] = None
     memory_limit_gib: Optional[float] = None
+    #: ``fourd`` (this suite's step) or ``deepspeed-2021`` (``fsdp`` only: DeepSpeed ZeRO-3 v0.3.13-v0.5.4's
+    #: extra gathers and host copies, :mod:`fourd_mpi.perf.zero3_2021`)
+    implementation: str = "fourd"
 
     @property
     def world(self) -> int:
@@ -164,6 +171,11 @@ def check(sc: Scenario) -> None:
         raise ConfigError("--sequence-parallel splits activations over the tensor-parallel axis Y: it needs G_y > 1")
     if sc.dw_window is not None and sc.dw_window < 1:
         raise ConfigError(f"--dw-window must be at least 1 (or none), got {sc.dw_window}")
+    if sc.implementation not in zero3_2021.IMPLEMENTATIONS:
+        raise ConfigError(f"--implementation {sc.implementation!r}: choose {', '.join(zero3_2021.IMPLEMENTATIONS)}")
+    if sc.implementation == zero3_2021.NAME and (sc.algorithm != "fsdp" or sc.stages != 1 or sc.grid.data != 1):
+        raise ConfigError(f"--implementation {zero3_2021.NAME} models DeepSpeed's ZeRO-3 alone: algorithm fsdp, one "
+                          f"stage, grid 1xNx1x1 (got {sc.algorithm}, {sc.stages} stage(s), grid {sc.grid})")
     problems = model_problems(sc.model, sc.grid)
     if problems:
         raise ConfigError(f"model {sc.model.name} on grid {sc.grid}: {problems[0]}")
@@ -230,7 +242,10 @@ def formulas(sc: Scenario) -> Dict[str, str]:
             "model": "model FLOPs = 72 B s l h^2 (1 + s/6h + V/12lh) (no recompute counted; MFU)",
             "pct_peak": "% of peak = 100 F / (t_step x GPUs x data-sheet peak of fourd_mpi/perf/peaks.py): MFU with "
                         "model FLOPs, HFU with hardware FLOPs",
-            "step": "step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb",
+            "step": "step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb" + (
+                "" if sc.implementation == "fourd" else
+                "; deepspeed-2021: t += third gathers + gather loops, + persistent gather, S without LayerNorm "
+                "all-reduces (fourd_mpi/perf/zero3_2021.py)"),
             "bubble": schedules.BUBBLE_FORMULA[sc.schedule] if sc.stages > 1 else "no pipeline: no bubble"}
 
 
@@ -332,6 +347,15 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     exposed: Dict[str, float] = {}
     for (axis, op), t in micro.exposed_s.items():
         exposed[axis] = exposed.get(axis, 0.0) + t * (1 if (axis, op) in SYNC_KEYS else m)
+    ds: Dict[str, float] = {}
+    if sc.implementation == zero3_2021.NAME:  # DeepSpeed 2021's ZeRO-3: all on Z, all blocking
+        ds = zero3_2021.terms(micro_cfg, grid, profile, axis_placement(grid, rpn), rpn, axis_inner_products(grid),
+                              sc.dtype, sc.recompute, overlap)
+        ds["ln_grad_allreduce"] = min(ds["ln_grad_allreduce"], sync)  # priced as the sync term it replaces
+        sync -= ds["ln_grad_allreduce"]
+        slot += ds["regather"] + ds["gather_copies"]
+        exposed["z"] = exposed.get("z", 0.0) + (ds["regather"] + ds["gather_copies"]) * m \
+            + ds["persistent_gather"] - ds["ln_grad_allreduce"]
     # the LM head on the last stage (and the embedding's all-reduce on the first), per micro-batch
     tokens = b * cfg.seq
     tp = grid.x * grid.y
@@ -391,7 +415,7 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
             exposed["pipeline"] = exposed.get("pipeline", 0.0) + t
     if p > 1:
         exposed["pipeline"] = exposed.get("pipeline", 0.0) + t_p2p * m + critical
-    step = full_slot * m + bubble + update + sync + t_emb + critical
+    step = full_slot * m + bubble + update + sync + t_emb + critical + ds.get("persistent_gather", 0.0)
     compute = (micro.compute_s - update) * m + update + t_head * m
     if not math.isfinite(step) or step <= 0:
         raise ConfigError(f"the model gave a non-finite step time for {sc.grid}: {step}")
@@ -416,6 +440,10 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
              "step_gemm": comp["gemm"] * m, "step_attention": comp["attention"] * m,
              "step_elementwise": (comp["elementwise"] + comp["calls"] - comp["optimizer"]) * m,
              "step_head": t_head * m}
+    if ds:  # DeepSpeed 2021's ZeRO-3 (per step): third gathers, copy loops, LayerNorm all-reduces taken away
+        terms.update({"zero3_regather": ds["regather"] * m, "zero3_gather_copies": ds["gather_copies"] * m,
+                      "zero3_persistent_gather": ds["persistent_gather"],
+                      "zero3_ln_allreduce_removed": ds["ln_grad_allreduce"]})
     return ScenarioResult(sc, step, compute, exposed, bubble, memory, which, flops, peak, terms, notes)
 
 
@@ -432,7 +460,8 @@ def format_result(r: ScenarioResult, profile: MachineProfile) -> str:
              f"{sc.microbatches}; {sc.dtype} ({sc.precision or 'default'} precision), recompute {sc.recompute}, "
              f"attention {sc.attention}, sequence parallel {'on' if sc.sequence_parallel else 'off'}, optimizer "
              f"{sc.optimizer} sharded {sc.shard_optimizer}, overlap {sc.overlap}, dW window "
-             f"{sc.dw_window if sc.dw_window is not None else 'unbounded'}",
+             f"{sc.dw_window if sc.dw_window is not None else 'unbounded'}"
+             f"{'' if sc.implementation == 'fourd' else f'; implementation {sc.implementation}'}",
              f"# {formulas(sc)['step']}; {formulas(sc)['bubble']}",
              "",
              f"step {r.step_s:.4f} s = compute {r.compute_s:.4f} s + exposed communication "

@@ -273,7 +273,7 @@ def _claim_scenario(spec: Dict[str, Any]) -> Scenario:
                     chunks=int(spec.get("chunks", 1)), microbatch_size=int(spec["mbs"]), vocab=defaults["vocab"],
                     recompute=defaults["recompute"], dtype=defaults["dtype"], attention=defaults["attention"],
                     precision=defaults["precision"], overlap=spec.get("overlap", "none"),
-                    memory_limit_gib=defaults["memory_limit_gib"])
+                    memory_limit_gib=defaults["memory_limit_gib"], implementation=spec.get("implementation", "fourd"))
 
 
 def _table(rows) -> str:
@@ -284,7 +284,8 @@ def _table(rows) -> str:
 def describe_config(r: ScenarioResult) -> str:
     sc = r.scenario
     sched = f"{sc.schedule}{'' if sc.chunks == 1 else f' v={sc.chunks}'}" if sc.stages > 1 else "-"
-    return f"{sc.algorithm} {sc.grid} p={sc.stages} {sched} b={sc.microbatch_size} m={sc.microbatches}"
+    impl = "" if sc.implementation == "fourd" else f" ({sc.implementation})"
+    return f"{sc.algorithm}{impl} {sc.grid} p={sc.stages} {sched} b={sc.microbatch_size} m={sc.microbatches}"
 
 
 def split(r: ScenarioResult) -> str:
