@@ -146,7 +146,13 @@ class Binding:
 
     def advice(self) -> str:
         """``""`` when pinned, else one line: why it matters and how to pin."""
-        return "" if self.pinned else f"ranks not pinned: {WHY}; to pin: {HOW_TO_PIN}"
+        if self.pinned:
+            return ""
+        if not any(self.free):  # bound, but to shared CPUs: more ranks on a node than the cores bound to
+            return (f"ranks not pinned: {WHY}; each rank is bound, but some share CPUs (more ranks on a node than "
+                    f"cores, or overlapping masks): run fewer ranks per node, each bound to its own cores "
+                    f"({HOW_TO_PIN})")
+        return f"ranks not pinned: {WHY}; to pin: {HOW_TO_PIN}"
 
     def as_dict(self) -> Dict:
         """The trace metadata key ``binding`` (docs/trace-format.md)."""

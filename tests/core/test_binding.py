@@ -62,6 +62,10 @@ def test_the_summary_lines():
                                "share a CPU with another rank of their node (not pinned)")
     assert "mpiexec -bind-to core" in free.advice() and "srun --cpu-bind=cores" in free.advice()
     assert "docs/guide/regressions.md" in free.advice()
+    crowded = Binding.from_ranks([[0], [1], [0]], [0, 0, 0], [2])  # mpiexec -n 3 -bind-to core on 2 cores
+    assert crowded.describe() == ("each rank on 1 CPU; 2 rank(s) share a CPU with another rank of their node "
+                                  "(not pinned)")
+    assert "each rank is bound, but some share CPUs" in crowded.advice() and "fewer ranks per node" in crowded.advice()
 
 
 def test_a_rank_without_affinity_makes_the_binding_unknown():
