@@ -18,7 +18,7 @@ import socket
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from fourd_mpi.core.binding import Binding, own_cpus
+from fourd_mpi.core.binding import Binding, cpu_ranges, own_cpus, parse_ranges
 from fourd_mpi.core.placement import NodePlacement
 from fourd_mpi.errors import ConfigError
 
@@ -159,7 +159,9 @@ def gather_placement(comm, dims: Dict[str, int], node_comm=None) -> NodePlacemen
     own = node_comm if node_comm is not None else comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
         leader = own.bcast(comm.Get_rank(), root=0)
-        pairs = comm.allgather((leader, MPI.Get_processor_name(), own_cpus(), os.cpu_count()))
+        cpus = own_cpus()  # sent as a cpulist string ("0-63"): a few bytes a rank, not one int per CPU
+        pairs = comm.allgather((leader, MPI.Get_processor_name(), cpu_ranges(cpus) if cpus else None,
+                                os.cpu_count()))
     finally:
         if node_comm is None:
             own.Free()
@@ -171,7 +173,8 @@ def gather_placement(comm, dims: Dict[str, int], node_comm=None) -> NodePlacemen
     node_cpus = [0] * placement.num_nodes
     for node, (_, _, _, count) in zip(placement.nodes, pairs):
         node_cpus[node] = max(node_cpus[node], int(count or 0))
-    placement.binding = Binding.from_ranks([p[2] for p in pairs], placement.nodes, node_cpus)
+    placement.binding = Binding.from_ranks([parse_ranges(p[2]) if p[2] else None for p in pairs], placement.nodes,
+                                           node_cpus)
     return placement
 
 
