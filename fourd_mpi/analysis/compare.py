@@ -51,6 +51,11 @@ above 1 and ``ratio > 1 + t``; **faster** when ``p < alpha``, the interval lies 
 ``ratio < 1 - t``; **same** otherwise (not significant, or within the threshold, or fewer than
 :data:`MIN_SAMPLES` steps on a side); **unmatched** for a configuration on one side only.
 A slower configuration is a regression (``fourd-mpi compare`` exits 1).
+
+**Unpinned runs** (:func:`binding_note`): when some run of either side has ranks that were not pinned to CPUs
+of their own (its index entry's ``pinned`` is false: the trace's ``binding``, :mod:`fourd_mpi.core.binding`),
+one note says how many and how to pin; the spread of run medians is then larger, so smaller changes go
+undetected. Runs of unknown binding (traces older than the key) give no note. The note never changes a verdict.
 Needs scipy (the ``analysis`` extra). No MPI.
 """
 
@@ -278,6 +283,8 @@ class Side:
     #: since the epoch, ``None`` when the entry has none)
     median_ids: List[str] = field(default_factory=list)
     start_times: List[Optional[float]] = field(default_factory=list)
+    #: aligned with :attr:`run_ids`: whether each run's ranks were pinned (``None``: unknown, an older trace)
+    pinned: List[Optional[bool]] = field(default_factory=list)
 
     def timed(self) -> bool:
         """Whether every run with a median has a start time (the runs can be paired; true of no runs)."""
@@ -316,7 +323,7 @@ class Comparison:
         def side(s: Optional[Side]):
             if s is None:
                 return None
-            return {"runs": s.run_ids, "traces": s.traces, "steps": int(len(s.samples)),
+            return {"runs": s.run_ids, "traces": s.traces, "pinned": s.pinned, "steps": int(len(s.samples)),
                     "run_medians_s": [float(v) for v in s.run_medians], "samples_s": [float(v) for v in s.samples]}
 
         return {"config_key": self.key, "configuration": self.label, "verdict": self.verdict,
@@ -455,6 +462,8 @@ def group_by_key(runs: Sequence[Tuple[Dict, np.ndarray, str]]) -> Dict[str, Side
             continue
         side.run_ids.append(entry["run_id"])
         side.traces.append(path)
+        pinned = entry.get("pinned")
+        side.pinned.append(pinned if isinstance(pinned, bool) else None)
         samples = np.asarray(samples, dtype=np.float64)
         side.samples = np.concatenate([side.samples, samples])
         if len(samples):
@@ -481,3 +490,25 @@ def compare_runs(new_runs, old_runs, settings: Settings) -> List[Comparison]:
 def exit_status(comparisons: Sequence[Comparison]) -> int:
     """1 when any configuration is slower (a regression), else 0."""
     return 1 if any(c.regression for c in comparisons) else 0
+
+
+def binding_note(comparisons: Sequence[Comparison]) -> str:
+    """One line when some run of either side had ranks that were not pinned (:mod:`fourd_mpi.core.binding`): how
+    many of each side's runs, and how to pin; ``""`` when every run was pinned or its binding is unknown. Each run
+    is counted once (by trace path) however many configurations it appears in."""
+    from fourd_mpi.core.binding import HOW_TO_PIN
+
+    counts = []
+    for name, which in (("new", "new"), ("baseline", "old")):
+        runs: Dict[str, Optional[bool]] = {}
+        for c in comparisons:
+            side = getattr(c, which)
+            if side is not None:
+                runs.update(zip(side.traces, side.pinned))
+        counts.append((name, sum(v is False for v in runs.values()), len(runs)))
+    if not any(free for _, free, _ in counts):
+        return ""
+    sides = " and ".join(f"{free} of {total} {name} run(s)" for name, free, total in counts)
+    return (f"note: ranks not pinned in {sides} (their trace's binding: ranks sharing a CPU or free on every CPU "
+            f"of their node); unpinned ranks spread the run medians more, so smaller changes go undetected; pin "
+            f"them ({HOW_TO_PIN}); see docs/guide/regressions.md")

@@ -11,7 +11,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-from fourd_mpi.analysis.compare import Comparison, Settings, exit_status, plural
+from fourd_mpi.analysis.compare import Comparison, Settings, binding_note, exit_status, plural
 
 FORMATS = ("table", "markdown", "json", "junit")
 COLUMNS = ("configuration", "new", "baseline", "new median s", "old median s", "ratio", "CI", "p", "samples",
@@ -64,8 +64,10 @@ def as_table(comparisons: Sequence[Comparison], settings: Settings) -> str:
 
 def unit_lines(comparisons: Sequence[Comparison]) -> List[str]:
     """One line per configuration that could only be compared step by step (too few runs), or whose runs were
-    paired (the method and the number of pairs)."""
-    return [f"{c.label}: {c.unit_note}" for c in comparisons if c.unit_note]
+    paired (the method and the number of pairs); then one line when some runs' ranks were not pinned
+    (:func:`~fourd_mpi.analysis.compare.binding_note`)."""
+    note = binding_note(comparisons)
+    return [f"{c.label}: {c.unit_note}" for c in comparisons if c.unit_note] + ([note] if note else [])
 
 
 def as_markdown(comparisons: Sequence[Comparison], settings: Settings) -> str:
@@ -84,6 +86,7 @@ def as_json(comparisons: Sequence[Comparison], settings: Settings) -> str:
                        "alpha": settings.alpha, "confidence": settings.confidence, "resamples": settings.resamples,
                        "seed": settings.seed, "exit_status": exit_status(comparisons),
                        "summary": summary_line(comparisons, settings),
+                       "binding_note": binding_note(comparisons) or None,
                        "comparisons": [c.as_dict() for c in comparisons]}, indent=1, allow_nan=False) + "\n"
 
 
@@ -99,7 +102,10 @@ def as_junit(comparisons: Sequence[Comparison], settings: Settings) -> str:
     for name, value in (("statistics", settings.statistics_text()), ("unit", settings.unit),
                         ("threshold", f"{100 * settings.threshold:g}%"),
                         ("alpha", f"{settings.alpha:g}"), ("confidence", f"{settings.confidence:g}"),
-                        ("resamples", str(settings.resamples)), ("seed", str(settings.seed))):
+                        ("resamples", str(settings.resamples)), ("seed", str(settings.seed)),
+                        ("binding_note", binding_note(comparisons))):
+        if not value:
+            continue
         ET.SubElement(props, "property", name=name, value=value)
     for c, r in zip(comparisons, rows(comparisons)):
         case = ET.SubElement(suite, "testcase", classname="fourd_mpi.compare", name=c.label,

@@ -93,6 +93,8 @@ def cmd_trace(args, world=None) -> int:
     placement = trace.placement()
     print(f"  nodes{'' if 'placement' in meta else ' (derived from /ranks: the trace predates metadata placement)'}: "
           f"{placement.describe()}")
+    binding = meta.get("binding")
+    print(f"  binding: {binding.get('summary') if isinstance(binding, dict) else 'unknown (not recorded)'}")
     parts = int(trace.attrs.get("parts", 0) or 0)
     print(f"  {len(trace.events)} events; {len(trace.steps)} steps"
           + (f"; events in {parts} part files ({parts_dir_of(args.file)})" if parts else ""))

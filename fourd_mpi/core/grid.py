@@ -13,10 +13,12 @@ functions so it can be tested without MPI.
 from __future__ import annotations
 
 import math
+import os
 import socket
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from fourd_mpi.core.binding import Binding, cpu_ranges, own_cpus, parse_ranges
 from fourd_mpi.core.placement import NodePlacement
 from fourd_mpi.errors import ConfigError
 
@@ -148,22 +150,32 @@ def gather_placement(comm, dims: Dict[str, int], node_comm=None) -> NodePlacemen
     Nodes come from ``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`` (``node_comm``, split here when not
     given), i.e. from the launcher's node assignment; a node is labelled by the ``comm`` rank of its
     first rank and named by that rank's ``MPI_Get_processor_name``. ``dims``: axis -> size, outermost
-    first, with ``comm``'s ranks row-major over them. Collective over ``comm`` (one allgather).
+    first, with ``comm``'s ranks row-major over them. The same allgather collects each rank's CPU affinity and
+    its node's CPU count: ``placement.binding`` (:class:`~fourd_mpi.core.binding.Binding`, ``None`` where some
+    rank cannot read its affinity). Collective over ``comm`` (one allgather).
     """
     from mpi4py import MPI
 
     own = node_comm if node_comm is not None else comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
         leader = own.bcast(comm.Get_rank(), root=0)
-        pairs = comm.allgather((leader, MPI.Get_processor_name()))
+        cpus = own_cpus()  # sent as a cpulist string ("0-63"): a few bytes a rank, not one int per CPU
+        pairs = comm.allgather((leader, MPI.Get_processor_name(), cpu_ranges(cpus) if cpus else None,
+                                os.cpu_count()))
     finally:
         if node_comm is None:
             own.Free()
     hosts: Dict[int, str] = {}
-    for leader_rank, name in pairs:
+    for leader_rank, *_ in pairs:
         hosts.setdefault(leader_rank, pairs[leader_rank][1])
     leaders = [p[0] for p in pairs]
-    return NodePlacement.from_nodes(leaders, dims, [hosts[k] for k in dict.fromkeys(leaders)])
+    placement = NodePlacement.from_nodes(leaders, dims, [hosts[k] for k in dict.fromkeys(leaders)])
+    node_cpus = [0] * placement.num_nodes
+    for node, (_, _, _, count) in zip(placement.nodes, pairs):
+        node_cpus[node] = max(node_cpus[node], int(count or 0))
+    placement.binding = Binding.from_ranks([parse_ranges(p[2]) if p[2] else None for p in pairs], placement.nodes,
+                                           node_cpus)
+    return placement
 
 
 class ProcessGrid:
@@ -250,16 +262,22 @@ class ProcessGrid:
 
         ``placement``: the whole run's (pipeline stages: the world's, whose axes include ``inter``);
         default this grid's. An axis is ``inter-node`` when any of its communicators spans more than
-        one node (:mod:`fourd_mpi.core.placement`)."""
+        one node (:mod:`fourd_mpi.core.placement`). The binding line: each rank's CPU affinity and whether the
+        ranks were pinned (:mod:`fourd_mpi.core.binding`), with a note on how to pin when they were not."""
         placement = placement if placement is not None else self.placement
+        binding = placement.binding
         per_node = placement.ranks_per_node
         per_node_text = str(per_node[0]) if per_node[0] == per_node[-1] else f"{per_node[0]}-{per_node[-1]}"
         lines = [
             f"4D grid G_data x G_z x G_y x G_x = {self.shape} on {self.world_size} ranks, "
             f"{placement.num_nodes} node(s), {per_node_text} rank(s) per node",
             f"  nodes (from MPI_COMM_TYPE_SHARED, the launcher's assignment): {placement.describe()}",
-            "  axis  size  stride  placement   communicates",
+            f"  binding (CPU affinity of each rank): "
+            + (binding.describe() if binding is not None else "unknown (no sched_getaffinity)"),
         ]
+        if binding is not None and binding.advice():
+            lines.append(f"  note: {binding.advice()}")
+        lines.append("  axis  size  stride  placement   communicates")
         roles = {
             "x": "fwd all-reduce (normal), bwd all-reduce (transposed)",
             "y": "bwd all-reduce (normal), fwd all-reduce (transposed)",

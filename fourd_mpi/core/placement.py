@@ -91,6 +91,9 @@ class NodePlacement:
     hosts: List[str] = field(default_factory=list)
     spans: Dict[str, List[int]] = field(default_factory=dict)
     source: str = SOURCE
+    #: each rank's CPU affinity and whether the ranks were pinned (:class:`~fourd_mpi.core.binding.Binding`), set by
+    #: :func:`fourd_mpi.core.grid.gather_placement`; ``None``: unknown (stored as its own metadata key ``binding``)
+    binding: Optional[object] = None
 
     @classmethod
     def from_nodes(cls, nodes: Sequence, dims: Mapping[str, int], hosts: Optional[Sequence[str]] = None,

@@ -7,7 +7,8 @@ git commit, the **configuration key** (:func:`config_key`), algorithm, model, gr
 the step-time median and quartiles (the run summary's, :data:`fourd_mpi.trace.summary.STEP_FORMULA`),
 model TFLOP/s per rank, MFU, HFU and % of measured GEMM (:mod:`fourd_mpi.perf.peaks`), the exposed
 communication share, the trace status and the trace path (relative to the index's
-directory, so that a results directory can be moved), and the keyed configuration itself.
+directory, so that a results directory can be moved), whether the ranks were pinned (``pinned``: the trace's
+``binding.pinned``, :mod:`fourd_mpi.core.binding`; null when unknown), and the keyed configuration itself.
 
 **Concurrency.** Jobs of one study may finish at the same moment and share the results
 directory. A writer opens the index with ``O_APPEND``, takes an exclusive ``fcntl.flock`` on it and
@@ -32,6 +33,7 @@ import math
 import os
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
+from fourd_mpi.core.binding import pinned_of
 from fourd_mpi.perf.peaks import stored_peaks
 from fourd_mpi.util.yamlspec import schema_message
 
@@ -64,7 +66,8 @@ ENTRY_SCHEMA = {
         "median_s": _NUM, "q1_s": _NUM, "q3_s": _NUM, "min_s": _NUM, "max_s": _NUM,
         "model_tflops_per_rank": _NUM, "mfu_pct": _NUM, "hfu_pct": _NUM, "gemm_pct": _NUM, "wait_share": _NUM,
         "percent_of_peak": _NUM, "status": {"type": "string"},
-        "trace": {"type": "string"}, "host": _STR, "config": {"type": "object"},
+        "trace": {"type": "string"}, "host": _STR, "pinned": {"type": ["boolean", "null"]},
+        "config": {"type": "object"},
     },
 }
 
@@ -139,7 +142,7 @@ def make_entry(metadata: Dict, status: str, trace_path: str, index_dir: str, sta
         **times, "model_tflops_per_rank": tflops, "mfu_pct": mfu, "hfu_pct": hfu, "gemm_pct": gemm_pct,
         "wait_share": _finite(summary.get("wait_share")), "status": status,
         "trace": os.path.relpath(os.path.abspath(trace_path), os.path.abspath(index_dir)),
-        "host": metadata.get("launch_host"), "config": keyed_config(config),
+        "host": metadata.get("launch_host"), "pinned": pinned_of(metadata), "config": keyed_config(config),
     }
 
 

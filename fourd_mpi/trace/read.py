@@ -407,6 +407,11 @@ METADATA_SCHEMA = {
             "node_span": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "integer",
                                                                                                 "minimum": 1}}},
             "inter_node_axes": {"type": "array", "items": {"type": "string"}}}},
+        "binding": {"type": ["object", "null"], "properties": {
+            "pinned": {"type": "boolean"}, "num_cpus": {"type": "array", "items": _COUNT},
+            "cpus": {"type": "array", "items": {"type": "string", "pattern": r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$"}},
+            "node_cpus": {"type": "array", "items": _COUNT}, "shared_ranks": _COUNT, "free_ranks": _COUNT,
+            "summary": {"type": "string"}}},
     },
 }
 
