@@ -29,14 +29,15 @@ found in at least 19 of 20) needs a quiet machine: nothing else running (``uptim
 1 on 2 cores before the start), then::
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/compare_calibration.py --pairs 20 --runs 12 --steps 42 \\
-        --save results/benchmarks/compare_calibration_runs.json --out results/benchmarks/compare_calibration.txt
+        --save results/benchmarks/compare_calibration_runs.json.gz --out results/benchmarks/compare_calibration.txt
 
 It makes 20 x 24 = 480 runs of 44 steps. Timed: one pair (``--pairs 1 --runs 12 --steps 42``) took 88 s at
 load average 13-10 (2026-11-25 21:29 UTC, other jobs running: about 30 minutes for 20 pairs at that load);
-the last full calibration took 646 s at load 2-10 (32 s a pair). On a quiet machine: 11 minutes or less.
+the last full calibration took 646 s at load 2-10 (32 s a pair). With no other job and pinned ranks
+(2026-11-26): 372 s at 12 runs a side, 679 s at 20.
 
 The table names the command, the machine (``nproc``) and the load average before and after.
-``--save FILE.json`` keeps every run's step times and start time (and the load average around each pair);
+``--save FILE.json`` (or ``FILE.json.gz``, compressed) keeps every run's step times and start time (and the load average around each pair);
 ``--from FILE.json`` analyses saved runs again without running anything (the statistics are
 deterministic: the bootstrap has a fixed seed). Runs saved without start times (before the paired design)
 get start times from the order they were made in (A B B A ..., 1 s apart), which is all the pairing uses.
@@ -45,6 +46,7 @@ get start times from the order they were made in (A B B A ..., 1 s apart), which
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shutil
@@ -105,6 +107,23 @@ def one_run(args, results: str, run_id: str):
     return entry_of_trace(trace, results), step_stats(trace).per_step_s, path
 
 
+def read_saved(path: str) -> str:
+    """A saved calibration's JSON text (``.gz``: gzip-compressed)."""
+    return gzip.decompress(Path(path).read_bytes()).decode() if path.endswith(".gz") else Path(path).read_text()
+
+
+def write_saved(path: str, record: dict) -> None:
+    """Save ``record`` as JSON, step times to the nanosecond the traces hold (``.gz``: gzip-compressed)."""
+    for pair in record["pairs"]:
+        for side in ("a", "b"):
+            pair[side] = [[round(t, 9) for t in run] for run in pair[side]]
+    text = json.dumps(record)
+    if path.endswith(".gz"):
+        Path(path).write_bytes(gzip.compress(text.encode(), mtime=0))
+    else:
+        Path(path).write_text(text)
+
+
 def scaled(runs, factor: float):
     return [(dict(e, run_id=e["run_id"] + "-planted"), s * factor, p) for e, s, p in runs]
 
@@ -128,7 +147,7 @@ def main() -> int:
     p.add_argument("--save", default=None, help="keep every run's step times and start time in this JSON file")
     p.add_argument("--from", dest="source", default=None, help="analyse the runs saved in this JSON file")
     args = p.parse_args()
-    saved = json.loads(Path(args.source).read_text()) if args.source else None
+    saved = json.loads(read_saved(args.source)) if args.source else None
     if saved is not None:
         for key in ("pairs", "runs", "steps", "warmup", "ranks", "model"):
             setattr(args, key, saved["args"][key])
@@ -222,7 +241,7 @@ def main() -> int:
             f"{time.time() - started if saved is None else saved['seconds']:.0f} s of runs"]
     record.update(load_after=loadavg(), seconds=time.time() - started)
     if args.save and saved is None:
-        Path(args.save).write_text(json.dumps(record))
+        write_saved(args.save, record)
     lines += tail
     print("\n".join(tail))
     if args.out:
