@@ -30,6 +30,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from fourd_mpi.util.text import int_ranges
+
+#: a CPU set in the kernel's cpulist format (``[0, 1, 2, 5] -> "0-2,5"``)
+cpu_ranges = int_ranges
+
 #: how the CPU sets were obtained (stored with them in the trace metadata)
 SOURCE = ("os.sched_getaffinity(0) of each rank at set-up (the CPUs the kernel may run it on, as the launcher's "
           "binding left them); node_cpus: os.cpu_count() on that node")
@@ -48,22 +53,6 @@ def own_cpus() -> Optional[List[int]]:
         return sorted(int(c) for c in os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return None
-
-
-def cpu_ranges(cpus: Sequence[int]) -> str:
-    """``[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"`` (the kernel's cpulist format; ``""`` for no CPU)."""
-    out, start, prev = [], None, None
-    for c in sorted(set(int(c) for c in cpus)):
-        if start is None:
-            start = prev = c
-        elif c == prev + 1:
-            prev = c
-        else:
-            out.append(f"{start}-{prev}" if prev > start else str(start))
-            start = prev = c
-    if start is not None:
-        out.append(f"{start}-{prev}" if prev > start else str(start))
-    return ",".join(out)
 
 
 def parse_ranges(text: str) -> List[int]:

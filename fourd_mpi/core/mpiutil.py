@@ -8,6 +8,7 @@ import time
 from typing import Callable, Dict, TypeVar
 
 from fourd_mpi.errors import BackendError, ConfigError
+from fourd_mpi.util.text import int_ranges as _ranges
 
 T = TypeVar("T")
 
@@ -59,22 +60,6 @@ def idle_barrier(comm, poll_seconds: float = 1e-3) -> None:
     request = comm.Ibarrier()
     while not request.Test():
         time.sleep(poll_seconds)
-
-
-def _ranges(ranks) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
-    out, start, prev = [], None, None
-    for r in sorted(ranks):
-        if start is None:
-            start = prev = r
-        elif r == prev + 1:
-            prev = r
-        else:
-            out.append(f"{start}-{prev}" if prev > start else str(start))
-            start = prev = r
-    if start is not None:
-        out.append(f"{start}-{prev}" if prev > start else str(start))
-    return ",".join(out)
 
 
 def check_same(comm, settings: Dict[str, str], what: str = "arguments",

@@ -26,6 +26,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from fourd_mpi.util.text import int_ranges as _ranges
+
 #: how the node assignment was obtained (stored with it in the trace metadata)
 SOURCE = ("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) over the world (the launcher's node assignment); node k is "
           "numbered by its lowest world rank, its name is MPI_Get_processor_name of that rank")
@@ -144,19 +146,3 @@ class NodePlacement:
         spans = {str(a): [int(v) for v in s] for a, s in (d.get("node_span") or {}).items()}
         return cls([int(n) for n in d.get("nodes", [])], {str(a): int(v) for a, v in (d.get("dims") or {}).items()},
                    [str(h) for h in d.get("hosts", [])], spans, str(d.get("source", SOURCE)))
-
-
-def _ranges(ranks: Sequence[int]) -> str:
-    """``[0, 1, 2, 5, 6] -> "0-2,5-6"``."""
-    out, start, prev = [], None, None
-    for r in ranks:
-        if start is None:
-            start = prev = r
-        elif r == prev + 1:
-            prev = r
-        else:
-            out.append(f"{start}-{prev}" if prev != start else str(start))
-            start = prev = r
-    if start is not None:
-        out.append(f"{start}-{prev}" if prev != start else str(start))
-    return ",".join(out)

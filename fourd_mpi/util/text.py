@@ -16,6 +16,23 @@ def short_label(text, default: str = "") -> str:
     return str(text).split(" (")[0].strip() or default
 
 
+def int_ranges(values) -> str:
+    """Integers as the kernel's cpulist writes them: ``[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"`` (sorted, each
+    value once; ``""`` for none). Rank lists in messages and CPU lists in traces use it."""
+    out, start, prev = [], None, None
+    for v in sorted(set(int(v) for v in values)):
+        if start is None:
+            start = prev = v
+        elif v == prev + 1:
+            prev = v
+        else:
+            out.append(f"{start}-{prev}" if prev > start else str(start))
+            start = prev = v
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev > start else str(start))
+    return ",".join(out)
+
+
 def format_number(value) -> str:
     """A number as every table and summary prints it: integers as such, floats to about 4
     significant digits (``0.05739``, ``3891.6``, ``1.854``, ``0.0002989``, ``1.2e+07``), NaN as
