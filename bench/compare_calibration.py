@@ -49,6 +49,7 @@ import argparse
 import gzip
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -78,7 +79,7 @@ def run_command(args, results: str, run_id: str):
     return [str(bin_dir / "mpiexec"), "-n", str(args.ranks), *bind, str(bin_dir / "fourd-mpi"), "run", "--gx",
             str(args.ranks), "--model", args.model, "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--trace-level", "step", "--results-dir", results, "--run-id", run_id, "--display", "quiet",
-            "--peak-tflops", "1"]
+            "--peak-tflops", "1", *shlex.split(args.run_args)]
 
 
 def start_iso(position: int) -> str:
@@ -139,6 +140,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--model", default="gpt-tiny")
+    p.add_argument("--run-args", default="", help="more fourd-mpi run options, one string (e.g. \"--hidden 128 "
+                   "--seq 64 --batch 8\": a 22 ms step instead of gpt-tiny's 4 ms)")
     p.add_argument("--slowdown", type=float, default=0.15)
     p.add_argument("--bind", default="core", help="Hydra's -bind-to for each run (core: one rank per core, as a "
                    "batch system pins them; none: the kernel may put both ranks on one core for a while)")
@@ -151,13 +154,14 @@ def main() -> int:
     if saved is not None:
         for key in ("pairs", "runs", "steps", "warmup", "ranks", "model"):
             setattr(args, key, saved["args"][key])
+        args.run_args = saved["args"].get("run_args", "")
         args.bind = saved["args"].get("bind", "none")
     settings = {unit: Settings(resamples=args.resamples, unit=unit) for unit in ("run", "paired", "step", "auto")}
     work = tempfile.mkdtemp(prefix="compare-calibration-")
     command = (saved["command"] + f"  (analysed again: {' '.join(sys.argv[1:])})" if saved else
                " ".join(["OMP_NUM_THREADS=1", "python", "bench/compare_calibration.py"] + sys.argv[1:]))
     record = {"command": command, "args": {k: getattr(args, k) for k in ("pairs", "runs", "steps", "warmup",
-                                                                        "ranks", "model", "bind")},
+                                                                        "ranks", "model", "bind", "run_args")},
               "load_before": loadavg() if saved is None else saved["load_before"], "pairs": []}
     untimed = saved is not None and "a_times" not in saved["pairs"][0]
     lines = [f"# compare calibration: {command}",
