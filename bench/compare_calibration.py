@@ -159,7 +159,7 @@ def main() -> int:
     settings = {unit: Settings(resamples=args.resamples, unit=unit) for unit in ("run", "paired", "step", "auto")}
     work = tempfile.mkdtemp(prefix="compare-calibration-")
     command = (saved["command"] + f"  (analysed again: {' '.join(sys.argv[1:])})" if saved else
-               " ".join(["OMP_NUM_THREADS=1", "python", "bench/compare_calibration.py"] + sys.argv[1:]))
+               "OMP_NUM_THREADS=1 python bench/compare_calibration.py " + shlex.join(sys.argv[1:]))
     record = {"command": command, "args": {k: getattr(args, k) for k in ("pairs", "runs", "steps", "warmup",
                                                                         "ranks", "model", "bind", "run_args")},
               "load_before": loadavg() if saved is None else saved["load_before"], "pairs": []}
