@@ -220,16 +220,12 @@ def _main(argv: Optional[List[str]] = None) -> int:
     return 1
 
 
-#: seconds between a rank's last line and its MPI_Abort: the launcher kills every process at once, and a line
-#: written just before could be lost (a raising rank's traceback, seen once in a clean-clone CI run; the
-#: watchdog measured about one in five 2-rank runs without such a pause, fourd_mpi.core.watchdog)
-ABORT_GRACE_S = 0.5
-
-
 def _abort(world, code: int) -> None:
     """Take the whole job down: a rank that raised must not leave the others in a collective. Its line goes out
-    first (stderr flushed, then :data:`ABORT_GRACE_S` for the launcher to forward it)."""
+    first (stderr flushed, then :data:`~fourd_mpi.core.watchdog.ABORT_GRACE_S` for the launcher to forward it)."""
     if world is not None and world.Get_size() > 1:
+        from fourd_mpi.core.watchdog import ABORT_GRACE_S
+
         sys.stderr.flush()
         time.sleep(ABORT_GRACE_S)
         world.Abort(code)

@@ -29,6 +29,10 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Optional
 
+#: seconds between a rank's last line and its MPI_Abort: the launcher kills every process at once, and a line
+#: written just before is lost without a pause (about one in five 2-rank runs; the CLI's abort path uses it too)
+ABORT_GRACE_S = 0.5
+
 
 def check_timeout(value: float) -> float:
     """``--step-timeout``: zero (off) or a positive number of seconds; a :class:`ConfigError` otherwise."""
@@ -112,9 +116,7 @@ class Watchdog:
         if self._abort is not None:
             self._abort(3)
             return
-        # MPI_Abort makes the launcher kill every process at once; a moment first lets it forward this line
-        # (seen lost about once in five 2-rank runs without it)
-        time.sleep(0.5)
+        time.sleep(ABORT_GRACE_S)
         from mpi4py import MPI
 
         MPI.COMM_WORLD.Abort(3)
