@@ -16,6 +16,10 @@
 # bench: bench/gpu_bench.py at gpt-small size and at hidden 4096 and 8192, seq 2048.
 # breakdown: a 1-rank and a 2-rank run, analyze --what breakdown and --what comm.
 # overlap: 2 ranks sharing the GPU with staging and host polling, overlap % per collective.
+# fused: the fused attention kernels (PyTorch SDPA) against the unfused ones, and verify with them.
+# mfu: step time, MFU and op breakdown of gpt h4096 s2048 bf16, unfused vs fused attention, 1 and 2 ranks.
+# copy: host<->device copies inside a staged 2-rank step vs the same copies alone (bench/gpu_copy.py).
+# peer: bench/peer_axonn.py at 8 and 16 ranks on the machine's cores (CPU).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -24,7 +28,7 @@ PY=$VENV/bin/python
 SYS_PY=$(command -v python3)  # the machine's Python, before our venv goes first on PATH
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 export PATH=$VENV/bin:$PATH
-RES=$OUT/runs
+RES=${RES:-$OUT/runs}  # traces: RES=/tmp/... keeps them out of $OUT
 mkdir -p "$RES"
 
 stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log, never stop the script
@@ -94,6 +98,44 @@ for what in "$@"; do
                 --progress poll --device-buffers staged --results-dir "$RES" --run-id "ov-$mode" --display quiet
             stage overlap 120 $PY -m fourd_mpi analyze "$RES/ov-$mode.h5" --what comm
         done
+        ;;
+    fused)  # the fused attention kernels against the unfused ones, then verify with them (bf16, fp16, fp32)
+        stage fused 60 $PY -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'cuDNN', torch.backends.cudnn.version())"
+        stage fused 240 $PY -m pytest -q -rs tests/core/test_gpu.py -k fused_attention -p no:cacheprovider
+        for n in ${FUSED_RANKS:-1 2}; do
+            for dt in bfloat16 float16 float32; do
+                stage fused 150 mpiexec -n "$n" $PY -m fourd_mpi verify --backend cupy --reference-backend numpy \
+                    --dtype $dt --attention fused --all-grids --overlap none --overlap all --steps 3
+            done
+        done
+        ;;
+    mfu)  # MFU: gpt h4096 s2048 bf16, unfused vs fused attention; trace level step (no synchronisations inside
+          # the step) for the step time and MFU, level op (synchronised, event-timed ops) for the breakdown
+        for cfg in ${MFU_CASES:-1:unfused:4 1:fused:4 1:unfused:16 1:fused:16 2:fused:16}; do
+            IFS=: read -r n att b <<<"$cfg"
+            grid=""; [ "$n" = 2 ] && grid="--gx 2"
+            # shellcheck disable=SC2086  # $grid holds an option or nothing
+            for level in step op; do
+                stage mfu 120 mpiexec -n "$n" $PY -m fourd_mpi run --backend cupy --model gpt-small --dtype bfloat16 \
+                    --layers 2 --hidden 4096 --heads 32 --seq 2048 --batch "$b" --attention "$att" $grid --overlap all \
+                    --steps 8 --warmup 2 --trace-level $level --results-dir "$RES" --run-id "mfu-$n-$att-$b-$level" \
+                    --display lines
+            done
+            stage mfu 60 $PY -m fourd_mpi analyze "$RES/mfu-$n-$att-$b-op.h5" --what breakdown
+        done
+        ;;
+    copy)  # staged copies inside a 2-rank step (analyze --what comm: d2h/h2d rows) vs the same copies alone
+        stage copy 120 $PY bench/gpu_copy.py --sizes 4MiB,16MiB,64MiB,256MiB --json "$OUT/copy.json"
+        stage copy 150 mpiexec -n 2 $PY -m fourd_mpi run --backend cupy --model gpt-small --dtype bfloat16 --gx 2 \
+            --layers 2 --hidden 4096 --heads 32 --seq 2048 --batch 8 --steps 6 --warmup 2 --overlap all \
+            --device-buffers staged --trace-level op --results-dir "$RES" --run-id copy-2 --display quiet
+        stage copy 60 $PY -m fourd_mpi analyze "$RES/copy-2.h5" --what comm
+        ;;
+    peer)  # the AxoNN peer benchmark at 8 and 16 ranks on the 16 cores (CPU, no oversubscription), alternating
+        stage peer 200 $PY bench/peer_axonn.py --ranks 8 --grids ${PEER_GRIDS8:-2x2x2} --hidden 2048 --rounds 3 \
+            --json "$OUT/peer8.json"
+        stage peer 240 $PY bench/peer_axonn.py --ranks 16 --grids ${PEER_GRIDS16:-2x2x4} --hidden 2048 --rounds 3 \
+            --json "$OUT/peer16.json"
         ;;
     *) echo "unknown stage $what" >&2; exit 2 ;;
     esac

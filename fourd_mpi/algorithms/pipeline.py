@@ -306,7 +306,8 @@ class PipelineTrainer:
         self.p2p.complete_sends()
         self.saved_activation_bytes = stage.peak
         self.model.peak_activation_bytes = stage.peak
-        contribution = stage.loss_local if stage.last and self.comm.grid.coords["y"] == 0 else 0.0
+        # the partial sums stay on the device until here (mse_parts): one read, after the step's work is queued
+        contribution = float(stage.loss_local) if stage.last and self.comm.grid.coords["y"] == 0 else 0.0
         with self.comm.watch(f"the loss all-reduce over the world, step {step}"):
             total = self.world.allreduce(contribution, op=MPI.SUM)
         if stage.last:

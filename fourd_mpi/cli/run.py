@@ -103,6 +103,8 @@ def _header(world, run) -> None:
             say(world, f"device-buffer smoke test: {'passed' if smoke['ok'] else 'FAILED'} ({smoke['detail']})")
     if run.mpi_buffers is not None:
         say(world, f"MPI buffers: {run.mpi_buffers.mode} ({run.mpi_buffers.reason})")
+    if run.options.model.kind == "gpt":
+        say(world, f"attention: {run.backend.attention} ({run.backend.attention_reason})")
     say(world, f"overlap {overlap}; progress {run.comm.progress.describe()}")
     for note in run.overlap_notes():
         say(world, f"note: {note} on grid {run.options.grid}")
@@ -192,6 +194,8 @@ def cmd_verify(args, world) -> int:
           f"with {options.algorithm} against the serial 4D model on one rank{reference}, "
           f"{args.steps} training steps; relative error ||a-b||/||b||, tolerance {results[0].tolerance:g}")
     nodes = results[0].nodes if results else 1
+    kernels = sorted({r.attention for r in results}) or ["unfused"]
+    print(f"attention: {', '.join(kernels)} in the checked runs; the reference's is unfused")
     print(f"ranks on {nodes} node(s) (MPI_COMM_TYPE_SHARED); 'across nodes': the axes with a communicator that "
           f"spans more than one node")
     print(f"{'grid (DxZxYxX)':>15} {'overlap':<22} {'progress':<8} {'recompute':<9} {'output':>10} "

@@ -230,6 +230,10 @@ class ArrayBackend:
     #: True when MPI gets host staging buffers (:meth:`stage_to_host` / :meth:`stage_to_device`)
     staged = False
     tf32 = False
+    #: the attention kernels the step uses (``unfused``, or a fused mode of :mod:`fourd_mpi.step.fusedattention`,
+    #: set by the run's set-up from ``--attention``) and why
+    attention = "unfused"
+    attention_reason = "default"
 
     def __init__(self, dtype):
         self.dtype = np.dtype(dtype)

@@ -100,8 +100,9 @@ def largest_shard(cfg: ModelConfig, grid: GridShape) -> int:
     return max(block_elements(n, k, t, grid) // grid.z for _, n, k, t in fc_weights(cfg, grid))
 
 
-def memory_need(options) -> MemoryNeed:
-    """The estimate per rank of :class:`~fourd_mpi.run.options.RunOptions` ``options`` (pure)."""
+def memory_need(options, attention: str = "unfused") -> MemoryNeed:
+    """The estimate per rank of :class:`~fourd_mpi.run.options.RunOptions` ``options`` (pure); ``attention``:
+    the kernels that will run (``unfused`` keeps the score matrix; a fused mode only a row statistic)."""
     cfg, grid = options.model, options.grid
     family = get_algorithm(options.algorithm).family
     m = (cfg.batch // (grid.data * grid.z)) * cfg.seq  # tokens per rank: the batch split over data and Z
@@ -119,7 +120,8 @@ def memory_need(options) -> MemoryNeed:
         else:
             from fourd_mpi.perf.memory import estimate_memory
         estimate = estimate_memory(cfg, grid, dtype=options.dtype, optimizer=options.optimizer,
-                                   overlap=options.overlap_config())
+                                   overlap=options.overlap_config(),
+                                   attention="unfused" if attention == "unfused" else "fused")
     batches = min(options.data_batches, options.steps)
     tensor = m * (cfg.hidden // grid.x)  # one input or target [m, h/G_x] ([m, h/q] on a cube)
     data = 2 * max(0, batches - 1) * tensor * dtype_bytes(options.dtype)
@@ -391,7 +393,7 @@ def admit(comm, options, backend) -> Tuple[MemoryNeed, Optional[Budget]]:
     Collective over ``comm``; call it before the model and data are allocated. Returns the need
     and the smallest budget over the ranks (None: ``--memory-limit 0`` or nothing measurable).
     """
-    need = memory_need(options)
+    need = memory_need(options, backend.attention)
     mine = rank_budget(comm, backend, options.memory_limit)
     everyone = comm.allgather(None if mine is None else (mine.bytes, mine.source))
     known = [b for b in everyone if b is not None]

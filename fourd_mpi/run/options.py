@@ -26,6 +26,7 @@ from fourd_mpi.algorithms.pipeline_plan import SCHEDULES as PIPELINE_SCHEDULES
 from fourd_mpi.algorithms.registry import ALGORITHMS, DEFAULT_ALGORITHM
 from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.core.backend import BACKENDS, DEVICE_BUFFER_MODES, DTYPES, check_dtype_options
+from fourd_mpi.step.fusedattention import ATTENTION_MODES
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.core.progress import PROGRESS_STRATEGIES
 from fourd_mpi.errors import ConfigError
@@ -139,6 +140,11 @@ RUN_OPTIONS: Tuple[Option, ...] = (
                 "pinned host buffers; auto (default) = direct only where detection and a smoke-test "
                 "all-reduce on a device buffer succeed. numpy backend: direct = host arrays; staged = "
                 "emulated staging (host copies, same code path and trace events; for testing)"),
+    Option("attention", "numerics", str, "auto", ATTENTION_MODES,
+           help="attention kernels: unfused = scores [b, heads, s, s], softmax, two batched GEMMs (any backend); "
+                "fused = PyTorch's scaled_dot_product_attention on the GPU (cuDNN, then FlashAttention-2, then "
+                "memory-efficient), no score matrix; cudnn / flash = that kernel alone; auto (default) = fused "
+                "on the cupy backend where PyTorch with CUDA can run it, else unfused"),
     Option("seed", "numerics", run_seed, 0, metavar=_N, help="seed of the synthetic weights and data (default 0)"),
     Option("optimizer", "numerics", str, "adam", OPTIMIZERS, help="default adam"),
     Option("memory-limit", "numerics", byte_size, None, metavar="SIZE",
@@ -247,6 +253,8 @@ class RunOptions:
     dtype: str = "float32"
     backend: str = "auto"
     device_buffers: str = "auto"
+    #: ``--attention`` as given (:data:`~fourd_mpi.step.fusedattention.ATTENTION_MODES`; what ran: the backend's)
+    attention: str = "auto"
     #: float32 GEMMs in TF32 on tensor cores (cupy backend only)
     tf32: bool = False
     seed: int = 0
@@ -308,6 +316,12 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
     if options.get("device_buffers", "auto") not in DEVICE_BUFFER_MODES:
         raise ConfigError(f"unknown device-buffer mode {options['device_buffers']!r}: "
                           f"choose one of {', '.join(DEVICE_BUFFER_MODES)}")
+    attention = options.get("attention", "auto")
+    if attention not in ATTENTION_MODES:
+        raise ConfigError(f"unknown attention mode {attention!r}: choose one of {', '.join(ATTENTION_MODES)}")
+    if attention not in ("auto", "unfused") and options.get("backend", "auto") == "numpy":
+        raise ConfigError(f"--attention {attention} runs on a GPU only: use --backend cupy (or auto), or "
+                          "--attention unfused")
     if options.get("optimizer", "adam") not in OPTIMIZERS:
         raise ConfigError(f"unknown optimizer {options['optimizer']!r}: choose one of {', '.join(OPTIMIZERS)}")
     if options.get("steps", 1) < 1:

@@ -103,6 +103,8 @@ class GridCheck:
     across_nodes: str = "-"
     #: nodes the run's ranks were on (the launcher's assignment)
     nodes: int = 1
+    #: the attention kernels of the checked run (the reference's are always ``unfused``)
+    attention: str = "unfused"
 
     @property
     def ok(self) -> bool:
@@ -146,6 +148,7 @@ def check_grid(options: RunOptions, reference, steps: int, world,
     run = Run.build(world, options)
     run.comm.watchdog = watchdog  # the steps' collectives and the gathers of snapshot()
     placement = run.placement if run.placement is not None else run.grid.placement
+    attention = run.backend.attention
     got = snapshot(run, world, steps)
     run.close()
     if world.Get_rank() != 0:
@@ -159,7 +162,7 @@ def check_grid(options: RunOptions, reference, steps: int, world,
     overlap = ",".join(options.overlap_config().enabled) or "none"
     return GridCheck(str(options.grid), overlap, options.progress, errors["output"], grads[worst], worst[5:],
                      loss_error, tolerance(options), options.recompute,
-                     ",".join(placement.inter_node_axes) or "-", placement.num_nodes)
+                     ",".join(placement.inter_node_axes) or "-", placement.num_nodes, attention)
 
 
 def verify(variants: List[RunOptions], grids: List[GridShape], steps: int, world,
@@ -168,6 +171,8 @@ def verify(variants: List[RunOptions], grids: List[GridShape], steps: int, world
     overlap, progress and recompute options against one blocking single-rank reference without
     recompute. Results on rank 0.
 
+    The reference's attention is always the unfused one (scores, softmax, two GEMMs), so a fused
+    kernel is checked against it.
     ``reference_backend``: compute the reference on this backend (``"numpy"``: the CuPy
     step against the NumPy one; TF32 is then off in the reference); None: the variants' own.
     ``step_timeout`` > 0: a :class:`~fourd_mpi.core.watchdog.Watchdog` aborts the job when a rank
@@ -177,7 +182,7 @@ def verify(variants: List[RunOptions], grids: List[GridShape], steps: int, world
     # the reference is the serial 4D model whatever the algorithm checked (every algorithm holds the same
     # global parameters): an algorithm is never checked against itself on one rank
     blocking = replace(variants[0], algorithm=DEFAULT_ALGORITHM, overlap="none", cache_weights=False,
-                       progress="none", recompute="none")
+                       progress="none", recompute="none", attention="unfused")
     if reference_backend is not None:
         blocking = replace(blocking, backend=reference_backend, device_buffers="auto",
                            tf32=blocking.tf32 and reference_backend != "numpy")

@@ -350,12 +350,18 @@ def softmax_backward_(probs, dprobs, scale: float):
 
 # loss -----------------------------------------------------------------------------------------
 def mse_parts(y, target, dy, n: int):
-    """Local ``sum((y - t)^2)`` (a host float) and ``dy = (y - t) / n`` written into ``dy``."""
+    """Local ``sum((y - t)^2)`` and ``dy = (y - t) / n`` written into ``dy``.
+
+    The sum is a host float on NumPy and a 0-d device array on CuPy: it is not read back here, so the
+    host does not wait for the kernels queued before it (``float()`` it once the step's work is queued)."""
     k = _kernels_for(y)
     if k is not None:
-        local = k["squared_diff_sum"](y, target)
+        # per row first, then the rows: CuPy runs a ReductionKernel that reduces to one value in a single thread
+        # block (one SM), which took 25-40 % of a bf16 h4096 step on an H200 (results/benchmarks/gpu/README.md);
+        # one block per row spreads it over the GPU, and the rows are summed in float32 (not rounded to 16 bits)
+        rows = k["squared_diff_sum"](y, target, axis=-1)
         k["diff_scaled"](y, target, float(n), dy)
-        return float(local.get())
+        return rows.astype("float32").sum()
     xp = array_module(y)
     xp.subtract(y, target, out=dy)
     flat = _for_products(dy.reshape(-1))

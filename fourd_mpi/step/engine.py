@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from fourd_mpi.core.collectives import Collectives
-from fourd_mpi.step.model import Model, SyntheticData, held_bytes, mse_loss
+from fourd_mpi.step.model import Model, SyntheticData, held_bytes, mse_loss, mse_loss_parts, reduce_loss
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.schedule import GradientSync, StepContext, WeightFetcher
 
@@ -78,8 +78,12 @@ class Trainer:
         self.weights.finish()
         return mse_loss(y, target, self.comm, self.global_elements, self.model.loss_axes)[0]
 
-    def forward_backward(self, step: int):
-        """Loss and fully reduced gradients for the batch of ``step``; returns ``(loss, y)``."""
+    def forward_backward(self, step: int, defer_loss: bool = False):
+        """Loss and fully reduced gradients for the batch of ``step``; returns ``(loss, y)``.
+
+        ``defer_loss``: the loss is not read back from the device here (that would make the host wait for
+        every kernel queued before it, inside the step): ``loss`` is None and :meth:`reduce_loss` gives it
+        later, e.g. once the optimizer's kernels are queued and the device synchronized."""
         trace = self.comm.tracer
         x, target = self.data.batch(step)  # prepared before the steps, as a data loader delivers it
         trace.enter_phase("forward")
@@ -89,13 +93,19 @@ class Trainer:
         self.weights.begin_backward(self.model.backward_weight_order(self.recompute),
                                     "recompute" if self.recompute == "full" else "backward")
         with trace.layer("loss", "forward"):
-            loss, dy = mse_loss(y, target, self.comm, self.global_elements, self.model.loss_axes)
+            self._loss_local, dy = mse_loss_parts(y, target, self.comm, self.global_elements)
         trace.enter_phase("backward")
         self.grads.begin()
         self.model.backward(dy, saved, self.ctx)
         self.grads.finish()
         self.comm.check_quiescent("the end of the backward pass")
-        return loss, y
+        return (None if defer_loss else self.reduce_loss()), y
+
+    def reduce_loss(self) -> float:
+        """The loss of the last :meth:`forward_backward`: its partial sum read back and all-reduced over the
+        model's loss axes (blocking; collective over them)."""
+        with self.comm.tracer.layer("loss", "forward"):
+            return reduce_loss(self._loss_local, self.comm, self.global_elements, self.model.loss_axes)
 
     def step(self, step: int) -> StepResult:
         return timed_step(self, step, self.comm.grid.world, "the end-of-step MAX all-reduce over world")
@@ -112,12 +122,15 @@ def timed_step(trainer, step: int, world, what: str) -> StepResult:
     trace.begin_step(step)
     comm.records.clear()  # keep only this step's collective records (they become the step's trace events)
     t0 = time.perf_counter_ns()
+    deferred = hasattr(trainer, "reduce_loss")  # no host read of the loss before the step's work is queued
     try:
-        loss, _ = trainer.forward_backward(step)
+        loss, _ = trainer.forward_backward(step, defer_loss=True) if deferred else trainer.forward_backward(step)
         trace.enter_phase("optimizer")
         with trace.op("optimizer"):
             trainer.optimizer.step()
         comm.backend.synchronize()
+        if deferred:
+            loss = trainer.reduce_loss()
     except BaseException:
         if trace.ranges is not None:  # NVTX (--nvtx): the step's open ranges end with it
             trace.ranges.unwind()

@@ -87,51 +87,68 @@ def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm", progress=No
     batch = max(1, a.size // (m * k)) if a.ndim > 2 else 1
     flops = 2.0 * batch * m * n * k
     timing = counter is not None and counter.enabled
+    if not isinstance(a, np.ndarray):  # cupy.matmul, or cuBLAS for batched 16-bit
+        out = device_op(lambda: devicegemm.matmul(a, b, out=out), counter, kind, flops, progress)
+    else:
+        tracer = counter.tracer if counter is not None else None
+        if tracer is not None:
+            t_start = time.perf_counter_ns()
+            mpi_before = tracer.mpi_ns  # polls inside this GEMM are MPI time, not compute
+        if progress is None or flops <= progress.chunk_flops:
+            t0 = time.perf_counter()
+            out = np.matmul(a, b, out=out)
+            if timing:
+                counter.add(kind, time.perf_counter() - t0)
+        else:
+            out, seconds = _chunked_matmul(a, b, flops, progress, timing, out)
+            if timing:
+                counter.add(kind, seconds)
+        if tracer is not None:
+            tracer.compute(kind, t_start, time.perf_counter_ns(), flops, tracer.mpi_ns - mpi_before)
+        if timing:
+            counter.flops[kind] = counter.flops.get(kind, 0.0) + flops
+    if timing and kind == "gemm":
+        key = (m, n, k, a.strides[-1] == a.itemsize, b.strides[-1] == b.itemsize)
+        counter.shapes[key] = counter.shapes.get(key, 0) + 1
+    return out
+
+
+def device_op(run, counter: ComputeCounter = None, kind: str = "gemm", flops: float = 0.0, progress=None):
+    """Launch ``run()`` (asynchronous GPU work on the compute stream) and account for it as ``kind``.
+
+    ``flops``: what the work counts for (:attr:`ComputeCounter.flops`, the trace's compute events).
+    CUDA events recorded around the launch time it on the compute stream: host clocks are read
+    only after a synchronization (trace level ``op``) or not at all (read from the events later).
+    ``progress``: as :func:`matmul`'s: the host polls MPI until the work's event completes.
+    Returns what ``run`` returns. No communication here beyond those progress polls.
+    """
+    timing = counter is not None and counter.enabled
     tracer = counter.tracer if counter is not None else None
     sync_ops = tracer is not None and tracer.synchronize is not None and tracer.keep_ops
-    device = not isinstance(a, np.ndarray)
     if sync_ops:
         tracer.synchronize()
-    if tracer is not None:
-        t_start = time.perf_counter_ns()
-        mpi_before = tracer.mpi_ns  # polls inside this GEMM are MPI time, not compute
+    t_start = time.perf_counter_ns() if tracer is not None else 0
     watch = None
-    if device:
-        if timing or tracer is not None:
-            watch = counter.backend.stopwatch()
-            watch.start()
-        out = devicegemm.matmul(a, b, out=out)  # cupy.matmul, or cuBLAS for batched 16-bit
-        if watch is not None:
-            watch.stop()
-        if progress is not None:
-            _poll_until_done(progress)
-        if timing:
-            counter.add(kind, watch=watch)
-    elif progress is None or flops <= progress.chunk_flops:
-        t0 = time.perf_counter()
-        out = np.matmul(a, b, out=out)
-        if timing:
-            counter.add(kind, time.perf_counter() - t0)
-    else:
-        out, seconds = _chunked_matmul(a, b, flops, progress, timing, out)
-        if timing:
-            counter.add(kind, seconds)
+    if timing or tracer is not None:
+        watch = counter.backend.stopwatch()
+        watch.start()
+    result = run()
+    if watch is not None:
+        watch.stop()
+    if progress is not None:
+        _poll_until_done(progress)
+    if timing:
+        counter.add(kind, watch=watch)
+        counter.flops[kind] = counter.flops.get(kind, 0.0) + flops
     if tracer is not None:
-        if device and not sync_ops:
+        if not sync_ops:
             tracer.compute_deferred(kind, watch, flops)
         else:
-            if sync_ops:
-                tracer.synchronize()
+            tracer.synchronize()
             t_end = time.perf_counter_ns()
-            if device:  # the kernel's own duration, placed at the end of its synchronized bracket
-                t_start = max(t_start, t_end - watch.elapsed_ns())
-            tracer.compute(kind, t_start, t_end, flops, 0 if device else tracer.mpi_ns - mpi_before)
-    if timing:
-        counter.flops[kind] = counter.flops.get(kind, 0.0) + flops
-        if kind == "gemm":
-            key = (m, n, k, a.strides[-1] == a.itemsize, b.strides[-1] == b.itemsize)
-            counter.shapes[key] = counter.shapes.get(key, 0) + 1
-    return out
+            # the kernels' own duration, placed at the end of their synchronized bracket
+            tracer.compute(kind, max(t_start, t_end - watch.elapsed_ns()), t_end, flops, 0)
+    return result
 
 
 def _poll_until_done(progress) -> None:

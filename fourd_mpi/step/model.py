@@ -32,7 +32,7 @@ from typing import Iterable, List
 
 import numpy as np
 
-from fourd_mpi.step import elementwise, kernels
+from fourd_mpi.step import elementwise, fusedattention, kernels
 from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.step.presets import RECOMPUTE_MODES, ModelConfig
 from fourd_mpi.step.layers import FullyConnected4D, LayerNorm4D, Parameter
@@ -80,6 +80,7 @@ class GPTBlock:
         self.xp = backend.xp
         self.empty = backend.empty
         self.counter = counter
+        self.backend = backend
         self.local_batch, self.local_heads = self._local_batch_heads(cfg, grid.shape)
         self.seq = cfg.seq
         self.head_dim = cfg.head_dim
@@ -108,6 +109,25 @@ class GPTBlock:
         """The linear layers in the order forward uses them."""
         return [self.qkv, self.proj, self.fc1, self.fc2]
 
+    def _attention_forward(self, qkv, progress):
+        """``qkv [m, 3h/y]`` -> ``(ctx [m, h/y], saved)`` on this rank's heads, by the backend's attention
+        kernels (:attr:`~fourd_mpi.core.backend.Backend.attention`); local, no communication."""
+        mode = self.backend.attention
+        if mode == "unfused":
+            return kernels.attention_forward(self.xp, qkv, *self._attention_shape(), self.counter, progress,
+                                             self.empty)
+        return fusedattention.attention_forward(self.backend, mode, qkv, *self._attention_shape(), self.counter,
+                                                progress, self.empty)
+
+    def _attention_backward(self, dctx, saved, progress):
+        """``dctx [m, h/y]`` -> ``dqkv [m, 3h/y]`` (:meth:`_attention_forward`'s kernels); local."""
+        mode = self.backend.attention
+        if mode == "unfused":
+            return kernels.attention_backward(self.xp, dctx, saved, *self._attention_shape(), self.counter,
+                                              progress, self.empty)
+        return fusedattention.attention_backward(self.backend, mode, dctx, saved, *self._attention_shape(),
+                                                 self.counter, progress, self.empty)
+
     def forward(self, h, ctx: StepContext, recompute: str = "none"):
         """``h [m, h/x]`` rep Y -> ``(out [m, h/x], saved)``; ``saved`` holds what ``recompute`` keeps (each
         layer's input as :attr:`linear_forward` keeps it; ``selective``: the QKV output instead of the
@@ -118,8 +138,7 @@ class GPTBlock:
         qkv, s["a"] = self.linear_forward(self.qkv, a, ctx)  # [m, 3h/y] rep x
         del a
         with trace.layer(self.attn_name, ctx.phase), trace.op("attention"):
-            attn_out, s["attn"] = kernels.attention_forward(xp, qkv, *self._attention_shape(), self.counter,
-                                                            comm.compute_hook, self.empty)
+            attn_out, s["attn"] = self._attention_forward(qkv, comm.compute_hook)
         h1, s["ctx"] = self.linear_forward(self.proj, attn_out, ctx)  # [m, h/x] rep y
         del attn_out
         if recompute == "selective":  # the attention core (and proj's input) are rebuilt from QKV in backward
@@ -154,8 +173,7 @@ class GPTBlock:
         """Selective recompute: probabilities and context from the kept QKV output, then proj's saved input
         (:meth:`_proj_input`; 4D: no communication)."""
         with ctx.comm.tracer.layer(self.attn_name, "recompute"), ctx.comm.tracer.op("attention"):
-            attn_out, s["attn"] = kernels.attention_forward(self.xp, s.pop("qkv"), *self._attention_shape(),
-                                                            self.counter, ctx.comm.compute_hook, self.empty)
+            attn_out, s["attn"] = self._attention_forward(s.pop("qkv"), ctx.comm.compute_hook)
         s["ctx"] = self._proj_input(attn_out, ctx)
         del attn_out
         self.rebuilt_bytes = held_bytes(s)  # this block's activations held right after the rebuild
@@ -180,8 +198,7 @@ class GPTBlock:
             self._recompute_attention(s, ctx)
         dctx = self.linear_backward(self.proj, dh1, s.pop("ctx"), ctx)
         with trace.layer(self.attn_name, "backward"), trace.op("attention"):
-            dqkv = kernels.attention_backward(xp, dctx, s.pop("attn"), *self._attention_shape(), self.counter,
-                                              comm.compute_hook, self.empty)
+            dqkv = self._attention_backward(dctx, s.pop("attn"), comm.compute_hook)
         da = self.linear_backward(self.qkv, dqkv, s.pop("a"), ctx)
         with trace.layer(self.ln1.name, "backward"):
             dh = self.ln1.backward(da, s.pop("ln1"), comm)
@@ -351,13 +368,25 @@ def mse_loss(y, target, comm: Collectives, global_elements: int, axes=LOSS_AXES)
 
     y, target: ``[m, h/x]`` rep Y; ``dy = (y - t) / (B*s*h)``. The partial sum is all-reduced
     over ``axes``: data, Z and X (not Y, which holds replicas); a model whose output has another
-    layout names its own (``Model.loss_axes``).
+    layout names its own (``Model.loss_axes``). :func:`mse_loss_parts` then :func:`reduce_loss`.
     """
+    local, dy = mse_loss_parts(y, target, comm, global_elements)
+    return reduce_loss(local, comm, global_elements, axes), dy
+
+
+def mse_loss_parts(y, target, comm: Collectives, global_elements: int):
+    """This rank's partial ``sum((y - t)^2)`` (on the device: not read back) and ``dy``; no communication."""
     with comm.tracer.op("loss"):
         dy = comm.backend.empty(y.shape)
         local = elementwise.mse_parts(y, target, dy, global_elements)
-    (total,) = comm.allreduce_scalars([local], axes=axes)
-    return total / (2.0 * global_elements), dy
+    return local, dy
+
+
+def reduce_loss(local, comm: Collectives, global_elements: int, axes=LOSS_AXES) -> float:
+    """The loss from every rank's partial sum ``local``: read back (waits for the kernels that made it) and
+    all-reduced over ``axes`` (blocking; collective over those axes)."""
+    (total,) = comm.allreduce_scalars([float(local)], axes=axes)
+    return total / (2.0 * global_elements)
 
 
 #: distinct batches prepared before the first step (``--data-batches``)

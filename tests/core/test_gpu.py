@@ -204,3 +204,48 @@ def test_backend_names_its_gpu_runtime():
     hip = bool(getattr(cupy.cuda.runtime, "is_hip", False))
     assert ("HIP " if hip else "CUDA ") in backend.describe()
     assert device_info(backend)["kind"] == ("hip" if hip else "cuda")
+
+
+def _torch_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@needs_gpu
+@pytest.mark.skipif(not (GPU and _torch_cuda()), reason="PyTorch with CUDA is not installed: no fused attention")
+@pytest.mark.parametrize("mode", ["fused", "cudnn", "flash"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_fused_attention_matches_unfused(mode, dtype):
+    """PyTorch's SDPA kernels on the step's strided q/k/v views against the unfused attention, forward and
+    backward, in float32 arithmetic: ||a-b||/||b|| within the dtype's verify tolerance."""
+    import cupy
+
+    from fourd_mpi.core.backend import make_backend, parse_dtype
+    from fourd_mpi.errors import BackendError
+    from fourd_mpi.step import fusedattention, kernels
+
+    backend = make_backend("cupy", parse_dtype(dtype), device_buffers="staged")
+    b, s, h, d = 2, 256, 4, 64
+    try:
+        chosen, _ = fusedattention.choose(mode, backend, d)
+    except BackendError as exc:
+        if mode == "fused":
+            raise
+        pytest.skip(str(exc))
+    assert chosen == mode
+    rng = np.random.default_rng(1)
+    qkv32 = cupy.asarray(rng.standard_normal((b * s, h * 3 * d)).astype(np.float32))
+    dctx32 = cupy.asarray(rng.standard_normal((b * s, h * d)).astype(np.float32))
+    qkv, dctx = qkv32.astype(backend.dtype), dctx32.astype(backend.dtype)
+    ref_ctx, saved = kernels.attention_forward(cupy, qkv32, b, s, h, d)
+    ref_dqkv = kernels.attention_backward(cupy, dctx32, saved, b, s, h, d)
+    ctx, saved = fusedattention.attention_forward(backend, mode, qkv, b, s, h, d)
+    dqkv = fusedattention.attention_backward(backend, mode, dctx, saved, b, s, h, d)
+    limit = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}[dtype]
+    for got, ref in ((ctx, ref_ctx), (dqkv, ref_dqkv)):
+        assert got.shape == ref.shape and got.dtype == backend.dtype
+        err = float(cupy.linalg.norm(got.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
+        assert err < limit, (mode, dtype, got.shape, err)
