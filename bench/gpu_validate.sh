@@ -127,11 +127,13 @@ for what in "$@"; do
     copy)  # staged copies inside a 2-rank step (analyze --what comm: d2h/h2d rows) vs the same copies alone
         stage copy 120 $PY bench/gpu_copy.py --sizes 4MiB,16MiB,64MiB,256MiB --json "$OUT/copy.json"
         stage copy 150 mpiexec -n 2 $PY -m fourd_mpi run --backend cupy --model gpt-small --dtype bfloat16 --gx 2 \
-            --layers 2 --hidden 4096 --heads 32 --seq 2048 --batch 8 --steps 6 --warmup 2 --overlap all \
-            --device-buffers staged --trace-level op --results-dir "$RES" --run-id copy-2 --display quiet
-        stage copy 60 $PY -m fourd_mpi analyze "$RES/copy-2.h5" --what comm
+            --layers 2 --hidden 4096 --heads 32 --seq 2048 --batch 8 --steps 5 --warmup 1 --overlap all \
+            --device-buffers staged --trace-level op --results-dir "$RES" --run-id copy-3 --display quiet
+        stage copy 60 $PY -m fourd_mpi analyze "$RES/copy-3.h5" --what comm
         ;;
-    peer)  # the AxoNN peer benchmark at 8 and 16 ranks on the 16 cores (CPU, no oversubscription), alternating
+    peer)  # the AxoNN peer benchmark at 8 and 16 ranks on the 16 cores (CPU, no oversubscription), alternating;
+           # no GPU visible: AxoNN takes NCCL whenever torch sees one (8 ranks on one GPU: NCCL fails)
+        export CUDA_VISIBLE_DEVICES=
         stage peer 200 $PY bench/peer_axonn.py --ranks 8 --grids ${PEER_GRIDS8:-2x2x2} --hidden 2048 --rounds 3 \
             --json "$OUT/peer8.json"
         stage peer 240 $PY bench/peer_axonn.py --ranks 16 --grids ${PEER_GRIDS16:-2x2x4} --hidden 2048 --rounds 3 \
