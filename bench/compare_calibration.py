@@ -26,10 +26,16 @@ Usage (from the repository root; runs ``.venv/bin/mpiexec`` and ``.venv/bin/four
 
 **The calibration of issue 32** (targets: at most 1 false change in 20 identical pairs, the planted 15 %
 found in at least 19 of 20) needs a quiet machine: nothing else running (``uptime``'s load average below
-1 on 2 cores before the start), then::
+1 on 2 cores before the start), a step of about 20 ms and one core left to the system (on this 2-core
+machine: one rank; with both cores running ranks the detection stays at 15-20 of 20,
+docs/guide/regressions.md), then::
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/compare_calibration.py --pairs 20 --runs 12 --steps 42 \\
-        --save results/benchmarks/compare_calibration_runs.json.gz --out results/benchmarks/compare_calibration.txt
+    OMP_NUM_THREADS=1 .venv/bin/python bench/compare_calibration.py --pairs 20 --runs 12 --ranks 1 --steps 22 \\
+        --run-args "--hidden 128 --seq 64 --batch 8" \\
+        --save results/benchmarks/compare_calibration_corespec_runs.json.gz \\
+        --out results/benchmarks/compare_calibration_corespec.txt
+
+(581 s on 2026-11-26, load average 1.0-1.2.)
 
 It makes 20 x 24 = 480 runs of 44 steps. Timed: one pair (``--pairs 1 --runs 12 --steps 42``) took 88 s at
 load average 13-10 (2026-11-25 21:29 UTC, other jobs running: about 30 minutes for 20 pairs at that load);
