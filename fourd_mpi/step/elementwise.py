@@ -358,10 +358,10 @@ def mse_parts(y, target, dy, n: int):
     if k is not None:
         # per row first, then the rows: CuPy runs a ReductionKernel that reduces to one value in a single thread
         # block (one SM), which took 25-40 % of a bf16 h4096 step on an H200 (results/benchmarks/gpu/README.md);
-        # one block per row spreads it over the GPU, and the rows are summed in float32 (not rounded to 16 bits)
+        # one block per row spreads it over the GPU, and the rows are summed in float64 (not rounded to 16 bits)
         rows = k["squared_diff_sum"](y, target, axis=-1)
         k["diff_scaled"](y, target, float(n), dy)
-        return rows.astype("float32").sum()
+        return rows.astype("float64").sum()
     xp = array_module(y)
     xp.subtract(y, target, out=dy)
     flat = _for_products(dy.reshape(-1))
