@@ -33,7 +33,6 @@ from fourd_mpi.step.optim import make_optimizer
 from fourd_mpi.trace.events import Tracer, align_clocks
 
 
-
 def choose_attention(comm, options: RunOptions, backend):
     """``(implementation, why)`` of ``--attention`` on every rank of ``comm`` (collective): an explicit fused
     mode that some rank cannot run is one error on every rank; ``auto`` runs fused only where every rank can."""
@@ -45,6 +44,7 @@ def choose_attention(comm, options: RunOptions, backend):
         return everyone[0]
     rank, (_, why) = next((r, c) for r, c in enumerate(everyone) if c[0] == "unfused")
     return "unfused", f"{why} (rank {rank})"
+
 
 @dataclass(frozen=True)
 class MpiBuffers:
