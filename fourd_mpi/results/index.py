@@ -74,11 +74,15 @@ ENTRY_SCHEMA = {
 
 def keyed_config(config: Dict) -> Dict:
     """The configuration that identifies a run: ``config`` (a trace's ``metadata["config"]``, keyed by
-    long option names) without :data:`OUTPUT_ONLY`, with :data:`KEY_DEFAULTS` filled in."""
+    long option names) without :data:`OUTPUT_ONLY`, with :data:`KEY_DEFAULTS` filled in. ``attention`` is the
+    kernels that ran (``unfused`` is left out, as runs before the option have no key for it), so a fused and an
+    unfused run are two configurations."""
     out = {k: v for k, v in dict(config or {}).items() if k not in OUTPUT_ONLY}
     for name, default in KEY_DEFAULTS.items():
         if out.get(name) is None:
             out[name] = default
+    if out.get("attention") == "unfused":  # what every run did before --attention: the keys of older runs hold
+        del out["attention"]
     return out
 
 

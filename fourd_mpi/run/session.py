@@ -234,6 +234,8 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
     if fault is not None:
         fault.check(trace.results_dir, options.steps)
     run = Run.build(world, options, trace_level=trace.level)
+    if "attention" in config:  # the kernels that ran (``auto`` resolves per machine): the header, metadata and key
+        config["attention"] = run.backend.attention
     run.comm.watchdog = Watchdog(step_timeout, rank)
     run.comm.tracer.ranges = make_ranges(trace.nvtx, say if rank == 0 else lambda text: None)
     start_time = now_iso()

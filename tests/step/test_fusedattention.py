@@ -55,3 +55,28 @@ def test_fused_attention_without_a_gpu_is_one_line_on_every_rank(run_mpi, tmp_pa
     assert "Traceback" not in proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if "--attention cudnn" in ln]
     assert len(lines) >= 1 and all("runs on a GPU only" in ln for ln in lines)
+
+
+def test_the_config_key_tells_fused_from_unfused_and_keeps_older_keys():
+    from fourd_mpi.results.index import config_key
+
+    old = {"model": "gpt-tiny", "gx": 2, "steps": 10}  # a trace from before --attention
+    assert config_key(dict(old, attention="unfused")) == config_key(old)
+    assert config_key(dict(old, attention="fused")) != config_key(old)
+    assert config_key(dict(old, attention="fused")) != config_key(dict(old, attention="flash"))
+
+
+@pytest.mark.mpi
+def test_the_trace_records_the_attention_that_ran(run_mpi, tmp_path):
+    """``auto`` resolves on the machine: the trace's configuration holds what ran, so its key matches runs made
+    before the option (all unfused) and tells a fused GPU run from an unfused one."""
+    from fourd_mpi.trace.read import load_trace
+
+    proc = run_mpi(2, ["run", "--gx", "2", "--steps", "2", "--results-dir", tmp_path, "--run-id", "a",
+                       "--display", "quiet"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert 'attention = "unfused"' in proc.stdout  # the resolved configuration printed, reusable as it is
+    meta = load_trace(str(tmp_path / "a.h5"), events=False).metadata
+    assert meta["config"]["attention"] == "unfused"
+    assert meta["attention"]["implementation"] == "unfused"
+    assert meta["attention"]["reason"].startswith("auto: the numpy backend has no fused attention kernel")
