@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-def parse_size(text: str) -> int:
-    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-    for unit, factor in units.items():
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * factor)
-    return int(text)
+from fourd_mpi.util.values import byte_size  # noqa: E402  (the suite's size parser: 4MiB, 1GB, ...)
 
 
 def time_copy(cupy, nbytes: int, direction: str, pinned: bool, repeats: int, warmup: int):
@@ -58,7 +55,8 @@ def time_copy(cupy, nbytes: int, direction: str, pinned: bool, repeats: int, war
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="1MiB,16MiB,64MiB,256MiB", help="comma list of copy sizes")
+    p.add_argument("--sizes", type=lambda text: [byte_size(t) for t in text.split(",")],
+                   default="1MiB,16MiB,64MiB,256MiB", help="comma list of copy sizes (KiB/MiB/GiB, KB/MB/GB)")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--json", metavar="FILE", help="also write every number as JSON")
@@ -73,7 +71,7 @@ def main(argv=None) -> int:
         return 2
     rows = []
     print(f"{'bytes':>12} {'direction':<9} {'host memory':<11} {'best GB/s':>10} {'median GB/s':>12}")
-    for size in [parse_size(s) for s in args.sizes.split(",")]:
+    for size in args.sizes:
         for direction in ("d2h", "h2d"):
             for pinned in (True, False):
                 times = time_copy(cupy, size, direction, pinned, args.repeats, args.warmup)

@@ -79,13 +79,10 @@ def _unavailable(backend, mode: str, head_dim: int):
         return "PyTorch is not installed (its scaled_dot_product_attention provides the fused kernels)"
     if not torch.cuda.is_available() or getattr(torch.version, "cuda", None) is None:
         return f"PyTorch {torch.__version__} has no CUDA device (a CPU-only or ROCm build?)"
-    xp = backend.xp
-    try:
-        probe = xp.zeros((256, 3 * head_dim), dtype=backend.dtype)
-        with _on_stream(torch, backend), _allowed(torch, mode), torch.enable_grad():
-            tq, tk, tv = _heads(torch, probe, 2, 128, 1, head_dim)
-            o = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
-            torch.autograd.grad(o, (tq, tk, tv), grad_outputs=torch.ones_like(o))
+    try:  # the step's own forward and backward on 2 sequences of 128 tokens, one head
+        ctx, saved = attention_forward(backend, mode, backend.xp.zeros((256, 3 * head_dim), dtype=backend.dtype),
+                                       2, 128, 1, head_dim)
+        attention_backward(backend, mode, ctx, saved, 2, 128, 1, head_dim)
         backend.synchronize()
     except Exception as exc:  # noqa: BLE001 - whatever PyTorch or DLPack refuses is the reason, in one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
