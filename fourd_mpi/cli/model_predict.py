@@ -8,6 +8,7 @@ leading dashes, ``-`` or ``_``); the command line wins over the file, the file o
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from fourd_mpi.errors import ConfigError
 
@@ -61,8 +62,10 @@ def register(msub) -> None:
             p.add_argument(f"--{name}", type=kind, default=None, help=text)
     add_format(p, ("table", "json"))
     pub = msub.add_parser("published", help="the model against the shipped published results (Megatron-LM SC21 "
-                                            "Table 1, AxoNN SC'24) and the ranking claims (offline)")
-    pub.add_argument("--dataset", default="all", metavar="NAME", help="narayanan_sc21, axonn_sc24 or all (default)")
+                                            "Tables 1 and 2, AxoNN SC'24), the memory and the ranking claims "
+                                            "(offline)")
+    pub.add_argument("--dataset", default="all", metavar="NAME",
+                     help="narayanan_sc21, axonn_sc24, narayanan_sc21_table2 or all (default)")
     pub.add_argument("--no-claims", action="store_true", help="leave out the ranking claims")
     add_format(pub, ("table", "json"))
 
@@ -119,8 +122,13 @@ def scenario_from(values: dict):
         if values[name] is not None and values[name] < 1:
             raise ConfigError(f"--{name} must be positive, got {values[name]}")
     OverlapConfig.parse(values["overlap"])  # one line for an unknown overlap
-    cfg = resolve_model(values["model"], layers=values["layers"], hidden=values["hidden"], heads=values["heads"],
-                        ffn_hidden=values["ffn-hidden"], seq=values["seq"], batch=values["batch"])
+    sizes = {"layers": values["layers"], "hidden": values["hidden"], "heads": values["heads"],
+             "ffn_hidden": values["ffn-hidden"], "seq": values["seq"]}
+    cfg = resolve_model(values["model"], batch=values["batch"], **sizes)
+    base = resolve_model(values["model"])
+    changed = [f"--{k.replace('_', '-')} {v}" for k, v in sizes.items() if v is not None and v != getattr(base, k)]
+    if changed:  # the header must not call a 96-layer model by the 42-layer preset's name alone
+        cfg = replace(cfg, name=f"{values['model']} with {' '.join(changed)}")
     profile = resolve_profile(None, values["profile"])
     window = values["dw-window"]
     if str(window).lower() == "none":
@@ -173,8 +181,9 @@ def cmd_published(args) -> int:
             raise ConfigError(f"--dataset {name!r}: choose {', '.join(published.DATASETS)} or all")
     rows = published.evaluate(names)
     claims = None if args.no_claims else published.evaluate_claims()
+    memory = published.evaluate_memory_claims(names)
     if args.format == "json":
-        print(json.dumps(published.as_dict(rows, claims), indent=1, sort_keys=True, default=str))
+        print(json.dumps(published.as_dict(rows, claims, memory), indent=1, sort_keys=True, default=str))
     else:
-        print(published.report(rows, claims))
+        print(published.report(rows, claims, memory))
     return 0

@@ -147,7 +147,7 @@ def parameter_elements(cfg: ModelConfig, grid: GridShape, blocks: Optional[Seque
     block's FC weights when the caller has them already (in :func:`fc_weights` order)."""
     if blocks is None:
         blocks = [block_elements(n, k, t, grid) for _, n, k, t in fc_weights(cfg, grid)]
-    per_block = sum(block // grid.z for block in blocks)
+    per_block = sum(-(-block // grid.z) for block in blocks)  # ceil: a padded shard (DeepSpeed) = exact otherwise
     if cfg.kind == "gpt":
         per_block += 4 * (cfg.hidden // grid.x)  # two LayerNorms, gamma and beta [h/x]
     return cfg.layers * per_block

@@ -176,7 +176,7 @@ def check(sc: Scenario) -> None:
     if sc.implementation == zero3_2021.NAME and (sc.algorithm != "fsdp" or sc.stages != 1 or sc.grid.data != 1):
         raise ConfigError(f"--implementation {zero3_2021.NAME} models DeepSpeed's ZeRO-3 alone: algorithm fsdp, one "
                           f"stage, grid 1xNx1x1 (got {sc.algorithm}, {sc.stages} stage(s), grid {sc.grid})")
-    problems = model_problems(sc.model, sc.grid)
+    problems = model_problems(sc.model, sc.grid, pad_z=sc.implementation == zero3_2021.NAME)
     if problems:
         raise ConfigError(f"model {sc.model.name} on grid {sc.grid}: {problems[0]}")
 
@@ -277,6 +277,8 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     params = parameter_elements(stage_cfg, grid)
     tp = grid.x * grid.y
     emb = vocab.embedding_elements(cfg.hidden, sc.vocab, tp) if (first or last) else 0
+    if sc.implementation == zero3_2021.NAME:  # zero.Init partitions every parameter, the embedding too
+        emb = -(-emb // grid.z)
     state = state_bytes(params + emb, grid, sc.dtype, sc.optimizer, sc.precision, sc.shard_optimizer)
     passes = schedules.inflight_block_passes(sc.schedule, p, m, cfg.layers, v if sc.schedule == "interleaved" else 1,
                                              stage)
@@ -398,8 +400,11 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
         emb_bytes = vocab.embedding_elements(cfg.hidden, sc.vocab, tp) * e
         for axis in ("z", "data"):
             if grid[axis] > 1:
-                t = collective_time(_coll(axis, "allreduce", grid[axis], emb_bytes, "backward", "emb_grad"),
-                                    profile, placement, rpn, inner)
+                if sc.implementation == zero3_2021.NAME:  # partitioned: gathered, its gradient reduce-scattered
+                    t = zero3_2021.embedding_time(emb_bytes, grid, m, profile, placement, rpn, inner)
+                else:
+                    t = collective_time(_coll(axis, "allreduce", grid[axis], emb_bytes, "backward", "emb_grad"),
+                                        profile, placement, rpn, inner)
                 t_emb += t
                 exposed[axis] = exposed.get(axis, 0.0) + t
         if p > 1:

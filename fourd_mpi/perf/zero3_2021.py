@@ -25,6 +25,14 @@ commit c0eeb69, released in v0.5.5 of November 2021, replaced it):
   and every optimizer step in ``_post_step``: ``persistent_parameters[0].all_gather(...)`` with
   ``async_op=False``, i.e. ``_allgather_params``: one all-gather of them all, then for every persistent
   parameter a Python loop over the world size with one ``copy_`` per rank whose slice holds elements.
+- The embedding: Megatron-LM v1.1.5's ZeRO-3 example builds the model inside ``deepspeed.zero.Init``
+  (microsoft/DeepSpeedExamples ``Megatron-LM-v1.1.5-ZeRO3/pretrain_gpt2.py``), which partitions every
+  parameter, the word embedding included: it is stored as ``ceil(V h / n)`` elements per rank (this
+  suite's ``fsdp`` step keeps it whole on every Z rank and all-reduces its gradient). Its LM head uses it
+  outside the embedding module (``parallel_lm_logits(..., word_embeddings.weight)`` in ``gpt2_model.py``:
+  an external parameter of the top module), so it is gathered for the forward pass and again for the
+  backward pass of each micro-batch (recompute checkpoints the blocks only), and its gradient is
+  reduce-scattered once per step like every other gradient: :func:`embedding_time`.
 - The LayerNorm weights and biases (persistent) get their gradients reduced with every other gradient in
   the bucketed, overlapped reduction (``overlap_comm`` default True for stage 3): no latency-bound
   all-reduce of their own, which this suite's ``fsdp`` step has (``ln_grad_allreduce``).
@@ -38,7 +46,7 @@ its own time ``t_ag``: ``max(0, n t_op - t_ag)``; the copies move ``2 S`` bytes 
 ``B_mem`` its ``mem_bandwidth``, ``t_view`` = :data:`VIEW_OP_S`. The persistent loop is host-bound: per
 copied rank three views and one copy launch. The third gathers cost the profile's all-gather price
 (:func:`~fourd_mpi.perf.predict.collective_time`). NOT priced: ``torch.distributed.get_rank`` per rank
-in the gather loop, the embedding's gathers, the bucketed gradient reduction's own copies (overlapped).
+in the gather loop, the bucketed gradient reduction's own copies (overlapped).
 Nothing here is fitted to a published training result.
 """
 
@@ -150,3 +158,17 @@ def terms(cfg: ModelConfig, grid: GridShape, profile, placement: Dict[str, str],
     ln = sum(t for (role, _), t in price.items() if role == "ln_grad_allreduce")
     return {"regather": regather * cfg.layers, "gather_copies": copies * cfg.layers,
             "persistent_gather": t_persist, "ln_grad_allreduce": ln * cfg.layers}
+
+
+def embedding_time(emb_bytes: int, grid: GridShape, microbatches: int, profile, placement: Dict[str, str],
+                   ranks_on_node: int, inner: Dict[str, int]) -> float:
+    """Seconds per step of the partitioned embedding's collectives over Z (module docstring): two
+    all-gathers of its ``emb_bytes`` per micro-batch and one reduce-scatter per step,
+    ``2 m t_ag + t_rs``; blocking, as every ZeRO-3 fetch of 2021."""
+    from fourd_mpi.perf.predict import collective_time
+
+    def t(op: str) -> float:
+        return collective_time(Collective("vocab", "emb_" + op, op, "z", grid.z, "step", 1, emb_bytes), profile,
+                               placement, ranks_on_node, inner)
+
+    return 2 * microbatches * t("allgather") + t("reduce_scatter")

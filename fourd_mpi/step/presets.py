@@ -161,8 +161,11 @@ def size_problems(cfg: ModelConfig) -> List[str]:
     return problems
 
 
-def model_problems(cfg: ModelConfig, grid: GridShape) -> List[str]:
-    """Everything wrong with running ``cfg`` on ``grid``, as actionable sentences (empty when fine)."""
+def model_problems(cfg: ModelConfig, grid: GridShape, pad_z: bool = False) -> List[str]:
+    """Everything wrong with running ``cfg`` on ``grid``, as actionable sentences (empty when fine).
+
+    ``pad_z``: weight blocks need not divide by ``G_z`` (an implementation that pads each shard to
+    ``ceil(block / G_z)``, as DeepSpeed's ZeRO-3 does; the model only: this suite's step needs it exact)."""
     problems: List[str] = []
     if cfg.kind not in MODEL_KINDS:
         problems.append(f"model kind {cfg.kind!r} is not one of {', '.join(MODEL_KINDS)}")
@@ -193,7 +196,7 @@ def model_problems(cfg: ModelConfig, grid: GridShape) -> List[str]:
         return problems
     for name, n_out, k_in, out_axis, in_axis in weights:
         block = (n_out // grid[out_axis]) * (k_in // grid[in_axis])
-        if block % grid.z:
+        if block % grid.z and not pad_z:
             problems.append(
                 f"the {name} weight block has {block} elements, not divisible by G_z = {grid.z}: "
                 f"choose sizes so that (out/G_{out_axis})*(in/G_{in_axis}) is a multiple of G_z"
