@@ -40,8 +40,10 @@ PREDICT_OPTIONS = {
                                    "frontier, laptop) or a file"),
     "ranks-per-node": (int, None, "ranks per node (default: the profile's)"),
     "memory-limit": (str, None, "GiB per GPU for the fits line (default: the profile's device memory; 'none')"),
-    "implementation": (str, "fourd", "fourd (this suite's step) or deepspeed-2021 (fsdp on 1xNx1x1 only: DeepSpeed "
-                                     "ZeRO-3 v0.3.13-v0.5.4's third gathers and per-rank copy loops)"),
+    "implementation": (str, "fourd", "fourd (this suite's step), deepspeed-2021 (fsdp on 1xNx1x1 only: DeepSpeed "
+                                     "ZeRO-3 v0.3.13-v0.5.4's third gathers and per-rank copy loops) or megatron-lm "
+                                     "(megatron1d or dp: Megatron-LM 2020-2021's DDP=local, one coalesced gradient "
+                                     "all-reduce per step)"),
 }
 
 

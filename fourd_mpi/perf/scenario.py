@@ -61,7 +61,7 @@ from typing import Any, Dict, List, Optional
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.perf import schedules, vocab, zero3_2021
+from fourd_mpi.perf import megatron_ddp, schedules, vocab, zero3_2021
 from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement
 from fourd_mpi.perf.memory import (ALLOCATOR_MARGIN, GPU_RUNTIME_RESERVE_BYTES, activation_elements,
                                    block_saved_elements, comm_buffer_elements, block_elements, fc_weights,
@@ -82,6 +82,8 @@ MEGATRON_FORMULA = {"full": "96 B s l h^2 (1 + s/6h + V/16lh)", "none": "72 B s 
 #: the backward's write): an assumption, stated once
 CE_PASSES = 6
 SYNC_KEYS = (("data", "allreduce"), ("z", "reduce_scatter"), ("z", "allreduce"))
+#: whose code a scenario models: this suite's step, DeepSpeed's ZeRO-3 of 2021, Megatron-LM's local DDP of 2020-2021
+IMPLEMENTATIONS = ("fourd", zero3_2021.NAME, megatron_ddp.NAME)
 
 
 @dataclass(frozen=True)
@@ -171,8 +173,11 @@ def check(sc: Scenario) -> None:
         raise ConfigError("--sequence-parallel splits activations over the tensor-parallel axis Y: it needs G_y > 1")
     if sc.dw_window is not None and sc.dw_window < 1:
         raise ConfigError(f"--dw-window must be at least 1 (or none), got {sc.dw_window}")
-    if sc.implementation not in zero3_2021.IMPLEMENTATIONS:
-        raise ConfigError(f"--implementation {sc.implementation!r}: choose {', '.join(zero3_2021.IMPLEMENTATIONS)}")
+    if sc.implementation not in IMPLEMENTATIONS:
+        raise ConfigError(f"--implementation {sc.implementation!r}: choose {', '.join(IMPLEMENTATIONS)}")
+    if sc.implementation == megatron_ddp.NAME and sc.algorithm not in ("megatron1d", "dp"):
+        raise ConfigError(f"--implementation {megatron_ddp.NAME} models Megatron-LM's data-parallel reduction: "
+                          f"algorithm megatron1d or dp (got {sc.algorithm})")
     if sc.implementation == zero3_2021.NAME and (sc.algorithm != "fsdp" or sc.stages != 1 or sc.grid.data != 1):
         raise ConfigError(f"--implementation {zero3_2021.NAME} models DeepSpeed's ZeRO-3 alone: algorithm fsdp, one "
                           f"stage, grid 1xNx1x1 (got {sc.algorithm}, {sc.stages} stage(s), grid {sc.grid})")
@@ -363,6 +368,14 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     tp = grid.x * grid.y
     placement = axis_placement(grid, rpn)
     inner = axis_inner_products(grid)
+    coalesced = sc.implementation == megatron_ddp.NAME and megatron_ddp.applies(overlap.dp, sc.shard_optimizer, grid)
+    if coalesced:  # Megatron-LM's local DDP: one all-reduce of every gradient per step (megatron_ddp)
+        emb = vocab.embedding_elements(cfg.hidden, sc.vocab, tp) if sc.vocab else 0
+        t_ddp = megatron_ddp.grad_sync_time(parameter_elements(micro_cfg, grid) + emb, e, grid, profile, placement,
+                                            rpn, inner)
+        old = micro.exposed_s.get(("data", "allreduce"), 0.0)
+        sync += t_ddp - old
+        exposed["data"] = exposed.get("data", 0.0) + t_ddp - old
     t_head = t_head_comm = 0.0
     if sc.vocab:
         rate = gemm_rate_tflops(profile, sc.dtype, notes) * 1e12
@@ -399,7 +412,7 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     if sc.vocab:
         emb_bytes = vocab.embedding_elements(cfg.hidden, sc.vocab, tp) * e
         for axis in ("z", "data"):
-            if grid[axis] > 1:
+            if grid[axis] > 1 and not (coalesced and axis == "data"):  # (in the coalesced all-reduce)
                 if sc.implementation == zero3_2021.NAME:  # partitioned: gathered, its gradient reduce-scattered
                     t = zero3_2021.embedding_time(emb_bytes, grid, m, profile, placement, rpn, inner)
                 else:

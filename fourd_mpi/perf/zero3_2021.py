@@ -63,7 +63,6 @@ from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
 
 NAME = "deepspeed-2021"
-IMPLEMENTATIONS = ("fourd", NAME)
 #: ``stage3_max_reuse_distance`` default (elements), DeepSpeed zero/constants.py v0.3.13-v0.5.4
 MAX_REUSE_DISTANCE = 1_000_000_000
 #: ``stage3_param_persistence_threshold`` default (elements): ``ds_numel < threshold`` is persistent
