@@ -143,6 +143,8 @@ PROFILE_SCHEMA: Dict[str, Any] = {
                     "description": "citation per constant (key: the constant's path in the file)"},
         "backend": {"enum": ["numpy", "cupy"]},
         "fallback": {"type": "string", "description": "built-in profile for the levels this one lacks"},
+        "base": {"type": "string", "description": "a profile (built-in name or file) this one starts from: its "
+                                                 "keys are merged over the base's, mappings key by key"},
         "calibration": {"type": "object"},
         "node": {"type": "object", "additionalProperties": False, "required": ["ranks_per_node"],
                  "properties": {"ranks_per_node": {"type": "integer", "minimum": 1},
@@ -567,7 +569,7 @@ def load_profile(name_or_path: Optional[str] = None, fallback: Optional[str] = N
     """A built-in profile by name (``perlmutter``, ``frontier``, ``laptop``; None = ``laptop``) or a
     YAML file. ``fallback``: a profile name or file for missing levels (else the file's own
     ``fallback`` key). Raises :class:`ConfigError` naming the file, line and key of a problem."""
-    from fourd_mpi.util.yamlspec import load_yaml
+    from fourd_mpi.util.yamlspec import YamlDocument
 
     name_or_path = name_or_path or "laptop"
     shipped = False
@@ -580,7 +582,16 @@ def load_profile(name_or_path: Optional[str] = None, fallback: Optional[str] = N
                           f"({', '.join(builtin_profiles())}) or a profile file written by "
                           f"fourd-mpi bench collectives")
     # a built-in's schema check is a test's (load_yaml's shipped); a file's is made on every load
-    doc = load_yaml(path, "machine profile", PROFILE_SCHEMA, shipped=shipped)
+    doc = YamlDocument.read(path, "machine profile")
+    if not isinstance(doc.data, dict):
+        raise ConfigError(f"{path}: a machine profile must be a YAML mapping (key: value lines)")
+    base = doc.data.get("base")
+    if base is not None:
+        if not isinstance(base, str) or base in (name_or_path, doc.data.get("name")):
+            raise ConfigError(f"{path}: base must name another profile (a built-in or a file), got {base!r}")
+        doc.data = merged(load_profile(base).data, doc.data)
+    if not shipped:
+        doc.validate(PROFILE_SCHEMA)
     _check_size_tables(doc.data, path)
     profile = MachineProfile(doc.data["name"], doc.data, path)
     fb = fallback or doc.data.get("fallback")
@@ -589,6 +600,16 @@ def load_profile(name_or_path: Optional[str] = None, fallback: Optional[str] = N
             raise ConfigError(f"{path}: profile {profile.name} cannot be its own fallback")
         profile.fallback = load_profile(fb)
     return profile
+
+
+def merged(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
+    """``over`` merged over ``base`` (a profile's ``base:``): mappings key by key, anything else replaced.
+    Known answer: ``merged({"a": {"x": 1, "y": 2}, "b": 1}, {"a": {"y": 3}})`` is
+    ``{"a": {"x": 1, "y": 3}, "b": 1}``. Neither argument is changed."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _check_size_tables(data: Dict[str, Any], path: str) -> None:

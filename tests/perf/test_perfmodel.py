@@ -299,3 +299,28 @@ def test_model_calibrate_cli_on_sample_traces(tmp_path):
     check = subprocess.run([sys.executable, "-m", "fourd_mpi", "model", "validate", *samples, "--profile", str(out)],
                            capture_output=True, text=True, env=mpi_env(), cwd=tmp_path)
     assert check.returncode == 0 and "median |step error|" in check.stdout, check.stderr
+
+
+def test_profile_base_merges_key_by_key(tmp_path):
+    """``base:``: a profile file holding one constant and its source starts from a built-in; mappings are
+    merged key by key, anything else replaced; a profile cannot be its own base (one line)."""
+    from fourd_mpi.perf.machine import merged
+
+    assert merged({"a": {"x": 1, "y": 2}, "b": 1}, {"a": {"y": 3}}) == {"a": {"x": 1, "y": 3}, "b": 1}
+    assert merged({"a": [1, 2]}, {"a": [3]}) == {"a": [3]}
+    path = _write(tmp_path, "base: dgx-a100\nname: site-a100\nsources:\n  compute.op_overhead_s: \"measured here\"\n"
+                            "compute:\n  op_overhead_s: 5.0e-6\n")
+    site, ref = load_profile(path), load_profile("dgx-a100")
+    assert site.name == "site-a100" and site.op_overhead_s == 5.0e-6
+    assert site.data["compute"]["gemm_tflops"] == ref.data["compute"]["gemm_tflops"]
+    assert site.data["network"] == ref.data["network"] and site.mem_bandwidth == ref.mem_bandwidth
+    assert site.data["sources"]["compute.op_overhead_s"] == "measured here"
+    assert site.data["sources"]["compute.device"] == ref.data["sources"]["compute.device"]
+    forty = load_profile("dgx-a100-40gb")
+    assert forty.data["compute"]["device_memory_gib"] == 40.0 and forty.mem_bandwidth == 1372e9
+    assert forty.data["compute"]["gemm_tflops"] == ref.data["compute"]["gemm_tflops"]
+    for text, msg in [("base: me\nname: me\n", "base must name another profile"),
+                      ("base: nosuch\nname: x\n", "unknown machine profile 'nosuch'"),
+                      ("base: dgx-a100\nname: x\ncompute:\n  mem_bandwidth_gbs: -1\n", "mem_bandwidth_gbs")]:
+        with pytest.raises(ConfigError, match=msg):
+            load_profile(_write(tmp_path, text, name="me.yaml" if "me\n" in text else "x.yaml"))
