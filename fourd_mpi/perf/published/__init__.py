@@ -26,7 +26,7 @@ from fourd_mpi.perf.scenario import GIB, Scenario, ScenarioResult, fits_memory, 
 from fourd_mpi.step.presets import ModelConfig, model_problems
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DATASETS = ("narayanan_sc21", "axonn_sc24", "narayanan_sc21_table2")
+DATASETS = ("narayanan_sc21", "axonn_sc24", "narayanan_sc21_table2", "megatron_readme_2020")
 #: the set issue 30's targets apply to (Table 1 and AxoNN's flagship); the other datasets are reported
 #: beside it with their own summaries
 TARGET_SET = ("narayanan_sc21", "axonn_sc24")
@@ -320,6 +320,11 @@ def split(r: ScenarioResult) -> str:
     return "/".join(f"{100 * v / r.step_s:.0f}" for v in parts)
 
 
+def _factor(x: float) -> str:
+    """A to-match factor; ``-`` where the term is zero (no communication or bubble to change)."""
+    return "-" if x != x else f"{x:.2f}"
+
+
 def _rho(s: Dict[str, Any]) -> str:
     return "-" if s["spearman"] is None else format(s["spearman"], ".2f")
 
@@ -341,7 +346,7 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
                       f"{r.predicted:.1f}", f"{r.ratio:.3f}", f"{res.memory['required'] / 2 ** 30:.1f}",
                       {True: "yes", False: "NO", None: "-"}[res.fits()], split(res), f"{100 * res.bubble_s / res.step_s:.1f}",
                       f"{100 * sum(res.exposed_s.values()) / res.step_s:.1f} ({exp[0]})",
-                      f"{r.to_match()['compute']:.2f}", f"{r.to_match()['exposed']:.2f}"))
+                      _factor(r.to_match()["compute"]), _factor(r.to_match()["exposed"])))
     lines.append(_table(table))
     target_ids = {load(name)["dataset"] for name in TARGET_SET}
     target_rows = [r for r in rows if r.dataset in target_ids]
