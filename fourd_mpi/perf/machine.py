@@ -565,10 +565,13 @@ def builtin_profiles() -> List[str]:
     return sorted(os.path.splitext(f)[0] for f in os.listdir(PROFILES_DIR) if f.endswith(".yaml"))
 
 
-def load_profile(name_or_path: Optional[str] = None, fallback: Optional[str] = None) -> MachineProfile:
+def load_profile(name_or_path: Optional[str] = None, fallback: Optional[str] = None,
+                 _bases: Tuple[str, ...] = ()) -> MachineProfile:
     """A built-in profile by name (``perlmutter``, ``frontier``, ``laptop``; None = ``laptop``) or a
     YAML file. ``fallback``: a profile name or file for missing levels (else the file's own
-    ``fallback`` key). Raises :class:`ConfigError` naming the file, line and key of a problem."""
+    ``fallback`` key). A file's ``base:`` names the profile it starts from (:func:`merged`; ``_bases``:
+    the chain so far, so that a cycle is one line). Raises :class:`ConfigError` naming the file, line and
+    key of a problem."""
     from fourd_mpi.util.yamlspec import YamlDocument
 
     name_or_path = name_or_path or "laptop"
@@ -581,15 +584,18 @@ def load_profile(name_or_path: Optional[str] = None, fallback: Optional[str] = N
         raise ConfigError(f"unknown machine profile {name_or_path!r}: give a built-in "
                           f"({', '.join(builtin_profiles())}) or a profile file written by "
                           f"fourd-mpi bench collectives")
-    # a built-in's schema check is a test's (load_yaml's shipped); a file's is made on every load
+    # a built-in's schema check is a test's (tests/perf/test_perfmodel.py); a file's is made on every load,
+    # after its base is merged in
     doc = YamlDocument.read(path, "machine profile")
     if not isinstance(doc.data, dict):
         raise ConfigError(f"{path}: a machine profile must be a YAML mapping (key: value lines)")
     base = doc.data.get("base")
     if base is not None:
-        if not isinstance(base, str) or base in (name_or_path, doc.data.get("name")):
-            raise ConfigError(f"{path}: base must name another profile (a built-in or a file), got {base!r}")
-        doc.data = merged(load_profile(base).data, doc.data)
+        chain = _bases + (name_or_path,)
+        if not isinstance(base, str) or base in chain or base == doc.data.get("name"):
+            raise ConfigError(f"{path}: base must name another profile (a built-in or a file), got {base!r}"
+                              + (f" (a cycle: {' -> '.join(chain + (str(base),))})" if base in chain else ""))
+        doc.data = merged(load_profile(base, _bases=chain).data, doc.data)
     if not shipped:
         doc.validate(PROFILE_SCHEMA)
     _check_size_tables(doc.data, path)

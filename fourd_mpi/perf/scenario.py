@@ -49,7 +49,12 @@ whatever the recompute, as PaLM's MFU).
 
 **Implementation** ``deepspeed-2021`` (``fsdp`` on ``1 x N x 1 x 1`` only): DeepSpeed's ZeRO-3 of 2021 instead of
 this suite's step (:mod:`fourd_mpi.perf.zero3_2021`): each slot adds its third gathers and the per-rank loops of
-its gathers, the step its persistent-parameter gather, and ``S`` loses the LayerNorm gradient all-reduces.
+its gathers, the step its persistent-parameter gather, and ``S`` loses the LayerNorm gradient all-reduces; the
+embedding is partitioned over Z like every parameter (memory ``ceil(V h / G_z)``, two gathers per micro-batch and
+a reduce-scatter per step). Implementation ``megatron-lm`` (``megatron1d`` or ``dp``): Megatron-LM 2020-2021's
+DDP=local, where ``S``'s data-axis part is one all-reduce of every gradient a rank holds
+(:mod:`fourd_mpi.perf.megatron_ddp`) instead of one per weight; with ``dp`` overlap or a sharded optimizer
+nothing changes.
 """
 
 from __future__ import annotations

@@ -324,3 +324,11 @@ def test_profile_base_merges_key_by_key(tmp_path):
                       ("base: dgx-a100\nname: x\ncompute:\n  mem_bandwidth_gbs: -1\n", "mem_bandwidth_gbs")]:
         with pytest.raises(ConfigError, match=msg):
             load_profile(_write(tmp_path, text, name="me.yaml" if "me\n" in text else "x.yaml"))
+
+
+def test_profile_base_cycle_is_one_line(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(f"base: {b}\nname: a\n")
+    b.write_text(f"base: {a}\nname: b\n")
+    with pytest.raises(ConfigError, match="a cycle"):
+        load_profile(str(a))
