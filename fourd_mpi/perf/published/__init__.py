@@ -353,7 +353,8 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
     lines.append("")
     if target_rows:
         t = summary(target_rows)
-        lines.append(f"summary over {t['points']} points (issue 30's set: {', '.join(sorted(target_ids))}): median "
+        present = sorted({r.dataset for r in target_rows})
+        lines.append(f"summary over {t['points']} points (issue 30's set: {', '.join(present)}): median "
                      f"|error| {100 * t['median_abs_error']:.1f} % (target <= {100 * TARGET_MEDIAN_ERROR:g} %), worst "
                      f"{t['worst']} {100 * t['worst_error']:.1f} %, Spearman {_rho(t)} (target >= {TARGET_SPEARMAN}; of "
                      f"% of peak, published vs predicted), every configuration fits its GPU's memory: "
@@ -361,7 +362,8 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
     groups = [(d, [r for r in rows if r.dataset == d]) for d in dict.fromkeys(r.dataset for r in rows)]
     groups += [(f"scheme {k}", [r for r in rows if r.scheme == k]) for k in dict.fromkeys(r.scheme for r in rows if r.scheme)]
     if len(groups) > 1 or not target_rows:
-        groups.append(("all", rows))
+        if len(groups) > 1:
+            groups.append(("all", rows))
         st = [("set", "points", "median |error|", "worst", "Spearman", "all fit")]
         for name, rs in groups:
             g = summary(rs)
