@@ -74,7 +74,8 @@ def scenario_of(point: Dict[str, Any], defaults: Dict[str, Any], machine: str) -
     grid = GridShape.parse(d["grid"]) if d.get("grid") else GridShape(dp, 1, tp, 1)
     chunks = int(d.get("chunks", 1))
     overlap = d.get("overlap") or ("dp" if d.get("ddp") == "torch" else "none")
-    return Scenario(cfg, grid, machine, algorithm=d["algorithm"], stages=pp, implementation=d.get("implementation", "fourd"),
+    return Scenario(cfg, grid, machine, algorithm=d["algorithm"], stages=pp,
+                    implementation=d.get("implementation", "fourd"),
                     schedule="interleaved" if chunks > 1 else "1f1b", chunks=chunks,
                     microbatch_size=int(d["mbs"]), vocab=int(d["vocab"]),
                     sequence_parallel=bool(d["sequence_parallel"]), recompute=d["recompute"], dtype=d["dtype"],
