@@ -315,7 +315,7 @@ def test_megatron_readme_2020_is_self_consistent_and_does_not_get_worse():
 def test_table_2_memory_claims_agree_with_its_caption():
     """Table 2's caption: 530B with ZeRO-3 and micro-batch 4 did not fit on 560 GPUs and ran on 640. The
     model says the same only because DeepSpeed's zero.Init partitions the embedding too (78.7 / 80.6 GiB
-    required; 94.8 / 96.9 with it whole on every rank, as this suite's fsdp step keeps it)."""
+    required on 640 / 560 GPUs; 95.9 on 640 with it whole on every rank, as this suite's fsdp step keeps it)."""
     from fourd_mpi.perf import published
 
     claims = {c["name"]: c for c in published.evaluate_memory_claims()}
