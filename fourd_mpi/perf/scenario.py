@@ -375,9 +375,8 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     inner = axis_inner_products(grid)
     coalesced = sc.implementation == megatron_ddp.NAME and megatron_ddp.applies(overlap.dp, sc.shard_optimizer, grid)
     if coalesced:  # Megatron-LM's local DDP: one all-reduce of every gradient per step (megatron_ddp)
-        emb = vocab.embedding_elements(cfg.hidden, sc.vocab, tp) if sc.vocab else 0
-        t_ddp = megatron_ddp.grad_sync_time(parameter_elements(micro_cfg, grid) + emb, e, grid, profile, placement,
-                                            rpn, inner)
+        grads = parameter_elements(micro_cfg, grid) + vocab.embedding_elements(cfg.hidden, sc.vocab, tp)
+        t_ddp = megatron_ddp.grad_sync_time(grads, e, grid, profile, placement, rpn, inner)
         old = micro.exposed_s.get(("data", "allreduce"), 0.0)
         sync += t_ddp - old
         exposed["data"] = exposed.get("data", 0.0) + t_ddp - old

@@ -15,6 +15,9 @@ averaged, then Pearson's correlation of the ranks, which equals that formula wit
 
 from __future__ import annotations
 
+import copy
+import functools
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -38,7 +41,13 @@ AXONN_MIN_TP = {"gpt-80b": 64}
 
 
 def load(name: str) -> Dict[str, Any]:
-    """The dataset ``name`` (a file of this folder without ``.yaml``) as a mapping."""
+    """The dataset ``name`` (a file of this folder without ``.yaml``) as a mapping (a copy: the caller may
+    change it; each file is read and parsed once per process)."""
+    return copy.deepcopy(_read(name))
+
+
+@functools.lru_cache(maxsize=None)
+def _read(name: str) -> Dict[str, Any]:
     import yaml
 
     path = os.path.join(HERE, name + ".yaml")
@@ -323,7 +332,13 @@ def split(r: ScenarioResult) -> str:
 
 def _factor(x: float) -> str:
     """A to-match factor; ``-`` where the term is zero (no communication or bubble to change)."""
-    return "-" if x != x else f"{x:.2f}"
+    return "-" if math.isnan(x) else f"{x:.2f}"
+
+
+def _target_rows(rows: List[Row]) -> List[Row]:
+    """The rows of :data:`TARGET_SET`, the datasets issue 30's targets apply to."""
+    target_ids = {load(name)["dataset"] for name in TARGET_SET}
+    return [r for r in rows if r.dataset in target_ids]
 
 
 def _rho(s: Dict[str, Any]) -> str:
@@ -349,8 +364,7 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
                       f"{100 * sum(res.exposed_s.values()) / res.step_s:.1f} ({exp[0]})",
                       _factor(r.to_match()["compute"]), _factor(r.to_match()["exposed"])))
     lines.append(_table(table))
-    target_ids = {load(name)["dataset"] for name in TARGET_SET}
-    target_rows = [r for r in rows if r.dataset in target_ids]
+    target_rows = _target_rows(rows)
     lines.append("")
     if target_rows:
         t = summary(target_rows)
@@ -407,8 +421,7 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
 
 def as_dict(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
             memory: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
-    target_ids = {load(name)["dataset"] for name in TARGET_SET}
-    target_rows = [r for r in rows if r.dataset in target_ids]
+    target_rows = _target_rows(rows)
     out = {"summary": summary(rows),
            "summary_by_dataset": {d: summary([r for r in rows if r.dataset == d]) for d in dict.fromkeys(r.dataset for r in rows)},
            "summary_target_set": summary(target_rows) if target_rows else None,
