@@ -79,7 +79,7 @@ else
 fi
 if [ -z "$SRCVER" ]; then
   # without root: reuse whatever cached build exists for this implementation and recipe
-  found=$(ls -d "$CACHE/$IMPL"-*-r"$RECIPE"/prefix 2>/dev/null | tail -n 1 || true)
+  found=$(find "$CACHE" -mindepth 2 -maxdepth 2 -path "$CACHE/$IMPL-*-r$RECIPE/prefix" -type d 2>/dev/null | sort | tail -n 1)
   if [ -n "$found" ]; then echo "$found"; exit 0; fi
   log "cannot find the Debian source version of $IMPL (needs root and apt-get, or FOURD_MPI_SOURCE_VERSION)"; exit 1
 fi
@@ -106,7 +106,11 @@ mkdir -p "$BUILD"
 LOG=$BUILD/build.log
 log "building $KEY (log: $LOG)"
 START=$SECONDS
-trap 'rc=$?; if [ $rc != 0 ]; then log "FAILED (exit $rc); the last lines of $LOG:"; tail -n 30 "$LOG" >&2; fi' EXIT
+on_exit() {
+  local rc=$?
+  if [ "$rc" != 0 ]; then log "FAILED (exit $rc); the last lines of $LOG:"; tail -n 30 "$LOG" >&2; fi
+}
+trap on_exit EXIT
 
 if [ "$(id -u)" = 0 ]; then
   pkgs=(build-essential libtool-bin zstd dpkg-dev file)
@@ -171,7 +175,7 @@ if [ "$IMPL" = mpich ]; then
   for lib in $(ldd "$PREFIX/lib/libmpi.so" | awk '/libfabric|libpsm|libibverbs|librdmacm|libnl|libefa|libnuma|libhwloc|libpciaccess|libudev|libatomic/ {print $3}'); do
     cp -L "$lib" "$PREFIX/lib/"
   done
-  for f in "$PREFIX"/lib/*.so*; do patchelf --set-rpath '$ORIGIN' "$f" 2>/dev/null || true; done
+  for f in "$PREFIX"/lib/*.so*; do patchelf --set-rpath "\$ORIGIN" "$f" 2>/dev/null || true; done
 fi
 
 # env.sh: source it from wherever the prefix lies
