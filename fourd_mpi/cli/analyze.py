@@ -211,7 +211,6 @@ def cmd_plot(args, world=None) -> int:
     """Exit 0, or 1 when some input files were skipped (named on stderr)."""
     from fourd_mpi.analysis import tables as analysis
     from fourd_mpi.analysis import plots
-    from fourd_mpi.trace.read import load_trace
 
     if os.path.splitext(args.output)[1].lower() not in (".png", ".svg", ".pdf"):
         raise ConfigError(f"{args.output}: the figure's format comes from its suffix: .png, .svg or .pdf")
@@ -248,7 +247,11 @@ def _draw(args, traces, output: str, plots, analysis) -> None:
         if not frames:
             raise ConfigError("overlap needs op-level traces (--trace-level op)")
         if args.baseline:
-            reference = analysis.comm_table(load_trace(args.baseline, allow_damaged=args.allow_damaged))
+            from fourd_mpi.trace.read import load_trace
+
+            base = load_trace(args.baseline, allow_damaged=args.allow_damaged)
+            _note_unlike_baseline(traces, base, args.baseline)
+            reference = analysis.comm_table(base)
             if not len(reference):
                 raise ConfigError(f"--baseline {args.baseline}: no collectives (an op-level trace is needed)")
             frames = [analysis.hidden_vs_baseline(f, reference) for f in frames]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import glob
 import os
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -345,3 +347,17 @@ def test_breakdown_bars_are_the_median_step_with_quartile_error_bars(tmp_path):
     assert plots.breakdown_data(breakdown_frame()).step_s.isna().all()
     path = plots.plot_breakdown(breakdown_frame(), None, str(tmp_path / "plain.svg"))
     assert "q1-q3 of step time" not in open(path).read()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kind", ["overlap", "breakdown", "timeline"])
+def test_plot_command_as_typed(real_trace, tmp_path, kind):
+    """The command, not the plotting function: `plot KIND TRACE [--baseline TRACE] -o FILE` writes the figure
+    (`plot overlap --baseline` once ended in a NameError traceback)."""
+    out = tmp_path / f"{kind}.png"
+    extra = ["--baseline", real_trace.path] if kind == "overlap" else []
+    proc = subprocess.run([sys.executable, "-m", "fourd_mpi", "plot", kind, real_trace.path, *extra, "-o", str(out)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    check_file(str(out), "png")
