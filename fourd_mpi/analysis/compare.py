@@ -18,8 +18,12 @@ pooled steps calls two runs of one configuration "different" far more often than
 runs' median step times, one per run, whenever both sides have at least :func:`min_runs` runs,
 the fewest for which the exact two-sided Mann-Whitney test can reach ``p < alpha`` at all (4 at
 alpha 0.05: the least p of n against n runs is ``2 / C(2n, n)``, 0.1 at 3, 0.029 at 4). With fewer
-runs it compares steps and says so in one line: the verdict then holds for these runs only, not for
-the configuration. ``unit="step"`` or ``"run"`` forces one unit.
+runs the verdict is **inconclusive** (never a regression, exit 0): the ratio, interval and p of the
+pooled steps are still shown, for information, with one line saying how many runs each side needs.
+Only the run-level and paired tests have a calibrated false-change rate (docs/guide/regressions.md:
+20 identical reruns gave 1 and 0 false changes); two runs of one configuration minutes apart differ
+"significantly" step by step far more often than ``alpha``. ``unit="step"`` or ``"run"`` forces one
+unit (a forced ``step`` gives a verdict, uncalibrated: the caller asked for it).
 
 **Paired runs** (``unit="paired"``; chosen by ``auto`` when the runs interleave). A slow drift of the
 machine (other jobs starting and ending) moves the run medians of both sides far more than a 15 %
@@ -46,7 +50,8 @@ state, and their ratio cancels the drift. The design:
 A run named on both sides is left out of the baseline (:func:`drop_new_from_baseline`): a baseline
 given as an index query never matches the new runs themselves.
 
-Verdict with threshold ``t`` and level ``alpha``: **slower** when ``p < alpha``, the interval lies
+Verdict with threshold ``t`` and level ``alpha``: **inconclusive** when ``auto`` had too few runs
+for a run-level or paired test (above); else **slower** when ``p < alpha``, the interval lies
 above 1 and ``ratio > 1 + t``; **faster** when ``p < alpha``, the interval lies below 1 and
 ``ratio < 1 - t``; **same** otherwise (not significant, or within the threshold, or fewer than
 :data:`MIN_SAMPLES` steps on a side); **unmatched** for a configuration on one side only.
@@ -70,13 +75,13 @@ import numpy as np
 
 from fourd_mpi.errors import ConfigError
 
-VERDICTS = ("slower", "faster", "same", "unmatched")
+VERDICTS = ("slower", "faster", "same", "inconclusive", "unmatched")
 UNITS = ("auto", "run", "step", "paired")
 MIN_RUNS_WHY = ("the fewest runs per side for which the exact two-sided Mann-Whitney p can fall below {alpha:g}: "
                 "n against n runs give at least 2/C(2n,n)")
-STEP_UNIT_NOTE = ("steps as samples: {new} new and {old} baseline run(s), a run-level test needs {need} per side; "
-                  "steps of one run share its machine state, so this verdict holds for these runs, not for the "
-                  "configuration")
+STEP_UNIT_NOTE = ("inconclusive: {new} new and {old} baseline run(s); a verdict needs at least {need} runs per side "
+                  "(or {pairs} pairs of alternating runs): run {more}; the steps of one run share its machine "
+                  "state, so the step-level figures shown are for information, not a verdict")
 PAIRED_NOTE = ("paired: {pairs} of neighbouring runs (each new run with the baseline run next to it in start "
                "time{why}), Wilcoxon signed-rank on the log ratios of their median step times{left}")
 #: pairing: the most runs of one side in a row, ordered by start time, for the runs to count as interleaved
@@ -122,7 +127,8 @@ class Settings:
                       f"a side in a row) and give at least {min_pairs(self.alpha)} pairs (n pairs give an exact p >= "
                       f"2/2^n); else " + unpaired.format(
                           samples=f"{runs} when both sides have at least {min_runs(self.alpha)} runs "
-                                  f"({MIN_RUNS_WHY.format(alpha=self.alpha)}), else {steps}"))
+                                  f"({MIN_RUNS_WHY.format(alpha=self.alpha)}), else {steps}, shown for "
+                                  f"information with the verdict inconclusive"))
         return (f"{method}; slower: p < {self.alpha:g}, CI above 1 and ratio > 1 + {100 * self.threshold:g}%; "
                 f"faster: p < {self.alpha:g}, CI below 1 and ratio < 1 - {100 * self.threshold:g}%")
 
@@ -404,7 +410,10 @@ def choose_unit(new: Side, old: Side, settings: Settings) -> Tuple[str, str, Opt
             unit = "run"
         else:
             need = min_runs(settings.alpha)
-            return "step", STEP_UNIT_NOTE.format(new=len(new.run_medians), old=len(old.run_medians), need=need), None
+            more = " and ".join(f"{need - have} more {side} run(s)" for side, have in
+                                (("new", len(new.run_medians)), ("baseline", len(old.run_medians))) if have < need)
+            return "step", STEP_UNIT_NOTE.format(new=len(new.run_medians), old=len(old.run_medians), need=need,
+                                                 pairs=min_pairs(settings.alpha), more=more), None
     if unit != "paired":
         return unit, "", None
     left = len(new.run_medians) + len(old.run_medians) - 2 * len(pairs)
@@ -439,7 +448,9 @@ def compare_sides(key: str, new: Side, old: Side, settings: Settings) -> Compari
         out.ci_low, out.ci_high = ratio_interval(x, y, settings)
         out.p_value = mann_whitney_p(x, y)
     significant = out.p_value < settings.alpha
-    if significant and out.ci_low > 1 and out.ratio > 1 + settings.threshold:
+    if out.unit == "step" and settings.unit == "auto":  # too few runs: figures for information, no verdict
+        out.verdict, out.note = "inconclusive", "too few runs for a calibrated test"
+    elif significant and out.ci_low > 1 and out.ratio > 1 + settings.threshold:
         out.verdict = "slower"
     elif significant and out.ci_high < 1 and out.ratio < 1 - settings.threshold:
         out.verdict = "faster"
@@ -485,6 +496,18 @@ def compare_runs(new_runs, old_runs, settings: Settings) -> List[Comparison]:
                        old_median_s=float(np.median(old[k].values(settings.unit))) if len(old[k].samples) else
                        float("nan"), note="only in the baseline") for k in old if k not in new]
     return out
+
+
+def config_differences(new_config: Dict, old_config: Dict, most: int = 8) -> str:
+    """The options in which two runs' configurations differ (``keyed_config``: what the config key hashes), as
+    ``name new->baseline`` pairs, at most ``most`` of them: what a user needs when no configuration matched."""
+    from fourd_mpi.results.index import keyed_config
+
+    new, old = keyed_config(new_config), keyed_config(old_config)
+    differ = [f"{name} {new.get(name, '(unset)')}->{old.get(name, '(unset)')}" for name in sorted(set(new) | set(old))
+              if new.get(name) != old.get(name)]
+    more = f" and {len(differ) - most} more" if len(differ) > most else ""
+    return ", ".join(differ[:most]) + more
 
 
 def exit_status(comparisons: Sequence[Comparison]) -> int:

@@ -11,7 +11,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-from fourd_mpi.analysis.compare import Comparison, Settings, binding_note, exit_status, plural
+from fourd_mpi.analysis.compare import VERDICTS, Comparison, Settings, binding_note, exit_status, plural
 
 FORMATS = ("table", "markdown", "json", "junit")
 COLUMNS = ("configuration", "new", "baseline", "new median s", "old median s", "ratio", "CI", "p", "samples",
@@ -44,9 +44,10 @@ def rows(comparisons: Sequence[Comparison]) -> List[List[str]]:
 
 
 def summary_line(comparisons: Sequence[Comparison], settings: Settings) -> str:
-    counts = {v: sum(c.verdict == v for c in comparisons) for v in ("slower", "faster", "same", "unmatched")}
+    counts = {v: sum(c.verdict == v for c in comparisons) for v in VERDICTS}
     result = "REGRESSION" if exit_status(comparisons) else "ok"
-    return (f"{result}: {counts['slower']} slower, {counts['faster']} faster, {counts['same']} same, "
+    inconclusive = f"{counts['inconclusive']} inconclusive, " if counts["inconclusive"] else ""
+    return (f"{result}: {counts['slower']} slower, {counts['faster']} faster, {counts['same']} same, {inconclusive}"
             f"{counts['unmatched']} unmatched (threshold {100 * settings.threshold:g}%, alpha {settings.alpha:g})")
 
 

@@ -87,12 +87,13 @@ def register(sub) -> None:
                           "(ordered by start time, at most 2 of a side in a row) and give at least 6 pairs (at --alpha "
                           "0.05: n pairs give an exact signed-rank p >= 2/2^n), else each run's median step time when "
                           "both sides have at least 4 runs (at --alpha 0.05: the fewest for which the exact two-sided "
-                          "Mann-Whitney p can fall below alpha; n against n runs give p >= 2/C(2n,n)), else the steps, "
-                          "with one line saying so; paired: each new run with the baseline run next to it in start "
+                          "Mann-Whitney p can fall below alpha; n against n runs give p >= 2/C(2n,n)), else "
+                          "inconclusive (exit 0: the steps' figures for information, one line saying how many runs "
+                          "each side needs); paired: each new run with the baseline run next to it in start "
                           "time, Wilcoxon signed-rank test of the log ratios of their median step times (cancels a "
                           "drift of the machine's load that moves both sides; make the runs alternately, A B B A ...); "
                           "run: always the runs (sees the variation between runs, which steps of one run do not); "
-                          "step: always every measured step, pooled")
+                          "step: always every measured step, pooled (a verdict from one run a side, uncalibrated)")
     add_format(cmp, ("table", "markdown", "json", "junit"),
                help="table (default), markdown, json, or junit (JUnit XML: a test case per configuration, a failure "
                     "per regression)")
@@ -227,8 +228,8 @@ def cmd_compare(args, world=None) -> int:
     except ImportError:
         raise ConfigError("compare needs scipy (bootstrap, Mann-Whitney U, Wilcoxon signed-rank): pip install "
                           "'fourd_mpi[analysis]' (or pip install scipy)") from None
-    from fourd_mpi.analysis.compare import (Settings, compare_runs, drop_new_from_baseline, exit_status,
-                                            parse_threshold)
+    from fourd_mpi.analysis.compare import (Settings, compare_runs, config_differences, drop_new_from_baseline,
+                                            exit_status, parse_threshold)
     from fourd_mpi.analysis.compare_report import render
     from fourd_mpi.results.index import index_file, rekeyed
 
@@ -255,9 +256,10 @@ def cmd_compare(args, world=None) -> int:
         old = [(rekeyed(e, ignore), s, p) for e, s, p in old]
     comparisons = compare_runs(new, old, settings)
     if not any(c.verdict != "unmatched" for c in comparisons):
-        keys = ", ".join(sorted({c.key for c in comparisons}))
-        raise ConfigError(f"no configuration is in both the new and the baseline runs (config keys {keys}); "
-                          "'fourd-mpi results list' shows each run's config_key")
+        differ = config_differences(new[0][0].get("config") or {}, old[0][0].get("config") or {})
+        raise ConfigError(f"no configuration is in both the new and the baseline runs: {new[0][0]['run_id']} and "
+                          f"{old[0][0]['run_id']} differ in {differ or 'options outside the config'} (new->baseline); "
+                          f"--ignore NAME,... matches runs that differ only in those")
     write_output(args.output, render(comparisons, settings, args.format),
                  f"{args.format}: {sum(c.regression for c in comparisons)} regression(s)")
     return exit_status(comparisons)

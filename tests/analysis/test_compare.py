@@ -36,7 +36,11 @@ def noisy(median: float, n: int = 20, spread: float = 0.02, seed: int = 1):
     return median * (1 + spread * np.random.default_rng(seed).standard_normal(n))
 
 
-def one(new, old, settings=SETTINGS):
+#: the statistics of two samples: one run a side, the forced step-level test (auto would say inconclusive)
+STEPS = Settings(resamples=2000, unit="step")
+
+
+def one(new, old, settings=STEPS):
     comparisons = compare_runs([run("a", "new", new)], [run("a", "old", old)], settings)
     assert len(comparisons) == 1
     return comparisons[0]
@@ -62,18 +66,18 @@ def test_a_clearly_slower_run_is_a_regression_and_the_reverse_is_faster():
 def test_the_threshold_is_respected():
     """3 % slower with little noise: significant, but a regression only when the threshold is below 3 %."""
     new, old = noisy(0.103, spread=0.002, seed=4), noisy(0.100, spread=0.002, seed=5)
-    within = one(new, old, Settings(threshold=0.05, resamples=2000))
+    within = one(new, old, Settings(threshold=0.05, resamples=2000, unit="step"))
     assert within.p_value < 0.05 and within.ci_low > 1
     assert within.verdict == "same" and "within the 5% threshold" in within.note
-    assert one(new, old, Settings(threshold=0.01, resamples=2000)).verdict == "slower"
-    assert one(new, old, Settings(threshold=0.029, resamples=2000)).verdict == "slower"
-    assert one(new, old, Settings(threshold=0.04, resamples=2000)).verdict == "same"
+    assert one(new, old, Settings(threshold=0.01, resamples=2000, unit="step")).verdict == "slower"
+    assert one(new, old, Settings(threshold=0.029, resamples=2000, unit="step")).verdict == "slower"
+    assert one(new, old, Settings(threshold=0.04, resamples=2000, unit="step")).verdict == "same"
 
 
 def test_noise_alone_is_rarely_called_a_change():
     """200 pairs of samples of one distribution (20 steps, 20 % noise): at level 0.05 about 5 % of the
     pairs may differ by chance (the pair of seeds 6 and 7 does: p = 0.008); more than 10 % is a bug."""
-    settings = Settings(resamples=1000)
+    settings = Settings(resamples=1000, unit="step")
     verdicts = [one(noisy(0.1, spread=0.2, seed=2 * i + 100), noisy(0.1, spread=0.2, seed=2 * i + 101),
                     settings).verdict for i in range(200)]
     assert verdicts.count("same") >= 180 and verdicts.count("slower") <= 12, verdicts
@@ -122,11 +126,15 @@ def test_auto_compares_runs_with_enough_runs_and_says_so_when_it_cannot():
     assert four.p_value == pytest.approx(2 / 70) and four.new_median_s == pytest.approx(np.median(
         [np.median(s) for _, s, _ in runs_of("n", [0.2] * 4)]))
     three = compare_runs(runs_of("n", [0.2] * 3), runs_of("oo", [0.1] * 4), SETTINGS)[0]
-    assert three.unit == "step" and three.verdict == "slower" and three.p_value < 1e-6
-    assert three.unit_note.startswith("steps as samples: 3 new and 4 baseline run(s), a run-level test needs 4 per "
-                                      "side;") and "holds for these runs, not for the configuration" in three.unit_note
+    assert three.unit == "step" and three.verdict == "inconclusive" and three.p_value < 1e-6 and not three.regression
+    assert three.unit_note.startswith("inconclusive: 3 new and 4 baseline run(s); a verdict needs at least 4 runs per "
+                                      "side (or 6 pairs of alternating runs): run 1 more new run(s);")
+    assert "for information, not a verdict" in three.unit_note
+    forced = compare_runs(runs_of("n", [0.2] * 3), runs_of("oo", [0.1] * 4), Settings(resamples=2000, unit="step"))[0]
+    assert forced.verdict == "slower" and forced.unit_note == ""  # asked for: a verdict, uncalibrated
     table = render([three], SETTINGS, "table")
     assert f"{three.label}: {three.unit_note}" in table and "at least 4 runs" in table
+    assert "ok: 0 slower, 0 faster, 0 same, 1 inconclusive, 0 unmatched" in table
     assert json.loads(render([three], SETTINGS, "json"))["comparisons"][0]["unit"] == "step"
     assert "| steps |" in render([three], SETTINGS, "markdown") and "| runs |" in render([four], SETTINGS, "markdown")
 
@@ -163,11 +171,11 @@ def test_the_bootstrap_interval_is_reproducible():
 def test_runs_of_one_configuration_are_pooled_and_unmatched_ones_reported():
     new = [run("a", "n1", noisy(0.1, seed=10)), run("a", "n2", noisy(0.1, seed=11)), run("b", "n3", noisy(0.2))]
     old = [run("a", "o1", noisy(0.1, seed=12)), run("c", "o2", noisy(0.3))]
-    comparisons = compare_runs(new, old, SETTINGS)
+    comparisons = compare_runs(new, old, STEPS)
     assert [(c.key[0], c.verdict) for c in comparisons] == [("a", "same"), ("b", "unmatched"), ("c", "unmatched")]
     assert comparisons[0].new.run_ids == ["n1", "n2"] and len(comparisons[0].new.samples) == 40
     assert comparisons[1].old is None and comparisons[2].new is None
-    table = render(comparisons, SETTINGS, "table")
+    table = render(comparisons, STEPS, "table")
     assert "unmatched: gpt-tiny 1x1x1x2 on 2 ranks, axonn4d [bbbbbbbb]: no baseline run" in table
     assert "unmatched: gpt-tiny 1x1x1x2 on 2 ranks, axonn4d [cccccccc]: only in the baseline" in table
     assert "ok: 0 slower, 0 faster, 1 same, 2 unmatched" in table
@@ -176,8 +184,8 @@ def test_runs_of_one_configuration_are_pooled_and_unmatched_ones_reported():
 def test_junit_is_well_formed_with_a_failure_per_regression():
     comparisons = compare_runs([run("a", "n", noisy(0.2)), run("b", "m", noisy(0.1, seed=13)),
                                 run("d", "x", noisy(0.1))],
-                               [run("a", "o", noisy(0.1, seed=14)), run("b", "p", noisy(0.1, seed=15))], SETTINGS)
-    root = ET.fromstring(render(comparisons, SETTINGS, "junit"))
+                               [run("a", "o", noisy(0.1, seed=14)), run("b", "p", noisy(0.1, seed=15))], STEPS)
+    root = ET.fromstring(render(comparisons, STEPS, "junit"))
     assert root.tag == "testsuites" and root.get("failures") == "1" and root.get("tests") == "3"
     suite = root.find("testsuite")
     cases = suite.findall("testcase")
@@ -191,11 +199,11 @@ def test_junit_is_well_formed_with_a_failure_per_regression():
 
 
 def test_markdown_and_json_name_the_statistics():
-    comparisons = compare_runs([run("a", "n", noisy(0.2))], [run("a", "o", noisy(0.1, seed=16))], SETTINGS)
-    md = render(comparisons, SETTINGS, "markdown")
+    comparisons = compare_runs([run("a", "n", noisy(0.2))], [run("a", "o", noisy(0.1, seed=16))], STEPS)
+    md = render(comparisons, STEPS, "markdown")
     assert md.startswith("**REGRESSION: 1 slower") and "| configuration | new | baseline |" in md
     assert "ratio = median(new)/median(old)" in md and "95% percentile bootstrap CI" in md
-    data = json.loads(render(comparisons, SETTINGS, "json"))
+    data = json.loads(render(comparisons, STEPS, "json"))
     assert data["exit_status"] == 1 and data["comparisons"][0]["verdict"] == "slower"
     assert "Mann-Whitney U two-sided" in data["statistics"] and len(data["comparisons"][0]["new"]["samples_s"]) == 20
 
@@ -222,12 +230,16 @@ def compare(capfd, *args):
 
 
 def test_the_committed_slower_trace_is_a_regression(capfd):
-    code, out, _ = compare(capfd, SLOW, "--baseline", BASE, "--threshold", "5%")
+    code, out, _ = compare(capfd, SLOW, "--baseline", BASE, "--threshold", "5%")  # one run a side: no verdict
+    assert code == 0, out
+    assert "ok: 0 slower, 0 faster, 0 same, 1 inconclusive" in out
+    assert ("inconclusive: 1 new and 1 baseline run(s); a verdict needs at least 4 runs per side (or 6 pairs of "
+            "alternating runs): run 3 more new run(s) and 3 more baseline run(s)") in out
+    code, out, _ = compare(capfd, SLOW, "--baseline", BASE, "--threshold", "5%", "--unit", "step")
     assert code == 1, out
     assert "SLOWER" in out and "REGRESSION: 1 slower" in out and "ratio = median(new)/median(old)" in out
-    code, out, _ = compare(capfd, BASE, "--baseline", SLOW)
+    code, out, _ = compare(capfd, BASE, "--baseline", SLOW, "--unit", "step")
     assert code == 0 and "ok: 0 slower, 1 faster" in out
-    assert "steps as samples: 1 new and 1 baseline run(s)" in out  # one run a side: steps, and it says so
     code, _, err = compare(capfd, BASE, "--baseline", BASE)  # a run is never its own baseline
     assert code == 2 and "every baseline run is also a new run (baseline-gpt-tiny-np2)" in err
 
@@ -237,16 +249,16 @@ def test_run_ids_queries_and_directories_through_the_index(capfd, tmp_path):
     shutil.copy(SLOW, tmp_path)
     reindex(str(tmp_path))
     code, out, _ = compare(capfd, "slower-gpt-tiny-np2", "--baseline", "baseline-gpt-tiny-np2", "--index", tmp_path,
-                           "--format", "json")
+                           "--format", "json", "--unit", "step")
     assert code == 1 and json.loads(out)["comparisons"][0]["verdict"] == "slower"
     code, out, _ = compare(capfd, "run_id=slower-gpt-tiny-np2", "--baseline", "until=2026-11-24T00:44:01",
-                           "--index", tmp_path / "index.jsonl", "--format", "json")
+                           "--index", tmp_path / "index.jsonl", "--format", "json", "--unit", "step")
     assert code == 1 and json.loads(out)["comparisons"][0]["baseline"]["runs"] == ["baseline-gpt-tiny-np2"]
     code, out, err = compare(capfd, tmp_path, "--baseline", SLOW, "--format", "json")  # a directory: both runs
     assert code == 2 and "every baseline run is also a new run (slower-gpt-tiny-np2)" in err
     # a query that matches every run of the index: the new run is left out of the baseline, with a warning
     code, out, err = compare(capfd, "slower-gpt-tiny-np2", "--baseline", "model=gpt-tiny", "--index", tmp_path,
-                             "--format", "json")
+                             "--format", "json", "--unit", "step")
     data = json.loads(out)["comparisons"][0]
     assert code == 1 and data["baseline"]["runs"] == ["baseline-gpt-tiny-np2"] and data["verdict"] == "slower"
     assert "left out of the baseline 1 run(s) that are also new runs: slower-gpt-tiny-np2" in err
@@ -254,7 +266,7 @@ def test_run_ids_queries_and_directories_through_the_index(capfd, tmp_path):
 
 def test_output_file_and_usage_errors(capfd, tmp_path):
     report = tmp_path / "compare.xml"
-    code, out, err = compare(capfd, SLOW, "--baseline", BASE, "--format", "junit", "-o", report)
+    code, out, err = compare(capfd, SLOW, "--baseline", BASE, "--format", "junit", "-o", report, "--unit", "step")
     assert code == 1 and out == "" and err.strip() == f"wrote {report} (junit: 1 regression(s))"
     assert ET.parse(report).getroot().get("failures") == "1"
     code, _, err = compare(capfd, SLOW, "--baseline", BASE, "-o", report)
@@ -283,13 +295,15 @@ def test_nothing_in_common_is_a_usage_error(capfd, tmp_path):
     other = _relabelled(BASE, tmp_path / "other.h5", dtype="float64")
     code, _, err = compare(capfd, other, "--baseline", BASE)
     assert code == 2 and "no configuration is in both" in err
+    assert "differ in dtype float64->float32 (new->baseline)" in err and len(err.strip().splitlines()) == 1
 
 
 def test_ignore_matches_runs_that_differ_only_in_the_ignored_options(capfd, tmp_path):
     longer = _relabelled(SLOW, tmp_path / "longer.h5", steps=40)
     code, _, err = compare(capfd, longer, "--baseline", BASE)
     assert code == 2 and "no configuration is in both" in err
-    code, out, _ = compare(capfd, longer, "--baseline", BASE, "--ignore", "steps", "--format", "json")
+    assert "differ in steps 40->22" in err
+    code, out, _ = compare(capfd, longer, "--baseline", BASE, "--ignore", "steps", "--format", "json", "--unit", "step")
     assert code == 1 and json.loads(out)["comparisons"][0]["verdict"] == "slower"
     code, _, err = compare(capfd, longer, "--baseline", BASE, "--ignore", "stpes")
     assert code == 2 and "--ignore stpes: no such configuration option" in err
