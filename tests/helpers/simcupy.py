@@ -210,7 +210,7 @@ class Simulator:
         if write:
             for reader, (counter, rwhat) in alloc.reads.items():
                 if reader != agent and clock.get(reader, 0) < counter:
-                    rule = ("rule 3: memory rewritten while a queued copy or kernel may still read it"
+                    rule = ("reuse (rules 1-3): MPI writes memory that a queued copy or kernel may still read"
                             if agent == HOST else "unordered write over a pending read")
                     self.violation(rule, what, alloc, f"{agent} is not ordered after the read by {reader} ({rwhat})")
             alloc.last_write, alloc.reads = (agent, clock[agent], what), {}
