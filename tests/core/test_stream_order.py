@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import mpirun
+from conftest import mpirun
 
 SCRIPT = "tests/helpers/simcupy_run.py"
 COMMON = ["--backend", "cupy", "--model", "gpt-tiny", "--steps", "2"]
