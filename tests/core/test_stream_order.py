@@ -23,7 +23,7 @@ CASES = [
     ("megatron1d", 2, ["--all-grids"]),
     ("fsdp", 2, ["--all-grids"]),
     ("dp", 3, ["--all-grids", "--batch", "6"]),
-    ("optimus3d", 2, ["--all-grids"]),
+    ("optimus3d", 8, ["--all-grids"]),  # a cube of tensor ranks: q = 2
     ("pipeline", 4, ["--all-grids", "--ginter", "2", "--microbatches", "2"]),
 ]
 
