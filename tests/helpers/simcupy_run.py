@@ -91,16 +91,8 @@ def break_backend(what: str) -> None:
             return self.cupy.empty(shape, dtype=dtype or self.dtype)  # no self.stream.synchronize()
         backend.CupyBackend.mpi_recv_buffer = mpi_recv_buffer
     elif what == "h2d-wait":
-        original = backend.CupyBackend.stage_to_device
-
+        # CupyBackend.stage_to_device without the compute stream's wait on the copy's end event
         def stage_to_device(self, buffer, shape):
-            real, self.stream = self.stream, types.SimpleNamespace(wait_event=lambda event: None)
-            try:  # the compute stream's wait_event on the copy's end event is dropped; the rest as is
-                return original(self, buffer, shape)
-            finally:
-                self.stream = real
-        # the allocation event must still be recorded on the real stream
-        def stage_to_device_keep_alloc(self, buffer, shape):
             cupy = self.cupy
             out = cupy.empty(shape, dtype=buffer.dtype)
             allocated = cupy.cuda.Event(disable_timing=True)
@@ -114,8 +106,7 @@ def break_backend(what: str) -> None:
             # dropped: self.stream.wait_event(watch.end)
             self.pool.release(buffer, fence=watch.end)
             return out, backend.CopySpan(0, None, buffer.nbytes, watch)
-        del original, stage_to_device
-        backend.CupyBackend.stage_to_device = stage_to_device_keep_alloc
+        backend.CupyBackend.stage_to_device = stage_to_device
     elif what == "fence":
         release = backend.StagingPool.release
         backend.StagingPool.release = lambda self, buffer, fence=None: release(self, buffer, None)
