@@ -35,6 +35,7 @@ from fourd_mpi.algorithms import pipeline_plan as plan
 from fourd_mpi.algorithms.pipeline_schedule import run as run_schedule
 from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.core.layout import activation_layout
+from fourd_mpi.core.mpiutil import derived
 from fourd_mpi.core.p2p import BACKWARD, FORWARD, PointToPoint, tag
 from fourd_mpi.step import elementwise
 from fourd_mpi.step.engine import StepResult, timed_step
@@ -46,7 +47,7 @@ def grid_comm(world, options):
     """This rank's stage: a sub-communicator of ``world`` ordered by rank in the stage's 4D grid
     (:func:`~fourd_mpi.algorithms.pipeline_plan.place`). Collective over ``world``."""
     stage, stage_rank = plan.place(world.Get_rank(), options.ginter, options.grid.z * options.grid.y * options.grid.x)
-    return world.Split(color=stage, key=stage_rank)
+    return derived(world, world.Split(color=stage, key=stage_rank))
 
 
 def world_dims(options) -> Dict[str, int]:
@@ -253,7 +254,7 @@ class PipelineTrainer:
         self.overlap = options.overlap_config()
         self.recompute = options.recompute
         # the ranks with equal 4D coordinates in every stage; its rank is the stage
-        self.inter = world.Split(color=comm.grid.cart.Get_rank(), key=self.stage)
+        self.inter = derived(world, world.Split(color=comm.grid.cart.Get_rank(), key=self.stage))
         names = self.inter.allgather(model.stage_layer_names())
         model.all_layer_names = [n for part in names for n in part] + ["loss"]
         comm.tracer.set_layers(model.layer_names())

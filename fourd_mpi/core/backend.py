@@ -33,6 +33,10 @@ Stream rules (MPI knows nothing of CUDA streams):
    host blocking.
 3. A pooled host buffer is reused only after the copy that reads it has finished
    (its CUDA event, the pool's "fence").
+
+The rules are checked without a GPU by ``tests/core/test_stream_order.py``: a simulated CuPy
+(``tests/helpers/simcupy.py``, streams and events as vector clocks) runs this backend and the
+whole step under mpiexec, and every buffer handed to MPI is checked against it.
 """
 
 from __future__ import annotations

@@ -212,7 +212,9 @@ class ProcessGrid:
         #: the communicator of the whole run this grid belongs to (end-of-step agreements span it): ``comm``
         #: itself, unless the run splits its world first (pipeline stages: :meth:`fourd_mpi.run.build.Run.build`)
         self.world = comm
-        self.cart = comm.Create_cart(dims=list(shape.dims), periods=[False] * 4, reorder=False)
+        from fourd_mpi.core.mpiutil import derived
+
+        self.cart = derived(comm, comm.Create_cart(dims=list(shape.dims), periods=[False] * 4, reorder=False))
         self.rank = self.cart.Get_rank()
         self.world_size = self.cart.Get_size()
         cart_coords = self.cart.Get_coords(self.rank)
@@ -220,7 +222,7 @@ class ProcessGrid:
         self.axis_comms = {}
         for i, axis in enumerate(AXES):
             keep = [j == i for j in range(4)]
-            self.axis_comms[axis] = self.cart.Sub(keep)
+            self.axis_comms[axis] = derived(self.cart, self.cart.Sub(keep))
 
         self.node_comm = self.cart.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank = self.node_comm.Get_rank()

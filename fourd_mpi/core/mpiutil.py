@@ -90,3 +90,15 @@ def check_same(comm, settings: Dict[str, str], what: str = "arguments",
                               sorted(values.items(), key=lambda kv: kv[1][0]))
             raise ConfigError(f"the ranks were started with different {what}: {name} is {shown} ({hint})")
     raise ConfigError(f"the ranks were started with different {what} ({hint})")
+
+
+def derived(parent, child):
+    """``child`` (a communicator made from ``parent`` by ``Split``, ``Create_cart``, ``Sub``), adopted by
+    ``parent.adopt_derived`` when ``parent`` has that method, else ``child`` itself.
+
+    The test hook of the stream-order checker (``tests/helpers/streamcheck.py``): a checked communicator
+    (a Python subclass of ``MPI.Intracomm`` that inspects every buffer handed to MPI) keeps checking the
+    communicators derived from it, as mpi4py's own ``Dup`` keeps the caller's class. No-op in production.
+    """
+    adopt = getattr(parent, "adopt_derived", None)
+    return adopt(child) if adopt is not None else child
