@@ -68,11 +68,13 @@ def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "
     whose ``fourd-mpi testbed mpiexec`` launches on a test bed)."""
     n, rpn, args = str(job.ranks), str(job.ranks_per_node), list(site.launcher_args)
     cpus = [str(site.cpus_per_rank)] if site.cpus_per_rank else []
+    # the GPU affinity wrapper (gpu_affinity.sh) goes last: each rank execs it, it execs the interpreter
+    wrapper = [os.path.join(script_dir, AFFINITY_SCRIPT)] if site.gpu_affinity_script else []
     if site.launcher == "mpiexec":
         return [mpiexec, *args, "-n", n]
     if site.launcher == "srun":
         extra = [] if any(a.startswith(("-c", "--cpus-per-task")) for a in args) or not cpus else ["-c", *cpus]
-        return ["srun", *args, "-N", str(job.nodes), "-n", n, f"--ntasks-per-node={rpn}", *extra]
+        return ["srun", *args, "-N", str(job.nodes), "-n", n, f"--ntasks-per-node={rpn}", *extra, *wrapper]
     if site.launcher == "jsrun":  # one resource set per rank: 1 task, its cores, 1 GPU
         gpus = ["-g", "1"] if site.uses_gpus else []
         per_rank = (cpus or ["1"])[0]  # each rank bound to its resource set's cores (-b packed:C)
@@ -84,7 +86,6 @@ def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "
         return [python, "-m", "fourd_mpi", "testbed", "mpiexec", *args, "-n", n, "--ppn", rpn, "--"]
     if site.launcher == "polaris-mpiexec":
         depth = cpus or ["1"]
-        wrapper = [os.path.join(script_dir, AFFINITY_SCRIPT)] if site.gpu_affinity_script else []
         return ["mpiexec", *args, "-n", n, "--ppn", rpn, "--depth", *depth, "--cpu-bind", "depth", *wrapper]
     raise ConfigError(f"site {site.name}: unknown launcher {site.launcher!r}")
 
@@ -139,7 +140,11 @@ def render_pack_script(pack, packs: int, spec: SweepSpec, site: Site, spec_path:
 
 
 def render_affinity_script(site: Site) -> str:
-    return _environment().get_template("gpu_affinity.sh.j2").render(gpus_per_node=site.gpus_per_node)
+    """The per-rank GPU wrapper of a site (``gpu_affinity_script: true``): local rank r gets GPU
+    ``gpu_order[r % len]`` in ``gpu_visible_env``; no per-task cgroup, so every rank can still open the other GPUs'
+    memory (CUDA/ROCm IPC) for intra-node GPU-aware MPI."""
+    return _environment().get_template("gpu_affinity.sh.j2").render(
+        site=site, gpu_order=list(site.gpu_order), local_rank=site.local_rank_variable, visible=site.gpu_visible_env)
 
 
 def python_for(spec: SweepSpec, site: Site, override: Optional[str]) -> str:

@@ -33,6 +33,14 @@ SCHEDULERS = ("local", "slurm", "pbs", "lsf", "sge")
 #: (``fourd-mpi testbed mpiexec``, :mod:`fourd_mpi.testbed`; the bed is ``$FOURD_TESTBED``, default ``fourd``)
 LAUNCHERS = ("mpiexec", "srun", "jsrun", "lrun", "polaris-mpiexec", "testbed")
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+#: the node-local rank a GPU affinity wrapper reads: Slurm's srun, Cray PALS (Polaris's mpiexec)
+LOCAL_RANK_VARIABLES = ("SLURM_LOCALID", "PMI_LOCAL_RANK")
+#: the variable a wrapper sets: CUDA, ROCm (the ROCm runtime reads ROCR_VISIBLE_DEVICES, as Slurm sets it on Frontier)
+VISIBLE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+#: srun options that give each task its own GPU cgroup (all but --gpu-bind=none; --ntasks-per-gpu implies
+#: --gpu-bind=single, srun(1)): with HPE Cray MPICH's MPICH_GPU_SUPPORT_ENABLED=1 they break intra-node GPU
+#: IPC (docs/sites.md, "GPU binding and CUDA IPC")
+TASK_GPU_BINDING = ("--gpus-per-task", "--gpu-bind", "--ntasks-per-gpu")
 
 _safe = {"type": "string", "pattern": SAFE_VALUE_PATTERN,
          "description": "use letters, digits and _.:+@/=,- only (the value goes into scheduler directives)"}
@@ -59,6 +67,10 @@ SITE_SCHEMA: Dict[str, Any] = {
         "cpus_per_rank": {"type": "integer", "minimum": 1},
         "backend": {"enum": ["auto", "numpy", "cupy"]},
         "gpu_affinity_script": {"type": "boolean"},
+        "gpu_map": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0},
+                    "description": "the GPU of each node-local rank, closest to its cores first: gpu_map[r % len]"},
+        "gpu_local_rank_env": {"enum": list(LOCAL_RANK_VARIABLES)},
+        "gpu_visible_env": {"enum": list(VISIBLE_VARIABLES)},
         "parallel_environment": _safe,
         "account_option": {"enum": ["-A", "-P", "-G", "--account"]},
         "requires": {"type": "array", "items": {"enum": ["account", "partition", "qos", "queue", "constraint"]}},
@@ -106,7 +118,14 @@ class Site:
     gpus_per_node: int = 0
     cpus_per_rank: Optional[int] = None
     backend: str = "auto"
+    #: render ``gpu_affinity.sh`` (templates/gpu_affinity.sh.j2) and start every rank through it: it exports
+    #: ``gpu_visible_env`` = ``gpu_map[local rank % len]`` (no per-task GPU cgroup, so GPU IPC keeps working)
     gpu_affinity_script: bool = False
+    #: the GPU of node-local rank r is gpu_map[r % len(gpu_map)]; default 0, 1, ... gpus_per_node - 1
+    gpu_map: Tuple[int, ...] = ()
+    #: the wrapper's node-local rank; default by launcher (srun: SLURM_LOCALID, polaris-mpiexec: PMI_LOCAL_RANK)
+    gpu_local_rank_env: Optional[str] = None
+    gpu_visible_env: str = "CUDA_VISIBLE_DEVICES"
     parallel_environment: str = "mpi"
     account_option: Optional[str] = None
     requires: Tuple[str, ...] = ()  # job settings the site's scheduler refuses jobs without
@@ -126,6 +145,17 @@ class Site:
     @property
     def uses_gpus(self) -> bool:
         return self.gpus_per_node > 0
+
+    @property
+    def gpu_order(self) -> Tuple[int, ...]:
+        """The GPU of each node-local rank (``gpu_map``, default the identity)."""
+        return self.gpu_map or tuple(range(self.gpus_per_node))
+
+    @property
+    def local_rank_variable(self) -> str:
+        if self.gpu_local_rank_env:
+            return self.gpu_local_rank_env
+        return "PMI_LOCAL_RANK" if self.launcher == "polaris-mpiexec" else "SLURM_LOCALID"
 
     def rank_layout(self, ranks: int, ranks_per_node: Optional[int] = None) -> Tuple[int, int]:
         """``(nodes, ranks per node)`` for ``ranks``; full nodes only, so that nodes x per node = ranks."""
@@ -178,10 +208,45 @@ def load_site(name_or_path: str) -> Site:
                               "or give a site profile FILE.yaml")
     data = load_yaml(path, "site profile", SITE_SCHEMA).data
     tuples = {k: tuple(data[k]) for k in ("launcher_args", "modules", "module_paths", "setup", "requires",
-                                                   "documentation") if k in data}
+                                                   "documentation", "gpu_map") if k in data}
     pairs = {k: tuple((str(a), str(b)) for a, b in data[k].items()) for k in ("directives", "env") if k in data}
     rest = {k: v for k, v in data.items() if k not in tuples and k not in pairs}
-    return Site(**rest, **tuples, **pairs, source=path)
+    site = Site(**rest, **tuples, **pairs, source=path)
+    check_gpu_binding(site)
+    return site
+
+
+def task_gpu_binding(site: Site) -> List[str]:
+    """The launcher options of ``site`` that bind GPUs per task (a cgroup per task); ``--gpu-bind=none`` is none."""
+    found = []
+    for arg in site.launcher_args:
+        name, _, value = arg.partition("=")
+        if name in TASK_GPU_BINDING and not (name == "--gpu-bind" and value == "none"):
+            found.append(arg)
+    return found
+
+
+def check_gpu_binding(site: Site) -> None:
+    """Refuse what cannot work: a ``gpu_map`` that is not one GPU per rank of the node's GPUs, and per-task GPU
+    binding with Cray MPICH's GPU-aware mode unless its GPU IPC is switched off (``MPICH_GPU_IPC_ENABLED=0``)."""
+    where = f"site {site.name} ({site.source})"
+    if site.gpu_map and sorted(site.gpu_map) != list(range(site.gpus_per_node)):
+        raise ConfigError(f"{where}: gpu_map {list(site.gpu_map)} must list each of the node's {site.gpus_per_node} "
+                          f"GPUs (0..{site.gpus_per_node - 1}) once, the GPU closest to local rank r at position r")
+    if (site.gpu_map or site.gpu_local_rank_env) and not site.gpu_affinity_script:
+        raise ConfigError(f"{where}: gpu_map and gpu_local_rank_env need gpu_affinity_script: true (the wrapper "
+                          f"that applies them)")
+    if site.gpu_affinity_script and site.launcher not in ("srun", "polaris-mpiexec"):
+        raise ConfigError(f"{where}: gpu_affinity_script works with the srun and polaris-mpiexec launchers, not "
+                          f"{site.launcher}")
+    env = dict(site.env)
+    bound = task_gpu_binding(site)
+    if bound and env.get("MPICH_GPU_SUPPORT_ENABLED") == "1" and env.get("MPICH_GPU_IPC_ENABLED") != "0":
+        raise ConfigError(f"{where}: {' '.join(bound)} puts each task's GPU in its own cgroup, which breaks Cray "
+                          f"MPICH's intra-node GPU IPC under MPICH_GPU_SUPPORT_ENABLED=1 (cuIpcOpenMemHandle "
+                          f"errors): request the node's GPUs (directives: gpus-per-node) and set "
+                          f"gpu_affinity_script: true with gpu_map (see perlmutter.yaml), or set "
+                          f"MPICH_GPU_IPC_ENABLED=0 in env (slower intra-node GPU messages)")
 
 
 # ---------------------------------------------------------------------------

@@ -3,17 +3,22 @@ script carries the idioms its centre documents, and each site file states its so
 
 What each centre documents (the pages are in each file's ``documentation:``):
 
-- NERSC Perlmutter: ``-c 32 --cpu-bind=cores``, one GPU visible to each task with ``--gpus-per-task=1
-  --gpu-bind=map_gpu:0,1,2,3`` (GPU = node-local rank); mpi4py built with ``cc -target-accel=nvidia80``
-  so the GTL library is linked for ``MPICH_GPU_SUPPORT_ENABLED=1``.
+- NERSC Perlmutter: ``-c 32 --cpu-bind=cores``; mpi4py built with ``cc -target-accel=nvidia80`` so the GTL
+  library is linked for ``MPICH_GPU_SUPPORT_ENABLED=1``. GPUs: not NERSC's ``--gpus-per-task=1
+  --gpu-bind=map_gpu:0,1,2,3``, which breaks Cray MPICH's intra-node GPU IPC (E3SM 4834, jdftx 252, WarpX
+  3349/6382): ``--gpus-per-node=4`` and the wrapper that gives local rank r GPU ``3 - r`` (WarpX 5683), with
+  ``MPICH_OFI_NIC_POLICY=GPU``.
 - ALCF Polaris: ``mpiexec --ppn --depth --cpu-bind depth`` and ALCF's wrapper that gives local rank r
   GPU ``3 - r % 4`` (Polaris's GPU 3 is nearest cores 0-7).
-- OLCF Frontier: ``-c 7 --gpus-per-task=1 --gpu-bind=closest``, rocm/7.0.2, ROCM_HOME at run time.
-- CSCS Alps: ``--gpus-per-task=1`` with 4 ranks per node, ``-c 72``, the uenv by ``#SBATCH --uenv/--view``.
+- OLCF Frontier: ``-c 7``, rocm/7.0.2, ROCM_HOME at run time; the GCD that ``--gpu-bind=closest`` gives each
+  L3 region (the guide's NUMA note: 4, 5, 2, 3, 6, 7, 0, 1) set by the wrapper as ROCR_VISIBLE_DEVICES.
+- CSCS Alps: 4 ranks per node, ``-c 72``, the uenv by ``#SBATCH --uenv/--view``; GPU = SLURM_LOCALID (CSCS's
+  equivalent of ``--gpus-per-task=1``) set by the wrapper.
 - Summit (historic): ``jsrun -a1 -c7 -g1 -b packed:7``; a generic LSF cluster: ``bsub -n`` with
   ``-R "span[ptile=N]"``.
 
-The scripts cannot be submitted here (no Cray, PBS or LSF); the wrapper script runs for real.
+The scripts cannot be submitted here (no Cray, PBS or LSF); the wrapper script runs for real, and under the
+local Slurm (srun sets SLURM_LOCALID) where Debian's Slurm is installed.
 """
 
 from __future__ import annotations
@@ -73,17 +78,105 @@ def test_site_file_cites_its_pages_and_states_its_choices(site_name):
         assert site.uses_gpus and "GPU binding" in header and "GPU-aware MPI" in header
 
 
-def test_perlmutter_binds_one_gpu_per_rank_as_nerscs_example(tmp_path):
+#: the GPU of node-local rank r on each site with a GPU affinity wrapper, from the sources in the site files
+CLOSEST_GPU = {"perlmutter": [3, 2, 1, 0], "polaris": [3, 2, 1, 0], "alps": [0, 1, 2, 3],
+               "frontier": [4, 5, 2, 3, 6, 7, 0, 1]}
+
+
+def run_wrapper(wrapper, environ):
+    """What the wrapper exports: run it with ``environ`` around a command that prints the environment."""
+    done = subprocess.run([str(wrapper), "env"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", **environ})
+    return done.returncode, dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line), done.stderr
+
+
+def test_perlmutter_keeps_cuda_ipc_and_gives_each_rank_its_closest_gpu(tmp_path):
     text = render(tmp_path, "perlmutter")[8]
     assert "#SBATCH --constraint=gpu" in text and "#SBATCH --cpus-per-task=32" in text
+    assert "#SBATCH --gpus-per-node=4" in text.splitlines()
     assert "module load craype-accel-nvidia80" in text and "export MPICH_GPU_SUPPORT_ENABLED=1" in text
+    assert "export MPICH_OFI_NIC_POLICY=GPU" in text.splitlines()
     line = launch_line(text)
-    assert line.startswith("srun --cpu-bind=cores --gpus-per-task=1 --gpu-bind=map_gpu:0,1,2,3 -N 2 -n 8 "
-                           "--ntasks-per-node=4 -c 32 python3 -m fourd_mpi run --backend cupy ")
-    order = [int(g) for g in re.search(r"--gpu-bind=map_gpu:([\d,]+)", line).group(1).split(",")]
-    assert order == list(range(4))  # NERSC: GPU = node-local rank
+    assert line.startswith("srun --cpu-bind=cores -N 2 -n 8 --ntasks-per-node=4 -c 32 jobs/perlmutter/gpu_affinity.sh "
+                           "python3 -m fourd_mpi run --backend cupy ")
+    assert "--gpus-per-task" not in text and "--gpu-bind" not in text and "MPICH_GPU_IPC_ENABLED" not in text
+    wrapper = tmp_path / "jobs" / "perlmutter" / "gpu_affinity.sh"
+    seen = []
+    for local_rank in range(8):
+        rc, env, err = run_wrapper(wrapper, {"SLURM_LOCALID": str(local_rank)})
+        assert rc == 0, err
+        seen.append(int(env["CUDA_VISIBLE_DEVICES"]))
+    assert seen == [3, 2, 1, 0] * 2  # WarpX PR 5683: GPU 3 is nearest cores 0-15, where local rank 0 runs
     source = open(load_site("perlmutter").source).read()
     assert 'MPICC="cc -target-accel=nvidia80 -shared" pip install' in source  # GTL linked
+    for cited in ("E3SM-Project/E3SM issue 4834", "shankar1729/jdftx issue 252", "BLAST-WarpX/warpx PR 3349",
+                  "BLAST-WarpX/warpx issue 6382", "BLAST-WarpX/warpx PR 5683"):
+        assert cited in source, cited
+
+
+@pytest.mark.parametrize("site_name", sorted(CLOSEST_GPU))
+def test_gpu_wrapper_maps_each_local_rank_to_its_closest_gpu(tmp_path, site_name):
+    site = load_site(site_name)
+    render(tmp_path, site_name)
+    wrapper = tmp_path / "jobs" / site_name / "gpu_affinity.sh"
+    order = CLOSEST_GPU[site_name]
+    assert list(site.gpu_order) == order and sorted(order) == list(range(site.gpus_per_node))
+    variable = "ROCR_VISIBLE_DEVICES" if site_name == "frontier" else "CUDA_VISIBLE_DEVICES"
+    for local_rank in range(2 * len(order)):
+        rc, env, err = run_wrapper(wrapper, {site.local_rank_variable: str(local_rank)})
+        assert rc == 0, err
+        assert env[variable] == str(order[local_rank % len(order)])
+    rc, env, err = run_wrapper(wrapper, {})  # not under the launcher: one line naming the variable, no command
+    assert rc != 0 and site.local_rank_variable in err and "PATH" not in env
+    rc, env, err = run_wrapper(wrapper, {site.local_rank_variable: "1; touch pwned"})
+    assert rc == 2 and "not a rank number" in err and not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("site_name", builtin_sites())
+def test_no_site_binds_gpus_per_task_under_gpu_aware_cray_mpich(tmp_path, site_name):
+    """--gpus-per-task / --gpu-bind make a GPU cgroup per task: Cray MPICH's GPU IPC then fails (docs/sites.md)."""
+    site = load_site(site_name)
+    if dict(site.env).get("MPICH_GPU_SUPPORT_ENABLED") != "1":
+        return
+    scripts = render(tmp_path, site_name).values()
+    for text in scripts:
+        assert "--gpus-per-task" not in text and "--gpu-bind" not in text and "--ntasks-per-gpu" not in text
+    if site.scheduler == "slurm":
+        assert site.gpu_affinity_script and dict(site.directives).get("gpus-per-node") == str(site.gpus_per_node)
+
+
+@pytest.mark.parametrize("args, env, message", [
+    ('["--gpus-per-task=1"]', '{MPICH_GPU_SUPPORT_ENABLED: "1"}', "breaks Cray MPICH's intra-node GPU IPC"),
+    ('["--gpu-bind=closest"]', '{MPICH_GPU_SUPPORT_ENABLED: "1"}', "breaks Cray MPICH's intra-node GPU IPC"),
+    ('["--ntasks-per-gpu=1"]', '{MPICH_GPU_SUPPORT_ENABLED: "1"}', "breaks Cray MPICH's intra-node GPU IPC"),
+])
+def test_site_file_refuses_per_task_gpu_binding_with_gpu_aware_cray_mpich(tmp_path, args, env, message):
+    path = tmp_path / "mysite.yaml"
+    path.write_text(f"name: mysite\nscheduler: slurm\nlauncher: srun\nranks_per_node: 4\ngpus_per_node: 4\n"
+                    f"launcher_args: {args}\nenv: {env}\n")
+    with pytest.raises(ConfigError) as err:
+        load_site(str(path))
+    assert message in str(err.value) and "gpu_affinity_script" in str(err.value)
+    # allowed: IPC switched off on purpose, --gpu-bind=none, or no GPU-aware MPICH
+    for ok_args, ok_env in ((args, '{MPICH_GPU_SUPPORT_ENABLED: "1", MPICH_GPU_IPC_ENABLED: "0"}'),
+                            ('["--gpu-bind=none"]', env), (args, "{}")):
+        path.write_text(f"name: mysite\nscheduler: slurm\nlauncher: srun\nranks_per_node: 4\ngpus_per_node: 4\n"
+                        f"launcher_args: {ok_args}\nenv: {ok_env}\n")
+        load_site(str(path))
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("gpu_affinity_script: true\ngpu_map: [0, 1, 2]", "must list each of the node's 4 GPUs"),
+    ("gpu_affinity_script: true\ngpu_map: [0, 1, 1, 3]", "must list each of the node's 4 GPUs"),
+    ("gpu_map: [0, 1, 2, 3]", "need gpu_affinity_script: true"),
+    ("gpu_affinity_script: true\ngpu_visible_env: \"X; rm -rf /\"", "gpu_visible_env"),
+])
+def test_site_file_refuses_bad_gpu_maps(tmp_path, extra, message):
+    path = tmp_path / "mysite.yaml"
+    path.write_text(f"name: mysite\nscheduler: slurm\nlauncher: srun\nranks_per_node: 4\ngpus_per_node: 4\n{extra}\n")
+    with pytest.raises(ConfigError) as err:
+        load_site(str(path))
+    assert message in str(err.value)
 
 
 def test_polaris_wrapper_gives_local_rank_r_gpu_3_minus_r(tmp_path):
@@ -104,10 +197,13 @@ def test_polaris_wrapper_gives_local_rank_r_gpu_3_minus_r(tmp_path):
 def test_frontier_binds_the_closest_gcd_and_runs_rocm(tmp_path):
     text = render(tmp_path, "frontier")[8]
     assert "#SBATCH --cpus-per-task=7" in text and "#SBATCH --partition=batch" in text
+    assert "#SBATCH --gpus-per-node=8" in text.splitlines()
     assert "module load rocm/7.0.2" in text and "module load craype-accel-amd-gfx90a" in text
     assert 'export ROCM_HOME="${ROCM_PATH}"' in text and "export MPICH_GPU_SUPPORT_ENABLED=1" in text
-    assert launch_line(text).startswith("srun --gpus-per-task=1 --gpu-bind=closest -N 1 -n 8 --ntasks-per-node=8 "
-                                        "-c 7 python3 -m fourd_mpi run --backend cupy ")
+    assert launch_line(text).startswith("srun -N 1 -n 8 --ntasks-per-node=8 -c 7 jobs/frontier/gpu_affinity.sh "
+                                        "python3 -m fourd_mpi run --backend cupy ")
+    wrapper = (tmp_path / "jobs" / "frontier" / "gpu_affinity.sh").read_text()
+    assert 'export ROCR_VISIBLE_DEVICES="${gpus[local_rank % 8]}"' in wrapper and "gpus=(4 5 2 3 6 7 0 1)" in wrapper
     source = open(load_site("frontier").source).read()
     assert 'fourd_mpi[rocm]' in source and "cupy-rocm-7-0" in source
     setup = (REPO / "setup.py").read_text()
@@ -119,7 +215,8 @@ def test_alps_uses_the_uenv_and_one_gpu_per_grace_hopper(tmp_path):
     for line in ("#SBATCH --uenv=prgenv-gnu/25.6:v2", "#SBATCH --view=default", "#SBATCH --cpus-per-task=72",
                  "#SBATCH --partition=normal", "export MPICH_GPU_SUPPORT_ENABLED=1"):
         assert line in text.splitlines(), line
-    assert launch_line(text).startswith("srun --gpus-per-task=1 -N 2 -n 8 --ntasks-per-node=4 -c 72 ")
+    assert "#SBATCH --gpus-per-node=4" in text.splitlines()
+    assert launch_line(text).startswith("srun -N 2 -n 8 --ntasks-per-node=4 -c 72 jobs/alps/gpu_affinity.sh python3 ")
 
 
 def test_summit_is_historic_and_binds_packed(tmp_path):
@@ -139,7 +236,7 @@ def test_generic_lsf_asks_for_slots_per_host(tmp_path):
     assert "#BSUB -nnodes 2" in lassen and "#BSUB -n 8" not in lassen  # CSM: whole nodes
 
 
-@pytest.mark.parametrize("site_name", ("perlmutter", "polaris", "alps", "summit", "lsf"))
+@pytest.mark.parametrize("site_name", ("perlmutter", "polaris", "alps", "frontier", "summit", "lsf"))
 def test_checked_sites_pass_shellcheck(tmp_path, site_name):
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck not installed (apt-get install shellcheck)")

@@ -292,3 +292,48 @@ def test_slurm_sweep_after_a_local_one_without_an_activated_environment(slurm, t
     assert "2/2 traces complete, 0 jobs failed" in status.stdout, status.stdout + logs + slurm.logs()
     assert len(list((tmp_path / "results/weak-slurm/slurm").glob("*.h5"))) == 2
     assert f"{os.path.dirname(sys.executable)}/python" in (tmp_path / "jobscripts/weak-slurm-cluster/manifest.json").read_text()
+
+
+GPU_SPEC = """\
+name: gpu-bind
+study: weak
+ranks: [4, 8]
+grids: {4: [1x1x2x2], 8: [1x2x2x2]}
+model: {preset: gpt-tiny, batch: 8}
+options: {steps: 2}
+"""
+#: each GPU site's wrapper, by site: the GPU of node-local rank 0, 1, ... (the sources are in the site files)
+CLOSEST_GPU = {"perlmutter": ("CUDA_VISIBLE_DEVICES", [3, 2, 1, 0]), "alps": ("CUDA_VISIBLE_DEVICES", [0, 1, 2, 3]),
+               "frontier": ("ROCR_VISIBLE_DEVICES", [4, 5, 2, 3, 6, 7, 0, 1])}
+
+
+@pytest.mark.parametrize("site_name", sorted(CLOSEST_GPU))
+def test_gpu_affinity_wrapper_under_srun_gives_each_local_rank_its_gpu(slurm, tmp_path, site_name):
+    """The rendered gpu_affinity.sh, started by a real srun (which sets SLURM_LOCALID), one task per GPU of a
+    node: each local rank sees exactly the GPU the site file names, and srun is given no per-task GPU binding."""
+    import shlex
+
+    from fourd_mpi.jobs.sites import load_site
+    from fourd_mpi.jobs.spec import load_spec
+    from fourd_mpi.jobs.sweep import build_manifest, write_sweep
+
+    (tmp_path / "spec.yaml").write_text(GPU_SPEC)
+    spec, site = load_spec(str(tmp_path / "spec.yaml")), load_site(site_name)
+    spec.job["account"] = "proj1"
+    manifest = build_manifest(spec, site, "spec.yaml", f"jobs/{site_name}", python="python3")
+    write_sweep(manifest, spec, site, str(tmp_path / "jobs" / site_name))
+    run = manifest["runs"][-1]
+    launch = shlex.split((tmp_path / run["script"]).read_text().strip().splitlines()[-1])
+    wrapper = next(a for a in launch if a.endswith("/gpu_affinity.sh"))
+    launcher = launch[:launch.index(wrapper)]
+    assert launcher[0] == "srun" and not any(a.startswith(("--gpus-per-task", "--gpu-bind")) for a in launcher)
+
+    variable, order = CLOSEST_GPU[site_name]
+    ranks = len(order)  # one node's worth: local ranks 0 .. gpus_per_node - 1
+    env = {**mpi_env(), "SLURM_CONF": str(slurm.conf)}
+    done = subprocess.run(["srun", "-N", "1", "-n", str(ranks), f"--ntasks-per-node={ranks}", wrapper,
+                           "sh", "-c", f'echo "$SLURM_LOCALID ${variable}"'],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + slurm.logs()
+    seen = dict(tuple(map(int, line.split())) for line in done.stdout.splitlines())
+    assert seen == {r: order[r] for r in range(ranks)}, done.stdout

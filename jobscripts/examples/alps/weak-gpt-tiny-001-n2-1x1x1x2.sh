@@ -10,6 +10,7 @@
 #SBATCH --partition=normal
 #SBATCH --uenv=prgenv-gnu/25.6:v2
 #SBATCH --view=default
+#SBATCH --gpus-per-node=4
 # fourd-mpi sweep weak-gpt-tiny: run 2 of 4 on site alps
 #   2 ranks = 1 node(s) x 2 ranks per node, one GPU per rank
 #   grid 1x1x1x2 (G_data x G_z x G_y x G_x), model gpt-tiny, global batch 16
@@ -22,4 +23,4 @@ export OMP_NUM_THREADS=72
 tool=srun; command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
 tool=python3; command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
 echo "fourd-mpi sweep weak-gpt-tiny run weak-gpt-tiny-001-n2-1x1x1x2 on $(hostname) at $(date -u +%FT%TZ)"
-srun --gpus-per-task=1 -N 1 -n 2 --ntasks-per-node=2 -c 72 python3 -m fourd_mpi run --backend cupy --gdata 1 --gz 1 --gy 1 --gx 2 --model gpt-tiny --batch 16 --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny/alps --run-id weak-gpt-tiny-001-n2-1x1x1x2 --display lines
+srun -N 1 -n 2 --ntasks-per-node=2 -c 72 jobscripts/examples/alps/gpu_affinity.sh python3 -m fourd_mpi run --backend cupy --gdata 1 --gz 1 --gy 1 --gx 2 --model gpt-tiny --batch 16 --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny/alps --run-id weak-gpt-tiny-001-n2-1x1x1x2 --display lines

@@ -8,6 +8,7 @@
 #SBATCH --output=jobscripts/examples/frontier/logs/weak-gpt-tiny-003-n8-1x2x2x2.out
 #SBATCH --account=PROJECT123
 #SBATCH --partition=batch
+#SBATCH --gpus-per-node=8
 # fourd-mpi sweep weak-gpt-tiny: run 4 of 4 on site frontier
 #   8 ranks = 1 node(s) x 8 ranks per node, one GPU per rank
 #   grid 1x2x2x2 (G_data x G_z x G_y x G_x), model gpt-tiny, global batch 64
@@ -26,4 +27,4 @@ export LD_LIBRARY_PATH="${CRAY_LD_LIBRARY_PATH}:${LD_LIBRARY_PATH}"
 tool=srun; command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
 tool=python3; command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
 echo "fourd-mpi sweep weak-gpt-tiny run weak-gpt-tiny-003-n8-1x2x2x2 on $(hostname) at $(date -u +%FT%TZ)"
-srun --gpus-per-task=1 --gpu-bind=closest -N 1 -n 8 --ntasks-per-node=8 -c 7 python3 -m fourd_mpi run --backend cupy --gdata 1 --gz 2 --gy 2 --gx 2 --model gpt-tiny --batch 64 --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny/frontier --run-id weak-gpt-tiny-003-n8-1x2x2x2 --display lines
+srun -N 1 -n 8 --ntasks-per-node=8 -c 7 jobscripts/examples/frontier/gpu_affinity.sh python3 -m fourd_mpi run --backend cupy --gdata 1 --gz 2 --gy 2 --gx 2 --model gpt-tiny --batch 64 --steps=6 --warmup=1 --trace-level=op --overlap=none --results-dir results/weak-gpt-tiny/frontier --run-id weak-gpt-tiny-003-n8-1x2x2x2 --display lines
