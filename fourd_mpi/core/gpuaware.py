@@ -264,7 +264,7 @@ ROUTE_RULES: Tuple[RouteRule, ...] = (
                   "blocking": ("direct", _src(IMPI_BUFFERS, "same page: MPI_Bcast, MPI_Allreduce")),
                   "nb_gather": ("staged", None),
                   "nb_reduce": ("staged", None)}),
-    RouteRule("Intel MPI < 2021.14", "Intel MPI", None, (2021, 14), None, None, None,
+    RouteRule("Intel MPI < 2021.14", "Intel MPI", None, (2021, 14), None, None, False,
               {cls: ("staged", _src(IMPI_SUPPORT_OLD, "Intel MPI 2021.9 'GPU Support': 'Current support is limited "
                                     "to Intel GPUs only' (no CUDA buffers)")) for cls in OP_CLASSES}),
 )
