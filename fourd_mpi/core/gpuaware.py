@@ -12,10 +12,11 @@ Cray MPICH      ``MPICH_GPU_SUPPORT_ENABLED=1`` (and the GTL library linked, whi
                 see); without it device buffers crash or corrupt
 MPICH           ``MPIX_Query_cuda_support()`` (``MPIX_GPU_query_support``; 0 when built
                 without CUDA or with ``MPIR_CVAR_ENABLE_GPU=0``)
-Open MPI        ``MPIX_Query_cuda_support()``; but its ``MPI_Iallgather`` / ``MPI_Iallreduce``
-                are documented as not CUDA-aware (docs/design.md section 3), so nonblocking
-                collectives on device buffers are refused even when it is CUDA-aware
+Open MPI        ``MPIX_Query_cuda_support()``; its FAQ/docs list ``MPI_Iallgather`` and
+                ``MPI_Iallreduce`` as not CUDA-aware (with UCX: the nonblocking reductions only),
+                so those classes stage while p2p and blocking collectives go direct
 MVAPICH2-GDR    ``MV2_USE_CUDA=1``
+Intel MPI       ``I_MPI_OFFLOAD=1`` (2021.14 and later: CUDA buffers)
 others          unknown: staged
 ==============  ===========================================================================
 
