@@ -97,7 +97,11 @@ def _header(world, run) -> None:
                f"weights {'cached' if overlap.cache else 're-gathered'} for backward, "
                f"activation recompute {run.options.recompute}")
     if run.gpu_awareness is not None:
-        say(world, f"GPU-aware MPI: {run.gpu_awareness.library}: {run.gpu_awareness.reason}")
+        from fourd_mpi.core.gpuaware import describe_routes
+
+        chosen = run.mpi_buffers.routes if run.mpi_buffers is not None and run.backend.name == "cupy" else None
+        for line in describe_routes(run.gpu_awareness, chosen):
+            say(world, line)
         smoke = run.gpu_awareness.smoke_test
         if smoke is not None:
             say(world, f"device-buffer smoke test: {'passed' if smoke['ok'] else 'FAILED'} ({smoke['detail']})")

@@ -5,7 +5,9 @@ that differs between host and device is here: dtype handling, device selection,
 synchronization, timing (host clocks or CUDA events), and turning an array into
 something MPI may read or write.
 
-MPI buffers, two modes (``--device-buffers``):
+MPI buffers, two modes (``--device-buffers``), chosen per operation class (``p2p``, ``blocking``,
+``nb_gather``, ``nb_reduce``: :data:`fourd_mpi.core.gpuaware.OP_CLASSES`; :meth:`ArrayBackend.set_routes`,
+:meth:`ArrayBackend.staged_for`); ``set_staged`` sets every class at once:
 
 ``direct``
     MPI gets the backend arrays themselves (device pointers on CuPy: needs a
@@ -231,8 +233,11 @@ class ArrayBackend:
     device: Optional[int] = None
     #: True when MPI is given device pointers directly (CUDA-aware MPI).
     device_buffers_direct = False
-    #: True when MPI gets host staging buffers (:meth:`stage_to_host` / :meth:`stage_to_device`)
+    #: True when MPI gets host staging buffers (:meth:`stage_to_host` / :meth:`stage_to_device`) for some
+    #: operation class (every class when :attr:`routes` is empty)
     staged = False
+    #: per operation class ``direct``/``staged`` (:meth:`set_routes`); empty: every class follows :attr:`staged`
+    routes: Dict[str, str] = {}
     tf32 = False
     #: the attention kernels the step uses (``unfused``, or a fused mode of :mod:`fourd_mpi.step.fusedattention`,
     #: set by the run's set-up from ``--attention``) and why
@@ -273,7 +278,27 @@ class ArrayBackend:
 
     # MPI buffers -------------------------------------------------------------
     def mpi_mode(self) -> str:
+        if self.routes and len(set(self.routes.values())) > 1:
+            return "mixed"
         return "staged" if self.staged else "direct"
+
+    def staged_for(self, op_class: str) -> bool:
+        """Does MPI get host staging buffers for operations of ``op_class`` (``p2p``, ``nb_gather``, ...)?"""
+        if not self.routes:
+            return self.staged
+        return self.routes.get(op_class, "staged") == "staged"
+
+    def set_routes(self, routes: Dict[str, str]) -> None:
+        """Per operation class ``direct`` or ``staged`` (a class not named is staged)."""
+        self.set_staged(any(route == "staged" for route in routes.values()))
+        self.routes = dict(routes)
+
+    def routes_text(self) -> str:
+        """``staged`` / ``direct``, or which classes go which way."""
+        if self.mpi_mode() != "mixed":
+            return self.mpi_mode()
+        by = {route: [cls for cls, r in self.routes.items() if r == route] for route in ("direct", "staged")}
+        return "; ".join(f"{route} for {', '.join(classes)}" for route, classes in by.items() if classes)
 
     def mpi_send_buffer(self, array):
         """A buffer MPI may read now that holds ``array``'s values (direct mode)."""
@@ -329,6 +354,7 @@ class NumpyBackend(ArrayBackend):
 
     def set_staged(self, staged: bool) -> None:
         self.staged = bool(staged)
+        self.routes = {}
         if self.staged and self.pool is None:
             self.pool = StagingPool(_host_allocate)
 
@@ -371,7 +397,8 @@ class NumpyBackend(ArrayBackend):
 
     def describe(self) -> str:
         threads = os.environ.get("OMP_NUM_THREADS", "unset")
-        staging = ", MPI buffers staged (emulated: host copies)" if self.staged else ""
+        mode = self.routes_text()
+        staging = f", MPI buffers {mode} (emulated: host copies)" if self.staged else ""
         return f"numpy {np.__version__} ({self.dtype.name}, OMP_NUM_THREADS={threads}){staging}"
 
 
@@ -448,7 +475,12 @@ class CupyBackend(ArrayBackend):
 
     def set_staged(self, staged: bool) -> None:
         self.staged = bool(staged)
+        self.routes = {}
         self.device_buffers_direct = not self.staged
+
+    def set_routes(self, routes: Dict[str, str]) -> None:
+        super().set_routes(routes)
+        self.device_buffers_direct = any(route == "direct" for route in routes.values())
 
     def set_tf32(self, enabled: bool) -> None:
         """Float32 GEMMs in TF32 on tensor cores (True) or full float32 (False): CuPy's compute type."""
@@ -534,7 +566,8 @@ class CupyBackend(ArrayBackend):
         return text(props["name"]) + (f" {text(arch).split(':')[0]}" if arch else "")
 
     def describe(self) -> str:
-        mode = "staged through pinned host memory" if self.staged else "direct"
+        mode = self.routes_text()
+        mode = "staged through pinned host memory" if mode == "staged" else mode
         tf32 = ", TF32 GEMMs" if self.tf32 else ""
         runtime = self.cupy.cuda.runtime
         shown = "".join(f", {text}" for text in [visible_devices(os.environ)] if text)

@@ -18,8 +18,9 @@ while MPI may still touch it. With ``check_buffers=True`` the handle also
 copies the send buffer at issue and checks at completion that nobody modified
 it in flight.
 
-Staged mode (``backend.staged``: MPI cannot take device buffers, or NumPy's
-emulation of that): at issue the input is copied into a pooled host buffer
+Staged mode (``backend.staged_for(kind.route_class)``: MPI cannot take device buffers in this
+operation class (``nb_gather``: ``Iallgather``; ``nb_reduce``: ``Ireduce_scatter_block``,
+``Iallreduce``; :mod:`fourd_mpi.core.gpuaware`), or NumPy's emulation of that): at issue the input is copied into a pooled host buffer
 (``d2h``) and the collective runs on host buffers; when the handle is waited
 the host result is copied back (``h2d``) and both staging buffers return to the
 pool. Only the copies differ from the direct path: the same requests, the same
@@ -218,7 +219,11 @@ class Collectives:
             return contextlib.nullcontext()
         return self.watchdog.watch(what if isinstance(what, str) else self.describe(what))
 
-    def _buffers(self, array, recv_shape, wire):
+    def _staged(self, op: str) -> bool:
+        """Does ``op`` (a :data:`~fourd_mpi.core.colltable.COLLECTIVES` name) go through host staging buffers?"""
+        return self.backend.staged_for(COLLECTIVES[op].route_class)
+
+    def _buffers(self, op, array, recv_shape, wire):
         """``(send, recv, d2h)``: MPI buffers for ``array`` and a result of ``recv_shape``.
 
         ``wire``: the dtype MPI sees (the array's own, or a stand-in for a dtype MPI lacks:
@@ -229,7 +234,7 @@ class Collectives:
         if wire != array.dtype:
             array = array.view(wire) if wire.itemsize == array.dtype.itemsize and wire.kind in "ui" \
                 else array.astype(wire)
-        if backend.staged:
+        if self._staged(op):
             send, d2h = backend.stage_to_host(array)
             return send, backend.staging_buffer(recv_shape, wire), d2h
         return backend.mpi_send_buffer(array), backend.mpi_recv_buffer(recv_shape, wire), None
@@ -264,7 +269,7 @@ class Collectives:
             return result.view(dtype) if result.dtype.itemsize == dtype.itemsize and result.dtype.kind in "ui" \
                 else result.astype(dtype)
 
-        if backend.staged:
+        if self._staged(op):
             def finish(buf):
                 # the request has completed (wait): copy the result in, return the send buffer
                 out, record.h2d = backend.stage_to_device(buf, shape)
@@ -348,7 +353,7 @@ class Collectives:
             xp = self.backend.xp
             return self._skipped("allgather", axis, xp.tile(shard, p), p * shard.nbytes, tag)
         wire = self._wire_dtypes(shard.dtype)[0]
-        send, recv, d2h = self._buffers(shard, (p * shard.size,), wire)
+        send, recv, d2h = self._buffers("allgather", shard, (p * shard.size,), wire)
         comm = self.grid.axis_comm(axis)
         return self._issue("allgather", axis, recv.nbytes, comm,
                            send, recv, (p * shard.size,), tag, d2h, shard.dtype)
@@ -366,7 +371,7 @@ class Collectives:
         if self.skip_communication:
             return self._skipped("reduce_scatter", axis, full[: full.size // p].copy(), full.nbytes)
         wire = self._wire_dtypes(full.dtype)[1]
-        send, recv, d2h = self._buffers(full, (full.size // p,), wire)
+        send, recv, d2h = self._buffers("reduce_scatter", full, (full.size // p,), wire)
         comm = self.grid.axis_comm(axis)
         return self._issue("reduce_scatter", axis, send.nbytes, comm,
                            send, recv, (full.size // p,), None, d2h, full.dtype)
@@ -382,7 +387,7 @@ class Collectives:
         if self.skip_communication:
             return self._skipped("allreduce", axis, array, array.nbytes, tag)
         wire = self._wire_dtypes(array.dtype)[1]
-        send, recv, d2h = self._buffers(array, array.shape, wire)
+        send, recv, d2h = self._buffers("allreduce", array, array.shape, wire)
         comm = self.grid.axis_comm(axis)
         return self._issue("allreduce", axis, send.nbytes, comm,
                            send, recv, array.shape, tag, d2h, array.dtype)

@@ -32,6 +32,8 @@ class CollectiveKind:
     nonblocking: str  #: the mpi4py method issued by the step and the benchmark, e.g. ``Iallgather``
     blocking: str  #: its blocking form, e.g. ``Allgather``
     rounds: int  #: k: 2 for all-reduce, 1 otherwise
+    #: the operation class whose device-buffer route it follows (:data:`fourd_mpi.core.gpuaware.OP_CLASSES`)
+    route_class: str = "nb_reduce"
 
     def wire_factor(self, p: int) -> float:
         """Bytes a rank sends per byte of message: ``k(p-1)/p``."""
@@ -61,7 +63,7 @@ class CollectiveKind:
 
 
 COLLECTIVES: Dict[str, CollectiveKind] = {c.name: c for c in (
-    CollectiveKind("allgather", "Iallgather", "Allgather", 1),
+    CollectiveKind("allgather", "Iallgather", "Allgather", 1, "nb_gather"),
     CollectiveKind("reduce_scatter", "Ireduce_scatter_block", "Reduce_scatter_block", 1),
     CollectiveKind("allreduce", "Iallreduce", "Allreduce", 2),
 )}

@@ -14,7 +14,8 @@ a receive). Time blocked for a receive is a pipeline **bubble** (:meth:`Tracer.b
 has nothing to do until another stage's message arrives), not exposed communication; time
 blocked for a send to complete is exposed communication (a ``wait`` event on axis ``inter``).
 
-Buffers: direct mode hands the backend's arrays to MPI (after the producing kernels finished);
+Buffers (operation class ``p2p`` of :mod:`fourd_mpi.core.gpuaware`: ``backend.staged_for("p2p")``):
+direct mode hands the backend's arrays to MPI (after the producing kernels finished);
 staged mode copies through pooled host buffers (``d2h`` before a send, ``h2d`` after a receive),
 as the collectives do. The handle keeps its buffers alive until the request completed.
 """
@@ -71,7 +72,8 @@ class PointToPoint:
         if wire != array.dtype:
             array = array.view(wire)
         record = self._record("send", array.nbytes)
-        if backend.staged:
+        staged = backend.staged_for("p2p")
+        if staged:
             buffer, record.d2h = backend.stage_to_host(array)
         else:
             buffer = backend.mpi_send_buffer(array)
@@ -79,7 +81,7 @@ class PointToPoint:
         request = self.inter.Isend(buffer, dest=stage, tag=message_tag)
         record.call_ns = time.perf_counter_ns()
         self.comm.tracer.mpi_call(record.issue_ns, record.call_ns)
-        handle = P2PHandle(request, record, buffer, staged=backend.staged)
+        handle = P2PHandle(request, record, buffer, staged=staged)
         self.sends.append(handle)
         return handle
 
@@ -90,12 +92,13 @@ class PointToPoint:
         wire = self.comm._wire_dtypes(dtype)[0]
         nbytes = int(np.prod(shape)) * wire.itemsize
         record = self._record("recv", nbytes)
-        buffer = backend.staging_buffer(shape, wire) if backend.staged else backend.mpi_recv_buffer(shape, wire)
+        staged = backend.staged_for("p2p")
+        buffer = backend.staging_buffer(shape, wire) if staged else backend.mpi_recv_buffer(shape, wire)
         record.issue_ns = time.perf_counter_ns()
         request = self.inter.Irecv(buffer, source=stage, tag=message_tag)
         record.call_ns = time.perf_counter_ns()
         self.comm.tracer.mpi_call(record.issue_ns, record.call_ns)
-        return P2PHandle(request, record, buffer, shape, dtype, backend.staged)
+        return P2PHandle(request, record, buffer, shape, dtype, staged)
 
     def result(self, handle: P2PHandle):
         """The received array of a completed receive (staged: copied to the device)."""

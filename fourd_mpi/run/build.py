@@ -7,6 +7,7 @@ input fails on every rank with the same message.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Optional
 
@@ -15,7 +16,7 @@ from mpi4py import MPI
 from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.core.backend import cupy_usable, make_backend, parse_dtype
 from fourd_mpi.core.collectives import Collectives
-from fourd_mpi.core.gpuaware import GpuAwareness
+from fourd_mpi.core.gpuaware import OP_CLASSES, GpuAwareness
 from fourd_mpi.core.gpuaware import detect as detect_gpu_awareness
 from fourd_mpi.core.gpuaware import smoke_test
 from fourd_mpi.core.grid import ProcessGrid, gather_placement
@@ -50,14 +51,16 @@ def choose_attention(comm, options: RunOptions, backend):
 class MpiBuffers:
     """Which buffers MPI gets in this run, and why (stored in the trace metadata as ``mpi_buffers``).
 
-    requested: ``--device-buffers`` (auto, direct, staged); mode: ``direct`` or ``staged``;
-    emulated: staging on the NumPy backend (host copies, for testing); reason: one sentence.
+    requested: ``--device-buffers`` (auto, direct, staged); mode: ``direct``, ``staged`` or ``mixed``;
+    emulated: staging on the NumPy backend (host copies, for testing); reason: one sentence;
+    routes: per operation class (:data:`~fourd_mpi.core.gpuaware.OP_CLASSES`) ``direct`` or ``staged``.
     """
 
     requested: str
     mode: str
     emulated: bool
     reason: str
+    routes: Dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> Dict:
         return asdict(self)
@@ -75,14 +78,78 @@ def resolved_settings(options: RunOptions) -> Dict[str, str]:
     return out
 
 
+#: testing hook: ``CLASS=ROUTE,...`` (e.g. ``nb_gather=staged``) overrides the routes of those operation
+#: classes after the decision (on NumPy a staged class is emulated), so one class's routing can be checked
+TEST_ROUTES_ENV = "FOURD_MPI_TEST_ROUTES"
+
+
+def parse_test_routes(text: str) -> Dict[str, str]:
+    """``"nb_gather=staged,p2p=direct"`` -> ``{"nb_gather": "staged", "p2p": "direct"}`` (:data:`TEST_ROUTES_ENV`)."""
+    out: Dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        cls, _, route = item.partition("=")
+        if cls not in OP_CLASSES or route not in ("direct", "staged"):
+            raise BackendError(f"{TEST_ROUTES_ENV}: {item!r} is not CLASS=direct|staged with CLASS one of "
+                               f"{', '.join(OP_CLASSES)}")
+        out[cls] = route
+    return out
+
+
+def _uniform(route: str) -> Dict[str, str]:
+    return {cls: route for cls in OP_CLASSES}
+
+
 def choose_mpi_buffers(requested: str, backend: str, evidence_ok: bool, evidence_reason: str,
-                       smoke: Optional[Dict]) -> MpiBuffers:
+                       smoke: Optional[Dict], routes: Optional[Dict[str, str]] = None,
+                       override: Optional[Dict[str, str]] = None) -> MpiBuffers:
     """The buffer mode from the request, the backend, the detection verdict of every rank
-    (``evidence_ok``: all ranks' :attr:`GpuAwareness.direct_ok`) and the smoke test (None: not run).
+    (``evidence_ok``: all ranks' :attr:`GpuAwareness.direct_ok`; ``routes``: per operation class, direct
+    only where the rules say so on every rank; None: every class as ``evidence_ok``) and the smoke test
+    (None: not run). ``override``: :data:`TEST_ROUTES_ENV` (testing).
 
     Pure (the tests feed it cases). Raises :class:`BackendError` when ``direct`` was forced on
     CuPy and the smoke test failed: results would be garbage.
     """
+    chosen = _choose(requested, backend, evidence_ok, evidence_reason, smoke, routes)
+    if not override:
+        return chosen
+    new = dict(chosen.routes, **override)
+    kinds = set(new.values())
+    mode = kinds.pop() if len(kinds) == 1 else "mixed"
+    text = ",".join(f"{cls}={route}" for cls, route in override.items())
+    return MpiBuffers(requested, mode, backend == "numpy" and "staged" in new.values(),
+                      f"{chosen.reason}; test hook {TEST_ROUTES_ENV}={text}", new)
+
+
+def _choose(requested: str, backend: str, evidence_ok: bool, evidence_reason: str,
+            smoke: Optional[Dict], routes: Optional[Dict[str, str]]) -> MpiBuffers:
+    picked = _choose_uniform(requested, backend, evidence_ok, evidence_reason, smoke)
+    if requested != "auto" or backend == "numpy" or routes is None:
+        return picked
+    if smoke is not None and not smoke.get("ok"):
+        return picked  # the smoke test failed: everything staged
+    if all(route == "direct" for route in routes.values()):
+        return picked
+    if all(route == "staged" for route in routes.values()):
+        return MpiBuffers(requested, "staged", False, f"auto: {evidence_reason}", _uniform("staged"))
+    direct = [cls for cls in OP_CLASSES if routes.get(cls) == "direct"]
+    staged = [cls for cls in OP_CLASSES if routes.get(cls) != "direct"]
+    smoke_note = "; device-buffer smoke test passed" if smoke is not None else \
+        " (no smoke test: it uses Iallreduce, staged here)"
+    return MpiBuffers(requested, "mixed", False, f"auto: direct for {', '.join(direct)}, staged for "
+                      f"{', '.join(staged)} ({evidence_reason}){smoke_note}",
+                      {cls: ("direct" if cls in direct else "staged") for cls in OP_CLASSES})
+
+
+def _choose_uniform(requested: str, backend: str, evidence_ok: bool, evidence_reason: str,
+                    smoke: Optional[Dict]) -> MpiBuffers:
+    """Every class the same way (the rules before per-operation routing, and the forced modes)."""
+    picked = _choose_mode(requested, backend, evidence_ok, evidence_reason, smoke)
+    return MpiBuffers(picked.requested, picked.mode, picked.emulated, picked.reason, _uniform(picked.mode))
+
+
+def _choose_mode(requested: str, backend: str, evidence_ok: bool, evidence_reason: str,
+                 smoke: Optional[Dict]) -> MpiBuffers:
     if backend == "numpy":
         if requested == "staged":
             return MpiBuffers(requested, "staged", True, "numpy backend: staging emulated with host copies "
@@ -167,19 +234,28 @@ class Run:
         first_mode = "staged" if options.device_buffers == "staged" or backend_name == "cupy" else "direct"
         backend = agree(mpi_comm, lambda: make_backend(
             backend_name, parse_dtype(options.dtype), grid.local_rank, first_mode, options.tf32))
-        evidence = mpi_comm.allgather((awareness.direct_ok, awareness.reason, awareness.cuda_aware))
-        evidence_ok = all(ok for ok, _, _ in evidence)
-        evidence_reason = next((why for ok, why, _ in evidence if not ok), evidence[0][1])
+        evidence = mpi_comm.allgather((awareness.direct_ok, awareness.reason, awareness.cuda_aware,
+                                       {cls: r["route"] for cls, r in awareness.routes.items()}))
+        evidence_ok = all(ok for ok, _, _, _ in evidence)
+        evidence_reason = next((why for ok, why, _, _ in evidence if not ok), evidence[0][1])
+        # per operation class: direct only where the rules say so on every rank
+        rule_routes = {cls: "direct" if all(r.get(cls) == "direct" for *_, r in evidence) else "staged"
+                       for cls in OP_CLASSES}
+        override = agree(mpi_comm, lambda: parse_test_routes(os.environ.get(TEST_ROUTES_ENV, "")))
         wants_direct = options.device_buffers == "direct" or (options.device_buffers == "auto" and evidence_ok)
         if backend_name == "cupy" and wants_direct:
-            refused = next((why for _, why, aware in evidence if aware is False), None)
+            refused = next((why for _, why, aware, _ in evidence if aware is False), None)
             if options.device_buffers == "direct" and refused:  # a device pointer would crash this MPI
                 raise BackendError(f"--device-buffers direct, but this MPI cannot take device buffers: {refused}; "
                                    "use --device-buffers staged or auto")
             awareness.smoke_test = smoke_test(grid.cart, backend)
         buffers = agree(mpi_comm, lambda: choose_mpi_buffers(options.device_buffers, backend_name, evidence_ok,
-                                                             evidence_reason, awareness.smoke_test))
-        backend.set_staged(buffers.mode == "staged")
+                                                             evidence_reason, awareness.smoke_test, rule_routes,
+                                                             override))
+        if buffers.mode == "mixed":
+            backend.set_routes(buffers.routes)
+        else:
+            backend.set_staged(buffers.mode == "staged")
         backend.attention, backend.attention_reason = choose_attention(mpi_comm, options, backend)
         # memory admission before anything that grows with the model is allocated (same error on every rank)
         need, _ = admit(mpi_comm, options, backend)

@@ -137,8 +137,9 @@ RUN_OPTIONS: Tuple[Option, ...] = (
            "else numpy"),
     Option("device-buffers", "numerics", str, "auto", DEVICE_BUFFER_MODES,
            help="what MPI gets: direct = device buffers (needs CUDA-aware MPI); staged = copies through "
-                "pinned host buffers; auto (default) = direct only where detection and a smoke-test "
-                "all-reduce on a device buffer succeed. numpy backend: direct = host arrays; staged = "
+                "pinned host buffers (both: every operation); auto (default) = per operation class (p2p, "
+                "blocking, nonblocking all-gather, nonblocking reductions), direct where the library's "
+                "documented rules allow it and a smoke-test all-reduce on a device buffer succeeds. numpy backend: direct = host arrays; staged = "
                 "emulated staging (host copies, same code path and trace events; for testing)"),
     Option("attention", "numerics", str, "auto", ATTENTION_MODES,
            help="attention kernels: unfused = scores [b, heads, s, s], softmax, two batched GEMMs (any backend); "

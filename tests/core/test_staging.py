@@ -219,3 +219,56 @@ def test_help_documents_the_numpy_emulation():
     run = run_parser()
     text = " ".join(run.format_help().split())
     assert "emulated staging" in text and "--tf32" in text and "bfloat16" in text
+
+
+def test_per_class_routes_decision():
+    routes = {"p2p": "direct", "blocking": "direct", "nb_gather": "staged", "nb_reduce": "staged"}
+    # CuPy auto with Open MPI's verdict: the classes the rules allow go direct, the others stage
+    got = choose_mpi_buffers("auto", "cupy", False, "Open MPI ob1", None, routes)
+    assert got.mode == "mixed" and got.routes == routes and "direct for p2p, blocking" in got.reason
+    # a failed smoke test stages everything; the forced modes override every class
+    assert choose_mpi_buffers("auto", "cupy", True, "x", BAD, dict(routes, nb_reduce="direct")).routes["p2p"] == "staged"
+    assert set(choose_mpi_buffers("direct", "cupy", False, "x", OK, routes).routes.values()) == {"direct"}
+    assert set(choose_mpi_buffers("staged", "cupy", True, "x", None, routes).routes.values()) == {"staged"}
+    # the testing hook on NumPy: emulated staging for that class only
+    hooked = choose_mpi_buffers("auto", "numpy", False, "x", None, routes, {"nb_gather": "staged"})
+    assert hooked.mode == "mixed" and hooked.emulated and hooked.routes["nb_gather"] == "staged"
+    assert hooked.routes["nb_reduce"] == "direct" and "FOURD_MPI_TEST_ROUTES" in hooked.reason
+
+
+def test_backend_routes_per_class():
+    b = NumpyBackend(np.float32)
+    b.set_routes({"p2p": "direct", "blocking": "direct", "nb_gather": "staged", "nb_reduce": "direct"})
+    assert b.staged and b.pool is not None and b.mpi_mode() == "mixed"
+    assert b.staged_for("nb_gather") and not b.staged_for("nb_reduce") and not b.staged_for("p2p")
+    b.set_staged(False)  # the forced modes set every class
+    assert not b.staged_for("nb_gather") and b.mpi_mode() == "direct"
+
+
+@pytest.mark.mpi
+def test_one_class_staged_routes_only_its_collectives(run_mpi, tmp_path, monkeypatch):
+    """The test hook stages nb_gather (Iallgather) only: d2h/h2d copies sit next to the all-gathers and next to
+    no reduce-scatter or all-reduce."""
+    from fourd_mpi.trace.read import check_invariants, load_trace
+
+    monkeypatch.setenv("FOURD_MPI_TEST_ROUTES", "nb_gather=staged")
+    proc = run_mpi(4, ["run", "--gz", "2", "--gx", "2", "--steps", "2", "--results-dir", tmp_path,
+                       "--run-id", "routed", "--display", "quiet"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "MPI buffers: mixed" in proc.stdout
+    trace = load_trace(str(tmp_path / "routed.h5"))
+    assert check_invariants(trace) == []
+    buffers = trace.metadata["mpi_buffers"]
+    assert buffers["mode"] == "mixed" and buffers["emulated"]
+    assert buffers["routes"] == {"p2p": "direct", "blocking": "direct", "nb_gather": "staged", "nb_reduce": "direct"}
+    assert set(trace.metadata["gpu_aware_mpi"]["routes"]) == {"p2p", "blocking", "nb_gather", "nb_reduce"}
+    ev, ops = trace.events, trace.vocab["ops"]
+    code = {name: ops.index(name) for name in ("d2h", "h2d", "allgather", "reduce_scatter", "allreduce")}
+    gathers = ev[(ev["op"] == code["allgather"])]
+    reductions = ev[np.isin(ev["op"], [code["reduce_scatter"], code["allreduce"]]) & (ev["bytes"] > 8)]
+    copies = ev[np.isin(ev["op"], [code["d2h"], code["h2d"]])]
+    assert len(gathers) and len(reductions)
+    assert len(copies) == 2 * len(gathers)  # one d2h and one h2d per all-gather, none for the reductions
+    gather_lanes = {(int(e["rank"]), int(e["step"]), int(e["lane"]), int(e["axis"])) for e in gathers}
+    for c in copies:
+        assert (int(c["rank"]), int(c["step"]), int(c["lane"]), int(c["axis"])) in gather_lanes
