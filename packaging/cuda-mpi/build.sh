@@ -30,7 +30,7 @@ case "$IMPL" in
 esac
 
 #: bump when the recipe below changes what is built (the cache key includes it)
-RECIPE=1
+RECIPE=2
 #: CUDA from PyPI. Open MPI needs only cuda.h (libcuda is opened at run time); MPICH's yaksa needs
 #: nvcc and libcudart. 13.0 matches driver 580 (CUDA 13.0) of the GPU machines seen here: no reliance
 #: on minor-version compatibility.
@@ -120,9 +120,14 @@ if [ "$(id -u)" = 0 ]; then
 fi
 
 cd "$BUILD"
-apt_private apt-get source -qq "$IMPL=$SRCVER" >>"$LOG" 2>&1
+# the upstream tarball as Debian ships it (IMPL_UPSTREAM.orig.tar.*), unpacked as is: Debian's patches touch
+# configure.ac and m4 files, after which make wants to rerun automake 1.15 (Open MPI 4.1.4 stops there)
+apt_private apt-get source -qq --download-only "$IMPL=$SRCVER" >>"$LOG" 2>&1
+ORIG=$(find "$BUILD" -maxdepth 1 -name "${IMPL}_${UPSTREAM}.orig.tar.*" | head -n 1)
+[ -n "$ORIG" ] || { log "apt-get source gave no ${IMPL}_${UPSTREAM}.orig.tar.* file"; exit 1; }
+tar -xf "$ORIG" -C "$BUILD"
 SRC=$(find "$BUILD" -maxdepth 1 -mindepth 1 -type d -name "$IMPL-*" | head -n 1)
-[ -n "$SRC" ] || { log "apt-get source gave no $IMPL-* folder"; exit 1; }
+[ -n "$SRC" ] || { log "the tarball $ORIG holds no $IMPL-* folder"; exit 1; }
 
 # CUDA from PyPI, into a folder of this build (not into any environment)
 CUDA_PY=$BUILD/cuda-wheels
@@ -213,7 +218,7 @@ mkdir -p "$PREFIX/wheels"
 ) >>"$LOG" 2>&1
 
 {
-  echo "implementation: $IMPL $UPSTREAM (Debian source package $IMPL $SRCVER)"
+  echo "implementation: $IMPL $UPSTREAM (the upstream tarball of Debian's source package $IMPL $SRCVER)"
   echo "cuda: $(basename "$CUDA_DIR") from PyPI $( [ "$IMPL" = openmpi ] && echo "nvidia-cuda-runtime-cu12 $CUDA12_RUNTIME" || echo "nvidia-cuda-nvcc/crt/runtime $CUDA13, cccl $CUDA13_CCCL, sm_$CUDA_SM")"
   echo "configure: ${CONFIGURE[*]}" | sed "s|$BUILD|BUILD|g; s|$PREFIX|PREFIX|g"
   echo "mpi4py: $MPI4PY_VERSION for $("$PY" -c 'import sys; print("python%d.%d" % sys.version_info[:2])')"
