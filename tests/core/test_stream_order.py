@@ -74,3 +74,21 @@ def test_missing_synchronization_is_reported(monkeypatch, broken, buffers, extra
     out = proc.stdout + proc.stderr
     assert proc.returncode in (3, 4), out[-4000:]
     assert rule in proc.stdout, out[-4000:]
+
+
+#: Open MPI 4.1's routes (core/gpuaware.py ROUTE_RULES, ob1): point-to-point and blocking calls direct, the
+#: nonblocking collectives staged; one step mixes both paths on the same streams
+MIXED = "nb_gather=staged,nb_reduce=staged"
+
+
+@pytest.mark.parametrize("algorithm,ranks,extra", [c for c in CASES if c[0] in ("pipeline", "axonn4d") and c[1] == 4],
+                         ids=["axonn4d-4", "pipeline-4"])
+def test_stream_rules_hold_with_mixed_routes(monkeypatch, algorithm, ranks, extra):
+    monkeypatch.setenv("FOURD_MPI_TEST_ROUTES", MIXED)
+    args = ["verify", "--algorithm", algorithm, "--device-buffers", "direct", *COMMON, *extra,
+            "--overlap", "none", "--overlap", "all"]
+    proc = mpirun(ranks, args, timeout=240, script=SCRIPT)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert " 0 failed" in proc.stdout, out[-4000:]
+    assert all(violations == 0 for violations, _ in _summary(proc, ranks).values()), out[-4000:]
