@@ -254,10 +254,14 @@ while [ $# -gt 0 ]; do
         prepare "$impl" || exit 1
         ;;
     payload) payload ;;
-    cset)
+    cset|cunpack)  # cunpack: the set-up alone (tests/test_gpu_validate.py), no versions, no info
         : >"$SUMMARY_TSV"
         cstage cset "unpack, wheels" 'archive:|rror' cudampi_setup
         cudampi_env || exit 1
+        if [ "$what" = cunpack ]; then
+            echo "cunpack: MPI4PY_LIBMPI=$MPI4PY_LIBMPI mpiexec=$(command -v mpiexec) site=$CSITE"
+            continue
+        fi
         cstage cset versions 'MPI:|rror' versions
         cstage cset "info 2 ranks" 'MPI buffers|rror' mpiexec -n 2 "$PY" -m fourd_mpi info --backend "$CB" --gx 2
         ;;
