@@ -120,8 +120,8 @@ cudampi_setup() {  # unpack, env.sh, wheels without an index; exports what later
     "$CPY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check \
         --target "$CSITE" "$WHEELS"/*.whl || return 1
     echo "archive: $arch ($(du -h "$arch" | cut -f1))"
-    if command -v zstd >/dev/null; then
-        zstd -dc "$arch" | tar -C "$CROOT" -xf - || return 1
+    if command -v "${ZSTD:-zstd}" >/dev/null; then  # ZSTD=none: the Python fallback (rehearsal)
+        "${ZSTD:-zstd}" -dc "$arch" | tar -C "$CROOT" -xf - || return 1
     else  # no zstd program: the carried zstandard wheel
         PYTHONPATH=$CSITE "$CPY" -c 'import sys, tarfile, zstandard
 with open(sys.argv[1], "rb") as f, zstandard.ZstdDecompressor().stream_reader(f) as r, tarfile.open(fileobj=r, mode="r|") as t:
@@ -215,9 +215,12 @@ prepare() {  # HERE (registry, cache): .whl for Python 3.12 and .cudampi/ARCHIVE
 }
 
 payload() {  # what a device call carries: the tree git sends plus the carried .whl and .cudampi (limit 64 MiB)
-    local tree
+    local tree w c
     tree=$(cd "$REPO" && git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
-    echo "payload: tree $((tree / 1024)) KiB + $(du -sk "$WHEELS" | cut -f1) KiB .whl + $(du -sk "$REPO/.cudampi" | cut -f1) KiB .cudampi = $(( (tree / 1024 + $(du -sk "$WHEELS" | cut -f1) + $(du -sk "$REPO/.cudampi" | cut -f1)) / 1024 )) MiB (limit 64)"
+    tree=$((tree / 1024))
+    w=$(du -sk "$WHEELS" 2>/dev/null | cut -f1); c=$(du -sk "$REPO/.cudampi" 2>/dev/null | cut -f1)
+    echo "payload: tree ${tree} KiB + .whl ${w:-0} KiB + .cudampi ${c:-0} KiB = $(( (tree + ${w:-0} + ${c:-0}) / 1024 )) MiB (limit 64 MiB)"
+    du -h "$REPO"/.cudampi/*.tar.zst 2>/dev/null || true
 }
 
 stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log, never stop the script
