@@ -116,27 +116,29 @@ def main(argv=None) -> int:
     ops = {"allreduce": lambda axis, a: comm.allreduce(axis, a).wait(),
            "allgather": lambda axis, a: comm.allgather(axis, a).wait(),
            "reduce_scatter": lambda axis, a: comm.reduce_scatter(axis, a).wait()}
+    # blocking first: Open MPI's nonblocking collectives may crash on device pointers (then the log keeps the rest)
+    variants = ([("allreduce(blk)", "allreduce", blocking_allreduce)] if args.blocking else []) + \
+        [(op, op, ops[op]) for op in ops]
     for rnd in range(args.rounds):
         for mode in modes:
             backend.set_staged(mode == "staged")
-            for (op, axis, nbytes), _count in cases:
-                p_axis = grid.size(axis)
-                n = max(nbytes // dtype.itemsize, 1)
-                if op == "allgather":  # message = the gathered buffer: a shard of n/p
-                    n = max(n // p_axis, 1)
-                if op == "reduce_scatter":
-                    n -= n % p_axis
-                array = xp.ones((n,), dtype=dtype)
-                variants = [(op, ops[op])]
-                if args.blocking and op == "allreduce":
-                    variants.append(("allreduce(blk)", lambda axis, a: blocking_allreduce(axis, a)))
-                for label, fn in variants:
+            for label, kind, fn in variants:
+                for (op, axis, nbytes), _count in cases:
+                    if op != kind:
+                        continue
+                    p_axis = grid.size(axis)
+                    n = max(nbytes // dtype.itemsize, 1)
+                    if op == "allgather":  # message = the gathered buffer: a shard of n/p
+                        n = max(n // p_axis, 1)
+                    if op == "reduce_scatter":
+                        n -= n % p_axis
+                    array = xp.ones((n,), dtype=dtype)
                     fn(axis, array)  # warm-up: pool buffers, IPC handles
                     for _ in range(args.iters):
                         dt = timed(lambda: fn(axis, array))
                         times.setdefault((mode, label, axis, nbytes), []).append(dt)
                         say(f"{rnd:>5} {mode:<8} {label:<15} {axis:<4} {nbytes:>12} {dt:>10.5f} {nbytes / dt / 1e9:>10.3f}")
-                del array
+                    del array
     rows = []
     for (mode, label, axis, nbytes), ts in sorted(times.items(), key=lambda kv: (kv[0][1], kv[0][3], kv[0][0])):
         med = statistics.median(ts)
