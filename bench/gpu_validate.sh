@@ -95,7 +95,7 @@ cstage() {  # cstage STAGE LABEL PATTERN COMMAND...: stage() plus a summary row 
     timeout -k 5 "$limit" "$@" >"$tmp" 2>&1
     rc=$?
     cat "$tmp" >>"$OUT/$name.log"
-    key=$(grep -E "$pattern" "$tmp" | tail -n 1 | tr '\t|' '  ' | sed 's/  */ /g' | cut -c1-150)
+    key=$(grep -aE "$pattern" "$tmp" | tail -n 1 | tr '\t|' '  ' | sed 's/  */ /g' | cut -c1-150)
     [ "$rc" = 124 ] || [ "$rc" = 137 ] && key="TIMEOUT after ${limit}s; $key"
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$label" "$limit" "$((SECONDS - t0))" "$rc" "$key" >>"$SUMMARY_TSV"
     echo "### $name [$label] rc=$rc in $((SECONDS - t0))s: $key" | tee -a "$OUT/$name.log"
@@ -135,7 +135,9 @@ cudampi_env() {  # the environment of every stage after cset (also when a later 
     # shellcheck disable=SC1091
     source "$CROOT/prefix/env.sh"
     export PYTHONPATH=$CSITE:$REPO PY=$CPY
+    # Open MPI as root, more ranks than cores allowed (4.1: OMPI_MCA_*; 5.x: PRRTE's); MPICH ignores them
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+    export PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
     export HYDRA_LAUNCHER=fork
 }
 
@@ -146,7 +148,7 @@ versions() {  # driver, CUDA, CuPy, MPI build, mpi4py (the rehearsal has no driv
     echo "--- BUILDINFO"; cat "$CROOT/prefix/BUILDINFO"
     echo "--- env: MPI4PY_LIBMPI=$MPI4PY_LIBMPI PATH starts $(command -v mpiexec)"
     "$CPY" -c 'import mpi4py; from mpi4py import MPI; print("mpi4py", mpi4py.__version__, "from", mpi4py.__file__); print("MPI:", MPI.Get_library_version().splitlines()[0].strip())'
-    if command -v ompi_info >/dev/null; then ompi_info --parsable --all 2>/dev/null | grep -E 'built_with_cuda_support|btl:smcuda|mpi_built_with_cuda' | head -n 4; fi
+    if command -v ompi_info >/dev/null; then ompi_info --parsable --all 2>/dev/null | grep -E 'built_with_cuda_support:value|mpi_built_with_cuda_support:value|btl:smcuda:version' | head -n 4; fi
 }
 
 att_fused() {  # --attention fused where PyTorch imports (the GPU machine), else nothing
