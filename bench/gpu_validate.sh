@@ -62,6 +62,9 @@ CPY=${GPU_PYTHON:-$SYS_PY}                         # the machine's Python (rehea
 #: stage:runs:seconds per run (each run under its own `timeout`); the product summed: at most 540 s
 CUDAMPI_STAGES=(cset:3:15 cverify2:4:28 ccoll:1:55 cstep:4:45 cmfu:1:35 cverify4:4:25 summary:1:5 pack:1:5)
 CUDAMPI_BUDGET=540
+#: no stage starts that could end after this many seconds of the script (x LIMIT_SCALE): the device call's 600 s
+#: must leave room for summary and pack. GPU_DEADLINE_S=...
+DEADLINE_S=${GPU_DEADLINE_S:-570}
 SUMMARY_TSV=$OUT/summary.tsv
 #: rehearsal: every limit times GPU_LIMIT_SCALE (default 3: 2 busy cores, NumPy; 1 on the GPU)
 LIMIT_SCALE=${GPU_LIMIT_SCALE:-1}
@@ -73,6 +76,7 @@ else
     CB=cupy; BF=bfloat16; VDTYPES=(bfloat16 float32)
     STEPM=(--hidden 4096 --heads 32 --seq 2048 --batch 16)
 fi
+DEADLINE=$((DEADLINE_S * LIMIT_SCALE))
 
 limit_of() {  # limit_of STAGE: seconds per run of STAGE from CUDAMPI_STAGES
     local e
@@ -88,6 +92,11 @@ cstage() {  # cstage STAGE LABEL PATTERN COMMAND...: stage() plus a summary row 
     local name=$1 label=$2 pattern=$3 limit t0 rc tmp key
     shift 3
     limit=$(limit_of "$name") || return 1
+    if [ $((SECONDS + limit)) -gt "$DEADLINE" ]; then  # summary and pack must still fit in the device call
+        printf '%s\t%s\t%s\t0\t-\tSKIPPED: would end past %ss of the script\n' "$name" "$label" "$limit" "$DEADLINE" >>"$SUMMARY_TSV"
+        echo "### $name [$label] SKIPPED: $SECONDS s + ${limit}s > deadline ${DEADLINE}s"
+        return 0
+    fi
     tmp=$OUT/.$name.cur
     echo "### $name [$label] (limit ${limit}s): $*" | tee -a "$OUT/$name.log"
     t0=$SECONDS
