@@ -296,7 +296,7 @@ while [ $# -gt 0 ]; do
                 cstage cstep "2 ranks gx2 $BF $mode #$i" 'step time: median|rror' mpiexec -n 2 "$PY" -m fourd_mpi run \
                     --backend "$CB" --model gpt-small --dtype "$BF" --layers 2 "${STEPM[@]}" --gx 2 $att \
                     --device-buffers "$mode" --overlap all --steps 3 --warmup 1 --trace-level step \
-                    --results-dir "$CRES" --run-id "step-$mode-$i" --display lines
+                    --results-dir "$CRES" --run-id "step-$mode-$i" --force --display lines
             done
         done
         ;;
@@ -306,7 +306,7 @@ while [ $# -gt 0 ]; do
         # shellcheck disable=SC2086
         cstage cmfu "1 rank $BF${att:+ fused}" '^MFU|rror' mpiexec -n 1 "$PY" -m fourd_mpi run --backend "$CB" \
             --model gpt-small --dtype "$BF" --layers 2 "${STEPM[@]}" $att --overlap all --steps 6 --warmup 2 \
-            --trace-level step --results-dir "$CRES" --run-id mfu-1 --display lines
+            --trace-level step --results-dir "$CRES" --run-id mfu-1 --force --display lines
         ;;
     summary) summary_md ;;
     pack)  # at most 8 files come back: summary.md, coll.json, logs.tar.gz
