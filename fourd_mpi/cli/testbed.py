@@ -131,7 +131,8 @@ def cmd_testbed(args, world=None) -> int:
             beds, problems = {args.name: bed.down(args.name)}, []
         left_any = []
         for name, (removed, left) in beds.items():
-            print(f"test bed {name}: " + (f"removed {', '.join(removed)}" if removed else "was not up"))
+            if removed or not left:
+                print(f"test bed {name}: " + (f"removed {', '.join(removed)}" if removed else "was not up"))
             left_any += left
         if args.all and not beds:
             print("no test bed was up")
