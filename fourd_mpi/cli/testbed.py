@@ -19,7 +19,8 @@ from fourd_mpi.cli.args import add_format
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.values import axis_size, int_in
 
-NAME_HELP = "the bed's name: lowercase letters and digits, at most 10; it prefixes the bed's namespaces, bridge " \
+NAME_HELP = "the bed's name: a lowercase letter then up to 9 lowercase letters or digits; it names the bed's " \
+            "directory under $FOURD_TESTBED_STATE (default /run/fourd-testbed), prefixes the bed's namespaces, bridge " \
             "and links and chooses its subnet, so beds of different names never collide (default fourd)"
 
 
@@ -47,7 +48,8 @@ def register(sub) -> None:
     down = tsub.add_parser("down", help="remove the bed: its processes and daemons, namespaces, links and files "
                            "(nothing when it is not up)")
     _name(down)
-    down.add_argument("--all", action="store_true", help="remove every bed of this machine's state directory "
+    down.add_argument("--all", action="store_true", help="remove every bed of the state directory that holds a valid "
+                                                         "state of this tool, only what each state records and marks "
                                                          "(the check for leftovers of a killed run)")
     down.set_defaults(handler=cmd_testbed, serial=True)
 
