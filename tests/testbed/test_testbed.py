@@ -463,12 +463,13 @@ def test_bad_names_touch_nothing(foreign, how, command):
     """A bed name outside the rule (a path, empty) from ``--name`` or ``FOURD_TESTBED`` is refused by every
     subcommand, one line, exit 2: the directory it points at, the state root, the other beds' objects and
     processes all survive."""
-    root = private_root("names")
-    outside = os.path.join(os.path.dirname(root), "x")  # what ../x names from the state root
-    absolute = tempfile.mkdtemp(prefix="fourd-tb-abs-")
+    parent = private_root("names")
+    root = os.path.join(parent, "state root")
+    outside = os.path.join(parent, "x")  # what ../x names from the state root
+    absolute = os.path.join(parent, "abs")
     try:
-        made_outside = not os.path.exists(outside)
-        os.makedirs(outside, exist_ok=True)
+        for d in (root, outside, absolute):
+            os.makedirs(d)
         for d in (root, outside, absolute):
             open(os.path.join(d, "keep"), "w").close()
         value = {"../x": "../x", "/abs": absolute, "''": ""}[how.split(" ", 1)[1] if how.startswith("--") else
@@ -489,10 +490,7 @@ def test_bad_names_touch_nothing(foreign, how, command):
             assert os.path.exists(os.path.join(d, "keep")), d
         assert f.survived() == []
     finally:
-        shutil.rmtree(root, ignore_errors=True)
-        shutil.rmtree(absolute, ignore_errors=True)
-        if made_outside:
-            shutil.rmtree(outside, ignore_errors=True)
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 def test_down_all_with_a_bad_environment_name_is_refused_too():
