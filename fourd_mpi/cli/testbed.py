@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -18,7 +19,8 @@ from fourd_mpi.cli.args import add_format
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.values import axis_size, int_in
 
-NAME_HELP = "the bed's name: lowercase letters and digits, at most 10; it prefixes the bed's namespaces, bridge " \
+NAME_HELP = "the bed's name: a lowercase letter then up to 9 lowercase letters or digits; it names the bed's " \
+            "directory under $FOURD_TESTBED_STATE (default /run/fourd-testbed), prefixes the bed's namespaces, bridge " \
             "and links and chooses its subnet, so beds of different names never collide (default fourd)"
 
 
@@ -46,7 +48,8 @@ def register(sub) -> None:
     down = tsub.add_parser("down", help="remove the bed: its processes and daemons, namespaces, links and files "
                            "(nothing when it is not up)")
     _name(down)
-    down.add_argument("--all", action="store_true", help="remove every bed of this machine's state directory "
+    down.add_argument("--all", action="store_true", help="remove every bed of the state directory that holds a valid "
+                                                         "state of this tool, only what each state records and marks "
                                                          "(the check for leftovers of a killed run)")
     down.set_defaults(handler=cmd_testbed, serial=True)
 
@@ -78,14 +81,27 @@ def register(sub) -> None:
 
 
 def _name(parser) -> None:
-    parser.add_argument("--name", default=os.environ.get("FOURD_TESTBED", "fourd"),
+    parser.add_argument("--name", default=None,  # resolved and checked in cmd_testbed (FOURD_TESTBED, then fourd)
                         help=NAME_HELP + "; the environment variable FOURD_TESTBED sets the default")
+
+
+def _bed_name(args) -> str:
+    """``--name``, else ``$FOURD_TESTBED``, else ``fourd``: checked by one rule (bed.NAME_RULE) for every
+    subcommand, so no name can point outside the state directory."""
+    from fourd_mpi.testbed import bed
+
+    if args.name is not None:
+        return bed.check_name(args.name, "--name")
+    if "FOURD_TESTBED" in os.environ:
+        return bed.check_name(os.environ["FOURD_TESTBED"], "FOURD_TESTBED")
+    return bed.DEFAULT_NAME
 
 
 def cmd_testbed(args, world=None) -> int:
     from fourd_mpi.testbed import bed
 
     command = args.testbed_command
+    args.name = _bed_name(args)
     if command == "up":
         from fourd_mpi.testbed import slurm
 
@@ -103,18 +119,30 @@ def cmd_testbed(args, world=None) -> int:
             try:
                 started = slurm.start(state, cpus=args.cpus)
             except ConfigError:
-                bed.down(spec.name)
+                with contextlib.suppress(ConfigError):
+                    bed.down(spec.name)
                 raise
         verb = "up" if created else "already up"
         print(f"test bed {spec.name} {verb}: {bed.describe(state)}"
               + ("; Slurm " + ("started" if started else "running") if args.slurm else ""), file=sys.stderr)
         return _show(bed.status(spec.name), args.format)
     if command == "down":
-        removed = bed.down_all() if args.all else {args.name: bed.down(args.name)}
-        for name, what in removed.items():
-            print(f"test bed {name}: " + (f"removed {', '.join(what)}" if what else "was not up"))
-        if args.all and not removed:
+        if args.all:
+            beds, problems = bed.down_all()
+        else:
+            beds, problems = {args.name: bed.down(args.name)}, []
+        left_any = []
+        for name, (removed, left) in beds.items():
+            if removed or not left:
+                print(f"test bed {name}: " + (f"removed {', '.join(removed)}" if removed else "was not up"))
+            left_any += left
+        if args.all and not beds:
             print("no test bed was up")
+        if problems:  # directories with a state file that is not valid: nothing of theirs was touched
+            raise ConfigError("; ".join(problems))
+        if left_any:
+            raise ConfigError(f"not removed, not made by this test bed (no {bed.MARKER_PREFIX}<its id> marker, or "
+                              f"no state records it): check by hand: {', '.join(left_any)}")
         return 0
     if command == "status":
         state = bed.status(args.name) if not bed.why_unavailable() else bed.load_state(args.name)
@@ -175,7 +203,8 @@ def _show(state: dict, fmt: str) -> int:
         print(f"{node.name:<16} {node.addr:<15} {node.veth:<14} {bed.rate_text(node.rate_bits):>10} "
               f"{node.burst_bytes or '-':>9} {c.get('sent', '-'):>12} {c.get('received', '-'):>12}")
     if state.get("slurm"):
-        print(f"slurm: SLURM_CONF={state['slurm']['conf']} (daemons {', '.join(map(str, state.get('pids', [])))})")
+        print(f"slurm: SLURM_CONF={state['slurm']['conf']} (daemons "
+              f"{', '.join(str(d['pid']) for d in state.get('daemons', []))})")
     print(f"launcher shim: {bed.shim_path(state['name'])}")
     if state.get("missing"):
         print(f"damaged: missing {', '.join(state['missing'])}")

@@ -4,8 +4,8 @@
 (``SlurmctldHost=<this host>(<bridge address>)``); one ``slurmd -D -N NODE`` runs in each node's
 namespaces (network, UTS, mount: :func:`fourd_mpi.testbed.bed.node_argv`), declared
 ``NodeName=NODE NodeAddr=<its address>``, with per-node spool, pid and log files (``%n``). All files live
-in the bed's directory; the daemons' PIDs are recorded in the bed's state, so ``testbed down`` stops
-them. The configuration is that of DESIGN section 5 (``auth/none``, ``proctrack/linuxproc``,
+in the bed's directory; the daemons are recorded in the bed's state (PID and start time) and carry the bed's
+id in their environment (``FOURD_TESTBED_ID``), so ``testbed down`` stops them and no other process. The configuration is that of DESIGN section 5 (``auth/none``, ``proctrack/linuxproc``,
 ``task/none``, ``MpiDefault=pmi2``); ``srun --mpi=pmi2`` starts the ``mpich`` wheel's ranks.
 
 :func:`slurm_conf` writes the same configuration for any list of nodes; the one-node Slurm of the
@@ -72,7 +72,7 @@ def random_first_job_id() -> int:
 
 
 def slurm_dir(state: dict) -> str:
-    return os.path.join(bed.bed_dir(state["name"]), "slurm")
+    return os.path.join(bed.run_dir(state["name"]), "slurm")
 
 
 def conf_path(state: dict) -> str:
@@ -91,8 +91,8 @@ def sinfo_states(state: dict) -> List[str]:
 
 def running(state: dict) -> bool:
     """The bed's Slurm daemons are alive and every node is idle, mixed or allocated."""
-    pids = state.get("pids", [])
-    if not pids or not all(bed.pid_alive(p) and bed.runs_in_bed(p, state["name"]) for p in pids):
+    daemons = state.get("daemons", [])
+    if not daemons or not all(bed.daemon_is_ours(state, d) for d in daemons):
         return False
     nodes = [line.split() for line in sinfo_states(state) if line.strip()]
     return len(nodes) == len(state["nodes"]) and all(w[1].rstrip("*") in ("idle", "mixed", "allocated")
@@ -108,7 +108,7 @@ def start(state: dict, cpus: int = 4, timeout: float = 60) -> bool:
                           f"slurmd slurm-client")
     if running(state):
         return False
-    if state.get("pids"):
+    if state.get("daemons"):
         raise ConfigError(f"the Slurm of test bed {state['name']} is half up: fourd-mpi testbed down --name "
                           f"{state['name']}, then up again")
     root = slurm_dir(state)
@@ -122,20 +122,21 @@ def start(state: dict, cpus: int = 4, timeout: float = 60) -> bool:
                             [(n.name, n.addr) for n in nodes], cpus, free_port(), SLURMD_PORT,
                             ctld_addr=state["bridge_addr"], first_job_id=random_first_job_id()))
     state["slurm"] = {"conf": conf_path(state), "cpus": cpus}
-    state.setdefault("pids", [])
+    state.setdefault("daemons", [])
+    daemon_env = {**env(state), bed.ID_ENV: state["id"]}  # the mark down checks before it signals a daemon
     commands = [("slurmctld", ["slurmctld", "-D", "-f", conf_path(state)])]
     commands += [(f"slurmd.{n.name}", bed.node_argv(state, n.name, ["slurmd", "-D", "-N", n.name, "-f",
                                                                       conf_path(state)])) for n in nodes]
     for label, argv in commands:
         log = open(os.path.join(root, f"{label}.out"), "w")
-        proc = subprocess.Popen(argv, env=env(state), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(argv, env=daemon_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)  # outlives the command that started it
         log.close()
-        state["pids"].append(proc.pid)
+        state["daemons"].append(bed.daemon_record(proc.pid))
         bed.save_state(state)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        dead = [p for p in state["pids"] if not bed.pid_alive(p)]
+        dead = [d["pid"] for d in state["daemons"] if not bed.daemon_is_ours(state, d)]
         if dead:
             raise ConfigError(f"a Slurm daemon of test bed {state['name']} exited: {last_log_line(state)}")
         if running(state):

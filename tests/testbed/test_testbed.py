@@ -14,8 +14,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -63,7 +66,9 @@ def need_machine(slurm: bool = False):
     (["--node-names", "a1,b1,a1"], ["node name 'a1' is given twice"]),
     (["--node-names", "Bad_Name"], ["node name 'Bad_Name'"]),
     (["--nodes", "3", "--node-names", "a1,b1"], ["--nodes 3 but 2 node names"]),
-    (["--name", "Way-Too-Long-Name"], ["bed name 'Way-Too-Long-Name'"]),
+    (["--name", "Way-Too-Long-Name"], ["bed name 'Way-Too-Long-Name' (from --name)"]),
+    (["--name", ""], ["bed name '' (from --name)"]),
+    (["--name", "../x"], ["bed name '../x' (from --name)"]),
 ])
 def test_bad_input_is_one_line(argv, fragments):
     one_line_error(fourd(["testbed", "up", "--name", NAME, *argv] if "--name" not in argv
@@ -334,26 +339,335 @@ def test_down_removes_everything_even_under_a_running_job(tmp_path):
     assert st.returncode == 1 and "is not up" in st.stdout
 
 
-def test_down_removes_a_half_made_bed():
-    """What a killed ``up`` leaves (the state lists a namespace and a bridge, ``complete`` false, a process
-    in the namespace) is removed by ``down`` (``down --all``, the CI-start check, does this for every bed;
-    not run here: it would take down a concurrent session's beds)."""
+def test_down_removes_a_half_made_bed_and_only_what_it_marked(monkeypatch):
+    """What a killed ``up`` leaves (``complete`` false; a namespace with a process in it and a bridge, both
+    recorded and marked; a veth recorded but killed before its marker) is removed by ``down``, all but the
+    unmarked veth, which is named for a person to check."""
     need_machine()
-    name = NAME + "h"
-    node, bridge = f"{name}-n1", f"{name}-br"
-    os.makedirs(tb.bed_dir(name), exist_ok=True)
-    tb.save_state({"name": name, "created": [["link", bridge], ["netns", node]], "complete": False})
-    subprocess.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
-    subprocess.run(["ip", "netns", "add", node], check=True)
-    sleeper = subprocess.Popen(["ip", "netns", "exec", node, "sleep", "600"])
+    root = private_root("half")
     try:
-        st = fourd(["testbed", "status", "--name", name])
-        assert st.returncode == 1 and "damaged" in st.stdout, st.stdout
-        done = fourd(["testbed", "down", "--name", name])
-        assert done.returncode == 0, done.stderr
-        assert sleeper.wait(timeout=30) != 0
+        monkeypatch.setattr(tb, "STATE_ROOT", root)
+        name = NAME + "h"
+        spec = tb.make_spec(name, 1, rate="none")
+        state = {"format": tb.STATE_FORMAT, "name": name, "id": "0123456789abcdef", "spec": {}, "bridge": spec.bridge,
+                 "created": [], "netns": {}, "daemons": [], "complete": False}
+        real_sh, calls = tb._sh, []
+
+        def killed_after_veth_add(argv, check=True):  # up killed right after it made the veth, before its alias
+            calls.append(argv)
+            done = real_sh(argv, check)
+            if argv[:3] == ["ip", "link", "add"] and "veth" in argv:
+                raise KeyboardInterrupt
+            return done
+
+        monkeypatch.setattr(tb, "_sh", killed_after_veth_add)
+        subnet = tb.choose_subnet(name, tb._networks_in_use())
+        node = tb.Node(spec.nodes[0], str(next(subnet.hosts())), f"{name}-v1", None, None)
+        state.update(nodes=[tb.asdict(node)], bridge_addr=str(list(subnet.hosts())[253]))
+        with pytest.raises(KeyboardInterrupt):
+            tb._make(state, [node], subnet)
+        monkeypatch.setattr(tb, "_sh", real_sh)
+        sleeper = subprocess.Popen(["ip", "netns", "exec", node.name, "sleep", "600"])
+        try:
+            env = root_env(root)
+            st = fourd(["testbed", "status", "--name", name], env=env)
+            assert st.returncode == 1 and "damaged" in st.stdout, st.stdout
+            done = fourd(["testbed", "down", "--name", name], env=env)
+            one_line_error(done, f"check by hand: link {name}-v1 (alias '', not 'fourd-testbed:0123456789abcdef')")
+            assert "removed 1 process(es), link " + spec.bridge + ", namespace " + node.name in done.stdout, done.stdout
+            assert sleeper.wait(timeout=30) != 0
+        finally:
+            if sleeper.poll() is None:
+                sleeper.kill()
+        assert not os.path.exists(f"/var/run/netns/{node.name}") and not os.path.exists(f"/sys/class/net/{spec.bridge}")
+        assert not os.path.exists(os.path.join(root, name))
     finally:
-        if sleeper.poll() is None:
-            sleeper.kill()
-    assert not os.path.exists(f"/var/run/netns/{node}") and not os.path.exists(f"/sys/class/net/{bridge}")
-    assert not os.path.exists(tb.bed_dir(name))
+        subprocess.run(["ip", "link", "del", f"{NAME}h-v1"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# -- the bed touches only what it made: foreign objects beside every probe -------------------------------
+
+def private_root(tag: str) -> str:
+    """A state root of this test alone, with a space in its path."""
+    return tempfile.mkdtemp(prefix=f"fourd tb {tag} ")
+
+
+def root_env(root: str, **extra) -> dict:
+    return {**mpi_env(), "FOURD_TESTBED_STATE": root, **extra}
+
+
+class Foreign:
+    """Objects this test bed did not make, named as the bed's own would be (``NAME-br``, ``NAME-v1`` and its peer,
+    namespace ``NAME-n1`` with a ``sleep`` in it) or carrying the bed's directory in their command line."""
+
+    def __init__(self, name: str, bed_dir: str):
+        self.name, self.bed_dir = name, bed_dir
+        self.bridge, self.veth, self.peer, self.ns = f"{name}-br", f"{name}-v1", f"{name}-p1", f"{name}-n1"
+        self.procs = []
+        subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
+        # a marker of this tool's form but no bed's id: a marker alone is not enough
+        subprocess.run(["ip", "link", "set", self.bridge, "alias", "fourd-testbed:ffffffffffffffff"], check=True)
+        subprocess.run(["ip", "link", "add", self.veth, "type", "veth", "peer", "name", self.peer], check=True)
+        subprocess.run(["ip", "netns", "add", self.ns], check=True)
+        self.inode = os.stat(f"/var/run/netns/{self.ns}").st_ino
+        self.procs.append(subprocess.Popen(["ip", "netns", "exec", self.ns, "sleep", "600"]))
+        self.procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", bed_dir,
+                                            os.path.join(bed_dir, "state.json")]))
+
+    def survived(self) -> list:
+        """What of it is gone (empty: all survived)."""
+        gone = [f"link {x}" for x in (self.bridge, self.veth, self.peer) if not os.path.exists(f"/sys/class/net/{x}")]
+        if not os.path.exists(f"/var/run/netns/{self.ns}") or os.stat(f"/var/run/netns/{self.ns}").st_ino != self.inode:
+            gone.append(f"namespace {self.ns}")
+        gone += [f"process {p.args}" for p in self.procs if p.poll() is not None]
+        return gone
+
+    def remove(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait(timeout=30)
+        for link in (self.bridge, self.veth):
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+
+
+@pytest.fixture
+def foreign():
+    """``foreign(name, bed_dir)`` makes a :class:`Foreign`; all of them are removed at the end."""
+    need_machine()
+    made = []
+
+    def make(name, bed_dir):
+        made.append(Foreign(name, bed_dir))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for f in made:
+            f.remove()
+
+
+def one_line_refusal(done):
+    """Exit non-zero, one line on stderr, no traceback."""
+    assert done.returncode != 0, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+
+
+@pytest.mark.parametrize("how", ["--name ../x", "--name /abs", "--name ''", "FOURD_TESTBED=../x", "FOURD_TESTBED=",
+                                 "FOURD_TESTBED=/abs"])
+@pytest.mark.parametrize("command", ["down", "status", "env", "mpiexec", "up"])
+def test_bad_names_touch_nothing(foreign, how, command):
+    """A bed name outside the rule (a path, empty) from ``--name`` or ``FOURD_TESTBED`` is refused by every
+    subcommand, one line, exit 2: the directory it points at, the state root, the other beds' objects and
+    processes all survive."""
+    parent = private_root("names")
+    root = os.path.join(parent, "state root")
+    outside = os.path.join(parent, "x")  # what ../x names from the state root
+    absolute = os.path.join(parent, "abs")
+    try:
+        for d in (root, outside, absolute):
+            os.makedirs(d)
+        for d in (root, outside, absolute):
+            open(os.path.join(d, "keep"), "w").close()
+        value = {"../x": "../x", "/abs": absolute, "''": ""}[how.split(" ", 1)[1] if how.startswith("--") else
+                                                              how.split("=", 1)[1] or "''"]
+        f = foreign(NAME + "b", os.path.join(root, value))
+        argv = ["testbed", command]
+        env = root_env(root)
+        if how.startswith("--name"):
+            argv += ["--name", value]
+        else:
+            env["FOURD_TESTBED"] = value
+        argv += {"mpiexec": ["-n", "1", "--", "true"], "up": ["--nodes", "1"]}.get(command, [])
+        done = fourd(argv, env=env)
+        source = "--name" if how.startswith("--name") else "FOURD_TESTBED"
+        one_line_error(done, f"bed name {value!r} (from {source}): use a lowercase letter")
+        assert done.stdout == ""
+        for d in (root, outside, absolute):
+            assert os.path.exists(os.path.join(d, "keep")), d
+        assert f.survived() == []
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_down_all_with_a_bad_environment_name_is_refused_too():
+    one_line_error(fourd(["testbed", "down", "--all"], env=root_env("/nonexistent-fourd", FOURD_TESTBED="../..")),
+                   "bed name '../..' (from FOURD_TESTBED)")
+
+
+def forged_state(name: str, f: Foreign) -> dict:
+    """A state of this tool's format whose bed id is not on any object: it lists the foreign objects and
+    records the foreign processes with their real start times."""
+    return {"format": tb.STATE_FORMAT, "name": name, "id": "0123456789abcdef", "spec": {}, "bridge": f.bridge,
+            "subnet": "10.255.254.0/24", "bridge_addr": "10.255.254.254",
+            "nodes": [{"name": f.ns, "addr": "10.255.254.1", "veth": f.veth, "rate_bits": None, "burst_bytes": None}],
+            "created": [["link", f.bridge], ["netns", f.ns], ["link", f.veth], ["link", f.peer]],
+            "netns": {f.ns: [os.stat(f"/var/run/netns/{f.ns}").st_dev, f.inode]},
+            "daemons": [tb.daemon_record(p.pid) for p in f.procs], "complete": False}
+
+
+STATES = {
+    "corrupt": lambda name, f: '{"name": "%s", "created": [["link", "%s"' % (name, f.bridge),
+    "bare": lambda name, f: "{}",
+    "empty": lambda name, f: "",
+    # what the earlier version wrote: no format tag, no id, its processes by PID
+    "earlier": lambda name, f: json.dumps({"name": name, "created": [["link", f.bridge], ["netns", f.ns]],
+                                           "pids": [p.pid for p in f.procs], "complete": True}),
+    "other bed's": lambda name, f: json.dumps({**forged_state(name, f), "name": "someother"}),
+    "hostile paths": lambda name, f: json.dumps({**forged_state(name, f), "created": [["netns", "../../etc"]]}),
+    "forged": lambda name, f: json.dumps(forged_state(name, f)),
+    "missing": None,
+}
+
+
+@pytest.mark.parametrize("kind", list(STATES))
+def test_a_bad_state_removes_nothing(foreign, kind, monkeypatch):
+    """A bed directory whose state is missing, corrupt, bare, of another version or bed, or forged (this format,
+    listing foreign objects and processes under an id none of them carries): ``down``, ``up``, ``status``,
+    ``down --all`` and the CI-start ``clean_leftovers`` remove nothing and say so in one line, exit non-zero."""
+    root = private_root("state")
+    name = NAME + "s"
+    try:
+        bed_dir = os.path.join(root, name)
+        os.makedirs(bed_dir)
+        f = foreign(name, bed_dir)
+        open(os.path.join(bed_dir, "keep"), "w").close()
+        if STATES[kind] is not None:
+            with open(os.path.join(bed_dir, "state.json"), "w") as fh:
+                fh.write(STATES[kind](name, f))
+        env = root_env(root)
+        for argv in (["down", "--name", name], ["up", "--name", name, "--nodes", "1", "--rate", "none"],
+                     ["status", "--name", name], ["down", "--all"]):
+            done = fourd(["testbed", *argv], env=env)
+            if kind == "forged" and argv[0] == "down":  # a valid state: nothing of it carries its marker
+                one_line_error(done, "not removed, not made by this test bed", f"link {f.bridge} (alias "
+                               "'fourd-testbed:ffffffffffffffff', not 'fourd-testbed:0123456789abcdef')",
+                               f"namespace {f.ns} (not the one")
+                assert "removed" not in done.stdout and "process" not in done.stdout, done.stdout
+                assert f.survived() == [], (argv, f.survived())
+                os.makedirs(bed_dir, exist_ok=True)  # down dropped the (valid) state and its directory: again
+                open(os.path.join(bed_dir, "keep"), "w").close()
+                with open(os.path.join(bed_dir, "state.json"), "w") as fh:
+                    fh.write(STATES[kind](name, f))
+                continue
+            if kind == "forged" and argv[0] == "up":
+                one_line_error(done, f"clashes with an existing network namespace")
+            elif kind == "forged" and argv[0] == "status":
+                assert done.returncode == 1 and "damaged" in done.stdout, done.stdout
+            elif kind == "missing" and argv == ["down", "--all"]:  # no state file: not a bed's directory
+                assert done.returncode == 0 and done.stdout == "no test bed was up\n", done.stdout + done.stderr
+            else:
+                one_line_error(done, f"test bed {name}: ", "removed nothing; check by hand: ",
+                               f"directory {bed_dir}, link {f.bridge}, link {f.peer}, link {f.veth}, "
+                               f"namespace {f.ns} (and processes in it)")
+            assert os.path.exists(os.path.join(bed_dir, "keep")), argv
+            assert f.survived() == [], (argv, f.survived())
+        # the CI-start check, in this process (its stale-segment sweep of /dev/shm left out: not this test's)
+        monkeypatch.setattr(tb, "STATE_ROOT", root)
+        monkeypatch.setattr(tb, "stale_shm_segments", lambda: [])
+        lines = tb.clean_leftovers()
+        if kind == "missing":
+            assert lines == []
+        elif kind == "forged":
+            assert lines == [f"test bed {name}: removed its state; not removed, not the bed's (check them): link "
+                             f"{f.peer} (alias '', not 'fourd-testbed:0123456789abcdef'), link {f.veth} (alias '', "
+                             f"not 'fourd-testbed:0123456789abcdef'), link {f.bridge} (alias "
+                             f"'fourd-testbed:ffffffffffffffff', not 'fourd-testbed:0123456789abcdef'), namespace "
+                             f"{f.ns} (not the one test bed {name} made)"], lines
+        else:
+            assert len(lines) == 1 and "removed nothing; check by hand" in lines[0], lines
+            assert os.path.exists(os.path.join(bed_dir, "keep"))
+        assert f.survived() == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_down_all_acts_only_on_valid_states(foreign):
+    """``down --all`` beside foreign subdirectories of the state root (a bed-like name without a state, another
+    name, a corrupt state): it takes down the one real bed and nothing else."""
+    root = private_root("all")
+    try:
+        env = root_env(root)
+        real = NAME + "r"
+        done = fourd(["testbed", "up", "--name", real, "--nodes", "1", "--rate", "none", "--format", "json"], env=env)
+        assert done.returncode == 0, done.stderr
+        state = json.loads(done.stdout)
+        keep = []
+        for sub in ("plain", "Upper", "abc-def", "a b", NAME + "q"):
+            os.makedirs(os.path.join(root, sub))
+            keep.append(os.path.join(root, sub, "keep"))
+            open(keep[-1], "w").close()
+        with open(os.path.join(root, NAME + "q", "state.json"), "w") as fh:
+            fh.write("{}")
+        f = foreign(NAME + "q", os.path.join(root, NAME + "q"))
+        g = foreign(NAME + "g", os.path.join(root, "plain"))
+        done = fourd(["testbed", "down", "--all"], env=env)
+        one_line_error(done, f"test bed {NAME}q: state file", "removed nothing; check by hand")
+        assert done.stdout.startswith(f"test bed {real}: removed "), done.stdout
+        assert leftovers(real, state) == []
+        assert all(os.path.exists(k) for k in keep), [k for k in keep if not os.path.exists(k)]
+        assert f.survived() == [] and g.survived() == []
+    finally:
+        subprocess.run([sys.executable, "-m", "fourd_mpi", "testbed", "down", "--name", NAME + "r"],
+                       env=root_env(root), capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_two_state_roots_never_touch_each_others_beds(foreign):
+    """A bed up under one state root; under a second root, ``up``/``down`` of the same name (no state there, then
+    a corrupt one) refuse in one line before removing anything, and the first bed stays up and healthy."""
+    first, second = private_root("one"), private_root("two")
+    name = NAME + "t"
+    try:
+        done = fourd(["testbed", "up", "--name", name, "--nodes", "1", "--rate", "none"], env=root_env(first))
+        assert done.returncode == 0, done.stderr
+        f = foreign(NAME + "u", os.path.join(first, name))
+        for state in (None, "not json"):
+            if state is not None:
+                os.makedirs(os.path.join(second, name), exist_ok=True)
+                with open(os.path.join(second, name, "state.json"), "w") as fh:
+                    fh.write(state)
+            up = fourd(["testbed", "up", "--name", name, "--nodes", "1", "--rate", "none"], env=root_env(second))
+            one_line_refusal(up)
+            assert (f"node name '{name}-n1' clashes with an existing network namespace" in up.stderr
+                    if state is None else
+                    "removed nothing; check by hand" in up.stderr), up.stderr
+            down = fourd(["testbed", "down", "--name", name], env=root_env(second))
+            one_line_error(down, "removed nothing", f"link {name}-br", f"namespace {name}-n1")
+            st = fourd(["testbed", "status", "--name", name], env=root_env(first))
+            assert st.returncode == 0 and "damaged" not in st.stdout, st.stdout
+        assert f.survived() == []
+        done = fourd(["testbed", "down", "--name", name], env=root_env(first))
+        assert done.returncode == 0 and "namespace" in done.stdout, done.stdout + done.stderr
+    finally:
+        fourd(["testbed", "down", "--name", name], env=root_env(first))
+        shutil.rmtree(first, ignore_errors=True)
+        shutil.rmtree(second, ignore_errors=True)
+
+
+def test_a_state_root_with_a_space_works(monkeypatch):
+    """``up``, ``mpiexec`` (hydra passes the launcher's path on unquoted: the bed has a plain-path link to its
+    directory) and ``down`` under a state root whose path holds spaces."""
+    need_machine()
+    root = private_root("space")
+    name = NAME + "p"
+    try:
+        env = root_env(root)
+        done = fourd(["testbed", "up", "--name", name, "--nodes", "2", "--rate", "none"], env=env)
+        assert done.returncode == 0, done.stderr
+        run = fourd(["testbed", "mpiexec", "--name", name, "-n", "2", "--", "sh", "-c", "echo on $(hostname)"],
+                    env=env, timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert sorted(re.findall(rf"on ({name}-n\d)", run.stdout)) == [f"{name}-n1", f"{name}-n2"], run.stdout
+        monkeypatch.setattr(tb, "STATE_ROOT", root)
+        alias = tb.alias_path(name)
+        assert alias and " " not in alias and os.readlink(alias) == os.path.join(root, name)
+        down = fourd(["testbed", "down", "--name", name], env=env)
+        assert down.returncode == 0 and "namespace" in down.stdout, down.stdout + down.stderr
+        assert not os.path.exists(os.path.join(root, name)) and (alias is None or not os.path.lexists(alias))
+    finally:
+        fourd(["testbed", "down", "--name", name], env=root_env(root))
+        shutil.rmtree(root, ignore_errors=True)
