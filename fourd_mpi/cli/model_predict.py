@@ -7,25 +7,31 @@ leading dashes, ``-`` or ``_``); the command line wins over the file, the file o
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import replace
 
 from fourd_mpi.errors import ConfigError
+from fourd_mpi.util.values import (axis_size, batch_size, gib_or_none, head_count, int_in, layer_count, repeat_count,
+                                   seq_length, vocab_size, width)
+from fourd_mpi.util.values import text as nonempty_text
+
+_chunks = int_in(1, 1 << 16, "model chunks per stage")
 
 #: option -> (type, default, help); every one a ``--name`` of ``model predict`` and a key of ``--config``
 PREDICT_OPTIONS = {
     "model": (str, "gpt-80b", "model preset (fourd-mpi run --model); sizes below override it"),
-    "layers": (int, None, "blocks l"), "hidden": (int, None, "hidden size h (ffn = 4h unless --ffn-hidden)"),
-    "heads": (int, None, "attention heads"), "ffn-hidden": (int, None, "MLP width"),
-    "seq": (int, None, "sequence length s"), "batch": (int, None, "global batch B in sequences (required)"),
-    "vocab": (int, 51200, "vocabulary V (embedding and LM head; 0 leaves them out; default 51200)"),
+    "layers": (layer_count, None, "blocks l"), "hidden": (width, None, "hidden size h (ffn = 4h unless --ffn-hidden)"),
+    "heads": (head_count, None, "attention heads"), "ffn-hidden": (width, None, "MLP width"),
+    "seq": (seq_length, None, "sequence length s"), "batch": (batch_size, None, "global batch B in sequences (required)"),
+    "vocab": (vocab_size, 51200, "vocabulary V (embedding and LM head; 0 leaves them out; default 51200)"),
     "algorithm": (str, "axonn4d", "axonn4d, megatron1d, fsdp, dp or pipeline (4D family)"),
     "grid": (str, None, "G_data x G_z x G_y x G_x of one pipeline stage, e.g. 16x1x8x1 (required)"),
-    "stages": (int, 1, "pipeline stages p (default 1)"),
+    "stages": (axis_size, 1, "pipeline stages p (default 1)"),
     "schedule": (str, "1f1b", "1f1b, interleaved (with --chunks-per-stage v) or axonn"),
-    "chunks-per-stage": (int, 1, "model chunks v per stage of the interleaved schedule"),
-    "microbatch-size": (int, None, "sequences b per micro-batch and data x Z shard"),
-    "microbatches": (int, None, "micro-batches m per step (B = b m G_data G_z; gradient accumulation)"),
+    "chunks-per-stage": (_chunks, 1, "model chunks v per stage of the interleaved schedule"),
+    "microbatch-size": (batch_size, None, "sequences b per micro-batch and data x Z shard"),
+    "microbatches": (repeat_count, None, "micro-batches m per step (B = b m G_data G_z; gradient accumulation)"),
     "sequence-parallel": (bool, False, "sequence parallelism over Y (Megatron-like grids)"),
     "recompute": (str, "full", "none, selective or full activation recompute"),
     "dtype": (str, None, "float16, bfloat16, float32 (default: the profile's training dtype)"),
@@ -38,8 +44,8 @@ PREDICT_OPTIONS = {
                             "(unbounded; default 2)"),
     "profile": (str, "perlmutter", "machine profile: a built-in (dgx-a100, dgx-a100-40gb, dgx-h100, alps-gh200, "
                                    "perlmutter, frontier, laptop) or a file"),
-    "ranks-per-node": (int, None, "ranks per node (default: the profile's)"),
-    "memory-limit": (str, None, "GiB per GPU for the fits line (default: the profile's device memory; 'none')"),
+    "ranks-per-node": (axis_size, None, "ranks per node (default: the profile's)"),
+    "memory-limit": (gib_or_none, None, "GiB per GPU for the fits line (default: the profile's device memory; 'none')"),
     "implementation": (str, "fourd", "fourd (this suite's step), deepspeed-2021 (fsdp on 1xNx1x1 only: DeepSpeed "
                                      "ZeRO-3 v0.3.13-v0.5.4's third gathers and per-rank copy loops) or megatron-lm "
                                      "(megatron1d or dp: Megatron-LM 2020-2021's DDP=local, one coalesced gradient "
@@ -55,7 +61,7 @@ def register(msub) -> None:
                                         "exposed communication per axis and bubble, memory per GPU by part, %% of "
                                         "peak under each FLOP convention (offline)")
     # dest differs from "config": the main parser expands a command's ``config`` as run options
-    p.add_argument("--config", dest="predict_config", default=None, metavar="FILE",
+    p.add_argument("--config", dest="predict_config", type=nonempty_text, default=None, metavar="FILE",
                    help="YAML mapping of these options (the command line wins)")
     for name, (kind, _, text) in PREDICT_OPTIONS.items():
         if kind is bool:
@@ -75,28 +81,30 @@ def register(msub) -> None:
 def _options(args) -> dict:
     """The options of ``predict``: command line over ``--config`` over defaults."""
     values = {name: getattr(args, name.replace("-", "_")) for name in PREDICT_OPTIONS}
-    if args.predict_config:
-        import yaml
+    if args.predict_config is not None:
+        from fourd_mpi.util.yamlspec import YamlDocument
 
-        try:
-            with open(args.predict_config) as fh:
-                doc = yaml.safe_load(fh) or {}
-        except OSError as exc:
-            raise ConfigError(f"--config {args.predict_config}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--config {args.predict_config}: not YAML ({str(exc).splitlines()[0]})") from None
+        # the suite's safe reader: a regular file only (a FIFO is refused, not waited on), at most 1 MiB,
+        # bounded depth and nodes, aliases refused past 100,000 expanded nodes
+        source = args.predict_config
+        doc = YamlDocument.read(source, "predict config").data or {}
         if not isinstance(doc, dict):
-            raise ConfigError(f"--config {args.predict_config}: expected a mapping of option: value")
+            raise ConfigError(f"--config {source}: expected a mapping of option: value")
         for key, value in doc.items():
             name = str(key).replace("_", "-")
             if name not in PREDICT_OPTIONS:
-                raise ConfigError(f"--config {args.predict_config}: unknown option {key!r} (known: {', '.join(PREDICT_OPTIONS)})")
+                raise ConfigError(f"--config {source}: unknown option {key!r} (known: {', '.join(PREDICT_OPTIONS)})")
             if values[name] is None:
                 kind = PREDICT_OPTIONS[name][0]
-                try:
-                    values[name] = value if kind is bool or value is None else kind(value)
-                except (TypeError, ValueError):
-                    raise ConfigError(f"--config {args.predict_config}: {key} must be {kind.__name__}, got {value!r}") from None
+                if kind is bool or value is None:
+                    values[name] = value
+                    continue
+                if isinstance(value, (list, dict)) or (isinstance(value, bool) and kind is not str):
+                    raise ConfigError(f"--config {source}: {key} must be a single value, got {value!r}")
+                try:  # the command line's parser: the same bounds and words
+                    values[name] = kind(str(value))
+                except argparse.ArgumentTypeError as exc:
+                    raise ConfigError(f"--config {source}: {key}: {exc}") from None
     for name, (_, default, _) in PREDICT_OPTIONS.items():
         if values[name] is None:
             values[name] = default
@@ -137,19 +145,14 @@ def scenario_from(values: dict):
         window = None
     else:
         try:
-            window = int(window)
-        except ValueError:
-            raise ConfigError(f"--dw-window: a positive count or none, got {window!r}") from None
+            window = layer_count(str(window))
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"--dw-window: {exc} (or none)") from None
     limit = values["memory-limit"]
     if limit is None:
         limit = profile.device_memory_gib
-    elif str(limit).lower() == "none":
+    elif limit == "none":
         limit = None
-    else:
-        try:
-            limit = float(limit)
-        except ValueError:
-            raise ConfigError(f"--memory-limit: GiB or none, got {limit!r}") from None
     dtype = values["dtype"] or profile.training_dtype
     sc = Scenario(cfg, GridShape.parse(values["grid"]), profile.name, algorithm=values["algorithm"],
                   stages=values["stages"], schedule=values["schedule"], chunks=values["chunks-per-stage"],

@@ -34,7 +34,8 @@ def register(sub) -> None:
 def _register_tune(sub) -> None:
     p = sub.add_parser("tune", help="rank every grid shape of a rank count by predicted step time "
                        "(performance model; one process, no mpiexec)")
-    p.add_argument("--ranks", type=rank_count, required=True, metavar="N", help="the rank count to place")
+    p.add_argument("--ranks", type=rank_count, required=True, metavar="N", help="the rank count to place (at most 4,096 candidate grids: every power of two up to 2^24 "
+                        "qualifies; 720720 has 89,600 and is refused)")
     p.add_argument("--algorithm", default="axonn4d", metavar="NAME|LIST|all",
                    help="algorithm(s) to rank: a name of fourd-mpi run --algorithm, a comma list, or all (one table "
                         "across algorithms with an algorithm column; default axonn4d). pipeline tries every stage "
@@ -117,6 +118,9 @@ def cmd_tune(args, world=None) -> int:
     from fourd_mpi.step.overlap import OverlapConfig
     from fourd_mpi.step.presets import resolve_model
 
+    from fourd_mpi.perf.tune import check_search_size
+
+    check_search_size(args.ranks)  # a bounded search, refused at once (not after minutes of predictions)
     cfg = resolve_model(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
                         ffn_hidden=args.ffn_hidden, seq=args.seq, batch=args.batch)
     overlap = OverlapConfig.parse(args.overlap)

@@ -150,7 +150,7 @@ def format_entries(entries, fmt: str) -> str:
 
 
 def cmd_results(args, world=None) -> int:
-    from fourd_mpi.results.index import index_file, read_index, reindex
+    from fourd_mpi.results.index import index_file, read_index, refuse_foreign_link, reindex
     from fourd_mpi.results.query import parse_terms, select
 
     if args.results_command == "reindex":
@@ -159,6 +159,7 @@ def cmd_results(args, world=None) -> int:
         refuse_output(args.output, args.force, inputs=named_inputs([args.directory]))
         target = args.output or index_file(args.directory)
         check_regular_file(target, "index file")  # before the traces are read: a FIFO, a directory
+        refuse_foreign_link(target)  # a link to another directory's (shared) index is never rewritten
         check_writable(os.path.dirname(os.path.abspath(target)), f"the index {target}")
         entries, problems = reindex(args.directory, args.output, allow_damaged=args.allow_damaged)
         for path, why in problems:

@@ -7,6 +7,7 @@ import os
 import sys
 
 from fourd_mpi.cli.args import FORMATS, add_format, add_site
+from fourd_mpi.util.values import text as nonempty_text
 from fourd_mpi.jobs.pack import PACK_MODES
 from fourd_mpi.jobs.schedulers import FINAL_STATES
 from fourd_mpi.jobs.sites import load_site
@@ -49,7 +50,7 @@ def register(sub) -> None:
     render = ssub.add_parser("render", help="write one job script per run and a manifest under jobscripts/SWEEP")
     render.add_argument("spec", metavar="SPEC.yaml", help="the sweep spec (YAML)")
     site_arg(render)
-    render.add_argument("--out", metavar="DIR", help="directory of the scripts (default jobscripts/SWEEP)")
+    render.add_argument("--out", type=nonempty_text, metavar="DIR", help="directory of the scripts (default jobscripts/SWEEP)")
     render.add_argument("--force", action="store_true", help="render again over an existing directory")
 
     for name, text in (("submit", "submit the rendered jobs (sbatch, qsub, bsub; local: run them now); exit 1 "

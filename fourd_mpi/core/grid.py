@@ -136,6 +136,20 @@ def divisors(n: int) -> List[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
+def grid_count(world_size: int) -> int:
+    """How many grids :func:`grid_factorizations` yields, without listing them: ordered 4-factor
+    products are multiplicative, ``C(e + 3, 3)`` for each prime power ``p^e`` of ``world_size``."""
+    count, n, p = 1, world_size, 2
+    while p * p <= n:
+        e = 0
+        while n % p == 0:
+            n //= p
+            e += 1
+        count *= math.comb(e + 3, 3)
+        p += 1
+    return count * (4 if n > 1 else 1)
+
+
 def grid_factorizations(world_size: int) -> Iterator[GridShape]:
     """Every ordered ``(G_data, G_z, G_y, G_x)`` whose product is ``world_size``."""
     for data in divisors(world_size):

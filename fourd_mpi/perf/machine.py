@@ -565,8 +565,28 @@ def builtin_profiles() -> List[str]:
     return sorted(os.path.splitext(f)[0] for f in os.listdir(PROFILES_DIR) if f.endswith(".yaml"))
 
 
+#: the longest chain of profiles one profile may pull in through ``base:`` and ``fallback:`` (each
+#: link a file read and merged; a real chain has two or three)
+MAX_PROFILE_CHAIN = 16
+
+
+def _follow(chain: Tuple[Tuple[str, str], ...], key: str, name: str, path: str) -> Tuple[Tuple[str, str], ...]:
+    """``chain`` (``(file identity, name as written)`` of each profile followed so far, through
+    ``base:`` and ``fallback:``) with ``name`` added; a cycle or a chain longer than
+    :data:`MAX_PROFILE_CHAIN` is one :class:`ConfigError` line naming the chain."""
+    names = [n for _, n in chain] + [name]
+    if any(k == key for k, _ in chain):
+        raise ConfigError(f"machine profile {path}: base:/fallback: chain is a cycle: {' -> '.join(names)}; "
+                          "remove one of its links")
+    if len(chain) >= MAX_PROFILE_CHAIN:
+        shown = names if len(names) <= 6 else names[:3] + ["..."] + names[-2:]
+        raise ConfigError(f"machine profile {path}: base:/fallback: chain longer than {MAX_PROFILE_CHAIN} profiles "
+                          f"({' -> '.join(shown)}); merge the profiles into fewer files")
+    return chain + ((key, name),)
+
+
 def load_profile(name_or_path: Optional[str] = None, fallback: Optional[str] = None,
-                 _bases: Tuple[str, ...] = ()) -> MachineProfile:
+                 _bases: Tuple[Tuple[str, str], ...] = ()) -> MachineProfile:
     """A built-in profile by name (``perlmutter``, ``frontier``, ``laptop``; None = ``laptop``) or a
     YAML file. ``fallback``: a profile name or file for missing levels (else the file's own
     ``fallback`` key). A file's ``base:`` names the profile it starts from (:func:`merged`; ``_bases``:
@@ -586,15 +606,15 @@ def load_profile(name_or_path: Optional[str] = None, fallback: Optional[str] = N
                           f"fourd-mpi bench collectives")
     # a built-in's schema check is a test's (tests/perf/test_perfmodel.py); a file's is made on every load,
     # after its base is merged in
+    # identity: the file and the fallback given for it (only the top-level load may be given one)
+    chain = _follow(_bases, f"{os.path.realpath(path)}\0{fallback or ''}", name_or_path, path)
     doc = YamlDocument.read(path, "machine profile")
     if not isinstance(doc.data, dict):
         raise ConfigError(f"{path}: a machine profile must be a YAML mapping (key: value lines)")
     base = doc.data.get("base")
     if base is not None:
-        chain = _bases + (name_or_path,)
-        if not isinstance(base, str) or base in chain or base == doc.data.get("name"):
-            raise ConfigError(f"{path}: base must name another profile (a built-in or a file), got {base!r}"
-                              + (f" (a cycle: {' -> '.join(chain + (str(base),))})" if base in chain else ""))
+        if not isinstance(base, str) or not base.strip():
+            raise ConfigError(f"{path}: base must name another profile (a built-in or a file), got {base!r}")
         doc.data = merged(load_profile(base, _bases=chain).data, doc.data)
     if not shipped:
         doc.validate(PROFILE_SCHEMA)
@@ -604,7 +624,7 @@ def load_profile(name_or_path: Optional[str] = None, fallback: Optional[str] = N
     if fb:
         if fb == name_or_path or fb == profile.name:
             raise ConfigError(f"{path}: profile {profile.name} cannot be its own fallback")
-        profile.fallback = load_profile(fb)
+        profile.fallback = load_profile(fb, _bases=chain)
     return profile
 
 

@@ -19,13 +19,30 @@ from typing import Dict, List, Optional, Tuple
 
 from fourd_mpi.step.presets import ModelConfig, model_problems
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.core.grid import GridShape, divisors, grid_factorizations
+from fourd_mpi.core.grid import GridShape, divisors, grid_count, grid_factorizations
 from fourd_mpi.perf.machine import MachineProfile, load_profile
 from fourd_mpi.perf.memory import estimate_memory, memory_reserve
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.perf.predict import Prediction, predict
 
 GIB = 2.0 ** 30
+
+#: the most candidate 4D grids (ordered G_data x G_z x G_y x G_x of the rank count) the tuner searches:
+#: each is checked and predicted (about a millisecond each), so a search stays within seconds. Every
+#: power of two up to the 2^24 ranks the model plans for has fewer (2^24: 2,925); a rank count with
+#: many small prime factors has more (720,720: 89,600) and is refused with one line.
+MAX_TUNE_GRIDS = 4096
+
+
+def check_search_size(ranks: int, option: str = "--ranks") -> None:
+    """Refuse a rank count with more than :data:`MAX_TUNE_GRIDS` candidate grids (one line, with the
+    powers of two around it), before anything is predicted."""
+    count = grid_count(ranks)
+    if count > MAX_TUNE_GRIDS:
+        low = 1 << (ranks.bit_length() - 1)
+        raise ConfigError(f"{option} {ranks:,} has {count:,} candidate grids, more than the {MAX_TUNE_GRIDS:,} the tuner "
+                          f"searches: give a rank count with fewer divisors (e.g. {low:,} or {low * 2:,}), or "
+                          f"predict one grid with fourd-mpi model predict --grid")
 
 
 @dataclass
@@ -91,6 +108,8 @@ def rank_grids(cfg: ModelConfig, ranks: int, profile: MachineProfile, overlap: O
     """
     if ranks < 1:
         raise ConfigError(f"--ranks must be positive, got {ranks}")
+    if grids is None:
+        check_search_size(ranks)
     if cfg.batch is None:
         raise ConfigError(f"preset {cfg.name} needs the global batch: give --batch SEQUENCES")
     overlap = overlap or OverlapConfig()
@@ -156,6 +175,7 @@ def top_grids(cfg: ModelConfig, ranks: int, k: int, profile=None, overlap: str =
     """
     if k < 1:
         raise ConfigError(f"k must be positive, got {k}")
+    check_search_size(ranks, "grids: auto for")
     if not isinstance(profile, MachineProfile):
         profile = load_profile(profile)
     if algorithm != "axonn4d":

@@ -214,12 +214,43 @@ def _validator():
 _VALIDATOR = None
 
 
+#: deepest nesting of a line's JSON (an entry needs 3): a deeper line is skipped like any bad line, before
+#: the recursive parser, the validator or a printer could exhaust the stack on it
+MAX_LINE_DEPTH = 32
+
+
+def _too_deep(text: str) -> bool:
+    """Whether the JSON ``text`` nests more than :data:`MAX_LINE_DEPTH` levels (brackets outside strings)."""
+    depth, in_string, escaped = 0, False, False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_LINE_DEPTH:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
 def parse_line(text: str) -> Tuple[Optional[Dict], Optional[str]]:
     """``(entry, None)`` for a valid line, ``(None, reason)`` otherwise."""
+    if _too_deep(text):
+        return None, f"not an index entry (nested more than {MAX_LINE_DEPTH} levels)"
     try:
         entry = json.loads(text)
     except ValueError as exc:
         return None, f"not JSON ({str(exc).split(':')[0]}): a torn or partial write?"
+    except RecursionError:
+        return None, f"not an index entry (nested more than {MAX_LINE_DEPTH} levels)"
     error = next(iter(_validator().iter_errors(entry)), None)
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "line"
@@ -293,6 +324,7 @@ def reindex(directory: str, output: Optional[str] = None,
     from fourd_mpi.trace.read import load_trace
 
     output = output or index_file(directory)
+    refuse_foreign_link(output)
     index_dir = os.path.dirname(os.path.abspath(output))
     files, why = expand_traces(directory)
     problems = [(directory, why)] if why is not None and not os.path.isdir(directory) else []
@@ -318,6 +350,21 @@ def reindex(directory: str, output: Optional[str] = None,
 
             raise ConfigError(f"cannot write the index {output}: {exc.strerror or exc}") from None
     return entries, problems
+
+
+def refuse_foreign_link(output: str) -> None:
+    """Refuse to rewrite an index that is a symbolic link to a file in another directory: the rewrite goes
+    through the link, and that index (shared, or any file at all) holds entries that are not this
+    directory's, which a rebuild from this directory's traces would drop. A link within the directory is
+    followed (the file is this directory's)."""
+    if not os.path.islink(output):
+        return
+    from fourd_mpi.errors import ConfigError
+
+    target = os.path.realpath(output)
+    if os.path.dirname(target) != os.path.realpath(os.path.dirname(os.path.abspath(output))):
+        raise ConfigError(f"{output} is a symbolic link to {target}, a file of another directory: reindex would "
+                          "rewrite it and drop that directory's entries; remove the link (or give -o a file)")
 
 
 def appended_since(fd: int, index_path: str, scanned) -> List[Dict]:

@@ -104,6 +104,10 @@ def select(entries: Sequence[Dict], terms: Sequence[Tuple[str, str]]) -> List[Di
     for key, value in terms:
         if key in TIME_FILTERS:
             parse_time(value)  # a bad date is an error even when no entry is left to compare
+        elif key == "grid":
+            from fourd_mpi.core.grid import GridShape
+
+            GridShape.parse(value)  # a malformed grid (1x1x) is an error, not "0 runs"
     return [e for e in entries if all(matches(e, k, v) for k, v in terms)]
 
 

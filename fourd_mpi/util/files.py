@@ -45,12 +45,12 @@ def refuse_output(path: Optional[str], force: bool, flag: str = "--force", input
     (:func:`refuse_hdf5`). Each refusal is one :class:`ConfigError` line."""
     if not path:
         return
-    refuse_overwrite(path, force, flag)
     directory = os.path.dirname(os.path.abspath(path))
     if makes_dirs and not os.path.isdir(directory):
         directory = nearest_directory(directory)
     else:
-        check_output_dir(path)
+        check_output_dir(path)  # not a regular file (a directory, FIFO, device, dangling link): said first,
+    refuse_overwrite(path, force, flag)  # so that --force is never suggested for what it cannot replace
     check_not_input(path, inputs, option)
     check_not_in_spool(path, option)
     if not writes_trace:

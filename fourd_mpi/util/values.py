@@ -68,6 +68,8 @@ layer_count = int_in(1, MAX_LAYERS, "transformer blocks")
 MAX_WIDTH = 1 << 20
 width = int_in(1, MAX_WIDTH, "a layer width")
 head_count = int_in(1, 1 << 16, "attention heads")
+#: vocabulary entries (0: no embedding or LM head)
+vocab_size = int_in(0, 1 << 24, "vocabulary entries")
 #: tokens of one sequence
 seq_length = int_in(1, 1 << 24, "tokens per sequence")
 #: a global batch in sequences
@@ -129,6 +131,16 @@ def positive_float(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return value
+
+
+def gib_or_none(text: str):
+    """A memory limit in GiB (a finite number > 0: NaN and inf refused) or ``none`` (the string)."""
+    if str(text).strip().lower() == "none":
+        return "none"
+    try:
+        return positive_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected GiB (a positive number) or none, got {text!r}") from None
 
 
 def text(value: str) -> str:

@@ -50,6 +50,24 @@ PROBES = [
     (["plot", "timeline", TRACE, "-o", "x.png", "--select-steps", "1-"],
      "'1-': a range needs its last number too, e.g. 1-4"),
     (["trace", "recover", "x.ranks", "--jobs", BIG], "argument --jobs: expected an integer from 1 to 4,096"),
+    # model predict: every size with run's and tune's bounds (before: --layers 10000000 grew to 15 GB,
+    # --memory-limit nan printed "does NOT fit in nan GiB")
+    *[(["model", "predict", "--grid", "1x1x1x1", "--batch", "8", f"--{opt}", value], message) for opt, value, message in (
+        ("layers", "10000000", "argument --layers: expected an integer from 1 to 65,536 (transformer blocks)"),
+        ("hidden", BIG, "argument --hidden: expected an integer from 1 to 1,048,576"),
+        ("ffn-hidden", "0", "argument --ffn-hidden: expected a positive integer, got 0"),
+        ("heads", BIG, "argument --heads: expected an integer from 1 to 65,536"),
+        ("seq", BIG, "argument --seq: expected an integer from 1 to 16,777,216"),
+        ("batch", BIG, "argument --batch: expected an integer from 1 to 1,073,741,824"),
+        ("vocab", BIG, "argument --vocab: expected an integer from 0 to 16,777,216"),
+        ("stages", BIG, "argument --stages: expected an integer from 1 to 16,777,216"),
+        ("microbatches", BIG, "argument --microbatches: expected an integer from 1 to 16,777,216"),
+        ("ranks-per-node", BIG, "argument --ranks-per-node: expected an integer from 1 to 16,777,216"),
+        ("memory-limit", "nan", "argument --memory-limit: expected GiB (a positive number) or none, got 'nan'"),
+        ("memory-limit", "inf", "argument --memory-limit: expected GiB (a positive number) or none, got 'inf'"),
+        ("memory-limit", "-1", "argument --memory-limit: expected GiB (a positive number) or none"),
+        ("dw-window", BIG, "--dw-window: expected an integer from 1 to 65,536"),
+    )],
 ]
 
 
@@ -86,3 +104,12 @@ def test_a_profile_with_a_non_finite_or_negative_cost_is_refused(value, tmp_path
     assert "\n" not in line and "beta_s_per_byte" in line, line
     expected = "is less than the minimum of 0" if value.startswith("-1") else "is not a finite number"
     assert expected in line, line
+
+
+def test_model_predict_config_values_have_the_command_line_bounds(tmp_path, capfd):
+    config = tmp_path / "p.yaml"
+    config.write_text("layers: 10000000\nmemory_limit: .nan\n")
+    assert main(["model", "predict", "--config", str(config), "--grid", "1x1x1x1", "--batch", "8"]) == 2
+    line = capfd.readouterr().err.strip()
+    assert line == (f"fourd-mpi: error: --config {config}: layers: expected an integer from 1 to 65,536 "
+                    "(transformer blocks), got 10,000,000"), line

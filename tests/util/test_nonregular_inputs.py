@@ -51,6 +51,7 @@ def test_a_fifo_as_a_trace_is_refused(fifo, tmp_path, command):
     (["sweep", "plan", "FIFO"], "sweep spec"),
     (["sweep", "plan", str(JOBSCRIPTS / "weak-gpt-tiny.yaml"), "--site", "FIFO"], "site profile"),
     (["tune", "--ranks", "8", "--profile", "FIFO"], "machine profile"),
+    (["model", "predict", "--config", "FIFO"], "predict config"),  # before: blocked forever
 ])
 def test_a_fifo_as_a_spec_or_profile_is_refused(fifo, args, what):
     path = fifo("f.yaml")

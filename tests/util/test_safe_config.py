@@ -49,7 +49,8 @@ def test_hostile_yaml_is_refused_by_the_loader(kind):
 
 @pytest.mark.parametrize("kind", ["bomb", "deep-flow"])
 @pytest.mark.parametrize("command", [["sweep", "plan"], ["sweep", "render"], ["run", "--config"],
-                                     ["sweep", "plan", "--site", "{}", "jobscripts/weak-gpt-tiny.yaml"]])
+                                     ["sweep", "plan", "--site", "{}", "jobscripts/weak-gpt-tiny.yaml"],
+                                     ["model", "predict", "--config"]])
 def test_hostile_yaml_is_one_line_in_every_command(tmp_path, kind, command):
     """Before: the bomb hung ``sweep plan``/``render`` (8x per level), deep nesting was a RecursionError
     traceback, a 30 MB file took minutes. After: one line, exit 2, at once (the timeout is generous)."""
