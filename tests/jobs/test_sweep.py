@@ -358,7 +358,7 @@ def test_trace_state_reads_the_status_from_the_header(tmp_path):
     (tmp_path / "junk.h5").write_bytes(b"not hdf5")
     assert trace_state(str(tmp_path / "junk.h5")) == "damaged"
     (tmp_path / "r.ranks").mkdir()
-    assert trace_state(str(tmp_path / "r.h5")) == "spooling"
+    assert trace_state(str(tmp_path / "r.h5")) == "recoverable"  # no live rank holds it
     assert trace_state(str(tmp_path / "none.h5")) == "missing"
 
 
