@@ -8,11 +8,16 @@ import signal as _signal
 
 
 def _interrupted_while_starting(signum, frame):  # noqa: ARG001 - a signal handler's signature
-    """Ctrl-C while the command line's modules import (before :func:`fourd_mpi.cli.main.main` takes over):
-    one line and status 130, not a traceback from inside an import."""
-    _os.write(2, b"fourd-mpi: interrupted (Ctrl-C) while starting; nothing was done\n")
-    _os._exit(130)
+    """Ctrl-C, SIGTERM or SIGHUP while the command line's modules import (before
+    :func:`fourd_mpi.cli.main.main` takes over): one line and status 128 + signal, not a traceback from
+    inside an import (nothing was written yet)."""
+    name = "Ctrl-C" if signum == _signal.SIGINT else _signal.Signals(signum).name
+    _os.write(2, f"fourd-mpi: interrupted ({name}) while starting; nothing was done\n".encode())
+    _os._exit(128 + signum)
 
 
 if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:  # a Python that chose otherwise is left alone
     _signal.signal(_signal.SIGINT, _interrupted_while_starting)
+    for _sig in (_signal.SIGTERM, _signal.SIGHUP):
+        if _signal.getsignal(_sig) is _signal.SIG_DFL:
+            _signal.signal(_sig, _interrupted_while_starting)

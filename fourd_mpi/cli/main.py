@@ -30,7 +30,9 @@ any other exception prints its traceback and aborts the whole job, so no rank is
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import time
 import traceback
@@ -155,17 +157,30 @@ def _tolerant_streams() -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    import signal
+    from fourd_mpi.util import signals
 
     _tolerant_streams()
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # from here, Ctrl-C is KeyboardInterrupt, handled below
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    # from here, Ctrl-C is KeyboardInterrupt, SIGTERM and SIGHUP Terminated, handled below (restored after: a
+    # caller in the same process, a test, keeps its own)
+    previous = {sig: signal.getsignal(sig) for sig in signals.HANDLED}
+    signals.install()
     try:
         return _main(argv)
     except KeyboardInterrupt:  # outside a command's own handling (parsing, imports): one line
         if is_first_rank():
             error_line("interrupted (Ctrl-C)")
         return 130
+    except Terminated as exc:
+        if is_first_rank():
+            error_line(f"interrupted ({signal.Signals(getattr(exc, 'signum', 15)).name})")
+        return 128 + getattr(exc, "signum", 15)
+    finally:
+        with contextlib.suppress(ValueError, TypeError):  # not the main thread; a handler set from C (None)
+            for sig, handler in previous.items():
+                if argv is None:  # this process's own command: done, a late signal must not kill it at exit
+                    signal.signal(sig, signal.SIG_IGN)  # (Python resets its own handlers to SIG_DFL there)
+                elif handler is not None:
+                    signal.signal(sig, handler)
 
 
 def _main(argv: Optional[List[str]] = None) -> int:
@@ -196,7 +211,9 @@ def _main(argv: Optional[List[str]] = None) -> int:
         if args.command != "run" and is_first_rank():  # run says where its steps are (fourd_mpi.run.session)
             error_line("interrupted (Ctrl-C)")
         _abort(world, 130)
-    except Terminated as exc:  # SIGTERM or SIGHUP during a run (fourd_mpi.run.session.traced_run): 128 + signal
+    except Terminated as exc:  # SIGTERM or SIGHUP: 128 + signal (run says where its steps are)
+        if args.command != "run" and is_first_rank():
+            error_line(f"interrupted ({signal.Signals(getattr(exc, 'signum', 15)).name})")
         _abort(world, 128 + getattr(exc, "signum", 15))
     except MemoryError as exc:  # during the steps (admission and allocation said the same on every rank)
         where = f" on rank {world.Get_rank()}" if world is not None else ""

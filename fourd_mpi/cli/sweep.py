@@ -13,7 +13,8 @@ from fourd_mpi.jobs.schedulers import FINAL_STATES
 from fourd_mpi.jobs.sites import load_site
 from fourd_mpi.jobs.spec import load_spec
 from fourd_mpi.jobs.sweep import (JOB_OVERRIDES, MANIFEST, build_manifest, collect, load_jobs,
-                                  load_manifest, plan_rows, public_manifest, run_states, submit, write_sweep)
+                                  load_manifest, next_steps, plan_rows, public_manifest, run_states, submit,
+                                  write_sweep)
 from fourd_mpi.util.text import format_rows
 from fourd_mpi.util.values import axis_size, repeat_count
 
@@ -125,8 +126,12 @@ def cmd_sweep(args, world=None) -> int:
         rows = run_states(manifest, load_jobs(args.sweep_dir))
         sys.stdout.write(format_rows(rows, args.format))
         done = sum(r["trace"] == "complete" for r in rows)
-        failed = sum(r["state"] in FINAL_STATES and r["state"] != "COMPLETED" for r in rows)
-        (sys.stdout if args.format == "table" else sys.stderr).write(
-            f"{done}/{len(rows)} traces complete, {failed} jobs failed\n")
-        return 1 if failed else 0
+        todo = next_steps(manifest, rows, args.sweep_dir)  # no complete trace, no live job: one line each
+        recoverable = sum(r["trace"] == "recoverable" for r in rows)
+        said = sys.stdout if args.format == "table" else sys.stderr
+        for line in todo:
+            said.write(f"{line}\n")
+        said.write(f"{done}/{len(rows)} traces complete, {len(todo)} jobs failed"
+                   + (f" ({recoverable} recoverable with 'fourd-mpi trace recover')" if recoverable else "") + "\n")
+        return 1 if todo else 0
     return collect(manifest, args.into, fmt=args.format)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
@@ -64,6 +65,8 @@ def cmd_trace(args, world=None) -> int:
         if result["stale_removed"]:
             print(f"removed {len(result['stale_removed'])} temporary file(s) that an interrupted merge of this run "
                   f"left next to the trace (their processes are gone): {', '.join(result['stale_removed'])}")
+        if result["index"] is not None:
+            print(f"fourd-mpi: warning: {result['index']}", file=sys.stderr)
         if result["removable"] is None:
             how = ("passes 'trace check'" if result["verified"] == "full" else
                    "reads back byte for byte (every part's XXH3-64 digest; 'trace check' runs the full checks)")

@@ -378,8 +378,9 @@ def record_state(job: Optional[Dict], live: Dict[str, str]) -> str:
 
 
 def trace_state(path: str) -> str:
-    """``complete``/``partial``/``failed``/``interrupted`` (the trace's status), ``spooling`` (per-rank
-    files only), ``damaged``, or ``missing``. Reads the trace's header only."""
+    """``complete``/``partial``/``failed``/``interrupted`` (the trace's status), ``running`` (per-rank files
+    that a live run holds), ``recoverable`` (per-rank files of a run that ended without its trace: ``fourd-mpi
+    trace recover`` merges them), ``damaged``, or ``missing``. Reads the trace's header only."""
     from fourd_mpi.trace.read import read_status
 
     if os.path.exists(path):
@@ -387,9 +388,46 @@ def trace_state(path: str) -> str:
             return read_status(path)
         except TraceError:
             return "damaged"
-    if os.path.isdir(path[:-3] + ".ranks"):
-        return "spooling"
+    spool = spool_of_trace(path)
+    if os.path.isdir(spool):
+        return "running" if _spool_live(spool) else "recoverable"
     return "missing"
+
+
+def spool_of_trace(path: str) -> str:
+    return path[:-3] + ".ranks" if path.endswith(".h5") else path + ".ranks"
+
+
+def _spool_live(spool: str) -> bool:
+    """Whether a process still holds a rank's spool files (their lock: :func:`~fourd_mpi.trace.spool.live_ranks`)."""
+    from fourd_mpi.trace.spool import live_ranks
+
+    try:
+        with open(os.path.join(spool, "run.json")) as fh:
+            world = int(json.load(fh).get("world_size") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):  # not written yet, or damaged: the rank files say
+        world = len([n for n in os.listdir(spool) if n.endswith(".events")]) if os.path.isdir(spool) else 0
+    try:
+        return bool(live_ranks(spool, max(world, 1)))
+    except (OSError, ValueError):
+        return False
+
+
+def next_steps(manifest: Dict, rows: List[Dict], sweep_dir: str) -> List[str]:
+    """What to run for the runs without a complete trace and without a live job (``sweep status``)."""
+    traces = {run["run_id"]: run["trace"] for run in manifest["runs"]}
+    lines = []
+    for row in rows:
+        trace, state = row["trace"], row["state"]
+        spool = spool_of_trace(traces[row["run_id"]])
+        if trace == "recoverable":
+            lines.append(f"{row['run_id']}: its job ended without a trace; its per-rank files are in {spool}: "
+                         f"run 'fourd-mpi trace recover {spool}' for a trace of its steps so far, or 'fourd-mpi "
+                         f"sweep submit --resubmit-failed {sweep_dir}' to run it again")
+        elif trace != "complete" and trace != "running" and state not in ACTIVE_STATES + ("SUBMITTING", "-"):
+            lines.append(f"{row['run_id']}: job {state.lower()}, trace {trace}: run 'fourd-mpi sweep submit "
+                         f"--resubmit-failed {sweep_dir}' to run it again")
+    return lines
 
 
 def run_states(manifest: Dict, jobs: Dict[str, Dict], query: bool = True) -> List[Dict]:
@@ -403,6 +441,8 @@ def run_states(manifest: Dict, jobs: Dict[str, Dict], query: bool = True) -> Lis
             row["pack"] = (job or {}).get("pack") or run.get("pack", "-")
         row.update({"job": (job.get("job_id") or "-") if job else "-", "state": record_state(job, live),
                     "trace": trace_state(run["trace"])})
+        if row["trace"] == "complete" and row["state"] in FINAL_STATES:  # the trace is the truth (a job record
+            row["state"] = "COMPLETED"  # left FAILED by an interrupted submit, or a launcher killed after the merge)
         rows.append(row)
     return rows
 
@@ -416,17 +456,42 @@ def _live_states(manifest: Dict, jobs: Dict[str, Dict]) -> Dict[str, str]:
 
 
 def _skip_reason(row: Dict, job: Optional[Dict], resubmit_failed: bool) -> Optional[str]:
-    """Why a run is not submitted (None: submit it)."""
+    """Why a run is not submitted (None: submit it). ``--resubmit-failed`` submits exactly the runs without a
+    complete trace and without a live job or run."""
     state, trace = row["state"], row["trace"]
-    if trace in ("complete", "partial", "spooling"):
-        return f"trace {trace}"
+    if trace == "complete":
+        return "trace complete"
+    if trace == "running":
+        return "trace running (a live run holds its per-rank files)"
     if state == "SUBMITTING":
         return f"claimed by sweep submit (pid {job.get('pid')} on {job.get('host')}) at {job.get('claimed')}"
-    if state in ACTIVE_STATES or (state == "COMPLETED" and not resubmit_failed):
+    if state in ACTIVE_STATES:
         return f"job {row['job']} {state.lower()}"
-    if state != "-" and not resubmit_failed:
+    if resubmit_failed:
+        return None
+    if trace != "missing":
+        return f"trace {trace} (--resubmit-failed submits it again)"
+    if state != "-":
         return f"job {row['job']} {state.lower()} (--resubmit-failed submits it again)"
     return None
+
+
+def set_aside(trace: str) -> Optional[str]:
+    """Move what an earlier attempt of a run left (a trace that is not complete, its parts, its per-rank
+    files) into ``RESULTS/superseded/RUN_ID-TIME/``, so that the run can run again under its id; returns that
+    directory (None: nothing to move)."""
+    from fourd_mpi.trace.files import parts_dir_of
+
+    found = [p for p in (trace, parts_dir_of(os.path.abspath(trace)), spool_of_trace(trace)) if os.path.lexists(p)]
+    if not found:
+        return None
+    name = os.path.basename(trace)[:-3] if trace.endswith(".h5") else os.path.basename(trace)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    where = os.path.join(os.path.dirname(os.path.abspath(trace)), "superseded", f"{name}-{stamp}-{os.getpid()}")
+    os.makedirs(where, exist_ok=True)
+    for path in found:
+        os.rename(path, os.path.join(where, os.path.basename(path)))
+    return where
 
 
 @dataclass
@@ -508,6 +573,16 @@ def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_ru
                         with contextlib.suppress(FileNotFoundError):
                             os.remove(run["status"])  # a previous attempt's exit status
                     jobs[run["run_id"]] = records[run["run_id"]] = record
+            if resubmit_failed:  # an earlier attempt's partial trace or per-rank files would refuse the run
+                for launch in launches:
+                    for run in launch.runs:
+                        try:
+                            moved = set_aside(run["trace"])
+                        except OSError as exc:
+                            raise ConfigError(f"cannot set aside what an earlier attempt of {run['run_id']} left "
+                                              f"next to {run['trace']}: {exc.strerror or exc}") from None
+                        if moved:
+                            out.write(f"moved the earlier attempt of {run['run_id']} (no complete trace) to {moved}\n")
             save_jobs(sweep_dir, jobs)  # the claims, before anything is launched
         for launch in launches:
             outcomes = _launch(scheduler, launch, out)
@@ -529,8 +604,11 @@ def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_ru
 
 
 def _submit_row(run: Dict, job: Optional[Dict], live: Dict[str, str]) -> Dict:
-    return {"job": (job.get("job_id") or "-") if job else "-", "state": record_state(job, live),
-            "trace": trace_state(run["trace"])}
+    row = {"job": (job.get("job_id") or "-") if job else "-", "state": record_state(job, live),
+           "trace": trace_state(run["trace"])}
+    if row["trace"] == "complete" and row["state"] in FINAL_STATES:
+        row["state"] = "COMPLETED"
+    return row
 
 
 def submission_packs(manifest: Dict, runs: List[Dict], size: int, mode: str, write: bool = True) -> List[Dict]:

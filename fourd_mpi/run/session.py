@@ -189,14 +189,6 @@ def interrupt_name(exc: BaseException) -> str:
     return "SIGINT (Ctrl-C)"
 
 
-def _raise_terminated(signum, frame) -> None:
-    for name in ("SIGTERM", "SIGHUP"):  # one is enough: a second must not cut the report short
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
-    exc = Terminated(f"signal {signum}")
-    exc.signum = signum
-    raise exc
-
-
 def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, say: Callable[[str], None],
                display: str = "auto", peak_tflops: Optional[float] = None, fault: Optional[Fault] = None,
                header: Callable[[Run], None] = None, step_timeout: float = 0.0):
@@ -217,7 +209,9 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     args = (world, options, trace, config, say, display, peak_tflops, fault, header, step_timeout)
     if threading.current_thread() is not threading.main_thread():
         return _traced_run(*args)
-    previous = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)
+    from fourd_mpi.util.signals import handler
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)
                 if signal.getsignal(sig) is not signal.SIG_IGN}  # nohup: SIGHUP stays ignored
     try:
         return _traced_run(*args)

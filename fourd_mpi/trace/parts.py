@@ -21,6 +21,7 @@ from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE, SCHEMA_VERSION
 from fourd_mpi.trace.files import PARTS_SUFFIX, io_error_text, open_h5_read, parts_dir_of
 from fourd_mpi.trace.guarded import GuardedFile
+from fourd_mpi.util.signals import deferring
 
 
 #: the root ``schema`` attribute of a part file (not a trace on its own)
@@ -137,6 +138,7 @@ class EventBuffer:
 class PartWriter:
     """Writes the ``/events`` of one group of ranks into ``path`` (a part file, see the module doc)."""
 
+    @deferring
     def __init__(self, path: str, index: int, first_rank: int, rank_count: int, run_id: str,
                  compression: str = "gzip", checksum: bool = False):
         import h5py
@@ -160,12 +162,14 @@ class PartWriter:
     def count(self) -> int:
         return self.events.total
 
+    @deferring
     def append_events(self, rank: int, events: np.ndarray) -> None:
         events = np.ascontiguousarray(events)
         if self.digest is not None:
             self.digest.update(events.view(np.uint8))
         self.events.append(events)
 
+    @deferring
     def append_ranks(self, first_rank: int, counts: np.ndarray, events: np.ndarray) -> None:
         """The events of ranks ``first_rank, first_rank + 1, ...`` (``counts`` each), in rank order."""
         events = np.ascontiguousarray(events)
@@ -174,6 +178,7 @@ class PartWriter:
         self.events.append(events)
         self._check()
 
+    @deferring
     def close(self) -> int:
         """Write the buffered events and the event count, close; returns it."""
         self.events.flush()
@@ -189,6 +194,7 @@ class PartWriter:
         if self._raw is not None and self._raw.error is not None:
             raise TraceError(f"writing {self.path} failed: {io_error_text(self._raw.error)}")
 
+    @deferring
     def abort(self) -> None:
         for closer in (self.h5, self._raw):
             if closer is not None:

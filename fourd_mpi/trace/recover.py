@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from fourd_mpi.util.signals import deferred
 from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import RANK_STEP_DTYPE
 from fourd_mpi.trace.files import (RUN_META, SPOOL_SUFFIX, _rank_stem, _remove_quietly, io_error_text, now_iso,
@@ -273,7 +274,10 @@ def _recover(spool_dir: str, output: Optional[str], force: bool, summarize, grou
             kept_steps = all_steps[np.isin(all_steps["step"], kept)]
             if len(kept_steps) and summarize is not None:
                 metadata["summary"] = summarize(kept_steps).as_dict()
-            path = writer.finish(metadata, ranks_table(rank_metas), kept_steps, run_meta.get("layers", []), status)
+            with deferred():  # published and indexed, or neither (a signal waits for both)
+                path = writer.finish(metadata, ranks_table(rank_metas), kept_steps, run_meta.get("layers", []),
+                                     status)
+                index_error = _index(metadata, status, path)
         stale = remove_stale_temporaries(path, rank_metas)
         verified = "readback" if check == "readback" and writer.parts else "full"
         removable = _why_keep(path, live, missing, sorted(every - done), dropped, verified, results, kept_steps,
@@ -282,7 +286,20 @@ def _recover(spool_dir: str, output: Optional[str], force: bool, summarize, grou
     return {"path": path, "status": status, "steps": kept.tolist(), "events_dropped": dropped, "damaged": damaged,
             "failures": failures, "live": live, "removable": removable, "parts": writer.parts,
             "peak_rss_kib": max(result.peak_rss_kib for result in results), "verified": verified,
-            "stale_removed": stale}
+            "stale_removed": stale, "index": index_error}
+
+
+def _index(metadata: Dict, status: str, path: str) -> Optional[str]:
+    """Add the recovered run to the index next to its trace (``results/index.jsonl``, as ``run`` does for its
+    own trace; :mod:`fourd_mpi.results.index`); returns why it could not, or None."""
+    from fourd_mpi.results.index import index_file, index_run
+
+    results_dir = os.path.dirname(os.path.abspath(path))
+    try:
+        index_run(metadata, status, path, results_dir)
+    except (OSError, ValueError) as exc:  # the trace stands
+        return f"the recovered run was not added to {index_file(results_dir)}: {exc}"
+    return None
 
 def _check_output(path: str, force: bool, spool_dir: str, option: str) -> None:
     """The output rule of :mod:`fourd_mpi.util.files`, before anything is read: not inside the spool (the

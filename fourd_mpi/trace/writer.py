@@ -17,6 +17,7 @@ from fourd_mpi.trace.events import AXES, LEVELS, OPS, PHASES, SCHEMA, SCHEMA_VER
 from fourd_mpi.trace.files import RANK_DTYPE, STEP_DTYPE, _remove_quietly, io_error_text, now_iso, parts_dir_of
 from fourd_mpi.trace.guarded import GuardedFile
 from fourd_mpi.trace.parts import EventBuffer, StagedParts, bind_parts, create_events_dataset, parts_table
+from fourd_mpi.util.signals import deferring
 
 
 class TraceFileWriter:
@@ -33,6 +34,7 @@ class TraceFileWriter:
     ``compression``: a key of :data:`fourd_mpi.trace.parts.COMPRESSIONS` for ``/events``.
     """
 
+    @deferring
     def __init__(self, final_path: str, force: bool = False, compression: str = "gzip", parts: bool = False):
         import h5py
 
@@ -66,6 +68,7 @@ class TraceFileWriter:
         if self._raw is not None and self._raw.error is not None:
             raise TraceError(f"writing {self.final_path} failed: {io_error_text(self._raw.error)}")
 
+    @deferring
     def append_events(self, rank: int, events: np.ndarray) -> None:
         """Append a piece of ``rank``'s events (ranks in order, each rank's pieces in order; buffered
         into whole chunks, written at the latest by :meth:`finish`)."""
@@ -75,6 +78,7 @@ class TraceFileWriter:
         self.rank_offsets[rank] = (first, count + len(events))
         self._check()
 
+    @deferring
     def append_ranks(self, first_rank: int, counts: np.ndarray, events: np.ndarray) -> None:
         """The events of ranks ``first_rank, first_rank + 1, ...`` (``counts`` each, in rank order), in
         one append."""
@@ -86,6 +90,7 @@ class TraceFileWriter:
                 self.rank_offsets[first_rank + i] = (int(offsets[i]), count)
         self._check()
 
+    @deferring
     def bind(self, groups, rank_counts) -> None:
         """Parts mode: ``/events`` becomes the virtual concatenation of the staged parts of ``groups``
         (consecutive rank ranges), ``rank_counts[r]`` events for rank ``r``."""
@@ -96,6 +101,7 @@ class TraceFileWriter:
         self.rank_offsets = {r: (int(offsets[r]), int(rank_counts[r])) for r in range(len(rank_counts))}
         self.parts = len(table)
 
+    @deferring
     def finish(self, metadata: Dict, ranks: np.ndarray, rank_steps: np.ndarray, layers: Sequence[str],
                status: str) -> str:
         """Write everything but the events, close, publish; returns the trace path."""
@@ -185,6 +191,7 @@ class TraceFileWriter:
     #: set by :meth:`finish` once the trace is in place: :meth:`abort` then leaves it (and its parts) alone
     published = False
 
+    @deferring
     def abort(self) -> None:
         """Close quietly and remove the temporary file (HDF5 sees no I/O error: see :class:`GuardedFile`)."""
         if self.published:
@@ -194,6 +201,7 @@ class TraceFileWriter:
             self.staged.abort()
 
 
+@deferring
 def _close_quietly(h5, raw, tmp_path: str) -> None:
     """Close the HDF5 file and its :class:`GuardedFile`, remove the temporary file (nothing raises)."""
     for closer in (h5, raw):

@@ -358,7 +358,7 @@ def test_trace_state_reads_the_status_from_the_header(tmp_path):
     (tmp_path / "junk.h5").write_bytes(b"not hdf5")
     assert trace_state(str(tmp_path / "junk.h5")) == "damaged"
     (tmp_path / "r.ranks").mkdir()
-    assert trace_state(str(tmp_path / "r.h5")) == "spooling"
+    assert trace_state(str(tmp_path / "r.h5")) == "recoverable"  # no live rank holds it
     assert trace_state(str(tmp_path / "none.h5")) == "missing"
 
 
@@ -458,3 +458,40 @@ def test_a_claim_whose_submitter_died_reads_as_failed(tmp_path):
 
     rows = run_states(load_manifest(sweep_dir), load_jobs(sweep_dir))
     assert [r["state"] for r in rows] == ["FAILED", "SUBMITTING"]
+
+
+def test_a_sweep_left_by_an_interrupted_submit_converges(tmp_path):
+    """What an interrupted ``sweep submit`` leaves: a run whose trace is complete but whose job is recorded
+    FAILED, and a run whose job died with its per-rank files (no trace). Before: status exited 1 forever,
+    said "spooling", named no command, and --resubmit-failed skipped the second run. Now status takes each
+    state from the trace and says what to run; --resubmit-failed runs exactly the run without a complete
+    trace (its earlier files set aside); then status exits 0."""
+    spec = write(tmp_path, TWO_RUNS)
+    assert fourd(["sweep", "render", spec, "--site", "local", "--python", sys.executable], tmp_path).returncode == 0
+    assert fourd(["sweep", "submit", "jobscripts/s1"], tmp_path).returncode == 0
+    jobs_path = tmp_path / "jobscripts/s1/jobs.json"
+    jobs = json.loads(jobs_path.read_text())
+    first, second = sorted(jobs)
+    jobs[first]["state"] = jobs[second]["state"] = "FAILED"
+    jobs_path.write_text(json.dumps(jobs))
+    manifest = json.loads((tmp_path / "jobscripts/s1/manifest.json").read_text())
+    trace = tmp_path / next(r["trace"] for r in manifest["runs"] if r["run_id"] == second)
+    trace.unlink()
+    killed = subprocess.run([sys.executable, "-m", "fourd_mpi", "run", "--steps", "4", "--results-dir",
+                             str(trace.parent), "--run-id", second, "--display", "quiet", "--inject-fault", "0:2:kill"],
+                            capture_output=True, text=True, env=mpi_env(), cwd=REPO, timeout=300)
+    assert killed.returncode == -9, killed.stderr
+    spool = str(trace)[:-3] + ".ranks"
+    status = fourd(["sweep", "status", "jobscripts/s1"], tmp_path)
+    assert status.returncode == 1 and "1/2 traces complete, 1 jobs failed" in status.stdout, status.stdout
+    assert "recoverable" in status.stdout and "spooling" not in status.stdout, status.stdout
+    assert f"'fourd-mpi trace recover {os.path.relpath(spool, tmp_path)}'" in status.stdout or \
+           f"'fourd-mpi trace recover {spool}'" in status.stdout, status.stdout
+    row = next(line for line in status.stdout.splitlines() if line.startswith(first))
+    assert "COMPLETED" in row and "complete" in row, row
+    again = fourd(["sweep", "submit", "--resubmit-failed", "jobscripts/s1"], tmp_path)
+    assert again.returncode == 0 and "1 submitted" in again.stdout, again.stdout + again.stderr
+    assert f"skip {first}: trace complete" in again.stdout and f"submitted {second}" in again.stdout, again.stdout
+    assert "superseded" in again.stdout
+    status = fourd(["sweep", "status", "jobscripts/s1"], tmp_path)
+    assert status.returncode == 0 and "2/2 traces complete, 0 jobs failed" in status.stdout, status.stdout

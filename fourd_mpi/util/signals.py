@@ -1,0 +1,90 @@
+"""SIGINT, SIGTERM and SIGHUP as exceptions, held back while HDF5 writes.
+
+:func:`install` (the command line, once) makes SIGINT raise ``KeyboardInterrupt`` and SIGTERM and
+SIGHUP raise :class:`~fourd_mpi.errors.Terminated` in the main thread, for every command: a
+``trace recover`` or a merge then aborts its writer (its temporary files removed) and exits with one
+line and status 128 + signal, as ``run`` does.
+
+:func:`deferred` holds them back: the trace writers write through a Python file object
+(:class:`~fourd_mpi.trace.guarded.GuardedFile`), so HDF5 calls back into Python inside its own C
+calls; an exception raised there (a signal handler runs between any two bytecodes) makes HDF5 fail
+a write half way and crash later (SIGSEGV). Inside ``with deferred():`` a signal is only recorded;
+it is raised when the outermost block ends, after the HDF5 call has returned. The handlers never
+touch an HDF5 object, MPI, or the heap beyond setting a flag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import signal
+import threading
+from typing import Iterator, Optional
+
+#: the signals handled: Ctrl-C, a scheduler's time limit or ``kill``, the terminal or ssh session closed
+HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+_depth = 0  #: nesting of :func:`deferred` blocks in the main thread
+_pending: Optional[int] = None  #: the first signal received inside them
+
+
+def _raise(signum: int) -> None:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    from fourd_mpi.errors import Terminated
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # one is enough: a second must not cut the report short
+        if signal.getsignal(sig) is handler:
+            signal.signal(sig, signal.SIG_IGN)
+    exc = Terminated(f"signal {signum}")
+    exc.signum = signum
+    raise exc
+
+
+def handler(signum, frame) -> None:  # noqa: ARG001 - a signal handler's signature
+    """The handler :func:`install` sets: raise now, or record for the end of :func:`deferred`."""
+    global _pending
+    if _depth > 0:
+        if _pending is None:
+            _pending = signum
+        return
+    _raise(signum)
+
+
+def install() -> None:
+    """Main thread: :func:`handler` for the signals not ignored (``nohup``: SIGHUP stays ignored)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in HANDLED:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP back inside (re-entrant); the first one that came is raised at
+    the end of the outermost block, unless an exception already leaves it (that one goes on)."""
+    global _depth, _pending
+    if threading.current_thread() is not threading.main_thread():  # handlers run in the main thread only
+        yield
+        return
+    _depth += 1
+    leaving = False
+    try:
+        yield
+        leaving = True
+    finally:
+        _depth -= 1
+        if _depth == 0 and _pending is not None:
+            signum, _pending = _pending, None
+            if leaving:
+                _raise(signum)
+
+
+def deferring(function):
+    """Decorator: ``function`` runs inside :func:`deferred`."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with deferred():
+            return function(*args, **kwargs)
+    return wrapper
