@@ -291,6 +291,14 @@ def _cmd_compare_axonn(args) -> int:
 
     batches = args.batch  # parsed and bounded by int_list_of(batch_size)
     explain = [GridShape.parse(g) for g in args.explain]
+    for text, g in zip(args.explain, explain):  # AxoNN's candidates: product --ranks, G_data*G_z | batch
+        if g.size != args.ranks:
+            raise ConfigError(f"--explain {text}: {g.size:,} ranks, not the --ranks {args.ranks:,} compared "
+                              f"(G_data*G_z*G_y*G_x must equal --ranks)")
+        bad = [b for b in batches if b % (g.data * g.z)]
+        if bad:
+            raise ConfigError(f"--explain {text}: G_data*G_z = {g.data * g.z:,} does not divide --batch {bad[0]:,} "
+                              f"(every grid compared splits the batch over G_data*G_z)")
     profile = load_profile(args.profile)
     if profile.placement_gbs(1, 2) is None:
         raise ConfigError(f"machine profile {profile.name} has no network.placement_gbs (AxoNN's get_bw table): "
