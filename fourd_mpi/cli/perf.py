@@ -40,7 +40,8 @@ def _register_tune(sub) -> None:
                    help="algorithm(s) to rank: a name of fourd-mpi run --algorithm, a comma list, or all (one table "
                         "across algorithms with an algorithm column; default axonn4d). pipeline tries every stage "
                         "count dividing the ranks and the layers, every 4D grid of a stage, and every micro-batch "
-                        "size that divides the per-replica batch (at most 1024 micro-batches); configurations whose "
+                        "size that divides the per-replica batch (at most 1024 micro-batches; at most 20,000 configurations, "
+                        "else refused, or skipped with a line under a list); configurations whose "
                         "lower bound exceeds the --top K-th fastest of their algorithm are counted, not predicted")
     add_options(p, ("model",), names=("dtype", "optimizer", "overlap", "progress"))
     m = p.add_argument_group("machine")
