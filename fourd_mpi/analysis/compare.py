@@ -51,8 +51,9 @@ A run named on both sides is left out of the baseline (:func:`drop_new_from_base
 given as an index query never matches the new runs themselves.
 
 Verdict with threshold ``t`` and level ``alpha``: **inconclusive** when ``auto`` had too few runs
-for a run-level or paired test (above); else **slower** when ``p < alpha``, the interval lies
-above 1 and ``ratio > 1 + t``; **faster** when ``p < alpha``, the interval lies below 1 and
+for a run-level or paired test (above), or ``run`` has fewer than :func:`min_runs` runs on a side
+or ``paired`` fewer than :func:`min_pairs` pairs (no p could fall below ``alpha``); else **slower**
+when ``p < alpha``, the interval lies above 1 and ``ratio > 1 + t``; **faster** when ``p < alpha``, the interval lies below 1 and
 ``ratio < 1 - t``; **same** otherwise (not significant, or within the threshold, or fewer than
 :data:`MIN_SAMPLES` steps on a side); **unmatched** for a configuration on one side only.
 A slower configuration is a regression (``fourd-mpi compare`` exits 1).
@@ -436,14 +437,21 @@ def compare_sides(key: str, new: Side, old: Side, settings: Settings) -> Compari
         d = np.log(np.array([x[i] / y[j] for i, j in pairs], dtype=np.float64))
         centre, low, high = hodges_lehmann(d, settings.confidence) if len(d) else (np.nan, np.nan, np.nan)
         out.ratio = float(np.exp(centre))
-        if len(d) < MIN_SAMPLES:
-            out.note = f"fewer than {MIN_SAMPLES} pairs of runs: no test"
+        if len(d) < min_pairs(settings.alpha):  # below it no signed-rank p can reach alpha
+            out.verdict = "inconclusive"
+            out.note = (f"fewer than {min_pairs(settings.alpha)} pairs of runs: no test (n pairs give an exact "
+                        f"signed-rank p >= 2/2^n, never below {settings.alpha:g} with fewer)")
             return out
         out.ci_low, out.ci_high, out.p_value = float(np.exp(low)), float(np.exp(high)), wilcoxon_p(d)
     else:
+        if out.unit == "run" and min(len(x), len(y)) < min_runs(settings.alpha):
+            # the same number auto asks for (and the help says): below it no p can reach alpha
+            out.verdict = "inconclusive"
+            out.note = (f"fewer than {min_runs(settings.alpha)} runs on a side: no test "
+                        f"({MIN_RUNS_WHY.format(alpha=settings.alpha)})")
+            return out
         if min(len(x), len(y)) < MIN_SAMPLES:
-            what = "measured steps" if out.unit == "step" else "runs"
-            out.note = f"fewer than {MIN_SAMPLES} {what} on a side: no test"
+            out.note = f"fewer than {MIN_SAMPLES} measured steps on a side: no test"
             return out
         out.ci_low, out.ci_high = ratio_interval(x, y, settings)
         out.p_value = mann_whitney_p(x, y)

@@ -63,7 +63,6 @@ its span (see docs/trace-format.md, section 6).
 
 from __future__ import annotations
 
-import gzip
 import json
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -71,6 +70,7 @@ import numpy as np
 
 from fourd_mpi.algorithms.registry import display_name, of_metadata
 from fourd_mpi.core.grid import AXES as GRID_AXES
+from fourd_mpi.util.files import open_output
 from fourd_mpi.trace.events import COLLECTIVE_OPS, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP, lane_name
 
 __all__ = ["to_perfetto", "write_perfetto", "write_perfetto_proto", "timeline_format", "collective_instances",
@@ -474,8 +474,7 @@ def write_perfetto_proto(trace, path: str, steps: Optional[Iterable[int]] = None
     lo = np.searchsorted(events["rank"][by_rank], rows["rank"], side="left")
     hi = np.searchsorted(events["rank"][by_rank], rows["rank"], side="right")
     written = 0
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "wb") as f:
+    with open_output(path, "wb") as f:
         for row, first, stop in zip(rows, lo.tolist(), hi.tolist()):
             rank = int(row["rank"])
             mine = np.sort(by_rank[first:stop])
@@ -646,8 +645,7 @@ def _write_json(path: str, header: Dict, list_key: str, chunks: Iterable[List]) 
     ``json.dumps`` of each piece uses the C encoder (``json.dump`` to a file does not).
     ``path`` ending in ``.gz`` is gzip-compressed.
     """
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "wt", encoding="utf-8") as f:
+    with open_output(path, "wt", encoding="utf-8") as f:
         f.write("{")
         for key, value in header.items():
             f.write(f"{json.dumps(key)}:{json.dumps(value, separators=_COMPACT)},")

@@ -176,6 +176,32 @@ def add_allow_damaged(parser: argparse.ArgumentParser) -> None:
                              "by default they are skipped with the reason")
 
 
+#: values that may be empty: a program's own arguments (``testbed mpiexec -- prog ""``)
+EMPTY_ALLOWED = frozenset({"program"})
+
+
+def refuse_empty_values(parser: argparse.ArgumentParser) -> None:
+    """Every free-text option and positional of every command (paths: ``-o``, ``--index``, ``--profile``,
+    ``--baseline``, ``--results-dir``...; names, lists) refuses an empty or blank value in one line
+    (``argument -o/--output: expected a value, got ''``), instead of taking it as "not given" or as the
+    current directory. One place: each such action without a type of its own gets
+    :func:`fourd_mpi.util.values.text` (options whose default is ``""`` and :data:`EMPTY_ALLOWED` keep theirs)."""
+    from fourd_mpi.util.values import text
+
+    def required_text(value: str) -> str:
+        if not str(value).strip():
+            raise argparse.ArgumentTypeError(f"expected a value, got {value!r}")
+        return value
+
+    for _, sub in walk_parsers(parser):
+        for action in sub._actions:
+            if (not isinstance(action, (argparse._StoreAction, argparse._AppendAction)) or action.type is not None
+                    or action.choices is not None or action.default == "" or action.dest in EMPTY_ALLOWED
+                    or action.nargs in (argparse.REMAINDER, argparse.PARSER)):
+                continue
+            action.type = required_text if (action.required or not action.option_strings) else text
+
+
 def add_output(parser: argparse.ArgumentParser, required: bool = False, help: str = "",
                force_help: str = "replace an existing output file", metavar: str = "FILE",
                announce: bool = True) -> None:

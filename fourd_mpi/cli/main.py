@@ -40,7 +40,7 @@ from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
 from fourd_mpi.cli import analyze, perf, results, run, sweep, testbed, traces
-from fourd_mpi.cli.args import PROG, OneLineParser, error_line, is_first_rank
+from fourd_mpi.cli.args import PROG, OneLineParser, error_line, is_first_rank, refuse_empty_values
 from fourd_mpi.errors import BackendError, ConfigError, Terminated
 
 #: command modules, in the order ``--help`` lists their commands
@@ -60,6 +60,7 @@ def build_parser() -> OneLineParser:
                           "~/.local/share/bash-completion/completions/fourd-mpi")
     comp.add_argument("shell", choices=SHELLS, help="the shell whose script to print")
     comp.set_defaults(handler=cmd_completion, serial=True)
+    refuse_empty_values(parser)  # every free-text value: '' refused in one line, in one place
     return parser
 
 

@@ -40,7 +40,8 @@ def _register_tune(sub) -> None:
                    help="algorithm(s) to rank: a name of fourd-mpi run --algorithm, a comma list, or all (one table "
                         "across algorithms with an algorithm column; default axonn4d). pipeline tries every stage "
                         "count dividing the ranks and the layers, every 4D grid of a stage, and every micro-batch "
-                        "size that divides the per-replica batch (at most 1024 micro-batches); configurations whose "
+                        "size that divides the per-replica batch (at most 1024 micro-batches; at most 20,000 configurations, "
+                        "else refused, or skipped with a line under a list); configurations whose "
                         "lower bound exceeds the --top K-th fastest of their algorithm are counted, not predicted")
     add_options(p, ("model",), names=("dtype", "optimizer", "overlap", "progress"))
     m = p.add_argument_group("machine")
@@ -291,6 +292,14 @@ def _cmd_compare_axonn(args) -> int:
 
     batches = args.batch  # parsed and bounded by int_list_of(batch_size)
     explain = [GridShape.parse(g) for g in args.explain]
+    for text, g in zip(args.explain, explain):  # AxoNN's candidates: product --ranks, G_data*G_z | batch
+        if g.size != args.ranks:
+            raise ConfigError(f"--explain {text}: {g.size:,} ranks, not the --ranks {args.ranks:,} compared "
+                              f"(G_data*G_z*G_y*G_x must equal --ranks)")
+        bad = [b for b in batches if b % (g.data * g.z)]
+        if bad:
+            raise ConfigError(f"--explain {text}: G_data*G_z = {g.data * g.z:,} does not divide --batch {bad[0]:,} "
+                              f"(every grid compared splits the batch over G_data*G_z)")
     profile = load_profile(args.profile)
     if profile.placement_gbs(1, 2) is None:
         raise ConfigError(f"machine profile {profile.name} has no network.placement_gbs (AxoNN's get_bw table): "

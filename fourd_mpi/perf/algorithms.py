@@ -87,15 +87,71 @@ def microbatch_counts(shard: int, limit: int = MAX_MICROBATCHES) -> List[int]:
     return [m for m in range(1, min(shard, limit) + 1) if shard % m == 0]
 
 
+#: the most pipeline configurations (stage count x 4D grid of a stage x micro-batch count) ``tune`` searches:
+#: each costs a lower bound (about half a millisecond) and the best are predicted, so a search stays within
+#: seconds. gpt-80b's shape (80 layers, batch 2,048) has 5,583 at 1,024 ranks and 9,057 at 4,096; 96 layers
+#: and batch 8,192 at 16,384 ranks 16,618; a model divisible by everything at 2^24 ranks over 100,000
+#: (refused in one line, before anything is predicted)
+MAX_PIPELINE_CONFIGS = 20_000
+
+
+class SearchTooLarge(ConfigError):
+    """A search with more candidates than its bound (refused before anything is predicted)."""
+
+
+def _divisors(n: int) -> List[int]:
+    """The divisors of ``n`` ascending (trial division to the square root: ``n`` <= 2^24 here)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+def pipeline_count(cfg: ModelConfig, ranks: int) -> int:
+    """How many configurations :func:`_pipeline_candidates` considers, without listing them (an upper bound
+    of those it returns: the algorithm's own check is not made): per stage count ``s`` and product
+    ``q = G_data G_z`` dividing ``ranks / s``, the ordered pairs ``(G_data, G_z)`` and ``(G_y, G_x)``
+    times the micro-batch counts of the shard ``B // q``."""
+    total = 0
+    for stages in _divisors(ranks):
+        if stages < 2 or stages > cfg.layers:
+            continue
+        per = ranks // stages
+        for q in _divisors(per):
+            shard = (cfg.batch or 0) // q
+            if shard:
+                total += len(_divisors(q)) * len(_divisors(per // q)) * len(microbatch_counts(shard))
+    return total
+
+
+def check_pipeline_search(cfg: ModelConfig, ranks: int, name: str = "pipeline") -> None:
+    """Raise :class:`SearchTooLarge` (one line with the ways out) when the pipeline search of ``ranks`` ranks
+    has more than :data:`MAX_PIPELINE_CONFIGS` configurations."""
+    count = pipeline_count(cfg, ranks)
+    if count > MAX_PIPELINE_CONFIGS:
+        raise SearchTooLarge(
+            f"{name} on {ranks:,} ranks has {count:,} configurations (stage counts dividing the ranks and the "
+            f"{cfg.layers:,} layers x 4D grids of a stage x micro-batch counts dividing the batch shard), more than "
+            f"the {MAX_PIPELINE_CONFIGS:,} tune searches: give fewer ranks, --layers or --batch with fewer divisors, "
+            f"or predict one with fourd-mpi model predict --stages --grid")
+
+
 def _pipeline_candidates(cfg: ModelConfig, ranks: int, algorithm: Algorithm) -> List[Tuple[Any, Dict[str, Any]]]:
     """Pipeline configurations of ``ranks`` ranks: ``s`` stages (every divisor ``1 < s <= layers``), each a
     4D grid of ``ranks / s`` ranks the algorithm allows, with every micro-batch size that divides the
     per-replica batch shard ``B/(G_data G_z)`` (:func:`microbatch_counts`: at most
-    :data:`MAX_MICROBATCHES` micro-batches) that the algorithm accepts."""
+    :data:`MAX_MICROBATCHES` micro-batches) that the algorithm accepts. More than
+    :data:`MAX_PIPELINE_CONFIGS`: :class:`SearchTooLarge`, before any is listed."""
     from dataclasses import replace
 
+    check_pipeline_search(cfg, ranks, algorithm.name)
     out = []
-    for stages in (s for s in range(2, ranks + 1) if ranks % s == 0 and s <= cfg.layers):
+    for stages in (s for s in _divisors(ranks) if 2 <= s <= cfg.layers):
         base = _base_options(cfg, ranks // stages, algorithm, "float32")
         for grid in grid_factorizations(ranks // stages):
             shard = (cfg.batch or 0) // (grid.data * grid.z) if grid.data * grid.z else 0
@@ -312,7 +368,13 @@ def rank_algorithms(names: Sequence[str], cfg: ModelConfig, ranks: int, profile:
     mem = dict(recompute=recompute, attention=attention, precision=precision, shard_optimizer=shard_optimizer)
     for name in kept:
         algorithm = get_algorithm(name)
-        found, dropped = candidates(algorithm, cfg, ranks, dtype)
+        try:
+            found, dropped = candidates(algorithm, cfg, ranks, dtype)
+        except SearchTooLarge as exc:
+            if len(kept) == 1:
+                raise
+            out.skipped.append((name, str(exc)))  # the others are still ranked; the line says why not this one
+            continue
         out.considered += len(found) + len(dropped)
         out.dropped += [(name, g, why) for g, why in dropped]
         if not found and not dropped:

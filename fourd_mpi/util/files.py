@@ -6,7 +6,10 @@ emptied only when fourd-mpi made it (its :data:`MARKER` names the files it wrote
 from __future__ import annotations
 
 import contextlib
+import gzip
+import io
 import os
+import re
 import stat
 import tempfile
 from typing import Dict, Iterator, List, Optional, Sequence
@@ -193,6 +196,33 @@ def temporary_name(path: str) -> str:
     format by suffix still do), renamed onto ``path`` once complete (:func:`replacing`)."""
     directory, name = os.path.split(os.path.abspath(path))
     return os.path.join(directory, f".tmp-{os.getpid()}-{name}")
+
+
+_TEMPORARY = re.compile(r"\.tmp-\d+-(.+)")
+
+
+def final_name(path: str) -> str:
+    """The base name ``path`` will have once renamed into place: ``NAME`` of a :func:`temporary_name`
+    (``.tmp-PID-NAME``), else the base name of ``path``."""
+    name = os.path.basename(str(path))
+    match = _TEMPORARY.fullmatch(name)
+    return match.group(1) if match else name
+
+
+def open_output(path: str, mode: str = "w", encoding: Optional[str] = None):
+    """Open ``path`` for writing, gzip-compressed when it ends with ``.gz``. The gzip header names the
+    file's final name (:func:`final_name`, less ``.gz``, as ``gzip NAME`` writes it), never the temporary
+    name a writer under :func:`replacing` is given."""
+    if not str(path).endswith(".gz"):
+        return open(path, mode, encoding=encoding) if "b" not in mode else open(path, mode)
+    raw = open(path, "wb")
+    try:
+        packed = gzip.GzipFile(filename=final_name(path), mode="wb", fileobj=raw)
+    except BaseException:
+        raw.close()
+        raise
+    packed.myfileobj = raw  # closed with the gzip stream (as gzip.open does)
+    return packed if "b" in mode else io.TextIOWrapper(packed, encoding=encoding)
 
 
 @contextlib.contextmanager

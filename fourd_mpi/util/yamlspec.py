@@ -8,7 +8,9 @@ is composed once for the marks and loaded once for the data.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import yaml
@@ -205,13 +207,46 @@ class YamlDocument:
             node = found
         return line, label or "(top level)"
 
+    def node(self, parts: Sequence[PathPart]):
+        """The YAML node at ``parts``, or None where the file has none (a value merged in from elsewhere)."""
+        node = self.root
+        for part in parts:
+            if isinstance(node, yaml.MappingNode):
+                node = next((v for k, v in node.value if str(k.value) == str(part)), None)
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+                node = node.value[part]
+            else:
+                return None
+        return node
+
+    def read_numbers(self, schema: Dict[str, Any]) -> None:
+        """Read as numbers the plain scalars the schema wants as numbers but YAML 1.1 (PyYAML) reads as
+        strings: ``1e30``, ``5E-6`` (YAML 1.2 and JSON floats; YAML 1.1 needs ``1.0e+30``). A quoted
+        value stays a string (and is refused as one), and so does any text that is not a float literal."""
+        for _ in range(_MAX_NUMBER_PASSES):
+            changed = False
+            for path, wants in _string_type_errors(self.data, schema):
+                node = self.node(path)
+                plain = isinstance(node, yaml.ScalarNode) and not node.style  # style None or "": unquoted
+                value = _number_literal(node.value) if plain else None
+                if value is None or (wants == {"integer"} and not float(value).is_integer()):
+                    continue
+                if "number" not in wants:
+                    value = int(value)
+                changed |= _set_at(self.data, path, value)
+            if not changed:
+                return
+
     def error(self, parts: Sequence[PathPart], message: str) -> ConfigError:
         line, label = self._locate(parts)
         where = f"{self.source}:{line}" if line else self.source
         return ConfigError(f"{where}: {label}: {message}")
 
     def validate(self, schema: Dict[str, Any]) -> None:
-        """Raise the first schema violation, by position in the file, as a :class:`ConfigError`."""
+        """Raise the first schema violation, by position in the file, as a :class:`ConfigError`.
+        A plain (unquoted) scalar such as ``1e30`` where the schema wants a number is read as that
+        number first (:meth:`read_numbers`)."""
+        self.read_numbers(schema)
         located = schema_violations(self.data, schema)
         if located:
             located.sort(key=lambda item: (self.line(item[0]) or 0, -len(item[0])))
@@ -236,9 +271,52 @@ def schema_violations(data: Any, schema: Dict[str, Any], finite: bool = True) ->
     return located
 
 
-def _finite_number(checker, instance) -> bool:
-    import math
+#: passes of :meth:`YamlDocument.read_numbers` (one each time a fixed value uncovers another under oneOf)
+_MAX_NUMBER_PASSES = 8
+#: a YAML 1.2 / JSON float literal (YAML 1.1's resolver wants a dot and a signed exponent: ``1.0e+30``)
+_FLOAT_LITERAL = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
+
+def _number_literal(text) -> Optional[float]:
+    """The finite float ``text`` spells as a YAML 1.2 float literal, else None."""
+    if not isinstance(text, str) or not _FLOAT_LITERAL.fullmatch(text):
+        return None
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def _string_type_errors(data: Any, schema: Dict[str, Any]):
+    """``(key path, {"number"|"integer", ...})`` of each string the schema wanted as a number (oneOf and
+    anyOf branches included)."""
+    found: Dict[Tuple, set] = {}
+    stack = list(_validator_class()(schema).iter_errors(data))
+    while stack:
+        error = stack.pop()
+        stack.extend(error.context or ())
+        if error.validator == "type" and isinstance(error.instance, str):
+            types = {error.validator_value} if isinstance(error.validator_value, str) else set(error.validator_value)
+            if types & {"number", "integer"}:
+                found.setdefault(tuple(error.absolute_path), set()).update(types & {"number", "integer"})
+    return sorted(found.items(), key=lambda item: [str(p) for p in item[0]])
+
+
+def _set_at(data: Any, path: Sequence[PathPart], value: Any) -> bool:
+    """Replace the string at ``path`` of ``data`` by ``value``; False when there is none."""
+    for part in path[:-1]:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return False
+    try:
+        if not path or not isinstance(data[path[-1]], str):
+            return False
+        data[path[-1]] = value
+    except (KeyError, IndexError, TypeError):
+        return False
+    return True
+
+
+def _finite_number(checker, instance) -> bool:
     return (isinstance(instance, (int, float)) and not isinstance(instance, bool)
             and (isinstance(instance, int) or math.isfinite(instance)))
 
@@ -279,7 +357,9 @@ def schema_message(error) -> str:
         return f"{error.instance!r} is not a finite number"
     if error.validator == "type":
         types = [value] if isinstance(value, str) else list(value)
-        return f"{error.instance!r} is not of type {', '.join(repr(t) for t in types)}"
+        quoted = ({"number", "integer"} & set(types) and _number_literal(error.instance) is not None)
+        return (f"{error.instance!r} is not of type {', '.join(repr(t) for t in types)}"
+                + (" (a quoted number is text: write it without quotes)" if quoted else ""))
     if error.validator == "required":
         missing = [name for name in value if isinstance(error.instance, dict) and name not in error.instance]
         return f"{(missing or value)[0]!r} is a required property"
