@@ -44,8 +44,41 @@ def find_mpiexec() -> str:
     return found
 
 
+def mpi_flavor() -> str:
+    """``"mpich"`` (Hydra) or ``"openmpi"`` (or ``"unknown"``): the family of :func:`find_mpiexec`'s ``mpiexec``
+    (``mpiexec --version``, cached). Tests whose expectations differ by launcher (exit statuses, signal forwarding,
+    binding options) branch on it; none skips for it."""
+    from fourd_mpi.core.launcher import flavor
+
+    return flavor(find_mpiexec())
+
+
+def launcher_env() -> dict:
+    """What the ``mpiexec`` in use needs here (root, oversubscribed 2 cores): nothing for MPICH; for Open MPI
+    :data:`fourd_mpi.core.launcher.OPENMPI_LOCAL_ENV` (run as root, oversubscribe, no binding). Also put in
+    ``os.environ`` at the start of the session (:func:`pytest_configure`), so every command line a test builds
+    itself (``[find_mpiexec(), "-n", ...]``, ``fourd-mpi testbed mpiexec``, a Slurm job) gets it too."""
+    from fourd_mpi.core.launcher import local_env
+
+    return local_env(find_mpiexec())
+
+
+def bind_to_core() -> list:
+    """``mpiexec`` options that bind each rank to a core, also with more ranks than cores: Hydra's ``-bind-to
+    core``; Open MPI's ``--bind-to core:overload-allowed`` (without the qualifier it refuses to bind more ranks
+    than cores)."""
+    return ["--bind-to", "core:overload-allowed"] if mpi_flavor() == "openmpi" else ["-bind-to", "core"]
+
+
+def mpmd_env(name: str, value: str) -> list:
+    """A per-executable environment variable in an MPMD launch, portable across launchers (Hydra's ``-env NAME
+    VALUE``, Open MPI's ``-x NAME=VALUE`` differ): the program is started through ``env NAME=VALUE``."""
+    return ["env", f"{name}={value}"]
+
+
 def mpi_env() -> dict:
     env = dict(os.environ)
+    env.update(launcher_env())
     # 8 ranks share 2 cores here: one BLAS thread per rank.
     env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
@@ -64,10 +97,11 @@ def run_mpi():
     return mpirun
 
 
-#: MPICH's shared-memory segments (``/dev/shm/mpich_shm_*``): a rank killed by a test (``kill -9``,
+#: MPI shared-memory segments: MPICH's (``/dev/shm/mpich_shm_*``), Open MPI 4's vader BTL
+#: (``vader_segment.*``) and Open MPI 5's sm BTL (``sm_segment.*``): a rank killed by a test (``kill -9``,
 #: ``MPI_Abort``) leaves its segment behind, and enough of them make MPICH's shared-memory bootstrap
-#: fail ("Out of memory") or hang in ``MPI_Init`` for every later job on the machine
-SHM_DIR, SHM_PREFIX = "/dev/shm", "mpich_shm_"
+#: fail ("Out of memory") or hang in ``MPI_Init`` for every later job on the machine (and fill /dev/shm)
+from fourd_mpi.testbed.bed import SHM_DIR, SHM_PREFIX  # noqa: E402
 
 
 def _mapped_anywhere() -> set:
@@ -86,12 +120,19 @@ def _mapped_anywhere() -> set:
     return {path.removesuffix(" (deleted)") for path in held}
 
 
+def pytest_configure(config):
+    """The launcher's environment (:func:`launcher_env`) for every subprocess of the session."""
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.exists() or shutil.which("mpiexec"):
+        os.environ.update(launcher_env())
+
+
 def pytest_sessionstart(session):
     session.config._shm_start = __import__("time").time()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Remove the MPICH segments this session's killed ranks left behind: created since the session
+    """Remove the MPI segments this session's killed ranks left behind: created since the session
     started and no longer mapped or open by any process (a concurrent job's live segments are kept)."""
     start = getattr(session.config, "_shm_start", None)
     if start is None or not os.path.isdir(SHM_DIR):
