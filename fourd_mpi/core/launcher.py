@@ -67,3 +67,28 @@ def local_env(mpiexec: str) -> Dict[str, str]:
     """The environment variables ``mpiexec`` needs on this (shared, oversubscribed) machine: none for MPICH,
     :data:`OPENMPI_LOCAL_ENV` for Open MPI."""
     return dict(OPENMPI_LOCAL_ENV) if flavor(mpiexec) == OPENMPI else {}
+
+
+def hydra_args_for(args, family: str):
+    """Hydra options of a site profile (``launcher_args``) for ``family``'s ``mpiexec``: unchanged for MPICH;
+    for Open MPI ``-iface IF`` becomes ``--mca btl_tcp_if_include IF --mca oob_tcp_if_include IF`` (the TCP
+    transport and the daemons' wire-up on that interface), ``-bind-to X`` ``--bind-to X``, ``-ppn R``
+    ``--map-by ppr:R:node``; anything else is passed as given."""
+    args = list(args)
+    if family != OPENMPI:
+        return args
+    out, i = [], 0
+    while i < len(args):
+        opt, value = args[i], args[i + 1] if i + 1 < len(args) else None
+        if opt == "-iface" and value is not None:
+            out += ["--mca", "btl_tcp_if_include", value, "--mca", "oob_tcp_if_include", value]
+        elif opt in ("-bind-to", "-binding") and value is not None:
+            out += ["--bind-to", value]
+        elif opt == "-ppn" and value is not None:
+            out += ["--map-by", f"ppr:{value}:node"]
+        else:
+            out.append(opt)
+            i += 1
+            continue
+        i += 2
+    return out

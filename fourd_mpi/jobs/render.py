@@ -69,6 +69,10 @@ def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "
     n, rpn, args = str(job.ranks), str(job.ranks_per_node), list(site.launcher_args)
     cpus = [str(site.cpus_per_rank)] if site.cpus_per_rank else []
     if site.launcher == "mpiexec":
+        if os.path.isabs(mpiexec):  # the site's Hydra options, as Open MPI spells them where that is the mpiexec
+            from fourd_mpi.core.launcher import flavor, hydra_args_for
+
+            args = hydra_args_for(args, flavor(mpiexec))
         return [mpiexec, *args, "-n", n]
     if site.launcher == "srun":
         extra = [] if any(a.startswith(("-c", "--cpus-per-task")) for a in args) or not cpus else ["-c", *cpus]
