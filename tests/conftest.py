@@ -7,6 +7,7 @@ The tests mirror the package (``tests/core``, ``tests/step``, ... one folder per
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -74,6 +75,26 @@ def mpmd_env(name: str, value: str) -> list:
     """A per-executable environment variable in an MPMD launch, portable across launchers (Hydra's ``-env NAME
     VALUE``, Open MPI's ``-x NAME=VALUE`` differ): the program is started through ``env NAME=VALUE``."""
     return ["env", f"{name}={value}"]
+
+
+#: Open MPI's own messages on stderr: help blocks between lines of dashes ("mpirun detected that one or more
+#: processes exited with non-zero status", "MPI_ABORT was invoked on rank ..."), and ORTE's one-line notes
+#: ("[host:pid] 1 more process has sent help message ...", "Set MCA parameter ... to see all help")
+_LAUNCHER_RULE = re.compile(r"^-{20,}\s*$")
+_LAUNCHER_NOTE = re.compile(r"^\[[^\]\s]+:\d+\] |^Set MCA parameter ")
+
+
+def rank_stderr(text: str) -> str:
+    """``text`` (a job's stderr) without the launcher's own messages, i.e. what the ranks wrote: Hydra adds
+    nothing for a non-zero exit, Open MPI a help block (:data:`_LAUNCHER_RULE`) and notes."""
+    out, inside = [], False
+    for line in text.splitlines(keepends=True):
+        if _LAUNCHER_RULE.match(line):
+            inside = not inside
+            continue
+        if not inside and not _LAUNCHER_NOTE.match(line):
+            out.append(line)
+    return "".join(out)
 
 
 def mpi_env() -> dict:
