@@ -7,6 +7,7 @@ The tests mirror the package (``tests/core``, ``tests/step``, ... one folder per
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,8 +45,61 @@ def find_mpiexec() -> str:
     return found
 
 
+def mpi_flavor() -> str:
+    """``"mpich"`` (Hydra) or ``"openmpi"`` (or ``"unknown"``): the family of :func:`find_mpiexec`'s ``mpiexec``
+    (``mpiexec --version``, cached). Tests whose expectations differ by launcher (exit statuses, signal forwarding,
+    binding options) branch on it; none skips for it."""
+    from fourd_mpi.core.launcher import flavor
+
+    return flavor(find_mpiexec())
+
+
+def launcher_env() -> dict:
+    """What the ``mpiexec`` in use needs here (root, oversubscribed 2 cores): nothing for MPICH; for Open MPI
+    :data:`fourd_mpi.core.launcher.OPENMPI_LOCAL_ENV` (run as root, oversubscribe, no binding). Also put in
+    ``os.environ`` at the start of the session (:func:`pytest_configure`), so every command line a test builds
+    itself (``[find_mpiexec(), "-n", ...]``, ``fourd-mpi testbed mpiexec``, a Slurm job) gets it too."""
+    from fourd_mpi.core.launcher import local_env
+
+    return local_env(find_mpiexec())
+
+
+def bind_to_core() -> list:
+    """``mpiexec`` options that bind each rank to a core, also with more ranks than cores: Hydra's ``-bind-to
+    core``; Open MPI's ``--bind-to core:overload-allowed`` (without the qualifier it refuses to bind more ranks
+    than cores)."""
+    return ["--bind-to", "core:overload-allowed"] if mpi_flavor() == "openmpi" else ["-bind-to", "core"]
+
+
+def mpmd_env(name: str, value: str) -> list:
+    """A per-executable environment variable in an MPMD launch, portable across launchers (Hydra's ``-env NAME
+    VALUE``, Open MPI's ``-x NAME=VALUE`` differ): the program is started through ``env NAME=VALUE``."""
+    return ["env", f"{name}={value}"]
+
+
+#: Open MPI's own messages on stderr: help blocks between lines of dashes ("mpirun detected that one or more
+#: processes exited with non-zero status", "MPI_ABORT was invoked on rank ..."), and ORTE's one-line notes
+#: ("[host:pid] 1 more process has sent help message ...", "Set MCA parameter ... to see all help")
+_LAUNCHER_RULE = re.compile(r"^-{20,}\s*$")
+_LAUNCHER_NOTE = re.compile(r"^\[[^\]\s]+:\d+\] |^Set MCA parameter ")
+
+
+def rank_stderr(text: str) -> str:
+    """``text`` (a job's stderr) without the launcher's own messages, i.e. what the ranks wrote: Hydra adds
+    nothing for a non-zero exit, Open MPI a help block (:data:`_LAUNCHER_RULE`) and notes."""
+    out, inside = [], False
+    for line in text.splitlines(keepends=True):
+        if _LAUNCHER_RULE.match(line):
+            inside = not inside
+            continue
+        if not inside and not _LAUNCHER_NOTE.match(line):
+            out.append(line)
+    return "".join(out)
+
+
 def mpi_env() -> dict:
     env = dict(os.environ)
+    env.update(launcher_env())
     # 8 ranks share 2 cores here: one BLAS thread per rank.
     env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
@@ -64,10 +118,11 @@ def run_mpi():
     return mpirun
 
 
-#: MPICH's shared-memory segments (``/dev/shm/mpich_shm_*``): a rank killed by a test (``kill -9``,
+#: MPI shared-memory segments: MPICH's (``/dev/shm/mpich_shm_*``), Open MPI 4's vader BTL
+#: (``vader_segment.*``) and Open MPI 5's sm BTL (``sm_segment.*``): a rank killed by a test (``kill -9``,
 #: ``MPI_Abort``) leaves its segment behind, and enough of them make MPICH's shared-memory bootstrap
-#: fail ("Out of memory") or hang in ``MPI_Init`` for every later job on the machine
-SHM_DIR, SHM_PREFIX = "/dev/shm", "mpich_shm_"
+#: fail ("Out of memory") or hang in ``MPI_Init`` for every later job on the machine (and fill /dev/shm)
+from fourd_mpi.testbed.bed import SHM_DIR, SHM_PREFIX  # noqa: E402
 
 
 def _mapped_anywhere() -> set:
@@ -86,12 +141,19 @@ def _mapped_anywhere() -> set:
     return {path.removesuffix(" (deleted)") for path in held}
 
 
+def pytest_configure(config):
+    """The launcher's environment (:func:`launcher_env`) for every subprocess of the session."""
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.exists() or shutil.which("mpiexec"):
+        os.environ.update(launcher_env())
+
+
 def pytest_sessionstart(session):
     session.config._shm_start = __import__("time").time()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Remove the MPICH segments this session's killed ranks left behind: created since the session
+    """Remove the MPI segments this session's killed ranks left behind: created since the session
     started and no longer mapped or open by any process (a concurrent job's live segments are kept)."""
     start = getattr(session.config, "_shm_start", None)
     if start is None or not os.path.isdir(SHM_DIR):

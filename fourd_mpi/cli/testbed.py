@@ -59,8 +59,8 @@ def register(sub) -> None:
     add_format(st, ("table", "json"))
     st.set_defaults(handler=cmd_testbed, serial=True)
 
-    mx = tsub.add_parser("mpiexec", help="run COMMAND's ranks on the bed's nodes: the mpich wheel's mpiexec with "
-                         "the bed's launcher shim and UCX_TLS=tcp,self, e.g. fourd-mpi testbed mpiexec -n 4 -- "
+    mx = tsub.add_parser("mpiexec", help="run COMMAND's ranks on the bed's nodes: the mpiexec (MPICH's or Open "
+                         "MPI's) with the bed's launcher shim and UCX_TLS=tcp,self, e.g. fourd-mpi testbed mpiexec -n 4 -- "
                          "fourd-mpi verify --grid 1x2x1x2")
     _name(mx)
     mx.add_argument("-n", "--ranks", type=axis_size, required=True, help="number of ranks")
@@ -69,7 +69,8 @@ def register(sub) -> None:
     mx.add_argument("--order", choices=("block", "cyclic"), default="block",
                     help="block: consecutive ranks on one node, as schedulers place them (default); cyclic: rank i "
                          "on node i mod nodes, so the innermost grid axis (X) crosses nodes")
-    mx.add_argument("--mpiexec", metavar="PATH", help="the hydra mpiexec (default: next to this Python, else on PATH)")
+    mx.add_argument("--mpiexec", metavar="PATH", help="the mpiexec, MPICH's Hydra or Open MPI's (default: next to this Python, else on "
+                    "PATH)")
     mx.add_argument("--dry-run", action="store_true", help="print the command line instead of running it")
     mx.add_argument("program", nargs="+", metavar="COMMAND", help="the program and its arguments (after --)")
     mx.set_defaults(handler=cmd_testbed, serial=True)
@@ -163,8 +164,11 @@ def cmd_testbed(args, world=None) -> int:
         return 0
     if command == "mpiexec":
         state = bed.require_up(args.name)
-        mpiexec = args.mpiexec or _hydra()
-        argv = bed.mpiexec_argv(state, args.ranks, args.ppn, mpiexec, args.order) + list(args.program)
+        from fourd_mpi.core.launcher import flavor
+
+        mpiexec = args.mpiexec or _mpiexec()
+        argv = bed.mpiexec_argv(state, args.ranks, args.ppn, mpiexec, args.order, flavor(mpiexec)) + \
+            list(args.program)
         env = {**os.environ, **bed.UCX_ENV}
         if args.dry_run:
             print(" ".join(f"{k}={shlex.quote(v)}" for k, v in bed.UCX_ENV.items()) + " " + shlex.join(argv))
@@ -178,7 +182,7 @@ def cmd_testbed(args, world=None) -> int:
     raise ConfigError(f"unknown testbed command {command!r}")
 
 
-def _hydra() -> str:
+def _mpiexec() -> str:
     sibling = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     if os.access(sibling, os.X_OK):
         return sibling

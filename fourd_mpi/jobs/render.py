@@ -71,6 +71,15 @@ def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "
     # the GPU affinity wrapper (gpu_affinity.sh) goes last: each rank execs it, it execs the interpreter
     wrapper = [os.path.join(script_dir, AFFINITY_SCRIPT)] if site.gpu_affinity_script else []
     if site.launcher == "mpiexec":
+        if os.path.isabs(mpiexec):  # the site's Hydra options, as Open MPI spells them where that is the mpiexec
+            from fourd_mpi.core.launcher import OPENMPI, flavor, hydra_args_for
+
+            family = flavor(mpiexec)
+            args = hydra_args_for(args, family)
+            if family == OPENMPI and job.nodes > 1 and not any(a.startswith("--map-by") for a in args):
+                # Hydra places ranks as the allocation says; Open MPI's mpirun, with oversubscription allowed,
+                # may fill the first node: the job's ranks per node, said explicitly
+                args += ["--map-by", f"ppr:{rpn}:node"]
         return [mpiexec, *args, "-n", n]
     if site.launcher == "srun":
         extra = [] if any(a.startswith(("-c", "--cpus-per-task")) for a in args) or not cpus else ["-c", *cpus]

@@ -29,7 +29,7 @@ from fourd_mpi.util.yamlspec import load_yaml
 
 SITES_DIR = os.path.join(os.path.dirname(__file__), "sites")
 SCHEDULERS = ("local", "slurm", "pbs", "lsf", "sge")
-#: ``testbed``: the ``mpich`` wheel's mpiexec on the nodes of a test bed of emulated nodes
+#: ``testbed``: the environment's mpiexec (the ``mpich`` wheel's or Open MPI's) on the nodes of a test bed of emulated nodes
 #: (``fourd-mpi testbed mpiexec``, :mod:`fourd_mpi.testbed`; the bed is ``$FOURD_TESTBED``, default ``fourd``)
 LAUNCHERS = ("mpiexec", "srun", "jsrun", "lrun", "polaris-mpiexec", "testbed")
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"

