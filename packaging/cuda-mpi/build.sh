@@ -32,7 +32,7 @@ esac
 #: bump when the recipe below changes what is built (the cache key includes it)
 RECIPE=2
 #: CUDA from PyPI. Open MPI needs only cuda.h (libcuda is opened at run time); MPICH's yaksa needs
-#: nvcc and libcudart. 13.0 matches driver 580 (CUDA 13.0) of the GPU machines seen here: no reliance
+#: nvcc (with nvvm's cicc: the nvcc wheel names nvidia-nvvm, crt and runtime as its requirements) and libcudart. 13.0 matches driver 580 (CUDA 13.0) of the GPU machines seen here: no reliance
 #: on minor-version compatibility.
 CUDA12_RUNTIME=12.9.79
 CUDA13=13.0.88
@@ -135,7 +135,7 @@ case "$IMPL" in
   openmpi) "$PY" -m pip install -q --no-deps --target "$CUDA_PY" "nvidia-cuda-runtime-cu12==$CUDA12_RUNTIME" >>"$LOG" 2>&1
            CUDA_DIR=$CUDA_PY/nvidia/cuda_runtime ;;
   mpich) "$PY" -m pip install -q --no-deps --target "$CUDA_PY" "nvidia-cuda-nvcc==$CUDA13" "nvidia-cuda-crt==$CUDA13" \
-           "nvidia-cuda-runtime==$CUDA13" "nvidia-cuda-cccl==$CUDA13_CCCL" >>"$LOG" 2>&1
+           "nvidia-cuda-runtime==$CUDA13" "nvidia-cuda-cccl==$CUDA13_CCCL" "nvidia-nvvm==$CUDA13" >>"$LOG" 2>&1
          CUDA_DIR=$CUDA_PY/nvidia/cu13 ;;
 esac
 [ -f "$CUDA_DIR/include/cuda.h" ] || { log "no include/cuda.h under $CUDA_DIR"; exit 1; }
