@@ -121,9 +121,10 @@ def cmd_tune(args, world=None) -> int:
 
     from fourd_mpi.perf.tune import check_search_size
 
-    check_search_size(args.ranks)  # a bounded search, refused at once (not after minutes of predictions)
     cfg = resolve_model(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
                         ffn_hidden=args.ffn_hidden, seq=args.seq, batch=args.batch)
+    if cfg.batch is not None:  # a bounded search, refused at once (not after minutes of predictions)
+        check_search_size(args.ranks, cfg=cfg)
     overlap = OverlapConfig.parse(args.overlap)
     refuse_output(args.emit_sweep, args.force, option="--emit-sweep", inputs=[args.profile or "", args.site or ""])
     profile = resolve_profile(args.site, args.profile, args.fallback_profile)

@@ -32,15 +32,23 @@ GIB = 2.0 ** 30
 #: power of two up to the 2^24 ranks the model plans for has fewer (2^24: 2,925); a rank count with
 #: many small prime factors has more (720,720: 89,600) and is refused with one line.
 MAX_TUNE_GRIDS = 4096
+#: the most grids whose divisibility is checked (about a microsecond each) to count the valid ones of a model
+MAX_SCANNED_GRIDS = 200_000
 
 
-def check_search_size(ranks: int, option: str = "--ranks") -> None:
+def check_search_size(ranks: int, option: str = "--ranks", cfg: Optional[ModelConfig] = None) -> None:
     """Refuse a rank count with more than :data:`MAX_TUNE_GRIDS` candidate grids (one line, with the
-    powers of two around it), before anything is predicted."""
-    count = grid_count(ranks)
+    powers of two around it), before anything is predicted. With the model ``cfg`` the candidates are the
+    grids that pass its divisibility rules (:func:`model_problems`, checked without predicting, up to
+    :data:`MAX_SCANNED_GRIDS` grids): a rank count with no valid grid at all then gets the search's own
+    answer, the nearest rank counts that have one."""
+    count, which = grid_count(ranks), ""
+    if count > MAX_TUNE_GRIDS and cfg is not None and count <= MAX_SCANNED_GRIDS:
+        count = sum(1 for grid in grid_factorizations(ranks) if not model_problems(cfg, grid))
+        which = f" that {cfg.name}'s sizes divide"
     if count > MAX_TUNE_GRIDS:
         low = 1 << (ranks.bit_length() - 1)
-        raise ConfigError(f"{option} {ranks:,} has {count:,} candidate grids, more than the {MAX_TUNE_GRIDS:,} the tuner "
+        raise ConfigError(f"{option} {ranks:,} has {count:,} candidate grids{which}, more than the {MAX_TUNE_GRIDS:,} the tuner "
                           f"searches: give a rank count with fewer divisors (e.g. {low:,} or {low * 2:,}), or "
                           f"predict one grid with fourd-mpi model predict --grid")
 
@@ -108,10 +116,10 @@ def rank_grids(cfg: ModelConfig, ranks: int, profile: MachineProfile, overlap: O
     """
     if ranks < 1:
         raise ConfigError(f"--ranks must be positive, got {ranks}")
-    if grids is None:
-        check_search_size(ranks)
     if cfg.batch is None:
         raise ConfigError(f"preset {cfg.name} needs the global batch: give --batch SEQUENCES")
+    if grids is None:
+        check_search_size(ranks, cfg=cfg)
     overlap = overlap or OverlapConfig()
     reserve = memory_reserve(profile)
     mem = dict(recompute=recompute, attention=attention, precision=precision, shard_optimizer=shard_optimizer,
@@ -175,7 +183,7 @@ def top_grids(cfg: ModelConfig, ranks: int, k: int, profile=None, overlap: str =
     """
     if k < 1:
         raise ConfigError(f"k must be positive, got {k}")
-    check_search_size(ranks, "grids: auto for")
+    check_search_size(ranks, "grids: auto for", cfg=cfg if cfg.batch is not None else None)
     if not isinstance(profile, MachineProfile):
         profile = load_profile(profile)
     if algorithm != "axonn4d":
