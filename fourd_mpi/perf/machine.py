@@ -613,7 +613,7 @@ def load_profile(name_or_path: Optional[str] = None, fallback: Optional[str] = N
         raise ConfigError(f"{path}: a machine profile must be a YAML mapping (key: value lines)")
     base = doc.data.get("base")
     if base is not None:
-        if not isinstance(base, str) or not base.strip():
+        if not isinstance(base, str) or not base.strip() or base == doc.data.get("name"):
             raise ConfigError(f"{path}: base must name another profile (a built-in or a file), got {base!r}")
         doc.data = merged(load_profile(base, _bases=chain).data, doc.data)
     if not shipped:

@@ -399,7 +399,7 @@ def test_model_predict_cli_json_config_and_refusals(tmp_path):
     for args, msg in [(("--grid", "16x1x8x1", "--stages", "5"), "do not split into 5 equal stages"),
                       (("--batch", "8"), "needs --grid"),
                       (("--grid", "1x1x8x1", "--batch", "8", "--profile", "nope"), "unknown machine profile"),
-                      (("--config", tmp_path / "missing.yaml", "--grid", "1x1x1x1"), "--config")]:
+                      (("--config", tmp_path / "missing.yaml", "--grid", "1x1x1x1"), "cannot read predict config")]:
         bad = cli("model", "predict", "--model", "gpt-80b", "--batch", "16", *args)
         assert bad.returncode == 2 and msg in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1
