@@ -417,16 +417,17 @@ def next_steps(manifest: Dict, rows: List[Dict], sweep_dir: str) -> List[str]:
     """What to run for the runs without a complete trace and without a live job (``sweep status``)."""
     traces = {run["run_id"]: run["trace"] for run in manifest["runs"]}
     lines = []
+    # the commands as a shell reads them: every path quoted (a sweep directory may hold spaces, quotes, `...`)
+    resubmit = shlex.join(["fourd-mpi", "sweep", "submit", "--resubmit-failed", sweep_dir])
     for row in rows:
         trace, state = row["trace"], row["state"]
         spool = spool_of_trace(traces[row["run_id"]])
         if trace == "recoverable":
-            lines.append(f"{row['run_id']}: its job ended without a trace; its per-rank files are in {spool}: "
-                         f"run 'fourd-mpi trace recover {spool}' for a trace of its steps so far, or 'fourd-mpi "
-                         f"sweep submit --resubmit-failed {sweep_dir}' to run it again")
+            lines.append(f"{row['run_id']}: its job ended without a trace; its per-rank files are in {spool!r}: "
+                         f"run {shlex.join(['fourd-mpi', 'trace', 'recover', spool])} for a trace of its steps so "
+                         f"far, or {resubmit} to run it again")
         elif trace != "complete" and trace != "running" and state not in ACTIVE_STATES + ("SUBMITTING", "-"):
-            lines.append(f"{row['run_id']}: job {state.lower()}, trace {trace}: run 'fourd-mpi sweep submit "
-                         f"--resubmit-failed {sweep_dir}' to run it again")
+            lines.append(f"{row['run_id']}: job {state.lower()}, trace {trace}: run {resubmit} to run it again")
     return lines
 
 

@@ -250,10 +250,16 @@ def test_local_sequential_pack_records_a_failed_run_and_goes_on(tmp_path):
     assert pack_log.index("pk-001-n1-1x1x1x1 ended with exit status 2") < pack_log.index("pk-002-n1-1x1x1x1 started")
     assert "1 of 3 runs failed" in pack_log
     status = fourd(["sweep", "status", out], tmp_path)
-    rows = {line.split()[0]: line.split() for line in status.stdout.splitlines() if line.startswith("pk-")}
+    rows = {}
+    for line in status.stdout.splitlines():  # the table's row of each run (the lines after it say what to run)
+        if line.startswith("pk-") and not line.split()[0].endswith(":"):
+            rows[line.split()[0]] = line.split()
     assert [rows[r][-2:] for r in sorted(rows)] == [["COMPLETED", "complete"], ["FAILED", "missing"],
                                                      ["COMPLETED", "complete"]]
     assert status.returncode == 1 and "2/3 traces complete, 1 jobs failed" in status.stdout
+    hint = next(line for line in status.stdout.split("\npk-") if line.startswith("001") and "resubmit" in line)
+    assert "run 'fourd-mpi' 'sweep' 'submit' '--resubmit-failed'" not in hint  # shlex.join: plain words unquoted
+    assert "fourd-mpi sweep submit --resubmit-failed 'o $(touch pwned1)" in hint  # the path quoted for a shell
     collected = fourd(["sweep", "collect", out], tmp_path)
     assert collected.returncode == 1 and "no trace of pk-001-n1-1x1x1x1 (missing)" in collected.stderr
     assert "pk-000-n1-1x1x1x1" in collected.stdout and "pk-002-n1-1x1x1x1" in collected.stdout

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import re
 import shutil
 import subprocess
@@ -485,8 +486,8 @@ def test_a_sweep_left_by_an_interrupted_submit_converges(tmp_path):
     status = fourd(["sweep", "status", "jobscripts/s1"], tmp_path)
     assert status.returncode == 1 and "1/2 traces complete, 1 jobs failed" in status.stdout, status.stdout
     assert "recoverable" in status.stdout and "spooling" not in status.stdout, status.stdout
-    assert f"'fourd-mpi trace recover {os.path.relpath(spool, tmp_path)}'" in status.stdout or \
-           f"'fourd-mpi trace recover {spool}'" in status.stdout, status.stdout
+    assert f"run fourd-mpi trace recover {shlex.quote(os.path.relpath(spool, tmp_path))} " in status.stdout or \
+           f"run fourd-mpi trace recover {shlex.quote(str(spool))} " in status.stdout, status.stdout
     row = next(line for line in status.stdout.splitlines() if line.startswith(first))
     assert "COMPLETED" in row and "complete" in row, row
     again = fourd(["sweep", "submit", "--resubmit-failed", "jobscripts/s1"], tmp_path)
