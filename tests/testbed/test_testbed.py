@@ -67,7 +67,7 @@ def need_machine(slurm: bool = False):
     (["--node-names", "Bad_Name"], ["node name 'Bad_Name'"]),
     (["--nodes", "3", "--node-names", "a1,b1"], ["--nodes 3 but 2 node names"]),
     (["--name", "Way-Too-Long-Name"], ["bed name 'Way-Too-Long-Name' (from --name)"]),
-    (["--name", ""], ["bed name '' (from --name)"]),
+    (["--name", ""], ["argument --name: expected a value, got ''"]),
     (["--name", "../x"], ["bed name '../x' (from --name)"]),
 ])
 def test_bad_input_is_one_line(argv, fragments):
@@ -488,7 +488,10 @@ def test_bad_names_touch_nothing(foreign, how, command):
         argv += {"mpiexec": ["-n", "1", "--", "true"], "up": ["--nodes", "1"]}.get(command, [])
         done = fourd(argv, env=env)
         source = "--name" if how.startswith("--name") else "FOURD_TESTBED"
-        one_line_error(done, f"bed name {value!r} (from {source}): use a lowercase letter")
+        if how == "--name ''":  # every free-text option refuses an empty value before the command runs
+            one_line_error(done, "argument --name: expected a value, got ''")
+        else:
+            one_line_error(done, f"bed name {value!r} (from {source}): use a lowercase letter")
         assert done.stdout == ""
         for d in (root, outside, absolute):
             assert os.path.exists(os.path.join(d, "keep")), d

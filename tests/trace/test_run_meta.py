@@ -62,7 +62,7 @@ def test_a_huge_world_size_is_bounded_by_the_rank_files(spool, tmp_path):
 @pytest.mark.parametrize("value, message", [
     (-3, "world_size: -3 is less than the minimum of 1"),
     (0, "world_size: 0 is less than the minimum of 1"),
-    ("8", "world_size: '8' is not of type 'integer'"),
+    ("8", "world_size: '8' is not of type 'integer' (a quoted number is text: write it without quotes)"),
     (2.5, "world_size: 2.5 is not of type 'integer'"),
     (True, "world_size: True is not of type 'integer'"),
 ])
