@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import sys
+
 import pytest
 
 from conftest import REPO
@@ -52,6 +54,8 @@ def test_help_and_version_print_with_a_lone_rank_variable(env, flag, words, monk
 
 
 def test_help_prints_once_per_launch(monkeypatch, capsys):
+    # before MPI starts (as a launched command): an initialized MPI in this pytest process would decide instead
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
     monkeypatch.setenv("PMI_RANK", "3")
     monkeypatch.setenv("PMI_SIZE", "4")
     with pytest.raises(SystemExit):
