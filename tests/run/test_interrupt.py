@@ -242,7 +242,9 @@ def test_sighup_is_recorded_as_interrupted(tmp_path):
     reason and the recovered trace was "partial". One rank, without a launcher (the signal goes to it)."""
     cmd = [sys.executable, "-m", "fourd_mpi", "run", "--steps", "100000", "--results-dir", str(tmp_path),
            "--run-id", "h", "--display", "quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=REPO)
+    # SIGHUP at its default in the child: under nohup (or a runner that ignores it) an ignored SIGHUP stays ignored
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=REPO,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     steps = tmp_path / "h.ranks" / "rank000000.steps"
     try:
         deadline = time.monotonic() + 120
