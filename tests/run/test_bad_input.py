@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import rank_stderr
+from conftest import mpi_flavor, rank_stderr
 
 pytestmark = pytest.mark.mpi
 
@@ -38,7 +38,13 @@ def test_every_rank_reports_the_same_line(run_mpi, args, message):
     assert "Traceback" not in proc.stderr
     lines = [line for line in rank_stderr(proc.stderr).splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("fourd-mpi: error: ")]
-    assert len(errors) == 8, proc.stderr
+    if mpi_flavor() == "openmpi":
+        # Open MPI ends the job at the first non-zero exit: a rank still starting then gets its SIGTERM and says
+        # so in its one line; every rank that got as far as the check reports the same line
+        errors = [line for line in errors if line != "fourd-mpi: error: interrupted (SIGTERM)"]
+        assert 1 <= len(errors) <= 8, proc.stderr
+    else:
+        assert len(errors) == 8, proc.stderr
     assert len(set(errors)) == 1, proc.stderr
     assert message in errors[0], errors[0]
     assert proc.stdout.strip() == ""
