@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
 from typing import Dict, List, Optional
 
@@ -71,10 +72,13 @@ def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "
     # the GPU affinity wrapper (gpu_affinity.sh) goes last: each rank execs it, it execs the interpreter
     wrapper = [os.path.join(script_dir, AFFINITY_SCRIPT)] if site.gpu_affinity_script else []
     if site.launcher == "mpiexec":
-        if os.path.isabs(mpiexec):  # the site's Hydra options, as Open MPI spells them where that is the mpiexec
+        # the site's Hydra options, as Open MPI spells them where that is the mpiexec: the one named, or the one
+        # of that name first on this PATH (the job script runs it by that name, in the environment rendered from)
+        found = mpiexec if os.path.isabs(mpiexec) else shutil.which(mpiexec)
+        if found:
             from fourd_mpi.core.launcher import OPENMPI, flavor, hydra_args_for
 
-            family = flavor(mpiexec)
+            family = flavor(found)
             args = hydra_args_for(args, family)
             if family == OPENMPI and job.nodes > 1 and not any(a.startswith("--map-by") for a in args):
                 # Hydra places ranks as the allocation says; Open MPI's mpirun, with oversubscription allowed,
