@@ -15,17 +15,11 @@ import time
 
 import pytest
 
-from conftest import REPO, mpi_env
+from conftest import REPO, caught_signals, mpi_env
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _caught(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            return next(int(line.split()[1], 16) for line in fh if line.startswith("SigCgt:"))
-    except (OSError, StopIteration):
-        return 0
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +69,7 @@ def test_a_signal_at_any_moment_of_recover(tmp_path, spool):
         proc = subprocess.Popen([sys.executable, "-m", "fourd_mpi", "trace", "recover", str(work / "k.ranks")],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=REPO,
                                 preexec_fn=default_signals)
-        while proc.poll() is None and not _caught(proc.pid) & (1 << (signal.SIGTERM - 1)):
+        while proc.poll() is None and not caught_signals(proc.pid) & (1 << (signal.SIGTERM - 1)):
             time.sleep(0.001)
         ready = time.monotonic()
         moment = rng.uniform(0, whole * 1.1)

@@ -17,7 +17,7 @@ import time
 import h5py
 import pytest
 
-from conftest import REPO, mpi_env
+from conftest import REPO, caught_signals, mpi_env
 from fourd_mpi.cli.main import main
 
 SAMPLES = REPO / "results" / "samples"
@@ -125,13 +125,6 @@ def test_a_non_ascii_path_on_an_ascii_terminal(tmp_path):
     assert "tr\\xe9.h5: schema v" in proc.stdout
 
 
-def _caught(pid: int) -> int:
-    """The signals ``pid`` catches (``SigCgt`` of /proc/PID/status; 0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            return next(int(line.split()[1], 16) for line in fh if line.startswith("SigCgt:"))
-    except (OSError, StopIteration):
-        return 0
 
 
 def _handlers_installed(proc, timeout: float = 60) -> bool:
@@ -141,7 +134,7 @@ def _handlers_installed(proc, timeout: float = 60) -> bool:
     this project has run). False if the child ended first."""
     deadline = time.monotonic() + timeout
     while proc.poll() is None:
-        if _caught(proc.pid) & (1 << (signal.SIGTERM - 1)):
+        if caught_signals(proc.pid) & (1 << (signal.SIGTERM - 1)):
             return True
         assert time.monotonic() < deadline, "the child never installed its SIGINT handler"
         time.sleep(0.001)
