@@ -16,6 +16,7 @@ import shutil
 import sys
 
 from fourd_mpi.cli.args import add_format
+from fourd_mpi.core.launcher import beside, flavor, resolve_program
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.values import axis_size, int_in
 
@@ -72,7 +73,8 @@ def register(sub) -> None:
     mx.add_argument("--mpiexec", metavar="PATH", help="the mpiexec, MPICH's Hydra or Open MPI's (default: next to this Python, else on "
                     "PATH)")
     mx.add_argument("--dry-run", action="store_true", help="print the command line instead of running it")
-    mx.add_argument("program", nargs="+", metavar="COMMAND", help="the program and its arguments (after --)")
+    mx.add_argument("program", nargs="+", metavar="COMMAND", help="the program and its arguments (after --); fourd-mpi and "
+                    "python are this environment's (the ones beside this Python), activated or not")
     mx.set_defaults(handler=cmd_testbed, serial=True)
 
     ev = tsub.add_parser("env", help="shell lines that point Slurm's commands at the bed (SLURM_CONF) and keep "
@@ -164,11 +166,11 @@ def cmd_testbed(args, world=None) -> int:
         return 0
     if command == "mpiexec":
         state = bed.require_up(args.name)
-        from fourd_mpi.core.launcher import flavor
 
         mpiexec = args.mpiexec or _mpiexec()
+        # the program as sweep render writes it: fourd-mpi and python of this environment, activated or not
         argv = bed.mpiexec_argv(state, args.ranks, args.ppn, mpiexec, args.order, flavor(mpiexec)) + \
-            list(args.program)
+            resolve_program(args.program)
         env = {**os.environ, **bed.UCX_ENV}
         if args.dry_run:
             print(" ".join(f"{k}={shlex.quote(v)}" for k, v in bed.UCX_ENV.items()) + " " + shlex.join(argv))
@@ -183,10 +185,7 @@ def cmd_testbed(args, world=None) -> int:
 
 
 def _mpiexec() -> str:
-    sibling = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.access(sibling, os.X_OK):
-        return sibling
-    found = shutil.which("mpiexec")
+    found = beside("mpiexec") or shutil.which("mpiexec")
     if not found:
         raise ConfigError("no mpiexec next to this Python or on PATH: pip install 'fourd_mpi[mpich]', or give "
                           "--mpiexec")

@@ -23,8 +23,10 @@ shared memory       ``/dev/shm/mpich_shm_*`` (left by killed ranks)  session dir
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
-from typing import Dict
+import sys
+from typing import Dict, List, Optional, Sequence
 
 #: the families :func:`flavor` tells apart
 MPICH, OPENMPI, UNKNOWN = "mpich", "openmpi", "unknown"
@@ -92,3 +94,47 @@ def hydra_args_for(args, family: str):
             continue
         i += 2
     return out
+
+
+# -- the programs of this environment ------------------------------------------------------------------------
+
+#: the words of a launched command that mean this interpreter (:func:`resolve_program`)
+PYTHON_NAMES = ("python", "python3")
+
+
+def interpreter() -> str:
+    """This interpreter as an absolute path, symlinks kept: a virtual environment's ``bin/python`` is what makes
+    it that environment, whether or not the environment is activated."""
+    return os.path.abspath(sys.executable)
+
+
+def beside(name: str, python: Optional[str] = None) -> Optional[str]:
+    """The program ``name`` in the directory of the interpreter ``python`` (default :func:`interpreter`): a
+    virtual environment's ``bin/`` holds its ``mpiexec`` (the ``mpich`` wheel's, the MPI its mpi4py loads) and
+    its ``fourd-mpi`` console script. None when ``python`` is not an absolute path (a name the job's PATH
+    resolves) or no executable file of that name is there."""
+    python = python or interpreter()
+    if not os.path.isabs(python):
+        return None
+    path = os.path.join(os.path.dirname(python), name)
+    return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+
+
+def resolve_program(argv: Sequence[str], python: Optional[str] = None) -> List[str]:
+    """A command to launch on every rank, its program resolved in this environment, as ``sweep render`` writes
+    the job's command: ``python`` or ``python3`` becomes the interpreter ``python`` (default
+    :func:`interpreter`), ``fourd-mpi`` the console script beside it (when it is there). So ``fourd-mpi testbed
+    mpiexec -- fourd-mpi run`` runs in the environment of the ``fourd-mpi`` typed, activated or not; the ranks'
+    launcher (Hydra's ``execvp``) would otherwise look the name up on PATH. Other programs, and any word with a
+    ``/``, are left as given."""
+    argv = list(argv)
+    if not argv or "/" in argv[0]:
+        return argv
+    python = python or interpreter()
+    if argv[0] in PYTHON_NAMES and os.path.isabs(python):
+        return [python, *argv[1:]]
+    if argv[0] == "fourd-mpi":
+        found = beside("fourd-mpi", python)
+        if found:
+            return [found, *argv[1:]]
+    return argv

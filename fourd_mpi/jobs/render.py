@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import sys
 from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
+from fourd_mpi.core.launcher import beside, interpreter
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.jobs.schedulers import JobRequest, get_scheduler, parse_time
 from fourd_mpi.jobs.sites import Site
@@ -107,11 +107,7 @@ def mpiexec_for(site: Site, python: str) -> str:
     """The ``mpiexec`` of a site whose launcher is plain ``mpiexec``: the one beside an absolute ``python`` (a
     virtual environment with the ``mpich`` wheel, the MPI its mpi4py loads), else ``mpiexec`` from the job's
     PATH (the site's modules)."""
-    if os.path.isabs(python):
-        sibling = os.path.join(os.path.dirname(python), "mpiexec")
-        if os.path.exists(sibling):
-            return sibling
-    return "mpiexec"
+    return beside("mpiexec", python) or "mpiexec"
 
 
 def run_command(run: RunPlan, site: Site, job: JobRequest, python: str, results_dir: str, script_dir: str) -> str:
@@ -165,4 +161,4 @@ def python_for(spec: SweepSpec, site: Site, override: Optional[str]) -> str:
     else the interpreter rendering the sweep (``sys.executable`` as an absolute path, symlinks kept: a virtual
     environment's ``bin/python`` is what makes it that environment). So a sweep rendered from a virtual
     environment runs in it whether or not it is activated where the job runs (docs/placement.md section 3)."""
-    return override or spec.job.get("python") or site.python or os.path.abspath(sys.executable)
+    return override or spec.job.get("python") or site.python or interpreter()

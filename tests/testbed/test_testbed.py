@@ -182,6 +182,16 @@ def test_the_launcher_passes_environment_and_exit_status_and_host_names(bed):
     assert seen == [(str(r), names[r % 2]) for r in range(4)], cyclic.stdout
     one_line_error(fourd(["testbed", "mpiexec", "--name", NAME, "-n", "6", "--ppn", "2", "--", "true"]),
                    "6 ranks at 2 per node need 3 nodes", "has 2")
+    # the README's install, not activated: fourd-mpi and python are the environment's, not looked up on PATH
+    bare = {**mpi_env(), "PATH": os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                                                 if d and os.path.abspath(d) != os.path.dirname(sys.executable))}
+    bare.pop("VIRTUAL_ENV", None)
+    done = fourd(["testbed", "mpiexec", "--name", NAME, "-n", "2", "--", "fourd-mpi", "--version"], env=bare,
+                 timeout=120)
+    assert done.returncode == 0 and done.stdout.count("fourd-mpi ") == 2, done.stdout + done.stderr
+    done = fourd(["testbed", "mpiexec", "--name", NAME, "-n", "2", "--", "python", "-c",
+                  "import sys, fourd_mpi; print('prefix', sys.prefix)"], env=bare, timeout=120)
+    assert done.returncode == 0 and done.stdout.count(f"prefix {sys.prefix}") == 2, done.stdout + done.stderr
 
 
 def test_cross_node_verify_and_run_send_bytes_over_the_links(bed, tmp_path):
