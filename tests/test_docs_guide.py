@@ -56,8 +56,7 @@ def test_the_trace_reading_example_runs_on_a_sample_trace():
 
 
 def test_every_module_the_layout_page_lists_exists():
-    text = (DOCS / "layout.md").read_text()
-    tree = text.split("```\n", 2)[1]
+    tree = fenced("layout.md", "text")[0]
     stack, listed = [], []
     for line in tree.splitlines():
         if not line.strip():
