@@ -35,9 +35,9 @@ def readme_commands():
     lines = {}
     text = "\n".join((REPO / f).read_text() for f in DOCUMENTED if (REPO / f).exists())
     for line in text.splitlines():
-        m = re.match(r"^fourd-mpi sweep (render|submit|status|collect)\s+(.*?)\s*(#.*)?$", line)
-        if m and m.group(1) not in lines:
-            lines[m.group(1)] = f"fourd-mpi sweep {m.group(1)} {m.group(2)}"
+        m = re.match(r"^((?:\.venv/bin/)?fourd-mpi) sweep (render|submit|status|collect)\s+(.*?)\s*(#.*)?$", line)
+        if m and m.group(2) not in lines:
+            lines[m.group(2)] = f"{m.group(1)} sweep {m.group(2)} {m.group(3)}"
     return lines
 
 
@@ -73,7 +73,9 @@ def shell(command: str, cwd: Path, env: dict, timeout: float = 900) -> subproces
 
 @pytest.fixture
 def checkout(tmp_path):
-    """A directory holding the README's spec where the README has it."""
+    """A directory holding the README's spec where the README has it, and ``.venv``: the environment of README
+    command 1 (this one), which the pages name as ``.venv/bin/fourd-mpi``."""
+    os.symlink(sys.prefix, tmp_path / ".venv")
     (tmp_path / "jobscripts").mkdir()
     shutil.copy(REPO / "jobscripts" / "weak-gpt-tiny.yaml", tmp_path / "jobscripts" / "weak-gpt-tiny.yaml")
     return tmp_path
