@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from fourd_mpi.cli.main import positive_int  # noqa: E402
+from fourd_mpi.util.values import positive_int  # noqa: E402
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import resolve  # noqa: E402
 from fourd_mpi.trace.merge import merge_run  # noqa: E402

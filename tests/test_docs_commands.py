@@ -209,9 +209,9 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
     "model-and-tuning": (True, [
         Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/fourd-mpi bench collectives --max-size 64K "
              "--min-time 0 --accept-poor-fit -o results/profiles/$(hostname).yaml", r"# Avg bus bandwidth"),
-        Step(".venv/bin/fourd-mpi model calibrate results/samples/grid-*.h5 --profile results/profiles/$(hostname).yaml "
+        Step(".venv/bin/fourd-mpi model calibrate results/samples/*.h5 --profile results/profiles/$(hostname).yaml "
              "-o calibrated.yaml   # TRACES: files, directories, globs", r"wrote calibrated\.yaml"),
-        Step(".venv/bin/fourd-mpi model validate results/samples/grid-*.h5 --profile calibrated.yaml",
+        Step(".venv/bin/fourd-mpi model validate results/samples/*.h5 --profile calibrated.yaml",
              r"1x2x2x2"),
     ]),
     # docs/sites.md: the job scripts of each centre, rendered from the environment the page activated
