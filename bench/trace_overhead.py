@@ -91,7 +91,7 @@ def timed_steps(run, spool, level, first_step, count, clock):
         t0 = time.perf_counter()
         result = run.trainer.step(i)
         record[0] = (world.Get_rank(), i, 0, result.start_ns, result.end_ns, result.loss, result.seconds,
-                     result.compute_ns, result.wait_ns, len(result.events))
+                     result.compute_ns, result.wait_ns, len(result.events), result.mpi_ns)
         t1 = time.perf_counter()
         spool.append(result.events, record)
         t2 = time.perf_counter()
