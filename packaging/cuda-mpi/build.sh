@@ -15,7 +15,9 @@
 # Cached by KEY (implementation, Debian source version, CUDA wheel version, RECIPE): a second call
 # with the same key prints the prefix at once. CACHE is $FOURD_CUDA_MPI_CACHE, else
 # /var/cache/fourd-mpi/cuda-mpi (root) or ~/.cache/fourd-mpi/cuda-mpi. A failed build leaves its
-# log in CACHE/KEY.build/build.log and no prefix; the next call starts again.
+# log in CACHE/KEY.build/build.log and no prefix. A build killed or failed after configure resumes at make on
+# the next call (BUILD/RESUME; the object files of its last minutes are compiled again); one stopped
+# before configure starts again.
 #
 # As root, the system packages the build needs are installed with apt-get (compilers, libtool-bin,
 # and for MPICH libfabric-dev and its verbs/psm libraries). The Debian sources are fetched with a
@@ -99,19 +101,40 @@ if [ -f "$PREFIX/BUILDINFO" ] && [ -f "$ARCHIVE" ]; then
   exit 0
 fi
 
-# -- a build from scratch -----------------------------------------------------------------------
+# -- a build: from scratch, or resumed where a killed one stopped --------------------------------
+# A build that got through configure leaves BUILD/RESUME (its source folder, CUDA folder and configure line).
+# The next call with the same KEY goes straight back to make (incremental), after removing the object files
+# written in the last RESUME_WINDOW seconds before the log's last line: the compiles the kill cut short may
+# have left them half written. Anything else in BUILD (an unconfigured try) is started afresh.
 BUILD=$CACHE/$KEY.build
+LOG=$BUILD/build.log
+RESUME_WINDOW=300
+START=$SECONDS
+RESUMED=
+if [ -f "$BUILD/RESUME" ] && [ -f "$LOG" ]; then
+  # shellcheck disable=SC1091
+  source "$BUILD/RESUME"  # SRC, CUDA_DIR, CONFIGURE (written below by this script)
+  if [ -n "${SRC:-}" ] && [ -f "$SRC/config.status" ] && [ -f "$SRC/Makefile" ] && [ -d "$CUDA_DIR" ]; then
+    RESUMED=1
+    stopped=$(stat -c %Y "$LOG")
+    stale=$(find "$SRC" -type f \( -name '*.o' -o -name '*.lo' \) -newermt "@$((stopped - RESUME_WINDOW))" | wc -l)
+    find "$SRC" -type f \( -name '*.o' -o -name '*.lo' \) -newermt "@$((stopped - RESUME_WINDOW))" -delete
+    rm -rf "$OUTDIR"  # a half-done install of this KEY only
+    log "resuming $KEY at make ($stale object file(s) of the last ${RESUME_WINDOW} s before it stopped removed; log: $LOG)"
+  fi
+fi
+if [ -z "$RESUMED" ]; then
 rm -rf "$BUILD" "$OUTDIR"  # both under CACHE/KEY*, made by this script only
 mkdir -p "$BUILD"
-LOG=$BUILD/build.log
 log "building $KEY (log: $LOG)"
-START=$SECONDS
+fi
 on_exit() {
   local rc=$?
   if [ "$rc" != 0 ]; then log "FAILED (exit $rc); the last lines of $LOG:"; tail -n 30 "$LOG" >&2; fi
 }
 trap on_exit EXIT
 
+if [ -z "$RESUMED" ]; then
 if [ "$(id -u)" = 0 ]; then
   pkgs=(build-essential libtool-bin zstd dpkg-dev file)
   [ "$IMPL" = mpich ] && pkgs+=(libfabric-dev libibverbs-dev librdmacm-dev libpsm2-dev libpsm-infinipath1-dev patchelf)
@@ -164,6 +187,11 @@ case "$IMPL" in
 esac
 log "configure: ${CONFIGURE[*]}"
 nice -n 19 "${CONFIGURE[@]}" >>"$LOG" 2>&1
+{ printf 'SRC=%q\nCUDA_DIR=%q\nCONFIGURE=(' "$SRC" "$CUDA_DIR"; printf '%q ' "${CONFIGURE[@]}"; echo ')'; } >"$BUILD/RESUME"
+else
+  cd "$SRC"
+  [ "$IMPL" = mpich ] && export PATH=$CUDA_DIR/bin:$PATH
+fi
 log "make -j$JOBS (Open MPI: about 17 min on 2 busy cores; MPICH: about 30)"
 nice -n 19 make -j"$JOBS" >>"$LOG" 2>&1
 nice -n 19 make install >>"$LOG" 2>&1
