@@ -10,7 +10,7 @@ from fourd_mpi.cli.args import FORMATS, add_format, add_site
 from fourd_mpi.util.values import text as nonempty_text
 from fourd_mpi.jobs.pack import PACK_MODES
 from fourd_mpi.jobs.schedulers import FINAL_STATES
-from fourd_mpi.jobs.sites import load_site
+from fourd_mpi.jobs.sites import load_site, retired_note
 from fourd_mpi.jobs.spec import load_spec
 from fourd_mpi.jobs.sweep import (JOB_OVERRIDES, MANIFEST, build_manifest, collect, load_jobs,
                                   load_manifest, next_steps, plan_rows, public_manifest, run_states, submit,
@@ -85,6 +85,8 @@ def cmd_sweep(args, world=None) -> int:
     if command in ("plan", "render"):
         spec = load_spec(args.spec)
         site = load_site(args.site)
+        if retired_note(site):
+            sys.stderr.write(f"fourd-mpi: {retired_note(site)}\n")
         if args.ranks_per_node is not None:
             spec.job["ranks_per_node"] = args.ranks_per_node
         for key in JOB_OVERRIDES:

@@ -21,7 +21,7 @@ import pytest
 from conftest import REPO, mpi_env
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.jobs.schedulers import parse_time
-from fourd_mpi.jobs.sites import builtin_sites, load_site
+from fourd_mpi.jobs.sites import builtin_sites, load_site, retired_sites
 from fourd_mpi.jobs.sweep import build_manifest, write_sweep
 from fourd_mpi.jobs.spec import load_spec
 
@@ -215,7 +215,7 @@ def _directive(text, pattern):
     return found[0]
 
 
-@pytest.mark.parametrize("site_name", builtin_sites())
+@pytest.mark.parametrize("site_name", builtin_sites() + retired_sites())
 def test_scripts_are_valid_shell_with_consistent_resources(tmp_path, site_name):
     manifest = _render_site(tmp_path, site_name)
     site = load_site(site_name)
@@ -268,7 +268,7 @@ def test_scripts_are_valid_shell_with_consistent_resources(tmp_path, site_name):
             assert "#SBATCH" not in text and f"mpiexec -n {n} " in command
 
 
-@pytest.mark.parametrize("site_name", builtin_sites())
+@pytest.mark.parametrize("site_name", builtin_sites() + retired_sites())
 def test_scripts_pass_shellcheck(tmp_path, site_name):
     if shutil.which("shellcheck") is None:
         if IN_CI:
