@@ -333,6 +333,9 @@ def test_local_site_submit_status_collect(tmp_path):
     assert fourd(["sweep", "render", spec, "--site", "local", "--python", sys.executable], tmp_path).returncode == 0
     done = fourd(["sweep", "submit", "jobscripts/s1"], tmp_path)
     assert done.returncode == 0 and "2 submitted" in done.stdout, done.stdout + done.stderr
+    listed = fourd(["results", "list", "--format", "json"], tmp_path)  # the sweep's runs, in results list
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(e["run_id"] for e in json.loads(listed.stdout)) == ["s1-000-n1-1x1x1x1", "s1-001-n3-3x1x1x1"]
     status = fourd(["sweep", "status", "jobscripts/s1"], tmp_path)
     assert "2/2 traces complete, 0 jobs failed" in status.stdout and status.stdout.count("COMPLETED") == 2
     again = fourd(["sweep", "submit", "jobscripts/s1"], tmp_path)
