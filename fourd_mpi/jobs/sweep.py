@@ -1,6 +1,7 @@
 """``fourd-mpi sweep plan|render|submit|status|collect``: a scaling study from spec to table.
 
-``render`` writes ``jobscripts/<sweep>/``: one script per run, ``logs/`` for the job
+``render`` writes ``results/<sweep>/<site>/jobs/`` (:func:`default_script_dir`, next to the traces; ``--out``
+another directory): one script per run, ``logs/`` for the job
 output, and ``manifest.json`` (the resolved spec and, per run, its resources, command,
 script, log and trace path; no time stamps, so the same spec renders the same bytes).
 ``submit`` records job ids in ``jobs.json`` next to the manifest and never submits a run
@@ -84,6 +85,18 @@ def results_dir_of(spec: SweepSpec, override: Optional[str] = None, site: Option
         return override
     base = spec.results_dir or os.path.join("results", spec.name)
     return os.path.join(base, site) if site else base
+
+
+#: the directory of a sweep's scripts below its results directory (:func:`default_script_dir`)
+SCRIPTS_SUBDIR = "jobs"
+
+
+def default_script_dir(spec: SweepSpec, site: Site, results_dir: Optional[str] = None) -> str:
+    """Where ``sweep render`` writes by default: ``jobs/`` in the sweep's results directory
+    (:func:`results_dir_of`: ``results/SWEEP/SITE/jobs``), beside the traces its jobs write. So two sites of one
+    spec never share a directory, and in a checkout of fourd_mpi the scripts land under ``results/``, which git
+    ignores, not in the source tree."""
+    return os.path.join(results_dir_of(spec, results_dir, site.name), SCRIPTS_SUBDIR)
 
 
 def build_manifest(spec: SweepSpec, site: Site, spec_path: str, script_dir: str, python: Optional[str] = None,
@@ -244,7 +257,7 @@ def load_manifest(sweep_dir: str) -> Dict:
     except OSError as exc:
         if os.path.isdir(sweep_dir):
             raise ConfigError(f"{sweep_dir} is a directory but not a rendered sweep (it holds no {MANIFEST}): give "
-                              "the directory 'fourd-mpi sweep render' wrote (jobscripts/SWEEP or its --out)") from None
+                              "the directory 'fourd-mpi sweep render' wrote (results/SWEEP/SITE/jobs or its --out)") from None
         from fourd_mpi.util.files import missing_reason
 
         what = missing_reason(sweep_dir) if not os.path.lexists(sweep_dir) or os.path.islink(sweep_dir) else \

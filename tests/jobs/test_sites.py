@@ -352,7 +352,8 @@ def test_alps_job_prepares_the_venv_on_the_uenv_view(tmp_path, monkeypatch):
     (view / "bin" / "python").symlink_to(shutil.which("python3"))
     script = "\n".join(["set -eo pipefail", "unset PYTHONPATH",
                         'PYTHONUSERBASE="$(dirname "$(dirname "$(which python)")")"', "export PYTHONUSERBASE",
-                        'python -c "import os; print(os.environ.get(\'PYTHONPATH\')); print(os.environ[\'PYTHONUSERBASE\'])"'])
+                        "python -c 'import os; print(os.environ.get(\"PYTHONPATH\")); "
+                        "print(os.environ[\"PYTHONUSERBASE\"])'"])
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
                           env={"PATH": f"{view / 'bin'}:/usr/bin:/bin", "PYTHONPATH": "/elsewhere"})
     assert done.returncode == 0, done.stderr
