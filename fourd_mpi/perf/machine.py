@@ -561,8 +561,8 @@ class MachineProfile:
         text = f"machine profile {self.name}: figures {self.data.get('source') or 'from ' + (self.path or 'a file')}"
         borrowed = [(level, owner) for level, owner in self.level_owners().items() if owner is not self]
         if borrowed:
-            text += "; " + "; ".join(f"{level}-node level from profile {owner.name} ({owner.data.get('source', 'file')})"
-                                     for level, owner in borrowed)
+            text += "; " + "; ".join(f"{level}-node level from profile {owner.name} "
+                                     f"({owner.data.get('source', 'file')})" for level, owner in borrowed)
         return text
 
     def describe(self) -> str:
