@@ -25,7 +25,8 @@ setup(
     },
     packages=find_packages(include=["fourd_mpi", "fourd_mpi.*"]),
     # built-in site profiles, job-script templates and machine (alpha-beta) profiles
-    package_data={"fourd_mpi.jobs": ["sites/*.yaml", "templates/*.j2"], "fourd_mpi.perf": ["profiles/*.yaml"], "fourd_mpi.perf.published": ["*.yaml"]},
+    package_data={"fourd_mpi.jobs": ["sites/*.yaml", "sites/retired/*.yaml", "templates/*.j2"],
+                  "fourd_mpi.perf": ["profiles/*.yaml"], "fourd_mpi.perf.published": ["*.yaml"]},
     python_requires=">=3.9",
     install_requires=[
         "numpy>=1.22",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Render the example study jobscripts/weak-gpt-tiny.yaml for every built-in site.
+"""Render the example study jobscripts/weak-gpt-tiny.yaml for every built-in site (retired ones too).
 
     python3 jobscripts/regenerate.py           # rewrite jobscripts/examples/<site>/
     python3 jobscripts/regenerate.py --check   # exit 1 if a checked-in example is out of date
@@ -17,7 +17,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from fourd_mpi.jobs.sites import builtin_sites, load_site  # noqa: E402
+from fourd_mpi.jobs.sites import builtin_sites, load_site, retired_sites  # noqa: E402
 from fourd_mpi.jobs.sweep import build_manifest, write_sweep  # noqa: E402
 from fourd_mpi.jobs.spec import load_spec  # noqa: E402
 
@@ -35,7 +35,7 @@ PYTHON = "python3"
 def render_all(root: str) -> list:
     """Render every site's example under ``root`` (paths inside are those of ``EXAMPLES``)."""
     written = []
-    for name in builtin_sites():
+    for name in builtin_sites() + retired_sites():
         spec = load_spec(SPEC)
         if name in RANKS_PER_NODE:
             spec.job["ranks_per_node"] = RANKS_PER_NODE[name]

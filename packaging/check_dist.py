@@ -19,7 +19,8 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DATA_GLOBS = ("fourd_mpi/jobs/sites/*.yaml", "fourd_mpi/jobs/templates/*.j2", "fourd_mpi/perf/profiles/*.yaml")
+DATA_GLOBS = ("fourd_mpi/jobs/sites/*.yaml", "fourd_mpi/jobs/sites/retired/*.yaml", "fourd_mpi/jobs/templates/*.j2",
+              "fourd_mpi/perf/profiles/*.yaml")
 
 
 def docs_files():

@@ -53,16 +53,44 @@ grep -rq '^#SBATCH --time=1-12:00:00$' jobs
   > run.log 2>&1 || { cat run.log; exit 1; }
 grep -q '^step time: median' run.log && ls results/*.h5 >/dev/null
 
-step "ReFrame: packaging/reframe/fourd_mpi_check.py on the local scheduler (the wheel's fourd-mpi and mpiexec)"
-PATH="$WORK/venv/bin:$PATH" "$WORK/tools/bin/reframe" -C "$REPO/packaging/reframe/config_local.py" \
-  -c "$REPO/packaging/reframe/fourd_mpi_check.py" --prefix "$WORK/reframe" \
-  --report-file "$WORK/reframe/report.json" --nocolor -r 2>&1 | grep -E '^(P:|\[ *(OK|FAIL|PASSED|FAILED)|FAILURE|  \* )' \
-  || true
+step "ReFrame: packaging/reframe/fourd_mpi_check.py on the local scheduler (the wheel's fourd-mpi and mpiexec), no reference"
+"$WORK/tools/bin/python" packaging/reframe/selftest.py   # ReFrame's own verdict on the template's tolerances
+CASE='FourdMpiRunCheck%site=local%grid=1x2x2x2'
+rfm() {  # rfm PREFIX [VAR=VALUE...]: the check's local case, report in PREFIX/report.json
+  local prefix=$1; shift
+  env "$@" PATH="$WORK/venv/bin:$PATH" "$WORK/tools/bin/reframe" -C "$REPO/packaging/reframe/config_local.py" \
+    -c "$REPO/packaging/reframe/fourd_mpi_check.py" -n "$CASE" --prefix "$prefix" \
+    --report-file "$prefix/report.json" --nocolor -r 2>&1 | grep -E '^(P:|\[ *(OK|FAIL|PASSED|FAILED)|FAILURE|  \* )' \
+    || true
+}
+rfm "$WORK/reframe"
 "$WORK/tools/bin/python" - "$WORK/reframe/report.json" <<'PY'
 import json, sys
-report = json.load(open(sys.argv[1]))
-runs = report["runs"][-1]
+runs = json.load(open(sys.argv[1]))["runs"][-1]
 assert runs["num_cases"] == 1 and runs["num_failures"] == 0, "ReFrame check failed (see above)"
+values = runs["testcases"][0]["perfvalues"]
+assert {k.split(":")[-1] for k in values} >= {"step_time", "tflops_per_rank", "gemm_pct", "exposed_comm_share"}, values
+PY
+
+step "ReFrame: a reference filled from that run (fourd_reference.py), its step time 10x faster: the check must fail"
+"$WORK/tools/bin/python" packaging/reframe/fourd_reference.py --system local:default --site local --grid 1x2x2x2 \
+  "$WORK/reframe/output/local/default/builtin/*/index.jsonl" > "$WORK/reframe/entry.yaml"
+"$WORK/tools/bin/python" - "$WORK/reframe/entry.yaml" packaging/reframe/references.yaml "$WORK/reframe/faster.yaml" <<'PY'
+import sys, yaml
+entry, template, out = sys.argv[1:]
+data = yaml.safe_load(open(template))
+data["references"] = yaml.safe_load("references:\n" + open(entry).read())["references"]
+case = data["references"]["local:default"]["local"]["1x2x2x2"]
+case["step_time"] /= 10  # ten times faster than measured: no run of this machine meets it
+open(out, "w").write(yaml.safe_dump(data))
+PY
+rfm "$WORK/reframe-faster" FOURD_REFRAME_REFERENCES="$WORK/reframe/faster.yaml"
+"$WORK/tools/bin/python" - "$WORK/reframe-faster/report.json" <<'PY'
+import json, sys
+runs = json.load(open(sys.argv[1]))["runs"][-1]
+case = runs["testcases"][0]
+assert runs["num_failures"] == 1 and case["fail_phase"] == "performance", (runs["num_failures"], case["fail_phase"])
+assert case["perfvalues"]["local:default:step_time"][-1] == "fail", case["perfvalues"]
 PY
 
 step "recipes: hadolint on the Dockerfile, cffconvert --validate on CITATION.cff"

@@ -52,7 +52,7 @@ def _register_tune(sub) -> None:
     m.add_argument("--fallback-profile", default=None, metavar="P", help="profile for placement levels the "
                    "profile lacks (e.g. perlmutter for inter-node axes of a one-node calibration)")
     m.add_argument("--ranks-per-node", type=axis_size, default=None, metavar="R",
-                   help="ranks per node of the run (default: the profile's)")
+                   help="ranks per node of the run (default: the site's with --site, else the profile's)")
     m.add_argument("--memory-limit", type=_memory_limit, default=None, metavar="GiB",
                    help="drop grids needing more per rank (counted bytes + allocator margin + GPU runtime reserve); "
                         "default: the profile's device memory (e.g. 40 on perlmutter, 64 on frontier; none on CPU "
@@ -113,6 +113,22 @@ def _memory_limit_bytes(args, profile):
                    f"--memory-limit GiB|none to change); {how}")
 
 
+def _node_shape(args, profile):
+    """``(ranks per node or None, what says it)``: ``--ranks-per-node``; else, with ``--site``, the site's node
+    shape (its ``ranks_per_node``; a site without nodes of its own, ``local``, keeps the profile's); else the
+    profile's (None: the model's default, the profile's ranks per node)."""
+    if args.ranks_per_node is not None:
+        return args.ranks_per_node, f"{args.ranks_per_node} ranks per node (--ranks-per-node)"
+    if args.site:
+        from fourd_mpi.jobs.sites import load_site
+
+        site = load_site(args.site)
+        if site.scheduler != "local" or site.launcher == "testbed":
+            per_node = min(site.ranks_per_node, args.ranks)
+            return per_node, f"{per_node} ranks per node (site {site.name}'s nodes; --ranks-per-node to change)"
+    return None, f"{min(profile.ranks_per_node, args.ranks)} ranks per node (profile {profile.name}'s)"
+
+
 def cmd_tune(args, world=None) -> int:
     from fourd_mpi.jobs.sites import resolve_profile
     from fourd_mpi.perf.tune import format_ranking, rank_grids, sweep_spec, why_best
@@ -132,6 +148,8 @@ def cmd_tune(args, world=None) -> int:
         args.dtype = profile.training_dtype
         print(f"dtype {args.dtype}: the training dtype of machine profile {profile.name} "
               f"({'bf16 on GPU sites' if profile.backend == 'cupy' else 'float32 on CPU sites'}; --dtype to choose)")
+    args.ranks_per_node, shape = _node_shape(args, profile)
+    print(f"{profile.origin()}; {shape}")
     limit, limit_text = _memory_limit_bytes(args, profile)
     recompute, attention = args.recompute or "none", args.attention or "unfused"
     from fourd_mpi.perf.algorithms import algorithm_names

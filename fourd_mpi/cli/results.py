@@ -23,7 +23,8 @@ LIST_FORMATS = ("table", "json", "csv")
 #: columns of ``results list`` (table and csv), in order
 LIST_COLUMNS = ("run_id", "time", "model", "grid", "world_size", "algorithm", "median_s", "q1_s", "q3_s",
                 "model_tflops_per_rank", "mfu_pct", "gemm_pct", "status", "config_key", "git_commit", "trace")
-INDEX_HELP = "the index: a results directory (its index.jsonl) or a .jsonl file (default: results)"
+INDEX_HELP = ("the index: a results directory (its index.jsonl and those below it, e.g. a sweep's "
+              "results/SWEEP/SITE) or a .jsonl file (default: results)")
 
 
 def register(sub) -> None:
@@ -151,7 +152,7 @@ def format_entries(entries, fmt: str) -> str:
 
 
 def cmd_results(args, world=None) -> int:
-    from fourd_mpi.results.index import index_file, read_index, refuse_foreign_link, reindex
+    from fourd_mpi.results.index import index_file, nested_indexes, read_index_tree, refuse_foreign_link, reindex
     from fourd_mpi.results.query import parse_terms, select
 
     if args.results_command == "reindex":
@@ -169,10 +170,10 @@ def cmd_results(args, world=None) -> int:
               + (f", {len(problems)} trace(s) skipped" if problems else ""))
         return 1 if problems else 0  # as analyze: 1 when some trace was skipped
     path = index_file(args.index)
-    if not os.path.exists(path):
+    if not os.path.exists(path) and not (os.path.isdir(args.index) and nested_indexes(args.index)):
         raise ConfigError(f"no index at {path} (runs append to <results-dir>/index.jsonl; "
                           f"'fourd-mpi results reindex DIR' builds one from traces)")
-    entries = read_index(path, warn)
+    entries = read_index_tree(path, warn)  # with the indexes below it: a sweep's results/SWEEP/SITE
     if args.results_command == "show":
         found = [e for e in entries if e["run_id"] == args.run_id]
         if not found:

@@ -10,9 +10,9 @@ from fourd_mpi.cli.args import FORMATS, add_format, add_site
 from fourd_mpi.util.values import text as nonempty_text
 from fourd_mpi.jobs.pack import PACK_MODES
 from fourd_mpi.jobs.schedulers import FINAL_STATES
-from fourd_mpi.jobs.sites import load_site
+from fourd_mpi.jobs.sites import load_site, retired_note
 from fourd_mpi.jobs.spec import load_spec
-from fourd_mpi.jobs.sweep import (JOB_OVERRIDES, MANIFEST, build_manifest, collect, load_jobs,
+from fourd_mpi.jobs.sweep import (JOB_OVERRIDES, MANIFEST, build_manifest, collect, default_script_dir, load_jobs,
                                   load_manifest, next_steps, plan_rows, public_manifest, run_states, submit,
                                   write_sweep)
 from fourd_mpi.util.text import format_rows
@@ -48,10 +48,11 @@ def register(sub) -> None:
     site_arg(plan)
     add_format(plan, FORMATS, help="table (default), csv or markdown (a row per run), json (the whole manifest)")
 
-    render = ssub.add_parser("render", help="write one job script per run and a manifest under jobscripts/SWEEP")
+    render = ssub.add_parser("render", help="write one job script per run and a manifest under results/SWEEP/SITE/jobs")
     render.add_argument("spec", metavar="SPEC.yaml", help="the sweep spec (YAML)")
     site_arg(render)
-    render.add_argument("--out", type=nonempty_text, metavar="DIR", help="directory of the scripts (default jobscripts/SWEEP)")
+    render.add_argument("--out", type=nonempty_text, metavar="DIR", help="directory of the scripts (default: jobs/ in the sweep's results "
+                                                                   "directory, results/SWEEP/SITE/jobs)")
     render.add_argument("--force", action="store_true", help="render again over an existing directory")
 
     for name, text in (("submit", "submit the rendered jobs (sbatch, qsub, bsub; local: run them now); exit 1 "
@@ -59,7 +60,7 @@ def register(sub) -> None:
                        ("status", "each run's scheduler state and trace; exit 1 when a job failed"),
                        ("collect", "check the traces and print the runs and scaling tables")):
         p = ssub.add_parser(name, help=text)
-        p.add_argument("sweep_dir", metavar="DIR", help="the rendered sweep, e.g. jobscripts/SWEEP")
+        p.add_argument("sweep_dir", metavar="DIR", help="the rendered sweep, e.g. results/SWEEP/SITE/jobs")
         if name == "submit":
             p.add_argument("--resubmit-failed", action="store_true",
                            help="submit again runs whose job failed, was cancelled or timed out")
@@ -85,6 +86,8 @@ def cmd_sweep(args, world=None) -> int:
     if command in ("plan", "render"):
         spec = load_spec(args.spec)
         site = load_site(args.site)
+        if retired_note(site):
+            sys.stderr.write(f"fourd-mpi: {retired_note(site)}\n")
         if args.ranks_per_node is not None:
             spec.job["ranks_per_node"] = args.ranks_per_node
         for key in JOB_OVERRIDES:
@@ -95,7 +98,8 @@ def cmd_sweep(args, world=None) -> int:
                 spec.job[key] = getattr(args, key)
         if any(getattr(args, key) is not None for key in (*JOB_OVERRIDES, "pack", "pack_mode")):
             spec.revalidate_job()
-        script_dir = getattr(args, "out", None) or os.path.join("jobscripts", spec.name)
+        # default: next to the sweep's traces, results/SWEEP/SITE/jobs (git-ignored in a checkout, never the source tree)
+        script_dir = getattr(args, "out", None) or default_script_dir(spec, site, args.results_dir)
         manifest = build_manifest(spec, site, args.spec, script_dir, args.python, args.results_dir)
         if command == "plan":
             if args.format == "json":

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.jobs.schedulers import JobRequest, parse_time, slurm_time
@@ -94,8 +94,11 @@ def _shape(job: JobRequest) -> tuple:
 
 
 def plan_packs(sweep: str, entries: Sequence[Dict], size: int, mode: str, script_dir: str, node_ranks: int,
-               max_time: Optional[str] = None, site_name: str = "?", prefix: str = "pack-") -> List[PackPlan]:
+               max_time: Optional[str] = None, site_name: str = "?", prefix: str = "pack-",
+               queue_for: Optional[Callable[[int, int], Optional[str]]] = None) -> List[PackPlan]:
     """Group manifest run entries into packs of at most ``size`` consecutive runs and size each allocation.
+    ``queue_for(nodes, seconds)``: the queue of an allocation (a site's queues by node count,
+    :meth:`fourd_mpi.jobs.sites.Site.queue_for`); None: the first run's.
 
     ``node_ranks`` is how many ranks a node takes (the site's or the spec's ranks per node): concurrent
     packs fit single-node runs into nodes of that many slots. Raises :class:`ConfigError` when a pack's time limit exceeds ``max_time`` (the site's longest
@@ -128,6 +131,8 @@ def plan_packs(sweep: str, entries: Sequence[Dict], size: int, mode: str, script
                 seconds = max(j.time_seconds for j in jobs)
             job = replace(first, name=f"{sweep}-{name}", ranks=nodes * per_node,
                           nodes=nodes, ranks_per_node=per_node, time_seconds=seconds, log=log)
+        if queue_for is not None:
+            job = replace(job, queue=queue_for(job.nodes, job.time_seconds))
         if limit is not None and job.time_seconds > limit:
             raise ConfigError(
                 f"{name} ({mode}, {len(runs)} runs) needs a time limit of {slurm_time(job.time_seconds)}, more than "

@@ -53,12 +53,12 @@ def job_request(run: RunPlan, spec: SweepSpec, site: Site, log: str) -> JobReque
             raise ConfigError(f"site {site.name} needs job.{key} for every job: give it in the spec's job: section "
                               f"or --{key} on the command line")
     nodes, per_node = site.rank_layout(run.ranks, settings.get("ranks_per_node"))
+    seconds = parse_time(settings.get("time", "00:30:00"))
     return JobRequest(
-        name=run.run_id, ranks=run.ranks, nodes=nodes, ranks_per_node=per_node,
-        time_seconds=parse_time(settings.get("time", "00:30:00")), log=log,
+        name=run.run_id, ranks=run.ranks, nodes=nodes, ranks_per_node=per_node, time_seconds=seconds, log=log,
         gpus_per_node=site.gpus_per_node, cores_per_node=site.cores_per_node, cpus_per_rank=site.cpus_per_rank,
         account=settings.get("account"), partition=settings.get("partition"), qos=settings.get("qos"),
-        queue=settings.get("queue"), constraint=settings.get("constraint"),
+        queue=site.queue_for(nodes, seconds, settings.get("queue")), constraint=settings.get("constraint"),
         reservation=settings.get("reservation"), extra=site.directives, account_option=site.account_option,
         parallel_environment=site.parallel_environment, launcher=site.launcher)
 

@@ -28,6 +28,9 @@ from fourd_mpi.perf.machine import MachineProfile, load_profile
 from fourd_mpi.util.yamlspec import load_yaml
 
 SITES_DIR = os.path.join(os.path.dirname(__file__), "sites")
+#: profiles of retired machines: out of the default list (:func:`builtin_sites`), still selectable by name (each is
+#: loaded with a one-line note, :func:`retired_note`), kept for their scheduler and launcher idioms
+RETIRED_DIR = os.path.join(SITES_DIR, "retired")
 SCHEDULERS = ("local", "slurm", "pbs", "lsf", "sge")
 #: ``testbed``: the environment's mpiexec (the ``mpich`` wheel's or Open MPI's) on the nodes of a test bed of emulated nodes
 #: (``fourd-mpi testbed mpiexec``, :mod:`fourd_mpi.testbed`; the bed is ``$FOURD_TESTBED``, default ``fourd``)
@@ -88,6 +91,16 @@ SITE_SCHEMA: Dict[str, Any] = {
                             "description": "a built-in machine profile name or a profile file (the performance model)"},
         "max_time": {"type": "string", "pattern": TIME_PATTERN,
                      "description": "the longest job the site's queue takes, in Slurm's time forms"},
+        "queues": {
+            "type": "array", "minItems": 1,
+            "description": "the queues a job goes to by its node count, in order: the first whose node range and "
+                           "time limit take the job (a job's queue or --queue wins)",
+            "items": {"type": "object", "additionalProperties": False, "required": ["name", "max_nodes"],
+                      "properties": {"name": _safe, "min_nodes": {"type": "integer", "minimum": 1},
+                                     "max_nodes": {"type": "integer", "minimum": 1},
+                                     "max_time": {"type": "string", "pattern": TIME_PATTERN,
+                                                  "description": "a queue's time limit is in Slurm's time forms"}}},
+        },
         "defaults": {
             "type": "object", "additionalProperties": False,
             "properties": {"time": {"type": "string", "pattern": TIME_PATTERN,
@@ -98,6 +111,28 @@ SITE_SCHEMA: Dict[str, Any] = {
         },
     },
 }
+
+
+@dataclass(frozen=True)
+class Queue:
+    """A queue of a site's ``queues:`` (a job of ``min_nodes``..``max_nodes`` nodes, at most ``max_time``)."""
+
+    name: str
+    max_nodes: int
+    min_nodes: int = 1
+    max_time: Optional[str] = None
+
+    def takes(self, nodes: int, seconds: int) -> bool:
+        from fourd_mpi.jobs.schedulers import parse_time
+
+        return (self.min_nodes <= nodes <= self.max_nodes
+                and (self.max_time is None or seconds <= parse_time(self.max_time)))
+
+    def describe(self) -> str:
+        from fourd_mpi.jobs.schedulers import parse_time, slurm_time
+
+        nodes = f"{self.min_nodes}-{self.max_nodes} nodes"
+        return f"{self.name} {nodes}" + (f" up to {slurm_time(parse_time(self.max_time))}" if self.max_time else "")
 
 
 @dataclass(frozen=True)
@@ -137,6 +172,8 @@ class Site:
     #: the interpreter jobs run; None: the one the sweep is rendered with (:func:`fourd_mpi.jobs.render.python_for`)
     python: Optional[str] = None
     max_time: Optional[str] = None  # the longest job the queue takes (packs are checked against it)
+    #: the queue of a job by its node count (:meth:`queue_for`); empty: the job's queue setting as given
+    queues: Tuple[Queue, ...] = ()
     defaults: Dict[str, str] = field(default_factory=dict)
     #: the performance model's machine profile of this site (a built-in name or a file), if any
     machine_profile: Optional[str] = None
@@ -157,6 +194,28 @@ class Site:
             return self.gpu_local_rank_env
         return "PMI_LOCAL_RANK" if self.launcher == "polaris-mpiexec" else "SLURM_LOCALID"
 
+    def queue_for(self, nodes: int, seconds: int, named: Optional[str] = None) -> Optional[str]:
+        """The queue of a job of ``nodes`` nodes and ``seconds``: ``named`` (the job's queue or ``--queue``) when
+        given, checked against :attr:`queues` when it is one of them; else the first of :attr:`queues` that takes
+        the job; else None. A :class:`ConfigError` (one line, with the fix) when none takes it."""
+        from fourd_mpi.jobs.schedulers import slurm_time
+
+        table = "; ".join(q.describe() for q in self.queues)
+        if named:
+            queue = next((q for q in self.queues if q.name == named), None)
+            if queue is not None and not queue.takes(nodes, seconds):
+                raise ConfigError(f"site {self.name}: queue {named} does not take {nodes} node(s) for "
+                                  f"{slurm_time(seconds)} ({table}): leave the queue out to have it chosen by node "
+                                  f"count, or change --time or the ranks")
+            return named
+        if not self.queues:
+            return None
+        for queue in self.queues:
+            if queue.takes(nodes, seconds):
+                return queue.name
+        raise ConfigError(f"site {self.name}: no queue takes {nodes} node(s) for {slurm_time(seconds)} ({table}): "
+                          f"give --queue NAME (one of the centre's other queues) or a shorter --time")
+
     def rank_layout(self, ranks: int, ranks_per_node: Optional[int] = None) -> Tuple[int, int]:
         """``(nodes, ranks per node)`` for ``ranks``; full nodes only, so that nodes x per node = ranks."""
         per_node = ranks_per_node or self.ranks_per_node
@@ -174,7 +233,23 @@ class Site:
 
 
 def builtin_sites() -> List[str]:
+    """The default list of sites (retired machines are not in it: :func:`retired_sites`)."""
     return sorted(os.path.splitext(f)[0] for f in os.listdir(SITES_DIR) if f.endswith(".yaml"))
+
+
+def retired_sites() -> List[str]:
+    """Built-in profiles of retired machines: selectable by name, not listed among :func:`builtin_sites`."""
+    if not os.path.isdir(RETIRED_DIR):
+        return []
+    return sorted(os.path.splitext(f)[0] for f in os.listdir(RETIRED_DIR) if f.endswith(".yaml"))
+
+
+def retired_note(site: Site) -> Optional[str]:
+    """The one line said when a retired machine's profile is used, or None."""
+    if not site.retired:
+        return None
+    return (f"note: site {site.name} is a retired machine (retired {site.retired}): its profile is kept for its "
+            f"scheduler and launcher idiom, not for submission")
 
 
 def sites_with_profiles() -> List[str]:
@@ -203,15 +278,24 @@ def load_site(name_or_path: str) -> Site:
         path = name_or_path
     else:
         path = os.path.join(SITES_DIR, name_or_path + ".yaml")
+        if not os.path.exists(path) and name_or_path in retired_sites():
+            path = os.path.join(RETIRED_DIR, name_or_path + ".yaml")
         if not os.path.exists(path):
+            retired = retired_sites()
             raise ConfigError(f"unknown site {name_or_path!r}: choose one of {', '.join(builtin_sites())} "
-                              "or give a site profile FILE.yaml")
+                              + (f"(retired machines: {', '.join(retired)}) " if retired else "")
+                              + "or give a site profile FILE.yaml")
     data = load_yaml(path, "site profile", SITE_SCHEMA).data
     tuples = {k: tuple(data[k]) for k in ("launcher_args", "modules", "module_paths", "setup", "requires",
                                                    "documentation", "gpu_map") if k in data}
     pairs = {k: tuple((str(a), str(b)) for a, b in data[k].items()) for k in ("directives", "env") if k in data}
-    rest = {k: v for k, v in data.items() if k not in tuples and k not in pairs}
-    site = Site(**rest, **tuples, **pairs, source=path)
+    rest = {k: v for k, v in data.items() if k not in tuples and k not in pairs and k != "queues"}
+    queues = tuple(Queue(**q) for q in data.get("queues", ()))
+    site = Site(**rest, **tuples, **pairs, queues=queues, source=path)
+    for queue in queues:
+        if queue.min_nodes > queue.max_nodes:
+            raise ConfigError(f"site {site.name} ({path}): queue {queue.name} has min_nodes {queue.min_nodes} above "
+                              f"max_nodes {queue.max_nodes}")
     check_gpu_binding(site)
     return site
 

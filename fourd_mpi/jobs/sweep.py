@@ -1,6 +1,7 @@
 """``fourd-mpi sweep plan|render|submit|status|collect``: a scaling study from spec to table.
 
-``render`` writes ``jobscripts/<sweep>/``: one script per run, ``logs/`` for the job
+``render`` writes ``results/<sweep>/<site>/jobs/`` (:func:`default_script_dir`, next to the traces; ``--out``
+another directory): one script per run, ``logs/`` for the job
 output, and ``manifest.json`` (the resolved spec and, per run, its resources, command,
 script, log and trace path; no time stamps, so the same spec renders the same bytes).
 ``submit`` records job ids in ``jobs.json`` next to the manifest and never submits a run
@@ -37,7 +38,7 @@ from fourd_mpi.jobs.pack import pack_settings, plan_packs, status_path
 from fourd_mpi.jobs.render import (AFFINITY_SCRIPT, job_request, job_settings, python_for, render_affinity_script,
                                    render_pack_script, render_script, run_argv)
 from fourd_mpi.jobs.schedulers import ACTIVE_STATES, FINAL_STATES, get_scheduler, parse_time, slurm_time
-from fourd_mpi.jobs.sites import SITES_DIR, Site, load_site
+from fourd_mpi.jobs.sites import RETIRED_DIR, SITES_DIR, Site, load_site
 from fourd_mpi.jobs.spec import SCHEMA, RunPlan, SweepSpec, spec_from_data
 from fourd_mpi.util.files import claim_directory, write_marker
 from fourd_mpi.util.yamlspec import schema_violations
@@ -86,6 +87,18 @@ def results_dir_of(spec: SweepSpec, override: Optional[str] = None, site: Option
     return os.path.join(base, site) if site else base
 
 
+#: the directory of a sweep's scripts below its results directory (:func:`default_script_dir`)
+SCRIPTS_SUBDIR = "jobs"
+
+
+def default_script_dir(spec: SweepSpec, site: Site, results_dir: Optional[str] = None) -> str:
+    """Where ``sweep render`` writes by default: ``jobs/`` in the sweep's results directory
+    (:func:`results_dir_of`: ``results/SWEEP/SITE/jobs``), beside the traces its jobs write. So two sites of one
+    spec never share a directory, and in a checkout of fourd_mpi the scripts land under ``results/``, which git
+    ignores, not in the source tree."""
+    return os.path.join(results_dir_of(spec, results_dir, site.name), SCRIPTS_SUBDIR)
+
+
 def build_manifest(spec: SweepSpec, site: Site, spec_path: str, script_dir: str, python: Optional[str] = None,
                    results_dir: Optional[str] = None) -> Dict:
     """Every run with its resources and command; raises before anything is written."""
@@ -117,15 +130,22 @@ def build_manifest(spec: SweepSpec, site: Site, spec_path: str, script_dir: str,
     manifest = {"schema": MANIFEST_SCHEMA, "version": MANIFEST_VERSION, "sweep": spec.name, "study": spec.study,
                 "site": site.name, "scheduler": site.scheduler, "spec_path": spec_path, "results_dir": results,
                 "script_dir": script_dir, "fourd_mpi_version": __version__, "spec": spec.as_dict(), "runs": entries}
-    if site.source and os.path.dirname(os.path.abspath(site.source)) != os.path.abspath(SITES_DIR):
+    if site.source and os.path.dirname(os.path.abspath(site.source)) not in (os.path.abspath(SITES_DIR),
+                                                                            os.path.abspath(RETIRED_DIR)):
         manifest["site_file"] = site.source  # a user profile: `submit --pack` renders pack scripts with it
     settings = job_settings(spec, site)
     size, mode = pack_settings(settings, site.scheduler)
     if size > 1:
         node_ranks = settings.get("ranks_per_node") or site.ranks_per_node
         manifest["packs"] = pack_entries(plan_packs(spec.name, entries, size, mode, script_dir, node_ranks,
-                                                    site.max_time, site.name), script_dir)
+                                                    site.max_time, site.name, queue_for=_queue_chooser(site, settings)),
+                                         script_dir)
     return manifest
+
+
+def _queue_chooser(site: Site, settings: Dict):
+    """The queue of a pack's allocation: the job's queue setting, else the site's by node count."""
+    return lambda nodes, seconds: site.queue_for(nodes, seconds, settings.get("queue"))
 
 
 def pack_entries(packs, script_dir: str) -> List[Dict]:
@@ -237,7 +257,7 @@ def load_manifest(sweep_dir: str) -> Dict:
     except OSError as exc:
         if os.path.isdir(sweep_dir):
             raise ConfigError(f"{sweep_dir} is a directory but not a rendered sweep (it holds no {MANIFEST}): give "
-                              "the directory 'fourd-mpi sweep render' wrote (jobscripts/SWEEP or its --out)") from None
+                              "the directory 'fourd-mpi sweep render' wrote (results/SWEEP/SITE/jobs or its --out)") from None
         from fourd_mpi.util.files import missing_reason
 
         what = missing_reason(sweep_dir) if not os.path.lexists(sweep_dir) or os.path.islink(sweep_dir) else \
@@ -631,7 +651,7 @@ def submission_packs(manifest: Dict, runs: List[Dict], size: int, mode: str, wri
     settings = job_settings(spec, site)
     plans = plan_packs(spec.name, [by_id[r["run_id"]] for r in runs], size, mode, script_dir,
                        settings.get("ranks_per_node") or site.ranks_per_node, site.max_time, site.name,
-                       prefix=f"pack-{stamp}-")
+                       prefix=f"pack-{stamp}-", queue_for=_queue_chooser(site, settings))
     entries = pack_entries(plans, script_dir)
     for entry in entries:
         entry["_runs"] = list(entry["_pack"].runs)

@@ -545,6 +545,26 @@ class MachineProfile:
         """``level:op`` of every collective fit this profile's own levels lack."""
         return [f"{lv}:{k}" for lv, entry in self.data["levels"].items() for k in KINDS if k not in entry]
 
+    def level_owners(self) -> Dict[str, "MachineProfile"]:
+        """The profile that gives each placement level's figures: this one, else the first of its fallbacks."""
+        owners: Dict[str, MachineProfile] = {}
+        profile: Optional[MachineProfile] = self
+        while profile is not None:
+            for level in profile.data.get("levels", {}):
+                owners.setdefault(level, profile)
+            profile = profile.fallback
+        return owners
+
+    def origin(self) -> str:
+        """One line: where this profile's figures come from (its ``source``, else its file), and each placement
+        level whose figures are another profile's (a fallback), with that profile's source."""
+        text = f"machine profile {self.name}: figures {self.data.get('source') or 'from ' + (self.path or 'a file')}"
+        borrowed = [(level, owner) for level, owner in self.level_owners().items() if owner is not self]
+        if borrowed:
+            text += "; " + "; ".join(f"{level}-node level from profile {owner.name} "
+                                     f"({owner.data.get('source', 'file')})" for level, owner in borrowed)
+        return text
+
     def describe(self) -> str:
         levels = ", ".join(self.data["levels"])
         rates = ", ".join(f"{k} {v:g}" for k, v in self.data["compute"]["gemm_tflops"].items())
@@ -556,7 +576,8 @@ class MachineProfile:
         missing = self.missing_fits()
         if missing:
             text += f"; no fit of {', '.join(missing)}"
-        if self.fallback is not None:
+        borrowed = any(owner is not self for owner in self.level_owners().values())
+        if self.fallback is not None and (borrowed or missing):
             text += f"; missing levels{' and fits' if missing else ''} from {self.fallback.name}"
         return text
 

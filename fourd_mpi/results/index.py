@@ -1,5 +1,9 @@
 """The results index: one JSON line per run in ``<results-dir>/index.jsonl``.
 
+A directory's index is read together with the indexes of the directories below it (:func:`read_index_tree`):
+the runs of a sweep write theirs in ``results/SWEEP/SITE/index.jsonl``, and ``results list`` (default
+``results``) lists them with the others.
+
 ``fourd-mpi run`` appends a line on rank 0 once the trace is written (:func:`append_entry`);
 ``fourd-mpi results reindex DIR`` rebuilds the file from the traces in ``DIR`` (:func:`reindex`).
 A line (:func:`make_entry`, checked against :data:`ENTRY_SCHEMA`) holds the run id, start time,
@@ -281,6 +285,49 @@ def read_index(path: str, warn: Optional[Callable[[str], None]] = None) -> List[
                 warn(f"{path}:{number}: skipped: {why}")
             continue
         entries.append(entry)
+    return entries
+
+
+#: directories below a results directory that hold no index of their own: trace parts and spools, hidden ones
+_NOT_RESULTS = (".parts", ".ranks")
+#: how deep below a results directory indexes are looked for (results/SWEEP/SITE is 2)
+MAX_INDEX_DEPTH = 4
+
+
+def nested_indexes(directory: str) -> List[str]:
+    """The index files in the directories below ``directory`` (up to :data:`MAX_INDEX_DEPTH` levels, links not
+    followed, hidden directories and trace parts and spools skipped), sorted by path."""
+    found = []
+    top = os.path.abspath(directory)
+    for where, dirs, files in os.walk(top):
+        depth = 0 if where == top else os.path.relpath(where, top).count(os.sep) + 1
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not d.endswith(_NOT_RESULTS)
+                         and not d.startswith("rank-") and depth < MAX_INDEX_DEPTH)
+        if where != top and INDEX_NAME in files:
+            found.append(os.path.join(where, INDEX_NAME))
+    return sorted(found)
+
+
+def read_index_tree(path: str, warn: Optional[Callable[[str], None]] = None) -> List[Dict]:
+    """The entries of the index ``path`` and, when ``path`` is a directory's ``index.jsonl``, those of the indexes
+    below that directory (:func:`nested_indexes`: a sweep's ``results/SWEEP/SITE/index.jsonl``), in that order.
+    A nested entry's ``trace`` is made relative to ``path``'s directory, so :func:`trace_of` with ``path`` finds
+    it. A nested index that cannot be read is skipped through ``warn``."""
+    from fourd_mpi.errors import ConfigError
+
+    entries = read_index(path, warn)
+    if os.path.basename(path) != INDEX_NAME:
+        return entries
+    top = os.path.dirname(os.path.abspath(path))
+    for sub in nested_indexes(top):
+        try:
+            rows = read_index(sub, warn)
+        except ConfigError as exc:
+            if warn is not None:
+                warn(f"{sub}: skipped: {exc}")
+            continue
+        here = os.path.dirname(sub)
+        entries += [dict(e, trace=os.path.relpath(os.path.join(here, e["trace"]), top)) for e in rows]
     return entries
 
 

@@ -17,7 +17,7 @@ import os
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.results.index import expand_traces, read_index, trace_of
+from fourd_mpi.results.index import expand_traces, read_index_tree, trace_of
 
 #: fields matched by prefix rather than equality
 PREFIX_FIELDS = ("git_commit", "config_key")
@@ -125,7 +125,7 @@ def resolve(arg: str, index_path: str, warn=None) -> List[Tuple[Optional[Dict], 
         if why is not None:
             raise ConfigError(f"{arg}: {why}")
         return [(None, path) for path in files]
-    entries = read_index(index_path, warn)
+    entries = read_index_tree(index_path, warn)  # a sweep's runs too (results/SWEEP/SITE/index.jsonl)
     if "=" in arg:
         found = select(entries, parse_terms([arg]))
         if not found:

@@ -1,104 +1,98 @@
-"""ReFrame regression test of fourd_mpi: ``fourd-mpi run`` through the system's launcher.
+"""ReFrame regression test of fourd_mpi: ``fourd-mpi run`` through the system's launcher, against references.
 
 Run it (ReFrame >= 4, ``pip install reframe-hpc``), with ``fourd-mpi`` and the launcher on PATH::
 
     reframe -C packaging/reframe/config_local.py -c packaging/reframe/fourd_mpi_check.py -r
 
-On a centre's system use the centre's ReFrame configuration (its partitions name the launcher:
-``srun``, ``mpiexec``, ``jsrun``/``lrun``, ...) and add a reference for it below (copy the
-``local:default`` entry, measure, tighten the tolerances). Systems without a reference are
-measured and reported, never failed on performance.
+One case per fourd_mpi site and grid (ReFrame parameters ``site`` and ``grid``) of the references template
+``references.yaml`` next to this file (``FOURD_REFRAME_REFERENCES=FILE``: another file of its form); a site's
+cases run on the ReFrame systems the template lists for it. Select cases as ReFrame does, e.g.
+``-n 'FourdMpiRunCheck%site=local%grid=1x2x2x2'``.
 
-Figures of merit, read from the run's JSON line in ``results/index.jsonl`` (written by rank 0 once the
-trace is written; fourd_mpi/results/index.py, ``make_entry``), never from the rounded text:
+The site gives the run its node shape and environment, from its fourd_mpi site profile
+(``fourd_mpi/jobs/sites/SITE.yaml`` of this checkout, or a site FILE.yaml): ranks per node, cores per rank,
+the backend (numpy or cupy) and the environment variables the site sets (``MPICH_GPU_SUPPORT_ENABLED``, ...);
+the launcher, modules and scheduler options are the centre's ReFrame configuration's (its partitions).
+Each rank of a node uses GPU ``local rank % visible GPUs``.
 
-- ``step_time`` (s): ``median_s``: median over the measured steps of the maximum over ranks of the
-  step span;
-- ``tflops_per_rank`` (TFLOP/s): ``model_tflops_per_rank``: the step's model FLOPs (Narayanan et al.)
-  / world size / step time;
-- ``gemm_pct`` (%): ``gemm_pct``: % of measured GEMM = model FLOP/s per rank / the standalone TFLOP/s of
-  the step's largest local GEMM on the same machine (not MFU);
-- ``mfu_pct`` (%), only where the run has a data-sheet peak (a GPU of fourd_mpi/perf/peaks.py, or
-  ``--peak-tflops`` in ``extra_options``): MFU = model FLOPs / (step time x ranks x data-sheet peak),
-  the figure Megatron-LM reports;
-- ``exposed_comm_share`` (%): ``100 * wait_share``: time blocked in communication summed over ranks
-  and steps / sum of the step spans.
+The references are tight (a run 10 % slower than its reference fails) and measured by the centre: the
+template holds none, and ``fourd_reference.py`` (next to this file) makes the entries from the centre's own
+runs (docs/guide/clusters.md, "ReFrame"). A case without a reference is measured and reported, never
+failed on performance. The figures of merit and the tolerances are described in ``fourd_reference.py``.
 """
 
-import json
 import os
+import sys
 
 import reframe as rfm
 import reframe.utility.sanity as sn
-from reframe.core.builtins import performance_function, run_before, sanity_function, variable
+from reframe.core.builtins import (parameter, performance_function, run_after, run_before, sanity_function,
+                                   variable)
 
-RUN_ID = "fourd-mpi-check"
-#: figure of merit -> (index field, scale)
-FIELDS = {"step_time": ("median_s", 1.0), "tflops_per_rank": ("model_tflops_per_rank", 1.0),
-          "gemm_pct": ("gemm_pct", 1.0), "mfu_pct": ("mfu_pct", 1.0), "exposed_comm_share": ("wait_share", 100.0)}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fourd_reference import FIELDS, RUN_ID, index_value, load_template, reference_of  # noqa: E402
+
+TEMPLATE = load_template()
+#: the fourd_mpi site profiles of this checkout (a site of the template may also be a FILE.yaml)
+SITES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                         "fourd_mpi", "jobs", "sites")
 
 
-def index_value(path, run_id, fom):
-    """Figure of merit ``fom`` of run ``run_id`` from the results index ``path`` (JSON lines; the last line
-    of that run wins), or None when the index has no number for it (no data-sheet peak: no MFU)."""
-    field, scale = FIELDS[fom]
-    entry = None
-    with open(path) as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict) and row.get("run_id") == run_id:
-                entry = row
-    if entry is None:
-        raise ValueError(f"{path}: no entry for run {run_id}")
-    value = entry.get(field)
-    return None if value is None else float(value) * scale
+def site_shape(site):
+    """``(ranks per node, cores per rank or None, backend, env)`` of a fourd_mpi site profile (a name of this
+    checkout's sites, its retired ones, or a FILE.yaml)."""
+    import yaml
+
+    path = site
+    if not site.endswith((".yaml", ".yml")):
+        path = os.path.join(SITES_DIR, site + ".yaml")
+        if not os.path.exists(path):
+            path = os.path.join(SITES_DIR, "retired", site + ".yaml")
+    with open(path) as fh:
+        data = yaml.safe_load(fh)
+    env = {str(k): str(v) for k, v in (data.get("env") or {}).items()}
+    return int(data["ranks_per_node"]), data.get("cpus_per_rank"), data.get("backend", "auto"), env
 
 
 @rfm.simple_test
 class FourdMpiRunCheck(rfm.RunOnlyRegressionTest):
     descr = "fourd_mpi: traced 4D hybrid parallel training steps, figures of merit from the run summary"
-    valid_systems = ["*"]
     valid_prog_environs = ["*"]
     executable = "fourd-mpi"
     tags = {"benchmark", "mpi", "fourd_mpi"}
     maintainers = ["the fourd_mpi developers"]
+    #: the run's index line: the reference a centre fills comes from these files (fourd_reference.py)
+    keep_files = ["results/index.jsonl"]
 
-    # the run: README command 1 (8 ranks, grid 1x2x2x2, gpt-tiny, 10 steps of which 1 warm-up)
+    site = parameter(sorted(TEMPLATE["sites"]))
+    grid = parameter(sorted({str(g) for entry in TEMPLATE["sites"].values() for g in entry["grids"]}))
+
+    # the run: README command 1's model and steps (gpt-tiny, 10 steps of which 1 warm-up)
     model = variable(str, value="gpt-tiny")
-    gx = variable(int, value=2)
-    gy = variable(int, value=2)
-    gz = variable(int, value=2)
-    gdata = variable(int, value=1)
     steps = variable(int, value=10)
     warmup = variable(int, value=1)
     extra_options = variable(list, value=[])
 
-    # local:default: the 2-core CI machine, 8 ranks oversubscribed, README command 1's summary
-    # (step time 0.03514 s, 0.280 GFLOP/s per rank = 1.3% of measured GEMM, no MFU on a CPU, exposed
-    # communication 81.5%). The machine is shared and oversubscribed 4x, so the tolerances only
-    # catch a broken or hung run or a gross regression (step time up to 20x, FLOP/s down to 1/20);
-    # the exposed share is bounded by 100%. A centre's reference should be measured there and carry
-    # tolerances of a few percent.
-    reference = {
-        "local:default": {
-            "step_time": (0.03514, None, 19.0, "s"),
-            "tflops_per_rank": (0.280e-3, -0.95, None, "TFLOP/s"),
-            "gemm_pct": (1.3, -0.95, None, "%"),
-            "exposed_comm_share": (81.5, -1.0, 0.227, "%"),
-        },
-    }
+    @run_after("init")
+    def choose_systems(self):
+        """The site's systems; a grid the template does not list for the site is not run there."""
+        entry = TEMPLATE["sites"][self.site]
+        self.valid_systems = list(entry["systems"]) if self.grid in {str(g) for g in entry["grids"]} else []
+        self.reference = reference_of(TEMPLATE, self.site, self.grid)
+        self.gdata, self.gz, self.gy, self.gx = (int(n) for n in self.grid.split("x"))
 
     @run_before("run")
     def set_job(self):
+        per_node, cores, backend, env = site_shape(self.site)
         self.num_tasks = self.gdata * self.gz * self.gy * self.gx
+        self.num_tasks_per_node = min(per_node, self.num_tasks)
+        if cores:
+            self.num_cpus_per_task = int(cores)
         self.executable_opts = ["run", "--model", self.model, "--gdata", str(self.gdata), "--gz", str(self.gz),
                                 "--gy", str(self.gy), "--gx", str(self.gx), "--steps", str(self.steps),
                                 "--warmup", str(self.warmup), "--results-dir", "results", "--run-id", RUN_ID,
-                                *self.extra_options]
-        self.env_vars = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+                                *(["--backend", backend] if backend != "auto" else []), *self.extra_options]
+        self.env_vars = {"OMP_NUM_THREADS": str(cores or 1), "OPENBLAS_NUM_THREADS": str(cores or 1), **env}
 
     @sanity_function
     def validate(self):
@@ -123,7 +117,7 @@ class FourdMpiRunCheck(rfm.RunOnlyRegressionTest):
     def add_mfu(self):
         """MFU only where the run had a data-sheet peak (the index holds null otherwise: a CPU run)."""
         if index_value(self._index(), RUN_ID, "mfu_pct") is not None:
-            self.perf_variables["mfu_pct"] = sn.make_performance_function(self._fom("mfu_pct"), "%")
+            self.perf_variables["mfu_pct"] = sn.make_performance_function(self._fom("mfu_pct"), FIELDS["mfu_pct"][2])
 
     @performance_function("s")
     def step_time(self):

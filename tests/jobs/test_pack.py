@@ -158,14 +158,15 @@ def test_a_pack_longer_than_the_site_max_time_is_refused(tmp_path):
 
 def test_cli_flags_and_spec_and_site_settings(tmp_path):
     spec = write(tmp_path, SPEC.replace('job: {time: "00:05:00"}', 'job: {time: "00:05:00", pack: 2}'))
-    done = fourd(["sweep", "render", spec, "--site", "slurm"], tmp_path)
+    done = fourd(["sweep", "render", spec, "--site", "slurm", "--out", "jobscripts/pk"], tmp_path)
     assert done.returncode == 0, done.stderr
     assert len(json.loads((tmp_path / "jobscripts/pk/manifest.json").read_text())["packs"]) == 2
-    done = fourd(["sweep", "render", spec, "--site", "slurm", "--pack", "3", "--pack-mode", "concurrent", "--force"],
-                 tmp_path)
+    done = fourd(["sweep", "render", spec, "--site", "slurm", "--pack", "3", "--pack-mode", "concurrent", "--force",
+                  "--out", "jobscripts/pk"], tmp_path)
     packs = json.loads((tmp_path / "jobscripts/pk/manifest.json").read_text())["packs"]
     assert done.returncode == 0 and [(p["mode"], len(p["runs"])) for p in packs] == [("concurrent", 3)]
-    done = fourd(["sweep", "render", spec, "--site", "slurm", "--pack", "1", "--force"], tmp_path)
+    done = fourd(["sweep", "render", spec, "--site", "slurm", "--pack", "1", "--force", "--out", "jobscripts/pk"],
+                 tmp_path)
     assert done.returncode == 0 and "packs" not in json.loads((tmp_path / "jobscripts/pk/manifest.json").read_text())
     assert not list((tmp_path / "jobscripts/pk").glob("pack-*.sh"))
     site = write(tmp_path, """\
@@ -175,7 +176,8 @@ def test_cli_flags_and_spec_and_site_settings(tmp_path):
         ranks_per_node: 8
         defaults: {pack: 4, pack_mode: array}
         """, "arrays.yaml")
-    done = fourd(["sweep", "render", spec, "--site", site, "--pack-mode", "sequential", "--force"], tmp_path)
+    done = fourd(["sweep", "render", spec, "--site", site, "--pack-mode", "sequential", "--force", "--out",
+                  "jobscripts/pk"], tmp_path)
     assert done.returncode == 0, done.stderr  # the spec's pack: 2 over the site's 4
     assert len(json.loads((tmp_path / "jobscripts/pk/manifest.json").read_text())["packs"]) == 2
     done = fourd(["sweep", "render", spec, "--site", "local", "--pack-mode", "array", "--out", "o2"], tmp_path)

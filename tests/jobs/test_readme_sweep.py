@@ -42,8 +42,9 @@ def readme_commands():
 
 
 def on_default_site(command: str) -> str:
-    """``command`` without its ``--site X`` and ``--account Y`` options (the default site is local)."""
-    words = shlex.split(command)
+    """``command`` without its ``--site X`` and ``--account Y`` options (the default site is local), and a rendered
+    sweep's directory of another site (``results/SWEEP/SITE/jobs``, render's default) as the local site's."""
+    words = [re.sub(r"^(results/[^/]+/)[^/]+(/jobs)$", r"\1local\2", word) for word in shlex.split(command)]
     out, skip = [], False
     for word in words:
         if skip:
@@ -100,7 +101,7 @@ def test_readme_sweep_runs_without_an_activated_environment(checkout):
     commands = readme_commands()
     render = shell(on_default_site(commands["render"]), checkout, env)
     assert render.returncode == 0, render.stdout + render.stderr
-    sweep_dir = checkout / "jobscripts" / "weak-gpt-tiny"
+    sweep_dir = checkout / "results" / "weak-gpt-tiny" / "local" / "jobs"  # render's default, beside the traces
     manifest = json.loads((sweep_dir / "manifest.json").read_text())
     assert manifest["site"] == "local" and manifest["results_dir"] == "results/weak-gpt-tiny/local"
     for run in manifest["runs"]:  # the environment's own interpreter and launcher, by absolute path
@@ -108,13 +109,13 @@ def test_readme_sweep_runs_without_an_activated_environment(checkout):
         assert argv[0] == str(VENV_BIN / "mpiexec") and Path(argv[3]).parent == VENV_BIN, argv
         assert Path(argv[3]).name.startswith("python"), argv
 
-    submit = shell(commands["submit"], checkout, env)
+    submit = shell(on_default_site(commands["submit"]), checkout, env)
     assert submit.returncode == 0 and "4 submitted" in submit.stdout, (
         submit.stdout + submit.stderr + "".join(p.read_text() for p in (sweep_dir / "logs").glob("*.out")))
     assert "command not found" not in submit.stdout + submit.stderr
-    status = shell(commands["status"], checkout, env)
+    status = shell(on_default_site(commands["status"]), checkout, env)
     assert status.returncode == 0 and "4/4 traces complete, 0 jobs failed" in status.stdout, status.stdout
-    collect = shell(commands["collect"], checkout, env)
+    collect = shell(on_default_site(commands["collect"]), checkout, env)
     assert collect.returncode == 0, collect.stdout + collect.stderr
     assert sorted(p.name for p in (checkout / "results" / "weak-gpt-tiny" / "local").glob("*.h5")) == sorted(
         run["run_id"] + ".h5" for run in manifest["runs"])
@@ -134,7 +135,7 @@ def test_job_script_names_a_missing_interpreter_in_one_line(checkout):
     env = user_shell(checkout)
     done = shell("fourd-mpi sweep render jobscripts/weak-gpt-tiny.yaml --python /nowhere/bin/python", checkout, env)
     assert done.returncode == 0, done.stderr
-    script = sorted((checkout / "jobscripts" / "weak-gpt-tiny").glob("*.sh"))[0]
+    script = sorted((checkout / "results" / "weak-gpt-tiny" / "local" / "jobs").glob("*.sh"))[0]
     run = shell(f"bash {shlex.quote(str(script))}", checkout, env)
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert run.returncode == 127 and len(lines) == 1, run.stderr

@@ -14,7 +14,10 @@ What each centre documents (the pages are in each file's ``documentation:``):
   L3 region (the guide's NUMA note: 4, 5, 2, 3, 6, 7, 0, 1) set by the wrapper as ROCR_VISIBLE_DEVICES.
 - CSCS Alps: 4 ranks per node, ``-c 72``, the uenv by ``#SBATCH --uenv/--view``; GPU = SLURM_LOCALID (CSCS's
   equivalent of ``--gpus-per-task=1``) set by the wrapper.
-- Summit (historic): ``jsrun -a1 -c7 -g1 -b packed:7``; a generic LSF cluster: ``bsub -n`` with
+- ALCF Polaris' queue by node count (debug 1-2 nodes, debug-scaling up to 10, prod 10-496) and ``module load conda;
+  conda activate base``; CSCS Alps' venv on a uenv view (``unset PYTHONPATH``, ``PYTHONUSERBASE`` = the view's
+  root); OLCF Frontier's modules pinned as the CuPy guide pins them (``cpe/26.03`` among them).
+- Summit (historic, out of the default list): ``jsrun -a1 -c7 -g1 -b packed:7``; a generic LSF cluster: ``bsub -n`` with
   ``-R "span[ptile=N]"``.
 
 The scripts cannot be submitted here (no Cray, PBS or LSF); the wrapper script runs for real, and under the
@@ -32,7 +35,7 @@ import pytest
 
 from conftest import REPO
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.jobs.sites import builtin_sites, load_site
+from fourd_mpi.jobs.sites import builtin_sites, load_site, retired_sites
 from fourd_mpi.jobs.spec import load_spec
 from fourd_mpi.jobs.sweep import build_manifest, write_sweep
 
@@ -220,6 +223,7 @@ def test_alps_uses_the_uenv_and_one_gpu_per_grace_hopper(tmp_path):
 
 
 def test_summit_is_historic_and_binds_packed(tmp_path):
+    assert "summit" not in builtin_sites() and "summit" in retired_sites()  # selectable, not a default site
     site = load_site("summit")
     assert site.retired == "2024-11" and "historic" in site.description
     text = render(tmp_path, "summit")[8]
@@ -266,3 +270,114 @@ def test_site_file_refuses_bad_documentation_and_retired_values(tmp_path, key, v
 
 def test_every_builtin_site_is_listed():
     assert {"alps", "lsf"} <= set(builtin_sites()) and "aurora" not in builtin_sites()  # Aurora: docs/sites.md
+
+
+POLARIS_SPEC = """\
+name: q1
+study: weak
+ranks: [4, 8, 12, 36, 40, 44]
+grids: {4: [1x1x1x4], 8: [2x1x1x4], 12: [3x1x1x4], 36: [9x1x1x4], 40: [10x1x1x4], 44: [11x1x1x4]}
+model: {preset: gpt-tiny, batch: 2}
+weak: {grow: batch}
+options: {steps: 3}
+"""
+
+
+def polaris_manifest(tmp_path, **job):
+    path = tmp_path / "q1.yaml"
+    path.write_text(POLARIS_SPEC)
+    spec = load_spec(str(path))
+    spec.job.update(account="proj1", **job)
+    return build_manifest(spec, load_site("polaris"), "q1.yaml", "jobs/polaris", python="python3")
+
+
+def test_polaris_queue_follows_alcf_node_limits(tmp_path):
+    """ALCF: debug takes 1-2 nodes, debug-scaling up to 10, prod (routing) 10-496; 4 ranks per node."""
+    manifest = polaris_manifest(tmp_path)
+    queues = {r["nodes"]: r["_job"].queue for r in manifest["runs"]}
+    assert queues == {1: "debug", 2: "debug", 3: "debug-scaling", 9: "debug-scaling", 10: "debug-scaling",
+                      11: "prod"}
+    write_sweep(manifest, spec_of(tmp_path), load_site("polaris"), str(tmp_path / "jobs" / "polaris"))
+    scripts = {r["nodes"]: (tmp_path / r["script"]).read_text().splitlines() for r in manifest["runs"]}
+    assert "#PBS -q debug" in scripts[2] and "#PBS -q debug-scaling" in scripts[3] and "#PBS -q prod" in scripts[11]
+
+
+def spec_of(tmp_path):
+    spec = load_spec(str(tmp_path / "q1.yaml"))
+    spec.job["account"] = "proj1"
+    return spec
+
+
+def test_polaris_queue_named_wins_and_is_checked(tmp_path):
+    manifest = polaris_manifest(tmp_path, queue="preemptable")  # not in the table: taken as given
+    assert {r["_job"].queue for r in manifest["runs"]} == {"preemptable"}
+    with pytest.raises(ConfigError) as err:
+        polaris_manifest(tmp_path, queue="debug")  # 3 nodes and more: refused by ALCF's debug queue
+    text = str(err.value)
+    assert "queue debug does not take 3 node(s) for 00:30:00" in text and "debug 1-2 nodes up to 01:00:00" in text
+    assert len(text.splitlines()) == 1
+
+
+def test_polaris_long_small_job_gets_one_line_with_the_fix(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        polaris_manifest(tmp_path, time="02:00:00")  # debug queues end at 1 h, prod starts at 10 nodes
+    text = str(err.value)
+    assert text.startswith("site polaris: no queue takes 1 node(s) for 02:00:00 (debug 1-2 nodes up to 01:00:00; "
+                           "debug-scaling 1-10 nodes up to 01:00:00; prod 10-496 nodes up to 1-00:00:00)")
+    assert "--queue NAME" in text and len(text.splitlines()) == 1
+
+
+def test_polaris_sequential_pack_is_queued_by_its_allocation(tmp_path):
+    """A pack runs in one allocation of its largest run's nodes: its queue follows that allocation."""
+    manifest = polaris_manifest(tmp_path, pack=3, time="00:10:00")
+    packs = {p["name"]: p["_pack"].job for p in manifest["packs"]}
+    assert {n: (j.nodes, j.queue) for n, j in packs.items()} == {"pack-000": (3, "debug-scaling"),
+                                                                 "pack-001": (11, "prod")}
+
+
+def test_polaris_activates_conda_base_after_the_modules(tmp_path):
+    lines = render(tmp_path, "polaris")[8].splitlines()
+    order = [lines.index(x) for x in ("module use /soft/modulefiles", "module load conda", "conda activate base")]
+    assert order == sorted(order) and lines.index("conda activate base") < len(lines) - 1
+
+
+def test_alps_job_prepares_the_venv_on_the_uenv_view(tmp_path, monkeypatch):
+    """CSCS: unset PYTHONPATH, PYTHONUSERBASE = the view's root (parent of which python's directory)."""
+    lines = render(tmp_path, "alps")[8].splitlines()
+    assert "unset PYTHONPATH" in lines and 'PYTHONUSERBASE="$(dirname "$(dirname "$(which python)")")"' in lines
+    assert "export PYTHONUSERBASE" in lines
+    # the lines as bash runs them, with a stand-in view: its bin/python a symbolic link, kept as a link
+    view = tmp_path / "user-environment" / "env" / "default"
+    (view / "bin").mkdir(parents=True)
+    (view / "bin" / "python").symlink_to(shutil.which("python3"))
+    script = "\n".join(["set -eo pipefail", "unset PYTHONPATH",
+                        'PYTHONUSERBASE="$(dirname "$(dirname "$(which python)")")"', "export PYTHONUSERBASE",
+                        "python -c 'import os; print(os.environ.get(\"PYTHONPATH\")); "
+                        "print(os.environ[\"PYTHONUSERBASE\"])'"])
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                          env={"PATH": f"{view / 'bin'}:/usr/bin:/bin", "PYTHONPATH": "/elsewhere"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", str(view)]
+
+
+def test_frontier_loads_the_cupy_guides_pinned_modules_in_its_order(tmp_path):
+    lines = [line for line in render(tmp_path, "frontier")[8].splitlines() if line.startswith("module load ")]
+    assert lines == ["module load PrgEnv-gnu/8.7.0", "module load cpe/26.03", "module load miniforge3/23.11.0-0",
+                     "module load rocm/7.0.2", "module load craype-accel-amd-gfx90a"]
+
+
+def test_retired_site_is_selectable_with_a_one_line_note(tmp_path):
+    import os
+    import sys
+
+    (tmp_path / "s.yaml").write_text(SPEC)
+    proc = subprocess.run([sys.executable, "-m", "fourd_mpi", "sweep", "plan", "s.yaml", "--site", "summit",
+                           "--ranks-per-node", "4", "--account", "p1"], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "fourd-mpi: note: site summit is a retired machine (retired 2024-11): its profile is kept for its scheduler "
+        "and launcher idiom, not for submission"]
+    with pytest.raises(ConfigError, match=r"unknown site 'sumit': choose one of .*\(retired machines: summit\)"):
+        load_site("sumit")

@@ -21,7 +21,7 @@ import pytest
 from conftest import REPO, mpi_env
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.jobs.schedulers import parse_time
-from fourd_mpi.jobs.sites import builtin_sites, load_site
+from fourd_mpi.jobs.sites import builtin_sites, load_site, retired_sites
 from fourd_mpi.jobs.sweep import build_manifest, write_sweep
 from fourd_mpi.jobs.spec import load_spec
 
@@ -160,7 +160,7 @@ def test_bad_spec_names_key_and_line(tmp_path, why, text, line, message):
     # the CLI says the same in one line, exit 2, and writes nothing
     done = fourd(["sweep", "render", path, "--site", "slurm"], tmp_path)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
-    assert not (tmp_path / "jobscripts").exists()
+    assert not (tmp_path / "results").exists()
 
 
 def test_unknown_site_and_bad_site_file(tmp_path):
@@ -215,7 +215,7 @@ def _directive(text, pattern):
     return found[0]
 
 
-@pytest.mark.parametrize("site_name", builtin_sites())
+@pytest.mark.parametrize("site_name", builtin_sites() + retired_sites())
 def test_scripts_are_valid_shell_with_consistent_resources(tmp_path, site_name):
     manifest = _render_site(tmp_path, site_name)
     site = load_site(site_name)
@@ -268,7 +268,7 @@ def test_scripts_are_valid_shell_with_consistent_resources(tmp_path, site_name):
             assert "#SBATCH" not in text and f"mpiexec -n {n} " in command
 
 
-@pytest.mark.parametrize("site_name", builtin_sites())
+@pytest.mark.parametrize("site_name", builtin_sites() + retired_sites())
 def test_scripts_pass_shellcheck(tmp_path, site_name):
     if shutil.which("shellcheck") is None:
         if IN_CI:
@@ -302,7 +302,7 @@ def test_hostile_values_are_quoted_or_rejected(tmp_path):
         job:
           python: "/nonexistent/py thon; touch {pwned}3"
         """))
-    done = fourd(["sweep", "render", spec, "--site", site], tmp_path)
+    done = fourd(["sweep", "render", spec, "--site", site, "--out", "jobscripts/s1"], tmp_path)
     assert done.returncode == 0, done.stderr
     script = tmp_path / "jobscripts" / "s1" / "s1-000-n1-1x1x1x1.sh"
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
@@ -316,14 +316,48 @@ def test_hostile_values_are_quoted_or_rejected(tmp_path):
         assert done.returncode == 2 and "error" in done.stderr and not (tmp_path / "o2").exists()
 
 
+def test_render_writes_beside_the_traces_by_default(tmp_path):
+    """No --out: results/SWEEP/SITE/jobs, next to the traces (--results-dir moves both), never jobscripts/."""
+    spec = write(tmp_path, BASE)
+    done = fourd(["sweep", "render", spec, "--site", "slurm"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "to results/s1/slurm/jobs/ (submit with: fourd-mpi sweep submit results/s1/slurm/jobs)" in done.stdout
+    manifest = json.loads((tmp_path / "results/s1/slurm/jobs/manifest.json").read_text())
+    assert manifest["script_dir"] == "results/s1/slurm/jobs" and manifest["results_dir"] == "results/s1/slurm"
+    assert not (tmp_path / "jobscripts").exists()
+    assert fourd(["sweep", "render", spec, "--results-dir", "elsewhere"], tmp_path).returncode == 0
+    assert (tmp_path / "elsewhere/jobs/manifest.json").exists()
+
+
+def test_default_outputs_are_git_ignored_in_a_checkout():
+    """What runs, sweeps, bench collectives and trace merges write by default under a checkout is ignored by git;
+    the committed samples, baselines, benchmarks and example job scripts are not."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    ignored = ["results/20261128-010000-run.h5", "results/run.parts/part000000.h5", "results/index.jsonl",
+               "results/run.ranks/rank-0.h5", "results/.run.h5.tmp-12-ab", "results/profiles/host.yaml",
+               "results/s1/local/s1-000-n1-1x1x1x1.h5", "results/s1/local/index.jsonl",
+               "results/s1/local/jobs/s1-000-n1-1x1x1x1.sh", "results/s1/local/jobs/logs/s1-000.out",
+               "results/s1/local/run.parts/part000000.h5", "jobscripts/s1/manifest.json",
+               "jobscripts/examples/local/logs/x.out", "results/benchmarks/big.parts/part000000.h5"]
+    kept = ["results/benchmarks/new-benchmark.txt", "results/samples/new.h5", "results/baselines/new.h5",
+            "jobscripts/examples/local/new.sh", "jobscripts/new-spec.yaml", "results/.gitkeep"]
+    done = subprocess.run(["git", "check-ignore", "--no-index", *ignored, *kept], cwd=REPO, capture_output=True,
+                          text=True)
+    assert done.stdout.split() == ignored, done.stdout
+    tracked_but_ignored = subprocess.run(["git", "ls-files", "-ci", "--exclude-standard"], cwd=REPO,
+                                         capture_output=True, text=True).stdout
+    assert tracked_but_ignored == ""
+
+
 def test_render_refuses_to_overwrite(tmp_path):
     spec = write(tmp_path, BASE)
     assert fourd(["sweep", "render", spec], tmp_path).returncode == 0
     done = fourd(["sweep", "render", spec], tmp_path)
     assert done.returncode == 2 and "--force" in done.stderr
-    (tmp_path / "jobscripts/s1/jobs.json").write_text("{}")
+    (tmp_path / "results/s1/local/jobs/jobs.json").write_text("{}")
     assert fourd(["sweep", "render", spec, "--force"], tmp_path).returncode == 0
-    assert (tmp_path / "jobscripts/s1/jobs.json").exists()
+    assert (tmp_path / "results/s1/local/jobs/jobs.json").exists()
 
 
 def test_local_site_submit_status_collect(tmp_path):
@@ -331,16 +365,19 @@ def test_local_site_submit_status_collect(tmp_path):
     spec = write(tmp_path, BASE.replace("ranks: [1, 2, 4, 8]", "ranks: [1, 3]").replace(
         "grids: {1: [1x1x1x1], 2: [1x1x1x2], 4: [1x1x2x2], 8: [1x2x2x2]}", "grids: {1: [1x1x1x1], 3: [3x1x1x1]}"))
     assert fourd(["sweep", "render", spec, "--site", "local", "--python", sys.executable], tmp_path).returncode == 0
-    done = fourd(["sweep", "submit", "jobscripts/s1"], tmp_path)
+    done = fourd(["sweep", "submit", "results/s1/local/jobs"], tmp_path)
     assert done.returncode == 0 and "2 submitted" in done.stdout, done.stdout + done.stderr
-    status = fourd(["sweep", "status", "jobscripts/s1"], tmp_path)
+    listed = fourd(["results", "list", "--format", "json"], tmp_path)  # the sweep's runs, in results list
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(e["run_id"] for e in json.loads(listed.stdout)) == ["s1-000-n1-1x1x1x1", "s1-001-n3-3x1x1x1"]
+    status = fourd(["sweep", "status", "results/s1/local/jobs"], tmp_path)
     assert "2/2 traces complete, 0 jobs failed" in status.stdout and status.stdout.count("COMPLETED") == 2
-    again = fourd(["sweep", "submit", "jobscripts/s1"], tmp_path)
+    again = fourd(["sweep", "submit", "results/s1/local/jobs"], tmp_path)
     assert "0 submitted" in again.stdout
     os.remove(tmp_path / "results/s1/local/s1-001-n3-3x1x1x1.h5")  # each site keeps its own results directory
-    again = fourd(["sweep", "submit", "jobscripts/s1"], tmp_path)  # finished job, trace gone: not resubmitted
+    again = fourd(["sweep", "submit", "results/s1/local/jobs"], tmp_path)  # finished job, trace gone: not resubmitted
     assert "0 submitted" in again.stdout and "job local-1 completed" in again.stdout
-    collected = fourd(["sweep", "collect", "jobscripts/s1", "--into", "gathered"], tmp_path)
+    collected = fourd(["sweep", "collect", "results/s1/local/jobs", "--into", "gathered"], tmp_path)
     assert collected.returncode == 1 and "no trace of s1-001-n3-3x1x1x1 (missing)" in collected.stderr
     assert (tmp_path / "gathered/s1-000-n1-1x1x1x1.h5").exists() and "s1-000-n1-1x1x1x1" in collected.stdout
 
@@ -369,7 +406,7 @@ def test_a_spec_file_name_cannot_inject_commands(tmp_path):
     spec = write(tmp_path, BASE, name="x\ntouch pwned\n#.yaml")  # run from tmp_path: would create pwned
     done = fourd(["sweep", "render", spec, "--site", "local"], tmp_path)
     assert done.returncode == 0, done.stderr
-    scripts = sorted((tmp_path / "jobscripts" / "s1").glob("*.sh"))
+    scripts = sorted((tmp_path / "results/s1/local/jobs").glob("*.sh"))
     assert scripts
     for script in scripts:
         text = script.read_text()
@@ -404,18 +441,18 @@ def test_two_concurrent_submits_launch_each_run_once(tmp_path):
     both). Now each run is claimed under a lock in jobs.json before it is launched."""
     spec = write(tmp_path, TWO_RUNS)
     assert fourd(["sweep", "render", spec, "--site", "local", "--python", sys.executable], tmp_path).returncode == 0
-    cmd = [sys.executable, "-m", "fourd_mpi", "sweep", "submit", "jobscripts/s1"]
+    cmd = [sys.executable, "-m", "fourd_mpi", "sweep", "submit", "results/s1/local/jobs"]
     procs = [subprocess.Popen(cmd, cwd=tmp_path, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     text = "".join(out for out, _ in outs)
     assert [p.returncode for p in procs] == [0, 0], outs
     assert text.count("submitted s1-") == 2, text  # each run launched once, by one of the two
-    jobs = json.loads((tmp_path / "jobscripts/s1/jobs.json").read_text())
+    jobs = json.loads((tmp_path / "results/s1/local/jobs/jobs.json").read_text())
     assert sorted(j["state"] for j in jobs.values()) == ["COMPLETED", "COMPLETED"], jobs
-    status = fourd(["sweep", "status", "jobscripts/s1"], tmp_path)
+    status = fourd(["sweep", "status", "results/s1/local/jobs"], tmp_path)
     assert status.returncode == 0 and "2/2 traces complete, 0 jobs failed" in status.stdout, status.stdout
-    assert not list((tmp_path / "jobscripts/s1").glob(".jobs.json.*"))  # no temp file left
+    assert not list((tmp_path / "results/s1/local/jobs").glob(".jobs.json.*"))  # no temp file left
 
 
 def test_a_job_that_fails_at_once_is_reported_failed(tmp_path):
@@ -425,16 +462,16 @@ def test_a_job_that_fails_at_once_is_reported_failed(tmp_path):
     spec = write(tmp_path, TWO_RUNS)
     assert fourd(["sweep", "render", spec, "--site", "local", "--python", "/nonexistent/python3"],
                  tmp_path).returncode == 0
-    done = fourd(["sweep", "submit", "jobscripts/s1"], tmp_path)
+    done = fourd(["sweep", "submit", "results/s1/local/jobs"], tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "0 submitted, 2 failed" in done.stdout
     errors = [line for line in done.stderr.splitlines() if line.startswith("fourd-mpi: error: sweep s1: ")]
     assert len(errors) == 2 and all("the job exited with status" in line for line in errors), done.stderr
-    jobs = json.loads((tmp_path / "jobscripts/s1/jobs.json").read_text())
+    jobs = json.loads((tmp_path / "results/s1/local/jobs/jobs.json").read_text())
     assert all(j["state"] == "FAILED" and j["returncode"] != 0 and j["error"] for j in jobs.values())
-    status = fourd(["sweep", "status", "jobscripts/s1"], tmp_path)
+    status = fourd(["sweep", "status", "results/s1/local/jobs"], tmp_path)
     assert status.returncode == 1 and "2 jobs failed" in status.stdout
-    again = fourd(["sweep", "submit", "jobscripts/s1"], tmp_path)  # failed runs wait for --resubmit-failed
+    again = fourd(["sweep", "submit", "results/s1/local/jobs"], tmp_path)  # failed runs wait for --resubmit-failed
     assert again.returncode == 0 and "0 submitted" in again.stdout
 
 
@@ -445,7 +482,7 @@ def test_a_claim_whose_submitter_died_reads_as_failed(tmp_path):
 
     spec = write(tmp_path, TWO_RUNS)
     assert fourd(["sweep", "render", spec, "--site", "local"], tmp_path).returncode == 0
-    sweep_dir = str(tmp_path / "jobscripts/s1")
+    sweep_dir = str(tmp_path / "results/s1/local/jobs")
     dead = subprocess.Popen(["true"])
     dead.wait()
     import socket
@@ -469,13 +506,13 @@ def test_a_sweep_left_by_an_interrupted_submit_converges(tmp_path):
     trace (its earlier files set aside); then status exits 0."""
     spec = write(tmp_path, TWO_RUNS)
     assert fourd(["sweep", "render", spec, "--site", "local", "--python", sys.executable], tmp_path).returncode == 0
-    assert fourd(["sweep", "submit", "jobscripts/s1"], tmp_path).returncode == 0
-    jobs_path = tmp_path / "jobscripts/s1/jobs.json"
+    assert fourd(["sweep", "submit", "results/s1/local/jobs"], tmp_path).returncode == 0
+    jobs_path = tmp_path / "results/s1/local/jobs/jobs.json"
     jobs = json.loads(jobs_path.read_text())
     first, second = sorted(jobs)
     jobs[first]["state"] = jobs[second]["state"] = "FAILED"
     jobs_path.write_text(json.dumps(jobs))
-    manifest = json.loads((tmp_path / "jobscripts/s1/manifest.json").read_text())
+    manifest = json.loads((tmp_path / "results/s1/local/jobs/manifest.json").read_text())
     trace = tmp_path / next(r["trace"] for r in manifest["runs"] if r["run_id"] == second)
     trace.unlink()
     killed = subprocess.run([sys.executable, "-m", "fourd_mpi", "run", "--steps", "4", "--results-dir",
@@ -483,16 +520,16 @@ def test_a_sweep_left_by_an_interrupted_submit_converges(tmp_path):
                             capture_output=True, text=True, env=mpi_env(), cwd=REPO, timeout=300)
     assert killed.returncode == -9, killed.stderr
     spool = str(trace)[:-3] + ".ranks"
-    status = fourd(["sweep", "status", "jobscripts/s1"], tmp_path)
+    status = fourd(["sweep", "status", "results/s1/local/jobs"], tmp_path)
     assert status.returncode == 1 and "1/2 traces complete, 1 jobs failed" in status.stdout, status.stdout
     assert "recoverable" in status.stdout and "spooling" not in status.stdout, status.stdout
     assert f"run fourd-mpi trace recover {shlex.quote(os.path.relpath(spool, tmp_path))} " in status.stdout or \
            f"run fourd-mpi trace recover {shlex.quote(str(spool))} " in status.stdout, status.stdout
     row = next(line for line in status.stdout.splitlines() if line.startswith(first))
     assert "COMPLETED" in row and "complete" in row, row
-    again = fourd(["sweep", "submit", "--resubmit-failed", "jobscripts/s1"], tmp_path)
+    again = fourd(["sweep", "submit", "--resubmit-failed", "results/s1/local/jobs"], tmp_path)
     assert again.returncode == 0 and "1 submitted" in again.stdout, again.stdout + again.stderr
     assert f"skip {first}: trace complete" in again.stdout and f"submitted {second}" in again.stdout, again.stdout
     assert "superseded" in again.stdout
-    status = fourd(["sweep", "status", "jobscripts/s1"], tmp_path)
+    status = fourd(["sweep", "status", "results/s1/local/jobs"], tmp_path)
     assert status.returncode == 0 and "2/2 traces complete, 0 jobs failed" in status.stdout, status.stdout

@@ -101,9 +101,9 @@ def test_local_sweep_across_algorithms_collects_a_comparison(tmp_path):
                  "options: {steps: 3, warmup: 1}").replace("[axonn4d, megatron1d, fsdp, dp]", "[megatron1d, fsdp]")
                  .replace("grids: all", "grids: [1x1x2x1, 1x2x1x1]"))
     assert fourd(["sweep", "render", spec, "--site", "local", "--python", sys.executable], tmp_path).returncode == 0
-    done = fourd(["sweep", "submit", "jobscripts/algos"], tmp_path)
+    done = fourd(["sweep", "submit", "results/algos/local/jobs"], tmp_path)
     assert done.returncode == 0 and "2 submitted" in done.stdout, done.stdout + done.stderr
-    collected = fourd(["sweep", "collect", "jobscripts/algos"], tmp_path)
+    collected = fourd(["sweep", "collect", "results/algos/local/jobs"], tmp_path)
     assert collected.returncode == 0, collected.stderr
     out = collected.stdout
     assert "== compare ==" in out

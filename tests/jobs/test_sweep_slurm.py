@@ -64,7 +64,8 @@ def test_weak_scaling_sweep_through_sbatch(slurm, tmp_path):
     env = {**mpi_env(), **{"SLURM_CONF": str(slurm.conf)}}
     (tmp_path / "spec.yaml").write_text(SPEC)
     sweep_dir = "jobscripts/weak-slurm"
-    done = fourd(["sweep", "render", "spec.yaml", "--site", "slurm", "--python", sys.executable], tmp_path, env)
+    done = fourd(["sweep", "render", "spec.yaml", "--site", "slurm", "--python", sys.executable, "--out", sweep_dir],
+                 tmp_path, env)
     assert done.returncode == 0, done.stderr
     done = fourd(["sweep", "submit", sweep_dir], tmp_path, env)
     assert done.returncode == 0, done.stderr + slurm.logs()
@@ -131,7 +132,8 @@ def test_concurrent_submits_through_sbatch_submit_each_job_once(slurm, tmp_path)
     env = {**mpi_env(), **{"SLURM_CONF": str(slurm.conf)}}
     (tmp_path / "spec.yaml").write_text(TWO.format(name="twice"))
     sweep_dir = "jobscripts/twice"
-    done = fourd(["sweep", "render", "spec.yaml", "--site", "slurm", "--python", sys.executable], tmp_path, env)
+    done = fourd(["sweep", "render", "spec.yaml", "--site", "slurm", "--python", sys.executable, "--out", sweep_dir],
+                 tmp_path, env)
     assert done.returncode == 0, done.stderr
     cmd = [sys.executable, "-m", "fourd_mpi", "sweep", "submit", sweep_dir]
     procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -157,7 +159,8 @@ def test_a_failed_sbatch_is_recorded_failed_with_exit_1(slurm, tmp_path):
     env = {**mpi_env(), **{"SLURM_CONF": str(slurm.conf)}}
     (tmp_path / "spec.yaml").write_text(TWO.format(name="refused"))
     sweep_dir = "jobscripts/refused"
-    done = fourd(["sweep", "render", "spec.yaml", "--site", "slurm", "--partition", "nosuchpartition"], tmp_path, env)
+    done = fourd(["sweep", "render", "spec.yaml", "--site", "slurm", "--partition", "nosuchpartition", "--out",
+                  sweep_dir], tmp_path, env)
     assert done.returncode == 0, done.stderr
     done = fourd(["sweep", "submit", sweep_dir], tmp_path, env)
     assert done.returncode == 1 and "0 submitted, 2 failed" in done.stdout, done.stdout + done.stderr
@@ -205,7 +208,7 @@ def test_packed_runs_in_one_allocation_are_tracked_one_by_one(slurm, tmp_path, m
     (tmp_path / "spec.yaml").write_text(PACKED.format(name=name))
     sweep_dir = f"jobscripts/{name}"
     done = fourd(["sweep", "render", "spec.yaml", "--site", "slurm", "--python", sys.executable, "--pack", str(pack),
-                  "--pack-mode", mode], tmp_path, env)
+                  "--pack-mode", mode, "--out", sweep_dir], tmp_path, env)
     assert done.returncode == 0, done.stderr
     done = fourd(["sweep", "submit", sweep_dir], tmp_path, env)
     assert done.returncode == 0 and "4 submitted" in done.stdout, done.stdout + done.stderr + slurm.logs()
@@ -279,7 +282,7 @@ def test_slurm_sweep_after_a_local_one_without_an_activated_environment(slurm, t
         return subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=600)
 
-    local = sh("fourd-mpi sweep render spec.yaml && fourd-mpi sweep submit jobscripts/weak-slurm")
+    local = sh("fourd-mpi sweep render spec.yaml && fourd-mpi sweep submit results/weak-slurm/local/jobs")
     assert local.returncode == 0 and "2 submitted" in local.stdout, local.stdout + local.stderr
     assert len(list((tmp_path / "results/weak-slurm/local").glob("*.h5"))) == 2
     done = sh("fourd-mpi sweep render spec.yaml --site slurm --out jobscripts/weak-slurm-cluster && "

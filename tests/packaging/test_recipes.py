@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import py_compile
 import re
 import subprocess
@@ -303,52 +304,169 @@ def test_license_changelog_and_setup_metadata():
                      (REPO / "fourd_mpi" / "__init__.py").read_text(), re.M)
 
 
+REFRAME = PACKAGING / "reframe"
+
+
 def test_reframe_files_compile_and_name_the_figures_of_merit():
-    check = PACKAGING / "reframe" / "fourd_mpi_check.py"
-    for path in (check, PACKAGING / "reframe" / "config_local.py"):
-        py_compile.compile(str(path), doraise=True)
+    check = REFRAME / "fourd_mpi_check.py"
+    for name in ("fourd_mpi_check.py", "config_local.py", "fourd_reference.py", "selftest.py"):
+        py_compile.compile(str(REFRAME / name), doraise=True)
     text = check.read_text()
+    reference = _reframe_reference()
     for fom in ("step_time", "tflops_per_rank", "gemm_pct", "exposed_comm_share"):
-        assert f"def {fom}(self)" in text and f'"{fom}": (' in text
+        assert f"def {fom}(self)" in text and fom in reference.FIELDS
+    assert set(reference.FIELDS) == set(reference.DEFAULT_TOLERANCES) == set(reference.load_template()["tolerances"])
     assert "extractsingle(rf\"^step time" not in text and "FLOAT" not in text  # no figure parsed from text
+    assert 'site = parameter(' in text and 'grid = parameter(' in text  # cases over sites and grids
 
 
-def _reframe_index_value():
-    """``index_value`` of the ReFrame check, compiled alone (the file imports reframe, not installed here)."""
-    import ast
+def _reframe_reference():
+    """``packaging/reframe/fourd_reference.py`` (no ReFrame import: ReFrame is not installed here)."""
+    import importlib.util
 
-    check = PACKAGING / "reframe" / "fourd_mpi_check.py"
-    tree = ast.parse(check.read_text())
-    keep = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name == "index_value")
-            or (isinstance(n, ast.Assign) and n.targets[0].id in ("FIELDS", "RUN_ID"))]
-    space = {"json": json}
-    exec(compile(ast.Module(body=keep, type_ignores=[]), str(check), "exec"), space)
-    return space["index_value"], space["RUN_ID"]
+    spec = importlib.util.spec_from_file_location("fourd_reference", REFRAME / "fourd_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _index_line(tmp_path, run_id, median_s, tflops, peak=None, grid="1x2x2x2", wait=0.8153):
+    from fourd_mpi.results.index import make_entry
+    from fourd_mpi.trace.summary import Summary
+
+    fields = {k: 0.0 for k in Summary.__dataclass_fields__}
+    fields.update(median_s=median_s, min_s=0.03, q1_s=0.033, q3_s=0.036, max_s=0.04, steps=9,
+                  compute_share=0.065, wait_share=wait, other_share=0.12, model_tflops_per_rank=tflops,
+                  peak_tflops=peak, peak_source="no data-sheet peak", gemm_tflops=21.735e-3, tokens_per_s=3642.0,
+                  data_prep_s=None, harness_share=0.0, hardware_tflops_per_rank=None)
+    meta = {"run_id": run_id, "world_size": 8, "grid": grid, "config": {"model": "gpt-tiny"},
+            "summary": Summary(**fields).as_dict()}
+    return json.dumps(make_entry(meta, "complete", str(tmp_path / f"{run_id}.h5"), str(tmp_path))) + "\n"
 
 
 def test_reframe_reads_the_figures_of_merit_from_the_index_json(tmp_path):
     """Known answers: the index line that make_entry writes for a summary, read back unrounded."""
-    from fourd_mpi.results.index import make_entry
-    from fourd_mpi.trace.summary import Summary
-
-    index_value, run_id = _reframe_index_value()
-    fields = {k: 0.0 for k in Summary.__dataclass_fields__}
-    fields.update(median_s=0.035141234, min_s=0.03, q1_s=0.033, q3_s=0.036, max_s=0.04, steps=9,
-                  compute_share=0.065, wait_share=0.8153, other_share=0.12, model_tflops_per_rank=0.28123e-3,
-                  peak_tflops=None, peak_source="no data-sheet peak", gemm_tflops=21.735e-3, tokens_per_s=3642.0,
-                  data_prep_s=None, harness_share=0.0, hardware_tflops_per_rank=None)
-    summary = Summary(**fields).as_dict()
-    meta = {"run_id": run_id, "world_size": 8, "grid": "1x2x2x2", "config": {"model": "gpt-tiny"},
-            "summary": summary}
+    reference = _reframe_reference()
+    index_value, run_id = reference.index_value, reference.RUN_ID
     path = tmp_path / "index.jsonl"
-    path.write_text("not json\n" + json.dumps(make_entry(meta, "complete", str(tmp_path / "x.h5"), str(tmp_path)))
-                    + "\n")
+    path.write_text("not json\n" + _index_line(tmp_path, run_id, 0.035141234, 0.28123e-3))
     assert index_value(str(path), run_id, "step_time") == 0.035141234
     assert index_value(str(path), run_id, "tflops_per_rank") == 0.28123e-3
     assert index_value(str(path), run_id, "gemm_pct") == pytest.approx(100 * 0.28123 / 21.735, rel=1e-12)
     assert index_value(str(path), run_id, "exposed_comm_share") == pytest.approx(81.53, rel=1e-12)
     assert index_value(str(path), run_id, "mfu_pct") is None  # a CPU run: no data-sheet peak, no MFU
-    fields.update(peak_tflops=0.5)
-    meta["summary"] = Summary(**fields).as_dict()
-    path.write_text(json.dumps(make_entry(meta, "complete", str(tmp_path / "x.h5"), str(tmp_path))) + "\n")
+    path.write_text(_index_line(tmp_path, run_id, 0.035141234, 0.28123e-3, peak=0.5))
     assert index_value(str(path), run_id, "mfu_pct") == pytest.approx(100 * 0.28123e-3 / 0.5, rel=1e-12)
+
+
+def _filled_template(tmp_path, entry: str) -> str:
+    """The shipped template with ``references:`` filled by ``entry`` (YAML under references:)."""
+    text = (REFRAME / "references.yaml").read_text()
+    assert text.rstrip().endswith("references: {}")
+    path = tmp_path / "references.yaml"
+    path.write_text(text.rstrip()[: -len("{}")].rstrip() + "\n" + entry)
+    return str(path)
+
+
+def test_reframe_reference_fails_a_run_10_percent_slower_and_passes_one_2_percent_faster(tmp_path):
+    """The shipped tolerances, as ReFrame applies a reference tuple (fourd_reference.bounds mirrors
+    reframe.utility.sanity.reference_bounds; packaging/reframe/selftest.py checks that with ReFrame)."""
+    reference = _reframe_reference()
+    path = _filled_template(tmp_path, '  "local:default":\n    local:\n      1x2x2x2: {step_time: 0.0350, '
+                                      'tflops_per_rank: 0.00028, gemm_pct: 1.3, exposed_comm_share: 81.5}\n')
+    template = reference.load_template(path)
+    got = reference.reference_of(template, "local", "1x2x2x2")
+    assert set(got) == {"local:default"} and reference.reference_of(template, "local", "1x1x1x8") == {}
+    step = got["local:default"]["step_time"]
+    assert step == (0.0350, -0.10, 0.05, "s")
+    assert not reference.within(0.0350 * 1.10, *step[:3])  # 10 % slower: fails
+    assert reference.within(0.0350 * 0.98, *step[:3])  # 2 % faster: passes
+    assert not reference.within(0.0350 * 1.06, *step[:3]) and reference.within(0.0350 * 1.04, *step[:3])
+    for fom in ("tflops_per_rank", "gemm_pct"):  # throughput: 10 % lower fails, 2 % higher passes
+        value, lower, upper, _ = got["local:default"][fom]
+        assert not reference.within(value / 1.10, value, lower, upper) and reference.within(value * 1.02, value,
+                                                                                              lower, upper)
+    value, lower, upper, unit = got["local:default"]["exposed_comm_share"]
+    assert unit == "%" and not reference.within(value * 1.10, value, lower, upper)
+    # an entry's own tolerances win; a bad one is one line naming the key
+    path = _filled_template(tmp_path, '  "local:default":\n    local:\n      1x2x2x2: {step_time: [0.035, -0.1, 0.2]}\n')
+    assert reference.reference_of(reference.load_template(path), "local", "1x2x2x2")["local:default"]["step_time"] \
+        == (0.035, -0.1, 0.2, "s")
+    path = _filled_template(tmp_path, '  "local:default":\n    local:\n      1x2x2x2: {step_time: [0.035, 0.1, 0.2]}\n')
+    with pytest.raises(reference.ReferenceError, match=r"references.local:default.local.1x2x2x2.step_time: lower 0.1 "
+                                                        r"must be in \[-1, 0\]"):
+        reference.load_template(path)
+
+
+def test_reframe_template_sites_and_grids_are_fourd_mpi_sites_and_runnable_grids(tmp_path):
+    from fourd_mpi.jobs.sites import load_site
+    from fourd_mpi.jobs.spec import load_spec
+
+    template = _reframe_reference().load_template()
+    assert template["references"] == {}  # a centre's numbers, never another machine's
+    for site, entry in template["sites"].items():
+        shape = load_site(site)
+        grids = [str(g) for g in entry["grids"]]
+        size = {g: math.prod(int(n) for n in g.split("x")) for g in grids}
+        ranks = sorted(set(size.values()))
+        by_ranks = {n: [g for g in grids if size[g] == n] for n in ranks}
+        spec = tmp_path / f"{site}.yaml"
+        spec.write_text(yaml.safe_dump({"name": f"rfm-{site}", "study": "strong", "ranks": ranks, "grids": by_ranks,
+                                        "model": {"preset": "gpt-tiny"}, "options": {"steps": 10}}))
+        load_spec(str(spec))  # every grid fits the check's model
+        for n in ranks:  # and fills the site's nodes
+            nodes, per_node = shape.rank_layout(n)
+            assert nodes * per_node == n
+
+
+def test_reframe_reference_is_filled_from_a_centres_runs(tmp_path):
+    """fourd_reference.py: the medians of the runs' index lines, pasted under references:, give the reference."""
+    lines = "".join(_index_line(tmp_path, "fourd-mpi-check", t, 1e-3 * 0.035 / t, grid="1x2x2x2")
+                    for t in (0.0350, 0.0352, 0.0348, 0.0351, 0.0349))
+    lines += _index_line(tmp_path, "other", 9.0, 1e-6, grid="1x1x1x8")  # another grid: not counted
+    for i, chunk in enumerate((lines[: lines.index("\n") + 1], lines[lines.index("\n") + 1:])):
+        (tmp_path / f"run{i}").mkdir()
+        (tmp_path / f"run{i}" / "index.jsonl").write_text(chunk)
+    done = subprocess.run([sys.executable, str(REFRAME / "fourd_reference.py"), "--system", "local:default",
+                           "--site", "local", "--grid", "1x2x2x2", str(tmp_path / "run*" / "index.jsonl")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("  # median of 5 run(s)\n") and "step_time: 0.035," in done.stdout
+    assert "measure 5 or more" not in done.stderr and "more than the tolerance" not in done.stderr
+    reference = _reframe_reference()
+    got = reference.reference_of(reference.load_template(_filled_template(tmp_path, done.stdout)), "local", "1x2x2x2")
+    assert got["local:default"]["step_time"] == (0.035, -0.10, 0.05, "s")
+    assert got["local:default"]["tflops_per_rank"][0] == pytest.approx(1e-3)
+    # runs that spread wider than a tolerance: said, with the fix
+    wide = _index_line(tmp_path, "a", 0.030, 1e-3) + _index_line(tmp_path, "b", 0.040, 1e-3)
+    (tmp_path / "wide.jsonl").write_text(wide)
+    done = subprocess.run([sys.executable, str(REFRAME / "fourd_reference.py"), "--system", "local:default",
+                           "--site", "local", "--grid", "1x2x2x2", str(tmp_path / "wide.jsonl")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "step_time: the runs lie up to 14.3 % from their median, more than the " \
+                                   "tolerance 5 %" in done.stderr and "2 run(s): measure 5 or more" in done.stderr
+
+
+def _reframe_python():
+    """A Python with ReFrame: $FOURD_REFRAME_PYTHON, else packaging/ci_check.sh's tools venv or build/rfm."""
+    import os
+    import shutil
+
+    for candidate in (os.environ.get("FOURD_REFRAME_PYTHON"), REPO / "build" / "pkgcheck" / "tools" / "bin" / "python",
+                      REPO / "build" / "rfm" / "bin" / "python"):
+        if candidate and shutil.which(str(candidate)):
+            done = subprocess.run([str(candidate), "-c", "import reframe"], capture_output=True, timeout=60)
+            if done.returncode == 0:
+                return str(candidate)
+    return None
+
+
+def test_reframe_itself_fails_10_percent_worse_and_passes_2_percent_better():
+    """ReFrame's own assert_reference (its performance stage) on the shipped tolerances (selftest.py; CI runs it in
+    packaging/ci_check.sh with ReFrame installed)."""
+    python = _reframe_python()
+    if python is None:
+        pytest.skip("ReFrame not installed (pip install reframe-hpc; FOURD_REFRAME_PYTHON=its python)")
+    done = subprocess.run([python, str(REFRAME / "selftest.py")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("ReFrame fails 10 % worse, passes 2 % better; bounds agree") == 5

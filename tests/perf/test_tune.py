@@ -101,3 +101,35 @@ def test_model_validate_on_the_sample_traces(tmp_path):
     assert cli("model", "validate", SAMPLES, "--profile", "laptop", "--require").returncode in (0, 1)
     proc = cli("model", "validate", tmp_path / "nothing.h5")
     assert proc.returncode == 2 and "no readable trace" in proc.stderr
+
+
+def test_tune_site_uses_the_sites_node_shape_and_says_where_the_figures_come_from(tmp_path):
+    """--site emulated: the bed's measured profile (not laptop's with perlmutter's links) and the site's 4 ranks per
+    node; the line naming the profile says where its figures come from."""
+    proc = cli("tune", "--ranks", 8, "--model", "gpt-tiny", "--site", "emulated", "--top", 20)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    origin = [line for line in lines if line.startswith("machine profile emulated: figures ")]
+    assert len(origin) == 1 and "measured on the test bed by fourd-mpi bench collectives" in origin[0]
+    assert "200mbit links" in origin[0] and "level from profile" not in origin[0]  # no level is another machine's
+    assert origin[0].endswith("; 4 ranks per node (site emulated's nodes; --ranks-per-node to change)")
+    same = cli("tune", "--ranks", 8, "--model", "gpt-tiny", "--profile", "emulated", "--ranks-per-node", 4,
+               "--top", 20)
+    table = lambda out: [line for line in out.splitlines() if line.strip()[:1].isdigit()]  # noqa: E731
+    assert table(proc.stdout) == table(same.stdout) and "4 ranks per node (--ranks-per-node)" in same.stdout
+    # 8 ranks on nodes of 4: an 8-rank axis crosses nodes, a 4-rank one does not
+    row = {line.split()[1]: line.split()[-1] for line in table(proc.stdout)}
+    assert row["1x1x8x1"] == "-,inter,-,-" and row["1x1x2x4"] == "intra,inter,-,-"
+    # a site of 2 ranks per node on the same profile: the x axis of 4 now crosses nodes
+    site = open(os.path.join(REPO, "fourd_mpi", "jobs", "sites", "emulated.yaml")).read()
+    (tmp_path / "bed2.yaml").write_text(site.replace("name: emulated", "name: bed2").replace(
+        "ranks_per_node: 4", "ranks_per_node: 2"))
+    two = cli("tune", "--ranks", 8, "--model", "gpt-tiny", "--site", str(tmp_path / "bed2.yaml"), "--top", 20)
+    assert two.returncode == 0, two.stderr
+    assert "; 2 ranks per node (site bed2's nodes; --ranks-per-node to change)" in two.stdout
+    assert {line.split()[1]: line.split()[-1] for line in table(two.stdout)}["1x1x2x4"] == "inter,inter,-,-"
+    # the generic CPU profile says which level is another machine's
+    proc = cli("tune", "--ranks", 16, "--model", "gpt-tiny", "--top", 1)
+    assert ("machine profile laptop: figures built-in (defaults); inter-node level from profile perlmutter "
+            "(built-in (published figures, cited per constant in `sources`)); 8 ranks per node (profile laptop's)"
+            ) in proc.stdout.splitlines()

@@ -210,3 +210,37 @@ def test_results_show(capfd):
     out = capfd.readouterr().out
     assert "config_key: bc70a74fa83d923c" in out and '  dtype = "float32"' in out
     assert main(["results", "show", "nope", "--index", str(BASELINES)]) == 2
+
+
+def test_results_list_finds_the_runs_of_sweeps_below_the_results_directory(capfd, tmp_path):
+    """A sweep's runs write results/SWEEP/SITE/index.jsonl: list, show and compare's run ids find them from results."""
+    from fourd_mpi.results.index import nested_indexes, read_index_tree, trace_of
+
+    top = tmp_path / "results"
+    sweep = top / "weak" / "local"
+    (sweep / "run.parts").mkdir(parents=True)
+    (top / ".hidden").mkdir()
+    shutil.copy(BASE, sweep / "weak-000.h5")
+    append_entry(str(sweep / INDEX_NAME), entry_of_trace(load_trace(str(sweep / "weak-000.h5")), str(sweep)) | {
+        "run_id": "weak-000"})
+    (sweep / "run.parts" / INDEX_NAME).write_text("not an index of runs\n")  # trace parts: never read
+    (top / ".hidden" / INDEX_NAME).write_text("not an index of runs\n")
+    assert nested_indexes(str(top)) == [str(sweep / INDEX_NAME)]
+    # no index of its own at the top: the sweep's runs still list
+    assert main(["results", "list", "--index", str(top), "--format", "json"]) == 0
+    out, err = capfd.readouterr()
+    listed = json.loads(out)
+    assert [e["run_id"] for e in listed] == ["weak-000"] and listed[0]["trace"] == "weak/local/weak-000.h5"
+    assert err == ""
+    shutil.copy(SLOW, top / "slower.h5")
+    append_entry(str(top / INDEX_NAME), an_entry("top-run") | {"trace": "slower.h5"})
+    entries = read_index_tree(str(top / INDEX_NAME))
+    assert [e["run_id"] for e in entries] == ["top-run", "weak-000"]
+    assert trace_of(entries[1], str(top / INDEX_NAME)) == str(sweep / "weak-000.h5")
+    assert main(["results", "show", "weak-000", "--index", str(top), "--format", "json"]) == 0
+    assert json.loads(capfd.readouterr().out)["trace"] == "weak/local/weak-000.h5"
+    # a .jsonl file named explicitly is read alone
+    assert [e["run_id"] for e in read_index_tree(str(sweep / INDEX_NAME))] == ["weak-000"]
+    from fourd_mpi.results.query import resolve
+
+    assert resolve("weak-000", str(top / INDEX_NAME)) == [(entries[1], str(sweep / "weak-000.h5"))]

@@ -277,7 +277,8 @@ def test_a_rendered_two_node_sweep_runs_on_the_bed(bed, tmp_path, site):
     if bed.get("slurm"):
         env["SLURM_CONF"] = bed["slurm"]["conf"]
     (tmp_path / "spec.yaml").write_text(SPEC)
-    done = fourd(["sweep", "render", "spec.yaml", "--site", site, "--python", sys.executable], tmp_path, env)
+    done = fourd(["sweep", "render", "spec.yaml", "--site", site, "--python", sys.executable, "--out",
+                  "jobscripts/emu"], tmp_path, env)
     assert done.returncode == 0, done.stderr
     script = next((tmp_path / "jobscripts" / "emu").glob("emu-000-*.sh")).read_text()
     assert "4 ranks = 2 node(s) x 2 ranks per node" in script

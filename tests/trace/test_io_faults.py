@@ -412,8 +412,8 @@ def test_sweep_submit_without_locks(nolockfs):
     where = nolockfs.path
     (where / "spec.yaml").write_text(SPEC)
     render = subprocess.run([sys.executable, "-m", "fourd_mpi", "sweep", "render", "spec.yaml", "--site", "local",
-                        "--python", sys.executable], capture_output=True, text=True, cwd=where, env=mpi_env(),
-                       timeout=120)
+                        "--python", sys.executable, "--out", "jobscripts/s1"], capture_output=True, text=True,
+                       cwd=where, env=mpi_env(), timeout=120)
     assert render.returncode == 0, render.stderr
     submit = subprocess.run([sys.executable, "-m", "fourd_mpi", "sweep", "submit", "jobscripts/s1"],
                             capture_output=True, text=True, cwd=where, env=mpi_env(), timeout=300)
@@ -434,8 +434,8 @@ def test_sweep_submit_when_jobs_json_cannot_be_written(faultfs):
     where = faultfs.path
     (where / "spec.yaml").write_text(SPEC)
     render = subprocess.run([sys.executable, "-m", "fourd_mpi", "sweep", "render", "spec.yaml", "--site", "local",
-                             "--python", sys.executable], capture_output=True, text=True, cwd=where, env=mpi_env(),
-                            timeout=120)
+                             "--python", sys.executable, "--out", "jobscripts/s1"], capture_output=True, text=True,
+                            cwd=where, env=mpi_env(), timeout=120)
     assert render.returncode == 0, render.stderr
     assert not (where / "jobscripts/s1/jobs.json").exists()
     faultfs.fail([".jobs.json.*"], ops=["write", "fsync"])

@@ -88,7 +88,7 @@ def test_a_directory_that_is_not_a_sweep_says_so(tmp_path, capfd):
     """Before: "no rendered sweep in d (No such file or directory)" for an existing directory."""
     line = one_error(["sweep", "status", tmp_path], capfd)
     assert line == (f"fourd-mpi: error: {tmp_path} is a directory but not a rendered sweep (it holds no manifest.json): "
-                    "give the directory 'fourd-mpi sweep render' wrote (jobscripts/SWEEP or its --out)")
+                    "give the directory 'fourd-mpi sweep render' wrote (results/SWEEP/SITE/jobs or its --out)")
 
 
 def test_spaces_in_a_value_are_echoed_as_given(capfd):

@@ -19,6 +19,9 @@
 set -eo pipefail
 export MPICH_GPU_SUPPORT_ENABLED=1
 export OMP_NUM_THREADS=72
+unset PYTHONPATH
+PYTHONUSERBASE="$(dirname "$(dirname "$(which python)")")"
+export PYTHONUSERBASE
 # the launcher and interpreter this job runs: one line if either is missing (exit 127)
 tool=srun; command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }
 tool=python3; command -v "$tool" >/dev/null 2>&1 || { echo "fourd-mpi job: $tool not found on $(hostname) (PATH=$PATH): render the sweep from the environment that has fourd-mpi, or give sweep render --python PATH" >&2; exit 127; }

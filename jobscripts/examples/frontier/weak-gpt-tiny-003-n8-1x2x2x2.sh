@@ -15,8 +15,9 @@
 #   estimated memory per rank: 3.7 MiB
 # Rendered by fourd-mpi 0.1.0 from jobscripts/weak-gpt-tiny.yaml; re-render rather than edit.
 set -eo pipefail
-module load PrgEnv-gnu
-module load miniforge3
+module load PrgEnv-gnu/8.7.0
+module load cpe/26.03
+module load miniforge3/23.11.0-0
 module load rocm/7.0.2
 module load craype-accel-amd-gfx90a
 export MPICH_GPU_SUPPORT_ENABLED=1
