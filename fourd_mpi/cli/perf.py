@@ -449,13 +449,13 @@ def _size(text: str) -> int:
 
 def _register_bench(sub) -> None:
     """``fourd-mpi bench collectives ...``"""
-    from fourd_mpi.perf.collbench import MAX_FIT_RMS, OPS
+    from fourd_mpi.perf.collbench import DEFAULT_TIME_LIMIT_S, MAX_FIT_RMS, OPS, PROGRESS_EVERY_S, SHARES
 
     bench = sub.add_parser("bench", help="micro-benchmarks under mpiexec: collectives (OSU / nccl-tests "
                            "style) and the machine profile for the performance model")
     bsub = bench.add_subparsers(dest="bench_command", required=True, parser_class=sub._parser_class)
-    p = bsub.add_parser("collectives", help="latency, algbw/busbw and overlap %% of the grid's collectives; "
-                        "writes a machine profile")
+    p = bsub.add_parser("collectives", help="latency, algbw/busbw and overlap %% of the grid's collectives, "
+                        "each size's row printed as it is measured; writes a machine profile; bounded by --time-limit")
     g = p.add_argument_group("communicators (each axis of size > 1, and the world)")
     for option in options_in("grid"):
         add_option(g, option)
@@ -481,6 +481,17 @@ def _register_bench(sub) -> None:
     s.add_argument("--max-time", type=float_in(1e-3, 86400.0, "seconds"), default=10.0, metavar="SECONDS",
                    help="bound: stop the timed iterations of one size and placement after this much wall time, "
                         "even below --iters or --min-time (default 10; at least one iteration)")
+    s.add_argument("--time-limit", type=float_in(0.0, 7 * 86400.0, "seconds"), default=DEFAULT_TIME_LIMIT_S,
+                   metavar="SECONDS", help=f"bound on the whole sweep, the compute calibration included (default "
+                   f"{DEFAULT_TIME_LIMIT_S:g}; 0: none): a measurement runs only when its least predicted time "
+                   f"(warm-up, one timed iteration, the check; extrapolated from the sizes measured before it) fits "
+                   f"into what is left and into {SHARES} equal shares of it, and its timed iterations stop there; "
+                   "what it leaves out is named in one line (JSON: sweep.skipped)")
+    s.add_argument("--progress-every", type=float_in(0.0, 86400.0, "seconds"), default=PROGRESS_EVERY_S,
+                   metavar="SECONDS", help=f"a progress line on standard error (which collective, size i of n, time "
+                   f"elapsed and about how much is left) at each new communicator and collective, before a "
+                   f"measurement predicted to take this long, and otherwise at most every SECONDS (default "
+                   f"{PROGRESS_EVERY_S:g}; 0: none)")
     s.add_argument("--warmup", type=int_in(0, MAX_BENCH_ITERS, "untimed iterations"), default=3, help="untimed iterations first (default 3)")
     s.add_argument("--overlap-sizes", type=int_in(0, 64, "sizes"), default=2, metavar="K",
                    help="measure overlap at the K largest sizes up to 4M (default 2; 0 skips it)")
@@ -510,8 +521,9 @@ def _register_bench(sub) -> None:
                    help="also write the printed report (in --format) there")
     add_deprecated(o, "--table", "--report", dest="table", metavar="FILE")
     add_format(o, ("table", "csv", "json"),
-               help="report on stdout: table (nccl-tests / OSU-like text, default), csv (a row per "
-                    "communicator, op, size and placement) or json (everything)")
+               help="report on stdout: table (nccl-tests / OSU-like text, default) or csv (a row per "
+                    "communicator, op, size and placement), each row printed when it is measured; or json (one "
+                    "document at the end: everything)")
     s.add_argument("--no-in-place", dest="in_place", action="store_false",
                    help="measure out-of-place only (default: out-of-place and MPI_IN_PLACE)")
     bench.set_defaults(handler=cmd_bench, serial=False)
@@ -528,7 +540,7 @@ def cmd_bench(args, world) -> int:
     from fourd_mpi.core.mpiutil import on_root
     from fourd_mpi.errors import ConfigError
     from fourd_mpi.core.watchdog import Watchdog, check_timeout
-    from fourd_mpi.perf.collbench import run_bench
+    from fourd_mpi.perf.collbench import StreamReport, run_bench
 
     hostname = socket.gethostname()
     out = args.output or os.path.join("results", "profiles", f"{hostname}.yaml")
@@ -547,7 +559,8 @@ def cmd_bench(args, world) -> int:
             load_profile(args.fallback)  # fail early on an unknown name, on every rank
         check_timeout(args.step_timeout)
         watchdog = Watchdog(args.step_timeout, rank)
-        result = run_bench(args, world, watchdog)
+        report = StreamReport(args.format, every=args.progress_every) if rank == 0 else None
+        result = run_bench(args, world, watchdog, report)
         watchdog.close()
     except ConfigError as exc:  # the same on every rank (checked before any collective): said once
         if rank == 0:
@@ -556,7 +569,7 @@ def cmd_bench(args, world) -> int:
     status = 0
     if rank == 0:
         try:
-            status = _report_bench(result, args, hostname, out)
+            status = _report_bench(result, args, hostname, out, report)
         except (ConfigError, OSError) as exc:
             error_line(exc)
             status = 2
@@ -575,9 +588,10 @@ def _check_profile_name(name: str) -> None:
         raise ConfigError(f"--name {name!r}: {rule['description']} (at most 64 characters, starting with a letter or digit)")
 
 
-def _report_bench(result, args, hostname, out) -> int:
-    """Rank 0: write the machine profile (from what was measured), print the report in ``--format``
-    and the profile summary; the exit status."""
+def _report_bench(result, args, hostname, out, report) -> int:
+    """Rank 0: write the machine profile (from what was measured), print the rest of the report in ``--format``
+    (``report``: the :class:`~fourd_mpi.perf.collbench.StreamReport` that printed the rows as they were
+    measured) and the profile summary; the exit status."""
     import yaml
 
     from fourd_mpi.perf.collbench import (build_profile, format_result, missing_kinds, profile_problem,
@@ -598,7 +612,9 @@ def _report_bench(result, args, hostname, out) -> int:
             summary.append(f"  no fit of {', '.join(m[1:] for m in missing)}: --ops lacks {', '.join(missing)}; the "
                            f"model takes them from the profile's fallback (--fallback) or refuses")
     text = format_result(result, args.format)
-    print(text, flush=True)
+    report.end(result)
+    if result.get("skipped_line"):
+        print(f"fourd-mpi: note: {result['skipped_line']}", file=sys.stderr, flush=True)
     if args.format == "table":
         print("\n".join(summary), flush=True)
     else:  # stdout stays machine-readable
@@ -631,7 +647,7 @@ def _write_profile(result, args, hostname, out, build_profile, yaml):
     not written or None)``: a fit whose relative rms error reaches
     ``--max-fit-error`` (default :data:`~fourd_mpi.perf.collbench.MAX_FIT_RMS`) keeps it from being written
     unless ``--accept-poor-fit``."""
-    from fourd_mpi.perf.collbench import poor_fit_line, poor_fits
+    from fourd_mpi.perf.collbench import fit_window, poor_fit_line, poor_fits
 
     name = args.name or f"local-{hostname}"
     profile = build_profile(result, name, hostname, args.fallback, args.backend)
@@ -642,7 +658,8 @@ def _write_profile(result, args, hostname, out, build_profile, yaml):
     jsonschema.validate(profile, PROFILE_SCHEMA)
     limit = args.max_fit_error / 100
     bad = poor_fits(profile, limit)
-    refused = poor_fit_line(bad, limit) if bad and not args.accept_poor_fit else None
+    refused = (poor_fit_line(bad, limit, fit_window(result["rows"], limit), searched=True)
+               if bad and not args.accept_poor_fit else None)
     if bad and args.accept_poor_fit:
         profile["calibration"]["poor_fits"] = (f"{len(bad)} fit(s) at or over {100 * limit:g}% rms, written "
                                                f"by --accept-poor-fit: " + ", ".join(
