@@ -18,20 +18,24 @@ from fourd_mpi.cli.args import add_format, write_output
 
 
 class JsonDoc:
-    """The top-level keys of one command's JSON document, each with what it holds."""
+    """The top-level keys of one command's JSON document, each with what it holds; ``optional``: keys present only
+    in some documents (the help says when)."""
 
-    def __init__(self, command: str, keys: Dict[str, str]):
-        self.command, self.keys = command, dict(keys)
+    def __init__(self, command: str, keys: Dict[str, str], optional: Sequence[str] = ()):
+        self.command, self.keys, self.optional = command, dict(keys), frozenset(optional)
 
     def help(self) -> str:
-        """The sentence ``--help`` shows: ``json: one document {"a": ..., "b": ...}``."""
+        """The sentence ``--help`` shows: ``json: one document on standard output, keys a (...); b (...)``."""
         return "json: one document on standard output, keys " + "; ".join(f"{k} ({v})" for k, v in self.keys.items())
 
     def check(self, doc: Dict) -> None:
-        """A document without a declared key, or with one not declared, is a bug of the command."""
-        if set(doc) != set(self.keys):
-            raise ValueError(f"{self.command} --format json: keys {sorted(set(doc) ^ set(self.keys))} differ from "
-                             f"the declared schema")
+        """A document without a declared key (optional ones aside), or with one not declared, is a bug of the
+        command."""
+        missing = set(self.keys) - self.optional - set(doc)
+        unknown = set(doc) - set(self.keys)
+        if missing or unknown:
+            raise ValueError(f"{self.command} --format json: keys {sorted(missing | unknown)} differ from the "
+                             f"declared schema")
 
 
 def add_json_format(parser, doc: JsonDoc, supported: Sequence[str] = ("table", "json"), default: str = "table",
