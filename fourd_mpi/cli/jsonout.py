@@ -17,12 +17,17 @@ from typing import Dict, Optional, Sequence
 from fourd_mpi.cli.args import add_format, write_output
 
 
+#: every declared document, by command (the tests check each command's help against its keys)
+DOCUMENTS: Dict[str, "JsonDoc"] = {}
+
+
 class JsonDoc:
     """The top-level keys of one command's JSON document, each with what it holds; ``optional``: keys present only
     in some documents (the help says when)."""
 
     def __init__(self, command: str, keys: Dict[str, str], optional: Sequence[str] = ()):
         self.command, self.keys, self.optional = command, dict(keys), frozenset(optional)
+        DOCUMENTS[command] = self
 
     def help(self) -> str:
         """The sentence ``--help`` shows: ``json: one document on standard output, keys a (...); b (...)``."""
