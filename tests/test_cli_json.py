@@ -118,12 +118,16 @@ def test_testbed_down_json(tmp_path):
 
 @pytest.mark.mpi
 def test_mpi_commands_json(tmp_path):
-    """verify and info on 2 ranks: rank 0's one document; verify --json FILE holds the same; trace recover of a run
-    stopped by SIGTERM at step 2."""
+    """verify, run and info on 2 ranks: rank 0's one document (run: nothing of its configuration or steps on
+    standard output); verify --json FILE holds the same; trace recover of a run stopped by SIGTERM at step 2."""
     proc = fourd("verify", "--steps", "2", "--format", "json", "--json", tmp_path / "v.json", nranks=2)
     doc = document("verify", proc)
     assert proc.returncode == 0 and doc["passed"] == len(doc["results"]) >= 1 and doc["failed"] == 0
     assert json.loads((tmp_path / "v.json").read_text()) == doc
+    proc = fourd("run", "--steps", "3", "--results-dir", tmp_path, "--run-id", "j", "--format", "json", nranks=2)
+    doc = document("run", proc)
+    assert doc["trace"] == str(tmp_path / "j.h5") and doc["run_id"] == "j" and doc["summary"]["steps"] == 2
+    assert doc["config"]["steps"] == 3 and (tmp_path / "j.h5").exists()
     doc = document("info", fourd("info", "--gx", "2", "--format", "json", nranks=2))
     assert doc["world_size"] == 2 and doc["grid"] == "1x1x1x2" and doc["placement"]["axes"]["x"]["size"] == 2
     assert doc["parameters"] and doc["model"]["name"] == "gpt-tiny"

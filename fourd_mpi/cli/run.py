@@ -28,6 +28,18 @@ def add_run_arguments(parser) -> None:
     parser.add_argument("--config", metavar="FILE", type=text, help="options from a .toml or .yaml file (keys: long option "
                         "names); the command line wins")
     add_options(parser, STEP_GROUPS + ("steps", "trace"))
+    add_json_format(parser, RUN_JSON, help="what standard output shows (rank 0): table (default: the configuration, "
+                    "the steps as --display says, the summary) or json (only the document at the end; the trace "
+                    "records the same either way)")
+
+
+#: ``run --format json``
+RUN_JSON = JsonDoc("run", {
+    "trace": "the trace written", "run_id": "its run id", "status": "complete",
+    "summary": "the measured steps: steps, median_s, min_s, max_s, q1_s, q3_s, compute_share, wait_share, "
+               "other_share, model_tflops_per_rank, mfu_pct, hfu_pct, gemm_pct, tokens_per_s and the rest of the "
+               "summary lines",
+    "config": "the resolved configuration (reusable as --config)"})
 
 
 def run_parser() -> OneLineParser:
@@ -157,14 +169,25 @@ def cmd_run(args, world) -> int:
                                                    "trace_group_size": trace.group_size,
                                                    "peak_tflops": args.peak_tflops})
 
+    quiet = args.format == "json"  # standard output holds the document alone
+
     def header(run):
+        if quiet:
+            return
         say(world, "resolved configuration (reusable as --config FILE.toml):")
         say(world, "\n".join("  " + line for line in dump_toml(config).splitlines()))
         _header(world, run)
 
-    path, summary = traced_run(world, options, trace, config, lambda text: say(world, text),
-                               display=args.display, peak_tflops=args.peak_tflops, fault=fault, header=header,
-                               step_timeout=args.step_timeout)
+    path, summary = traced_run(world, options, trace, config, (lambda text: None) if quiet else
+                               (lambda text: say(world, text)), display=args.display, peak_tflops=args.peak_tflops,
+                               fault=fault, header=header, step_timeout=args.step_timeout)
+    if quiet:
+        if world.Get_rank() == 0:
+            import os
+
+            emit_json(RUN_JSON, {"trace": path, "run_id": os.path.splitext(os.path.basename(path))[0],
+                                 "status": "complete", "summary": summary.as_dict(), "config": config})
+        return 0
     if world.Get_rank() == 0:
         for line in summary.lines():
             print(line)
