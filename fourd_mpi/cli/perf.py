@@ -612,7 +612,7 @@ def _size(text: str) -> int:
 
 def _register_bench(sub) -> None:
     """``fourd-mpi bench collectives ...``"""
-    from fourd_mpi.perf.collbench import DEFAULT_TIME_LIMIT_S, MAX_FIT_RMS, OPS, PROGRESS_EVERY_S, SHARES
+    from fourd_mpi.perf.collbench import DEFAULT_TIME_LIMIT_S, MAX_FIT_RMS, OPS, PROGRESS_EVERY_S
 
     bench = sub.add_parser("bench", help="micro-benchmarks under mpiexec: collectives (OSU / nccl-tests "
                            "style) and the machine profile for the performance model")
@@ -646,10 +646,11 @@ def _register_bench(sub) -> None:
                         "even below --iters or --min-time (default 10; at least one iteration)")
     s.add_argument("--time-limit", type=float_in(0.0, 7 * 86400.0, "seconds"), default=DEFAULT_TIME_LIMIT_S,
                    metavar="SECONDS", help=f"bound on the whole sweep, the compute calibration included (default "
-                   f"{DEFAULT_TIME_LIMIT_S:g}; 0: none): a measurement runs only when its least predicted time "
-                   f"(warm-up, one timed iteration, the check; extrapolated from the sizes measured before it) fits "
-                   f"into what is left and into {SHARES} equal shares of it, and its timed iterations stop there; "
-                   "what it leaves out is named in one line (JSON: sweep.skipped)")
+                   f"{DEFAULT_TIME_LIMIT_S:g}; 0: none): each communicator and collective gets its share of the time "
+                   "left, and a measurement runs only when its least predicted time (warm-up, --min-time or one "
+                   "timed iteration, the check; extrapolated from the sizes measured before it) fits into what is "
+                   "left of that share, its timed iterations stopping there: the largest sizes are left out first, "
+                   "named in one line (JSON: sweep.skipped)")
     s.add_argument("--progress-every", type=float_in(0.0, 86400.0, "seconds"), default=PROGRESS_EVERY_S,
                    metavar="SECONDS", help=f"a progress line on standard error (which collective, size i of n, time "
                    f"elapsed and about how much is left) at each new communicator and collective, before a "

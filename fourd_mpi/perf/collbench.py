@@ -739,29 +739,26 @@ class Item:
 def plan_items(comms: List[Tuple[str, int, str]], sizes: List[List[int]], ops: List[str],
                placements: Tuple[bool, ...], overlap_k: int) -> List[Item]:
     """Every measurement of the sweep in the order :func:`run_bench` makes them. ``comms``: ``(name, p, level)``
-    of each communicator, ``sizes`` its message sizes. Per communicator and op: every size in each placement
-    (ascending), then for ``iallreduce`` across nodes the back-to-back runs, for ``iallreduce`` the
-    synchronization cost, for a nonblocking op the overlap at the ``overlap_k`` sizes :func:`overlap_sizes`
-    picks."""
+    of each communicator, ``sizes`` its message sizes. Per communicator and op, size by size (ascending): the
+    size in each placement, then for ``iallreduce`` across nodes its back-to-back run, for a nonblocking op the
+    overlap when :func:`overlap_sizes` picks the size, and after the smallest size of ``iallreduce`` the
+    synchronization cost; so a bound that runs out leaves out the largest sizes of every kind."""
     items: List[Item] = []
     for c, ((name, p, level), ss) in enumerate(zip(comms, sizes)):
         n = len(ss)
         for op in ops:
+            overlapped = set(overlap_sizes(ss, overlap_k)) if op.startswith("i") and overlap_k > 0 else set()
             for i, s in enumerate(ss, 1):
                 items += [Item("op", c, name, p, op, s, i, n, inplace) for inplace in placements]
-            if op == "iallreduce" and level == "inter":
-                items += [Item("run", c, name, p, op, s, i, n) for i, s in enumerate(ss, 1)]
-            if op == "iallreduce":
-                items.append(Item("sync", c, name, p, op, 8, 1, 1))
-            if op.startswith("i") and overlap_k > 0:
-                items += [Item("overlap", c, name, p, op, s, ss.index(s) + 1, n) for s in overlap_sizes(ss, overlap_k)]
+                if op == "iallreduce" and level == "inter":
+                    items.append(Item("run", c, name, p, op, s, i, n))
+                if op == "iallreduce" and i == 1:
+                    items.append(Item("sync", c, name, p, op, 8, 1, 1))
+                if s in overlapped:
+                    items.append(Item("overlap", c, name, p, op, s, i, n))
     return items
 
 
-#: a measurement may take at most this many equal shares of the time ``--time-limit`` leaves (the time left
-#: over the measurements left): the largest sizes of a slow link are skipped rather than leave the
-#: communicators measured after them without their small and middle sizes
-SHARES = 8
 #: the default ``--time-limit``: the whole sweep, compute calibration included (docs/guide/model-and-tuning.md)
 DEFAULT_TIME_LIMIT_S = 300.0
 #: seconds guessed for a measurement that nothing measured yet predicts (the first of a communicator)
@@ -775,8 +772,9 @@ OVERLAP_PHASES = 7
 
 def calibration_seconds(dtypes: int) -> float:
     """A generous guess of the compute calibration after the sweep (:func:`_compute_rates`: per dtype at least
-    0.2 s alone and 0.4 s all at once), kept out of the sweep's time by :class:`Budget`."""
-    return 1.0 * dtypes + 0.5
+    0.2 s alone and 0.4 s all at once; 12 s for two dtypes on 4 ranks of 2 busy cores), kept out of the sweep's
+    time by :class:`Budget`."""
+    return 3.0 * dtypes + 1.0
 
 
 def _extrapolate(points: Dict[int, float], size: int) -> float:
@@ -807,13 +805,17 @@ class Budget:
     Before each item the ranks agree on the elapsed time (the slowest rank's), and :meth:`decide` says whether
     the item runs and the wall-time bound of its timed iterations: the same on every rank, since its inputs
     are agreed (the elapsed time, and latencies that are maxima over ranks), so the collectives stay matched.
-    With ``T`` seconds left (the limit less the time elapsed and :attr:`reserve`, the compute calibration after
-    the sweep) and ``n`` items left, a share is ``T / n``; an item runs when its least predicted time
-    (:meth:`least`: warm-up, ``--min-time`` of timed iterations or one iteration, the result check) fits into
-    ``min(T, SHARES shares)``, and its timed iterations stop after ``min(--max-time, max(min(T, SHARES shares),
-    --min-time))`` (at least one): the bound leaves sizes out rather than measure them below ``--min-time``, so
-    with ``--min-time`` m at most ``max(1, T/m)`` rows are measured. A skipped item is listed (:meth:`summary`,
-    :meth:`skipped_line`); the larger sizes after it are predicted longer still.
+
+    The time is allotted by block: a block is one communicator and collective (its sizes in each placement,
+    then its back-to-back runs, synchronization and overlap measurements). When a block starts, it gets the
+    time left (the limit less the time elapsed and :attr:`reserve`, the compute calibration after the sweep)
+    times its share of the measurements left; what a block leaves unused goes to the blocks after it. An item
+    runs when its least predicted time (:meth:`least`: warm-up, ``--min-time`` of timed iterations or one
+    iteration, the result check) fits into what is left of its block, and its timed iterations stop after
+    ``min(--max-time, max(that less its predicted warm-up and check, --min-time))`` (at least one). So the
+    largest sizes of a slow link are left out, not the communicators and collectives measured after them; and
+    the bound leaves sizes out rather than measure them below ``--min-time``: with ``--min-time`` m, T seconds
+    hold at most ``max(1, T/m)`` rows. A skipped item is listed (:meth:`summary`, :meth:`skipped_line`).
 
     The time of one call is predicted from what was measured (maxima over ranks): the same size on the same
     communicator by another op, else a straight line through the two largest sizes below it of the same op
@@ -826,6 +828,14 @@ class Budget:
         self.overlap_iters, self.sync_iters = overlap_iters, sync_iters
         self.lat: Dict[Tuple[int, str], Dict[int, float]] = {}
         self.skipped: List[Item] = []
+        self.block = [0] * len(items)  # the block of each item, and each block's length
+        self.lengths: List[int] = []
+        for i, item in enumerate(items):
+            if i == 0 or (item.comm, item.op) != (items[i - 1].comm, items[i - 1].op):
+                self.lengths.append(0)
+            self.block[i] = len(self.lengths) - 1
+            self.lengths[-1] += 1
+        self._current: Tuple[int, float] = (-1, 0.0)  # (block, elapsed time at which its allotment ends)
 
     def record(self, item: Item, seconds: float) -> None:
         """The measured seconds of one call of ``item`` (an ``op`` item; agreed over ranks)."""
@@ -860,7 +870,7 @@ class Budget:
         if item.what == "sync":
             return 2 * (rule.warmup + self.sync_iters) * (t + SYNC_COMPUTE_S)
         n = max(rule.min_iters, math.ceil(rule.min_time / t) if t > 0 else rule.min_iters)
-        bound = rule.max_time if bound is None else min(rule.max_time, bound)
+        bound = rule.max_time if bound is None else min(rule.max_time, max(bound, rule.min_time))
         timed = max(t, min(min(n, rule.max_iters) * t, bound))
         return (rule.warmup + (1 if item.what == "op" else 0)) * t + timed
 
@@ -876,14 +886,21 @@ class Budget:
         return self.cost(item)
 
     def room(self, i: int, elapsed: float) -> Optional[float]:
-        """Seconds item ``i`` may take (``min(T, SHARES shares)``), None without a bound."""
+        """Seconds item ``i`` may take: what is left of its block's allotment (and of the whole bound); None
+        without a bound. The first item of a block fixes the block's allotment."""
         if self.limit <= 0:
             return None
         left = self.limit - elapsed - self.reserve
-        return min(left, SHARES * left / (len(self.items) - i)) if left > 0 else 0.0
+        if left <= 0:
+            return 0.0
+        block = self.block[i]
+        if block != self._current[0]:
+            self._current = (block, elapsed + left * self.lengths[block] / (len(self.items) - i))
+        return max(0.0, min(left, self._current[1] - elapsed))
 
     def decide(self, i: int, elapsed: float) -> Tuple[bool, float]:
-        """``(run item i, the wall-time bound of its timed iterations)``; a skipped item is kept in :attr:`skipped`."""
+        """``(run item i, the wall-time bound of its timed iterations)``; a skipped item is kept in :attr:`skipped`.
+        Called for every item, in order."""
         room = self.room(i, elapsed)
         if room is None:
             return True, self.rule.max_time
@@ -898,15 +915,20 @@ class Budget:
 
     def left(self, i: int, elapsed: float) -> float:
         """Estimated seconds from item ``i`` to the end, compute calibration included (at most what the bound
-        leaves)."""
-        room = self.room(i, elapsed)
-        estimate = sum(self.cost(item, room) for item in self.items[i:]) + self.reserve
-        return estimate if self.limit <= 0 else min(estimate, max(0.0, self.limit - elapsed))
+        leaves); after :meth:`decide` of item ``i``."""
+        if self.limit <= 0:
+            return sum(self.cost(item) for item in self.items[i:]) + self.reserve
+        left = max(0.0, self.limit - elapsed - self.reserve)
+        share = left / (len(self.items) - i)
+        estimate = sum(min(self.cost(item, share * self.lengths[self.block[j]]), share * self.lengths[self.block[j]])
+                       for j, item in enumerate(self.items[i:], i)) + self.reserve
+        return min(estimate, max(0.0, self.limit - elapsed))
 
     def describe(self) -> str:
-        what = (f"--time-limit {self.limit:g} s for the whole sweep, compute calibration included: a measurement "
-                f"is skipped when its least predicted time exceeds what is left or {SHARES} equal shares of it"
-                if self.limit > 0 else "no bound on the whole sweep (--time-limit 0)")
+        what = (f"--time-limit {self.limit:g} s for the whole sweep, compute calibration included: each communicator "
+                f"and collective gets its share of the time left, and a measurement is skipped when its least "
+                f"predicted time exceeds what is left of that share" if self.limit > 0
+                else "no bound on the whole sweep (--time-limit 0)")
         return f"{what}; --max-time {self.rule.max_time:g} s per measurement"
 
     def summary(self, elapsed: float) -> Dict:
@@ -932,7 +954,7 @@ class Budget:
             parts.append(f"{label} on {name} {span}" if what != "sync" else f"{label} on {name}")
         shown = "; ".join(parts[:6]) + (f"; and {len(parts) - 6} more" if len(parts) > 6 else "")
         return (f"--time-limit {self.limit:g} s left out {len(self.skipped)} of {len(self.items)} measurements "
-                f"(each predicted longer than the time left allowed): {shown}; raise --time-limit, or lower "
+                f"(each predicted longer than its share of the time left): {shown}; raise --time-limit, or lower "
                 f"--max-size or --max-time")
 
 

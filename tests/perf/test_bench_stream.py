@@ -29,17 +29,18 @@ BLOCK = re.compile(r"^# (\w+) on (\S+) \(")
 
 def test_the_plan_lists_every_measurement_in_the_order_they_run():
     items = plan_items([("world", 3, "inter")], [[12, 96]], ["iallreduce", "allgather"], (False, True), 1)
+    # size by size: a bound that runs out leaves out the largest sizes of every kind of measurement
     assert [(i.what, i.op, i.size, i.inplace) for i in items] == [
         ("op", "iallreduce", 12, False), ("op", "iallreduce", 12, True),
+        ("run", "iallreduce", 12, False), ("sync", "iallreduce", 8, False),  # across nodes: back-to-back runs
         ("op", "iallreduce", 96, False), ("op", "iallreduce", 96, True),
-        ("run", "iallreduce", 12, False), ("run", "iallreduce", 96, False),  # across nodes: back-to-back runs
-        ("sync", "iallreduce", 8, False), ("overlap", "iallreduce", 96, False),
+        ("run", "iallreduce", 96, False), ("overlap", "iallreduce", 96, False),
         ("op", "allgather", 12, False), ("op", "allgather", 12, True),
         ("op", "allgather", 96, False), ("op", "allgather", 96, True)]
-    assert items[2].index == 2 and items[2].count == 2
-    assert "iallreduce on world (p=3), size 2 of 2 (96 B), out-of-place" in progress_line(items[2], 2, 12, 1.0, 65.0)
-    assert "[3/12]" in progress_line(items[2], 2, 12, 1.0, 65.0)
-    assert "about 1 min 05 s left" in progress_line(items[2], 2, 12, 1.0, 65.0)
+    assert items[4].index == 2 and items[4].count == 2
+    assert "iallreduce on world (p=3), size 2 of 2 (96 B), out-of-place" in progress_line(items[4], 4, 12, 1.0, 65.0)
+    assert "[5/12]" in progress_line(items[4], 4, 12, 1.0, 65.0)
+    assert "about 1 min 05 s left" in progress_line(items[4], 4, 12, 1.0, 65.0)
 
 
 def _sweep(budget, items, seconds_of):
@@ -61,8 +62,11 @@ def latency(item):
 
 
 def test_the_bound_leaves_out_the_largest_sizes_not_the_communicators_after_them():
+    """Each communicator and collective gets its share of the time left: the largest sizes of the first do not
+    take the time of the second's small and middle sizes."""
     sizes = [8 * 8 ** k for k in range(9)]  # 8 B ... 128 MiB
-    items = plan_items([("a", 4, "inter"), ("b", 2, "inter")], [sizes, sizes], ["iallreduce"], (False,), 0)
+    items = plan_items([("a", 4, "inter"), ("b", 2, "inter")], [sizes, sizes], ["iallreduce", "allreduce"],
+                       (False,), 0)
     rule = IterationRule(min_iters=20, min_time=0.2, max_time=10.0, warmup=3)
     budget = Budget(120.0, items, rule, reserve=1.5)
 
@@ -72,15 +76,15 @@ def test_the_bound_leaves_out_the_largest_sizes_not_the_communicators_after_them
 
     measured, elapsed = _sweep(budget, items, seconds)
     assert elapsed <= 120.0 - 1.5 + 1e-9
-    skipped = {(i.name, i.what, i.size) for i in budget.skipped}
-    # the small and middle sizes of both communicators are measured; the largest are left out
+    # the small and middle sizes of both communicators and collectives are measured; the largest are left out
     for name in ("a", "b"):
-        assert {s for n, w, s in {(i.name, i.what, i.size) for i in measured} if n == name and w == "op"} >= set(
-            sizes[:6]), name
-    assert ("b", "op", sizes[-1]) in skipped and ("b", "run", sizes[-1]) in skipped
+        for op in ("iallreduce", "allreduce"):
+            got = {i.size for i in measured if (i.name, i.op, i.what) == (name, op, "op")}
+            assert got >= set(sizes[:6]), (name, op, sorted(got))
+            assert (name, op, sizes[-1]) in {(i.name, i.op, i.size) for i in budget.skipped if i.what == "op"}
     line = budget.skipped_line()
     assert line.startswith(f"--time-limit 120 s left out {len(budget.skipped)} of {len(items)} measurements")
-    assert "iallreduce on a" in line and "128 MiB" in line
+    assert "allreduce on b" in line and "128 MiB" in line
     summary = budget.summary(elapsed)
     assert summary["measured"] + len(summary["skipped"]) == summary["planned"] == len(items)
     assert budget.left(0, 0.0) <= 120.0
@@ -98,8 +102,9 @@ def test_with_min_time_m_at_most_T_over_m_rows_are_measured():
     measured, _ = _sweep(budget, items, lambda item, bound: max(0.25, min(bound, 0.25)))
     rows = [i for i in measured if i.what == "op"]
     assert 1 <= len(rows) <= 4 and budget.skipped
+    fresh = Budget(2.5, items, rule, reserve=1.5)
     for i, _ in enumerate(items):
-        go, bound = Budget(2.5, items, rule, reserve=1.5).decide(i, 0.0)
+        go, bound = fresh.decide(i, 0.0)
         assert not go or bound >= rule.min_time
 
 
@@ -107,8 +112,9 @@ def test_the_prediction_comes_from_the_sizes_measured_before():
     items = plan_items([("x", 2, "intra")], [[8, 64, 512, 4096]], ["iallreduce", "iallgather"], (False,), 0)
     budget = Budget(100.0, items, IterationRule(), reserve=0.0)
     assert budget.per_call(0, "iallreduce", 8) is None  # nothing measured: the first runs
-    budget.record(items[0], 1e-5)
-    budget.record(items[1], 2e-5)  # 64 B
+    op = {(i.op, i.size): i for i in items if i.what == "op"}
+    budget.record(op[("iallreduce", 8)], 1e-5)
+    budget.record(op[("iallreduce", 64)], 2e-5)
     assert budget.per_call(0, "iallreduce", 512) == pytest.approx(2e-5 + (1e-5 / 56) * (512 - 64))  # the line
     assert budget.per_call(0, "iallgather", 64) == pytest.approx(2e-5)  # the same size by another op
     assert budget.per_call(0, "iallgather", 4) == pytest.approx(1e-5)  # below every size: the smallest's
@@ -234,21 +240,21 @@ def test_rows_arrive_while_the_job_runs(nranks, tmp_path):
 
 @pytest.mark.mpi
 def test_the_time_limit_bounds_the_rows_measured(run_mpi, tmp_path):
-    """--time-limit 2.5 with one dtype (1.5 s kept for the compute calibration) and --min-time 0.25: at most
+    """--time-limit 5 with one dtype (4 s kept for the compute calibration) and --min-time 0.25: at most
     1 / 0.25 = 4 rows of the 8 sizes; what it left out is counted in the JSON and named in one line."""
     common = ["bench", "collectives", "--ops", "iallreduce", "--max-size", "64K", "--factor", "4", "--iters", "1",
               "--min-time", "0.25", "--max-time", "1", "--warmup", "1", "--overlap-sizes", "0", "--gemm-size", "16",
               "--dtypes", "float32", "--no-in-place", "--accept-poor-fit", "--format", "json"]
-    proc = run_mpi(2, [*common, "--time-limit", "2.5", "-o", tmp_path / "p.yaml"], timeout=240)
+    proc = run_mpi(2, [*common, "--time-limit", "5", "-o", tmp_path / "p.yaml"], timeout=240)
     assert proc.returncode in (0, 1), proc.stderr  # 1: too few sizes left for a profile is a refusal, not a crash
     doc = json.loads(proc.stdout)
     rows, sweep = doc["rows"], doc["sweep"]
     assert 1 <= len(rows) <= 4, [r["size"] for r in rows]
     assert sweep["planned"] == 9 and sweep["measured"] + len(sweep["skipped"]) == 9  # 8 sizes and the sync
     assert [r["size"] for r in rows] == sorted(r["size"] for r in rows)
-    notes = [line for line in proc.stderr.splitlines() if "--time-limit 2.5 s left out" in line]
+    notes = [line for line in proc.stderr.splitlines() if "--time-limit 5 s left out" in line]
     assert len(notes) == 1 and "of 9 measurements" in notes[0], proc.stderr
     # a bound that leaves nothing after the compute calibration: refused before anything runs
-    proc = run_mpi(2, [*common, "--time-limit", "1", "-o", tmp_path / "q.yaml"], timeout=120)
+    proc = run_mpi(2, [*common, "--time-limit", "3", "-o", tmp_path / "q.yaml"], timeout=120)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("fourd-mpi: error:")]
-    assert proc.returncode == 2 and len(errors) == 1 and "--time-limit 1 leaves no time for the sweep" in errors[0]
+    assert proc.returncode == 2 and len(errors) == 1 and "--time-limit 3 leaves no time for the sweep" in errors[0]
