@@ -645,7 +645,7 @@ def _register_bench(sub) -> None:
                    help="bound: stop the timed iterations of one size and placement after this much wall time, "
                         "even below --iters or --min-time (default 10; at least one iteration)")
     s.add_argument("--time-limit", type=float_in(0.0, 7 * 86400.0, "seconds"), default=DEFAULT_TIME_LIMIT_S,
-                   metavar="SECONDS", help=f"bound on the whole sweep, the compute calibration included (default "
+                   metavar="SECONDS", help=f"bound on the whole sweep, the compute calibration before it included (default "
                    f"{DEFAULT_TIME_LIMIT_S:g}; 0: none): each communicator and collective gets its share of the time "
                    "left, and a measurement runs only when its least predicted time (warm-up, --min-time or one "
                    "timed iteration, the check; extrapolated from the sizes measured before it) fits into what is "

@@ -759,7 +759,8 @@ def plan_items(comms: List[Tuple[str, int, str]], sizes: List[List[int]], ops: L
     return items
 
 
-#: the default ``--time-limit``: the whole sweep, compute calibration included (docs/guide/model-and-tuning.md)
+#: the default ``--time-limit``: the whole sweep, the compute calibration before it included
+#: (docs/guide/model-and-tuning.md)
 DEFAULT_TIME_LIMIT_S = 300.0
 #: seconds guessed for a measurement that nothing measured yet predicts (the first of a communicator)
 GUESS_S = 0.25
@@ -768,13 +769,6 @@ SYNC_COMPUTE_S = 1e-3
 #: timed phases of an overlap measurement in units of the pure collective (pure, compute twice, two
 #: overlapped ones of up to twice the pure time)
 OVERLAP_PHASES = 7
-
-
-def calibration_seconds(dtypes: int) -> float:
-    """A generous guess of the compute calibration after the sweep (:func:`_compute_rates`: per dtype at least
-    0.2 s alone and 0.4 s all at once; 12 s for two dtypes on 4 ranks of 2 busy cores), kept out of the sweep's
-    time by :class:`Budget`."""
-    return 3.0 * dtypes + 1.0
 
 
 def _extrapolate(points: Dict[int, float], size: int) -> float:
@@ -808,8 +802,8 @@ class Budget:
 
     The time is allotted by block: a block is one communicator and collective (its sizes in each placement,
     then its back-to-back runs, synchronization and overlap measurements). When a block starts, it gets the
-    time left (the limit less the time elapsed and :attr:`reserve`, the compute calibration after the sweep)
-    times its share of the measurements left; what a block leaves unused goes to the blocks after it. An item
+    time left (the limit less the time elapsed, which includes the compute calibration before the sweep, and
+    :attr:`reserve`, time kept for work after it) times its share of the measurements left; what a block leaves unused goes to the blocks after it. An item
     runs when its least predicted time (:meth:`least`: warm-up, ``--min-time`` of timed iterations or one
     iteration, the result check) fits into what is left of its block, and its timed iterations stop after
     ``min(--max-time, max(that less its predicted warm-up and check, --min-time))`` (at least one). So the
@@ -914,8 +908,8 @@ class Budget:
         return True, min(rule.max_time, max(room - around, rule.min_time))
 
     def left(self, i: int, elapsed: float) -> float:
-        """Estimated seconds from item ``i`` to the end, compute calibration included (at most what the bound
-        leaves); after :meth:`decide` of item ``i``."""
+        """Estimated seconds from item ``i`` to the end and :attr:`reserve` (at most what the bound leaves); after
+        :meth:`decide` of item ``i``."""
         if self.limit <= 0:
             return sum(self.cost(item) for item in self.items[i:]) + self.reserve
         left = max(0.0, self.limit - elapsed - self.reserve)
@@ -925,9 +919,9 @@ class Budget:
         return min(estimate, max(0.0, self.limit - elapsed))
 
     def describe(self) -> str:
-        what = (f"--time-limit {self.limit:g} s for the whole sweep, compute calibration included: each communicator "
-                f"and collective gets its share of the time left, and a measurement is skipped when its least "
-                f"predicted time exceeds what is left of that share" if self.limit > 0
+        what = (f"--time-limit {self.limit:g} s for the whole sweep, the compute calibration before it included: each "
+                f"communicator and collective gets its share of the time left, and a measurement is skipped when its "
+                f"least predicted time exceeds what is left of that share" if self.limit > 0
                 else "no bound on the whole sweep (--time-limit 0)")
         return f"{what}; --max-time {self.rule.max_time:g} s per measurement"
 
@@ -1018,6 +1012,12 @@ class StreamReport:
                 lines += table_block_head(rows[0])
             self._write(lines + [table_row({r.inplace: r for r in rows})])
 
+    def note(self, text: str) -> None:
+        """A progress line of its own (what runs before the sweep)."""
+        if self.every > 0:
+            self.err.write(f"fourd-mpi bench: {text}\n")
+            self.err.flush()
+
     def progress(self, item: Item, i: int, total: int, elapsed: float, left: float, predicted: float = 0.0) -> None:
         if self.every <= 0:
             return
@@ -1066,10 +1066,6 @@ def run_bench(args, world, watchdog=None, report: Optional["StreamReport"] = Non
     if bad or not dtypes:
         raise ConfigError(f"--dtypes: unknown {', '.join(bad) or '(none)'} (choose from {', '.join(DTYPES)})")
     limit = float(getattr(args, "time_limit", 0) or 0)
-    if 0 < limit <= calibration_seconds(len(dtypes)):
-        raise ConfigError(f"--time-limit {limit:g} leaves no time for the sweep: the compute calibration after it is "
-                          f"given {calibration_seconds(len(dtypes)):g} s ({len(dtypes)} dtype(s) of --dtypes); give "
-                          f"more than that, or 0 for no bound")
     flags = {"data": args.gdata, "z": args.gz, "y": args.gy, "x": args.gx}
     if args.grid:
         grids = [GridShape.parse(g) for g in args.grid]
@@ -1138,8 +1134,7 @@ def run_bench(args, world, watchdog=None, report: Optional["StreamReport"] = Non
     sizes = [message_sizes(args.min_size, args.max_size, args.factor, 4 * comm.Get_size()) for _, _, comm, _, _ in comms]
     items = plan_items([(",".join(also), comm.Get_size(), level) for _, level, comm, also, _ in comms], sizes, ops,
                        placements, args.overlap_sizes)
-    budget = Budget(limit, items, rule, reserve=calibration_seconds(len(dtypes)),
-                    overlap_iters=max(3, args.iters // 4), sync_iters=max(5, args.iters))
+    budget = Budget(limit, items, rule, overlap_iters=max(3, args.iters // 4), sync_iters=max(5, args.iters))
     listed = [{"comm": name, "axes": also, "level": level, "p": comm.Get_size(), "per_node": per_node}
               for name, level, comm, also, per_node in comms]
     head = {"world_size": size, "num_nodes": num_nodes, "grids": [str(g) for g in grids], "rule": rule.describe(),
@@ -1148,6 +1143,12 @@ def run_bench(args, world, watchdog=None, report: Optional["StreamReport"] = Non
         report.begin(head)
     world.Barrier()
     t0 = MPI.Wtime()
+    # first: its time is then known, and the bound covers it (the sweep gets what it leaves)
+    if report is not None:
+        report.note(f"compute calibration first: GEMM rates of {', '.join(dtypes)} (n = {args.gemm_size}) alone and "
+                    f"with all ranks, element-wise bandwidth")
+    with watch("the compute calibration (GEMM and elementwise rates)"):
+        compute = _compute_rates(world, dtypes, args.gemm_size, args.backend)
     done: List[Row] = []  # the rows of the size being measured (its placements)
     for i, item in enumerate(items):
         elapsed = world.allreduce(MPI.Wtime() - t0, op=MPI.MAX)  # the same on every rank: so is the decision
@@ -1188,8 +1189,6 @@ def run_bench(args, world, watchdog=None, report: Optional["StreamReport"] = Non
             if report is not None and done:
                 report.rows(done)
             done = []
-    with watch("the compute calibration (GEMM and elementwise rates)"):
-        compute = _compute_rates(world, dtypes, args.gemm_size, args.backend)
     for pg in made:
         pg.free()
     return {"rows": rows, "runs": runs, "overlap": overlap, "syncs": syncs, "compute": compute,
