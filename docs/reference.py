@@ -80,17 +80,8 @@ def _default(action: argparse.Action) -> str:
     return f"`{action.default}`"
 
 
-def _examples(parser: argparse.ArgumentParser) -> List[str]:
-    """The command's examples (the end of its ``--help``) as a fenced block, or nothing."""
-    from fourd_mpi.cli.examples import examples_of
-
-    lines = examples_of(parser)
-    return ["Examples:", "", "```bash", *lines, "```", ""] if lines else []
-
-
 def cli_page() -> str:
-    """Every command and subcommand: what it does, its examples, its arguments and options (hidden aliases left
-    out)."""
+    """Every command and subcommand: what it does, its arguments and options (hidden aliases left out)."""
     from fourd_mpi.cli.args import subparser_actions, walk_parsers
     from fourd_mpi.cli.main import build_parser
 
@@ -109,19 +100,18 @@ def cli_page() -> str:
         if subparser_actions(p) and path:
             # a command group: its subcommands follow
             out += [f"{'#' * min(len(path) + 1, 4)} `fourd-mpi {' '.join(path)}`", "",
-                    _cell(helps.get(path, "")) or "", ""] + _examples(p)
+                    _cell(helps.get(path, "")) or "", ""]
             continue
         if not path:
             out += ["## `fourd-mpi`", "", _cell(p.description or ""), "",
                     "| option | help |", "| --- | --- |", "| `--version` | print the version and exit |",
-                    "| `-h`, `--help` | print the help of a command and exit |", ""] + _examples(p)
+                    "| `-h`, `--help` | print the help of a command and exit |", ""]
             continue
         title = f"{'#' * min(len(path) + 1, 4)} `fourd-mpi {' '.join(path)}`"
         out += [title, ""]
         text = helps.get(path) or p.description or ""
         if text:
             out += [_cell(text), ""]
-        out += _examples(p)
         positionals = [a for a in p._actions if not a.option_strings and a.help is not argparse.SUPPRESS
                        and not isinstance(a, argparse._SubParsersAction)]
         if positionals:

@@ -5,7 +5,6 @@ One table, :data:`EXAMPLES` (command words -> lines), put on every parser by :fu
 parser: each has examples, and every example line parses with :func:`~fourd_mpi.cli.main.build_parser` (the
 words after ``fourd-mpi``; a launcher and its options before it, ``VAR=value`` settings, and a redirection or
 comment after it are not the command's), the command after ``testbed mpiexec ... --`` too.
-``docs/reference.py`` puts them on the command-line reference page.
 """
 
 from __future__ import annotations
