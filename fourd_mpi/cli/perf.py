@@ -593,6 +593,19 @@ MAX_BENCH_ITERS = 1 << 20
 MAX_GEMM_SIZE = 1 << 14
 
 
+#: ``bench collectives --format json`` (written by :func:`fourd_mpi.perf.collbench.format_result`)
+BENCH_JSON = JsonDoc("bench collectives", {
+    "world_size": "ranks", "num_nodes": "nodes", "grids": "the grids benchmarked", "formulas": "of the columns",
+    "units": "of the values", "communicators": "comm, axes, level, p, per_node",
+    "rows": "per communicator, op, size and placement: the csv columns", "overlap": "the overlap measurements",
+    "sync": "the synchronization cost per communicator", "compute": "GEMM and element-wise rates",
+    "wrong": "wrong result elements in all", "avg_busbw_gbps": "mean busbw of the rows",
+    "iterations": "the iteration rule", "step_model": "model and dtype of the step's messages",
+    "step_messages": "the step's messages and whether the sizes cover them", "bound": "the --time-limit rule",
+    "sweep": "time_limit_s, elapsed_s, planned, measured, skipped (what the bound left out)",
+    "profile": "path of the profile written (null: none, with reason), missing_ops"}, optional=("profile",))
+
+
 def _size(text: str) -> int:
     units = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
     t = text.strip().lower().rstrip("b").rstrip("i")
@@ -684,10 +697,10 @@ def _register_bench(sub) -> None:
     o.add_argument("--report", dest="table", metavar="FILE",
                    help="also write the printed report (in --format) there")
     add_deprecated(o, "--table", "--report", dest="table", metavar="FILE")
-    add_format(o, ("table", "csv", "json"),
-               help="report on stdout: table (nccl-tests / OSU-like text, default) or csv (a row per "
-                    "communicator, op, size and placement), each row printed when it is measured; or json (one "
-                    "document at the end: everything)")
+    add_json_format(o, BENCH_JSON, ("table", "csv", "json"),
+                    help="report on stdout: table (nccl-tests / OSU-like text, default) or csv (a row per "
+                         "communicator, op, size and placement), each row printed when it is measured; or json (one "
+                         "document at the end: everything)")
     s.add_argument("--no-in-place", dest="in_place", action="store_false",
                    help="measure out-of-place only (default: out-of-place and MPI_IN_PLACE)")
     bench.set_defaults(handler=cmd_bench, serial=False)
@@ -776,6 +789,10 @@ def _report_bench(result, args, hostname, out, report) -> int:
             summary.append(f"  no fit of {', '.join(m[1:] for m in missing)}: --ops lacks {', '.join(missing)}; the "
                            f"model takes them from the profile's fallback (--fallback) or refuses")
     text = format_result(result, args.format)
+    if args.format == "json":
+        import json
+
+        BENCH_JSON.check(json.loads(text))
     report.end(result)
     if result.get("skipped_line"):
         print(f"fourd-mpi: note: {result['skipped_line']}", file=sys.stderr, flush=True)
