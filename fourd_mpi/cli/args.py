@@ -239,7 +239,8 @@ def write_output(path: Optional[str], text: str, what: str = "") -> None:
 #: the names ``--format`` takes, wherever a command prints a table (a command offers those it can write)
 FORMATS = ("table", "csv", "json", "markdown")
 #: formats that only make sense for one kind of output, allowed beside :data:`FORMATS`
-SPECIAL_FORMATS = {"junit": "JUnit XML, a test report for CI (regression checks)"}
+SPECIAL_FORMATS = {"junit": "JUnit XML, a test report for CI (regression checks)",
+                   "shell": "export lines for a shell's eval (testbed env)"}
 
 
 def add_format(parser, supported: Sequence[str] = FORMATS, default: str = "table", help: str = "") -> None:

@@ -9,7 +9,8 @@ Commands, by module:
 - :mod:`~fourd_mpi.cli.sweep` — ``sweep plan | render | submit | status | collect``;
 - :mod:`~fourd_mpi.cli.perf` — ``tune``, ``model calibrate | validate``, ``bench collectives`` (under mpiexec);
 - :mod:`~fourd_mpi.cli.testbed` — ``testbed up | down | status | mpiexec | env`` (emulated nodes on this machine);
-- this module — ``completion bash | zsh | tcsh`` (the shell completion script, from this parser).
+- this module — ``completion bash | zsh | tcsh`` (the shell completion script, from this parser);
+- :mod:`~fourd_mpi.cli.examples` — the examples that end every ``--help``.
 
 Every parser is a :class:`~fourd_mpi.cli.args.OneLineParser`: a module's ``register(sub)`` adds its
 commands with ``sub.add_parser`` (nested ``add_subparsers`` inherit the class), so a new command
@@ -40,7 +41,8 @@ from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
 from fourd_mpi.cli import analyze, perf, results, run, sweep, testbed, traces
-from fourd_mpi.cli.args import PROG, OneLineParser, error_line, is_first_rank, refuse_empty_values
+from fourd_mpi.cli.args import PROG, OneLineParser, error_line, is_first_rank, refuse_empty_values, walk_parsers
+from fourd_mpi.cli.examples import EXAMPLES, add_examples
 from fourd_mpi.errors import BackendError, ConfigError, Terminated
 
 #: command modules, in the order ``--help`` lists their commands
@@ -60,6 +62,9 @@ def build_parser() -> OneLineParser:
                           "~/.local/share/bash-completion/completions/fourd-mpi")
     comp.add_argument("shell", choices=SHELLS, help="the shell whose script to print")
     comp.set_defaults(handler=cmd_completion, serial=True)
+    for path, p in walk_parsers(parser):  # every --help ends with examples (fourd_mpi.cli.examples)
+        if path in EXAMPLES:
+            add_examples(p, EXAMPLES[path])
     refuse_empty_values(parser)  # every free-text value: '' refused in one line, in one place
     return parser
 

@@ -8,9 +8,9 @@ leading dashes, ``-`` or ``_``); the command line wins over the file, the file o
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 
+from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.values import (axis_size, batch_size, gib_or_none, head_count, int_in, layer_count, repeat_count,
                                    seq_length, vocab_size, width)
@@ -55,8 +55,6 @@ PREDICT_OPTIONS = {
 
 def register(msub) -> None:
     """Add ``predict`` and ``published`` to ``fourd-mpi model``'s subcommands."""
-    from fourd_mpi.cli.args import add_format
-
     p = msub.add_parser("predict", help="one configuration with every choice forced: step time split into compute, "
                                         "exposed communication per axis and bubble, memory per GPU by part, %% of "
                                         "peak under each FLOP convention (offline)")
@@ -68,14 +66,32 @@ def register(msub) -> None:
             p.add_argument(f"--{name}", action="store_const", const=True, default=None, help=text)
         else:
             p.add_argument(f"--{name}", type=kind, default=None, help=text)
-    add_format(p, ("table", "json"))
+    add_json_format(p, PREDICT_JSON)
     pub = msub.add_parser("published", help="the model against the shipped published results (Megatron-LM SC21 "
                                             "Tables 1 and 2, its README of 2020, AxoNN SC'24), the memory and the "
                                             "ranking claims (offline)")
     pub.add_argument("--dataset", default="all", metavar="NAME",
                      help="narayanan_sc21, axonn_sc24, narayanan_sc21_table2, megatron_readme_2020 or all (default)")
     pub.add_argument("--no-claims", action="store_true", help="leave out the ranking claims")
-    add_format(pub, ("table", "json"))
+    add_json_format(pub, PUBLISHED_JSON)
+
+
+#: ``model predict --format json``
+PREDICT_JSON = JsonDoc("model predict", {
+    "scenario": "every option, the model's sizes, grid and GPUs", "step_s": "predicted step time",
+    "compute_s": "its compute", "exposed_s": "exposed communication per axis", "bubble_s": "pipeline bubble",
+    "terms_s": "the step's terms", "memory_bytes": "memory per GPU by part", "memory_stage": "the stage it is for",
+    "fits": "whether it fits --memory-limit", "flops_per_step": "per FLOP convention",
+    "peak_tflops": "the data-sheet peak", "tflops_per_gpu": "per convention", "pct_peak": "per convention",
+    "formulas": "of the conventions", "notes": "the model's notes"})
+#: ``model published --format json``
+PUBLISHED_JSON = JsonDoc("model published", {
+    "summary": "errors over every point", "summary_by_dataset": "per dataset",
+    "summary_target_set": "over the points the model must match (or null)",
+    "points": "per published point: dataset, name, gpus, metric, published, predicted, ratio, error, to_match, "
+              "assumed, source, scheme, prediction",
+    "memory_claims": "the memory claims", "claims": "the ranking claims (not with --no-claims)"},
+    optional=("claims", "memory_claims"))
 
 
 def _options(args) -> dict:
@@ -171,7 +187,7 @@ def cmd_predict(args) -> int:
     sc, profile = scenario_from(_options(args))
     result = predict_scenario(sc, profile)
     if args.format == "json":
-        print(json.dumps(result.as_dict(), indent=1, sort_keys=True))
+        emit_json(PREDICT_JSON, result.as_dict())
     else:
         print(format_result(result, profile))
     return 0
@@ -188,7 +204,7 @@ def cmd_published(args) -> int:
     claims = None if args.no_claims else published.evaluate_claims()
     memory = published.evaluate_memory_claims(names)
     if args.format == "json":
-        print(json.dumps(published.as_dict(rows, claims, memory), indent=1, sort_keys=True, default=str))
+        emit_json(PUBLISHED_JSON, published.as_dict(rows, claims, memory))
     else:
         print(published.report(rows, claims, memory))
     return 0

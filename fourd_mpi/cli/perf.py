@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 
+from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.cli.args import (FORMATS, add_deprecated, add_format, add_option, add_options, add_output, add_site,
                                 add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.run.options import OPTIONS, options_in
@@ -63,11 +64,61 @@ def _register_tune(sub) -> None:
                         "default: every layer's, as this suite's step keeps every handle until the optimizer; "
                         "--algorithm axonn4d only)")
     o = p.add_argument_group("output")
+    add_json_format(o, TUNE_JSON, help="table (default) or json")
     o.add_argument("--top", type=repeat_count, default=5, metavar="K", help="grids to show (default 5)")
     o.add_argument("--emit-sweep", metavar="FILE", help="write a sweep spec (YAML) that measures the top K")
     o.add_argument("--force", action="store_true", help="replace an existing --emit-sweep file")
     # --dtype: the run's choices; default the site's training dtype (bfloat16 on GPU sites, float32 on CPU)
     p.set_defaults(handler=cmd_tune, serial=True, dtype=None)
+
+
+#: ``tune --format json``
+TUNE_JSON = JsonDoc("tune", {
+    "machine_profile": "name and description of the profile the model used",
+    "model": "name, layers, hidden, heads, ffn_hidden, seq, batch",
+    "ranks": "the rank count placed", "algorithms": "the algorithms ranked",
+    "options": "overlap, progress, dtype (and dtype_source), precision, recompute, attention, optimizer, dw_window, "
+               "ranks_per_node",
+    "memory_limit": "bytes per rank (null: none) and how it was chosen",
+    "dropped": "configurations left out and why (one sentence)", "pruned": "configurations not predicted (or null)",
+    "skipped": "algorithms left out: [algorithm, reason]", "valid": "configurations predicted",
+    "top": "the --top fastest: rank, algorithm, grid, options, step_ms, compute_ms, exposed_ms, comm_ms per axis, "
+           "bubble_ms, wire_mb, memory_gib, need_gib, placement per axis",
+    "best": "per algorithm its fastest: algorithm, configuration, step_ms, vs_best",
+    "why": "why the first wins (one sentence; null across algorithms)", "notes": "the model's notes",
+    "emit_sweep": "the sweep spec written (or null)"})
+
+
+def _prediction_json(rank: int, algorithm: str, grid, options, p, need_bytes: int) -> dict:
+    """One configuration of ``tune --format json`` (the columns of the table, in ms, MB and GiB)."""
+    comm: dict = {}
+    bubble = 0.0
+    for (axis, op), t in p.exposed_s.items():
+        if op == "bubble":
+            bubble += t
+        else:
+            comm[axis] = comm.get(axis, 0.0) + t * 1e3
+    return {"rank": rank, "algorithm": algorithm, "grid": str(grid), "options": dict(options),
+            "step_ms": p.step_s * 1e3, "compute_ms": p.compute_s * 1e3, "exposed_ms": p.exposed_total_s * 1e3,
+            "comm_ms": comm, "bubble_ms": bubble * 1e3, "wire_mb": sum(p.wire_bytes.values()) / 1e6,
+            "memory_gib": p.memory.total / GIB, "need_gib": need_bytes / GIB, "placement": dict(p.placement)}
+
+
+def _tune_json(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention, dtype_source, top, best,
+               why, notes, dropped, pruned, skipped, valid) -> dict:
+    from fourd_mpi.perf.memory import default_precision
+
+    return {"machine_profile": {"name": profile.name, "description": profile.describe()},
+            "model": {"name": cfg.name, "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads,
+                      "ffn_hidden": cfg.ffn_hidden, "seq": cfg.seq, "batch": cfg.batch},
+            "ranks": args.ranks, "algorithms": list(names),
+            "options": {"overlap": str(overlap), "progress": args.progress, "dtype": args.dtype,
+                        "dtype_source": dtype_source, "precision": args.precision or default_precision(args.dtype),
+                        "recompute": recompute, "attention": attention, "optimizer": args.optimizer,
+                        "dw_window": args.dw_window, "ranks_per_node": args.ranks_per_node or profile.ranks_per_node},
+            "memory_limit": {"bytes": limit, "how": limit_text}, "dropped": dropped, "pruned": pruned or None,
+            "skipped": [list(s) for s in skipped], "valid": valid, "top": top, "best": best, "why": why,
+            "notes": notes, "emit_sweep": args.emit_sweep}
 
 
 def _memory_limit(text: str):
@@ -144,12 +195,17 @@ def cmd_tune(args, world=None) -> int:
     overlap = OverlapConfig.parse(args.overlap)
     refuse_output(args.emit_sweep, args.force, option="--emit-sweep", inputs=[args.profile or "", args.site or ""])
     profile = resolve_profile(args.site, args.profile, args.fallback_profile)
+    dtype_source = "--dtype"
     if args.dtype is None:
         args.dtype = profile.training_dtype
-        print(f"dtype {args.dtype}: the training dtype of machine profile {profile.name} "
-              f"({'bf16 on GPU sites' if profile.backend == 'cupy' else 'float32 on CPU sites'}; --dtype to choose)")
+        dtype_source = (f"the training dtype of machine profile {profile.name} "
+                        f"({'bf16 on GPU sites' if profile.backend == 'cupy' else 'float32 on CPU sites'}; --dtype to "
+                        f"choose)")
+        if args.format != "json":
+            print(f"dtype {args.dtype}: {dtype_source}")
     args.ranks_per_node, shape = _node_shape(args, profile)
-    print(f"{profile.origin()}; {shape}")
+    if args.format != "json":
+        print(f"{profile.origin()}; {shape}")
     limit, limit_text = _memory_limit_bytes(args, profile)
     recompute, attention = args.recompute or "none", args.attention or "unfused"
     from fourd_mpi.perf.algorithms import algorithm_names
@@ -160,30 +216,40 @@ def cmd_tune(args, world=None) -> int:
             from fourd_mpi.errors import ConfigError
 
             raise ConfigError("--dw-window applies to --algorithm axonn4d (model predict takes it for every algorithm)")
-        return _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention)
+        return _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention, dtype_source)
     ranking = rank_grids(cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer, limit,
                          args.ranks_per_node, recompute=recompute, attention=attention, precision=args.precision,
                          dw_window=args.dw_window)
     from fourd_mpi.perf.memory import default_precision
 
-    print(profile.describe())
-    print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
-          f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; overlap {overlap}; progress {args.progress}; "
-          f"{args.dtype} ({args.precision or default_precision(args.dtype)} precision); recompute {recompute}; "
-          f"attention {attention}" + ("" if args.dw_window is None else f"; dW window {args.dw_window}"))
-    print(limit_text)
-    print(ranking.dropped_summary())
-    print(f"top {min(args.top, len(ranking.predictions))} of {len(ranking.predictions)} valid grids by predicted "
-          f"step time (ms per step; comm = exposed communication per axis):")
-    print(format_ranking(ranking, args.top))
-    print(why_best(ranking))
     notes = []
     for p in ranking.predictions[: args.top]:
         for n in p.notes:
             if n not in notes:
                 notes.append(n)
-    for n in notes:
-        print(f"note: {n}")
+    if args.format == "json":
+        top = [_prediction_json(i, "axonn4d", p.grid, {}, p, p.memory.required(ranking.reserve))
+               for i, p in enumerate(ranking.predictions[: args.top], 1)]
+        best = [{"algorithm": "axonn4d", "configuration": str(ranking.predictions[0].grid),
+                 "step_ms": ranking.predictions[0].step_s * 1e3, "vs_best": 1.0}]
+        doc = _tune_json(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention, dtype_source,
+                         top, best, why_best(ranking), notes, ranking.dropped_summary(), None, [],
+                         len(ranking.predictions))
+    else:
+        print(profile.describe())
+        print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
+              f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; overlap {overlap}; progress "
+              f"{args.progress}; {args.dtype} ({args.precision or default_precision(args.dtype)} precision); "
+              f"recompute {recompute}; attention {attention}"
+              + ("" if args.dw_window is None else f"; dW window {args.dw_window}"))
+        print(limit_text)
+        print(ranking.dropped_summary())
+        print(f"top {min(args.top, len(ranking.predictions))} of {len(ranking.predictions)} valid grids by predicted "
+              f"step time (ms per step; comm = exposed communication per axis):")
+        print(format_ranking(ranking, args.top))
+        print(why_best(ranking))
+        for n in notes:
+            print(f"note: {n}")
     if args.emit_sweep:
         import yaml
 
@@ -192,10 +258,12 @@ def cmd_tune(args, world=None) -> int:
         write_text(args.emit_sweep, "# written by fourd-mpi tune: measure the predicted top grids\n"
                    + yaml.safe_dump(spec, sort_keys=False), "--emit-sweep")
         wrote(args.emit_sweep, f"sweep spec: {len(grids)} grid(s) at {args.ranks} ranks")
+    if args.format == "json":
+        emit_json(TUNE_JSON, doc)
     return 0
 
 
-def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention) -> int:
+def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention, dtype_source) -> int:
     """``tune --algorithm LIST|all``: one ranking across algorithms (:mod:`fourd_mpi.perf.algorithms`)."""
     from fourd_mpi.perf.algorithms import format_across, format_best, rank_algorithms, sweep_options
     from fourd_mpi.perf.memory import default_precision
@@ -203,24 +271,35 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
     ranking = rank_algorithms(names, cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer,
                               limit, args.ranks_per_node, recompute=recompute, attention=attention,
                               precision=args.precision, keep=args.top)
-    print(profile.describe())
-    print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
-          f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; algorithms {', '.join(names)}; overlap "
-          f"{overlap}; progress {args.progress}; {args.dtype} ({args.precision or default_precision(args.dtype)} "
-          f"precision); recompute {recompute}; attention {attention}")
-    print(limit_text)
-    print(ranking.dropped_summary())
-    if ranking.pruned:
-        print(ranking.pruned_summary())
-    for name, why in ranking.skipped:
-        print(f"skipped {name}: {why}")
-    print(f"top {min(args.top, len(ranking.entries))} of {len(ranking.entries)} predicted valid configurations by predicted "
-          f"step time (ms per step and rank; comm = exposed communication per axis):")
-    print(format_across(ranking, args.top))
-    print(format_best(ranking))
     notes = list(dict.fromkeys(n for e in ranking.entries[: args.top] for n in e.prediction.notes))
-    for n in notes:
-        print(f"note: {n}")
+    if args.format == "json":
+        top = [_prediction_json(i, e.algorithm, e.grid, e.options, e.prediction, e.need_bytes)
+               for i, e in enumerate(ranking.entries[: args.top], 1)]
+        fastest = ranking.entries[0].prediction.step_s if ranking.entries else None
+        best = [{"algorithm": name, "configuration": e.label, "step_ms": e.prediction.step_s * 1e3,
+                 "vs_best": e.prediction.step_s / fastest}
+                for name, e in sorted(ranking.best_by_algorithm().items(), key=lambda kv: kv[1].prediction.step_s)]
+        doc = _tune_json(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention, dtype_source,
+                         top, best, None, notes, ranking.dropped_summary(), ranking.pruned_summary(), ranking.skipped,
+                         len(ranking.entries))
+    else:
+        print(profile.describe())
+        print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
+              f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; algorithms {', '.join(names)}; overlap "
+              f"{overlap}; progress {args.progress}; {args.dtype} ({args.precision or default_precision(args.dtype)} "
+              f"precision); recompute {recompute}; attention {attention}")
+        print(limit_text)
+        print(ranking.dropped_summary())
+        if ranking.pruned:
+            print(ranking.pruned_summary())
+        for name, why in ranking.skipped:
+            print(f"skipped {name}: {why}")
+        print(f"top {min(args.top, len(ranking.entries))} of {len(ranking.entries)} predicted valid configurations by "
+              f"predicted step time (ms per step and rank; comm = exposed communication per axis):")
+        print(format_across(ranking, args.top))
+        print(format_best(ranking))
+        for n in notes:
+            print(f"note: {n}")
     if args.emit_sweep:
         import yaml
 
@@ -233,7 +312,10 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
         spec["matrix"]["algorithm"] = algorithms  # each algorithm runs the listed grids it allows
         write_text(args.emit_sweep, "# written by fourd-mpi tune: measure the predicted top configurations\n"
                    + yaml.safe_dump(spec, sort_keys=False), "--emit-sweep")
-        print(f"sweep spec {args.emit_sweep}: {len(grids)} grid(s) x {len(algorithms)} algorithm(s) at {args.ranks} ranks")
+        print(f"sweep spec {args.emit_sweep}: {len(grids)} grid(s) x {len(algorithms)} algorithm(s) at {args.ranks} ranks",
+              file=sys.stderr if args.format == "json" else sys.stdout)
+    if args.format == "json":
+        emit_json(TUNE_JSON, doc)
     return 0
 
 
@@ -254,6 +336,7 @@ def _register_model(sub) -> None:
     c.add_argument("--terms", default=",".join(DEFAULT_FIT_TERMS), metavar="LIST",
                    help="terms the fit may use, the others get weight 0 (default %(default)s; all: "
                         "gemm,attention,elementwise,calls,comm,sync)")
+    add_json_format(c, CALIBRATE_JSON, help="the fit's report on standard output: table (default) or json")
     v = msub.add_parser("validate", help="measured vs predicted step time and exposed communication of traces")
     add_trace_paths(v)
     v.add_argument("--profile", default=None, metavar="P", help="machine profile (built-in name or file; "
@@ -279,6 +362,7 @@ def _register_model(sub) -> None:
     a.add_argument("--explain", action="append", default=[], metavar="DxZxYxX",
                    help="grid to explain term by term (repeatable; default: AxoNN's best, ours, and AxoNN's best "
                         "with G_x, G_y > 1)")
+    add_json_format(a, COMPARE_AXONN_JSON, help="table (default) or json")
     pp = msub.add_parser("paper", help="the model's prediction for the AxoNN SC'24 settings (gpt-80b on 1,024 "
                                        "Perlmutter A100s, bf16, full recompute, all overlaps) and the weak-scaling "
                                        "series, next to the published numbers (offline)")
@@ -294,11 +378,49 @@ def _register_model(sub) -> None:
                     help="weak-scaling cases: all (5B/64 ... 80B/1,024), none, or a comma list of presets "
                          "(gpt-5b,gpt-10b,...)")
     add_output(pp, help="write the weak-scaling plot there (PNG; needs matplotlib, the analysis extra)")
+    add_json_format(pp, PAPER_JSON, help="the report on standard output: table (default) or json")
 
     from fourd_mpi.cli.model_predict import register as register_predict
 
     register_predict(msub)
     p.set_defaults(handler=cmd_model, serial=True)
+
+
+#: ``model calibrate --format json``
+CALIBRATE_JSON = JsonDoc("model calibrate", {
+    "profile": "the profile calibrated", "output": "the calibrated profile written (-o)", "terms": "the terms fitted",
+    "runs": "per run: run_id, measured_ms, fitted_ms, err_%", "weights": "term -> weight",
+    "median_abs_rel_error": "of the fit over the runs", "left_out": "traces left out, each with why"})
+#: ``model compare-axonn --format json``
+COMPARE_AXONN_JSON = JsonDoc("model compare-axonn", {
+    "machine_profile": "the profile whose placement table costs both", "model": "the preset", "ranks": "GPUs",
+    "min_tp": "minimum G_x G_y G_z", "formula": "the time of a grid",
+    "cases": "per --batch: batch, candidates, dropped [grid, why], axonn / ours / ours_cache (the --top [grid, "
+             "s/step]), explained (per grid its term rows)"})
+#: ``model paper --format json``
+PAPER_JSON = JsonDoc("model paper", {
+    "machine_profile": "name and description", "settings": "model, GPUs, batch, dtype, recompute, attention, "
+    "precision, optimizer, overlap, memory_limit_gib", "published": "the paper's figures and their source",
+    "best": "the predicted best grid of the flagship: grid, step_s, compute_s, exposed_s, exposed_by_axis, "
+            "required_gib, hfu_pct, pflops, considered, dropped_memory, notes (null: none fits)",
+    "megatron": "the Megatron-LM-like grid, as best, or null (megatron_problem says why)",
+    "megatron_problem": "why the Megatron-LM-like grid cannot run (or null)",
+    "speedup": "t_Megatron-like / t_4D (or null)",
+    "ptdp": "the fastest Megatron-LM PTD-P configuration: tp, pp, dp, schedule, microbatch_size, microbatches, "
+            "step_s, hfu_pct, required_gib (or null)",
+    "series": "the weak-scaling cases: model, gpus, grid, pct_peak, megatron_pct_peak, pflops"})
+
+
+def _paper_prediction(case, pred, profile) -> dict:
+    """One predicted grid of ``model paper --format json``."""
+    from fourd_mpi.perf.tune import memory_reserve
+
+    if pred is None:
+        return None
+    return {"grid": str(pred.grid), "step_s": pred.step_s, "compute_s": pred.compute_s,
+            "exposed_s": pred.exposed_total_s, "exposed_by_axis": pred.exposed_by_axis(),
+            "required_gib": pred.memory.required(memory_reserve(profile)) / GIB, "hfu_pct": case.pct_peak(pred),
+            "pflops": case.pflops(pred)}
 
 
 def _cmd_compare_axonn(args) -> int:
@@ -323,13 +445,27 @@ def _cmd_compare_axonn(args) -> int:
     if profile.placement_gbs(1, 2) is None:
         raise ConfigError(f"machine profile {profile.name} has no network.placement_gbs (AxoNN's get_bw table): "
                           f"use --profile perlmutter or frontier")
+    cases = []
     for i, batch in enumerate(batches):
         cfg = resolve_model(args.model, batch=batch, seq=args.seq)
         comp = compare(cfg, args.ranks, args.min_tp, profile.placement_gbs)
-        print(("\n" if i else "") + format_comparison(cfg, args.ranks, args.min_tp, comp, args.top, profile.name))
         grids = explain or default_explained(comp)
+        if args.format == "json":
+            cases.append({"batch": batch, "candidates": len(comp.axonn),
+                          "dropped": [[str(g), why] for g, why in comp.dropped],
+                          **{key: [[str(g), t] for g, t in getattr(comp, key)[: args.top]]
+                             for key in ("axonn", "ours", "ours_cache")},
+                          "explained": [{"grid": str(g), "rows": explain_grid(cfg, g, profile.placement_gbs)}
+                                        for g in grids]})
+            continue
+        print(("\n" if i else "") + format_comparison(cfg, args.ranks, args.min_tp, comp, args.top, profile.name))
         for g in grids:
             print(format_explanation(explain_grid(cfg, g, profile.placement_gbs), g))
+    if args.format == "json":
+        from fourd_mpi.perf.axonn_commmodel import TIME_FORMULA
+
+        emit_json(COMPARE_AXONN_JSON, {"machine_profile": profile.name, "model": args.model, "ranks": args.ranks,
+                                       "min_tp": args.min_tp, "formula": TIME_FORMULA, "cases": cases})
     return 0
 
 
@@ -359,13 +495,36 @@ def _cmd_paper(args) -> int:
     flagship = model_case(PUBLISHED["model"], PUBLISHED["gpus"], profile, limit, batch)
     series = [flagship if (m, g) == (PUBLISHED["model"], PUBLISHED["gpus"])
               else model_case(m, g, profile, limit, max(1, batch * g // PUBLISHED["gpus"])) for m, g in cases]
-    from fourd_mpi.perf.paper import ptdp_case
+    from fourd_mpi.perf.paper import SETTINGS, OVERLAP, series_data, ptdp_case
 
-    print(report(flagship, series, profile, limit, ptdp_case(flagship.cfg, flagship.gpus, profile, limit)))
+    ptdp = ptdp_case(flagship.cfg, flagship.gpus, profile, limit)
+    if args.format == "json":
+        best, meg = flagship.best, flagship.megatron
+        sc = ptdp.scenario if ptdp is not None else None
+        doc = {"machine_profile": {"name": profile.name, "description": profile.describe()},
+               "settings": dict(SETTINGS, model=flagship.cfg.name, gpus=flagship.gpus, batch=flagship.cfg.batch,
+                                overlap=OVERLAP, memory_limit_gib=limit),
+               "published": dict(PUBLISHED),
+               "best": None if best is None else dict(_paper_prediction(flagship, best, profile),
+                                                      considered=flagship.considered,
+                                                      dropped_memory=flagship.dropped_memory, notes=flagship.notes),
+               "megatron": _paper_prediction(flagship, meg, profile),
+               "megatron_problem": flagship.megatron_problem or None,
+               "speedup": meg.step_s / best.step_s if (meg is not None and best is not None) else None,
+               "ptdp": None if sc is None else {
+                   "tp": sc.grid.y, "pp": sc.stages, "dp": sc.grid.data,
+                   "schedule": sc.schedule + (f" v={sc.chunks}" if sc.schedule == "interleaved" else ""),
+                   "microbatch_size": sc.microbatch_size, "microbatches": sc.microbatches, "step_s": ptdp.step_s,
+                   "hfu_pct": ptdp.pct_peak(), "required_gib": ptdp.memory["required"] / GIB},
+               "series": series_data(series)}
+    else:
+        print(report(flagship, series, profile, limit, ptdp))
     if args.output:
         with replacing(args.output) as tmp:  # the figure under a temporary name, renamed when complete
             plot(series, tmp, profile, limit)
         wrote(args.output, "weak-scaling plot")
+    if args.format == "json":
+        emit_json(PAPER_JSON, doc)
     return 0
 
 
@@ -426,15 +585,20 @@ def _cmd_calibrate(args) -> int:
     data, rows, skipped = calibrate(traces, profile, terms)
     for line in skipped:
         sys.stderr.write(f"fourd-mpi: left out {line}\n")
-    print(format_table(pd.DataFrame(rows), "table"))
     fit = data["step_fit"]
-    print("weights: " + ", ".join(f"{t} x{w:g}" for t, w in fit["weights"].items())
-          + f"; median |error| of the fit {100 * fit['median_abs_rel_error']:.1f}% over {len(rows)} runs")
+    if args.format != "json":
+        print(format_table(pd.DataFrame(rows), "table"))
+        print("weights: " + ", ".join(f"{t} x{w:g}" for t, w in fit["weights"].items())
+              + f"; median |error| of the fit {100 * fit['median_abs_rel_error']:.1f}% over {len(rows)} runs")
     with replacing(args.output) as tmp:
         with open(tmp, "w") as fh:
             yaml.safe_dump(data, fh, sort_keys=False)
         load_profile(tmp)  # what we write must load
     wrote(args.output, "calibrated machine profile")
+    if args.format == "json":
+        emit_json(CALIBRATE_JSON, {"profile": args.profile, "output": args.output, "terms": terms, "runs": rows,
+                                   "weights": fit["weights"], "median_abs_rel_error": fit["median_abs_rel_error"],
+                                   "left_out": list(skipped)})
     return 1 if problems else 0
 
 
@@ -446,6 +610,19 @@ MAX_BENCH_BYTES = 1 << 30
 MAX_BENCH_ITERS = 1 << 20
 #: the largest n of bench collectives' n x n GEMM (three float64 matrices of 2 GiB each)
 MAX_GEMM_SIZE = 1 << 14
+
+
+#: ``bench collectives --format json`` (written by :func:`fourd_mpi.perf.collbench.format_result`)
+BENCH_JSON = JsonDoc("bench collectives", {
+    "world_size": "ranks", "num_nodes": "nodes", "grids": "the grids benchmarked", "formulas": "of the columns",
+    "units": "of the values", "communicators": "comm, axes, level, p, per_node",
+    "rows": "per communicator, op, size and placement: the csv columns", "overlap": "the overlap measurements",
+    "sync": "the synchronization cost per communicator", "compute": "GEMM and element-wise rates",
+    "wrong": "wrong result elements in all", "avg_busbw_gbps": "mean busbw of the rows",
+    "iterations": "the iteration rule", "step_model": "model and dtype of the step's messages",
+    "step_messages": "the step's messages and whether the sizes cover them", "bound": "the --time-limit rule",
+    "sweep": "time_limit_s, elapsed_s, planned, measured, skipped (what the bound left out)",
+    "profile": "path of the profile written (null: none, with reason), missing_ops"}, optional=("profile",))
 
 
 def _size(text: str) -> int:
@@ -467,13 +644,13 @@ def _size(text: str) -> int:
 
 def _register_bench(sub) -> None:
     """``fourd-mpi bench collectives ...``"""
-    from fourd_mpi.perf.collbench import MAX_FIT_RMS, OPS
+    from fourd_mpi.perf.collbench import DEFAULT_TIME_LIMIT_S, MAX_FIT_RMS, OPS, PROGRESS_EVERY_S
 
     bench = sub.add_parser("bench", help="micro-benchmarks under mpiexec: collectives (OSU / nccl-tests "
                            "style) and the machine profile for the performance model")
     bsub = bench.add_subparsers(dest="bench_command", required=True, parser_class=sub._parser_class)
-    p = bsub.add_parser("collectives", help="latency, algbw/busbw and overlap %% of the grid's collectives; "
-                        "writes a machine profile")
+    p = bsub.add_parser("collectives", help="latency, algbw/busbw and overlap %% of the grid's collectives, "
+                        "each size's row printed as it is measured; writes a machine profile; bounded by --time-limit")
     g = p.add_argument_group("communicators (each axis of size > 1, and the world)")
     for option in options_in("grid"):
         add_option(g, option)
@@ -499,6 +676,18 @@ def _register_bench(sub) -> None:
     s.add_argument("--max-time", type=float_in(1e-3, 86400.0, "seconds"), default=10.0, metavar="SECONDS",
                    help="bound: stop the timed iterations of one size and placement after this much wall time, "
                         "even below --iters or --min-time (default 10; at least one iteration)")
+    s.add_argument("--time-limit", type=float_in(0.0, 7 * 86400.0, "seconds"), default=DEFAULT_TIME_LIMIT_S,
+                   metavar="SECONDS", help=f"bound on the whole sweep, the compute calibration before it included (default "
+                   f"{DEFAULT_TIME_LIMIT_S:g}; 0: none): each communicator and collective gets its share of the time "
+                   "left, and a measurement runs only when its least predicted time (warm-up, --min-time or one "
+                   "timed iteration, the check; extrapolated from the sizes measured before it) fits into what is "
+                   "left of that share, its timed iterations stopping there: the largest sizes are left out first, "
+                   "named in one line (JSON: sweep.skipped)")
+    s.add_argument("--progress-every", type=float_in(0.0, 86400.0, "seconds"), default=PROGRESS_EVERY_S,
+                   metavar="SECONDS", help=f"a progress line on standard error (which collective, size i of n, time "
+                   f"elapsed and about how much is left) at each new communicator and collective, before a "
+                   f"measurement predicted to take this long, and otherwise at most every SECONDS (default "
+                   f"{PROGRESS_EVERY_S:g}; 0: none)")
     s.add_argument("--warmup", type=int_in(0, MAX_BENCH_ITERS, "untimed iterations"), default=3, help="untimed iterations first (default 3)")
     s.add_argument("--overlap-sizes", type=int_in(0, 64, "sizes"), default=2, metavar="K",
                    help="measure overlap at the K largest sizes up to 4M (default 2; 0 skips it)")
@@ -527,9 +716,10 @@ def _register_bench(sub) -> None:
     o.add_argument("--report", dest="table", metavar="FILE",
                    help="also write the printed report (in --format) there")
     add_deprecated(o, "--table", "--report", dest="table", metavar="FILE")
-    add_format(o, ("table", "csv", "json"),
-               help="report on stdout: table (nccl-tests / OSU-like text, default), csv (a row per "
-                    "communicator, op, size and placement) or json (everything)")
+    add_json_format(o, BENCH_JSON, ("table", "csv", "json"),
+                    help="report on stdout: table (nccl-tests / OSU-like text, default) or csv (a row per "
+                         "communicator, op, size and placement), each row printed when it is measured; or json (one "
+                         "document at the end: everything)")
     s.add_argument("--no-in-place", dest="in_place", action="store_false",
                    help="measure out-of-place only (default: out-of-place and MPI_IN_PLACE)")
     bench.set_defaults(handler=cmd_bench, serial=False)
@@ -546,7 +736,7 @@ def cmd_bench(args, world) -> int:
     from fourd_mpi.core.mpiutil import on_root
     from fourd_mpi.errors import ConfigError
     from fourd_mpi.core.watchdog import Watchdog, check_timeout
-    from fourd_mpi.perf.collbench import run_bench
+    from fourd_mpi.perf.collbench import StreamReport, run_bench
 
     hostname = socket.gethostname()
     out = args.output or os.path.join("results", "profiles", f"{hostname}.yaml")
@@ -565,7 +755,8 @@ def cmd_bench(args, world) -> int:
             load_profile(args.fallback)  # fail early on an unknown name, on every rank
         check_timeout(args.step_timeout)
         watchdog = Watchdog(args.step_timeout, rank)
-        result = run_bench(args, world, watchdog)
+        report = StreamReport(args.format, every=args.progress_every) if rank == 0 else None
+        result = run_bench(args, world, watchdog, report)
         watchdog.close()
     except ConfigError as exc:  # the same on every rank (checked before any collective): said once
         if rank == 0:
@@ -574,7 +765,7 @@ def cmd_bench(args, world) -> int:
     status = 0
     if rank == 0:
         try:
-            status = _report_bench(result, args, hostname, out)
+            status = _report_bench(result, args, hostname, out, report)
         except (ConfigError, OSError) as exc:
             error_line(exc)
             status = 2
@@ -593,9 +784,10 @@ def _check_profile_name(name: str) -> None:
         raise ConfigError(f"--name {name!r}: {rule['description']} (at most 64 characters, starting with a letter or digit)")
 
 
-def _report_bench(result, args, hostname, out) -> int:
-    """Rank 0: write the machine profile (from what was measured), print the report in ``--format``
-    and the profile summary; the exit status."""
+def _report_bench(result, args, hostname, out, report) -> int:
+    """Rank 0: write the machine profile (from what was measured), print the rest of the report in ``--format``
+    (``report``: the :class:`~fourd_mpi.perf.collbench.StreamReport` that printed the rows as they were
+    measured) and the profile summary; the exit status."""
     import yaml
 
     from fourd_mpi.perf.collbench import (build_profile, format_result, missing_kinds, profile_problem,
@@ -616,7 +808,13 @@ def _report_bench(result, args, hostname, out) -> int:
             summary.append(f"  no fit of {', '.join(m[1:] for m in missing)}: --ops lacks {', '.join(missing)}; the "
                            f"model takes them from the profile's fallback (--fallback) or refuses")
     text = format_result(result, args.format)
-    print(text, flush=True)
+    if args.format == "json":
+        import json
+
+        BENCH_JSON.check(json.loads(text))
+    report.end(result)
+    if result.get("skipped_line"):
+        print(f"fourd-mpi: note: {result['skipped_line']}", file=sys.stderr, flush=True)
     if args.format == "table":
         print("\n".join(summary), flush=True)
     else:  # stdout stays machine-readable
@@ -649,7 +847,7 @@ def _write_profile(result, args, hostname, out, build_profile, yaml):
     not written or None)``: a fit whose relative rms error reaches
     ``--max-fit-error`` (default :data:`~fourd_mpi.perf.collbench.MAX_FIT_RMS`) keeps it from being written
     unless ``--accept-poor-fit``."""
-    from fourd_mpi.perf.collbench import poor_fit_line, poor_fits
+    from fourd_mpi.perf.collbench import fit_window, poor_fit_line, poor_fits
 
     name = args.name or f"local-{hostname}"
     profile = build_profile(result, name, hostname, args.fallback, args.backend)
@@ -660,7 +858,8 @@ def _write_profile(result, args, hostname, out, build_profile, yaml):
     jsonschema.validate(profile, PROFILE_SCHEMA)
     limit = args.max_fit_error / 100
     bad = poor_fits(profile, limit)
-    refused = poor_fit_line(bad, limit) if bad and not args.accept_poor_fit else None
+    refused = (poor_fit_line(bad, limit, fit_window(result["rows"], limit), searched=True)
+               if bad and not args.accept_poor_fit else None)
     if bad and args.accept_poor_fit:
         profile["calibration"]["poor_fits"] = (f"{len(bad)} fit(s) at or over {100 * limit:g}% rms, written "
                                                f"by --accept-poor-fit: " + ", ".join(

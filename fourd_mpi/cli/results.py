@@ -15,6 +15,7 @@ import os
 import sys
 
 from fourd_mpi.cli.args import PROG, add_allow_damaged, add_format, add_output, write_output
+from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.files import check_regular_file, check_writable, named_inputs, refuse_output
 from fourd_mpi.util.values import int_in, seed_value
@@ -59,6 +60,7 @@ def register(sub) -> None:
     add_output(rei, help="the index to write (default DIR/index.jsonl, replaced: that is the command's purpose)",
                force_help="replace an existing -o FILE", announce=False)
     add_allow_damaged(rei)
+    add_json_format(rei, REINDEX_JSON, help="the report on standard output: table (default: one line) or json")
     rei.set_defaults(handler=cmd_results, serial=True)
 
     cmp = sub.add_parser("compare", help="regression check: new runs against baseline runs of the same "
@@ -102,6 +104,12 @@ def register(sub) -> None:
     add_output(cmp, help="write the report to FILE instead of standard output (the exit status still tells)")
     add_allow_damaged(cmp)
     cmp.set_defaults(handler=cmd_compare, serial=True)
+
+
+#: ``results reindex --format json``
+REINDEX_JSON = JsonDoc("results reindex", {
+    "index": "the index written", "runs": "how many runs it holds",
+    "skipped": "traces left out: path, why"})
 
 
 def _add_index(parser, what: str = "") -> None:
@@ -166,6 +174,10 @@ def cmd_results(args, world=None) -> int:
         entries, problems = reindex(args.directory, args.output, allow_damaged=args.allow_damaged)
         for path, why in problems:
             sys.stderr.write(f"{PROG}: skipped {path}: {why}\n")
+        if args.format == "json":
+            emit_json(REINDEX_JSON, {"index": target, "runs": len(entries),
+                                     "skipped": [{"path": path, "why": why} for path, why in problems]})
+            return 1 if problems else 0
         print(f"{args.output or index_file(args.directory)}: {len(entries)} run(s) indexed"
               + (f", {len(problems)} trace(s) skipped" if problems else ""))
         return 1 if problems else 0  # as analyze: 1 when some trace was skipped

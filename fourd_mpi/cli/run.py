@@ -6,12 +6,12 @@ resolves them (:func:`fourd_mpi.run.options.resolve_values`) before any collecti
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 from fourd_mpi import __version__
 from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.cli.args import FORMATS, OneLineParser, add_format, add_options, say
+from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json, json_text
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.core.watchdog import check_timeout
 from fourd_mpi.errors import ConfigError
@@ -28,6 +28,18 @@ def add_run_arguments(parser) -> None:
     parser.add_argument("--config", metavar="FILE", type=text, help="options from a .toml or .yaml file (keys: long option "
                         "names); the command line wins")
     add_options(parser, STEP_GROUPS + ("steps", "trace"))
+    add_json_format(parser, RUN_JSON, help="what standard output shows (rank 0): table (default: the configuration, "
+                    "the steps as --display says, the summary) or json (only the document at the end; the trace "
+                    "records the same either way)")
+
+
+#: ``run --format json``
+RUN_JSON = JsonDoc("run", {
+    "trace": "the trace written", "run_id": "its run id", "status": "complete",
+    "summary": "the measured steps: steps, median_s, min_s, max_s, q1_s, q3_s, compute_share, wait_share, "
+               "other_share, model_tflops_per_rank, mfu_pct, hfu_pct, gemm_pct, tokens_per_s and the rest of the "
+               "summary lines",
+    "config": "the resolved configuration (reusable as --config)"})
 
 
 def run_parser() -> OneLineParser:
@@ -53,7 +65,9 @@ def register(sub) -> None:
                      help="grid to check (repeatable), e.g. 1x2x2x2")
     ver.add_argument("--all-grids", action="store_true",
                      help="every factorization of the world size into (G_data, G_z, G_y, G_x)")
-    ver.add_argument("--json", metavar="FILE", help="also write the results as JSON (rank 0)")
+    ver.add_argument("--json", metavar="FILE", help="also write the results as JSON (rank 0; the document of "
+                     "--format json)")
+    add_json_format(ver, VERIFY_JSON, help="the report on standard output (rank 0): table (default) or json")
     ver.add_argument("--reference-backend", default="same", choices=("same", "numpy"),
                      help="backend of the single-rank reference: same as the checked runs (default) or numpy "
                           "(checks the cupy step against the NumPy one)")
@@ -61,11 +75,32 @@ def register(sub) -> None:
 
     info = sub.add_parser("info", help="describe the grid, backend and MPI library")
     add_options(info, STEP_GROUPS)
+    add_json_format(info, INFO_JSON, help="on standard output (rank 0): table (default: lines of text) or json")
     info.set_defaults(handler=cmd_info, serial=False)
 
     presets = sub.add_parser("presets", help="list the model presets")
     add_format(presets, FORMATS, help="table (default), csv, json or markdown (json and csv: exact parameter counts)")
     presets.set_defaults(handler=cmd_presets, serial=True)
+
+
+#: ``verify --format json`` (and ``--json FILE``)
+VERIFY_JSON = JsonDoc("verify", {
+    "model": "the model's sizes", "dtype": "the run dtype", "world_size": "ranks", "algorithm": "the algorithm",
+    "steps": "training steps compared", "tolerance": "the relative error allowed",
+    "results": "per grid and variant: grid, overlap, progress, recompute, output_error, grad_error, worst_grad, "
+               "loss_error, tolerance, across_nodes, nodes, attention, ok",
+    "skipped": "[grid, why] of the grids not checked", "passed": "how many passed", "failed": "how many failed"})
+#: ``info --format json``
+INFO_JSON = JsonDoc("info", {
+    "version": "fourd-mpi's", "mpi": "the MPI library's version line", "world_size": "ranks",
+    "grid": "G_data x G_z x G_y x G_x",
+    "placement": "nodes, ranks_per_node (per node), binding (one sentence), axes: per axis size, stride and "
+                 "placement (intra-node, inter-node or -)",
+    "algorithm": "the algorithm and how it uses the grid (one sentence)",
+    "model": "name, kind, layers, hidden, heads, ffn_hidden, seq, batch, parameters",
+    "backend": "the array library and device", "optimizer": "the optimizer", "overlap": "the overlap",
+    "progress": "the progress strategy", "recompute": "activation recompute",
+    "parameters": "the first 8 parameters: name, global_shape, layout"})
 
 
 def run_options(args, world_size: int) -> RunOptions:
@@ -134,14 +169,25 @@ def cmd_run(args, world) -> int:
                                                    "trace_group_size": trace.group_size,
                                                    "peak_tflops": args.peak_tflops})
 
+    quiet = args.format == "json"  # standard output holds the document alone
+
     def header(run):
+        if quiet:
+            return
         say(world, "resolved configuration (reusable as --config FILE.toml):")
         say(world, "\n".join("  " + line for line in dump_toml(config).splitlines()))
         _header(world, run)
 
-    path, summary = traced_run(world, options, trace, config, lambda text: say(world, text),
-                               display=args.display, peak_tflops=args.peak_tflops, fault=fault, header=header,
-                               step_timeout=args.step_timeout)
+    path, summary = traced_run(world, options, trace, config, (lambda text: None) if quiet else
+                               (lambda text: say(world, text)), display=args.display, peak_tflops=args.peak_tflops,
+                               fault=fault, header=header, step_timeout=args.step_timeout)
+    if quiet:
+        if world.Get_rank() == 0:
+            import os
+
+            emit_json(RUN_JSON, {"trace": path, "run_id": os.path.splitext(os.path.basename(path))[0],
+                                 "status": "complete", "summary": summary.as_dict(), "config": config})
+        return 0
     if world.Get_rank() == 0:
         for line in summary.lines():
             print(line)
@@ -193,6 +239,20 @@ def cmd_verify(args, world) -> int:
                      step_timeout=args.step_timeout)
     if world.Get_rank() != 0:
         return 0
+    failed = sum(not r.ok for r in results)
+    doc = {"model": options.model.as_dict(), "dtype": options.dtype, "world_size": world_size,
+           "algorithm": options.algorithm, "steps": args.steps,
+           "tolerance": results[0].tolerance if results else None,
+           "results": [dict(r.__dict__, ok=r.ok) for r in results], "skipped": [[str(g), why] for g, why in skipped],
+           "passed": len(results) - failed, "failed": failed}
+    if args.json:
+        from fourd_mpi.util.files import write_text
+
+        VERIFY_JSON.check(doc)
+        write_text(args.json, json_text(doc), "--json")
+    if args.format == "json":
+        emit_json(VERIFY_JSON, doc)
+        return 1 if failed else 0
     reference = "" if args.reference_backend == "same" else f" ({args.reference_backend} reference)"
     print(f"verify {options.model.name} ({options.dtype}{', tf32' if options.tf32 else ''}) on {world_size} ranks "
           f"with {options.algorithm} against the serial 4D model on one rank{reference}, "
@@ -210,15 +270,7 @@ def cmd_verify(args, world) -> int:
               f"{r.worst_grad:<18} {r.loss_error:>10.2e}  {r.across_nodes:<12}  {'ok' if r.ok else 'FAIL'}")
     for g, why in skipped:
         print(f"{str(g):>15} skipped: {why}")
-    failed = sum(not r.ok for r in results)
     print(f"{len(results) - failed} passed, {failed} failed, {len(skipped)} skipped")
-    if args.json:
-        from fourd_mpi.util.files import write_text
-
-        write_text(args.json, json.dumps({"model": options.model.as_dict(), "dtype": options.dtype,
-                                          "world_size": world_size, "algorithm": options.algorithm,
-                                          "results": [dict(r.__dict__, ok=r.ok) for r in results],
-                                          "skipped": [[str(g), why] for g, why in skipped]}, indent=1), "--json")
     return 1 if failed else 0
 
 
@@ -227,11 +279,44 @@ def cmd_info(args, world) -> int:
 
     options = run_options(args, world.Get_size())
     run = Run.build(world, options)
+    if args.format == "json":
+        if world.Get_rank() == 0:
+            from mpi4py import MPI
+
+            cfg = run.options.model
+            emit_json(INFO_JSON, {
+                "version": __version__, "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+                "world_size": world.Get_size(), "grid": str(run.options.grid),
+                "placement": _placement_json(run),
+                "algorithm": get_algorithm(run.options.algorithm).describe(run.options.grid),
+                "model": {"name": cfg.name, "kind": cfg.kind, "layers": cfg.layers, "hidden": cfg.hidden,
+                          "heads": cfg.heads, "ffn_hidden": cfg.ffn_hidden, "seq": cfg.seq, "batch": cfg.batch,
+                          "parameters": cfg.parameter_count()},
+                "backend": run.backend.describe(), "optimizer": run.options.optimizer,
+                "overlap": str(run.trainer.overlap), "progress": run.comm.progress.describe(),
+                "recompute": run.options.recompute,
+                "parameters": [{"name": p.name, "global_shape": list(p.global_shape), "layout": str(p.layout)}
+                               for p in run.model.parameters()[:8]]})
+        run.close()
+        return 0
     _header(world, run)
     for p in run.model.parameters()[:8]:
         say(world, f"  {p.name:<18} global {str(p.global_shape):<14} layout {p.layout}")
     run.close()
     return 0
+
+
+def _placement_json(run) -> dict:
+    """``info --format json``'s placement: what the grid's description says, as data."""
+    from fourd_mpi.core.grid import AXES
+
+    placement, shape = run.placement, run.grid.shape
+    binding = placement.binding
+    return {"nodes": placement.num_nodes, "ranks_per_node": list(placement.ranks_per_node),
+            "binding": binding.describe() if binding is not None else None,
+            "axes": {axis: {"size": shape[axis], "stride": run.grid.stride(axis),
+                            "placement": "-" if shape[axis] == 1 else
+                            "inter-node" if placement.crosses(axis) else "intra-node"} for axis in reversed(AXES)}}
 
 
 def cmd_presets(args, world) -> int:

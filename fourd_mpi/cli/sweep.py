@@ -7,6 +7,7 @@ import os
 import sys
 
 from fourd_mpi.cli.args import FORMATS, add_format, add_site
+from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.util.values import text as nonempty_text
 from fourd_mpi.jobs.pack import PACK_MODES
 from fourd_mpi.jobs.schedulers import FINAL_STATES
@@ -54,6 +55,7 @@ def register(sub) -> None:
     render.add_argument("--out", type=nonempty_text, metavar="DIR", help="directory of the scripts (default: jobs/ in the sweep's results "
                                                                    "directory, results/SWEEP/SITE/jobs)")
     render.add_argument("--force", action="store_true", help="render again over an existing directory")
+    add_json_format(render, RENDER_JSON, help="the report on standard output: table (default: one line) or json")
 
     for name, text in (("submit", "submit the rendered jobs (sbatch, qsub, bsub; local: run them now); exit 1 "
                                   "when a submission (or a local job) failed"),
@@ -70,6 +72,7 @@ def register(sub) -> None:
                                 "whatever the render packed; e.g. to retry failed runs as few jobs")
             p.add_argument("--pack-mode", choices=PACK_MODES, default="sequential",
                            help="with --pack: sequential (default), concurrent or array, as for render")
+            add_json_format(p, SUBMIT_JSON, help="the report on standard output: table (default: one line) or json")
         if name == "status":
             add_format(p, FORMATS, help="a row per run: table (default), csv, json or markdown (the count of "
                                         "complete traces and failed jobs then goes to standard error)")
@@ -79,6 +82,16 @@ def register(sub) -> None:
                                                          "already in DIR are not copied)")
             add_format(p, FORMATS, help="the runs and scaling tables: table (default), csv, json or markdown")
     sw.set_defaults(handler=cmd_sweep, serial=True)
+
+
+#: ``sweep render --format json``
+RENDER_JSON = JsonDoc("sweep render", {
+    "sweep": "its name", "directory": "where the scripts are", "files": "the files written",
+    "manifest": "the manifest's file name", "runs": "how many runs", "submit": "the command that submits them"})
+#: ``sweep submit --format json``
+SUBMIT_JSON = JsonDoc("sweep submit", {
+    "sweep": "its name", "submitted": "how many jobs were submitted (or would be, --dry-run)",
+    "failed": "submissions that failed: run_id, why", "dry_run": "nothing was submitted"})
 
 
 def cmd_sweep(args, world=None) -> int:
@@ -114,15 +127,25 @@ def cmd_sweep(args, world=None) -> int:
                 sys.stdout.write(format_rows(plan_rows(manifest)))
             return 0
         written = write_sweep(manifest, spec, site, script_dir, args.force)
+        if args.format == "json":
+            emit_json(RENDER_JSON, {"sweep": spec.name, "directory": script_dir, "files": list(written),
+                                    "manifest": MANIFEST, "runs": len(manifest["runs"]),
+                                    "submit": f"fourd-mpi sweep submit {script_dir}"})
+            return 0
         sys.stdout.write(f"wrote {len(written)} files and {MANIFEST} to {script_dir}/ "
                          f"(submit with: fourd-mpi sweep submit {script_dir})\n")
         return 0
     manifest = load_manifest(args.sweep_dir)
     if command == "submit":
         result = submit(manifest, args.sweep_dir, args.resubmit_failed, args.dry_run, pack=args.pack,
-                        pack_mode=args.pack_mode)
+                        pack_mode=args.pack_mode, out=sys.stderr if args.format == "json" else sys.stdout)
         failed = f", {len(result.failed)} failed" if result.failed else ""
-        sys.stdout.write(f"{result.submitted} submitted{failed}\n")
+        if args.format == "json":
+            emit_json(SUBMIT_JSON, {"sweep": manifest["sweep"], "submitted": result.submitted,
+                                    "failed": [{"run_id": run_id, "why": why} for run_id, why in result.failed],
+                                    "dry_run": args.dry_run})
+        else:
+            sys.stdout.write(f"{result.submitted} submitted{failed}\n")
         for run_id, why in result.failed:
             sys.stderr.write(f"fourd-mpi: error: sweep {manifest['sweep']}: {run_id} failed: {why}\n")
         return 1 if result.failed else 0

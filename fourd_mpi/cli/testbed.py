@@ -16,6 +16,7 @@ import shutil
 import sys
 
 from fourd_mpi.cli.args import add_format
+from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.core.launcher import beside, flavor, resolve_program
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.values import axis_size, int_in
@@ -52,6 +53,7 @@ def register(sub) -> None:
     down.add_argument("--all", action="store_true", help="remove every bed of the state directory that holds a valid "
                                                          "state of this tool, only what each state records and marks "
                                                          "(the check for leftovers of a killed run)")
+    add_json_format(down, DOWN_JSON, help="the report on standard output: table (default: a line per bed) or json")
     down.set_defaults(handler=cmd_testbed, serial=True)
 
     st = tsub.add_parser("status", help="the bed's nodes, addresses, links, Slurm and link byte counters; exit 1 "
@@ -80,7 +82,17 @@ def register(sub) -> None:
     ev = tsub.add_parser("env", help="shell lines that point Slurm's commands at the bed (SLURM_CONF) and keep "
                          "UCX on TCP: eval \"$(fourd-mpi testbed env)\"")
     _name(ev)
+    add_json_format(ev, ENV_JSON, ("shell", "json"), default="shell",
+                    help="shell (default: export lines for eval) or json")
     ev.set_defaults(handler=cmd_testbed, serial=True)
+
+
+#: ``testbed down --format json``
+DOWN_JSON = JsonDoc("testbed down", {
+    "beds": "per bed: name, removed (what was removed; empty: it was not up), left (what was not removed)",
+    "problems": "state directories that are not valid, left alone"})
+#: ``testbed env --format json``
+ENV_JSON = JsonDoc("testbed env", {"name": "the bed", "environment": "variable -> value"})
 
 
 def _name(parser) -> None:
@@ -136,10 +148,13 @@ def cmd_testbed(args, world=None) -> int:
             beds, problems = {args.name: bed.down(args.name)}, []
         left_any = []
         for name, (removed, left) in beds.items():
-            if removed or not left:
+            if (removed or not left) and args.format != "json":
                 print(f"test bed {name}: " + (f"removed {', '.join(removed)}" if removed else "was not up"))
             left_any += left
-        if args.all and not beds:
+        if args.format == "json":
+            emit_json(DOWN_JSON, {"beds": [{"name": name, "removed": list(removed), "left": list(left)}
+                                           for name, (removed, left) in beds.items()], "problems": list(problems)})
+        elif args.all and not beds:
             print("no test bed was up")
         if problems:  # directories with a state file that is not valid: nothing of theirs was touched
             raise ConfigError("; ".join(problems))
@@ -158,11 +173,13 @@ def cmd_testbed(args, world=None) -> int:
         from fourd_mpi.testbed import slurm
 
         state = bed.require_up(args.name)
-        lines = [f"export {k}={shlex.quote(v)}" for k, v in bed.UCX_ENV.items()]
-        lines.append(f"export FOURD_TESTBED={shlex.quote(args.name)}")
+        env = dict(bed.UCX_ENV, FOURD_TESTBED=args.name)
         if state.get("slurm"):
-            lines.append(f"export SLURM_CONF={shlex.quote(slurm.conf_path(state))}")
-        print("\n".join(lines))
+            env["SLURM_CONF"] = slurm.conf_path(state)
+        if args.format == "json":
+            emit_json(ENV_JSON, {"name": args.name, "environment": env})
+        else:
+            print("\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()))
         return 0
     if command == "mpiexec":
         state = bed.require_up(args.name)

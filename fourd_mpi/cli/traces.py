@@ -8,6 +8,7 @@ import sys
 import numpy as np
 
 from fourd_mpi.cli.args import add_allow_damaged, add_output, error_line
+from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.util.values import group_size, int_in
 
 
@@ -17,9 +18,11 @@ def register(sub) -> None:
     show = tsub.add_parser("show", help="metadata and step summary of a trace")
     show.add_argument("file", help="the trace (.h5)")
     add_allow_damaged(show)
+    add_json_format(show, SHOW_JSON)
     check = tsub.add_parser("check", help="check a trace's invariants and whether it is damaged (NaN or negative "
                             "times, events missing for its level): exit 1 if any is violated")
     check.add_argument("file", help="the trace (.h5)")
+    add_json_format(check, CHECK_JSON)
     rec = tsub.add_parser("recover", help="merge the per-rank files of a crashed run into a partial trace")
     rec.add_argument("directory", help="the run's per-rank directory, <results>/<run-id>.ranks")
     add_output(rec, announce=False, help="trace to write (default: the run's planned trace path); the report on "
@@ -41,7 +44,30 @@ def register(sub) -> None:
                           "byte for byte, XXH3-64 digest, the top level validated without its events, every kept rank-step "
                           "holding the events its record counts) or full (the whole trace loaded in one process "
                           "and checked as 'trace check' does; always for a single-file trace)")
+    add_json_format(rec, RECOVER_JSON, help="the report on standard output: table (default: lines of text) or json")
     tr.set_defaults(handler=cmd_trace, serial=True)
+
+
+#: ``trace show --format json``
+SHOW_JSON = JsonDoc("trace show", {
+    "file": "the trace", "schema_version": "of the file", "status": "complete, partial, failed or interrupted",
+    "damage": "why the trace is damaged (empty: it is not)", "metadata": "the trace's metadata, as stored",
+    "nodes": "the ranks' nodes (one sentence)", "binding": "the ranks' CPU binding (one sentence, or null)",
+    "events": "how many", "parts": "part files holding the events (0: in the file)",
+    "clocks": "per rank: rank, offset_ns, drift_ppm (null: no end alignment), residual_ns",
+    "steps": "per step: step, loss, seconds (max over ranks of the step span), warmup, stored_seconds",
+    "summary": "median_s, compute_share, wait_share, tokens_per_s (or null)"})
+#: ``trace check --format json``
+CHECK_JSON = JsonDoc("trace check", {
+    "file": "the trace", "events": "how many", "world_size": "ranks", "steps": "how many",
+    "violations": "each violated invariant or damage (empty: ok)", "ok": "no violation"})
+#: ``trace recover --format json``
+RECOVER_JSON = JsonDoc("trace recover", {
+    "path": "the trace written", "status": "its status", "steps": "the steps kept (completed by every rank)",
+    "events_dropped": "events of unfinished steps", "parts": "part files (0: one file)",
+    "failures": "ranks that failed: rank, error", "stale_removed": "temporary files of an interrupted merge removed",
+    "verified": "readback or full", "removable": "null when the per-rank files can go, else why to keep them",
+    "damaged": "why the written trace fails trace check (or null)", "index": "a warning about the run index (or null)"})
 
 
 def cmd_trace(args, world=None) -> int:
@@ -54,6 +80,11 @@ def cmd_trace(args, world=None) -> int:
         jobs = args.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
         result = recover(args.directory, args.output, args.force, summarize=_recovered_summary(args.directory),
                          group_size=args.group_size, jobs=jobs, compression=args.compression, check=args.check)
+        if args.format == "json":
+            emit_json(RECOVER_JSON, {k: result.get(k) for k in RECOVER_JSON.keys})
+            if result["damaged"]:
+                error_line(f"the recovered trace {result['path']} does not pass 'trace check': {result['damaged']}")
+            return 1 if result["damaged"] else 0
         steps = result["steps"]
         kept = f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
         print(f"{result['path']}: status {result['status']}, {kept} completed by every rank "
@@ -80,12 +111,18 @@ def cmd_trace(args, world=None) -> int:
     if args.trace_command == "check":  # a damaged trace is read, and its damage reported as violations
         trace = load_trace(args.file, allow_damaged=True)
         problems = [f"damaged: {why}" for why in trace.damage] + check_invariants(trace)
+        if args.format == "json":
+            emit_json(CHECK_JSON, {"file": args.file, "events": len(trace.events), "world_size": trace.world_size,
+                                   "steps": len(trace.steps), "violations": problems, "ok": not problems})
+            return 1 if problems else 0
         for problem in problems:
             print(f"violation: {problem}")
         print(f"{args.file}: {len(trace.events)} events, {trace.world_size} ranks, {len(trace.steps)} steps: "
               + ("ok" if not problems else f"{len(problems)} violation(s)"))
         return 1 if problems else 0
     trace = load_trace(args.file, allow_damaged=args.allow_damaged)
+    if args.format == "json":
+        return _show_json(args.file, trace)
     for why in trace.damage:
         print(f"damaged: {why}")
     meta = trace.metadata
@@ -121,6 +158,31 @@ def cmd_trace(args, world=None) -> int:
         print(f"median step {format_number(summary['median_s'])} s (max over ranks); "
               f"compute {100 * summary['compute_share']:.1f}%, exposed communication "
               f"{100 * summary['wait_share']:.1f}%; {summary['tokens_per_s']:,.0f} tokens/s")
+    return 0
+
+
+def _show_json(path: str, trace) -> int:
+    """``trace show --format json``: what the text shows, as data (:data:`SHOW_JSON`)."""
+    from fourd_mpi.trace.read import rank_max_seconds
+
+    meta = trace.metadata
+    binding = meta.get("binding")
+    derived = rank_max_seconds(trace.steps, trace.rank_steps)
+    steps = [{"step": int(row["step"]), "loss": float(row["loss"]),
+              "seconds": float(row["seconds"]) if np.isnan(seconds) else float(seconds),
+              "warmup": bool(row["warmup"]), "stored_seconds": float(row["seconds"])}
+             for row, seconds in zip(trace.steps, derived)]
+    clocks = [{"rank": int(r["rank"]), "offset_ns": int(r["clock_offset_ns"]), "drift_ppm": float(r["clock_drift_ppm"]),
+               "residual_ns": int(r["clock_residual_ns"])} for r in trace.ranks]
+    summary = meta.get("summary") or {}
+    keys = ("median_s", "compute_share", "wait_share", "tokens_per_s")
+    emit_json(SHOW_JSON, {
+        "file": path, "schema_version": trace.schema_version, "status": trace.status, "damage": list(trace.damage),
+        "metadata": meta, "nodes": trace.placement().describe(),
+        "binding": binding.get("summary") if isinstance(binding, dict) else None, "events": len(trace.events),
+        "parts": int(trace.attrs.get("parts", 0) or 0), "clocks": clocks, "steps": steps,
+        "summary": {k: summary[k] for k in keys} if all(isinstance(summary.get(k), (int, float)) for k in keys)
+        else None})
     return 0
 
 

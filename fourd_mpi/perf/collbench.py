@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Dict, List, Optional, Tuple
 
@@ -188,13 +188,26 @@ def poor_fits(profile: Dict, limit: float = MAX_FIT_RMS) -> List[Tuple[str, str,
     return sorted(bad, key=lambda b: -b[3])
 
 
-def poor_fit_line(bad: List[Tuple[str, str, str, float]], limit: float = MAX_FIT_RMS) -> str:
+def poor_fit_line(bad: List[Tuple[str, str, str, float]], limit: float = MAX_FIT_RMS,
+                  window: Optional[Tuple[int, int, float]] = None, searched: bool = False) -> str:
     """One line saying why no profile is written: the worst fit (level, collective, group size, error),
-    how many others miss too, and the override."""
+    how many others miss too, which sizes would pass (``window``, :func:`fit_window`; ``searched`` without
+    one: none would), and the override."""
+    from fourd_mpi.run.admission import human_bytes
+
     level, kind, p, rms = bad[0]
     more = f" ({len(bad) - 1} more fit(s) at or over the limit)" if len(bad) > 1 else ""
+    if window is not None:
+        lo, hi, worst = window
+        sizes = (f"; the fits pass over the sizes {human_bytes(lo)} - {human_bytes(hi)} (worst {100 * worst:.0f}% "
+                 f"rms): measure those with --min-size {size_option(lo)} --max-size {size_option(hi)}")
+    elif searched:
+        sizes = ("; no range of 3 or more measured sizes passes (a link that is not alpha-beta, e.g. shaped by a "
+                 "token bucket)")
+    else:
+        sizes = ""
     return (f"no machine profile written: the alpha-beta fit of {kind} at the {level}-node level on p = {p} misses "
-            f"its measurements by {100 * rms:.0f}% rms (limit {100 * limit:g}%, --max-fit-error){more}; "
+            f"its measurements by {100 * rms:.0f}% rms (limit {100 * limit:g}%, --max-fit-error){more}{sizes}; "
             f"--accept-poor-fit writes it "
             f"anyway (the model then uses the stored measured points, levels.{level}.measured)")
 
@@ -677,11 +690,359 @@ def _time_run(comm, world, op: str, size: int, rule: IterationRule) -> float:
     return float(np.median(timed_iterations(world, (iteration_barrier(comm, world), body), rule))) / RUN_LENGTH
 
 
-def run_bench(args, world, watchdog=None) -> Dict:
-    """Measure everything; returns ``{"rows", "overlap", "compute", "grids", ...}`` (same on every rank).
+# ---------------------------------------------------------------------------
+# the plan of the sweep, its bound and its progress (pure: tested without MPI)
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Item:
+    """One measurement of the sweep, in the order they run. ``what``: ``op`` (one collective, size and
+    placement: a row of the report), ``run`` (:func:`_time_run`), ``sync`` (:func:`_measure_sync`) or
+    ``overlap`` (:func:`_measure_overlap`); ``comm``: the index of its communicator, ``name`` its axes,
+    ``p`` its size; ``index`` of ``count``: the size's place among the communicator's sizes (from 1)."""
+
+    what: str
+    comm: int
+    name: str
+    p: int
+    op: str
+    size: int = 0
+    index: int = 0
+    count: int = 0
+    inplace: bool = False
+
+    @property
+    def size_key(self) -> Tuple:
+        """Equal for the placements of one row (what one line of the report shows)."""
+        return (self.what, self.comm, self.op, self.size)
+
+    def describe(self) -> str:
+        from fourd_mpi.run.admission import human_bytes
+
+        where = f"on {self.name} (p={self.p})"
+        at = f"size {self.index} of {self.count} ({human_bytes(self.size)})"
+        if self.what == "op":
+            return f"{self.op} {where}, {at}, {'in-place' if self.inplace else 'out-of-place'}"
+        if self.what == "run":
+            return f"{RUN_LENGTH} back-to-back {self.op} {where}, {at}"
+        if self.what == "overlap":
+            return f"overlap of {self.op} {where} at {human_bytes(self.size)}"
+        return f"synchronization cost of {self.op} {where}"
+
+    def as_dict(self) -> Dict:
+        out = {"what": self.what, "comm": self.name, "p": self.p, "op": self.op, "size": self.size}
+        if self.what == "op":
+            out["placement"] = "in-place" if self.inplace else "out-of-place"
+        return out
+
+
+def plan_items(comms: List[Tuple[str, int, str]], sizes: List[List[int]], ops: List[str],
+               placements: Tuple[bool, ...], overlap_k: int) -> List[Item]:
+    """Every measurement of the sweep in the order :func:`run_bench` makes them. ``comms``: ``(name, p, level)``
+    of each communicator, ``sizes`` its message sizes. Per communicator and op, size by size (ascending): the
+    size in each placement, then for ``iallreduce`` across nodes its back-to-back run, for a nonblocking op the
+    overlap when :func:`overlap_sizes` picks the size, and after the smallest size of ``iallreduce`` the
+    synchronization cost; so a bound that runs out leaves out the largest sizes of every kind."""
+    items: List[Item] = []
+    for c, ((name, p, level), ss) in enumerate(zip(comms, sizes)):
+        n = len(ss)
+        for op in ops:
+            overlapped = set(overlap_sizes(ss, overlap_k)) if op.startswith("i") and overlap_k > 0 else set()
+            for i, s in enumerate(ss, 1):
+                items += [Item("op", c, name, p, op, s, i, n, inplace) for inplace in placements]
+                if op == "iallreduce" and level == "inter":
+                    items.append(Item("run", c, name, p, op, s, i, n))
+                if op == "iallreduce" and i == 1:
+                    items.append(Item("sync", c, name, p, op, 8, 1, 1))
+                if s in overlapped:
+                    items.append(Item("overlap", c, name, p, op, s, i, n))
+    return items
+
+
+#: the default ``--time-limit``: the whole sweep, the compute calibration before it included
+#: (docs/guide/model-and-tuning.md)
+DEFAULT_TIME_LIMIT_S = 300.0
+#: seconds guessed for a measurement that nothing measured yet predicts (the first of a communicator)
+GUESS_S = 0.25
+#: compute of one synchronization iteration (eight 96 x 96 GEMMs; a generous guess)
+SYNC_COMPUTE_S = 1e-3
+#: timed phases of an overlap measurement in units of the pure collective (pure, compute twice, two
+#: overlapped ones of up to twice the pure time)
+OVERLAP_PHASES = 7
+
+
+def _extrapolate(points: Dict[int, float], size: int) -> float:
+    """Seconds at ``size`` from measured ``{size: seconds}``: the straight line through the two largest
+    measured sizes at or below it (slope at least 0), the single one's time, or the smallest size's time below
+    every measured size (latency-bound)."""
+    below = sorted(s for s in points if s <= size)
+    if not below:
+        return points[min(points)]
+    if len(below) == 1:
+        return points[below[0]]
+    s0, s1 = below[-2], below[-1]
+    slope = max(0.0, (points[s1] - points[s0]) / (s1 - s0))
+    return points[s1] + slope * (size - s1)
+
+
+def _merged(tables) -> Dict[int, float]:
+    out: Dict[int, float] = {}
+    for table in tables:
+        for s, t in table.items():
+            out[s] = max(out.get(s, 0.0), t)
+    return out
+
+
+class Budget:
+    """The bound on the whole sweep (``--time-limit``) and the estimate of the time it has left.
+
+    Before each item the ranks agree on the elapsed time (the slowest rank's), and :meth:`decide` says whether
+    the item runs and the wall-time bound of its timed iterations: the same on every rank, since its inputs
+    are agreed (the elapsed time, and latencies that are maxima over ranks), so the collectives stay matched.
+
+    The time is allotted by block: a block is one communicator and collective (its sizes in each placement,
+    then its back-to-back runs, synchronization and overlap measurements). When a block starts, it gets the
+    time left (the limit less the time elapsed, which includes the compute calibration before the sweep, and
+    :attr:`reserve`, time kept for work after it) times its share of the measurements left; what a block leaves unused goes to the blocks after it. An item
+    runs when its least predicted time (:meth:`least`: warm-up, ``--min-time`` of timed iterations or one
+    iteration, the result check) fits into what is left of its block, and its timed iterations stop after
+    ``min(--max-time, max(that less its predicted warm-up and check, --min-time))`` (at least one). So the
+    largest sizes of a slow link are left out, not the communicators and collectives measured after them; and
+    the bound leaves sizes out rather than measure them below ``--min-time``: with ``--min-time`` m, T seconds
+    hold at most ``max(1, T/m)`` rows. A skipped item is listed (:meth:`summary`, :meth:`skipped_line`).
+
+    The time of one call is predicted from what was measured (maxima over ranks): the same size on the same
+    communicator by another op, else a straight line through the two largest sizes below it of the same op
+    and communicator, of any op on it, of any communicator (:func:`_extrapolate`); nothing measured yet:
+    :data:`GUESS_S` for the whole measurement, and it runs. ``limit`` 0: no bound (estimates only)."""
+
+    def __init__(self, limit: float, items: List[Item], rule: "IterationRule", reserve: float = 0.0,
+                 overlap_iters: int = 3, sync_iters: int = 5):
+        self.limit, self.items, self.rule, self.reserve = float(limit), items, rule, float(reserve)
+        self.overlap_iters, self.sync_iters = overlap_iters, sync_iters
+        self.lat: Dict[Tuple[int, str], Dict[int, float]] = {}
+        self.skipped: List[Item] = []
+        self.block = [0] * len(items)  # the block of each item, and each block's length
+        self.lengths: List[int] = []
+        for i, item in enumerate(items):
+            if i == 0 or (item.comm, item.op) != (items[i - 1].comm, items[i - 1].op):
+                self.lengths.append(0)
+            self.block[i] = len(self.lengths) - 1
+            self.lengths[-1] += 1
+        self._current: Tuple[int, float] = (-1, 0.0)  # (block, elapsed time at which its allotment ends)
+
+    def record(self, item: Item, seconds: float) -> None:
+        """The measured seconds of one call of ``item`` (an ``op`` item; agreed over ranks)."""
+        if item.what == "op" and math.isfinite(seconds) and seconds > 0:
+            table = self.lat.setdefault((item.comm, item.op), {})
+            table[item.size] = max(table.get(item.size, 0.0), seconds)
+
+    def per_call(self, comm: int, op: str, size: int) -> Optional[float]:
+        """Predicted seconds of one call of ``op`` of ``size`` bytes on communicator ``comm``, or None."""
+        same = [t[size] for (c, _), t in self.lat.items() if c == comm and size in t]
+        if same:
+            return max(same)
+        for tables in ([self.lat[(comm, op)]] if (comm, op) in self.lat else [],
+                       [t for (c, _), t in self.lat.items() if c == comm], list(self.lat.values())):
+            merged = _merged(tables)
+            if merged:
+                return _extrapolate(merged, size)
+        return None
+
+    def _call(self, item: Item) -> Optional[float]:
+        t = self.per_call(item.comm, item.op, item.size)
+        return None if t is None else t * (RUN_LENGTH if item.what == "run" else 1)
+
+    def cost(self, item: Item, bound: Optional[float] = None) -> float:
+        """Predicted seconds of ``item`` with its timed iterations bounded by ``bound`` (default --max-time)."""
+        t = self._call(item)
+        rule = self.rule
+        if t is None:
+            return max(rule.min_time, GUESS_S)
+        if item.what == "overlap":
+            return OVERLAP_PHASES * (rule.warmup + self.overlap_iters) * t
+        if item.what == "sync":
+            return 2 * (rule.warmup + self.sync_iters) * (t + SYNC_COMPUTE_S)
+        n = max(rule.min_iters, math.ceil(rule.min_time / t) if t > 0 else rule.min_iters)
+        bound = rule.max_time if bound is None else min(rule.max_time, max(bound, rule.min_time))
+        timed = max(t, min(min(n, rule.max_iters) * t, bound))
+        return (rule.warmup + (1 if item.what == "op" else 0)) * t + timed
+
+    def least(self, item: Item) -> Optional[float]:
+        """Predicted seconds of ``item`` at its shortest (warm-up, timed iterations of at least ``--min-time``
+        or one iteration, the check), or None when nothing predicts it."""
+        t = self._call(item)
+        if t is None:
+            return None
+        if item.what in ("op", "run"):
+            rule = self.rule
+            return (rule.warmup + (1 if item.what == "op" else 0)) * t + max(t, min(rule.min_time, rule.max_time))
+        return self.cost(item)
+
+    def room(self, i: int, elapsed: float) -> Optional[float]:
+        """Seconds item ``i`` may take: what is left of its block's allotment (and of the whole bound); None
+        without a bound. The first item of a block fixes the block's allotment."""
+        if self.limit <= 0:
+            return None
+        left = self.limit - elapsed - self.reserve
+        if left <= 0:
+            return 0.0
+        block = self.block[i]
+        if block != self._current[0]:
+            self._current = (block, elapsed + left * self.lengths[block] / (len(self.items) - i))
+        return max(0.0, min(left, self._current[1] - elapsed))
+
+    def decide(self, i: int, elapsed: float) -> Tuple[bool, float]:
+        """``(run item i, the wall-time bound of its timed iterations)``; a skipped item is kept in :attr:`skipped`.
+        Called for every item, in order."""
+        room = self.room(i, elapsed)
+        if room is None:
+            return True, self.rule.max_time
+        item, rule = self.items[i], self.rule
+        least = self.least(item)
+        if room <= 0 or (least is not None and least > room):
+            self.skipped.append(item)
+            return False, 0.0
+        t = self._call(item) or 0.0  # the warm-up and the check come on top of the timed iterations
+        around = (rule.warmup + 1) * t if item.what in ("op", "run") else 0.0
+        return True, min(rule.max_time, max(room - around, rule.min_time))
+
+    def left(self, i: int, elapsed: float) -> float:
+        """Estimated seconds from item ``i`` to the end and :attr:`reserve` (at most what the bound leaves); after
+        :meth:`decide` of item ``i``."""
+        if self.limit <= 0:
+            return sum(self.cost(item) for item in self.items[i:]) + self.reserve
+        left = max(0.0, self.limit - elapsed - self.reserve)
+        share = left / (len(self.items) - i)
+        estimate = sum(min(self.cost(item, share * self.lengths[self.block[j]]), share * self.lengths[self.block[j]])
+                       for j, item in enumerate(self.items[i:], i)) + self.reserve
+        return min(estimate, max(0.0, self.limit - elapsed))
+
+    def describe(self) -> str:
+        what = (f"--time-limit {self.limit:g} s for the whole sweep, the compute calibration before it included: each "
+                f"communicator and collective gets its share of the time left, and a measurement is skipped when its "
+                f"least predicted time exceeds what is left of that share" if self.limit > 0
+                else "no bound on the whole sweep (--time-limit 0)")
+        return f"{what}; --max-time {self.rule.max_time:g} s per measurement"
+
+    def summary(self, elapsed: float) -> Dict:
+        """What the JSON report says of the sweep: the bound, the seconds it took, the measurements planned,
+        made and skipped."""
+        return {"time_limit_s": self.limit or None, "elapsed_s": elapsed, "planned": len(self.items),
+                "measured": len(self.items) - len(self.skipped), "skipped": [s.as_dict() for s in self.skipped]}
+
+    def skipped_line(self) -> Optional[str]:
+        """One line naming what ``--time-limit`` left out (by communicator and op, the sizes), or None."""
+        if not self.skipped:
+            return None
+        from fourd_mpi.run.admission import human_bytes
+
+        groups: Dict[Tuple[str, str, str], List[int]] = {}
+        for item in self.skipped:
+            groups.setdefault((item.what, item.op, item.name), []).append(item.size)
+        parts = []
+        for (what, op, name), sizes in groups.items():
+            span = human_bytes(min(sizes)) + ("" if min(sizes) == max(sizes) else f" - {human_bytes(max(sizes))}")
+            label = {"op": op, "run": f"back-to-back {op}", "sync": f"synchronization of {op}",
+                     "overlap": f"overlap of {op}"}[what]
+            parts.append(f"{label} on {name} {span}" if what != "sync" else f"{label} on {name}")
+        shown = "; ".join(parts[:6]) + (f"; and {len(parts) - 6} more" if len(parts) > 6 else "")
+        return (f"--time-limit {self.limit:g} s left out {len(self.skipped)} of {len(self.items)} measurements "
+                f"(each predicted longer than its share of the time left): {shown}; raise --time-limit, or lower "
+                f"--max-size or --max-time")
+
+
+def duration(seconds: float) -> str:
+    """``0.4 s``, ``12 s``, ``3 min 05 s``, ``1 h 02 min``."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def progress_line(item: Item, i: int, total: int, elapsed: float, left: float) -> str:
+    """The progress line on standard error before measurement ``i`` (from 0) of ``total``."""
+    return (f"fourd-mpi bench: [{i + 1}/{total}] {item.describe()}; {duration(elapsed)} elapsed, about "
+            f"{duration(left)} left")
+
+
+#: seconds between two progress lines at most (a new communicator and op, or a long measurement, prints at once)
+PROGRESS_EVERY_S = 5.0
+
+
+class StreamReport:
+    """Rank 0's output while the sweep runs, as OSU and nccl-tests print: each size's line on ``out`` as soon
+    as it is measured (``table``: :func:`table_head` before the first measurement, :func:`table_block_head`
+    for each communicator and op, a :func:`table_row` per size, :func:`table_tail` at the end; ``csv``:
+    :func:`csv_head`, then the rows; ``json``: one document at the end), flushed; and a progress line on ``err``
+    (:func:`progress_line`) at each new communicator and op, before a measurement predicted to take
+    ``every`` seconds or more, and otherwise at most every ``every`` seconds (0: none). What ``out`` receives in
+    the end is :func:`format_result`'s text."""
+
+    def __init__(self, fmt: str, out=None, err=None, every: float = PROGRESS_EVERY_S, clock=time.monotonic):
+        import sys
+
+        self.fmt, self.out, self.err = fmt, out or sys.stdout, err or sys.stderr
+        self.every, self.clock = every, clock
+        self._block: Optional[Tuple[str, str]] = None
+        self._last: Optional[Tuple[float, Tuple]] = None
+
+    def _write(self, lines: List[str]) -> None:
+        if lines:
+            self.out.write("\n".join(lines) + "\n")
+            self.out.flush()
+
+    def begin(self, head: Dict) -> None:
+        self._write(table_head(head) if self.fmt == "table" else csv_head() if self.fmt == "csv" else [])
+
+    def rows(self, rows: List[Row]) -> None:
+        """The rows of one size (one per placement measured)."""
+        if not rows:
+            return
+        if self.fmt == "csv":
+            self._write(csv_lines(rows))
+        elif self.fmt == "table":
+            lines = []
+            if block_key(rows[0]) != self._block:
+                self._block = block_key(rows[0])
+                lines += table_block_head(rows[0])
+            self._write(lines + [table_row({r.inplace: r for r in rows})])
+
+    def note(self, text: str) -> None:
+        """A progress line of its own (what runs before the sweep)."""
+        if self.every > 0:
+            self.err.write(f"fourd-mpi bench: {text}\n")
+            self.err.flush()
+
+    def progress(self, item: Item, i: int, total: int, elapsed: float, left: float, predicted: float = 0.0) -> None:
+        if self.every <= 0:
+            return
+        now, key = self.clock(), (item.comm, item.op, item.what)
+        if self._last is None or key != self._last[1] or now - self._last[0] >= self.every or predicted >= self.every:
+            self.err.write(progress_line(item, i, total, elapsed, left) + "\n")
+            self.err.flush()
+            self._last = (now, key)
+
+    def end(self, result: Dict) -> None:
+        """What is left to print once everything is measured (and the profile is decided)."""
+        if self.fmt == "table":
+            self._write(table_tail(result))
+        elif self.fmt == "json":
+            self._write([format_result(result, "json")])
+
+
+def run_bench(args, world, watchdog=None, report: Optional["StreamReport"] = None) -> Dict:
+    """Measure everything the options ask for, within ``--time-limit`` (:class:`Budget`); returns ``{"rows",
+    "overlap", "compute", "grids", ...}`` (same on every rank).
 
     ``watchdog``: a :class:`~fourd_mpi.core.watchdog.Watchdog` that watches each measurement (one
-    communicator, op, size and placement) and aborts the job when a rank waits longer than its limit."""
+    communicator, op, size and placement) and aborts the job when a rank waits longer than its limit.
+    ``report`` (rank 0's, None on the others): a :class:`StreamReport` that prints each size's row as soon as
+    it is measured and a progress line on standard error."""
     import contextlib
 
     def watch(what: str):
@@ -704,6 +1065,7 @@ def run_bench(args, world, watchdog=None) -> Dict:
     bad = [d for d in dtypes if d not in DTYPES]
     if bad or not dtypes:
         raise ConfigError(f"--dtypes: unknown {', '.join(bad) or '(none)'} (choose from {', '.join(DTYPES)})")
+    limit = float(getattr(args, "time_limit", 0) or 0)
     flags = {"data": args.gdata, "z": args.gz, "y": args.gy, "x": args.gx}
     if args.grid:
         grids = [GridShape.parse(g) for g in args.grid]
@@ -769,44 +1131,70 @@ def run_bench(args, world, watchdog=None) -> Dict:
     syncs: List[Dict] = []
     placements = (False, True) if getattr(args, "in_place", True) else (False,)
     rule = iteration_rule(args)
-    for name, level, comm, also, per_node in comms:
-        p = comm.Get_size()
-        sizes = message_sizes(args.min_size, args.max_size, args.factor, 4 * p)
-        for op in ops:
-            for s in sizes:
-                for inplace in placements:
-                    with watch(f"{op} of {s} bytes on {name} ({'in place' if inplace else 'out of place'}, "
-                               f"at least {min(rule.min_iters, rule.max_iters)} iterations)"):
-                        lat, wrong, iters = _time_op(comm, world, op, s, rule, inplace)
-                        stats = (world.allreduce(lat, op=MPI.MAX), world.allreduce(lat) / size,
-                                 world.allreduce(lat, op=MPI.MIN))
-                        wrong = world.allreduce(wrong)
-                    rows.append(Row(name, level, p, op, s, iters, stats[0], inplace, stats[1], stats[2], stats[0],
-                                    wrong, ",".join(also), per_node))
-            if op == "iallreduce" and level == "inter":
-                for s in sizes:  # back-to-back runs: the step's data all-reduces (inter-node links only)
-                    with watch(f"a run of {RUN_LENGTH} back-to-back iallreduce of {s} bytes on {name}"):
-                        lat = world.allreduce(_time_run(comm, world, op, s, rule), op=MPI.MAX)
-                    runs.append(Row(name, level, p, op, s, RUN_LENGTH, lat, False, lat, lat, lat, 0, ",".join(also),
-                                    per_node))
-            if op == "iallreduce":
+    sizes = [message_sizes(args.min_size, args.max_size, args.factor, 4 * comm.Get_size()) for _, _, comm, _, _ in comms]
+    items = plan_items([(",".join(also), comm.Get_size(), level) for _, level, comm, also, _ in comms], sizes, ops,
+                       placements, args.overlap_sizes)
+    budget = Budget(limit, items, rule, overlap_iters=max(3, args.iters // 4), sync_iters=max(5, args.iters))
+    listed = [{"comm": name, "axes": also, "level": level, "p": comm.Get_size(), "per_node": per_node}
+              for name, level, comm, also, per_node in comms]
+    head = {"world_size": size, "num_nodes": num_nodes, "grids": [str(g) for g in grids], "rule": rule.describe(),
+            "bound": budget.describe(), "comms": listed}
+    if report is not None:
+        report.begin(head)
+    world.Barrier()
+    t0 = MPI.Wtime()
+    # first: its time is then known, and the bound covers it (the sweep gets what it leaves)
+    if report is not None:
+        report.note(f"compute calibration first: GEMM rates of {', '.join(dtypes)} (n = {args.gemm_size}) alone and "
+                    f"with all ranks, element-wise bandwidth")
+    with watch("the compute calibration (GEMM and elementwise rates)"):
+        compute = _compute_rates(world, dtypes, args.gemm_size, args.backend)
+    done: List[Row] = []  # the rows of the size being measured (its placements)
+    for i, item in enumerate(items):
+        elapsed = world.allreduce(MPI.Wtime() - t0, op=MPI.MAX)  # the same on every rank: so is the decision
+        go, bound = budget.decide(i, elapsed)
+        if report is not None:
+            report.progress(item, i, len(items), elapsed, budget.left(i, elapsed), budget.cost(item, bound) if go else 0)
+        name, level, comm, also, per_node = comms[item.comm]
+        p, s, op = comm.Get_size(), item.size, item.op
+        if go:
+            limited = replace(rule, max_time=bound)
+            if item.what == "op":
+                inplace = item.inplace
+                with watch(f"{op} of {s} bytes on {name} ({'in place' if inplace else 'out of place'}, "
+                           f"at least {min(rule.min_iters, rule.max_iters)} iterations)"):
+                    lat, wrong, iters = _time_op(comm, world, op, s, limited, inplace)
+                    stats = (world.allreduce(lat, op=MPI.MAX), world.allreduce(lat) / size,
+                             world.allreduce(lat, op=MPI.MIN))
+                    wrong = world.allreduce(wrong)
+                row = Row(name, level, p, op, s, iters, stats[0], inplace, stats[1], stats[2], stats[0], wrong,
+                          ",".join(also), per_node)
+                rows.append(row)
+                done.append(row)
+                budget.record(item, stats[0])
+            elif item.what == "run":  # back-to-back runs: the step's data all-reduces (inter-node links only)
+                with watch(f"a run of {RUN_LENGTH} back-to-back iallreduce of {s} bytes on {name}"):
+                    lat = world.allreduce(_time_run(comm, world, op, s, limited), op=MPI.MAX)
+                runs.append(Row(name, level, p, op, s, RUN_LENGTH, lat, False, lat, lat, lat, 0, ",".join(also),
+                                per_node))
+            elif item.what == "sync":
                 with watch(f"the synchronization measurement of iallreduce on {name}"):
                     sync = world.allreduce(_measure_sync(comm, max(5, args.iters), args.warmup), op=MPI.MAX)
                 syncs.append({"comm": name, "axes": ",".join(also), "level": level, "p": p, "sync_s": sync})
-            if op.startswith("i") and args.overlap_sizes > 0:
-                for s in overlap_sizes(sizes, args.overlap_sizes):
-                    iters = max(3, args.iters // 4)
-                    with watch(f"the overlap measurement of {op} of {s} bytes on {name}"):
-                        res = _measure_overlap(comm, world, op, s, iters, args.warmup)
-                    overlap.append(dict(comm=name, axes=",".join(also), level=level, p=p, op=op, size=s, **res))
-    listed = [{"comm": name, "axes": also, "level": level, "p": comm.Get_size(), "per_node": per_node}
-              for name, level, comm, also, per_node in comms]
-    with watch("the compute calibration (GEMM and elementwise rates)"):
-        compute = _compute_rates(world, dtypes, args.gemm_size, args.backend)
+            else:
+                with watch(f"the overlap measurement of {op} of {s} bytes on {name}"):
+                    res = _measure_overlap(comm, world, op, s, max(3, args.iters // 4), args.warmup)
+                overlap.append(dict(comm=name, axes=",".join(also), level=level, p=p, op=op, size=s, **res))
+        if item.what == "op" and (i + 1 == len(items) or items[i + 1].size_key != item.size_key):  # its last placement
+            if report is not None and done:
+                report.rows(done)
+            done = []
     for pg in made:
         pg.free()
     return {"rows": rows, "runs": runs, "overlap": overlap, "syncs": syncs, "compute": compute,
-            "grids": [str(g) for g in grids],
+            "grids": [str(g) for g in grids], "bound": budget.describe(),
+            "sweep": budget.summary(world.allreduce(MPI.Wtime() - t0, op=MPI.MAX)),
+            "skipped_line": budget.skipped_line(),
             "comms": listed, "rule": rule.describe(), "step_model": {"model": model, "dtype": dtype},
             "step_messages": cover_step_messages(messages, rows, size),
             "num_nodes": num_nodes, "ranks_per_node": local_size, "world_size": size}
@@ -816,44 +1204,60 @@ def run_bench(args, world, watchdog=None) -> Dict:
 # output
 # ---------------------------------------------------------------------------
 
-def format_tables(result: Dict) -> str:
-    """The text report: nccl-tests-like rows per communicator and op (``#`` header lines with the
-    formulas, out-of-place and in-place side by side, ``#wrong``), OSU's avg/min/max latency over
-    ranks, the overlap table, compute rates and a closing average bus bandwidth line. Latencies
-    in microseconds throughout."""
+#: the column heads of a (communicator, op) block of the text report, two lines (names, units)
+TABLE_HEAD = (f"#{'size':>11} {'count':>10} {'type':>6} {'redop':>6} {'root':>5} | {'time':>9} {'algbw':>7} "
+              f"{'busbw':>7} {'#wrong':>6} {'iters':>6} | {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} "
+              f"{'iters':>6} | {'avg':>9} {'min':>9} {'max':>9}")
+TABLE_UNITS = (f"#{'(B)':>11} {'(elements)':>10} {'':>6} {'':>6} {'':>5} | {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} "
+               f"{'':>6} {'':>6} | {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} {'':>6} | {'(us)':>9} {'(us)':>9} "
+               f"{'(us)':>9}")
+
+
+def table_head(result: Dict) -> List[str]:
+    """The ``#`` lines that open the text report: ranks, nodes, grids, the formulas, the iteration rule, the
+    bound on the whole sweep and the communicators (all known before anything is measured)."""
     lines = ["# fourd-mpi bench collectives: " + f"{result['world_size']} ranks, {result['num_nodes']} node(s), "
              f"grids {', '.join(result['grids'])}; type float (float32), redop sum (none for allgather), root -1"]
     lines += [f"# {f}" for f in FORMULAS]
     if result.get("rule"):
         lines.append(f"# iterations: {result['rule']} (column iters)")
+    if result.get("bound"):
+        lines.append(f"# bound: {result['bound']}")
     for c in result.get("comms", []):
         also = (f" (measured once for all {len(c['axes'])}: same group size and placement)"
                 if len(c["axes"]) > 1 else "")
         lines.append(f"# communicator {' = '.join(c['axes'])}: p = {c['p']}, {c['level']}-node{also}")
-    groups: Dict[Tuple[str, str], Dict[int, Dict[bool, Row]]] = {}
-    for r in result["rows"]:
-        groups.setdefault((r.axes or r.comm, r.op), {}).setdefault(r.size, {})[r.inplace] = r
-    head = (f"#{'size':>11} {'count':>10} {'type':>6} {'redop':>6} {'root':>5} | {'time':>9} {'algbw':>7} "
-            f"{'busbw':>7} {'#wrong':>6} {'iters':>6} | {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} "
-            f"{'iters':>6} | {'avg':>9} {'min':>9} {'max':>9}")
-    units = (f"#{'(B)':>11} {'(elements)':>10} {'':>6} {'':>6} {'':>5} | {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} "
-             f"{'':>6} {'':>6} | {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} {'':>6} | {'(us)':>9} {'(us)':>9} "
-             f"{'(us)':>9}")
-    for (comm, op), by_size in groups.items():
-        first = next(iter(next(iter(by_size.values())).values()))
-        lines += ["", f"# {op} on {comm} ({first.level}-node, p = {first.p}):   out-of-place   |   in-place   |"
-                      "   OSU latency over ranks (out-of-place)", head, units]
-        for size, placed in sorted(by_size.items()):
-            oop, ip = placed.get(False), placed.get(True)
+    return lines
 
-            def cells(r):
-                if r is None:
-                    return f"{'n/a':>9} {'':>7} {'':>7} {'':>6} {'':>6}"
-                return f"{r.lat_s * 1e6:>9.2f} {r.algbw:>7.3f} {r.busbw:>7.3f} {r.wrong:>6} {r.iters:>6}"
 
-            ref = oop or ip
-            lines.append(f" {size:>11} {ref.count:>10} {'float':>6} {ref.redop:>6} {-1:>5} | {cells(oop)} | "
-                         f"{cells(ip)} | {ref.avg_s * 1e6:>9.2f} {ref.min_s * 1e6:>9.2f} {ref.max_s * 1e6:>9.2f}")
+def table_block_head(row: "Row") -> List[str]:
+    """The lines that open the block of one communicator and op (``row``: any row of it)."""
+    return ["", f"# {row.op} on {row.axes or row.comm} ({row.level}-node, p = {row.p}):   out-of-place   |   "
+                "in-place   |   OSU latency over ranks (out-of-place)", TABLE_HEAD, TABLE_UNITS]
+
+
+def table_row(placed: Dict[bool, "Row"]) -> str:
+    """The line of one size: ``placed`` maps in-place (False/True) to its row (a placement not measured: n/a)."""
+    oop, ip = placed.get(False), placed.get(True)
+
+    def cells(r):
+        if r is None:
+            return f"{'n/a':>9} {'':>7} {'':>7} {'':>6} {'':>6}"
+        return f"{r.lat_s * 1e6:>9.2f} {r.algbw:>7.3f} {r.busbw:>7.3f} {r.wrong:>6} {r.iters:>6}"
+
+    ref = oop or ip
+    return (f" {ref.size:>11} {ref.count:>10} {'float':>6} {ref.redop:>6} {-1:>5} | {cells(oop)} | "
+            f"{cells(ip)} | {ref.avg_s * 1e6:>9.2f} {ref.min_s * 1e6:>9.2f} {ref.max_s * 1e6:>9.2f}")
+
+
+def block_key(row: "Row") -> Tuple[str, str]:
+    """The block of the text report a row belongs to: its communicator (every axis it stands for) and op."""
+    return (row.axes or row.comm, row.op)
+
+
+def table_tail(result: Dict) -> List[str]:
+    """The lines after the rows: overlap, synchronization, the step's messages, compute, the closing lines."""
+    lines: List[str] = []
     if result["overlap"]:
         w = max([13] + [len(o.get("axes") or o["comm"]) for o in result["overlap"]])
         lines += ["", "# overlap with a calibrated compute phase (NumPy 128x128 GEMMs), times in us:",
@@ -879,11 +1283,30 @@ def format_tables(result: Dict) -> str:
                      f"{result['ranks_per_node']} ranks of the node computing (x{alone / c['all'][dtype]:.2f})")
     lines.append(f"  element-wise {c['mem_bandwidth_gbs']['alone']:.2f} GB/s alone; one small NumPy call "
                  f"{c['op_overhead_s']['alone'] * 1e6:.2f} us alone")
+    if result.get("skipped_line"):
+        lines += ["", f"# left out: {result['skipped_line']}"]
     lines += ["", f"# Out of bounds values : {total_wrong(result)} {'OK' if total_wrong(result) == 0 else 'FAILED'}",
               f"# Avg bus bandwidth    : {avg_busbw(result):.4f} GB/s (mean busbw of all "
               f"{sum(math.isfinite(r.busbw) for r in result['rows'])} rows: "
               f"{' and '.join(sorted({'in-place' if r.inplace else 'out-of-place' for r in result['rows']}, reverse=True)) or 'none'})"]
-    return "\n".join(lines)
+    return lines
+
+
+def format_tables(result: Dict) -> str:
+    """The text report: nccl-tests-like rows per communicator and op (``#`` header lines with the
+    formulas, out-of-place and in-place side by side, ``#wrong``), OSU's avg/min/max latency over
+    ranks, the overlap table, compute rates and a closing average bus bandwidth line. Latencies
+    in microseconds throughout. :class:`StreamReport` prints the same lines as they are measured:
+    :func:`table_head`, then per block :func:`table_block_head` and a :func:`table_row` per size,
+    then :func:`table_tail`."""
+    lines = table_head(result)
+    groups: Dict[Tuple[str, str], Dict[int, Dict[bool, Row]]] = {}
+    for r in result["rows"]:
+        groups.setdefault(block_key(r), {}).setdefault(r.size, {})[r.inplace] = r
+    for by_size in groups.values():
+        lines += table_block_head(next(iter(next(iter(by_size.values())).values())))
+        lines += [table_row(placed) for _, placed in sorted(by_size.items())]
+    return "\n".join(lines + table_tail(result))
 
 
 def total_wrong(result: Dict) -> int:
@@ -913,10 +1336,26 @@ CSV_COLUMNS = ["comm", "axes", "level", "p", "per_node", "op", "placement", "siz
                "time_us", "algbw_gbps", "busbw_gbps", "wrong", "avg_lat_us", "min_lat_us", "max_lat_us"]
 
 
+def csv_head() -> List[str]:
+    """The lines that open ``--format csv``: ``#`` lines with the formulas, then the header row."""
+    return [f"# {f}" for f in FORMULAS] + [",".join(CSV_COLUMNS)]
+
+
+def csv_lines(rows: List["Row"]) -> List[str]:
+    """One csv line per row (:data:`CSV_COLUMNS`)."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n").writerows(r.as_dict() for r in rows)
+    return buf.getvalue().splitlines()
+
+
 def format_result(result: Dict, fmt: str) -> str:
     """``table`` (:func:`format_tables`), ``csv`` (:data:`CSV_COLUMNS`, ``#`` lines with the formulas
     first) or ``json`` (rows, overlap, synchronization, compute, formulas, communicators, ``wrong``,
-    ``avg_busbw_gbps`` and, when the command wrote one, ``profile``; NaN as null; times in us)."""
+    ``avg_busbw_gbps``, ``bound`` and ``sweep`` (:meth:`Budget.summary`: what the bound left out) and, when the
+    command wrote one, ``profile``; NaN as null; times in us)."""
     if fmt == "table":
         return format_tables(result)
     rows = [r.as_dict() for r in result["rows"]]
@@ -934,20 +1373,13 @@ def format_result(result: Dict, fmt: str) -> str:
                "communicators": result.get("comms", []), "rows": rows, "overlap": overlap, "sync": syncs,
                "compute": compute, "wrong": total_wrong(result), "avg_busbw_gbps": avg_busbw(result),
                "iterations": result.get("rule"), "step_model": result.get("step_model"),
-               "step_messages": result.get("step_messages", [])}
+               "step_messages": result.get("step_messages", []), "bound": result.get("bound"),
+               "sweep": result.get("sweep")}
         if "profile" in result:
             doc["profile"] = result["profile"]
         return json.dumps(_finite(doc), indent=1, allow_nan=False)
     if fmt == "csv":
-        import csv
-        import io
-
-        buf = io.StringIO()
-        buf.write("".join(f"# {f}\n" for f in FORMULAS))
-        writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        return buf.getvalue().rstrip("\n")
+        return "\n".join(csv_head() + csv_lines(result["rows"]))
     raise ConfigError(f"--format must be table, csv or json, got {fmt!r}")
 
 
@@ -967,25 +1399,22 @@ def profile_problem(result: Dict) -> Optional[str]:
             f"(iallgather, ireduce_scatter, iallreduce) and --ops measured {', '.join(measured)}")
 
 
-def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str] = None,
-                  backend: str = "numpy", cores: Optional[int] = None) -> Dict:
-    """The machine-profile mapping (:data:`fourd_mpi.perf.machine.PROFILE_SCHEMA`) from a benchmark result."""
-    levels: Dict[str, Dict] = {}
+def level_fits(rows: List[Row]) -> Dict[str, Dict]:
+    """The alpha-beta fits a machine profile holds, per placement level with nonblocking out-of-place rows:
+    ``{"fits": {kind: fit over every group size}, "by_size": {kind: {p: fit}}`` (group sizes with 2 or more
+    points) ``, "measured": {kind: measured_points}, "rows": how many}``; only what was measured is fitted."""
+    out: Dict[str, Dict] = {}
     for level in ("intra", "inter"):
-        rows = [r for r in result["rows"] if r.level == level and r.op.startswith("i") and not r.inplace]
-        if not rows:
-            continue
-        entry: Dict = {"shared_by": int(result["ranks_per_node"])}
+        mine = [r for r in rows if r.level == level and r.op.startswith("i") and not r.inplace]
+        fits: Dict[str, Dict] = {}
         by_size: Dict[str, Dict] = {}
         measured: Dict[str, Dict] = {}
-        fitted = []
         for kind in COLLECTIVES:  # only what was measured: a kind without points gets no fit
-            pts = [(r.kind, r.p, r.size, r.lat_s) for r in rows if r.kind == kind]
+            pts = [(r.kind, r.p, r.size, r.lat_s) for r in mine if r.kind == kind]
             fit = fit_alpha_beta(pts)
             if fit is None:
                 continue
-            fitted.append(kind)
-            entry[kind] = fit
+            fits[kind] = fit
             per_p = {}
             for p in sorted({pt[1] for pt in pts}):
                 f = fit_alpha_beta([pt for pt in pts if pt[1] == p])
@@ -993,18 +1422,72 @@ def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str
                     per_p[str(p)] = f
             if per_p:
                 by_size[kind] = per_p
-            points = measured_points([r for r in rows if r.kind == kind])
+            points = measured_points([r for r in mine if r.kind == kind])
             if points:
                 measured[kind] = points
-        if not fitted:
-            continue
-        lacking = [k for k in COLLECTIVES if k not in fitted]
-        entry["description"] = (f"fitted to {len(rows)} nonblocking latencies"
+        if fits:
+            out[level] = {"fits": fits, "by_size": by_size, "measured": measured, "rows": len(mine)}
+    return out
+
+
+def _fits_profile(rows: List[Row]) -> Dict:
+    """The part of a machine profile :func:`poor_fits` reads, from ``rows``."""
+    return {"levels": {level: dict(f["fits"], by_size=f["by_size"], measured=f["measured"])
+                       for level, f in level_fits(rows).items()}}
+
+
+def fit_window(rows: List[Row], limit: float = MAX_FIT_RMS, least: int = 3) -> Optional[Tuple[int, int, float]]:
+    """The range of message sizes over which every fit the profile would use passes the gate (relative rms
+    below ``limit``): ``(smallest, largest bytes, worst rms)``, or None when no range does. Ranges run between
+    measured sizes and must hold ``least`` or more sizes of every group they fit (two points always fit a
+    line); the widest (by the ratio of its ends) wins, then the one of the larger messages. The gate's line
+    names it (:func:`poor_fit_line`): on a link shaped by a token bucket, the sizes above its burst fit a line
+    that the sizes across it do not."""
+    nonblocking = [r for r in rows if r.op.startswith("i") and not r.inplace and r.p > 1
+                   and math.isfinite(r.lat_s) and r.lat_s > 0]
+    sizes = sorted({r.size for r in nonblocking})
+    best = None
+    for a, lo in enumerate(sizes):
+        for hi in sizes[a + 1:]:
+            inside = [r for r in nonblocking if lo <= r.size <= hi]
+            groups: Dict[Tuple, set] = {}
+            for r in inside:
+                groups.setdefault((r.level, r.kind, r.p), set()).add(r.size)
+            if not groups or min(len(g) for g in groups.values()) < least:
+                continue
+            profile = _fits_profile(inside)
+            if poor_fits(profile, limit):
+                continue
+            worst = max((f["rms_rel_error"] for entry in profile["levels"].values()
+                         for per_p in entry["by_size"].values() for f in per_p.values()), default=0.0)
+            key = (hi / lo, hi)
+            if best is None or key > best[0]:
+                best = (key, (lo, hi, worst))
+    return best[1] if best else None
+
+
+def size_option(size: int) -> str:
+    """A size as ``--min-size`` / ``--max-size`` take it: ``2K``, ``64M``, ``12``."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
+def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str] = None,
+                  backend: str = "numpy", cores: Optional[int] = None) -> Dict:
+    """The machine-profile mapping (:data:`fourd_mpi.perf.machine.PROFILE_SCHEMA`) from a benchmark result."""
+    levels: Dict[str, Dict] = {}
+    for level, fits in level_fits(result["rows"]).items():
+        entry: Dict = {"shared_by": int(result["ranks_per_node"])}
+        entry.update(fits["fits"])
+        lacking = [k for k in COLLECTIVES if k not in fits["fits"]]
+        entry["description"] = (f"fitted to {fits['rows']} nonblocking latencies"
                                 + (f"; no fit of {', '.join(lacking)} (not measured)" if lacking else ""))
-        if by_size:
-            entry["by_size"] = by_size
-        if measured:
-            entry["measured"] = measured
+        if fits["by_size"]:
+            entry["by_size"] = fits["by_size"]
+        if fits["measured"]:
+            entry["measured"] = fits["measured"]
         runs = measured_points([r for r in result.get("runs", []) if r.level == level])
         if runs:  # back-to-back all-reduce runs (_time_run): what the model prices the step's data all-reduces with
             entry["measured_runs"] = {"allreduce": runs}
