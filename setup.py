@@ -38,6 +38,7 @@ setup(
         "jinja2>=3.0",  # job-script templates (fourd-mpi sweep render)
         "jsonschema>=4.0",  # sweep specs, site and machine profiles
         "xxhash>=3.0",  # trace recover: digest of every part written, compared when read back
+        "tabulate>=0.9",  # every table a command prints, plain text or Markdown (fourd_mpi/util/table.py)
         # fourd-mpi analyze, plot, model validate, Trace.events_frame(): the default install analyses its own
         # traces (docs/install.md says why these two are requirements and scipy is an extra)
         "pandas>=1.5",

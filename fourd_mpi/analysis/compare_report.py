@@ -12,10 +12,13 @@ from typing import List, Sequence
 import numpy as np
 
 from fourd_mpi.analysis.compare import VERDICTS, Comparison, Settings, binding_note, exit_status, plural
+from fourd_mpi.util.table import markdown_escape, render as render_table
 
 FORMATS = ("table", "markdown", "json", "junit")
 COLUMNS = ("configuration", "new", "baseline", "new median s", "old median s", "ratio", "CI", "p", "samples",
            "verdict")
+#: the numbers (median step times, their ratio, p) right, the rest left, whatever the rows hold
+ALIGN = tuple("right" if c in ("new median s", "old median s", "ratio", "p") else "left" for c in COLUMNS)
 
 
 def _num(value: float, digits: int = 4) -> str:
@@ -52,10 +55,7 @@ def summary_line(comparisons: Sequence[Comparison], settings: Settings) -> str:
 
 
 def as_table(comparisons: Sequence[Comparison], settings: Settings) -> str:
-    body = [list(COLUMNS)] + rows(comparisons)
-    widths = [max(len(r[i]) for r in body) for i in range(len(COLUMNS))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in body]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = render_table(rows(comparisons), COLUMNS, align=ALIGN).splitlines()
     for c in comparisons:
         if c.verdict == "unmatched":
             lines.append(f"unmatched: {c.label}: {c.note}")
@@ -72,12 +72,8 @@ def unit_lines(comparisons: Sequence[Comparison]) -> List[str]:
 
 
 def as_markdown(comparisons: Sequence[Comparison], settings: Settings) -> str:
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|")
-
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cell(x) for x in r) + " |" for r in rows(comparisons)]
-    notes = [f"- {cell(text)}" for text in unit_lines(comparisons)]
+    lines = render_table(rows(comparisons), COLUMNS, "markdown", align=ALIGN).splitlines()
+    notes = [f"- {markdown_escape(text)}" for text in unit_lines(comparisons)]
     return "\n".join([f"**{summary_line(comparisons, settings)}**", ""] + lines + ([""] + notes if notes else [])
                      + ["", f"_{settings.statistics_text()}_"]) + "\n"
 

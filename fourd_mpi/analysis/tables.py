@@ -47,6 +47,7 @@ from fourd_mpi.trace.read import Trace, gather_columns, in_codes, load_trace
 from fourd_mpi.core.colltable import BUSBW_FORMULA, wire_factor
 from fourd_mpi.perf.peaks import stored_peaks, utilization_pct
 from fourd_mpi.trace.events import COMPUTE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST
+from fourd_mpi.util.table import render
 from fourd_mpi.util.text import format_number, short_label
 
 RUN_COLUMNS = [
@@ -892,25 +893,12 @@ def _cells(df: pd.DataFrame) -> List[List[str]]:
     return [[_cell(v) for v in row] for row in df.itertuples(index=False, name=None)]
 
 
-def _markdown(df: pd.DataFrame) -> str:
-    import importlib.util
-
-    if importlib.util.find_spec("tabulate") is None:
-        numeric = [_is_numeric(df[c]) for c in df.columns]
-        esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-        lines = ["| " + " | ".join(esc(c) for c in df.columns) + " |",
-                 "| " + " | ".join("---:" if n else "---" for n in numeric) + " |"]
-        lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in _cells(df)]
-        return "\n".join(lines)
-    shown = pd.DataFrame(_cells(df), columns=[str(c) for c in df.columns])
-    return shown.to_markdown(index=False)
-
-
 def format_table(df: pd.DataFrame, fmt: str = "table") -> str:
     """Render a frame of this module: ``table`` (aligned plain text), ``csv``, ``json`` (a list of
-    records; NaN -> null) or ``markdown`` (pandas ``to_markdown`` when ``tabulate`` is installed,
-    else a hand-written table). ``table`` and ``markdown`` round floats to about 4 significant
-    digits and show NaN as ``-``; ``csv`` and ``json`` keep full precision."""
+    records; NaN -> null) or ``markdown`` (a GitHub pipe table), the tables by
+    :func:`fourd_mpi.util.table.render` (numeric columns aligned right). ``table`` and ``markdown``
+    round floats to about 4 significant digits and show NaN as ``-``; ``csv`` and ``json`` keep full
+    precision."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if fmt == "csv":
@@ -920,20 +908,9 @@ def format_table(df: pd.DataFrame, fmt: str = "table") -> str:
     if fmt == "json":
         records = json.loads(df.to_json(orient="records", double_precision=15))
         return json.dumps(records, indent=1)
-    if fmt == "markdown":
-        return _markdown(df)
     headers = [str(c) for c in df.columns]
-    rows = _cells(df)
     if not headers:
         return "(no columns)"
-    numeric = [_is_numeric(df[c]) for c in df.columns]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-
-    def line(cells):
-        return "  ".join(c.rjust(w) if n else c.ljust(w) for c, w, n in zip(cells, widths, numeric)).rstrip()
-
-    out = [line(headers), "  ".join("-" * w for w in widths)]
-    out += [line(r) for r in rows]
-    if not rows:
-        out.append("(no rows)")
-    return "\n".join(out)
+    align = ["right" if _is_numeric(df[c]) else "left" for c in df.columns]
+    text = render(_cells(df), headers, "markdown" if fmt == "markdown" else "table", align)
+    return text if len(df) or fmt == "markdown" else text + "\n(no rows)"

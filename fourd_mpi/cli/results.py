@@ -24,6 +24,8 @@ LIST_FORMATS = ("table", "json", "csv")
 #: columns of ``results list`` (table and csv), in order
 LIST_COLUMNS = ("run_id", "time", "model", "grid", "world_size", "algorithm", "median_s", "q1_s", "q3_s",
                 "model_tflops_per_rank", "mfu_pct", "gemm_pct", "status", "config_key", "git_commit", "trace")
+#: the columns of ``results list`` that hold numbers (aligned right)
+LIST_NUMBERS = ("world_size", "median_s", "q1_s", "q3_s", "model_tflops_per_rank", "mfu_pct", "gemm_pct")
 INDEX_HELP = ("the index: a results directory (its index.jsonl and those below it, e.g. a sweep's "
               "results/SWEEP/SITE) or a .jsonl file (default: results)")
 
@@ -151,12 +153,13 @@ def format_entries(entries, fmt: str) -> str:
         for e in entries:
             writer.writerow(["" if e.get(c) is None else e.get(c) for c in LIST_COLUMNS])
         return buf.getvalue()
+    from fourd_mpi.util.table import render
+
     shown = [c for c in LIST_COLUMNS if c not in ("git_commit", "trace")]
-    body = [shown] + [[_cell(e.get(c)) if c != "config_key" else e[c][:8] for c in shown] for e in entries]
-    widths = [max(len(r[i]) for r in body) for i in range(len(shown))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in body]
-    return "\n".join(lines + [f"{len(entries)} run(s); median_s, q1_s, q3_s: step time (median and quartiles "
-                              "over measured steps of the max over ranks)"]) + "\n"
+    body = [[_cell(e.get(c)) if c != "config_key" else e[c][:8] for c in shown] for e in entries]
+    align = ["right" if c in LIST_NUMBERS else "left" for c in shown]
+    return (render(body, shown, align=align) + f"\n{len(entries)} run(s); median_s, q1_s, q3_s: step time (median and "
+            "quartiles over measured steps of the max over ranks)\n")
 
 
 def cmd_results(args, world=None) -> int:

@@ -262,12 +262,13 @@ def cmd_verify(args, world) -> int:
     print(f"attention: {', '.join(kernels)} in the checked runs; the reference's is unfused")
     print(f"ranks on {nodes} node(s) (MPI_COMM_TYPE_SHARED); 'across nodes': the axes with a communicator that "
           f"spans more than one node")
-    print(f"{'grid (DxZxYxX)':>15} {'overlap':<22} {'progress':<8} {'recompute':<9} {'output':>10} "
-          f"{'worst grad':>10} {'(tensor)':<18} {'losses':>10}  {'across nodes':<12}  result")
-    for r in results:
-        print(f"{r.grid:>15} {r.overlap:<22} {r.progress:<8} {r.recompute:<9} {r.output_error:>10.2e} "
-              f"{r.grad_error:>10.2e} "
-              f"{r.worst_grad:<18} {r.loss_error:>10.2e}  {r.across_nodes:<12}  {'ok' if r.ok else 'FAIL'}")
+    from fourd_mpi.util.table import render
+
+    rows = [[r.grid, r.overlap, r.progress, r.recompute, f"{r.output_error:.2e}", f"{r.grad_error:.2e}", r.worst_grad,
+             f"{r.loss_error:.2e}", r.across_nodes, "ok" if r.ok else "FAIL"] for r in results]
+    print(render(rows, ["grid (DxZxYxX)", "overlap", "progress", "recompute", "output", "worst grad", "(tensor)",
+                        "losses", "across nodes", "result"],
+                 align=["right", "left", "left", "left", "right", "right", "left", "right", "left", "left"]))
     for g, why in skipped:
         print(f"{str(g):>15} skipped: {why}")
     print(f"{len(results) - failed} passed, {failed} failed, {len(skipped)} skipped")
@@ -320,19 +321,14 @@ def _placement_json(run) -> dict:
 
 
 def cmd_presets(args, world) -> int:
-    if args.format != "table":
-        from fourd_mpi.util.text import format_rows
+    from fourd_mpi.util.text import format_rows
 
-        rows = [{"preset": c.name, "kind": c.kind, "layers": c.layers, "hidden": c.hidden, "heads": c.heads,
-                 "ffn": c.ffn_hidden, "seq": c.seq, "batch": c.batch, "params": c.parameter_count()}
-                for c in PRESETS.values()]
-        say(world, format_rows(rows, args.format).rstrip("\n"))
-        return 0
-    say(world, f"{'preset':<10} {'kind':<4} {'layers':>6} {'hidden':>7} {'heads':>5} {'ffn':>7} {'seq':>5} "
-               f"{'batch':>5} {'params':>9}")
-    for cfg in PRESETS.values():
-        say(world, f"{cfg.name:<10} {cfg.kind:<4} {cfg.layers:>6} {cfg.hidden:>7} {cfg.heads:>5} "
-                   f"{cfg.ffn_hidden:>7} {cfg.seq:>5} {cfg.batch or '-':>5} {_human(cfg.parameter_count()):>9}")
+    exact = args.format in ("csv", "json")  # exact parameter counts; the tables: 1.23M
+    rows = [{"preset": c.name, "kind": c.kind, "layers": c.layers, "hidden": c.hidden, "heads": c.heads,
+             "ffn": c.ffn_hidden, "seq": c.seq, "batch": c.batch if exact else c.batch or "-",
+             "params": c.parameter_count() if exact else _human(c.parameter_count())}
+            for c in PRESETS.values()]
+    say(world, format_rows(rows, args.format).rstrip("\n"))
     return 0
 
 

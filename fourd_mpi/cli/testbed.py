@@ -217,11 +217,15 @@ def _show(state: dict, fmt: str) -> int:
 
     print(f"test bed {state['name']}: {bed.describe(state)}; bridge address {state.get('bridge_addr')}")
     counters = state.get("counters", {})
-    print(f"{'node':<16} {'address':<15} {'link':<14} {'rate':>10} {'burst':>9} {'sent':>12} {'received':>12}")
+    from fourd_mpi.util.table import render
+
+    rows = []
     for node in bed.nodes_of(state):
         c = counters.get(node.name, {})
-        print(f"{node.name:<16} {node.addr:<15} {node.veth:<14} {bed.rate_text(node.rate_bits):>10} "
-              f"{node.burst_bytes or '-':>9} {c.get('sent', '-'):>12} {c.get('received', '-'):>12}")
+        rows.append([node.name, node.addr, node.veth, bed.rate_text(node.rate_bits), node.burst_bytes or "-",
+                     c.get("sent", "-"), c.get("received", "-")])
+    print(render(rows, ["node", "address", "link", "rate", "burst", "sent", "received"],
+                 align=["left", "left", "left", "right", "right", "right", "right"]))
     if state.get("slurm"):
         print(f"slurm: SLURM_CONF={state['slurm']['conf']} (daemons "
               f"{', '.join(str(d['pid']) for d in state.get('daemons', []))})")

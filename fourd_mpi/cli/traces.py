@@ -194,10 +194,12 @@ def _show_clocks(ranks, shown: int = 16) -> None:
     print(f"  clocks: aligned to rank 0 at start and end (Cristian), linear drift removed; residual "
           f"uncertainty max {int(ranks['clock_residual_ns'].max())} ns"
           + ("" if np.isfinite(drift).all() else " (no end alignment on some ranks: start offsets only)"))
-    print(f"  {'rank':>6} {'offset (ns)':>14} {'drift (ppm)':>12} {'residual (ns)':>14}")
-    for row in ranks[:shown]:
-        ppm = f"{row['clock_drift_ppm']:.3f}" if np.isfinite(row["clock_drift_ppm"]) else "n/a"
-        print(f"  {row['rank']:>6} {row['clock_offset_ns']:>14} {ppm:>12} {row['clock_residual_ns']:>14}")
+    from fourd_mpi.util.table import render
+
+    rows = [[row["rank"], row["clock_offset_ns"],
+             f"{row['clock_drift_ppm']:.3f}" if np.isfinite(row["clock_drift_ppm"]) else "n/a",
+             row["clock_residual_ns"]] for row in ranks[:shown]]
+    print(render(rows, ["rank", "offset (ns)", "drift (ppm)", "residual (ns)"], align=["right"] * 4, indent="  "))
     if len(ranks) > shown:
         print(f"  ... {len(ranks) - shown} more ranks")
 

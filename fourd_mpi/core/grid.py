@@ -21,6 +21,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 from fourd_mpi.core.binding import Binding, cpu_ranges, own_cpus, parse_ranges
 from fourd_mpi.core.placement import NodePlacement
 from fourd_mpi.errors import ConfigError
+from fourd_mpi.util.table import render
 
 #: Axis names in Cartesian-dimension order (outermost first).
 AXES: Tuple[str, ...] = ("data", "z", "y", "x")
@@ -293,20 +294,19 @@ class ProcessGrid:
         ]
         if binding is not None and binding.advice():
             lines.append(f"  note: {binding.advice()}")
-        lines.append("  axis  size  stride  placement   communicates")
         roles = {
             "x": "fwd all-reduce (normal), bwd all-reduce (transposed)",
             "y": "bwd all-reduce (normal), fwd all-reduce (transposed)",
             "z": "weight all-gather, gradient reduce-scatter",
             "data": "gradient all-reduce",
         }
+        rows = []
         for axis in reversed(AXES):
             place = "inter-node" if placement.crosses(axis) else "intra-node"
-            if self.shape[axis] == 1:
-                place = "-"
-            lines.append(
-                f"  {axis:<5} {self.shape[axis]:>4}  {self.stride(axis):>6}  {place:<10}  {roles[axis]}"
-            )
+            rows.append([axis, self.shape[axis], self.stride(axis), "-" if self.shape[axis] == 1 else place,
+                         roles[axis]])
+        lines.append(render(rows, ["axis", "size", "stride", "placement", "communicates"],
+                            align=["left", "right", "right", "left", "left"], indent="  "))
         return "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -41,6 +41,7 @@ from fourd_mpi.perf.memory import memory_reserve
 from fourd_mpi.perf.predict import Prediction
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
+from fourd_mpi.util.table import render
 
 GIB = 2.0 ** 30
 
@@ -489,41 +490,38 @@ def format_across(ranking: AcrossRanking, k: int) -> str:
     axes += sorted({a for c in comm for a in c} - set(_AXIS_ORDER))
     bubbles = [sum(t for (_, op), t in e.prediction.exposed_s.items() if op == "bubble") for e in shown]
     bubble_col = any(b > 0 for b in bubbles)
-    width = max([len("configuration")] + [len(e.label) for e in shown])
-    head = (f"{'rank':>4} {'algorithm':<11} {'configuration':<{width}} {'step ms':>9} {'compute':>9} {'exposed':>9} "
-            + " ".join(f"{'comm ' + a:>9}" for a in axes) + (f" {'bubble':>9}" if bubble_col else "")
-            + f" {'wire MB':>8} {'mem GiB':>8} {'need GiB':>8}")
-    lines = [head]
+    headers = (["rank", "algorithm", "configuration", "step ms", "compute", "exposed"] + [f"comm {a}" for a in axes]
+               + (["bubble"] if bubble_col else []) + ["wire MB", "mem GiB", "need GiB"])
+    rows = []
     aliases = []
     for i, e in enumerate(shown, 1):
         if e.same_as:
             aliases.append(f"{e.algorithm} {e.label} = {' = '.join(f'{a} {e.label}' for a in e.same_as)}")
         p = e.prediction
         by_axis = comm[i - 1]
-        lines.append(f"{i:>4} {e.algorithm:<11} {e.label:<{width}} {_ms(p.step_s):>9} {_ms(p.compute_s):>9} "
-                     f"{_ms(p.exposed_total_s):>9} " + " ".join(f"{_ms(by_axis.get(a, 0.0)):>9}" for a in axes)
-                     + (f" {_ms(bubbles[i - 1]):>9}" if bubble_col else "")
-                     + f" {sum(p.wire_bytes.values()) / 1e6:>8.3f} {p.memory.total / GIB:>8.3g} "
-                       f"{e.need_bytes / GIB:>8.3g}")
+        rows.append([i, e.algorithm, e.label, _ms(p.step_s), _ms(p.compute_s), _ms(p.exposed_total_s)]
+                    + [_ms(by_axis.get(a, 0.0)) for a in axes] + ([_ms(bubbles[i - 1])] if bubble_col else [])
+                    + [f"{sum(p.wire_bytes.values()) / 1e6:.3f}", f"{p.memory.total / GIB:.3g}",
+                       f"{e.need_bytes / GIB:.3g}"])
+    lines = [render(rows, headers, align=["right", "left", "left"] + ["right"] * (len(headers) - 3))]
     if aliases:
         lines.append("listed once under the most specific name (the same step): " + "; ".join(aliases))
     return "\n".join(lines)
 
 
 def format_best(ranking: AcrossRanking) -> str:
-    """One line per algorithm: its best configuration and how much slower it is than the overall best."""
+    """One row per algorithm: its best configuration and how much slower it is than the overall best."""
     best = ranking.best_by_algorithm()
     if not best:
         return ""
     top = ranking.entries[0].prediction.step_s
     from fourd_mpi.algorithms.registry import display_name
 
-    lines = ["best configuration per algorithm (vs best = predicted step time / the fastest's):"]
-    width = max(len(e.label) for e in best.values())
-    for name, e in sorted(best.items(), key=lambda kv: kv[1].prediction.step_s):
-        lines.append(f"  {name:<11} {display_name(name):<16} {e.label:<{width}} {_ms(e.prediction.step_s):>9} ms  "
-                     f"vs best {e.prediction.step_s / top:.2f}")
-    return "\n".join(lines)
+    rows = [[name, display_name(name), e.label, f"{_ms(e.prediction.step_s)} ms", f"{e.prediction.step_s / top:.2f}"]
+            for name, e in sorted(best.items(), key=lambda kv: kv[1].prediction.step_s)]
+    return ("best configuration per algorithm (vs best = predicted step time / the fastest's):\n"
+            + render(rows, ["algorithm", "name", "configuration", "step", "vs best"],
+                     align=["left", "left", "left", "right", "right"], indent="  "))
 
 
 def run_predict_options(algorithm: Algorithm, run_options: Dict[str, Any]) -> Dict[str, Any]:

@@ -58,6 +58,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.machine import axis_inner_products as inner_products
 from fourd_mpi.step.presets import ModelConfig, model_problems
+from fourd_mpi.util.table import render
 
 #: ``get_bw(ip, group) -> GB/s`` or None (no value: the grid is left out)
 BandwidthFn = Callable[[int, int], Optional[float]]
@@ -244,11 +245,6 @@ def explain_grid(cfg: ModelConfig, grid: GridShape, get_bw: BandwidthFn, cache: 
     return rows
 
 
-def _fmt_row(i: int, cols: List[Optional[Tuple[GridShape, float]]]) -> str:
-    cells = [f"{str(c[0]):>11} {c[1]:8.3f}" if c else " " * 20 for c in cols]
-    return f"{i:>3}  " + "   ".join(cells)
-
-
 def format_comparison(cfg: ModelConfig, ranks: int, min_tp: int, comp: Comparison, top: int,
                       profile_name: str) -> str:
     """The two top-``top`` lists side by side (and ours with ``cache``), with the formula and what was
@@ -258,12 +254,17 @@ def format_comparison(cfg: ModelConfig, ranks: int, min_tp: int, comp: Compariso
              f"bandwidth table: {profile_name} network.placement_gbs (AxoNN's get_bw)",
              f"time = {TIME_FORMULA} (AxoNN's units: GiB over GB/s)",
              f"{len(comp.axonn)} candidate grids; {len(comp.dropped)} of them our step cannot run"
-             + (f" (e.g. {comp.dropped[0][0]}: {comp.dropped[0][1]})" if comp.dropped else ""),
-             f"{'#':>3}  {'AxoNN model':>20}   {'ours':>20}   {'ours, cache':>20}",
-             f"{'':>3}  {'DxZxYxX':>11} {'s/step':>8}   {'DxZxYxX':>11} {'s/step':>8}   {'DxZxYxX':>11} {'s/step':>8}"]
+             + (f" (e.g. {comp.dropped[0][0]}: {comp.dropped[0][1]})" if comp.dropped else "")]
+    rows = []
     for i in range(top):
-        cols = [lst[i] if i < len(lst) else None for lst in (comp.axonn, comp.ours, comp.ours_cache)]
-        lines.append(_fmt_row(i + 1, cols))
+        cells = [i + 1]
+        for lst in (comp.axonn, comp.ours, comp.ours_cache):
+            grid, seconds = lst[i] if i < len(lst) else ("", None)
+            cells += [str(grid), "" if seconds is None else f"{seconds:.3f}"]
+        rows.append(cells)
+    lines.append(render(rows, ["#", "AxoNN model DxZxYxX", "s/step", "ours DxZxYxX", "s/step", "ours, cache DxZxYxX",
+                               "s/step"],
+                        align=["right"] * 7))
     return "\n".join(lines)
 
 
@@ -271,11 +272,9 @@ def format_explanation(rows: List[Dict], grid: GridShape, cache: bool = False) -
     """:func:`explain_grid`'s rows as a table, with the totals."""
     head = (f"grid {grid} ({'ours with cache' if cache else 'ours without cache'}): per term, GiB per rank and "
             f"step, ratio ours/AxoNN, table GB/s, seconds")
-    lines = [head, f"  {'term':<26} {'AxoNN GiB':>10} {'ours GiB':>10} {'ratio':>6} {'GB/s':>5} {'AxoNN s':>8} "
-                   f"{'ours s':>8}  why"]
-    for r in rows:
-        lines.append(f"  {r['term']:<26} {r['axonn_gib']:10.3f} {r['ours_gib']:10.3f} {r['ratio']:6.2f} "
-                     f"{r['gbs']:5g} {r['axonn_s']:8.3f} {r['ours_s']:8.3f}  {r['why']}")
-    lines.append(f"  {'total':<26} {sum(r['axonn_gib'] for r in rows):10.3f} {sum(r['ours_gib'] for r in rows):10.3f} "
-                 f"{'':>6} {'':>5} {sum(r['axonn_s'] for r in rows):8.3f} {sum(r['ours_s'] for r in rows):8.3f}")
-    return "\n".join(lines)
+    body = [[r["term"], f"{r['axonn_gib']:.3f}", f"{r['ours_gib']:.3f}", f"{r['ratio']:.2f}", f"{r['gbs']:g}",
+             f"{r['axonn_s']:.3f}", f"{r['ours_s']:.3f}", r["why"]] for r in rows]
+    body.append(["total"] + [f"{sum(r[k] for r in rows):.3f}" for k in ("axonn_gib", "ours_gib")] + ["", ""]
+                + [f"{sum(r[k] for r in rows):.3f}" for k in ("axonn_s", "ours_s")] + [""])
+    return head + "\n" + render(body, ["term", "AxoNN GiB", "ours GiB", "ratio", "GB/s", "AxoNN s", "ours s", "why"],
+                                 align=["left"] + ["right"] * 6 + ["left"], indent="  ")

@@ -40,6 +40,7 @@ from fourd_mpi.perf.predict import Prediction, predict
 from fourd_mpi.perf.tune import memory_reserve, rank_grids
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig, model_problems, resolve_model
+from fourd_mpi.util.table import render
 
 GIB = 2.0 ** 30
 #: sequences of 2,048 tokens per step (our assumption, see the module docstring)
@@ -188,7 +189,7 @@ def report(flagship: Case, series: List[Case], profile: MachineProfile, memory_l
     rows.append(("4D faster than Megatron-LM by", _num(None if speed is None else 100 * (speed - 1), "{:.0f} %")
                  + ("" if speed is None else " (TP-only+DP, no pipeline)"),
                  f"{100 * (PUBLISHED['faster_than_megatron'] - 1):.0f} % (Megatron with its pipeline)"))
-    lines += ["", _table(rows), ""]
+    lines += ["", render(rows[1:], rows[0]), ""]
     if meg is not None:
         fit = fits(meg, profile, memory_limit_gib)
         lines.append(f"Megatron-LM-like grid {meg.grid} (1D tensor parallelism 4 inside a node, data parallel "
@@ -229,11 +230,6 @@ def _num(value: Optional[float], fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def _table(rows) -> str:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
-
-
 def _series_table(series: List[Case], profile: MachineProfile, memory_limit_gib: Optional[float]) -> str:
     reserve = memory_reserve(profile)
     rows = [("model", "GPUs", "batch", "best grid", "step s", "HFU", "PFLOP/s", "mem GiB", "Megatron-like step s",
@@ -248,7 +244,7 @@ def _series_table(series: List[Case], profile: MachineProfile, memory_limit_gib:
                      "-" if m is None else ("yes" if fits(m, profile, memory_limit_gib) else "no"),
                      f"{PUBLISHED['pct_peak']:g} %" if (c.cfg.name, c.gpus) == (PUBLISHED["model"], PUBLISHED["gpus"])
                      else "-"))
-    return _table(rows)
+    return render(rows[1:], rows[0])
 
 
 def series_data(series: List[Case]) -> List[Dict]:

@@ -234,18 +234,21 @@ def _fmt_ms(s: float) -> str:
 
 
 def format_ranking(ranking: Ranking, k: int) -> str:
+    from fourd_mpi.util.table import render
+
     preds = ranking.predictions[:k]
     axes = ("x", "y", "z", "data")
-    lines = [f"{'rank':>4} {'grid DxZxYxX':>13} {'step ms':>9} {'compute':>9} {'exposed':>9} "
-             + " ".join(f"{'comm ' + a:>9}" for a in axes) + f" {'wire MB':>8} {'mem GiB':>8} {'need GiB':>8}  placement (x,y,z,data)"]
+    headers = (["rank", "grid DxZxYxX", "step ms", "compute", "exposed"] + [f"comm {a}" for a in axes]
+               + ["wire MB", "mem GiB", "need GiB", "placement (x,y,z,data)"])
+    rows = []
     for i, p in enumerate(preds, 1):
         by_axis = p.exposed_by_axis()
         wire = sum(p.wire_bytes.values()) / 1e6
-        lines.append(f"{i:>4} {str(p.grid):>13} {_fmt_ms(p.step_s):>9} {_fmt_ms(p.compute_s):>9} "
-                     f"{_fmt_ms(p.exposed_total_s):>9} " + " ".join(f"{_fmt_ms(by_axis.get(a, 0.0)):>9}" for a in axes)
-                     + f" {wire:>8.3f} {p.memory.total / GIB:>8.3g} {p.memory.required(ranking.reserve) / GIB:>8.3g}  "
-                     + ",".join(p.placement[a] for a in axes))
-    return "\n".join(lines)
+        rows.append([i, p.grid, _fmt_ms(p.step_s), _fmt_ms(p.compute_s), _fmt_ms(p.exposed_total_s)]
+                    + [_fmt_ms(by_axis.get(a, 0.0)) for a in axes]
+                    + [f"{wire:.3f}", f"{p.memory.total / GIB:.3g}", f"{p.memory.required(ranking.reserve) / GIB:.3g}",
+                       ",".join(p.placement[a] for a in axes)])
+    return render(rows, headers, align=["right"] * (len(headers) - 1) + ["left"])
 
 
 def sweep_spec(cfg: ModelConfig, ranks: int, grids: List[GridShape], overlap: str) -> Dict:

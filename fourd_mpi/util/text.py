@@ -62,8 +62,8 @@ def format_number(value) -> str:
 
 def format_rows(rows: Sequence[Dict], fmt: str = "table") -> str:
     """Rows (dicts with the same keys) as an aligned ``table``, ``csv``, ``json`` (a list of
-    records) or a ``markdown`` table; the ``--format`` names of every command
-    (``fourd_mpi.cli.args.FORMATS``) without pandas."""
+    records) or a ``markdown`` table (:mod:`fourd_mpi.util.table`); the ``--format`` names of every
+    command (``fourd_mpi.cli.args.FORMATS``) without pandas."""
     if fmt == "json":
         import json
 
@@ -80,14 +80,8 @@ def format_rows(rows: Sequence[Dict], fmt: str = "table") -> str:
         return buf.getvalue()
     if not rows:
         return "(none)\n"
-    keys = list(rows[0])
-    if fmt == "markdown":
-        cell = lambda v: str(v).replace("|", "\\|")  # noqa: E731
-        return "\n".join(["| " + " | ".join(keys) + " |", "|" + "|".join("---" for _ in keys) + "|",
-                          *("| " + " | ".join(cell(r[k]) for k in keys) + " |" for r in rows)]) + "\n"
-    if fmt != "table":
+    if fmt not in ("table", "markdown"):
         raise ValueError(f"unknown format {fmt!r}: choose one of table, csv, json, markdown")
-    cells = [[str(r[k]) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(keys), line(["-" * w for w in widths]), *map(line, cells)]) + "\n"
+    from fourd_mpi.util.table import render_records
+
+    return render_records(rows, fmt) + "\n"

@@ -148,7 +148,7 @@ def test_spack_recipe_declares_variants_and_dependencies(spack_recipe):
     assert set(variants) == {"cuda", "rocm", "analysis"} and not any(v["default"] for v in variants.values())
     deps = {a[0].split("@")[0]: (kw.get("type"), w, kw.get("when")) for n, a, kw, w in d if n == "depends_on"}
     for name in ("mpi", "py-mpi4py", "py-numpy", "py-h5py", "py-pyyaml", "py-jinja2", "py-jsonschema", "py-tqdm",
-                 "py-xxhash", "py-pandas", "py-matplotlib"):
+                 "py-xxhash", "py-tabulate", "py-pandas", "py-matplotlib"):
         assert name in deps and deps[name][1] == [] and deps[name][2] is None, name  # unconditional
     assert deps["py-setuptools"][0] == "build"
     assert deps["py-cupy+cuda"][2] == "+cuda" and deps["py-cupy+rocm"][2] == "+rocm"

@@ -81,7 +81,8 @@ def test_ranking_across_algorithms(small, laptop):
     assert best["dp"].grid == GridShape(8, 1, 1, 1)
     table = across.format_across(ranking, 30)
     assert table.splitlines()[0].split()[:3] == ["rank", "algorithm", "configuration"]
-    assert "dp          8x1x1x1" in table and "listed once under the most specific name" in table
+    assert any(line.split()[1:3] == ["dp", "8x1x1x1"] for line in table.splitlines()[2:] if line.strip()[:1].isdigit())
+    assert "listed once under the most specific name" in table
     assert "Megatron-LM 1D" in across.format_best(ranking)
 
 

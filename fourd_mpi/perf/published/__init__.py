@@ -27,6 +27,7 @@ from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import MachineProfile, load_profile
 from fourd_mpi.perf.scenario import GIB, Scenario, ScenarioResult, fits_memory, predict_scenario, scenario_memory
 from fourd_mpi.step.presets import ModelConfig, model_problems
+from fourd_mpi.util.table import render
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATASETS = ("narayanan_sc21", "axonn_sc24", "narayanan_sc21_table2", "megatron_readme_2020")
@@ -309,11 +310,6 @@ def evaluate_memory_claims(names=DATASETS) -> List[Dict[str, Any]]:
     return out
 
 
-def _table(rows) -> str:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
-
-
 def describe_config(r: ScenarioResult) -> str:
     sc = r.scenario
     sched = f"{sc.schedule}{'' if sc.chunks == 1 else f' v={sc.chunks}'}" if sc.stages > 1 else "-"
@@ -363,7 +359,7 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
                       {True: "yes", False: "NO", None: "-"}[res.fits()], split(res), f"{100 * res.bubble_s / res.step_s:.1f}",
                       f"{100 * sum(res.exposed_s.values()) / res.step_s:.1f} ({exp[0]})",
                       _factor(r.to_match()["compute"]), _factor(r.to_match()["exposed"])))
-    lines.append(_table(table))
+    lines.append(render(table[1:], table[0]))
     target_rows = _target_rows(rows)
     lines.append("")
     if target_rows:
@@ -384,7 +380,7 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
             g = summary(rs)
             st.append((name, g["points"], f"{100 * g['median_abs_error']:.1f} %", f"{g['worst']} {100 * g['worst_error']:.1f} %",
                        _rho(g), "yes" if g["all_fit"] else "NO"))
-        lines += ["by dataset (and by scheme where a dataset compares several):", _table(st)]
+        lines += ["by dataset (and by scheme where a dataset compares several):", render(st[1:], st[0])]
     lines.append("to match: the factor by which that term alone would have to change for predicted = published "
                  "(a diagnosis of which term is wrong; never applied to the model); step %: the step's compute "
                  "by kind (GEMMs, attention, memory-bound work and launches, LM head, optimizer update)")
@@ -400,7 +396,7 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
             mt.append((m["dataset"], m["name"], "fits" if m["published_fits"] else "did not fit",
                        f"{m['required_gib']:.2f} / {m['limit_gib']:g}", "fits" if m["predicted_fits"] else "does not fit",
                        "yes" if m["agree"] else "NO"))
-        lines.append(_table(mt))
+        lines.append(render(mt[1:], mt[0]))
         lines += [f"  {m['name']}: {m['source']}" for m in memory]
     if claims:
         lines += ["", "ranking claims (margin = speed of a / speed of b - 1, TFLOP/s per GPU):"]
@@ -408,7 +404,7 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
         for c in claims:
             ct.append((c["name"], describe_config(c["a"]), describe_config(c["b"]), f"{100 * c['published_margin']:+.1f} %",
                        f"{100 * c['predicted_margin']:+.1f} %", "yes" if c["same_winner"] else "NO"))
-        lines.append(_table(ct))
+        lines.append(render(ct[1:], ct[0]))
         for c in claims:
             pub = c["published_tflops"]
             sides = "; ".join(f"{k} predicted {c[k].tflops_per_gpu():.1f} TFLOP/s per GPU"

@@ -53,6 +53,7 @@ class PyFourdMpi(PythonPackage):
     depends_on("py-jinja2@3:", type=("build", "run"))
     depends_on("py-jsonschema@4:", type=("build", "run"))
     depends_on("py-xxhash@3:", type=("build", "run"))
+    depends_on("py-tabulate@0.9:", type=("build", "run"))
     depends_on("py-pandas@1.5:", type=("build", "run"))  # analyze, model validate
     depends_on("py-matplotlib@3.5:", type=("build", "run"))  # plot
 
