@@ -339,10 +339,9 @@ def format_table(results: List[Dict]) -> str:
                     + [_f(r["bubble_s"], 1e3), _f(r["other_s"], 1e3), _f(r["wire_bytes"], 1e-6, "{:.2f}"),
                        _f(r["activation_bytes"], 1 / MIB, "{:.2f}"), _f(r["state_bytes"], 1 / MIB, "{:.2f}"),
                        _f(r["model_s"], 1e3)])
-    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
-    line = lambda cells: "  ".join(c.rjust(w) if i > 2 else c.ljust(w)  # noqa: E731
-                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(row) for row in rows])
+    from fourd_mpi.util.table import render
+
+    return render(rows, cols, align=["left"] * 3 + ["right"] * (len(cols) - 3))
 
 
 def plot(results: List[Dict], path: str, title: str) -> None:
