@@ -31,9 +31,9 @@ from __future__ import annotations
 import glob
 import io
 import json
+import logging
 import math
 import os
-import sys
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -49,6 +49,8 @@ from fourd_mpi.perf.peaks import stored_peaks, utilization_pct
 from fourd_mpi.trace.events import COMPUTE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST
 from fourd_mpi.util.table import render
 from fourd_mpi.util.text import format_number, short_label
+
+log = logging.getLogger(__name__)
 
 RUN_COLUMNS = [
     "run_id", "path", "status", "label", "algorithm", "model", "world_size", "grid", "gdata", "gz", "gy", "gx", "overlap",
@@ -171,11 +173,10 @@ def collect(paths: Union[str, Iterable[str]],
     return traces, problems
 
 
-def report_skipped(problems: Sequence[Tuple[str, str]], out=None) -> None:
-    """One line per file :func:`collect` skipped: ``fourd-mpi: skipped PATH: REASON`` (on stderr)."""
-    out = out if out is not None else sys.stderr
+def report_skipped(problems: Sequence[Tuple[str, str]]) -> None:
+    """One warning per file :func:`collect` skipped: ``fourd-mpi: warning: skipped PATH: REASON`` (on stderr)."""
     for path, reason in problems:
-        out.write(f"fourd-mpi: skipped {path}: {reason}\n")
+        log.warning("skipped %s: %s", path, reason)
 
 
 def collect_or_fail(paths: Sequence[str],

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
-import sys
 
-from fourd_mpi.cli.args import (FORMATS, PROG, add_allow_damaged, add_deprecated, add_format, add_output, add_selection,
+from fourd_mpi.cli.args import (FORMATS, add_allow_damaged, add_deprecated, add_format, add_output, add_selection,
                                 add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.files import named_inputs, refuse_output, replacing
+
+log = logging.getLogger(__name__)
 
 ANALYSES = ("runs", "breakdown", "comm", "compare", "scaling", "steps")
 #: what ``--what auto`` shows (``steps``, a row per step and rank, only when asked for)
@@ -130,7 +132,7 @@ def cmd_analyze(args, world=None) -> int:
             table = analysis.scaling(runs, mode)
             for group, why in table.attrs.get("dropped", []):
                 if not why.startswith("one rank count"):  # a single run is no line: not worth a word
-                    sys.stderr.write(f"{PROG}: {mode} scaling: left out {group}: {why}\n")
+                    log.info("%s scaling: left out %s: %s", mode, group, why)
             if len(table):
                 sections.append((f"{mode} scaling", table))
     if "steps" in what:
@@ -152,9 +154,9 @@ def _note_unlike_baseline(traces, base, path: str) -> None:
     for trace in traces:
         have = shape(trace)
         if have != want:
-            sys.stderr.write(f"{PROG}: note: {trace.path} is model {have[0]} on grid {have[1]}, the --baseline {path} "
-                             f"is model {want[0]} on grid {want[1]}: its hidden_pct is '-' (the baseline must be a run "
-                             "of the same model and grid without overlap)\n")
+            log.info(f"note: {trace.path} is model {have[0]} on grid {have[1]}, the --baseline {path} is model "
+                     f"{want[0]} on grid {want[1]}: its hidden_pct is '-' (the baseline must be a run of the same model "
+                     "and grid without overlap)")
 
 
 def _need_enough_runs(what, runs, analysis) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import logging
 import os
 import sys
 from typing import Iterable, List, Optional, Sequence
@@ -34,6 +35,7 @@ from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.options import GROUPS, OPTIONS, Option, options_in
 
 PROG = "fourd-mpi"
+log = logging.getLogger(__name__)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -218,9 +220,9 @@ def add_output(parser: argparse.ArgumentParser, required: bool = False, help: st
 
 
 def wrote(path: str, what: str = "") -> None:
-    """The one line an ``-o FILE`` command prints: ``wrote FILE`` (and what), on standard error."""
-    sys.stderr.write(f"wrote {path}" + (f" ({what})" if what else "") + "\n")
-    sys.stderr.flush()
+    """The one line an ``-o FILE`` command prints: ``wrote FILE`` (and what), on standard error (an INFO
+    record of :mod:`fourd_mpi.util.log`: ``-q`` leaves it out)."""
+    log.info("wrote %s%s", path, f" ({what})" if what else "", extra={"bare": True})
 
 
 def write_output(path: Optional[str], text: str, what: str = "") -> None:
@@ -275,7 +277,7 @@ class DeprecatedAlias(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         if is_first_rank():
-            os.write(2, f"{PROG}: note: {option_string} is deprecated, use {self.new}\n".encode())
+            log.info("note: %s is deprecated, use %s", option_string, self.new)
         setattr(namespace, self.dest, values if self.nargs != 0 else self.const)
 
 
@@ -292,6 +294,18 @@ def add_site(parser, default: Optional[str] = None, help: str = "") -> None:
     text = f"built-in {', '.join(builtin_sites())}, or a site profile FILE.yaml"
     parser.add_argument("--site", default=default, metavar="SITE",
                         help=(help + "; " if help else "") + text + (f" (default {default})" if default else ""))
+
+
+def add_verbosity(parser, default=0) -> None:
+    """``-v/--verbose`` (repeatable) and ``-q/--quiet``: the level of the diagnostics on standard error
+    (:mod:`fourd_mpi.util.log`). Every parser has them, so they go before or after the command words;
+    ``default`` is SUPPRESS below the top, so that one given before the command is kept."""
+    parser.add_argument("-v", "--verbose", action="count", default=default,
+                        help="more diagnostics on standard error: debug lines (what was done, how long it took); "
+                             "run: also the full configuration; repeat (-vv) for debug lines of every MPI rank")
+    parser.add_argument("-q", "--quiet", action="count", default=default,
+                        help="only results and warnings: no progress or notes on standard error; run: no header "
+                             "and no per-step lines (as --display quiet), the summary only")
 
 
 def error_line(exc: Exception) -> None:

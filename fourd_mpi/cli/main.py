@@ -31,7 +31,9 @@ any other exception prints its traceback and aborts the whole job, so no rank is
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -41,9 +43,12 @@ from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
 from fourd_mpi.cli import analyze, perf, results, run, sweep, testbed, traces
-from fourd_mpi.cli.args import PROG, OneLineParser, error_line, is_first_rank, refuse_empty_values, walk_parsers
+from fourd_mpi.cli.args import (PROG, OneLineParser, add_verbosity, error_line, is_first_rank, refuse_empty_values,
+                                walk_parsers)
 from fourd_mpi.cli.examples import EXAMPLES, add_examples
 from fourd_mpi.errors import BackendError, ConfigError, Terminated
+
+log = logging.getLogger(__name__)
 
 #: command modules, in the order ``--help`` lists their commands
 MODULES = (run, traces, analyze, results, sweep, perf, testbed)
@@ -54,6 +59,7 @@ def build_parser() -> OneLineParser:
                            "(data x 3D tensor parallelism). Launch run, verify, info and bench under "
                            "mpiexec/srun; the other commands run in one process without MPI.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_verbosity(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for module in MODULES:
         module.register(sub)
@@ -66,6 +72,9 @@ def build_parser() -> OneLineParser:
         if path in EXAMPLES:
             add_examples(p, EXAMPLES[path])
     refuse_empty_values(parser)  # every free-text value: '' refused in one line, in one place
+    for path, command in walk_parsers(parser):
+        if path:  # -v and -q also after the command words: fourd-mpi run ... -q
+            add_verbosity(command, default=argparse.SUPPRESS)
     return parser
 
 
@@ -190,12 +199,18 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _main(argv: Optional[List[str]] = None) -> int:
+    from fourd_mpi.util.log import configure, verbosity_of
+
+    configure(0, is_first_rank())  # a note while parsing (a deprecated option) has its handler
     try:
         args = parse(argv)
     except ConfigError as exc:
         if not _not_root(argv):
             error_line(exc)
         return 2
+    configure(verbosity_of(args), is_first_rank())
+    log.debug("version %s, Python %s, command: %s", __version__, sys.version.split()[0],
+              " ".join(sys.argv[1:] if argv is None else argv))
     world = None
     try:
         if args.serial:

@@ -9,6 +9,7 @@ choices of ``fourd-mpi run``.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
 import sys
@@ -20,6 +21,8 @@ from fourd_mpi.run.options import OPTIONS, options_in
 from fourd_mpi.util.files import named_inputs, refuse_output, replacing, write_text
 from fourd_mpi.util.values import (axis_size, batch_size, float_in, int_in, int_list_of, layer_count, positive_float,
                                   rank_count, repeat_count, seq_length)
+
+log = logging.getLogger(__name__)
 
 GIB = 2.0 ** 30
 
@@ -584,7 +587,7 @@ def _cmd_calibrate(args) -> int:
     traces, problems = collect_or_fail(args.paths)
     data, rows, skipped = calibrate(traces, profile, terms)
     for line in skipped:
-        sys.stderr.write(f"fourd-mpi: left out {line}\n")
+        log.info("left out %s", line)
     fit = data["step_fit"]
     if args.format != "json":
         print(format_table(pd.DataFrame(rows), "table"))

@@ -11,10 +11,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import os
-import sys
 
-from fourd_mpi.cli.args import PROG, add_allow_damaged, add_format, add_output, write_output
+from fourd_mpi.cli.args import add_allow_damaged, add_format, add_output, write_output
 from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.files import check_regular_file, check_writable, named_inputs, refuse_output
@@ -24,6 +24,8 @@ LIST_FORMATS = ("table", "json", "csv")
 #: columns of ``results list`` (table and csv), in order
 LIST_COLUMNS = ("run_id", "time", "model", "grid", "world_size", "algorithm", "median_s", "q1_s", "q3_s",
                 "model_tflops_per_rank", "mfu_pct", "gemm_pct", "status", "config_key", "git_commit", "trace")
+log = logging.getLogger(__name__)
+
 #: the columns of ``results list`` that hold numbers (aligned right)
 LIST_NUMBERS = ("world_size", "median_s", "q1_s", "q3_s", "model_tflops_per_rank", "mfu_pct", "gemm_pct")
 INDEX_HELP = ("the index: a results directory (its index.jsonl and those below it, e.g. a sweep's "
@@ -132,7 +134,7 @@ def _fraction(text: str) -> float:
 
 
 def warn(text: str) -> None:
-    sys.stderr.write(f"{PROG}: warning: {text}\n")
+    log.warning("%s", text)
 
 
 def _cell(value) -> str:
@@ -176,7 +178,7 @@ def cmd_results(args, world=None) -> int:
         check_writable(os.path.dirname(os.path.abspath(target)), f"the index {target}")
         entries, problems = reindex(args.directory, args.output, allow_damaged=args.allow_damaged)
         for path, why in problems:
-            sys.stderr.write(f"{PROG}: skipped {path}: {why}\n")
+            log.warning("skipped %s: %s", path, why)
         if args.format == "json":
             emit_json(REINDEX_JSON, {"index": target, "runs": len(entries),
                                      "skipped": [{"path": path, "why": why} for path, why in problems]})
@@ -232,7 +234,7 @@ def _load_side(args, specs, index_path, what: str):
             try:
                 trace = load_trace(path, allow_damaged=args.allow_damaged)
             except TraceError as exc:
-                sys.stderr.write(f"{PROG}: skipped {path}: {exc}\n")
+                log.warning("skipped %s: %s", path, exc)
                 continue
             runs.append((entry_of_trace(trace, os.path.dirname(path) or "."), step_stats(trace).per_step_s, path))
     if not runs:

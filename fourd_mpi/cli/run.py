@@ -6,9 +6,11 @@ resolves them (:func:`fourd_mpi.run.options.resolve_values`) before any collecti
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from fourd_mpi import __version__
+from fourd_mpi.algorithms.registry import display_name
 from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.cli.args import FORMATS, OneLineParser, add_format, add_options, say
 from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json, json_text
@@ -17,7 +19,10 @@ from fourd_mpi.core.watchdog import check_timeout
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.options import RunOptions, resolve_values, resolved_config
 from fourd_mpi.step.presets import PRESETS
+from fourd_mpi.util.log import verbosity_of
 from fourd_mpi.util.values import text
+
+log = logging.getLogger(__name__)
 
 #: what each command takes from the option table
 STEP_GROUPS = ("grid", "model", "numerics", "overlap")
@@ -28,9 +33,14 @@ def add_run_arguments(parser) -> None:
     parser.add_argument("--config", metavar="FILE", type=text, help="options from a .toml or .yaml file (keys: long option "
                         "names); the command line wins")
     add_options(parser, STEP_GROUPS + ("steps", "trace"))
-    add_json_format(parser, RUN_JSON, help="what standard output shows (rank 0): table (default: the configuration, "
+    add_json_format(parser, RUN_JSON, help="what standard output shows (rank 0): table (default: a short header, "
                     "the steps as --display says, the summary) or json (only the document at the end; the trace "
                     "records the same either way)")
+    parser.add_argument("--show-config", action="store_true",
+                        help="print the full configuration before the steps (the resolved options, reusable as "
+                             "--config FILE.toml, and the grid, placement, backend, MPI buffers and overlap in detail; "
+                             "also with -v) instead of the short header; the trace stores it either way "
+                             "(fourd-mpi results show RUN_ID)")
 
 
 #: ``run --format json``
@@ -115,11 +125,50 @@ def run_options(args, world_size: int) -> RunOptions:
     return resolve_values(values, world_size)
 
 
-def _header(world, run) -> None:
+def _mpi_library() -> str:
     from mpi4py import MPI
 
+    return " ".join(MPI.Get_library_version().splitlines()[0].split())
+
+
+def _short_header(world, run, run_id: str, trace_path: str, level: str) -> None:
+    """What ``fourd-mpi run`` prints before the steps by default: four lines (five for a pipeline)."""
+    o, cfg, placement = run.options, run.options.model, run.placement
+    per_node = placement.ranks_per_node
+    per_node = str(per_node[0]) if per_node[0] == per_node[-1] else f"{per_node[0]}-{per_node[-1]}"
+    say(world, f"fourd-mpi {__version__}: {o.algorithm} ({display_name(o.algorithm)}) on grid {o.grid} (DxZxYxX), "
+               f"{run.grid.world_size} ranks on {placement.num_nodes} node(s), {per_node} per node; axes across "
+               f"nodes: {', '.join(placement.inter_node_axes) or 'none'}")
+    if hasattr(run.trainer, "describe"):  # e.g. the pipeline's stages and schedule
+        say(world, run.trainer.describe())
+    say(world, f"model {cfg.name}: {cfg.kind}, {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, "
+               f"ffn {cfg.ffn_hidden}, seq {cfg.seq}, global batch {cfg.batch} "
+               f"({cfg.parameter_count() / 1e6:.2f} M parameters); {o.steps} steps, {o.warmup} warm-up")
+    say(world, f"backend {run.backend.describe()}; MPI: {_mpi_library()}; overlap {run.trainer.overlap}, progress "
+               f"{o.progress}, recompute {o.recompute}")
+    say(world, f"output: {trace_path} (trace level {level}); the full configuration: --show-config or fourd-mpi "
+               f"results show {run_id}")
+
+
+def _header_notes(world, run) -> None:
+    """The notes of the full header, as log lines on rank 0 (stderr; ``-q`` leaves them out), a failed
+    device-buffer check as a warning: what the short header leaves out but a user must hear."""
+    if world.Get_rank() != 0:
+        return
+    o, placement = run.options, run.placement
+    binding = placement.binding
+    if binding is not None and binding.advice():
+        log.info("note: %s", binding.advice())
+    smoke = run.gpu_awareness.smoke_test if run.gpu_awareness is not None else None
+    if smoke is not None and not smoke["ok"]:
+        log.warning("device-buffer smoke test: FAILED (%s)", smoke["detail"])
+    for note in run.overlap_notes():
+        log.info("note: %s on grid %s", note, o.grid)
+
+
+def _header(world, run) -> None:
     cfg = run.options.model
-    say(world, f"fourd-mpi {__version__}  MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
+    say(world, f"fourd-mpi {__version__}  MPI: {_mpi_library()}")
     say(world, run.grid.describe(run.placement))
     say(world, get_algorithm(run.options.algorithm).describe(run.options.grid))
     if hasattr(run.trainer, "describe"):  # e.g. the pipeline's stages and schedule
@@ -164,22 +213,32 @@ def cmd_run(args, world) -> int:
     if fault is not None and fault.step > options.steps:  # it would never fire
         raise ConfigError(f"--inject-fault {args.inject_fault}: step {fault.step} is beyond the run: STEP must be <= "
                           f"--steps {options.steps} (STEP = --steps: after the last step, before the merge)")
+    verbosity = verbosity_of(args)
+    display = "quiet" if verbosity < 0 else args.display  # -q: the results only
     config = resolved_config(args.model, options, {"trace_level": trace.level, "results_dir": trace.results_dir,
-                                                   "label": trace.label, "display": args.display,
+                                                   "label": trace.label, "display": display,
                                                    "trace_group_size": trace.group_size,
                                                    "peak_tflops": args.peak_tflops})
 
     quiet = args.format == "json"  # standard output holds the document alone
 
-    def header(run):
+    def header(run, run_id, trace_path, spool_dir):
         if quiet:
+            _header_notes(world, run)  # on stderr
             return
-        say(world, "resolved configuration (reusable as --config FILE.toml):")
-        say(world, "\n".join("  " + line for line in dump_toml(config).splitlines()))
-        _header(world, run)
+        if args.show_config or verbosity > 0:
+            say(world, "resolved configuration (reusable as --config FILE.toml):")
+            say(world, "\n".join("  " + line for line in dump_toml(config).splitlines()))
+            _header(world, run)
+            say(world, f"output: {trace_path} (trace level {trace.level}, run id {run_id}; per-rank files in "
+                       f"{spool_dir} until the merge)")
+            return
+        if display != "quiet":
+            _short_header(world, run, run_id, trace_path, trace.level)
+        _header_notes(world, run)
 
     path, summary = traced_run(world, options, trace, config, (lambda text: None) if quiet else
-                               (lambda text: say(world, text)), display=args.display, peak_tflops=args.peak_tflops,
+                               (lambda text: say(world, text)), display=display, peak_tflops=args.peak_tflops,
                                fault=fault, header=header, step_timeout=args.step_timeout)
     if quiet:
         if world.Get_rank() == 0:

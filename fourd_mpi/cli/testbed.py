@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -20,6 +21,8 @@ from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.core.launcher import beside, flavor, resolve_program
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.values import axis_size, int_in
+
+log = logging.getLogger(__name__)
 
 NAME_HELP = "the bed's name: a lowercase letter then up to 9 lowercase letters or digits; it names the bed's " \
             "directory under $FOURD_TESTBED_STATE (default /run/fourd-testbed), prefixes the bed's namespaces, bridge " \
@@ -138,8 +141,8 @@ def cmd_testbed(args, world=None) -> int:
                     bed.down(spec.name)
                 raise
         verb = "up" if created else "already up"
-        print(f"test bed {spec.name} {verb}: {bed.describe(state)}"
-              + ("; Slurm " + ("started" if started else "running") if args.slurm else ""), file=sys.stderr)
+        log.info("test bed %s %s: %s%s", spec.name, verb, bed.describe(state),
+                 "; Slurm " + ("started" if started else "running") if args.slurm else "")
         return _show(bed.status(spec.name), args.format)
     if command == "down":
         if args.all:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 
 import numpy as np
 
 from fourd_mpi.cli.args import add_allow_damaged, add_output, error_line
 from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.util.values import group_size, int_in
+
+log = logging.getLogger(__name__)
 
 
 def register(sub) -> None:
@@ -97,7 +99,7 @@ def cmd_trace(args, world=None) -> int:
             print(f"removed {len(result['stale_removed'])} temporary file(s) that an interrupted merge of this run "
                   f"left next to the trace (their processes are gone): {', '.join(result['stale_removed'])}")
         if result["index"] is not None:
-            print(f"fourd-mpi: warning: {result['index']}", file=sys.stderr)
+            log.warning("%s", result["index"])
         if result["removable"] is None:
             how = ("passes 'trace check'" if result["verified"] == "full" else
                    "reads back byte for byte (every part's XXH3-64 digest; 'trace check' runs the full checks)")

@@ -20,6 +20,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
 import re
 import shlex
@@ -43,6 +44,8 @@ from fourd_mpi.jobs.spec import SCHEMA, RunPlan, SweepSpec, spec_from_data
 from fourd_mpi.util.files import claim_directory, write_marker
 from fourd_mpi.util.yamlspec import schema_violations
 from fourd_mpi.util.text import format_rows  # noqa: F401  (sweep plan/status tables; was defined here)
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 JOBS = "jobs.json"
@@ -333,10 +336,9 @@ def sweep_lock(sweep_dir: str):
                 raise ConfigError(f"cannot lock the sweep directory {sweep_dir} ({path}: {exc.strerror})") from None
             if os.path.abspath(sweep_dir) not in _UNLOCKED_NOTED:
                 _UNLOCKED_NOTED.add(os.path.abspath(sweep_dir))
-                sys.stdout.flush()
-                os.write(2, (f"fourd-mpi: note: {sweep_dir} is on a file system without file locks ({path}: "
-                             f"{exc.strerror}); this submit goes on, not protected against a concurrent "
-                             "'sweep submit' of the same directory: run one at a time\n").encode())
+                log.info(f"note: {sweep_dir} is on a file system without file locks ({path}: {exc.strerror}); this "
+                         "submit goes on, not protected against a concurrent 'sweep submit' of the same directory: run "
+                         "one at a time")
         yield
     finally:
         os.close(fd)  # releases the lock
@@ -765,7 +767,7 @@ def collect(manifest: Dict, into: Optional[str] = None, out=sys.stdout, fmt: str
             path = target
         present.append(path)
     for run_id, state in missing:
-        sys.stderr.write(f"fourd-mpi: sweep {manifest['sweep']}: no trace of {run_id} ({state})\n")
+        log.warning("sweep %s: no trace of %s (%s)", manifest["sweep"], run_id, state)
     if not present:
         raise ConfigError(f"sweep {manifest['sweep']}: no traces yet ({len(missing)} missing)")
     traces, problems = analysis.collect(present)

@@ -10,9 +10,11 @@ enters a collective that the others would miss.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
@@ -35,6 +37,8 @@ from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
 from fourd_mpi.trace.summary import summarize
 from fourd_mpi.perf.peaks import runtime_peak
 from fourd_mpi.trace.nvtx import make_ranges
+
+log = logging.getLogger(__name__)
 
 FAULT_MODES = ("kill", "raise", "remove-spool", "fill-disk", "touch", "sigterm", "stop", "sigterm-merge",
                "kill-merge")
@@ -227,11 +231,13 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
     rank = world.Get_rank()
     if fault is not None:
         fault.check(trace.results_dir, options.steps)
+    started = time.perf_counter()
     run = Run.build(world, options, trace_level=trace.level)
+    log.debug("built the run in %.3f s: communicators, model, data, clocks aligned", time.perf_counter() - started)
     if "attention" in config:  # the kernels that ran (``auto`` resolves per machine): the header, metadata and key
         config["attention"] = run.backend.attention
     run.comm.watchdog = Watchdog(step_timeout, rank)
-    run.comm.tracer.ranges = make_ranges(trace.nvtx, say if rank == 0 else lambda text: None)
+    run.comm.tracer.ranges = make_ranges(trace.nvtx, log.warning if rank == 0 else lambda text: None)
     start_time = now_iso()
     run_id = on_root(world, lambda: trace.run_id or new_run_id(trace.label))
     trace_path, _ = trace_paths(trace.results_dir, run_id)
@@ -249,13 +255,13 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
     merging = False
     try:
         if header is not None:
-            header(run)
+            header(run, run_id, trace_path, spool_dir)
         gemm = measure_peak(run)  # the "% of measured GEMM" column, always
+        log.debug("standalone GEMM of the step's largest local shape: %.4g TFLOP/s per rank (median over ranks)", gemm)
         if peak_tflops is None:  # MFU and HFU: the data-sheet peak of the device (none on a CPU)
             peak, source = runtime_peak(device_name(run.backend), options.dtype, options.tf32)
         else:
             peak, source = peak_tflops, "--peak-tflops"
-        say(f"tracing: level {trace.level}, run id {run_id}, per-rank files in {spool_dir}")
         out = StepDisplay(display, options.steps, options.warmup, say, active=rank == 0)
         record = np.zeros(1, dtype=RANK_STEP_DTYPE)
         health = SpoolHealth(world, spool, run.comm.watchdog)
@@ -320,7 +326,7 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
             metadata["spool_recreated"] = [note for mine in notes for note in mine]
         recreated = world.bcast(sum(1 for mine in notes if mine) if rank == 0 else None, root=0)
         drift = end_alignment(run, rank_meta)
-        force = trace.force or on_root(world, lambda: _replaces_live_recovery(trace_path, spool_dir, say))
+        force = trace.force or on_root(world, lambda: _replaces_live_recovery(trace_path, spool_dir))
         merge_fault = None
         if fault is not None and fault.mode in MERGE_FAULTS:
             def merge_fault():
@@ -330,9 +336,11 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
         # from here on (the merge's collectives are not), so none can fire after this check
         run.comm.watchdog.hold_if_fired(world)
         merging = True
+        started = time.perf_counter()
         path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, force,
                          correct=drift.correct_records if drift is not None else None, group_size=trace.group_size,
                          after_open=merge_fault)
+        log.debug("merged the per-rank files into %s in %.3f s", path, time.perf_counter() - started)
     except BaseException as exc:
         if run.comm.tracer.ranges is not None:  # NVTX ranges end with the run, whatever ended it
             run.comm.tracer.ranges.unwind()
@@ -462,15 +470,15 @@ class SpoolHealth:
         raise TraceError(f"{first}{others}; the run stops after step {self._step}; {kept}")
 
 
-def _replaces_live_recovery(trace_path: str, spool_dir: str, say: Callable[[str], None]) -> bool:
+def _replaces_live_recovery(trace_path: str, spool_dir: str) -> bool:
     """Rank 0, before the final merge: True (and a note) if ``trace_path`` is a trace that ``trace recover
     --force`` made from this run's own spool while the run was live: the run's trace replaces it."""
     from fourd_mpi.trace.recover import live_recovery_of
 
     if not live_recovery_of(trace_path, spool_dir):
         return False
-    say(f"note: {trace_path} is a partial trace recovered from {spool_dir} while this run was running "
-        "(trace recover --force); the run's own trace replaces it")
+    log.info(f"note: {trace_path} is a partial trace recovered from {spool_dir} while this run was running "
+             "(trace recover --force); the run's own trace replaces it")
     return True
 
 
@@ -487,9 +495,9 @@ def index_line(metadata: Dict, path: str, results_dir: str) -> None:
 
 
 def warning_line(text: str) -> None:
-    """One ``fourd-mpi: warning:`` line on this rank's stderr, in one write."""
-    sys.stderr.flush()
-    os.write(2, f"fourd-mpi: warning: {' '.join(text.split())}\n".encode())
+    """One ``fourd-mpi: warning:`` line on this rank's stderr (a WARNING record of :mod:`fourd_mpi.util.log`:
+    every rank that has one says it)."""
+    log.warning("%s", " ".join(text.split()))
 
 
 def _remove_spool_dir(world, spool_dir: str) -> None:

@@ -172,7 +172,7 @@ def test_forced_recover_of_a_live_run_is_replaced_by_the_runs_merge(tmp_path):
             proc.communicate()
     assert proc.returncode == 0, err
     assert (f"note: {tmp_path / 't.h5'} is a partial trace recovered from {spool} while this run was running "
-            "(trace recover --force); the run's own trace replaces it") in out, out
+            "(trace recover --force); the run's own trace replaces it") in err, err  # a note: on stderr
     assert fourd("trace", "show", tmp_path / "t.h5").stdout.count("status complete") == 1
     assert not spool.exists() and temporaries(tmp_path) == []
 
