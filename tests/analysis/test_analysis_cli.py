@@ -72,7 +72,7 @@ def test_a_directory_of_good_and_bad_files(tmp_path):
         f.attrs["schema_version"] = 99
     proc = fourd("analyze", tmp_path, "--what", "runs")
     assert proc.returncode == 1, proc.stdout + proc.stderr  # something was skipped
-    skipped = [line for line in proc.stderr.splitlines() if line.startswith("fourd-mpi: skipped ")]
+    skipped = [line for line in proc.stderr.splitlines() if line.startswith("fourd-mpi: warning: skipped ")]
     assert len(skipped) == 3, proc.stderr
     assert any("truncated.h5" in s for s in skipped) and any("zeroed.h5" in s for s in skipped)
     assert any("future.h5" in s and "schema v99" in s for s in skipped)

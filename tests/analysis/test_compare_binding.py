@@ -39,7 +39,7 @@ def fourd_run(ranks: int, bind: bool, results: Path):
     """One short traced run; ``(stdout, trace path)``."""
     cmd = [find_mpiexec(), "-n", str(ranks), *(bind_to_core() if bind else []), sys.executable, "-m", "fourd_mpi",
            "run", "--gdata", str(ranks), "--model", "gpt-tiny", "--batch", "6", "--steps", "4", "--warmup", "1",
-           "--results-dir", str(results)]
+           "--results-dir", str(results), "--show-config"]
     before = set(results.glob("*.h5")) if results.exists() else set()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=mpi_env(), cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]

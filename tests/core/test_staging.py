@@ -140,7 +140,7 @@ def test_staged_trace_events(run_mpi, tmp_path):
 
     proc = run_mpi(4, ["run", "--gz", "2", "--gx", "2", "--steps", "3", "--device-buffers", "staged",
                        "--overlap", "all", "--poll-flops", "5000", "--results-dir", tmp_path, "--run-id", "staged",
-                       "--display", "quiet"])
+                       "--display", "quiet", "--show-config"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "MPI buffers: staged (numpy backend: staging emulated" in proc.stdout
     trace = load_trace(str(tmp_path / "staged.h5"))
@@ -253,7 +253,7 @@ def test_one_class_staged_routes_only_its_collectives(run_mpi, tmp_path, monkeyp
 
     monkeypatch.setenv("FOURD_MPI_TEST_ROUTES", "nb_gather=staged")
     proc = run_mpi(4, ["run", "--gz", "2", "--gx", "2", "--steps", "2", "--results-dir", tmp_path,
-                       "--run-id", "routed", "--display", "quiet"])
+                       "--run-id", "routed", "--display", "quiet", "--show-config"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "MPI buffers: mixed" in proc.stdout
     trace = load_trace(str(tmp_path / "routed.h5"))

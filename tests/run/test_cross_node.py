@@ -73,7 +73,7 @@ def launch(bed, nodes, ppn, args, timeout=420):
 
 def test_two_nodes_records_and_comm_split(bed, tmp_path):
     proc = launch(bed, 2, 4, ["run", "--gx", "2", "--gy", "2", "--gz", "2", "--model", "gpt-tiny", "--steps", "3",
-                              "--trace-level", "op", "--results-dir", tmp_path, "--run-id", "two-nodes"])
+                              "--trace-level", "op", "--results-dir", tmp_path, "--run-id", "two-nodes", "--show-config"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     # the header: from MPI_COMM_TYPE_SHARED and the processor names, not from an assumption
@@ -133,7 +133,7 @@ def test_four_nodes_verify_and_pipeline_node_numbering(bed, tmp_path):
     # numbered over the world (stage 1's ranks are on node 1, not node 0 of their stage)
     proc = launch(bed, 2, 4, ["run", "--algorithm", "pipeline", "--ginter", "2", "--gx", "2", "--gy", "2",
                               "--model", "gpt-tiny", "--batch", "16", "--microbatches", "2", "--steps", "2",
-                              "--trace-level", "op", "--results-dir", tmp_path, "--run-id", "pipe"])
+                              "--trace-level", "op", "--results-dir", tmp_path, "--run-id", "pipe", "--show-config"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "axes across nodes: inter" in proc.stdout, proc.stdout
     trace = load_trace(str(tmp_path / "pipe.h5"))

@@ -39,7 +39,8 @@ def test_resolve_refuses_fused_attention_with_the_numpy_backend():
 
 @pytest.mark.mpi
 def test_run_and_verify_say_which_attention_ran(run_mpi, tmp_path):
-    proc = run_mpi(2, ["run", "--gx", "2", "--steps", "2", "--results-dir", tmp_path, "--backend", "numpy"])
+    proc = run_mpi(2, ["run", "--gx", "2", "--steps", "2", "--results-dir", tmp_path, "--backend", "numpy",
+                       "--show-config"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "attention: unfused (auto: the numpy backend has no fused attention kernel" in proc.stdout
     proc = run_mpi(3, ["verify", "--gx", "3", "--hidden", "48", "--heads", "3", "--steps", "2"])
@@ -73,7 +74,7 @@ def test_the_trace_records_the_attention_that_ran(run_mpi, tmp_path):
     from fourd_mpi.trace.read import load_trace
 
     proc = run_mpi(2, ["run", "--gx", "2", "--steps", "2", "--results-dir", tmp_path, "--run-id", "a",
-                       "--display", "quiet"])
+                       "--display", "quiet", "--show-config"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert 'attention = "unfused"' in proc.stdout  # the resolved configuration printed, reusable as it is
     meta = load_trace(str(tmp_path / "a.h5"), events=False).metadata

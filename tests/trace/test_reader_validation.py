@@ -164,7 +164,7 @@ def test_analyze_skips_bad_files_and_analyses_the_rest(tmp_path):
         shutil.move(hostile(tmp_path, kind), directory / f"b-{kind}.h5")
     proc = fourd("analyze", directory, "--what", "runs", "--format", "csv")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    skipped = [line for line in proc.stderr.splitlines() if line.startswith("fourd-mpi: skipped ")]
+    skipped = [line for line in proc.stderr.splitlines() if line.startswith("fourd-mpi: warning: skipped ")]
     assert len(skipped) == 3 and len(proc.stderr.strip().splitlines()) == 3, proc.stderr
     assert "weak-2" in proc.stdout and proc.stdout.count("\n") == 2  # header + the good run
     allowed = fourd("analyze", directory, "--what", "runs", "--format", "csv", "--allow-damaged")

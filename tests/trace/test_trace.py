@@ -272,7 +272,7 @@ def test_damaged_trace_files_give_a_clear_error(trace_8, tmp_path, damage):
 def test_config_file_and_command_line(run_mpi, tmp_path):
     cfg = tmp_path / "run.toml"
     cfg.write_text('model = "gpt-tiny"\nsteps = 5\ntrace_level = "layer"\n[grid]\ngx = 2\ngy = 2\n')
-    path, proc = traced(run_mpi, 4, str(tmp_path), "--config", cfg, "--steps", "2")
+    path, proc = traced(run_mpi, 4, str(tmp_path), "--config", cfg, "--steps", "2", "--show-config")
     trace = load_trace(path)
     assert len(trace.steps) == 2  # the command line wins
     assert trace.metadata["grid"] == "1x1x2x2" and trace.metadata["level"] == "layer"
