@@ -54,7 +54,7 @@ def test_analyze_formats(tmp_path):
     again = fourd("analyze", SAMPLES, "--what", "runs", "--format", "csv", "-o", csv)
     assert again.returncode == 2 and "already exists" in again.stderr
     md = fourd("analyze", SAMPLES, "--what", "runs,compare", "--format", "markdown")
-    assert "## runs" in md.stdout and "| run_id |" in md.stdout
+    assert "## runs" in md.stdout and "\n| run_id " in md.stdout
     bad = fourd("analyze", SAMPLES, "--format", "csv")
     assert bad.returncode == 2 and "one table" in bad.stderr
 
