@@ -16,7 +16,7 @@ Markdown file is written between two markers; everything between them belongs to
     <!-- /example: NAME -->
 
 ``<!-- example: NAME elide-config -->`` shows the output with the resolved-configuration lines of ``fourd-mpi
-run`` replaced by one line saying how many were left out (the README's tour; the guide shows them whole).
+run --show-config`` replaced by one line saying how many were left out.
 Examples of format ``markdown`` print a Markdown table, which the block shows as a table under the command.
 ``stable`` examples read only committed files (``results/samples``, the built-in profiles, the example sweep
 spec): their output must not change, and ``tests/test_docs.py`` runs them and compares.
@@ -54,7 +54,9 @@ EXAMPLES: Dict[str, Example] = {
     # the machine and its load when the examples ran (other jobs share the development machine)
     "conditions": Example("echo \"Measured outputs last regenerated on $(date -u +%Y-%m-%d) on $(nproc --all) cores, load average "
                           "$(cut -d' ' -f1 /proc/loadavg) (1 min) as the examples started.\"", format="note"),
-    # README command 1's job (the tour's first stop; docs/guide/runs.md shows it whole)
+    # the same job with its full configuration (docs/guide/runs.md), first: trace-show shows the plain run's trace
+    "run-config": Example(RUN + " --show-config"),
+    # README command 1's job (the tour's first stop; docs/guide/runs.md too)
     "run": Example(RUN),
     "verify": Example("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/fourd-mpi verify --gx 2 --gy 2 --gz 2 "
                       "--model gpt-tiny"),
