@@ -80,6 +80,10 @@ def _default(action: argparse.Action) -> str:
     return f"`{action.default}`"
 
 
+#: options of every command (the verbosity), listed once under ``fourd-mpi``
+GLOBAL = ("verbose", "quiet")
+
+
 def cli_page() -> str:
     """Every command and subcommand: what it does, its arguments and options (hidden aliases left out)."""
     from fourd_mpi.cli.args import subparser_actions, walk_parsers
@@ -105,7 +109,11 @@ def cli_page() -> str:
         if not path:
             out += ["## `fourd-mpi`", "", _cell(p.description or ""), "",
                     "| option | help |", "| --- | --- |", "| `--version` | print the version and exit |",
-                    "| `-h`, `--help` | print the help of a command and exit |", ""]
+                    "| `-h`, `--help` | print the help of a command and exit |"]
+            out += [f"| {', '.join(f'`{s}`' for s in a.option_strings)} | {_cell(_help(a, p.prog))} |"
+                    for a in p._actions if a.dest in GLOBAL]
+            out += ["", "`-v` and `-q` go before or after the command words; every command takes them (not "
+                    "repeated below).", ""]
             continue
         title = f"{'#' * min(len(path) + 1, 4)} `fourd-mpi {' '.join(path)}`"
         out += [title, ""]
@@ -119,7 +127,8 @@ def cli_page() -> str:
             out += [f"| `{_value(a)}` | {_cell(_help(a, p.prog))} |" for a in positionals]
             out.append("")
         groups = [(g.title, [a for a in g._group_actions if a.option_strings and a.help is not argparse.SUPPRESS
-                             and not isinstance(a, argparse._HelpAction)]) for g in p._action_groups]
+                             and not isinstance(a, argparse._HelpAction) and a.dest not in GLOBAL])
+                  for g in p._action_groups]
         for title, actions in groups:
             if not actions:
                 continue

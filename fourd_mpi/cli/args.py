@@ -299,13 +299,16 @@ def add_site(parser, default: Optional[str] = None, help: str = "") -> None:
 def add_verbosity(parser, default=0) -> None:
     """``-v/--verbose`` (repeatable) and ``-q/--quiet``: the level of the diagnostics on standard error
     (:mod:`fourd_mpi.util.log`). Every parser has them, so they go before or after the command words;
-    ``default`` is SUPPRESS below the top, so that one given before the command is kept."""
+    below the top (``default`` SUPPRESS, so that one given before the command is kept) with a short help."""
+    top = default != argparse.SUPPRESS
     parser.add_argument("-v", "--verbose", action="count", default=default,
                         help="more diagnostics on standard error: debug lines (what was done, how long it took); "
-                             "run: also the full configuration; repeat (-vv) for debug lines of every MPI rank")
+                             "run: also the full configuration; repeat (-vv) for debug lines of every MPI rank"
+                        if top else "more diagnostics on standard error (repeatable; see fourd-mpi --help)")
     parser.add_argument("-q", "--quiet", action="count", default=default,
                         help="only results and warnings: no progress or notes on standard error; run: no header "
-                             "and no per-step lines (as --display quiet), the summary only")
+                             "and no per-step lines (as --display quiet), the summary only"
+                        if top else "only results and warnings (see fourd-mpi --help)")
 
 
 def error_line(exc: Exception) -> None:
