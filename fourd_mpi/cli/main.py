@@ -55,6 +55,9 @@ MODULES = (run, traces, analyze, results, sweep, perf, testbed)
 
 
 def build_parser() -> OneLineParser:
+    from fourd_mpi.util.log import ensure_configured
+
+    ensure_configured()  # the notes of parsing (a deprecated option) have their handler
     parser = OneLineParser(prog=PROG, description="MPI benchmark of 4D hybrid parallel training "
                            "(data x 3D tensor parallelism). Launch run, verify, info and bench under "
                            "mpiexec/srun; the other commands run in one process without MPI.")

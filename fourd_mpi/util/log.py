@@ -97,6 +97,13 @@ def configure(verbosity: int = 0, first_rank: bool = True) -> logging.Logger:
     return logger
 
 
+def ensure_configured() -> None:
+    """:func:`configure` with the defaults unless it ran already: a caller that builds the parser without
+    :func:`fourd_mpi.cli.main.main` (a test, a script) still gets the notes of parsing."""
+    if not any(isinstance(h, StderrHandler) for h in logging.getLogger(ROOT).handlers):
+        configure()
+
+
 def verbosity_of(args) -> int:
     """``-v`` count minus ``-q`` count of a parsed command line (0 where it has neither)."""
     return int(getattr(args, "verbose", 0) or 0) - int(getattr(args, "quiet", 0) or 0)
