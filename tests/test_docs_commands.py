@@ -116,13 +116,13 @@ LATEST = '"$(ls -t results/*.h5 | head -n 1)"'
 SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
     # README's tour, then what the guide does with the runs it leaves in results/
     "tour": (True, [
-        Step(TOUR_RUN, r"(?s)4D grid G_data x G_z x G_y x G_x = 1x2x2x2 on 8 ranks.*step time: median .*"
+        Step(TOUR_RUN, r"(?s)on grid 1x2x2x2 \(DxZxYxX\), 8 ranks on 1 node.*step time: median .*"
                        r"trace: results/\S+\.h5"),
         Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/fourd-mpi verify --gx 2 --gy 2 --gz 2 --model gpt-tiny",
              r"1x2x2x2 .* ok\n1 passed, 0 failed"),
         Step(f".venv/bin/fourd-mpi trace show {LATEST}", r"status complete.*\n(?s:.*)median step \S+ s"),
         Step(".venv/bin/fourd-mpi analyze results/samples/grid-*.h5 --what compare --format markdown",
-             r"\| grid \| overlap \|.*\n(?s:.*)\| 8x1x1x1 \| none \|"),
+             r"\| grid +\| overlap +\|.*\n(?s:.*)\| 8x1x1x1 +\| none +\|"),
         Step(".venv/bin/fourd-mpi tune --ranks 64 --model gpt-5b --batch 64 --site perlmutter --top 3",
              r"top 3 of \d+ valid grids"),
         Step(".venv/bin/fourd-mpi sweep plan jobscripts/weak-gpt-tiny.yaml --site perlmutter --account m1234",
@@ -139,11 +139,15 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
              "# NEW... --baseline OLD...; --format table|markdown|json|junit -o FILE", r"gpt-tiny", (0, 1)),
         Step(".venv/bin/fourd-mpi compare results/baselines/slower-gpt-tiny-np2.h5 --baseline "
              "results/baselines/baseline-gpt-tiny-np2.h5 --unit step", r"(?i)slower|regression", (1,)),
+        # docs/guide/runs.md: the tour's run with its full configuration (last: the steps above count one run)
+        Step(TOUR_RUN + " --show-config", r"(?s)^resolved configuration \(reusable as --config FILE\.toml\):\n"
+                                          r".*4D grid G_data x G_z x G_y x G_x = 1x2x2x2 on 8 ranks.*"
+                                          r"step time: median .*trace: results/\S+\.h5"),
     ]),
     # docs/guide/algorithms.md
     "algorithms": (True, [
         Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/fourd-mpi run --algorithm megatron1d "
-             "--model gpt-tiny   # 1x1x8x1", r"= 1x1x8x1 on 8 ranks(?s:.*)step time: median"),
+             "--model gpt-tiny   # 1x1x8x1", r"grid 1x1x8x1 \(DxZxYxX\), 8 ranks(?s:.*)step time: median"),
         Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/fourd-mpi verify --algorithm fsdp --all-grids   "
              "# the grids fsdp allows", r"(\d+) passed, 0 failed"),
         Step(".venv/bin/fourd-mpi tune --ranks 8 --model gpt-small --algorithm all   "
@@ -239,7 +243,7 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
         Step(".venv/bin/fourd-mpi testbed status                              "
              "# nodes, addresses, link rates, bytes on each link", r"200mbit"),
         Step(".venv/bin/fourd-mpi testbed mpiexec -n 8 --ppn 4 -- fourd-mpi run --gx 2 --gy 2 --gz 2 --steps 4",
-             r"on 8 ranks, 2 node\(s\), 4 rank\(s\) per node(?s:.*)step time: median"),
+             r"8 ranks on 2 node\(s\), 4 per node(?s:.*)step time: median"),
         Step(".venv/bin/fourd-mpi testbed mpiexec -n 4 --ppn 2 -- fourd-mpi verify --grid 1x2x1x2 --grid 2x1x1x2 "
              "--steps 2", r"2 passed, 0 failed"),
         Step(".venv/bin/fourd-mpi testbed mpiexec -n 8 --ppn 4 -- fourd-mpi bench collectives --min-size 2K "
