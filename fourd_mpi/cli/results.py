@@ -79,7 +79,7 @@ def register(sub) -> None:
     cmp.add_argument("--resamples", type=int_in(1, 10 ** 6, "bootstrap resamples"), default=9999, metavar="N",
                      help="bootstrap resamples (default 9999)")
     cmp.add_argument("--seed", type=seed_value, default=0, help="seed of the bootstrap (default 0: reproducible)")
-    cmp.add_argument("--ignore", metavar="OPTIONS", default="",
+    cmp.add_argument("--ignore", metavar="OPTIONS", default=None,
                      help="comma list of configuration options left out of the matching key (e.g. steps,warmup: "
                           "compare runs that differ only in them)")
     cmp.add_argument("--unit", choices=("auto", "paired", "run", "step"), default="auto",
@@ -247,7 +247,7 @@ def cmd_compare(args, world=None) -> int:
     if not old:
         raise ConfigError(f"--baseline: every baseline run is also a new run ({', '.join(dropped)}); name other "
                           f"baseline runs")
-    ignore = [name.strip() for name in args.ignore.split(",") if name.strip()]
+    ignore = [name.strip() for name in (args.ignore or "").split(",") if name.strip()]
     if ignore:
         known = {k for entry, _, _ in new + old for k in entry["config"]}
         unknown = [name for name in ignore if name not in known]
