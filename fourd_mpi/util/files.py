@@ -1,7 +1,9 @@
 """Output and input files, one rule for every command: nothing is replaced unless the user asked for it,
 no output lands on an input or in a run's spool, every output location is checked writable (and with
 space) before the work starts, files are written under a temporary name and renamed, a directory is
-emptied only when fourd-mpi made it (its :data:`MARKER` names the files it wrote), and nothing read blocks."""
+emptied only when fourd-mpi made it (its :data:`MARKER` names the files it wrote), nothing is written
+through a symbolic link or over one (fourd-mpi makes none where it writes: :func:`refuse_link`; a directory
+reached through a link is written only when its marker says fourd-mpi made it), and nothing read blocks."""
 
 from __future__ import annotations
 
