@@ -404,8 +404,9 @@ class Link:
 
     def _count(self, sums: Sums, key: Tuple[str, str], seconds: float) -> None:
         sums.add(key, seconds)
-        if self.log is not None:
-            self.log.append((sums, key, seconds))
+        log = self.log
+        if log is not None:
+            log.append((sums, key, seconds))
 
     def issue(self, key: Tuple[str, str], seconds: float) -> list:
         item = [seconds, key]
@@ -581,8 +582,17 @@ def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], 
     for t, c in by_layer.get("loss", {}).get(("loss", "forward"), []):
         link.blocking(key(c), t)
 
-    # backward, last layer first: position j is layer count-1-j
+    # backward, last layer first: position j is layer count-1-j; each layer's collectives looked up once
     issued = {}
+    dx_of = []
+    after_of = []  # the dW reduce-scatters and (with dp) the data all-reduces, in flight or blocking
+    for layer in names:
+        dx = by_layer.get(layer, {}).get(("bwd_allreduce", "backward"), [])
+        dx_of.append((dx[0][0], key(dx[0][1])) if dx else None)
+        after_of.append([(t, key(c), bool(getattr(overlap, option)))
+                         for role, option in (("dw_reduce_scatter", "ors"), ("grad_allreduce", "dp"))
+                         for t, c in by_layer.get(layer, {}).get((role, "backward"), [])
+                         if not (role == "grad_allreduce" and not overlap.dp)])  # else issued at the end, below
 
     def backward(j: int) -> None:
         i = width - 1 - j % width
@@ -598,25 +608,22 @@ def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], 
             link.compute(rec_other)
         half = gemm_f[i] + other / 3.0
         link.compute(half)  # dX GEMM
-        dx = by_layer.get(layer, {}).get(("bwd_allreduce", "backward"), [])
+        dx = dx_of[i]
         pending = None
         if dx:
-            t, c = dx[0]
+            t, k = dx
             if overlap.oar:
-                pending = link.issue(key(c), t)
+                pending = link.issue(k, t)
             else:
-                link.blocking(key(c), t)
+                link.blocking(k, t)
         link.compute(half)  # dW GEMM
         if pending is not None:
             link.wait(pending)
-        for role, option in (("dw_reduce_scatter", "ors"), ("grad_allreduce", "dp")):
-            for t, c in by_layer.get(layer, {}).get((role, "backward"), []):
-                if role == "grad_allreduce" and not overlap.dp:
-                    continue  # issued at the end (finish), below
-                if getattr(overlap, option):
-                    link.issue(key(c), t)
-                else:
-                    link.blocking(key(c), t)
+        for t, k, hides in after_of[i]:
+            if hides:
+                link.issue(k, t)
+            else:
+                link.blocking(k, t)
         if i == 0 and cfg.kind == "gpt":
             block_ln("backward")
 
