@@ -183,11 +183,13 @@ EMPTY_ALLOWED = frozenset({"program"})
 
 
 def refuse_empty_values(parser: argparse.ArgumentParser) -> None:
-    """Every free-text option and positional of every command (paths: ``-o``, ``--index``, ``--profile``,
-    ``--baseline``, ``--results-dir``...; names, lists) refuses an empty or blank value in one line
-    (``argument -o/--output: expected a value, got ''``), instead of taking it as "not given" or as the
-    current directory. One place: each such action without a type of its own gets
-    :func:`fourd_mpi.util.values.text` (options whose default is ``""`` and :data:`EMPTY_ALLOWED` keep theirs)."""
+    """Every option and positional of every command that takes a text value (paths: ``-o``, ``--index``,
+    ``--profile``, ``--baseline``, ``--results-dir``...; names, lists, words of a choice, an old spelling of an
+    option) refuses an empty or blank value in one line (``argument -o/--output: expected a value, got ''``),
+    instead of taking it as "not given" or as the current directory. One place: each such action whose type is
+    none or ``str`` gets :func:`fourd_mpi.util.values.text` (:data:`EMPTY_ALLOWED` keeps its own); the typed
+    ones (numbers, sizes, grids) refuse ``''`` in their own one line. ``tests/util/test_empty_values.py`` walks
+    them all."""
     from fourd_mpi.util.values import text
 
     def required_text(value: str) -> str:
@@ -197,8 +199,8 @@ def refuse_empty_values(parser: argparse.ArgumentParser) -> None:
 
     for _, sub in walk_parsers(parser):
         for action in sub._actions:
-            if (not isinstance(action, (argparse._StoreAction, argparse._AppendAction)) or action.type is not None
-                    or action.choices is not None or action.default == "" or action.dest in EMPTY_ALLOWED
+            if (not isinstance(action, (argparse._StoreAction, argparse._AppendAction, DeprecatedAlias))
+                    or action.nargs == 0 or action.type not in (None, str) or action.dest in EMPTY_ALLOWED
                     or action.nargs in (argparse.REMAINDER, argparse.PARSER)):
                 continue
             action.type = required_text if (action.required or not action.option_strings) else text

@@ -199,6 +199,22 @@ def main(argv: Optional[List[str]] = None) -> int:
                     signal.signal(sig, signal.SIG_IGN)  # (Python resets its own handlers to SIG_DFL there)
                 elif handler is not None:
                     signal.signal(sig, handler)
+        _forget_handled_interrupt()
+
+
+def _forget_handled_interrupt() -> None:
+    """Clear CPython's record of a KeyboardInterrupt that left a string ``exec``/``eval``, once every Ctrl-C has
+    been handled here (its one line said, the status 130 chosen).
+
+    CPython notes "unhandled KeyboardInterrupt" whenever one leaves code it runs from a string (``PyRun_String``:
+    ``exec("...")``, ``eval("...")``, which ``dataclasses`` and ``collections.namedtuple`` use to build classes,
+    e.g. while a command imports a module lazily), even when a caller catches it later; under ``python -m``, the
+    interpreter then ends the process by SIGINT itself after the command returned (status -2, after its one
+    line). That was ``trace recover``'s rare -2 after Ctrl-C. Running a string is what clears the note: the
+    empty one here does, after the handlers are set aside (a signal now cannot raise again). A KeyboardInterrupt
+    that does leave :func:`main` is noted again by the interpreter, and ends the process by SIGINT as it
+    should."""
+    exec("pass", {})  # noqa: S102 - a constant string: clears the note (CPython's run_eval_code_obj resets it)
 
 
 def _main(argv: Optional[List[str]] = None) -> int:

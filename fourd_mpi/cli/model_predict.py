@@ -117,8 +117,8 @@ def _options(args) -> dict:
                     continue
                 if isinstance(value, (list, dict)) or (isinstance(value, bool) and kind is not str):
                     raise ConfigError(f"--config {source}: {key} must be a single value, got {value!r}")
-                try:  # the command line's parser: the same bounds and words
-                    values[name] = kind(str(value))
+                try:  # the command line's parser: the same bounds and words ('' refused as there)
+                    values[name] = (nonempty_text if kind is str else kind)(str(value))
                 except argparse.ArgumentTypeError as exc:
                     raise ConfigError(f"--config {source}: {key}: {exc}") from None
     for name, (_, default, _) in PREDICT_OPTIONS.items():

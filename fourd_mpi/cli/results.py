@@ -86,7 +86,7 @@ def register(sub) -> None:
     cmp.add_argument("--resamples", type=int_in(1, 10 ** 6, "bootstrap resamples"), default=9999, metavar="N",
                      help="bootstrap resamples (default 9999)")
     cmp.add_argument("--seed", type=seed_value, default=0, help="seed of the bootstrap (default 0: reproducible)")
-    cmp.add_argument("--ignore", metavar="OPTIONS", default="",
+    cmp.add_argument("--ignore", metavar="OPTIONS", default=None,
                      help="comma list of configuration options left out of the matching key (e.g. steps,warmup: "
                           "compare runs that differ only in them)")
     cmp.add_argument("--unit", choices=("auto", "paired", "run", "step"), default="auto",
@@ -236,10 +236,32 @@ def _load_side(args, specs, index_path, what: str):
             except TraceError as exc:
                 log.warning("skipped %s: %s", path, exc)
                 continue
-            runs.append((entry_of_trace(trace, os.path.dirname(path) or "."), step_stats(trace).per_step_s, path))
+            times = usable_step_times(step_stats(trace).per_step_s, path)
+            if times is not None:
+                runs.append((entry_of_trace(trace, os.path.dirname(path) or "."), times, path))
     if not runs:
-        raise ConfigError(f"no readable trace among the {what} runs ({' '.join(specs)})")
+        raise ConfigError(f"no readable trace with a usable step time among the {what} runs ({' '.join(specs)})")
     return runs
+
+
+def usable_step_times(times, path: str):
+    """The step times of a run that a comparison may use: positive and finite. A damaged trace read with
+    ``--allow-damaged`` may hold negative or zero spans (clocks that ran backwards, a corrupted record): they are
+    left out with a warning (statistics over impossible times gave verdicts, "faster" at p = 1e-08), and a run
+    with none left is skipped with one (None)."""
+    import numpy as np
+
+    times = np.asarray(times, dtype=float)
+    good = np.isfinite(times) & (times > 0)
+    if good.all():
+        return times
+    if not good.any():
+        warn(f"skipped {path}: none of its {len(times)} step time(s) is a positive time (a damaged trace: "
+             "--allow-damaged reads it, but impossible times are not compared)")
+        return None
+    warn(f"{path}: left out {int((~good).sum())} of its {len(times)} step time(s) that are not positive times (a "
+         "damaged trace: --allow-damaged reads it, but impossible times are not compared)")
+    return times[good]
 
 
 def cmd_compare(args, world=None) -> int:
@@ -265,7 +287,7 @@ def cmd_compare(args, world=None) -> int:
     if not old:
         raise ConfigError(f"--baseline: every baseline run is also a new run ({', '.join(dropped)}); name other "
                           f"baseline runs")
-    ignore = [name.strip() for name in args.ignore.split(",") if name.strip()]
+    ignore = [name.strip() for name in (args.ignore or "").split(",") if name.strip()]
     if ignore:
         known = {k for entry, _, _ in new + old for k in entry["config"]}
         unknown = [name for name in ignore if name not in known]

@@ -324,9 +324,13 @@ class Local(Scheduler):
         return []
 
     def run(self, script: str, log: str, cwd: str, args: Sequence[str] = ()) -> int:
+        from fourd_mpi.util.files import open_no_follow, refuse_link
+
         path = os.path.join(cwd, log)
+        for where in (os.path.dirname(path), path):  # the sweep's logs: never written through a link
+            refuse_link(where, what=f"the job log {path}")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as out:
+        with open_no_follow(path) as out:
             return subprocess.run(["bash", script, *args], stdout=out, stderr=subprocess.STDOUT, cwd=cwd).returncode
 
     def state(self, job_id: str) -> str:

@@ -41,7 +41,7 @@ from fourd_mpi.jobs.render import (AFFINITY_SCRIPT, job_request, job_settings, p
 from fourd_mpi.jobs.schedulers import ACTIVE_STATES, FINAL_STATES, get_scheduler, parse_time, slurm_time
 from fourd_mpi.jobs.sites import RETIRED_DIR, SITES_DIR, Site, load_site
 from fourd_mpi.jobs.spec import SCHEMA, RunPlan, SweepSpec, spec_from_data
-from fourd_mpi.util.files import claim_directory, write_marker
+from fourd_mpi.util.files import MARKER, claim_directory, link_target, open_no_follow, refuse_link, write_marker
 from fourd_mpi.util.yamlspec import schema_violations
 from fourd_mpi.util.text import format_rows  # noqa: F401  (sweep plan/status tables; was defined here)
 
@@ -219,6 +219,8 @@ def write_sweep(manifest: Dict, spec: SweepSpec, site: Site, out_dir: str, force
             write_marker(staging, written + [MANIFEST])
             os.rename(staging, out_dir)
         else:
+            for name in written + [MANIFEST, MARKER]:  # a link there (not fourd-mpi's) is neither followed nor replaced
+                refuse_link(os.path.join(out_dir, name), what=f"--out {out_dir}: {name}")
             os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
             for name in written + [MANIFEST]:
                 os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
@@ -246,7 +248,9 @@ def _rendered_names(out_dir: str) -> List[str]:
 
 
 def _write(path: str, text: str, executable: bool = False) -> None:
-    with open(path, "w") as fh:
+    """A job script (or the manifest) of the sweep: never written through a symbolic link, nor over one."""
+    refuse_link(path, what=f"the job script {path}")
+    with open_no_follow(path) as fh:
         fh.write(text)
     if executable:
         os.chmod(path, 0o755)
@@ -288,6 +292,7 @@ def save_jobs(sweep_dir: str, jobs: Dict[str, Dict]) -> None:
     """Atomic rewrite (a private temp file, fsync, rename): a crash or a second writer never leaves
     a torn file. Call it under :func:`sweep_lock`, after :func:`load_jobs`, so no update is lost."""
     path = os.path.join(sweep_dir, JOBS)
+    refuse_link(path, what=path)  # the sweep's own file: a link there is not (and would be replaced)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{JOBS}.", suffix=".tmp", dir=sweep_dir)
     except OSError as exc:
@@ -510,7 +515,11 @@ def set_aside(trace: str) -> Optional[str]:
         return None
     name = os.path.basename(trace)[:-3] if trace.endswith(".h5") else os.path.basename(trace)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    where = os.path.join(os.path.dirname(os.path.abspath(trace)), "superseded", f"{name}-{stamp}-{os.getpid()}")
+    superseded = os.path.join(os.path.dirname(os.path.abspath(trace)), "superseded")
+    if os.path.islink(superseded):  # the attempt's files stay in the results directory, not moved through a link
+        raise ConfigError(f"cannot set aside the earlier attempt of {name}: {superseded} is a symbolic link to "
+                          f"{link_target(superseded)}, which fourd-mpi did not make; remove it")
+    where = os.path.join(superseded, f"{name}-{stamp}-{os.getpid()}")
     os.makedirs(where, exist_ok=True)
     for path in found:
         os.rename(path, os.path.join(where, os.path.basename(path)))
@@ -762,6 +771,7 @@ def collect(manifest: Dict, into: Optional[str] = None, out=sys.stdout, fmt: str
         if into and os.path.abspath(os.path.dirname(path)) != os.path.abspath(into):
             os.makedirs(into, exist_ok=True)
             target = os.path.join(into, os.path.basename(path))
+            refuse_link(target, what=f"--into {into}: {os.path.basename(path)}")  # copy2 would write through it
             if not os.path.exists(target):
                 shutil.copy2(path, target)
             path = target

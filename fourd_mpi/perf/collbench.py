@@ -220,11 +220,11 @@ def step_messages(cfg, grids: List[GridShape], dtype: str = "float32") -> List[D
 
     out: Dict[Tuple[str, str, str], Dict] = {}
     for g in grids:
-        for c in step_collectives(cfg, g, None, dtype):
+        for c in step_collectives(replace(cfg, layers=1), g, None, dtype):  # every block's: counted L times
             e = out.setdefault((str(g), c.axis, c.op), {"grid": str(g), "axis": c.axis, "p": c.p, "op": c.op,
                                                         "sizes": set(), "messages": 0})
             e["sizes"].add(int(c.message_bytes))
-            e["messages"] += c.count
+            e["messages"] += c.count * (1 if c.layer == "loss" else cfg.layers)
     for e in out.values():
         e["sizes"] = sorted(e["sizes"])
     return list(out.values())

@@ -51,12 +51,13 @@ reduce-scatters, dY all-gathers, LayerNorm and loss all-reduces are always waite
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Dict, List, Optional, Tuple
 
 from fourd_mpi.algorithms.cube import axes_of
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
+from fourd_mpi.perf.exact import Sums
 from fourd_mpi.perf.memory import ATTENTION, RECOMPUTE, MemoryEstimate, _check, state_bytes
 from fourd_mpi.perf.volumes import Collective
 from fourd_mpi.step.overlap import OverlapConfig
@@ -178,12 +179,11 @@ def comm_buffer_elements(cfg: ModelConfig, grid: GridShape, overlap: OverlapConf
     for backward), the dW blocks and shards in flight (all with ORS, else one), the reduce-scatter input
     and output of the widest layer ``[q*m, n/q]`` + ``[m, n/q]``."""
     q, m = grid.x, local_tokens(cfg, grid)
-    blocks = sorted(((k // q) * (n // q) for _, n, k, _ in layers(cfg) * cfg.layers), reverse=True)
+    one = [(k // q) * (n // q) for _, n, k, _ in layers(cfg)]  # every block's (counted L times, not listed)
     total = 0
     if q > 1:
-        total += sum(blocks)
-        in_flight = blocks if overlap.ors else blocks[:1]
-        total += sum(b + b // q for b in in_flight)
+        total += sum(one) * cfg.layers
+        total += sum(b + b // q for b in one) * cfg.layers if overlap.ors else max(one) + max(one) // q
         widest = max(n for _, n, _, _ in layers(cfg))
         total += m * widest + m * (widest // q)
     return total
@@ -267,41 +267,48 @@ def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], 
     layer first: with full recompute the layer's forward collectives and work again, the dY all-gather
     (blocking), the dX GEMM, its reduce-scatter (in flight during the dW GEMM with ``oar``), the dW GEMM,
     its reduce-scatter (in flight with ``ors``) and the data all-reduce (in flight with ``dp``, else at the
-    end). ``times[i]``: seconds of all messages of ``colls[i]``."""
-    from fourd_mpi.perf.predict import Link
+    end). ``colls``: block 0's collectives and the loss (every block has the same; other blocks' are
+    ignored); ``times[i]``: seconds of all messages of ``colls[i]``. The blocks run through
+    :func:`~fourd_mpi.perf.predict.replay_blocks` (the cost does not grow with the layer count once the
+    timeline repeats)."""
+    from fourd_mpi.perf.predict import Link, replay_blocks
 
     link = Link(efficiency)
     q, m = grid.x, local_tokens(cfg, grid)
     per_block = layers(cfg)
-    order = [f"block{b}.{name}" for b in range(cfg.layers) for name, _, _, _ in per_block]
-    gemm_f = {f"block{b}.{name}": 2.0 * (q * m) * (k // q) * (n // q) * comp["gemm_per_flop"]
-              for b in range(cfg.layers) for name, n, k, _ in per_block}
-    other = comp["block_other"] / max(1, len(order))
-    rec_other = (comp["recompute"] - comp["recompute_gemm"]) / max(1, len(order))
+    width = len(per_block)
+    count = cfg.layers * width
+    names = [f"block0.{name}" for name, _, _, _ in per_block]
+    gemm_f = [2.0 * (q * m) * (k // q) * (n // q) * comp["gemm_per_flop"] for _, n, k, _ in per_block]
+    other = comp["block_other"] / max(1, count)
+    rec_other = (comp["recompute"] - comp["recompute_gemm"]) / max(1, count)
     by: Dict[str, Dict[Tuple[str, str], List[Tuple[float, Collective]]]] = defaultdict(lambda: defaultdict(list))
     for c, t in zip(colls, times):
-        by[c.layer][(c.role, c.phase)].append((t, c))
+        if c.layer == "loss" or c.layer.startswith("block0."):
+            by[c.layer][(c.role, c.phase)].append((t, c))
 
     def blocking(layer: str, role: str, phase: str) -> None:
         for t, c in by.get(layer, {}).get((role, phase), []):
             link.blocking((c.axis, c.op), t)
 
-    def ln(block: int, phase: str) -> None:
+    def ln(phase: str) -> None:
         if cfg.kind == "gpt":
             for name in ("ln1", "ln2"):
-                for (role, ph), items in by.get(f"block{block}.{name}", {}).items():
+                for (role, ph), items in by.get(f"block0.{name}", {}).items():
                     if ph == phase:
                         for t, c in items:
                             link.blocking((c.axis, c.op), t)
 
     depth = overlap.prefetch_depth if overlap.oag else 0
-    issued: Dict[str, Optional[list]] = {}
-    for j, layer in enumerate(order):
-        if j % len(per_block) == 0:
-            ln(j // len(per_block), "forward")
-        for ahead in order[j:j + depth + 1]:
+    issued: Dict[int, Optional[list]] = {}
+
+    def forward(j: int) -> None:
+        i = j % width
+        if i == 0:
+            ln("forward")
+        for ahead in range(j, min(j + depth + 1, count)):
             if ahead not in issued:
-                items = by.get(ahead, {}).get(("weight_allgather", "forward"), [])
+                items = by.get(names[ahead % width], {}).get(("weight_allgather", "forward"), [])
                 issued[ahead] = None
                 if items:
                     t, c = items[0]
@@ -309,25 +316,29 @@ def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], 
                         issued[ahead] = link.issue((c.axis, c.op), t)
                     else:
                         link.blocking((c.axis, c.op), t)
-        blocking(layer, "input_allgather", "forward")
-        if issued.get(layer) is not None:
-            link.wait(issued[layer])
-        link.compute(gemm_f[layer] + other / 3.0)
-        blocking(layer, "output_reduce_scatter", "forward")
+        blocking(names[i], "input_allgather", "forward")
+        if issued.get(j) is not None:
+            link.wait(issued[j])
+        link.compute(gemm_f[i] + other / 3.0)
+        blocking(names[i], "output_reduce_scatter", "forward")
+
+    replay_blocks(link, cfg.layers, width, depth, issued, forward)
     blocking("loss", "loss", "forward")
-    deferred = []
-    for j, layer in enumerate(reversed(order)):
+
+    def backward(j: int) -> None:  # position j: layer count-1-j
+        i = width - 1 - j % width
+        layer = names[i]
         if recompute == "full":
-            if j % len(per_block) == 0:
-                ln(cfg.layers - 1 - j // len(per_block), "recompute")
+            if i == width - 1:
+                ln("recompute")
             blocking(layer, "input_allgather", "recompute")
-            link.compute(gemm_f[layer] + rec_other)
+            link.compute(gemm_f[i] + rec_other)
             blocking(layer, "output_reduce_scatter", "recompute")
         elif recompute == "selective":
             blocking(layer, "input_allgather", "recompute")
             link.compute(rec_other)
         blocking(layer, "dy_allgather", "backward")
-        half = gemm_f[layer] + other / 3.0
+        half = gemm_f[i] + other / 3.0
         link.compute(half)  # dX GEMM
         pending = None
         for t, c in by.get(layer, {}).get(("dx_reduce_scatter", "backward"), []):
@@ -341,16 +352,20 @@ def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], 
         for role, option in (("dw_reduce_scatter", "ors"), ("grad_allreduce", "dp")):
             for t, c in by.get(layer, {}).get((role, "backward"), []):
                 if role == "grad_allreduce" and not overlap.dp:
-                    deferred.append((t, c))
-                elif getattr(overlap, option):
+                    continue  # at the end, below
+                if getattr(overlap, option):
                     link.issue((c.axis, c.op), t)
                 else:
                     link.blocking((c.axis, c.op), t)
-        if j % len(per_block) == len(per_block) - 1:
-            ln(cfg.layers - 1 - j // len(per_block), "backward")
+        if i == 0:
+            ln("backward")
+
+    replay_blocks(link, cfg.layers, width, 0, {}, backward)
     link.wait_all()
-    for t, c in deferred:
-        link.blocking((c.axis, c.op), t)
+    if not overlap.dp:
+        for layer in reversed(names):
+            for t, c in by.get(layer, {}).get(("grad_allreduce", "backward"), []):
+                link.blocking_times((c.axis, c.op), t, cfg.layers)
     return link
 
 
@@ -361,7 +376,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile, overlap: Optional[Overla
     """Predict one optimus3d training step (same arguments and :class:`~fourd_mpi.perf.predict.Prediction` as
     :func:`fourd_mpi.perf.predict.predict`; module docstring for the model)."""
     from fourd_mpi.perf.machine import axis_inner_products, axis_placement
-    from fourd_mpi.perf.predict import _prediction, collective_time, exposed_after_hiding
+    from fourd_mpi.perf.predict import _prediction, collective_time, exposed_after_hiding, rest_of_backward
 
     overlap = OverlapConfig(**{**asdict(overlap or OverlapConfig()), "cache": True})
     rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)
@@ -369,7 +384,8 @@ def predict(cfg: ModelConfig, grid: GridShape, profile, overlap: Optional[Overla
     inner = axis_inner_products(grid)
     notes: List[str] = []
     comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, attention, recompute)
-    colls = step_collectives(cfg, grid, overlap, dtype, recompute)
+    # every block has block 0's collectives: each is priced once and counted L times (exact sums)
+    colls = step_collectives(replace(cfg, layers=1), grid, overlap, dtype, recompute)
     memory = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap, recompute=recompute, attention=attention,
                              precision=precision, shard_optimizer=shard_optimizer)
     efficiency = profile.overlap_efficiency
@@ -378,38 +394,44 @@ def predict(cfg: ModelConfig, grid: GridShape, profile, overlap: Optional[Overla
         if set(overlap.enabled) - {"cache"}:
             notes.append("progress none on a CPU: nonblocking collectives do not progress during compute, "
                          "overlap hides nothing")
+    comm = Sums()
+    wire: Dict[str, int] = defaultdict(int)
+    times = [collective_time(c, profile, placement, rpn, inner) for c in colls]
+    for c, t in zip(colls, times):
+        runs = 1 if c.layer == "loss" else cfg.layers
+        comm.add_times((c.axis, c.op), t, runs)
+        wire[c.axis] += c.wire_bytes * runs
     if not profile.host_driven:
-        comm: Dict[Tuple[str, str], float] = defaultdict(float)
-        wire: Dict[str, int] = defaultdict(int)
-        times = [collective_time(c, profile, placement, rpn, inner) for c in colls]
-        for c, t in zip(colls, times):
-            comm[(c.axis, c.op)] += t
-            wire[c.axis] += c.wire_bytes
         link = device_timeline(cfg, grid, colls, times, comp, overlap, efficiency, recompute)
-        exposed = {k: link.exposed.get(k, 0.0) for k in comm}
-        return _prediction(grid, profile, comp, dict(comm), exposed, dict(wire), placement, memory, notes)
+        link_exposed = link.exposed
+        exposed = {k: link_exposed.get(k, 0.0) for k in comm.sums}
+        return _prediction(grid, profile, comp, comm.floats(), exposed, dict(wire), placement, memory, notes)
     n_layers = max(1, len(layers(cfg)) * cfg.layers)
     per_layer_gemm = comp["gemm"] / n_layers
     backward_compute = comp["total"] * (2.0 / 3.0)
-    comm: Dict[Tuple[str, str], float] = defaultdict(float)
-    hidden: Dict[Tuple[str, str], float] = defaultdict(float)
-    wire: Dict[str, int] = defaultdict(int)
+    hidden = Sums()
+
+    def hides(c: Collective) -> Optional[str]:
+        option = OVERLAPS.get(c.role)
+        return option if option is not None and getattr(overlap, option) and efficiency != 0.0 else None
+
+    # the layers of a block with a collective that hides, in order: layer j of block b is the (b w + j)-th
     layer_index: Dict[str, int] = {}
     for c in colls:
-        t = collective_time(c, profile, placement, rpn, inner)
-        key = (c.axis, c.op)
-        comm[key] += t
-        wire[c.axis] += c.wire_bytes
-        option = OVERLAPS.get(c.role)
-        if option is None or not getattr(overlap, option) or efficiency == 0.0:
+        if hides(c):
+            layer_index.setdefault(c.layer, len(layer_index))
+    for c, t in zip(colls, times):
+        option = hides(c)
+        if option is None:
             continue
-        idx = layer_index.setdefault(c.layer, len(layer_index))
+        key, runs = (c.axis, c.op), cfg.layers
         if option == "oag":  # every gather but the first runs behind the previous layers' GEMMs
             window = per_layer_gemm / 3.0 * overlap.prefetch_depth
-            hidden[key] += efficiency * min(t * (1 - 1.0 / n_layers), window)
+            hidden.add_times(key, efficiency * min(t * (1 - 1.0 / n_layers), window), runs)
         elif option == "oar":  # behind the dW GEMM
-            hidden[key] += efficiency * min(t, per_layer_gemm / 3.0)
+            hidden.add_times(key, efficiency * min(t, per_layer_gemm / 3.0), runs)
         else:  # ors, dp: the rest of the backward pass
-            hidden[key] += efficiency * min(t, backward_compute * idx / max(1, len(layer_index) + 1))
-    exposed = exposed_after_hiding(comm, hidden, efficiency * comp["total"])
-    return _prediction(grid, profile, comp, comm, exposed, dict(wire), placement, memory, notes)
+            rest_of_backward(hidden, key, t, backward_compute, efficiency, layer_index[c.layer], len(layer_index),
+                             runs)
+    exposed = exposed_after_hiding(comm.floats(), hidden.floats(), efficiency * comp["total"])
+    return _prediction(grid, profile, comp, comm.floats(), exposed, dict(wire), placement, memory, notes)

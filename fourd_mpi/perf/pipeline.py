@@ -301,9 +301,9 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     exposed[("inter", "bubble")] = bubble
     # stage 0's wire bytes by axis, as pipeline_collectives counts them (per-micro-batch roles m times)
     wire = {axis: 0 for axis in micro.wire_bytes}
-    for c in step_collectives(micro_cfg, grid, overlap, dtype):
+    for c in step_collectives(replace(micro_cfg, layers=1), grid, overlap, dtype):  # every block's: L times
         if c.role != "loss" and c.axis in wire:
-            wire[c.axis] += c.wire_bytes * (microbatches if c.role in PER_MICROBATCH_ROLES else 1)
+            wire[c.axis] += c.wire_bytes * (microbatches if c.role in PER_MICROBATCH_ROLES else 1) * micro_cfg.layers
     wire["inter"] = max(v["send_bytes"] for v in volumes.values())
     placement = dict(micro.placement, inter=level)
     memory = pipeline_memory(cfg, grid, stages, microbatches, 0, dtype, optimizer, overlap, recompute, attention,

@@ -52,7 +52,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.step.presets import ModelConfig
@@ -62,6 +62,7 @@ from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_pla
 from fourd_mpi.perf.memory import (MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens,
                                    parameter_elements)
 from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.perf.exact import Sums
 from fourd_mpi.perf.volumes import OVERLAPS, Collective, collective_rows, step_collectives
 
 
@@ -325,12 +326,15 @@ def term_features(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     placement = axis_placement(grid, rpn)
     comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, weighted=False)
     out = {t: comp[t] for t in ("gemm", "attention", "elementwise", "calls")}
-    out["comm"] = out["sync"] = 0.0
-    for c in step_collectives(cfg, grid, overlap, dtype):
+    sums = Sums()
+    for c in step_collectives(_one_block(cfg), grid, overlap, dtype):  # every block's: counted L times
+        runs = 1 if c.layer == "loss" else cfg.layers
         alpha_beta, sync = collective_parts(c, profile, placement, rpn, axis_inner_products(grid),
                                             back_to_back(c.role, c.axis, overlap))
-        out["comm"] += alpha_beta
-        out["sync"] += sync
+        sums.add_times("comm", alpha_beta, runs)
+        sums.add_times("sync", sync, runs)
+    out["comm"] = float(sums.sums["comm"]) if "comm" in sums.sums else 0.0
+    out["sync"] = float(sums.sums["sync"]) if "sync" in sums.sums else 0.0
     return out
 
 
@@ -376,7 +380,9 @@ class Link:
     the rank until one transfer is done (the queue ahead of it drains at full speed and every
     second of it is exposed); :meth:`blocking` is a collective the rank waits on at once (all of it
     exposed, the queue does not move). ``exposed[key]`` / ``hidden[key]``: seconds of each
-    ``(axis, op)`` that the rank waited for / that ran during compute.
+    ``(axis, op)`` that the rank waited for / that ran during compute (exact sums,
+    :mod:`fourd_mpi.perf.exact`: the same seconds added in another order give the same floats).
+    While :attr:`log` is a list, every second counted is also appended to it (:meth:`replay`).
     """
 
     def __init__(self, efficiency: float):
@@ -384,8 +390,23 @@ class Link:
 
         self.efficiency = efficiency
         self.queue = deque()
-        self.exposed: Dict[Tuple[str, str], float] = defaultdict(float)
-        self.hidden: Dict[Tuple[str, str], float] = defaultdict(float)
+        self._exposed = Sums()
+        self._hidden = Sums()
+        self.log: Optional[list] = None
+
+    @property
+    def exposed(self) -> Dict[Tuple[str, str], float]:
+        return self._exposed.floats()
+
+    @property
+    def hidden(self) -> Dict[Tuple[str, str], float]:
+        return self._hidden.floats()
+
+    def _count(self, sums: Sums, key: Tuple[str, str], seconds: float) -> None:
+        sums.add(key, seconds)
+        log = self.log
+        if log is not None:
+            log.append((sums, key, seconds))
 
     def issue(self, key: Tuple[str, str], seconds: float) -> list:
         item = [seconds, key]
@@ -400,14 +421,14 @@ class Link:
             used = min(item[0], budget)
             item[0] -= used
             budget -= used
-            self.hidden[item[1]] += used
+            self._count(self._hidden, item[1], used)
             if item[0] <= 0:
                 self.queue.popleft()
 
     def wait(self, item: list) -> None:
         while item[0] > 0 and self.queue:
             head = self.queue.popleft()
-            self.exposed[head[1]] += head[0]
+            self._count(self._exposed, head[1], head[0])
             head[0] = 0.0
 
     def wait_all(self) -> None:
@@ -415,45 +436,101 @@ class Link:
             self.wait(self.queue[-1])
 
     def blocking(self, key: Tuple[str, str], seconds: float) -> None:
-        self.exposed[key] += seconds
+        self._count(self._exposed, key, seconds)
+
+    def blocking_times(self, key: Tuple[str, str], seconds: float, n: int) -> None:
+        """:meth:`blocking` ``n`` times."""
+        self._exposed.add_times(key, seconds, n)
+
+    def replay(self, log: list, n: int) -> None:
+        """Count again, ``n`` times, every second ``log`` recorded."""
+        for sums, key, seconds in log:
+            sums.add_times(key, seconds, n)
+
+
+#: a repeating stretch of a timeline is looked for only while the queue holds at most this many transfers
+_STATE_QUEUE = 64
+
+
+def _state(link: Link, issued: Dict[int, Optional[list]], boundary: int) -> tuple:
+    """What the rest of a timeline depends on at position ``boundary``: the queue (each transfer's seconds left,
+    its key, and the position ahead it was issued for, relative to ``boundary``) and the positions ahead already
+    issued. A transfer no longer queued has no seconds left: waiting for it does nothing."""
+    ahead = {id(item): g - boundary for g, item in issued.items() if item is not None and g >= boundary}
+    return (tuple(sorted(g - boundary for g in issued if g >= boundary)),
+            tuple((item[0], item[1], ahead.get(id(item))) for item in link.queue))
+
+
+def replay_blocks(link: Link, blocks: int, width: int, depth: int, issued: Dict[int, Optional[list]],
+                  position: Callable[[int], None]) -> None:
+    """Run ``position(p)`` for ``p`` in ``range(blocks * width)`` (``width`` positions per block, alike in every
+    block; ``position`` may issue up to ``depth`` positions ahead, keeping what it issued in ``issued`` by
+    position), without running every block: once a block that is neither the first nor one whose look-ahead
+    reaches past the end leaves the link and ``issued`` as it found them (a state repeats), every block up to
+    those last ones would do the same, and the seconds that block counted are counted once per such block
+    (:meth:`Link.replay`; exact sums, so the result is bit for bit the one of running them). A timeline whose
+    state keeps changing (a queue that grows from block to block) runs every block."""
+    tail = -(-depth // width) if width else 0  # last blocks whose look-ahead is cut at the end
+    last_middle = blocks - 1 - tail
+    b = 0
+    while b < blocks:
+        start, end = b * width, (b + 1) * width
+        check = 1 <= b < last_middle and len(link.queue) <= _STATE_QUEUE
+        if check:
+            before = _state(link, issued, start)
+            link.log = []
+        for p in range(start, end):
+            position(p)
+        for g in [g for g in issued if g < end]:
+            del issued[g]
+        if check:
+            log, link.log = link.log, None
+            if len(link.queue) == len(before[1]) and _state(link, issued, end) == before:
+                n = last_middle - b  # blocks b+1 .. last_middle: each as block b
+                link.replay(log, n)
+                moved = {g + n * width: item for g, item in issued.items()}
+                issued.clear()
+                issued.update(moved)
+                b = last_middle + 1
+                continue
+        b += 1
 
 
 def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], times: List[float],
                     comp: Dict[str, float], overlap: OverlapConfig, efficiency: float,
-                    recompute: str = "none", block_template: bool = False) -> Link:
+                    recompute: str = "none") -> Link:
     """Replay one step on a :class:`Link` (device-driven regime of the module docstring).
 
-    ``times[i]``: seconds of all messages of ``colls[i]``; ``block_template``: ``colls`` hold only block 0's
-    collectives (and the loss), which every block repeats (:func:`~fourd_mpi.perf.volumes.step_collectives`
-    builds each block alike). Compute per 4D layer ``j``: its forward
+    ``colls``: block 0's collectives and the loss (every block has the same,
+    :func:`~fourd_mpi.perf.volumes.step_collectives` builds each block alike; those of other blocks are ignored);
+    ``times[i]``: seconds of all messages of ``colls[i]``. Compute per 4D layer ``j``: its forward
     GEMM ``g_j`` plus a third of its block's other work ``o_j`` in forward; ``2 g_j + 2 o_j`` in
     backward, split evenly between the dX and dW GEMMs; with full recompute the forward once more
-    before them. The optimizer runs after every collective has completed (not a window).
+    before them. The optimizer runs after every collective has completed (not a window). The blocks run
+    through :func:`replay_blocks`: the cost does not grow with the layer count once the timeline repeats.
     """
     link = Link(efficiency)
     fcs = fc_weights(cfg, grid)
-    order = [f"block{b}.{name}" for b in range(cfg.layers) for name, _, _, _ in fcs]
+    width = len(fcs)
+    count = cfg.layers * width
     m = local_tokens(cfg, grid)
     per_flop = comp["gemm_per_flop"]
-    gemm_f = {f"block{b}.{name}": 2.0 * m * block_elements(n, k, t, grid) * per_flop
-              for b in range(cfg.layers) for name, n, k, t in fcs}
-    other = comp["block_other"] / max(1, len(order))
-    rec_other = (comp["recompute"] - comp["recompute_gemm"]) / max(1, len(order))
+    names = [f"block0.{name}" for name, _, _, _ in fcs]
+    gemm_f = [2.0 * m * block_elements(n, k, t, grid) * per_flop for _, n, k, t in fcs]
+    other = comp["block_other"] / max(1, count)
+    rec_other = (comp["recompute"] - comp["recompute_gemm"]) / max(1, count)
     by_layer: Dict[str, Dict[Tuple[str, str], List[Tuple[float, Collective]]]] = defaultdict(lambda: defaultdict(list))
     for c, t in zip(colls, times):
-        by_layer[c.layer][(c.role, c.phase)].append((t, c))
-    if block_template:  # ``colls`` are block 0's (and the loss): every block has the same, shared read-only
-        for name in [n for n in by_layer if n.startswith("block0.")]:
-            for b in range(1, cfg.layers):
-                by_layer[f"block{b}.{name[len('block0.'):]}"] = by_layer[name]
+        if c.layer == "loss" or c.layer.startswith("block0."):
+            by_layer[c.layer][(c.role, c.phase)].append((t, c))
     depth = overlap.prefetch_depth if overlap.oag else 0
 
     def key(c: Collective) -> Tuple[str, str]:
         return (c.axis, c.op)
 
-    def block_ln(block: int, phase: str) -> None:  # LayerNorm statistics and loss: small and blocking
+    def block_ln(phase: str) -> None:  # LayerNorm statistics and loss: small and blocking
         for ln in ("ln1", "ln2"):
-            for (role, ph), items in by_layer.get(f"block{block}.{ln}", {}).items():
+            for (role, ph), items in by_layer.get(f"block0.{ln}", {}).items():
                 if ph == phase:
                     for t, c in items:
                         link.blocking(key(c), t)
@@ -468,7 +545,7 @@ def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], 
             return None
         return link.issue(key(c), t)
 
-    def forward_allreduce(layer: str, window: float, phase: str) -> None:
+    def forward_allreduce(layer: str, window: float) -> None:
         """The forward all-reduce of ``layer`` (od: all chunks but the last behind the layer's own
         remaining chunks) around ``window`` seconds of its compute."""
         items = by_layer.get(layer, {}).get(("fwd_allreduce", "forward"), [])
@@ -488,60 +565,74 @@ def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], 
             link.blocking(key(c), t)
 
     # forward: gathers of layers j .. j+depth issued when layer j starts, layer j's needed now
-    issued: Dict[str, list] = {}
-    for j, layer in enumerate(order):
-        if j % len(fcs) == 0 and cfg.kind == "gpt":
-            block_ln(j // len(fcs), "forward")
-        for ahead in order[j:j + depth + 1]:
+    issued: Dict[int, Optional[list]] = {}
+
+    def forward(j: int) -> None:
+        i = j % width
+        if i == 0 and cfg.kind == "gpt":
+            block_ln("forward")
+        for ahead in range(j, min(j + depth + 1, count)):
             if ahead not in issued:
-                issued[ahead] = gather(ahead, "forward")
-        if issued.get(layer) is not None:
-            link.wait(issued[layer])
-        forward_allreduce(layer, gemm_f[layer] + other / 3.0, "forward")
+                issued[ahead] = gather(names[ahead % width], "forward")
+        if issued.get(j) is not None:
+            link.wait(issued[j])
+        forward_allreduce(names[i], gemm_f[i] + other / 3.0)
+
+    replay_blocks(link, cfg.layers, width, depth, issued, forward)
     for t, c in by_layer.get("loss", {}).get(("loss", "forward"), []):
         link.blocking(key(c), t)
 
-    # backward, last layer first
-    back = list(reversed(order))
+    # backward, last layer first: position j is layer count-1-j; each layer's collectives looked up once
     issued = {}
-    for j, layer in enumerate(back):
-        for ahead in back[j:j + depth + 1]:
+    dx_of = []
+    after_of = []  # the dW reduce-scatters and (with dp) the data all-reduces, in flight or blocking
+    for layer in names:
+        dx = by_layer.get(layer, {}).get(("bwd_allreduce", "backward"), [])
+        dx_of.append((dx[0][0], key(dx[0][1])) if dx else None)
+        after_of.append([(t, key(c), bool(getattr(overlap, option)))
+                         for role, option in (("dw_reduce_scatter", "ors"), ("grad_allreduce", "dp"))
+                         for t, c in by_layer.get(layer, {}).get((role, "backward"), [])
+                         if not (role == "grad_allreduce" and not overlap.dp)])  # else issued at the end, below
+
+    def backward(j: int) -> None:
+        i = width - 1 - j % width
+        layer = names[i]
+        for ahead in range(j, min(j + depth + 1, count)):
             if ahead not in issued:
-                issued[ahead] = gather(ahead, "backward")
-        if issued.get(layer) is not None:
-            link.wait(issued[layer])
+                issued[ahead] = gather(names[width - 1 - ahead % width], "backward")
+        if issued.get(j) is not None:
+            link.wait(issued[j])
         if recompute == "full":  # the block's forward again, its all-reduces included
-            forward_allreduce(layer, gemm_f[layer] + rec_other, "backward")
+            forward_allreduce(layer, gemm_f[i] + rec_other)
         elif rec_other:
             link.compute(rec_other)
-        half = gemm_f[layer] + other / 3.0
+        half = gemm_f[i] + other / 3.0
         link.compute(half)  # dX GEMM
-        dx = by_layer.get(layer, {}).get(("bwd_allreduce", "backward"), [])
+        dx = dx_of[i]
         pending = None
         if dx:
-            t, c = dx[0]
+            t, k = dx
             if overlap.oar:
-                pending = link.issue(key(c), t)
+                pending = link.issue(k, t)
             else:
-                link.blocking(key(c), t)
+                link.blocking(k, t)
         link.compute(half)  # dW GEMM
         if pending is not None:
             link.wait(pending)
-        for role, option in (("dw_reduce_scatter", "ors"), ("grad_allreduce", "dp")):
-            for t, c in by_layer.get(layer, {}).get((role, "backward"), []):
-                if role == "grad_allreduce" and not overlap.dp:
-                    continue  # issued at the end (finish), below
-                if getattr(overlap, option):
-                    link.issue(key(c), t)
-                else:
-                    link.blocking(key(c), t)
-        if j % len(fcs) == len(fcs) - 1 and cfg.kind == "gpt":
-            block_ln(cfg.layers - 1 - j // len(fcs), "backward")
+        for t, k, hides in after_of[i]:
+            if hides:
+                link.issue(k, t)
+            else:
+                link.blocking(k, t)
+        if i == 0 and cfg.kind == "gpt":
+            block_ln("backward")
+
+    replay_blocks(link, cfg.layers, width, depth, issued, backward)
     link.wait_all()
     if not overlap.dp:
-        for layer in back:
+        for layer in reversed(names):
             for t, c in by_layer.get(layer, {}).get(("grad_allreduce", "backward"), []):
-                link.blocking(key(c), t)
+                link.blocking_times(key(c), t, cfg.layers)
     return link
 
 
@@ -583,47 +674,77 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     memory = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap, recompute=recompute,
                              attention=attention, precision=precision, shard_optimizer=shard_optimizer,
                              dw_window=dw_window)
+    one_block = step_collectives(_one_block(cfg), grid, overlap, dtype)
     if not profile.host_driven:
-        one_block = step_collectives(replace(cfg, layers=1), grid, overlap, dtype)
         return _predict_device(cfg, grid, profile, overlap, one_block, comp, placement, rpn, efficiency, memory,
                                notes, recompute, inner)
-    colls = step_collectives(cfg, grid, overlap, dtype)
     if profile.host_driven and progress == "none":
         efficiency = 0.0
         if overlap.enabled and overlap.enabled != ["cache"]:
             notes.append("progress none on a CPU: nonblocking collectives do not progress during compute, "
                          "overlap hides nothing")
-    # windows of compute each overlappable collective can hide behind (per message kind)
+    # windows of compute each overlappable collective can hide behind (per message kind); every block has
+    # block 0's collectives: each is priced once and counted L times (exact sums, as adding every layer's)
     per_layer_gemm = comp["gemm"] / max(1, len(fc_weights(cfg, grid)) * cfg.layers)
     backward_compute = comp["total"] * (2.0 / 3.0)
-    comm: Dict[Tuple[str, str], float] = defaultdict(float)
-    hidden: Dict[Tuple[str, str], float] = defaultdict(float)
+    comm = Sums()
+    hidden = Sums()
     wire: Dict[str, int] = defaultdict(int)
+
+    def hides(c: Collective) -> Optional[str]:
+        option = OVERLAPS.get(c.role)
+        return option if option is not None and getattr(overlap, option) and efficiency != 0.0 else None
+
+    # the layers of a block with a collective that hides, in order: layer j of block b is the (b w + j)-th
     layer_index: Dict[str, int] = {}
-    for c in colls:
+    for c in one_block:
+        if hides(c):
+            layer_index.setdefault(c.layer, len(layer_index))
+    width = len(layer_index)
+    for c in one_block:
+        runs = 1 if c.layer == "loss" else cfg.layers
         t = collective_time(c, profile, placement, rpn, inner, back_to_back(c.role, c.axis, overlap))
         key = (c.axis, c.op)
-        comm[key] += t
-        wire[c.axis] += c.wire_bytes
-        option = OVERLAPS.get(c.role)
-        if option is None or not getattr(overlap, option) or efficiency == 0.0:
+        comm.add_times(key, t, runs)
+        wire[c.axis] += c.wire_bytes * runs
+        option = hides(c)
+        if option is None:
             continue
-        idx = layer_index.setdefault(c.layer, len(layer_index))
         if option == "oag":
             # every gather but the first of each pass runs behind the previous layers' GEMMs
             first = 1.0 / max(1, len(fc_weights(cfg, grid)) * cfg.layers)
             window = per_layer_gemm * overlap.prefetch_depth * (0.5 if c.phase == "forward" else 1.0)
-            hidden[key] += efficiency * min(t * (1 - first), window)
+            hidden.add_times(key, efficiency * min(t * (1 - first), window), runs)
         elif option == "od":
             window = per_layer_gemm / 3.0 * (c.count - 1) / max(1, c.count)
-            hidden[key] += efficiency * min(t * (c.count - 1) / max(1, c.count), window)
+            hidden.add_times(key, efficiency * min(t * (c.count - 1) / max(1, c.count), window), runs)
         elif option == "oar":
-            hidden[key] += efficiency * min(t, per_layer_gemm / 3.0)
+            hidden.add_times(key, efficiency * min(t, per_layer_gemm / 3.0), runs)
         else:  # ors, dp: the rest of the backward pass (later layers in backward = earlier in forward)
-            remaining = backward_compute * idx / max(1, len(layer_index) + 1)
-            hidden[key] += efficiency * min(t, remaining)
-    exposed = exposed_after_hiding(comm, hidden, efficiency * comp["total"])
-    return _prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes)
+            rest_of_backward(hidden, key, t, backward_compute, efficiency, layer_index[c.layer], width, runs)
+    exposed = exposed_after_hiding(comm.floats(), hidden.floats(), efficiency * comp["total"])
+    return _prediction(grid, profile, comp, comm.floats(), exposed, wire, placement, memory, notes)
+
+
+def rest_of_backward(hidden: Sums, key: Tuple[str, str], t: float, backward_compute: float, efficiency: float,
+                     j: int, width: int, blocks: int) -> None:
+    """Add to ``hidden[key]`` what the host-driven window rule hides of a collective of ``t`` seconds that ORS or
+    DP overlap with the rest of the backward pass, in each of ``blocks`` blocks: in block ``b`` it is the layer
+    ``i = b width + j`` (of those whose collectives hide) and hides ``efficiency * min(t, backward_compute * i /
+    (i + 2))``. Once that window is surely at least ``t`` (``i >= first``) it hides ``efficiency * t``: those
+    blocks are counted at once, the others one by one (all of them only when one layer's collective takes about
+    as long as the whole backward pass)."""
+    if width <= 0 or blocks <= 0:
+        return
+    margin = t * (1.0 + 1e-9)  # far above the float error of the window (a few ulp): the window is >= t beyond
+    if backward_compute > margin and margin >= 0:
+        first = int(2.0 * margin / (backward_compute - margin)) + 2
+        explicit = min(blocks, max(0, -(-(first - j) // width)))
+    else:
+        explicit = blocks
+    hidden.extend(key, [efficiency * min(t, backward_compute * i / max(1, i + 2))
+                        for i in range(j, j + explicit * width, width)])
+    hidden.add_times(key, efficiency * t, blocks - explicit)
 
 
 def blocking_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig, dtype: str,
@@ -724,18 +845,20 @@ def _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, ef
                     recompute, inner=None) -> Prediction:
     """The device-driven regime: exposed communication from :func:`device_timeline`. Every block repeats
     block 0's collectives: they are priced once (``colls`` of a one-block model) and counted ``L`` times."""
+    colls = [c for c in colls if c.layer == "loss" or c.layer.startswith("block0.")]
     times = [(collective_time(c, profile, placement, rpn, inner, back_to_back(c.role, c.axis, overlap)), c.wire_bytes)
              for c in colls]
-    comm: Dict[Tuple[str, str], float] = defaultdict(float)
+    comm = Sums()
     wire: Dict[str, int] = defaultdict(int)
     for c, (t, nbytes) in zip(colls, times):
         # full recompute: the forward all-reduces run again when the block is recomputed
         runs = (2 if recompute == "full" and c.role == "fwd_allreduce" else 1) * (1 if c.layer == "loss" else cfg.layers)
-        comm[(c.axis, c.op)] += t * runs
+        comm.add_times((c.axis, c.op), t, runs)
         wire[c.axis] += nbytes * runs
-    link = device_timeline(cfg, grid, colls, [t for t, _ in times], comp, overlap, efficiency, recompute,
-                           block_template=True)
-    exposed = {k: link.exposed.get(k, 0.0) for k in comm}
+    link = device_timeline(cfg, grid, colls, [t for t, _ in times], comp, overlap, efficiency, recompute)
+    comm = comm.floats()
+    link_exposed = link.exposed
+    exposed = {k: link_exposed.get(k, 0.0) for k in comm}
     return _prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes)
 
 

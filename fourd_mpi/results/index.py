@@ -200,8 +200,10 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def append_entry(path: str, entry: Dict) -> None:
     """Append ``entry`` to the index ``path`` (created if missing) as one line, in one ``os.write``
-    under an exclusive ``flock``; safe against other processes appending at the same time."""
+    under an exclusive ``flock``; safe against other processes appending at the same time. Never through a
+    link into another directory (:func:`refuse_foreign_link`)."""
     line = entry_line(entry)
+    refuse_foreign_link(path, "the run")
     with _locked(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, fcntl.LOCK_EX) as fd:
         _write_all(fd, line)
 
@@ -399,19 +401,25 @@ def reindex(directory: str, output: Optional[str] = None,
     return entries, problems
 
 
-def refuse_foreign_link(output: str) -> None:
-    """Refuse to rewrite an index that is a symbolic link to a file in another directory: the rewrite goes
-    through the link, and that index (shared, or any file at all) holds entries that are not this
-    directory's, which a rebuild from this directory's traces would drop. A link within the directory is
-    followed (the file is this directory's)."""
+def refuse_foreign_link(output: str, writer: str = "reindex") -> None:
+    """Refuse to write an index that is a symbolic link to a file in another directory (``writer``: ``reindex``,
+    which rewrites it, or ``run`` and ``trace recover``, which append to it): the write goes through the link,
+    and that index (shared, or any file at all) holds another directory's entries, which a rebuild from this
+    directory's traces would drop, and among which an appended line would name its trace relative to the wrong
+    directory. A link within the directory is followed (the file is this directory's, provably its own)."""
     if not os.path.islink(output):
         return
     from fourd_mpi.errors import ConfigError
+    from fourd_mpi.util.files import link_target
 
     target = os.path.realpath(output)
     if os.path.dirname(target) != os.path.realpath(os.path.dirname(os.path.abspath(output))):
-        raise ConfigError(f"{output} is a symbolic link to {target}, a file of another directory: reindex would "
-                          "rewrite it and drop that directory's entries; remove the link (or give -o a file)")
+        what = ("reindex would rewrite it and drop that directory's entries; remove the link (or give -o a file)"
+                if writer == "reindex" else
+                f"{writer} would append its line to that directory's index; remove the link (then "
+                f"'fourd-mpi results reindex' builds this directory's own)")
+        raise ConfigError(f"{output} is a symbolic link to {link_target(output)}, a file of another directory: "
+                          f"{what}")
 
 
 def appended_since(fd: int, index_path: str, scanned) -> List[Dict]:

@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from fourd_mpi.errors import ConfigError
+from fourd_mpi.util.files import open_no_follow
 
 #: where beds keep their state, shim and Slurm files (one directory per bed)
 STATE_ROOT = os.environ.get("FOURD_TESTBED_STATE", "/run/fourd-testbed")
@@ -430,7 +431,7 @@ def load_state(name: str) -> Optional[dict]:
 def save_state(state: dict) -> None:
     os.makedirs(bed_dir(state["name"]), exist_ok=True)
     tmp = state_path(state["name"]) + ".tmp"
-    with open(tmp, "w") as fh:
+    with open_no_follow(tmp) as fh:  # root: never through a link planted under the temporary name
         json.dump(state, fh, indent=1)
         fh.flush()
         os.fsync(fh.fileno())
@@ -862,7 +863,7 @@ exec nsenter --net=/var/run/netns/"$host" unshare --uts --mount sh -c \\
 def write_shim(state: dict) -> str:
     names = [n.name for n in nodes_of(state)]
     path = shim_path(state["name"])
-    with open(path + ".tmp", "w") as fh:
+    with open_no_follow(path + ".tmp", 0o755) as fh:
         fh.write(SHIM.format(name=state["name"], case="|".join(names), nodes=" ".join(names)))
     os.chmod(path + ".tmp", 0o755)
     os.replace(path + ".tmp", path)

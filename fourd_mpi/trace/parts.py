@@ -261,7 +261,10 @@ class StagedParts:
         return os.path.join(self.dir, part_name(index))
 
     def publish(self) -> None:
-        """Move the staged directory to its final name (``--force``: an old one is set aside first)."""
+        """Move the staged directory to its final name (``--force``: an old one is set aside first; never a
+        symbolic link, which fourd-mpi did not make)."""
+        if os.path.islink(self.final_dir):
+            raise TraceError(f"{self.final_dir} is a symbolic link, which fourd-mpi did not make; not replaced")
         if os.path.exists(self.final_dir):
             if not self.force:
                 raise TraceError(f"{self.final_dir} appeared while the trace was written; not overwritten")

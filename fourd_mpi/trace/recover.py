@@ -307,8 +307,12 @@ def _check_output(path: str, force: bool, spool_dir: str, option: str) -> None:
     from fourd_mpi.errors import ConfigError
     from fourd_mpi.util.files import refuse_output
 
+    from fourd_mpi.results.index import index_file, refuse_foreign_link
+
     try:
         refuse_output(path, force, inputs=[os.path.join(spool_dir, RUN_META)], option=option, writes_trace=True)
+        # the recovered run's line goes into the index beside the trace: never through a link to another's
+        refuse_foreign_link(index_file(os.path.dirname(os.path.abspath(path))), "trace recover")
     except TraceError:
         raise
     except ConfigError as exc:

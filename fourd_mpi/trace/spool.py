@@ -24,7 +24,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from fourd_mpi.errors import TraceError
+from fourd_mpi.errors import ConfigError, TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
 from fourd_mpi.trace.files import (RUN_META, _rank_stem, _remove_quietly, _write_all, _write_json_atomic,
                                    io_error_text, now_iso, parts_dir_of, trace_paths)
@@ -52,6 +52,15 @@ def prepare_spool(results_dir: str, run_id: str, force: bool, run_meta: Dict) ->
         raise TraceError(f"cannot create the results directory {results_dir}: {exc.strerror}") from None
     if not os.access(results_dir, os.W_OK | os.X_OK):
         raise TraceError(f"the results directory {results_dir} is not writable")
+    from fourd_mpi.results.index import refuse_foreign_link
+    from fourd_mpi.util.files import refuse_link
+
+    try:  # what the run will write: its trace, its parts, its line in the index (before any step runs)
+        refuse_link(trace_path, what=f"the trace {trace_path}")
+        refuse_link(parts_dir_of(trace_path), what=f"the trace's parts {parts_dir_of(trace_path)}")
+        refuse_foreign_link(os.path.join(results_dir, "index.jsonl"), "run")
+    except ConfigError as exc:
+        raise TraceError(str(exc)) from None
     if os.path.isdir(trace_path):  # --force replaces a file: found only at publish, after every step
         raise TraceError(f"{trace_path} is a directory, not a trace file: remove it or choose another --run-id")
     if os.path.exists(trace_path) and not force:

@@ -172,6 +172,13 @@ class TraceFileWriter:
         return self.final_path
 
     def _publish_file(self) -> None:
+        if os.path.islink(self.final_path):  # appeared since the checks before the run: neither replaced nor followed
+            from fourd_mpi.util.files import link_target
+
+            self.abort()
+            raise TraceError(f"{self.final_path} became a symbolic link to {link_target(self.final_path)} while the "
+                             "trace was written; not replaced (the spool is kept: remove the link, then "
+                             "'fourd-mpi trace recover')")
         if self.force:
             os.replace(self.tmp_path, self.final_path)
             return

@@ -1,7 +1,9 @@
 """Output and input files, one rule for every command: nothing is replaced unless the user asked for it,
 no output lands on an input or in a run's spool, every output location is checked writable (and with
 space) before the work starts, files are written under a temporary name and renamed, a directory is
-emptied only when fourd-mpi made it (its :data:`MARKER` names the files it wrote), and nothing read blocks."""
+emptied only when fourd-mpi made it (its :data:`MARKER` names the files it wrote), nothing is written
+through a symbolic link or over one (fourd-mpi makes none where it writes: :func:`refuse_link`; a directory
+reached through a link is written only when its marker says fourd-mpi made it), and nothing read blocks."""
 
 from __future__ import annotations
 
@@ -38,12 +40,40 @@ def refuse_overwrite(path: Optional[str], force: bool, flag: str = "--force") ->
         raise ConfigError(f"{path} already exists (use {flag} to replace it)")
 
 
+def link_target(path: str) -> str:
+    """What the symbolic link ``path`` points to, as it is written, with the file that names when that differs
+    (``../shared/index.jsonl (/data/shared/index.jsonl)``)."""
+    try:
+        written = os.readlink(path)
+    except OSError:
+        return "?"
+    resolved = os.path.realpath(path)
+    return written if written == resolved else f"{written} ({resolved})"
+
+
+def refuse_link(path: Optional[str], option: str = "-o", what: str = "") -> None:
+    """The rule for every file a command writes: never through a symbolic link, never over one. fourd-mpi makes
+    no link where it writes, so a link there is not provably its own: writing would replace whatever it points
+    to (a file another directory shares, or anyone's), and replacing it would drop the link someone made.
+    One :class:`ConfigError` line naming the link and what it points to (``what``: the command's word for the
+    file, else ``option PATH``). A link that leads nowhere says so (:func:`check_output_dir`)."""
+    if not path or not os.path.islink(path):
+        return
+    name = what or (f"{option} {path}" if option else str(path))
+    if not os.path.exists(path):
+        raise ConfigError(f"cannot write {name}: a symbolic link that leads nowhere (or in a loop): it points to "
+                          f"{link_target(path)}")
+    raise ConfigError(f"cannot write {name}: it is a symbolic link to {link_target(path)}, which fourd-mpi did not "
+                      "make: it neither writes through a link nor replaces one (give the file's own path or another "
+                      "name)")
+
+
 def refuse_output(path: Optional[str], force: bool, flag: str = "--force", inputs: Sequence[str] = (),
                   option: str = "-o", makes_dirs: bool = False, writes_trace: bool = False) -> None:
-    """The one rule for an output file, checked before any work: not an existing file without
-    ``force``, not a directory, FIFO or device (``/dev/full``), not one of ``inputs`` (the same file
-    under any name), not inside a run's spool, and its directory exists (``makes_dirs``: the command
-    creates it, so its nearest existing ancestor is checked), is writable and has space
+    """The one rule for an output file, checked before any work: not a symbolic link (:func:`refuse_link`), not
+    an existing file without ``force``, not a directory, FIFO or device (``/dev/full``), not one of ``inputs``
+    (the same file under any name), not inside a run's spool, and its directory exists (``makes_dirs``: the
+    command creates it, so its nearest existing ancestor is checked), is writable and has space
     (:func:`check_writable`); unless the command ``writes_trace``, an existing trace is never replaced
     (:func:`refuse_hdf5`). Each refusal is one :class:`ConfigError` line."""
     if not path:
@@ -51,6 +81,7 @@ def refuse_output(path: Optional[str], force: bool, flag: str = "--force", input
     directory = os.path.dirname(os.path.abspath(path))
     if makes_dirs and not os.path.isdir(directory):
         directory = nearest_directory(directory)
+        refuse_link(path, option)
     else:
         check_output_dir(path)  # not a regular file (a directory, FIFO, device, dangling link): said first,
     refuse_overwrite(path, force, flag)  # so that --force is never suggested for what it cannot replace
@@ -79,13 +110,12 @@ def check_output_dir(path: Optional[str]) -> None:
     if not os.path.isdir(directory):
         what = "is not a directory" if os.path.exists(directory) else "does not exist (create it first)"
         raise ConfigError(f"cannot write {path}: the directory {directory} {what}")
+    refuse_link(path, "", str(path))  # before "already exists": --force does not make a link writable
     if os.path.isdir(path):
         raise ConfigError(f"cannot write {path}: it is a directory")
     try:
         mode = os.stat(path).st_mode
     except OSError:
-        if os.path.islink(path):
-            raise ConfigError(f"cannot write {path}: a symbolic link that leads nowhere (or in a loop)") from None
         return
     if not stat.S_ISREG(mode):
         raise ConfigError(f"cannot write {path}: it is not a regular file ({_kind(mode)}); give a file name")
@@ -229,7 +259,9 @@ def open_output(path: str, mode: str = "w", encoding: Optional[str] = None):
 def replacing(path: str, option: str = "-o") -> Iterator[str]:
     """Write ``path`` by its :func:`temporary_name`, renamed into place when the block ends without an
     error; on an error the temporary file is removed and ``path`` is untouched (an ``OSError`` becomes
-    one :class:`ConfigError` line)."""
+    one :class:`ConfigError` line). ``path`` a symbolic link is refused (:func:`refuse_link`), also when it
+    appeared after the command's checks."""
+    refuse_link(path, option)
     tmp = temporary_name(path)
     try:
         yield tmp
@@ -240,6 +272,13 @@ def replacing(path: str, option: str = "-o") -> Iterator[str]:
     except BaseException:
         remove_quietly(tmp)
         raise
+
+
+def open_no_follow(path: str, mode: int = 0o644):
+    """``open(path, "w")`` that never writes through a symbolic link at ``path`` (``O_NOFOLLOW``: a link there,
+    planted under a temporary name, is an ``OSError``, not followed); a text stream."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    return os.fdopen(fd, "w")
 
 
 def write_text(path: str, text: str, option: str = "-o") -> None:
@@ -280,12 +319,18 @@ def claim_directory(directory: str, force: bool, option: str = "--out", owned_fi
     path = os.path.abspath(directory)
     if os.path.lexists(path) and not os.path.isdir(path):
         raise ConfigError(f"{option} {directory} exists and is not a directory")
+    if os.path.islink(path) and read_marker(path) is None:  # a link to a directory fourd-mpi made is its own
+        raise ConfigError(f"{option} {directory} is a symbolic link to {link_target(path)}, a directory fourd-mpi "
+                          f"did not make (it holds no {MARKER}): nothing is written through it; give a new "
+                          "directory or the directory's own path")
     check_not_in_spool(os.path.join(path, "x"), option)
     if not os.path.isdir(path):  # made below its nearest existing ancestor: check that one
         check_writable(nearest_directory(path), f"{option} {directory}")
         return []
     entries = [e for e in os.listdir(path)]
     marker = read_marker(path)
+    for name in ([MARKER] + list(marker["files"]) if marker else list(owned_files)):
+        refuse_link(os.path.join(path, name), what=f"{option} {directory}: {name}")  # only files are replaced
     if marker is None and entries and not any(name in entries for name in owned_files):
         raise ConfigError(f"{option} {directory} is a directory that fourd-mpi did not create (it is not empty and "
                           f"holds no {MARKER}): nothing in it is removed or replaced; give a new or empty directory")

@@ -309,3 +309,41 @@ def test_ignore_matches_runs_that_differ_only_in_the_ignored_options(capfd, tmp_
     assert code == 1 and json.loads(out)["comparisons"][0]["verdict"] == "slower"
     code, _, err = compare(capfd, longer, "--baseline", BASE, "--ignore", "stpes")
     assert code == 2 and "--ignore stpes: no such configuration option" in err
+
+
+def _backwards(source, target, steps=None):
+    """A copy of a committed trace whose measured steps ``steps`` (default all) end before they start (clocks
+    that ran backwards, a corrupted record): a damaged trace, read only with --allow-damaged."""
+    import h5py
+
+    shutil.copy(source, target)
+    with h5py.File(target, "r+") as h5:
+        for name in ("steps", "rank_steps"):
+            rows = h5[name][()]
+            hit = (rows["warmup"] == 0) & (np.isin(rows["step"], steps) if steps is not None else True)
+            span = rows["end_ns"] - rows["start_ns"]
+            rows["end_ns"] = np.where(hit, rows["start_ns"] - span, rows["end_ns"])
+            rows["seconds"] = np.where(hit, -np.abs(rows["seconds"]), rows["seconds"])
+            h5[name][...] = rows
+    return target
+
+
+def test_allow_damaged_never_compares_impossible_step_times(capfd, tmp_path):
+    """Before: a new run whose every step span was negative was 'faster' at p = 1e-08 under --allow-damaged."""
+    damaged = _backwards(SLOW, tmp_path / "backwards.h5")
+    code, out, err = compare(capfd, damaged, "--baseline", BASE, "--allow-damaged", "--unit", "step")
+    assert code == 2 and "faster" not in out.lower() and "Traceback" not in err
+    assert f"skipped {damaged}: none of its" in err and "is a positive time" in err
+    assert "no readable trace with a usable step time among the new runs" in err
+    code, out, err = compare(capfd, damaged, "--baseline", BASE, "--unit", "step")  # without: refused as damaged
+    assert code == 2 and "skipped" in err
+    import h5py
+
+    with h5py.File(SLOW, "r") as h5:
+        measured = [int(s) for s in h5["steps"][()]["step"][h5["steps"][()]["warmup"] == 0]]
+    some = _backwards(SLOW, tmp_path / "some-backwards.h5", measured[:3])
+    code, out, err = compare(capfd, some, "--baseline", BASE, "--allow-damaged", "--unit", "step", "--format", "json")
+    assert f"{some}: left out 3 of its {len(measured)} step time(s) that are not positive times" in err
+    data = json.loads(out)["comparisons"][0]
+    assert data["new"]["steps"] == len(measured) - 3 and min(data["new"]["samples_s"]) > 0  # the rest compared
+    assert data["verdict"] == "slower" and data["new_median_s"] > 0

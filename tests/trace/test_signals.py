@@ -78,10 +78,10 @@ def test_a_signal_at_any_moment_of_recover(tmp_path, spool):
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=300)
         seen[(sig.name, proc.returncode)] = seen.get((sig.name, proc.returncode), 0) + 1
-        # 128 + signal from the command's own handling; -signal (Python ending by the signal, as it does on an
-        # unhandled KeyboardInterrupt) was seen once in 30 under load on CI's machine after the one line had been
-        # printed: no crash, no traceback, nothing left behind (checked below); its cause is not established
-        assert proc.returncode in (0, 128 + sig, -sig), (sig.name, moment, proc.returncode, err)
+        # 128 + signal from the command's own handling, never -signal: a Ctrl-C that came while a lazy import
+        # built a dataclass or namedtuple (code run from a string) made CPython end the process by SIGINT after
+        # the one line (tests/util/test_interrupt_exit.py); the entry point clears that note now
+        assert proc.returncode in (0, 128 + sig), (sig.name, moment, proc.returncode, err)
         assert "Traceback" not in err and "Exception ignored" not in err, err
         assert len(err.strip().splitlines()) <= 1, err
         hidden = sorted(p.name for p in work.iterdir() if p.name.startswith("."))

@@ -3,7 +3,8 @@
 The commands are enumerated from the parser: every option that names an output (``-o``, ``--out``,
 ``--emit-sweep``, ``--json``, ``--report``) must have a sample command line below, and each is tried
 against an existing foreign directory, a read-only file system (a real tmpfs remounted read-only; root
-only), ``/dev/full`` and an output that is one of the command's inputs (with ``--force``). Each must be
+only), ``/dev/full``, an output that is one of the command's inputs (with ``--force``) and a symbolic link
+to another directory's file (``--out``: to a directory; with ``--force``: never written through nor replaced). Each must be
 refused in one line with status 2, before the work, and leave every file as it was.
 
 Before: ``analyze T.h5 -o T.h5 --force`` and ``export perfetto T.h5 -o T.h5 --force`` destroyed the
@@ -59,6 +60,9 @@ SAMPLES = {
 INPUT_OF = {"results list": "INDEX", "results reindex": "TRACE_IN_DIR", "trace recover": "SPOOL_META",
             "sweep render": "SPEC", "tune": "PROFILE", "model paper": "PROFILE", "verify": None,
             "bench collectives": "PROFILE"}
+
+
+PARSERS = dict(walk_parsers(build_parser()))
 
 
 def output_options():
@@ -142,7 +146,7 @@ def refused(status, err, out, *expected):
         assert text in lines[0], lines[0]
 
 
-CASES = ("foreign-directory", "read-only", "dev-full", "output-is-input")
+CASES = ("foreign-directory", "read-only", "dev-full", "output-is-input", "symbolic-link")
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -161,6 +165,19 @@ def test_each_output_is_refused_in_one_line_before_the_work(key, case, world, re
         out, expected = str(readonly / f"out{suffix}" if suffix else readonly / "out"), ("Read-only file system",)
     elif case == "dev-full":
         out, expected = "/dev/full", ()
+    elif case == "symbolic-link":  # a link to another directory's file (--out: to a directory), even with --force
+        shared = root / "shared"
+        shared.mkdir(exist_ok=True)
+        target = shared / ("a-directory" if key[1] == "--out" else f"a-file{suffix}")
+        if key[1] == "--out":
+            target.mkdir(exist_ok=True)
+        else:
+            target.write_text("another directory's file\n")
+        out = str(root / f"link-{command.replace(' ', '-')}-{key[1].strip('-')}{suffix}")
+        if not os.path.lexists(out):
+            os.symlink(target, out)
+        expected = ("is a symbolic link to", str(target))
+        force = ["--force"] if "--force" in PARSERS[tuple(command.split())]._option_string_actions else []
     else:
         which = INPUT_OF.get(command, "IN")
         if which is None:
@@ -173,6 +190,8 @@ def test_each_output_is_refused_in_one_line_before_the_work(key, case, world, re
     refused(status, err, stdout, *expected)
     assert digest_tree(root) == before  # nothing replaced, nothing removed
     assert (foreign / "notes.txt").read_text() == "mine\n"
+    if case == "symbolic-link":
+        assert os.path.islink(out)  # the link is kept, and what it points to is as it was (digest above)
 
 
 def test_sweep_render_never_removes_what_it_did_not_write(world, capfd):
