@@ -22,6 +22,7 @@ from fourd_mpi.run.display import StepDisplay
 from fourd_mpi.errors import ConfigError, Terminated, TraceError
 from fourd_mpi.step.kernels import standalone_gemm_tflops
 from fourd_mpi.run.metadata import rank_metadata, run_metadata
+from fourd_mpi.run.sentinel import start as start_sentinel
 from fourd_mpi.core.mpiutil import _ranges, agree, on_root
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import RunOptions
@@ -35,6 +36,7 @@ from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
 from fourd_mpi.trace.summary import summarize
 from fourd_mpi.perf.peaks import runtime_peak
 from fourd_mpi.trace.nvtx import make_ranges
+from fourd_mpi.util.signals import deferred
 
 FAULT_MODES = ("kill", "raise", "remove-spool", "fill-disk", "touch", "sigterm", "stop", "sigterm-merge",
                "kill-merge")
@@ -236,18 +238,25 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
     run_id = on_root(world, lambda: trace.run_id or new_run_id(trace.label))
     trace_path, _ = trace_paths(trace.results_dir, run_id)
     metadata = run_metadata(run, run_id, config, trace.level, start_time) if rank == 0 else None
-    spool_dir = on_root(world, lambda: prepare_spool(trace.results_dir, run_id, trace.force, metadata))
+    spool_dir = trace_paths(trace.results_dir, run_id)[1]
     rank_meta = rank_metadata(run, *run.clock)
-    spool = None
-    try:
-        spool = agree(world, lambda: RankSpool(spool_dir, rank, rank_meta))
-        run.comm.watchdog.on_hang = spool.mark_failed  # a hang from here on is recorded in the spool
-    finally:
-        if spool is None:  # some rank could not open its files: nothing was recorded, remove the spool
-            _remove_spool_dir(world, spool_dir)
+    spool = sentinel = None
     i = None  # the step in progress
     merging = False
     try:
+        # the spool and every rank's files come into being whole: a signal meanwhile is raised once they exist
+        # (and recorded in them), never between rank 0 creating the directory and the ranks their files
+        with deferred():
+            spool_dir = on_root(world, lambda: prepare_spool(trace.results_dir, run_id, trace.force, metadata))
+            try:
+                spool = agree(world, lambda: RankSpool(spool_dir, rank, rank_meta))
+                run.comm.watchdog.on_hang = spool.mark_failed  # a hang from here on is recorded in the spool
+            finally:
+                if spool is None:  # some rank could not open its files: nothing was recorded, remove the spool
+                    _remove_spool_dir(world, spool_dir)
+            # records the run as interrupted should mpiexec end first (SIGHUP), when no handler of this rank runs
+            sentinel = start_sentinel(spool_dir, rank, options.steps, RANK_STEP_DTYPE.itemsize,
+                                      int(rank_meta.get("local_rank", 0) or 0))
         if header is not None:
             header(run)
         gemm = measure_peak(run)  # the "% of measured GEMM" column, always
@@ -330,13 +339,17 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
         # from here on (the merge's collectives are not), so none can fire after this check
         run.comm.watchdog.hold_if_fired(world)
         merging = True
+        if sentinel is not None:
+            sentinel.merging()
         path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, force,
                          correct=drift.correct_records if drift is not None else None, group_size=trace.group_size,
                          after_open=merge_fault)
     except BaseException as exc:
         if run.comm.tracer.ranges is not None:  # NVTX ranges end with the run, whatever ended it
             run.comm.tracer.ranges.unwind()
-        if merging and not os.path.exists(spool.steps_path):
+        if spool is None:
+            pass  # no spool yet (or it could not be made): nothing to record in
+        elif merging and not os.path.exists(spool.steps_path):
             pass  # the merge had published the trace and removed this rank's files: nothing to record
         elif isinstance(exc, (KeyboardInterrupt, Terminated)) and run.comm.watchdog.fired is not None:
             pass  # this rank's watchdog aborted the job and the launcher ends it (Open MPI's with SIGTERM to every
@@ -355,9 +368,13 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
             spool.mark_failed(note)
             with contextlib.suppress(OSError):  # stderr gone (its reader killed too): the exit status still says it
                 os.write(2, f"fourd-mpi: {note}\n".encode())
+            exc.reported = True  # the command line adds no line of its own
         elif not isinstance(exc, (SystemExit, TraceError)):
             spool.mark_failed(f"{type(exc).__name__}: {exc}")
         raise
+    finally:
+        if sentinel is not None:
+            sentinel.close()
     if rank == 0:
         index_line(metadata, path, trace.results_dir)
     if recreated:

@@ -271,41 +271,9 @@ class RankSpool:
         self._events_fd = self._steps_fd = None
 
     def mark_failed(self, message: str) -> bool:
-        """Leave the reason this rank is going down (``trace recover`` reports it); False if it could not.
-
-        Written into the space reserved at the start (``.reserve``, then renamed ``.failed.json``), so
-        that a full disk does not stop it; else as a new file. Where no data can be written at all (EIO
-        on every write: a failing disk, a Lustre OST gone) the reserve is still renamed: a blank
-        ``.failed.json`` that :func:`read_failure` reads as a failure whose reason was lost (a rename
-        needs no data block). Never raises.
-        """
-        payload = {"rank": self.rank, "time": now_iso(), "error": message}
-        data = json.dumps(payload).encode()
-        if len(data) > RESERVE_BYTES:
-            payload["error"] = message[:RESERVE_BYTES // 2] + " [...]"
-            data = json.dumps(payload).encode()
-        try:
-            fd = os.open(self.reserve_path, os.O_WRONLY)
-        except OSError:
-            fd = None
-        if fd is not None:
-            try:
-                os.pwrite(fd, data, 0)
-                os.ftruncate(fd, len(data))
-                os.close(fd)
-                fd = None
-                os.replace(self.reserve_path, self.failed_path)
-                return True
-            except OSError:
-                if fd is not None:
-                    os.close(fd)
-                with contextlib.suppress(OSError):  # at least the name says that this rank failed
-                    os.replace(self.reserve_path, self.failed_path)
-        try:
-            _write_json_atomic(self.failed_path, payload)
-            return True
-        except OSError:
-            return False
+        """Leave the reason this rank is going down (``trace recover`` reports it); False if it could not
+        (:func:`write_failure`). Never raises."""
+        return write_failure(os.path.join(self.dir, _rank_stem(self.rank)), self.rank, message)
 
     def remove(self) -> None:
         self.close()
@@ -315,6 +283,46 @@ class RankSpool:
                 os.remove(stem + suffix)
             except FileNotFoundError:
                 pass
+
+
+def write_failure(stem: str, rank: int, message: str) -> bool:
+    """Write ``stem.failed.json`` (``stem``: ``<spool>/rankNNNNNN``), the reason ``rank`` is going down, which
+    ``trace recover`` reports; False if it could not. Never raises.
+
+    Written into the space reserved at the start (``stem.reserve``, then renamed ``.failed.json``), so
+    that a full disk does not stop it; else as a new file. Where no data can be written at all (EIO
+    on every write: a failing disk, a Lustre OST gone) the reserve is still renamed: a blank
+    ``.failed.json`` that :func:`read_failure` reads as a failure whose reason was lost (a rename
+    needs no data block).
+    """
+    reserve_path, failed_path = stem + ".reserve", stem + ".failed.json"
+    payload = {"rank": rank, "time": now_iso(), "error": message}
+    data = json.dumps(payload).encode()
+    if len(data) > RESERVE_BYTES:
+        payload["error"] = message[:RESERVE_BYTES // 2] + " [...]"
+        data = json.dumps(payload).encode()
+    try:
+        fd = os.open(reserve_path, os.O_WRONLY)
+    except OSError:
+        fd = None
+    if fd is not None:
+        try:
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+            os.close(fd)
+            fd = None
+            os.replace(reserve_path, failed_path)
+            return True
+        except OSError:
+            if fd is not None:
+                os.close(fd)
+            with contextlib.suppress(OSError):  # at least the name says that this rank failed
+                os.replace(reserve_path, failed_path)
+    try:
+        _write_json_atomic(failed_path, payload)
+        return True
+    except OSError:
+        return False
 
 
 def read_records(path: str, dtype: np.dtype) -> np.ndarray:
