@@ -54,6 +54,11 @@ def cmd_trace(args, world=None) -> int:
         jobs = args.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
         result = recover(args.directory, args.output, args.force, summarize=_recovered_summary(args.directory),
                          group_size=args.group_size, jobs=jobs, compression=args.compression, check=args.check)
+        if result.get("left_over"):
+            print(f"{result['path']}: status complete: the run's final merge published it; the per-rank files in "
+                  f"{args.directory} are left over from its interrupted clean-up (every step is in the trace) and can "
+                  "now be removed")
+            return 0
         steps = result["steps"]
         kept = f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
         print(f"{result['path']}: status {result['status']}, {kept} completed by every rank "

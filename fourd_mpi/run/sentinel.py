@@ -153,9 +153,12 @@ def watch(spool_dir: str, rank: int, launcher: int, steps: int, record_size: int
     os.close(2)
     if not gone:
         return 0
+    from fourd_mpi.trace.files import PUBLISHED
+
     stem = os.path.join(spool_dir, f"rank{rank:06d}")
-    if os.path.exists(stem + ".failed.json") or not os.path.exists(stem + ".steps"):
-        return 0  # the rank said why itself, or the trace is published and the spool removed
+    if os.path.exists(stem + ".failed.json") or not os.path.exists(stem + ".steps") or \
+            os.path.exists(os.path.join(spool_dir, PUBLISHED)):
+        return 0  # the rank said why itself, or the trace is published (the spool left over or removed)
     try:
         done = os.stat(stem + ".steps").st_size // record_size
     except OSError:

@@ -31,7 +31,7 @@ from fourd_mpi.trace.clocks import DriftModel, measure_offsets
 from fourd_mpi.trace.files import (LABEL_OVERHEAD, RUN_ID_OVERHEAD, check_name, check_name_fits, new_run_id, now_iso,
                                    trace_paths)
 from fourd_mpi.trace.merge import merge_run
-from fourd_mpi.trace.spool import RankSpool, prepare_spool
+from fourd_mpi.trace.spool import RankSpool, prepare_spool, published_trace
 from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
 from fourd_mpi.trace.summary import summarize
 from fourd_mpi.perf.peaks import runtime_peak
@@ -341,16 +341,24 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
         merging = True
         if sentinel is not None:
             sentinel.merging()
+        # rank 0 indexes the run in the same signal-held stretch as the publication: no complete trace unindexed
+        indexed = (lambda path: index_line(metadata, path, trace.results_dir)) if rank == 0 else None
         path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, force,
                          correct=drift.correct_records if drift is not None else None, group_size=trace.group_size,
-                         after_open=merge_fault)
+                         after_open=merge_fault, on_published=indexed)
     except BaseException as exc:
         if run.comm.tracer.ranges is not None:  # NVTX ranges end with the run, whatever ended it
             run.comm.tracer.ranges.unwind()
         if spool is None:
             pass  # no spool yet (or it could not be made): nothing to record in
-        elif merging and not os.path.exists(spool.steps_path):
-            pass  # the merge had published the trace and removed this rank's files: nothing to record
+        elif merging and (not os.path.exists(spool.steps_path) or published_trace(spool.dir) is not None):
+            # the merge published the trace (and maybe removed this rank's files): the spool is left over
+            if isinstance(exc, (KeyboardInterrupt, Terminated)):
+                _remove_left_over(spool)  # every rank's files: the abort may end the others before they remove theirs
+                note = f"interrupted: {interrupt_name(exc)} after the final merge; the trace {trace_path} is complete"
+                with contextlib.suppress(OSError):
+                    os.write(2, f"fourd-mpi: {note}\n".encode())
+                exc.reported = True
         elif isinstance(exc, (KeyboardInterrupt, Terminated)) and run.comm.watchdog.fired is not None:
             pass  # this rank's watchdog aborted the job and the launcher ends it (Open MPI's with SIGTERM to every
             # rank, the aborting one included): the spool's "hung" report stays the reason
@@ -375,8 +383,6 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
     finally:
         if sentinel is not None:
             sentinel.close()
-    if rank == 0:
-        index_line(metadata, path, trace.results_dir)
     if recreated:
         warning_line(f"spool files in {spool_dir} were deleted during the run; {recreated} of {world.Get_size()} "
                      "rank(s) re-created theirs from the files they still had open, no step was lost (trace "
@@ -507,6 +513,15 @@ def warning_line(text: str) -> None:
     """One ``fourd-mpi: warning:`` line on this rank's stderr, in one write."""
     sys.stderr.flush()
     os.write(2, f"fourd-mpi: warning: {' '.join(text.split())}\n".encode())
+
+
+def _remove_left_over(spool: RankSpool) -> None:
+    """A rank interrupted after the final merge published the trace: the whole spool is left over (its data is in
+    the trace); remove it, as far as it goes (other ranks may remove theirs at the same time)."""
+    import shutil
+
+    spool.close()
+    shutil.rmtree(spool.dir, ignore_errors=True)
 
 
 def _remove_spool_dir(world, spool_dir: str) -> None:

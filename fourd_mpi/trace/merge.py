@@ -31,16 +31,18 @@ processes. Nothing here initializes MPI at import time.
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
 from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
-from fourd_mpi.trace.files import MERGE_CHUNK, RUN_META, io_error_text, now_iso, parts_dir_of, sort_events
+from fourd_mpi.trace.files import (MERGE_CHUNK, PUBLISHED, RUN_META, io_error_text, now_iso, parts_dir_of,
+                                   sort_events)
 from fourd_mpi.trace.parts import PartWriter, concat_records, part_name, plan_groups, resolve_group_size
-from fourd_mpi.trace.spool import RankSpool
+from fourd_mpi.trace.spool import RankSpool, mark_published
 from fourd_mpi.trace.writer import TraceFileWriter, ranks_table
+from fourd_mpi.util.signals import deferred
 
 
 def ranks_per_node(comm) -> int:
@@ -56,7 +58,8 @@ def ranks_per_node(comm) -> int:
 
 def merge_collective(comm, events: np.ndarray, rank_steps: np.ndarray, rank_meta: Dict, trace_path: str,
                      metadata: Optional[Dict], layers: Sequence[str], force: bool, group_size: int = 0,
-                     compression: str = "gzip", after_open=None) -> Tuple[Optional[str], Optional[str]]:
+                     compression: str = "gzip", after_open=None,
+                     on_published: Optional[Callable[[str], None]] = None) -> Tuple[Optional[str], Optional[str]]:
     """Collective over ``comm``: write the trace of every rank's ``events`` (this rank's, sorted);
     returns ``(error, path)``, the same on every rank (error: one line, or None).
 
@@ -67,7 +70,9 @@ def merge_collective(comm, events: np.ndarray, rank_steps: np.ndarray, rank_meta
     Any exception on rank 0 (Ctrl-C, SIGTERM as :class:`~fourd_mpi.errors.Terminated`, an error)
     removes the temporary file and the staged parts before it propagates. ``after_open``: testing
     (``--inject-fault R:S:sigterm-merge``), called on every rank after a barrier, once rank 0 has
-    created the temporary files.
+    created the temporary files. ``on_published(path)``: rank 0, right after the trace is published, with
+    signals held back from the publication to its end (what must follow a publication: the index line), so that
+    no interruption comes between the two.
     """
     from mpi4py import MPI
 
@@ -144,8 +149,11 @@ def merge_collective(comm, events: np.ndarray, rank_steps: np.ndarray, rank_meta
                 try:
                     if multi:
                         top.bind(groups, counts)
-                    path = top.finish(dict(metadata or {}, end_time=now_iso()), ranks_table(rank_metas),
-                                      concat_records(all_steps, RANK_STEP_DTYPE), layers, "complete")
+                    with deferred():
+                        path = top.finish(dict(metadata or {}, end_time=now_iso()), ranks_table(rank_metas),
+                                          concat_records(all_steps, RANK_STEP_DTYPE), layers, "complete")
+                        if on_published is not None:
+                            on_published(path)
                 except (OSError, TraceError) as exc:
                     top.abort()
                     error = str(exc)
@@ -173,7 +181,7 @@ def _append(writer, rank: int, piece: np.ndarray) -> Optional[str]:
 
 def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata: Optional[Dict],
               layers: Sequence[str], force: bool, correct=None, group_size: int = 0,
-              compression: str = "gzip", after_open=None) -> str:
+              compression: str = "gzip", after_open=None, on_published=None) -> str:
     """Collective: write the merged trace from every rank's spool; returns its path.
 
     ``correct``: this rank's clock correction (records -> records with their time columns moved,
@@ -187,7 +195,9 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
 
     The spool is removed only after the trace is published. On a write error
     every rank raises the same :class:`TraceError` and the spool is kept. ``after_open``: testing
-    (``--inject-fault``), see :func:`~fourd_mpi.trace.merge.merge_collective`.
+    (``--inject-fault``) and ``on_published``: see :func:`~fourd_mpi.trace.merge.merge_collective`. Rank 0
+    marks the spool published (:func:`~fourd_mpi.trace.spool.mark_published`) before ``on_published``: a
+    rank interrupted from then on knows the spool is left over.
     """
     from mpi4py import MPI
 
@@ -207,15 +217,21 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
         failed = [r for r, e in enumerate(errors) if e is not None]
         others = f" (ranks {', '.join(map(str, failed))} failed)" if len(failed) > 1 else ""
         raise merge_failed(spool, errors[failed[0]] + others)
+    def published(path: str) -> None:
+        mark_published(spool.dir, path)
+        if on_published is not None:
+            on_published(path)
+
     error, path = merge_collective(comm, events, mine, rank_meta, trace_path, metadata, layers, force,
-                                   group_size=group_size, compression=compression, after_open=after_open)
+                                   group_size=group_size, compression=compression, after_open=after_open,
+                                   on_published=published)
     del events
     if error is not None:
         raise merge_failed(spool, error)
     spool.remove()
     comm.Barrier()
     if rank == 0:
-        for leftover in (RUN_META,):
+        for leftover in (RUN_META, PUBLISHED):
             try:
                 os.remove(os.path.join(spool.dir, leftover))
             except FileNotFoundError:

@@ -89,6 +89,29 @@ def remove_stale_temporaries(trace_path: str, rank_metas: Sequence[Dict]) -> Lis
     return sorted(removed)
 
 
+def published_by_the_run(spool_dir: str, trace_path: str, run_meta: Dict) -> Optional[str]:
+    """The complete trace that the run of ``spool_dir`` published itself, if there is one: the trace its final
+    merge marked published (:func:`~fourd_mpi.trace.spool.published_trace`), or ``trace_path`` when it is a
+    complete trace of this very run (the run id and start time of ``run_meta``, the spool's ``run.json``: an
+    interruption can end the ranks between the publication and that mark). The spool is then left over (every
+    step it holds is in that trace). Else None."""
+    from fourd_mpi.trace.spool import published_trace
+
+    marked = published_trace(spool_dir)
+    for path in ([marked] if marked else []) + [trace_path]:
+        if not os.path.isfile(path):
+            continue
+        try:
+            trace = load_trace(path, events=False)
+        except (OSError, TraceError):
+            continue
+        status, meta = trace.status, trace.metadata
+        if status == "complete" and meta.get("run_id") == run_meta.get("run_id") and \
+                meta.get("start_time") == run_meta.get("start_time") and run_meta.get("start_time"):
+            return path
+    return None
+
+
 def recovered_status(failures: Sequence[Dict]) -> str:
     """``partial`` without error reports, ``interrupted`` when every report says so (Ctrl-C), else ``failed``."""
     if not failures:
@@ -215,6 +238,13 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
         raise TraceError(f"unknown recover check {check!r}: choose one of {', '.join(RECOVER_CHECKS)}")
     run_meta = read_run_meta(spool_dir)
     world = spool_world(spool_dir, run_meta["world_size"])
+    default = spool_dir.rstrip("/").removesuffix(SPOOL_SUFFIX) + ".h5"
+    if output is None or os.path.abspath(output) == os.path.abspath(default):
+        published = published_by_the_run(spool_dir, default, run_meta)
+        if published is not None:  # nothing to recover: the spool is what an interrupted clean-up left
+            return {"path": published, "status": "complete", "left_over": True, "steps": [], "events_dropped": 0,
+                    "damaged": None, "failures": [], "live": [], "removable": None, "parts": 0, "verified": None,
+                    "stale_removed": [], "index": None}
     try:
         return _recover(spool_dir, output, force, summarize, group_size, jobs, compression, check, run_meta, world)
     finally:

@@ -26,7 +26,7 @@ import numpy as np
 
 from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
-from fourd_mpi.trace.files import (RUN_META, _rank_stem, _remove_quietly, _write_all, _write_json_atomic,
+from fourd_mpi.trace.files import (PUBLISHED, RUN_META, _rank_stem, _remove_quietly, _write_all, _write_json_atomic,
                                    io_error_text, now_iso, parts_dir_of, trace_paths)
 
 
@@ -323,6 +323,25 @@ def write_failure(stem: str, rank: int, message: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def mark_published(spool_dir: str, trace_path: str) -> None:
+    """Rank 0, as the final merge publishes ``trace_path``: write :data:`~fourd_mpi.trace.files.PUBLISHED` into
+    the spool (best effort: without it a left-over spool is recognised by its trace, :func:`published_trace`)."""
+    with contextlib.suppress(OSError):
+        _write_json_atomic(os.path.join(spool_dir, PUBLISHED), {"trace": os.path.abspath(trace_path),
+                                                                "time": now_iso()})
+
+
+def published_trace(spool_dir: str) -> Optional[str]:
+    """The trace the run of ``spool_dir`` published (its final merge ended: the spool is left over), from
+    :data:`~fourd_mpi.trace.files.PUBLISHED`, if that trace is there; else None."""
+    try:
+        with open(os.path.join(spool_dir, PUBLISHED)) as fh:
+            trace = json.load(fh).get("trace")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return trace if isinstance(trace, str) and os.path.isfile(trace) else None
 
 
 def read_records(path: str, dtype: np.dtype) -> np.ndarray:

@@ -9,9 +9,11 @@ no hidden temporary file, and a trace or spool that is complete or recoverable.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -149,3 +151,41 @@ def cmdline(pid: int) -> str:
             return fh.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def fourd(*args, cwd=None) -> subprocess.CompletedProcess:
+    """``python -m fourd_mpi ARGS`` (one process)."""
+    from conftest import REPO, mpi_env
+
+    return subprocess.run([sys.executable, "-m", "fourd_mpi", *map(str, args)], capture_output=True, text=True,
+                          env=mpi_env(), cwd=cwd or REPO, timeout=300)
+
+
+def check_left(results: Path, run_id: str, why: str, allowed=()) -> str:
+    """What an interrupted run left in ``results``, checked (``why``: shown on a failure); returns ``complete`` (its
+    trace complete and indexed), ``recovered STATUS`` (its per-rank files, which ``trace recover`` merges; that
+    also removes what a killed merge left) or ``nothing`` (no file of the run). No hidden file stays (but
+    ``allowed``)."""
+    trace, spool, index = results / f"{run_id}.h5", results / f"{run_id}.ranks", results / "index.jsonl"
+    entries = [json.loads(line) for line in index.read_text().splitlines()] if index.exists() else []
+    if spool.is_dir():
+        rec = fourd("trace", "recover", spool)
+        assert rec.returncode == 0 and crashed(rec.stderr) is None, (why, rec.stdout, rec.stderr)
+        if "are left over" in rec.stdout:  # the run published its trace, then was ended before removing them
+            outcome = "complete"
+            assert f"{trace}: status complete" in rec.stdout, (why, rec.stdout)
+        else:
+            outcome = "recovered " + rec.stdout.split("status ", 1)[1].split(",")[0]
+            entries = [json.loads(line) for line in index.read_text().splitlines()]
+            assert [(e["run_id"], e["status"]) for e in entries] == [(run_id, outcome.split()[1])], (why, entries)
+    elif trace.exists():
+        outcome = "complete"
+    else:
+        outcome = "nothing"
+        assert not (results / f"{run_id}.parts").exists() and not entries, (why, sorted(os.listdir(results)))
+    if outcome == "complete":
+        show = fourd("trace", "show", trace)
+        assert show.returncode == 0 and "status complete" in show.stdout, (why, show.stdout, show.stderr)
+        assert [(e["run_id"], e["status"]) for e in entries] == [(run_id, "complete")], (why, entries)
+    assert hidden(results, allowed) == [], (why, hidden(results, allowed))
+    return outcome

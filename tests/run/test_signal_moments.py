@@ -7,7 +7,6 @@ SIGHUP kills Hydra's mpiexec, whose proxy then kills the ranks (SIGKILL): the ru
 
 from __future__ import annotations
 
-import json
 import signal
 import random
 import subprocess
@@ -17,8 +16,7 @@ import pytest
 
 from conftest import REPO, find_mpiexec, mpi_env, mpi_flavor
 from fourd_mpi.trace.events import RANK_STEP_DTYPE
-from moments import (SIGNALS, crashed, default_signals, hidden, ranks_ready, signal_at, steps_done, timeline,
-                     wait_for)
+from moments import SIGNALS, check_left, crashed, default_signals, ranks_ready, signal_at, steps_done, timeline, wait_for
 
 TRIALS = 15
 STEPS = 6
@@ -32,37 +30,10 @@ def start(results):
                             preexec_fn=default_signals)
 
 
-def fourd(*args):
-    return subprocess.run([sys.executable, "-m", "fourd_mpi", *map(str, args)], capture_output=True, text=True,
-                          env=mpi_env(), cwd=REPO, timeout=300)
-
-
 def states(results):
     spool = results / "r.ranks"
     return {"ready": lambda: True, "stepping": steps_done(spool, 2, 1, RANK_STEP_DTYPE.itemsize),
             "merging": steps_done(spool, 2, STEPS, RANK_STEP_DTYPE.itemsize)}
-
-
-def outcome_of(results, why) -> str:
-    """What the run left, checked (``why``: shown on a failure); ``complete``, ``recovered STATUS`` or
-    ``nothing``. A spool left is recovered (``trace recover``), which also removes what a killed merge left."""
-    trace, spool, index = results / "r.h5", results / "r.ranks", results / "index.jsonl"
-    if spool.is_dir():
-        rec = fourd("trace", "recover", spool)
-        assert rec.returncode == 0 and crashed(rec.stderr) is None, (why, rec.stdout, rec.stderr)
-        assert hidden(results) == [], (why, hidden(results))
-        status = rec.stdout.split("status ", 1)[1].split(",")[0]
-        assert status == "interrupted", (why, rec.stdout)
-        return f"recovered {status}"
-    assert hidden(results) == [], (why, hidden(results))
-    if trace.exists():
-        show = fourd("trace", "show", trace)
-        assert show.returncode == 0 and "status complete" in show.stdout, (why, show.stdout, show.stderr)
-        lines = [json.loads(line) for line in index.read_text().splitlines()] if index.exists() else []
-        assert [(e["run_id"], e["status"]) for e in lines] == [("r", "complete")], (why, lines)
-        return "complete"
-    assert not (results / "r.parts").exists() and not index.exists(), (why, sorted(p.name for p in results.iterdir()))
-    return "nothing"
 
 
 @pytest.mark.mpi
@@ -91,7 +62,9 @@ def test_a_signal_at_any_moment_of_run(tmp_path):
                 proc.communicate()
         why += f"; exit {proc.returncode}: {err}"
         assert crashed(err) is None, why
-        outcome = outcome_of(results, why)
+        outcome = check_left(results, "r", why)
+        if outcome.startswith("recovered"):
+            assert outcome == "recovered interrupted", why
         # 128 + signal: every rank ended by its handler; -SIGHUP: mpiexec itself (Hydra has no handler for it)
         expected = {0, -sig} if sig == signal.SIGHUP else {0, 128 + sig}
         if outcome != "complete":
