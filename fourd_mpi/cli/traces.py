@@ -57,7 +57,9 @@ def cmd_trace(args, world=None) -> int:
         if result.get("left_over"):
             print(f"{result['path']}: status complete: the run's final merge published it; the per-rank files in "
                   f"{args.directory} are left over from its interrupted clean-up (every step is in the trace) and can "
-                  "now be removed")
+                  "now be removed" + ("; the run's line was missing from the index: added" if result["indexed"] else ""))
+            if result["index"] is not None:
+                print(f"fourd-mpi: warning: {result['index']}", file=sys.stderr)
             return 0
         steps = result["steps"]
         kept = f"steps {steps[0]}-{steps[-1]}" if steps else "no step"

@@ -112,6 +112,22 @@ def published_by_the_run(spool_dir: str, trace_path: str, run_meta: Dict) -> Opt
     return None
 
 
+def _index_published(path: str):
+    """``(added, error)``: the line of the published trace ``path`` added to the index next to it if it has none
+    (the run was ended between its publication and its index line), as ``results reindex`` writes it."""
+    from fourd_mpi.results.index import append_entry, entry_of_trace, index_file, read_index, trace_of
+
+    results_dir = os.path.dirname(os.path.abspath(path))
+    index = index_file(results_dir)
+    try:
+        if any(os.path.realpath(trace_of(entry, index)) == os.path.realpath(path) for entry in read_index(index)):
+            return False, None
+        append_entry(index, entry_of_trace(load_trace(path, events=False), results_dir))
+    except (OSError, ValueError) as exc:  # the trace stands
+        return False, f"the run was not added to {index}: {exc}"
+    return True, None
+
+
 def recovered_status(failures: Sequence[Dict]) -> str:
     """``partial`` without error reports, ``interrupted`` when every report says so (Ctrl-C), else ``failed``."""
     if not failures:
@@ -242,9 +258,11 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
     if output is None or os.path.abspath(output) == os.path.abspath(default):
         published = published_by_the_run(spool_dir, default, run_meta)
         if published is not None:  # nothing to recover: the spool is what an interrupted clean-up left
-            return {"path": published, "status": "complete", "left_over": True, "steps": [], "events_dropped": 0,
-                    "damaged": None, "failures": [], "live": [], "removable": None, "parts": 0, "verified": None,
-                    "stale_removed": [], "index": None}
+            with deferred():
+                indexed, index_error = _index_published(published)
+            return {"path": published, "status": "complete", "left_over": True, "indexed": indexed, "steps": [],
+                    "events_dropped": 0, "damaged": None, "failures": [], "live": [], "removable": None, "parts": 0,
+                    "verified": None, "stale_removed": [], "index": index_error}
     try:
         return _recover(spool_dir, output, force, summarize, group_size, jobs, compression, check, run_meta, world)
     finally:
