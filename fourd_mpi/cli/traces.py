@@ -58,6 +58,7 @@ def cmd_trace(args, world=None) -> int:
             print(f"{result['path']}: status complete: the run's final merge published it; the per-rank files in "
                   f"{args.directory} are left over from its interrupted clean-up (every step is in the trace) and can "
                   "now be removed" + ("; the run's line was missing from the index: added" if result["indexed"] else ""))
+            _say_stale(result)
             if result["index"] is not None:
                 print(f"fourd-mpi: warning: {result['index']}", file=sys.stderr)
             return 0
@@ -69,9 +70,7 @@ def cmd_trace(args, world=None) -> int:
                  else ""))
         for failure in result["failures"]:
             print(f"  rank {failure.get('rank')} failed: {failure.get('error')}")
-        if result["stale_removed"]:
-            print(f"removed {len(result['stale_removed'])} temporary file(s) that an interrupted merge of this run "
-                  f"left next to the trace (their processes are gone): {', '.join(result['stale_removed'])}")
+        _say_stale(result)
         if result["index"] is not None:
             print(f"fourd-mpi: warning: {result['index']}", file=sys.stderr)
         if result["removable"] is None:
@@ -129,6 +128,19 @@ def cmd_trace(args, world=None) -> int:
               f"compute {100 * summary['compute_share']:.1f}%, exposed communication "
               f"{100 * summary['wait_share']:.1f}%; {summary['tokens_per_s']:,.0f} tokens/s")
     return 0
+
+
+def _say_stale(result) -> None:
+    """One line for the temporaries of a killed merge of this run that recover removed, one for those of this
+    trace's name that it left (not provably this run's)."""
+    if result["stale_removed"]:
+        print(f"removed {len(result['stale_removed'])} temporary file(s) that an interrupted merge of this run "
+              f"left next to the trace (their processes are gone): {', '.join(result['stale_removed'])}")
+    left = result.get("stale_left") or []
+    if left:
+        shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        print(f"note: left {len(left)} temporary file(s) of another merge of this trace next to it, not provably "
+              f"this run's (another host's or a live process's, or parts set aside by --force): {shown}")
 
 
 def _show_clocks(ranks, shown: int = 16) -> None:

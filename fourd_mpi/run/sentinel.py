@@ -22,7 +22,9 @@ standard output and error. When the pipe closes (the rank is gone, whatever ende
   ``rankNNNNNN.failed.json``: ``interrupted: SIGHUP to mpiexec ...``, and ``trace recover`` calls the trace
   ``interrupted``.
 
-Then it exits. The rank tells it when the final merge starts (one byte), for the wording of the record.
+Then it exits. The rank tells it when the final merge starts, for the wording of the record, and the names of
+the temporary file and staged parts directory that rank 0 created for the merge: when the launcher's end killed
+the ranks in the merge, the sentinel removes them (a published trace has neither name any more).
 Ranks on the other nodes of a multi-node launch start none: their proxy's parent is no ``mpiexec``, and the
 record of the first node's ranks is the run's. Without Hydra, under ``nohup`` (SIGHUP ignored), or where
 ``mpiexec`` handles SIGHUP itself, nothing is started.
@@ -39,8 +41,10 @@ from typing import Optional
 #: names (``/proc/PID/comm``) of Hydra's proxy and of the launchers that start it
 PROXY_NAMES = ("hydra_pmi_proxy",)
 LAUNCHER_NAMES = ("mpiexec", "mpiexec.hydra", "mpirun")
-#: the byte the rank writes into the pipe when its final merge starts
-MERGING = b"m"
+#: what the rank writes into the pipe, one line each: its final merge starts; the names of the merge's
+#: temporary file and staged parts directory (``t`` TMP ``\0`` STAGED, empty where none)
+MERGING = b"m\n"
+TEMPORARIES = b"t"
 
 
 def _stat_fields(pid: int):
@@ -84,8 +88,19 @@ class Sentinel:
 
     def merging(self) -> None:
         """The final merge starts (the record then says so)."""
+        self._tell(MERGING)
+
+    def temporaries(self, tmp_path: Optional[str], staged_dir: Optional[str]) -> None:
+        """The names of the merge's temporary file and staged parts directory (created by rank 0 for this merge):
+        the sentinel removes them if the launcher's end kills the ranks before the merge publishes or removes
+        them itself."""
+        self._tell(TEMPORARIES + os.fsencode(tmp_path or "") + b"\0" + os.fsencode(staged_dir or "") + b"\n")
+
+    def _tell(self, line: bytes) -> None:
+        if self.fd is None:
+            return
         try:
-            os.write(self.fd, MERGING)
+            os.write(self.fd, line)
         except OSError:  # the sentinel is gone (killed): nothing to tell
             pass
 
@@ -132,17 +147,23 @@ def watch(spool_dir: str, rank: int, launcher: int, steps: int, record_size: int
         pidfd = os.pidfd_open(launcher)  # the launcher itself, whatever later takes its pid
     except (AttributeError, OSError):
         pidfd = None
-    merging = False
+    merging, temporaries, data = False, (None, None), b""
     while True:
         try:
-            data = os.read(0, 64)
+            more = os.read(0, 4096)
         except InterruptedError:
             continue
         except OSError:
             break
-        if not data:
+        if not more:
             break
-        merging = merging or MERGING in data
+        data += more
+        *lines, data = data.split(b"\n")
+        for line in lines:
+            merging = merging or line + b"\n" == MERGING
+            if line.startswith(TEMPORARIES):
+                tmp, _, staged = line[len(TEMPORARIES):].partition(b"\0")
+                temporaries = (os.fsdecode(tmp) or None, os.fsdecode(staged) or None)
     if pidfd is not None:
         import select
 
@@ -153,6 +174,10 @@ def watch(spool_dir: str, rank: int, launcher: int, steps: int, record_size: int
     os.close(2)
     if not gone:
         return 0
+    if any(temporaries):  # the merge's own (their names came from it): gone now, or kept by nobody
+        from fourd_mpi.trace.merge import remove_merge_temporaries
+
+        remove_merge_temporaries(*temporaries)
     from fourd_mpi.trace.files import PUBLISHED
 
     stem = os.path.join(spool_dir, f"rank{rank:06d}")

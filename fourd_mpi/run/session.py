@@ -338,6 +338,8 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
         # an aborted run publishes no trace: every fire is marked before its wait ends, and no wait is watched
         # from here on (the merge's collectives are not), so none can fire after this check
         run.comm.watchdog.hold_if_fired(world)
+        if rank == 0:
+            _note_stale_temporaries(trace_path)
         merging = True
         if sentinel is not None:
             sentinel.merging()
@@ -345,7 +347,8 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
         indexed = (lambda path: index_line(metadata, path, trace.results_dir)) if rank == 0 else None
         path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, force,
                          correct=drift.correct_records if drift is not None else None, group_size=trace.group_size,
-                         after_open=merge_fault, on_published=indexed)
+                         after_open=merge_fault, on_published=indexed,
+                         on_temporaries=sentinel.temporaries if sentinel is not None else None)
     except BaseException as exc:
         if run.comm.tracer.ranges is not None:  # NVTX ranges end with the run, whatever ended it
             run.comm.tracer.ranges.unwind()
@@ -513,6 +516,20 @@ def warning_line(text: str) -> None:
     """One ``fourd-mpi: warning:`` line on this rank's stderr, in one write."""
     sys.stderr.flush()
     os.write(2, f"fourd-mpi: warning: {' '.join(text.split())}\n".encode())
+
+
+def _note_stale_temporaries(trace_path: str) -> None:
+    """Rank 0, before its merge: one line naming the temporary files or staged parts of ``trace_path`` that another
+    merge left (one killed before it could remove them), left as they are: they are not this merge's, whose own
+    names hold its pid and a random token."""
+    from fourd_mpi.trace.recover import merge_temporaries
+
+    found = merge_temporaries(trace_path)
+    if found:
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        warning_line(f"{len(found)} temporary file(s) of another merge of {trace_path} are next to it (a merge killed "
+                     f"before it removed them): {shown}; left as they are ('fourd-mpi trace recover' of that run's "
+                     "per-rank files removes them once its processes are gone)")
 
 
 def _remove_left_over(spool: RankSpool) -> None:

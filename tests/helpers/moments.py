@@ -163,9 +163,8 @@ def fourd(*args, cwd=None) -> subprocess.CompletedProcess:
 
 def check_left(results: Path, run_id: str, why: str, allowed=()) -> str:
     """What an interrupted run left in ``results``, checked (``why``: shown on a failure); returns ``complete`` (its
-    trace complete and indexed), ``recovered STATUS`` (its per-rank files, which ``trace recover`` merges; that
-    also removes what a killed merge left) or ``nothing`` (no file of the run). No hidden file stays (but
-    ``allowed``)."""
+    trace complete and indexed), ``recovered STATUS`` (its per-rank files, which ``trace recover`` merges) or
+    ``nothing`` (no file of the run). No hidden file is there (but ``allowed``), before or after the recovery."""
     trace, spool, index = results / f"{run_id}.h5", results / f"{run_id}.ranks", results / "index.jsonl"
     def indexed():
         lines = [json.loads(line) for line in index.read_text().splitlines()] if index.exists() else []
@@ -174,6 +173,9 @@ def check_left(results: Path, run_id: str, why: str, allowed=()) -> str:
     entries = indexed()
     if spool.is_dir():
         sentinels_gone(spool)
+    if results.exists():  # an interrupted merge removed its temporaries (a run ended by the launcher: its sentinel)
+        assert hidden(results, allowed) == [], (why, hidden(results, allowed))
+    if spool.is_dir():
         rec = fourd("trace", "recover", spool)
         assert rec.returncode == 0 and crashed(rec.stderr) is None, (why, rec.stdout, rec.stderr)
         if "are left over" in rec.stdout:  # the run published its trace, then was ended before removing them

@@ -16,7 +16,8 @@ import pytest
 
 from conftest import REPO, find_mpiexec, mpi_env, mpi_flavor
 from fourd_mpi.trace.events import RANK_STEP_DTYPE
-from moments import SIGNALS, check_left, crashed, default_signals, ranks_ready, signal_at, steps_done, timeline, wait_for
+from moments import (SIGNALS, check_left, crashed, default_signals, ranks_ready, signal_at, steps_done, timeline,
+                     wait_for)
 
 TRIALS = 15
 STEPS = 6
