@@ -56,6 +56,14 @@ def working_in(where) -> list:
     return found
 
 
+def wait_no_process_in(where, timeout: float = 60) -> list:
+    """Wait until no process works in ``where`` (a sentinel may outlive its job for a moment); the ones left."""
+    deadline = time.monotonic() + timeout
+    while working_in(where) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return working_in(where)
+
+
 def sweep(base):
     base.mkdir()
     (base / "spec.yaml").write_text(textwrap.dedent(SPEC))
@@ -93,10 +101,7 @@ def test_a_signal_at_any_moment_of_sweep_submit(tmp_path):
         why += f"; exit {proc.returncode}: {out} {err}"
         assert crashed(err) is None, why
         assert proc.returncode in (0, 128 + sig), why
-        deadline = time.monotonic() + 60  # a sentinel may outlive the job for a moment, no job process may
-        while working_in(where) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert working_in(where) == [], why
+        assert wait_no_process_in(where) == [], why  # no job outlives the submit
         jobs = json.loads((where / "jobscripts/s1/jobs.json").read_text()) \
             if (where / "jobscripts/s1/jobs.json").exists() else {}
         status = fourd("sweep", "status", "jobscripts/s1", cwd=where)
@@ -125,3 +130,39 @@ def hidden_in(where) -> list:
 
     return hidden(where / "jobscripts", KEPT) + hidden(where / "results", KEPT) if (where / "results").exists() \
         else hidden(where / "jobscripts", KEPT)
+
+
+@pytest.mark.mpi
+def test_an_interrupted_sequential_pack_starts_no_further_run(tmp_path):
+    """Ctrl-C to ``sweep submit`` of a local sequential pack of two runs while the first one steps. Before: the
+    submit died (its job killed, its mpiexec left running the run), and the pack would have gone on to the
+    second run. Now the first run records the interruption, the pack starts no further run, the first run's
+    record says CANCELLED and the second run's claim is given back (no record: a later submit runs it)."""
+    if mpi_flavor() != "mpich":
+        pytest.skip("Hydra forwards the signal to the ranks")
+    from fourd_mpi.trace.events import RANK_STEP_DTYPE
+    from moments import steps_done, wait_for
+
+    tmp_path.joinpath("spec.yaml").write_text(textwrap.dedent(SPEC).replace("steps: 3", "steps: 40"))
+    done = fourd("sweep", "render", "spec.yaml", "--site", "local", "--python", sys.executable, "--pack", "2",
+                 cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    first, second = json.loads((tmp_path / "jobscripts/s1/manifest.json").read_text())["runs"]
+    spool = tmp_path / (first["trace"][:-3] + ".ranks")
+    proc = submit(tmp_path)
+    try:
+        assert wait_for(steps_done(spool, 1, 1, RANK_STEP_DTYPE.itemsize), proc), proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130 and crashed(err) is None, (out, err)
+    assert wait_no_process_in(tmp_path) == []
+    jobs = json.loads((tmp_path / "jobscripts/s1/jobs.json").read_text())
+    assert list(jobs) == [first["run_id"]] and jobs[first["run_id"]]["state"] == "CANCELLED", jobs
+    assert "interrupted: sweep submit got Ctrl-C while the job ran" in jobs[first["run_id"]]["error"]
+    assert check_left(tmp_path / os.path.dirname(first["trace"]), first["run_id"], out) == "recovered interrupted"
+    assert check_left(tmp_path / os.path.dirname(second["trace"]), second["run_id"], out) == "nothing"
+    assert not (tmp_path / second["log"]).exists() or "started" not in (tmp_path / second["log"]).read_text()

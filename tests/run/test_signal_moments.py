@@ -19,7 +19,7 @@ from fourd_mpi.trace.events import RANK_STEP_DTYPE
 from moments import (SIGNALS, check_left, crashed, default_signals, ranks_ready, signal_at, steps_done, timeline,
                      wait_for)
 
-TRIALS = 15
+TRIALS = 12
 STEPS = 6
 RUN = ["run", "--gx", "2", "--steps", str(STEPS), "--display", "quiet", "--peak-tflops", "1",
        "--trace-group-size", "1", "--run-id", "r"]

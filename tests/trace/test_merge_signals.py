@@ -20,7 +20,7 @@ from conftest import REPO, find_mpiexec, mpi_env, mpi_flavor
 from fourd_mpi.trace.events import RANK_STEP_DTYPE
 from moments import SIGNALS, check_left, crashed, default_signals, signal_at, steps_done, timeline, wait_for
 
-TRIALS = 15
+TRIALS = 12
 STEPS = 4
 RANKS = 3
 RUN = ["run", "--gdata", str(RANKS), "--batch", "6", "--steps", str(STEPS), "--display", "quiet", "--peak-tflops",
@@ -53,7 +53,7 @@ def test_a_signal_at_any_moment_of_the_final_merge(tmp_path):
     for i in range(TRIALS):
         results = tmp_path / f"t{i}"
         sig = SIGNALS[i % 3]
-        target = rng.choice(("mpiexec", "rank 0", "rank 2"))
+        target = ("mpiexec", "rank 0", "rank 2")[i // 3 % 3]  # every pair of signal and target
         moment = rng.uniform(0, window * 1.2)
         why = f"trial {i}: {sig.name} to {target} {moment:.3f} s into the merge (measured {window:.3f} s)"
         proc = start(results)
