@@ -170,8 +170,10 @@ def watch(spool_dir: str, rank: int, launcher: int, steps: int, record_size: int
         gone = bool(select.select([pidfd], [], [], 0)[0])
     else:
         gone = _gone(launcher)
-    os.close(1)  # the rank's output: its proxy (and mpiexec) may end now
-    os.close(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)  # let go of the rank's output: its proxy (and mpiexec) may end now
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
     if not gone:
         return 0
     if any(temporaries):  # the merge's own (their names came from it): gone now, or kept by nobody
