@@ -15,10 +15,12 @@ import os
 import re
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fourd_mpi.errors import ConfigError
+from fourd_mpi.errors import ConfigError, Terminated
+from fourd_mpi.util import signals
 
 ACTIVE_STATES = ("PENDING", "RUNNING")
 #: launchers of LSF clusters with IBM's Cluster System Management (Summit, Lassen): ``bsub -nnodes``
@@ -333,15 +335,12 @@ class Local(Scheduler):
         a terminal's Ctrl-C or a scheduler's ``scancel`` would reach it), which then has :data:`STOP_GRACE_S`
         seconds to end (the run records the interruption) before it is killed; the exception then goes on,
         with the job's exit status as its ``job_status``. No job outlives an interrupted ``sweep submit``."""
-        from fourd_mpi.errors import Terminated
-        from fourd_mpi.util.signals import deferred
-
         path = os.path.join(cwd, log)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as out:
             job = None
             try:
-                with deferred():  # started and known, or not started: never a job this process lost track of
+                with signals.deferred():  # started and known, or not started: never a job this process lost track of
                     job = subprocess.Popen(["bash", script, *args], stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
                                            start_new_session=True)
                 return job.wait()
@@ -362,10 +361,6 @@ def stop_job(job: subprocess.Popen, signum: int) -> int:
     """Pass ``signum`` on to the process group of ``job`` (started with ``start_new_session``), wait until every
     process of the group has ended (at most :data:`STOP_GRACE_S` seconds, then SIGKILL), and return the job's exit
     status. Further signals meanwhile are held back and dropped: the job is already being stopped."""
-    import time
-
-    from fourd_mpi.util import signals
-
     signals.hold()
     try:
         with contextlib.suppress(ProcessLookupError):

@@ -236,9 +236,8 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
     run.comm.tracer.ranges = make_ranges(trace.nvtx, say if rank == 0 else lambda text: None)
     start_time = now_iso()
     run_id = on_root(world, lambda: trace.run_id or new_run_id(trace.label))
-    trace_path, _ = trace_paths(trace.results_dir, run_id)
+    trace_path, spool_dir = trace_paths(trace.results_dir, run_id)
     metadata = run_metadata(run, run_id, config, trace.level, start_time) if rank == 0 else None
-    spool_dir = trace_paths(trace.results_dir, run_id)[1]
     rank_meta = rank_metadata(run, *run.clock)
     spool = sentinel = None
     i = None  # the step in progress
