@@ -39,9 +39,11 @@ from fourd_mpi.trace.nvtx import make_ranges
 from fourd_mpi.util.signals import deferred
 
 FAULT_MODES = ("kill", "raise", "remove-spool", "fill-disk", "touch", "sigterm", "stop", "sigterm-merge",
-               "kill-merge")
-#: modes that act during the final merge, once the trace's temporary files exist (STEP must be --steps)
-MERGE_FAULTS = ("sigterm-merge", "kill-merge")
+               "kill-merge", "sigterm-published", "kill-published")
+#: modes that act during the final merge, once the trace's temporary files exist, or (``*-published``, rank 0
+#: only) right after its publication and index line (STEP must be --steps)
+MERGE_FAULTS = ("sigterm-merge", "kill-merge", "sigterm-published", "kill-published")
+PUBLISHED_FAULTS = ("sigterm-published", "kill-published")
 #: the file ``touch`` creates in the results directory
 TOUCH_NAME = "inject-fault.touch"
 #: ``fill-disk`` fills only a file system smaller than this (a tmpfs made for the test), never a real disk
@@ -83,7 +85,9 @@ class Fault:
     run stays live, its spool locked, until the test sends SIGCONT). The modes of
     :data:`MERGE_FAULTS` act inside the final merge instead (``step`` must be the number of steps),
     once every rank knows that the trace's temporary files exist: ``sigterm-merge`` (SIGTERM) and
-    ``kill-merge`` (SIGKILL: the temporary files stay behind, as after a node failure).
+    ``kill-merge`` (SIGKILL: the temporary files stay behind, as after a node failure); or, on rank 0, right
+    after the trace is published and indexed, before the spool is removed: ``sigterm-published`` (held back
+    until the end of the merge, then raised) and ``kill-published`` (the spool stays, left over).
 
     Every rank meets in a barrier first, so all steps before ``step`` are on disk on every rank.
     """
@@ -112,6 +116,9 @@ class Fault:
         if self.mode in MERGE_FAULTS and self.step != steps:
             raise ConfigError(f"--inject-fault {self.rank}:{self.step}:{self.mode} acts in the final merge: "
                               f"give STEP = --steps ({steps})")
+        if self.mode in PUBLISHED_FAULTS and self.rank != 0:
+            raise ConfigError(f"--inject-fault {self.rank}:{self.step}:{self.mode} acts where rank 0 publishes the "
+                              "trace: give RANK 0")
         if self.mode == "fill-disk":
             where = os.path.abspath(results_dir)
             while not os.path.exists(where):
@@ -126,12 +133,12 @@ class Fault:
     def trigger(self, spool_dir: str, results_dir: str) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        if self.mode in ("kill", "kill-merge"):
+        if self.mode in ("kill", "kill-merge", "kill-published"):
             os.kill(os.getpid(), signal.SIGKILL)
         if self.mode == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
             return
-        if self.mode in ("sigterm", "sigterm-merge"):
+        if self.mode in ("sigterm", "sigterm-merge", "sigterm-published"):
             signal.raise_signal(signal.SIGTERM)  # to this thread: the handler runs before the next line
             return
         if self.mode == "remove-spool":
@@ -330,7 +337,7 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
         drift = end_alignment(run, rank_meta)
         force = trace.force or on_root(world, lambda: _replaces_live_recovery(trace_path, spool_dir, say))
         merge_fault = None
-        if fault is not None and fault.mode in MERGE_FAULTS:
+        if fault is not None and fault.mode in MERGE_FAULTS and fault.mode not in PUBLISHED_FAULTS:
             def merge_fault():
                 if fault.rank == rank:
                     fault.trigger(spool_dir, trace.results_dir)
@@ -343,10 +350,14 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
         if sentinel is not None:
             sentinel.merging()
         # rank 0 indexes the run in the same signal-held stretch as the publication: no complete trace unindexed
-        indexed = (lambda path: index_line(metadata, path, trace.results_dir)) if rank == 0 else None
+        def indexed(path: str) -> None:  # rank 0
+            index_line(metadata, path, trace.results_dir)
+            if fault is not None and fault.mode in PUBLISHED_FAULTS:
+                fault.trigger(spool_dir, trace.results_dir)
+
         path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, force,
                          correct=drift.correct_records if drift is not None else None, group_size=trace.group_size,
-                         after_open=merge_fault, on_published=indexed,
+                         after_open=merge_fault, on_published=indexed if rank == 0 else None,
                          on_temporaries=sentinel.temporaries if sentinel is not None else None)
     except BaseException as exc:
         if run.comm.tracer.ranges is not None:  # NVTX ranges end with the run, whatever ended it

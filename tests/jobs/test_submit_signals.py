@@ -22,7 +22,7 @@ import pytest
 from conftest import mpi_env, mpi_flavor
 from moments import SIGNALS, check_left, crashed, default_signals, fourd, signal_at, timeline, wait_caught
 
-TRIALS = 10
+TRIALS = 8
 SPEC = """\
 name: s1
 study: weak

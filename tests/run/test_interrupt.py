@@ -141,6 +141,8 @@ def test_recover_removes_what_a_killed_merge_left(tmp_path, run_mpi):
     assert rec.returncode == 0 and "status partial, steps 0-3" in rec.stdout, rec
     assert f"removed 2 temporary file(s) that an interrupted merge of this run left next to the trace (their " \
            f"processes are gone): {', '.join(left)}" in rec.stdout, rec.stdout
+    assert f"note: left 1 temporary file(s) of another merge of this trace next to it, not provably this run's " \
+           f"(another host's or a live process's, or parts set aside by --force): {foreign.name}" in rec.stdout
     assert temporaries(tmp_path) == [foreign.name]
 
 

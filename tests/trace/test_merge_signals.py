@@ -9,6 +9,7 @@ trace); never a traceback, a crash, or a hidden temporary file or parts director
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -82,3 +83,44 @@ def test_a_signal_at_any_moment_of_the_final_merge(tmp_path):
         seen[key] = seen.get(key, 0) + 1
         print(i, key, f"{moment:.3f}/{window:.3f}", flush=True)
     assert any(outcome.startswith("recovered") for *_, outcome in seen), seen
+
+
+def test_a_run_ended_right_after_its_publication(tmp_path):
+    """Rank 0 gets SIGTERM right after the trace is published and indexed (held back to the end of the merge), or is
+    killed there (SIGKILL: the per-rank files stay, left over). SIGTERM: one line says the trace is complete, exit
+    143, the spool removed. SIGKILL: ``trace recover`` of the left-over spool says so, exit 0, and adds nothing to
+    the index. Before: a rank interrupted between the publication and the index line left a complete trace out of
+    the index and its spool marked "interrupted during the final merge"; recover refused ("already exists")."""
+    base = [sys.executable, "-m", "fourd_mpi", "run", "--steps", "3", "--display", "quiet", "--peak-tflops", "1"]
+    term = subprocess.run(base + ["--results-dir", str(tmp_path / "t"), "--run-id", "t", "--inject-fault",
+                                  "0:3:sigterm-published"], capture_output=True, text=True, env=mpi_env(), cwd=REPO,
+                          timeout=300)
+    assert term.returncode == 143 and crashed(term.stderr) is None, term.stderr
+    assert (f"fourd-mpi: interrupted: SIGTERM (scheduler time limit, scancel or kill) after the final merge; the "
+            f"trace {tmp_path / 't' / 't.h5'} is complete") in term.stderr, term.stderr
+    assert not (tmp_path / "t" / "t.ranks").exists()
+    assert check_left(tmp_path / "t", "t", term.stderr) == "complete"
+
+    kill = subprocess.run(base + ["--results-dir", str(tmp_path / "k"), "--run-id", "k", "--inject-fault",
+                                  "0:3:kill-published"], capture_output=True, text=True, env=mpi_env(), cwd=REPO,
+                          timeout=300)
+    assert kill.returncode == -signal.SIGKILL, kill.stderr
+    assert (tmp_path / "k" / "k.ranks" / "published.json").exists()
+    assert check_left(tmp_path / "k", "k", kill.stderr) == "complete"  # recover: "left over", exit 0
+
+
+def test_stale_temporaries_of_a_killed_merge_are_named_not_taken(tmp_path):
+    """What a killed merge left next to a trace of the same name (a temporary file of a live process, the parts a
+    --force publication set aside): a run's merge names them in one line and leaves them; its own are gone."""
+    results = tmp_path / "r"
+    results.mkdir()
+    stale = [f".s.h5.tmp-{os.getpid()}-abcdef", ".s.parts.old-999999-abcdef"]
+    for name in stale:
+        (results / name).write_bytes(b"")
+    done = subprocess.run([sys.executable, "-m", "fourd_mpi", "run", "--steps", "2", "--display", "quiet",
+                           "--peak-tflops", "1", "--results-dir", str(results), "--run-id", "s"],
+                          capture_output=True, text=True, env=mpi_env(), cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "temporary file(s) of another merge" in line]
+    assert len(warned) == 1 and all(name in warned[0] for name in stale), done.stderr
+    assert sorted(p.name for p in results.iterdir() if p.name.startswith(".")) == sorted(stale)
