@@ -98,29 +98,15 @@ def walk_parsers(parser: argparse.ArgumentParser, path: tuple = ()):
                 yield from walk_parsers(child, path + (name,))
 
 
-#: environment variables in which launchers (MPICH/Hydra and PMI, Open MPI, PMIx, Slurm) give the rank, each
-#: with the variables that give the number of ranks of that launch (none known: the rank alone decides)
-_RANK_VARIABLES = (("PMI_RANK", ("PMI_SIZE",)), ("OMPI_COMM_WORLD_RANK", ("OMPI_COMM_WORLD_SIZE",)),
-                   ("PMIX_RANK", ()), ("SLURM_PROCID", ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")),
-                   ("PALS_RANKID", ()))
-
-
 def is_first_rank() -> bool:
     """True in one process of a launch: rank 0 of an initialized MPI, else the launcher's rank 0
-    (the command line is parsed before MPI starts), else a process without a launcher. A rank
-    variable whose launch has no other rank (its size variable absent or 1: ``PMI_RANK`` or
-    ``SLURM_PROCID`` left in the environment of a job step's shell) does not make a process silent."""
+    (the command line is parsed before MPI starts, :func:`fourd_mpi.util.launch.launch_rank`), else a
+    process without a launcher."""
     if "mpi4py.MPI" in sys.modules:
         return sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank() == 0
-    for name, sizes in _RANK_VARIABLES:
-        value = os.environ.get(name, "").strip()
-        if value.isdigit():
-            if sizes:
-                size = next((os.environ[s].strip() for s in sizes if os.environ.get(s, "").strip().isdigit()), "")
-                if not size or int(size) <= 1:
-                    continue  # no sibling rank would print in its place
-            return int(value) == 0
-    return True
+    from fourd_mpi.util.launch import launch_rank
+
+    return launch_rank() in (None, 0)
 
 
 def add_option(parser, option: Option, many: bool = False, **override) -> None:

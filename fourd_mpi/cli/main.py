@@ -174,6 +174,40 @@ def _tolerant_streams() -> None:
             pass
 
 
+class _StartHold:
+    """A launched rank's signals held from its start until MPI is up (:func:`fourd_mpi.util.signals.hold`), so
+    that an interruption then aborts the whole job instead of leaving the other ranks waiting in ``MPI_Init``
+    or the first collective; a signal that came while the modules imported (:data:`fourd_mpi.cli.early_signal`)
+    is raised at the release too. Without a launch with other ranks, nothing is held."""
+
+    def __init__(self):
+        from fourd_mpi import cli
+        from fourd_mpi.util import signals
+        from fourd_mpi.util.launch import launch_rank
+
+        self.held = launch_rank() is not None
+        if self.held:
+            signals.hold(cli.early_signal)
+            cli.early_signal = None
+
+    def release(self, raise_pending: bool = True) -> None:
+        """End the hold (once); ``raise_pending``: raise the signal that came meanwhile, if any."""
+        if self.held:
+            from fourd_mpi.util import signals
+
+            self.held = False
+            signals.release(raise_pending)
+
+
+def _interrupted_line(exc: BaseException) -> None:
+    """The one line of an interruption, on the first rank, unless the command said where it stopped
+    (``run``: :func:`fourd_mpi.run.session.traced_run` marks the exception ``reported``)."""
+    if getattr(exc, "reported", False) or not is_first_rank():
+        return
+    signum = getattr(exc, "signum", signal.SIGINT)
+    error_line("interrupted (Ctrl-C)" if signum == signal.SIGINT else f"interrupted ({signal.Signals(signum).name})")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from fourd_mpi.util import signals
 
@@ -182,17 +216,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     # caller in the same process, a test, keeps its own)
     previous = {sig: signal.getsignal(sig) for sig in signals.HANDLED}
     signals.install()
+    start = _StartHold()
     try:
-        return _main(argv)
-    except KeyboardInterrupt:  # outside a command's own handling (parsing, imports): one line
-        if is_first_rank():
-            error_line("interrupted (Ctrl-C)")
-        return 130
-    except Terminated as exc:
-        if is_first_rank():
-            error_line(f"interrupted ({signal.Signals(getattr(exc, 'signum', 15)).name})")
-        return 128 + getattr(exc, "signum", 15)
+        return _main(argv, start)
+    except (KeyboardInterrupt, Terminated) as exc:  # outside a command's own handling (parsing, imports): one line
+        _interrupted_line(exc)
+        return 128 + getattr(exc, "signum", signal.SIGINT)
     finally:
+        start.release(raise_pending=False)
         with contextlib.suppress(ValueError, TypeError):  # not the main thread; a handler set from C (None)
             for sig, handler in previous.items():
                 if argv is None:  # this process's own command: done, a late signal must not kill it at exit
@@ -217,7 +248,7 @@ def _forget_handled_interrupt() -> None:
     exec("pass", {})  # noqa: S102 - a constant string: clears the note (CPython's run_eval_code_obj resets it)
 
 
-def _main(argv: Optional[List[str]] = None) -> int:
+def _main(argv: Optional[List[str]] = None, start: Optional[_StartHold] = None) -> int:
     from fourd_mpi.util.log import configure, verbosity_of
 
     configure(0, is_first_rank())  # a note while parsing (a deprecated option) has its handler
@@ -233,10 +264,14 @@ def _main(argv: Optional[List[str]] = None) -> int:
     world = None
     try:
         if args.serial:
+            if start is not None:
+                start.release()
             return args.handler(args, None)
         from mpi4py import MPI
 
         world = MPI.COMM_WORLD
+        if start is not None:
+            start.release()  # MPI is up: a signal held since the start aborts the whole job from here
         from fourd_mpi.core.mpiutil import check_same
 
         check_same(world, command_fingerprint(args))  # before any other collective
@@ -247,14 +282,9 @@ def _main(argv: Optional[List[str]] = None) -> int:
         return 2
     except BrokenPipeError:  # output piped into head & co.
         return 0
-    except KeyboardInterrupt:
-        if args.command != "run" and is_first_rank():  # run says where its steps are (fourd_mpi.run.session)
-            error_line("interrupted (Ctrl-C)")
-        _abort(world, 130)
-    except Terminated as exc:  # SIGTERM or SIGHUP: 128 + signal (run says where its steps are)
-        if args.command != "run" and is_first_rank():
-            error_line(f"interrupted ({signal.Signals(getattr(exc, 'signum', 15)).name})")
-        _abort(world, 128 + getattr(exc, "signum", 15))
+    except (KeyboardInterrupt, Terminated) as exc:  # Ctrl-C: 130; SIGTERM or SIGHUP: 128 + signal
+        _interrupted_line(exc)
+        _abort(world, 128 + getattr(exc, "signum", signal.SIGINT))
     except MemoryError as exc:  # during the steps (admission and allocation said the same on every rank)
         where = f" on rank {world.Get_rank()}" if world is not None else ""
         error_line(f"out of memory{where} ({exc or type(exc).__name__}): the memory model counts no temporaries; "
@@ -282,7 +312,9 @@ def _abort(world, code: int) -> None:
     first (stderr flushed, then :data:`~fourd_mpi.core.watchdog.ABORT_GRACE_S` for the launcher to forward it)."""
     if world is not None and world.Get_size() > 1:
         from fourd_mpi.core.watchdog import ABORT_GRACE_S
+        from fourd_mpi.util import signals
 
+        signals.hold()  # the job goes down from here: a second signal must not cut it short (never released)
         sys.stderr.flush()
         time.sleep(ABORT_GRACE_S)
         world.Abort(code)

@@ -87,6 +87,14 @@ def cmd_trace(args, world=None) -> int:
             if result["damaged"]:
                 error_line(f"the recovered trace {result['path']} does not pass 'trace check': {result['damaged']}")
             return 1 if result["damaged"] else 0
+        if result.get("left_over"):
+            print(f"{result['path']}: status complete: the run's final merge published it; the per-rank files in "
+                  f"{args.directory} are left over from its interrupted clean-up (every step is in the trace) and can "
+                  "now be removed" + ("; the run's line was missing from the index: added" if result["indexed"] else ""))
+            _say_stale(result)
+            if result["index"] is not None:
+                log.warning("%s", result["index"])
+            return 0
         steps = result["steps"]
         kept = f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
         print(f"{result['path']}: status {result['status']}, {kept} completed by every rank "
@@ -95,9 +103,7 @@ def cmd_trace(args, world=None) -> int:
                  else ""))
         for failure in result["failures"]:
             print(f"  rank {failure.get('rank')} failed: {failure.get('error')}")
-        if result["stale_removed"]:
-            print(f"removed {len(result['stale_removed'])} temporary file(s) that an interrupted merge of this run "
-                  f"left next to the trace (their processes are gone): {', '.join(result['stale_removed'])}")
+        _say_stale(result)
         if result["index"] is not None:
             log.warning("%s", result["index"])
         if result["removable"] is None:
@@ -186,6 +192,19 @@ def _show_json(path: str, trace) -> int:
         "summary": {k: summary[k] for k in keys} if all(isinstance(summary.get(k), (int, float)) for k in keys)
         else None})
     return 0
+
+
+def _say_stale(result) -> None:
+    """One line for the temporaries of a killed merge of this run that recover removed, one for those of this
+    trace's name that it left (not provably this run's)."""
+    if result["stale_removed"]:
+        print(f"removed {len(result['stale_removed'])} temporary file(s) that an interrupted merge of this run "
+              f"left next to the trace (their processes are gone): {', '.join(result['stale_removed'])}")
+    left = result.get("stale_left") or []
+    if left:
+        shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        print(f"note: left {len(left)} temporary file(s) of another merge of this trace next to it, not provably "
+              f"this run's (another host's or a live process's, or parts set aside by --force): {shown}")
 
 
 def _show_clocks(ranks, shown: int = 16) -> None:

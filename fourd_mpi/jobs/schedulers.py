@@ -9,14 +9,18 @@ scheduler no longer knows the job, e.g. it was purged after finishing).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fourd_mpi.errors import ConfigError
+from fourd_mpi.errors import ConfigError, Terminated
+from fourd_mpi.util import signals
 
 ACTIVE_STATES = ("PENDING", "RUNNING")
 #: launchers of LSF clusters with IBM's Cluster System Management (Summit, Lassen): ``bsub -nnodes``
@@ -324,6 +328,13 @@ class Local(Scheduler):
         return []
 
     def run(self, script: str, log: str, cwd: str, args: Sequence[str] = ()) -> int:
+        """Run ``script`` here and now (its output into ``log``); its exit status.
+
+        The job runs in a process group of its own. SIGINT, SIGTERM or SIGHUP to this process while it runs
+        (:class:`KeyboardInterrupt`, :class:`~fourd_mpi.errors.Terminated`) is passed on to the job's group (as
+        a terminal's Ctrl-C or a scheduler's ``scancel`` would reach it), which then has :data:`STOP_GRACE_S`
+        seconds to end (the run records the interruption) before it is killed; the exception then goes on,
+        with the job's exit status as its ``job_status``. No job outlives an interrupted ``sweep submit``."""
         from fourd_mpi.util.files import open_no_follow, refuse_link
 
         path = os.path.join(cwd, log)
@@ -331,10 +342,69 @@ class Local(Scheduler):
             refuse_link(where, what=f"the job log {path}")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open_no_follow(path) as out:
-            return subprocess.run(["bash", script, *args], stdout=out, stderr=subprocess.STDOUT, cwd=cwd).returncode
+            job = None
+            try:
+                with signals.deferred():  # started and known, or not started: never a job this process lost track of
+                    job = subprocess.Popen(["bash", script, *args], stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
+                                           start_new_session=True)
+                return job.wait()
+            except (KeyboardInterrupt, Terminated) as exc:
+                if job is not None:
+                    exc.job_status = stop_job(job, getattr(exc, "signum", signal.SIGINT))
+                raise
 
     def state(self, job_id: str) -> str:
         return "UNKNOWN"  # local runs record their final state at submission
+
+
+#: seconds an interrupted local job has to end after the signal was passed on to it, before it is killed
+STOP_GRACE_S = 60.0
+
+
+def stop_job(job: subprocess.Popen, signum: int) -> int:
+    """Pass ``signum`` on to the process group of ``job`` (started with ``start_new_session``), wait until every
+    process of the group has ended (at most :data:`STOP_GRACE_S` seconds, then SIGKILL), and return the job's exit
+    status. Further signals meanwhile are held back and dropped: the job is already being stopped."""
+    signals.hold()
+    try:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signum)
+        deadline, killed = time.monotonic() + STOP_GRACE_S, False
+        while True:
+            job.poll()  # reaps the script: the group then holds the processes it left running, if any
+            if not _group_running(job.pid):
+                break
+            if time.monotonic() > deadline:
+                if killed:  # what SIGKILL did not end (a process stuck in the kernel): not waited for
+                    break
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(job.pid, signal.SIGKILL)
+                deadline, killed = time.monotonic() + 10, True
+            time.sleep(0.02)
+        return job.wait()
+    finally:
+        signals.release(raise_pending=False)
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie, waiting for whoever reaps it, does not)."""
+    if not os.path.isdir("/proc/self"):  # no procfs: whether the group exists at all
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 SCHEDULER_CLASSES = {cls.name: cls for cls in (Slurm, Pbs, Lsf, GridEngine, Local)}

@@ -25,6 +25,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -34,7 +35,7 @@ from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
 from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM
-from fourd_mpi.errors import ConfigError, TraceError
+from fourd_mpi.errors import ConfigError, Terminated, TraceError
 from fourd_mpi.jobs.pack import pack_settings, plan_packs, status_path
 from fourd_mpi.jobs.render import (AFFINITY_SCRIPT, job_request, job_settings, python_for, render_affinity_script,
                                    render_pack_script, render_script, run_argv)
@@ -42,6 +43,7 @@ from fourd_mpi.jobs.schedulers import ACTIVE_STATES, FINAL_STATES, get_scheduler
 from fourd_mpi.jobs.sites import RETIRED_DIR, SITES_DIR, Site, load_site
 from fourd_mpi.jobs.spec import SCHEMA, RunPlan, SweepSpec, spec_from_data
 from fourd_mpi.util.files import MARKER, claim_directory, link_target, open_no_follow, refuse_link, write_marker
+from fourd_mpi.util.signals import deferred
 from fourd_mpi.util.yamlspec import schema_violations
 from fourd_mpi.util.text import format_rows  # noqa: F401  (sweep plan/status tables; was defined here)
 
@@ -572,67 +574,114 @@ def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_ru
                                                                                     write=not dry_run)]
                            if pending else [])
     for pack_entry, runs in units:
-        with sweep_lock(sweep_dir):
-            jobs = load_jobs(sweep_dir)
-            chosen = []
-            for run in runs:
-                job = jobs.get(run["run_id"])
-                why = _skip_reason(_submit_row(run, job, live), job, resubmit_failed)
-                if why is not None:
-                    out.write(f"skip {run['run_id']}: {why}\n")
-                else:
-                    chosen.append(run)
-            if not chosen:
-                continue
-            launches = _launches(scheduler, pack_entry, runs, chosen)
-            if dry_run:
-                for launch in launches:
-                    what = launch.name if launch.packed else launch.runs[0]["run_id"]
-                    argv = [*scheduler.submit_command, *launch.options, launch.script, *launch.args]
-                    runs_text = f" ({', '.join(r['run_id'] for r in launch.runs)})" if launch.packed else ""
-                    out.write(f"would submit {what}{runs_text}: {' '.join(argv)}\n")
-                continue
-            stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            records = {}
-            for launch in launches:
-                for run in launch.runs:
-                    record = {"submitted": stamp, "scheduler": scheduler.name, "workdir": os.getcwd(), "host": host,
-                              "pid": pid, "state": "RUNNING" if local else "SUBMITTING",
-                              "job_id": (f"local-{launch.name}" if launch.packed else f"local-{run['index']}")
-                              if local else None}
-                    if launch.packed:
-                        record.update(pack=launch.name, status_file=run["status"])
-                        with contextlib.suppress(FileNotFoundError):
-                            os.remove(run["status"])  # a previous attempt's exit status
-                    jobs[run["run_id"]] = records[run["run_id"]] = record
-            if resubmit_failed:  # an earlier attempt's partial trace or per-rank files would refuse the run
+        claimed: Dict[str, Optional[Dict]] = {}  # run id -> its record before this submit claimed it
+        started: set = set()  # run ids whose launch began
+        try:
+            with deferred(), sweep_lock(sweep_dir):  # a signal comes after the claims are saved, or before any
+                jobs = load_jobs(sweep_dir)
+                chosen = []
+                for run in runs:
+                    job = jobs.get(run["run_id"])
+                    why = _skip_reason(_submit_row(run, job, live), job, resubmit_failed)
+                    if why is not None:
+                        out.write(f"skip {run['run_id']}: {why}\n")
+                    else:
+                        chosen.append(run)
+                if not chosen:
+                    continue
+                launches = _launches(scheduler, pack_entry, runs, chosen)
+                if dry_run:
+                    for launch in launches:
+                        what = launch.name if launch.packed else launch.runs[0]["run_id"]
+                        argv = [*scheduler.submit_command, *launch.options, launch.script, *launch.args]
+                        runs_text = f" ({', '.join(r['run_id'] for r in launch.runs)})" if launch.packed else ""
+                        out.write(f"would submit {what}{runs_text}: {' '.join(argv)}\n")
+                    continue
+                stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+                records, before = {}, {}
                 for launch in launches:
                     for run in launch.runs:
-                        try:
-                            moved = set_aside(run["trace"])
-                        except OSError as exc:
-                            raise ConfigError(f"cannot set aside what an earlier attempt of {run['run_id']} left "
-                                              f"next to {run['trace']}: {exc.strerror or exc}") from None
-                        if moved:
-                            out.write(f"moved the earlier attempt of {run['run_id']} (no complete trace) to {moved}\n")
-            save_jobs(sweep_dir, jobs)  # the claims, before anything is launched
-        for launch in launches:
-            outcomes = _launch(scheduler, launch, out)
-            # (Ctrl-C while launching leaves the claims; once this process is gone they read as FAILED)
-            with sweep_lock(sweep_dir):
-                jobs = load_jobs(sweep_dir)
-                for run_id, outcome in outcomes.items():
-                    jobs[run_id] = {**jobs.get(run_id, records[run_id]), **outcome}
-                save_jobs(sweep_dir, jobs)
-            where = f" ({launch.name})" if launch.packed else ""
-            for run_id, outcome in outcomes.items():
-                if outcome["state"] == "FAILED":
-                    result.failed.append((run_id, outcome["error"]))
-                    out.write(f"failed {run_id}{where}: {outcome['error']}\n")
-                else:
-                    result.submitted += 1
-                    out.write(f"submitted {run_id}: job {jobs[run_id]['job_id']}{where}\n")
+                        record = {"submitted": stamp, "scheduler": scheduler.name, "workdir": os.getcwd(),
+                                  "host": host, "pid": pid, "state": "RUNNING" if local else "SUBMITTING",
+                                  "job_id": (f"local-{launch.name}" if launch.packed else f"local-{run['index']}")
+                                  if local else None}
+                        if launch.packed:
+                            record.update(pack=launch.name, status_file=run["status"])
+                            with contextlib.suppress(FileNotFoundError):
+                                os.remove(run["status"])  # a previous attempt's exit status
+                        before[run["run_id"]] = jobs.get(run["run_id"])
+                        jobs[run["run_id"]] = records[run["run_id"]] = record
+                if resubmit_failed:  # an earlier attempt's partial trace or per-rank files would refuse the run
+                    for launch in launches:
+                        for run in launch.runs:
+                            try:
+                                moved = set_aside(run["trace"])
+                            except OSError as exc:
+                                raise ConfigError(f"cannot set aside what an earlier attempt of {run['run_id']} "
+                                                  f"left next to {run['trace']}: {exc.strerror or exc}") from None
+                            if moved:
+                                out.write(f"moved the earlier attempt of {run['run_id']} (no complete trace) to "
+                                          f"{moved}\n")
+                save_jobs(sweep_dir, jobs)  # the claims, before anything is launched
+                claimed = before
+            for launch in launches:
+                started.update(r["run_id"] for r in launch.runs)
+                outcomes = _launch(scheduler, launch, out)
+                with deferred():  # the outcome recorded and reported whole
+                    with sweep_lock(sweep_dir):
+                        jobs = load_jobs(sweep_dir)
+                        for run_id, outcome in outcomes.items():
+                            jobs[run_id] = {**jobs.get(run_id, records[run_id]), **outcome}
+                        save_jobs(sweep_dir, jobs)
+                    for run_id in outcomes:
+                        claimed.pop(run_id, None)
+                    where = f" ({launch.name})" if launch.packed else ""
+                    for run_id, outcome in outcomes.items():
+                        if outcome["state"] == "FAILED":
+                            result.failed.append((run_id, outcome["error"]))
+                            out.write(f"failed {run_id}{where}: {outcome['error']}\n")
+                        else:
+                            result.submitted += 1
+                            out.write(f"submitted {run_id}: job {jobs[run_id]['job_id']}{where}\n")
+        except (KeyboardInterrupt, Terminated) as exc:
+            _record_interruption(sweep_dir, claimed, started, local, getattr(exc, "outcomes", {}), out)
+            raise
     return result
+
+
+def _record_interruption(sweep_dir: str, claimed: Dict[str, Optional[Dict]], started: set, local: bool,
+                         outcomes: Dict[str, Dict], out) -> None:
+    """``sweep submit`` interrupted (SIGINT, SIGTERM, SIGHUP) while it held ``claimed`` runs (run id -> the record
+    before the claim): the runs of a stopped local job get their ``outcomes`` (``CANCELLED`` with the reason,
+    or what they ended with); the claims of runs never launched are given back (their earlier record, or none);
+    a batch job whose submission was cut short keeps its claim (it may be queued: once this process is gone the
+    claim reads ``FAILED``, see :func:`record_state`). Further signals are held back meanwhile."""
+    from fourd_mpi.util import signals
+
+    if not claimed:
+        return
+    signals.hold()
+    try:
+        with sweep_lock(sweep_dir):
+            jobs = load_jobs(sweep_dir)
+            for run_id, previous in claimed.items():
+                mine = jobs.get(run_id) or {}
+                if mine.get("pid") != os.getpid() or mine.get("host") != socket.gethostname():
+                    continue  # not this process's claim any more
+                if run_id in outcomes:
+                    jobs[run_id] = {**mine, **outcomes[run_id]}
+                    out.write(f"{outcomes[run_id]['state'].lower()} {run_id}: {outcomes[run_id].get('error', '')}\n")
+                elif run_id not in started or local:
+                    if previous is None:
+                        jobs.pop(run_id, None)
+                    else:
+                        jobs[run_id] = previous
+            save_jobs(sweep_dir, jobs)
+        out.flush()
+    except (ConfigError, OSError):  # the records cannot be written: the claims read FAILED once this process ends
+        pass
+    finally:
+        signals.release(raise_pending=False)
 
 
 def _submit_row(run: Dict, job: Optional[Dict], live: Dict[str, str]) -> Dict:
@@ -729,6 +778,10 @@ def _launch(scheduler, launch: Launch, out) -> Dict[str, Dict]:
         rc = scheduler.run(launch.script, launch.log, os.getcwd(), launch.args)
     except ConfigError as exc:  # sbatch & co. exited non-zero, or are missing
         return {i: {"state": "FAILED", "error": str(exc)} for i in ids}
+    except (KeyboardInterrupt, Terminated) as exc:  # a local job was stopped (Local.run): what its runs ended with
+        if getattr(exc, "job_status", None) is not None:
+            exc.outcomes = _stopped(launch, exc.job_status, getattr(exc, "signum", signal.SIGINT))
+        raise
     if not launch.packed:
         outcome = {"state": "COMPLETED" if rc == 0 else "FAILED", "returncode": rc}
         if rc != 0:
@@ -745,6 +798,25 @@ def _launch(scheduler, launch: Launch, out) -> Dict[str, Dict]:
                                        "error": f"the run exited with status {status}: {_last_line(run['log'])}"}
         else:
             outcomes[run["run_id"]] = {"state": "COMPLETED", "returncode": 0}
+    return outcomes
+
+
+def _stopped(launch: Launch, status: int, signum: int) -> Dict[str, Dict]:
+    """The outcome of each run of a local job that ``sweep submit`` stopped when it got ``signum`` (the job's exit
+    ``status``): ``CANCELLED`` with the reason; in a pack, a run that ended before keeps its own outcome and a run
+    that never started has none (its claim is given back)."""
+    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    why = (f"interrupted: sweep submit got {name} while the job ran and stopped it (exit status {status}); "
+           "'fourd-mpi sweep status' says what its run left")
+    if not launch.packed:
+        return {launch.runs[0]["run_id"]: {"state": "CANCELLED", "returncode": status, "error": why}}
+    outcomes = {}
+    for run in launch.runs:
+        ended = read_exit_status(run["status"])
+        if ended == 0:
+            outcomes[run["run_id"]] = {"state": "COMPLETED", "returncode": 0}
+        elif ended is not None:
+            outcomes[run["run_id"]] = {"state": "CANCELLED", "returncode": ended, "error": why}
     return outcomes
 
 

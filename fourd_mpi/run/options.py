@@ -209,7 +209,8 @@ RUN_OPTIONS: Tuple[Option, ...] = (
                 "than 1 GiB (fill-disk), creates RESULTS/inject-fault.touch (touch: the signal of a "
                 "fault-injecting test file system), sends itself SIGTERM (sigterm) or SIGSTOP (stop: live until "
                 "SIGCONT); sigterm-merge and kill-merge (STEP = --steps) send SIGTERM or SIGKILL during the final "
-                "merge, once the trace's temporary files exist"),
+                "merge, once the trace's temporary files exist; sigterm-published and kill-published (RANK 0, STEP = "
+                "--steps) right after the trace is published and indexed, before the per-rank files are removed"),
 )
 
 #: by long name

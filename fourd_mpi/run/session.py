@@ -24,6 +24,7 @@ from fourd_mpi.run.display import StepDisplay
 from fourd_mpi.errors import ConfigError, Terminated, TraceError
 from fourd_mpi.step.kernels import standalone_gemm_tflops
 from fourd_mpi.run.metadata import rank_metadata, run_metadata
+from fourd_mpi.run.sentinel import start as start_sentinel
 from fourd_mpi.core.mpiutil import _ranges, agree, on_root
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import RunOptions
@@ -32,18 +33,21 @@ from fourd_mpi.trace.clocks import DriftModel, measure_offsets
 from fourd_mpi.trace.files import (LABEL_OVERHEAD, RUN_ID_OVERHEAD, check_name, check_name_fits, new_run_id, now_iso,
                                    trace_paths)
 from fourd_mpi.trace.merge import merge_run
-from fourd_mpi.trace.spool import RankSpool, prepare_spool
+from fourd_mpi.trace.spool import RankSpool, prepare_spool, published_trace
 from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
 from fourd_mpi.trace.summary import summarize
 from fourd_mpi.perf.peaks import runtime_peak
 from fourd_mpi.trace.nvtx import make_ranges
+from fourd_mpi.util.signals import deferred
 
 log = logging.getLogger(__name__)
 
 FAULT_MODES = ("kill", "raise", "remove-spool", "fill-disk", "touch", "sigterm", "stop", "sigterm-merge",
-               "kill-merge")
-#: modes that act during the final merge, once the trace's temporary files exist (STEP must be --steps)
-MERGE_FAULTS = ("sigterm-merge", "kill-merge")
+               "kill-merge", "sigterm-published", "kill-published")
+#: modes that act during the final merge, once the trace's temporary files exist, or (``*-published``, rank 0
+#: only) right after its publication and index line (STEP must be --steps)
+MERGE_FAULTS = ("sigterm-merge", "kill-merge", "sigterm-published", "kill-published")
+PUBLISHED_FAULTS = ("sigterm-published", "kill-published")
 #: the file ``touch`` creates in the results directory
 TOUCH_NAME = "inject-fault.touch"
 #: ``fill-disk`` fills only a file system smaller than this (a tmpfs made for the test), never a real disk
@@ -85,7 +89,9 @@ class Fault:
     run stays live, its spool locked, until the test sends SIGCONT). The modes of
     :data:`MERGE_FAULTS` act inside the final merge instead (``step`` must be the number of steps),
     once every rank knows that the trace's temporary files exist: ``sigterm-merge`` (SIGTERM) and
-    ``kill-merge`` (SIGKILL: the temporary files stay behind, as after a node failure).
+    ``kill-merge`` (SIGKILL: the temporary files stay behind, as after a node failure); or, on rank 0, right
+    after the trace is published and indexed, before the spool is removed: ``sigterm-published`` (held back
+    until the end of the merge, then raised) and ``kill-published`` (the spool stays, left over).
 
     Every rank meets in a barrier first, so all steps before ``step`` are on disk on every rank.
     """
@@ -114,6 +120,9 @@ class Fault:
         if self.mode in MERGE_FAULTS and self.step != steps:
             raise ConfigError(f"--inject-fault {self.rank}:{self.step}:{self.mode} acts in the final merge: "
                               f"give STEP = --steps ({steps})")
+        if self.mode in PUBLISHED_FAULTS and self.rank != 0:
+            raise ConfigError(f"--inject-fault {self.rank}:{self.step}:{self.mode} acts where rank 0 publishes the "
+                              "trace: give RANK 0")
         if self.mode == "fill-disk":
             where = os.path.abspath(results_dir)
             while not os.path.exists(where):
@@ -128,12 +137,12 @@ class Fault:
     def trigger(self, spool_dir: str, results_dir: str) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        if self.mode in ("kill", "kill-merge"):
+        if self.mode in ("kill", "kill-merge", "kill-published"):
             os.kill(os.getpid(), signal.SIGKILL)
         if self.mode == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
             return
-        if self.mode in ("sigterm", "sigterm-merge"):
+        if self.mode in ("sigterm", "sigterm-merge", "sigterm-published"):
             signal.raise_signal(signal.SIGTERM)  # to this thread: the handler runs before the next line
             return
         if self.mode == "remove-spool":
@@ -240,20 +249,26 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
     run.comm.tracer.ranges = make_ranges(trace.nvtx, log.warning if rank == 0 else lambda text: None)
     start_time = now_iso()
     run_id = on_root(world, lambda: trace.run_id or new_run_id(trace.label))
-    trace_path, _ = trace_paths(trace.results_dir, run_id)
+    trace_path, spool_dir = trace_paths(trace.results_dir, run_id)
     metadata = run_metadata(run, run_id, config, trace.level, start_time) if rank == 0 else None
-    spool_dir = on_root(world, lambda: prepare_spool(trace.results_dir, run_id, trace.force, metadata))
     rank_meta = rank_metadata(run, *run.clock)
-    spool = None
-    try:
-        spool = agree(world, lambda: RankSpool(spool_dir, rank, rank_meta))
-        run.comm.watchdog.on_hang = spool.mark_failed  # a hang from here on is recorded in the spool
-    finally:
-        if spool is None:  # some rank could not open its files: nothing was recorded, remove the spool
-            _remove_spool_dir(world, spool_dir)
+    spool = sentinel = None
     i = None  # the step in progress
     merging = False
     try:
+        # the spool and every rank's files come into being whole: a signal meanwhile is raised once they exist
+        # (and recorded in them), never between rank 0 creating the directory and the ranks their files
+        with deferred():
+            spool_dir = on_root(world, lambda: prepare_spool(trace.results_dir, run_id, trace.force, metadata))
+            try:
+                spool = agree(world, lambda: RankSpool(spool_dir, rank, rank_meta))
+                run.comm.watchdog.on_hang = spool.mark_failed  # a hang from here on is recorded in the spool
+            finally:
+                if spool is None:  # some rank could not open its files: nothing was recorded, remove the spool
+                    _remove_spool_dir(world, spool_dir)
+            # records the run as interrupted should mpiexec end first (SIGHUP), when no handler of this rank runs
+            sentinel = start_sentinel(spool_dir, rank, options.steps, RANK_STEP_DTYPE.itemsize,
+                                      int(rank_meta.get("local_rank", 0) or 0))
         if header is not None:
             header(run, run_id, trace_path, spool_dir)
         gemm = measure_peak(run)  # the "% of measured GEMM" column, always
@@ -328,24 +343,43 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
         drift = end_alignment(run, rank_meta)
         force = trace.force or on_root(world, lambda: _replaces_live_recovery(trace_path, spool_dir))
         merge_fault = None
-        if fault is not None and fault.mode in MERGE_FAULTS:
+        if fault is not None and fault.mode in MERGE_FAULTS and fault.mode not in PUBLISHED_FAULTS:
             def merge_fault():
                 if fault.rank == rank:
                     fault.trigger(spool_dir, trace.results_dir)
         # an aborted run publishes no trace: every fire is marked before its wait ends, and no wait is watched
         # from here on (the merge's collectives are not), so none can fire after this check
         run.comm.watchdog.hold_if_fired(world)
+        if rank == 0:
+            _note_stale_temporaries(trace_path)
         merging = True
         started = time.perf_counter()
+        if sentinel is not None:
+            sentinel.merging()
+        # rank 0 indexes the run in the same signal-held stretch as the publication: no complete trace unindexed
+        def indexed(path: str) -> None:  # rank 0
+            index_line(metadata, path, trace.results_dir)
+            if fault is not None and fault.mode in PUBLISHED_FAULTS:
+                fault.trigger(spool_dir, trace.results_dir)
+
         path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, force,
                          correct=drift.correct_records if drift is not None else None, group_size=trace.group_size,
-                         after_open=merge_fault)
+                         after_open=merge_fault, on_published=indexed if rank == 0 else None,
+                         on_temporaries=sentinel.temporaries if sentinel is not None else None)
         log.debug("merged the per-rank files into %s in %.3f s", path, time.perf_counter() - started)
     except BaseException as exc:
         if run.comm.tracer.ranges is not None:  # NVTX ranges end with the run, whatever ended it
             run.comm.tracer.ranges.unwind()
-        if merging and not os.path.exists(spool.steps_path):
-            pass  # the merge had published the trace and removed this rank's files: nothing to record
+        if spool is None:
+            pass  # no spool yet (or it could not be made): nothing to record in
+        elif merging and (not os.path.exists(spool.steps_path) or published_trace(spool.dir) is not None):
+            # the merge published the trace (and maybe removed this rank's files): the spool is left over
+            if isinstance(exc, (KeyboardInterrupt, Terminated)):
+                _remove_left_over(spool)  # every rank's files: the abort may end the others before they remove theirs
+                note = f"interrupted: {interrupt_name(exc)} after the final merge; the trace {trace_path} is complete"
+                with contextlib.suppress(OSError):
+                    os.write(2, f"fourd-mpi: {note}\n".encode())
+                exc.reported = True
         elif isinstance(exc, (KeyboardInterrupt, Terminated)) and run.comm.watchdog.fired is not None:
             pass  # this rank's watchdog aborted the job and the launcher ends it (Open MPI's with SIGTERM to every
             # rank, the aborting one included): the spool's "hung" report stays the reason
@@ -363,11 +397,13 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
             spool.mark_failed(note)
             with contextlib.suppress(OSError):  # stderr gone (its reader killed too): the exit status still says it
                 os.write(2, f"fourd-mpi: {note}\n".encode())
+            exc.reported = True  # the command line adds no line of its own
         elif not isinstance(exc, (SystemExit, TraceError)):
             spool.mark_failed(f"{type(exc).__name__}: {exc}")
         raise
-    if rank == 0:
-        index_line(metadata, path, trace.results_dir)
+    finally:
+        if sentinel is not None:
+            sentinel.close()
     if recreated:
         warning_line(f"spool files in {spool_dir} were deleted during the run; {recreated} of {world.Get_size()} "
                      "rank(s) re-created theirs from the files they still had open, no step was lost (trace "
@@ -498,6 +534,29 @@ def warning_line(text: str) -> None:
     """One ``fourd-mpi: warning:`` line on this rank's stderr (a WARNING record of :mod:`fourd_mpi.util.log`:
     every rank that has one says it)."""
     log.warning("%s", " ".join(text.split()))
+
+
+def _note_stale_temporaries(trace_path: str) -> None:
+    """Rank 0, before its merge: one line naming the temporary files or staged parts of ``trace_path`` that another
+    merge left (one killed before it could remove them), left as they are: they are not this merge's, whose own
+    names hold its pid and a random token."""
+    from fourd_mpi.trace.recover import merge_temporaries
+
+    found = merge_temporaries(trace_path)
+    if found:
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        warning_line(f"{len(found)} temporary file(s) of another merge of {trace_path} are next to it (a merge killed "
+                     f"before it removed them): {shown}; left as they are ('fourd-mpi trace recover' of that run's "
+                     "per-rank files removes them once its processes are gone)")
+
+
+def _remove_left_over(spool: RankSpool) -> None:
+    """A rank interrupted after the final merge published the trace: the whole spool is left over (its data is in
+    the trace); remove it, as far as it goes (other ranks may remove theirs at the same time)."""
+    import shutil
+
+    spool.close()
+    shutil.rmtree(spool.dir, ignore_errors=True)
 
 
 def _remove_spool_dir(world, spool_dir: str) -> None:

@@ -158,6 +158,11 @@ def sort_events(events: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(events).view(raw)[order].view(events.dtype)
 
 
+#: the file rank 0 writes into the spool the moment the run's final merge has published its trace (in the same
+#: signal-deferred stretch as the publication): from then on the spool is left over, whatever interrupts the
+#: ranks before they remove it (:func:`fourd_mpi.trace.spool.published_trace`)
+PUBLISHED = "published.json"
+
 PARTS_SUFFIX = ".parts"
 
 

@@ -30,17 +30,20 @@ processes. Nothing here initializes MPI at import time.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
 from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
-from fourd_mpi.trace.files import MERGE_CHUNK, RUN_META, io_error_text, now_iso, parts_dir_of, sort_events
+from fourd_mpi.trace.files import (MERGE_CHUNK, PUBLISHED, RUN_META, io_error_text, now_iso, parts_dir_of,
+                                   sort_events)
 from fourd_mpi.trace.parts import PartWriter, concat_records, part_name, plan_groups, resolve_group_size
-from fourd_mpi.trace.spool import RankSpool
+from fourd_mpi.trace.spool import RankSpool, mark_published
 from fourd_mpi.trace.writer import TraceFileWriter, ranks_table
+from fourd_mpi.util.signals import deferred
 
 
 def ranks_per_node(comm) -> int:
@@ -56,7 +59,10 @@ def ranks_per_node(comm) -> int:
 
 def merge_collective(comm, events: np.ndarray, rank_steps: np.ndarray, rank_meta: Dict, trace_path: str,
                      metadata: Optional[Dict], layers: Sequence[str], force: bool, group_size: int = 0,
-                     compression: str = "gzip", after_open=None) -> Tuple[Optional[str], Optional[str]]:
+                     compression: str = "gzip", after_open=None,
+                     on_published: Optional[Callable[[str], None]] = None,
+                     on_temporaries: Optional[Callable[[Optional[str], Optional[str]], None]] = None
+                     ) -> Tuple[Optional[str], Optional[str]]:
     """Collective over ``comm``: write the trace of every rank's ``events`` (this rank's, sorted);
     returns ``(error, path)``, the same on every rank (error: one line, or None).
 
@@ -65,9 +71,15 @@ def merge_collective(comm, events: np.ndarray, rank_steps: np.ndarray, rank_meta
     ``rank_steps`` (this rank's step records) and ``rank_meta`` are gathered to rank 0.
 
     Any exception on rank 0 (Ctrl-C, SIGTERM as :class:`~fourd_mpi.errors.Terminated`, an error)
-    removes the temporary file and the staged parts before it propagates. ``after_open``: testing
+    removes the temporary file and the staged parts before it propagates; so does one on another rank before it
+    joins the final gather (rank 0 cannot publish without it, and the abort that follows may end rank 0 before it
+    cleans up). The final gather, the publication and the broadcast of the outcome run with signals held back on
+    every rank: an interruption then comes after, on a trace published or not, never in between. ``after_open``: testing
     (``--inject-fault R:S:sigterm-merge``), called on every rank after a barrier, once rank 0 has
-    created the temporary files.
+    created the temporary files. ``on_published(path)``: rank 0, right after the trace is published, with
+    signals held back from the publication to its end (what must follow a publication: the index line), so that
+    no interruption comes between the two. ``on_temporaries(tmp_path, staged_dir)``: every rank, once rank 0 has
+    created them, the names of this merge's temporary file and staged parts directory (None: none).
     """
     from mpi4py import MPI
 
@@ -77,15 +89,21 @@ def merge_collective(comm, events: np.ndarray, rank_steps: np.ndarray, rank_meta
     multi = len(groups) > 1
     run_id = str((metadata or {}).get("run_id", ""))  # metadata: rank 0's (None elsewhere)
     top = staged = None
-    error = None
-    if rank == 0:
-        try:
-            top = TraceFileWriter(trace_path, force, compression=compression, parts=multi)
-            staged = top.staged
-        except TraceError as exc:
-            error = str(exc)
-    error, staged_dir, run_id = comm.bcast((error, staged.dir if staged is not None else None, run_id), root=0)
+    error = tmp_path = staged_dir = None
+    contributed = False  # this rank has given its part to the final gather: rank 0 may publish from then on
     try:
+        if rank == 0:
+            with deferred():  # created and known (so removed on any exception below), or not created
+                try:
+                    top = TraceFileWriter(trace_path, force, compression=compression, parts=multi)
+                    staged = top.staged
+                except TraceError as exc:
+                    error = str(exc)
+        error, staged_dir, tmp_path, run_id = comm.bcast(
+            (error, staged.dir if staged is not None else None, top.tmp_path if top is not None else None, run_id),
+            root=0)
+        if on_temporaries is not None and error is None:
+            on_temporaries(tmp_path, staged_dir)
         if after_open is not None:
             comm.Barrier()
             after_open()
@@ -133,31 +151,63 @@ def merge_collective(comm, events: np.ndarray, rank_steps: np.ndarray, rank_meta
                     writer.abort()
         if multi:
             group.Free()
-        errors = comm.gather(local_error, root=0)
-        counts = comm.gather(len(events), root=0)
-        all_steps = comm.gather(rank_steps, root=0)
-        rank_metas = comm.gather(rank_meta, root=0)
-        path = None
-        if rank == 0:
-            error = error or next((e for e in errors if e is not None), None)
-            if error is None:
-                try:
-                    if multi:
-                        top.bind(groups, counts)
-                    path = top.finish(dict(metadata or {}, end_time=now_iso()), ranks_table(rank_metas),
-                                      concat_records(all_steps, RANK_STEP_DTYPE), layers, "complete")
-                except (OSError, TraceError) as exc:
-                    top.abort()
-                    error = str(exc)
-            elif top is not None:
-                top.abort()
-            if error is not None and staged_dir:  # name the part where it belongs, not the removed staging directory
-                error = error.replace(staged_dir, parts_dir_of(os.path.abspath(trace_path)))
-        return comm.bcast((error, path), root=0)
+        # the end of the merge is one stretch with signals held on every rank (it is short: the parts are written):
+        # no rank ends the job while rank 0 publishes, and every rank knows whether it did before it stops
+        with deferred():
+            contributed = True
+            return _merge_end(comm, top, local_error, events, rank_steps, rank_meta, metadata, trace_path, groups,
+                              layers, error, staged_dir, multi, on_published)
     except BaseException:
         if top is not None:
             top.abort()  # a no-op once the trace is published
+        elif not contributed:  # rank 0 cannot publish without this rank's part of the final gather
+            remove_merge_temporaries(tmp_path, staged_dir)
         raise
+
+
+def remove_merge_temporaries(tmp_path: Optional[str], staged_dir: Optional[str]) -> None:
+    """A rank other than 0 leaving the merge before the final gather (interrupted): remove the temporary trace
+    file and the staged parts directory that rank 0 created for this merge (their names came from it), as rank 0
+    does when it leaves: the job is about to be aborted, and rank 0 may be ended before it can. Other writers
+    may still be adding parts to the directory: removed again while something is left (three tries)."""
+    import shutil
+
+    if tmp_path:
+        with contextlib.suppress(OSError):
+            os.remove(tmp_path)
+    for _ in range(3):
+        if not staged_dir or not os.path.lexists(staged_dir):
+            return
+        shutil.rmtree(staged_dir, ignore_errors=True)
+
+
+def _merge_end(comm, top, local_error, events, rank_steps, rank_meta, metadata, trace_path, groups, layers, error,
+               staged_dir, multi, on_published) -> Tuple[Optional[str], Optional[str]]:
+    """The final gather, rank 0's top-level file and publication, and the outcome to every rank."""
+    rank = comm.Get_rank()
+    errors = comm.gather(local_error, root=0)
+    counts = comm.gather(len(events), root=0)
+    all_steps = comm.gather(rank_steps, root=0)
+    rank_metas = comm.gather(rank_meta, root=0)
+    path = None
+    if rank == 0:
+        error = error or next((e for e in errors if e is not None), None)
+        if error is None:
+            try:
+                if multi:
+                    top.bind(groups, counts)
+                path = top.finish(dict(metadata or {}, end_time=now_iso()), ranks_table(rank_metas),
+                                  concat_records(all_steps, RANK_STEP_DTYPE), layers, "complete")
+                if on_published is not None:
+                    on_published(path)
+            except (OSError, TraceError) as exc:
+                top.abort()
+                error = str(exc)
+        elif top is not None:
+            top.abort()
+        if error is not None and staged_dir:  # name the part where it belongs, not the removed staging directory
+            error = error.replace(staged_dir, parts_dir_of(os.path.abspath(trace_path)))
+    return comm.bcast((error, path), root=0)
 
 
 def _append(writer, rank: int, piece: np.ndarray) -> Optional[str]:
@@ -173,7 +223,7 @@ def _append(writer, rank: int, piece: np.ndarray) -> Optional[str]:
 
 def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata: Optional[Dict],
               layers: Sequence[str], force: bool, correct=None, group_size: int = 0,
-              compression: str = "gzip", after_open=None) -> str:
+              compression: str = "gzip", after_open=None, on_published=None, on_temporaries=None) -> str:
     """Collective: write the merged trace from every rank's spool; returns its path.
 
     ``correct``: this rank's clock correction (records -> records with their time columns moved,
@@ -187,7 +237,10 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
 
     The spool is removed only after the trace is published. On a write error
     every rank raises the same :class:`TraceError` and the spool is kept. ``after_open``: testing
-    (``--inject-fault``), see :func:`~fourd_mpi.trace.merge.merge_collective`.
+    (``--inject-fault``), ``on_published`` and ``on_temporaries``: see
+    :func:`~fourd_mpi.trace.merge.merge_collective`. Rank 0
+    marks the spool published (:func:`~fourd_mpi.trace.spool.mark_published`) before ``on_published``: a
+    rank interrupted from then on knows the spool is left over.
     """
     from mpi4py import MPI
 
@@ -207,15 +260,21 @@ def merge_run(comm, spool: RankSpool, rank_meta: Dict, trace_path: str, metadata
         failed = [r for r, e in enumerate(errors) if e is not None]
         others = f" (ranks {', '.join(map(str, failed))} failed)" if len(failed) > 1 else ""
         raise merge_failed(spool, errors[failed[0]] + others)
+    def published(path: str) -> None:
+        mark_published(spool.dir, path)
+        if on_published is not None:
+            on_published(path)
+
     error, path = merge_collective(comm, events, mine, rank_meta, trace_path, metadata, layers, force,
-                                   group_size=group_size, compression=compression, after_open=after_open)
+                                   group_size=group_size, compression=compression, after_open=after_open,
+                                   on_published=published, on_temporaries=on_temporaries)
     del events
     if error is not None:
         raise merge_failed(spool, error)
     spool.remove()
     comm.Barrier()
     if rank == 0:
-        for leftover in (RUN_META,):
+        for leftover in (RUN_META, PUBLISHED):
             try:
                 os.remove(os.path.join(spool.dir, leftover))
             except FileNotFoundError:

@@ -50,43 +50,89 @@ def live_recovery_of(trace_path: str, spool_dir: str) -> bool:
 
 
 #: the temporary name of a trace file or staged parts directory being written (:class:`TraceFileWriter`,
-#: :class:`~fourd_mpi.trace.parts.StagedParts`): ``.NAME.tmp-PID-HEX``
-_TEMP_NAME = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>[0-9]+)-[0-9a-f]+\Z")
+#: :class:`~fourd_mpi.trace.parts.StagedParts`): ``.NAME.tmp-PID-HEX``; and of the parts of a trace being replaced
+#: (``--force``), set aside until the new trace is published: ``.NAME.old-PID-HEX``
+_TEMP_NAME = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>[0-9]+)-[0-9a-f]+\Z")
 
 
-def remove_stale_temporaries(trace_path: str, rank_metas: Sequence[Dict]) -> List[str]:
+def merge_temporaries(trace_path: str) -> List[str]:
+    """The names of the temporary files, staged parts directories and set-aside old parts of ``trace_path`` in its
+    directory (``.NAME.h5.tmp-PID-*``, ``.NAME.parts.tmp-PID-*``, ``.NAME.parts.old-PID-*``), whoever left them."""
+    path = os.path.abspath(trace_path)
+    names = {os.path.basename(path), os.path.basename(parts_dir_of(path))}
+    try:
+        entries = os.listdir(os.path.dirname(path))
+    except OSError:
+        return []
+    return sorted(e for e in entries if (m := _TEMP_NAME.match(e)) is not None and m["name"] in names)
+
+
+def remove_stale_temporaries(trace_path: str, rank_metas: Sequence[Dict]):
     """Remove the temporary files and staged parts directories of ``trace_path`` (``.NAME.h5.tmp-PID-*``,
     ``.NAME.parts.tmp-PID-*``) that a merge of this run left behind when it was killed (SIGKILL, a node
     failure, ``MPI_Abort`` from another rank): PID is that of a rank of the run (``rank_metas``) that ran
-    on this host, and no process has it now. Others (other hosts, live PIDs) are left. Returns the names
-    removed."""
+    on this host, and no process has it now. Returns ``(removed, left)``: the names removed, and the names of
+    :func:`merge_temporaries` left as they are (not provably this run's: another host's or process's, a live
+    PID, or set-aside old parts, which may still belong to the trace they were moved from)."""
     import shutil
 
     host = socket.gethostname()
     pids = {m.get("pid") for m in rank_metas
             if isinstance(m, dict) and m.get("hostname") == host and isinstance(m.get("pid"), int)}
-    path = os.path.abspath(trace_path)
-    directory, names = os.path.dirname(path), {os.path.basename(path), os.path.basename(parts_dir_of(path))}
-    removed = []
-    try:
-        entries = os.listdir(directory)
-    except OSError:
-        return removed
-    for entry in entries:
+    directory = os.path.dirname(os.path.abspath(trace_path))
+    removed, left = [], []
+    for entry in merge_temporaries(trace_path):
         match = _TEMP_NAME.match(entry)
-        if match is None or match["name"] not in names:
-            continue
         pid = int(match["pid"])
-        if pid not in pids or _pid_alive(pid):
+        if match["kind"] != "tmp" or pid not in pids or _pid_alive(pid):
+            left.append(entry)
             continue
         full = os.path.join(directory, entry)
         if os.path.isdir(full) and not os.path.islink(full):
             shutil.rmtree(full, ignore_errors=True)
         else:
             _remove_quietly(full)
-        if not os.path.lexists(full):
-            removed.append(entry)
-    return sorted(removed)
+        (left if os.path.lexists(full) else removed).append(entry)
+    return removed, left
+
+
+def published_by_the_run(spool_dir: str, trace_path: str, run_meta: Dict) -> Optional[str]:
+    """The complete trace that the run of ``spool_dir`` published itself, if there is one: the trace its final
+    merge marked published (:func:`~fourd_mpi.trace.spool.published_trace`), or ``trace_path`` when it is a
+    complete trace of this very run (the run id and start time of ``run_meta``, the spool's ``run.json``: an
+    interruption can end the ranks between the publication and that mark). The spool is then left over (every
+    step it holds is in that trace). Else None."""
+    from fourd_mpi.trace.spool import published_trace
+
+    marked = published_trace(spool_dir)
+    for path in ([marked] if marked else []) + [trace_path]:
+        if not os.path.isfile(path):
+            continue
+        try:
+            trace = load_trace(path, events=False)
+        except (OSError, TraceError):
+            continue
+        status, meta = trace.status, trace.metadata
+        if status == "complete" and meta.get("run_id") == run_meta.get("run_id") and \
+                meta.get("start_time") == run_meta.get("start_time") and run_meta.get("start_time"):
+            return path
+    return None
+
+
+def _index_published(path: str):
+    """``(added, error)``: the line of the published trace ``path`` added to the index next to it if it has none
+    (the run was ended between its publication and its index line), as ``results reindex`` writes it."""
+    from fourd_mpi.results.index import append_entry, entry_of_trace, index_file, read_index, trace_of
+
+    results_dir = os.path.dirname(os.path.abspath(path))
+    index = index_file(results_dir)
+    try:
+        if any(os.path.realpath(trace_of(entry, index)) == os.path.realpath(path) for entry in read_index(index)):
+            return False, None
+        append_entry(index, entry_of_trace(load_trace(path, events=False), results_dir))
+    except (OSError, ValueError) as exc:  # the trace stands
+        return False, f"the run was not added to {index}: {exc}"
+    return True, None
 
 
 def recovered_status(failures: Sequence[Dict]) -> str:
@@ -215,6 +261,18 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
         raise TraceError(f"unknown recover check {check!r}: choose one of {', '.join(RECOVER_CHECKS)}")
     run_meta = read_run_meta(spool_dir)
     world = spool_world(spool_dir, run_meta["world_size"])
+    default = spool_dir.rstrip("/").removesuffix(SPOOL_SUFFIX) + ".h5"
+    if output is None or os.path.abspath(output) == os.path.abspath(default):
+        published = published_by_the_run(spool_dir, default, run_meta)
+        if published is not None:  # nothing to recover: the spool is what an interrupted clean-up left
+            with deferred():
+                indexed, index_error = _index_published(published)
+            metas, *_ = read_group_records((spool_dir, 0, world))
+            stale, stale_left = remove_stale_temporaries(published, metas)  # (a link of the trace, killed before
+            # the temporary name was removed, among them)
+            return {"path": published, "status": "complete", "left_over": True, "indexed": indexed, "steps": [],
+                    "events_dropped": 0, "damaged": None, "failures": [], "live": [], "removable": None, "parts": 0,
+                    "verified": None, "stale_removed": stale, "stale_left": stale_left, "index": index_error}
     try:
         return _recover(spool_dir, output, force, summarize, group_size, jobs, compression, check, run_meta, world)
     finally:
@@ -278,7 +336,7 @@ def _recover(spool_dir: str, output: Optional[str], force: bool, summarize, grou
                 path = writer.finish(metadata, ranks_table(rank_metas), kept_steps, run_meta.get("layers", []),
                                      status)
                 index_error = _index(metadata, status, path)
-        stale = remove_stale_temporaries(path, rank_metas)
+        stale, stale_left = remove_stale_temporaries(path, rank_metas)
         verified = "readback" if check == "readback" and writer.parts else "full"
         removable = _why_keep(path, live, missing, sorted(every - done), dropped, verified, results, kept_steps,
                               staged_dir)
@@ -286,7 +344,7 @@ def _recover(spool_dir: str, output: Optional[str], force: bool, summarize, grou
     return {"path": path, "status": status, "steps": kept.tolist(), "events_dropped": dropped, "damaged": damaged,
             "failures": failures, "live": live, "removable": removable, "parts": writer.parts,
             "peak_rss_kib": max(result.peak_rss_kib for result in results), "verified": verified,
-            "stale_removed": stale, "index": index_error}
+            "stale_removed": stale, "stale_left": stale_left, "index": index_error}
 
 
 def _index(metadata: Dict, status: str, path: str) -> Optional[str]:

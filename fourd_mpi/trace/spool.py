@@ -26,7 +26,7 @@ import numpy as np
 
 from fourd_mpi.errors import ConfigError, TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
-from fourd_mpi.trace.files import (RUN_META, _rank_stem, _remove_quietly, _write_all, _write_json_atomic,
+from fourd_mpi.trace.files import (PUBLISHED, RUN_META, _rank_stem, _remove_quietly, _write_all, _write_json_atomic,
                                    io_error_text, now_iso, parts_dir_of, trace_paths)
 
 
@@ -280,41 +280,9 @@ class RankSpool:
         self._events_fd = self._steps_fd = None
 
     def mark_failed(self, message: str) -> bool:
-        """Leave the reason this rank is going down (``trace recover`` reports it); False if it could not.
-
-        Written into the space reserved at the start (``.reserve``, then renamed ``.failed.json``), so
-        that a full disk does not stop it; else as a new file. Where no data can be written at all (EIO
-        on every write: a failing disk, a Lustre OST gone) the reserve is still renamed: a blank
-        ``.failed.json`` that :func:`read_failure` reads as a failure whose reason was lost (a rename
-        needs no data block). Never raises.
-        """
-        payload = {"rank": self.rank, "time": now_iso(), "error": message}
-        data = json.dumps(payload).encode()
-        if len(data) > RESERVE_BYTES:
-            payload["error"] = message[:RESERVE_BYTES // 2] + " [...]"
-            data = json.dumps(payload).encode()
-        try:
-            fd = os.open(self.reserve_path, os.O_WRONLY)
-        except OSError:
-            fd = None
-        if fd is not None:
-            try:
-                os.pwrite(fd, data, 0)
-                os.ftruncate(fd, len(data))
-                os.close(fd)
-                fd = None
-                os.replace(self.reserve_path, self.failed_path)
-                return True
-            except OSError:
-                if fd is not None:
-                    os.close(fd)
-                with contextlib.suppress(OSError):  # at least the name says that this rank failed
-                    os.replace(self.reserve_path, self.failed_path)
-        try:
-            _write_json_atomic(self.failed_path, payload)
-            return True
-        except OSError:
-            return False
+        """Leave the reason this rank is going down (``trace recover`` reports it); False if it could not
+        (:func:`write_failure`). Never raises."""
+        return write_failure(os.path.join(self.dir, _rank_stem(self.rank)), self.rank, message)
 
     def remove(self) -> None:
         self.close()
@@ -324,6 +292,65 @@ class RankSpool:
                 os.remove(stem + suffix)
             except FileNotFoundError:
                 pass
+
+
+def write_failure(stem: str, rank: int, message: str) -> bool:
+    """Write ``stem.failed.json`` (``stem``: ``<spool>/rankNNNNNN``), the reason ``rank`` is going down, which
+    ``trace recover`` reports; False if it could not. Never raises.
+
+    Written into the space reserved at the start (``stem.reserve``, then renamed ``.failed.json``), so
+    that a full disk does not stop it; else as a new file. Where no data can be written at all (EIO
+    on every write: a failing disk, a Lustre OST gone) the reserve is still renamed: a blank
+    ``.failed.json`` that :func:`read_failure` reads as a failure whose reason was lost (a rename
+    needs no data block).
+    """
+    reserve_path, failed_path = stem + ".reserve", stem + ".failed.json"
+    payload = {"rank": rank, "time": now_iso(), "error": message}
+    data = json.dumps(payload).encode()
+    if len(data) > RESERVE_BYTES:
+        payload["error"] = message[:RESERVE_BYTES // 2] + " [...]"
+        data = json.dumps(payload).encode()
+    try:
+        fd = os.open(reserve_path, os.O_WRONLY)
+    except OSError:
+        fd = None
+    if fd is not None:
+        try:
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+            os.close(fd)
+            fd = None
+            os.replace(reserve_path, failed_path)
+            return True
+        except OSError:
+            if fd is not None:
+                os.close(fd)
+            with contextlib.suppress(OSError):  # at least the name says that this rank failed
+                os.replace(reserve_path, failed_path)
+    try:
+        _write_json_atomic(failed_path, payload)
+        return True
+    except OSError:
+        return False
+
+
+def mark_published(spool_dir: str, trace_path: str) -> None:
+    """Rank 0, as the final merge publishes ``trace_path``: write :data:`~fourd_mpi.trace.files.PUBLISHED` into
+    the spool (best effort: without it a left-over spool is recognised by its trace, :func:`published_trace`)."""
+    with contextlib.suppress(OSError):
+        _write_json_atomic(os.path.join(spool_dir, PUBLISHED), {"trace": os.path.abspath(trace_path),
+                                                                "time": now_iso()})
+
+
+def published_trace(spool_dir: str) -> Optional[str]:
+    """The trace the run of ``spool_dir`` published (its final merge ended: the spool is left over), from
+    :data:`~fourd_mpi.trace.files.PUBLISHED`, if that trace is there; else None."""
+    try:
+        with open(os.path.join(spool_dir, PUBLISHED)) as fh:
+            trace = json.load(fh).get("trace")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return trace if isinstance(trace, str) and os.path.isfile(trace) else None
 
 
 def read_records(path: str, dtype: np.dtype) -> np.ndarray:

@@ -11,6 +11,11 @@ calls; an exception raised there (a signal handler runs between any two bytecode
 a write half way and crash later (SIGSEGV). Inside ``with deferred():`` a signal is only recorded;
 it is raised when the outermost block ends, after the HDF5 call has returned. The handlers never
 touch an HDF5 object, MPI, or the heap beyond setting a flag.
+
+:func:`hold` and :func:`release` do the same across a stretch that is no block: a rank of a launch with
+other ranks holds the signals from its start until MPI is up (``fourd_mpi.cli.main``). A rank that left
+alone before then (its exit status 130, not a death by the signal) would leave the others waiting in
+``MPI_Init`` or the first collective forever; once MPI is up, the interruption aborts the whole job.
 """
 
 from __future__ import annotations
@@ -60,25 +65,44 @@ def install() -> None:
             signal.signal(sig, handler)
 
 
+def hold(pending: Optional[int] = None) -> None:
+    """Main thread: hold the signals back until the matching :func:`release` (as inside :func:`deferred`);
+    ``pending``: a signal that came before (it is raised by the release, unless one came first)."""
+    global _depth, _pending
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _depth += 1
+    if _pending is None:
+        _pending = pending
+
+
+def release(raise_pending: bool = True) -> None:
+    """End a :func:`hold`: at the outermost one, the first signal that came is raised (``raise_pending``), else
+    dropped (an error already on its way out goes on)."""
+    global _depth, _pending
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _depth -= 1
+    if _depth == 0 and _pending is not None:
+        signum, _pending = _pending, None
+        if raise_pending:
+            _raise(signum)
+
+
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """Hold SIGINT, SIGTERM and SIGHUP back inside (re-entrant); the first one that came is raised at
     the end of the outermost block, unless an exception already leaves it (that one goes on)."""
-    global _depth, _pending
     if threading.current_thread() is not threading.main_thread():  # handlers run in the main thread only
         yield
         return
-    _depth += 1
+    hold()
     leaving = False
     try:
         yield
         leaving = True
     finally:
-        _depth -= 1
-        if _depth == 0 and _pending is not None:
-            signum, _pending = _pending, None
-            if leaving:
-                _raise(signum)
+        release(raise_pending=leaving)
 
 
 def deferring(function):

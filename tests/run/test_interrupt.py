@@ -141,6 +141,8 @@ def test_recover_removes_what_a_killed_merge_left(tmp_path, run_mpi):
     assert rec.returncode == 0 and "status partial, steps 0-3" in rec.stdout, rec
     assert f"removed 2 temporary file(s) that an interrupted merge of this run left next to the trace (their " \
            f"processes are gone): {', '.join(left)}" in rec.stdout, rec.stdout
+    assert f"note: left 1 temporary file(s) of another merge of this trace next to it, not provably this run's " \
+           f"(another host's or a live process's, or parts set aside by --force): {foreign.name}" in rec.stdout
     assert temporaries(tmp_path) == [foreign.name]
 
 
@@ -264,3 +266,59 @@ def test_sighup_is_recorded_as_interrupted(tmp_path):
     assert report.startswith(f"interrupted: {said}"), report
     recovered = fourd("trace", "recover", tmp_path / "h.ranks")
     assert recovered.returncode == 0 and "status interrupted" in recovered.stdout, recovered.stdout + recovered.stderr
+
+
+@pytest.mark.mpi
+def test_sighup_to_mpiexec_is_recorded_as_interrupted(tmp_path):
+    """SIGHUP to Hydra's mpiexec (the terminal or ssh session closed): mpiexec has no handler and dies, and its
+    proxy kills the ranks with SIGKILL, so no handler of theirs runs. Before: no record, the recovered trace
+    was "partial". Now the sentinel of the node's first rank, which outlives it, records the interruption."""
+    if mpi_flavor() != "mpich":
+        pytest.skip("Hydra's mpiexec dies of SIGHUP; Open MPI's mpirun handles it")
+    from moments import default_signals, hidden, sentinels_gone
+
+    cmd = [find_mpiexec(), "-n", "2", sys.executable, "-m", "fourd_mpi", "run", "--gx", "2", "--steps", "100000",
+           "--results-dir", str(tmp_path), "--run-id", "h", "--display", "quiet", "--peak-tflops", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=REPO,
+                            preexec_fn=default_signals)  # SIGHUP at its default in mpiexec (not under nohup)
+    spool = tmp_path / "h.ranks"
+    try:
+        deadline = time.monotonic() + 120
+        while not all((spool / f"rank00000{r}.steps").exists() and (spool / f"rank00000{r}.steps").stat().st_size
+                      for r in range(2)):  # every rank has finished a step
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == -signal.SIGHUP and "Traceback" not in err, (proc.returncode, err)
+    sentinels_gone(spool)
+    reports = [json.loads(p.read_text())["error"] for p in spool.glob("*.failed.json")]
+    assert reports and all(r.startswith("interrupted: SIGHUP to mpiexec (the terminal or the ssh session of the run "
+                                        "closed) or mpiexec killed") for r in reports), reports
+    assert hidden(tmp_path) == []
+    recovered = fourd("trace", "recover", spool)
+    assert recovered.returncode == 0 and "status interrupted" in recovered.stdout, recovered
+    assert_readable_interrupted(tmp_path / "h.h5")
+
+
+@pytest.mark.mpi
+def test_a_killed_rank_is_no_interruption(tmp_path):
+    """A rank killed (SIGKILL) while mpiexec lives (the OOM killer, kill -9): the sentinel, which sees its rank end
+    while mpiexec still runs, adds no record; the recovered trace is "partial", as before."""
+    from moments import default_signals, sentinels_gone
+
+    cmd = [find_mpiexec(), "-n", "2", sys.executable, "-m", "fourd_mpi", "run", "--gx", "2", "--steps", "4",
+           "--display", "quiet", "--peak-tflops", "1", "--results-dir", str(tmp_path), "--run-id", "k",
+           "--inject-fault", "0:2:kill"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), cwd=REPO, timeout=240,
+                          preexec_fn=default_signals)  # SIGHUP at its default in mpiexec: the sentinel starts
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+
+    sentinels_gone(tmp_path / "k.ranks")
+    assert list((tmp_path / "k.ranks").glob("*.failed.json")) == []
+    rec = fourd("trace", "recover", tmp_path / "k.ranks")
+    assert rec.returncode == 0 and "status partial, steps 0-1" in rec.stdout, rec
