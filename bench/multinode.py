@@ -482,7 +482,8 @@ def overlap_batch(args, name, env, say, profile_path, batch: int) -> None:
     model = ["--model", "gpt-tiny", "--hidden", h, "--seq", 128, "--batch", batch,
              *(["--layers", layers] if layers else []), "--steps", args.steps, "--warmup", 1,
              "--trace-level", "op", "--gdata" if args.overlap_axis == "data" else "--gz", 2]
-    polls = {f"all, poll {float(f):.0e}": ["--overlap", "all", "--progress", "poll", "--poll-flops", f]
+    polls = {f"all, poll {f if f == 'auto' else format(float(f), '.0e')}":
+             ["--overlap", "all", "--progress", "poll", "--poll-flops", f]
              for f in str(args.overlap_poll_flops).split(",")}
     cases = {  # case: (ranks per node, run options)
         "compute-only (1 node)": (2, ["--overlap", "none"]),
