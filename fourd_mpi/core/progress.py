@@ -30,9 +30,11 @@ seen complete; only the main thread retires handles (see ``collectives``).
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
-from typing import Callable, List
+from collections import deque
+from typing import Callable, Deque, List
 
 from fourd_mpi.errors import ConfigError
 
@@ -98,10 +100,11 @@ AUTO_MIN_FLOPS, AUTO_MAX_FLOPS, AUTO_START_FLOPS = 1e6, 1e10, 1e7
 class AutoChunk:
     """The chunk size of ``--poll-flops auto``, from two running measurements of this rank.
 
-    ``rate``: GEMM FLOP/s, from the timed pieces of chunked GEMMs (:meth:`observe_compute`).
+    ``rate``: GEMM FLOP/s, from the GEMMs computed while collectives are in flight
+    (:meth:`observe_compute`: whole GEMMs and the pieces of chunked ones).
     ``cost``: seconds of one ``Testsome`` poll with requests in flight (:meth:`observe_poll`).
-    Both are exponential moving averages (weight :data:`EMA`) so the size follows the
-    phase of the step (a link busy with TCP, or idle).
+    Each is the median of its last :data:`WINDOW` samples: it follows the phase of the run (a
+    link busy with TCP, or idle) and one poll stretched by a preemption does not move it.
 
     The rule: ``n`` polls over ``C`` seconds of compute cost ``n * cost``; with chunks of
     ``chunk_s`` seconds, ``n = C / chunk_s``, so the polls take ``cost / chunk_s`` of the
@@ -110,25 +113,30 @@ class AutoChunk:
         chunk_s = cost / b,    chunk_flops = clamp(rate * chunk_s, AUTO_MIN_FLOPS, AUTO_MAX_FLOPS)
 
     e.g. a 10 us poll at 20 GFLOP/s gives 1e7 FLOPs (0.5 ms); a 0.5 ms poll gives 5e8 (25 ms).
-    No communication here: the poll itself is the caller's.
+    Until both are measured the size is :data:`AUTO_START_FLOPS`. No communication here: the
+    poll itself is the caller's.
     """
 
-    EMA = 0.2
+    WINDOW = 31
 
     def __init__(self, budget: float = POLL_BUDGET):
         self.budget = budget
+        self._rates: Deque[float] = deque(maxlen=self.WINDOW)
+        self._costs: Deque[float] = deque(maxlen=self.WINDOW)
         self.rate = None
         self.cost = None
         self.flops = AUTO_START_FLOPS
 
     def observe_compute(self, flops: float, seconds: float) -> None:
         if flops > 0 and seconds > 0:
-            self.rate = _ema(self.rate, flops / seconds, self.EMA)
+            self._rates.append(flops / seconds)
+            self.rate = statistics.median(self._rates)
             self._update()
 
     def observe_poll(self, seconds: float) -> None:
         if seconds >= 0:
-            self.cost = _ema(self.cost, seconds, self.EMA)
+            self._costs.append(seconds)
+            self.cost = statistics.median(self._costs)
             self._update()
 
     def _update(self) -> None:
@@ -142,10 +150,6 @@ class AutoChunk:
             return f"not measured yet ({self.flops:.3g} FLOPs)"
         return (f"{self.flops:.3g} FLOPs = GEMM rate {self.rate / 1e9:.3g} GFLOP/s x poll cost "
                 f"{self.cost * 1e6:.3g} us / {self.budget:.0%}")
-
-
-def _ema(old, new: float, weight: float) -> float:
-    return new if old is None else (1 - weight) * old + weight * new
 
 
 class _Hook:

@@ -97,8 +97,13 @@ def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm", progress=No
         if progress is None or flops <= progress.chunk_flops:
             t0 = time.perf_counter()
             out = np.matmul(a, b, out=out)
-            if timing:
-                counter.add(kind, time.perf_counter() - t0)
+            if timing or progress is not None:
+                seconds = time.perf_counter() - t0
+                if timing:
+                    counter.add(kind, seconds)
+                observe = getattr(progress, "observe", None)  # --poll-flops auto learns the GEMM rate
+                if observe is not None:
+                    observe(flops, seconds)
         else:
             out, seconds = _chunked_matmul(a, b, flops, progress, timing, out)
             if timing:

@@ -30,7 +30,7 @@ def test_rule_known_answers():
     assert "5e+08 FLOPs" in slow.describe() and "20 GFLOP/s" in slow.describe() and "500 us" in slow.describe()
 
 
-def test_rule_bounds_and_moving_average():
+def test_rule_bounds_and_running_median():
     auto = AutoChunk()
     auto.observe_compute(1e9, 1.0)
     auto.observe_poll(1e-9)
@@ -41,10 +41,13 @@ def test_rule_bounds_and_moving_average():
     assert auto.flops == AUTO_MAX_FLOPS
     auto = AutoChunk()
     auto.observe_compute(1e10, 1.0)
-    auto.observe_poll(100e-6)
-    auto.observe_poll(200e-6)  # EMA weight 0.2: 100 * 0.8 + 200 * 0.2 = 120 us
-    assert auto.cost == pytest.approx(120e-6)
-    assert auto.flops == pytest.approx(1e10 * 120e-6 / POLL_BUDGET)
+    for cost in (100e-6, 110e-6, 50e-3, 120e-6):  # one poll stretched by a preemption does not move the median
+        auto.observe_poll(cost)
+    assert auto.cost == pytest.approx(115e-6)
+    assert auto.flops == pytest.approx(1e10 * 115e-6 / POLL_BUDGET)
+    for _ in range(AutoChunk.WINDOW):  # the window forgets: a link that turned busy moves the size
+        auto.observe_poll(1e-3)
+    assert auto.cost == pytest.approx(1e-3)
 
 
 class _Owner:
