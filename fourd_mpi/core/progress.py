@@ -10,7 +10,7 @@ so the ``Wait`` afterwards costs about the whole collective. Strategies:
     GEMMs are split into chunks of about ``chunk_flops`` FLOPs and
     ``MPI_Testsome`` is called on the requests in flight between chunks. On a GPU the
     GEMM is one asynchronous kernel and the host polls until its event completes.
-    ``chunk_flops="auto"`` (the default) sizes the chunks from what the run measures
+    ``chunk_flops="auto"`` sizes the chunks from what the run measures
     (:class:`AutoChunk`): the finest chunks whose polls cost at most
     :data:`POLL_BUDGET` of the compute. A poll is cheap on shared memory (microseconds:
     fine chunks, most of the transfer hidden) and dear while TCP moves data (a fixed
@@ -178,7 +178,7 @@ class PollProgress(NoProgress):
     name = "poll"
     calls_mpi_on_poll = True
 
-    def __init__(self, chunk_flops="auto"):
+    def __init__(self, chunk_flops=1e7):
         self.auto = None
         if chunk_flops == "auto":
             self.auto = AutoChunk()
@@ -278,7 +278,7 @@ class ThreadProgress(NoProgress):
         return f"thread (a progress thread polls Testsome every {self.interval * 1e6:.0f} us)"
 
 
-def make_progress(name: str, chunk_flops="auto"):
+def make_progress(name: str, chunk_flops=1e7):
     if name == "none":
         return NoProgress()
     if name == "poll":
