@@ -99,7 +99,11 @@ def main() -> int:
                          "reduce-scatter of a pass have no compute to hide behind, 1/layers of the traffic")
     ap.add_argument("--overlap-poll-flops", default="1e7",
                     help="2. overlap: --poll-flops of the poll case, or a comma list, one poll case each (default "
-                         "1e7, run's default; a poll costs host time, and too few let TCP's buffers run dry)")
+                         "1e7, run's default; e.g. auto,1e7,1e9: a poll costs host time, and too few let TCP's "
+                         "buffers run dry)")
+    ap.add_argument("--overlap-ppn", type=int, choices=(1, 2), default=1,
+                    help="2. overlap: ranks per node of the overlapped cases (default 1: the axis crosses the link; "
+                         "2: both ranks on one node, shared memory, the one-node counterpart)")
     ap.add_argument("--overlap-axis", choices=("data", "z"), default="data",
                     help="2. overlap: the axis of size 2 across the link (default data: gradient all-reduces, "
                          "issued in backward; z: weight all-gathers in forward and backward, gradient "
@@ -145,8 +149,9 @@ def main() -> int:
         needed = set(layouts)
         if not args.skip_placement:
             needed.add((2, 2))
+        overlap_layout = (2, 1) if args.overlap_ppn == 1 else (1, 2)
         if args.overlap_repeats:
-            needed.add((2, 1))
+            needed.add(overlap_layout)
         if args.algorithm_repeats:
             needed.add((2, 4))
         if needed:
@@ -157,7 +162,7 @@ def main() -> int:
         if not args.skip_placement:
             placement(args, name, env, say, profiles[(2, 2)])
         if args.overlap_repeats:
-            overlap(args, name, env, say, profiles[(2, 1)])
+            overlap(args, name, env, say, profiles[overlap_layout])
         for lay in layouts:
             ranking(args, name, env, say, lay, profiles[lay])
         if args.algorithm_repeats:
@@ -482,19 +487,23 @@ def overlap_batch(args, name, env, say, profile_path, batch: int) -> None:
     model = ["--model", "gpt-tiny", "--hidden", h, "--seq", 128, "--batch", batch,
              *(["--layers", layers] if layers else []), "--steps", args.steps, "--warmup", 1,
              "--trace-level", "op", "--gdata" if args.overlap_axis == "data" else "--gz", 2]
-    polls = {f"all, poll {float(f):.0e}": ["--overlap", "all", "--progress", "poll", "--poll-flops", f]
+    polls = {f"all, poll {f if f == 'auto' else format(float(f), '.0e')}":
+             ["--overlap", "all", "--progress", "poll", "--poll-flops", f]
              for f in str(args.overlap_poll_flops).split(",")}
     cases = {  # case: (ranks per node, run options)
         "compute-only (1 node)": (2, ["--overlap", "none"]),
-        "none": (1, ["--overlap", "none"]),
-        **{case: (1, extra) for case, extra in polls.items()},
-        "all, progress thread": (1, ["--overlap", "all", "--progress", "thread"]),
+        "none": (args.overlap_ppn, ["--overlap", "none"]),
+        **{case: (args.overlap_ppn, extra) for case, extra in polls.items()},
+        "all, progress thread": (args.overlap_ppn, ["--overlap", "all", "--progress", "thread"]),
     }
+    where = ("1 rank per node (2 nodes)" if args.overlap_ppn == 1 else
+             "both ranks on one node (shared memory, no link)")
     cfg = resolve_model("gpt-tiny", hidden=h, seq=128, batch=batch, **({"layers": layers} if layers else {}))
     say()
-    say(f"## 2. overlap against a link: G_{args.overlap_axis} = 2, gpt-tiny h={h} layers={cfg.layers} seq=128 "
-        f"batch={batch}, {args.steps} measured steps, {args.overlap_repeats} alternating rounds; 1 rank per node "
-        f"(2 nodes), compute-only = both ranks on one node; load average (1 min) {load()}")
+    say(f"## 2. overlap{' against a link' if args.overlap_ppn == 1 else ' on one node'}: G_{args.overlap_axis} = 2, "
+        f"gpt-tiny h={h} layers={cfg.layers} seq=128 batch={batch}, {args.steps} measured steps, "
+        f"{args.overlap_repeats} alternating rounds; {where}, compute-only = both ranks on one node; load average "
+        f"(1 min) {load()}")
     for case, (ppn, extra) in cases.items():
         say(f"#   {case}: fourd-mpi testbed mpiexec -n 2 --ppn {ppn} -- fourd-mpi run "
             f"{' '.join(map(str, model + extra))}")
@@ -536,7 +545,7 @@ def overlap_batch(args, name, env, say, profile_path, batch: int) -> None:
         else:
             ov = OverlapConfig.parse("all" if case.startswith("all") else "none")
             progress = "thread" if "thread" in case else "poll"
-            ms = pr.predict(cfg, grid, prof, ov, progress=progress, ranks_per_node=1).step_s
+            ms = pr.predict(cfg, grid, prof, ov, progress=progress, ranks_per_node=args.overlap_ppn).step_s
         say(f"{case:<22} {' '.join(f'{v:.3f}' for v in steps):<40} {statistics.median(steps):>9.3f} "
             f"{statistics.median(b['comm_s'] for _, b in rows):>15.3f} {ratio:>22} {hidden:>9} {ms:>8.3f}")
     if bound:

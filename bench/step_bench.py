@@ -407,7 +407,9 @@ def print_header(env: Dict) -> None:
     print(f"model {m['name']}: {m['kind']}, {m['layers']} layers, hidden {m['hidden']}, heads {m['heads']}, "
           f"ffn {m['ffn_hidden']}, seq {m['seq']}, global batch {m['batch']}; dtype {env['dtype']}, "
           f"backend {env['backend']}")
-    poll = (f" (GEMMs in chunks of ~{env['poll_flops']:.3g} FLOPs while a collective is in flight)"
+    chunk = env["poll_flops"]
+    chunk = "sized by --poll-flops auto" if chunk == "auto" else f"of ~{chunk:.3g} FLOPs"
+    poll = (f" (GEMMs in chunks {chunk} while a collective is in flight)"
             if env["progress"] == "poll" else "")
     print(f"overlap {env['overlap']}; progress {env['progress']}{poll}")
     print(f"per grid: {env['warmup']} warm-up + {env['steps']} timed steps; standalone GEMMs: 1 untimed + "

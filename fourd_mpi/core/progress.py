@@ -10,6 +10,12 @@ so the ``Wait`` afterwards costs about the whole collective. Strategies:
     GEMMs are split into chunks of about ``chunk_flops`` FLOPs and
     ``MPI_Testsome`` is called on the requests in flight between chunks. On a GPU the
     GEMM is one asynchronous kernel and the host polls until its event completes.
+    ``chunk_flops="auto"`` sizes the chunks from what the run measures
+    (:class:`AutoChunk`): the finest chunks whose polls cost at most
+    :data:`POLL_BUDGET` of the compute. A poll is cheap on shared memory (microseconds:
+    fine chunks, most of the transfer hidden) and dear while TCP moves data (a fixed
+    1e7-FLOP chunk slowed the compute inside an overlapped step 1.23-1.25x on the
+    emulated cluster, ``results/benchmarks/multinode-overlap.txt``).
 ``thread``
     A dedicated Python thread polls ``MPI_Testsome`` while the main thread computes
     (NumPy releases the GIL inside matmul). Needs ``MPI_THREAD_MULTIPLE``. It
@@ -24,20 +30,22 @@ seen complete; only the main thread retires handles (see ``collectives``).
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
-from typing import Callable, List
+from collections import deque
+from typing import Callable, Deque, List
 
 from fourd_mpi.errors import ConfigError
 
 PROGRESS_STRATEGIES = ("none", "poll", "thread")
 
 
-def _testsome(handles) -> None:
-    """Test the not-yet-complete handles at once; mark the completed ones."""
+def _testsome(handles) -> bool:
+    """Test the not-yet-complete handles at once; mark the completed ones. False: none was pending."""
     pending = [h for h in handles if not h.done]
     if not pending:
-        return
+        return False
     from mpi4py import MPI  # here, not at import: the option table reads PROGRESS_STRATEGIES offline
 
     requests = [h.request for h in pending]
@@ -47,6 +55,7 @@ def _testsome(handles) -> None:
         for i in indices:
             pending[i].request = requests[i]
             pending[i].observe_complete(now)
+    return True
 
 
 class NoProgress:
@@ -82,12 +91,82 @@ class NoProgress:
         return "none (MPI progresses only in Test/Wait)"
 
 
-class _Hook:
-    """Callable given to GEMMs: poll the owner's requests every ``chunk_flops``."""
+#: ``--poll-flops auto``: the largest share of compute time the polls may take
+POLL_BUDGET = 0.02
+#: ``--poll-flops auto``: bounds of the chunk size in FLOPs, and the size before anything is measured
+AUTO_MIN_FLOPS, AUTO_MAX_FLOPS, AUTO_START_FLOPS = 1e6, 1e10, 1e7
 
-    def __init__(self, comm, chunk_flops: float):
+
+class AutoChunk:
+    """The chunk size of ``--poll-flops auto``, from two running measurements of this rank.
+
+    ``rate``: GEMM FLOP/s, from the GEMMs computed while collectives are in flight
+    (:meth:`observe_compute`: whole GEMMs and the pieces of chunked ones).
+    ``cost``: seconds of one ``Testsome`` poll with requests in flight (:meth:`observe_poll`).
+    Each is the median of its last :data:`WINDOW` samples: it follows the phase of the run (a
+    link busy with TCP, or idle) and one poll stretched by a preemption does not move it.
+
+    The rule: ``n`` polls over ``C`` seconds of compute cost ``n * cost``; with chunks of
+    ``chunk_s`` seconds, ``n = C / chunk_s``, so the polls take ``cost / chunk_s`` of the
+    compute. The finest chunk within the budget ``b`` (:data:`POLL_BUDGET`) is
+
+        chunk_s = cost / b,    chunk_flops = clamp(rate * chunk_s, AUTO_MIN_FLOPS, AUTO_MAX_FLOPS)
+
+    e.g. a 10 us poll at 20 GFLOP/s gives 1e7 FLOPs (0.5 ms); a 0.5 ms poll gives 5e8 (25 ms).
+    Until both are measured the size is :data:`AUTO_START_FLOPS`. No communication here: the
+    poll itself is the caller's.
+    """
+
+    WINDOW = 31
+
+    def __init__(self, budget: float = POLL_BUDGET):
+        self.budget = budget
+        self._rates: Deque[float] = deque(maxlen=self.WINDOW)
+        self._costs: Deque[float] = deque(maxlen=self.WINDOW)
+        self.rate = None
+        self.cost = None
+        self.flops = AUTO_START_FLOPS
+
+    def observe_compute(self, flops: float, seconds: float) -> None:
+        if flops > 0 and seconds > 0:
+            self._rates.append(flops / seconds)
+            self.rate = statistics.median(self._rates)
+            self._update()
+
+    def observe_poll(self, seconds: float) -> None:
+        if seconds >= 0:
+            self._costs.append(seconds)
+            self.cost = statistics.median(self._costs)
+            self._update()
+
+    def _update(self) -> None:
+        if self.rate is None or self.cost is None:
+            return
+        chunk_s = self.cost / self.budget
+        self.flops = min(AUTO_MAX_FLOPS, max(AUTO_MIN_FLOPS, self.rate * chunk_s))
+
+    def describe(self) -> str:
+        if self.rate is None or self.cost is None:
+            return f"not measured yet ({self.flops:.3g} FLOPs)"
+        return (f"{self.flops:.3g} FLOPs = GEMM rate {self.rate / 1e9:.3g} GFLOP/s x poll cost "
+                f"{self.cost * 1e6:.3g} us / {self.budget:.0%}")
+
+
+class _Hook:
+    """Callable given to GEMMs: poll the owner's requests every ``chunk_flops`` (read from the strategy
+    at each GEMM, so ``auto`` takes effect from the next one); :meth:`observe` takes the timed pieces."""
+
+    def __init__(self, comm, strategy):
         self.comm = comm
-        self.chunk_flops = chunk_flops
+        self.strategy = strategy
+
+    @property
+    def chunk_flops(self) -> float:
+        return self.strategy.chunk_flops
+
+    def observe(self, flops: float, seconds: float) -> None:
+        if self.strategy.auto is not None:
+            self.strategy.auto.observe_compute(flops, seconds)
 
     def __call__(self, record: bool = True) -> None:
         self.comm.poll(record)
@@ -99,20 +178,36 @@ class PollProgress(NoProgress):
     name = "poll"
     calls_mpi_on_poll = True
 
-    def __init__(self, chunk_flops: float = 1e7):
-        if chunk_flops <= 0:
-            raise ConfigError(f"poll chunk size must be positive, got {chunk_flops}")
-        self.chunk_flops = chunk_flops
+    def __init__(self, chunk_flops=1e7):
+        self.auto = None
+        if chunk_flops == "auto":
+            self.auto = AutoChunk()
+        elif not isinstance(chunk_flops, (int, float)) or not chunk_flops > 0:
+            raise ConfigError(f"poll chunk size must be positive or 'auto', got {chunk_flops}")
+        else:
+            self._fixed = float(chunk_flops)
         self.polls = 0
+
+    @property
+    def chunk_flops(self) -> float:
+        return self.auto.flops if self.auto is not None else self._fixed
 
     def poll(self, handles) -> None:
         self.polls += 1
-        _testsome(handles)
+        if self.auto is None:
+            _testsome(handles)
+            return
+        t0 = time.perf_counter()
+        if _testsome(handles):
+            self.auto.observe_poll(time.perf_counter() - t0)
 
     def compute_hook(self, comm):
-        return _Hook(comm, self.chunk_flops) if comm.in_flight else None
+        return _Hook(comm, self) if comm.in_flight else None
 
     def describe(self) -> str:
+        if self.auto is not None:
+            return (f"poll (Testsome between GEMM chunks sized to keep polls under {self.auto.budget:.0%} of the "
+                    f"compute: --poll-flops auto, now {self.auto.describe()})")
         return f"poll (Testsome between GEMM chunks of {self.chunk_flops:.3g} FLOPs)"
 
 
@@ -183,7 +278,7 @@ class ThreadProgress(NoProgress):
         return f"thread (a progress thread polls Testsome every {self.interval * 1e6:.0f} us)"
 
 
-def make_progress(name: str, chunk_flops: float = 1e7):
+def make_progress(name: str, chunk_flops=1e7):
     if name == "none":
         return NoProgress()
     if name == "poll":

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from fourd_mpi.algorithms.pipeline_plan import SCHEDULES as PIPELINE_SCHEDULES
 from fourd_mpi.algorithms.registry import ALGORITHMS, DEFAULT_ALGORITHM
@@ -36,7 +36,7 @@ from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model
 from fourd_mpi.trace.events import LEVELS
 from fourd_mpi.util.values import (axis_size, batch_size, byte_size, data_batch_count, group_size, head_count,
-                                   layer_count, number, positive_float, repeat_count, run_seed, seq_length, step_count,
+                                   layer_count, number, poll_flops_value, positive_float, repeat_count, run_seed, seq_length, step_count,
                                    text, warmup_count, width)
 
 
@@ -169,8 +169,10 @@ RUN_OPTIONS: Tuple[Option, ...] = (
            help="oag: how many layers ahead weight all-gathers are issued (default 1)"),
     Option("chunks", "overlap", repeat_count, 2, metavar="K", help="od: token chunks of the forward all-reduce "
            "(default 2)"),
-    Option("poll-flops", "overlap", positive_float, 1e7, metavar="F",
-           help="poll: FLOPs of GEMM between two MPI progress polls (default 1e7)"),
+    Option("poll-flops", "overlap", poll_flops_value, 1e7, metavar="F",
+           help="poll: FLOPs of GEMM between two MPI progress polls (default 1e7); auto: the finest chunks whose "
+                "polls take at most 2%% of the compute, from the measured poll cost and GEMM rate (chunk FLOPs = "
+                "GEMM FLOP/s x poll seconds / 0.02, within 1e6..1e10)"),
     Option("check-buffers", "overlap", flag=True, default=False,
            help="debug: verify that no send buffer is modified while its collective is in flight"),
     Option("steps", "steps", step_count, 10, metavar=_N, help="training steps (default 10)"),
@@ -273,7 +275,8 @@ class RunOptions:
     prefetch_depth: int = 1
     chunks: int = 2
     progress: str = "poll"
-    poll_flops: float = 1e7
+    #: ``"auto"`` or FLOPs per chunk (:class:`fourd_mpi.core.progress.AutoChunk`)
+    poll_flops: Union[str, float] = 1e7
     check_buffers: bool = False
     #: activation recompute: none, selective, full (:data:`~fourd_mpi.step.presets.RECOMPUTE_MODES`)
     recompute: str = "none"
@@ -346,8 +349,9 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
         raise ConfigError(f"--prefetch-depth {depth} reaches beyond the model: {model.name} has {layers} weight "
                           f"layers ({model.layers} blocks x {layers // model.layers}), so at most {layers - 1} "
                           f"can be fetched ahead of the current one: give --prefetch-depth {layers - 1} or less")
-    if options.get("poll_flops", 1) <= 0:
-        raise ConfigError(f"--poll-flops must be positive, got {options['poll_flops']}")
+    poll = options.get("poll_flops", "auto")
+    if poll != "auto" and not (isinstance(poll, (int, float)) and poll > 0):
+        raise ConfigError(f"--poll-flops must be 'auto' or positive, got {poll}")
     run_options = RunOptions(model=model, grid=shape, **options)
     run_options.overlap_config()  # validates the overlap list, depth and chunks
     algorithm.check(run_options)

@@ -338,6 +338,7 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
             metadata["summary"] = summary.as_dict()
             metadata["activations"] = activations
             metadata["array_pool"] = run.backend.pool_stats()  # rank 0's, after the last step
+            metadata["progress_end"] = run.comm.progress.describe()  # rank 0's: --poll-flops auto's chunk now
             metadata["spool_recreated"] = [note for mine in notes for note in mine]
         recreated = world.bcast(sum(1 for mine in notes if mine) if rank == 0 else None, root=0)
         drift = end_alignment(run, rank_meta)

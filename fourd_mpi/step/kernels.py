@@ -97,8 +97,13 @@ def matmul(a, b, counter: ComputeCounter = None, kind: str = "gemm", progress=No
         if progress is None or flops <= progress.chunk_flops:
             t0 = time.perf_counter()
             out = np.matmul(a, b, out=out)
-            if timing:
-                counter.add(kind, time.perf_counter() - t0)
+            if timing or progress is not None:
+                seconds = time.perf_counter() - t0
+                if timing:
+                    counter.add(kind, seconds)
+                observe = getattr(progress, "observe", None)  # --poll-flops auto learns the GEMM rate
+                if observe is not None:
+                    observe(flops, seconds)
         else:
             out, seconds = _chunked_matmul(a, b, flops, progress, timing, out)
             if timing:
@@ -187,6 +192,7 @@ def _chunked_matmul(a, b, flops: float, progress, timing: bool, out=None):
     if out is None:
         out = xp.empty(_product_shape(a, b), dtype=xp.result_type(a.dtype, b.dtype))
     seconds = 0.0
+    observe = getattr(progress, "observe", None)  # --poll-flops auto learns the GEMM rate from the pieces
     for i, (start, stop) in enumerate(bounds):
         t0 = time.perf_counter()
         if a.ndim > 2:
@@ -195,8 +201,10 @@ def _chunked_matmul(a, b, flops: float, progress, timing: bool, out=None):
             xp.matmul(a[start:stop], b, out=out[start:stop])  # contiguous rows of out
         else:
             xp.matmul(a, b[:, start:stop], out=out[:, start:stop])
-        if timing:
-            seconds += time.perf_counter() - t0
+        piece = time.perf_counter() - t0
+        seconds += piece
+        if observe is not None:
+            observe(flops * (stop - start) / length, piece)
         if i + 1 < pieces:
             progress()
     return out, seconds

@@ -133,6 +133,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def poll_flops_value(text: str):
+    """``--poll-flops``: ``auto`` (the string: sized from what the run measures) or a finite number > 0."""
+    if str(text).strip().lower() == "auto":
+        return "auto"
+    try:
+        return positive_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive number of FLOPs, got {text!r}") from None
+
+
 def gib_or_none(text: str):
     """A memory limit in GiB (a finite number > 0: NaN and inf refused) or ``none`` (the string)."""
     if str(text).strip().lower() == "none":
