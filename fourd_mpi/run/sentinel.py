@@ -17,10 +17,13 @@ standard output and error. When the pipe closes (the rank is gone, whatever ende
   OOM killer, ``kill -9``, ``MPI_Abort``); nothing to add. ``mpiexec`` cannot have ended in between: it
   waits for every proxy, and the proxy waits for the rank's output to close, which the sentinel still
   holds;
-- gone: the launcher ended before the rank, which its proxy then killed. Unless the rank recorded a reason
-  itself or the run's trace was published (its spool files removed), the sentinel writes the rank's
+- gone: the launcher ended, and its proxy killed the ranks. That is also how Hydra ends a job one of whose
+  ranks called ``MPI_Abort`` (it closes its connections to the proxies and exits): but a rank of this run
+  aborts the job only after recording why in the spool. So unless some rank recorded a reason or the run's
+  trace was published (its spool left over or removed), the sentinel writes the rank's
   ``rankNNNNNN.failed.json``: ``interrupted: SIGHUP to mpiexec ...``, and ``trace recover`` calls the trace
-  ``interrupted``.
+  ``interrupted``. (A rank killed on another node of a multi-node launch, by the OOM killer say, also makes
+  ``mpiexec`` end the job without a report; its record then names a hang-up that was none.)
 
 Then it exits. The rank tells it when the final merge starts, for the wording of the record, and the names of
 the temporary file and staged parts directory that rank 0 created for the merge: when the launcher's end killed
@@ -183,9 +186,9 @@ def watch(spool_dir: str, rank: int, launcher: int, steps: int, record_size: int
     from fourd_mpi.trace.files import PUBLISHED
 
     stem = os.path.join(spool_dir, f"rank{rank:06d}")
-    if os.path.exists(stem + ".failed.json") or not os.path.exists(stem + ".steps") or \
-            os.path.exists(os.path.join(spool_dir, PUBLISHED)):
-        return 0  # the rank said why itself, or the trace is published (the spool left over or removed)
+    if not os.path.exists(stem + ".steps") or os.path.exists(os.path.join(spool_dir, PUBLISHED)) or \
+            _reported(spool_dir):
+        return 0  # the trace is published (the spool left over or removed), or a rank said why the job ended
     try:
         done = os.stat(stem + ".steps").st_size // record_size
     except OSError:
@@ -203,6 +206,17 @@ def watch(spool_dir: str, rank: int, launcher: int, steps: int, record_size: int
     write_failure(stem, rank, f"interrupted: {HANGUP_NAME} {when}; {kept} in {spool_dir} "
                               f"(fourd-mpi trace recover {spool_dir})")
     return 0
+
+
+def _reported(spool_dir: str) -> bool:
+    """Whether any rank of the spool recorded why it stopped (``rankNNNNNN.failed.json``). ``mpiexec`` also ends
+    first when a rank calls ``MPI_Abort``: it closes its connections to the proxies, which kill their ranks, and
+    exits, maybe before the sentinel looks. A rank of this run aborts the job only after recording why (an
+    interruption, an error, a hang), so a report anywhere means the launcher's end was no hang-up."""
+    try:
+        return any(name.endswith(".failed.json") for name in os.listdir(spool_dir))
+    except OSError:
+        return True
 
 
 #: how the record names what happened
