@@ -310,6 +310,19 @@ def test_slurm_places_tasks_on_every_node(bed):
     assert seen == sorted([f"{NAME}-n1"] * 2 + [f"{NAME}-n2"] * 2), done.stdout
 
 
+def test_slurm_refuses_a_bed_directory_too_long_for_its_sockets(tmp_path):
+    """slurmstepd makes a Unix socket per job step in the node's spool directory; over 107 characters it cannot,
+    and Slurm requeues and holds the job for ever ("launch failed requeued held"). ``up --slurm`` refuses first,
+    with one line, and leaves nothing behind."""
+    need_machine(slurm=True)
+    root = str(tmp_path / ("long" * 12))
+    name = f"{NAME}s"
+    done = fourd(["testbed", "up", "--name", name, "--nodes", "2", "--slurm"], env=root_env(root))
+    one_line_error(done, "too long for Slurm", "at most 107", "FOURD_TESTBED_STATE")
+    assert not os.path.exists(os.path.join(root, name, "state.json"))
+    assert not os.path.exists(f"/var/run/netns/{name}-n1")
+
+
 # -- nothing left behind ----------------------------------------------------------------------------
 
 def leftovers(name: str, state: dict) -> list:
