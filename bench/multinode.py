@@ -188,7 +188,8 @@ def main() -> int:
     if args.output:
         Path(args.output).write_text("\n".join(out) + "\n")
     if FAILED:
-        print(f"multinode.py: {len(FAILED)} run(s) failed (the lines '... failed (STATUS): ...' above)", file=sys.stderr)
+        print(f"multinode.py: {len(FAILED)} run(s) failed (the lines '... failed (STATUS): ...' above)",
+              file=sys.stderr)
         return 1
     return 0
 

@@ -120,8 +120,10 @@ BED_UP = '.venv/bin/fourd-mpi testbed up --nodes 2 --rate 200mbit        # bed "
 ALL_PASSED = r"(?s)\A(?!.*\b[1-9]\d* failed).*\b[1-9]\d* passed, 0 failed"
 #: docs/placement.md's verification matrix, bounded
 MATRIX = [
-    "for A in axonn4d megatron1d fsdp dp optimus3d; do $E fourd-mpi verify --dtype float64 --steps 2 --algorithm $A "
+    "for A in megatron1d fsdp dp optimus3d; do $E fourd-mpi verify --dtype float64 --steps 2 --algorithm $A "
     "--all-grids --model mlp-tiny $OV; done",
+    "$E fourd-mpi verify --dtype float64 --steps 2 --algorithm axonn4d --grid 1x2x2x2 --grid 2x1x1x4 "
+    "--model mlp-tiny $OV",
     "$E fourd-mpi verify --dtype float64 --steps 2 --algorithm axonn4d --grid 1x2x2x2 --model gpt-tiny --overlap none "
     "--overlap all,cache --recompute none --recompute full",
     "$E fourd-mpi verify --dtype float64 --steps 2 --algorithm optimus3d --all-grids --model gpt-tiny --overlap none "
@@ -236,15 +238,16 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
         Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python bench/recompute_bench.py --gx 2 --gy 2 --gz 2 "
              "--model gpt-tiny --steps 1 --repeats 1", r"selective(?s:.*)full"),
         Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python bench/overlap_bench.py --configs comm-heavy "
-             "--steps 2 --warmup 1 --probe-mib 1", r"(?s)progress probe.*comm-heavy +all +poll"),
+             "--steps 2 --warmup 1 --probe-mib 1 --overlaps none,all", r"(?s)progress probe.*comm-heavy +all +poll"),
         Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python bench/trace_overhead.py --repeats 4 "
              "--merge-events 10000 --merge-repeats 1", r"(?s)op.*step.*events per second|events/s"),
     ]),
     # docs/guide/model-and-tuning.md: measure, calibrate against traces, validate
     "model-and-tuning": (True, [
         Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/fourd-mpi bench collectives --ops "
-             "iallgather,ireduce_scatter,iallreduce --max-size 64K --iters 3 --min-time 0 --overlap-sizes 0 --no-in-place "
-             "--accept-poor-fit -o results/profiles/$(hostname).yaml", r"(?s)# Avg bus bandwidth.*machine profile"),
+             "iallgather,ireduce_scatter,iallreduce --max-size 64K --iters 3 --min-time 0 --overlap-sizes 0 "
+             "--no-in-place --accept-poor-fit -o results/profiles/$(hostname).yaml",
+             r"(?s)# Avg bus bandwidth.*machine profile"),
         Step(".venv/bin/fourd-mpi model calibrate results/samples/*.h5 --profile results/profiles/$(hostname).yaml "
              "-o calibrated.yaml   # TRACES: files, directories, globs", r"wrote calibrated\.yaml"),
         Step(".venv/bin/fourd-mpi model validate results/samples/*.h5 --profile calibrated.yaml",
@@ -314,9 +317,10 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
     ]),
     # docs/multinode.md: bench/multinode.py's bounded form (it brings up and takes down a bed of its own)
     "multinode-bench": (True, [
-        Step('OMP_NUM_THREADS=1 .venv/bin/python bench/multinode.py --repeats 1 --steps 2 --overlap-repeats 1 '
-             '--overlap-axis z --overlap-hidden 256 --overlap-batch 32 --launch-repeats 0 --calibration "--ops '
-             'iallgather,ireduce_scatter,iallreduce --max-size 32K --iters 3 --min-time 0 --overlap-sizes 0 --no-in-place"',
+        Step('OMP_NUM_THREADS=1 .venv/bin/python bench/multinode.py --repeats 1 --steps 2 --hidden 64 '
+             '--overlap-repeats 1 --overlap-axis z --overlap-hidden 64 --overlap-batch 8 --launch-repeats 0 '
+             '--calibration "--ops iallgather,ireduce_scatter,iallreduce --max-size 32K --iters 3 --min-time 0 '
+             '--overlap-sizes 0 --no-in-place"',
              r"(?s)## 0\. calibration.*## 1\. placement.*^block +intra-node +inter-node +\d.*"
              r"^cyclic +inter-node +intra-node +\d.*## 2\. overlap.*^none +\d"),
     ]),
@@ -447,8 +451,8 @@ def test_every_documented_command_is_run_or_listed():
 def test_the_reader_sees_continued_lines_and_loops_as_one_command():
     body = "# a comment\nfourd-mpi run \\\n    --steps 2   # two\n\nfor i in 1 2; do\n  echo $i\ndone\n"
     assert logical_lines(body) == ["fourd-mpi run --steps 2   # two", "for i in 1 2; do\n  echo $i\ndone"]
-    assert logical_lines("for A in a b; do echo $A; done   # both\nE=x\n") == ["for A in a b; do echo $A; done   # both",
-                                                                                "E=x"]
+    one_line = "for A in a b; do echo $A; done   # both"
+    assert logical_lines(f"{one_line}\nE=x\n") == [one_line, "E=x"]
     text = "```console\n$ fourd-mpi tune\nout\n```\n\n  ```bash\n  fourd-mpi trace show T.h5\n  ```\n```text\nx\n```\n"
     assert commands_of(text) == ["fourd-mpi tune", "fourd-mpi trace show T.h5"]
 
@@ -604,7 +608,8 @@ def own_bed(name: str, env: Dict[str, str]):
     in a letter: the mpich wheel's hydra cannot read a Slurm node list like ``d2-n1`` (a name ending in a digit
     larger than the node's number: "node list format not recognized"), which a single-node job gets."""
     env["FOURD_TESTBED"] = f"d{os.getpid() % 10 ** 6}{'abcdefgh'[sorted(BED_SCENARIOS).index(name)]}"
-    env["FOURD_TESTBED_STATE"] = tempfile.mkdtemp(prefix="fourd-docs-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    env["FOURD_TESTBED_STATE"] = tempfile.mkdtemp(prefix="fourd-docs-",
+                                                  dir="/tmp" if os.path.isdir("/tmp") else None)
     try:
         yield env
     finally:
