@@ -3,18 +3,24 @@
 The commands are read from the pages: every line of a ``bash`` (``sh``, ``shell``) code block and every ``$ ``
 line of a ``console`` block (a line continued with ``\\`` and a ``for ... done`` loop are one command). Each one
 is either a step of a :data:`SCENARIOS` entry, run here with its exit status and a check of its output, or in
-:data:`NOT_RUN` with the reason; a command in neither (a new or edited line of a page) fails
+:data:`ALREADY` (run as typed by another part of CI, which is checked to contain it), or in :data:`NOT_RUN` with
+the reason; a command in none of them (a new or edited line of a page) fails
 :func:`test_every_documented_command_is_run_or_listed`, and so does a table entry no page shows any more.
 
 How a scenario runs: in a fresh directory laid out like a clone (``.venv`` is the environment running the tests,
 as README command 1 makes it; the committed inputs ``results/samples``, ``results/baselines``, ``jobscripts``,
-``bench``, ``docs`` beside it), one ``bash -c`` per command in the page's order, with ``PATH`` holding no
+``bench``, ``docs`` beside it), one ``bash`` session that types the commands in the page's order, as a user
+does (what ``eval`` exports and ``E=...`` sets is there for the lines after it), with ``PATH`` holding no
 ``bin/`` of the environment (``VIRTUAL_ENV`` unset, ``HOME`` a directory of its own): what a user who
 followed the README types. A step marked ``activated`` comes from a page that activates an environment
-first (``source .../bin/activate``): its shell has the environment's ``bin/`` on ``PATH``, as the page says.
+first (``source .../bin/activate``): the session then has the environment's ``bin/`` on ``PATH``. Each step's
+output is checked for its result lines and key words, not for headers or spacing. The scenarios of the test bed
+(root, network namespaces, Debian's Slurm) use a bed and a state directory of their own.
 
 Sizes are the pages' own; where a page's command ran for minutes it was changed on the page to a bounded form
-(fewer steps, sizes, repeats) that still shows what the command does.
+(fewer steps, sizes, repeats) that still shows what the command does, and the page says what the committed
+tables used. Nothing here runs two scenarios at once: on 2 cores one 8-rank run already takes both, so running
+side by side would only stretch each (and a test bed's jobs) without saving time.
 """
 
 from __future__ import annotations
@@ -145,8 +151,9 @@ LATEST = '"$(ls -t results/*.h5 | head -n 1)"'
 SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
     # README's tour, then what the guide does with the runs it leaves in results/
     "tour": (True, [
-        Step(TOUR_RUN, r"(?s)on grid 1x2x2x2 \(DxZxYxX\), 8 ranks on 1 node.*step time: median .*"
-                       r"trace: results/\S+\.h5"),
+        # docs/guide/runs.md: the tour's run with its full configuration; the run itself (README) is .ci/run's
+        Step(TOUR_RUN + " --show-config", r"(?s)^resolved configuration \(reusable as --config FILE\.toml\):\n"
+                                          r".*1x2x2x2.*step time: median .*trace: results/\S+\.h5"),
         Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/fourd-mpi verify --gx 2 --gy 2 --gz 2 --model gpt-tiny",
              r"1x2x2x2 .* ok\n1 passed, 0 failed"),
         Step(f".venv/bin/fourd-mpi trace show {LATEST}", r"status complete.*\n(?s:.*)median step \S+ s"),
@@ -168,10 +175,6 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
              "# NEW... --baseline OLD...; --format table|markdown|json|junit -o FILE", r"gpt-tiny", (0, 1)),
         Step(".venv/bin/fourd-mpi compare results/baselines/slower-gpt-tiny-np2.h5 --baseline "
              "results/baselines/baseline-gpt-tiny-np2.h5 --unit step", r"(?i)slower|regression", (1,)),
-        # docs/guide/runs.md: the tour's run with its full configuration (last: the steps above count one run)
-        Step(TOUR_RUN + " --show-config", r"(?s)^resolved configuration \(reusable as --config FILE\.toml\):\n"
-                                          r".*4D grid G_data x G_z x G_y x G_x = 1x2x2x2 on 8 ranks.*"
-                                          r"step time: median .*trace: results/\S+\.h5"),
     ]),
     # docs/guide/algorithms.md
     "algorithms": (True, [
@@ -330,6 +333,15 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
 BED_SCENARIOS = {"testbed", "testbed-slurm", "verify-matrix", "multinode-bench"}
 SLURM_SCENARIOS = {"testbed-slurm"}
 
+#: documented commands that another part of CI runs as typed, so they are not run again here:
+#: command -> (the file that runs it, where and how); :func:`test_what_runs_elsewhere_is_there_as_typed` checks that
+#: the file holds the command (its comment left out)
+ALREADY: Dict[str, Tuple[str, str]] = {
+    TOUR_RUN: (".ci/run", "the last part of README command 1, run in .ci/run's install stage "
+                          "(tests/test_docs.py::test_ci_runs_the_readme_commands checks that it is the README's); "
+                          "the tour scenario runs it with --show-config (docs/guide/runs.md)"),
+}
+
 #: documented commands that are not run here, and why
 NOT_RUN: Dict[str, str] = {}
 
@@ -439,13 +451,20 @@ def scenario_commands() -> List[str]:
 
 def test_every_documented_command_is_run_or_listed():
     docs = documented()
-    covered = set(scenario_commands()) | set(NOT_RUN)
+    covered = set(scenario_commands()) | set(ALREADY) | set(NOT_RUN)
     missing = {c: p for c, p in docs.items() if c not in covered}
-    assert missing == {}, ("documented commands neither run by a scenario nor listed in NOT_RUN with a reason "
+    assert missing == {}, ("documented commands neither run by a scenario nor listed in ALREADY or NOT_RUN "
                            f"(tests/test_docs_commands.py): {missing}")
     stale = sorted(c for c in covered if c not in docs)
     assert stale == [], f"commands of tests/test_docs_commands.py that no page shows any more: {stale}"
-    assert not set(scenario_commands()) & set(NOT_RUN)
+    run, elsewhere, listed = set(scenario_commands()), set(ALREADY), set(NOT_RUN)
+    assert not (run & elsewhere or run & listed or elsewhere & listed), "a command in two of the tables"
+
+
+def test_what_runs_elsewhere_is_there_as_typed():
+    for command, (path, _) in ALREADY.items():
+        typed = re.sub(r"\s+#.*$", "", command)
+        assert typed in (REPO / path).read_text(), f"{path} does not run {typed!r} (ALREADY)"
 
 
 def test_the_reader_sees_continued_lines_and_loops_as_one_command():
