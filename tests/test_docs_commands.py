@@ -480,7 +480,7 @@ def test_the_reader_sees_continued_lines_and_loops_as_one_command():
 
 def checkout(root: Path) -> Path:
     """A directory laid out like a clone after README command 1: ``.venv`` (the running environment), the
-    committed inputs the commands read, and an empty ``results/`` (but its committed subdirectories)."""
+    committed inputs the commands read, and an empty ``results/`` (but the committed results the pages read)."""
     root.mkdir(parents=True, exist_ok=True)
     os.symlink(sys.prefix, root / ".venv")
     for name in ("bench", "docs", "packaging", "mkdocs.yml"):
@@ -488,6 +488,8 @@ def checkout(root: Path) -> Path:
     (root / "results" / "benchmarks").mkdir(parents=True)
     for name in ("samples", "baselines"):
         os.symlink(REPO / "results" / name, root / "results" / name)
+    for name in ("multinode-ranking",):  # a committed report the pages read (a copy: nothing writes into the repo)
+        shutil.copytree(REPO / "results" / "benchmarks" / name, root / "results" / "benchmarks" / name)
     shutil.copytree(REPO / "jobscripts", root / "jobscripts", ignore=shutil.ignore_patterns("weak-gpt-tiny"))
     (root / "home" / "venvs").mkdir(parents=True)
     os.symlink(sys.prefix, root / "home" / "venvs" / "fourd")  # docs/placement.md's environment by full path
