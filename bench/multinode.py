@@ -41,6 +41,10 @@ Run as root with ``OMP_NUM_THREADS=1``::
     python bench/multinode.py --output results/benchmarks/multinode.txt
     python bench/multinode.py --repeats 5 --rate 100mbit --hidden 256 --launch-repeats 0
     python bench/multinode.py --from-results results/benchmarks/multinode.txt
+
+A quick look (one round, 2 steps of which 1 is measured, a calibration of small messages; about a minute):
+``--repeats 1 --steps 2 --launch-repeats 0 --calibration "--max-size 32K --iters 3 --min-time 0"``. A run whose
+case fails still writes the report, and exits 1.
 """
 
 from __future__ import annotations
@@ -63,6 +67,15 @@ sys.path.insert(0, str(ROOT))
 from fourd_mpi.testbed import bed as tb  # noqa: E402
 
 PY = sys.executable
+
+
+#: the runs of this invocation that failed: the report is still written, and the exit status is 1
+FAILED = []
+
+
+def failed(say, line: str) -> None:
+    FAILED.append(line)
+    say(line)
 
 
 def load() -> str:
@@ -110,6 +123,10 @@ def main() -> int:
                          "reduce-scatters in backward, which compute in both passes can hide)")
     ap.add_argument("--algorithm-repeats", type=int, default=0,
                     help="4. algorithms: alternating rounds (default 0: skip)")
+    ap.add_argument("--calibration", metavar="OPTIONS", default="",
+                    help="0. calibration: more fourd-mpi bench collectives options, after the defaults (the later "
+                         "one wins), e.g. \"--max-size 32K --iters 3 --min-time 0\" for a quick look (default: "
+                         f"{' '.join(CALIBRATION)})")
     ap.add_argument("--skip-placement", action="store_true", help="skip part 1")
     ap.add_argument("--output", help="also write the report here")
     ap.add_argument("--from-results", metavar="FILE",
@@ -175,6 +192,10 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.output:
         Path(args.output).write_text("\n".join(out) + "\n")
+    if FAILED:
+        print(f"multinode.py: {len(FAILED)} run(s) failed (the lines '... failed (STATUS): ...' above)",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -204,9 +225,9 @@ def placement(args, name, env, say, profile_path) -> None:
                              "--gz", 2, "--gx", 2, *model, *extra, "--results-dir", tmp, env=env)
                 after = tb.link_counters(tb.load_state(name))[node1]
                 match = re.search(r"step time: median ([0-9.]+) s", done.stdout)
-                axes = dict(re.findall(r"^\s+([xz])\s+2\s+\S+\s+(\S+-node)", done.stdout, re.M))
+                axes = placement_of(done.stdout, ("x", "z"))
                 if done.returncode or not match:
-                    say(f"# {case} round {r + 1} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+                    failed(say, f"# {case} round {r + 1} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
                     continue
                 link = (after["sent"] - before["sent"] + after["received"] - before["received"]) / 1e6
                 results[case].append((r, float(match.group(1)), link, axes))
@@ -228,6 +249,19 @@ def placement(args, name, env, say, profile_path) -> None:
             f"{model[case] / model['block']:>15.2f}")
 
 
+def placement_of(stdout: str, axes) -> dict:
+    """``axis -> "intra-node" | "inter-node"`` of ``axes`` (each of size > 1) from a run's output: the full
+    configuration's axis table where printed (``--show-config``), else the header's ``axes across nodes: ...``."""
+    table = dict(re.findall(r"^\s+([a-z]+)\s+\d+\s+\S+\s+(\S+-node)", stdout, re.M))
+    if all(a in table for a in axes):
+        return {a: table[a] for a in axes}
+    m = re.search(r"axes across nodes: ([a-z, ]+?)\s*$", stdout, re.M)
+    if not m:
+        return {}
+    across = {a.strip() for a in m.group(1).split(",")}
+    return {a: "inter-node" if a in across else "intra-node" for a in axes}
+
+
 #: --accept-poor-fit: the bed's inter-node links are shaped by tbf, whose bursts pass small messages at once and
 #: make the alpha-beta fits miss their measurements by 59-74 % rms (over bench collectives' 25 % limit); the model
 #: uses the profile's measured points (levels.L.measured) first, which is what this benchmark needs.
@@ -241,10 +275,11 @@ def calibrate(args, name, env, say, layout, tmp) -> str:
     """``bench collectives`` on ``layout`` (nodes, ranks per node) of the bed; the profile's path."""
     nodes, ppn = layout
     path = os.path.join(tmp, f"bed-{nodes}x{ppn}.yaml")
+    options = [*CALIBRATION, *shlex.split(args.calibration)]
     argv = ["testbed", "mpiexec", "--name", name, "-n", nodes * ppn, "--ppn", ppn, "--", PY, "-m", "fourd_mpi",
-            "bench", "collectives", *CALIBRATION, "-o", path, "--name", f"bed-{nodes}x{ppn}", "--fallback", "laptop"]
+            "bench", "collectives", *options, "-o", path, "--name", f"bed-{nodes}x{ppn}", "--fallback", "laptop"]
     say(f"#   {nodes} x {ppn}: fourd-mpi testbed mpiexec -n {nodes * ppn} --ppn {ppn} -- fourd-mpi bench collectives "
-        f"{' '.join(CALIBRATION)} -o bed-{nodes}x{ppn}.yaml --fallback laptop")
+        f"{shlex.join(options)} -o bed-{nodes}x{ppn}.yaml --fallback laptop")
     done = fourd(*argv, env=env, timeout=3600)
     if done.returncode or not os.path.exists(path):
         say(f"#   failed ({done.returncode}): {done.stderr.strip()[-300:]}")
@@ -426,7 +461,7 @@ def ranking(args, name, env, say, layout, profile_path) -> None:
                 if done.returncode == 0 and match:
                     measured[g].append(float(match.group(1)))
                 else:
-                    say(f"# {g} round {r + 1} failed ({done.returncode}): {done.stderr.strip()[-200:]}")
+                    failed(say, f"# {g} round {r + 1} failed ({done.returncode}): {done.stderr.strip()[-200:]}")
     rows = [(g, statistics.median(m), grids[g]) for g, m in measured.items() if m]
     rows.sort(key=lambda row: row[1])
     say(f"{'grid':<9} {'measured s':>10} {'rank':>5} {'model s':>8} {'model rank':>10}")
@@ -515,7 +550,7 @@ def overlap_batch(args, name, env, say, profile_path, batch: int) -> None:
             done = fourd("testbed", "mpiexec", "--name", name, "-n", 2, "--ppn", ppn, "--", PY, "-m", "fourd_mpi",
                          "run", *model, *extra, "--results-dir", path, "--run-id", "ov", env=env)
             if _step(done) is None:
-                say(f"# {case} round {r + 1} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+                failed(say, f"# {case} round {r + 1} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
                 continue
             got[case].append((r, _breakdown(os.path.join(path, "ov.h5"))))
             shutil.rmtree(path, ignore_errors=True)
@@ -613,7 +648,7 @@ def algorithms(args, name, env, say, profile_path) -> None:
                              "--results-dir", tmp, env=env)
                 step = _step(done)
                 if step is None:
-                    say(f"# {n} round {r + 1} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+                    failed(say, f"# {n} round {r + 1} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
                 else:
                     measured[n].append(step)
     rows = sorted(((n, statistics.median(m), best[n]) for n, m in measured.items() if m), key=lambda t: t[1])

@@ -23,6 +23,8 @@ alone and communication alone). ``comm share`` = comm / blocking step.
 Launch with one BLAS thread per rank (8 ranks share 2 cores here)::
 
     OMP_NUM_THREADS=1 mpiexec -n 8 python bench/overlap_bench.py [--steps 5] [--json FILE]
+
+A quick look: ``--configs comm-heavy --steps 2 --warmup 1 --probe-mib 1 --overlaps none,all``.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def bench_config(world, name: str, args) -> list:
 
     progresses = ["poll", "none"] + (["thread"] if args.with_thread else [])
     blocking = None
-    for variant in VARIANTS:
+    for variant in ["none"] + [v for v in args.overlaps.split(",") if v and v != "none"]:
         for progress in progresses if variant != "none" else ["none"]:
             options = replace(base, overlap=variant, progress=progress, chunks=args.chunks)
             run = Run.build(world, options)
@@ -192,11 +194,19 @@ def main() -> int:
     ap.add_argument("--with-thread", action="store_true", help="also the thread progress strategy")
     ap.add_argument("--probe-mib", default="1,4,16,64",
                     help="message sizes (MiB) of the progress probe; empty to skip it")
+    ap.add_argument("--overlaps", default=",".join(VARIANTS),
+                    help=f"comma list of the overlap options measured, of {', '.join(VARIANTS)} (default all; none, "
+                         f"the blocking step every ratio is against, is always measured)")
     ap.add_argument("--json", help="write all rows as JSON (rank 0)")
     args = ap.parse_args()
     world = MPI.COMM_WORLD
     root = world.Get_rank() == 0
     configs = [c for c in args.configs.split(",") if c]
+    bad = [v for v in args.overlaps.split(",") if v and v not in VARIANTS]
+    if bad:  # same check on every rank, before any collective
+        print(f"overlap_bench.py: error: unknown overlap option(s) {', '.join(bad)}: choose from {', '.join(VARIANTS)}",
+              file=sys.stderr)
+        return 2
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:  # same check on every rank, before any collective
         print(f"overlap_bench.py: error: unknown config(s) {', '.join(unknown)}: choose from {', '.join(CONFIGS)}",

@@ -33,6 +33,17 @@ def test_rank_summary_known_answers():
     assert (s["best"], s["position"], s["within_two"]) == ("b", 2, True) and s["spearman"] == pytest.approx(0.5)
 
 
+def test_the_placement_of_x_and_z_is_read_from_the_run_header_or_its_full_configuration():
+    mn = _module()
+    short = ("fourd-mpi 0.1.0: axonn4d (AxoNN 4D) on grid 1x2x1x2 (DxZxYxX), 4 ranks on 2 node(s), 2 per node; "
+             "axes across nodes: x\n")
+    assert mn.placement_of(short, ("x", "z")) == {"x": "inter-node", "z": "intra-node"}
+    full = ("  axis  size  stride  placement   communicates\n  x        2       1  intra-node  fwd all-reduce\n"
+            "  z        2       2  inter-node  weight all-gather\n")
+    assert mn.placement_of(full, ("x", "z")) == {"x": "intra-node", "z": "inter-node"}
+    assert mn.placement_of("step time: median 0.4 s\n", ("x", "z")) == {}
+
+
 def test_part_three_is_read_back_from_a_report():
     mn = _module()
     text = ("## 3. ranking: every grid of 8 ranks, 4 nodes x 2 (block), gpt-tiny h=256 seq=64 batch=8, 4 measured\n"

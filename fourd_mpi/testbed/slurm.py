@@ -99,6 +99,17 @@ def running(state: dict) -> bool:
                                                          for w in nodes)
 
 
+#: the longest path a Unix socket can have (``sun_path`` holds 108 bytes with the terminating NUL)
+SOCKET_PATH_MAX = 107
+
+
+def longest_socket_path(state: dict) -> str:
+    """The longest path of the sockets slurmstepd makes for a job step in a node's spool directory,
+    ``SPOOL/NODE_JOBID.STEPID`` (job and step ids up to 10 digits each)."""
+    spool = os.path.join(slurm_dir(state), "spool")
+    return max((os.path.join(spool, n.name, f"{n.name}_{'9' * 10}.{'9' * 10}") for n in bed.nodes_of(state)), key=len)
+
+
 def start(state: dict, cpus: int = 4, timeout: float = 60) -> bool:
     """Start slurmctld and one slurmd per node (idempotent: False when they already run); wait until
     every node is idle. A one-line :class:`ConfigError` with the daemons' last log lines otherwise."""
@@ -106,6 +117,12 @@ def start(state: dict, cpus: int = 4, timeout: float = 60) -> bool:
     if missing:
         raise ConfigError(f"Slurm is not installed ({', '.join(missing)} missing): apt-get install slurmctld "
                           f"slurmd slurm-client")
+    socket_path = longest_socket_path(state)
+    if len(socket_path) > SOCKET_PATH_MAX:  # slurmstepd could not start a job step: jobs held for ever
+        raise ConfigError(f"--slurm: the bed's directory {bed.run_dir(state['name'])} is too long for Slurm: a job "
+                          f"step's socket would be {socket_path} ({len(socket_path)} characters, at most "
+                          f"{SOCKET_PATH_MAX}): set FOURD_TESTBED_STATE to a shorter directory, or use shorter "
+                          f"node names")
     if running(state):
         return False
     if state.get("daemons"):

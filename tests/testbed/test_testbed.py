@@ -204,7 +204,8 @@ def test_cross_node_verify_and_run_send_bytes_over_the_links(bed, tmp_path):
     runs = {}
     for order in ("block", "cyclic"):  # X inside nodes, then X across nodes
         runs[order] = fourd(["testbed", "mpiexec", "--name", NAME, "-n", "4", "--ppn", "2", "--order", order, "--",
-                             sys.executable, "-m", "fourd_mpi", "run", "--gz", "2", "--gx", "2", "--steps", "3",
+                             sys.executable, "-m", "fourd_mpi", "run", "--show-config",  # the axes' placement
+                             "--gz", "2", "--gx", "2", "--steps", "3",
                              "--results-dir", tmp_path / order], timeout=600)
         assert runs[order].returncode == 0, runs[order].stdout[-3000:] + runs[order].stderr[-3000:]
         assert "on 4 ranks, 2 node(s), 2 rank(s) per node" in runs[order].stdout, runs[order].stdout
@@ -294,7 +295,7 @@ def test_a_rendered_two_node_sweep_runs_on_the_bed(bed, tmp_path, site):
         time.sleep(2)
     log = "".join(p.read_text() for p in (tmp_path / "jobscripts" / "emu" / "logs").glob("*"))
     assert "1/1 traces complete" in st.stdout, st.stdout + log[-3000:]
-    assert "on 4 ranks, 2 node(s), 2 rank(s) per node" in log, log[-3000:]
+    assert "4 ranks on 2 node(s), 2 per node" in log, log[-3000:]  # the run's short header
     if site == "emulated-slurm":
         assert f"on {NAME}-n1 at " in log  # the batch script ran on the bed's first node
 
@@ -308,6 +309,19 @@ def test_slurm_places_tasks_on_every_node(bed):
     assert done.returncode == 0, done.stderr
     seen = sorted(re.findall(rf"{re.escape(NAME)}-n\d", done.stdout))
     assert seen == sorted([f"{NAME}-n1"] * 2 + [f"{NAME}-n2"] * 2), done.stdout
+
+
+def test_slurm_refuses_a_bed_directory_too_long_for_its_sockets(tmp_path):
+    """slurmstepd makes a Unix socket per job step in the node's spool directory; over 107 characters it cannot,
+    and Slurm requeues and holds the job for ever ("launch failed requeued held"). ``up --slurm`` refuses first,
+    with one line, and leaves nothing behind."""
+    need_machine(slurm=True)
+    root = str(tmp_path / ("long" * 12))
+    name = f"{NAME}s"
+    done = fourd(["testbed", "up", "--name", name, "--nodes", "2", "--slurm"], env=root_env(root))
+    one_line_error(done, "too long for Slurm", "at most 107", "FOURD_TESTBED_STATE")
+    assert not os.path.exists(os.path.join(root, name, "state.json"))
+    assert not os.path.exists(f"/var/run/netns/{name}-n1")
 
 
 # -- nothing left behind ----------------------------------------------------------------------------
