@@ -107,6 +107,22 @@ def _prediction_json(rank: int, algorithm: str, grid, options, p, need_bytes: in
             "memory_gib": p.memory.total / GIB, "need_gib": need_bytes / GIB, "placement": dict(p.placement)}
 
 
+def _tune_header(args, cfg, profile, overlap, recompute, attention, limit_text: str, dropped: str,
+                 algorithms=None) -> None:
+    """The text header of ``tune``: the profile, the model and options, the memory limit, what was dropped."""
+    from fourd_mpi.perf.memory import default_precision
+
+    across = f"; algorithms {', '.join(algorithms)}" if algorithms else ""
+    print(profile.describe())
+    print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
+          f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks{across}; overlap {overlap}; progress "
+          f"{args.progress}; {args.dtype} ({args.precision or default_precision(args.dtype)} precision); "
+          f"recompute {recompute}; attention {attention}"
+          + ("" if getattr(args, "dw_window", None) is None else f"; dW window {args.dw_window}"))
+    print(limit_text)
+    print(dropped)
+
+
 def _tune_json(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention, dtype_source, top, best,
                why, notes, dropped, pruned, skipped, valid) -> dict:
     from fourd_mpi.perf.memory import default_precision
@@ -239,14 +255,7 @@ def cmd_tune(args, world=None) -> int:
                          top, best, why_best(ranking), notes, ranking.dropped_summary(), None, [],
                          len(ranking.predictions))
     else:
-        print(profile.describe())
-        print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
-              f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; overlap {overlap}; progress "
-              f"{args.progress}; {args.dtype} ({args.precision or default_precision(args.dtype)} precision); "
-              f"recompute {recompute}; attention {attention}"
-              + ("" if args.dw_window is None else f"; dW window {args.dw_window}"))
-        print(limit_text)
-        print(ranking.dropped_summary())
+        _tune_header(args, cfg, profile, overlap, recompute, attention, limit_text, ranking.dropped_summary())
         print(f"top {min(args.top, len(ranking.predictions))} of {len(ranking.predictions)} valid grids by predicted "
               f"step time (ms per step; comm = exposed communication per axis):")
         print(format_ranking(ranking, args.top))
@@ -286,13 +295,7 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
                          top, best, None, notes, ranking.dropped_summary(), ranking.pruned_summary(), ranking.skipped,
                          len(ranking.entries))
     else:
-        print(profile.describe())
-        print(f"model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
-              f"seq {cfg.seq}, global batch {cfg.batch}; {args.ranks} ranks; algorithms {', '.join(names)}; overlap "
-              f"{overlap}; progress {args.progress}; {args.dtype} ({args.precision or default_precision(args.dtype)} "
-              f"precision); recompute {recompute}; attention {attention}")
-        print(limit_text)
-        print(ranking.dropped_summary())
+        _tune_header(args, cfg, profile, overlap, recompute, attention, limit_text, ranking.dropped_summary(), names)
         if ranking.pruned:
             print(ranking.pruned_summary())
         for name, why in ranking.skipped:
