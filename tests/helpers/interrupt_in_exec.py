@@ -8,7 +8,7 @@ import sys
 from fourd_mpi.cli import main as cli
 
 
-def command_interrupted_in_exec(argv=None):  # noqa: ARG001 - _main's signature
+def command_interrupted_in_exec(argv=None, start=None):  # noqa: ARG001 - _main's signature
     exec(f"import os, signal\nos.kill(os.getpid(), signal.{sys.argv[1]})\nwhile True:\n    pass\n", {})
 
 
