@@ -175,8 +175,8 @@ def fuzz_traces(examples: int, workdir: str) -> None:
 
         def read():
             with contextlib.redirect_stdout(io.StringIO()):  # the commands, as the CLI runs them
-                cmd_trace(argparse.Namespace(trace_command="show", file=path, allow_damaged=allow))
-                cmd_trace(argparse.Namespace(trace_command="check", file=path))
+                cmd_trace(argparse.Namespace(trace_command="show", file=path, allow_damaged=allow, format="text"))
+                cmd_trace(argparse.Namespace(trace_command="check", file=path, format="text"))
             trace = load_trace(path, allow_damaged=allow)
             check_invariants(trace)
             runs_table([trace])
