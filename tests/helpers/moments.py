@@ -56,6 +56,19 @@ def signal_at(proc: subprocess.Popen, pid: int, sig: int, moment: float) -> None
             pass
 
 
+def signalled(proc: subprocess.Popen, fire: Callable[[], None], timeout: float = 300) -> str:
+    """``fire()`` (which waits for a state and sends the signal), then the command's end: its stderr. The
+    command is killed if it is still alive when anything here fails."""
+    try:
+        fire()
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return err
+
+
 def hidden(directory: Path, allowed=()) -> List[str]:
     """Every name under ``directory`` (recursively) that starts with ``.`` or holds ``.tmp-`` (temporary files,
     staged part directories, set-aside old parts), except the names in ``allowed``."""

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO, find_mpiexec, mpi_env, mpi_flavor
 from fourd_mpi.trace.events import RANK_STEP_DTYPE
-from moments import (SIGNALS, check_left, crashed, default_signals, ranks_ready, signal_at, steps_done, timeline,
+from moments import (SIGNALS, check_left, crashed, default_signals, ranks_ready, signal_at, signalled, steps_done, timeline,
                      wait_for)
 
 TRIALS = 12
@@ -53,14 +53,12 @@ def test_a_signal_at_any_moment_of_run(tmp_path):
         moment = rng.uniform(0, (at["end"] - at[anchor]) * 1.1)
         why = f"trial {i}: {sig.name} {moment:.2f} s after {anchor} (measured {at})"
         proc = start(results)
-        try:
+
+        def fire():
             if ranks_ready(proc, 2) and wait_for(states(results)[anchor], proc):
                 signal_at(proc, proc.pid, sig, moment)
-            _, err = proc.communicate(timeout=300)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+
+        err = signalled(proc, fire)
         why += f"; exit {proc.returncode}: {err}"
         assert crashed(err) is None, why
         outcome = check_left(results, "r", why)

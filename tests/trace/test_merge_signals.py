@@ -19,7 +19,7 @@ import pytest
 
 from conftest import REPO, find_mpiexec, mpi_env, mpi_flavor
 from fourd_mpi.trace.events import RANK_STEP_DTYPE
-from moments import SIGNALS, check_left, crashed, default_signals, signal_at, steps_done, timeline, wait_for
+from moments import SIGNALS, check_left, crashed, default_signals, signal_at, signalled, steps_done, timeline, wait_for
 
 TRIALS = 12
 STEPS = 4
@@ -58,15 +58,13 @@ def test_a_signal_at_any_moment_of_the_final_merge(tmp_path):
         moment = rng.uniform(0, window * 1.2)
         why = f"trial {i}: {sig.name} to {target} {moment:.3f} s into the merge (measured {window:.3f} s)"
         proc = start(results)
-        try:
+
+        def fire():
             if wait_for(merging(results), proc):
                 pid = proc.pid if target == "mpiexec" else rank_pid(results, int(target[-1]))
                 signal_at(proc, pid, sig, moment)
-            _, err = proc.communicate(timeout=300)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+
+        err = signalled(proc, fire)
         why += f"; exit {proc.returncode}: {err}"
         assert crashed(err) is None, why
         outcome = check_left(results, "m", why)
