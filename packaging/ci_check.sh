@@ -54,7 +54,7 @@ grep -rq '^#SBATCH --time=1-12:00:00$' jobs
 grep -q '^step time: median' run.log && ls results/*.h5 >/dev/null
 
 step "ReFrame: packaging/reframe/fourd_mpi_check.py on the local scheduler (the wheel's fourd-mpi and mpiexec), no reference"
-"$WORK/tools/bin/python" packaging/reframe/selftest.py   # ReFrame's own verdict on the template's tolerances
+"$WORK/tools/bin/python" "$REPO/packaging/reframe/selftest.py"   # ReFrame's own verdict on the template's tolerances
 CASE='FourdMpiRunCheck%site=local%grid=1x2x2x2'
 rfm() {  # rfm PREFIX [VAR=VALUE...]: the check's local case, report in PREFIX/report.json
   local prefix=$1; shift
@@ -73,9 +73,9 @@ assert {k.split(":")[-1] for k in values} >= {"step_time", "tflops_per_rank", "g
 PY
 
 step "ReFrame: a reference filled from that run (fourd_reference.py), its step time 10x faster: the check must fail"
-"$WORK/tools/bin/python" packaging/reframe/fourd_reference.py --system local:default --site local --grid 1x2x2x2 \
+"$WORK/tools/bin/python" "$REPO/packaging/reframe/fourd_reference.py" --system local:default --site local --grid 1x2x2x2 \
   "$WORK/reframe/output/local/default/builtin/*/index.jsonl" > "$WORK/reframe/entry.yaml"
-"$WORK/tools/bin/python" - "$WORK/reframe/entry.yaml" packaging/reframe/references.yaml "$WORK/reframe/faster.yaml" <<'PY'
+"$WORK/tools/bin/python" - "$WORK/reframe/entry.yaml" "$REPO/packaging/reframe/references.yaml" "$WORK/reframe/faster.yaml" <<'PY'
 import sys, yaml
 entry, template, out = sys.argv[1:]
 data = yaml.safe_load(open(template))

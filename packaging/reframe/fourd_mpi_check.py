@@ -98,9 +98,10 @@ class FourdMpiRunCheck(rfm.RunOnlyRegressionTest):
     def validate(self):
         measured = sn.extractsingle(r"^step time: median \S+ s over (\d+) step\(s\)", self.stdout, 1, int)
         return sn.all([
-            sn.assert_found(r"^fourd-mpi \S+\s+MPI: ", self.stdout),
-            sn.assert_found(rf"^4D grid G_data x G_z x G_y x G_x = {self.gdata}x{self.gz}x{self.gy}x{self.gx} "
-                            rf"on {self.num_tasks} ranks", self.stdout),
+            # the run's short header (fourd_mpi/run/report.py): its grid and rank count, then the MPI library
+            sn.assert_found(rf"^fourd-mpi \S+: .* on grid {self.gdata}x{self.gz}x{self.gy}x{self.gx} \(DxZxYxX\), "
+                            rf"{self.num_tasks} ranks ", self.stdout),
+            sn.assert_found(r"^backend .*; MPI: ", self.stdout),
             sn.assert_eq(measured, self.steps - self.warmup),
             sn.assert_found(r"^trace: \S+\.h5$", self.stdout),
             sn.assert_true(os.path.exists(self._index())),
