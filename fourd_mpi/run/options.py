@@ -169,10 +169,10 @@ RUN_OPTIONS: Tuple[Option, ...] = (
            help="oag: how many layers ahead weight all-gathers are issued (default 1)"),
     Option("chunks", "overlap", repeat_count, 2, metavar="K", help="od: token chunks of the forward all-reduce "
            "(default 2)"),
-    Option("poll-flops", "overlap", poll_flops_value, 1e7, metavar="F",
-           help="poll: FLOPs of GEMM between two MPI progress polls (default 1e7); auto: the finest chunks whose "
-                "polls take at most 2%% of the compute, from the measured poll cost and GEMM rate (chunk FLOPs = "
-                "GEMM FLOP/s x poll seconds / 0.02, within 1e6..1e10)"),
+    Option("poll-flops", "overlap", poll_flops_value, "auto", metavar="F",
+           help="poll: FLOPs of GEMM between two MPI progress polls, or auto (the default): chunks of at least "
+                "50 ms of compute at the measured GEMM rate, longer where a poll costs over 2%% of them (chunk "
+                "FLOPs = GEMM FLOP/s x max(0.05 s, poll seconds / 0.02), within 1e6..1e10)"),
     Option("check-buffers", "overlap", flag=True, default=False,
            help="debug: verify that no send buffer is modified while its collective is in flight"),
     Option("steps", "steps", step_count, 10, metavar=_N, help="training steps (default 10)"),
@@ -276,7 +276,7 @@ class RunOptions:
     chunks: int = 2
     progress: str = "poll"
     #: ``"auto"`` or FLOPs per chunk (:class:`fourd_mpi.core.progress.AutoChunk`)
-    poll_flops: Union[str, float] = 1e7
+    poll_flops: Union[str, float] = "auto"
     check_buffers: bool = False
     #: activation recompute: none, selective, full (:data:`~fourd_mpi.step.presets.RECOMPUTE_MODES`)
     recompute: str = "none"
