@@ -28,6 +28,11 @@ PREDICT_OPTIONS = {
     "algorithm": (str, "axonn4d", "axonn4d, megatron1d, fsdp, dp or pipeline (4D family)"),
     "grid": (str, None, "G_data x G_z x G_y x G_x of one pipeline stage, e.g. 16x1x8x1 (required)"),
     "stages": (axis_size, 1, "pipeline stages p (default 1)"),
+    "first-stage-layers": (layer_count, None, "blocks of the first stage (Megatron-LM's --decoder-first-pipeline-"
+                                              "num-layers; the other stages split the rest evenly)"),
+    "last-stage-layers": (layer_count, None, "blocks of the last stage (Megatron-LM's --decoder-last-pipeline-num-"
+                                             "layers); without either, p not dividing L: the first L mod p stages "
+                                             "hold one block more"),
     "schedule": (str, "1f1b", "1f1b, interleaved (with --chunks-per-stage v) or axonn"),
     "chunks-per-stage": (_chunks, 1, "model chunks v per stage of the interleaved schedule"),
     "microbatch-size": (batch_size, None, "sequences b per micro-batch and data x Z shard"),
@@ -177,7 +182,8 @@ def scenario_from(values: dict):
                   attention=values["attention"], precision=values["precision"],
                   shard_optimizer=values["shard-optimizer"], optimizer=values["optimizer"], overlap=values["overlap"],
                   dw_window=window, ranks_per_node=values["ranks-per-node"], memory_limit_gib=limit,
-                  implementation=values["implementation"])
+                  implementation=values["implementation"], first_stage_layers=values["first-stage-layers"],
+                  last_stage_layers=values["last-stage-layers"])
     return sc, profile
 
 

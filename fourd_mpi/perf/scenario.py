@@ -8,7 +8,8 @@ parallelism, recompute, dtype, attention, optimizer sharding, overlap, the dW wi
 profile and ranks per node.
 
 **Time** (per rank and step): :func:`~fourd_mpi.perf.predict.predict` of one micro-batch (``B/m``
-sequences) through the fullest stage's ``ceil(L/p)`` blocks gives ``W``; less its exposed gradient
+sequences) through the fullest stage's blocks (``L/p``; uneven stages, :func:`fourd_mpi.perf.terms.stage_layers`:
+the most any stage holds) gives ``W``; less its exposed gradient
 synchronization ``S`` (Z reduce-scatters, Z and data all-reduces) and optimizer update ``U``, which
 run once per step, it is the slot ``t = W - S - U``, to which the last stage adds the LM head
 (:mod:`fourd_mpi.perf.vocab`: ``6 m h V/T`` FLOPs at the GEMM rate, the cross entropy's 6 passes of
@@ -66,7 +67,7 @@ from typing import Any, Dict, List, Optional
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.perf import megatron_ddp, schedules, vocab, zero3_2021
+from fourd_mpi.perf import megatron_ddp, schedules, terms, vocab, zero3_2021
 from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement
 from fourd_mpi.perf.memory import (ALLOCATOR_MARGIN, GPU_RUNTIME_RESERVE_BYTES, activation_elements,
                                    block_saved_elements, comm_buffer_elements, block_elements, fc_weights,
@@ -120,10 +121,19 @@ class Scenario:
     #: ``fourd`` (this suite's step) or ``deepspeed-2021`` (``fsdp`` only: DeepSpeed ZeRO-3 v0.3.13-v0.5.4's
     #: extra gathers and host copies, :mod:`fourd_mpi.perf.zero3_2021`)
     implementation: str = "fourd"
+    #: blocks of the first / the last stage (Megatron-LM's ``--decoder-first/last-pipeline-num-layers``); None:
+    #: :func:`fourd_mpi.perf.terms.stage_layers`'s default (balanced to one block, the first stages fuller)
+    first_stage_layers: Optional[int] = None
+    last_stage_layers: Optional[int] = None
 
     @property
     def world(self) -> int:
         return self.grid.size * self.stages
+
+    @property
+    def stage_layers(self) -> tuple:
+        """Blocks per stage, first to last (:func:`fourd_mpi.perf.terms.stage_layers`)."""
+        return terms.stage_layers(self.model.layers, self.stages, self.first_stage_layers, self.last_stage_layers)
 
     def resolved(self) -> "Scenario":
         """The scenario with ``b`` and ``m`` both filled in, or a :class:`ConfigError` (one line)."""
@@ -150,6 +160,17 @@ class Scenario:
         return replace(self, microbatch_size=b, microbatches=m)
 
 
+def _stage_text(layers: tuple) -> str:
+    """``10 x 6, 2 x 5`` for ``(6,) * 10 + (5,) * 2``: runs of equal stages, first to last."""
+    runs: List[List[int]] = []
+    for n in layers:
+        if runs and runs[-1][1] == n:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, n])
+    return ", ".join(f"{k} x {n}" if k > 1 else str(n) for k, n in runs)
+
+
 def check(sc: Scenario) -> None:
     """One-line refusals: an unknown algorithm, a grid the algorithm pins otherwise, sizes that do not
     divide, a pipeline deeper than the model."""
@@ -167,8 +188,10 @@ def check(sc: Scenario) -> None:
         raise ConfigError(f"model {sc.model.name} needs the global batch: give --batch SEQUENCES")
     if sc.stages < 1 or sc.stages > sc.model.layers:
         raise ConfigError(f"--stages must be between 1 and the {sc.model.layers} layers, got {sc.stages}")
-    if sc.model.layers % sc.stages:
-        raise ConfigError(f"{sc.model.layers} layers do not split into {sc.stages} equal stages")
+    uneven = len(set(sc.stage_layers)) > 1  # refuses counts that do not add up
+    if uneven and sc.schedule == "interleaved":
+        raise ConfigError(f"--schedule interleaved needs equal stages (Megatron-LM refuses uneven ones): "
+                          f"{sc.model.layers} layers on {sc.stages} stages are {_stage_text(sc.stage_layers)}")
     if sc.vocab < 0:
         raise ConfigError(f"--vocab must be 0 or more, got {sc.vocab}")
     tp = sc.grid.x * sc.grid.y
@@ -277,7 +300,7 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     cfg, grid, p = sc.model, sc.grid, sc.stages
     b, m, v = sc.microbatch_size, sc.microbatches, sc.chunks
     e = dtype_bytes(sc.dtype)
-    layers = cfg.layers // p
+    layers = sc.stage_layers[stage]
     stage_cfg = replace(cfg, layers=layers)
     micro = replace(stage_cfg, batch=b * grid.data * grid.z, layers=1)
     tokens = b * cfg.seq
@@ -290,7 +313,8 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     if sc.implementation == zero3_2021.NAME:  # zero.Init partitions every parameter, the embedding too
         emb = -(-emb // grid.z)
     state = state_bytes(params + emb, grid, sc.dtype, sc.optimizer, sc.precision, sc.shard_optimizer)
-    passes = schedules.inflight_block_passes(sc.schedule, p, m, cfg.layers, v if sc.schedule == "interleaved" else 1,
+    # the schedule's in-flight micro-batches, each through this stage's own blocks (uneven stages: 1f1b, axonn)
+    passes = schedules.inflight_block_passes(sc.schedule, p, m, layers * p, v if sc.schedule == "interleaved" else 1,
                                              stage)
     # the [m, h/G_x] tensors a block keeps (4 of them when not recomputed) are split over Y with SP
     sp_saving = 4 * tokens * (hx - hx // sp) if sp > 1 else 0
@@ -347,8 +371,11 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     if peak is None:
         raise ConfigError(f"machine profile {profile.name} has no data-sheet peak for {sc.dtype}: add "
                           f"compute.peak_tflops.{sc.dtype}")
-    # one slot: a micro-batch (B/m sequences in all) through one stage's L/p blocks
-    micro_cfg = replace(cfg, layers=cfg.layers // p, batch=cfg.batch // m)
+    # one slot: a micro-batch (B/m sequences in all) through the fullest stage's blocks (L/p when even)
+    micro_cfg = replace(cfg, layers=max(sc.stage_layers), batch=cfg.batch // m)
+    if len(set(sc.stage_layers)) > 1:
+        notes.append(f"uneven stages: {_stage_text(sc.stage_layers)} blocks, first to last; each slot takes the "
+                     f"fullest stage's {max(sc.stage_layers)} (fourd_mpi/perf/terms.py)")
     micro = predict(micro_cfg, grid, profile, overlap, sc.dtype, "poll", sc.optimizer, rpn, sc.recompute,
                     sc.attention, sc.precision, sc.shard_optimizer)
     sync = sum(micro.exposed_s.get(k, 0.0) for k in SYNC_KEYS)
