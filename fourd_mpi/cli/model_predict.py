@@ -39,7 +39,8 @@ PREDICT_OPTIONS = {
     "microbatches": (repeat_count, None, "micro-batches m per step (B = b m G_data G_z; gradient accumulation)"),
     "sequence-parallel": (bool, False, "sequence parallelism over Y (Megatron-like grids)"),
     "recompute": (str, "full", "none, selective or full activation recompute"),
-    "dtype": (str, None, "float16, bfloat16, float32 (default: the profile's training dtype)"),
+    "dtype": (str, None, "float16, bfloat16, float32, or float8 (alias fp8: Transformer Engine's FP8 GEMMs, BF16 "
+                         "storage; Hopper profiles) (default: the profile's training dtype)"),
     "attention": (str, "fused", "fused (flash) or unfused"),
     "precision": (str, None, "mixed or pure (default mixed for 16-bit dtypes)"),
     "shard-optimizer": (str, "none", "none or data (distributed optimizer / ZeRO-1)"),
@@ -174,7 +175,12 @@ def scenario_from(values: dict):
         limit = profile.device_memory_gib
     elif limit == "none":
         limit = None
-    dtype = values["dtype"] or profile.training_dtype
+    from fourd_mpi.core.backend import DTYPES
+    from fourd_mpi.perf.terms import DTYPE_ALIASES, FP8, model_dtype
+
+    dtype = model_dtype(values["dtype"] or profile.training_dtype)
+    if dtype not in (*DTYPES, FP8):
+        raise ConfigError(f"--dtype {dtype!r}: choose {', '.join((*DTYPES, FP8))} (or {', '.join(DTYPE_ALIASES)})")
     sc = Scenario(cfg, GridShape.parse(values["grid"]), profile.name, algorithm=values["algorithm"],
                   stages=values["stages"], schedule=values["schedule"], chunks=values["chunks-per-stage"],
                   microbatch_size=values["microbatch-size"], microbatches=values["microbatches"], vocab=values["vocab"],

@@ -130,7 +130,7 @@ def gemm_rate_tflops(profile: MachineProfile, dtype: str, notes: Optional[List[s
 def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
                  dtype: str, ranks_on_node: int, optimizer: str = "adam", weighted: bool = True,
                  recompute: str = "none", attention: str = "unfused",
-                 precision: Optional[str] = None) -> Dict[str, float]:
+                 precision: Optional[str] = None, gemm_dtype: Optional[str] = None) -> Dict[str, float]:
     """Seconds of local work per step, by kind: ``gemm`` (4D layers, recompute included; one forward
     pass in ``gemm_fwd``, the backward's ``2 x`` in ``gemm_bwd``), ``attention``, ``elementwise``,
     ``calls``, ``total``; ``optimizer`` (the Adam part of elementwise and calls), ``recompute`` (the
@@ -146,23 +146,27 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ove
     prices the Adam step at :data:`MIXED_ADAM_BYTES` bytes per parameter (fp32 state), else 14 passes of
     the dtype.
 
+    ``gemm_dtype``: the dtype of the 4D layers' GEMMs when it is not ``dtype`` (``float8``: Transformer Engine's
+    FP8 GEMMs at the profile's ``float8`` rate, :mod:`fourd_mpi.perf.terms`; attention, element-wise work and
+    the optimizer stay in ``dtype``).
+
     Memoized per profile on every argument (a search prices the same micro-batch step for its lower bound
     and its prediction; the profile's data are not changed after loading): a fresh dict each call."""
     return dict(compute_time_shared(cfg, grid, profile, overlap, dtype, ranks_on_node, optimizer, weighted,
-                                    recompute, attention, precision))
+                                    recompute, attention, precision, gemm_dtype))
 
 
 def compute_time_shared(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
                         dtype: str, ranks_on_node: int, optimizer: str = "adam", weighted: bool = True,
                         recompute: str = "none", attention: str = "unfused",
-                        precision: Optional[str] = None) -> Dict[str, float]:
+                        precision: Optional[str] = None, gemm_dtype: Optional[str] = None) -> Dict[str, float]:
     """:func:`compute_time`'s memoized dict itself, not a copy: for callers that only read it (lower bounds)."""
     memo = profile.__dict__.setdefault("_compute_memo", {})
-    key = (cfg, grid, overlap, dtype, ranks_on_node, optimizer, weighted, recompute, attention, precision)
+    key = (cfg, grid, overlap, dtype, ranks_on_node, optimizer, weighted, recompute, attention, precision, gemm_dtype)
     found = memo.get(key)
     if found is None:
         found = memo[key] = _compute_time(cfg, grid, profile, overlap, dtype, ranks_on_node, optimizer, weighted,
-                                          recompute, attention, precision)
+                                          recompute, attention, precision, gemm_dtype)
     return found
 
 
@@ -180,7 +184,7 @@ def _machine_terms(profile: MachineProfile, dtype: str, ranks_on_node: int, weig
 
 def _compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
                   dtype: str, ranks_on_node: int, optimizer: str, weighted: bool, recompute: str, attention: str,
-                  precision: Optional[str]) -> Dict[str, float]:
+                  precision: Optional[str], gemm_dtype: Optional[str] = None) -> Dict[str, float]:
     """:func:`compute_time`, not memoized."""
     from fourd_mpi.perf.memory import ATTENTION, RECOMPUTE, _check, default_precision
 
@@ -189,6 +193,7 @@ def _compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ov
     precision = precision or default_precision(dtype)
     e = dtype_bytes(dtype)
     rate, bw, call, slow, w = _machine_terms(profile, dtype, ranks_on_node, weighted)
+    gemm_rate = rate if gemm_dtype in (None, dtype) else _machine_terms(profile, gemm_dtype, ranks_on_node, weighted)[0]
     m = local_tokens(cfg, grid)
     fcs = fc_weights(cfg, grid)
     blocks = [block_elements(n, k, transposed, grid) for _, n, k, transposed in fcs]
@@ -229,12 +234,12 @@ def _compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ov
     rec = {"none": (0.0, 0.0, 0.0, 0.0),
            "full": (gemm_flops / 3.0, attn_flops / 3.0, passes / 3.0, calls / 3.0),
            "selective": (0.0, attn_flops / 3.0, softmax_passes / 3.0, softmax_calls / 3.0)}[recompute]
-    gemm_model = w["gemm"] * gemm_flops / rate
+    gemm_model = w["gemm"] * gemm_flops / gemm_rate
     attention_model = w["attention"] * attn_flops / rate
     block_elementwise = w["elementwise"] * passes * e / bw
     block_calls = w["calls"] * calls * call
     opt_time = w["elementwise"] * opt_passes * e / bw + w["calls"] * opt_calls * call
-    rec_gemm = w["gemm"] * rec[0] / rate
+    rec_gemm = w["gemm"] * rec[0] / gemm_rate
     rec_other = w["attention"] * rec[1] / rate + w["elementwise"] * rec[2] * e / bw + w["calls"] * rec[3] * call
     gemm = gemm_model + rec_gemm
     attention_t = attention_model + w["attention"] * rec[1] / rate
@@ -248,7 +253,7 @@ def _compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ov
             "oversubscription": slow, "optimizer": opt_time * slow,
             "recompute": (rec_gemm + rec_other) * slow, "recompute_gemm": rec_gemm * slow,
             "block_other": (attention_model + block_elementwise + block_calls) * slow,
-            "gemm_per_flop": w["gemm"] * slow / rate}
+            "gemm_per_flop": w["gemm"] * slow / gemm_rate}
 
 
 #: roles of the step's data all-reduces: with DP overlap off, ``GradientSync.finish`` issues them back to back at the
@@ -641,7 +646,8 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
             optimizer: str = "adam", ranks_per_node: Optional[int] = None, recompute: str = "none",
             attention: str = "unfused", precision: Optional[str] = None,
             shard_optimizer: str = "none", dw_window: Optional[int] = None,
-            levels: Optional[Dict[str, str]] = None, strides: Optional[Dict[str, int]] = None) -> Prediction:
+            levels: Optional[Dict[str, str]] = None, strides: Optional[Dict[str, int]] = None,
+            gemm_dtype: Optional[str] = None) -> Prediction:
     """Predict one training step of ``cfg`` on ``grid`` (see the module docstring).
 
     ``ranks_per_node``: ranks of the run per node (default: the profile's, or the world size when
@@ -657,7 +663,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     between neighbours of its group`` where the world is more than this grid (a pipeline's data axis
     strides over the stages); the rest are :func:`~fourd_mpi.perf.machine.axis_inner_products`. With the
     ranks per node they give how many of a group's ranks share a node (measured points of that
-    placement price it).
+    placement price it). ``gemm_dtype``: as :func:`compute_time`'s (the 4D layers' GEMMs in another dtype, FP8).
     """
     overlap = overlap or OverlapConfig()
     rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)
@@ -669,7 +675,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     notes: List[str] = []
     gemm_rate_tflops(profile, dtype, notes)
     comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
-                        attention=attention, precision=precision)
+                        attention=attention, precision=precision, gemm_dtype=gemm_dtype)
     efficiency = profile.overlap_efficiency
     memory = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap, recompute=recompute,
                              attention=attention, precision=precision, shard_optimizer=shard_optimizer,

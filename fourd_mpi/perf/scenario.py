@@ -27,6 +27,9 @@ when ``p > 1``: tied weights), blocking. With the ``axonn`` schedule the message
 optimisation (``1f1b``/``interleaved`` and ``G_y > 1``) each rank sends ``1/G_y`` of it and the
 receivers all-gather over Y.
 
+**FP8** (``dtype="float8"``, :mod:`fourd_mpi.perf.terms`): the blocks' GEMMs at the profile's FP8 rate, everything
+else (state, activations, messages, attention, the LM head) in BF16, plus Transformer Engine's FP8 weight cache.
+
 **Sequence parallelism** (Korthikanti et al. 2022, Megatron-like grids): each tensor-parallel
 all-reduce of ``S`` bytes becomes a reduce-scatter and an all-gather of ``S``: the wire volume is the
 same (``2 (p-1)/p S``, :func:`sequence_parallel_volumes`) and so is its ring time; what changes is
@@ -299,7 +302,8 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     """Bytes per rank of ``stage`` by part (module docstring)."""
     cfg, grid, p = sc.model, sc.grid, sc.stages
     b, m, v = sc.microbatch_size, sc.microbatches, sc.chunks
-    e = dtype_bytes(sc.dtype)
+    store = terms.storage_dtype(sc.dtype)  # float8: BF16 storage (terms module docstring)
+    e = dtype_bytes(store)
     layers = sc.stage_layers[stage]
     stage_cfg = replace(cfg, layers=layers)
     micro = replace(stage_cfg, batch=b * grid.data * grid.z, layers=1)
@@ -312,7 +316,7 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     emb = vocab.embedding_elements(cfg.hidden, sc.vocab, tp) if (first or last) else 0
     if sc.implementation == zero3_2021.NAME:  # zero.Init partitions every parameter, the embedding too
         emb = -(-emb // grid.z)
-    state = state_bytes(params + emb, grid, sc.dtype, sc.optimizer, sc.precision, sc.shard_optimizer)
+    state = state_bytes(params + emb, grid, store, sc.optimizer, sc.precision, sc.shard_optimizer)
     # the schedule's in-flight micro-batches, each through this stage's own blocks (uneven stages: 1f1b, axonn)
     passes = schedules.inflight_block_passes(sc.schedule, p, m, layers * p, v if sc.schedule == "interleaved" else 1,
                                              stage)
@@ -337,6 +341,9 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     if p > 1:
         comm += 2 * tokens * hx * e * (1 if first or last else 2)
     out = dict(state, activations=int(activations), comm_buffers=int(comm))
+    if sc.dtype == terms.FP8:  # Transformer Engine's FP8 weight cache
+        gemm_weights = sum(-(-block_elements(n, k, t, grid) // grid.z) for _, n, k, t in fc_weights(stage_cfg, grid))
+        out["fp8_weights"] = terms.fp8_weight_cache_bytes(gemm_weights * layers)
     out["total"] = sum(out.values())
     reserve = GPU_RUNTIME_RESERVE_BYTES if profile.backend == "cupy" else 0
     out["required"] = int(math.ceil(out["total"] * (1 + ALLOCATOR_MARGIN))) + reserve
@@ -363,10 +370,16 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     cfg, grid, p = sc.model, sc.grid, sc.stages
     b, m = sc.microbatch_size, sc.microbatches
     v = sc.chunks if sc.schedule == "interleaved" else 1
-    e = dtype_bytes(sc.dtype)
+    store = terms.storage_dtype(sc.dtype)  # float8: FP8 GEMMs, BF16 everything else (terms module docstring)
+    gemm_dtype = sc.dtype if sc.dtype != store else None
+    e = dtype_bytes(store)
     overlap = OverlapConfig.parse(sc.overlap)
     rpn = sc.ranks_per_node or min(profile.ranks_per_node, sc.world)
     notes: List[str] = []
+    if gemm_dtype:
+        terms.check_fp8(profile)
+        notes.append(f"float8: the blocks' GEMMs at the profile's FP8 rate {profile.gemm_tflops(gemm_dtype):g} "
+                     f"TFLOP/s, everything else in {store}; % of peak against the FP8 data-sheet peak")
     peak = profile.peak_tflops(sc.dtype)
     if peak is None:
         raise ConfigError(f"machine profile {profile.name} has no data-sheet peak for {sc.dtype}: add "
@@ -376,11 +389,11 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     if len(set(sc.stage_layers)) > 1:
         notes.append(f"uneven stages: {_stage_text(sc.stage_layers)} blocks, first to last; each slot takes the "
                      f"fullest stage's {max(sc.stage_layers)} (fourd_mpi/perf/terms.py)")
-    micro = predict(micro_cfg, grid, profile, overlap, sc.dtype, "poll", sc.optimizer, rpn, sc.recompute,
-                    sc.attention, sc.precision, sc.shard_optimizer)
+    micro = predict(micro_cfg, grid, profile, overlap, store, "poll", sc.optimizer, rpn, sc.recompute,
+                    sc.attention, sc.precision, sc.shard_optimizer, gemm_dtype=gemm_dtype)
     sync = sum(micro.exposed_s.get(k, 0.0) for k in SYNC_KEYS)
-    comp = compute_time(micro_cfg, grid, profile, overlap, sc.dtype, rpn, sc.optimizer, recompute=sc.recompute,
-                        attention=sc.attention, precision=sc.precision)
+    comp = compute_time(micro_cfg, grid, profile, overlap, store, rpn, sc.optimizer, recompute=sc.recompute,
+                        attention=sc.attention, precision=sc.precision, gemm_dtype=gemm_dtype)
     update = comp["optimizer"]
     slot = micro.step_s - sync - update
     exposed: Dict[str, float] = {}
@@ -389,7 +402,7 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     ds: Dict[str, float] = {}
     if sc.implementation == zero3_2021.NAME:  # DeepSpeed 2021's ZeRO-3: all on Z, all blocking
         ds = zero3_2021.terms(micro_cfg, grid, profile, axis_placement(grid, rpn), rpn, axis_inner_products(grid),
-                              sc.dtype, sc.recompute, overlap)
+                              store, sc.recompute, overlap)
         ds["ln_grad_allreduce"] = min(ds["ln_grad_allreduce"], sync)  # priced as the sync term it replaces
         sync -= ds["ln_grad_allreduce"]
         slot += ds["regather"] + ds["gather_copies"]
@@ -409,7 +422,7 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
         exposed["data"] = exposed.get("data", 0.0) + t_ddp - old
     t_head = t_head_comm = 0.0
     if sc.vocab:
-        rate = gemm_rate_tflops(profile, sc.dtype, notes) * 1e12
+        rate = gemm_rate_tflops(profile, store, notes) * 1e12  # the head is not an FP8 layer
         t_head = vocab.head_flops_per_rank(tokens, cfg.hidden, sc.vocab, tp) / rate
         t_head += CE_PASSES * tokens * (sc.vocab // tp) * 4 / profile.mem_bandwidth
         for axis, op, size, nbytes in vocab.microbatch_collectives(tokens, cfg.hidden, grid.x, grid.y, e):

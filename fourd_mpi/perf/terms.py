@@ -19,6 +19,20 @@ layers on 16 stages). Two distributions:
 
 The step's time is set by the fullest stage (every slot of the schedule waits for it); memory is counted for the
 first and the last stage with their own block counts.
+
+**FP8 GEMMs** (``--dtype float8``, alias ``fp8``), as NVIDIA Transformer Engine runs them inside Megatron-LM
+(``--fp8-format hybrid``): the 4D layers' GEMMs (QKV, projection, the two MLP GEMMs) take FP8 inputs and run at the
+data sheet's dense FP8 rate (H100 SXM and H200 1,979 TFLOP/s, :mod:`fourd_mpi.perf.peaks`; A100 has no FP8 tensor
+cores: refused), priced at the profile's sustained ``compute.gemm_tflops.float8``. Everything else is BF16, the
+dtype the FP8 run is stored in (:data:`FP8_STORAGE`): parameters and gradients (TE's ``fp8_autocast`` keeps the
+weights in their higher precision and casts them to FP8 on the fly, TE documentation "Using FP8 with Transformer
+Engine"; Megatron-LM's mixed-precision optimizer keeps the fp32 master copy and Adam moments as with BF16),
+activations (stored in BF16: an upper bound, TE saves some GEMM inputs in FP8), the attention core, the LM head
+(Megatron-LM's ``output_layer`` is a ``tensor_parallel.ColumnParallelLinear``, not a TE layer) and every collective.
+Memory adds TE's FP8 weight cache (:func:`fp8_weight_cache_bytes`): ``transformer_engine.pytorch.Linear``'s
+``is_first_microbatch`` caches the FP8 copy of each weight across the micro-batches of a step, and Hopper's FP8
+GEMMs take only the TN layout (cuBLAS, ``cublasLtMatmul`` FP8 requirements), so the weight's FP8 transpose is kept
+too: 2 bytes per local GEMM weight element.
 """
 
 from __future__ import annotations
@@ -26,6 +40,13 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 from fourd_mpi.errors import ConfigError
+
+#: the FP8 GEMM dtype of the model (not of ``run``: NumPy and this suite's step have no FP8 arithmetic)
+FP8 = "float8"
+#: what an FP8 run stores parameters, gradients, activations and messages in
+FP8_STORAGE = "bfloat16"
+#: other names the model's ``--dtype`` takes
+DTYPE_ALIASES = {"fp8": FP8}
 
 
 def stage_layers(layers: int, stages: int, first: Optional[int] = None,
@@ -56,3 +77,28 @@ def stage_layers(layers: int, stages: int, first: Optional[int] = None,
     each = rest // middle
     return ((first,) if first is not None else (each,)) + (each,) * (stages - 2) + \
         ((last,) if last is not None else (each,))
+
+
+def model_dtype(name: str) -> str:
+    """The model's dtype for ``name`` (:data:`DTYPE_ALIASES`: ``fp8`` is ``float8``)."""
+    return DTYPE_ALIASES.get(name, name)
+
+
+def storage_dtype(dtype: str) -> str:
+    """The dtype a run of ``dtype`` stores and sends: :data:`FP8_STORAGE` for ``float8``, else ``dtype``."""
+    return FP8_STORAGE if dtype == FP8 else dtype
+
+
+def check_fp8(profile) -> None:
+    """Refuse FP8 on a profile whose device has no FP8 data-sheet rate, in one line (A100, MI250X, CPUs)."""
+    if profile.peak_tflops(FP8) is None:
+        dev = profile.device
+        what = f"the {dev.title} data sheet gives no FP8 rate" if dev is not None else "it has no FP8 peak"
+        raise ConfigError(f"--dtype float8 on machine profile {profile.name}: {what} (FP8 tensor cores start with "
+                          f"NVIDIA Hopper: dgx-h100, alps-gh200)")
+
+
+def fp8_weight_cache_bytes(gemm_weight_elements: int) -> int:
+    """Bytes of Transformer Engine's FP8 weight cache for ``gemm_weight_elements`` local GEMM weight elements: the
+    FP8 weight and its FP8 transpose, 1 byte each (module docstring). Known answer: a 4096 x 4096 weight, 32 MiB."""
+    return 2 * gemm_weight_elements
