@@ -23,6 +23,9 @@ PREDICT_OPTIONS = {
     "model": (str, "gpt-80b", "model preset (fourd-mpi run --model); sizes below override it"),
     "layers": (layer_count, None, "blocks l"), "hidden": (width, None, "hidden size h (ffn = 4h unless --ffn-hidden)"),
     "heads": (head_count, None, "attention heads"), "ffn-hidden": (width, None, "MLP width"),
+    "kv-heads": (head_count, None, "key/value heads of grouped-query attention (Ainslie et al. 2023; default: "
+                                   "--heads, multi-head attention); the model only"),
+    "mlp": (str, "gelu", "gelu (two h x f GEMMs) or swiglu (three: Shazeer 2020, Llama 2); the model only"),
     "seq": (seq_length, None, "sequence length s"), "batch": (batch_size, None, "global batch B in sequences (required)"),
     "vocab": (vocab_size, 51200, "vocabulary V (embedding and LM head; 0 leaves them out; default 51200)"),
     "algorithm": (str, "axonn4d", "axonn4d, megatron1d, fsdp, dp or pipeline (4D family)"),
@@ -140,22 +143,24 @@ def scenario_from(values: dict):
     from fourd_mpi.perf.scenario import Scenario
     from fourd_mpi.jobs.sites import resolve_profile
     from fourd_mpi.step.overlap import OverlapConfig
-    from fourd_mpi.step.presets import resolve_model
+    from fourd_mpi.step.presets import MLP_KINDS, resolve_model
 
     if values["grid"] is None:
         raise ConfigError("model predict needs --grid G_DATAxG_ZxG_YxG_X (one pipeline stage's 4D grid)")
-    for name, choices in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("shard-optimizer", OPTIMIZER_SHARDING)):
+    for name, choices in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("shard-optimizer", OPTIMIZER_SHARDING),
+                          ("mlp", MLP_KINDS)):
         if values[name] not in choices:
             raise ConfigError(f"--{name} {values[name]!r}: choose {', '.join(choices)}")
     if values["precision"] is not None and values["precision"] not in PRECISIONS:
         raise ConfigError(f"--precision {values['precision']!r}: choose {', '.join(PRECISIONS)}")
-    for name in ("layers", "hidden", "heads", "ffn-hidden", "seq", "batch", "stages", "chunks-per-stage",
+    for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "seq", "batch", "stages", "chunks-per-stage",
                  "microbatch-size", "microbatches", "ranks-per-node"):
         if values[name] is not None and values[name] < 1:
             raise ConfigError(f"--{name} must be positive, got {values[name]}")
     OverlapConfig.parse(values["overlap"])  # one line for an unknown overlap
     sizes = {"layers": values["layers"], "hidden": values["hidden"], "heads": values["heads"],
-             "ffn_hidden": values["ffn-hidden"], "seq": values["seq"]}
+             "ffn_hidden": values["ffn-hidden"], "seq": values["seq"], "kv_heads": values["kv-heads"],
+             "mlp": values["mlp"]}
     cfg = resolve_model(values["model"], batch=values["batch"], **sizes)
     base = resolve_model(values["model"])
     changed = [f"--{k.replace('_', '-')} {v}" for k, v in sizes.items() if v is not None and v != getattr(base, k)]

@@ -102,6 +102,10 @@ _LN_PASSES, _LN_CALLS = 12, 14            # forward + backward of one LayerNorm 
 _GELU_PASSES, _GELU_CALLS = 24, 22        # forward + backward of GeLU over [m, f/y]
 _SOFTMAX_PASSES, _SOFTMAX_CALLS = 12, 14  # mask, max, exp, sum, divide; backward over [b, nh, s, s]
 _ADAM_PASSES, _ADAM_CALLS = 14, 14        # per parameter
+#: element-wise traffic of the MLP activation relative to GeLU's: GeLU reads ``u`` and writes ``gelu(u)`` (2 f),
+#: its backward reads ``u`` and the gradient and writes one (3 f): 5 f; SwiGLU reads gate and up and writes their
+#: product (3 f), its backward reads gate, up and the gradient and writes two (5 f): 8 f; 8/5
+MLP_PASS_SCALE = {"gelu": 1.0, "swiglu": 8.0 / 5.0}
 #: bytes per parameter of a mixed-precision Adam step (fp32 main gradients, master weights and moments),
 #: counted from Megatron-LM's Float16OptimizerWithFloat16Params.step: 16-bit gradient -> fp32 main
 #: gradient (read 2, write 4), unscale and inf/NaN check (read 4, write 4), gradient norm for clipping
@@ -215,7 +219,7 @@ def _compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ov
         passes += cfg.layers * (2 * _LN_PASSES * m * hx + 4 * m * hx) + softmax_passes
         calls += cfg.layers * (2 * _LN_CALLS + 6 + 4) + softmax_calls
     fy = cfg.ffn_hidden // grid.y
-    passes += cfg.layers * _GELU_PASSES * m * fy
+    passes += cfg.layers * _GELU_PASSES * m * fy * MLP_PASS_SCALE[cfg.mlp]
     calls += cfg.layers * _GELU_CALLS
     params = parameter_elements(cfg, grid, blocks)  # the weights of estimate_memory, in elements
     n_params = len(fcs) * cfg.layers + (4 * cfg.layers if cfg.kind == "gpt" else 0)

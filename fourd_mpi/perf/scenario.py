@@ -271,11 +271,18 @@ def megatron_flops(cfg: ModelConfig, vocab_size: int, recompute: str) -> float:
     return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
 
 
+def _gqa_or_swiglu(cfg: ModelConfig) -> bool:
+    """Whether ``cfg`` has grouped-query attention or a SwiGLU MLP (Megatron's FLOP formula does not fit it)."""
+    return cfg.kv_heads not in (None, cfg.heads) or cfg.mlp != "gelu"
+
+
 def formulas(sc: Scenario) -> Dict[str, str]:
     conv = "full" if sc.recompute == "full" else "none"
+    model = ("model FLOPs = 6 B s l x block GEMM weights + 12 B s^2 l h + 6 B s h V (no recompute counted; MFU)"
+             if _gqa_or_swiglu(sc.model) else "model FLOPs = 72 B s l h^2 (1 + s/6h + V/12lh) (no recompute counted; MFU)")
     return {"megatron": f"Megatron FLOPs = {MEGATRON_FORMULA[conv]} (recompute {sc.recompute})",
             "hardware": "hardware FLOPs = executed GEMM + attention FLOPs with recompute + LM head 6 B s h V",
-            "model": "model FLOPs = 72 B s l h^2 (1 + s/6h + V/12lh) (no recompute counted; MFU)",
+            "model": model,
             "pct_peak": "% of peak = 100 F / (t_step x GPUs x data-sheet peak of fourd_mpi/perf/peaks.py): MFU with "
                         "model FLOPs, HFU with hardware FLOPs",
             "step": "step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb" + (
@@ -489,9 +496,12 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     head = vocab.head_flops(cfg.batch, cfg.seq, cfg.hidden, sc.vocab)
     flops = {"megatron": megatron_flops(cfg, sc.vocab, "full" if sc.recompute == "full" else "none"),
              "hardware": cfg.hardware_flops_per_step(sc.recompute) + head,
-             "model": megatron_flops(cfg, sc.vocab, "none")}
+             "model": cfg.flops_per_step() + head if _gqa_or_swiglu(cfg) else megatron_flops(cfg, sc.vocab, "none")}
     if cfg.ffn_hidden != 4 * cfg.hidden:
         notes.append(f"ffn {cfg.ffn_hidden} is not 4h: Megatron's formula assumes it (the hardware count does not)")
+    if _gqa_or_swiglu(cfg):
+        notes.append("grouped-query attention / SwiGLU: Megatron's formula assumes 3h QKV and two h x f MLP GEMMs; "
+                     "model and hardware FLOPs count the actual weights")
     for n in micro.notes + profile.notes:
         if n not in notes:
             notes.append(n)
@@ -514,7 +524,9 @@ def format_result(r: ScenarioResult, profile: MachineProfile) -> str:
     sc = r.scenario
     cfg = sc.model
     lines = [f"# fourd-mpi model predict: {profile.describe()}",
-             f"# model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
+             f"# model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}"
+             f"{f' ({cfg.kv_heads} K/V)' if cfg.kv_heads not in (None, cfg.heads) else ''}, ffn {cfg.ffn_hidden}"
+             f"{f' {cfg.mlp}' if cfg.mlp != 'gelu' else ''}, "
              f"seq {cfg.seq}, vocab {sc.vocab}, global batch {cfg.batch}",
              f"# {sc.algorithm}: grid {sc.grid} (G_data x G_z x G_y x G_x) x {sc.stages} stage(s) = {r.gpus} GPUs, "
              f"{sc.ranks_per_node or min(profile.ranks_per_node, r.gpus)} per node; schedule {sc.schedule}"
