@@ -46,7 +46,9 @@ PREDICT_OPTIONS = {
                          "storage; Hopper profiles) (default: the profile's training dtype)"),
     "attention": (str, "fused", "fused (flash) or unfused"),
     "precision": (str, None, "mixed or pure (default mixed for 16-bit dtypes)"),
-    "shard-optimizer": (str, "none", "none or data (distributed optimizer / ZeRO-1)"),
+    "shard-optimizer": (str, "none", "none or data (distributed optimizer / ZeRO-1: optimizer state split over "
+                                     "G_data; the gradient all-reduce becomes a reduce-scatter and, after the "
+                                     "update, a blocking parameter all-gather)"),
     "optimizer": (str, "adam", "adam or sgd"),
     "overlap": (str, "all", "none, all or a list of oag,ors,oar,dp,od"),
     "dw-window": (str, "2", "dW blocks whose reduce-scatter may be in flight at once with ORS, or 'none' "

@@ -27,6 +27,9 @@ when ``p > 1``: tied weights), blocking. With the ``axonn`` schedule the message
 optimisation (``1f1b``/``interleaved`` and ``G_y > 1``) each rank sends ``1/G_y`` of it and the
 receivers all-gather over Y.
 
+**Distributed optimizer** (``shard_optimizer="data"``, :mod:`fourd_mpi.perf.terms`): ``S``'s data-axis gradient
+all-reduces become reduce-scatters (hidden as they were) plus blocking all-gathers of the updated parameters.
+
 **FP8** (``dtype="float8"``, :mod:`fourd_mpi.perf.terms`): the blocks' GEMMs at the profile's FP8 rate, everything
 else (state, activations, messages, attention, the LM head) in BF16, plus Transformer Engine's FP8 weight cache.
 
@@ -427,6 +430,18 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
         old = micro.exposed_s.get(("data", "allreduce"), 0.0)
         sync += t_ddp - old
         exposed["data"] = exposed.get("data", 0.0) + t_ddp - old
+    dist: Dict[str, float] = {}
+    if sc.shard_optimizer == "data" and grid.data > 1 and not coalesced and sc.implementation != zero3_2021.NAME:
+        # the distributed optimizer: reduce-scatters in the all-reduces' place, hidden in the same proportion, and
+        # blocking all-gathers of the updated parameters (fourd_mpi/perf/terms.py)
+        times = terms.distributed_optimizer_times(micro_cfg, grid, overlap, store, profile, placement, rpn, inner)
+        old = micro.exposed_s.get(("data", "allreduce"), 0.0)
+        grads = max(0.0, old - times["loss"])  # the exposed gradient all-reduces (the loss's is blocking)
+        dist = {"reduce_scatter": grads * times["reduce_scatter"] / times["allreduce"] if times["allreduce"] else 0.0,
+                "allgather": times["allgather"]}
+        change = dist["reduce_scatter"] + dist["allgather"] - grads
+        sync += change
+        exposed["data"] = exposed.get("data", 0.0) + change
     t_head = t_head_comm = 0.0
     if sc.vocab:
         rate = gemm_rate_tflops(profile, store, notes) * 1e12  # the head is not an FP8 layer
@@ -505,18 +520,20 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     for n in micro.notes + profile.notes:
         if n not in notes:
             notes.append(n)
-    terms = {"slot_blocks": slot, "slot_head": t_head, "slot_head_comm": t_head_comm, "slot_p2p": t_p2p,
+    step_terms = {"slot_blocks": slot, "slot_head": t_head, "slot_head_comm": t_head_comm, "slot_p2p": t_p2p,
              "optimizer": update, "grad_sync": sync, "embedding_sync": t_emb, "pipeline_critical": critical,
              # the compute per step by kind (diagnosis: which term makes an error): the blocks' GEMMs,
              # attention, memory-bound work and kernel launches over m micro-batches; the head; the update
              "step_gemm": comp["gemm"] * m, "step_attention": comp["attention"] * m,
              "step_elementwise": (comp["elementwise"] + comp["calls"] - comp["optimizer"]) * m,
              "step_head": t_head * m}
+    if dist:  # the distributed optimizer's exposed collectives (per step, part of grad_sync)
+        step_terms.update({"dist_opt_reduce_scatter": dist["reduce_scatter"], "dist_opt_allgather": dist["allgather"]})
     if ds:  # DeepSpeed 2021's ZeRO-3 (per step): third gathers, copy loops, LayerNorm all-reduces taken away
-        terms.update({"zero3_regather": ds["regather"] * m, "zero3_gather_copies": ds["gather_copies"] * m,
+        step_terms.update({"zero3_regather": ds["regather"] * m, "zero3_gather_copies": ds["gather_copies"] * m,
                       "zero3_persistent_gather": ds["persistent_gather"],
                       "zero3_ln_allreduce_removed": ds["ln_grad_allreduce"]})
-    return ScenarioResult(sc, step, compute, exposed, bubble, memory, which, flops, peak, terms, notes)
+    return ScenarioResult(sc, step, compute, exposed, bubble, memory, which, flops, peak, step_terms, notes)
 
 
 def format_result(r: ScenarioResult, profile: MachineProfile) -> str:

@@ -33,11 +33,20 @@ Memory adds TE's FP8 weight cache (:func:`fp8_weight_cache_bytes`): ``transforme
 ``is_first_microbatch`` caches the FP8 copy of each weight across the micro-batches of a step, and Hopper's FP8
 GEMMs take only the TN layout (cuBLAS, ``cublasLtMatmul`` FP8 requirements), so the weight's FP8 transpose is kept
 too: 2 bytes per local GEMM weight element.
+
+**The distributed optimizer's communication** (``shard_optimizer="data"``: Megatron-LM's ``--use-distributed-optimizer``,
+ZeRO stage 1, Rajbhandari et al. SC'20, section 7.1; Megatron-LM ``docs/source/api-guide/dist_optimizer.md``, "Data
+flow"): each rank updates ``1/G_data`` of the parameters, so the data axis' gradient all-reduce becomes a
+reduce-scatter of the gradients (before the optimizer) and an all-gather of the updated parameters (after it):
+with rings the same wire volume, ``(p-1)/p S + (p-1)/p S = 2 (p-1)/p S`` (:func:`distributed_optimizer_volumes`),
+in two collectives. The reduce-scatters take the all-reduces' place, hidden behind the backward pass in the same
+proportion; the all-gathers run after the update, blocking (Megatron-LM's default: ``--overlap-param-gather`` off),
+and are added to the step's gradient synchronization ``S``.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from fourd_mpi.errors import ConfigError
 
@@ -102,3 +111,41 @@ def fp8_weight_cache_bytes(gemm_weight_elements: int) -> int:
     """Bytes of Transformer Engine's FP8 weight cache for ``gemm_weight_elements`` local GEMM weight elements: the
     FP8 weight and its FP8 transpose, 1 byte each (module docstring). Known answer: a 4096 x 4096 weight, 32 MiB."""
     return 2 * gemm_weight_elements
+
+
+def distributed_optimizer_volumes(grad_bytes: int, p: int) -> Dict[str, int]:
+    """Wire bytes per rank of synchronizing ``grad_bytes`` of gradients over ``p`` data-parallel ranks: the plain
+    ``allreduce`` ``2 (p-1)/p S``; the distributed optimizer's ``reduce_scatter`` and ``allgather`` ``(p-1)/p S``
+    each, and their ``sum``, equal to the all-reduce's (module docstring)."""
+    one = (p - 1) * grad_bytes // p
+    return {"allreduce": 2 * one, "reduce_scatter": one, "allgather": one, "sum": 2 * one}
+
+
+#: roles of the data axis' gradient all-reduces the distributed optimizer replaces
+GRADIENT_ROLES = ("grad_allreduce", "ln_grad_allreduce")
+
+
+def distributed_optimizer_times(micro_cfg, grid, overlap, dtype: str, profile, placement, ranks_on_node: int,
+                                inner) -> Dict[str, float]:
+    """Seconds per step over the data axis of one stage's gradients (``micro_cfg``: its blocks) synchronized three
+    ways, each gradient as this suite's step issues it (one collective per weight and LayerNorm,
+    :func:`~fourd_mpi.perf.volumes.collective_rows`): ``allreduce`` (the plain step), ``reduce_scatter`` and
+    ``allgather`` of the same messages (the distributed optimizer, module docstring); ``loss``: the loss all-reduce
+    over the data axis (once per micro-batch, the same either way)."""
+    from dataclasses import replace
+
+    from fourd_mpi.perf.predict import back_to_back, collective_time
+    from fourd_mpi.perf.volumes import Collective, collective_rows
+
+    out = {"allreduce": 0.0, "reduce_scatter": 0.0, "allgather": 0.0, "loss": 0.0}
+    for row in collective_rows(replace(micro_cfg, layers=1), grid, overlap, dtype):
+        layer, role, op, axis, p, phase, count, nbytes = row
+        if axis == "data" and role == "loss":
+            out["loss"] += collective_time(Collective(*row), profile, placement, ranks_on_node, inner)
+        if axis != "data" or role not in GRADIENT_ROLES:
+            continue
+        for kind in ("allreduce", "reduce_scatter", "allgather"):
+            c = Collective(layer, role, kind, axis, p, phase, count, nbytes)
+            out[kind] += micro_cfg.layers * collective_time(c, profile, placement, ranks_on_node, inner,
+                                                            back_to_back(role, axis, overlap))
+    return out
