@@ -176,7 +176,8 @@ def test_scenario_refusals_are_one_line():
 
 # --- profiles ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["dgx-a100", "dgx-a100-40gb", "dgx-h100", "alps-gh200", "perlmutter", "frontier"])
+@pytest.mark.parametrize("name", ["dgx-a100", "dgx-a100-40gb", "dgx-h100", "h100-roce", "alps-gh200", "perlmutter",
+                                  "frontier"])
 def test_gpu_profiles_cite_every_constant_and_agree_on_fp16_and_bf16(name):
     prof = load_profile(name)
     rates = prof.data["compute"]["gemm_tflops"]
