@@ -60,7 +60,8 @@ PREDICT_OPTIONS = {
     "implementation": (str, "fourd", "fourd (this suite's step), deepspeed-2021 (fsdp on 1xNx1x1 only: DeepSpeed "
                                      "ZeRO-3 v0.3.13-v0.5.4's third gathers and per-rank copy loops) or megatron-lm "
                                      "(megatron1d or dp: Megatron-LM 2020-2021's DDP=local, one coalesced gradient "
-                                     "all-reduce per step)"),
+                                     "all-reduce per step) or pytorch-fsdp (fsdp: PyTorch FSDP's gradient "
+                                     "accumulation, a reduce-scatter per micro-batch into sharded sums)"),
 }
 
 

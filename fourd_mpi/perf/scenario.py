@@ -95,7 +95,7 @@ MEGATRON_FORMULA = {"full": "96 B s l h^2 (1 + s/6h + V/16lh)", "none": "72 B s 
 CE_PASSES = 6
 SYNC_KEYS = (("data", "allreduce"), ("z", "reduce_scatter"), ("z", "allreduce"))
 #: whose code a scenario models: this suite's step, DeepSpeed's ZeRO-3 of 2021, Megatron-LM's local DDP of 2020-2021
-IMPLEMENTATIONS = ("fourd", zero3_2021.NAME, megatron_ddp.NAME)
+IMPLEMENTATIONS = ("fourd", zero3_2021.NAME, megatron_ddp.NAME, terms.PYTORCH_FSDP)
 
 
 @dataclass(frozen=True)
@@ -212,6 +212,9 @@ def check(sc: Scenario) -> None:
     if sc.implementation == megatron_ddp.NAME and sc.algorithm not in ("megatron1d", "dp"):
         raise ConfigError(f"--implementation {megatron_ddp.NAME} models Megatron-LM's data-parallel reduction: "
                           f"algorithm megatron1d or dp (got {sc.algorithm})")
+    if sc.implementation == terms.PYTORCH_FSDP and sc.algorithm != "fsdp":
+        raise ConfigError(f"--implementation {terms.PYTORCH_FSDP} models PyTorch FSDP's gradient accumulation: "
+                          f"algorithm fsdp (got {sc.algorithm})")
     if sc.implementation == zero3_2021.NAME and (sc.algorithm != "fsdp" or sc.stages != 1 or sc.grid.data != 1):
         raise ConfigError(f"--implementation {zero3_2021.NAME} models DeepSpeed's ZeRO-3 alone: algorithm fsdp, one "
                           f"stage, grid 1xNx1x1 (got {sc.algorithm}, {sc.stages} stage(s), grid {sc.grid})")
@@ -288,10 +291,11 @@ def formulas(sc: Scenario) -> Dict[str, str]:
             "model": model,
             "pct_peak": "% of peak = 100 F / (t_step x GPUs x data-sheet peak of fourd_mpi/perf/peaks.py): MFU with "
                         "model FLOPs, HFU with hardware FLOPs",
-            "step": "step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb" + (
-                "" if sc.implementation == "fourd" else
-                "; deepspeed-2021: t += third gathers + gather loops, + persistent gather, S without LayerNorm "
-                "all-reduces (fourd_mpi/perf/zero3_2021.py)"),
+            "step": "step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb" + {
+                zero3_2021.NAME: "; deepspeed-2021: t += third gathers + gather loops, + persistent gather, S without "
+                                 "LayerNorm all-reduces (fourd_mpi/perf/zero3_2021.py)",
+                terms.PYTORCH_FSDP: "; pytorch-fsdp: the Z reduce-scatters in t (each micro-batch), not in S "
+                                    "(fourd_mpi/perf/terms.py)"}.get(sc.implementation, ""),
             "bubble": schedules.BUBBLE_FORMULA[sc.schedule] if sc.stages > 1 else "no pipeline: no bubble"}
 
 
@@ -346,7 +350,7 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
         activations += vocab.logits_bytes(tokens, sc.vocab, tp, e)
     overlap = OverlapConfig.parse(sc.overlap)
     comm = comm_buffer_elements(replace(stage_cfg, batch=b * grid.data * grid.z), grid, overlap, sc.dw_window) * e
-    if m > 1 and grid.z > 1:  # token-partial gradient sums before the reduce-scatter over Z
+    if m > 1 and grid.z > 1 and sc.implementation != terms.PYTORCH_FSDP:  # token-partial sums before the Z RS
         comm += sum(block_elements(n, k, t, grid) for _, n, k, t in fc_weights(stage_cfg, grid)) * layers * e
     if p > 1:
         comm += 2 * tokens * hx * e * (1 if first or last else 2)
@@ -430,6 +434,12 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
         old = micro.exposed_s.get(("data", "allreduce"), 0.0)
         sync += t_ddp - old
         exposed["data"] = exposed.get("data", 0.0) + t_ddp - old
+    fsdp: Dict[str, float] = {}
+    if sc.implementation == terms.PYTORCH_FSDP:  # reduce-scatter per micro-batch: from S into every slot
+        fsdp = terms.fsdp_microbatch_sync(micro.exposed_s.get(("z", "reduce_scatter"), 0.0), m)
+        sync -= fsdp["once"]
+        slot += fsdp["per_slot"]
+        exposed["z"] = exposed.get("z", 0.0) + fsdp["step"] - fsdp["once"]
     dist: Dict[str, float] = {}
     if sc.shard_optimizer == "data" and grid.data > 1 and not coalesced and sc.implementation != zero3_2021.NAME:
         # the distributed optimizer: reduce-scatters in the all-reduces' place, hidden in the same proportion, and
@@ -527,6 +537,8 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
              "step_gemm": comp["gemm"] * m, "step_attention": comp["attention"] * m,
              "step_elementwise": (comp["elementwise"] + comp["calls"] - comp["optimizer"]) * m,
              "step_head": t_head * m}
+    if fsdp:  # PyTorch FSDP's reduce-scatters (per step, part of slot_blocks)
+        step_terms["fsdp_reduce_scatter"] = fsdp["step"]
     if dist:  # the distributed optimizer's exposed collectives (per step, part of grad_sync)
         step_terms.update({"dist_opt_reduce_scatter": dist["reduce_scatter"], "dist_opt_allgather": dist["allgather"]})
     if ds:  # DeepSpeed 2021's ZeRO-3 (per step): third gathers, copy loops, LayerNorm all-reduces taken away
