@@ -53,8 +53,8 @@ PREDICT_OPTIONS = {
     "overlap": (str, "all", "none, all or a list of oag,ors,oar,dp,od"),
     "dw-window": (str, "2", "dW blocks whose reduce-scatter may be in flight at once with ORS, or 'none' "
                             "(unbounded; default 2)"),
-    "profile": (str, "perlmutter", "machine profile: a built-in (dgx-a100, dgx-a100-40gb, dgx-h100, h100-roce, alps-gh200, "
-                                   "perlmutter, frontier, laptop) or a file"),
+    "profile": (str, "perlmutter", "machine profile: a built-in (dgx-a100, dgx-a100-40gb, dgx-h100, h100-roce, "
+                                   "alps-gh200, perlmutter, frontier, laptop) or a file"),
     "ranks-per-node": (axis_size, None, "ranks per node (default: the profile's)"),
     "memory-limit": (gib_or_none, None, "GiB per GPU for the fits line (default: the profile's device memory; 'none')"),
     "implementation": (str, "fourd", "fourd (this suite's step), deepspeed-2021 (fsdp on 1xNx1x1 only: DeepSpeed "

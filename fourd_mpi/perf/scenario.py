@@ -284,11 +284,11 @@ def _gqa_or_swiglu(cfg: ModelConfig) -> bool:
 
 def formulas(sc: Scenario) -> Dict[str, str]:
     conv = "full" if sc.recompute == "full" else "none"
-    model = ("model FLOPs = 6 B s l x block GEMM weights + 12 B s^2 l h + 6 B s h V (no recompute counted; MFU)"
-             if _gqa_or_swiglu(sc.model) else "model FLOPs = 72 B s l h^2 (1 + s/6h + V/12lh) (no recompute counted; MFU)")
+    model = ("6 B s l x block GEMM weights + 12 B s^2 l h + 6 B s h V" if _gqa_or_swiglu(sc.model)
+             else "72 B s l h^2 (1 + s/6h + V/12lh)")
     return {"megatron": f"Megatron FLOPs = {MEGATRON_FORMULA[conv]} (recompute {sc.recompute})",
             "hardware": "hardware FLOPs = executed GEMM + attention FLOPs with recompute + LM head 6 B s h V",
-            "model": model,
+            "model": f"model FLOPs = {model} (no recompute counted; MFU)",
             "pct_peak": "% of peak = 100 F / (t_step x GPUs x data-sheet peak of fourd_mpi/perf/peaks.py): MFU with "
                         "model FLOPs, HFU with hardware FLOPs",
             "step": "step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb" + {
@@ -531,20 +531,20 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
         if n not in notes:
             notes.append(n)
     step_terms = {"slot_blocks": slot, "slot_head": t_head, "slot_head_comm": t_head_comm, "slot_p2p": t_p2p,
-             "optimizer": update, "grad_sync": sync, "embedding_sync": t_emb, "pipeline_critical": critical,
-             # the compute per step by kind (diagnosis: which term makes an error): the blocks' GEMMs,
-             # attention, memory-bound work and kernel launches over m micro-batches; the head; the update
-             "step_gemm": comp["gemm"] * m, "step_attention": comp["attention"] * m,
-             "step_elementwise": (comp["elementwise"] + comp["calls"] - comp["optimizer"]) * m,
-             "step_head": t_head * m}
+                  "optimizer": update, "grad_sync": sync, "embedding_sync": t_emb, "pipeline_critical": critical,
+                  # the compute per step by kind (diagnosis: which term makes an error): the blocks' GEMMs,
+                  # attention, memory-bound work and kernel launches over m micro-batches; the head; the update
+                  "step_gemm": comp["gemm"] * m, "step_attention": comp["attention"] * m,
+                  "step_elementwise": (comp["elementwise"] + comp["calls"] - comp["optimizer"]) * m,
+                  "step_head": t_head * m}
     if fsdp:  # PyTorch FSDP's reduce-scatters (per step, part of slot_blocks)
         step_terms["fsdp_reduce_scatter"] = fsdp["step"]
     if dist:  # the distributed optimizer's exposed collectives (per step, part of grad_sync)
         step_terms.update({"dist_opt_reduce_scatter": dist["reduce_scatter"], "dist_opt_allgather": dist["allgather"]})
     if ds:  # DeepSpeed 2021's ZeRO-3 (per step): third gathers, copy loops, LayerNorm all-reduces taken away
         step_terms.update({"zero3_regather": ds["regather"] * m, "zero3_gather_copies": ds["gather_copies"] * m,
-                      "zero3_persistent_gather": ds["persistent_gather"],
-                      "zero3_ln_allreduce_removed": ds["ln_grad_allreduce"]})
+                           "zero3_persistent_gather": ds["persistent_gather"],
+                           "zero3_ln_allreduce_removed": ds["ln_grad_allreduce"]})
     return ScenarioResult(sc, step, compute, exposed, bubble, memory, which, flops, peak, step_terms, notes)
 
 

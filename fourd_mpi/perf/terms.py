@@ -34,10 +34,11 @@ Memory adds TE's FP8 weight cache (:func:`fp8_weight_cache_bytes`): ``transforme
 GEMMs take only the TN layout (cuBLAS, ``cublasLtMatmul`` FP8 requirements), so the weight's FP8 transpose is kept
 too: 2 bytes per local GEMM weight element.
 
-**The distributed optimizer's communication** (``shard_optimizer="data"``: Megatron-LM's ``--use-distributed-optimizer``,
-ZeRO stage 1, Rajbhandari et al. SC'20, section 7.1; Megatron-LM ``docs/source/api-guide/dist_optimizer.md``, "Data
-flow"): each rank updates ``1/G_data`` of the parameters, so the data axis' gradient all-reduce becomes a
-reduce-scatter of the gradients (before the optimizer) and an all-gather of the updated parameters (after it):
+**The distributed optimizer's communication** (``shard_optimizer="data"``: Megatron-LM's
+``--use-distributed-optimizer``, ZeRO stage 1, Rajbhandari et al. SC'20, section 7.1; Megatron-LM
+``docs/source/api-guide/dist_optimizer.md``, "Data flow"): each rank updates ``1/G_data`` of the parameters, so
+the data axis' gradient all-reduce becomes a reduce-scatter of the gradients (before the optimizer) and an
+all-gather of the updated parameters (after it):
 with rings the same wire volume, ``(p-1)/p S + (p-1)/p S = 2 (p-1)/p S`` (:func:`distributed_optimizer_volumes`),
 in two collectives. The reduce-scatters take the all-reduces' place, hidden behind the backward pass in the same
 proportion; the all-gathers run after the update, blocking (Megatron-LM's default: ``--overlap-param-gather`` off),
