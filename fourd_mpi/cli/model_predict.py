@@ -38,6 +38,8 @@ PREDICT_OPTIONS = {
                                              "hold one block more"),
     "schedule": (str, "1f1b", "1f1b, interleaved (with --chunks-per-stage v) or axonn"),
     "chunks-per-stage": (_chunks, 1, "model chunks v per stage of the interleaved schedule"),
+    "context-parallel": (axis_size, 1, "ranks sharing each sequence (Megatron-LM's context parallelism: s/cp tokens "
+                                       "per rank, K/V around a ring; needs --attention fused; default 1)"),
     "microbatch-size": (batch_size, None, "sequences b per micro-batch and data x Z shard"),
     "microbatches": (repeat_count, None, "micro-batches m per step (B = b m G_data G_z; gradient accumulation)"),
     "sequence-parallel": (bool, False, "sequence parallelism over Y (Megatron-like grids)"),
@@ -197,7 +199,7 @@ def scenario_from(values: dict):
                   shard_optimizer=values["shard-optimizer"], optimizer=values["optimizer"], overlap=values["overlap"],
                   dw_window=window, ranks_per_node=values["ranks-per-node"], memory_limit_gib=limit,
                   implementation=values["implementation"], first_stage_layers=values["first-stage-layers"],
-                  last_stage_layers=values["last-stage-layers"])
+                  last_stage_layers=values["last-stage-layers"], context_parallel=values["context-parallel"])
     return sc, profile
 
 

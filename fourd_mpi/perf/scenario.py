@@ -131,10 +131,12 @@ class Scenario:
     #: :func:`fourd_mpi.perf.terms.stage_layers`'s default (balanced to one block, the first stages fuller)
     first_stage_layers: Optional[int] = None
     last_stage_layers: Optional[int] = None
+    #: ranks sharing each sequence (Megatron-LM's context parallelism, :mod:`fourd_mpi.perf.terms`)
+    context_parallel: int = 1
 
     @property
     def world(self) -> int:
-        return self.grid.size * self.stages
+        return self.grid.size * self.stages * self.context_parallel
 
     @property
     def stage_layers(self) -> tuple:
@@ -198,6 +200,11 @@ def check(sc: Scenario) -> None:
     if uneven and sc.schedule == "interleaved":
         raise ConfigError(f"--schedule interleaved needs equal stages (Megatron-LM refuses uneven ones): "
                           f"{sc.model.layers} layers on {sc.stages} stages are {_stage_text(sc.stage_layers)}")
+    if sc.context_parallel < 1:
+        raise ConfigError(f"--context-parallel must be at least 1, got {sc.context_parallel}")
+    if sc.context_parallel > 1 and sc.attention != "fused":
+        raise ConfigError("--context-parallel runs flash attention on each K/V chunk (Megatron-LM with Transformer "
+                          "Engine): --attention fused")
     if sc.vocab < 0:
         raise ConfigError(f"--vocab must be 0 or more, got {sc.vocab}")
     tp = sc.grid.x * sc.grid.y
@@ -275,6 +282,15 @@ def megatron_flops(cfg: ModelConfig, vocab_size: int, recompute: str) -> float:
     if recompute == "full":
         return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
     return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+
+
+def step_flops(cfg: ModelConfig, vocab_size: int, recompute: str) -> Dict[str, float]:
+    """FLOPs per step by convention (:func:`formulas`): Megatron's, hardware (recompute and the head included),
+    model (Megatron's 72 convention; with grouped-query attention or SwiGLU the actual weights' count)."""
+    head = vocab.head_flops(cfg.batch, cfg.seq, cfg.hidden, vocab_size)
+    model = cfg.flops_per_step() + head if _gqa_or_swiglu(cfg) else megatron_flops(cfg, vocab_size, "none")
+    return {"megatron": megatron_flops(cfg, vocab_size, "full" if recompute == "full" else "none"),
+            "hardware": cfg.hardware_flops_per_step(recompute) + head, "model": model}
 
 
 def _gqa_or_swiglu(cfg: ModelConfig) -> bool:
@@ -364,9 +380,21 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     return out
 
 
+def _context_view(sc: Scenario) -> Scenario:
+    """``sc`` as every term but attention sees it under context parallelism (:func:`terms.context_parallel_view`)."""
+    cp = sc.context_parallel
+    if sc.model.batch is None:
+        return sc  # check() says what is missing
+    view = terms.context_parallel_view(sc.model.seq, sc.model.batch, sc.grid.data, cp)
+    return replace(sc, model=replace(sc.model, seq=view["seq"], batch=view["batch"]),
+                   grid=replace(sc.grid, data=view["data"]), context_parallel=1)
+
+
 def scenario_memory(sc: Scenario, profile: MachineProfile) -> Dict[str, int]:
     """Bytes per rank by part of the larger of the first and last stage (no time prediction: cheap, so a
     search can drop what does not fit before predicting it)."""
+    if sc.context_parallel > 1:
+        return scenario_memory(_context_view(sc), profile)
     sc = sc.resolved()
     first = _stage_memory(sc, 0, profile)
     last = _stage_memory(sc, sc.stages - 1, profile) if sc.stages > 1 else first
@@ -380,6 +408,8 @@ def fits_memory(sc: Scenario, profile: MachineProfile) -> bool:
 
 def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     """Predict one step of ``sc`` on ``profile`` (module docstring)."""
+    if sc.context_parallel > 1:
+        return _predict_context_parallel(sc, profile)
     sc = sc.resolved()
     cfg, grid, p = sc.model, sc.grid, sc.stages
     b, m = sc.microbatch_size, sc.microbatches
@@ -518,10 +548,7 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     memory, which = (mem_first, "first") if mem_first["required"] >= mem_last["required"] else (mem_last, "last")
     if p == 1:
         which = "only"
-    head = vocab.head_flops(cfg.batch, cfg.seq, cfg.hidden, sc.vocab)
-    flops = {"megatron": megatron_flops(cfg, sc.vocab, "full" if sc.recompute == "full" else "none"),
-             "hardware": cfg.hardware_flops_per_step(sc.recompute) + head,
-             "model": cfg.flops_per_step() + head if _gqa_or_swiglu(cfg) else megatron_flops(cfg, sc.vocab, "none")}
+    flops = step_flops(cfg, sc.vocab, sc.recompute)
     if cfg.ffn_hidden != 4 * cfg.hidden:
         notes.append(f"ffn {cfg.ffn_hidden} is not 4h: Megatron's formula assumes it (the hardware count does not)")
     if _gqa_or_swiglu(cfg):
@@ -546,6 +573,45 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
                            "zero3_persistent_gather": ds["persistent_gather"],
                            "zero3_ln_allreduce_removed": ds["ln_grad_allreduce"]})
     return ScenarioResult(sc, step, compute, exposed, bubble, memory, which, flops, peak, step_terms, notes)
+
+
+def _predict_context_parallel(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
+    """:func:`predict_scenario` with ``cp > 1``: the view's prediction (:func:`_context_view`) plus, in every slot,
+    the attention of the whole sequence (``cp - 1`` more times the chunk's) and the exposed part of the K/V ring
+    (:mod:`fourd_mpi.perf.terms`, "Context parallelism"); FLOPs of the original model."""
+    check(sc)
+    cp, cfg, grid = sc.context_parallel, sc.model, sc.grid
+    r = predict_scenario(_context_view(sc), profile)
+    view = r.scenario
+    b, m, p = view.microbatch_size, view.microbatches, sc.stages
+    attention = r.terms["step_attention"] / m  # one slot's attention over the rank's own chunk
+    e = dtype_bytes(terms.storage_dtype(sc.dtype))
+    msg = terms.context_parallel_kv_bytes(b * view.model.seq, cfg.hidden, cfg.heads, cfg.kv_head_count, grid.y, e)
+    rpn = sc.ranks_per_node or min(profile.ranks_per_node, sc.world)
+    stride = grid.x * grid.y * grid.z  # Megatron-LM's order: tensor ranks innermost, then context ranks
+    level = "intra" if stride * cp <= rpn else "inter"
+    if profile.has_network:
+        t_msg = profile.network_time("allgather", 2, 2 * msg, stride, level, rpn)
+    else:
+        from fourd_mpi.perf.pipeline import message_time
+
+        t_msg = message_time(profile, level, msg)
+    ring = max(sc.stage_layers) * terms.context_parallel_ring_messages(cp, sc.recompute) * t_msg
+    extra_attention = (cp - 1) * attention
+    exposed_ring = terms.context_parallel_exposed(ring, cp * attention)
+    slots = schedules.bubble_slots(sc.schedule, p, sc.chunks) if p > 1 else 0.0
+    per_slot = extra_attention + exposed_ring
+    exposed = dict(r.exposed_s)
+    exposed["context"] = exposed_ring * m
+    flops = step_flops(cfg, sc.vocab, sc.recompute)
+    step_terms = dict(r.terms, cp_attention=extra_attention * m, cp_ring_exposed=exposed_ring * m,
+                      step_attention=r.terms["step_attention"] * cp)
+    notes = [f"context parallel {cp}: {view.model.seq} tokens of each sequence per rank; every slot adds the rest of "
+             f"the sequence's attention and the K/V ring's exposed part (fourd_mpi/perf/terms.py)"] + r.notes
+    resolved = replace(sc, microbatch_size=b, microbatches=m)
+    return ScenarioResult(resolved, r.step_s + per_slot * (m + slots), r.compute_s + extra_attention * m, exposed,
+                          r.bubble_s + per_slot * slots, r.memory, r.memory_stage, flops, r.peak_tflops, step_terms,
+                          notes)
 
 
 def format_result(r: ScenarioResult, profile: MachineProfile) -> str:

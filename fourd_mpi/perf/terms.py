@@ -53,6 +53,16 @@ of the gradients, the ``gradients`` part the state already counts, no full-size 
 ``no_sync`` (this suite's step: token-partial sums of full size, one reduce-scatter per step) is the other
 implementation, ``fourd``. The forward and backward prefetch of the next unit's all-gather is the OAG overlap with
 ``prefetch_depth`` 1 (FSDP's ``BackwardPrefetch.BACKWARD_PRE``, ``forward_prefetch``).
+
+**Context parallelism** (``context_parallel = cp``; Megatron-LM's ``--context-parallel-size``, Megatron Core's
+user guide "Context parallel"; the ring of Liu et al. 2023, "Ring Attention with Blockwise Transformers",
+arXiv 2310.01889, section 3): each sequence is split over ``cp`` ranks (``s/cp`` tokens each, in ``2 cp``
+chunks for a balanced causal mask). Every term but attention sees ``cp`` times more data-parallel ranks holding
+``cp`` times more, ``cp`` times shorter sequences (:func:`context_parallel_view`: the same tokens per rank, the
+gradients reduced over data x context ranks, as Megatron-LM does). Attention differs: the rank's queries attend to
+the whole sequence, ``cp`` times the work of its own chunk, and the K and V chunks travel around the ring, one
+point-to-point message per step (:func:`context_parallel_kv_bytes`, :func:`context_parallel_ring_messages`),
+hidden behind that attention while it lasts longer (:func:`context_parallel_exposed`).
 """
 
 from __future__ import annotations
@@ -173,3 +183,42 @@ def fsdp_microbatch_sync(exposed_reduce_scatter: float, microbatches: int) -> Di
     ``no_sync`` step (one reduce-scatter per step) pays. Known answer: 3 ms exposed, 8 micro-batches: 24 ms."""
     return {"per_slot": exposed_reduce_scatter, "step": microbatches * exposed_reduce_scatter,
             "once": exposed_reduce_scatter}
+
+
+# --- context parallelism ----------------------------------------------------------------------------------------
+
+#: Megatron-LM splits each sequence into ``2 cp`` chunks and gives rank ``r`` chunks ``r`` and ``2 cp - 1 - r`` (the
+#: causal mask's work balanced): the sequence must divide by ``2 cp``
+CP_CHUNKS_PER_RANK = 2
+
+
+def context_parallel_view(seq: int, batch: int, data: int, cp: int) -> Dict[str, int]:
+    """What every term but attention sees under ``cp``-way context parallelism (module docstring, "Context
+    parallelism"): ``s/cp`` tokens of each sequence per rank, and the ``cp`` ranks sharing a sequence as ``cp`` times
+    more data-parallel ranks with ``cp`` times more (shorter) sequences, ``B s`` tokens in all: ``seq = s/cp``,
+    ``batch = B cp``, ``data = G_data cp`` (Megatron-LM reduces the gradients over data x context parallel ranks).
+    Known answer: s 8192, B 64, G_data 4, cp 2 -> 4096, 128, 8."""
+    if cp < 1 or seq % (CP_CHUNKS_PER_RANK * cp):
+        raise ConfigError(f"--context-parallel {cp}: the sequence length {seq} must be a multiple of 2 x {cp} "
+                          f"(Megatron-LM's load-balanced split into 2 cp chunks)")
+    return {"seq": seq // cp, "batch": batch * cp, "data": data * cp}
+
+
+def context_parallel_kv_bytes(tokens: int, hidden: int, heads: int, kv_heads: int, gy: int, e: int) -> int:
+    """Bytes of one ring step's message: the local K and V, ``2 x tokens x kv d / G_y x e`` (``d = h/heads``,
+    ``tokens`` = the rank's ``b s/cp``). Known answer: 4096 tokens, h 8192, 64 heads, 8 K/V heads, G_y 8, bf16:
+    2 x 4096 x 1024/8 x 2 = 2 MiB."""
+    return 2 * tokens * (kv_heads * (hidden // heads) // gy) * e
+
+
+def context_parallel_ring_messages(cp: int, recompute: str) -> int:
+    """Ring steps per block and micro-batch: forward ``cp - 1`` (K, V), backward ``2 (cp - 1)`` (K, V again and the
+    dK, dV partial sums), and ``cp - 1`` more with full recompute (the forward runs again)."""
+    return (cp - 1) * (3 + (1 if recompute == "full" else 0))
+
+
+def context_parallel_exposed(t_ring: float, t_attention: float) -> float:
+    """Exposed seconds of a micro-batch's ring communication ``t_ring`` that overlaps the attention it feeds
+    (``t_attention``, the full-sequence attention of the rank's queries): ``max(0, t_ring - t_attention)`` (Liu et al.
+    2023, Ring Attention, section 3: hidden while a block's compute outlasts its transfer)."""
+    return max(0.0, t_ring - t_attention)
