@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from fourd_mpi.core.backend import DTYPES
-from fourd_mpi.perf.terms import FP8
 from fourd_mpi.core.colltable import COLLECTIVES, collective
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf import peaks
@@ -155,12 +154,12 @@ PROFILE_SCHEMA: Dict[str, Any] = {
         "compute": {"type": "object", "additionalProperties": False, "required": ["gemm_tflops"],
                     "properties": {
                         "gemm_tflops": {"type": "object", "minProperties": 1,
-                                        "propertyNames": {"enum": list(DTYPES) + [FP8]},
+                                        "propertyNames": {"enum": list(DTYPES) + [peaks.FP8]},
                                         "additionalProperties": _pos},
                         "device": {"enum": list(peaks.BY_NAME),
                                    "description": "the device a rank drives: its data-sheet peaks come from "
                                                   "fourd_mpi/perf/peaks.py"},
-                        "peak_tflops": {"type": "object", "propertyNames": {"enum": list(DTYPES) + [FP8]},
+                        "peak_tflops": {"type": "object", "propertyNames": {"enum": list(DTYPES) + [peaks.FP8]},
                                         "additionalProperties": _pos,
                                         "description": "a device the peak table lacks: its data-sheet peaks"},
                         "training_dtype": {"enum": list(DTYPES)},

@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+#: the FP8 GEMM dtype (a column of the table and a dtype of the model, not of ``run``: :mod:`fourd_mpi.perf.terms`)
+FP8 = "float8"
 MFU_FORMULA = "MFU = model FLOPs per step / (median step time x ranks x data-sheet peak per rank)"
 HFU_FORMULA = ("HFU = hardware FLOPs per step (recomputed forward work included) / (median step time x ranks x "
                "data-sheet peak per rank)")

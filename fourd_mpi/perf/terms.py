@@ -70,9 +70,10 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple
 
 from fourd_mpi.errors import ConfigError
+from fourd_mpi.perf import peaks
 
 #: the FP8 GEMM dtype of the model (not of ``run``: NumPy and this suite's step have no FP8 arithmetic)
-FP8 = "float8"
+FP8 = peaks.FP8
 #: what an FP8 run stores parameters, gradients, activations and messages in
 FP8_STORAGE = "bfloat16"
 #: other names the model's ``--dtype`` takes
