@@ -623,7 +623,8 @@ def format_result(r: ScenarioResult, profile: MachineProfile) -> str:
              f"{f' ({cfg.kv_heads} K/V)' if cfg.kv_heads not in (None, cfg.heads) else ''}, ffn {cfg.ffn_hidden}"
              f"{f' {cfg.mlp}' if cfg.mlp != 'gelu' else ''}, "
              f"seq {cfg.seq}, vocab {sc.vocab}, global batch {cfg.batch}",
-             f"# {sc.algorithm}: grid {sc.grid} (G_data x G_z x G_y x G_x) x {sc.stages} stage(s) = {r.gpus} GPUs, "
+             f"# {sc.algorithm}: grid {sc.grid} (G_data x G_z x G_y x G_x) x {sc.stages} stage(s)"
+             f"{f' x {sc.context_parallel} context-parallel' if sc.context_parallel > 1 else ''} = {r.gpus} GPUs, "
              f"{sc.ranks_per_node or min(profile.ranks_per_node, r.gpus)} per node; schedule {sc.schedule}"
              f"{f' v={sc.chunks}' if sc.schedule == 'interleaved' else ''}; micro-batch {sc.microbatch_size} x "
              f"{sc.microbatches}; {sc.dtype} ({sc.precision or 'default'} precision), recompute {sc.recompute}, "
