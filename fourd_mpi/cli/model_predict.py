@@ -23,33 +23,47 @@ PREDICT_OPTIONS = {
     "model": (str, "gpt-80b", "model preset (fourd-mpi run --model); sizes below override it"),
     "layers": (layer_count, None, "blocks l"), "hidden": (width, None, "hidden size h (ffn = 4h unless --ffn-hidden)"),
     "heads": (head_count, None, "attention heads"), "ffn-hidden": (width, None, "MLP width"),
+    "kv-heads": (head_count, None, "key/value heads of grouped-query attention (Ainslie et al. 2023; default: "
+                                   "--heads, multi-head attention); the model only"),
+    "mlp": (str, "gelu", "gelu (two h x f GEMMs) or swiglu (three: Shazeer 2020, Llama 2); the model only"),
     "seq": (seq_length, None, "sequence length s"), "batch": (batch_size, None, "global batch B in sequences (required)"),
     "vocab": (vocab_size, 51200, "vocabulary V (embedding and LM head; 0 leaves them out; default 51200)"),
     "algorithm": (str, "axonn4d", "axonn4d, megatron1d, fsdp, dp or pipeline (4D family)"),
     "grid": (str, None, "G_data x G_z x G_y x G_x of one pipeline stage, e.g. 16x1x8x1 (required)"),
     "stages": (axis_size, 1, "pipeline stages p (default 1)"),
+    "first-stage-layers": (layer_count, None, "blocks of the first stage (Megatron-LM's --decoder-first-pipeline-"
+                                              "num-layers; the other stages split the rest evenly)"),
+    "last-stage-layers": (layer_count, None, "blocks of the last stage (Megatron-LM's --decoder-last-pipeline-num-"
+                                             "layers); without either, p not dividing L: the first L mod p stages "
+                                             "hold one block more"),
     "schedule": (str, "1f1b", "1f1b, interleaved (with --chunks-per-stage v) or axonn"),
     "chunks-per-stage": (_chunks, 1, "model chunks v per stage of the interleaved schedule"),
+    "context-parallel": (axis_size, 1, "ranks sharing each sequence (Megatron-LM's context parallelism: s/cp tokens "
+                                       "per rank, K/V around a ring; needs --attention fused; default 1)"),
     "microbatch-size": (batch_size, None, "sequences b per micro-batch and data x Z shard"),
     "microbatches": (repeat_count, None, "micro-batches m per step (B = b m G_data G_z; gradient accumulation)"),
     "sequence-parallel": (bool, False, "sequence parallelism over Y (Megatron-like grids)"),
     "recompute": (str, "full", "none, selective or full activation recompute"),
-    "dtype": (str, None, "float16, bfloat16, float32 (default: the profile's training dtype)"),
+    "dtype": (str, None, "float16, bfloat16, float32, or float8 (alias fp8: Transformer Engine's FP8 GEMMs, BF16 "
+                         "storage; Hopper profiles) (default: the profile's training dtype)"),
     "attention": (str, "fused", "fused (flash) or unfused"),
     "precision": (str, None, "mixed or pure (default mixed for 16-bit dtypes)"),
-    "shard-optimizer": (str, "none", "none or data (distributed optimizer / ZeRO-1)"),
+    "shard-optimizer": (str, "none", "none or data (distributed optimizer / ZeRO-1: optimizer state split over "
+                                     "G_data; the gradient all-reduce becomes a reduce-scatter and, after the "
+                                     "update, a blocking parameter all-gather)"),
     "optimizer": (str, "adam", "adam or sgd"),
     "overlap": (str, "all", "none, all or a list of oag,ors,oar,dp,od"),
     "dw-window": (str, "2", "dW blocks whose reduce-scatter may be in flight at once with ORS, or 'none' "
                             "(unbounded; default 2)"),
-    "profile": (str, "perlmutter", "machine profile: a built-in (dgx-a100, dgx-a100-40gb, dgx-h100, alps-gh200, "
-                                   "perlmutter, frontier, laptop) or a file"),
+    "profile": (str, "perlmutter", "machine profile: a built-in (dgx-a100, dgx-a100-40gb, dgx-h100, h100-roce, "
+                                   "alps-gh200, perlmutter, frontier, laptop) or a file"),
     "ranks-per-node": (axis_size, None, "ranks per node (default: the profile's)"),
     "memory-limit": (gib_or_none, None, "GiB per GPU for the fits line (default: the profile's device memory; 'none')"),
     "implementation": (str, "fourd", "fourd (this suite's step), deepspeed-2021 (fsdp on 1xNx1x1 only: DeepSpeed "
                                      "ZeRO-3 v0.3.13-v0.5.4's third gathers and per-rank copy loops) or megatron-lm "
                                      "(megatron1d or dp: Megatron-LM 2020-2021's DDP=local, one coalesced gradient "
-                                     "all-reduce per step)"),
+                                     "all-reduce per step) or pytorch-fsdp (fsdp: PyTorch FSDP's gradient "
+                                     "accumulation, a reduce-scatter per micro-batch into sharded sums)"),
 }
 
 
@@ -134,22 +148,24 @@ def scenario_from(values: dict):
     from fourd_mpi.perf.scenario import Scenario
     from fourd_mpi.jobs.sites import resolve_profile
     from fourd_mpi.step.overlap import OverlapConfig
-    from fourd_mpi.step.presets import resolve_model
+    from fourd_mpi.step.presets import MLP_KINDS, resolve_model
 
     if values["grid"] is None:
         raise ConfigError("model predict needs --grid G_DATAxG_ZxG_YxG_X (one pipeline stage's 4D grid)")
-    for name, choices in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("shard-optimizer", OPTIMIZER_SHARDING)):
+    for name, choices in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("shard-optimizer", OPTIMIZER_SHARDING),
+                          ("mlp", MLP_KINDS)):
         if values[name] not in choices:
             raise ConfigError(f"--{name} {values[name]!r}: choose {', '.join(choices)}")
     if values["precision"] is not None and values["precision"] not in PRECISIONS:
         raise ConfigError(f"--precision {values['precision']!r}: choose {', '.join(PRECISIONS)}")
-    for name in ("layers", "hidden", "heads", "ffn-hidden", "seq", "batch", "stages", "chunks-per-stage",
+    for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "seq", "batch", "stages", "chunks-per-stage",
                  "microbatch-size", "microbatches", "ranks-per-node"):
         if values[name] is not None and values[name] < 1:
             raise ConfigError(f"--{name} must be positive, got {values[name]}")
     OverlapConfig.parse(values["overlap"])  # one line for an unknown overlap
     sizes = {"layers": values["layers"], "hidden": values["hidden"], "heads": values["heads"],
-             "ffn_hidden": values["ffn-hidden"], "seq": values["seq"]}
+             "ffn_hidden": values["ffn-hidden"], "seq": values["seq"], "kv_heads": values["kv-heads"],
+             "mlp": values["mlp"]}
     cfg = resolve_model(values["model"], batch=values["batch"], **sizes)
     base = resolve_model(values["model"])
     changed = [f"--{k.replace('_', '-')} {v}" for k, v in sizes.items() if v is not None and v != getattr(base, k)]
@@ -169,7 +185,12 @@ def scenario_from(values: dict):
         limit = profile.device_memory_gib
     elif limit == "none":
         limit = None
-    dtype = values["dtype"] or profile.training_dtype
+    from fourd_mpi.core.backend import DTYPES
+    from fourd_mpi.perf.terms import DTYPE_ALIASES, FP8, model_dtype
+
+    dtype = model_dtype(values["dtype"] or profile.training_dtype)
+    if dtype not in (*DTYPES, FP8):
+        raise ConfigError(f"--dtype {dtype!r}: choose {', '.join((*DTYPES, FP8))} (or {', '.join(DTYPE_ALIASES)})")
     sc = Scenario(cfg, GridShape.parse(values["grid"]), profile.name, algorithm=values["algorithm"],
                   stages=values["stages"], schedule=values["schedule"], chunks=values["chunks-per-stage"],
                   microbatch_size=values["microbatch-size"], microbatches=values["microbatches"], vocab=values["vocab"],
@@ -177,7 +198,8 @@ def scenario_from(values: dict):
                   attention=values["attention"], precision=values["precision"],
                   shard_optimizer=values["shard-optimizer"], optimizer=values["optimizer"], overlap=values["overlap"],
                   dw_window=window, ranks_per_node=values["ranks-per-node"], memory_limit_gib=limit,
-                  implementation=values["implementation"])
+                  implementation=values["implementation"], first_stage_layers=values["first-stage-layers"],
+                  last_stage_layers=values["last-stage-layers"], context_parallel=values["context-parallel"])
     return sc, profile
 
 

@@ -8,7 +8,8 @@ parallelism, recompute, dtype, attention, optimizer sharding, overlap, the dW wi
 profile and ranks per node.
 
 **Time** (per rank and step): :func:`~fourd_mpi.perf.predict.predict` of one micro-batch (``B/m``
-sequences) through the fullest stage's ``ceil(L/p)`` blocks gives ``W``; less its exposed gradient
+sequences) through the fullest stage's blocks (``L/p``; uneven stages, :func:`fourd_mpi.perf.terms.stage_layers`:
+the most any stage holds) gives ``W``; less its exposed gradient
 synchronization ``S`` (Z reduce-scatters, Z and data all-reduces) and optimizer update ``U``, which
 run once per step, it is the slot ``t = W - S - U``, to which the last stage adds the LM head
 (:mod:`fourd_mpi.perf.vocab`: ``6 m h V/T`` FLOPs at the GEMM rate, the cross entropy's 6 passes of
@@ -25,6 +26,12 @@ when ``p > 1``: tied weights), blocking. With the ``axonn`` schedule the message
 ``b s h/G_x e`` bytes crosses the pipeline axis at its placement; with Megatron's scatter/gather
 optimisation (``1f1b``/``interleaved`` and ``G_y > 1``) each rank sends ``1/G_y`` of it and the
 receivers all-gather over Y.
+
+**Distributed optimizer** (``shard_optimizer="data"``, :mod:`fourd_mpi.perf.terms`): ``S``'s data-axis gradient
+all-reduces become reduce-scatters (hidden as they were) plus blocking all-gathers of the updated parameters.
+
+**FP8** (``dtype="float8"``, :mod:`fourd_mpi.perf.terms`): the blocks' GEMMs at the profile's FP8 rate, everything
+else (state, activations, messages, attention, the LM head) in BF16, plus Transformer Engine's FP8 weight cache.
 
 **Sequence parallelism** (Korthikanti et al. 2022, Megatron-like grids): each tensor-parallel
 all-reduce of ``S`` bytes becomes a reduce-scatter and an all-gather of ``S``: the wire volume is the
@@ -66,7 +73,7 @@ from typing import Any, Dict, List, Optional
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.perf import megatron_ddp, schedules, vocab, zero3_2021
+from fourd_mpi.perf import megatron_ddp, schedules, terms, vocab, zero3_2021
 from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement
 from fourd_mpi.perf.memory import (ALLOCATOR_MARGIN, GPU_RUNTIME_RESERVE_BYTES, activation_elements,
                                    block_saved_elements, comm_buffer_elements, block_elements, fc_weights,
@@ -88,7 +95,7 @@ MEGATRON_FORMULA = {"full": "96 B s l h^2 (1 + s/6h + V/16lh)", "none": "72 B s 
 CE_PASSES = 6
 SYNC_KEYS = (("data", "allreduce"), ("z", "reduce_scatter"), ("z", "allreduce"))
 #: whose code a scenario models: this suite's step, DeepSpeed's ZeRO-3 of 2021, Megatron-LM's local DDP of 2020-2021
-IMPLEMENTATIONS = ("fourd", zero3_2021.NAME, megatron_ddp.NAME)
+IMPLEMENTATIONS = ("fourd", zero3_2021.NAME, megatron_ddp.NAME, terms.PYTORCH_FSDP)
 
 
 @dataclass(frozen=True)
@@ -120,10 +127,21 @@ class Scenario:
     #: ``fourd`` (this suite's step) or ``deepspeed-2021`` (``fsdp`` only: DeepSpeed ZeRO-3 v0.3.13-v0.5.4's
     #: extra gathers and host copies, :mod:`fourd_mpi.perf.zero3_2021`)
     implementation: str = "fourd"
+    #: blocks of the first / the last stage (Megatron-LM's ``--decoder-first/last-pipeline-num-layers``); None:
+    #: :func:`fourd_mpi.perf.terms.stage_layers`'s default (balanced to one block, the first stages fuller)
+    first_stage_layers: Optional[int] = None
+    last_stage_layers: Optional[int] = None
+    #: ranks sharing each sequence (Megatron-LM's context parallelism, :mod:`fourd_mpi.perf.terms`)
+    context_parallel: int = 1
 
     @property
     def world(self) -> int:
-        return self.grid.size * self.stages
+        return self.grid.size * self.stages * self.context_parallel
+
+    @property
+    def stage_layers(self) -> tuple:
+        """Blocks per stage, first to last (:func:`fourd_mpi.perf.terms.stage_layers`)."""
+        return terms.stage_layers(self.model.layers, self.stages, self.first_stage_layers, self.last_stage_layers)
 
     def resolved(self) -> "Scenario":
         """The scenario with ``b`` and ``m`` both filled in, or a :class:`ConfigError` (one line)."""
@@ -150,6 +168,17 @@ class Scenario:
         return replace(self, microbatch_size=b, microbatches=m)
 
 
+def _stage_text(layers: tuple) -> str:
+    """``10 x 6, 2 x 5`` for ``(6,) * 10 + (5,) * 2``: runs of equal stages, first to last."""
+    runs: List[List[int]] = []
+    for n in layers:
+        if runs and runs[-1][1] == n:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, n])
+    return ", ".join(f"{k} x {n}" if k > 1 else str(n) for k, n in runs)
+
+
 def check(sc: Scenario) -> None:
     """One-line refusals: an unknown algorithm, a grid the algorithm pins otherwise, sizes that do not
     divide, a pipeline deeper than the model."""
@@ -167,8 +196,15 @@ def check(sc: Scenario) -> None:
         raise ConfigError(f"model {sc.model.name} needs the global batch: give --batch SEQUENCES")
     if sc.stages < 1 or sc.stages > sc.model.layers:
         raise ConfigError(f"--stages must be between 1 and the {sc.model.layers} layers, got {sc.stages}")
-    if sc.model.layers % sc.stages:
-        raise ConfigError(f"{sc.model.layers} layers do not split into {sc.stages} equal stages")
+    uneven = len(set(sc.stage_layers)) > 1  # refuses counts that do not add up
+    if uneven and sc.schedule == "interleaved":
+        raise ConfigError(f"--schedule interleaved needs equal stages (Megatron-LM refuses uneven ones): "
+                          f"{sc.model.layers} layers on {sc.stages} stages are {_stage_text(sc.stage_layers)}")
+    if sc.context_parallel < 1:
+        raise ConfigError(f"--context-parallel must be at least 1, got {sc.context_parallel}")
+    if sc.context_parallel > 1 and sc.attention != "fused":
+        raise ConfigError("--context-parallel runs flash attention on each K/V chunk (Megatron-LM with Transformer "
+                          "Engine): --attention fused")
     if sc.vocab < 0:
         raise ConfigError(f"--vocab must be 0 or more, got {sc.vocab}")
     tp = sc.grid.x * sc.grid.y
@@ -183,6 +219,9 @@ def check(sc: Scenario) -> None:
     if sc.implementation == megatron_ddp.NAME and sc.algorithm not in ("megatron1d", "dp"):
         raise ConfigError(f"--implementation {megatron_ddp.NAME} models Megatron-LM's data-parallel reduction: "
                           f"algorithm megatron1d or dp (got {sc.algorithm})")
+    if sc.implementation == terms.PYTORCH_FSDP and sc.algorithm != "fsdp":
+        raise ConfigError(f"--implementation {terms.PYTORCH_FSDP} models PyTorch FSDP's gradient accumulation: "
+                          f"algorithm fsdp (got {sc.algorithm})")
     if sc.implementation == zero3_2021.NAME and (sc.algorithm != "fsdp" or sc.stages != 1 or sc.grid.data != 1):
         raise ConfigError(f"--implementation {zero3_2021.NAME} models DeepSpeed's ZeRO-3 alone: algorithm fsdp, one "
                           f"stage, grid 1xNx1x1 (got {sc.algorithm}, {sc.stages} stage(s), grid {sc.grid})")
@@ -245,17 +284,34 @@ def megatron_flops(cfg: ModelConfig, vocab_size: int, recompute: str) -> float:
     return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
 
 
+def step_flops(cfg: ModelConfig, vocab_size: int, recompute: str) -> Dict[str, float]:
+    """FLOPs per step by convention (:func:`formulas`): Megatron's, hardware (recompute and the head included),
+    model (Megatron's 72 convention; with grouped-query attention or SwiGLU the actual weights' count)."""
+    head = vocab.head_flops(cfg.batch, cfg.seq, cfg.hidden, vocab_size)
+    model = cfg.flops_per_step() + head if _gqa_or_swiglu(cfg) else megatron_flops(cfg, vocab_size, "none")
+    return {"megatron": megatron_flops(cfg, vocab_size, "full" if recompute == "full" else "none"),
+            "hardware": cfg.hardware_flops_per_step(recompute) + head, "model": model}
+
+
+def _gqa_or_swiglu(cfg: ModelConfig) -> bool:
+    """Whether ``cfg`` has grouped-query attention or a SwiGLU MLP (Megatron's FLOP formula does not fit it)."""
+    return cfg.kv_heads not in (None, cfg.heads) or cfg.mlp != "gelu"
+
+
 def formulas(sc: Scenario) -> Dict[str, str]:
     conv = "full" if sc.recompute == "full" else "none"
+    model = ("6 B s l x block GEMM weights + 12 B s^2 l h + 6 B s h V" if _gqa_or_swiglu(sc.model)
+             else "72 B s l h^2 (1 + s/6h + V/12lh)")
     return {"megatron": f"Megatron FLOPs = {MEGATRON_FORMULA[conv]} (recompute {sc.recompute})",
             "hardware": "hardware FLOPs = executed GEMM + attention FLOPs with recompute + LM head 6 B s h V",
-            "model": "model FLOPs = 72 B s l h^2 (1 + s/6h + V/12lh) (no recompute counted; MFU)",
+            "model": f"model FLOPs = {model} (no recompute counted; MFU)",
             "pct_peak": "% of peak = 100 F / (t_step x GPUs x data-sheet peak of fourd_mpi/perf/peaks.py): MFU with "
                         "model FLOPs, HFU with hardware FLOPs",
-            "step": "step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb" + (
-                "" if sc.implementation == "fourd" else
-                "; deepspeed-2021: t += third gathers + gather loops, + persistent gather, S without LayerNorm "
-                "all-reduces (fourd_mpi/perf/zero3_2021.py)"),
+            "step": "step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb" + {
+                zero3_2021.NAME: "; deepspeed-2021: t += third gathers + gather loops, + persistent gather, S without "
+                                 "LayerNorm all-reduces (fourd_mpi/perf/zero3_2021.py)",
+                terms.PYTORCH_FSDP: "; pytorch-fsdp: the Z reduce-scatters in t (each micro-batch), not in S "
+                                    "(fourd_mpi/perf/terms.py)"}.get(sc.implementation, ""),
             "bubble": schedules.BUBBLE_FORMULA[sc.schedule] if sc.stages > 1 else "no pipeline: no bubble"}
 
 
@@ -276,8 +332,9 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     """Bytes per rank of ``stage`` by part (module docstring)."""
     cfg, grid, p = sc.model, sc.grid, sc.stages
     b, m, v = sc.microbatch_size, sc.microbatches, sc.chunks
-    e = dtype_bytes(sc.dtype)
-    layers = cfg.layers // p
+    store = terms.storage_dtype(sc.dtype)  # float8: BF16 storage (terms module docstring)
+    e = dtype_bytes(store)
+    layers = sc.stage_layers[stage]
     stage_cfg = replace(cfg, layers=layers)
     micro = replace(stage_cfg, batch=b * grid.data * grid.z, layers=1)
     tokens = b * cfg.seq
@@ -289,8 +346,9 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     emb = vocab.embedding_elements(cfg.hidden, sc.vocab, tp) if (first or last) else 0
     if sc.implementation == zero3_2021.NAME:  # zero.Init partitions every parameter, the embedding too
         emb = -(-emb // grid.z)
-    state = state_bytes(params + emb, grid, sc.dtype, sc.optimizer, sc.precision, sc.shard_optimizer)
-    passes = schedules.inflight_block_passes(sc.schedule, p, m, cfg.layers, v if sc.schedule == "interleaved" else 1,
+    state = state_bytes(params + emb, grid, store, sc.optimizer, sc.precision, sc.shard_optimizer)
+    # the schedule's in-flight micro-batches, each through this stage's own blocks (uneven stages: 1f1b, axonn)
+    passes = schedules.inflight_block_passes(sc.schedule, p, m, layers * p, v if sc.schedule == "interleaved" else 1,
                                              stage)
     # the [m, h/G_x] tensors a block keeps (4 of them when not recomputed) are split over Y with SP
     sp_saving = 4 * tokens * (hx - hx // sp) if sp > 1 else 0
@@ -308,20 +366,35 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
         activations += vocab.logits_bytes(tokens, sc.vocab, tp, e)
     overlap = OverlapConfig.parse(sc.overlap)
     comm = comm_buffer_elements(replace(stage_cfg, batch=b * grid.data * grid.z), grid, overlap, sc.dw_window) * e
-    if m > 1 and grid.z > 1:  # token-partial gradient sums before the reduce-scatter over Z
+    if m > 1 and grid.z > 1 and sc.implementation != terms.PYTORCH_FSDP:  # token-partial sums before the Z RS
         comm += sum(block_elements(n, k, t, grid) for _, n, k, t in fc_weights(stage_cfg, grid)) * layers * e
     if p > 1:
         comm += 2 * tokens * hx * e * (1 if first or last else 2)
     out = dict(state, activations=int(activations), comm_buffers=int(comm))
+    if sc.dtype == terms.FP8:  # Transformer Engine's FP8 weight cache
+        gemm_weights = sum(-(-block_elements(n, k, t, grid) // grid.z) for _, n, k, t in fc_weights(stage_cfg, grid))
+        out["fp8_weights"] = terms.fp8_weight_cache_bytes(gemm_weights * layers)
     out["total"] = sum(out.values())
     reserve = GPU_RUNTIME_RESERVE_BYTES if profile.backend == "cupy" else 0
     out["required"] = int(math.ceil(out["total"] * (1 + ALLOCATOR_MARGIN))) + reserve
     return out
 
 
+def _context_view(sc: Scenario) -> Scenario:
+    """``sc`` as every term but attention sees it under context parallelism (:func:`terms.context_parallel_view`)."""
+    cp = sc.context_parallel
+    if sc.model.batch is None:
+        return sc  # check() says what is missing
+    view = terms.context_parallel_view(sc.model.seq, sc.model.batch, sc.grid.data, cp)
+    return replace(sc, model=replace(sc.model, seq=view["seq"], batch=view["batch"]),
+                   grid=replace(sc.grid, data=view["data"]), context_parallel=1)
+
+
 def scenario_memory(sc: Scenario, profile: MachineProfile) -> Dict[str, int]:
     """Bytes per rank by part of the larger of the first and last stage (no time prediction: cheap, so a
     search can drop what does not fit before predicting it)."""
+    if sc.context_parallel > 1:
+        return scenario_memory(_context_view(sc), profile)
     sc = sc.resolved()
     first = _stage_memory(sc, 0, profile)
     last = _stage_memory(sc, sc.stages - 1, profile) if sc.stages > 1 else first
@@ -335,25 +408,36 @@ def fits_memory(sc: Scenario, profile: MachineProfile) -> bool:
 
 def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     """Predict one step of ``sc`` on ``profile`` (module docstring)."""
+    if sc.context_parallel > 1:
+        return _predict_context_parallel(sc, profile)
     sc = sc.resolved()
     cfg, grid, p = sc.model, sc.grid, sc.stages
     b, m = sc.microbatch_size, sc.microbatches
     v = sc.chunks if sc.schedule == "interleaved" else 1
-    e = dtype_bytes(sc.dtype)
+    store = terms.storage_dtype(sc.dtype)  # float8: FP8 GEMMs, BF16 everything else (terms module docstring)
+    gemm_dtype = sc.dtype if sc.dtype != store else None
+    e = dtype_bytes(store)
     overlap = OverlapConfig.parse(sc.overlap)
     rpn = sc.ranks_per_node or min(profile.ranks_per_node, sc.world)
     notes: List[str] = []
+    if gemm_dtype:
+        terms.check_fp8(profile)
+        notes.append(f"float8: the blocks' GEMMs at the profile's FP8 rate {profile.gemm_tflops(gemm_dtype):g} "
+                     f"TFLOP/s, everything else in {store}; % of peak against the FP8 data-sheet peak")
     peak = profile.peak_tflops(sc.dtype)
     if peak is None:
         raise ConfigError(f"machine profile {profile.name} has no data-sheet peak for {sc.dtype}: add "
                           f"compute.peak_tflops.{sc.dtype}")
-    # one slot: a micro-batch (B/m sequences in all) through one stage's L/p blocks
-    micro_cfg = replace(cfg, layers=cfg.layers // p, batch=cfg.batch // m)
-    micro = predict(micro_cfg, grid, profile, overlap, sc.dtype, "poll", sc.optimizer, rpn, sc.recompute,
-                    sc.attention, sc.precision, sc.shard_optimizer)
+    # one slot: a micro-batch (B/m sequences in all) through the fullest stage's blocks (L/p when even)
+    micro_cfg = replace(cfg, layers=max(sc.stage_layers), batch=cfg.batch // m)
+    if len(set(sc.stage_layers)) > 1:
+        notes.append(f"uneven stages: {_stage_text(sc.stage_layers)} blocks, first to last; each slot takes the "
+                     f"fullest stage's {max(sc.stage_layers)} (fourd_mpi/perf/terms.py)")
+    micro = predict(micro_cfg, grid, profile, overlap, store, "poll", sc.optimizer, rpn, sc.recompute,
+                    sc.attention, sc.precision, sc.shard_optimizer, gemm_dtype=gemm_dtype)
     sync = sum(micro.exposed_s.get(k, 0.0) for k in SYNC_KEYS)
-    comp = compute_time(micro_cfg, grid, profile, overlap, sc.dtype, rpn, sc.optimizer, recompute=sc.recompute,
-                        attention=sc.attention, precision=sc.precision)
+    comp = compute_time(micro_cfg, grid, profile, overlap, store, rpn, sc.optimizer, recompute=sc.recompute,
+                        attention=sc.attention, precision=sc.precision, gemm_dtype=gemm_dtype)
     update = comp["optimizer"]
     slot = micro.step_s - sync - update
     exposed: Dict[str, float] = {}
@@ -362,7 +446,7 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     ds: Dict[str, float] = {}
     if sc.implementation == zero3_2021.NAME:  # DeepSpeed 2021's ZeRO-3: all on Z, all blocking
         ds = zero3_2021.terms(micro_cfg, grid, profile, axis_placement(grid, rpn), rpn, axis_inner_products(grid),
-                              sc.dtype, sc.recompute, overlap)
+                              store, sc.recompute, overlap)
         ds["ln_grad_allreduce"] = min(ds["ln_grad_allreduce"], sync)  # priced as the sync term it replaces
         sync -= ds["ln_grad_allreduce"]
         slot += ds["regather"] + ds["gather_copies"]
@@ -380,9 +464,27 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
         old = micro.exposed_s.get(("data", "allreduce"), 0.0)
         sync += t_ddp - old
         exposed["data"] = exposed.get("data", 0.0) + t_ddp - old
+    fsdp: Dict[str, float] = {}
+    if sc.implementation == terms.PYTORCH_FSDP:  # reduce-scatter per micro-batch: from S into every slot
+        fsdp = terms.fsdp_microbatch_sync(micro.exposed_s.get(("z", "reduce_scatter"), 0.0), m)
+        sync -= fsdp["once"]
+        slot += fsdp["per_slot"]
+        exposed["z"] = exposed.get("z", 0.0) + fsdp["step"] - fsdp["once"]
+    dist: Dict[str, float] = {}
+    if sc.shard_optimizer == "data" and grid.data > 1 and not coalesced and sc.implementation != zero3_2021.NAME:
+        # the distributed optimizer: reduce-scatters in the all-reduces' place, hidden in the same proportion, and
+        # blocking all-gathers of the updated parameters (fourd_mpi/perf/terms.py)
+        times = terms.distributed_optimizer_times(micro_cfg, grid, overlap, store, profile, placement, rpn, inner)
+        old = micro.exposed_s.get(("data", "allreduce"), 0.0)
+        grads = max(0.0, old - times["loss"])  # the exposed gradient all-reduces (the loss's is blocking)
+        dist = {"reduce_scatter": grads * times["reduce_scatter"] / times["allreduce"] if times["allreduce"] else 0.0,
+                "allgather": times["allgather"]}
+        change = dist["reduce_scatter"] + dist["allgather"] - grads
+        sync += change
+        exposed["data"] = exposed.get("data", 0.0) + change
     t_head = t_head_comm = 0.0
     if sc.vocab:
-        rate = gemm_rate_tflops(profile, sc.dtype, notes) * 1e12
+        rate = gemm_rate_tflops(profile, store, notes) * 1e12  # the head is not an FP8 layer
         t_head = vocab.head_flops_per_rank(tokens, cfg.hidden, sc.vocab, tp) / rate
         t_head += CE_PASSES * tokens * (sc.vocab // tp) * 4 / profile.mem_bandwidth
         for axis, op, size, nbytes in vocab.microbatch_collectives(tokens, cfg.hidden, grid.x, grid.y, e):
@@ -446,27 +548,70 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     memory, which = (mem_first, "first") if mem_first["required"] >= mem_last["required"] else (mem_last, "last")
     if p == 1:
         which = "only"
-    head = vocab.head_flops(cfg.batch, cfg.seq, cfg.hidden, sc.vocab)
-    flops = {"megatron": megatron_flops(cfg, sc.vocab, "full" if sc.recompute == "full" else "none"),
-             "hardware": cfg.hardware_flops_per_step(sc.recompute) + head,
-             "model": megatron_flops(cfg, sc.vocab, "none")}
+    flops = step_flops(cfg, sc.vocab, sc.recompute)
     if cfg.ffn_hidden != 4 * cfg.hidden:
         notes.append(f"ffn {cfg.ffn_hidden} is not 4h: Megatron's formula assumes it (the hardware count does not)")
+    if _gqa_or_swiglu(cfg):
+        notes.append("grouped-query attention / SwiGLU: Megatron's formula assumes 3h QKV and two h x f MLP GEMMs; "
+                     "model and hardware FLOPs count the actual weights")
     for n in micro.notes + profile.notes:
         if n not in notes:
             notes.append(n)
-    terms = {"slot_blocks": slot, "slot_head": t_head, "slot_head_comm": t_head_comm, "slot_p2p": t_p2p,
-             "optimizer": update, "grad_sync": sync, "embedding_sync": t_emb, "pipeline_critical": critical,
-             # the compute per step by kind (diagnosis: which term makes an error): the blocks' GEMMs,
-             # attention, memory-bound work and kernel launches over m micro-batches; the head; the update
-             "step_gemm": comp["gemm"] * m, "step_attention": comp["attention"] * m,
-             "step_elementwise": (comp["elementwise"] + comp["calls"] - comp["optimizer"]) * m,
-             "step_head": t_head * m}
+    step_terms = {"slot_blocks": slot, "slot_head": t_head, "slot_head_comm": t_head_comm, "slot_p2p": t_p2p,
+                  "optimizer": update, "grad_sync": sync, "embedding_sync": t_emb, "pipeline_critical": critical,
+                  # the compute per step by kind (diagnosis: which term makes an error): the blocks' GEMMs,
+                  # attention, memory-bound work and kernel launches over m micro-batches; the head; the update
+                  "step_gemm": comp["gemm"] * m, "step_attention": comp["attention"] * m,
+                  "step_elementwise": (comp["elementwise"] + comp["calls"] - comp["optimizer"]) * m,
+                  "step_head": t_head * m}
+    if fsdp:  # PyTorch FSDP's reduce-scatters (per step, part of slot_blocks)
+        step_terms["fsdp_reduce_scatter"] = fsdp["step"]
+    if dist:  # the distributed optimizer's exposed collectives (per step, part of grad_sync)
+        step_terms.update({"dist_opt_reduce_scatter": dist["reduce_scatter"], "dist_opt_allgather": dist["allgather"]})
     if ds:  # DeepSpeed 2021's ZeRO-3 (per step): third gathers, copy loops, LayerNorm all-reduces taken away
-        terms.update({"zero3_regather": ds["regather"] * m, "zero3_gather_copies": ds["gather_copies"] * m,
-                      "zero3_persistent_gather": ds["persistent_gather"],
-                      "zero3_ln_allreduce_removed": ds["ln_grad_allreduce"]})
-    return ScenarioResult(sc, step, compute, exposed, bubble, memory, which, flops, peak, terms, notes)
+        step_terms.update({"zero3_regather": ds["regather"] * m, "zero3_gather_copies": ds["gather_copies"] * m,
+                           "zero3_persistent_gather": ds["persistent_gather"],
+                           "zero3_ln_allreduce_removed": ds["ln_grad_allreduce"]})
+    return ScenarioResult(sc, step, compute, exposed, bubble, memory, which, flops, peak, step_terms, notes)
+
+
+def _predict_context_parallel(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
+    """:func:`predict_scenario` with ``cp > 1``: the view's prediction (:func:`_context_view`) plus, in every slot,
+    the attention of the whole sequence (``cp - 1`` more times the chunk's) and the exposed part of the K/V ring
+    (:mod:`fourd_mpi.perf.terms`, "Context parallelism"); FLOPs of the original model."""
+    check(sc)
+    cp, cfg, grid = sc.context_parallel, sc.model, sc.grid
+    r = predict_scenario(_context_view(sc), profile)
+    view = r.scenario
+    b, m, p = view.microbatch_size, view.microbatches, sc.stages
+    attention = r.terms["step_attention"] / m  # one slot's attention over the rank's own chunk
+    e = dtype_bytes(terms.storage_dtype(sc.dtype))
+    msg = terms.context_parallel_kv_bytes(b * view.model.seq, cfg.hidden, cfg.heads, cfg.kv_head_count, grid.y, e)
+    rpn = sc.ranks_per_node or min(profile.ranks_per_node, sc.world)
+    stride = grid.x * grid.y * grid.z  # Megatron-LM's order: tensor ranks innermost, then context ranks
+    level = "intra" if stride * cp <= rpn else "inter"
+    if profile.has_network:
+        t_msg = profile.network_time("allgather", 2, 2 * msg, stride, level, rpn)
+    else:
+        from fourd_mpi.perf.pipeline import message_time
+
+        t_msg = message_time(profile, level, msg)
+    ring = max(sc.stage_layers) * terms.context_parallel_ring_messages(cp, sc.recompute) * t_msg
+    extra_attention = (cp - 1) * attention
+    exposed_ring = terms.context_parallel_exposed(ring, cp * attention)
+    slots = schedules.bubble_slots(sc.schedule, p, sc.chunks) if p > 1 else 0.0
+    per_slot = extra_attention + exposed_ring
+    exposed = dict(r.exposed_s)
+    exposed["context"] = exposed_ring * m
+    flops = step_flops(cfg, sc.vocab, sc.recompute)
+    step_terms = dict(r.terms, cp_attention=extra_attention * m, cp_ring_exposed=exposed_ring * m,
+                      step_attention=r.terms["step_attention"] * cp)
+    notes = [f"context parallel {cp}: {view.model.seq} tokens of each sequence per rank; every slot adds the rest of "
+             f"the sequence's attention and the K/V ring's exposed part (fourd_mpi/perf/terms.py)"] + r.notes
+    resolved = replace(sc, microbatch_size=b, microbatches=m)
+    return ScenarioResult(resolved, r.step_s + per_slot * (m + slots), r.compute_s + extra_attention * m, exposed,
+                          r.bubble_s + per_slot * slots, r.memory, r.memory_stage, flops, r.peak_tflops, step_terms,
+                          notes)
 
 
 def format_result(r: ScenarioResult, profile: MachineProfile) -> str:
@@ -474,9 +619,12 @@ def format_result(r: ScenarioResult, profile: MachineProfile) -> str:
     sc = r.scenario
     cfg = sc.model
     lines = [f"# fourd-mpi model predict: {profile.describe()}",
-             f"# model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
+             f"# model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}"
+             f"{f' ({cfg.kv_heads} K/V)' if cfg.kv_heads not in (None, cfg.heads) else ''}, ffn {cfg.ffn_hidden}"
+             f"{f' {cfg.mlp}' if cfg.mlp != 'gelu' else ''}, "
              f"seq {cfg.seq}, vocab {sc.vocab}, global batch {cfg.batch}",
-             f"# {sc.algorithm}: grid {sc.grid} (G_data x G_z x G_y x G_x) x {sc.stages} stage(s) = {r.gpus} GPUs, "
+             f"# {sc.algorithm}: grid {sc.grid} (G_data x G_z x G_y x G_x) x {sc.stages} stage(s)"
+             f"{f' x {sc.context_parallel} context-parallel' if sc.context_parallel > 1 else ''} = {r.gpus} GPUs, "
              f"{sc.ranks_per_node or min(profile.ranks_per_node, r.gpus)} per node; schedule {sc.schedule}"
              f"{f' v={sc.chunks}' if sc.schedule == 'interleaved' else ''}; micro-batch {sc.microbatch_size} x "
              f"{sc.microbatches}; {sc.dtype} ({sc.precision or 'default'} precision), recompute {sc.recompute}, "

@@ -287,6 +287,7 @@ class RunOptions:
 
     def as_dict(self) -> Dict:
         d = asdict(self)
+        d["model"] = self.model.as_dict()  # the model-only fields (kv_heads, mlp) only when set
         d["grid"] = {"data": self.grid.data, "z": self.grid.z, "y": self.grid.y, "x": self.grid.x}
         return d
 

@@ -166,7 +166,7 @@ def test_scenario_refusals_are_one_line():
     prof = load_profile("dgx-a100")
     for sc, text in [
         (Scenario(GPT, GridShape(2, 1, 2, 2), "dgx-a100", algorithm="megatron1d"), "pins G_x = 1"),
-        (Scenario(GPT, GridShape(2, 1, 4, 1), "dgx-a100", stages=3), "do not split into 3 equal stages"),
+        (Scenario(GPT, GridShape(2, 1, 4, 1), "dgx-a100", stages=3, schedule="interleaved"), "needs equal stages"),
         (Scenario(GPT, GridShape(2, 1, 4, 1), "dgx-a100", microbatch_size=3), "not a multiple of the micro-batch"),
         (Scenario(GPT, GridShape(2, 1, 4, 1), "dgx-a100", algorithm="optimus3d"), "covers the algorithms"),
     ]:
@@ -176,7 +176,8 @@ def test_scenario_refusals_are_one_line():
 
 # --- profiles ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["dgx-a100", "dgx-a100-40gb", "dgx-h100", "alps-gh200", "perlmutter", "frontier"])
+@pytest.mark.parametrize("name", ["dgx-a100", "dgx-a100-40gb", "dgx-h100", "h100-roce", "alps-gh200", "perlmutter",
+                                  "frontier"])
 def test_gpu_profiles_cite_every_constant_and_agree_on_fp16_and_bf16(name):
     prof = load_profile(name)
     rates = prof.data["compute"]["gemm_tflops"]
@@ -396,7 +397,8 @@ def test_model_predict_cli_json_config_and_refusals(tmp_path):
     assert set(doc["memory_bytes"]) >= {"weights", "gradients", "master", "optimizer", "activations", "comm_buffers"}
     text = cli("model", "predict", "--config", conf, "--stages", "3")  # the command line wins
     assert text.returncode == 0 and "x 3 stage(s)" in text.stdout and "% of 312 TFLOP/s peak" in text.stdout
-    for args, msg in [(("--grid", "16x1x8x1", "--stages", "5"), "do not split into 5 equal stages"),
+    for args, msg in [(("--grid", "16x1x8x1", "--stages", "5", "--first-stage-layers", "8", "--last-stage-layers", "8"),
+                       "not an equal whole number"),
                       (("--batch", "8"), "needs --grid"),
                       (("--grid", "1x1x8x1", "--batch", "8", "--profile", "nope"), "unknown machine profile"),
                       (("--config", tmp_path / "missing.yaml", "--grid", "1x1x1x1"), "cannot read predict config")]:
