@@ -34,7 +34,7 @@ ONLINE = {
     "fourd_mpi.run.build", "fourd_mpi.run.session", "fourd_mpi.run.verify", "fourd_mpi.algorithms.tensor4d",
     "fourd_mpi.algorithms.pipeline", "fourd_mpi.core.p2p",
     "fourd_mpi.algorithms.optimus3d", "fourd_mpi.algorithms.optimus_layers",
-    "fourd_mpi.perf.collbench",
+    "fourd_mpi.run.collbench",
 }
 
 
