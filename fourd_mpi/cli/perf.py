@@ -328,7 +328,7 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
 # -- model calibrate | validate ---------------------------------------------------------------
 
 def _register_model(sub) -> None:
-    from fourd_mpi.perf.validate import DEFAULT_FIT_TERMS
+    from fourd_mpi.analysis.model_check import DEFAULT_FIT_TERMS
 
     p = sub.add_parser("model", help="the performance model: predict a forced configuration, hold it against "
                                      "published results, calibrate and validate it against traces (one process)")
@@ -563,7 +563,7 @@ def cmd_model(args, world=None) -> int:
         return _cmd_calibrate(args)
     from fourd_mpi.analysis.tables import collect_or_fail
     from fourd_mpi.jobs.sites import resolve_profile
-    from fourd_mpi.perf.validate import report, validate
+    from fourd_mpi.analysis.model_check import report, validate
 
     refuse_output(args.output, args.force, inputs=named_inputs(args.paths + [args.profile or ""]))
     profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
@@ -582,7 +582,7 @@ def _cmd_calibrate(args) -> int:
 
     from fourd_mpi.analysis.tables import collect_or_fail, format_table
     from fourd_mpi.perf.machine import TERMS, load_profile
-    from fourd_mpi.perf.validate import calibrate
+    from fourd_mpi.analysis.model_check import calibrate
 
     terms = parse_list(args.terms, TERMS, "--terms")  # checked before any trace is read
     refuse_output(args.output, args.force, inputs=named_inputs(args.paths + [args.profile or ""]))
