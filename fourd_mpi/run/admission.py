@@ -93,7 +93,7 @@ def largest_shard(cfg: ModelConfig, grid: GridShape) -> int:
 
 
 def memory_need(options, attention: str = "unfused") -> MemoryNeed:
-    """The estimate per rank of :class:`~fourd_mpi.run.options.RunOptions` ``options`` (pure); ``attention``:
+    """The estimate per rank of :class:`~fourd_mpi.algorithms.runoptions.RunOptions` ``options`` (pure); ``attention``:
     the kernels that will run (``unfused`` keeps the score matrix; a fused mode only a row statistic)."""
     cfg, grid = options.model, options.grid
     family = get_algorithm(options.algorithm).family
