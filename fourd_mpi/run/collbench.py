@@ -1231,7 +1231,6 @@ def format_result(result: Dict, fmt: str) -> str:
     raise ConfigError(f"--format must be table, csv or json, got {fmt!r}")
 
 
-
 def mpi_library() -> str:
     """The MPI library that measured (the first line of ``MPI_Get_library_version``): the profile's
     ``calibration.mpi`` (:func:`fourd_mpi.perf.calibration.build_profile`)."""
