@@ -234,7 +234,7 @@ def model_problems(algorithm: Algorithm, cfg: ModelConfig, grid) -> List[str]:
 
 def _base_options(cfg: ModelConfig, ranks: int, algorithm: Algorithm, dtype: str):
     """Resolved-looking run options for the algorithm's pure checks (no validation of their own)."""
-    from fourd_mpi.run.options import RunOptions
+    from fourd_mpi.algorithms.runoptions import RunOptions
 
     return RunOptions(model=cfg, grid=GridShape(ranks, 1, 1, 1), algorithm=algorithm.name, dtype=dtype)
 

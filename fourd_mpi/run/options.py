@@ -19,21 +19,20 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from fourd_mpi.algorithms.pipeline_plan import SCHEDULES as PIPELINE_SCHEDULES
 from fourd_mpi.algorithms.registry import ALGORITHMS, DEFAULT_ALGORITHM
 from fourd_mpi.algorithms.registry import get as get_algorithm
+from fourd_mpi.algorithms.runoptions import RunOptions
 from fourd_mpi.core.backend import BACKENDS, DEVICE_BUFFER_MODES, DTYPES, check_dtype_options
 from fourd_mpi.step.fusedattention import ATTENTION_MODES
-from fourd_mpi.core.grid import GridShape
 from fourd_mpi.core.progress import PROGRESS_STRATEGIES
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.display import DISPLAYS
 from fourd_mpi.step.optim import OPTIMIZERS
-from fourd_mpi.step.overlap import OverlapConfig
-from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model
+from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, resolve_model
 from fourd_mpi.trace.events import LEVELS
 from fourd_mpi.util.values import (axis_size, batch_size, byte_size, data_batch_count, group_size, head_count,
                                    layer_count, number, poll_flops_value, positive_float, repeat_count, run_seed, seq_length, step_count,
@@ -239,57 +238,6 @@ def lookup(name: str, where: str) -> Option:
 def defaults() -> Dict[str, Any]:
     """``{dest: default}`` of every option."""
     return {o.dest: o.default for o in RUN_OPTIONS}
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """Everything that defines a run (stored with results by later tools)."""
-
-    model: ModelConfig
-    grid: GridShape
-    #: ``--algorithm`` (:mod:`fourd_mpi.algorithms.registry`)
-    algorithm: str = DEFAULT_ALGORITHM
-    #: ``--algorithm pipeline``: stages (``grid`` is then each stage's 4D grid), micro-batches per batch
-    #: shard, schedule (:mod:`fourd_mpi.algorithms.pipeline_plan`)
-    ginter: int = 1
-    microbatches: int = 1
-    pipeline_schedule: str = "axonn"
-    dtype: str = "float32"
-    backend: str = "auto"
-    device_buffers: str = "auto"
-    #: ``--attention`` as given (:data:`~fourd_mpi.step.fusedattention.ATTENTION_MODES`; what ran: the backend's)
-    attention: str = "auto"
-    #: float32 GEMMs in TF32 on tensor cores (cupy backend only)
-    tf32: bool = False
-    seed: int = 0
-    optimizer: str = "adam"
-    lr: Optional[float] = None
-    #: bytes each rank may use (None: measured; 0: no admission check), :mod:`fourd_mpi.run.admission`
-    memory_limit: Optional[int] = None
-    cache_weights: bool = False
-    steps: int = 10
-    warmup: int = 1
-    #: distinct synthetic batches prepared before the steps (step i uses batch i mod data_batches)
-    data_batches: int = 4
-    overlap: str = "none"
-    prefetch_depth: int = 1
-    chunks: int = 2
-    progress: str = "poll"
-    #: ``"auto"`` or FLOPs per chunk (:class:`fourd_mpi.core.progress.AutoChunk`)
-    poll_flops: Union[str, float] = "auto"
-    check_buffers: bool = False
-    #: activation recompute: none, selective, full (:data:`~fourd_mpi.step.presets.RECOMPUTE_MODES`)
-    recompute: str = "none"
-
-    def overlap_config(self) -> OverlapConfig:
-        text = self.overlap + (",cache" if self.cache_weights else "")
-        return OverlapConfig.parse(text, prefetch_depth=self.prefetch_depth, chunks=self.chunks)
-
-    def as_dict(self) -> Dict:
-        d = asdict(self)
-        d["model"] = self.model.as_dict()  # the model-only fields (kv_heads, mlp) only when set
-        d["grid"] = {"data": self.grid.data, "z": self.grid.z, "y": self.grid.y, "x": self.grid.x}
-        return d
 
 
 #: RunOptions fields that come straight from an option of the same name

@@ -1,4 +1,6 @@
-"""``fourd-mpi model validate TRACES...``: the performance model against measured runs.
+"""``fourd-mpi model validate TRACES...`` and ``model calibrate``: the performance model (:mod:`fourd_mpi.perf`,
+pure) checked against, and its term weights fitted to, measured runs (traces read by :mod:`fourd_mpi.trace`,
+measured by :mod:`fourd_mpi.analysis.tables`): a check of the model, so it sits above both.
 
 For every trace the configuration (model, grid, overlap options, progress, dtype) comes from its
 metadata (``run_options``), the measurement from :func:`fourd_mpi.analysis.tables.runs_table` (median step
