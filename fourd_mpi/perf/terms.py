@@ -237,7 +237,8 @@ def framework_efficiency(implementation: str) -> Dict[str, object]:
     framework_efficiency.yaml``, where each value must come from a published measurement of that framework that
     is not one of the results it predicts (the file says what was searched; today every factor is 1.0, labelled
     "not measured"). A framework missing from the file: factor 1.0, not measured."""
-    entry = _framework_table().get(implementation, {"factor": 1.0, "measured": False, "source": "not in the framework table"})
+    missing = {"factor": 1.0, "measured": False, "source": "not in the framework table"}
+    entry = _framework_table().get(implementation, missing)
     factor = float(entry["factor"])
     if not factor > 0:
         raise ConfigError(f"{FRAMEWORK_EFFICIENCY_FILE}: the factor of {implementation} must be positive, got {factor}")

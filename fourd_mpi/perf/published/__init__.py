@@ -360,6 +360,7 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
     """The text of ``model published``."""
     lines = ["# fourd-mpi model published: the model against published end-to-end results (nothing fitted to them)",
              "# metric: Megatron's 96 B s l h^2 (1 + s/6h + V/16lh) FLOPs / (t_step x GPUs) [/ peak for % of peak]; "
+             "mfu_pct: model FLOPs 6 B s l x block GEMM weights + 12 B s^2 l h + 6 B s h V / (t_step x GPUs x peak); "
              "ratio = predicted / published; error = |ratio - 1|",
              ""]
     table = [("dataset", "point", "GPUs", "configuration", "metric", "published", "predicted", "ratio", "mem GiB",
