@@ -30,7 +30,8 @@ from fourd_mpi.step.presets import ModelConfig, model_problems
 from fourd_mpi.util.table import render
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DATASETS = ("narayanan_sc21", "axonn_sc24", "narayanan_sc21_table2", "megatron_readme_2020", "llama3_405b")
+DATASETS = ("narayanan_sc21", "axonn_sc24", "narayanan_sc21_table2", "megatron_readme_2020", "llama3_405b",
+            "megascale_megatron")
 #: the set issue 30's targets apply to (Table 1 and AxoNN's flagship); the other datasets are reported
 #: beside it with their own summaries
 TARGET_SET = ("narayanan_sc21", "axonn_sc24")
