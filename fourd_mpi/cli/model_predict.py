@@ -85,7 +85,8 @@ def register(msub) -> None:
                                             "Tables 1 and 2, its README of 2020, AxoNN SC'24), the memory and the "
                                             "ranking claims (offline)")
     pub.add_argument("--dataset", default="all", metavar="NAME",
-                     help="narayanan_sc21, axonn_sc24, narayanan_sc21_table2, megatron_readme_2020 or all (default)")
+                     help="narayanan_sc21, axonn_sc24, narayanan_sc21_table2, megatron_readme_2020, llama3_405b, "
+                          "megascale_megatron or all (default)")
     pub.add_argument("--no-claims", action="store_true", help="leave out the ranking claims")
     add_json_format(pub, PUBLISHED_JSON)
 

@@ -440,6 +440,14 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
                         attention=sc.attention, precision=sc.precision, gemm_dtype=gemm_dtype)
     update = comp["optimizer"]
     slot = micro.step_s - sync - update
+    # the per-framework GEMM efficiency (fourd_mpi/perf/terms.py, framework_efficiency): t_gemm / f in every slot
+    fw = terms.framework_efficiency(sc.implementation)
+    gemm = terms.framework_gemm_time(comp["gemm"], fw["factor"])
+    slot += gemm - comp["gemm"]
+    if sc.implementation != "fourd":
+        notes.append(f"framework GEMM efficiency of {sc.implementation}: x {fw['factor']:.2f} on the profile's GEMM rate"
+                     f" ({'measured' if fw['measured'] else 'not measured'}: {fw['source']}; "
+                     f"fourd_mpi/perf/published/framework_efficiency.yaml)")
     exposed: Dict[str, float] = {}
     for (axis, op), t in micro.exposed_s.items():
         exposed[axis] = exposed.get(axis, 0.0) + t * (1 if (axis, op) in SYNC_KEYS else m)
@@ -540,7 +548,7 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     if p > 1:
         exposed["pipeline"] = exposed.get("pipeline", 0.0) + t_p2p * m + critical
     step = full_slot * m + bubble + update + sync + t_emb + critical + ds.get("persistent_gather", 0.0)
-    compute = (micro.compute_s - update) * m + update + t_head * m
+    compute = (micro.compute_s - update + gemm - comp["gemm"]) * m + update + t_head * m
     if not math.isfinite(step) or step <= 0:
         raise ConfigError(f"the model gave a non-finite step time for {sc.grid}: {step}")
     mem_first = _stage_memory(sc, 0, profile)
@@ -561,7 +569,7 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
                   "optimizer": update, "grad_sync": sync, "embedding_sync": t_emb, "pipeline_critical": critical,
                   # the compute per step by kind (diagnosis: which term makes an error): the blocks' GEMMs,
                   # attention, memory-bound work and kernel launches over m micro-batches; the head; the update
-                  "step_gemm": comp["gemm"] * m, "step_attention": comp["attention"] * m,
+                  "step_gemm": gemm * m, "step_attention": comp["attention"] * m,
                   "step_elementwise": (comp["elementwise"] + comp["calls"] - comp["optimizer"]) * m,
                   "step_head": t_head * m}
     if fsdp:  # PyTorch FSDP's reduce-scatters (per step, part of slot_blocks)

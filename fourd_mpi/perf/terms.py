@@ -67,6 +67,8 @@ hidden behind that attention while it lasts longer (:func:`context_parallel_expo
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Dict, Optional, Tuple
 
 from fourd_mpi.errors import ConfigError
@@ -223,3 +225,38 @@ def context_parallel_exposed(t_ring: float, t_attention: float) -> float:
     (``t_attention``, the full-sequence attention of the rank's queries): ``max(0, t_ring - t_attention)`` (Liu et al.
     2023, Ring Attention, section 3: hidden while a block's compute outlasts its transfer)."""
     return max(0.0, t_ring - t_attention)
+
+
+#: the data file of the per-framework GEMM efficiency (:func:`framework_efficiency`)
+FRAMEWORK_EFFICIENCY_FILE = "published/framework_efficiency.yaml"
+
+
+def framework_efficiency(implementation: str) -> Dict[str, object]:
+    """The per-framework GEMM efficiency of ``implementation`` (``Scenario.implementation``; fourd_mpi issue 45,
+    item 4): ``{"factor": f, "measured": bool, "source": str}`` from ``fourd_mpi/perf/published/
+    framework_efficiency.yaml``, where each value must come from a published measurement of that framework that
+    is not one of the results it predicts (the file says what was searched; today every factor is 1.0, labelled
+    "not measured"). A framework missing from the file: factor 1.0, not measured."""
+    missing = {"factor": 1.0, "measured": False, "source": "not in the framework table"}
+    entry = _framework_table().get(implementation, missing)
+    factor = float(entry["factor"])
+    if not factor > 0:
+        raise ConfigError(f"{FRAMEWORK_EFFICIENCY_FILE}: the factor of {implementation} must be positive, got {factor}")
+    return {"factor": factor, "measured": bool(entry["measured"]), "source": str(entry["source"])}
+
+
+def framework_gemm_time(gemm_s: float, factor: float) -> float:
+    """The blocks' GEMM time at a framework's efficiency ``f`` on the profile's sustained rate ``R``: the GEMMs run
+    at ``f R``, so ``t' = F / (f R) = t / f`` (``t`` at ``R``). Known answer: 0.3 s at f = 0.75 -> 0.4 s. Only the
+    GEMMs change (attention, memory-bound work and the LM head keep their rates), and the overlap windows that
+    hide communication keep their length (a slower GEMM hides no more: conservative)."""
+    return gemm_s / factor
+
+
+@functools.lru_cache(maxsize=None)
+def _framework_table() -> Dict[str, Dict[str, object]]:
+    """The ``frameworks`` mapping of :data:`FRAMEWORK_EFFICIENCY_FILE`, read once per process."""
+    import yaml
+
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), FRAMEWORK_EFFICIENCY_FILE)) as fh:
+        return yaml.safe_load(fh)["frameworks"]
