@@ -22,9 +22,9 @@ name              what it is                              fixed axes
 ``pipeline``      AxoNN inter-layer pipeline x 4D         none (``--ginter`` stages)
 ================  =====================================  ==========================
 
-Only ``pipeline`` splits the world before the 4D grid (its family's ``splitter``): :meth:`Algorithm.tensor_world` gives the
-ranks of one 4D grid (``world / G_inter``); every other algorithm refuses ``--ginter`` or
-``--microbatches`` above 1.
+Only ``pipeline`` splits the world before the 4D grid (its family's ``splitter``):
+:meth:`Algorithm.tensor_world` gives the ranks of one 4D grid (``world / G_inter``); every other
+algorithm refuses ``--ginter`` or ``--microbatches`` above 1.
 
 With ``G_x = G_z = 1`` a normal layer stores ``W[n/G_y, k]`` (column-parallel) and a
 transposed layer ``W[n, k/G_y]`` with its forward all-reduce over Y (row-parallel): exactly
