@@ -1,4 +1,8 @@
-"""The algorithm registry: names, titles, grid constraints and the module that builds each one.
+"""The algorithm registry: names, titles and grid constraints of each ``--algorithm``, and its family.
+
+What an algorithm shares with its family (the module that runs it, the pure checks, the model's hooks)
+is one record of :mod:`fourd_mpi.algorithms.families`; an :class:`Algorithm` keeps only what differs
+between the algorithms of one family, and its methods read the family's hooks.
 
 Pure (no MPI, no array library): :func:`fourd_mpi.run.options.resolve` applies
 :meth:`Algorithm.constrain` and :meth:`Algorithm.check` on every rank before any collective, so a
@@ -18,9 +22,9 @@ name              what it is                              fixed axes
 ``pipeline``      AxoNN inter-layer pipeline x 4D         none (``--ginter`` stages)
 ================  =====================================  ==========================
 
-Only ``pipeline`` splits the world before the 4D grid: :meth:`Algorithm.tensor_world` gives the
-ranks of one 4D grid (``world / G_inter``); every other algorithm refuses ``--ginter`` or
-``--microbatches`` above 1.
+Only ``pipeline`` splits the world before the 4D grid (its family's ``splitter``):
+:meth:`Algorithm.tensor_world` gives the ranks of one 4D grid (``world / G_inter``); every other
+algorithm refuses ``--ginter`` or ``--microbatches`` above 1.
 
 With ``G_x = G_z = 1`` a normal layer stores ``W[n/G_y, k]`` (column-parallel) and a
 transposed layer ``W[n, k/G_y]`` with its forward all-reduce over Y (row-parallel): exactly
@@ -32,20 +36,19 @@ Inference: with none of its free axes given, a baseline puts every rank on its c
 before, gives the rest to the data axis. Giving one free axis (``--gdata 2``) lets the other take the rest.
 
 ``optimus3d`` (:mod:`fourd_mpi.algorithms.optimus3d`) is not a preset of the 4D layers: its grid is a
-cube (``shaper``: :func:`fourd_mpi.algorithms.cube.cube_shape` infers ``q`` and ``G_data`` from the world
-size) and its model has other divisibility rules (``model_checker``:
+cube (its family's ``shaper``: :func:`fourd_mpi.algorithms.cube.cube_shape` infers ``q`` and ``G_data`` from
+the world size) and its model has other divisibility rules (``model_checker``:
 :func:`fourd_mpi.algorithms.cube.model_problems`, replacing the 4D rules of
 :func:`fourd_mpi.step.presets.model_problems`).
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
-from fourd_mpi.algorithms import pipeline_plan
-from fourd_mpi.algorithms import cube
+from fourd_mpi.algorithms import families
+from fourd_mpi.algorithms.families import Family
 from fourd_mpi.core.grid import GridShape, infer_grid_shape
 from fourd_mpi.errors import ConfigError
 
@@ -58,35 +61,27 @@ class Algorithm:
     """One entry of ``--algorithm``.
 
     name: the value of ``--algorithm``; title: printed in run headers, tables and plots;
-    family: which implementation runs it (``impl``, a module path imported only when a run is built);
-    fixed: axes this algorithm pins to a size (``{"x": 1, "z": 1}``); reference: where it comes from;
-    checker: pure cross-checks of the resolved options (``checker(algorithm, options)``, raises
-    :class:`ConfigError`), defined in a module that imports neither MPI nor the step.
-    shaper: pure ``shaper(world_size, grid_sizes) -> GridShape`` for a grid that is not a free
-    factorization (a cube); None: :meth:`constrain` then :func:`~fourd_mpi.core.grid.infer_grid_shape`.
-    model_checker: pure ``model_checker(model, grid) -> [sentence]`` replacing the 4D model rules
-    (:func:`fourd_mpi.step.presets.model_problems`) for an algorithm with other layouts.
-    describer: pure ``describer(grid) -> text`` for the header line's parentheses (how the algorithm uses the grid).
+    family: the name of its :class:`~fourd_mpi.algorithms.families.Family` (which module runs it, its pure
+    checks and model hooks: :attr:`spec`); reference: where it comes from;
+    fixed: axes this algorithm pins to a size (``{"x": 1, "z": 1}``).
     """
 
     name: str
     title: str
     family: str
-    impl: str
     reference: str
     fixed: Mapping[str, int] = field(default_factory=dict)
-    checker: Optional[Callable] = None
     #: the usual name, for plot legends and short table cells ("Megatron-LM 1D"); default: ``name``
     label: str = ""
     #: the axis that takes every rank when none of the free axes is given (``megatron1d``: all ranks
     #: tensor-parallel over Y, ``fsdp``: all sharded over Z); ``data`` as in :func:`~fourd_mpi.core.grid.infer_grid_shape`
     infer: str = "data"
-    #: pure ``splitter(algorithm, world_size, values) -> ranks of one 4D grid`` for algorithms that split
-    #: the world before the 4D grid (``values``: option values keyed by dest); None: the whole world
-    splitter: Optional[Callable] = None
-    shaper: Optional[Callable] = None
-    model_checker: Optional[Callable] = None
-    describer: Optional[Callable] = None
+
+    @property
+    def spec(self) -> Family:
+        """The family record (:data:`fourd_mpi.algorithms.families.FAMILIES`); a :class:`ConfigError` when
+        the family is not registered."""
+        return families.get(self.family)
 
     @property
     def display(self) -> str:
@@ -95,25 +90,28 @@ class Algorithm:
 
     def shape(self, world_size: int, grid_sizes: Mapping[str, Optional[int]]) -> GridShape:
         """The grid of ``world_size`` ranks from the given ``--g*`` sizes (None: omitted). Pure."""
-        if self.shaper is not None:
-            return self.shaper(world_size, grid_sizes)
+        shaper = self.spec.shaper
+        if shaper is not None:
+            return shaper(world_size, grid_sizes)
         return infer_grid_shape(world_size, **self.constrain(grid_sizes))
 
     def model_problems(self, cfg, grid: GridShape) -> list:
         """Everything wrong with running model ``cfg`` on ``grid`` with this algorithm (sentences). Pure."""
-        if self.model_checker is not None:
-            return self.model_checker(cfg, grid)
+        checker = self.spec.model_checker
+        if checker is not None:
+            return checker(cfg, grid)
         from fourd_mpi.step.presets import model_problems
 
         return model_problems(cfg, grid)
 
     def validate_model(self, cfg, grid: GridShape) -> None:
         """Raise :class:`ConfigError` naming every problem of :meth:`model_problems`."""
-        if self.model_checker is None:
+        checker = self.spec.model_checker
+        if checker is None:
             from fourd_mpi.step.presets import validate_model
 
             return validate_model(cfg, grid)
-        problems = self.model_checker(cfg, grid)
+        problems = checker(cfg, grid)
         if problems:
             raise ConfigError(f"--algorithm {self.name}: model {cfg.name} on grid {grid} (G_data x G_z x G_y x G_x): "
                               + "; ".join(problems))
@@ -149,15 +147,17 @@ class Algorithm:
 
     def check(self, options) -> None:
         """Cross-checks of resolved options (:class:`~fourd_mpi.algorithms.runoptions.RunOptions`) that only this
-        algorithm knows (e.g. a cube grid). Pure; raises :class:`ConfigError`."""
-        if self.checker is not None:
-            self.checker(self, options)
+        algorithm knows (e.g. a cube grid): its family's ``checker``. Pure; raises :class:`ConfigError`."""
+        checker = self.spec.checker
+        if checker is not None:
+            checker(self, options)
 
     def tensor_world(self, world_size: int, values: Mapping) -> int:
         """Ranks of one 4D grid of this algorithm on ``world_size`` ranks (``values``: option values keyed
         by dest, e.g. ``ginter``). Pure; raises :class:`ConfigError` (same line on every rank)."""
-        if self.splitter is not None:
-            return self.splitter(self, world_size, values)
+        splitter = self.spec.splitter
+        if splitter is not None:
+            return splitter(self, world_size, values)
         for dest, flag in (("ginter", "--ginter"), ("microbatches", "--microbatches")):
             given = values.get(dest) or 1
             if given > 1:
@@ -166,35 +166,32 @@ class Algorithm:
         return world_size
 
     def module(self):
-        """The implementing module (imported on first use)."""
-        return importlib.import_module(self.impl)
+        """The implementing module, its family's (imported on first use)."""
+        return self.spec.module()
 
     def describe(self, shape) -> str:
         """One header line: ``algorithm megatron1d: Megatron-LM 1D tensor parallelism + data (G_x = G_z = 1)``."""
         pinned = ", ".join(f"G_{a} = {s}" for a, s in self.fixed.items())
-        if self.describer is not None:
-            pinned = self.describer(shape)
+        describer = self.spec.describer
+        if describer is not None:
+            pinned = describer(shape)
         return f"algorithm {self.name}: {self.title}" + (f" ({pinned})" if pinned else "") + f" on grid {shape}"
 
 
-_TENSOR4D = "fourd_mpi.algorithms.tensor4d"
 _ALGORITHMS: Tuple[Algorithm, ...] = (
-    Algorithm("axonn4d", "AxoNN 4D (data x 3D tensor parallelism)", "tensor4d", _TENSOR4D,
+    Algorithm("axonn4d", "AxoNN 4D (data x 3D tensor parallelism)", "tensor4d",
               "Singh et al., SC'24, arXiv 2305.13525", label="AxoNN 4D"),
-    Algorithm("megatron1d", "Megatron-LM 1D tensor parallelism + data", "tensor4d", _TENSOR4D,
+    Algorithm("megatron1d", "Megatron-LM 1D tensor parallelism + data", "tensor4d",
               "Shoeybi et al., arXiv 1909.08053", {"x": 1, "z": 1}, label="Megatron-LM 1D", infer="y"),
-    Algorithm("fsdp", "fully sharded data parallelism (ZeRO-3 / FSDP)", "tensor4d", _TENSOR4D,
+    Algorithm("fsdp", "fully sharded data parallelism (ZeRO-3 / FSDP)", "tensor4d",
               "Rajbhandari et al., SC'20; Zhao et al., VLDB'23", {"x": 1, "y": 1}, label="FSDP (ZeRO-3)",
               infer="z"),
-    Algorithm("dp", "plain data parallelism", "tensor4d", _TENSOR4D, "-", {"x": 1, "y": 1, "z": 1}, label="DP"),
+    Algorithm("dp", "plain data parallelism", "tensor4d", "-", {"x": 1, "y": 1, "z": 1}, label="DP"),
     Algorithm("optimus3d", "Optimus-CUBE 3D tensor parallelism + data (Colossal-AI parallel_3d)", "optimus3d",
-              "fourd_mpi.algorithms.optimus3d", "Bian, Xu, Wang, You, arXiv 2104.05343",
-              checker=cube.checker, shaper=cube.cube_shape, model_checker=cube.model_problems,
-              describer=cube.describe, label="Optimus-CUBE 3D"),
-    Algorithm("pipeline", "AxoNN inter-layer pipeline x 4D tensor", "pipeline", "fourd_mpi.algorithms.pipeline",
+              "Bian, Xu, Wang, You, arXiv 2104.05343", label="Optimus-CUBE 3D"),
+    Algorithm("pipeline", "AxoNN inter-layer pipeline x 4D tensor", "pipeline",
               "Singh & Bhatele, IPDPS'22, 'AxoNN: an asynchronous, message-driven parallel framework for "
-              "extreme-scale deep learning'", checker=pipeline_plan.check, splitter=pipeline_plan.stage_world,
-              label="AxoNN pipeline"),
+              "extreme-scale deep learning'", label="AxoNN pipeline"),
 )
 
 #: by name, in the order ``--help`` lists them

@@ -2,21 +2,21 @@
 algorithm may run, and one ranking of every (algorithm, grid) of a rank count (``fourd-mpi tune
 --algorithm NAME|all``). Pure: no MPI, no array library.
 
-:data:`PREDICTORS` maps an algorithm family (:attr:`fourd_mpi.algorithms.registry.Algorithm.family`) to
-a :class:`Predictor`, one line per family:
+The model of an algorithm family is its record's model hooks (:data:`fourd_mpi.algorithms.families.FAMILIES`,
+:meth:`~fourd_mpi.algorithms.families.Family.hook`): ``predict`` (called with keywords: ``predict(cfg, grid,
+profile, overlap=, dtype=, progress=, optimizer=, ranks_per_node=, recompute=, attention=, precision=,
+shard_optimizer=, **extra)`` -> :class:`~fourd_mpi.perf.predict.Prediction`, as
+:func:`fourd_mpi.perf.predict.predict`); ``candidates(cfg, ranks, algorithm)`` (optional) -> ``[(grid,
+extra)]``: the configurations of ``ranks`` ranks worth predicting, ``extra`` the family's own ``predict``
+keywords (pipeline stages, micro-batches); without it every 4D factorization of ``ranks`` that the
+algorithm allows (:meth:`~fourd_mpi.algorithms.registry.Algorithm.grid_problem`) and the model fits is one,
+with no extra; ``run_options(run_options)`` (optional) -> the ``extra`` keywords of a traced run, from its
+metadata's ``run_options`` (``model validate``); ``memory`` (optional: a ranking drops what does not fit before predicting its time) and ``lower_bound``
+(optional: a ranking that keeps only its top K skips, without predicting, what cannot enter it); their
+signatures are in :mod:`fourd_mpi.algorithms.families`.
+:func:`predictor` gives the record of a family the model covers.
 
-- ``predict`` (a function of the family's module, called with keywords): ``predict(cfg, grid, profile,
-  overlap=, dtype=, progress=, optimizer=, ranks_per_node=, recompute=, attention=, precision=,
-  shard_optimizer=, **extra)`` -> :class:`~fourd_mpi.perf.predict.Prediction`, as
-  :func:`fourd_mpi.perf.predict.predict`;
-- ``candidates(cfg, ranks, algorithm)`` (optional) -> ``[(grid, extra)]``: the configurations of ``ranks``
-  ranks worth predicting, ``extra`` the family's own ``predict`` keywords (pipeline stages, micro-batches);
-  without it every 4D factorization of ``ranks`` that the algorithm allows
-  (:meth:`~fourd_mpi.algorithms.registry.Algorithm.grid_problem`) and the model fits is one, with no extra;
-- ``run_options(run_options)`` (optional) -> the ``extra`` keywords of a traced run, from its metadata's
-  ``run_options`` (``model validate``).
-
-A family whose module is not in the installation (a branch not merged yet) has no predictor: its
+A family whose model module is not in the installation (a branch not merged yet) has no predictor: its
 algorithms are skipped with a note.
 
 An algorithm of a family without a predictor is named in :attr:`AcrossRanking.skipped`, never an error of
@@ -28,10 +28,10 @@ the limit, as in :func:`fourd_mpi.perf.tune.rank_grids`.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from fourd_mpi.algorithms.families import FAMILIES, Family
 from fourd_mpi.algorithms.registry import ALGORITHMS, Algorithm, model_problems_of
 from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.core.grid import GridShape, grid_factorizations
@@ -44,37 +44,6 @@ from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.util.table import render
 
 GIB = 2.0 ** 30
-
-@dataclass(frozen=True)
-class Predictor:
-    """How the model predicts one algorithm family: ``module.<predict>`` and the optional hooks of the
-    module docstring (callables, or names of functions of ``module``)."""
-
-    module: str
-    predict: str = "predict"
-    candidates: Any = "candidates"
-    run_options: Any = "run_options"
-    #: optional ``memory(cfg, grid, dtype=, optimizer=, overlap=, recompute=, attention=, precision=,
-    #: shard_optimizer=, **extra)`` -> MemoryEstimate equal to the prediction's (a ranking drops what does
-    #: not fit before predicting its time)
-    memory: Any = "memory"
-    #: optional ``lower_bound(cfg, grid, profile, overlap=, dtype=, optimizer=, ranks_per_node=, recompute=,
-    #: attention=, **extra)`` -> seconds never above the predicted step (a ranking that keeps only its top K
-    #: skips, without predicting, what cannot enter it)
-    lower_bound: Any = "lower_bound"
-
-    def hook(self, which: str):
-        """The hook ``which`` (``predict``, ``candidates``, ``run_options``) or None; None for every hook
-        when the module is not installed."""
-        try:
-            module = importlib.import_module(self.module)
-        except ImportError:  # a family listed but not in this installation
-            return None
-        value = getattr(self, which)
-        if value is None:
-            return None
-        return value if callable(value) else getattr(module, value, None)
-
 
 #: at most this many micro-batches per step in ``tune``'s pipeline search (the bound of "every micro-batch
 #: size that divides the per-replica batch")
@@ -184,20 +153,12 @@ def _pipeline_run_options(run_options: Dict[str, Any]) -> Dict[str, Any]:
             "schedule": str(run_options.get("pipeline_schedule", "axonn"))}
 
 
-#: algorithm family -> its :class:`Predictor` (one line per family)
-PREDICTORS: Dict[str, Predictor] = {
-    "tensor4d": Predictor("fourd_mpi.perf.predict", memory="predicted_memory"),
-    "optimus3d": Predictor("fourd_mpi.perf.optimus3d"),
-    "pipeline": Predictor("fourd_mpi.perf.pipeline", "predict_pipeline", _pipeline_candidates,
-                          _pipeline_run_options, _pipeline_memory, "pipeline_lower_bound"),
-}
-
-
-def predictor(family: str) -> Optional[Predictor]:
-    """The :class:`Predictor` of ``family``, or None when the model does not cover it (yet): no entry, or
-    its module is not installed."""
-    entry = PREDICTORS.get(family)
-    if entry is None or entry.hook("predict") is None:
+def predictor(family: str) -> Optional[Family]:
+    """The record of ``family`` (:data:`~fourd_mpi.algorithms.families.FAMILIES`), or None when the model does
+    not cover it (yet): no record, or its model module is not installed. Its ``hook(name)`` gives the
+    ``predict``, ``candidates``, ``run_options``, ``memory`` and ``lower_bound`` hooks (None: absent)."""
+    entry = FAMILIES.get(family)
+    if entry is None or not entry.covered():
         return None
     return entry
 
@@ -538,6 +499,6 @@ def sweep_options(ranking: AcrossRanking, k: int) -> Tuple[List[str], List[str]]
     return grids, list(dict.fromkeys(e.algorithm for e in shown))
 
 
-__all__ = ["PREDICTORS", "AcrossRanking", "Ranked", "algorithm_names", "candidates", "covered", "format_across",
+__all__ = ["AcrossRanking", "Ranked", "algorithm_names", "candidates", "covered", "format_across",
            "format_best", "model_problems", "predict_one", "predictor", "rank_algorithms", "run_predict_options",
            "sweep_options"]

@@ -308,3 +308,15 @@ def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", o
 def memory_reserve(profile: MachineProfile) -> int:
     """Bytes a rank holds beyond its arrays: the GPU runtime's reserve on a CuPy profile, else 0."""
     return GPU_RUNTIME_RESERVE_BYTES if profile.backend == "cupy" else 0
+
+
+def admission_memory(options, attention: str = "unfused") -> Tuple[MemoryEstimate, int]:
+    """The 4D family's admission hook (:attr:`fourd_mpi.algorithms.families.Family.admission`): the
+    :func:`estimate_memory` of a run's resolved options (:class:`~fourd_mpi.algorithms.runoptions.RunOptions`) with
+    the attention kernels that will run (``unfused`` keeps the score matrix, a fused mode only a row
+    statistic), and the tokens per rank ``m = B*s/(G_data*G_z)`` (:func:`local_tokens`)."""
+    cfg, grid = options.model, options.grid
+    estimate = estimate_memory(cfg, grid, dtype=options.dtype, optimizer=options.optimizer,
+                               overlap=options.overlap_config(),
+                               attention="unfused" if attention == "unfused" else "fused")
+    return estimate, local_tokens(cfg, grid)

@@ -435,3 +435,15 @@ def predict(cfg: ModelConfig, grid: GridShape, profile, overlap: Optional[Overla
                              runs)
     exposed = exposed_after_hiding(comm.floats(), hidden.floats(), efficiency * comp["total"])
     return _prediction(grid, profile, comp, comm.floats(), exposed, dict(wire), placement, memory, notes)
+
+
+def admission_memory(options, attention: str = "unfused") -> Tuple[MemoryEstimate, int]:
+    """Optimus-CUBE's admission hook (:attr:`fourd_mpi.algorithms.families.Family.admission`): the
+    :func:`estimate_memory` of a run's resolved options (:class:`~fourd_mpi.algorithms.runoptions.RunOptions`) with
+    the attention kernels that will run (``unfused`` or a fused mode), and the tokens per rank
+    ``m = B*s/(G_data*q^2)`` (:func:`local_tokens`: the batch split over data, X and Y)."""
+    cfg, grid = options.model, options.grid
+    estimate = estimate_memory(cfg, grid, dtype=options.dtype, optimizer=options.optimizer,
+                               overlap=options.overlap_config(),
+                               attention="unfused" if attention == "unfused" else "fused")
+    return estimate, local_tokens(cfg, grid)

@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from dataclasses import replace
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from fourd_mpi.algorithms.pipeline_plan import inflight, stage_blocks
 from fourd_mpi.core.backend import dtype_bytes
@@ -315,3 +315,15 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     return Prediction(grid=grid, step_s=step, compute_s=(micro.compute_s - update) * microbatches + update,
                       gemm_s=micro.gemm_s * microbatches, comm_s=comm,
                       exposed_s=exposed, wire_bytes=wire, placement=placement, memory=memory, notes=notes)
+
+
+def admission_memory(options, attention: str = "unfused") -> Tuple[MemoryEstimate, int]:
+    """The pipeline's admission hook (:attr:`fourd_mpi.algorithms.families.Family.admission`): the fullest
+    stage's :func:`pipeline_memory` (largest total over the ``G_inter`` stages) of a run's resolved options
+    (:class:`~fourd_mpi.algorithms.runoptions.RunOptions`; ``attention`` is not used: the stage estimate keeps the
+    score matrix), and the tokens per rank ``m = B*s/(G_data*G_z)`` (:func:`local_tokens`)."""
+    cfg, grid = options.model, options.grid
+    estimate = max((pipeline_memory(cfg, grid, options.ginter, options.microbatches, s, options.dtype,
+                                    options.optimizer, options.overlap_config(), schedule=options.pipeline_schedule)
+                    for s in range(options.ginter)), key=lambda e: e.total)
+    return estimate, local_tokens(cfg, grid)

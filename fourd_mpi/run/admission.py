@@ -96,24 +96,8 @@ def memory_need(options, attention: str = "unfused") -> MemoryNeed:
     """The estimate per rank of :class:`~fourd_mpi.algorithms.runoptions.RunOptions` ``options`` (pure); ``attention``:
     the kernels that will run (``unfused`` keeps the score matrix; a fused mode only a row statistic)."""
     cfg, grid = options.model, options.grid
-    family = get_algorithm(options.algorithm).family
-    m = (cfg.batch // (grid.data * grid.z)) * cfg.seq  # tokens per rank: the batch split over data and Z
-    if family == "pipeline":  # the fullest stage's blocks and activations
-        from fourd_mpi.perf.pipeline import pipeline_memory
-
-        estimate = max((pipeline_memory(cfg, grid, options.ginter, options.microbatches, s, options.dtype,
-                                        options.optimizer, options.overlap_config(),
-                                        schedule=options.pipeline_schedule)
-                        for s in range(options.ginter)), key=lambda e: e.total)
-    else:
-        if family == "optimus3d":  # its own layouts: the batch split over data, X and Y
-            from fourd_mpi.perf.optimus3d import estimate_memory
-            m = (cfg.batch // (grid.data * grid.x * grid.y)) * cfg.seq
-        else:
-            from fourd_mpi.perf.memory import estimate_memory
-        estimate = estimate_memory(cfg, grid, dtype=options.dtype, optimizer=options.optimizer,
-                                   overlap=options.overlap_config(),
-                                   attention="unfused" if attention == "unfused" else "fused")
+    # the family's own estimate (pipeline: the fullest stage) and tokens per rank m (optimus3d: B*s/(G_data q^2))
+    estimate, m = get_algorithm(options.algorithm).spec.required("admission")(options, attention)
     batches = min(options.data_batches, options.steps)
     tensor = m * (cfg.hidden // grid.x)  # one input or target [m, h/G_x] ([m, h/q] on a cube)
     data = 2 * max(0, batches - 1) * tensor * dtype_bytes(options.dtype)

@@ -9,7 +9,8 @@ import textwrap
 import pandas as pd
 import pytest
 
-from fourd_mpi.algorithms import registry
+from fourd_mpi.algorithms import families, registry
+from fourd_mpi.algorithms.families import Family
 from fourd_mpi.algorithms.registry import Algorithm
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.errors import ConfigError
@@ -97,14 +98,14 @@ def test_memory_limit_drops_configurations_of_every_algorithm(small, laptop):
 
 
 def test_an_algorithm_without_a_predictor_is_skipped_with_a_note(small, laptop, monkeypatch):
-    monkeypatch.setitem(registry.ALGORITHMS, "cube", Algorithm("cube", "a cube", "nofamily", "nomodule", "-"))
+    monkeypatch.setitem(registry.ALGORITHMS, "cube", Algorithm("cube", "a cube", "nofamily", "-"))
     ranking = across.rank_algorithms(["cube", "dp"], small, 8, laptop)
     assert ranking.skipped == [("cube", "the performance model has no predictor for family 'nofamily' yet")]
     assert {e.algorithm for e in ranking.entries} == {"dp"}
 
 
 def test_a_family_plugs_in_with_one_line(small, laptop, tmp_path, monkeypatch):
-    """A predictor module with its own candidates and run options, registered by one PREDICTORS entry."""
+    """A predictor module with its own candidates and run options, registered by one family record."""
     (tmp_path / "toy_family.py").write_text(textwrap.dedent('''
         from fourd_mpi.core.grid import GridShape
         from fourd_mpi.perf.predict import predict as predict_4d
@@ -121,12 +122,13 @@ def test_a_family_plugs_in_with_one_line(small, laptop, tmp_path, monkeypatch):
             return p
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(across.PREDICTORS, "toy", across.Predictor("toy_family"))
-    monkeypatch.setitem(registry.ALGORITHMS, "toy", Algorithm("toy", "a toy", "toy", "nomodule", "-"))
+    toy = Family("toy", "nomodule", "toy_family", candidates="candidates", run_options="run_options")
+    monkeypatch.setitem(families.FAMILIES, "toy", toy)
+    monkeypatch.setitem(registry.ALGORITHMS, "toy", Algorithm("toy", "a toy", "toy", "-"))
     ranking = across.rank_algorithms(["toy"], small, 8, laptop)
     assert [e.label for e in ranking.entries] == ["8x1x1x1 stages=1", "4x1x2x1 stages=2", "2x1x4x1 stages=4"]
     assert across.run_predict_options(registry.get("toy"), {"stages": 2}) == {"stages": 2}
-    assert across.PREDICTORS["toy"] == across.Predictor("toy_family")
+    assert across.predictor("toy") is toy and registry.get("toy").spec is toy
 
 
 def test_by_algorithm_summary():
@@ -177,6 +179,6 @@ def test_model_validate_reports_errors_per_algorithm():
 
 
 def test_a_family_whose_module_is_not_installed_has_no_predictor(monkeypatch):
-    monkeypatch.setitem(across.PREDICTORS, "ghost", across.Predictor("fourd_mpi.perf.no_such_module"))
+    monkeypatch.setitem(families.FAMILIES, "ghost", Family("ghost", "nomodule", "fourd_mpi.perf.no_such_module"))
     assert across.predictor("ghost") is None and across.predictor("tensor4d") is not None
     assert across.predictor("not-listed") is None

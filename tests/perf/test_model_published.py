@@ -472,13 +472,14 @@ def test_memory_precheck_keeps_the_ranking(monkeypatch, family, names, gib):
     """Dropping what does not fit before predicting it (a family's memory hook) changes no answer."""
     from dataclasses import replace as dc_replace
 
+    from fourd_mpi.algorithms.families import FAMILIES
     from fourd_mpi.perf import algorithms
 
     cfg = ModelConfig("g", "gpt", 8, 1024, 16, 4096, 1024, 64)
     prof = load_profile("perlmutter")
     kw = dict(overlap=OverlapConfig.parse("all"), dtype="bfloat16", memory_limit_bytes=gib * 2 ** 30)
     fast = algorithms.rank_algorithms(names, cfg, 16, prof, **kw)
-    monkeypatch.setitem(algorithms.PREDICTORS, family, dc_replace(algorithms.PREDICTORS[family], memory=None))
+    monkeypatch.setitem(FAMILIES, family, dc_replace(FAMILIES[family], memory=None))
     slow = algorithms.rank_algorithms(names, cfg, 16, prof, **kw)
     assert [(e.algorithm, e.label, e.prediction.step_s, e.need_bytes) for e in fast.every] == \
         [(e.algorithm, e.label, e.prediction.step_s, e.need_bytes) for e in slow.every]
