@@ -11,7 +11,8 @@ same bytes): one message is a micro-batch's activation or its gradient, ``[m_loc
 ``s < p-1`` and ``m`` backward messages if ``s > 0`` (and receives as many): ``m*msg`` or ``2*m*msg``
 bytes, i.e. ``2*m_loc*h/G_x*e`` for a middle stage, whatever ``m``.
 
-**Bubble fraction**: with equal stage times and a forward+backward slot ``t`` per micro-batch, a
+**Idle share** (:func:`~fourd_mpi.perf.schedules.idle_share`; :func:`~fourd_mpi.perf.schedules.bubble_fraction`
+is the bubble over the ideal time ``(p - 1)/m``): with equal stage times and a forward+backward slot ``t`` per micro-batch, a
 step of either schedule takes ``(m + p - 1) t`` of which every stage idles ``(p - 1) t``:
 ``bubble = (p - 1) / (m + p - 1)`` (1F1B; Narayanan et al. SC'21). AxoNN's message-driven schedule
 (stage 0 keeps ``min(p, m)`` micro-batches in flight, the others react to the first message to
@@ -59,6 +60,7 @@ from typing import Dict, List, Optional
 from fourd_mpi.algorithms.pipeline_plan import inflight, stage_blocks
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
+from fourd_mpi.perf import schedules
 from fourd_mpi.perf.machine import MachineProfile
 from fourd_mpi.perf.memory import (MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens,
                                    saved_activation_elements)
@@ -67,20 +69,12 @@ from fourd_mpi.perf.volumes import Collective, step_collectives
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
 
-BUBBLE_FORMULA = "bubble fraction = (p - 1) / (m + p - 1), p stages, m micro-batches (1F1B and AxoNN, equal stages)"
+BUBBLE_FORMULA = "idle share of the step = (p - 1) / (m + p - 1), p stages, m micro-batches (1F1B and AxoNN, equal stages)"
 P2P_FORMULA = ("p2p bytes per rank and step = m * msg * (1 if first or last stage else 2), msg = B s / (G_data G_z) / m "
                "* h / G_x * e")
 STEP_FORMULA = ("step = W_mb (m + p - 1) + U + S + 2 (p - 1) t_msg; W_mb: one micro-batch's 4D step on the "
                 "fullest stage less U (optimizer update) and S (gradient sync), both once per step; "
                 "t_msg = alpha + msg beta")
-
-
-def bubble_fraction(stages: int, microbatches: int, schedule: str = "1f1b") -> float:
-    """Idle share of a stage's step with equal stage times: ``(p - 1)/(m + p - 1)`` for both schedules
-    (module doc)."""
-    if schedule not in ("1f1b", "axonn"):
-        raise ValueError(f"unknown pipeline schedule {schedule!r}")
-    return (stages - 1) / (microbatches + stages - 1)
 
 
 def message_bytes(cfg: ModelConfig, grid: GridShape, microbatches: int, dtype: str = "float32") -> int:
@@ -308,7 +302,8 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     placement = dict(micro.placement, inter=level)
     memory = pipeline_memory(cfg, grid, stages, microbatches, 0, dtype, optimizer, overlap, recompute, attention,
                              precision, shard_optimizer, schedule)
-    notes = list(micro.notes) + [f"pipeline {schedule}: {BUBBLE_FORMULA} = {bubble_fraction(stages, microbatches, schedule):.3f}"]
+    share = schedules.idle_share(schedule, stages, microbatches)
+    notes = list(micro.notes) + [f"pipeline {schedule}: {BUBBLE_FORMULA} = {share:.3f}"]
     step = slot * (microbatches + stages - 1) + update + sync + critical
     if not math.isfinite(step):
         raise ValueError(f"non-finite prediction {step}")

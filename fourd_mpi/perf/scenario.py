@@ -59,9 +59,10 @@ nothing changes.
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
@@ -125,6 +126,17 @@ class Scenario:
     def world(self) -> int:
         return self.grid.size * self.stages
 
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], profile: MachineProfile) -> "Scenario":
+        """The one way from options to a scenario (``model predict``; every caller outside ``perf``): ``options``
+        maps run's option names (:data:`fourd_mpi.run.options.RUN_OPTIONS`, ``-`` or ``_``) to parsed values,
+        with run's meanings: ``ginter`` stages, ``pipeline-schedule``, ``microbatches``, ``recompute``,
+        ``overlap``, ``dtype``, ``gdata``/``gz``/``gy``/``gx`` (or ``grid``: ``16x1x8x1``), ``memory-limit``
+        (bytes, 0 none, missing: the profile's device memory) and the model (``model`` preset, ``layers`` ...
+        ``batch``); plus what run cannot choose (:data:`SCENARIO_ONLY`). A missing key takes the scenario's
+        default (``dtype``: the profile's training dtype). Bad values: one-line :class:`ConfigError`."""
+        return _from_options(options, profile)
+
     def resolved(self) -> "Scenario":
         """The scenario with ``b`` and ``m`` both filled in, or a :class:`ConfigError` (one line)."""
         check(self)
@@ -150,6 +162,68 @@ class Scenario:
         return replace(self, microbatch_size=b, microbatches=m)
 
 
+#: scenario options run has no option for (``model predict``'s own): the interleaved schedule's chunks, the
+#: micro-batch size, the vocabulary, sequence parallelism, precision, optimizer sharding, the dW window, the node
+#: shape, whose implementation
+SCENARIO_ONLY = ("chunks-per-stage", "microbatch-size", "vocab", "sequence-parallel", "precision", "shard-optimizer",
+                 "dw-window", "ranks-per-node", "implementation")
+
+
+def _from_options(options: Mapping[str, Any], profile: MachineProfile) -> Scenario:
+    """:meth:`Scenario.from_options`."""
+    from fourd_mpi.perf.memory import ATTENTION, OPTIMIZER_SHARDING, PRECISIONS, RECOMPUTE
+    from fourd_mpi.step.presets import resolve_labelled
+    from fourd_mpi.util.values import layer_count, memory_limit
+
+    def get(name: str, default: Any = None) -> Any:
+        value = options.get(name, options.get(name.replace("-", "_")))
+        return default if value is None else value
+
+    for name, choices in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("shard-optimizer", OPTIMIZER_SHARDING),
+                          ("precision", PRECISIONS)):
+        if get(name) is not None and get(name) not in choices:
+            raise ConfigError(f"--{name} {get(name)!r}: choose {', '.join(choices)}")
+    for name in ("layers", "hidden", "heads", "ffn-hidden", "seq", "batch", "ginter", "chunks-per-stage",
+                 "microbatch-size", "microbatches", "ranks-per-node", "gdata", "gz", "gy", "gx"):
+        if get(name) is not None and get(name) < 1:
+            raise ConfigError(f"--{name} must be positive, got {get(name)}")
+    overlap = get("overlap", "all")
+    OverlapConfig.parse(overlap)  # one line for an unknown overlap
+    sizes = {k.replace("-", "_"): get(k) for k in ("layers", "hidden", "heads", "ffn-hidden", "seq")}
+    cfg = resolve_labelled(get("model", "gpt-80b"), batch=get("batch"), **sizes)
+    grid = get("grid")
+    if grid is None and any(get(a) is not None for a in ("gdata", "gz", "gy", "gx")):
+        grid = GridShape(*(get(a, 1) for a in ("gdata", "gz", "gy", "gx")))
+    if grid is None:
+        raise ConfigError("model predict needs --grid G_DATAxG_ZxG_YxG_X (one pipeline stage's 4D grid; or "
+                          "--gdata --gz --gy --gx)")
+    window = get("dw-window", 2)
+    if str(window).lower() == "none":
+        window = None
+    elif not isinstance(window, int):
+        try:
+            window = layer_count(str(window))
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"--dw-window: {exc} (or none)") from None
+    limit = get("memory-limit")
+    if isinstance(limit, str):
+        try:
+            limit = memory_limit(limit)
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"--memory-limit: {exc}") from None
+    limit_gib = profile.device_memory_gib if limit is None else (limit / GIB or None)
+    return Scenario(cfg, grid if isinstance(grid, GridShape) else GridShape.parse(str(grid)), profile.name,
+                    algorithm=get("algorithm", "axonn4d"), stages=get("ginter", 1),
+                    schedule=get("pipeline-schedule", "1f1b"), chunks=get("chunks-per-stage", 1),
+                    microbatch_size=get("microbatch-size"), microbatches=get("microbatches"),
+                    vocab=get("vocab", vocab.DEFAULT_VOCAB), sequence_parallel=bool(get("sequence-parallel", False)),
+                    recompute=get("recompute", "full"), dtype=get("dtype", profile.training_dtype),
+                    attention=get("attention", "fused"), precision=get("precision"),
+                    shard_optimizer=get("shard-optimizer", "none"), optimizer=get("optimizer", "adam"),
+                    overlap=overlap, dw_window=window, ranks_per_node=get("ranks-per-node"),
+                    memory_limit_gib=limit_gib, implementation=get("implementation", "fourd"))
+
+
 def check(sc: Scenario) -> None:
     """One-line refusals: an unknown algorithm, a grid the algorithm pins otherwise, sizes that do not
     divide, a pipeline deeper than the model."""
@@ -166,7 +240,7 @@ def check(sc: Scenario) -> None:
     if sc.model.batch is None:
         raise ConfigError(f"model {sc.model.name} needs the global batch: give --batch SEQUENCES")
     if sc.stages < 1 or sc.stages > sc.model.layers:
-        raise ConfigError(f"--stages must be between 1 and the {sc.model.layers} layers, got {sc.stages}")
+        raise ConfigError(f"--ginter (pipeline stages) must be between 1 and the {sc.model.layers} layers, got {sc.stages}")
     if sc.model.layers % sc.stages:
         raise ConfigError(f"{sc.model.layers} layers do not split into {sc.stages} equal stages")
     if sc.vocab < 0:

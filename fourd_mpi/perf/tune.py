@@ -253,14 +253,14 @@ def format_ranking(ranking: Ranking, k: int) -> str:
 
 def sweep_spec(cfg: ModelConfig, ranks: int, grids: List[GridShape], overlap: str) -> Dict:
     """The sweep-spec mapping (:mod:`fourd_mpi.jobs.spec` format) measuring ``grids``."""
-    from fourd_mpi.step.presets import PRESETS
+    from fourd_mpi.step.presets import PRESETS, preset_of
 
-    model: Dict = {"preset": cfg.name, "batch": cfg.batch}
-    base = PRESETS.get(cfg.name)
+    model: Dict = {"preset": preset_of(cfg), "batch": cfg.batch}
+    base = PRESETS.get(preset_of(cfg))
     for f in ("layers", "hidden", "heads", "ffn_hidden", "seq"):
         if base is None or getattr(base, f) != getattr(cfg, f):
             model[f] = getattr(cfg, f)
-    safe = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in f"tune-{cfg.name}-{ranks}")
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in f"tune-{preset_of(cfg)}-{ranks}")
     return {"name": safe, "description": f"the top {len(grids)} grids of fourd-mpi tune",
             "study": "strong", "ranks": [ranks], "grids": {ranks: [str(g) for g in grids]},
             "model": model, "options": {"steps": 10, "warmup": 2, "trace_level": "op"},
