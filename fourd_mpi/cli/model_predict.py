@@ -53,6 +53,8 @@ PREDICT_OPTIONS = {
     "shard-optimizer": (str, "none", "none or data (distributed optimizer / ZeRO-1)"),
     "optimizer": (_run("optimizer"), "adam", "adam or sgd"),
     "overlap": (_run("overlap"), "all", "none, all or a list of oag,ors,oar,dp,od"),
+    "progress": (_run("progress"), "poll", "who progresses nonblocking collectives during compute: poll (default), "
+                                           "none or thread, as run's --progress"),
     "dw-window": (str, "2", "dW blocks whose reduce-scatter may be in flight at once with ORS, or 'none' "
                             "(unbounded; default 2)"),
     "profile": (str, "perlmutter", "machine profile: a built-in (dgx-a100, dgx-a100-40gb, dgx-h100, alps-gh200, "

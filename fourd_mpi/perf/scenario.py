@@ -115,6 +115,8 @@ class Scenario:
     shard_optimizer: str = "none"
     optimizer: str = "adam"
     overlap: str = "all"
+    #: who progresses nonblocking collectives during compute (run's ``--progress``: poll, none, thread)
+    progress: str = "poll"
     dw_window: Optional[int] = 2
     ranks_per_node: Optional[int] = None
     memory_limit_gib: Optional[float] = None
@@ -171,6 +173,7 @@ SCENARIO_ONLY = ("chunks-per-stage", "microbatch-size", "vocab", "sequence-paral
 
 def _from_options(options: Mapping[str, Any], profile: MachineProfile) -> Scenario:
     """:meth:`Scenario.from_options`."""
+    from fourd_mpi.core.progress import PROGRESS_STRATEGIES
     from fourd_mpi.perf.memory import ATTENTION, OPTIMIZER_SHARDING, PRECISIONS, RECOMPUTE
     from fourd_mpi.step.presets import resolve_labelled
     from fourd_mpi.util.values import layer_count, memory_limit
@@ -180,7 +183,7 @@ def _from_options(options: Mapping[str, Any], profile: MachineProfile) -> Scenar
         return default if value is None else value
 
     for name, choices in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("shard-optimizer", OPTIMIZER_SHARDING),
-                          ("precision", PRECISIONS)):
+                          ("precision", PRECISIONS), ("progress", PROGRESS_STRATEGIES)):
         if get(name) is not None and get(name) not in choices:
             raise ConfigError(f"--{name} {get(name)!r}: choose {', '.join(choices)}")
     for name in ("layers", "hidden", "heads", "ffn-hidden", "seq", "batch", "ginter", "chunks-per-stage",
@@ -220,7 +223,8 @@ def _from_options(options: Mapping[str, Any], profile: MachineProfile) -> Scenar
                     recompute=get("recompute", "full"), dtype=get("dtype", profile.training_dtype),
                     attention=get("attention", "fused"), precision=get("precision"),
                     shard_optimizer=get("shard-optimizer", "none"), optimizer=get("optimizer", "adam"),
-                    overlap=overlap, dw_window=window, ranks_per_node=get("ranks-per-node"),
+                    overlap=overlap, progress=get("progress", "poll"), dw_window=window,
+                    ranks_per_node=get("ranks-per-node"),
                     memory_limit_gib=limit_gib, implementation=get("implementation", "fourd"))
 
 
@@ -423,7 +427,7 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
                           f"compute.peak_tflops.{sc.dtype}")
     # one slot: a micro-batch (B/m sequences in all) through one stage's L/p blocks
     micro_cfg = replace(cfg, layers=cfg.layers // p, batch=cfg.batch // m)
-    micro = predict(micro_cfg, grid, profile, overlap, sc.dtype, "poll", sc.optimizer, rpn, sc.recompute,
+    micro = predict(micro_cfg, grid, profile, overlap, sc.dtype, sc.progress, sc.optimizer, rpn, sc.recompute,
                     sc.attention, sc.precision, sc.shard_optimizer)
     sync = sum(micro.exposed_s.get(k, 0.0) for k in SYNC_KEYS)
     comp = compute_time(micro_cfg, grid, profile, overlap, sc.dtype, rpn, sc.optimizer, recompute=sc.recompute,
@@ -555,7 +559,8 @@ def format_result(r: ScenarioResult, profile: MachineProfile) -> str:
              f"{f' v={sc.chunks}' if sc.schedule == 'interleaved' else ''}; micro-batch {sc.microbatch_size} x "
              f"{sc.microbatches}; {sc.dtype} ({sc.precision or 'default'} precision), recompute {sc.recompute}, "
              f"attention {sc.attention}, sequence parallel {'on' if sc.sequence_parallel else 'off'}, optimizer "
-             f"{sc.optimizer} sharded {sc.shard_optimizer}, overlap {sc.overlap}, dW window "
+             f"{sc.optimizer} sharded {sc.shard_optimizer}, overlap {sc.overlap}"
+             f"{'' if sc.progress == 'poll' else f' (progress {sc.progress})'}, dW window "
              f"{sc.dw_window if sc.dw_window is not None else 'unbounded'}"
              f"{'' if sc.implementation == 'fourd' else f'; implementation {sc.implementation}'}",
              f"# {formulas(sc)['step']}; {formulas(sc)['bubble']}",
