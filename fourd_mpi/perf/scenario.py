@@ -400,10 +400,7 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
 def scenario_memory(sc: Scenario, profile: MachineProfile) -> Dict[str, int]:
     """Bytes per rank by part of the larger of the first and last stage (no time prediction: cheap, so a
     search can drop what does not fit before predicting it)."""
-    sc = sc.resolved()
-    first = _stage_memory(sc, 0, profile)
-    last = _stage_memory(sc, sc.stages - 1, profile) if sc.stages > 1 else first
-    return first if first["required"] >= last["required"] else last
+    return _larger_stage_memory(sc.resolved(), profile)[0]
 
 
 def fits_memory(sc: Scenario, profile: MachineProfile) -> bool:
@@ -412,129 +409,40 @@ def fits_memory(sc: Scenario, profile: MachineProfile) -> bool:
 
 
 def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
-    """Predict one step of ``sc`` on ``profile`` (module docstring)."""
+    """Predict one step of ``sc`` on ``profile`` (module docstring), one helper per term:
+    ``step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb + t_critical (+ the ZeRO-3 persistent gather)``."""
     sc = sc.resolved()
-    cfg, grid, p = sc.model, sc.grid, sc.stages
-    b, m = sc.microbatch_size, sc.microbatches
-    v = sc.chunks if sc.schedule == "interleaved" else 1
-    e = dtype_bytes(sc.dtype)
-    overlap = OverlapConfig.parse(sc.overlap)
+    cfg, p, m = sc.model, sc.stages, sc.microbatches
     rpn = sc.ranks_per_node or min(profile.ranks_per_node, sc.world)
     notes: List[str] = []
     peak = profile.peak_tflops(sc.dtype)
     if peak is None:
         raise ConfigError(f"machine profile {profile.name} has no data-sheet peak for {sc.dtype}: add "
                           f"compute.peak_tflops.{sc.dtype}")
-    # one slot: a micro-batch (B/m sequences in all) through one stage's L/p blocks
-    micro_cfg = replace(cfg, layers=cfg.layers // p, batch=cfg.batch // m)
-    micro = predict(micro_cfg, grid, profile, overlap, sc.dtype, sc.progress, sc.optimizer, rpn, sc.recompute,
-                    sc.attention, sc.precision, sc.shard_optimizer)
-    sync = sum(micro.exposed_s.get(k, 0.0) for k in SYNC_KEYS)
-    comp = compute_time(micro_cfg, grid, profile, overlap, sc.dtype, rpn, sc.optimizer, recompute=sc.recompute,
-                        attention=sc.attention, precision=sc.precision)
-    update = comp["optimizer"]
-    slot = micro.step_s - sync - update
-    exposed: Dict[str, float] = {}
-    for (axis, op), t in micro.exposed_s.items():
-        exposed[axis] = exposed.get(axis, 0.0) + t * (1 if (axis, op) in SYNC_KEYS else m)
-    ds: Dict[str, float] = {}
-    if sc.implementation == zero3_2021.NAME:  # DeepSpeed 2021's ZeRO-3: all on Z, all blocking
-        ds = zero3_2021.terms(micro_cfg, grid, profile, axis_placement(grid, rpn), rpn, axis_inner_products(grid),
-                              sc.dtype, sc.recompute, overlap)
-        ds["ln_grad_allreduce"] = min(ds["ln_grad_allreduce"], sync)  # priced as the sync term it replaces
-        sync -= ds["ln_grad_allreduce"]
-        slot += ds["regather"] + ds["gather_copies"]
-        exposed["z"] = exposed.get("z", 0.0) + (ds["regather"] + ds["gather_copies"]) * m \
-            + ds["persistent_gather"] - ds["ln_grad_allreduce"]
-    # the LM head on the last stage (and the embedding's all-reduce on the first), per micro-batch
-    tokens = b * cfg.seq
-    tp = grid.x * grid.y
-    placement = axis_placement(grid, rpn)
-    inner = axis_inner_products(grid)
-    coalesced = sc.implementation == megatron_ddp.NAME and megatron_ddp.applies(overlap.dp, sc.shard_optimizer, grid)
-    if coalesced:  # Megatron-LM's local DDP: one all-reduce of every gradient per step (megatron_ddp)
-        grads = parameter_elements(micro_cfg, grid) + vocab.embedding_elements(cfg.hidden, sc.vocab, tp)
-        t_ddp = megatron_ddp.grad_sync_time(grads, e, grid, profile, placement, rpn, inner)
-        old = micro.exposed_s.get(("data", "allreduce"), 0.0)
-        sync += t_ddp - old
-        exposed["data"] = exposed.get("data", 0.0) + t_ddp - old
-    t_head = t_head_comm = 0.0
-    if sc.vocab:
-        rate = gemm_rate_tflops(profile, sc.dtype, notes) * 1e12
-        t_head = vocab.head_flops_per_rank(tokens, cfg.hidden, sc.vocab, tp) / rate
-        t_head += CE_PASSES * tokens * (sc.vocab // tp) * 4 / profile.mem_bandwidth
-        for axis, op, size, nbytes in vocab.microbatch_collectives(tokens, cfg.hidden, grid.x, grid.y, e):
-            t = collective_time(_coll(axis, op, size, nbytes, "forward", "vocab"), profile, placement, rpn, inner)
-            t_head_comm += t
-            exposed[axis] = exposed.get(axis, 0.0) + t * m
-    # point-to-point between stages
-    t_p2p, critical = 0.0, 0.0
-    if p > 1:
-        from fourd_mpi.perf.pipeline import inter_placement, message_time
-
-        level = inter_placement(grid, p, rpn)
-        msg = tokens * (cfg.hidden // grid.x) * e
-        scatter = sc.schedule in ("1f1b", "interleaved") and grid.y > 1
-        wire = msg // grid.y if scatter else msg
-        if profile.has_network:
-            t_msg = profile.network_time("allgather", 2, 2 * wire, grid.x * grid.y * grid.z, level, rpn)
-        else:
-            t_msg = message_time(profile, level, wire)
-        if scatter:
-            t_msg += collective_time(_coll("y", "allgather", grid.y, msg, "forward", "p2p_gather"), profile,
-                                     placement, rpn, inner)
-        if sc.schedule == "axonn":
-            critical = 2 * (p - 1) * t_msg
-        else:
-            t_p2p = schedules.p2p_messages_per_microbatch(sc.schedule, p, v) * t_msg
-    full_slot = slot + t_head + t_head_comm + t_p2p
+    t = _block_slot(sc, profile, rpn)                   # t, S, U and the 4D exposure of one micro-batch
+    ds = _zero3_2021(sc, profile, rpn, t)               # implementation deepspeed-2021 (else {})
+    coalesced = _megatron_ddp(sc, profile, rpn, t)      # implementation megatron-lm (else False)
+    t_head, t_head_comm = _lm_head(sc, profile, rpn, t.exposed, notes)
+    t_p2p, critical = _pipeline_messages(sc, profile, rpn)
+    full_slot = t.slot + t_head + t_head_comm + t_p2p
+    v = sc.chunks if sc.schedule == "interleaved" else 1
     bubble = full_slot * schedules.bubble_slots(sc.schedule, p, v)
-    # per-step embedding gradient all-reduces (data x Z replicas; first <-> last stage when p > 1), blocking
-    t_emb = 0.0
-    if sc.vocab:
-        emb_bytes = vocab.embedding_elements(cfg.hidden, sc.vocab, tp) * e
-        for axis in ("z", "data"):
-            if grid[axis] > 1 and not (coalesced and axis == "data"):  # (in the coalesced all-reduce)
-                if sc.implementation == zero3_2021.NAME:  # partitioned: gathered, its gradient reduce-scattered
-                    t = zero3_2021.embedding_time(emb_bytes, grid, m, profile, placement, rpn, inner)
-                else:
-                    t = collective_time(_coll(axis, "allreduce", grid[axis], emb_bytes, "backward", "emb_grad"),
-                                        profile, placement, rpn, inner)
-                t_emb += t
-                exposed[axis] = exposed.get(axis, 0.0) + t
-        if p > 1:
-            from fourd_mpi.perf.pipeline import inter_placement
-
-            level = inter_placement(grid, p, rpn)
-            if profile.has_network:
-                t = profile.network_time("allreduce", 2, emb_bytes, grid.x * grid.y * grid.z, level, rpn)
-            else:
-                fit, _ = profile.fit(level, "allreduce", 2)
-                t = fit.time("allreduce", 2, emb_bytes)
-            t_emb += t
-            exposed["pipeline"] = exposed.get("pipeline", 0.0) + t
+    t_emb = _embedding_sync(sc, profile, rpn, coalesced, t.exposed)
     if p > 1:
-        exposed["pipeline"] = exposed.get("pipeline", 0.0) + t_p2p * m + critical
-    step = full_slot * m + bubble + update + sync + t_emb + critical + ds.get("persistent_gather", 0.0)
-    compute = (micro.compute_s - update) * m + update + t_head * m
+        t.exposed["pipeline"] = t.exposed.get("pipeline", 0.0) + t_p2p * m + critical
+    step = full_slot * m + bubble + t.update + t.sync + t_emb + critical + ds.get("persistent_gather", 0.0)
+    compute = (t.micro.compute_s - t.update) * m + t.update + t_head * m
     if not math.isfinite(step) or step <= 0:
         raise ConfigError(f"the model gave a non-finite step time for {sc.grid}: {step}")
-    mem_first = _stage_memory(sc, 0, profile)
-    mem_last = _stage_memory(sc, p - 1, profile) if p > 1 else mem_first
-    memory, which = (mem_first, "first") if mem_first["required"] >= mem_last["required"] else (mem_last, "last")
-    if p == 1:
-        which = "only"
-    head = vocab.head_flops(cfg.batch, cfg.seq, cfg.hidden, sc.vocab)
-    flops = {"megatron": megatron_flops(cfg, sc.vocab, "full" if sc.recompute == "full" else "none"),
-             "hardware": cfg.hardware_flops_per_step(sc.recompute) + head,
-             "model": megatron_flops(cfg, sc.vocab, "none")}
+    memory, which = _larger_stage_memory(sc, profile)
     if cfg.ffn_hidden != 4 * cfg.hidden:
         notes.append(f"ffn {cfg.ffn_hidden} is not 4h: Megatron's formula assumes it (the hardware count does not)")
-    for n in micro.notes + profile.notes:
+    for n in t.micro.notes + profile.notes:
         if n not in notes:
             notes.append(n)
-    terms = {"slot_blocks": slot, "slot_head": t_head, "slot_head_comm": t_head_comm, "slot_p2p": t_p2p,
-             "optimizer": update, "grad_sync": sync, "embedding_sync": t_emb, "pipeline_critical": critical,
+    comp = t.comp
+    terms = {"slot_blocks": t.slot, "slot_head": t_head, "slot_head_comm": t_head_comm, "slot_p2p": t_p2p,
+             "optimizer": t.update, "grad_sync": t.sync, "embedding_sync": t_emb, "pipeline_critical": critical,
              # the compute per step by kind (diagnosis: which term makes an error): the blocks' GEMMs,
              # attention, memory-bound work and kernel launches over m micro-batches; the head; the update
              "step_gemm": comp["gemm"] * m, "step_attention": comp["attention"] * m,
@@ -544,7 +452,176 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
         terms.update({"zero3_regather": ds["regather"] * m, "zero3_gather_copies": ds["gather_copies"] * m,
                       "zero3_persistent_gather": ds["persistent_gather"],
                       "zero3_ln_allreduce_removed": ds["ln_grad_allreduce"]})
-    return ScenarioResult(sc, step, compute, exposed, bubble, memory, which, flops, peak, terms, notes)
+    return ScenarioResult(sc, step, compute, t.exposed, bubble, memory, which, _flops(sc), peak, terms, notes)
+
+
+@dataclass
+class _Slot:
+    """One micro-batch (``B/m`` sequences) through the fullest stage's ``L/p`` blocks: the 4D prediction
+    ``micro`` and its compute split ``comp``; ``sync`` (``S``, exposed gradient synchronization) and ``update``
+    (``U``, the optimizer) run once per step; ``slot`` = ``W - S - U``; ``exposed`` seconds per axis and step
+    (the sync keys once, the rest ``m`` times)."""
+
+    micro: Any
+    comp: Dict[str, float]
+    slot: float
+    sync: float
+    update: float
+    exposed: Dict[str, float]
+
+
+def _micro_config(sc: Scenario) -> ModelConfig:
+    """One slot's model: ``L/p`` blocks on ``B/m`` sequences."""
+    return replace(sc.model, layers=sc.model.layers // sc.stages, batch=sc.model.batch // sc.microbatches)
+
+
+def _block_slot(sc: Scenario, profile: MachineProfile, rpn: int) -> _Slot:
+    """The slot term ``t = W - S - U`` (:func:`~fourd_mpi.perf.predict.predict` of one micro-batch)."""
+    micro_cfg, grid, m = _micro_config(sc), sc.grid, sc.microbatches
+    overlap = OverlapConfig.parse(sc.overlap)
+    micro = predict(micro_cfg, grid, profile, overlap, sc.dtype, sc.progress, sc.optimizer, rpn, sc.recompute,
+                    sc.attention, sc.precision, sc.shard_optimizer)
+    sync = sum(micro.exposed_s.get(k, 0.0) for k in SYNC_KEYS)
+    comp = compute_time(micro_cfg, grid, profile, overlap, sc.dtype, rpn, sc.optimizer, recompute=sc.recompute,
+                        attention=sc.attention, precision=sc.precision)
+    update = comp["optimizer"]
+    exposed: Dict[str, float] = {}
+    for (axis, op), t in micro.exposed_s.items():
+        exposed[axis] = exposed.get(axis, 0.0) + t * (1 if (axis, op) in SYNC_KEYS else m)
+    return _Slot(micro, comp, micro.step_s - sync - update, sync, update, exposed)
+
+
+def _zero3_2021(sc: Scenario, profile: MachineProfile, rpn: int, t: _Slot) -> Dict[str, float]:
+    """Implementation ``deepspeed-2021`` (:mod:`fourd_mpi.perf.zero3_2021`): all on Z, all blocking; the slot
+    gains the third gathers and copy loops, ``S`` loses the LayerNorm all-reduces. ``{}`` otherwise."""
+    if sc.implementation != zero3_2021.NAME:
+        return {}
+    grid, m = sc.grid, sc.microbatches
+    ds = zero3_2021.terms(_micro_config(sc), grid, profile, axis_placement(grid, rpn), rpn, axis_inner_products(grid),
+                          sc.dtype, sc.recompute, OverlapConfig.parse(sc.overlap))
+    ds["ln_grad_allreduce"] = min(ds["ln_grad_allreduce"], t.sync)  # priced as the sync term it replaces
+    t.sync -= ds["ln_grad_allreduce"]
+    t.slot += ds["regather"] + ds["gather_copies"]
+    t.exposed["z"] = t.exposed.get("z", 0.0) + (ds["regather"] + ds["gather_copies"]) * m \
+        + ds["persistent_gather"] - ds["ln_grad_allreduce"]
+    return ds
+
+
+def _megatron_ddp(sc: Scenario, profile: MachineProfile, rpn: int, t: _Slot) -> bool:
+    """Implementation ``megatron-lm`` (:mod:`fourd_mpi.perf.megatron_ddp`): ``S``'s data-axis part becomes one
+    all-reduce of every gradient a rank holds. True when it applies."""
+    grid = sc.grid
+    if not (sc.implementation == megatron_ddp.NAME
+            and megatron_ddp.applies(OverlapConfig.parse(sc.overlap).dp, sc.shard_optimizer, grid)):
+        return False
+    grads = parameter_elements(_micro_config(sc), grid) + vocab.embedding_elements(sc.model.hidden, sc.vocab,
+                                                                                   grid.x * grid.y)
+    t_ddp = megatron_ddp.grad_sync_time(grads, dtype_bytes(sc.dtype), grid, profile, axis_placement(grid, rpn), rpn,
+                                        axis_inner_products(grid))
+    old = t.micro.exposed_s.get(("data", "allreduce"), 0.0)
+    t.sync += t_ddp - old
+    t.exposed["data"] = t.exposed.get("data", 0.0) + t_ddp - old
+    return True
+
+
+def _lm_head(sc: Scenario, profile: MachineProfile, rpn: int, exposed: Dict[str, float],
+             notes: List[str]) -> tuple:
+    """``(t_head, t_head_comm)`` per micro-batch on the last stage (:mod:`fourd_mpi.perf.vocab`): ``6 m h V/T``
+    FLOPs at the GEMM rate plus the cross entropy's :data:`CE_PASSES` passes of fp32 logits at the memory
+    bandwidth; its collectives blocking (added to ``exposed``, ``m`` times). ``(0, 0)`` with ``V = 0``."""
+    if not sc.vocab:
+        return 0.0, 0.0
+    grid, m = sc.grid, sc.microbatches
+    tokens, tp = sc.microbatch_size * sc.model.seq, grid.x * grid.y
+    placement, inner = axis_placement(grid, rpn), axis_inner_products(grid)
+    rate = gemm_rate_tflops(profile, sc.dtype, notes) * 1e12
+    t_head = vocab.head_flops_per_rank(tokens, sc.model.hidden, sc.vocab, tp) / rate
+    t_head += CE_PASSES * tokens * (sc.vocab // tp) * 4 / profile.mem_bandwidth
+    t_comm = 0.0
+    for axis, op, size, nbytes in vocab.microbatch_collectives(tokens, sc.model.hidden, grid.x, grid.y,
+                                                               dtype_bytes(sc.dtype)):
+        t = collective_time(_coll(axis, op, size, nbytes, "forward", "vocab"), profile, placement, rpn, inner)
+        t_comm += t
+        exposed[axis] = exposed.get(axis, 0.0) + t * m
+    return t_head, t_comm
+
+
+def _pipeline_messages(sc: Scenario, profile: MachineProfile, rpn: int) -> tuple:
+    """``(t_p2p, t_critical)``: the blocking schedules' ``2 v`` messages per slot, or AxoNN's fill and drain chain
+    ``2 (p - 1) t_msg`` (its steady-state messages overlap compute). A message of ``b s h/G_x e`` bytes at the
+    inter axis' placement; Megatron's scatter/gather (1f1b/interleaved, ``G_y > 1``) sends ``1/G_y`` of it and
+    all-gathers over Y. ``(0, 0)`` for one stage."""
+    p, grid = sc.stages, sc.grid
+    if p == 1:
+        return 0.0, 0.0
+    from fourd_mpi.perf.pipeline import inter_placement, message_time
+
+    level = inter_placement(grid, p, rpn)
+    msg = sc.microbatch_size * sc.model.seq * (sc.model.hidden // grid.x) * dtype_bytes(sc.dtype)
+    scatter = sc.schedule in ("1f1b", "interleaved") and grid.y > 1
+    wire = msg // grid.y if scatter else msg
+    if profile.has_network:
+        t_msg = profile.network_time("allgather", 2, 2 * wire, grid.x * grid.y * grid.z, level, rpn)
+    else:
+        t_msg = message_time(profile, level, wire)
+    if scatter:
+        t_msg += collective_time(_coll("y", "allgather", grid.y, msg, "forward", "p2p_gather"), profile,
+                                 axis_placement(grid, rpn), rpn, axis_inner_products(grid))
+    if sc.schedule == "axonn":
+        return 0.0, 2 * (p - 1) * t_msg
+    v = sc.chunks if sc.schedule == "interleaved" else 1
+    return schedules.p2p_messages_per_microbatch(sc.schedule, p, v) * t_msg, 0.0
+
+
+def _embedding_sync(sc: Scenario, profile: MachineProfile, rpn: int, coalesced: bool,
+                    exposed: Dict[str, float]) -> float:
+    """``t_emb``: the per-step embedding-gradient all-reduces over Z and data (not data when ``coalesced`` into
+    Megatron's one all-reduce; gathered and reduce-scattered under ZeRO-3 2021) and, with ``p > 1``, between the
+    first and last stage (tied weights); blocking, added to ``exposed``."""
+    if not sc.vocab:
+        return 0.0
+    grid, p = sc.grid, sc.stages
+    placement, inner = axis_placement(grid, rpn), axis_inner_products(grid)
+    emb_bytes = vocab.embedding_elements(sc.model.hidden, sc.vocab, grid.x * grid.y) * dtype_bytes(sc.dtype)
+    t_emb = 0.0
+    for axis in ("z", "data"):
+        if grid[axis] > 1 and not (coalesced and axis == "data"):  # (in the coalesced all-reduce)
+            if sc.implementation == zero3_2021.NAME:  # partitioned: gathered, its gradient reduce-scattered
+                t = zero3_2021.embedding_time(emb_bytes, grid, sc.microbatches, profile, placement, rpn, inner)
+            else:
+                t = collective_time(_coll(axis, "allreduce", grid[axis], emb_bytes, "backward", "emb_grad"),
+                                    profile, placement, rpn, inner)
+            t_emb += t
+            exposed[axis] = exposed.get(axis, 0.0) + t
+    if p > 1:
+        from fourd_mpi.perf.pipeline import inter_placement
+
+        level = inter_placement(grid, p, rpn)
+        if profile.has_network:
+            t = profile.network_time("allreduce", 2, emb_bytes, grid.x * grid.y * grid.z, level, rpn)
+        else:
+            fit, _ = profile.fit(level, "allreduce", 2)
+            t = fit.time("allreduce", 2, emb_bytes)
+        t_emb += t
+        exposed["pipeline"] = exposed.get("pipeline", 0.0) + t
+    return t_emb
+
+
+def _larger_stage_memory(sc: Scenario, profile: MachineProfile) -> tuple:
+    """``(bytes by part, "first" | "last" | "only")``: the larger of the first and last stage."""
+    first = _stage_memory(sc, 0, profile)
+    last = _stage_memory(sc, sc.stages - 1, profile) if sc.stages > 1 else first
+    memory, which = (first, "first") if first["required"] >= last["required"] else (last, "last")
+    return memory, "only" if sc.stages == 1 else which
+
+
+def _flops(sc: Scenario) -> Dict[str, float]:
+    """FLOPs per step under the three conventions (module docstring)."""
+    cfg = sc.model
+    head = vocab.head_flops(cfg.batch, cfg.seq, cfg.hidden, sc.vocab)
+    return {"megatron": megatron_flops(cfg, sc.vocab, "full" if sc.recompute == "full" else "none"),
+            "hardware": cfg.hardware_flops_per_step(sc.recompute) + head,
+            "model": megatron_flops(cfg, sc.vocab, "none")}
 
 
 def format_result(r: ScenarioResult, profile: MachineProfile) -> str:
