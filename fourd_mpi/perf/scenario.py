@@ -21,10 +21,15 @@ messages (``t_p2p``). Then
 where ``(p - 1)/v`` slots are the bubble (:mod:`fourd_mpi.perf.schedules`) and ``t_emb`` the
 per-step embedding-gradient all-reduces (over data and Z, and between the first and last stage
 when ``p > 1``: tied weights), blocking. With the ``axonn`` schedule the messages overlap compute
-(Isend) and only the fill and drain chain ``2 (p - 1) t_msg`` is added. A message of
-``b s h/G_x e`` bytes crosses the pipeline axis at its placement; with Megatron's scatter/gather
-optimisation (``1f1b``/``interleaved`` and ``G_y > 1``) each rank sends ``1/G_y`` of it and the
-receivers all-gather over Y.
+(Isend) as far as the profile's overlap efficiency ``e`` allows: a slot waits ``max(t, t_msg) + (1 - e)
+min(t, t_msg) - t`` for its message (:func:`~fourd_mpi.perf.schedules.link_bound_slot`), and the fill and
+drain chain ``2 (p - 1) t_msg`` is added. A message of ``b s h/G_x e`` bytes crosses the pipeline axis at
+its placement; with Megatron's scatter/gather optimisation (``1f1b``/``interleaved`` and ``G_y > 1``) each
+rank sends ``1/G_y`` of it and the receivers all-gather over Y. With ``p > 1`` every axis is placed in the
+pipeline's world (rank order data, inter, z, y, x: :func:`~fourd_mpi.perf.machine.world_levels`): the data
+axis' stride is ``G_z G_y G_x p``. This is the one pipeline model: ``tune``'s pipeline candidates and
+``model validate`` price a pipeline through it (:func:`fourd_mpi.perf.pipeline.predict_pipeline`, a thin
+wrapper).
 
 **Sequence parallelism** (Korthikanti et al. 2022, Megatron-like grids): each tensor-parallel
 all-reduce of ``S`` bytes becomes a reduce-scatter and an all-gather of ``S``: the wire volume is the
@@ -68,7 +73,8 @@ from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf import megatron_ddp, schedules, vocab, zero3_2021
-from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement
+from fourd_mpi.perf.machine import (MachineProfile, axis_inner_products, axis_placement, inter_placement, message_time,
+                                   world_levels, world_strides)
 from fourd_mpi.perf.memory import (ALLOCATOR_MARGIN, GPU_RUNTIME_RESERVE_BYTES, activation_elements,
                                    block_saved_elements, comm_buffer_elements, block_elements, fc_weights,
                                    parameter_elements, state_bytes)
@@ -114,7 +120,8 @@ class Scenario:
     precision: Optional[str] = None
     shard_optimizer: str = "none"
     optimizer: str = "adam"
-    overlap: str = "all"
+    #: run's ``--overlap`` text, or an :class:`OverlapConfig` (with its prefetch depth and chunks)
+    overlap: Any = "all"
     #: who progresses nonblocking collectives during compute (run's ``--progress``: poll, none, thread)
     progress: str = "poll"
     dw_window: Optional[int] = 2
@@ -281,9 +288,11 @@ class ScenarioResult:
     memory: Dict[str, int]               # part -> bytes (the larger stage), plus total and required
     memory_stage: str
     flops: Dict[str, float]              # convention -> FLOPs per step, whole model
-    peak_tflops: float
+    peak_tflops: Optional[float]         # None: the profile states none (a CPU); % of peak is then refused
     terms: Dict[str, float] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    #: one micro-batch through one stage (:class:`_Slot`: its 4D prediction, ``S``, ``U``), for the wrappers
+    slot: Any = None
 
     @property
     def gpus(self) -> int:
@@ -295,6 +304,9 @@ class ScenarioResult:
 
     def pct_peak(self, convention: str = "megatron") -> float:
         """``100 F / (t_step N peak)``."""
+        if self.peak_tflops is None:
+            raise ConfigError(f"machine profile {self.scenario.profile} has no data-sheet peak for "
+                              f"{self.scenario.dtype}: add compute.peak_tflops.{self.scenario.dtype}")
         return 100.0 * self.tflops_per_gpu(convention) / self.peak_tflops
 
     def fits(self) -> Optional[bool]:
@@ -384,7 +396,7 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     activations = (saved + extra) * e
     if last and sc.vocab:
         activations += vocab.logits_bytes(tokens, sc.vocab, tp, e)
-    overlap = OverlapConfig.parse(sc.overlap)
+    overlap = _overlap(sc)
     comm = comm_buffer_elements(replace(stage_cfg, batch=b * grid.data * grid.z), grid, overlap, sc.dw_window) * e
     if m > 1 and grid.z > 1:  # token-partial gradient sums before the reduce-scatter over Z
         comm += sum(block_elements(n, k, t, grid) for _, n, k, t in fc_weights(stage_cfg, grid)) * layers * e
@@ -415,21 +427,18 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     cfg, p, m = sc.model, sc.stages, sc.microbatches
     rpn = sc.ranks_per_node or min(profile.ranks_per_node, sc.world)
     notes: List[str] = []
-    peak = profile.peak_tflops(sc.dtype)
-    if peak is None:
-        raise ConfigError(f"machine profile {profile.name} has no data-sheet peak for {sc.dtype}: add "
-                          f"compute.peak_tflops.{sc.dtype}")
     t = _block_slot(sc, profile, rpn)                   # t, S, U and the 4D exposure of one micro-batch
     ds = _zero3_2021(sc, profile, rpn, t)               # implementation deepspeed-2021 (else {})
     coalesced = _megatron_ddp(sc, profile, rpn, t)      # implementation megatron-lm (else False)
     t_head, t_head_comm = _lm_head(sc, profile, rpn, t.exposed, notes)
-    t_p2p, critical = _pipeline_messages(sc, profile, rpn)
-    full_slot = t.slot + t_head + t_head_comm + t_p2p
+    t_p2p, critical, t_msg = _pipeline_messages(sc, profile, rpn)
+    wait = _message_wait(sc, profile, t.slot + t_head + t_head_comm, t_msg)
+    full_slot = t.slot + t_head + t_head_comm + t_p2p + wait
     v = sc.chunks if sc.schedule == "interleaved" else 1
     bubble = full_slot * schedules.bubble_slots(sc.schedule, p, v)
     t_emb = _embedding_sync(sc, profile, rpn, coalesced, t.exposed)
     if p > 1:
-        t.exposed["pipeline"] = t.exposed.get("pipeline", 0.0) + t_p2p * m + critical
+        t.exposed["pipeline"] = t.exposed.get("pipeline", 0.0) + (t_p2p + wait) * m + critical
     step = full_slot * m + bubble + t.update + t.sync + t_emb + critical + ds.get("persistent_gather", 0.0)
     compute = (t.micro.compute_s - t.update) * m + t.update + t_head * m
     if not math.isfinite(step) or step <= 0:
@@ -441,7 +450,7 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
         if n not in notes:
             notes.append(n)
     comp = t.comp
-    terms = {"slot_blocks": t.slot, "slot_head": t_head, "slot_head_comm": t_head_comm, "slot_p2p": t_p2p,
+    terms = {"slot_blocks": t.slot, "slot_head": t_head, "slot_head_comm": t_head_comm, "slot_p2p": t_p2p + wait,
              "optimizer": t.update, "grad_sync": t.sync, "embedding_sync": t_emb, "pipeline_critical": critical,
              # the compute per step by kind (diagnosis: which term makes an error): the blocks' GEMMs,
              # attention, memory-bound work and kernel launches over m micro-batches; the head; the update
@@ -452,7 +461,8 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
         terms.update({"zero3_regather": ds["regather"] * m, "zero3_gather_copies": ds["gather_copies"] * m,
                       "zero3_persistent_gather": ds["persistent_gather"],
                       "zero3_ln_allreduce_removed": ds["ln_grad_allreduce"]})
-    return ScenarioResult(sc, step, compute, t.exposed, bubble, memory, which, _flops(sc), peak, terms, notes)
+    return ScenarioResult(sc, step, compute, t.exposed, bubble, memory, which, _flops(sc),
+                          profile.peak_tflops(sc.dtype), terms, notes, t)
 
 
 @dataclass
@@ -470,6 +480,30 @@ class _Slot:
     exposed: Dict[str, float]
 
 
+def _overlap(sc: Scenario) -> OverlapConfig:
+    """``sc.overlap`` parsed (a caller holding an :class:`OverlapConfig`, with its prefetch depth and chunks, may
+    pass it as is)."""
+    return sc.overlap if isinstance(sc.overlap, OverlapConfig) else OverlapConfig.parse(sc.overlap)
+
+
+def _world_levels(sc: Scenario, rpn: int):
+    """``(levels, strides)`` of the stage grid's axes in the pipeline's world (rank order data, inter, z, y, x:
+    :func:`~fourd_mpi.perf.machine.world_levels`) for ``p > 1``; ``(None, None)`` (the 4D grid's own placement)
+    for one stage."""
+    if sc.stages == 1:
+        return None, None
+    levels = {a: v for a, v in world_levels(sc.grid, sc.stages, rpn).items() if a != "inter" and v != "-"}
+    return levels, world_strides(sc.grid, sc.stages)
+
+
+def _placement(sc: Scenario, rpn: int):
+    """``(placement, inner)`` of the stage grid's axes, as :func:`~fourd_mpi.perf.predict.predict` places them
+    with :func:`_world_levels` (``axis -> level``, ``axis -> ranks inside it``)."""
+    levels, strides = _world_levels(sc, rpn)
+    return ({**axis_placement(sc.grid, rpn), **(levels or {})},
+            {**axis_inner_products(sc.grid), **(strides or {})})
+
+
 def _micro_config(sc: Scenario) -> ModelConfig:
     """One slot's model: ``L/p`` blocks on ``B/m`` sequences."""
     return replace(sc.model, layers=sc.model.layers // sc.stages, batch=sc.model.batch // sc.microbatches)
@@ -478,9 +512,10 @@ def _micro_config(sc: Scenario) -> ModelConfig:
 def _block_slot(sc: Scenario, profile: MachineProfile, rpn: int) -> _Slot:
     """The slot term ``t = W - S - U`` (:func:`~fourd_mpi.perf.predict.predict` of one micro-batch)."""
     micro_cfg, grid, m = _micro_config(sc), sc.grid, sc.microbatches
-    overlap = OverlapConfig.parse(sc.overlap)
+    overlap = _overlap(sc)
+    levels, strides = _world_levels(sc, rpn)
     micro = predict(micro_cfg, grid, profile, overlap, sc.dtype, sc.progress, sc.optimizer, rpn, sc.recompute,
-                    sc.attention, sc.precision, sc.shard_optimizer)
+                    sc.attention, sc.precision, sc.shard_optimizer, levels=levels, strides=strides)
     sync = sum(micro.exposed_s.get(k, 0.0) for k in SYNC_KEYS)
     comp = compute_time(micro_cfg, grid, profile, overlap, sc.dtype, rpn, sc.optimizer, recompute=sc.recompute,
                         attention=sc.attention, precision=sc.precision)
@@ -497,8 +532,9 @@ def _zero3_2021(sc: Scenario, profile: MachineProfile, rpn: int, t: _Slot) -> Di
     if sc.implementation != zero3_2021.NAME:
         return {}
     grid, m = sc.grid, sc.microbatches
-    ds = zero3_2021.terms(_micro_config(sc), grid, profile, axis_placement(grid, rpn), rpn, axis_inner_products(grid),
-                          sc.dtype, sc.recompute, OverlapConfig.parse(sc.overlap))
+    placement, inner = _placement(sc, rpn)
+    ds = zero3_2021.terms(_micro_config(sc), grid, profile, placement, rpn, inner, sc.dtype, sc.recompute,
+                          _overlap(sc))
     ds["ln_grad_allreduce"] = min(ds["ln_grad_allreduce"], t.sync)  # priced as the sync term it replaces
     t.sync -= ds["ln_grad_allreduce"]
     t.slot += ds["regather"] + ds["gather_copies"]
@@ -512,12 +548,12 @@ def _megatron_ddp(sc: Scenario, profile: MachineProfile, rpn: int, t: _Slot) -> 
     all-reduce of every gradient a rank holds. True when it applies."""
     grid = sc.grid
     if not (sc.implementation == megatron_ddp.NAME
-            and megatron_ddp.applies(OverlapConfig.parse(sc.overlap).dp, sc.shard_optimizer, grid)):
+            and megatron_ddp.applies(_overlap(sc).dp, sc.shard_optimizer, grid)):
         return False
     grads = parameter_elements(_micro_config(sc), grid) + vocab.embedding_elements(sc.model.hidden, sc.vocab,
                                                                                    grid.x * grid.y)
-    t_ddp = megatron_ddp.grad_sync_time(grads, dtype_bytes(sc.dtype), grid, profile, axis_placement(grid, rpn), rpn,
-                                        axis_inner_products(grid))
+    placement, inner = _placement(sc, rpn)
+    t_ddp = megatron_ddp.grad_sync_time(grads, dtype_bytes(sc.dtype), grid, profile, placement, rpn, inner)
     old = t.micro.exposed_s.get(("data", "allreduce"), 0.0)
     t.sync += t_ddp - old
     t.exposed["data"] = t.exposed.get("data", 0.0) + t_ddp - old
@@ -533,7 +569,7 @@ def _lm_head(sc: Scenario, profile: MachineProfile, rpn: int, exposed: Dict[str,
         return 0.0, 0.0
     grid, m = sc.grid, sc.microbatches
     tokens, tp = sc.microbatch_size * sc.model.seq, grid.x * grid.y
-    placement, inner = axis_placement(grid, rpn), axis_inner_products(grid)
+    placement, inner = _placement(sc, rpn)
     rate = gemm_rate_tflops(profile, sc.dtype, notes) * 1e12
     t_head = vocab.head_flops_per_rank(tokens, sc.model.hidden, sc.vocab, tp) / rate
     t_head += CE_PASSES * tokens * (sc.vocab // tp) * 4 / profile.mem_bandwidth
@@ -547,15 +583,15 @@ def _lm_head(sc: Scenario, profile: MachineProfile, rpn: int, exposed: Dict[str,
 
 
 def _pipeline_messages(sc: Scenario, profile: MachineProfile, rpn: int) -> tuple:
-    """``(t_p2p, t_critical)``: the blocking schedules' ``2 v`` messages per slot, or AxoNN's fill and drain chain
-    ``2 (p - 1) t_msg`` (its steady-state messages overlap compute). A message of ``b s h/G_x e`` bytes at the
-    inter axis' placement; Megatron's scatter/gather (1f1b/interleaved, ``G_y > 1``) sends ``1/G_y`` of it and
-    all-gathers over Y. ``(0, 0)`` for one stage."""
+    """``(t_p2p, t_critical, t_msg)``: the blocking schedules' ``2 v`` messages per slot, or AxoNN's fill and drain
+    chain ``2 (p - 1) t_msg`` (its steady-state messages overlap compute: :func:`_message_wait`). A message of
+    ``b s h/G_x e`` bytes at the inter axis' placement (:func:`~fourd_mpi.perf.machine.inter_placement`; without
+    a network model, every rank of a node's stage sending at once: :func:`~fourd_mpi.perf.machine.message_time`);
+    Megatron's scatter/gather (1f1b/interleaved, ``G_y > 1``) sends ``1/G_y`` of it and all-gathers over Y.
+    ``(0, 0, 0)`` for one stage."""
     p, grid = sc.stages, sc.grid
     if p == 1:
-        return 0.0, 0.0
-    from fourd_mpi.perf.pipeline import inter_placement, message_time
-
+        return 0.0, 0.0, 0.0
     level = inter_placement(grid, p, rpn)
     msg = sc.microbatch_size * sc.model.seq * (sc.model.hidden // grid.x) * dtype_bytes(sc.dtype)
     scatter = sc.schedule in ("1f1b", "interleaved") and grid.y > 1
@@ -563,14 +599,26 @@ def _pipeline_messages(sc: Scenario, profile: MachineProfile, rpn: int) -> tuple
     if profile.has_network:
         t_msg = profile.network_time("allgather", 2, 2 * wire, grid.x * grid.y * grid.z, level, rpn)
     else:
-        t_msg = message_time(profile, level, wire)
+        t_msg = message_time(profile, level, wire, min(rpn, grid.size))
     if scatter:
-        t_msg += collective_time(_coll("y", "allgather", grid.y, msg, "forward", "p2p_gather"), profile,
-                                 axis_placement(grid, rpn), rpn, axis_inner_products(grid))
+        placement, inner = _placement(sc, rpn)
+        t_msg += collective_time(_coll("y", "allgather", grid.y, msg, "forward", "p2p_gather"), profile, placement,
+                                 rpn, inner)
     if sc.schedule == "axonn":
-        return 0.0, 2 * (p - 1) * t_msg
+        return 0.0, 2 * (p - 1) * t_msg, t_msg
     v = sc.chunks if sc.schedule == "interleaved" else 1
-    return schedules.p2p_messages_per_microbatch(sc.schedule, p, v) * t_msg, 0.0
+    return schedules.p2p_messages_per_microbatch(sc.schedule, p, v) * t_msg, 0.0, t_msg
+
+
+def _message_wait(sc: Scenario, profile: MachineProfile, slot: float, t_msg: float) -> float:
+    """AxoNN's steady state: each slot's message each way overlaps the slot's compute only as far as the
+    profile's overlap efficiency ``e`` allows (0 on a host-driven CPU without progress), so a slot waits
+    ``max(W, t) + (1 - e) min(W, t) - W`` (:func:`~fourd_mpi.perf.schedules.link_bound_slot`: never shorter than
+    its message). 0 for the blocking schedules (their messages are ``t_p2p``) and one stage."""
+    if sc.schedule != "axonn" or sc.stages == 1:
+        return 0.0
+    efficiency = 0.0 if profile.host_driven and sc.progress == "none" else profile.overlap_efficiency
+    return schedules.link_bound_slot(slot, t_msg, efficiency) - slot
 
 
 def _embedding_sync(sc: Scenario, profile: MachineProfile, rpn: int, coalesced: bool,
@@ -581,7 +629,7 @@ def _embedding_sync(sc: Scenario, profile: MachineProfile, rpn: int, coalesced: 
     if not sc.vocab:
         return 0.0
     grid, p = sc.grid, sc.stages
-    placement, inner = axis_placement(grid, rpn), axis_inner_products(grid)
+    placement, inner = _placement(sc, rpn)
     emb_bytes = vocab.embedding_elements(sc.model.hidden, sc.vocab, grid.x * grid.y) * dtype_bytes(sc.dtype)
     t_emb = 0.0
     for axis in ("z", "data"):
@@ -594,8 +642,6 @@ def _embedding_sync(sc: Scenario, profile: MachineProfile, rpn: int, coalesced: 
             t_emb += t
             exposed[axis] = exposed.get(axis, 0.0) + t
     if p > 1:
-        from fourd_mpi.perf.pipeline import inter_placement
-
         level = inter_placement(grid, p, rpn)
         if profile.has_network:
             t = profile.network_time("allreduce", 2, emb_bytes, grid.x * grid.y * grid.z, level, rpn)

@@ -92,3 +92,13 @@ def p2p_messages_per_microbatch(schedule: str, stages: int, chunks: int = 1) -> 
     if stages == 1:
         return 0
     return 2 * (chunks if schedule == "interleaved" else 1)
+
+
+def link_bound_slot(slot: float, t_msg: float, efficiency: float) -> float:
+    """One steady-state slot when each micro-batch's message must also cross the stage boundary:
+    ``max(W, t) + (1 - e) min(W, t)`` = ``W + t - e min(W, t)`` for compute ``W``, message ``t`` and
+    overlap efficiency ``e`` (the share of the shorter one hidden behind the longer, as the 4D model
+    hides collectives: :attr:`~fourd_mpi.perf.machine.MachineProfile.overlap_efficiency`, 0 without
+    progress). ``e = 1``: ``max(W, t)`` (a message per slot each way, the link full duplex); a slot
+    never runs faster than its link."""
+    return max(slot, t_msg) + (1.0 - efficiency) * min(slot, t_msg)
