@@ -90,9 +90,9 @@ def microbatch_counts(shard: int, limit: int = MAX_MICROBATCHES) -> List[int]:
 
 #: the most pipeline configurations (stage count x 4D grid of a stage x micro-batch count) ``tune`` searches:
 #: each costs a lower bound (about half a millisecond) and the best are predicted, so a search stays within
-#: seconds. With equal stages (stage counts dividing the layers) gpt-80b's shape with 80 layers and batch 2,048
-#: has 4,712 at 1,024 ranks and 7,296 at 4,096; 96 layers and batch 8,192 at 16,384 ranks 15,048; a model
-#: divisible by everything at 2^24 ranks over 100,000 (refused in one line, before anything is predicted)
+#: seconds. gpt-80b's shape (80 layers, batch 2,048) has 5,583 at 1,024 ranks and 9,057 at 4,096; 96 layers
+#: and batch 8,192 at 16,384 ranks 16,618; a model divisible by everything at 2^24 ranks over 100,000
+#: (refused in one line, before anything is predicted)
 MAX_PIPELINE_CONFIGS = 20_000
 
 
@@ -115,13 +115,13 @@ def _divisors(n: int) -> List[int]:
 
 def pipeline_count(cfg: ModelConfig, ranks: int) -> int:
     """How many configurations :func:`_pipeline_candidates` considers, without listing them (an upper bound
-    of those it returns: the algorithm's own check is not made): per stage count ``s`` (dividing the ranks and
-    the layers) and product
+    of those it returns: the algorithm's own check is not made): per stage count ``s`` (``1 < s <= L``
+    dividing the ranks) and product
     ``q = G_data G_z`` dividing ``ranks / s``, the ordered pairs ``(G_data, G_z)`` and ``(G_y, G_x)``
     times the micro-batch counts of the shard ``B // q``."""
     total = 0
     for stages in _divisors(ranks):
-        if stages < 2 or cfg.layers % stages:
+        if stages < 2 or stages > cfg.layers:
             continue
         per = ranks // stages
         for q in _divisors(per):
@@ -144,8 +144,8 @@ def check_pipeline_search(cfg: ModelConfig, ranks: int, name: str = "pipeline") 
 
 
 def _pipeline_candidates(cfg: ModelConfig, ranks: int, algorithm: Algorithm) -> List[Tuple[Any, Dict[str, Any]]]:
-    """Pipeline configurations of ``ranks`` ranks: ``s`` stages (every divisor ``s > 1`` of the ranks that divides
-    the layers: equal stages, as ``model predict`` expresses them), each a
+    """Pipeline configurations of ``ranks`` ranks: ``s`` stages (every divisor ``1 < s <= layers``; stage ``i``
+    holds :func:`~fourd_mpi.algorithms.pipeline_plan.stage_blocks`, as ``model predict --algorithm pipeline``), each a
     4D grid of ``ranks / s`` ranks the algorithm allows, with every micro-batch size that divides the
     per-replica batch shard ``B/(G_data G_z)`` (:func:`microbatch_counts`: at most
     :data:`MAX_MICROBATCHES` micro-batches) that the algorithm accepts. More than
@@ -154,7 +154,7 @@ def _pipeline_candidates(cfg: ModelConfig, ranks: int, algorithm: Algorithm) -> 
 
     check_pipeline_search(cfg, ranks, algorithm.name)
     out = []
-    for stages in (s for s in _divisors(ranks) if s >= 2 and cfg.layers % s == 0):
+    for stages in (s for s in _divisors(ranks) if 2 <= s <= cfg.layers):
         base = _base_options(cfg, ranks // stages, algorithm, "float32")
         for grid in grid_factorizations(ranks // stages):
             shard = (cfg.batch or 0) // (grid.data * grid.z) if grid.data * grid.z else 0

@@ -69,6 +69,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional
 
+from fourd_mpi.algorithms.pipeline_plan import stage_blocks
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
@@ -252,8 +253,9 @@ def check(sc: Scenario) -> None:
         raise ConfigError(f"model {sc.model.name} needs the global batch: give --batch SEQUENCES")
     if sc.stages < 1 or sc.stages > sc.model.layers:
         raise ConfigError(f"--ginter (pipeline stages) must be between 1 and the {sc.model.layers} layers, got {sc.stages}")
-    if sc.model.layers % sc.stages:
-        raise ConfigError(f"{sc.model.layers} layers do not split into {sc.stages} equal stages")
+    if sc.model.layers % sc.stages and sc.algorithm != "pipeline":  # (this suite's pipeline balances to one block)
+        raise ConfigError(f"{sc.model.layers} layers do not split into {sc.stages} equal stages (algorithm "
+                          f"{sc.algorithm}; --algorithm pipeline gives the first L mod p stages one block more)")
     if sc.vocab < 0:
         raise ConfigError(f"--vocab must be 0 or more, got {sc.vocab}")
     tp = sc.grid.x * sc.grid.y
@@ -367,7 +369,7 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     cfg, grid, p = sc.model, sc.grid, sc.stages
     b, m, v = sc.microbatch_size, sc.microbatches, sc.chunks
     e = dtype_bytes(sc.dtype)
-    layers = cfg.layers // p
+    layers = len(stage_blocks(cfg.layers, p, stage))
     stage_cfg = replace(cfg, layers=layers)
     micro = replace(stage_cfg, batch=b * grid.data * grid.z, layers=1)
     tokens = b * cfg.seq
@@ -380,8 +382,8 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     if sc.implementation == zero3_2021.NAME:  # zero.Init partitions every parameter, the embedding too
         emb = -(-emb // grid.z)
     state = state_bytes(params + emb, grid, sc.dtype, sc.optimizer, sc.precision, sc.shard_optimizer)
-    passes = schedules.inflight_block_passes(sc.schedule, p, m, cfg.layers, v if sc.schedule == "interleaved" else 1,
-                                             stage)
+    passes = schedules.inflight_block_passes(sc.schedule, p, m, layers * p, v if sc.schedule == "interleaved" else 1,
+                                             stage)  # (L = the stage's blocks x p: uneven stages hold their own)
     # the [m, h/G_x] tensors a block keeps (4 of them when not recomputed) are split over Y with SP
     sp_saving = 4 * tokens * (hx - hx // sp) if sp > 1 else 0
     if sc.recompute == "full":
@@ -505,8 +507,9 @@ def _placement(sc: Scenario, rpn: int):
 
 
 def _micro_config(sc: Scenario) -> ModelConfig:
-    """One slot's model: ``L/p`` blocks on ``B/m`` sequences."""
-    return replace(sc.model, layers=sc.model.layers // sc.stages, batch=sc.model.batch // sc.microbatches)
+    """One slot's model: the fullest stage's ``ceil(L/p)`` blocks (stage 0) on ``B/m`` sequences."""
+    return replace(sc.model, layers=len(stage_blocks(sc.model.layers, sc.stages, 0)),
+                   batch=sc.model.batch // sc.microbatches)
 
 
 def _block_slot(sc: Scenario, profile: MachineProfile, rpn: int) -> _Slot:

@@ -45,7 +45,7 @@ def check_search_size(ranks: int, option: str = "--ranks", cfg: Optional[ModelCo
     count, which = grid_count(ranks), ""
     if count > MAX_TUNE_GRIDS and cfg is not None and count <= MAX_SCANNED_GRIDS:
         count = sum(1 for grid in grid_factorizations(ranks) if not model_problems(cfg, grid))
-        which = f" that {cfg.name}'s sizes divide"
+        which = f" that the sizes of {cfg.name} divide"
     if count > MAX_TUNE_GRIDS:
         low = 1 << (ranks.bit_length() - 1)
         raise ConfigError(f"{option} {ranks:,} has {count:,} candidate grids{which}, more than the {MAX_TUNE_GRIDS:,} the tuner "
