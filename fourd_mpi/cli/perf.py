@@ -368,7 +368,7 @@ def _register_model(sub) -> None:
     add_site(pp, default="perlmutter", help="use the machine profile the site names (its machine_profile: key)")
     pp.add_argument("--profile", default=None, metavar="P", help="machine profile (built-in name or file; overrides "
                                                                   "--site)")
-    pp.add_argument("--memory-limit", type=memory_limit, default=80 * 2 ** 30, metavar="SIZE",
+    pp.add_argument("--memory-limit", type=memory_limit, default="80GiB", metavar="SIZE",
                     help="memory per GPU, run's grammar (80GiB, 80G or 80 GiB; default 80: the A100-80GB nodes; 40 for the "
                          "others; none)")
     pp.add_argument("--batch", type=batch_size, default=None, metavar="N",
