@@ -8,10 +8,14 @@ leading dashes, ``-`` or ``_``); the command line wins over the file, the file o
 from __future__ import annotations
 
 import argparse
+import logging
 
+from fourd_mpi.cli.args import add_deprecated
 from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.values import axis_size, batch_size, int_in, text, vocab_size
+
+log = logging.getLogger(__name__)
 
 _chunks = int_in(1, 1 << 16, "model chunks per stage")
 
@@ -67,7 +71,8 @@ PREDICT_OPTIONS = {
                                      "(megatron1d or dp: Megatron-LM 2020-2021's DDP=local, one coalesced gradient "
                                      "all-reduce per step)"),
 }
-#: today's spellings of run's words: hidden aliases that print a one-line note naming run's spelling
+#: today's spellings of run's words: hidden aliases (:func:`~fourd_mpi.cli.args.add_deprecated`) that print a
+#: one-line note naming run's spelling
 ALIASES = {"stages": "ginter", "schedule": "pipeline-schedule"}
 
 
@@ -85,8 +90,7 @@ def register(msub) -> None:
         else:
             p.add_argument(f"--{name}", type=kind, default=None, help=what)
     for old, new in ALIASES.items():
-        p.add_argument(f"--{old}", dest=f"alias_{old}", type=PREDICT_OPTIONS[new][0], default=None,
-                       help=argparse.SUPPRESS)
+        add_deprecated(p, f"--{old}", f"--{new}", dest=new.replace("-", "_"), type=PREDICT_OPTIONS[new][0])
     add_json_format(p, PREDICT_JSON)
     pub = msub.add_parser("published", help="the model against the shipped published results (Megatron-LM SC21 "
                                             "Tables 1 and 2, its README of 2020, AxoNN SC'24), the memory and the "
@@ -118,12 +122,6 @@ PUBLISHED_JSON = JsonDoc("model published", {
 def _options(args) -> dict:
     """The options of ``predict``: command line over ``--config`` over defaults."""
     values = {name: getattr(args, name.replace("-", "_")) for name in PREDICT_OPTIONS}
-    for old, new in ALIASES.items():
-        given = getattr(args, f"alias_{old}", None)
-        if given is not None:
-            _alias_note(f"--{old}", f"--{new}")
-            if values[new] is None:
-                values[new] = given
     if args.predict_config is not None:
         from fourd_mpi.util.yamlspec import YamlDocument
 
@@ -135,8 +133,8 @@ def _options(args) -> dict:
             raise ConfigError(f"--config {source}: expected a mapping of option: value")
         for key, value in doc.items():
             name = str(key).replace("_", "-")
-            if name in ALIASES:
-                _alias_note(f"{key}:", f"{ALIASES[name].replace('-', '_')}:")
+            if name in ALIASES:  # today's spelling of run's word, as the command line's --stages
+                log.info("note: %s: is deprecated, use %s:", key, ALIASES[name].replace("-", "_"))
                 name = ALIASES[name]
             if name not in PREDICT_OPTIONS:
                 raise ConfigError(f"--config {source}: unknown option {key!r} (known: {', '.join(PREDICT_OPTIONS)})")
@@ -155,14 +153,6 @@ def _options(args) -> dict:
         if values[name] is None:
             values[name] = default
     return values
-
-
-def _alias_note(old: str, new: str) -> None:
-    """One line on stderr: ``old`` is today's spelling of run's ``new`` (it still works)."""
-    import sys
-
-    print(f"note: {old} is spelled {new} now, as fourd-mpi run spells it (the old spelling still works)",
-          file=sys.stderr)
 
 
 def scenario_from(values: dict):

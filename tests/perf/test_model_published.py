@@ -397,12 +397,12 @@ def test_model_predict_cli_json_config_and_refusals(tmp_path):
     text = cli("model", "predict", "--config", conf, "--ginter", "3")  # the command line wins
     assert text.returncode == 0 and "x 3 stage(s)" in text.stdout and "% of 312 TFLOP/s peak" in text.stdout
     # the config's stages: and schedule: are today's spellings of run's ginter: and pipeline_schedule:
-    assert "note: stages: is spelled ginter: now" in text.stderr
-    assert "note: schedule: is spelled pipeline_schedule: now" in text.stderr
+    assert "note: stages: is deprecated, use ginter:" in text.stderr
+    assert "note: schedule: is deprecated, use pipeline_schedule:" in text.stderr
     # --stages and --schedule: hidden aliases of run's --ginter and --pipeline-schedule, with a note
     old = cli("model", "predict", "--config", conf, "--stages", "3", "--format", "json")
     assert old.returncode == 0 and json.loads(old.stdout)["scenario"]["stages"] == 3
-    assert "note: --stages is spelled --ginter now, as fourd-mpi run spells it" in old.stderr
+    assert "note: --stages is deprecated, use --ginter" in old.stderr
     helptext = cli("model", "predict", "--help").stdout
     assert "--ginter" in helptext and "--pipeline-schedule" in helptext and "--stages" not in helptext
     for args, msg in [(("--grid", "16x1x8x1", "--ginter", "5"), "do not split into 5 equal stages"),
