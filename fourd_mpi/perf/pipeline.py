@@ -32,7 +32,7 @@ receive buffers of ``msg`` bytes.
 **Time** (:func:`predict_pipeline`, same inputs and output as :func:`fourd_mpi.perf.predict.predict`): the
 one pipeline model, :func:`fourd_mpi.perf.scenario.predict_scenario` (``model predict``'s), of the scenario
 this suite's run is (no vocabulary, every dW block in flight): the 4D prediction of one **micro-batch** on
-the fullest stage (``L/p`` blocks, ``B/m`` sequences, its axes placed in the pipeline's world:
+the fullest stage (``ceil(L/p)`` blocks, ``B/m`` sequences, its axes placed in the pipeline's world:
 :func:`~fourd_mpi.perf.machine.world_levels`) gives the work of one slot ``W_mb``: that step less its exposed
 gradient synchronization ``S`` and its optimizer update ``U``, which both run once, after the last
 micro-batch; ``step = W (m + p - 1) + U + S + 2 (p - 1) t_msg`` for AxoNN's schedule, with
@@ -55,8 +55,10 @@ from fourd_mpi.algorithms.pipeline_plan import inflight, stage_blocks
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf import schedules
-from fourd_mpi.perf.schedules import link_bound_slot
+# (placement and message helpers live beside the 4D ones, link_bound_slot with the schedules: predict_scenario
+# uses them and this module uses predict_scenario; message_time and link_bound_slot are re-exported)
 from fourd_mpi.perf.machine import MachineProfile, inter_placement, message_time, world_levels, world_strides
+from fourd_mpi.perf.schedules import link_bound_slot
 from fourd_mpi.perf.memory import (MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens,
                                    saved_activation_elements)
 from fourd_mpi.perf.predict import Prediction
