@@ -203,7 +203,7 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
                      precision: Optional[str] = None, shard_optimizer: str = "none") -> Prediction:
     """The pipeline's step by THE pipeline model, :func:`~fourd_mpi.perf.scenario.predict_scenario` (this is a
     thin wrapper: tune, ``model validate`` and the benchmarks price a pipeline as ``model predict`` does), of the
-    scenario this suite's run is: no vocabulary (their models have none), every dW block in flight, ``grid``
+    scenario (:meth:`~fourd_mpi.perf.scenario.Scenario.from_options`, run's words) this suite's run is: no vocabulary (their models have none), every dW block in flight, ``grid``
     each stage's 4D grid, equal stages (``L`` a multiple of ``p``). The result is a
     :class:`~fourd_mpi.perf.predict.Prediction` like :func:`~fourd_mpi.perf.predict.predict`'s, with the inter
     axis added: ``exposed_s`` keys ``("inter", "send")`` (the messages on the critical path and what a slot waits
@@ -211,10 +211,11 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     ``placement["inter"]``; ``memory`` is stage 0's arrays in this suite's step (:func:`pipeline_memory`, run's
     admission estimate)."""
     overlap = overlap or OverlapConfig()
-    sc = Scenario(cfg, grid, profile.name, algorithm="pipeline", stages=stages, schedule=schedule,
-                  microbatches=microbatches, vocab=0, recompute=recompute, dtype=dtype, attention=attention,
-                  precision=precision, shard_optimizer=shard_optimizer, optimizer=optimizer, overlap=overlap,
-                  progress=progress, dw_window=None, ranks_per_node=ranks_per_node)
+    sc = Scenario.from_options({"model": cfg, "grid": grid, "algorithm": "pipeline", "ginter": stages,
+                                "pipeline-schedule": schedule, "microbatches": microbatches, "vocab": 0,
+                                "recompute": recompute, "dtype": dtype, "attention": attention, "precision": precision,
+                                "shard-optimizer": shard_optimizer, "optimizer": optimizer, "overlap": overlap,
+                                "progress": progress, "dw-window": "none", "ranks-per-node": ranks_per_node}, profile)
     r = predict_scenario(sc, profile)
     micro, m = r.slot.micro, microbatches
     scale = {key: 1 if key in SYNC_KEYS else m for key in micro.comm_s}

@@ -141,9 +141,10 @@ class Scenario:
         """The one way from options to a scenario (``model predict``; every caller outside ``perf``): ``options``
         maps run's option names (:data:`fourd_mpi.run.options.RUN_OPTIONS`, ``-`` or ``_``) to parsed values,
         with run's meanings: ``ginter`` stages, ``pipeline-schedule``, ``microbatches``, ``recompute``,
-        ``overlap``, ``dtype``, ``gdata``/``gz``/``gy``/``gx`` (or ``grid``: ``16x1x8x1``), ``memory-limit``
-        (bytes, 0 none, missing: the profile's device memory) and the model (``model`` preset, ``layers`` ...
-        ``batch``); plus what run cannot choose (:data:`SCENARIO_ONLY`). A missing key takes the scenario's
+        ``overlap``, ``progress``, ``dtype``, ``gdata``/``gz``/``gy``/``gx`` (or ``grid``: ``16x1x8x1`` or a
+        :class:`GridShape`), ``memory-limit`` (bytes, 0 none, missing: the profile's device memory) and the model
+        (``model`` preset, ``layers`` ... ``batch``; or a resolved :class:`ModelConfig`); plus what run cannot
+        choose (:data:`SCENARIO_ONLY`). A missing key takes the scenario's
         default (``dtype``: the profile's training dtype). Bad values: one-line :class:`ConfigError`."""
         return _from_options(options, profile)
 
@@ -199,9 +200,12 @@ def _from_options(options: Mapping[str, Any], profile: MachineProfile) -> Scenar
         if get(name) is not None and get(name) < 1:
             raise ConfigError(f"--{name} must be positive, got {get(name)}")
     overlap = get("overlap", "all")
-    OverlapConfig.parse(overlap)  # one line for an unknown overlap
-    sizes = {k.replace("-", "_"): get(k) for k in ("layers", "hidden", "heads", "ffn-hidden", "seq")}
-    cfg = resolve_labelled(get("model", "gpt-80b"), batch=get("batch"), **sizes)
+    if not isinstance(overlap, OverlapConfig):
+        OverlapConfig.parse(overlap)  # one line for an unknown overlap
+    cfg = get("model", "gpt-80b")
+    if not isinstance(cfg, ModelConfig):  # a preset's name and run's size options; or a resolved model as is
+        sizes = {k.replace("-", "_"): get(k) for k in ("layers", "hidden", "heads", "ffn-hidden", "seq")}
+        cfg = resolve_labelled(cfg, batch=get("batch"), **sizes)
     grid = get("grid")
     if grid is None and any(get(a) is not None for a in ("gdata", "gz", "gy", "gx")):
         grid = GridShape(*(get(a, 1) for a in ("gdata", "gz", "gy", "gx")))
