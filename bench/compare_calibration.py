@@ -69,7 +69,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from fourd_mpi.analysis.compare import Settings, compare_runs, min_pairs, min_runs  # noqa: E402
-from fourd_mpi.results.index import entry_of_trace  # noqa: E402
+from fourd_mpi.trace.indexing import entry_of_trace  # noqa: E402
 from fourd_mpi.trace.read import load_trace  # noqa: E402
 from fourd_mpi.trace.summary import step_stats  # noqa: E402
 

@@ -70,6 +70,7 @@ def main(argv=None) -> int:
     from fourd_mpi.core.backend import make_backend, parse_dtype
     from fourd_mpi.core.collectives import Collectives
     from fourd_mpi.core.grid import GridShape, ProcessGrid
+    from fourd_mpi.trace.events import Tracer
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
     dtype = parse_dtype(args.dtype)
     modes = [m for m in args.modes.split(",") if m]
     backend = make_backend(args.backend, dtype, grid.local_rank, device_buffers=modes[0])
-    comm = Collectives(grid, backend)
+    comm = Collectives(grid, backend, tracer=Tracer(level="step"))
     if args.sizes:
         cases = [(("allreduce", "x", int(s)), 1) for s in args.sizes.split(",")]
     else:

@@ -110,9 +110,9 @@ def main() -> int:
     ap.add_argument("--overlap-layers", type=int, default=None,
                     help="2. overlap: transformer blocks (default gpt-tiny's): the first gather and the last "
                          "reduce-scatter of a pass have no compute to hide behind, 1/layers of the traffic")
-    ap.add_argument("--overlap-poll-flops", default="1e7",
+    ap.add_argument("--overlap-poll-flops", default="auto",
                     help="2. overlap: --poll-flops of the poll case, or a comma list, one poll case each (default "
-                         "1e7, run's default; e.g. auto,1e7,1e9: a poll costs host time, and too few let TCP's "
+                         "auto, run's default; e.g. auto,1e7,1e9: a poll costs host time, and too few let TCP's "
                          "buffers run dry)")
     ap.add_argument("--overlap-ppn", type=int, choices=(1, 2), default=1,
                     help="2. overlap: ranks per node of the overlapped cases (default 1: the axis crosses the link; "

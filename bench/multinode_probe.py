@@ -71,7 +71,7 @@ import json  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from fourd_mpi.perf.collbench import IterationRule, timed_iterations  # noqa: E402
+from fourd_mpi.run.collbench import IterationRule, timed_iterations  # noqa: E402
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()

@@ -129,6 +129,7 @@ def progress_probe(world, sizes_mib, repeats: int, poll_flops: float):
     from fourd_mpi.core.grid import GridShape, ProcessGrid
     from fourd_mpi.step import kernels
     from fourd_mpi.core.progress import make_progress
+    from fourd_mpi.trace.events import Tracer
 
     grid = ProcessGrid(world, GridShape(world.Get_size(), 1, 1, 1))
     backend = NumpyBackend(np.float32)
@@ -147,7 +148,7 @@ def progress_probe(world, sizes_mib, repeats: int, poll_flops: float):
 
     for mib in sizes_mib:
         buf = np.ones(int(mib * 2**20) // 4, dtype=np.float32)
-        comm = Collectives(grid, backend, progress=make_progress("none"))
+        comm = Collectives(grid, backend, progress=make_progress("none"), tracer=Tracer(level="step"))
         t_pure, _ = timed(lambda: comm.allreduce("data", buf).wait())
         reps = 4
 
@@ -162,7 +163,7 @@ def progress_probe(world, sizes_mib, repeats: int, poll_flops: float):
         reps = max(1, int(round(reps * world.allreduce(t_pure, op=MPI.MAX) / world.allreduce(t_probe, op=MPI.MAX))))
         t_cpu, _ = timed(lambda: compute(None))
         for strategy in ("none", "poll"):
-            comm = Collectives(grid, backend, progress=make_progress(strategy, poll_flops))
+            comm = Collectives(grid, backend, progress=make_progress(strategy, poll_flops), tracer=Tracer(level="step"))
 
             def overlapped():
                 handle = comm.allreduce("data", buf)

@@ -4,7 +4,7 @@
 
 Pattern (OSU / IMB-NBC): post an Iallreduce of SIZE bytes, compute for a known time with a
 Testsome poll after every GEMM, wait. (1) OSU's formula on the times of the pattern,
-``100 - 100 (t_ovrl - t_cpu) / t_pure`` (``fourd_mpi.perf.collbench.osu_overlap``); (2) the trace
+``100 - 100 (t_ovrl - t_cpu) / t_pure`` (``fourd_mpi.run.collbench.osu_overlap``); (2) the trace
 of the same trials recorded by the step's own machinery (``Collectives`` + ``Tracer``):
 ``overlap_pct = 100 * sum(overlap_ns) / sum(complete_ns - call_ns)`` (compute while in flight) and
 ``hidden_pct = 100 * (1 - exposed / exposed of the pure pattern)`` with ``exposed = (call_ns -
@@ -39,7 +39,7 @@ from fourd_mpi.core.backend import make_backend
 from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.core.grid import GridShape, ProcessGrid
 from fourd_mpi.core.progress import PollProgress
-from fourd_mpi.perf.collbench import barrier_median_time, osu_overlap
+from fourd_mpi.run.collbench import barrier_median_time, osu_overlap
 from fourd_mpi.trace.events import LANE_COMM0, Tracer
 
 ARGS = [a for a in sys.argv[1:] if a != "--json"]

@@ -201,7 +201,7 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
              "megatron1d --grid 16x1x8x1 --ginter 6 --pipeline-schedule interleaved --chunks-per-stage 7 --microbatch-size 1 "
              "--dtype float16 --attention unfused --overlap none", r"MFU \d"),
         Step(".venv/bin/fourd-mpi model published --dataset all   # or narayanan_sc21, axonn_sc24, "
-             "narayanan_sc21_table2, megatron_readme_2020", r"Narayanan"),
+             "narayanan_sc21_table2, megatron_readme_2020, llama3_405b, megascale_megatron", r"Narayanan"),
         Step(".venv/bin/fourd-mpi tune --ranks 64 --model gpt-5b --batch 64 --site perlmutter --top 5 "
              "--memory-limit 40 --emit-sweep tune.yaml", r"tune\.yaml"),
         # docs/multinode.md: the model's side of the committed ranking, again

@@ -8,6 +8,7 @@
 4. No import circles between modules of ``fourd_mpi``: the graph is built from the AST of every
    module, function-local (lazy) imports and ``TYPE_CHECKING`` imports included, so a lazy import
    cannot hide a circle; a circle is reported by its modules and the lines that import.
+5. The package order (:data:`ORDER`): no module imports, lazily or not, a subpackage placed after its own.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ ONLINE = {
     "fourd_mpi.run.build", "fourd_mpi.run.session", "fourd_mpi.run.verify", "fourd_mpi.algorithms.tensor4d",
     "fourd_mpi.algorithms.pipeline", "fourd_mpi.core.p2p",
     "fourd_mpi.algorithms.optimus3d", "fourd_mpi.algorithms.optimus_layers",
-    "fourd_mpi.perf.collbench",
+    "fourd_mpi.run.collbench",
 }
 
 
@@ -212,6 +213,85 @@ def test_the_circle_checker_sees_a_lazy_circle(tmp_path):
     assert describe_circle(graph, circles[0]) == "pkg.a (line 1) -> pkg.sub.b (line 2) -> pkg.c (line 2) -> pkg.a"
     (pkg / "c.py").write_text("def helper():\n    return 1\n")
     assert import_circles(import_graph(tmp_path, "pkg")) == []
+
+
+# -- the package order ---------------------------------------------------------------------
+
+#: the layers of ``fourd_mpi``, lowest first: every subpackage and top-level module (``__init__`` is the package's
+#: own ``__init__.py``). A module imports its own layer and those before it, never one after it
+#: (:func:`test_no_import_climbs_the_package_order` says why each sits where it does).
+ORDER = ("__init__", "errors", "util", "core", "step", "algorithms", "perf", "results", "trace", "run", "analysis",
+         "jobs", "testbed", "cli", "__main__")
+
+
+def package_units(root: Path, package: str):
+    """The layers ``ORDER`` places: the subpackages of ``package`` and its top-level modules (``__init__`` too)."""
+    base = root / package
+    return {p.name for p in base.iterdir() if p.is_dir() and (p / "__init__.py").exists()} | \
+        {p.stem for p in base.glob("*.py")}
+
+
+def order_climbs(root: Path, package: str, order):
+    """``path:line -> module (A imports B, after it in the order)``, once per import statement and layer, for every
+    import (module level, function-local, ``TYPE_CHECKING``) of a layer placed after the importing module's own.
+    A name below ``package`` that is no layer (``from fourd_mpi import __version__``) belongs to ``__init__``."""
+    units = package_units(root, package)
+    rank = {unit: i for i, unit in enumerate(order)}
+    out = []
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root / package).parts
+        own = rel[0][:-3] if len(rel) == 1 else rel[0]
+        seen = set()
+        for name, line in import_sites(path, root):
+            parts = name.split(".")
+            if parts[0] != package:
+                continue
+            unit = parts[1] if len(parts) > 1 and parts[1] in units else "__init__"
+            if rank[unit] > rank[own] and (line, unit) not in seen:
+                seen.add((line, unit))
+                out.append(f"{path.relative_to(root)}:{line} -> {name} ({own} imports {unit}, after it in the order)")
+    return out
+
+
+def test_no_import_climbs_the_package_order(tmp_path):
+    """No module of a layer imports a layer after it in :data:`ORDER`, by any import (function-local and
+    ``TYPE_CHECKING`` ones included), and every subpackage and top-level module is placed (a new one fails here
+    until it is). The order, lowest first:
+
+    - ``__init__`` (the version), ``errors`` (the exceptions), ``util`` (pure helpers): used everywhere;
+    - ``core``: grid, layouts, backends, the collectives; the event recorder is handed to the collectives
+      (``Collectives(..., tracer=)``), never imported: ``core`` sits below ``trace``;
+    - ``step`` (kernels, layers, model, engine) on ``core``; ``algorithms`` (the registry and what is built on
+      ``step``), with the resolved :class:`~fourd_mpi.algorithms.runoptions.RunOptions` the algorithms' checks take;
+    - ``perf``: the model only, pure (no trace, no MPI, nothing above it): the micro-benchmark that measures is
+      ``run/collbench.py`` (its fits: ``perf/calibration.py``), checks against traces are
+      ``analysis/model_check.py``;
+    - ``results`` below ``trace``: the index file (its lines, locking, appends, rewrite) reads no trace, and the
+      trace package writes into it (a run's spool refuses a foreign index link, ``trace recover`` appends the
+      recovered run's line); the lines built from traces and ``reindex`` are ``trace/indexing.py``;
+    - ``trace`` (recorder, spool, merge, reader, summary); ``run`` (options, building a run, the traced session,
+      the collective micro-benchmark), which wires them; ``analysis`` (tables, figures, exports, comparisons, the
+      model against traces) on what runs write;
+    - ``jobs`` (sweeps, job scripts) on run options and analysis; ``testbed``; ``cli``, which nothing else
+      imports (rule 1); ``__main__``, its entry point.
+    """
+    pkg = tmp_path / "pkg"  # known answer: a lazy relative import up the order is found, named by file and line
+    for sub in ("low", "high"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "high" / "b.py").write_text("from pkg.low import a\nfrom pkg import __version__\n")
+    (pkg / "low" / "a.py").write_text("import os\n\n\ndef f():\n    from ..high import b, c\n    return b\n")
+    assert order_climbs(tmp_path, "pkg", ("__init__", "low", "high")) == [
+        "pkg/low/a.py:5 -> pkg.high (low imports high, after it in the order)"]
+
+    units = package_units(ROOT, "fourd_mpi")
+    assert {"core", "perf", "trace", "cli", "errors", "__init__", "__main__"} <= units, units
+    assert set(ORDER) == units, (f"place every subpackage and top-level module of fourd_mpi in ORDER: not placed "
+                                 f"{sorted(units - set(ORDER))}, placed but gone {sorted(set(ORDER) - units)}")
+    climbs = order_climbs(ROOT, "fourd_mpi", ORDER)
+    assert not climbs, ("imports that climb the package order (" + " < ".join(ORDER) + "; lazy imports count "
+                        "too):\n" + "\n".join(climbs))
 
 
 @pytest.mark.parametrize("module", offline_modules())

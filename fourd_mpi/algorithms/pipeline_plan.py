@@ -52,7 +52,7 @@ def local_sequences(options) -> int:
 
 
 def check(algorithm, options) -> None:
-    """Cross-checks of resolved options (:class:`~fourd_mpi.run.options.RunOptions`). Pure."""
+    """Cross-checks of resolved options (:class:`~fourd_mpi.algorithms.runoptions.RunOptions`). Pure."""
     stages, layers = options.ginter, options.model.layers
     if stages > layers:
         raise ConfigError(f"--ginter {stages}: more pipeline stages than blocks ({options.model.name} has {layers} "

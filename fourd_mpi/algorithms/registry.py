@@ -148,7 +148,7 @@ class Algorithm:
         return None
 
     def check(self, options) -> None:
-        """Cross-checks of resolved options (:class:`~fourd_mpi.run.options.RunOptions`) that only this
+        """Cross-checks of resolved options (:class:`~fourd_mpi.algorithms.runoptions.RunOptions`) that only this
         algorithm knows (e.g. a cube grid). Pure; raises :class:`ConfigError`."""
         if self.checker is not None:
             self.checker(self, options)

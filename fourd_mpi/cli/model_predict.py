@@ -13,7 +13,7 @@ import logging
 from fourd_mpi.cli.args import add_deprecated
 from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.util.values import axis_size, batch_size, int_in, text, vocab_size
+from fourd_mpi.util.values import axis_size, batch_size, head_count, int_in, layer_count, text, vocab_size
 
 log = logging.getLogger(__name__)
 
@@ -37,39 +37,53 @@ PREDICT_OPTIONS = {
     "layers": (_run("layers"), None, "blocks l"),
     "hidden": (_run("hidden"), None, "hidden size h (ffn = 4h unless --ffn-hidden)"),
     "heads": (_run("heads"), None, "attention heads"), "ffn-hidden": (_run("ffn-hidden"), None, "MLP width"),
+    "kv-heads": (head_count, None, "key/value heads of grouped-query attention (Ainslie et al. 2023; default: "
+                                   "--heads, multi-head attention); the model only"),
+    "mlp": (str, "gelu", "gelu (two h x f GEMMs) or swiglu (three: Shazeer 2020, Llama 2); the model only"),
     "seq": (_run("seq"), None, "sequence length s"),
     "batch": (_run("batch"), None, "global batch B in sequences (required)"),
     "vocab": (vocab_size, 51200, "vocabulary V (embedding and LM head; 0 leaves them out; default 51200)"),
     "algorithm": (str, "axonn4d", "axonn4d, megatron1d, fsdp, dp or pipeline (4D family)"),
     "grid": (str, None, "G_data x G_z x G_y x G_x of one pipeline stage, e.g. 16x1x8x1 (required)"),
     "ginter": (_run("ginter"), 1, "pipeline stages p, as run's --ginter (default 1)"),
+    "first-stage-layers": (layer_count, None, "blocks of the first stage (Megatron-LM's --decoder-first-pipeline-"
+                                              "num-layers; the other stages split the rest evenly)"),
+    "last-stage-layers": (layer_count, None, "blocks of the last stage (Megatron-LM's --decoder-last-pipeline-num-"
+                                             "layers); without either, p not dividing L: the first L mod p stages "
+                                             "hold one block more"),
     "pipeline-schedule": (str, "1f1b", "1f1b, interleaved (with --chunks-per-stage v) or axonn, as run's "
                                        "--pipeline-schedule (default 1f1b)"),
     "chunks-per-stage": (_chunks, 1, "model chunks v per stage of the interleaved schedule"),
+    "context-parallel": (axis_size, 1, "ranks sharing each sequence (Megatron-LM's context parallelism: s/cp tokens "
+                                       "per rank, K/V around a ring; needs --attention fused; default 1)"),
     "microbatch-size": (batch_size, None, "sequences b per micro-batch and data x Z shard"),
     "microbatches": (_run("microbatches"), None, "micro-batches m per step (B = b m G_data G_z; gradient "
                                                  "accumulation)"),
     "sequence-parallel": (bool, False, "sequence parallelism over Y (Megatron-like grids)"),
     "recompute": (_run("recompute"), "full", "none, selective or full activation recompute"),
-    "dtype": (_run("dtype"), None, "float16, bfloat16, float32 (default: the profile's training dtype)"),
+    "dtype": (_run("dtype"), None, "float16, bfloat16, float32, or float8 (alias fp8: Transformer Engine's FP8 "
+                                   "GEMMs, BF16 storage; Hopper profiles) (default: the profile's training dtype)"),
     "attention": (str, "fused", "fused (flash) or unfused"),
     "precision": (str, None, "mixed or pure (default mixed for 16-bit dtypes)"),
-    "shard-optimizer": (str, "none", "none or data (distributed optimizer / ZeRO-1)"),
+    "shard-optimizer": (str, "none", "none or data (distributed optimizer / ZeRO-1: optimizer state split over "
+                                     "G_data; the gradient all-reduce becomes a reduce-scatter and, after the "
+                                     "update, a blocking parameter all-gather)"),
     "optimizer": (_run("optimizer"), "adam", "adam or sgd"),
     "overlap": (_run("overlap"), "all", "none, all or a list of oag,ors,oar,dp,od"),
     "progress": (_run("progress"), "poll", "who progresses nonblocking collectives during compute: poll (default), "
                                            "none or thread, as run's --progress"),
     "dw-window": (str, "2", "dW blocks whose reduce-scatter may be in flight at once with ORS, or 'none' "
                             "(unbounded; default 2)"),
-    "profile": (str, "perlmutter", "machine profile: a built-in (dgx-a100, dgx-a100-40gb, dgx-h100, alps-gh200, "
-                                   "perlmutter, frontier, laptop) or a file"),
+    "profile": (str, "perlmutter", "machine profile: a built-in (dgx-a100, dgx-a100-40gb, dgx-h100, h100-roce, "
+                                   "alps-gh200, perlmutter, frontier, laptop) or a file"),
     "ranks-per-node": (axis_size, None, "ranks per node (default: the profile's)"),
     "memory-limit": (_run("memory-limit"), None, "memory per GPU for the fits line, run's grammar (80GiB, 80G or "
                                                  "40 GiB; default: the profile's device memory; none)"),
     "implementation": (str, "fourd", "fourd (this suite's step), deepspeed-2021 (fsdp on 1xNx1x1 only: DeepSpeed "
                                      "ZeRO-3 v0.3.13-v0.5.4's third gathers and per-rank copy loops) or megatron-lm "
                                      "(megatron1d or dp: Megatron-LM 2020-2021's DDP=local, one coalesced gradient "
-                                     "all-reduce per step)"),
+                                     "all-reduce per step) or pytorch-fsdp (fsdp: PyTorch FSDP's gradient "
+                                     "accumulation, a reduce-scatter per micro-batch into sharded sums)"),
 }
 #: today's spellings of run's words: hidden aliases (:func:`~fourd_mpi.cli.args.add_deprecated`) that print a
 #: one-line note naming run's spelling
@@ -96,7 +110,8 @@ def register(msub) -> None:
                                             "Tables 1 and 2, its README of 2020, AxoNN SC'24), the memory and the "
                                             "ranking claims (offline)")
     pub.add_argument("--dataset", default="all", metavar="NAME",
-                     help="narayanan_sc21, axonn_sc24, narayanan_sc21_table2, megatron_readme_2020 or all (default)")
+                     help="narayanan_sc21, axonn_sc24, narayanan_sc21_table2, megatron_readme_2020, llama3_405b, "
+                          "megascale_megatron or all (default)")
     pub.add_argument("--no-claims", action="store_true", help="leave out the ranking claims")
     add_json_format(pub, PUBLISHED_JSON)
 

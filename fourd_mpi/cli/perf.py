@@ -321,7 +321,7 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
 # -- model calibrate | validate ---------------------------------------------------------------
 
 def _register_model(sub) -> None:
-    from fourd_mpi.perf.validate import DEFAULT_FIT_TERMS
+    from fourd_mpi.analysis.model_check import DEFAULT_FIT_TERMS
 
     p = sub.add_parser("model", help="the performance model: predict a forced configuration, hold it against "
                                      "published results, calibrate and validate it against traces (one process)")
@@ -557,7 +557,7 @@ def cmd_model(args, world=None) -> int:
         return _cmd_calibrate(args)
     from fourd_mpi.analysis.tables import collect_or_fail
     from fourd_mpi.jobs.sites import resolve_profile
-    from fourd_mpi.perf.validate import report, validate
+    from fourd_mpi.analysis.model_check import report, validate
 
     refuse_output(args.output, args.force, inputs=named_inputs(args.paths + [args.profile or ""]))
     profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
@@ -576,7 +576,7 @@ def _cmd_calibrate(args) -> int:
 
     from fourd_mpi.analysis.tables import collect_or_fail, format_table
     from fourd_mpi.perf.machine import TERMS, load_profile
-    from fourd_mpi.perf.validate import calibrate
+    from fourd_mpi.analysis.model_check import calibrate
 
     terms = parse_list(args.terms, TERMS, "--terms")  # checked before any trace is read
     refuse_output(args.output, args.force, inputs=named_inputs(args.paths + [args.profile or ""]))
@@ -612,7 +612,7 @@ MAX_BENCH_ITERS = 1 << 20
 MAX_GEMM_SIZE = 1 << 14
 
 
-#: ``bench collectives --format json`` (written by :func:`fourd_mpi.perf.collbench.format_result`)
+#: ``bench collectives --format json`` (written by :func:`fourd_mpi.run.collbench.format_result`)
 BENCH_JSON = JsonDoc("bench collectives", {
     "world_size": "ranks", "num_nodes": "nodes", "grids": "the grids benchmarked", "formulas": "of the columns",
     "units": "of the values", "communicators": "comm, axes, level, p, per_node",
@@ -644,7 +644,8 @@ def _size(text: str) -> int:
 
 def _register_bench(sub) -> None:
     """``fourd-mpi bench collectives ...``"""
-    from fourd_mpi.perf.collbench import DEFAULT_TIME_LIMIT_S, MAX_FIT_RMS, OPS, PROGRESS_EVERY_S
+    from fourd_mpi.perf.calibration import MAX_FIT_RMS, OPS
+    from fourd_mpi.run.collbench import DEFAULT_TIME_LIMIT_S, PROGRESS_EVERY_S
 
     bench = sub.add_parser("bench", help="micro-benchmarks under mpiexec: collectives (OSU / nccl-tests "
                            "style) and the machine profile for the performance model")
@@ -736,7 +737,7 @@ def cmd_bench(args, world) -> int:
     from fourd_mpi.core.mpiutil import on_root
     from fourd_mpi.errors import ConfigError
     from fourd_mpi.core.watchdog import Watchdog, check_timeout
-    from fourd_mpi.perf.collbench import StreamReport, run_bench
+    from fourd_mpi.run.collbench import StreamReport, run_bench
 
     hostname = socket.gethostname()
     out = args.output or os.path.join("results", "profiles", f"{hostname}.yaml")
@@ -786,12 +787,12 @@ def _check_profile_name(name: str) -> None:
 
 def _report_bench(result, args, hostname, out, report) -> int:
     """Rank 0: write the machine profile (from what was measured), print the rest of the report in ``--format``
-    (``report``: the :class:`~fourd_mpi.perf.collbench.StreamReport` that printed the rows as they were
+    (``report``: the :class:`~fourd_mpi.run.collbench.StreamReport` that printed the rows as they were
     measured) and the profile summary; the exit status."""
     import yaml
 
-    from fourd_mpi.perf.collbench import (build_profile, format_result, missing_kinds, profile_problem,
-                                          total_wrong)
+    from fourd_mpi.perf.calibration import build_profile, missing_kinds, profile_problem
+    from fourd_mpi.run.collbench import format_result, total_wrong
 
     problem = profile_problem(result)
     missing = missing_kinds(result)
@@ -845,12 +846,13 @@ def _per_size_errors(entry, kind) -> str:
 def _write_profile(result, args, hostname, out, build_profile, yaml):
     """Validate and write the machine profile (rank 0); ``(the lines that describe its fits, why it was
     not written or None)``: a fit whose relative rms error reaches
-    ``--max-fit-error`` (default :data:`~fourd_mpi.perf.collbench.MAX_FIT_RMS`) keeps it from being written
+    ``--max-fit-error`` (default :data:`~fourd_mpi.perf.calibration.MAX_FIT_RMS`) keeps it from being written
     unless ``--accept-poor-fit``."""
-    from fourd_mpi.perf.collbench import fit_window, poor_fit_line, poor_fits
+    from fourd_mpi.perf.calibration import fit_window, poor_fit_line, poor_fits
+    from fourd_mpi.run.collbench import mpi_library
 
     name = args.name or f"local-{hostname}"
-    profile = build_profile(result, name, hostname, args.fallback, args.backend)
+    profile = build_profile(result, name, hostname, args.fallback, args.backend, mpi_library=mpi_library())
     from fourd_mpi.perf.machine import PROFILE_SCHEMA
 
     import jsonschema

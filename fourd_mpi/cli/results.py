@@ -165,8 +165,9 @@ def format_entries(entries, fmt: str) -> str:
 
 
 def cmd_results(args, world=None) -> int:
-    from fourd_mpi.results.index import index_file, nested_indexes, read_index_tree, refuse_foreign_link, reindex
+    from fourd_mpi.results.index import index_file, nested_indexes, read_index_tree, refuse_foreign_link
     from fourd_mpi.results.query import parse_terms, select
+    from fourd_mpi.trace.indexing import reindex
 
     if args.results_command == "reindex":
         if not os.path.isdir(args.directory):
@@ -219,8 +220,8 @@ def _load_side(args, specs, index_path, what: str):
     """``(entry, per-step times, trace path)`` of every run the arguments name (unreadable traces skipped
     with a warning; none at all is a usage error)."""
     from fourd_mpi.errors import TraceError
-    from fourd_mpi.results.index import entry_of_trace
     from fourd_mpi.results.query import resolve
+    from fourd_mpi.trace.indexing import entry_of_trace
     from fourd_mpi.trace.read import load_trace
     from fourd_mpi.trace.summary import step_stats
 

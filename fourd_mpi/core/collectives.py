@@ -46,7 +46,6 @@ from mpi4py import MPI
 from fourd_mpi.core.backend import ArrayBackend
 from fourd_mpi.core.colltable import COLLECTIVES
 from fourd_mpi.core.grid import ProcessGrid
-from fourd_mpi.trace.events import PHASES, Tracer
 
 
 @dataclass
@@ -174,11 +173,14 @@ class Collectives:
 
     Attributes: ``records`` (a :class:`CommRecord` per non-trivial collective;
     the engine clears it each step), ``in_flight`` (handles not yet observed
-    complete), ``progress`` (a :mod:`fourd_mpi.core.progress` engine or None).
+    complete), ``progress`` (a :mod:`fourd_mpi.core.progress` engine or None),
+    ``tracer`` (the rank's event recorder, a :class:`fourd_mpi.trace.events.Tracer`: given by whoever
+    builds the collectives, since ``core`` sits below ``trace`` and never imports it; layers and
+    kernels reach it as ``comm.tracer``).
     """
 
     def __init__(self, grid: ProcessGrid, backend: ArrayBackend, progress=None, check_buffers: bool = False,
-                 skip_communication: bool = False, tracer: Optional[Tracer] = None):
+                 skip_communication: bool = False, *, tracer):
         from fourd_mpi.core.progress import make_progress
 
         self.skip_communication = skip_communication
@@ -187,7 +189,7 @@ class Collectives:
         self.progress = progress if progress is not None else make_progress("none")
         self.check_buffers = check_buffers
         #: where records are tagged (layer, phase) and blocked time is counted
-        self.tracer = tracer if tracer is not None else Tracer(level="step")
+        self.tracer = tracer
         self.records: List[CommRecord] = []
         self.in_flight: List[CommHandle] = []
         #: called after each progress poll (the gradient sync issues ready data all-reduces)
@@ -209,7 +211,7 @@ class Collectives:
             return "a collective"
         tr = self.tracer
         layer = tr.layer_names[record.layer] if 0 < record.layer < len(tr.layer_names) else "no layer"
-        phase = PHASES[record.phase] if record.phase < len(PHASES) else str(record.phase)
+        phase = tr.phase_name(record.phase)
         return (f"{record.op} over {record.axis} ({record.nbytes} bytes), step {tr.step}, layer {layer} ({phase}), "
                 f"collective #{record.seq} of the step")
 

@@ -10,12 +10,15 @@ so the ``Wait`` afterwards costs about the whole collective. Strategies:
     GEMMs are split into chunks of about ``chunk_flops`` FLOPs and
     ``MPI_Testsome`` is called on the requests in flight between chunks. On a GPU the
     GEMM is one asynchronous kernel and the host polls until its event completes.
-    ``chunk_flops="auto"`` sizes the chunks from what the run measures
-    (:class:`AutoChunk`): the finest chunks whose polls cost at most
-    :data:`POLL_BUDGET` of the compute. A poll is cheap on shared memory (microseconds:
-    fine chunks, most of the transfer hidden) and dear while TCP moves data (a fixed
-    1e7-FLOP chunk slowed the compute inside an overlapped step 1.23-1.25x on the
-    emulated cluster, ``results/benchmarks/multinode-overlap.txt``).
+    ``chunk_flops="auto"`` (the default) sizes the chunks from what the run measures
+    (:class:`AutoChunk`): chunks of at least :data:`MIN_CHUNK_S` of compute at the
+    measured GEMM rate, longer where a poll costs more than :data:`POLL_BUDGET` of them.
+    Finer chunks slow the compute they cut (smaller GEMMs, and every poll lets the
+    progress engine copy data on the rank's core): on the emulated cluster and on one
+    node a fixed 1e7-FLOP chunk (0.5 ms) slowed the compute inside an overlapped step
+    1.14-1.52x, a 2 %-poll-budget rule 1.03-1.17x, 1e9 FLOPs (50 ms) 0.90-1.04x, and
+    1e9 hid 72-83 % of the link's transfers (1e7: 55-86 %)
+    (``results/benchmarks/multinode-overlap.txt``, ``multinode-overlap-1node.txt``).
 ``thread``
     A dedicated Python thread polls ``MPI_Testsome`` while the main thread computes
     (NumPy releases the GIL inside matmul). Needs ``MPI_THREAD_MULTIPLE``. It
@@ -93,8 +96,12 @@ class NoProgress:
 
 #: ``--poll-flops auto``: the largest share of compute time the polls may take
 POLL_BUDGET = 0.02
+#: ``--poll-flops auto``: the shortest chunk, in seconds of compute at the measured GEMM rate (50 ms: the
+#: shortest of the fixed sizes measured that did not slow the compute, 1e9 FLOPs at about 20 GFLOP/s per
+#: core; a TCP link of 200 Mbit/s drains a 4 MiB socket buffer in about 170 ms, so polls this often keep it busy)
+MIN_CHUNK_S = 0.05
 #: ``--poll-flops auto``: bounds of the chunk size in FLOPs, and the size before anything is measured
-AUTO_MIN_FLOPS, AUTO_MAX_FLOPS, AUTO_START_FLOPS = 1e6, 1e10, 1e7
+AUTO_MIN_FLOPS, AUTO_MAX_FLOPS, AUTO_START_FLOPS = 1e6, 1e10, 1e9
 
 
 class AutoChunk:
@@ -108,12 +115,13 @@ class AutoChunk:
 
     The rule: ``n`` polls over ``C`` seconds of compute cost ``n * cost``; with chunks of
     ``chunk_s`` seconds, ``n = C / chunk_s``, so the polls take ``cost / chunk_s`` of the
-    compute. The finest chunk within the budget ``b`` (:data:`POLL_BUDGET`) is
+    compute. The chunk is the longer of :data:`MIN_CHUNK_S` and the finest one whose polls
+    stay within the budget ``b`` (:data:`POLL_BUDGET`):
 
-        chunk_s = cost / b,    chunk_flops = clamp(rate * chunk_s, AUTO_MIN_FLOPS, AUTO_MAX_FLOPS)
+        chunk_s = max(MIN_CHUNK_S, cost / b),    chunk_flops = clamp(rate * chunk_s, AUTO_MIN_FLOPS, AUTO_MAX_FLOPS)
 
-    e.g. a 10 us poll at 20 GFLOP/s gives 1e7 FLOPs (0.5 ms); a 0.5 ms poll gives 5e8 (25 ms).
-    Until both are measured the size is :data:`AUTO_START_FLOPS`. No communication here: the
+    e.g. a 10 us poll at 20 GFLOP/s gives 1e9 FLOPs (the 50 ms floor); a 2 ms poll gives 2e9 (100 ms).
+    Until the GEMM rate is measured the size is :data:`AUTO_START_FLOPS`; until a poll is timed, the floor. No communication here: the
     poll itself is the caller's.
     """
 
@@ -140,16 +148,19 @@ class AutoChunk:
             self._update()
 
     def _update(self) -> None:
-        if self.rate is None or self.cost is None:
+        if self.rate is None:
             return
-        chunk_s = self.cost / self.budget
+        chunk_s = max(MIN_CHUNK_S, self.cost / self.budget if self.cost is not None else 0.0)
         self.flops = min(AUTO_MAX_FLOPS, max(AUTO_MIN_FLOPS, self.rate * chunk_s))
 
     def describe(self) -> str:
-        if self.rate is None or self.cost is None:
-            return f"not measured yet ({self.flops:.3g} FLOPs)"
-        return (f"{self.flops:.3g} FLOPs = GEMM rate {self.rate / 1e9:.3g} GFLOP/s x poll cost "
-                f"{self.cost * 1e6:.3g} us / {self.budget:.0%}")
+        if self.rate is None:
+            return f"GEMM rate not measured yet ({self.flops:.3g} FLOPs)"
+        if self.cost is None:
+            return (f"{self.flops:.3g} FLOPs = GEMM rate {self.rate / 1e9:.3g} GFLOP/s x {MIN_CHUNK_S * 1e3:.0f} ms "
+                    f"(no poll with requests in flight timed yet)")
+        return (f"{self.flops:.3g} FLOPs = GEMM rate {self.rate / 1e9:.3g} GFLOP/s x max({MIN_CHUNK_S * 1e3:.0f} ms, "
+                f"poll cost {self.cost * 1e6:.3g} us / {self.budget:.0%})")
 
 
 class _Hook:
@@ -178,7 +189,7 @@ class PollProgress(NoProgress):
     name = "poll"
     calls_mpi_on_poll = True
 
-    def __init__(self, chunk_flops=1e7):
+    def __init__(self, chunk_flops="auto"):
         self.auto = None
         if chunk_flops == "auto":
             self.auto = AutoChunk()
@@ -206,8 +217,8 @@ class PollProgress(NoProgress):
 
     def describe(self) -> str:
         if self.auto is not None:
-            return (f"poll (Testsome between GEMM chunks sized to keep polls under {self.auto.budget:.0%} of the "
-                    f"compute: --poll-flops auto, now {self.auto.describe()})")
+            return (f"poll (Testsome between GEMM chunks of at least {MIN_CHUNK_S * 1e3:.0f} ms of compute, polls under "
+                    f"{self.auto.budget:.0%} of it: --poll-flops auto, now {self.auto.describe()})")
         return f"poll (Testsome between GEMM chunks of {self.chunk_flops:.3g} FLOPs)"
 
 
@@ -278,7 +289,7 @@ class ThreadProgress(NoProgress):
         return f"thread (a progress thread polls Testsome every {self.interval * 1e6:.0f} us)"
 
 
-def make_progress(name: str, chunk_flops=1e7):
+def make_progress(name: str, chunk_flops="auto"):
     if name == "none":
         return NoProgress()
     if name == "poll":

@@ -145,7 +145,7 @@ def check_pipeline_search(cfg: ModelConfig, ranks: int, name: str = "pipeline") 
 
 def _pipeline_candidates(cfg: ModelConfig, ranks: int, algorithm: Algorithm) -> List[Tuple[Any, Dict[str, Any]]]:
     """Pipeline configurations of ``ranks`` ranks: ``s`` stages (every divisor ``1 < s <= layers``; stage ``i``
-    holds :func:`~fourd_mpi.algorithms.pipeline_plan.stage_blocks`, as ``model predict --algorithm pipeline``), each a
+    holds :func:`~fourd_mpi.perf.terms.stage_layers`' blocks, as ``model predict --algorithm pipeline``), each a
     4D grid of ``ranks / s`` ranks the algorithm allows, with every micro-batch size that divides the
     per-replica batch shard ``B/(G_data G_z)`` (:func:`microbatch_counts`: at most
     :data:`MAX_MICROBATCHES` micro-batches) that the algorithm accepts. More than
@@ -236,7 +236,7 @@ def model_problems(algorithm: Algorithm, cfg: ModelConfig, grid) -> List[str]:
 
 def _base_options(cfg: ModelConfig, ranks: int, algorithm: Algorithm, dtype: str):
     """Resolved-looking run options for the algorithm's pure checks (no validation of their own)."""
-    from fourd_mpi.run.options import RunOptions
+    from fourd_mpi.algorithms.runoptions import RunOptions
 
     return RunOptions(model=cfg, grid=GridShape(ranks, 1, 1, 1), algorithm=algorithm.name, dtype=dtype)
 

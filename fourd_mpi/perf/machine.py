@@ -154,12 +154,12 @@ PROFILE_SCHEMA: Dict[str, Any] = {
         "compute": {"type": "object", "additionalProperties": False, "required": ["gemm_tflops"],
                     "properties": {
                         "gemm_tflops": {"type": "object", "minProperties": 1,
-                                        "propertyNames": {"enum": list(DTYPES)},
+                                        "propertyNames": {"enum": list(DTYPES) + [peaks.FP8]},
                                         "additionalProperties": _pos},
                         "device": {"enum": list(peaks.BY_NAME),
                                    "description": "the device a rank drives: its data-sheet peaks come from "
                                                   "fourd_mpi/perf/peaks.py"},
-                        "peak_tflops": {"type": "object", "propertyNames": {"enum": list(DTYPES)},
+                        "peak_tflops": {"type": "object", "propertyNames": {"enum": list(DTYPES) + [peaks.FP8]},
                                         "additionalProperties": _pos,
                                         "description": "a device the peak table lacks: its data-sheet peaks"},
                         "training_dtype": {"enum": list(DTYPES)},

@@ -20,10 +20,12 @@ the first block with recompute):
                  optimizer state by ``G_data`` (Megatron's distributed optimizer, ZeRO stage 1).
 ``activations``  what the forward saves for backward, per block, by ``recompute``:
                  ``none``: GPT: ``xhat, a, xhat2, b`` ``[m, h/G_x]`` each, ``rstd`` x2 ``[m, 1]``, the QKV
-                 output ``[m, 3h/G_y]`` (q, k, v are views of it), the attention probabilities
+                 output ``[m, 3h/G_y]`` (q, k, v are views of it; ``[m, (h + 2 h kv/heads)/G_y]`` with
+                 grouped-query attention), the attention probabilities
                  ``[m/s, heads/G_y, s, s]`` (``attention="fused"``: the per-row log-sum-exp
                  ``[m/s, heads/G_y, s]`` instead, as flash attention keeps), the context ``[m, h/G_y]``,
-                 ``u`` and ``gelu(u)`` ``[m, f/G_y]``; MLP: ``x [m, h/G_x]``, ``u, g [m, f/G_y]``;
+                 ``u`` and ``gelu(u)`` ``[m, f/G_y]`` (SwiGLU: the FC1 output ``[m, 2f/G_y]`` and its
+                 product ``[m, f/G_y]``); MLP: ``x [m, h/G_x]``, ``u, g [m, f/G_y]``;
                  ``selective``: the same without the attention probabilities and the context (the
                  attention core, scores to context, is recomputed in backward);
                  ``full``: only each block's input ``[m, h/G_x]``, plus one block's ``none`` set (the
@@ -124,11 +126,18 @@ class MemoryEstimate:
 
 
 def fc_weights(cfg: ModelConfig, grid: GridShape) -> List[Tuple[str, int, int, bool]]:
-    """The 4D layers of one block, in forward order: ``(name, n_out, k_in, transposed)``."""
-    h, f = cfg.hidden, cfg.ffn_hidden
-    if cfg.kind == "gpt":
-        return [("qkv", 3 * h, h, False), ("proj", h, h, True), ("fc1", f, h, False), ("fc2", h, f, True)]
-    return [("fc1", f, h, False), ("fc2", h, f, True)]
+    """The 4D layers of one block, in forward order: ``(name, n_out, k_in, transposed)``
+    (:meth:`~fourd_mpi.step.presets.ModelConfig.weight_shapes`: grouped-query attention and SwiGLU included)."""
+    return cfg.weight_shapes()
+
+
+def _qkv_mlp_widths(cfg: ModelConfig, grid: GridShape) -> Tuple[int, int]:
+    """``(QKV output, MLP elements a token keeps)`` per rank: ``(h + 2 h kv/heads)/G_y`` (``3h/G_y`` with multi-head
+    attention); GeLU ``u`` and ``gelu(u)`` ``2 f/G_y``, SwiGLU the FC1 output ``[2f/G_y]`` (gate and up) and its
+    product ``[f/G_y]``, ``3 f/G_y`` (Megatron-LM's ``bias_swiglu`` keeps its input for the backward)."""
+    qkv = next((n for name, n, _, _ in cfg.weight_shapes() if name == "qkv"), 3 * cfg.hidden)
+    fy = cfg.ffn_hidden // grid.y
+    return qkv // grid.y, (3 if cfg.mlp == "swiglu" else 2) * fy
 
 
 def block_elements(n_out: int, k_in: int, transposed: bool, grid: GridShape) -> int:
@@ -164,17 +173,18 @@ def block_saved_elements(cfg: ModelConfig, grid: GridShape, attention: str = "un
                          recompute: str = "none") -> int:
     """Elements one block keeps for its backward when it is not recomputed as a whole
     (``recompute`` none or selective; module docstring)."""
-    m, h, f = local_tokens(cfg, grid), cfg.hidden, cfg.ffn_hidden
-    hx, hy, fy = h // grid.x, h // grid.y, f // grid.y
+    m, h = local_tokens(cfg, grid), cfg.hidden
+    hx, hy = h // grid.x, h // grid.y
+    qkv, mlp = _qkv_mlp_widths(cfg, grid)
     if cfg.kind != "gpt":
-        return m * (hx + 2 * fy)
+        return m * (hx + mlp)
     if recompute == "selective":  # the attention core (scores, softmax, context) runs again in backward
-        return m * (4 * hx + 2 + 3 * hy + 2 * fy)
+        return m * (4 * hx + 2 + qkv + mlp)
     if attention == "fused":
         attn = (m // cfg.seq) * (cfg.heads // grid.y) * cfg.seq  # log-sum-exp per query row
     else:
         attn = _probs_elements(cfg, grid)
-    return m * (4 * hx + 2 + 3 * hy + hy + 2 * fy) + attn
+    return m * (4 * hx + 2 + qkv + hy + mlp) + attn
 
 
 def saved_activation_elements(cfg: ModelConfig, grid: GridShape, recompute: str = "none",
@@ -198,7 +208,8 @@ def _probs_elements(cfg: ModelConfig, grid: GridShape) -> int:
 def activation_elements(cfg: ModelConfig, grid: GridShape, recompute: str = "none",
                         attention: str = "unfused") -> int:
     """Saved activations, plus the step's input/target and the largest transient of a layer."""
-    m, hx, fy = local_tokens(cfg, grid), cfg.hidden // grid.x, cfg.ffn_hidden // grid.y
+    m, hx = local_tokens(cfg, grid), cfg.hidden // grid.x
+    fy = cfg.ffn_hidden // grid.y * (2 if cfg.mlp == "swiglu" else 1)  # the FC1 output (SwiGLU: gate and up)
     unfused_gpt = cfg.kind == "gpt" and attention == "unfused"
     transient = max(_probs_elements(cfg, grid), m * fy) if unfused_gpt else m * fy
     return saved_activation_elements(cfg, grid, recompute, attention) + 2 * m * hx + transient

@@ -11,6 +11,7 @@ gives with ``--peak-tflops``); nothing else is called a peak:
   FLOP/s per rank over the standalone speed of the step's largest local GEMM on this machine.
 
 Peaks are **dense** (no 2:4 sparsity) per device a rank drives: one GPU, or one GCD of an MI250X.
+``float8`` is the FP8 (E4M3/E5M2) tensor-core rate of Hopper; the A100 and MI250X data sheets give none.
 ``float32`` is the non-tensor-core FP32 rate; ``tf32`` the tensor-core rate a ``float32`` run with
 ``--tf32`` uses. A CPU has no entry: its peak depends on the model, core count, clock and vector
 units, so the suite reports no MFU on a CPU unless the user gives ``--peak-tflops``.
@@ -22,6 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
+#: the FP8 GEMM dtype (a column of the table and a dtype of the model, not of ``run``: :mod:`fourd_mpi.perf.terms`)
+FP8 = "float8"
 MFU_FORMULA = "MFU = model FLOPs per step / (median step time x ranks x data-sheet peak per rank)"
 HFU_FORMULA = ("HFU = hardware FLOPs per step (recomputed forward work included) / (median step time x ranks x "
                "data-sheet peak per rank)")
@@ -44,27 +47,28 @@ class Device:
 
 A100 = "NVIDIA A100 Tensor Core GPU data sheet (2021): dense BF16/FP16 312, TF32 156, FP32 19.5, FP64 tensor core 19.5"
 H100 = ("NVIDIA H100 Tensor Core GPU data sheet (2023), SXM column: dense BF16/FP16 989 (1,979 with sparsity), "
-        "TF32 495, FP32 67, FP64 tensor core 67")
+        "FP8 1,979 (3,958 with sparsity), TF32 495, FP32 67, FP64 tensor core 67")
 #: the devices, in matching order (the first whose pattern matches a device name wins)
 DEVICES: Tuple[Device, ...] = (
     Device("gh200", "NVIDIA GH200 (Hopper GPU)", r"GH200",
-           {"bfloat16": 989.0, "float16": 989.0, "tf32": 494.0, "float32": 67.0, "float64": 67.0},
-           "NVIDIA GH200 Grace Hopper Superchip data sheet (2023): dense BF16/FP16 990, TF32 494, FP32 67, FP64 "
-           "tensor core 67"),
+           {"bfloat16": 989.0, "float16": 989.0, "float8": 1979.0, "tf32": 494.0, "float32": 67.0, "float64": 67.0},
+           "NVIDIA GH200 Grace Hopper Superchip data sheet (2023): dense BF16/FP16 990, FP8 1,979 (3,958 with "
+           "sparsity), TF32 494, FP32 67, FP64 tensor core 67"),
     Device("h200", "NVIDIA H200 SXM", r"H200",
-           {"bfloat16": 989.0, "float16": 989.0, "tf32": 494.0, "float32": 67.0, "float64": 67.0},
+           {"bfloat16": 989.0, "float16": 989.0, "float8": 1979.0, "tf32": 494.0, "float32": 67.0, "float64": 67.0},
            "NVIDIA H200 Tensor Core GPU data sheet (2024), SXM column: dense BF16/FP16 989 (1,979 with sparsity), "
-           "TF32 494, FP32 67, FP64 tensor core 67"),
+           "FP8 1,979 (3,958 with sparsity), TF32 494, FP32 67, FP64 tensor core 67"),
     Device("h100-pcie", "NVIDIA H100 PCIe", r"H100.*PCIe",
-           {"bfloat16": 756.0, "float16": 756.0, "tf32": 378.0, "float32": 51.0, "float64": 51.0},
-           "NVIDIA H100 Tensor Core GPU data sheet (2023), PCIe column: dense BF16/FP16 756, TF32 378, FP32 51, "
-           "FP64 tensor core 51"),
+           {"bfloat16": 756.0, "float16": 756.0, "float8": 1513.0, "tf32": 378.0, "float32": 51.0, "float64": 51.0},
+           "NVIDIA H100 Tensor Core GPU data sheet (2023), PCIe column: dense BF16/FP16 756, FP8 1,513 (3,026 with "
+           "sparsity), TF32 378, FP32 51, FP64 tensor core 51"),
     Device("h100-nvl", "NVIDIA H100 NVL", r"H100.*NVL",
-           {"bfloat16": 835.5, "float16": 835.5, "tf32": 417.5, "float32": 60.0, "float64": 60.0},
+           {"bfloat16": 835.5, "float16": 835.5, "float8": 1670.5, "tf32": 417.5, "float32": 60.0, "float64": 60.0},
            "NVIDIA H100 Tensor Core GPU data sheet (2023), NVL column: dense BF16/FP16 835.5 (1,671 with sparsity), "
-           "TF32 417.5, FP32 60, FP64 tensor core 60"),
+           "FP8 1,670.5 (3,341 with sparsity), TF32 417.5, FP32 60, FP64 tensor core 60"),
     Device("h100-sxm", "NVIDIA H100 SXM", r"H100",
-           {"bfloat16": 989.0, "float16": 989.0, "tf32": 494.7, "float32": 67.0, "float64": 67.0}, H100),
+           {"bfloat16": 989.0, "float16": 989.0, "float8": 1979.0, "tf32": 494.7, "float32": 67.0, "float64": 67.0},
+           H100),
     Device("a100", "NVIDIA A100", r"A100",
            {"bfloat16": 312.0, "float16": 312.0, "tf32": 156.0, "float32": 19.5, "float64": 19.5}, A100),
     Device("mi250x-gcd", "AMD Instinct MI250X, one GCD", r"MI250X",

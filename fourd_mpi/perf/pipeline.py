@@ -1,7 +1,8 @@
 """The performance model of ``--algorithm pipeline`` (AxoNN inter-layer pipeline x 4D tensor). Pure.
 
 Notation: ``p = G_inter`` stages, ``m`` micro-batches per batch shard, ``L`` blocks, stage ``s``
-holding ``L_s`` blocks (:func:`~fourd_mpi.algorithms.pipeline_plan.stage_blocks`, the most
+holding ``L_s`` blocks (:func:`~fourd_mpi.perf.terms.stage_layers`, the model's one rule: run's
+:func:`~fourd_mpi.algorithms.pipeline_plan.stage_blocks`, the first ``L mod p`` stages one block more, the most
 ``ceil(L/p)``), each stage a 4D grid ``G_data x G_z x G_y x G_x``, ``e`` the dtype's bytes,
 ``m_loc = B s / (G_data G_z)`` local tokens of a rank.
 
@@ -51,7 +52,7 @@ from functools import lru_cache
 from dataclasses import replace
 from typing import Dict, List, Optional
 
-from fourd_mpi.algorithms.pipeline_plan import inflight, stage_blocks
+from fourd_mpi.algorithms.pipeline_plan import inflight
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf import schedules
@@ -63,6 +64,7 @@ from fourd_mpi.perf.memory import (MemoryEstimate, block_elements, estimate_memo
                                    saved_activation_elements)
 from fourd_mpi.perf.predict import Prediction
 from fourd_mpi.perf.scenario import SYNC_KEYS, Scenario, predict_scenario
+from fourd_mpi.perf.terms import stage_layers
 from fourd_mpi.perf.volumes import Collective, step_collectives
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
@@ -112,21 +114,22 @@ def pipeline_collectives(cfg: ModelConfig, grid: GridShape, stages: int, microba
     synchronization once; the loss is one world all-reduce outside the collectives, not listed). Exact
     for the trace without ``cache`` (with it, whether a backward finds its weights cached depends on the
     schedule: a backward right after a forward does, after another backward does not; counted as cached)."""
-    blocks = stage_blocks(cfg.layers, stages, stage)
-    micro = replace(cfg, layers=len(blocks), batch=cfg.batch // microbatches)
+    sizes = stage_layers(cfg.layers, stages)
+    first = sum(sizes[:stage])  # the stage's first block
+    micro = replace(cfg, layers=sizes[stage], batch=cfg.batch // microbatches)
     out = []
     for c in step_collectives(micro, grid, overlap, dtype):
         if c.role == "loss":
             continue
         index, rest = c.layer[len("block"):].split(".", 1)
         count = c.count * microbatches if c.role in PER_MICROBATCH_ROLES else c.count
-        out.append(replace(c, layer=f"block{blocks.start + int(index)}.{rest}", count=count))
+        out.append(replace(c, layer=f"block{first + int(index)}.{rest}", count=count))
     return out
 
 
 def stage_config(cfg: ModelConfig, stages: int) -> ModelConfig:
-    """The fullest stage's model: ``ceil(L/p)`` blocks (stage 0, :func:`stage_blocks`)."""
-    return replace(cfg, layers=len(stage_blocks(cfg.layers, stages, 0)))
+    """The fullest stage's model: ``ceil(L/p)`` blocks (stage 0, :func:`~fourd_mpi.perf.terms.stage_layers`)."""
+    return replace(cfg, layers=max(stage_layers(cfg.layers, stages)))
 
 
 @lru_cache(maxsize=65536)
@@ -143,7 +146,7 @@ def pipeline_memory(cfg: ModelConfig, grid: GridShape, stages: int, microbatches
                     shard_optimizer: str = "none", schedule: str = "axonn") -> MemoryEstimate:
     """Bytes per rank of ``stage`` (module doc): its blocks' state, the activations of the micro-batches in
     flight under ``schedule``, gradient sums and two receive buffers. Memoized (arguments and result frozen)."""
-    blocks = len(stage_blocks(cfg.layers, stages, stage))
+    blocks = stage_layers(cfg.layers, stages)[stage]
     mine = replace(cfg, layers=blocks)
     state = estimate_memory(mine, grid, dtype, optimizer, overlap=overlap, recompute=recompute, attention=attention,
                             precision=precision, shard_optimizer=shard_optimizer)
@@ -204,7 +207,8 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     """The pipeline's step by THE pipeline model, :func:`~fourd_mpi.perf.scenario.predict_scenario` (this is a
     thin wrapper: tune, ``model validate`` and the benchmarks price a pipeline as ``model predict`` does), of the
     scenario (:meth:`~fourd_mpi.perf.scenario.Scenario.from_options`, run's words) this suite's run is: no vocabulary (their models have none), every dW block in flight, ``grid``
-    each stage's 4D grid, equal stages (``L`` a multiple of ``p``). The result is a
+    each stage's 4D grid, its blocks :func:`~fourd_mpi.perf.terms.stage_layers` (the first ``L mod p`` stages one
+    more, as run places them). The result is a
     :class:`~fourd_mpi.perf.predict.Prediction` like :func:`~fourd_mpi.perf.predict.predict`'s, with the inter
     axis added: ``exposed_s`` keys ``("inter", "send")`` (the messages on the critical path and what a slot waits
     for its message) and ``("inter", "bubble")``; ``wire_bytes["inter"]`` (the fullest rank's bytes sent),

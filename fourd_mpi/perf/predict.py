@@ -102,6 +102,10 @@ _LN_PASSES, _LN_CALLS = 12, 14            # forward + backward of one LayerNorm 
 _GELU_PASSES, _GELU_CALLS = 24, 22        # forward + backward of GeLU over [m, f/y]
 _SOFTMAX_PASSES, _SOFTMAX_CALLS = 12, 14  # mask, max, exp, sum, divide; backward over [b, nh, s, s]
 _ADAM_PASSES, _ADAM_CALLS = 14, 14        # per parameter
+#: element-wise traffic of the MLP activation relative to GeLU's: GeLU reads ``u`` and writes ``gelu(u)`` (2 f),
+#: its backward reads ``u`` and the gradient and writes one (3 f): 5 f; SwiGLU reads gate and up and writes their
+#: product (3 f), its backward reads gate, up and the gradient and writes two (5 f): 8 f; 8/5
+MLP_PASS_SCALE = {"gelu": 1.0, "swiglu": 8.0 / 5.0}
 #: bytes per parameter of a mixed-precision Adam step (fp32 main gradients, master weights and moments),
 #: counted from Megatron-LM's Float16OptimizerWithFloat16Params.step: 16-bit gradient -> fp32 main
 #: gradient (read 2, write 4), unscale and inf/NaN check (read 4, write 4), gradient norm for clipping
@@ -130,7 +134,7 @@ def gemm_rate_tflops(profile: MachineProfile, dtype: str, notes: Optional[List[s
 def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
                  dtype: str, ranks_on_node: int, optimizer: str = "adam", weighted: bool = True,
                  recompute: str = "none", attention: str = "unfused",
-                 precision: Optional[str] = None) -> Dict[str, float]:
+                 precision: Optional[str] = None, gemm_dtype: Optional[str] = None) -> Dict[str, float]:
     """Seconds of local work per step, by kind: ``gemm`` (4D layers, recompute included; one forward
     pass in ``gemm_fwd``, the backward's ``2 x`` in ``gemm_bwd``), ``attention``, ``elementwise``,
     ``calls``, ``total``; ``optimizer`` (the Adam part of elementwise and calls), ``recompute`` (the
@@ -146,23 +150,27 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ove
     prices the Adam step at :data:`MIXED_ADAM_BYTES` bytes per parameter (fp32 state), else 14 passes of
     the dtype.
 
+    ``gemm_dtype``: the dtype of the 4D layers' GEMMs when it is not ``dtype`` (``float8``: Transformer Engine's
+    FP8 GEMMs at the profile's ``float8`` rate, :mod:`fourd_mpi.perf.terms`; attention, element-wise work and
+    the optimizer stay in ``dtype``).
+
     Memoized per profile on every argument (a search prices the same micro-batch step for its lower bound
     and its prediction; the profile's data are not changed after loading): a fresh dict each call."""
     return dict(compute_time_shared(cfg, grid, profile, overlap, dtype, ranks_on_node, optimizer, weighted,
-                                    recompute, attention, precision))
+                                    recompute, attention, precision, gemm_dtype))
 
 
 def compute_time_shared(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
                         dtype: str, ranks_on_node: int, optimizer: str = "adam", weighted: bool = True,
                         recompute: str = "none", attention: str = "unfused",
-                        precision: Optional[str] = None) -> Dict[str, float]:
+                        precision: Optional[str] = None, gemm_dtype: Optional[str] = None) -> Dict[str, float]:
     """:func:`compute_time`'s memoized dict itself, not a copy: for callers that only read it (lower bounds)."""
     memo = profile.__dict__.setdefault("_compute_memo", {})
-    key = (cfg, grid, overlap, dtype, ranks_on_node, optimizer, weighted, recompute, attention, precision)
+    key = (cfg, grid, overlap, dtype, ranks_on_node, optimizer, weighted, recompute, attention, precision, gemm_dtype)
     found = memo.get(key)
     if found is None:
         found = memo[key] = _compute_time(cfg, grid, profile, overlap, dtype, ranks_on_node, optimizer, weighted,
-                                          recompute, attention, precision)
+                                          recompute, attention, precision, gemm_dtype)
     return found
 
 
@@ -180,7 +188,7 @@ def _machine_terms(profile: MachineProfile, dtype: str, ranks_on_node: int, weig
 
 def _compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
                   dtype: str, ranks_on_node: int, optimizer: str, weighted: bool, recompute: str, attention: str,
-                  precision: Optional[str]) -> Dict[str, float]:
+                  precision: Optional[str], gemm_dtype: Optional[str] = None) -> Dict[str, float]:
     """:func:`compute_time`, not memoized."""
     from fourd_mpi.perf.memory import ATTENTION, RECOMPUTE, _check, default_precision
 
@@ -189,6 +197,7 @@ def _compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ov
     precision = precision or default_precision(dtype)
     e = dtype_bytes(dtype)
     rate, bw, call, slow, w = _machine_terms(profile, dtype, ranks_on_node, weighted)
+    gemm_rate = rate if gemm_dtype in (None, dtype) else _machine_terms(profile, gemm_dtype, ranks_on_node, weighted)[0]
     m = local_tokens(cfg, grid)
     fcs = fc_weights(cfg, grid)
     blocks = [block_elements(n, k, transposed, grid) for _, n, k, transposed in fcs]
@@ -210,7 +219,7 @@ def _compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ov
         passes += cfg.layers * (2 * _LN_PASSES * m * hx + 4 * m * hx) + softmax_passes
         calls += cfg.layers * (2 * _LN_CALLS + 6 + 4) + softmax_calls
     fy = cfg.ffn_hidden // grid.y
-    passes += cfg.layers * _GELU_PASSES * m * fy
+    passes += cfg.layers * _GELU_PASSES * m * fy * MLP_PASS_SCALE[cfg.mlp]
     calls += cfg.layers * _GELU_CALLS
     params = parameter_elements(cfg, grid, blocks)  # the weights of estimate_memory, in elements
     n_params = len(fcs) * cfg.layers + (4 * cfg.layers if cfg.kind == "gpt" else 0)
@@ -229,12 +238,12 @@ def _compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ov
     rec = {"none": (0.0, 0.0, 0.0, 0.0),
            "full": (gemm_flops / 3.0, attn_flops / 3.0, passes / 3.0, calls / 3.0),
            "selective": (0.0, attn_flops / 3.0, softmax_passes / 3.0, softmax_calls / 3.0)}[recompute]
-    gemm_model = w["gemm"] * gemm_flops / rate
+    gemm_model = w["gemm"] * gemm_flops / gemm_rate
     attention_model = w["attention"] * attn_flops / rate
     block_elementwise = w["elementwise"] * passes * e / bw
     block_calls = w["calls"] * calls * call
     opt_time = w["elementwise"] * opt_passes * e / bw + w["calls"] * opt_calls * call
-    rec_gemm = w["gemm"] * rec[0] / rate
+    rec_gemm = w["gemm"] * rec[0] / gemm_rate
     rec_other = w["attention"] * rec[1] / rate + w["elementwise"] * rec[2] * e / bw + w["calls"] * rec[3] * call
     gemm = gemm_model + rec_gemm
     attention_t = attention_model + w["attention"] * rec[1] / rate
@@ -248,7 +257,7 @@ def _compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ov
             "oversubscription": slow, "optimizer": opt_time * slow,
             "recompute": (rec_gemm + rec_other) * slow, "recompute_gemm": rec_gemm * slow,
             "block_other": (attention_model + block_elementwise + block_calls) * slow,
-            "gemm_per_flop": w["gemm"] * slow / rate}
+            "gemm_per_flop": w["gemm"] * slow / gemm_rate}
 
 
 #: roles of the step's data all-reduces: with DP overlap off, ``GradientSync.finish`` issues them back to back at the
@@ -641,13 +650,15 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
             optimizer: str = "adam", ranks_per_node: Optional[int] = None, recompute: str = "none",
             attention: str = "unfused", precision: Optional[str] = None,
             shard_optimizer: str = "none", dw_window: Optional[int] = None,
-            levels: Optional[Dict[str, str]] = None, strides: Optional[Dict[str, int]] = None) -> Prediction:
+            levels: Optional[Dict[str, str]] = None, strides: Optional[Dict[str, int]] = None,
+            gemm_dtype: Optional[str] = None) -> Prediction:
     """Predict one training step of ``cfg`` on ``grid`` (see the module docstring).
 
     ``ranks_per_node``: ranks of the run per node (default: the profile's, or the world size when
     smaller). ``recompute``, ``attention``, ``precision``, ``shard_optimizer``: as in
     :func:`~fourd_mpi.perf.memory.estimate_memory` (they change compute and memory; sharding the
-    optimizer over data keeps the data all-reduce's volume: a reduce-scatter plus an all-gather).
+    optimizer over data keeps the data all-reduce's volume, a reduce-scatter plus an all-gather; this
+    function prices the all-reduce, :func:`fourd_mpi.perf.scenario.predict_scenario` the two collectives).
     Raises :class:`~fourd_mpi.errors.ConfigError` when the profile lacks a level the grid needs and
     has no fallback. ``dw_window``: at most this many dW blocks in flight with ORS (memory only;
     :func:`~fourd_mpi.perf.memory.comm_buffer_elements`; None: every layer's, as this suite's step).
@@ -657,7 +668,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     between neighbours of its group`` where the world is more than this grid (a pipeline's data axis
     strides over the stages); the rest are :func:`~fourd_mpi.perf.machine.axis_inner_products`. With the
     ranks per node they give how many of a group's ranks share a node (measured points of that
-    placement price it).
+    placement price it). ``gemm_dtype``: as :func:`compute_time`'s (the 4D layers' GEMMs in another dtype, FP8).
     """
     overlap = overlap or OverlapConfig()
     rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)
@@ -669,7 +680,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     notes: List[str] = []
     gemm_rate_tflops(profile, dtype, notes)
     comp = compute_time(cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
-                        attention=attention, precision=precision)
+                        attention=attention, precision=precision, gemm_dtype=gemm_dtype)
     efficiency = profile.overlap_efficiency
     memory = estimate_memory(cfg, grid, dtype, optimizer, overlap=overlap, recompute=recompute,
                              attention=attention, precision=precision, shard_optimizer=shard_optimizer,

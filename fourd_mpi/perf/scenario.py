@@ -8,7 +8,8 @@ parallelism, recompute, dtype, attention, optimizer sharding, overlap, the dW wi
 profile and ranks per node.
 
 **Time** (per rank and step): :func:`~fourd_mpi.perf.predict.predict` of one micro-batch (``B/m``
-sequences) through the fullest stage's ``ceil(L/p)`` blocks gives ``W``; less its exposed gradient
+sequences) through the fullest stage's blocks (``L/p``; uneven stages, :func:`fourd_mpi.perf.terms.stage_layers`:
+the most any stage holds) gives ``W``; less its exposed gradient
 synchronization ``S`` (Z reduce-scatters, Z and data all-reduces) and optimizer update ``U``, which
 run once per step, it is the slot ``t = W - S - U``, to which the last stage adds the LM head
 (:mod:`fourd_mpi.perf.vocab`: ``6 m h V/T`` FLOPs at the GEMM rate, the cross entropy's 6 passes of
@@ -30,6 +31,12 @@ pipeline's world (rank order data, inter, z, y, x: :func:`~fourd_mpi.perf.machin
 axis' stride is ``G_z G_y G_x p``. This is the one pipeline model: ``tune``'s pipeline candidates and
 ``model validate`` price a pipeline through it (:func:`fourd_mpi.perf.pipeline.predict_pipeline`, a thin
 wrapper).
+
+**Distributed optimizer** (``shard_optimizer="data"``, :mod:`fourd_mpi.perf.terms`): ``S``'s data-axis gradient
+all-reduces become reduce-scatters (hidden as they were) plus blocking all-gathers of the updated parameters.
+
+**FP8** (``dtype="float8"``, :mod:`fourd_mpi.perf.terms`): the blocks' GEMMs at the profile's FP8 rate, everything
+else (state, activations, messages, attention, the LM head) in BF16, plus Transformer Engine's FP8 weight cache.
 
 **Sequence parallelism** (Korthikanti et al. 2022, Megatron-like grids): each tensor-parallel
 all-reduce of ``S`` bytes becomes a reduce-scatter and an all-gather of ``S``: the wire volume is the
@@ -69,11 +76,10 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional
 
-from fourd_mpi.algorithms.pipeline_plan import stage_blocks
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.perf import megatron_ddp, schedules, vocab, zero3_2021
+from fourd_mpi.perf import megatron_ddp, schedules, terms, vocab, zero3_2021
 from fourd_mpi.perf.machine import (MachineProfile, axis_inner_products, axis_placement, inter_placement, message_time,
                                    world_levels, world_strides)
 from fourd_mpi.perf.memory import (ALLOCATOR_MARGIN, GPU_RUNTIME_RESERVE_BYTES, activation_elements,
@@ -96,7 +102,7 @@ MEGATRON_FORMULA = {"full": "96 B s l h^2 (1 + s/6h + V/16lh)", "none": "72 B s 
 CE_PASSES = 6
 SYNC_KEYS = (("data", "allreduce"), ("z", "reduce_scatter"), ("z", "allreduce"))
 #: whose code a scenario models: this suite's step, DeepSpeed's ZeRO-3 of 2021, Megatron-LM's local DDP of 2020-2021
-IMPLEMENTATIONS = ("fourd", zero3_2021.NAME, megatron_ddp.NAME)
+IMPLEMENTATIONS = ("fourd", zero3_2021.NAME, megatron_ddp.NAME, terms.PYTORCH_FSDP)
 
 
 @dataclass(frozen=True)
@@ -131,10 +137,21 @@ class Scenario:
     #: ``fourd`` (this suite's step) or ``deepspeed-2021`` (``fsdp`` only: DeepSpeed ZeRO-3 v0.3.13-v0.5.4's
     #: extra gathers and host copies, :mod:`fourd_mpi.perf.zero3_2021`)
     implementation: str = "fourd"
+    #: blocks of the first / the last stage (Megatron-LM's ``--decoder-first/last-pipeline-num-layers``); None:
+    #: :func:`fourd_mpi.perf.terms.stage_layers`'s default (balanced to one block, the first stages fuller)
+    first_stage_layers: Optional[int] = None
+    last_stage_layers: Optional[int] = None
+    #: ranks sharing each sequence (Megatron-LM's context parallelism, :mod:`fourd_mpi.perf.terms`)
+    context_parallel: int = 1
 
     @property
     def world(self) -> int:
-        return self.grid.size * self.stages
+        return self.grid.size * self.stages * self.context_parallel
+
+    @property
+    def stage_layers(self) -> tuple:
+        """Blocks per stage, first to last (:func:`fourd_mpi.perf.terms.stage_layers`)."""
+        return terms.stage_layers(self.model.layers, self.stages, self.first_stage_layers, self.last_stage_layers)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], profile: MachineProfile) -> "Scenario":
@@ -175,16 +192,19 @@ class Scenario:
 
 #: scenario options run has no option for (``model predict``'s own): the interleaved schedule's chunks, the
 #: micro-batch size, the vocabulary, sequence parallelism, precision, optimizer sharding, the dW window, the node
-#: shape, whose implementation
+#: shape, whose implementation; the model's only terms (:mod:`fourd_mpi.perf.terms`): grouped-query attention and
+#: the SwiGLU MLP, Megatron-LM's first/last stage sizes, context parallelism
 SCENARIO_ONLY = ("chunks-per-stage", "microbatch-size", "vocab", "sequence-parallel", "precision", "shard-optimizer",
-                 "dw-window", "ranks-per-node", "implementation")
+                 "dw-window", "ranks-per-node", "implementation", "kv-heads", "mlp", "first-stage-layers",
+                 "last-stage-layers", "context-parallel")
 
 
 def _from_options(options: Mapping[str, Any], profile: MachineProfile) -> Scenario:
     """:meth:`Scenario.from_options`."""
+    from fourd_mpi.core.backend import DTYPES
     from fourd_mpi.core.progress import PROGRESS_STRATEGIES
     from fourd_mpi.perf.memory import ATTENTION, OPTIMIZER_SHARDING, PRECISIONS, RECOMPUTE
-    from fourd_mpi.step.presets import resolve_labelled
+    from fourd_mpi.step.presets import MLP_KINDS, resolve_labelled
     from fourd_mpi.util.values import layer_count, memory_limit
 
     def get(name: str, default: Any = None) -> Any:
@@ -192,10 +212,10 @@ def _from_options(options: Mapping[str, Any], profile: MachineProfile) -> Scenar
         return default if value is None else value
 
     for name, choices in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("shard-optimizer", OPTIMIZER_SHARDING),
-                          ("precision", PRECISIONS), ("progress", PROGRESS_STRATEGIES)):
+                          ("precision", PRECISIONS), ("progress", PROGRESS_STRATEGIES), ("mlp", MLP_KINDS)):
         if get(name) is not None and get(name) not in choices:
             raise ConfigError(f"--{name} {get(name)!r}: choose {', '.join(choices)}")
-    for name in ("layers", "hidden", "heads", "ffn-hidden", "seq", "batch", "ginter", "chunks-per-stage",
+    for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "seq", "batch", "ginter", "chunks-per-stage",
                  "microbatch-size", "microbatches", "ranks-per-node", "gdata", "gz", "gy", "gx"):
         if get(name) is not None and get(name) < 1:
             raise ConfigError(f"--{name} must be positive, got {get(name)}")
@@ -204,7 +224,8 @@ def _from_options(options: Mapping[str, Any], profile: MachineProfile) -> Scenar
         OverlapConfig.parse(overlap)  # one line for an unknown overlap
     cfg = get("model", "gpt-80b")
     if not isinstance(cfg, ModelConfig):  # a preset's name and run's size options; or a resolved model as is
-        sizes = {k.replace("-", "_"): get(k) for k in ("layers", "hidden", "heads", "ffn-hidden", "seq")}
+        sizes = {k.replace("-", "_"): get(k) for k in ("layers", "hidden", "heads", "ffn-hidden", "seq", "kv-heads",
+                                                       "mlp")}
         cfg = resolve_labelled(cfg, batch=get("batch"), **sizes)
     grid = get("grid")
     if grid is None and any(get(a) is not None for a in ("gdata", "gz", "gy", "gx")):
@@ -227,17 +248,34 @@ def _from_options(options: Mapping[str, Any], profile: MachineProfile) -> Scenar
         except argparse.ArgumentTypeError as exc:
             raise ConfigError(f"--memory-limit: {exc}") from None
     limit_gib = profile.device_memory_gib if limit is None else (limit / GIB or None)
+    dtype = terms.model_dtype(get("dtype", profile.training_dtype))  # fp8 is float8
+    if dtype not in (*DTYPES, terms.FP8):
+        raise ConfigError(f"--dtype {dtype!r}: choose {', '.join((*DTYPES, terms.FP8))} "
+                          f"(or {', '.join(terms.DTYPE_ALIASES)})")
     return Scenario(cfg, grid if isinstance(grid, GridShape) else GridShape.parse(str(grid)), profile.name,
                     algorithm=get("algorithm", "axonn4d"), stages=get("ginter", 1),
                     schedule=get("pipeline-schedule", "1f1b"), chunks=get("chunks-per-stage", 1),
                     microbatch_size=get("microbatch-size"), microbatches=get("microbatches"),
                     vocab=get("vocab", vocab.DEFAULT_VOCAB), sequence_parallel=bool(get("sequence-parallel", False)),
-                    recompute=get("recompute", "full"), dtype=get("dtype", profile.training_dtype),
+                    recompute=get("recompute", "full"), dtype=dtype,
                     attention=get("attention", "fused"), precision=get("precision"),
                     shard_optimizer=get("shard-optimizer", "none"), optimizer=get("optimizer", "adam"),
                     overlap=overlap, progress=get("progress", "poll"), dw_window=window,
                     ranks_per_node=get("ranks-per-node"),
-                    memory_limit_gib=limit_gib, implementation=get("implementation", "fourd"))
+                    memory_limit_gib=limit_gib, implementation=get("implementation", "fourd"),
+                    first_stage_layers=get("first-stage-layers"), last_stage_layers=get("last-stage-layers"),
+                    context_parallel=get("context-parallel", 1))
+
+
+def _stage_text(layers: tuple) -> str:
+    """``10 x 6, 2 x 5`` for ``(6,) * 10 + (5,) * 2``: runs of equal stages, first to last."""
+    runs: List[List[int]] = []
+    for n in layers:
+        if runs and runs[-1][1] == n:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, n])
+    return ", ".join(f"{k} x {n}" if k > 1 else str(n) for k, n in runs)
 
 
 def check(sc: Scenario) -> None:
@@ -257,9 +295,15 @@ def check(sc: Scenario) -> None:
         raise ConfigError(f"model {sc.model.name} needs the global batch: give --batch SEQUENCES")
     if sc.stages < 1 or sc.stages > sc.model.layers:
         raise ConfigError(f"--ginter (pipeline stages) must be between 1 and the {sc.model.layers} layers, got {sc.stages}")
-    if sc.model.layers % sc.stages and sc.algorithm != "pipeline":  # (this suite's pipeline balances to one block)
-        raise ConfigError(f"{sc.model.layers} layers do not split into {sc.stages} equal stages (algorithm "
-                          f"{sc.algorithm}; --algorithm pipeline gives the first L mod p stages one block more)")
+    uneven = len(set(sc.stage_layers)) > 1  # refuses counts that do not add up
+    if uneven and sc.schedule == "interleaved":
+        raise ConfigError(f"--pipeline-schedule interleaved needs equal stages (Megatron-LM refuses uneven ones): "
+                          f"{sc.model.layers} layers on {sc.stages} stages are {_stage_text(sc.stage_layers)}")
+    if sc.context_parallel < 1:
+        raise ConfigError(f"--context-parallel must be at least 1, got {sc.context_parallel}")
+    if sc.context_parallel > 1 and sc.attention != "fused":
+        raise ConfigError("--context-parallel runs flash attention on each K/V chunk (Megatron-LM with Transformer "
+                          "Engine): --attention fused")
     if sc.vocab < 0:
         raise ConfigError(f"--vocab must be 0 or more, got {sc.vocab}")
     tp = sc.grid.x * sc.grid.y
@@ -274,6 +318,9 @@ def check(sc: Scenario) -> None:
     if sc.implementation == megatron_ddp.NAME and sc.algorithm not in ("megatron1d", "dp"):
         raise ConfigError(f"--implementation {megatron_ddp.NAME} models Megatron-LM's data-parallel reduction: "
                           f"algorithm megatron1d or dp (got {sc.algorithm})")
+    if sc.implementation == terms.PYTORCH_FSDP and sc.algorithm != "fsdp":
+        raise ConfigError(f"--implementation {terms.PYTORCH_FSDP} models PyTorch FSDP's gradient accumulation: "
+                          f"algorithm fsdp (got {sc.algorithm})")
     if sc.implementation == zero3_2021.NAME and (sc.algorithm != "fsdp" or sc.stages != 1 or sc.grid.data != 1):
         raise ConfigError(f"--implementation {zero3_2021.NAME} models DeepSpeed's ZeRO-3 alone: algorithm fsdp, one "
                           f"stage, grid 1xNx1x1 (got {sc.algorithm}, {sc.stages} stage(s), grid {sc.grid})")
@@ -341,17 +388,34 @@ def megatron_flops(cfg: ModelConfig, vocab_size: int, recompute: str) -> float:
     return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
 
 
+def step_flops(cfg: ModelConfig, vocab_size: int, recompute: str) -> Dict[str, float]:
+    """FLOPs per step by convention (:func:`formulas`): Megatron's, hardware (recompute and the head included),
+    model (Megatron's 72 convention; with grouped-query attention or SwiGLU the actual weights' count)."""
+    head = vocab.head_flops(cfg.batch, cfg.seq, cfg.hidden, vocab_size)
+    model = cfg.flops_per_step() + head if _gqa_or_swiglu(cfg) else megatron_flops(cfg, vocab_size, "none")
+    return {"megatron": megatron_flops(cfg, vocab_size, "full" if recompute == "full" else "none"),
+            "hardware": cfg.hardware_flops_per_step(recompute) + head, "model": model}
+
+
+def _gqa_or_swiglu(cfg: ModelConfig) -> bool:
+    """Whether ``cfg`` has grouped-query attention or a SwiGLU MLP (Megatron's FLOP formula does not fit it)."""
+    return cfg.kv_heads not in (None, cfg.heads) or cfg.mlp != "gelu"
+
+
 def formulas(sc: Scenario) -> Dict[str, str]:
     conv = "full" if sc.recompute == "full" else "none"
+    model = ("6 B s l x block GEMM weights + 12 B s^2 l h + 6 B s h V" if _gqa_or_swiglu(sc.model)
+             else "72 B s l h^2 (1 + s/6h + V/12lh)")
     return {"megatron": f"Megatron FLOPs = {MEGATRON_FORMULA[conv]} (recompute {sc.recompute})",
             "hardware": "hardware FLOPs = executed GEMM + attention FLOPs with recompute + LM head 6 B s h V",
-            "model": "model FLOPs = 72 B s l h^2 (1 + s/6h + V/12lh) (no recompute counted; MFU)",
+            "model": f"model FLOPs = {model} (no recompute counted; MFU)",
             "pct_peak": "% of peak = 100 F / (t_step x GPUs x data-sheet peak of fourd_mpi/perf/peaks.py): MFU with "
                         "model FLOPs, HFU with hardware FLOPs",
-            "step": "step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb" + (
-                "" if sc.implementation == "fourd" else
-                "; deepspeed-2021: t += third gathers + gather loops, + persistent gather, S without LayerNorm "
-                "all-reduces (fourd_mpi/perf/zero3_2021.py)"),
+            "step": "step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb" + {
+                zero3_2021.NAME: "; deepspeed-2021: t += third gathers + gather loops, + persistent gather, S without "
+                                 "LayerNorm all-reduces (fourd_mpi/perf/zero3_2021.py)",
+                terms.PYTORCH_FSDP: "; pytorch-fsdp: the Z reduce-scatters in t (each micro-batch), not in S "
+                                    "(fourd_mpi/perf/terms.py)"}.get(sc.implementation, ""),
             "bubble": schedules.BUBBLE_FORMULA[sc.schedule] if sc.stages > 1 else "no pipeline: no bubble"}
 
 
@@ -372,8 +436,9 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     """Bytes per rank of ``stage`` by part (module docstring)."""
     cfg, grid, p = sc.model, sc.grid, sc.stages
     b, m, v = sc.microbatch_size, sc.microbatches, sc.chunks
-    e = dtype_bytes(sc.dtype)
-    layers = len(stage_blocks(cfg.layers, p, stage))
+    store = terms.storage_dtype(sc.dtype)  # float8: BF16 storage (terms module docstring)
+    e = dtype_bytes(store)
+    layers = sc.stage_layers[stage]
     stage_cfg = replace(cfg, layers=layers)
     micro = replace(stage_cfg, batch=b * grid.data * grid.z, layers=1)
     tokens = b * cfg.seq
@@ -385,9 +450,10 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     emb = vocab.embedding_elements(cfg.hidden, sc.vocab, tp) if (first or last) else 0
     if sc.implementation == zero3_2021.NAME:  # zero.Init partitions every parameter, the embedding too
         emb = -(-emb // grid.z)
-    state = state_bytes(params + emb, grid, sc.dtype, sc.optimizer, sc.precision, sc.shard_optimizer)
+    state = state_bytes(params + emb, grid, store, sc.optimizer, sc.precision, sc.shard_optimizer)
+    # the schedule's in-flight micro-batches, each through this stage's own blocks (uneven stages: 1f1b, axonn)
     passes = schedules.inflight_block_passes(sc.schedule, p, m, layers * p, v if sc.schedule == "interleaved" else 1,
-                                             stage)  # (L = the stage's blocks x p: uneven stages hold their own)
+                                             stage)
     # the [m, h/G_x] tensors a block keeps (4 of them when not recomputed) are split over Y with SP
     sp_saving = 4 * tokens * (hx - hx // sp) if sp > 1 else 0
     if sc.recompute == "full":
@@ -404,20 +470,35 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
         activations += vocab.logits_bytes(tokens, sc.vocab, tp, e)
     overlap = _overlap(sc)
     comm = comm_buffer_elements(replace(stage_cfg, batch=b * grid.data * grid.z), grid, overlap, sc.dw_window) * e
-    if m > 1 and grid.z > 1:  # token-partial gradient sums before the reduce-scatter over Z
+    if m > 1 and grid.z > 1 and sc.implementation != terms.PYTORCH_FSDP:  # token-partial sums before the Z RS
         comm += sum(block_elements(n, k, t, grid) for _, n, k, t in fc_weights(stage_cfg, grid)) * layers * e
     if p > 1:
         comm += 2 * tokens * hx * e * (1 if first or last else 2)
     out = dict(state, activations=int(activations), comm_buffers=int(comm))
+    if sc.dtype == terms.FP8:  # Transformer Engine's FP8 weight cache
+        gemm_weights = sum(-(-block_elements(n, k, t, grid) // grid.z) for _, n, k, t in fc_weights(stage_cfg, grid))
+        out["fp8_weights"] = terms.fp8_weight_cache_bytes(gemm_weights * layers)
     out["total"] = sum(out.values())
     reserve = GPU_RUNTIME_RESERVE_BYTES if profile.backend == "cupy" else 0
     out["required"] = int(math.ceil(out["total"] * (1 + ALLOCATOR_MARGIN))) + reserve
     return out
 
 
+def _context_view(sc: Scenario) -> Scenario:
+    """``sc`` as every term but attention sees it under context parallelism (:func:`terms.context_parallel_view`)."""
+    cp = sc.context_parallel
+    if sc.model.batch is None:
+        return sc  # check() says what is missing
+    view = terms.context_parallel_view(sc.model.seq, sc.model.batch, sc.grid.data, cp)
+    return replace(sc, model=replace(sc.model, seq=view["seq"], batch=view["batch"]),
+                   grid=replace(sc.grid, data=view["data"]), context_parallel=1)
+
+
 def scenario_memory(sc: Scenario, profile: MachineProfile) -> Dict[str, int]:
     """Bytes per rank by part of the larger of the first and last stage (no time prediction: cheap, so a
     search can drop what does not fit before predicting it)."""
+    if sc.context_parallel > 1:
+        return scenario_memory(_context_view(sc), profile)
     return _larger_stage_memory(sc.resolved(), profile)[0]
 
 
@@ -429,13 +510,18 @@ def fits_memory(sc: Scenario, profile: MachineProfile) -> bool:
 def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     """Predict one step of ``sc`` on ``profile`` (module docstring), one helper per term:
     ``step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb + t_critical (+ the ZeRO-3 persistent gather)``."""
+    if sc.context_parallel > 1:                         # the view's step plus attention and the K/V ring
+        return _predict_context_parallel(sc, profile)
     sc = sc.resolved()
     cfg, p, m = sc.model, sc.stages, sc.microbatches
     rpn = sc.ranks_per_node or min(profile.ranks_per_node, sc.world)
-    notes: List[str] = []
+    notes = _dtype_and_stage_notes(sc, profile)         # FP8 (refused without an FP8 rate), uneven stages
     t = _block_slot(sc, profile, rpn)                   # t, S, U and the 4D exposure of one micro-batch
+    gemm = _framework_gemm(sc, t, notes)                # the blocks' GEMMs at the framework's efficiency
     ds = _zero3_2021(sc, profile, rpn, t)               # implementation deepspeed-2021 (else {})
     coalesced = _megatron_ddp(sc, profile, rpn, t)      # implementation megatron-lm (else False)
+    fsdp = _pytorch_fsdp(sc, t)                         # implementation pytorch-fsdp (else {})
+    dist = _distributed_optimizer(sc, profile, rpn, t, coalesced)  # shard_optimizer data (else {})
     t_head, t_head_comm = _lm_head(sc, profile, rpn, t.exposed, notes)
     t_p2p, critical, t_msg = _pipeline_messages(sc, profile, rpn)
     wait = _message_wait(sc, profile, t.slot + t_head + t_head_comm, t_msg)
@@ -446,29 +532,31 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     if p > 1:
         t.exposed["pipeline"] = t.exposed.get("pipeline", 0.0) + (t_p2p + wait) * m + critical
     step = full_slot * m + bubble + t.update + t.sync + t_emb + critical + ds.get("persistent_gather", 0.0)
-    compute = (t.micro.compute_s - t.update) * m + t.update + t_head * m
+    compute = (t.micro.compute_s - t.update + gemm - t.comp["gemm"]) * m + t.update + t_head * m
     if not math.isfinite(step) or step <= 0:
         raise ConfigError(f"the model gave a non-finite step time for {sc.grid}: {step}")
     memory, which = _larger_stage_memory(sc, profile)
-    if cfg.ffn_hidden != 4 * cfg.hidden:
-        notes.append(f"ffn {cfg.ffn_hidden} is not 4h: Megatron's formula assumes it (the hardware count does not)")
-    for n in t.micro.notes + profile.notes:
+    for n in _flop_notes(cfg) + t.micro.notes + profile.notes:
         if n not in notes:
             notes.append(n)
     comp = t.comp
-    terms = {"slot_blocks": t.slot, "slot_head": t_head, "slot_head_comm": t_head_comm, "slot_p2p": t_p2p + wait,
-             "optimizer": t.update, "grad_sync": t.sync, "embedding_sync": t_emb, "pipeline_critical": critical,
-             # the compute per step by kind (diagnosis: which term makes an error): the blocks' GEMMs,
-             # attention, memory-bound work and kernel launches over m micro-batches; the head; the update
-             "step_gemm": comp["gemm"] * m, "step_attention": comp["attention"] * m,
-             "step_elementwise": (comp["elementwise"] + comp["calls"] - comp["optimizer"]) * m,
-             "step_head": t_head * m}
+    step_terms = {"slot_blocks": t.slot, "slot_head": t_head, "slot_head_comm": t_head_comm, "slot_p2p": t_p2p + wait,
+                  "optimizer": t.update, "grad_sync": t.sync, "embedding_sync": t_emb, "pipeline_critical": critical,
+                  # the compute per step by kind (diagnosis: which term makes an error): the blocks' GEMMs,
+                  # attention, memory-bound work and kernel launches over m micro-batches; the head; the update
+                  "step_gemm": gemm * m, "step_attention": comp["attention"] * m,
+                  "step_elementwise": (comp["elementwise"] + comp["calls"] - comp["optimizer"]) * m,
+                  "step_head": t_head * m}
+    if fsdp:  # PyTorch FSDP's reduce-scatters (per step, part of slot_blocks)
+        step_terms["fsdp_reduce_scatter"] = fsdp["step"]
+    if dist:  # the distributed optimizer's exposed collectives (per step, part of grad_sync)
+        step_terms.update({"dist_opt_reduce_scatter": dist["reduce_scatter"], "dist_opt_allgather": dist["allgather"]})
     if ds:  # DeepSpeed 2021's ZeRO-3 (per step): third gathers, copy loops, LayerNorm all-reduces taken away
-        terms.update({"zero3_regather": ds["regather"] * m, "zero3_gather_copies": ds["gather_copies"] * m,
-                      "zero3_persistent_gather": ds["persistent_gather"],
-                      "zero3_ln_allreduce_removed": ds["ln_grad_allreduce"]})
-    return ScenarioResult(sc, step, compute, t.exposed, bubble, memory, which, _flops(sc),
-                          profile.peak_tflops(sc.dtype), terms, notes, t)
+        step_terms.update({"zero3_regather": ds["regather"] * m, "zero3_gather_copies": ds["gather_copies"] * m,
+                           "zero3_persistent_gather": ds["persistent_gather"],
+                           "zero3_ln_allreduce_removed": ds["ln_grad_allreduce"]})
+    return ScenarioResult(sc, step, compute, t.exposed, bubble, memory, which, step_flops(cfg, sc.vocab, sc.recompute),
+                          profile.peak_tflops(sc.dtype), step_terms, notes, t)
 
 
 @dataclass
@@ -510,10 +598,35 @@ def _placement(sc: Scenario, rpn: int):
             {**axis_inner_products(sc.grid), **(strides or {})})
 
 
+def _store(sc: Scenario) -> str:
+    """The dtype ``sc`` stores and sends (:func:`fourd_mpi.perf.terms.storage_dtype`: BF16 for ``float8``)."""
+    return terms.storage_dtype(sc.dtype)
+
+
+def _gemm_dtype(sc: Scenario) -> Optional[str]:
+    """The blocks' GEMM dtype when it is not the storage dtype (``float8``), else None."""
+    return sc.dtype if sc.dtype != _store(sc) else None
+
+
 def _micro_config(sc: Scenario) -> ModelConfig:
-    """One slot's model: the fullest stage's ``ceil(L/p)`` blocks (stage 0) on ``B/m`` sequences."""
-    return replace(sc.model, layers=len(stage_blocks(sc.model.layers, sc.stages, 0)),
-                   batch=sc.model.batch // sc.microbatches)
+    """One slot's model: the fullest stage's blocks (:attr:`Scenario.stage_layers`: ``ceil(L/p)`` by default,
+    Megatron-LM's first/last counts otherwise) on ``B/m`` sequences."""
+    return replace(sc.model, layers=max(sc.stage_layers), batch=sc.model.batch // sc.microbatches)
+
+
+def _dtype_and_stage_notes(sc: Scenario, profile: MachineProfile) -> List[str]:
+    """The notes that open a prediction: FP8 GEMMs (:func:`fourd_mpi.perf.terms.check_fp8` refuses a profile
+    without an FP8 rate, in one line) and uneven stages (:func:`fourd_mpi.perf.terms.stage_layers`)."""
+    notes: List[str] = []
+    gemm_dtype = _gemm_dtype(sc)
+    if gemm_dtype:
+        terms.check_fp8(profile)
+        notes.append(f"float8: the blocks' GEMMs at the profile's FP8 rate {profile.gemm_tflops(gemm_dtype):g} "
+                     f"TFLOP/s, everything else in {_store(sc)}; % of peak against the FP8 data-sheet peak")
+    if len(set(sc.stage_layers)) > 1:
+        notes.append(f"uneven stages: {_stage_text(sc.stage_layers)} blocks, first to last; each slot takes the "
+                     f"fullest stage's {max(sc.stage_layers)} (fourd_mpi/perf/terms.py)")
+    return notes
 
 
 def _block_slot(sc: Scenario, profile: MachineProfile, rpn: int) -> _Slot:
@@ -521,16 +634,32 @@ def _block_slot(sc: Scenario, profile: MachineProfile, rpn: int) -> _Slot:
     micro_cfg, grid, m = _micro_config(sc), sc.grid, sc.microbatches
     overlap = _overlap(sc)
     levels, strides = _world_levels(sc, rpn)
-    micro = predict(micro_cfg, grid, profile, overlap, sc.dtype, sc.progress, sc.optimizer, rpn, sc.recompute,
-                    sc.attention, sc.precision, sc.shard_optimizer, levels=levels, strides=strides)
+    store, gemm_dtype = _store(sc), _gemm_dtype(sc)  # float8: FP8 GEMMs, BF16 everything else
+    micro = predict(micro_cfg, grid, profile, overlap, store, sc.progress, sc.optimizer, rpn, sc.recompute,
+                    sc.attention, sc.precision, sc.shard_optimizer, levels=levels, strides=strides,
+                    gemm_dtype=gemm_dtype)
     sync = sum(micro.exposed_s.get(k, 0.0) for k in SYNC_KEYS)
-    comp = compute_time(micro_cfg, grid, profile, overlap, sc.dtype, rpn, sc.optimizer, recompute=sc.recompute,
-                        attention=sc.attention, precision=sc.precision)
+    comp = compute_time(micro_cfg, grid, profile, overlap, store, rpn, sc.optimizer, recompute=sc.recompute,
+                        attention=sc.attention, precision=sc.precision, gemm_dtype=gemm_dtype)
     update = comp["optimizer"]
     exposed: Dict[str, float] = {}
     for (axis, op), t in micro.exposed_s.items():
         exposed[axis] = exposed.get(axis, 0.0) + t * (1 if (axis, op) in SYNC_KEYS else m)
     return _Slot(micro, comp, micro.step_s - sync - update, sync, update, exposed)
+
+
+def _framework_gemm(sc: Scenario, t: _Slot, notes: List[str]) -> float:
+    """The blocks' GEMM seconds of one slot at the framework's efficiency (:func:`fourd_mpi.perf.terms.
+    framework_efficiency`, ``fourd_mpi/perf/published/framework_efficiency.yaml``): ``t_gemm / f``, the
+    difference added to the slot."""
+    fw = terms.framework_efficiency(sc.implementation)
+    gemm = terms.framework_gemm_time(t.comp["gemm"], fw["factor"])
+    t.slot += gemm - t.comp["gemm"]
+    if sc.implementation != "fourd":
+        notes.append(f"framework GEMM efficiency of {sc.implementation}: x {fw['factor']:.2f} on the profile's GEMM rate"
+                     f" ({'measured' if fw['measured'] else 'not measured'}: {fw['source']}; "
+                     f"fourd_mpi/perf/published/framework_efficiency.yaml)")
+    return gemm
 
 
 def _zero3_2021(sc: Scenario, profile: MachineProfile, rpn: int, t: _Slot) -> Dict[str, float]:
@@ -540,7 +669,7 @@ def _zero3_2021(sc: Scenario, profile: MachineProfile, rpn: int, t: _Slot) -> Di
         return {}
     grid, m = sc.grid, sc.microbatches
     placement, inner = _placement(sc, rpn)
-    ds = zero3_2021.terms(_micro_config(sc), grid, profile, placement, rpn, inner, sc.dtype, sc.recompute,
+    ds = zero3_2021.terms(_micro_config(sc), grid, profile, placement, rpn, inner, _store(sc), sc.recompute,
                           _overlap(sc))
     ds["ln_grad_allreduce"] = min(ds["ln_grad_allreduce"], t.sync)  # priced as the sync term it replaces
     t.sync -= ds["ln_grad_allreduce"]
@@ -560,11 +689,44 @@ def _megatron_ddp(sc: Scenario, profile: MachineProfile, rpn: int, t: _Slot) -> 
     grads = parameter_elements(_micro_config(sc), grid) + vocab.embedding_elements(sc.model.hidden, sc.vocab,
                                                                                    grid.x * grid.y)
     placement, inner = _placement(sc, rpn)
-    t_ddp = megatron_ddp.grad_sync_time(grads, dtype_bytes(sc.dtype), grid, profile, placement, rpn, inner)
+    t_ddp = megatron_ddp.grad_sync_time(grads, dtype_bytes(_store(sc)), grid, profile, placement, rpn, inner)
     old = t.micro.exposed_s.get(("data", "allreduce"), 0.0)
     t.sync += t_ddp - old
     t.exposed["data"] = t.exposed.get("data", 0.0) + t_ddp - old
     return True
+
+
+def _pytorch_fsdp(sc: Scenario, t: _Slot) -> Dict[str, float]:
+    """Implementation ``pytorch-fsdp`` (:func:`fourd_mpi.perf.terms.fsdp_microbatch_sync`): the Z reduce-scatter
+    per micro-batch, moved from ``S`` into every slot. ``{}`` otherwise."""
+    if sc.implementation != terms.PYTORCH_FSDP:
+        return {}
+    fsdp = terms.fsdp_microbatch_sync(t.micro.exposed_s.get(("z", "reduce_scatter"), 0.0), sc.microbatches)
+    t.sync -= fsdp["once"]
+    t.slot += fsdp["per_slot"]
+    t.exposed["z"] = t.exposed.get("z", 0.0) + fsdp["step"] - fsdp["once"]
+    return fsdp
+
+
+def _distributed_optimizer(sc: Scenario, profile: MachineProfile, rpn: int, t: _Slot,
+                           coalesced: bool) -> Dict[str, float]:
+    """``shard_optimizer="data"`` (:func:`fourd_mpi.perf.terms.distributed_optimizer_times`): ``S``'s data-axis
+    gradient all-reduces become reduce-scatters, hidden in the same proportion, plus blocking all-gathers of the
+    updated parameters. ``{}`` without it, with ``G_data = 1``, Megatron's coalesced all-reduce or ZeRO-3 2021."""
+    grid = sc.grid
+    if sc.shard_optimizer != "data" or grid.data == 1 or coalesced or sc.implementation == zero3_2021.NAME:
+        return {}
+    placement, inner = _placement(sc, rpn)
+    times = terms.distributed_optimizer_times(_micro_config(sc), grid, _overlap(sc), _store(sc), profile, placement,
+                                              rpn, inner)
+    old = t.micro.exposed_s.get(("data", "allreduce"), 0.0)
+    grads = max(0.0, old - times["loss"])  # the exposed gradient all-reduces (the loss's is blocking)
+    dist = {"reduce_scatter": grads * times["reduce_scatter"] / times["allreduce"] if times["allreduce"] else 0.0,
+            "allgather": times["allgather"]}
+    change = dist["reduce_scatter"] + dist["allgather"] - grads
+    t.sync += change
+    t.exposed["data"] = t.exposed.get("data", 0.0) + change
+    return dist
 
 
 def _lm_head(sc: Scenario, profile: MachineProfile, rpn: int, exposed: Dict[str, float],
@@ -577,12 +739,12 @@ def _lm_head(sc: Scenario, profile: MachineProfile, rpn: int, exposed: Dict[str,
     grid, m = sc.grid, sc.microbatches
     tokens, tp = sc.microbatch_size * sc.model.seq, grid.x * grid.y
     placement, inner = _placement(sc, rpn)
-    rate = gemm_rate_tflops(profile, sc.dtype, notes) * 1e12
+    rate = gemm_rate_tflops(profile, _store(sc), notes) * 1e12  # the head is not an FP8 layer
     t_head = vocab.head_flops_per_rank(tokens, sc.model.hidden, sc.vocab, tp) / rate
     t_head += CE_PASSES * tokens * (sc.vocab // tp) * 4 / profile.mem_bandwidth
     t_comm = 0.0
     for axis, op, size, nbytes in vocab.microbatch_collectives(tokens, sc.model.hidden, grid.x, grid.y,
-                                                               dtype_bytes(sc.dtype)):
+                                                               dtype_bytes(_store(sc))):
         t = collective_time(_coll(axis, op, size, nbytes, "forward", "vocab"), profile, placement, rpn, inner)
         t_comm += t
         exposed[axis] = exposed.get(axis, 0.0) + t * m
@@ -600,7 +762,7 @@ def _pipeline_messages(sc: Scenario, profile: MachineProfile, rpn: int) -> tuple
     if p == 1:
         return 0.0, 0.0, 0.0
     level = inter_placement(grid, p, rpn)
-    msg = sc.microbatch_size * sc.model.seq * (sc.model.hidden // grid.x) * dtype_bytes(sc.dtype)
+    msg = sc.microbatch_size * sc.model.seq * (sc.model.hidden // grid.x) * dtype_bytes(_store(sc))
     scatter = sc.schedule in ("1f1b", "interleaved") and grid.y > 1
     wire = msg // grid.y if scatter else msg
     if profile.has_network:
@@ -637,7 +799,7 @@ def _embedding_sync(sc: Scenario, profile: MachineProfile, rpn: int, coalesced: 
         return 0.0
     grid, p = sc.grid, sc.stages
     placement, inner = _placement(sc, rpn)
-    emb_bytes = vocab.embedding_elements(sc.model.hidden, sc.vocab, grid.x * grid.y) * dtype_bytes(sc.dtype)
+    emb_bytes = vocab.embedding_elements(sc.model.hidden, sc.vocab, grid.x * grid.y) * dtype_bytes(_store(sc))
     t_emb = 0.0
     for axis in ("z", "data"):
         if grid[axis] > 1 and not (coalesced and axis == "data"):  # (in the coalesced all-reduce)
@@ -668,13 +830,52 @@ def _larger_stage_memory(sc: Scenario, profile: MachineProfile) -> tuple:
     return memory, "only" if sc.stages == 1 else which
 
 
-def _flops(sc: Scenario) -> Dict[str, float]:
-    """FLOPs per step under the three conventions (module docstring)."""
-    cfg = sc.model
-    head = vocab.head_flops(cfg.batch, cfg.seq, cfg.hidden, sc.vocab)
-    return {"megatron": megatron_flops(cfg, sc.vocab, "full" if sc.recompute == "full" else "none"),
-            "hardware": cfg.hardware_flops_per_step(sc.recompute) + head,
-            "model": megatron_flops(cfg, sc.vocab, "none")}
+def _flop_notes(cfg: ModelConfig) -> List[str]:
+    """Where Megatron's FLOP formula does not fit the model (:func:`step_flops`)."""
+    notes = []
+    if cfg.ffn_hidden != 4 * cfg.hidden:
+        notes.append(f"ffn {cfg.ffn_hidden} is not 4h: Megatron's formula assumes it (the hardware count does not)")
+    if _gqa_or_swiglu(cfg):
+        notes.append("grouped-query attention / SwiGLU: Megatron's formula assumes 3h QKV and two h x f MLP GEMMs; "
+                     "model and hardware FLOPs count the actual weights")
+    return notes
+
+
+def _predict_context_parallel(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
+    """:func:`predict_scenario` with ``cp > 1``: the view's prediction (:func:`_context_view`) plus, in every slot,
+    the attention of the whole sequence (``cp - 1`` more times the chunk's) and the exposed part of the K/V ring
+    (:mod:`fourd_mpi.perf.terms`, "Context parallelism"); FLOPs of the original model."""
+    check(sc)
+    cp, cfg, grid = sc.context_parallel, sc.model, sc.grid
+    r = predict_scenario(_context_view(sc), profile)
+    view = r.scenario
+    b, m, p = view.microbatch_size, view.microbatches, sc.stages
+    attention = r.terms["step_attention"] / m  # one slot's attention over the rank's own chunk
+    e = dtype_bytes(terms.storage_dtype(sc.dtype))
+    msg = terms.context_parallel_kv_bytes(b * view.model.seq, cfg.hidden, cfg.heads, cfg.kv_head_count, grid.y, e)
+    rpn = sc.ranks_per_node or min(profile.ranks_per_node, sc.world)
+    stride = grid.x * grid.y * grid.z  # Megatron-LM's order: tensor ranks innermost, then context ranks
+    level = "intra" if stride * cp <= rpn else "inter"
+    if profile.has_network:
+        t_msg = profile.network_time("allgather", 2, 2 * msg, stride, level, rpn)
+    else:
+        t_msg = message_time(profile, level, msg)
+    ring = max(sc.stage_layers) * terms.context_parallel_ring_messages(cp, sc.recompute) * t_msg
+    extra_attention = (cp - 1) * attention
+    exposed_ring = terms.context_parallel_exposed(ring, cp * attention)
+    slots = schedules.bubble_slots(sc.schedule, p, sc.chunks) if p > 1 else 0.0
+    per_slot = extra_attention + exposed_ring
+    exposed = dict(r.exposed_s)
+    exposed["context"] = exposed_ring * m
+    flops = step_flops(cfg, sc.vocab, sc.recompute)
+    step_terms = dict(r.terms, cp_attention=extra_attention * m, cp_ring_exposed=exposed_ring * m,
+                      step_attention=r.terms["step_attention"] * cp)
+    notes = [f"context parallel {cp}: {view.model.seq} tokens of each sequence per rank; every slot adds the rest of "
+             f"the sequence's attention and the K/V ring's exposed part (fourd_mpi/perf/terms.py)"] + r.notes
+    resolved = replace(sc, microbatch_size=b, microbatches=m)
+    return ScenarioResult(resolved, r.step_s + per_slot * (m + slots), r.compute_s + extra_attention * m, exposed,
+                          r.bubble_s + per_slot * slots, r.memory, r.memory_stage, flops, r.peak_tflops, step_terms,
+                          notes)
 
 
 def format_result(r: ScenarioResult, profile: MachineProfile) -> str:
@@ -682,9 +883,12 @@ def format_result(r: ScenarioResult, profile: MachineProfile) -> str:
     sc = r.scenario
     cfg = sc.model
     lines = [f"# fourd-mpi model predict: {profile.describe()}",
-             f"# model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}, ffn {cfg.ffn_hidden}, "
+             f"# model {cfg.name}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}"
+             f"{f' ({cfg.kv_heads} K/V)' if cfg.kv_heads not in (None, cfg.heads) else ''}, ffn {cfg.ffn_hidden}"
+             f"{f' {cfg.mlp}' if cfg.mlp != 'gelu' else ''}, "
              f"seq {cfg.seq}, vocab {sc.vocab}, global batch {cfg.batch}",
-             f"# {sc.algorithm}: grid {sc.grid} (G_data x G_z x G_y x G_x) x {sc.stages} stage(s) = {r.gpus} GPUs, "
+             f"# {sc.algorithm}: grid {sc.grid} (G_data x G_z x G_y x G_x) x {sc.stages} stage(s)"
+             f"{f' x {sc.context_parallel} context-parallel' if sc.context_parallel > 1 else ''} = {r.gpus} GPUs, "
              f"{sc.ranks_per_node or min(profile.ranks_per_node, r.gpus)} per node; schedule {sc.schedule}"
              f"{f' v={sc.chunks}' if sc.schedule == 'interleaved' else ''}; micro-batch {sc.microbatch_size} x "
              f"{sc.microbatches}; {sc.dtype} ({sc.precision or 'default'} precision), recompute {sc.recompute}, "

@@ -5,7 +5,8 @@ the runs of a sweep write theirs in ``results/SWEEP/SITE/index.jsonl``, and ``re
 ``results``) lists them with the others.
 
 ``fourd-mpi run`` appends a line on rank 0 once the trace is written (:func:`append_entry`);
-``fourd-mpi results reindex DIR`` rebuilds the file from the traces in ``DIR`` (:func:`reindex`).
+``fourd-mpi results reindex DIR`` rebuilds the file from the traces in ``DIR``
+(:func:`fourd_mpi.trace.indexing.reindex`, which reads them: this module reads no trace).
 A line (:func:`make_entry`, checked against :data:`ENTRY_SCHEMA`) holds the run id, start time,
 git commit, the **configuration key** (:func:`config_key`), algorithm, model, grid, world size,
 the step-time median and quartiles (the run summary's, :data:`fourd_mpi.trace.summary.STEP_FORMULA`),
@@ -18,11 +19,11 @@ directory, so that a results directory can be moved), whether the ranks were pin
 directory. A writer opens the index with ``O_APPEND``, takes an exclusive ``fcntl.flock`` on it and
 writes the whole line with one ``os.write``; readers take a shared lock. A line that is not valid
 JSON or not an entry (a writer killed mid-write, a file system without ``flock``, a hand edit) is
-skipped with a warning naming the line; the other lines are read. :func:`reindex` rewrites the file
+skipped with a warning naming the line; the other lines are read. :func:`rewrite_index` rewrites the file
 in place under the exclusive lock (truncate, then write), so appenders that opened it before keep
 appending to the same file. ``flock`` is advisory and local on some network file systems (NFS
 before v4 locks per client only): keep the index on a file system that honours it, or rebuild it
-with :func:`reindex`.
+with ``fourd-mpi results reindex``.
 """
 
 from __future__ import annotations
@@ -353,40 +354,14 @@ def trace_of(entry: Dict, index_path: str) -> str:
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(index_path)), entry["trace"]))
 
 
-def entry_of_trace(trace, index_dir: str) -> Dict:
-    """The index line of a loaded :class:`~fourd_mpi.trace.read.Trace`."""
-    from fourd_mpi.trace.summary import step_stats
-
-    return make_entry(trace.metadata, trace.status, trace.path, index_dir, stats=step_stats(trace))
-
-
-def reindex(directory: str, output: Optional[str] = None,
-            allow_damaged: bool = False) -> Tuple[List[Dict], List[Tuple[str, str]]]:
-    """Rebuild the index of ``directory`` from its ``*.h5`` traces (read by the validating reader);
-    written to ``output`` (default ``directory/index.jsonl``), entries sorted by time and run id.
-
-    Returns ``(entries, problems)``: ``problems`` holds ``(path, reason)`` for every trace skipped.
-    The file is replaced in place under the exclusive lock that runs append under (see the module's notes on
-    concurrency); an entry appended since the scan whose trace exists and was not scanned is kept.
-    """
-    from fourd_mpi.errors import TraceError
-    from fourd_mpi.trace.read import load_trace
-
-    output = output or index_file(directory)
-    refuse_foreign_link(output)
-    index_dir = os.path.dirname(os.path.abspath(output))
-    files, why = expand_traces(directory)
-    problems = [(directory, why)] if why is not None and not os.path.isdir(directory) else []
-    entries = []
-    for path in files:
-        try:
-            entries.append(entry_of_trace(load_trace(path, allow_damaged=allow_damaged), index_dir))
-        except TraceError as exc:
-            problems.append((path, str(exc)))
-    scanned = {os.path.realpath(p) for p in files}
+def rewrite_index(output: str, entries: List[Dict], scanned) -> List[Dict]:
+    """Replace the index ``output`` by ``entries`` (what :func:`fourd_mpi.trace.indexing.reindex` read from the
+    traces, ``scanned``: their real paths) in place under the exclusive lock that runs append under (see the
+    module's notes on concurrency); an entry appended since the scan whose trace exists and was not scanned is
+    kept. Returns the entries written, sorted by time and run id."""
     with _locked(output, os.O_RDWR | os.O_CREAT, fcntl.LOCK_EX) as fd:
         # lines appended since the scan (a run that finished meanwhile: its trace was not there yet) are kept
-        entries += appended_since(fd, output, scanned)
+        entries = entries + appended_since(fd, output, scanned)
         entries.sort(key=lambda e: (e["time"], e["run_id"]))
         data = b"".join(entry_line(e) for e in entries)
         try:
@@ -398,7 +373,7 @@ def reindex(directory: str, output: Optional[str] = None,
             from fourd_mpi.errors import ConfigError
 
             raise ConfigError(f"cannot write the index {output}: {exc.strerror or exc}") from None
-    return entries, problems
+    return entries
 
 
 def refuse_foreign_link(output: str, writer: str = "reindex") -> None:
@@ -424,8 +399,8 @@ def refuse_foreign_link(output: str, writer: str = "reindex") -> None:
 
 def appended_since(fd: int, index_path: str, scanned) -> List[Dict]:
     """The valid entries of the open index ``fd`` whose trace exists but was not among the ``scanned`` files
-    (real paths): lines that runs appended while :func:`reindex` read the traces (under the same lock, so
-    none is lost when the index is rewritten)."""
+    (real paths): lines that runs appended while :func:`fourd_mpi.trace.indexing.reindex` read the traces (under
+    the same lock, so none is lost when the index is rewritten)."""
     kept = []
     try:
         with os.fdopen(os.dup(fd), "rb") as fh:

@@ -40,6 +40,7 @@ from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.step.presets import ModelConfig, model_problems
+from fourd_mpi.util.text import human_bytes
 
 T = TypeVar("T")
 #: a suggested change must fit with this factor on the estimate: the step's temporaries (dW blocks,
@@ -49,15 +50,6 @@ T = TypeVar("T")
 SUGGESTION_HEADROOM = 1.5
 #: limits at or above this many bytes mean "no limit" (cgroup v1 writes 2^63 rounded to a page)
 UNLIMITED = 1 << 60
-
-
-def human_bytes(count: float) -> str:
-    """``21.3 GiB`` (binary units, three significant digits)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if abs(count) < 1024 or unit == "EiB":
-            return f"{count:.0f} B" if unit == "B" else f"{count:.3g} {unit}"
-        count /= 1024
-    return ""  # pragma: no cover
 
 
 # -- the need ---------------------------------------------------------------------------------------
@@ -101,7 +93,7 @@ def largest_shard(cfg: ModelConfig, grid: GridShape) -> int:
 
 
 def memory_need(options, attention: str = "unfused") -> MemoryNeed:
-    """The estimate per rank of :class:`~fourd_mpi.run.options.RunOptions` ``options`` (pure); ``attention``:
+    """The estimate per rank of :class:`~fourd_mpi.algorithms.runoptions.RunOptions` ``options`` (pure); ``attention``:
     the kernels that will run (``unfused`` keeps the score matrix; a fused mode only a row statistic)."""
     cfg, grid = options.model, options.grid
     family = get_algorithm(options.algorithm).family

@@ -19,21 +19,20 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from fourd_mpi.algorithms.pipeline_plan import SCHEDULES as PIPELINE_SCHEDULES
 from fourd_mpi.algorithms.registry import ALGORITHMS, DEFAULT_ALGORITHM
 from fourd_mpi.algorithms.registry import get as get_algorithm
+from fourd_mpi.algorithms.runoptions import RunOptions
 from fourd_mpi.core.backend import BACKENDS, DEVICE_BUFFER_MODES, DTYPES, check_dtype_options
 from fourd_mpi.step.fusedattention import ATTENTION_MODES
-from fourd_mpi.core.grid import GridShape
 from fourd_mpi.core.progress import PROGRESS_STRATEGIES
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.display import DISPLAYS
 from fourd_mpi.step.optim import OPTIMIZERS
-from fourd_mpi.step.overlap import OverlapConfig
-from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model
+from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, resolve_model
 from fourd_mpi.trace.events import LEVELS
 from fourd_mpi.util.values import (axis_size, batch_size, data_batch_count, group_size, head_count,
                                    layer_count, memory_limit, number, poll_flops_value, positive_float, repeat_count, run_seed, seq_length, step_count,
@@ -169,10 +168,10 @@ RUN_OPTIONS: Tuple[Option, ...] = (
            help="oag: how many layers ahead weight all-gathers are issued (default 1)"),
     Option("chunks", "overlap", repeat_count, 2, metavar="K", help="od: token chunks of the forward all-reduce "
            "(default 2)"),
-    Option("poll-flops", "overlap", poll_flops_value, 1e7, metavar="F",
-           help="poll: FLOPs of GEMM between two MPI progress polls (default 1e7); auto: the finest chunks whose "
-                "polls take at most 2%% of the compute, from the measured poll cost and GEMM rate (chunk FLOPs = "
-                "GEMM FLOP/s x poll seconds / 0.02, within 1e6..1e10)"),
+    Option("poll-flops", "overlap", poll_flops_value, "auto", metavar="F",
+           help="poll: FLOPs of GEMM between two MPI progress polls, or auto (the default): chunks of at least "
+                "50 ms of compute at the measured GEMM rate, longer where a poll costs over 2%% of them (chunk "
+                "FLOPs = GEMM FLOP/s x max(0.05 s, poll seconds / 0.02), within 1e6..1e10)"),
     Option("check-buffers", "overlap", flag=True, default=False,
            help="debug: verify that no send buffer is modified while its collective is in flight"),
     Option("steps", "steps", step_count, 10, metavar=_N, help="training steps (default 10)"),
@@ -239,56 +238,6 @@ def lookup(name: str, where: str) -> Option:
 def defaults() -> Dict[str, Any]:
     """``{dest: default}`` of every option."""
     return {o.dest: o.default for o in RUN_OPTIONS}
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """Everything that defines a run (stored with results by later tools)."""
-
-    model: ModelConfig
-    grid: GridShape
-    #: ``--algorithm`` (:mod:`fourd_mpi.algorithms.registry`)
-    algorithm: str = DEFAULT_ALGORITHM
-    #: ``--algorithm pipeline``: stages (``grid`` is then each stage's 4D grid), micro-batches per batch
-    #: shard, schedule (:mod:`fourd_mpi.algorithms.pipeline_plan`)
-    ginter: int = 1
-    microbatches: int = 1
-    pipeline_schedule: str = "axonn"
-    dtype: str = "float32"
-    backend: str = "auto"
-    device_buffers: str = "auto"
-    #: ``--attention`` as given (:data:`~fourd_mpi.step.fusedattention.ATTENTION_MODES`; what ran: the backend's)
-    attention: str = "auto"
-    #: float32 GEMMs in TF32 on tensor cores (cupy backend only)
-    tf32: bool = False
-    seed: int = 0
-    optimizer: str = "adam"
-    lr: Optional[float] = None
-    #: bytes each rank may use (None: measured; 0: no admission check), :mod:`fourd_mpi.run.admission`
-    memory_limit: Optional[int] = None
-    cache_weights: bool = False
-    steps: int = 10
-    warmup: int = 1
-    #: distinct synthetic batches prepared before the steps (step i uses batch i mod data_batches)
-    data_batches: int = 4
-    overlap: str = "none"
-    prefetch_depth: int = 1
-    chunks: int = 2
-    progress: str = "poll"
-    #: ``"auto"`` or FLOPs per chunk (:class:`fourd_mpi.core.progress.AutoChunk`)
-    poll_flops: Union[str, float] = 1e7
-    check_buffers: bool = False
-    #: activation recompute: none, selective, full (:data:`~fourd_mpi.step.presets.RECOMPUTE_MODES`)
-    recompute: str = "none"
-
-    def overlap_config(self) -> OverlapConfig:
-        text = self.overlap + (",cache" if self.cache_weights else "")
-        return OverlapConfig.parse(text, prefetch_depth=self.prefetch_depth, chunks=self.chunks)
-
-    def as_dict(self) -> Dict:
-        d = asdict(self)
-        d["grid"] = {"data": self.grid.data, "z": self.grid.z, "y": self.grid.y, "x": self.grid.x}
-        return d
 
 
 #: RunOptions fields that come straight from an option of the same name

@@ -13,6 +13,10 @@ from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
 
 MODEL_KINDS = ("gpt", "mlp")
+#: a GPT block's MLP: ``gelu`` (two GEMMs, ``h -> f -> h``: GPT-2/3, Megatron-LM's default) or ``swiglu``
+#: (Shazeer 2020, "GLU Variants Improve Transformer", arXiv 2002.05202, eq. 6: ``(Swish(x W) * x V) W2``, three
+#: ``h x f`` matrices; Llama 2, Touvron et al. 2023, section 2.2). The model's only: this suite's step is GeLU.
+MLP_KINDS = ("gelu", "swiglu")
 #: ``--recompute``: what a block drops after its forward and recomputes in backward
 #: (``step/model.py``): nothing; the attention core (scores, probabilities, context); everything but the
 #: block input
@@ -27,6 +31,10 @@ class ModelConfig:
     normal h->ffn and transposed ffn->h layers with GeLU between).
     layers: number of blocks; hidden: model width h; heads: attention heads;
     ffn_hidden: MLP width (4h in GPT); seq: sequence length; batch: global batch in sequences.
+    kv_heads: key/value heads of grouped-query attention (Ainslie et al. 2023, "GQA", arXiv 2305.13245,
+    section 2; Llama 2 70B: 8 for 64 query heads): the QKV weight is ``[h + 2 h kv/heads, h]``; None: as many
+    as ``heads`` (multi-head attention). mlp: :data:`MLP_KINDS`. Both are the model's only (this suite's step
+    runs multi-head attention and a GeLU MLP: :func:`validate_model` refuses others).
     """
 
     name: str
@@ -37,35 +45,57 @@ class ModelConfig:
     ffn_hidden: int
     seq: int
     batch: Optional[int]
+    kv_heads: Optional[int] = None
+    mlp: str = "gelu"
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
     @property
+    def kv_head_count(self) -> int:
+        """Key/value heads: ``kv_heads``, or ``heads`` (multi-head attention)."""
+        return self.kv_heads or self.heads
+
+    def weight_shapes(self):
+        """The GEMM weights of one block, in forward order: ``(name, n_out, k_in, transposed)``. GPT: QKV
+        ``[h + 2 h kv/heads, h]`` (``3h`` with multi-head attention), projection ``[h, h]`` (transposed), FC1
+        ``[f, h]`` (SwiGLU: ``[2f, h]``, the gate and up matrices side by side, as Megatron-LM's ``--swiglu``
+        fuses them) and FC2 ``[h, f]`` (transposed); ``mlp`` kind: FC1 and FC2 alone."""
+        h, f = self.hidden, self.ffn_hidden
+        fc1 = 2 * f if self.mlp == "swiglu" else f
+        mlp = [("fc1", fc1, h, False), ("fc2", h, f, True)]
+        if self.kind != "gpt":
+            return mlp
+        qkv = h + 2 * self.kv_head_count * (h // self.heads)
+        return [("qkv", qkv, h, False), ("proj", h, h, True)] + mlp
+
+    def gemm_weight_count(self) -> int:
+        """Elements of one block's GEMM weights: ``sum n k`` of :meth:`weight_shapes`."""
+        return sum(n * k for _, n, k, _ in self.weight_shapes())
+
+    @property
     def tokens(self) -> int:
         return (self.batch or 0) * self.seq
 
     def parameter_count(self) -> int:
-        h, f = self.hidden, self.ffn_hidden
-        if self.kind == "gpt":
-            per_block = 3 * h * h + h * h + 2 * h * f + 4 * h
-        else:
-            per_block = 2 * h * f
+        """Parameters of the blocks (no embedding): GEMM weights plus, in a GPT, two LayerNorms' ``gamma, beta``
+        (``4h``). Known answer (Llama 2 70B, :mod:`tests.perf.test_gqa_swiglu`): 80 blocks of ``h (h + 2 h kv/a) +
+        h^2 + 3 h f`` plus ``2 V h`` untied embeddings = 68.98e9 with RMSNorm's ``2h``."""
+        per_block = self.gemm_weight_count() + (4 * self.hidden if self.kind == "gpt" else 0)
         return self.layers * per_block
 
     def flops_per_step(self) -> float:
         """Model FLOPs of one training step (forward + backward, no recompute), whole model.
 
-        GEMMs ``6 * tokens * weights`` plus causal-attention score and context products
-        ``12 * B * s^2 * h`` per GPT layer: Narayanan et al. (SC'21)
-        ``72 B s l h^2 (1 + s/(6h))`` when ffn = 4h (no LM head here, so V = 0).
+        GEMMs ``6 * tokens * weights`` (:meth:`gemm_weight_count`) plus causal-attention score and context
+        products ``12 * B * s^2 * h`` per GPT layer (grouped-query attention shares K and V, not the products):
+        Narayanan et al. (SC'21) ``72 B s l h^2 (1 + s/(6h))`` when ffn = 4h (no LM head here, so V = 0).
         """
-        h, f = self.hidden, self.ffn_hidden
-        tokens = self.tokens
+        gemm = 6 * self.tokens * self.gemm_weight_count()
         if self.kind == "gpt":
-            return float(self.layers * (6 * tokens * (4 * h * h + 2 * h * f) + 12 * (self.batch or 0) * self.seq ** 2 * h))
-        return float(self.layers * 6 * tokens * 2 * h * f)
+            return float(self.layers * (gemm + 12 * (self.batch or 0) * self.seq ** 2 * self.hidden))
+        return float(self.layers * gemm)
 
     def hardware_flops_per_step(self, recompute: str = "none") -> float:
         """FLOPs one training step executes, counting activation recompute (whole model).
@@ -110,7 +140,14 @@ class ModelConfig:
         return "hardware FLOPs per step = model FLOPs (nothing recomputed)"
 
     def as_dict(self) -> Dict:
-        return asdict(self)
+        """The fields; ``kv_heads`` and ``mlp`` only when not the default (traces and outputs of multi-head GeLU
+        models keep their keys)."""
+        d = asdict(self)
+        if d["kv_heads"] is None:
+            del d["kv_heads"]
+        if d["mlp"] == "gelu":
+            del d["mlp"]
+        return d
 
 
 def _gpt(name, layers, hidden, heads, seq=2048, batch=None, ffn=None):
@@ -200,21 +237,31 @@ def model_problems(cfg: ModelConfig, grid: GridShape, pad_z: bool = False) -> Li
             problems.append(f"{what} {value} is not divisible by {divisor}: {fix}")
 
     h, f = cfg.hidden, cfg.ffn_hidden
+    if cfg.mlp not in MLP_KINDS:
+        problems.append(f"MLP kind {cfg.mlp!r} is not one of {', '.join(MLP_KINDS)}")
+    if cfg.kv_heads is not None and (cfg.kv_heads < 1 or cfg.heads % cfg.kv_heads):
+        problems.append(f"--kv-heads {cfg.kv_heads} must divide --heads {cfg.heads} (query heads share K and V in "
+                        f"equal groups)")
+    if problems:
+        return problems
     need(cfg.batch, grid.data * grid.z, "global batch",
          f"give --batch a multiple of G_data*G_z = {grid.data}*{grid.z}")
     need(h, grid.x, "hidden size", f"give --hidden a multiple of G_x = {grid.x}")
     need(f, grid.y, "MLP hidden size", f"give --ffn-hidden a multiple of G_y = {grid.y}")
-    # (out, in, out axis, in axis) of every weight: normal layers put out on Y, transposed on X.
-    weights = [("fc1", f, h, "y", "x"), ("fc2", h, f, "x", "y")]
     if cfg.kind == "gpt":
         need(h, grid.y, "hidden size", f"give --hidden a multiple of G_y = {grid.y}")
         need(h, cfg.heads, "hidden size", f"give --hidden a multiple of --heads = {cfg.heads}")
         need(cfg.heads, grid.y, "head count",
              f"attention splits whole heads over Y: give --heads a multiple of G_y = {grid.y}")
-        weights += [("qkv", 3 * h, h, "y", "x"), ("proj", h, h, "x", "y")]
+        if cfg.kv_heads is not None:
+            need(cfg.kv_heads, grid.y, "key/value head count",
+                 f"each rank of Y holds whole K/V groups (Megatron-LM requires it): give --kv-heads a multiple of "
+                 f"G_y = {grid.y}")
     if problems:
         return problems
-    for name, n_out, k_in, out_axis, in_axis in weights:
+    # normal layers put their output on Y and input on X, transposed ones the other way round; MLP first
+    for name, n_out, k_in, transposed in sorted(cfg.weight_shapes(), key=lambda w: w[0] in ("qkv", "proj")):
+        out_axis, in_axis = ("x", "y") if transposed else ("y", "x")
         block = (n_out // grid[out_axis]) * (k_in // grid[in_axis])
         if block % grid.z and not pad_z:
             problems.append(
@@ -227,5 +274,8 @@ def model_problems(cfg: ModelConfig, grid: GridShape, pad_z: bool = False) -> Li
 def validate_model(cfg: ModelConfig, grid: GridShape) -> None:
     """Raise :class:`ConfigError` naming every problem of ``cfg`` on ``grid``."""
     problems = model_problems(cfg, grid)
+    if cfg.kv_heads not in (None, cfg.heads) or cfg.mlp != "gelu":
+        problems.append("grouped-query attention (kv_heads) and the SwiGLU MLP are for the model only (fourd-mpi "
+                        "model predict --kv-heads, --mlp): this suite's step runs multi-head attention and a GeLU MLP")
     if problems:
         raise ConfigError(f"model {cfg.name} on grid {grid} (G_data x G_z x G_y x G_x): " + "; ".join(problems))

@@ -217,6 +217,10 @@ class Tracer:
     def layer_index(self, name: str) -> int:
         return self._layer_index[name]
 
+    def phase_name(self, code: int) -> str:
+        """The name of phase ``code`` (:data:`PHASES`; an unknown code as its number)."""
+        return PHASES[code] if 0 <= code < len(PHASES) else str(code)
+
     def tag(self, layer: str, phase: str):
         """``(layer, phase)`` codes for :meth:`Collectives` records issued out of program order."""
         return self._layer_index.get(layer, 0), _PHASE.get(phase, 0)

@@ -122,7 +122,8 @@ def published_by_the_run(spool_dir: str, trace_path: str, run_meta: Dict) -> Opt
 def _index_published(path: str):
     """``(added, error)``: the line of the published trace ``path`` added to the index next to it if it has none
     (the run was ended between its publication and its index line), as ``results reindex`` writes it."""
-    from fourd_mpi.results.index import append_entry, entry_of_trace, index_file, read_index, trace_of
+    from fourd_mpi.results.index import append_entry, index_file, read_index, trace_of
+    from fourd_mpi.trace.indexing import entry_of_trace
 
     results_dir = os.path.dirname(os.path.abspath(path))
     index = index_file(results_dir)

@@ -33,6 +33,15 @@ def int_ranges(values) -> str:
     return ",".join(out)
 
 
+def human_bytes(count: float) -> str:
+    """``21.3 GiB`` (binary units, three significant digits)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if abs(count) < 1024 or unit == "EiB":
+            return f"{count:.0f} B" if unit == "B" else f"{count:.3g} {unit}"
+        count /= 1024
+    return ""  # pragma: no cover
+
+
 def format_number(value) -> str:
     """A number as every table and summary prints it: integers as such, floats to about 4
     significant digits (``0.05739``, ``3891.6``, ``1.854``, ``0.0002989``, ``1.2e+07``), NaN as

@@ -16,7 +16,7 @@ from fourd_mpi.analysis.compare import (MIN_SAMPLES, Settings, compare_runs, dro
 from fourd_mpi.analysis.compare_report import render
 from fourd_mpi.cli.main import main
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.results.index import reindex
+from fourd_mpi.trace.indexing import reindex
 
 from conftest import REPO
 

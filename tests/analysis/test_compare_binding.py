@@ -112,7 +112,7 @@ def test_the_note_does_not_change_the_verdict(runs):
     free, bound = runs[2, "free"][1], runs[2, "bound"][1]
     with_note = json.loads(compare(free, "--baseline", bound, "--format", "json").stdout)
     from fourd_mpi.analysis.compare import Settings, compare_runs
-    from fourd_mpi.results.index import entry_of_trace
+    from fourd_mpi.trace.indexing import entry_of_trace
     from fourd_mpi.trace.summary import step_stats
 
     def side(path):

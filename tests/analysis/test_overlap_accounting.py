@@ -218,7 +218,7 @@ def test_osu_probe_runs_both_methods_and_the_trace_accounting_holds(tmp_path):
     import sys
 
     from conftest import REPO, find_mpiexec, mpi_env
-    from fourd_mpi.perf.collbench import osu_overlap
+    from fourd_mpi.run.collbench import osu_overlap
 
     proc = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, str(REPO / "bench" / "overlap_probe.py"),
                            str(1 << 20), "3", "--json"], capture_output=True, text=True, timeout=600, env=mpi_env(),

@@ -7,7 +7,8 @@ import pytest
 
 from fourd_mpi.analysis.tables import COMM_FORMULAS
 from fourd_mpi.core.colltable import COLLECTIVES, collective, wire_factor
-from fourd_mpi.perf.collbench import FORMULAS, KIND_OF, OPS, bus_factor, fit_alpha_beta
+from fourd_mpi.perf.calibration import KIND_OF, OPS, bus_factor, fit_alpha_beta
+from fourd_mpi.run.collbench import FORMULAS
 from fourd_mpi.perf.machine import Fit
 from fourd_mpi.perf.volumes import Collective
 

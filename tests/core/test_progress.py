@@ -9,8 +9,8 @@ import argparse
 import numpy as np
 import pytest
 
-from fourd_mpi.core.progress import (AUTO_MAX_FLOPS, AUTO_MIN_FLOPS, AUTO_START_FLOPS, POLL_BUDGET, AutoChunk,
-                                     PollProgress, make_progress)
+from fourd_mpi.core.progress import (AUTO_MAX_FLOPS, AUTO_MIN_FLOPS, AUTO_START_FLOPS, MIN_CHUNK_S, POLL_BUDGET,
+                                     AutoChunk, PollProgress, make_progress)
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.step.kernels import matmul
 from fourd_mpi.util.values import poll_flops_value
@@ -18,21 +18,26 @@ from fourd_mpi.util.values import poll_flops_value
 
 def test_rule_known_answers():
     auto = AutoChunk()
-    assert auto.flops == AUTO_START_FLOPS  # nothing measured: the start size
-    auto.observe_compute(2e7, 1e-3)  # 20 GFLOP/s
-    assert auto.flops == AUTO_START_FLOPS  # one of the two measurements only
-    auto.observe_poll(10e-6)  # 10 us: chunk 10 us / 2 % = 0.5 ms = 1e7 FLOPs at 20 GFLOP/s
-    assert auto.flops == pytest.approx(20e9 * 10e-6 / POLL_BUDGET) == pytest.approx(1e7)
+    assert auto.flops == AUTO_START_FLOPS == 1e9  # nothing measured: the start size
+    auto.observe_poll(10e-6)
+    assert auto.flops == AUTO_START_FLOPS  # a poll cost without a GEMM rate: still the start size
+    auto.observe_compute(4e7, 1e-3)  # 40 GFLOP/s
+    # 10 us / 2 % = 0.5 ms is under the 50 ms floor: 50 ms at 40 GFLOP/s = 2e9 FLOPs
+    assert MIN_CHUNK_S == 0.05 and POLL_BUDGET == 0.02
+    assert auto.flops == pytest.approx(2e9)
+    rate_only = AutoChunk()
+    rate_only.observe_compute(2e7, 1e-3)  # 20 GFLOP/s, no poll timed yet: the floor, 1e9 FLOPs
+    assert rate_only.flops == pytest.approx(1e9) and "no poll" in rate_only.describe()
     slow = AutoChunk()
     slow.observe_compute(20e9, 1.0)
-    slow.observe_poll(0.5e-3)  # 0.5 ms polls (TCP in flight): 25 ms chunks = 5e8 FLOPs
-    assert slow.flops == pytest.approx(5e8)
-    assert "5e+08 FLOPs" in slow.describe() and "20 GFLOP/s" in slow.describe() and "500 us" in slow.describe()
+    slow.observe_poll(4e-3)  # 4 ms polls (TCP in flight): 4 ms / 2 % = 200 ms chunks = 4e9 FLOPs
+    assert slow.flops == pytest.approx(4e9)
+    assert "4e+09 FLOPs" in slow.describe() and "20 GFLOP/s" in slow.describe() and "4e+03 us" in slow.describe()
 
 
 def test_rule_bounds_and_running_median():
     auto = AutoChunk()
-    auto.observe_compute(1e9, 1.0)
+    auto.observe_compute(1e7, 1.0)  # 10 MFLOP/s x 50 ms = 5e5: the lower bound
     auto.observe_poll(1e-9)
     assert auto.flops == AUTO_MIN_FLOPS
     auto = AutoChunk()
@@ -41,13 +46,16 @@ def test_rule_bounds_and_running_median():
     assert auto.flops == AUTO_MAX_FLOPS
     auto = AutoChunk()
     auto.observe_compute(1e10, 1.0)
-    for cost in (100e-6, 110e-6, 50e-3, 120e-6):  # one poll stretched by a preemption does not move the median
+    for cost in (2.0e-3, 2.2e-3, 50e-3, 2.4e-3):  # one poll stretched by a preemption does not move the median
         auto.observe_poll(cost)
-    assert auto.cost == pytest.approx(115e-6)
-    assert auto.flops == pytest.approx(1e10 * 115e-6 / POLL_BUDGET)
+    assert auto.cost == pytest.approx(2.3e-3)
+    assert auto.flops == pytest.approx(1e10 * 2.3e-3 / POLL_BUDGET) == pytest.approx(1.15e9)
     for _ in range(AutoChunk.WINDOW):  # the window forgets: a link that turned busy moves the size
-        auto.observe_poll(1e-3)
-    assert auto.cost == pytest.approx(1e-3)
+        auto.observe_poll(4e-3)
+    assert auto.cost == pytest.approx(4e-3) and auto.flops == pytest.approx(2e9)
+    for _ in range(AutoChunk.WINDOW):  # cheap polls again: back to the floor
+        auto.observe_poll(1e-6)
+    assert auto.flops == pytest.approx(1e10 * MIN_CHUNK_S)
 
 
 class _Owner:
@@ -81,7 +89,7 @@ def test_chunked_gemm_feeds_the_rate_and_reads_the_size_each_gemm():
 def test_fixed_size_and_grammar():
     assert PollProgress(5e6).chunk_flops == 5e6 and PollProgress(5e6).auto is None
     assert "5e+06 FLOPs" in make_progress("poll", 5e6).describe()
-    assert "auto" in make_progress("poll", "auto").describe() and "1e+07" in make_progress("poll").describe()
+    assert "auto" in make_progress("poll", "auto").describe() and "auto" in make_progress("poll").describe()  # the default
     for bad in (0, -1.0, "often"):
         with pytest.raises(ConfigError):
             PollProgress(bad)

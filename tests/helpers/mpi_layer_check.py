@@ -18,13 +18,14 @@ from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.core.grid import GridShape, ProcessGrid, grid_factorizations
 from fourd_mpi.step.layers import FullyConnected4D
 from fourd_mpi.core.layout import block_range, local_sequences
+from fourd_mpi.trace.events import Tracer
 from fourd_mpi.step.synthetic import stream_id, uniform_block
 
 
 def check(world, shape, transposed, n, k, tokens, dtype, seed=3):
     grid = ProcessGrid(world, shape)
     backend = make_backend("numpy", dtype)
-    comm = Collectives(grid, backend)
+    comm = Collectives(grid, backend, tracer=Tracer(level="step"))
     layer = FullyConnected4D("probe", n, k, transposed, grid, backend, seed)
     c = grid.coords
     in_axis, out_axis = layer.in_axis, layer.out_axis

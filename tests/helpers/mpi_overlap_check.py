@@ -18,6 +18,7 @@ from fourd_mpi.core.backend import make_backend
 from fourd_mpi.core.collectives import BufferModifiedError, Collectives
 from fourd_mpi.core.grid import GridShape, ProcessGrid
 from fourd_mpi.core.progress import make_progress
+from fourd_mpi.trace.events import Tracer
 
 
 def main():
@@ -28,7 +29,8 @@ def main():
     failures = []
 
     for strategy in ("none", "poll", "thread"):
-        comm = Collectives(grid, backend, progress=make_progress(strategy, chunk_flops=2e4), check_buffers=True)
+        comm = Collectives(grid, backend, progress=make_progress(strategy, chunk_flops=2e4), check_buffers=True,
+                           tracer=Tracer(level="step"))
         # 1. un-waited request
         handle = comm.allgather("z", np.arange(4.0))
         try:

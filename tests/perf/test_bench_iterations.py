@@ -1,6 +1,6 @@
 """Issue 32, item 2: ``bench collectives`` with enough data.
 
-- the iteration rule (:class:`fourd_mpi.perf.collbench.IterationRule`): warm-up, then timed iterations
+- the iteration rule (:class:`fourd_mpi.run.collbench.IterationRule`): warm-up, then timed iterations
   until both ``--iters`` and ``--min-time`` are reached, bounded by ``--max-time``; every rank runs the
   same count (real mpiexec, 3 and 4 ranks, each rank's iterations taking a different time);
 - the fit gate: a poor alpha-beta fit is refused with one line and exit 1 on every rank, written with
@@ -14,8 +14,8 @@ import textwrap
 import pytest
 
 from fourd_mpi.core.grid import GridShape
-from fourd_mpi.perf.collbench import (IterationRule, Row, cover_step_messages, message_sizes, poor_fit_line,
-                                      poor_fits, step_message_lines, step_messages)
+from fourd_mpi.perf.calibration import Row, poor_fit_line, poor_fits
+from fourd_mpi.run.collbench import IterationRule, cover_step_messages, message_sizes, step_message_lines, step_messages
 from fourd_mpi.step.presets import resolve_model
 
 
@@ -43,7 +43,7 @@ def test_next_target_known_answers():
 
 
 def test_overlap_sizes_stay_at_most_4_mib():
-    from fourd_mpi.perf.collbench import overlap_sizes
+    from fourd_mpi.run.collbench import overlap_sizes
 
     sizes = [8, 64, 512, 4096, 32768, 262144, 2097152, 16777216, 67108864]
     assert overlap_sizes(sizes, 2) == [262144, 2097152] and overlap_sizes(sizes, 0) == []
@@ -62,7 +62,7 @@ def test_sizes_reach_the_maximum():
 AGREE = textwrap.dedent("""
     import json, sys, time
     from mpi4py import MPI
-    from fourd_mpi.perf.collbench import IterationRule, timed_iterations
+    from fourd_mpi.run.collbench import IterationRule, timed_iterations
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
@@ -235,7 +235,7 @@ def test_bench_prints_the_step_messages(run_mpi, tmp_path):
 LOCKSTEP = textwrap.dedent("""
     import json, sys, time
     from mpi4py import MPI
-    from fourd_mpi.perf.collbench import IterationRule, iteration_barrier, timed_iterations
+    from fourd_mpi.run.collbench import IterationRule, iteration_barrier, timed_iterations
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()

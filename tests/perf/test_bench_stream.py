@@ -16,9 +16,8 @@ import sys
 import pytest
 
 from conftest import REPO, find_mpiexec, mpi_env
-from fourd_mpi.perf.collbench import (Budget, IterationRule, Row, StreamReport, fit_window,
-                                      format_result, plan_items, poor_fit_line, poor_fits, progress_line,
-                                      _fits_profile)
+from fourd_mpi.perf.calibration import Row, _fits_profile, fit_window, poor_fit_line, poor_fits
+from fourd_mpi.run.collbench import Budget, IterationRule, StreamReport, format_result, plan_items, progress_line
 
 #: a row of the text report: size, count, type (nccl-tests' columns)
 ROW = re.compile(r"^\s+(\d+)\s+\d+\s+float\s")

@@ -4,8 +4,8 @@
 import numpy as np
 import pytest
 
-from fourd_mpi.perf.collbench import (bus_factor, default_grids, fit_alpha_beta, imb_overlap, message_sizes,
-                                 osu_overlap)
+from fourd_mpi.perf.calibration import bus_factor, fit_alpha_beta
+from fourd_mpi.run.collbench import default_grids, imb_overlap, message_sizes, osu_overlap
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
 
@@ -104,7 +104,7 @@ def test_bad_input_is_one_line_once(run_mpi, tmp_path):
 
 def test_result_check_patterns_and_counter():
     """The fill pattern gives exact expected results, and the counter finds corrupted elements."""
-    from fourd_mpi.perf.collbench import count_wrong, fill_pattern
+    from fourd_mpi.run.collbench import count_wrong, fill_pattern
 
     p, size = 3, 4 * 3 * 10
     inputs = {k: [fill_pattern(k, size, p, r)[0] for r in range(p)] for k in ("allreduce", "allgather",
@@ -132,7 +132,7 @@ def test_ops_subset_csv_and_json(run_mpi, tmp_path):
     import io
     import json
 
-    from fourd_mpi.perf.collbench import CSV_COLUMNS
+    from fourd_mpi.run.collbench import CSV_COLUMNS
     from fourd_mpi.perf.machine import load_profile
     from fourd_mpi.perf.predict import predict
     from fourd_mpi.step.presets import resolve_model
@@ -211,7 +211,8 @@ def test_report_formats_without_mpi():
     import io
     import json
 
-    from fourd_mpi.perf.collbench import CSV_COLUMNS, Row, avg_busbw, format_result, total_wrong
+    from fourd_mpi.perf.calibration import Row
+    from fourd_mpi.run.collbench import CSV_COLUMNS, avg_busbw, format_result, total_wrong
 
     rows = [Row("world", "intra", 2, "iallreduce", 64, 3, 10e-6, False, 8e-6, 6e-6, 10e-6, 0, "world"),
             Row("world", "intra", 2, "iallreduce", 64, 3, 20e-6, True, 15e-6, 10e-6, 20e-6, 3, "world"),

@@ -1,5 +1,5 @@
 """Known answers for the calibrated profile's per-size measurements (issue 32 item 2, issue 29 item 5):
-the table ``bench collectives`` stores (:func:`fourd_mpi.perf.collbench.measured_points`), its monotone
+the table ``bench collectives`` stores (:func:`fourd_mpi.perf.calibration.measured_points`), its monotone
 interpolation (:func:`fourd_mpi.perf.machine.interpolate_measured`) and the model's use of it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.perf.collbench import Row, measured_points
+from fourd_mpi.perf.calibration import Row, measured_points
 from fourd_mpi.perf.machine import PROFILES_DIR, interpolate_measured, load_profile, monotone
 from fourd_mpi.perf.predict import collective_parts
 from fourd_mpi.perf.volumes import Collective

@@ -10,7 +10,7 @@ import pytest
 from fourd_mpi.step.presets import resolve_model
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
-from fourd_mpi.perf.validate import average_ranks, spearman
+from fourd_mpi.analysis.model_check import average_ranks, spearman
 from fourd_mpi.perf.tune import top_grids
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -13,7 +13,8 @@ import pytest
 
 from fourd_mpi.cli.main import main
 from fourd_mpi.results.index import (INDEX_NAME, KEY_DEFAULTS, OUTPUT_ONLY, append_entry, config_key, entry_line,
-                                     entry_of_trace, read_index, reindex)
+                                     read_index)
+from fourd_mpi.trace.indexing import entry_of_trace, reindex
 from fourd_mpi.trace.read import load_trace
 
 from conftest import REPO, mpirun

@@ -93,7 +93,8 @@ def test_reindex_keeps_a_line_appended_while_it_read_the_traces(tmp_path):
     import threading
     import time
 
-    from fourd_mpi.results.index import append_entry, reindex
+    from fourd_mpi.results.index import append_entry
+    from fourd_mpi.trace.indexing import reindex
 
     shutil.copy(a_trace(), tmp_path / "a.h5")
     index = tmp_path / "index.jsonl"

@@ -186,10 +186,10 @@ def test_ranks_running_different_code_are_diagnosed(tmp_path, command):
 def test_bench_collectives_has_a_watchdog(tmp_path):
     """A rank of ``bench collectives`` stopped (SIGSTOP) inside its first measurement: before, the
     other rank waited forever; now it names the measurement it waits in and aborts the job."""
-    stale = _stale_copy(tmp_path, "perf/collbench.py",
+    stale = _stale_copy(tmp_path, "run/collbench.py",
                         "             inplace: bool = False) -> Tuple[float, int, int]:\n",
                         "             inplace: bool = False) -> Tuple[float, int, int]:\n"
-                        "    import signal; os.kill(os.getpid(), signal.SIGSTOP)\n")
+                        "    import os, signal; os.kill(os.getpid(), signal.SIGSTOP)\n")
     args = ["bench", "collectives", "--max-size", "64", "--iters", "3", "--step-timeout", "3",
             "-o", str(tmp_path / "p.yaml")]
     proc = _mpmd([(1, REPO, args), (1, stale, args)], tmp_path)

@@ -30,7 +30,8 @@ from fourd_mpi.step.presets import ModelConfig, model_problems
 from fourd_mpi.util.table import render
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DATASETS = ("narayanan_sc21", "axonn_sc24", "narayanan_sc21_table2", "megatron_readme_2020")
+DATASETS = ("narayanan_sc21", "axonn_sc24", "narayanan_sc21_table2", "megatron_readme_2020", "llama3_405b",
+            "megascale_megatron")
 #: the set issue 30's targets apply to (Table 1 and AxoNN's flagship); the other datasets are reported
 #: beside it with their own summaries
 TARGET_SET = ("narayanan_sc21", "axonn_sc24")
@@ -59,9 +60,12 @@ def _read(name: str) -> Dict[str, Any]:
 
 
 def _model(point: Dict[str, Any], seq: int) -> ModelConfig:
+    """The model of a point: GPT sizes, with ``ffn`` (default ``4h``), ``kv_heads`` and ``mlp`` where given."""
     h = int(point["hidden"])
-    return ModelConfig(point.get("name", "gpt"), "gpt", int(point["layers"]), h, int(point["heads"]), 4 * h, seq,
-                       int(point["batch"]))
+    kv = point.get("kv_heads")
+    return ModelConfig(point.get("name", "gpt"), "gpt", int(point["layers"]), h, int(point["heads"]),
+                       int(point.get("ffn", 4 * h)), seq, int(point["batch"]), kv_heads=None if kv is None else int(kv),
+                       mlp=point.get("mlp", "gelu"))
 
 
 def dataset_file(dataset_id: str) -> str:
@@ -74,13 +78,14 @@ def dataset_file(dataset_id: str) -> str:
 
 def scenario_of(point: Dict[str, Any], defaults: Dict[str, Any], machine: str) -> Scenario:
     """The :class:`Scenario` of a point with an explicit configuration (``tp``, ``pp``, ``gpus``, ``mbs``,
-    ``chunks``, ``ddp``): Megatron's 1D tensor parallelism is the grid ``DP x 1 x TP x 1``; or ``grid``
+    ``chunks``, ``ddp``, optionally ``cp``, ``first_stage_layers``, ``last_stage_layers``): Megatron's 1D tensor
+    parallelism is the grid ``DP x 1 x TP x 1`` with ``DP = GPUs / (TP PP CP)``; or ``grid``
     (``G_data x G_z x G_y x G_x``, e.g. ZeRO-3's ``1 x N x 1 x 1``) with ``algorithm``, ``overlap`` and
     ``implementation``."""
     d = dict(defaults, **point)
     cfg = _model(d, int(d["seq"]))
-    tp, pp = int(d.get("tp", 1)), int(d.get("pp", 1))
-    dp = int(d["gpus"]) // (tp * pp)
+    tp, pp, cp = int(d.get("tp", 1)), int(d.get("pp", 1)), int(d.get("cp", 1))
+    dp = int(d["gpus"]) // (tp * pp * cp)
     grid = GridShape.parse(d["grid"]) if d.get("grid") else GridShape(dp, 1, tp, 1)
     chunks = int(d.get("chunks", 1))
     overlap = d.get("overlap") or ("dp" if d.get("ddp") == "torch" else "none")
@@ -90,7 +95,9 @@ def scenario_of(point: Dict[str, Any], defaults: Dict[str, Any], machine: str) -
                     microbatch_size=int(d["mbs"]), vocab=int(d["vocab"]),
                     sequence_parallel=bool(d["sequence_parallel"]), recompute=d["recompute"], dtype=d["dtype"],
                     attention=d["attention"], precision=d["precision"], shard_optimizer=d["shard_optimizer"],
-                    optimizer=d["optimizer"], overlap=overlap, memory_limit_gib=d.get("memory_limit_gib"))
+                    optimizer=d["optimizer"], overlap=overlap, memory_limit_gib=d.get("memory_limit_gib"),
+                    context_parallel=cp, first_stage_layers=d.get("first_stage_layers"),
+                    last_stage_layers=d.get("last_stage_layers"))
 
 
 def tuned_4d(point: Dict[str, Any], defaults: Dict[str, Any], profile: MachineProfile) -> ScenarioResult:
@@ -194,8 +201,16 @@ class Row:
                 "exposed": (t_pub - (res.step_s - x)) / x if x else float("nan")}
 
 
+#: a dataset's ``metric`` -> (the result's method, its FLOP convention): Megatron's ``96 B s l h^2 (...)`` % of peak
+#: or TFLOP/s per GPU, or MFU (model FLOPs, PaLM's ``6N + 12 l h s`` per token, Chowdhery et al. 2023, appendix B)
+METRICS = {"pct_peak": ("pct_peak", "megatron"), "tflops_per_gpu": ("tflops_per_gpu", "megatron"),
+           "mfu_pct": ("pct_peak", "model")}
+
+
 def metric_of(r: ScenarioResult, metric: str) -> float:
-    return r.pct_peak("megatron") if metric == "pct_peak" else r.tflops_per_gpu("megatron")
+    """The prediction of ``r`` in a dataset's ``metric`` (:data:`METRICS`)."""
+    method, convention = METRICS[metric]
+    return getattr(r, method)(convention)
 
 
 def predict_point(ds: Dict[str, Any], point: Dict[str, Any], profile: MachineProfile) -> ScenarioResult:
@@ -346,6 +361,7 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
     """The text of ``model published``."""
     lines = ["# fourd-mpi model published: the model against published end-to-end results (nothing fitted to them)",
              "# metric: Megatron's 96 B s l h^2 (1 + s/6h + V/16lh) FLOPs / (t_step x GPUs) [/ peak for % of peak]; "
+             "mfu_pct: model FLOPs 6 B s l x block GEMM weights + 12 B s^2 l h + 6 B s h V / (t_step x GPUs x peak); "
              "ratio = predicted / published; error = |ratio - 1|",
              ""]
     table = [("dataset", "point", "GPUs", "configuration", "metric", "published", "predicted", "ratio", "mem GiB",

@@ -1,4 +1,6 @@
-"""``fourd-mpi model validate TRACES...``: the performance model against measured runs.
+"""``fourd-mpi model validate TRACES...`` and ``model calibrate``: the performance model (:mod:`fourd_mpi.perf`,
+pure) checked against, and its term weights fitted to, measured runs (traces read by :mod:`fourd_mpi.trace`,
+measured by :mod:`fourd_mpi.analysis.tables`): a check of the model, so it sits above both.
 
 For every trace the configuration (model, grid, overlap options, progress, dtype) comes from its
 metadata (``run_options``), the measurement from :func:`fourd_mpi.analysis.tables.runs_table` (median step
@@ -60,7 +62,7 @@ def config_of(trace) -> Dict:
     ro = trace.metadata.get("run_options")
     if not isinstance(ro, dict) or "model" not in ro or "grid" not in ro:
         raise ConfigError(f"{trace.path}: the trace has no run_options metadata to predict from")
-    model = ModelConfig(**{k: ro["model"][k] for k in ModelConfig.__dataclass_fields__})
+    model = ModelConfig(**{k: ro["model"][k] for k in ModelConfig.__dataclass_fields__ if k in ro["model"]})
     grid = GridShape(**{k: int(ro["grid"][k]) for k in ("data", "z", "y", "x")})
     text = str(ro.get("overlap", "none")) + (",cache" if ro.get("cache_weights") else "")
     overlap = OverlapConfig.parse(text, int(ro.get("prefetch_depth", 1)), int(ro.get("chunks", 2)))
