@@ -137,10 +137,10 @@ def check_pipeline_search(cfg: ModelConfig, ranks: int, name: str = "pipeline") 
     count = pipeline_count(cfg, ranks)
     if count > MAX_PIPELINE_CONFIGS:
         raise SearchTooLarge(
-            f"{name} on {ranks:,} ranks has {count:,} configurations (stage counts dividing the ranks and the "
+            f"{name} on {ranks:,} ranks has {count:,} configurations (stage counts dividing the ranks, at most the "
             f"{cfg.layers:,} layers x 4D grids of a stage x micro-batch counts dividing the batch shard), more than "
             f"the {MAX_PIPELINE_CONFIGS:,} tune searches: give fewer ranks, --layers or --batch with fewer divisors, "
-            f"or predict one with fourd-mpi model predict --stages --grid")
+            f"or predict one with fourd-mpi model predict --ginter --grid")
 
 
 def _pipeline_candidates(cfg: ModelConfig, ranks: int, algorithm: Algorithm) -> List[Tuple[Any, Dict[str, Any]]]:
