@@ -198,7 +198,7 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
         Step(".venv/bin/fourd-mpi plot overlap results/samples/grid-1x2x2x2-overlap.h5 --baseline "
              "results/samples/weak-8.h5 -o hidden.png", r"wrote hidden\.png"),
         Step(".venv/bin/fourd-mpi model predict --profile dgx-a100 --model gpt-80b --batch 1536 --algorithm "
-             "megatron1d --grid 16x1x8x1 --stages 6 --schedule interleaved --chunks-per-stage 7 --microbatch-size 1 "
+             "megatron1d --grid 16x1x8x1 --ginter 6 --pipeline-schedule interleaved --chunks-per-stage 7 --microbatch-size 1 "
              "--dtype float16 --attention unfused --overlap none", r"MFU \d"),
         Step(".venv/bin/fourd-mpi model published --dataset all   # or narayanan_sc21, axonn_sc24, "
              "narayanan_sc21_table2, megatron_readme_2020, llama3_405b, megascale_megatron", r"Narayanan"),

@@ -93,7 +93,7 @@ EXAMPLES: Dict[Tuple[str, ...], Tuple[str, ...]] = {
                          "fourd-mpi model paper --series gpt-5b,gpt-10b --memory-limit 40 -o weak.png",
                          "fourd-mpi model paper --series none --format json"),
     ("model", "predict"): ("fourd-mpi model predict --profile dgx-a100 --model gpt-80b --batch 1536 "
-                           "--algorithm megatron1d --grid 16x1x8x1 --stages 6 --schedule interleaved "
+                           "--algorithm megatron1d --grid 16x1x8x1 --ginter 6 --pipeline-schedule interleaved "
                            "--chunks-per-stage 7 --microbatch-size 1 --dtype float16 --attention unfused "
                            "--overlap none",
                            "fourd-mpi model predict --config predict.yaml --format json"),

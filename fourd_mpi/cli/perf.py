@@ -19,8 +19,8 @@ from fourd_mpi.cli.args import (FORMATS, add_deprecated, add_format, add_option,
                                 add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.run.options import OPTIONS, options_in
 from fourd_mpi.util.files import named_inputs, refuse_output, replacing, write_text
-from fourd_mpi.util.values import (axis_size, batch_size, float_in, int_in, int_list_of, layer_count, positive_float,
-                                  rank_count, repeat_count, seq_length)
+from fourd_mpi.util.values import (axis_size, batch_size, float_in, int_in, int_list_of, layer_count, memory_limit,
+                                  positive_float, rank_count, repeat_count, seq_length)
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,10 @@ def _register_tune(sub) -> None:
                    "profile lacks (e.g. perlmutter for inter-node axes of a one-node calibration)")
     m.add_argument("--ranks-per-node", type=axis_size, default=None, metavar="R",
                    help="ranks per node of the run (default: the site's with --site, else the profile's)")
-    m.add_argument("--memory-limit", type=_memory_limit, default=None, metavar="GiB",
-                   help="drop grids needing more per rank (counted bytes + allocator margin + GPU runtime reserve); "
-                        "default: the profile's device memory (e.g. 40 on perlmutter, 64 on frontier; none on CPU "
-                        "profiles); 'none' keeps every grid")
+    m.add_argument("--memory-limit", type=memory_limit, default=None, metavar="SIZE",
+                   help="drop grids needing more per rank (counted bytes + allocator margin + GPU runtime reserve): "
+                        "run's grammar, e.g. 80GiB, 80G or 40 (GiB); default: the profile's device memory (e.g. 40 "
+                        "GiB on perlmutter, 64 on frontier; none on CPU profiles); none (or 0) keeps every grid")
     _add_memory_model(p)
     p.add_argument("--dw-window", type=layer_count, default=None, metavar="N",
                    help="with ORS, at most N dW blocks in flight (memory; as FSDP/ZeRO-3 bound their buckets; "
@@ -140,13 +140,6 @@ def _tune_json(args, names, cfg, overlap, profile, limit, limit_text, recompute,
             "notes": notes, "emit_sweep": args.emit_sweep}
 
 
-def _memory_limit(text: str):
-    """``--memory-limit``: GiB per rank, or ``none``."""
-    if text.strip().lower() == "none":
-        return "none"
-    return positive_float(text)
-
-
 def _add_memory_model(p) -> None:
     """What the run keeps in memory and computes again (model options of tune and model paper)."""
     from fourd_mpi.perf.memory import ATTENTION, PRECISIONS, RECOMPUTE
@@ -171,10 +164,10 @@ def _memory_limit_bytes(args, profile):
     how = f"need = counted bytes x {1 + ALLOCATOR_MARGIN:.2f} (allocator margin)"
     if memory_reserve(profile):
         how += f" + {GPU_RUNTIME_RESERVE_BYTES / GIB:g} GiB (GPU runtime reserve)"
-    if args.memory_limit == "none":
+    if args.memory_limit == 0:
         return None, "memory limit: none (--memory-limit none)"
     if args.memory_limit is not None:
-        return args.memory_limit * GIB, f"memory limit: {args.memory_limit:g} GiB per rank (--memory-limit); {how}"
+        return args.memory_limit, f"memory limit: {args.memory_limit / GIB:g} GiB per rank (--memory-limit); {how}"
     limit = default_memory_limit(profile)
     if limit is None:
         return None, (f"memory limit: none (profile {profile.name} states no device memory; give --memory-limit "
@@ -203,11 +196,11 @@ def cmd_tune(args, world=None) -> int:
     from fourd_mpi.jobs.sites import resolve_profile
     from fourd_mpi.perf.tune import format_ranking, rank_grids, sweep_spec, why_best
     from fourd_mpi.step.overlap import OverlapConfig
-    from fourd_mpi.step.presets import resolve_model
+    from fourd_mpi.step.presets import resolve_labelled
 
     from fourd_mpi.perf.tune import check_search_size
 
-    cfg = resolve_model(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
+    cfg = resolve_labelled(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
                         ffn_hidden=args.ffn_hidden, seq=args.seq, batch=args.batch)
     if cfg.batch is not None:  # a bounded search, refused at once (not after minutes of predictions)
         check_search_size(args.ranks, cfg=cfg)
@@ -375,8 +368,9 @@ def _register_model(sub) -> None:
     add_site(pp, default="perlmutter", help="use the machine profile the site names (its machine_profile: key)")
     pp.add_argument("--profile", default=None, metavar="P", help="machine profile (built-in name or file; overrides "
                                                                   "--site)")
-    pp.add_argument("--memory-limit", type=_memory_limit, default=80.0, metavar="GiB",
-                    help="GiB per GPU (default 80: the A100-80GB nodes; 40 for the others; 'none')")
+    pp.add_argument("--memory-limit", type=memory_limit, default="80GiB", metavar="SIZE",
+                    help="memory per GPU, run's grammar (80GiB, 80G or 80 GiB; default 80: the A100-80GB nodes; 40 for the "
+                         "others; none)")
     pp.add_argument("--batch", type=batch_size, default=None, metavar="N",
                     help="global batch in sequences of 2,048 tokens at 1,024 GPUs (default 2048, our assumption; the "
                          "weak-scaling cases scale it with their GPU count)")
@@ -496,7 +490,7 @@ def _cmd_paper(args) -> int:
     if args.output and not cases:
         raise ConfigError("-o writes the weak-scaling plot: give --series all or a list, not none")
     profile = resolve_profile(args.site, args.profile)
-    limit = None if args.memory_limit == "none" else args.memory_limit
+    limit = args.memory_limit / GIB or None  # GiB (0: none)
     batch = args.batch or DEFAULT_BATCH
     flagship = model_case(PUBLISHED["model"], PUBLISHED["gpus"], profile, limit, batch)
     series = [flagship if (m, g) == (PUBLISHED["model"], PUBLISHED["gpus"])

@@ -84,7 +84,8 @@ def _divisors(n: int) -> List[int]:
 
 def pipeline_count(cfg: ModelConfig, ranks: int) -> int:
     """How many configurations :func:`_pipeline_candidates` considers, without listing them (an upper bound
-    of those it returns: the algorithm's own check is not made): per stage count ``s`` and product
+    of those it returns: the algorithm's own check is not made): per stage count ``s`` (``1 < s <= L``
+    dividing the ranks) and product
     ``q = G_data G_z`` dividing ``ranks / s``, the ordered pairs ``(G_data, G_z)`` and ``(G_y, G_x)``
     times the micro-batch counts of the shard ``B // q``."""
     total = 0
@@ -105,14 +106,15 @@ def check_pipeline_search(cfg: ModelConfig, ranks: int, name: str = "pipeline") 
     count = pipeline_count(cfg, ranks)
     if count > MAX_PIPELINE_CONFIGS:
         raise SearchTooLarge(
-            f"{name} on {ranks:,} ranks has {count:,} configurations (stage counts dividing the ranks and the "
+            f"{name} on {ranks:,} ranks has {count:,} configurations (stage counts dividing the ranks, at most the "
             f"{cfg.layers:,} layers x 4D grids of a stage x micro-batch counts dividing the batch shard), more than "
             f"the {MAX_PIPELINE_CONFIGS:,} tune searches: give fewer ranks, --layers or --batch with fewer divisors, "
-            f"or predict one with fourd-mpi model predict --stages --grid")
+            f"or predict one with fourd-mpi model predict --ginter --grid")
 
 
 def _pipeline_candidates(cfg: ModelConfig, ranks: int, algorithm: Algorithm) -> List[Tuple[Any, Dict[str, Any]]]:
-    """Pipeline configurations of ``ranks`` ranks: ``s`` stages (every divisor ``1 < s <= layers``), each a
+    """Pipeline configurations of ``ranks`` ranks: ``s`` stages (every divisor ``1 < s <= layers``; stage ``i``
+    holds :func:`~fourd_mpi.perf.terms.stage_layers`' blocks, as ``model predict --algorithm pipeline``), each a
     4D grid of ``ranks / s`` ranks the algorithm allows, with every micro-batch size that divides the
     per-replica batch shard ``B/(G_data G_z)`` (:func:`microbatch_counts`: at most
     :data:`MAX_MICROBATCHES` micro-batches) that the algorithm accepts. More than

@@ -714,6 +714,50 @@ def axis_placement(grid, ranks_per_node: int) -> Dict[str, str]:
     return out
 
 
+def world_levels(grid, stages: int, ranks_per_node: int) -> Dict[str, str]:
+    """``axis -> "intra" | "inter" | "-"`` of the pipeline's world, rank order data, inter, z, y, x (X
+    innermost) on nodes of ``ranks_per_node`` consecutive ranks: an axis is intra-node when its span
+    (stride x size) fits in a node and tiles it. The data axis' stride is ``G_z G_y G_x x stages``, not
+    a stage grid's ``G_z G_y G_x``: with 2 stages of 2x1x2x1 on nodes of 4, the stages share a node
+    and the data all-reduce crosses nodes."""
+    out, stride = {}, 1
+    for axis, size in (("x", grid.x), ("y", grid.y), ("z", grid.z), ("inter", stages), ("data", grid.data)):
+        span = stride * size
+        out[axis] = "-" if size == 1 else ("intra" if span <= ranks_per_node and ranks_per_node % span == 0
+                                           else "inter")
+        stride = span
+    return out
+
+
+def world_strides(grid, stages: int) -> Dict[str, int]:
+    """``{"data": G_z G_y G_x x stages}``: the data axis' stride in the pipeline's world order (data,
+    inter, z, y, x); the stage grid's other axes keep their strides."""
+    return {"data": grid.z * grid.y * grid.x * stages}
+
+
+def inter_placement(grid, stages: int, ranks_per_node: int) -> str:
+    """``intra`` when a rank and its stage neighbours (``G_z G_y G_x`` world ranks apart, rank order data, inter,
+    z, y, x) share a node, ``inter`` otherwise, ``-`` for one stage (:func:`world_levels`)."""
+    return world_levels(grid, stages, ranks_per_node)["inter"]
+
+
+def message_time(profile: MachineProfile, level: str, nbytes: int, senders: Optional[int] = None) -> float:
+    """Seconds of one point-to-point message: a 2-rank all-gather of a gathered buffer of ``2 * nbytes``
+    (its ring moves exactly one message each way). Across nodes, from a calibrated profile's measured
+    points of 2 ranks on 2 nodes (``2@1``) when it has them, with ``senders`` ranks of a node sending at
+    once (the link share of :meth:`~fourd_mpi.perf.machine.MachineProfile.measured_time`: a stage's
+    ranks all send their micro-batch through the node's link together); otherwise the level's
+    all-gather fit on 2 ranks (``alpha + nbytes * beta``)."""
+    if level == "-":
+        return 0.0
+    fit, shared_by = profile.fit(level, "allgather", 2)
+    if level == "inter" and senders:
+        measured = profile.measured_time(level, "allgather", 2, 2 * nbytes, senders / shared_by, per_node=1)
+        if measured is not None:
+            return measured
+    return fit.time("allgather", 2, 2 * nbytes)
+
+
 def ranks_sharing_link(grid, axis: str, ranks_per_node: int) -> int:
     """How many ranks of a node send over the node's links at once for an inter-node ``axis``: every
     rank of the node takes part in its own instance of the collective (SPMD), so all of them."""

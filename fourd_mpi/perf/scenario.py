@@ -22,10 +22,15 @@ messages (``t_p2p``). Then
 where ``(p - 1)/v`` slots are the bubble (:mod:`fourd_mpi.perf.schedules`) and ``t_emb`` the
 per-step embedding-gradient all-reduces (over data and Z, and between the first and last stage
 when ``p > 1``: tied weights), blocking. With the ``axonn`` schedule the messages overlap compute
-(Isend) and only the fill and drain chain ``2 (p - 1) t_msg`` is added. A message of
-``b s h/G_x e`` bytes crosses the pipeline axis at its placement; with Megatron's scatter/gather
-optimisation (``1f1b``/``interleaved`` and ``G_y > 1``) each rank sends ``1/G_y`` of it and the
-receivers all-gather over Y.
+(Isend) as far as the profile's overlap efficiency ``e`` allows: a slot waits ``max(t, t_msg) + (1 - e)
+min(t, t_msg) - t`` for its message (:func:`~fourd_mpi.perf.schedules.link_bound_slot`), and the fill and
+drain chain ``2 (p - 1) t_msg`` is added. A message of ``b s h/G_x e`` bytes crosses the pipeline axis at
+its placement; with Megatron's scatter/gather optimisation (``1f1b``/``interleaved`` and ``G_y > 1``) each
+rank sends ``1/G_y`` of it and the receivers all-gather over Y. With ``p > 1`` every axis is placed in the
+pipeline's world (rank order data, inter, z, y, x: :func:`~fourd_mpi.perf.machine.world_levels`): the data
+axis' stride is ``G_z G_y G_x p``. This is the one pipeline model: ``tune``'s pipeline candidates and
+``model validate`` price a pipeline through it (:func:`fourd_mpi.perf.pipeline.predict_pipeline`, a thin
+wrapper).
 
 **Distributed optimizer** (``shard_optimizer="data"``, :mod:`fourd_mpi.perf.terms`): ``S``'s data-axis gradient
 all-reduces become reduce-scatters (hidden as they were) plus blocking all-gathers of the updated parameters.
@@ -66,15 +71,17 @@ nothing changes.
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf import megatron_ddp, schedules, terms, vocab, zero3_2021
-from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement
+from fourd_mpi.perf.machine import (MachineProfile, axis_inner_products, axis_placement, inter_placement, message_time,
+                                   world_levels, world_strides)
 from fourd_mpi.perf.memory import (ALLOCATOR_MARGIN, GPU_RUNTIME_RESERVE_BYTES, activation_elements,
                                    block_saved_elements, comm_buffer_elements, block_elements, fc_weights,
                                    parameter_elements, state_bytes)
@@ -120,7 +127,10 @@ class Scenario:
     precision: Optional[str] = None
     shard_optimizer: str = "none"
     optimizer: str = "adam"
-    overlap: str = "all"
+    #: run's ``--overlap`` text, or an :class:`OverlapConfig` (with its prefetch depth and chunks)
+    overlap: Any = "all"
+    #: who progresses nonblocking collectives during compute (run's ``--progress``: poll, none, thread)
+    progress: str = "poll"
     dw_window: Optional[int] = 2
     ranks_per_node: Optional[int] = None
     memory_limit_gib: Optional[float] = None
@@ -142,6 +152,18 @@ class Scenario:
     def stage_layers(self) -> tuple:
         """Blocks per stage, first to last (:func:`fourd_mpi.perf.terms.stage_layers`)."""
         return terms.stage_layers(self.model.layers, self.stages, self.first_stage_layers, self.last_stage_layers)
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], profile: MachineProfile) -> "Scenario":
+        """The one way from options to a scenario (``model predict``; every caller outside ``perf``): ``options``
+        maps run's option names (:data:`fourd_mpi.run.options.RUN_OPTIONS`, ``-`` or ``_``) to parsed values,
+        with run's meanings: ``ginter`` stages, ``pipeline-schedule``, ``microbatches``, ``recompute``,
+        ``overlap``, ``progress``, ``dtype``, ``gdata``/``gz``/``gy``/``gx`` (or ``grid``: ``16x1x8x1`` or a
+        :class:`GridShape`), ``memory-limit`` (bytes, 0 none, missing: the profile's device memory) and the model
+        (``model`` preset, ``layers`` ... ``batch``; or a resolved :class:`ModelConfig`); plus what run cannot
+        choose (:data:`SCENARIO_ONLY`). A missing key takes the scenario's
+        default (``dtype``: the profile's training dtype). Bad values: one-line :class:`ConfigError`."""
+        return _from_options(options, profile)
 
     def resolved(self) -> "Scenario":
         """The scenario with ``b`` and ``m`` both filled in, or a :class:`ConfigError` (one line)."""
@@ -166,6 +188,83 @@ class Scenario:
                               f"{self.model.batch} / (G_data {self.grid.data} x G_z {self.grid.z}) = {replica}")
         schedules.check_schedule(self.schedule, self.stages, self.chunks, self.model.layers, m)
         return replace(self, microbatch_size=b, microbatches=m)
+
+
+#: scenario options run has no option for (``model predict``'s own): the interleaved schedule's chunks, the
+#: micro-batch size, the vocabulary, sequence parallelism, precision, optimizer sharding, the dW window, the node
+#: shape, whose implementation; the model's only terms (:mod:`fourd_mpi.perf.terms`): grouped-query attention and
+#: the SwiGLU MLP, Megatron-LM's first/last stage sizes, context parallelism
+SCENARIO_ONLY = ("chunks-per-stage", "microbatch-size", "vocab", "sequence-parallel", "precision", "shard-optimizer",
+                 "dw-window", "ranks-per-node", "implementation", "kv-heads", "mlp", "first-stage-layers",
+                 "last-stage-layers", "context-parallel")
+
+
+def _from_options(options: Mapping[str, Any], profile: MachineProfile) -> Scenario:
+    """:meth:`Scenario.from_options`."""
+    from fourd_mpi.core.backend import DTYPES
+    from fourd_mpi.core.progress import PROGRESS_STRATEGIES
+    from fourd_mpi.perf.memory import ATTENTION, OPTIMIZER_SHARDING, PRECISIONS, RECOMPUTE
+    from fourd_mpi.step.presets import MLP_KINDS, resolve_labelled
+    from fourd_mpi.util.values import layer_count, memory_limit
+
+    def get(name: str, default: Any = None) -> Any:
+        value = options.get(name, options.get(name.replace("-", "_")))
+        return default if value is None else value
+
+    for name, choices in (("recompute", RECOMPUTE), ("attention", ATTENTION), ("shard-optimizer", OPTIMIZER_SHARDING),
+                          ("precision", PRECISIONS), ("progress", PROGRESS_STRATEGIES), ("mlp", MLP_KINDS)):
+        if get(name) is not None and get(name) not in choices:
+            raise ConfigError(f"--{name} {get(name)!r}: choose {', '.join(choices)}")
+    for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "seq", "batch", "ginter", "chunks-per-stage",
+                 "microbatch-size", "microbatches", "ranks-per-node", "gdata", "gz", "gy", "gx"):
+        if get(name) is not None and get(name) < 1:
+            raise ConfigError(f"--{name} must be positive, got {get(name)}")
+    overlap = get("overlap", "all")
+    if not isinstance(overlap, OverlapConfig):
+        OverlapConfig.parse(overlap)  # one line for an unknown overlap
+    cfg = get("model", "gpt-80b")
+    if not isinstance(cfg, ModelConfig):  # a preset's name and run's size options; or a resolved model as is
+        sizes = {k.replace("-", "_"): get(k) for k in ("layers", "hidden", "heads", "ffn-hidden", "seq", "kv-heads",
+                                                       "mlp")}
+        cfg = resolve_labelled(cfg, batch=get("batch"), **sizes)
+    grid = get("grid")
+    if grid is None and any(get(a) is not None for a in ("gdata", "gz", "gy", "gx")):
+        grid = GridShape(*(get(a, 1) for a in ("gdata", "gz", "gy", "gx")))
+    if grid is None:
+        raise ConfigError("model predict needs --grid G_DATAxG_ZxG_YxG_X (one pipeline stage's 4D grid; or "
+                          "--gdata --gz --gy --gx)")
+    window = get("dw-window", 2)
+    if str(window).lower() == "none":
+        window = None
+    elif not isinstance(window, int):
+        try:
+            window = layer_count(str(window))
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"--dw-window: {exc} (or none)") from None
+    limit = get("memory-limit")
+    if isinstance(limit, str):
+        try:
+            limit = memory_limit(limit)
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"--memory-limit: {exc}") from None
+    limit_gib = profile.device_memory_gib if limit is None else (limit / GIB or None)
+    dtype = terms.model_dtype(get("dtype", profile.training_dtype))  # fp8 is float8
+    if dtype not in (*DTYPES, terms.FP8):
+        raise ConfigError(f"--dtype {dtype!r}: choose {', '.join((*DTYPES, terms.FP8))} "
+                          f"(or {', '.join(terms.DTYPE_ALIASES)})")
+    return Scenario(cfg, grid if isinstance(grid, GridShape) else GridShape.parse(str(grid)), profile.name,
+                    algorithm=get("algorithm", "axonn4d"), stages=get("ginter", 1),
+                    schedule=get("pipeline-schedule", "1f1b"), chunks=get("chunks-per-stage", 1),
+                    microbatch_size=get("microbatch-size"), microbatches=get("microbatches"),
+                    vocab=get("vocab", vocab.DEFAULT_VOCAB), sequence_parallel=bool(get("sequence-parallel", False)),
+                    recompute=get("recompute", "full"), dtype=dtype,
+                    attention=get("attention", "fused"), precision=get("precision"),
+                    shard_optimizer=get("shard-optimizer", "none"), optimizer=get("optimizer", "adam"),
+                    overlap=overlap, progress=get("progress", "poll"), dw_window=window,
+                    ranks_per_node=get("ranks-per-node"),
+                    memory_limit_gib=limit_gib, implementation=get("implementation", "fourd"),
+                    first_stage_layers=get("first-stage-layers"), last_stage_layers=get("last-stage-layers"),
+                    context_parallel=get("context-parallel", 1))
 
 
 def _stage_text(layers: tuple) -> str:
@@ -195,10 +294,10 @@ def check(sc: Scenario) -> None:
     if sc.model.batch is None:
         raise ConfigError(f"model {sc.model.name} needs the global batch: give --batch SEQUENCES")
     if sc.stages < 1 or sc.stages > sc.model.layers:
-        raise ConfigError(f"--stages must be between 1 and the {sc.model.layers} layers, got {sc.stages}")
+        raise ConfigError(f"--ginter (pipeline stages) must be between 1 and the {sc.model.layers} layers, got {sc.stages}")
     uneven = len(set(sc.stage_layers)) > 1  # refuses counts that do not add up
     if uneven and sc.schedule == "interleaved":
-        raise ConfigError(f"--schedule interleaved needs equal stages (Megatron-LM refuses uneven ones): "
+        raise ConfigError(f"--pipeline-schedule interleaved needs equal stages (Megatron-LM refuses uneven ones): "
                           f"{sc.model.layers} layers on {sc.stages} stages are {_stage_text(sc.stage_layers)}")
     if sc.context_parallel < 1:
         raise ConfigError(f"--context-parallel must be at least 1, got {sc.context_parallel}")
@@ -242,9 +341,11 @@ class ScenarioResult:
     memory: Dict[str, int]               # part -> bytes (the larger stage), plus total and required
     memory_stage: str
     flops: Dict[str, float]              # convention -> FLOPs per step, whole model
-    peak_tflops: float
+    peak_tflops: Optional[float]         # None: the profile states none (a CPU); % of peak is then refused
     terms: Dict[str, float] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    #: one micro-batch through one stage (:class:`_Slot`: its 4D prediction, ``S``, ``U``), for the wrappers
+    slot: Any = None
 
     @property
     def gpus(self) -> int:
@@ -256,6 +357,9 @@ class ScenarioResult:
 
     def pct_peak(self, convention: str = "megatron") -> float:
         """``100 F / (t_step N peak)``."""
+        if self.peak_tflops is None:
+            raise ConfigError(f"machine profile {self.scenario.profile} has no data-sheet peak for "
+                              f"{self.scenario.dtype}: add compute.peak_tflops.{self.scenario.dtype}")
         return 100.0 * self.tflops_per_gpu(convention) / self.peak_tflops
 
     def fits(self) -> Optional[bool]:
@@ -364,7 +468,7 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
     activations = (saved + extra) * e
     if last and sc.vocab:
         activations += vocab.logits_bytes(tokens, sc.vocab, tp, e)
-    overlap = OverlapConfig.parse(sc.overlap)
+    overlap = _overlap(sc)
     comm = comm_buffer_elements(replace(stage_cfg, batch=b * grid.data * grid.z), grid, overlap, sc.dw_window) * e
     if m > 1 and grid.z > 1 and sc.implementation != terms.PYTORCH_FSDP:  # token-partial sums before the Z RS
         comm += sum(block_elements(n, k, t, grid) for _, n, k, t in fc_weights(stage_cfg, grid)) * layers * e
@@ -395,10 +499,7 @@ def scenario_memory(sc: Scenario, profile: MachineProfile) -> Dict[str, int]:
     search can drop what does not fit before predicting it)."""
     if sc.context_parallel > 1:
         return scenario_memory(_context_view(sc), profile)
-    sc = sc.resolved()
-    first = _stage_memory(sc, 0, profile)
-    last = _stage_memory(sc, sc.stages - 1, profile) if sc.stages > 1 else first
-    return first if first["required"] >= last["required"] else last
+    return _larger_stage_memory(sc.resolved(), profile)[0]
 
 
 def fits_memory(sc: Scenario, profile: MachineProfile) -> bool:
@@ -407,166 +508,40 @@ def fits_memory(sc: Scenario, profile: MachineProfile) -> bool:
 
 
 def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
-    """Predict one step of ``sc`` on ``profile`` (module docstring)."""
-    if sc.context_parallel > 1:
+    """Predict one step of ``sc`` on ``profile`` (module docstring), one helper per term:
+    ``step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb + t_critical (+ the ZeRO-3 persistent gather)``."""
+    if sc.context_parallel > 1:                         # the view's step plus attention and the K/V ring
         return _predict_context_parallel(sc, profile)
     sc = sc.resolved()
-    cfg, grid, p = sc.model, sc.grid, sc.stages
-    b, m = sc.microbatch_size, sc.microbatches
-    v = sc.chunks if sc.schedule == "interleaved" else 1
-    store = terms.storage_dtype(sc.dtype)  # float8: FP8 GEMMs, BF16 everything else (terms module docstring)
-    gemm_dtype = sc.dtype if sc.dtype != store else None
-    e = dtype_bytes(store)
-    overlap = OverlapConfig.parse(sc.overlap)
+    cfg, p, m = sc.model, sc.stages, sc.microbatches
     rpn = sc.ranks_per_node or min(profile.ranks_per_node, sc.world)
-    notes: List[str] = []
-    if gemm_dtype:
-        terms.check_fp8(profile)
-        notes.append(f"float8: the blocks' GEMMs at the profile's FP8 rate {profile.gemm_tflops(gemm_dtype):g} "
-                     f"TFLOP/s, everything else in {store}; % of peak against the FP8 data-sheet peak")
-    peak = profile.peak_tflops(sc.dtype)
-    if peak is None:
-        raise ConfigError(f"machine profile {profile.name} has no data-sheet peak for {sc.dtype}: add "
-                          f"compute.peak_tflops.{sc.dtype}")
-    # one slot: a micro-batch (B/m sequences in all) through the fullest stage's blocks (L/p when even)
-    micro_cfg = replace(cfg, layers=max(sc.stage_layers), batch=cfg.batch // m)
-    if len(set(sc.stage_layers)) > 1:
-        notes.append(f"uneven stages: {_stage_text(sc.stage_layers)} blocks, first to last; each slot takes the "
-                     f"fullest stage's {max(sc.stage_layers)} (fourd_mpi/perf/terms.py)")
-    micro = predict(micro_cfg, grid, profile, overlap, store, "poll", sc.optimizer, rpn, sc.recompute,
-                    sc.attention, sc.precision, sc.shard_optimizer, gemm_dtype=gemm_dtype)
-    sync = sum(micro.exposed_s.get(k, 0.0) for k in SYNC_KEYS)
-    comp = compute_time(micro_cfg, grid, profile, overlap, store, rpn, sc.optimizer, recompute=sc.recompute,
-                        attention=sc.attention, precision=sc.precision, gemm_dtype=gemm_dtype)
-    update = comp["optimizer"]
-    slot = micro.step_s - sync - update
-    # the per-framework GEMM efficiency (fourd_mpi/perf/terms.py, framework_efficiency): t_gemm / f in every slot
-    fw = terms.framework_efficiency(sc.implementation)
-    gemm = terms.framework_gemm_time(comp["gemm"], fw["factor"])
-    slot += gemm - comp["gemm"]
-    if sc.implementation != "fourd":
-        notes.append(f"framework GEMM efficiency of {sc.implementation}: x {fw['factor']:.2f} on the profile's GEMM rate"
-                     f" ({'measured' if fw['measured'] else 'not measured'}: {fw['source']}; "
-                     f"fourd_mpi/perf/published/framework_efficiency.yaml)")
-    exposed: Dict[str, float] = {}
-    for (axis, op), t in micro.exposed_s.items():
-        exposed[axis] = exposed.get(axis, 0.0) + t * (1 if (axis, op) in SYNC_KEYS else m)
-    ds: Dict[str, float] = {}
-    if sc.implementation == zero3_2021.NAME:  # DeepSpeed 2021's ZeRO-3: all on Z, all blocking
-        ds = zero3_2021.terms(micro_cfg, grid, profile, axis_placement(grid, rpn), rpn, axis_inner_products(grid),
-                              store, sc.recompute, overlap)
-        ds["ln_grad_allreduce"] = min(ds["ln_grad_allreduce"], sync)  # priced as the sync term it replaces
-        sync -= ds["ln_grad_allreduce"]
-        slot += ds["regather"] + ds["gather_copies"]
-        exposed["z"] = exposed.get("z", 0.0) + (ds["regather"] + ds["gather_copies"]) * m \
-            + ds["persistent_gather"] - ds["ln_grad_allreduce"]
-    # the LM head on the last stage (and the embedding's all-reduce on the first), per micro-batch
-    tokens = b * cfg.seq
-    tp = grid.x * grid.y
-    placement = axis_placement(grid, rpn)
-    inner = axis_inner_products(grid)
-    coalesced = sc.implementation == megatron_ddp.NAME and megatron_ddp.applies(overlap.dp, sc.shard_optimizer, grid)
-    if coalesced:  # Megatron-LM's local DDP: one all-reduce of every gradient per step (megatron_ddp)
-        grads = parameter_elements(micro_cfg, grid) + vocab.embedding_elements(cfg.hidden, sc.vocab, tp)
-        t_ddp = megatron_ddp.grad_sync_time(grads, e, grid, profile, placement, rpn, inner)
-        old = micro.exposed_s.get(("data", "allreduce"), 0.0)
-        sync += t_ddp - old
-        exposed["data"] = exposed.get("data", 0.0) + t_ddp - old
-    fsdp: Dict[str, float] = {}
-    if sc.implementation == terms.PYTORCH_FSDP:  # reduce-scatter per micro-batch: from S into every slot
-        fsdp = terms.fsdp_microbatch_sync(micro.exposed_s.get(("z", "reduce_scatter"), 0.0), m)
-        sync -= fsdp["once"]
-        slot += fsdp["per_slot"]
-        exposed["z"] = exposed.get("z", 0.0) + fsdp["step"] - fsdp["once"]
-    dist: Dict[str, float] = {}
-    if sc.shard_optimizer == "data" and grid.data > 1 and not coalesced and sc.implementation != zero3_2021.NAME:
-        # the distributed optimizer: reduce-scatters in the all-reduces' place, hidden in the same proportion, and
-        # blocking all-gathers of the updated parameters (fourd_mpi/perf/terms.py)
-        times = terms.distributed_optimizer_times(micro_cfg, grid, overlap, store, profile, placement, rpn, inner)
-        old = micro.exposed_s.get(("data", "allreduce"), 0.0)
-        grads = max(0.0, old - times["loss"])  # the exposed gradient all-reduces (the loss's is blocking)
-        dist = {"reduce_scatter": grads * times["reduce_scatter"] / times["allreduce"] if times["allreduce"] else 0.0,
-                "allgather": times["allgather"]}
-        change = dist["reduce_scatter"] + dist["allgather"] - grads
-        sync += change
-        exposed["data"] = exposed.get("data", 0.0) + change
-    t_head = t_head_comm = 0.0
-    if sc.vocab:
-        rate = gemm_rate_tflops(profile, store, notes) * 1e12  # the head is not an FP8 layer
-        t_head = vocab.head_flops_per_rank(tokens, cfg.hidden, sc.vocab, tp) / rate
-        t_head += CE_PASSES * tokens * (sc.vocab // tp) * 4 / profile.mem_bandwidth
-        for axis, op, size, nbytes in vocab.microbatch_collectives(tokens, cfg.hidden, grid.x, grid.y, e):
-            t = collective_time(_coll(axis, op, size, nbytes, "forward", "vocab"), profile, placement, rpn, inner)
-            t_head_comm += t
-            exposed[axis] = exposed.get(axis, 0.0) + t * m
-    # point-to-point between stages
-    t_p2p, critical = 0.0, 0.0
-    if p > 1:
-        from fourd_mpi.perf.pipeline import inter_placement, message_time
-
-        level = inter_placement(grid, p, rpn)
-        msg = tokens * (cfg.hidden // grid.x) * e
-        scatter = sc.schedule in ("1f1b", "interleaved") and grid.y > 1
-        wire = msg // grid.y if scatter else msg
-        if profile.has_network:
-            t_msg = profile.network_time("allgather", 2, 2 * wire, grid.x * grid.y * grid.z, level, rpn)
-        else:
-            t_msg = message_time(profile, level, wire)
-        if scatter:
-            t_msg += collective_time(_coll("y", "allgather", grid.y, msg, "forward", "p2p_gather"), profile,
-                                     placement, rpn, inner)
-        if sc.schedule == "axonn":
-            critical = 2 * (p - 1) * t_msg
-        else:
-            t_p2p = schedules.p2p_messages_per_microbatch(sc.schedule, p, v) * t_msg
-    full_slot = slot + t_head + t_head_comm + t_p2p
+    notes = _dtype_and_stage_notes(sc, profile)         # FP8 (refused without an FP8 rate), uneven stages
+    t = _block_slot(sc, profile, rpn)                   # t, S, U and the 4D exposure of one micro-batch
+    gemm = _framework_gemm(sc, t, notes)                # the blocks' GEMMs at the framework's efficiency
+    ds = _zero3_2021(sc, profile, rpn, t)               # implementation deepspeed-2021 (else {})
+    coalesced = _megatron_ddp(sc, profile, rpn, t)      # implementation megatron-lm (else False)
+    fsdp = _pytorch_fsdp(sc, t)                         # implementation pytorch-fsdp (else {})
+    dist = _distributed_optimizer(sc, profile, rpn, t, coalesced)  # shard_optimizer data (else {})
+    t_head, t_head_comm = _lm_head(sc, profile, rpn, t.exposed, notes)
+    t_p2p, critical, t_msg = _pipeline_messages(sc, profile, rpn)
+    wait = _message_wait(sc, profile, t.slot + t_head + t_head_comm, t_msg)
+    full_slot = t.slot + t_head + t_head_comm + t_p2p + wait
+    v = sc.chunks if sc.schedule == "interleaved" else 1
     bubble = full_slot * schedules.bubble_slots(sc.schedule, p, v)
-    # per-step embedding gradient all-reduces (data x Z replicas; first <-> last stage when p > 1), blocking
-    t_emb = 0.0
-    if sc.vocab:
-        emb_bytes = vocab.embedding_elements(cfg.hidden, sc.vocab, tp) * e
-        for axis in ("z", "data"):
-            if grid[axis] > 1 and not (coalesced and axis == "data"):  # (in the coalesced all-reduce)
-                if sc.implementation == zero3_2021.NAME:  # partitioned: gathered, its gradient reduce-scattered
-                    t = zero3_2021.embedding_time(emb_bytes, grid, m, profile, placement, rpn, inner)
-                else:
-                    t = collective_time(_coll(axis, "allreduce", grid[axis], emb_bytes, "backward", "emb_grad"),
-                                        profile, placement, rpn, inner)
-                t_emb += t
-                exposed[axis] = exposed.get(axis, 0.0) + t
-        if p > 1:
-            from fourd_mpi.perf.pipeline import inter_placement
-
-            level = inter_placement(grid, p, rpn)
-            if profile.has_network:
-                t = profile.network_time("allreduce", 2, emb_bytes, grid.x * grid.y * grid.z, level, rpn)
-            else:
-                fit, _ = profile.fit(level, "allreduce", 2)
-                t = fit.time("allreduce", 2, emb_bytes)
-            t_emb += t
-            exposed["pipeline"] = exposed.get("pipeline", 0.0) + t
+    t_emb = _embedding_sync(sc, profile, rpn, coalesced, t.exposed)
     if p > 1:
-        exposed["pipeline"] = exposed.get("pipeline", 0.0) + t_p2p * m + critical
-    step = full_slot * m + bubble + update + sync + t_emb + critical + ds.get("persistent_gather", 0.0)
-    compute = (micro.compute_s - update + gemm - comp["gemm"]) * m + update + t_head * m
+        t.exposed["pipeline"] = t.exposed.get("pipeline", 0.0) + (t_p2p + wait) * m + critical
+    step = full_slot * m + bubble + t.update + t.sync + t_emb + critical + ds.get("persistent_gather", 0.0)
+    compute = (t.micro.compute_s - t.update + gemm - t.comp["gemm"]) * m + t.update + t_head * m
     if not math.isfinite(step) or step <= 0:
         raise ConfigError(f"the model gave a non-finite step time for {sc.grid}: {step}")
-    mem_first = _stage_memory(sc, 0, profile)
-    mem_last = _stage_memory(sc, p - 1, profile) if p > 1 else mem_first
-    memory, which = (mem_first, "first") if mem_first["required"] >= mem_last["required"] else (mem_last, "last")
-    if p == 1:
-        which = "only"
-    flops = step_flops(cfg, sc.vocab, sc.recompute)
-    if cfg.ffn_hidden != 4 * cfg.hidden:
-        notes.append(f"ffn {cfg.ffn_hidden} is not 4h: Megatron's formula assumes it (the hardware count does not)")
-    if _gqa_or_swiglu(cfg):
-        notes.append("grouped-query attention / SwiGLU: Megatron's formula assumes 3h QKV and two h x f MLP GEMMs; "
-                     "model and hardware FLOPs count the actual weights")
-    for n in micro.notes + profile.notes:
+    memory, which = _larger_stage_memory(sc, profile)
+    for n in _flop_notes(cfg) + t.micro.notes + profile.notes:
         if n not in notes:
             notes.append(n)
-    step_terms = {"slot_blocks": slot, "slot_head": t_head, "slot_head_comm": t_head_comm, "slot_p2p": t_p2p,
-                  "optimizer": update, "grad_sync": sync, "embedding_sync": t_emb, "pipeline_critical": critical,
+    comp = t.comp
+    step_terms = {"slot_blocks": t.slot, "slot_head": t_head, "slot_head_comm": t_head_comm, "slot_p2p": t_p2p + wait,
+                  "optimizer": t.update, "grad_sync": t.sync, "embedding_sync": t_emb, "pipeline_critical": critical,
                   # the compute per step by kind (diagnosis: which term makes an error): the blocks' GEMMs,
                   # attention, memory-bound work and kernel launches over m micro-batches; the head; the update
                   "step_gemm": gemm * m, "step_attention": comp["attention"] * m,
@@ -580,7 +555,290 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
         step_terms.update({"zero3_regather": ds["regather"] * m, "zero3_gather_copies": ds["gather_copies"] * m,
                            "zero3_persistent_gather": ds["persistent_gather"],
                            "zero3_ln_allreduce_removed": ds["ln_grad_allreduce"]})
-    return ScenarioResult(sc, step, compute, exposed, bubble, memory, which, flops, peak, step_terms, notes)
+    return ScenarioResult(sc, step, compute, t.exposed, bubble, memory, which, step_flops(cfg, sc.vocab, sc.recompute),
+                          profile.peak_tflops(sc.dtype), step_terms, notes, t)
+
+
+@dataclass
+class _Slot:
+    """One micro-batch (``B/m`` sequences) through the fullest stage's ``L/p`` blocks: the 4D prediction
+    ``micro`` and its compute split ``comp``; ``sync`` (``S``, exposed gradient synchronization) and ``update``
+    (``U``, the optimizer) run once per step; ``slot`` = ``W - S - U``; ``exposed`` seconds per axis and step
+    (the sync keys once, the rest ``m`` times)."""
+
+    micro: Any
+    comp: Dict[str, float]
+    slot: float
+    sync: float
+    update: float
+    exposed: Dict[str, float]
+
+
+def _overlap(sc: Scenario) -> OverlapConfig:
+    """``sc.overlap`` parsed (a caller holding an :class:`OverlapConfig`, with its prefetch depth and chunks, may
+    pass it as is)."""
+    return sc.overlap if isinstance(sc.overlap, OverlapConfig) else OverlapConfig.parse(sc.overlap)
+
+
+def _world_levels(sc: Scenario, rpn: int):
+    """``(levels, strides)`` of the stage grid's axes in the pipeline's world (rank order data, inter, z, y, x:
+    :func:`~fourd_mpi.perf.machine.world_levels`) for ``p > 1``; ``(None, None)`` (the 4D grid's own placement)
+    for one stage."""
+    if sc.stages == 1:
+        return None, None
+    levels = {a: v for a, v in world_levels(sc.grid, sc.stages, rpn).items() if a != "inter" and v != "-"}
+    return levels, world_strides(sc.grid, sc.stages)
+
+
+def _placement(sc: Scenario, rpn: int):
+    """``(placement, inner)`` of the stage grid's axes, as :func:`~fourd_mpi.perf.predict.predict` places them
+    with :func:`_world_levels` (``axis -> level``, ``axis -> ranks inside it``)."""
+    levels, strides = _world_levels(sc, rpn)
+    return ({**axis_placement(sc.grid, rpn), **(levels or {})},
+            {**axis_inner_products(sc.grid), **(strides or {})})
+
+
+def _store(sc: Scenario) -> str:
+    """The dtype ``sc`` stores and sends (:func:`fourd_mpi.perf.terms.storage_dtype`: BF16 for ``float8``)."""
+    return terms.storage_dtype(sc.dtype)
+
+
+def _gemm_dtype(sc: Scenario) -> Optional[str]:
+    """The blocks' GEMM dtype when it is not the storage dtype (``float8``), else None."""
+    return sc.dtype if sc.dtype != _store(sc) else None
+
+
+def _micro_config(sc: Scenario) -> ModelConfig:
+    """One slot's model: the fullest stage's blocks (:attr:`Scenario.stage_layers`: ``ceil(L/p)`` by default,
+    Megatron-LM's first/last counts otherwise) on ``B/m`` sequences."""
+    return replace(sc.model, layers=max(sc.stage_layers), batch=sc.model.batch // sc.microbatches)
+
+
+def _dtype_and_stage_notes(sc: Scenario, profile: MachineProfile) -> List[str]:
+    """The notes that open a prediction: FP8 GEMMs (:func:`fourd_mpi.perf.terms.check_fp8` refuses a profile
+    without an FP8 rate, in one line) and uneven stages (:func:`fourd_mpi.perf.terms.stage_layers`)."""
+    notes: List[str] = []
+    gemm_dtype = _gemm_dtype(sc)
+    if gemm_dtype:
+        terms.check_fp8(profile)
+        notes.append(f"float8: the blocks' GEMMs at the profile's FP8 rate {profile.gemm_tflops(gemm_dtype):g} "
+                     f"TFLOP/s, everything else in {_store(sc)}; % of peak against the FP8 data-sheet peak")
+    if len(set(sc.stage_layers)) > 1:
+        notes.append(f"uneven stages: {_stage_text(sc.stage_layers)} blocks, first to last; each slot takes the "
+                     f"fullest stage's {max(sc.stage_layers)} (fourd_mpi/perf/terms.py)")
+    return notes
+
+
+def _block_slot(sc: Scenario, profile: MachineProfile, rpn: int) -> _Slot:
+    """The slot term ``t = W - S - U`` (:func:`~fourd_mpi.perf.predict.predict` of one micro-batch)."""
+    micro_cfg, grid, m = _micro_config(sc), sc.grid, sc.microbatches
+    overlap = _overlap(sc)
+    levels, strides = _world_levels(sc, rpn)
+    store, gemm_dtype = _store(sc), _gemm_dtype(sc)  # float8: FP8 GEMMs, BF16 everything else
+    micro = predict(micro_cfg, grid, profile, overlap, store, sc.progress, sc.optimizer, rpn, sc.recompute,
+                    sc.attention, sc.precision, sc.shard_optimizer, levels=levels, strides=strides,
+                    gemm_dtype=gemm_dtype)
+    sync = sum(micro.exposed_s.get(k, 0.0) for k in SYNC_KEYS)
+    comp = compute_time(micro_cfg, grid, profile, overlap, store, rpn, sc.optimizer, recompute=sc.recompute,
+                        attention=sc.attention, precision=sc.precision, gemm_dtype=gemm_dtype)
+    update = comp["optimizer"]
+    exposed: Dict[str, float] = {}
+    for (axis, op), t in micro.exposed_s.items():
+        exposed[axis] = exposed.get(axis, 0.0) + t * (1 if (axis, op) in SYNC_KEYS else m)
+    return _Slot(micro, comp, micro.step_s - sync - update, sync, update, exposed)
+
+
+def _framework_gemm(sc: Scenario, t: _Slot, notes: List[str]) -> float:
+    """The blocks' GEMM seconds of one slot at the framework's efficiency (:func:`fourd_mpi.perf.terms.
+    framework_efficiency`, ``fourd_mpi/perf/published/framework_efficiency.yaml``): ``t_gemm / f``, the
+    difference added to the slot."""
+    fw = terms.framework_efficiency(sc.implementation)
+    gemm = terms.framework_gemm_time(t.comp["gemm"], fw["factor"])
+    t.slot += gemm - t.comp["gemm"]
+    if sc.implementation != "fourd":
+        notes.append(f"framework GEMM efficiency of {sc.implementation}: x {fw['factor']:.2f} on the profile's GEMM rate"
+                     f" ({'measured' if fw['measured'] else 'not measured'}: {fw['source']}; "
+                     f"fourd_mpi/perf/published/framework_efficiency.yaml)")
+    return gemm
+
+
+def _zero3_2021(sc: Scenario, profile: MachineProfile, rpn: int, t: _Slot) -> Dict[str, float]:
+    """Implementation ``deepspeed-2021`` (:mod:`fourd_mpi.perf.zero3_2021`): all on Z, all blocking; the slot
+    gains the third gathers and copy loops, ``S`` loses the LayerNorm all-reduces. ``{}`` otherwise."""
+    if sc.implementation != zero3_2021.NAME:
+        return {}
+    grid, m = sc.grid, sc.microbatches
+    placement, inner = _placement(sc, rpn)
+    ds = zero3_2021.terms(_micro_config(sc), grid, profile, placement, rpn, inner, _store(sc), sc.recompute,
+                          _overlap(sc))
+    ds["ln_grad_allreduce"] = min(ds["ln_grad_allreduce"], t.sync)  # priced as the sync term it replaces
+    t.sync -= ds["ln_grad_allreduce"]
+    t.slot += ds["regather"] + ds["gather_copies"]
+    t.exposed["z"] = t.exposed.get("z", 0.0) + (ds["regather"] + ds["gather_copies"]) * m \
+        + ds["persistent_gather"] - ds["ln_grad_allreduce"]
+    return ds
+
+
+def _megatron_ddp(sc: Scenario, profile: MachineProfile, rpn: int, t: _Slot) -> bool:
+    """Implementation ``megatron-lm`` (:mod:`fourd_mpi.perf.megatron_ddp`): ``S``'s data-axis part becomes one
+    all-reduce of every gradient a rank holds. True when it applies."""
+    grid = sc.grid
+    if not (sc.implementation == megatron_ddp.NAME
+            and megatron_ddp.applies(_overlap(sc).dp, sc.shard_optimizer, grid)):
+        return False
+    grads = parameter_elements(_micro_config(sc), grid) + vocab.embedding_elements(sc.model.hidden, sc.vocab,
+                                                                                   grid.x * grid.y)
+    placement, inner = _placement(sc, rpn)
+    t_ddp = megatron_ddp.grad_sync_time(grads, dtype_bytes(_store(sc)), grid, profile, placement, rpn, inner)
+    old = t.micro.exposed_s.get(("data", "allreduce"), 0.0)
+    t.sync += t_ddp - old
+    t.exposed["data"] = t.exposed.get("data", 0.0) + t_ddp - old
+    return True
+
+
+def _pytorch_fsdp(sc: Scenario, t: _Slot) -> Dict[str, float]:
+    """Implementation ``pytorch-fsdp`` (:func:`fourd_mpi.perf.terms.fsdp_microbatch_sync`): the Z reduce-scatter
+    per micro-batch, moved from ``S`` into every slot. ``{}`` otherwise."""
+    if sc.implementation != terms.PYTORCH_FSDP:
+        return {}
+    fsdp = terms.fsdp_microbatch_sync(t.micro.exposed_s.get(("z", "reduce_scatter"), 0.0), sc.microbatches)
+    t.sync -= fsdp["once"]
+    t.slot += fsdp["per_slot"]
+    t.exposed["z"] = t.exposed.get("z", 0.0) + fsdp["step"] - fsdp["once"]
+    return fsdp
+
+
+def _distributed_optimizer(sc: Scenario, profile: MachineProfile, rpn: int, t: _Slot,
+                           coalesced: bool) -> Dict[str, float]:
+    """``shard_optimizer="data"`` (:func:`fourd_mpi.perf.terms.distributed_optimizer_times`): ``S``'s data-axis
+    gradient all-reduces become reduce-scatters, hidden in the same proportion, plus blocking all-gathers of the
+    updated parameters. ``{}`` without it, with ``G_data = 1``, Megatron's coalesced all-reduce or ZeRO-3 2021."""
+    grid = sc.grid
+    if sc.shard_optimizer != "data" or grid.data == 1 or coalesced or sc.implementation == zero3_2021.NAME:
+        return {}
+    placement, inner = _placement(sc, rpn)
+    times = terms.distributed_optimizer_times(_micro_config(sc), grid, _overlap(sc), _store(sc), profile, placement,
+                                              rpn, inner)
+    old = t.micro.exposed_s.get(("data", "allreduce"), 0.0)
+    grads = max(0.0, old - times["loss"])  # the exposed gradient all-reduces (the loss's is blocking)
+    dist = {"reduce_scatter": grads * times["reduce_scatter"] / times["allreduce"] if times["allreduce"] else 0.0,
+            "allgather": times["allgather"]}
+    change = dist["reduce_scatter"] + dist["allgather"] - grads
+    t.sync += change
+    t.exposed["data"] = t.exposed.get("data", 0.0) + change
+    return dist
+
+
+def _lm_head(sc: Scenario, profile: MachineProfile, rpn: int, exposed: Dict[str, float],
+             notes: List[str]) -> tuple:
+    """``(t_head, t_head_comm)`` per micro-batch on the last stage (:mod:`fourd_mpi.perf.vocab`): ``6 m h V/T``
+    FLOPs at the GEMM rate plus the cross entropy's :data:`CE_PASSES` passes of fp32 logits at the memory
+    bandwidth; its collectives blocking (added to ``exposed``, ``m`` times). ``(0, 0)`` with ``V = 0``."""
+    if not sc.vocab:
+        return 0.0, 0.0
+    grid, m = sc.grid, sc.microbatches
+    tokens, tp = sc.microbatch_size * sc.model.seq, grid.x * grid.y
+    placement, inner = _placement(sc, rpn)
+    rate = gemm_rate_tflops(profile, _store(sc), notes) * 1e12  # the head is not an FP8 layer
+    t_head = vocab.head_flops_per_rank(tokens, sc.model.hidden, sc.vocab, tp) / rate
+    t_head += CE_PASSES * tokens * (sc.vocab // tp) * 4 / profile.mem_bandwidth
+    t_comm = 0.0
+    for axis, op, size, nbytes in vocab.microbatch_collectives(tokens, sc.model.hidden, grid.x, grid.y,
+                                                               dtype_bytes(_store(sc))):
+        t = collective_time(_coll(axis, op, size, nbytes, "forward", "vocab"), profile, placement, rpn, inner)
+        t_comm += t
+        exposed[axis] = exposed.get(axis, 0.0) + t * m
+    return t_head, t_comm
+
+
+def _pipeline_messages(sc: Scenario, profile: MachineProfile, rpn: int) -> tuple:
+    """``(t_p2p, t_critical, t_msg)``: the blocking schedules' ``2 v`` messages per slot, or AxoNN's fill and drain
+    chain ``2 (p - 1) t_msg`` (its steady-state messages overlap compute: :func:`_message_wait`). A message of
+    ``b s h/G_x e`` bytes at the inter axis' placement (:func:`~fourd_mpi.perf.machine.inter_placement`; without
+    a network model, every rank of a node's stage sending at once: :func:`~fourd_mpi.perf.machine.message_time`);
+    Megatron's scatter/gather (1f1b/interleaved, ``G_y > 1``) sends ``1/G_y`` of it and all-gathers over Y.
+    ``(0, 0, 0)`` for one stage."""
+    p, grid = sc.stages, sc.grid
+    if p == 1:
+        return 0.0, 0.0, 0.0
+    level = inter_placement(grid, p, rpn)
+    msg = sc.microbatch_size * sc.model.seq * (sc.model.hidden // grid.x) * dtype_bytes(_store(sc))
+    scatter = sc.schedule in ("1f1b", "interleaved") and grid.y > 1
+    wire = msg // grid.y if scatter else msg
+    if profile.has_network:
+        t_msg = profile.network_time("allgather", 2, 2 * wire, grid.x * grid.y * grid.z, level, rpn)
+    else:
+        t_msg = message_time(profile, level, wire, min(rpn, grid.size))
+    if scatter:
+        placement, inner = _placement(sc, rpn)
+        t_msg += collective_time(_coll("y", "allgather", grid.y, msg, "forward", "p2p_gather"), profile, placement,
+                                 rpn, inner)
+    if sc.schedule == "axonn":
+        return 0.0, 2 * (p - 1) * t_msg, t_msg
+    v = sc.chunks if sc.schedule == "interleaved" else 1
+    return schedules.p2p_messages_per_microbatch(sc.schedule, p, v) * t_msg, 0.0, t_msg
+
+
+def _message_wait(sc: Scenario, profile: MachineProfile, slot: float, t_msg: float) -> float:
+    """AxoNN's steady state: each slot's message each way overlaps the slot's compute only as far as the
+    profile's overlap efficiency ``e`` allows (0 on a host-driven CPU without progress), so a slot waits
+    ``max(W, t) + (1 - e) min(W, t) - W`` (:func:`~fourd_mpi.perf.schedules.link_bound_slot`: never shorter than
+    its message). 0 for the blocking schedules (their messages are ``t_p2p``) and one stage."""
+    if sc.schedule != "axonn" or sc.stages == 1:
+        return 0.0
+    efficiency = 0.0 if profile.host_driven and sc.progress == "none" else profile.overlap_efficiency
+    return schedules.link_bound_slot(slot, t_msg, efficiency) - slot
+
+
+def _embedding_sync(sc: Scenario, profile: MachineProfile, rpn: int, coalesced: bool,
+                    exposed: Dict[str, float]) -> float:
+    """``t_emb``: the per-step embedding-gradient all-reduces over Z and data (not data when ``coalesced`` into
+    Megatron's one all-reduce; gathered and reduce-scattered under ZeRO-3 2021) and, with ``p > 1``, between the
+    first and last stage (tied weights); blocking, added to ``exposed``."""
+    if not sc.vocab:
+        return 0.0
+    grid, p = sc.grid, sc.stages
+    placement, inner = _placement(sc, rpn)
+    emb_bytes = vocab.embedding_elements(sc.model.hidden, sc.vocab, grid.x * grid.y) * dtype_bytes(_store(sc))
+    t_emb = 0.0
+    for axis in ("z", "data"):
+        if grid[axis] > 1 and not (coalesced and axis == "data"):  # (in the coalesced all-reduce)
+            if sc.implementation == zero3_2021.NAME:  # partitioned: gathered, its gradient reduce-scattered
+                t = zero3_2021.embedding_time(emb_bytes, grid, sc.microbatches, profile, placement, rpn, inner)
+            else:
+                t = collective_time(_coll(axis, "allreduce", grid[axis], emb_bytes, "backward", "emb_grad"),
+                                    profile, placement, rpn, inner)
+            t_emb += t
+            exposed[axis] = exposed.get(axis, 0.0) + t
+    if p > 1:
+        level = inter_placement(grid, p, rpn)
+        if profile.has_network:
+            t = profile.network_time("allreduce", 2, emb_bytes, grid.x * grid.y * grid.z, level, rpn)
+        else:
+            fit, _ = profile.fit(level, "allreduce", 2)
+            t = fit.time("allreduce", 2, emb_bytes)
+        t_emb += t
+        exposed["pipeline"] = exposed.get("pipeline", 0.0) + t
+    return t_emb
+
+
+def _larger_stage_memory(sc: Scenario, profile: MachineProfile) -> tuple:
+    """``(bytes by part, "first" | "last" | "only")``: the larger of the first and last stage."""
+    first = _stage_memory(sc, 0, profile)
+    last = _stage_memory(sc, sc.stages - 1, profile) if sc.stages > 1 else first
+    memory, which = (first, "first") if first["required"] >= last["required"] else (last, "last")
+    return memory, "only" if sc.stages == 1 else which
+
+
+def _flop_notes(cfg: ModelConfig) -> List[str]:
+    """Where Megatron's FLOP formula does not fit the model (:func:`step_flops`)."""
+    notes = []
+    if cfg.ffn_hidden != 4 * cfg.hidden:
+        notes.append(f"ffn {cfg.ffn_hidden} is not 4h: Megatron's formula assumes it (the hardware count does not)")
+    if _gqa_or_swiglu(cfg):
+        notes.append("grouped-query attention / SwiGLU: Megatron's formula assumes 3h QKV and two h x f MLP GEMMs; "
+                     "model and hardware FLOPs count the actual weights")
+    return notes
 
 
 def _predict_context_parallel(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
@@ -601,8 +859,6 @@ def _predict_context_parallel(sc: Scenario, profile: MachineProfile) -> Scenario
     if profile.has_network:
         t_msg = profile.network_time("allgather", 2, 2 * msg, stride, level, rpn)
     else:
-        from fourd_mpi.perf.pipeline import message_time
-
         t_msg = message_time(profile, level, msg)
     ring = max(sc.stage_layers) * terms.context_parallel_ring_messages(cp, sc.recompute) * t_msg
     extra_attention = (cp - 1) * attention
@@ -637,7 +893,8 @@ def format_result(r: ScenarioResult, profile: MachineProfile) -> str:
              f"{f' v={sc.chunks}' if sc.schedule == 'interleaved' else ''}; micro-batch {sc.microbatch_size} x "
              f"{sc.microbatches}; {sc.dtype} ({sc.precision or 'default'} precision), recompute {sc.recompute}, "
              f"attention {sc.attention}, sequence parallel {'on' if sc.sequence_parallel else 'off'}, optimizer "
-             f"{sc.optimizer} sharded {sc.shard_optimizer}, overlap {sc.overlap}, dW window "
+             f"{sc.optimizer} sharded {sc.shard_optimizer}, overlap {sc.overlap}"
+             f"{'' if sc.progress == 'poll' else f' (progress {sc.progress})'}, dW window "
              f"{sc.dw_window if sc.dw_window is not None else 'unbounded'}"
              f"{'' if sc.implementation == 'fourd' else f'; implementation {sc.implementation}'}",
              f"# {formulas(sc)['step']}; {formulas(sc)['bubble']}",

@@ -6,7 +6,8 @@ blocks per stage, ``L/(p v)`` blocks per chunk.
 
 Schedules (Narayanan et al., SC'21, arXiv 2104.04473, section 2.2):
 
-- ``1f1b``: PipeDream-Flush's one-forward-one-backward; bubble fraction of the ideal time
+- ``1f1b``: PipeDream-Flush's one-forward-one-backward; bubble fraction (:func:`bubble_fraction`, of the ideal time;
+  :func:`idle_share`: of the step)
   ``(p - 1)/m``, i.e. the step is ``(m + p - 1) t`` for a slot ``t`` (one micro-batch's forward and
   backward through one stage); stage ``s`` holds at most ``min(p - s, m)`` micro-batches' inputs.
 - ``interleaved``: each stage holds ``v`` chunks; the bubble shrinks ``v``-fold,
@@ -38,10 +39,10 @@ def check_schedule(schedule: str, stages: int, chunks: int, layers: int, microba
     if chunks < 1:
         raise ConfigError(f"--chunks-per-stage must be at least 1, got {chunks}")
     if chunks > 1 and schedule != "interleaved":
-        raise ConfigError(f"--chunks-per-stage {chunks} needs --schedule interleaved (got {schedule})")
+        raise ConfigError(f"--chunks-per-stage {chunks} needs --pipeline-schedule interleaved (got {schedule})")
     if schedule == "interleaved":
         if stages < 2:
-            raise ConfigError("--schedule interleaved needs --stages 2 or more")
+            raise ConfigError("--pipeline-schedule interleaved needs --ginter 2 or more (pipeline stages)")
         if layers % (stages * chunks):
             raise ConfigError(f"interleaved: {layers} layers do not split into {stages} stages x {chunks} chunks "
                               f"of equal size (layers must be a multiple of {stages * chunks})")
@@ -55,6 +56,14 @@ def bubble_fraction(schedule: str, stages: int, microbatches: int, chunks: int =
     ``1f1b`` and ``axonn``). Known answers: p = 8, m = 32: 7/32; interleaved v = 4: 7/128."""
     v = chunks if schedule == "interleaved" else 1
     return (stages - 1) / (v * microbatches)
+
+
+def idle_share(schedule: str, stages: int, microbatches: int, chunks: int = 1) -> float:
+    """Share of a stage's step spent idle (not of the ideal time, as :func:`bubble_fraction`): the bubble's
+    ``(p - 1)/v`` slots of the step's ``m + (p - 1)/v``, i.e. ``(p - 1)/(v m + p - 1)``. Known answers: p = 4,
+    m = 4: 3/7; interleaved v = 2: 3/11; p = 1: 0."""
+    slots = bubble_slots(schedule, stages, chunks)
+    return slots / (microbatches + slots)
 
 
 def bubble_slots(schedule: str, stages: int, chunks: int = 1) -> float:
@@ -83,3 +92,13 @@ def p2p_messages_per_microbatch(schedule: str, stages: int, chunks: int = 1) -> 
     if stages == 1:
         return 0
     return 2 * (chunks if schedule == "interleaved" else 1)
+
+
+def link_bound_slot(slot: float, t_msg: float, efficiency: float) -> float:
+    """One steady-state slot when each micro-batch's message must also cross the stage boundary:
+    ``max(W, t) + (1 - e) min(W, t)`` = ``W + t - e min(W, t)`` for compute ``W``, message ``t`` and
+    overlap efficiency ``e`` (the share of the shorter one hidden behind the longer, as the 4D model
+    hides collectives: :attr:`~fourd_mpi.perf.machine.MachineProfile.overlap_efficiency`, 0 without
+    progress). ``e = 1``: ``max(W, t)`` (a message per slot each way, the link full duplex); a slot
+    never runs faster than its link."""
+    return max(slot, t_msg) + (1.0 - efficiency) * min(slot, t_msg)

@@ -88,13 +88,13 @@ def stage_layers(layers: int, stages: int, first: Optional[int] = None,
     14 x 8, 2 x 7; 126 on 16 with first 7, last 7 = 7, 14 x 8, 7. One-line :class:`ConfigError` for counts that
     do not add up."""
     if stages < 1 or stages > layers:
-        raise ConfigError(f"--stages must be between 1 and the {layers} layers, got {stages}")
+        raise ConfigError(f"--ginter (pipeline stages) must be between 1 and the {layers} layers, got {stages}")
     if first is None and last is None:
         from fourd_mpi.algorithms.pipeline_plan import stage_blocks
 
         return tuple(len(stage_blocks(layers, stages, s)) for s in range(stages))
     if stages < 2:
-        raise ConfigError("--first-stage-layers and --last-stage-layers need --stages 2 or more")
+        raise ConfigError("--first-stage-layers and --last-stage-layers need --ginter 2 or more (pipeline stages)")
     for name, value in (("first", first), ("last", last)):
         if value is not None and not 1 <= value < layers:
             raise ConfigError(f"--{name}-stage-layers must be between 1 and {layers - 1}, got {value}")

@@ -45,7 +45,7 @@ def check_search_size(ranks: int, option: str = "--ranks", cfg: Optional[ModelCo
     count, which = grid_count(ranks), ""
     if count > MAX_TUNE_GRIDS and cfg is not None and count <= MAX_SCANNED_GRIDS:
         count = sum(1 for grid in grid_factorizations(ranks) if not model_problems(cfg, grid))
-        which = f" that {cfg.name}'s sizes divide"
+        which = f" that the sizes of {cfg.name} divide"
     if count > MAX_TUNE_GRIDS:
         low = 1 << (ranks.bit_length() - 1)
         raise ConfigError(f"{option} {ranks:,} has {count:,} candidate grids{which}, more than the {MAX_TUNE_GRIDS:,} the tuner "
@@ -253,14 +253,14 @@ def format_ranking(ranking: Ranking, k: int) -> str:
 
 def sweep_spec(cfg: ModelConfig, ranks: int, grids: List[GridShape], overlap: str) -> Dict:
     """The sweep-spec mapping (:mod:`fourd_mpi.jobs.spec` format) measuring ``grids``."""
-    from fourd_mpi.step.presets import PRESETS
+    from fourd_mpi.step.presets import PRESETS, preset_of
 
-    model: Dict = {"preset": cfg.name, "batch": cfg.batch}
-    base = PRESETS.get(cfg.name)
+    model: Dict = {"preset": preset_of(cfg), "batch": cfg.batch}
+    base = PRESETS.get(preset_of(cfg))
     for f in ("layers", "hidden", "heads", "ffn_hidden", "seq"):
         if base is None or getattr(base, f) != getattr(cfg, f):
             model[f] = getattr(cfg, f)
-    safe = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in f"tune-{cfg.name}-{ranks}")
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in f"tune-{preset_of(cfg)}-{ranks}")
     return {"name": safe, "description": f"the top {len(grids)} grids of fourd-mpi tune",
             "study": "strong", "ranks": [ranks], "grids": {ranks: [str(g) for g in grids]},
             "model": model, "options": {"steps": 10, "warmup": 2, "trace_level": "op"},

@@ -34,8 +34,8 @@ from fourd_mpi.run.display import DISPLAYS
 from fourd_mpi.step.optim import OPTIMIZERS
 from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, resolve_model
 from fourd_mpi.trace.events import LEVELS
-from fourd_mpi.util.values import (axis_size, batch_size, byte_size, data_batch_count, group_size, head_count,
-                                   layer_count, number, poll_flops_value, positive_float, repeat_count, run_seed, seq_length, step_count,
+from fourd_mpi.util.values import (axis_size, batch_size, data_batch_count, group_size, head_count,
+                                   layer_count, memory_limit, number, poll_flops_value, positive_float, repeat_count, run_seed, seq_length, step_count,
                                    text, warmup_count, width)
 
 
@@ -83,7 +83,7 @@ class Option:
         if self.flag:
             return [f"--{self.name}"] if value else []
         # "--key=value": a value that starts with "-" must not be taken for an option
-        if self.type is byte_size and value is not None:  # parsed to bytes: give the unit back (bare numbers are refused)
+        if self.type is memory_limit and value is not None:  # parsed to bytes: give the unit back (bare numbers are GiB)
             return [f"--{self.name}={int(value)}B"]
         return [f"--{self.name}=" + (str(value).lower() if isinstance(value, bool) else str(value))]
 
@@ -147,11 +147,11 @@ RUN_OPTIONS: Tuple[Option, ...] = (
                 "on the cupy backend where PyTorch with CUDA can run it, else unfused"),
     Option("seed", "numerics", run_seed, 0, metavar=_N, help="seed of the synthetic weights and data (default 0)"),
     Option("optimizer", "numerics", str, "adam", OPTIMIZERS, help="default adam"),
-    Option("memory-limit", "numerics", byte_size, None, metavar="SIZE",
-           help="memory each rank may use, e.g. 3.5GiB (default: measured: MemAvailable / ranks on the node, "
+    Option("memory-limit", "numerics", memory_limit, None, metavar="SIZE",
+           help="memory each rank may use, e.g. 3.5GiB, 80G or 40 (GiB) (default: measured: MemAvailable / ranks on the node, "
                 "the memory cgroup's room, ulimit -v, free GPU memory / ranks on the GPU); a run whose "
                 "estimate (weights, gradients, optimizer state, activations, buffers, data) exceeds it is "
-                "refused before allocating; 0 turns the check off"),
+                "refused before allocating; 0 or none turns the check off"),
     Option("lr", "numerics", number, None, metavar="LR", help="learning rate (default 1e-3 adam, 1e-2 sgd)"),
     Option("overlap", "overlap", text, "none", metavar="LIST",
            help="none, all (= oag,ors,oar,dp,od) or a comma list of oag, ors, oar, dp, od, cache (default none)"),

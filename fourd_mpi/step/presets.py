@@ -187,6 +187,26 @@ def resolve_model(preset: str, **overrides) -> ModelConfig:
     return replace(base, **changes)
 
 
+#: what joins a preset's name and its overridden sizes in a label (``gpt-tiny with --hidden 512``)
+OVERRIDDEN = " with "
+
+
+def resolve_labelled(preset: str, **overrides) -> ModelConfig:
+    """:func:`resolve_model`, named for what it is: ``"gpt-tiny with --hidden 512"`` when a size other than the
+    batch differs from the preset's (a header must not call a 96-layer model by a 42-layer preset's name alone);
+    the preset's own name otherwise. :func:`preset_of` gives the preset back."""
+    cfg = resolve_model(preset, **overrides)
+    base = PRESETS[preset]
+    changed = [f"--{k.replace('_', '-')} {v}" for k, v in overrides.items()
+               if k != "batch" and v is not None and v != getattr(base, k)]
+    return replace(cfg, name=f"{preset}{OVERRIDDEN}{' '.join(changed)}") if changed else cfg
+
+
+def preset_of(cfg: ModelConfig) -> str:
+    """The preset a (possibly :func:`resolve_labelled`) model was made from: ``gpt-tiny``."""
+    return cfg.name.split(OVERRIDDEN, 1)[0]
+
+
 def size_problems(cfg: ModelConfig) -> List[str]:
     """A sentence for each size of ``cfg`` (layers, hidden, heads, ffn_hidden, seq, batch) that is given
     and not positive (every algorithm's model check starts with these)."""

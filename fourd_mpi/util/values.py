@@ -143,16 +143,6 @@ def poll_flops_value(text: str):
         raise argparse.ArgumentTypeError(f"expected 'auto' or a positive number of FLOPs, got {text!r}") from None
 
 
-def gib_or_none(text: str):
-    """A memory limit in GiB (a finite number > 0: NaN and inf refused) or ``none`` (the string)."""
-    if str(text).strip().lower() == "none":
-        return "none"
-    try:
-        return positive_float(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected GiB (a positive number) or none, got {text!r}") from None
-
-
 def text(value: str) -> str:
     """Text that says something: an empty or blank value (``--config ""``, ``--inject-fault ''``, a
     variable that expanded to nothing) is refused, not silently taken as "not given"."""
@@ -221,3 +211,27 @@ def byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a size with a unit such as 3.5GiB, 800M or 2GB (or 0), "
                                          f"got {text!r}")
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def memory_limit(text: str) -> int:
+    """``--memory-limit`` of every command (run, tune, model predict, model paper; sweep specs): bytes per rank,
+    0 for no limit. One grammar: a size with a unit (``80GiB``, ``80G``, ``3.5GiB``, ``800MB``: units of
+    :func:`byte_size`), a bare number of GiB (``40`` = 40 GiB), or ``none``/``0`` (no limit). NaN, inf and
+    negative numbers are refused. Known answers: ``"40"`` and ``"40G"`` -> 42,949,672,960; ``"none"`` -> 0."""
+    word = str(text).strip().lower()
+    if word in ("none", "0"):
+        return 0
+    try:
+        value = float(word)
+    except ValueError:
+        value = None
+    if value is not None:
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a size such as 80GiB or 800MB, a number of GiB (40) or none "
+                                             f"(0: no limit), got {text!r}")
+        return int(value * _SIZE_UNITS["gib"])
+    try:
+        return byte_size(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 80GiB or 800MB, a number of GiB (40) or none "
+                                         f"(0: no limit), got {text!r}") from None

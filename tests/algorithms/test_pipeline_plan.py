@@ -147,10 +147,12 @@ def test_schedules_finish_every_micro_batch_without_hanging(schedule, stages, m)
 
 def test_model_formulas():
     from fourd_mpi.core.grid import GridShape
-    from fourd_mpi.perf.pipeline import bubble_fraction, message_bytes, p2p_volumes, pipeline_memory
+    from fourd_mpi.perf.pipeline import message_bytes, p2p_volumes, pipeline_memory
+    from fourd_mpi.perf.schedules import idle_share
     from fourd_mpi.step.presets import resolve_model
 
-    assert bubble_fraction(4, 4) == pytest.approx(3 / 7) and bubble_fraction(1, 8) == 0
+    assert idle_share("1f1b", 4, 4) == pytest.approx(3 / 7) and idle_share("axonn", 1, 8) == 0
+    assert idle_share("interleaved", 4, 4, 2) == pytest.approx(3 / 11)  # 1.5 idle slots of 5.5
     cfg, grid = resolve_model("gpt-tiny", batch=16, layers=4), GridShape(2, 1, 1, 2)
     msg = message_bytes(cfg, grid, 4, "float64")
     assert msg == (16 // 2) * cfg.seq // 4 * (cfg.hidden // 2) * 8
@@ -171,7 +173,8 @@ def test_model_formulas():
 def test_prediction_has_predicts_shape_and_reduces_to_it_with_one_stage():
     from fourd_mpi.core.grid import GridShape
     from fourd_mpi.perf.machine import load_profile
-    from fourd_mpi.perf.pipeline import bubble_fraction, predict_pipeline
+    from fourd_mpi.perf.pipeline import predict_pipeline
+    from fourd_mpi.perf.schedules import idle_share
     from fourd_mpi.perf.predict import predict
     from fourd_mpi.step.presets import resolve_model
 
@@ -186,7 +189,7 @@ def test_prediction_has_predicts_shape_and_reduces_to_it_with_one_stage():
         assert p.placement["inter"] == "intra" and p.wire_bytes["inter"] > 0
         work = p.exposed_s[("inter", "bubble")] / (stages - 1) * m  # bubble = (p - 1) slots of W/m
         assert p.exposed_s[("inter", "bubble")] / (work * (m + stages - 1) / m) == pytest.approx(
-            bubble_fraction(stages, m))
+            idle_share("axonn", stages, m))
     assert predict_pipeline(cfg, grid, profile, 4, 4, ranks_per_node=4).placement["inter"] == "inter"
 
 

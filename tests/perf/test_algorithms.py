@@ -182,3 +182,24 @@ def test_a_family_whose_module_is_not_installed_has_no_predictor(monkeypatch):
     monkeypatch.setitem(families.FAMILIES, "ghost", Family("ghost", "nomodule", "fourd_mpi.perf.no_such_module"))
     assert across.predictor("ghost") is None and across.predictor("tensor4d") is not None
     assert across.predictor("not-listed") is None
+
+
+def test_the_pipeline_search_counts_its_candidates_and_is_bounded():
+    """Known answers, counted by hand: 4 layers, batch 4, 4 ranks. Stages 2 (2 ranks a stage): G_data G_z = 1
+    gives 1 x 2 ordered (G_y, G_x) x 3 micro-batch counts of a shard of 4 (1, 2, 4) = 6, G_data G_z = 2 gives
+    2 ordered (G_data, G_z) x 1 x 2 (1, 2) = 4; stages 4: 1 x 1 x 3 = 3; 13 in all. With 3 layers stage count
+    4 is deeper than the model: 10; with 1 layer none. The count is a deterministic bound of the search, and
+    the largest preset's shape at 32,768 ranks stays under it."""
+    from dataclasses import replace
+
+    from fourd_mpi.perf.algorithms import MAX_PIPELINE_CONFIGS, pipeline_count
+
+    tiny = resolve_model("gpt-tiny", batch=4, layers=4)
+    assert [pipeline_count(replace(tiny, layers=n), 4) for n in (4, 6, 3, 1)] == [13, 13, 10, 0]
+    big = resolve_model("gpt-80b", batch=2048, layers=80)
+    # by hand: stages 2^k (k = 1..6: at most 80 and dividing 2^15), G_data G_z = 2^j (j <= 11: a shard of
+    # 2^(11-j) >= 1): (j + 1) ordered (G_data, G_z) x (16 - k - j) ordered (G_y, G_x) x the micro-batch counts
+    # <= 1,024 of the shard (11 for 2,048, else 12 - j)
+    by_hand = sum((j + 1) * (16 - k - j) * (11 if j == 0 else 12 - j) for k in range(1, 7)
+                  for j in range(min(15 - k, 11) + 1))
+    assert pipeline_count(big, 32768) == by_hand == 15225 <= MAX_PIPELINE_CONFIGS

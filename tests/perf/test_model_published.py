@@ -91,7 +91,7 @@ def test_inflight_block_passes_known_answers():
     assert schedules.inflight_block_passes("interleaved", 4, 8, 16, 2) == 22
     with pytest.raises(ConfigError, match="multiple of 4 stages"):
         schedules.check_schedule("interleaved", 4, 2, 16, 6)
-    with pytest.raises(ConfigError, match="needs --schedule interleaved"):
+    with pytest.raises(ConfigError, match="needs --pipeline-schedule interleaved"):
         schedules.check_schedule("1f1b", 4, 2, 16, 8)
 
 
@@ -395,9 +395,18 @@ def test_model_predict_cli_json_config_and_refusals(tmp_path):
     assert set(doc["pct_peak"]) == {"megatron", "hardware", "model"}
     assert doc["formulas"]["bubble"].startswith("bubble = (p - 1)/(v m)")
     assert set(doc["memory_bytes"]) >= {"weights", "gradients", "master", "optimizer", "activations", "comm_buffers"}
-    text = cli("model", "predict", "--config", conf, "--stages", "3")  # the command line wins
+    text = cli("model", "predict", "--config", conf, "--ginter", "3")  # the command line wins
     assert text.returncode == 0 and "x 3 stage(s)" in text.stdout and "% of 312 TFLOP/s peak" in text.stdout
-    for args, msg in [(("--grid", "16x1x8x1", "--stages", "5", "--first-stage-layers", "8", "--last-stage-layers", "8"),
+    # the config's stages: and schedule: are today's spellings of run's ginter: and pipeline_schedule:
+    assert "note: stages: is deprecated, use ginter:" in text.stderr
+    assert "note: schedule: is deprecated, use pipeline_schedule:" in text.stderr
+    # --stages and --schedule: hidden aliases of run's --ginter and --pipeline-schedule, with a note
+    old = cli("model", "predict", "--config", conf, "--stages", "3", "--format", "json")
+    assert old.returncode == 0 and json.loads(old.stdout)["scenario"]["stages"] == 3
+    assert "note: --stages is deprecated, use --ginter" in old.stderr
+    helptext = cli("model", "predict", "--help").stdout
+    assert "--ginter" in helptext and "--pipeline-schedule" in helptext and "--stages" not in helptext
+    for args, msg in [(("--grid", "16x1x8x1", "--ginter", "5", "--first-stage-layers", "8", "--last-stage-layers", "8"),
                        "not an equal whole number"),
                       (("--batch", "8"), "needs --grid"),
                       (("--grid", "1x1x8x1", "--batch", "8", "--profile", "nope"), "unknown machine profile"),

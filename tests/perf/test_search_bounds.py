@@ -45,12 +45,12 @@ def test_tune_refuses_a_rank_count_with_too_many_grids_before_predicting(ranks, 
     monkeypatch.setattr(tune, "predict", lambda *a, **k: pytest.fail("predicted a grid"))
     line = one_error(["tune", "--ranks", str(ranks), "--model", "gpt-tiny", "--batch", str(ranks),
                       "--hidden", "720720", "--ffn-hidden", "720720"], capfd)
-    assert f"--ranks {ranks:,} has {grids:,} candidate grids that gpt-tiny's sizes divide, more than the {MAX_TUNE_GRIDS:,}" in line
+    assert f"--ranks {ranks:,} has {grids:,} candidate grids that the sizes of gpt-tiny with --hidden 720720 --ffn-hidden 720720 divide, more than the {MAX_TUNE_GRIDS:,}" in line
     assert "fourd-mpi model predict --grid" in line
 
 
 def test_grids_auto_is_bounded_too():
-    with pytest.raises(ConfigError, match="candidate grids that gpt-tiny's sizes divide"):
+    with pytest.raises(ConfigError, match="candidate grids that the sizes of gpt-tiny divide"):
         top_grids(resolve_model("gpt-tiny", batch=720720, hidden=720720, ffn_hidden=720720), 720720, 3)
     # 89,600 grids of 720,720 ranks, of which gpt-tiny's sizes divide 34: searched, not refused
     assert len(top_grids(resolve_model("gpt-tiny", batch=720720), 720720, 3)) == 3

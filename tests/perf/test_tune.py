@@ -78,6 +78,23 @@ def test_emit_sweep_loads_as_a_sweep_spec(tmp_path):
     assert proc.returncode == 2 and "already exists" in proc.stderr
 
 
+def test_an_overridden_preset_is_labelled_as_model_predict_labels_it(tmp_path):
+    """``tune --model gpt-tiny --hidden 512`` is not gpt-tiny: its header and JSON say ``gpt-tiny with --hidden
+    512`` (model predict's label); the sweep it writes still names the preset and the size; --memory-limit
+    takes run's grammar (80G = 80 GiB)."""
+    sweepspec = pytest.importorskip("fourd_mpi.jobs.spec")
+    path = tmp_path / "spec.yaml"
+    proc = cli("tune", "--ranks", 8, "--model", "gpt-tiny", "--hidden", 512, "--heads", 8, "--top", 2,  # 8: the preset's
+               "--memory-limit", "80G", "--emit-sweep", path)
+    assert proc.returncode == 0, proc.stderr
+    assert "model gpt-tiny with --hidden 512: " in proc.stdout
+    assert "memory limit: 80 GiB per rank (--memory-limit)" in proc.stdout
+    spec = sweepspec.load_spec(str(path))
+    assert spec.name == "tune-gpt-tiny-8" and spec.models[0]["preset"] == "gpt-tiny" and spec.models[0]["hidden"] == 512
+    doc = json.loads(cli("tune", "--ranks", 8, "--model", "gpt-tiny", "--hidden", 512, "--format", "json").stdout)
+    assert doc["model"]["name"] == "gpt-tiny with --hidden 512" and doc["model"]["hidden"] == 512
+
+
 def test_spearman_and_ranks():
     assert list(average_ranks([3, 1, 2, 2])) == [4, 1, 2.5, 2.5]
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)

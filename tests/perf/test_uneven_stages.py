@@ -29,7 +29,7 @@ def test_megatron_first_and_last_counts_split_the_rest_evenly():
     assert stage_layers(70, 12, None, 4) == (6,) * 11 + (4,)
     assert stage_layers(10, 2, 4, 6) == (4, 6)
     for args, text in [((70, 12, 6, 6), "leave 58 for 10"), ((10, 2, 4, 5), "!= 10 layers"),
-                       ((10, 1, 4, None), "need --stages 2"), ((10, 3, 10, None), "between 1 and 9")]:
+                       ((10, 1, 4, None), "need --ginter 2"), ((10, 3, 10, None), "between 1 and 9")]:
         with pytest.raises(ConfigError, match=text):
             stage_layers(*args)
 

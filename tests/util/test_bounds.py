@@ -60,12 +60,14 @@ PROBES = [
         ("seq", BIG, "argument --seq: expected an integer from 1 to 16,777,216"),
         ("batch", BIG, "argument --batch: expected an integer from 1 to 1,073,741,824"),
         ("vocab", BIG, "argument --vocab: expected an integer from 0 to 16,777,216"),
-        ("stages", BIG, "argument --stages: expected an integer from 1 to 16,777,216"),
+        ("ginter", BIG, "argument --ginter: expected an integer from 1 to 16,777,216"),
         ("microbatches", BIG, "argument --microbatches: expected an integer from 1 to 16,777,216"),
         ("ranks-per-node", BIG, "argument --ranks-per-node: expected an integer from 1 to 16,777,216"),
-        ("memory-limit", "nan", "argument --memory-limit: expected GiB (a positive number) or none, got 'nan'"),
-        ("memory-limit", "inf", "argument --memory-limit: expected GiB (a positive number) or none, got 'inf'"),
-        ("memory-limit", "-1", "argument --memory-limit: expected GiB (a positive number) or none"),
+        ("memory-limit", "nan", "argument --memory-limit: expected a size such as 80GiB or 800MB, a number of GiB "
+                                "(40) or none (0: no limit), got 'nan'"),
+        ("memory-limit", "inf", "argument --memory-limit: expected a size such as 80GiB or 800MB, a number of GiB "
+                                "(40) or none (0: no limit), got 'inf'"),
+        ("memory-limit", "-1", "argument --memory-limit: expected a size such as 80GiB or 800MB"),
         ("dw-window", BIG, "--dw-window: expected an integer from 1 to 65,536"),
     )],
 ]
