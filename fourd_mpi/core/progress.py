@@ -16,8 +16,9 @@ so the ``Wait`` afterwards costs about the whole collective. Strategies:
     Finer chunks slow the compute they cut (smaller GEMMs, and every poll lets the
     progress engine copy data on the rank's core): on the emulated cluster and on one
     node a fixed 1e7-FLOP chunk (0.5 ms) slowed the compute inside an overlapped step
-    1.14-1.52x, a 2 %-poll-budget rule 1.03-1.17x, 1e9 FLOPs (50 ms) 0.90-1.04x, and
-    1e9 hid 72-83 % of the link's transfers (1e7: 55-86 %)
+    1.14-1.52x, a 2 %-poll-budget rule 1.03-1.17x, 1e9 FLOPs (50 ms) 0.90-0.99x in 5 of
+    6 cases (1.25x once, rounds 0.88-1.40), and 1e9 hid 72-83 % of the link's transfers
+    (1e7: 55-86 %)
     (``results/benchmarks/multinode-overlap.txt``, ``multinode-overlap-1node.txt``).
 ``thread``
     A dedicated Python thread polls ``MPI_Testsome`` while the main thread computes
@@ -121,8 +122,8 @@ class AutoChunk:
         chunk_s = max(MIN_CHUNK_S, cost / b),    chunk_flops = clamp(rate * chunk_s, AUTO_MIN_FLOPS, AUTO_MAX_FLOPS)
 
     e.g. a 10 us poll at 20 GFLOP/s gives 1e9 FLOPs (the 50 ms floor); a 2 ms poll gives 2e9 (100 ms).
-    Until the GEMM rate is measured the size is :data:`AUTO_START_FLOPS`; until a poll is timed, the floor. No communication here: the
-    poll itself is the caller's.
+    Until the GEMM rate is measured the size is :data:`AUTO_START_FLOPS`; until a poll is timed,
+    the floor. No communication here: the poll itself is the caller's.
     """
 
     WINDOW = 31
