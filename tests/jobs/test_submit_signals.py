@@ -144,7 +144,7 @@ def test_an_interrupted_sequential_pack_starts_no_further_run(tmp_path):
     from fourd_mpi.trace.events import RANK_STEP_DTYPE
     from moments import steps_done, wait_for
 
-    tmp_path.joinpath("spec.yaml").write_text(textwrap.dedent(SPEC).replace("steps: 3", "steps: 40"))
+    tmp_path.joinpath("spec.yaml").write_text(textwrap.dedent(SPEC).replace("steps: 3", "steps: 100000"))  # the SIGINT, not the end, stops it
     done = fourd("sweep", "render", "spec.yaml", "--site", "local", "--python", sys.executable, "--pack", "2", "--out", "jobscripts/s1",
                  cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from conftest import REPO, find_mpiexec, mpi_env, mpi_flavor
+from moments import signalled
 
 
 SIGNALS = {"SIGINT": (signal.SIGINT, 130, "SIGINT (Ctrl-C)"),
@@ -239,6 +240,18 @@ def test_scancel_of_a_slurm_job_is_recorded_as_interrupted(tmp_path):
     assert_readable_interrupted(results / "s.h5")
 
 
+def _sighup_after_a_step(proc, spool, ranks: int):
+    """A ``fire`` for :func:`moments.signalled`: wait until each of ``ranks`` ranks of ``spool`` has a step
+    record on disk, then SIGHUP ``proc``."""
+    from fourd_mpi.trace.events import RANK_STEP_DTYPE
+    from moments import steps_done, wait_for
+
+    def fire():
+        assert wait_for(steps_done(spool, ranks, 1, RANK_STEP_DTYPE.itemsize), proc, timeout=120), proc.communicate()
+        proc.send_signal(signal.SIGHUP)
+    return fire
+
+
 def test_sighup_is_recorded_as_interrupted(tmp_path):
     """Issue 34: SIGHUP (the terminal or ssh session closed) left no "interrupted" record: the spool had no
     reason and the recovered trace was "partial". One rank, without a launcher (the signal goes to it)."""
@@ -247,18 +260,7 @@ def test_sighup_is_recorded_as_interrupted(tmp_path):
     # SIGHUP at its default in the child: under nohup (or a runner that ignores it) an ignored SIGHUP stays ignored
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=REPO,
                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
-    steps = tmp_path / "h.ranks" / "rank000000.steps"
-    try:
-        deadline = time.monotonic() + 120
-        while not (steps.exists() and steps.stat().st_size):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGHUP)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    err = signalled(proc, _sighup_after_a_step(proc, tmp_path / "h.ranks", ranks=1), timeout=60)
     said = "SIGHUP (the terminal or the ssh session of the run closed)"
     assert proc.returncode == 129 and "Traceback" not in err, (proc.returncode, err)
     assert f"fourd-mpi: interrupted: {said} during step " in err, err
@@ -282,18 +284,7 @@ def test_sighup_to_mpiexec_is_recorded_as_interrupted(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=REPO,
                             preexec_fn=default_signals)  # SIGHUP at its default in mpiexec (not under nohup)
     spool = tmp_path / "h.ranks"
-    try:
-        deadline = time.monotonic() + 120
-        while not all((spool / f"rank00000{r}.steps").exists() and (spool / f"rank00000{r}.steps").stat().st_size
-                      for r in range(2)):  # every rank has finished a step
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGHUP)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    err = signalled(proc, _sighup_after_a_step(proc, spool, ranks=2), timeout=60)  # every rank has finished a step
     assert proc.returncode == -signal.SIGHUP and "Traceback" not in err, (proc.returncode, err)
     sentinels_gone(spool)
     reports = [json.loads(p.read_text())["error"] for p in spool.glob("*.failed.json")]
