@@ -28,14 +28,18 @@
 #   GPU_REHEARSAL=1 bash bench/gpu_validate.sh cudampi-all   # HERE, no GPU: the same stages on NumPy, tiny
 #   bash bench/gpu_validate.sh list              # the stages, their time limits and the total
 #
-# cudampi-all = cset cverify2 ccoll cstep cmfu cverify4 summary pack (CUDAMPI_STAGES below; each command under
-# `timeout`, the limits sum to at most 540 s). cset: unpack .cudampi/*.tar.zst (CUDAMPI_IMPL=openmpi|mpich picks
-# one; CUDAMPI_ARCHIVE=FILE names it) into /tmp/fourd-cudampi, source its env.sh, install the wheels of $WHEELS
-# (.whl) into /tmp/fourd-cudampi/site without an index, print driver, CUDA, CuPy, BUILDINFO, mpi4py and
-# `fourd-mpi info` on 2 ranks. cverify2/cverify4: verify --device-buffers direct and staged, 2 / 4 ranks on the
-# one GPU, every grid, overlap none and all, bfloat16 (fused attention where torch imports) and float32.
+# cudampi-all = cset cipc chost cverify2 ccoll cstep cmfu cverify4 summary pack (CUDAMPI_STAGES below; each
+# command under `timeout`, the limits sum to at most 540 s; name stages instead of cudampi-all to run fewer, and
+# GPU_DEADLINE_S=S to skip any run that could end past S seconds). cset: unpack .cudampi/*.tar.zst
+# (CUDAMPI_IMPL=openmpi|mpich picks one; CUDAMPI_ARCHIVE=FILE names it) into /tmp/fourd-cudampi, source its env.sh,
+# install the wheels of $WHEELS (.whl) into /tmp/fourd-cudampi/site without an index, print driver, CUDA, CuPy,
+# BUILDINFO, mpi4py and `fourd-mpi info` on 2 ranks. cipc: bench/gpu_ipc_probe.py (CUDA IPC between the 2 ranks,
+# cudaHostRegister, pinned copy GB/s, host MPI_Allreduce GB/s). chost: bench/gpu_coll.py on host arrays (NumPy,
+# float32) at the step's sizes: the MPI path under every staged collective, without the device.
+# cverify2/cverify4: verify --device-buffers MODE for each of CUDAMPI_MODES (default "auto staged"), 2 / 4 ranks
+# on the one GPU, every grid, overlap none and all, bfloat16 (fused attention where torch imports) and float32.
 # ccoll: bench/gpu_coll.py, the step's collectives on device buffers, direct and staged alternating. cstep: the
-# 2-rank bf16 gpt h4096 s2048 batch 16 step, direct/staged/direct/staged, medians. cmfu: the 1-rank MFU run
+# 2-rank bf16 gpt h4096 s2048 batch 16 step, the CUDAMPI_MODES alternating twice, medians. cmfu: the 1-rank MFU run
 # (batch 16, fused attention). summary: $OUT/summary.md (one table). pack: the logs into $OUT/logs.tar.gz.
 # What comes back: summary.md, logs.tar.gz, coll.json (the device tool returns at most 8 files).
 # GPU_REHEARSAL=1: backend numpy (staged = NumPy's emulated staging), float16 for bfloat16, tiny models, the
@@ -60,7 +64,11 @@ CRES=$CROOT/runs
 WHEELS=${WHEELS:-$REPO/.whl}
 CPY=${GPU_PYTHON:-$SYS_PY}                         # the machine's Python (rehearsal: a venv without mpi4py)
 #: stage:runs:seconds per run (each run under its own `timeout`); the product summed: at most 540 s
-CUDAMPI_STAGES=(cset:3:15 cverify2:4:28 ccoll:1:55 cstep:4:45 cmfu:1:35 cverify4:4:25 summary:1:5 pack:1:5)
+CUDAMPI_STAGES=(cset:3:15 cipc:1:25 chost:1:25 cverify2:4:25 ccoll:1:50 cstep:4:40 cmfu:1:35 cverify4:4:20 summary:1:5
+                pack:1:5)
+#: the buffer modes of cverify and cstep: auto (what a run does: direct where the library documents it, else staged)
+#: and staged; "direct" forces every class (refused where the library documents a class as staged, 2026-11-28)
+read -r -a MODES <<<"${CUDAMPI_MODES:-auto staged}"
 CUDAMPI_BUDGET=540
 #: no stage starts that could end after this many seconds of the script (x LIMIT_SCALE): the device call's 600 s
 #: must leave room for summary and pack. GPU_DEADLINE_S=...
@@ -169,7 +177,7 @@ cverify() {  # cverify STAGE RANKS: verify direct and staged, bf16 and fp32
     att=$(att_fused)
     for dt in "${VDTYPES[@]}"; do
         a=""; [ "$dt" = bfloat16 ] && a=$att
-        for mode in direct staged; do
+        for mode in "${MODES[@]}"; do
             # shellcheck disable=SC2086  # $a: an option or nothing
             cstage "$st" "$n ranks $dt $mode${a:+ fused}" 'passed, [0-9]+ failed|rror' \
                 mpiexec -n "$n" "$PY" -m fourd_mpi verify --backend "$CB" --reference-backend numpy --dtype "$dt" \
@@ -186,7 +194,7 @@ summary_md() {  # $OUT/summary.md from summary.tsv: one table; cstep's medians p
         echo "|---|---|---|---|---|---|"
         awk -F'\t' '{printf "| %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6}' "$SUMMARY_TSV"
         echo
-        for mode in direct staged; do
+        for mode in "${MODES[@]}"; do
             awk -F'\t' -v m="$mode" '$1 == "cstep" && $2 ~ m && $6 ~ /median/ {
                     sub(/.*median /, "", $6); sub(/ s.*/, "", $6); v[n++] = $6 + 0 }
                 END { if (!n) { printf "cstep %s: no step time\n", m; exit }
@@ -287,18 +295,29 @@ while [ $# -gt 0 ]; do
             --backend "$CB" --dtype "$BF" --layers 2 "${STEPM[@]}" --gx 2 --rounds 2 --iters 1 --blocking \
             --json "$OUT/coll.json"
         ;;
-    cstep)  # direct, staged, direct, staged: the run medians, and their median per mode in summary.md
+    cstep)  # the modes alternating (auto, staged, auto, staged): run medians, their median per mode in summary.md
         cudampi_env || exit 1
         att=$(att_fused)
         for i in 1 2; do
-            for mode in direct staged; do
+            for mode in "${MODES[@]}"; do
                 # shellcheck disable=SC2086  # $att: an option or nothing
                 cstage cstep "2 ranks gx2 $BF $mode #$i" 'step time: median|rror' mpiexec -n 2 "$PY" -m fourd_mpi run \
                     --backend "$CB" --model gpt-small --dtype "$BF" --layers 2 "${STEPM[@]}" --gx 2 $att \
-                    --device-buffers "$mode" --overlap all --steps 3 --warmup 1 --trace-level step \
+                    --device-buffers "$mode" --overlap all --steps 2 --warmup 1 --trace-level step \
                     --results-dir "$CRES" --run-id "step-$mode-$i" --force --display lines
             done
         done
+        ;;
+    cipc)  # CUDA IPC, host registration, pinned copies and host MPI on 2 ranks (bench/gpu_ipc_probe.py)
+        cudampi_env || exit 1
+        if [ "$REHEARSAL" = 1 ]; then echo "cipc: needs CuPy and a GPU (skipped in the rehearsal)"; continue; fi
+        cstage cipc "2 ranks, 256 MiB" 'ipc-probe rank' mpiexec -n 2 "$PY" bench/gpu_ipc_probe.py --bytes 268435456
+        ;;
+    chost)  # the staged path's own MPI: host arrays (NumPy), float32, the step's sizes, no device in it
+        cudampi_env || exit 1
+        cstage chost "2 ranks gx2 float32 host arrays" '^allreduce |rror' mpiexec -n 2 "$PY" bench/gpu_coll.py \
+            --backend numpy --dtype float32 --layers 2 "${STEPM[@]}" --gx 2 --rounds 1 --iters 1 --modes direct \
+            --blocking
         ;;
     cmfu)
         cudampi_env || exit 1

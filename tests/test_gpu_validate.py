@@ -29,7 +29,7 @@ def test_stage_list_parses_and_fits_one_device_call(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line.split() for line in done.stdout.splitlines() if " x " in line]
     names = [r[0] for r in rows]
-    assert names == ["cset", "cverify2", "ccoll", "cstep", "cmfu", "cverify4", "summary", "pack"]
+    assert names == ["cset", "cipc", "chost", "cverify2", "ccoll", "cstep", "cmfu", "cverify4", "summary", "pack"]
     total = sum(int(r[1]) * int(r[3]) for r in rows)
     assert f"total {total} s" in done.stdout and total <= 540  # 9 of a device call's 10 minutes
     text = open(SCRIPT).read()

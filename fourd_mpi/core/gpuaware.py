@@ -33,8 +33,10 @@ metadata (``gpu_aware_mpi``).
 The evidence is then confirmed by a smoke test (:func:`smoke_test`): a small
 ``Iallreduce`` of a device array whose result is compared with the expected sum.
 It runs only where the evidence already allows device buffers (or where the user
-forces ``--device-buffers direct``): a library that cannot read a device pointer
-may crash the process, and no Python guard catches a segfault. A raised error, a
+forces ``--device-buffers direct`` on a library whose documentation names no class as
+staged: ``run.build.check_forced_direct`` refuses the others, since Open MPI 4.1.4 with
+CUDA segfaulted in this very test on an H200): a library that cannot read a device
+pointer may crash the process, and no Python guard catches a segfault. A raised error, a
 wrong result or no completion within a timeout counts as failure (staging).
 """
 

@@ -95,6 +95,33 @@ def parse_test_routes(text: str) -> Dict[str, str]:
     return out
 
 
+#: ``1``: ``--device-buffers direct`` hands device pointers to every operation class, also those the library's
+#: documentation says stage (:func:`check_forced_direct`): for testing whether that documentation is out of date
+FORCE_DIRECT_ENV = "FOURD_MPI_FORCE_DIRECT"
+
+
+def check_forced_direct(requested: str, backend: str, documented: Dict[str, str], why: str,
+                        env: Dict[str, str]) -> None:
+    """Refuse ``--device-buffers direct`` on CuPy where the MPI's documentation says some operation classes
+    do not take device buffers (``documented``: per class of :data:`OP_CLASSES` the route the rules give,
+    ``staged`` where a document says so; classes without a rule are absent and not refused).
+
+    Why refuse rather than let the smoke test decide: Open MPI 4.1.4 built with CUDA segfaulted inside the
+    smoke test's ``MPI_Iallreduce`` on a device buffer (``mca_coll_libnbc`` -> ``mca_op_avx``: the reduction
+    ran on the host over a device pointer), on one H200, 2026-11-28
+    (results/benchmarks/gpu/h200-2026-11-28-openmpi/cverify2.log): no Python guard catches that.
+    ``env[FORCE_DIRECT_ENV] == "1"`` lets it through. Pure; raises :class:`BackendError` (one line).
+    """
+    if requested != "direct" or backend != "cupy" or env.get(FORCE_DIRECT_ENV) == "1":
+        return
+    staged = [cls for cls in OP_CLASSES if documented.get(cls) == "staged"]
+    if staged:
+        raise BackendError(f"--device-buffers direct, but this MPI's documentation says {', '.join(staged)} do not "
+                           f"take device buffers ({why}); forced, Open MPI 4.1 crashes in them: use "
+                           f"--device-buffers auto (direct for the other classes) or staged "
+                           f"({FORCE_DIRECT_ENV}=1 forces it anyway)")
+
+
 def _uniform(route: str) -> Dict[str, str]:
     return {cls: route for cls in OP_CLASSES}
 
@@ -248,6 +275,9 @@ class Run:
             if options.device_buffers == "direct" and refused:  # a device pointer would crash this MPI
                 raise BackendError(f"--device-buffers direct, but this MPI cannot take device buffers: {refused}; "
                                    "use --device-buffers staged or auto")
+            # a class the library documents as staged: a device pointer crashes it (before the smoke test)
+            documented = {cls: "staged" for *_, r in evidence for cls, route in r.items() if route == "staged"}
+            check_forced_direct(options.device_buffers, backend_name, documented, evidence_reason, os.environ)
             awareness.smoke_test = smoke_test(grid.cart, backend)
         buffers = agree(mpi_comm, lambda: choose_mpi_buffers(options.device_buffers, backend_name, evidence_ok,
                                                              evidence_reason, awareness.smoke_test, rule_routes,

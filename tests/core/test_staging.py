@@ -16,7 +16,7 @@ import pytest
 from fourd_mpi.core.backend import (DTYPES, NumpyBackend, StagingPool, check_dtype_options, make_backend,
                                select_device)
 from fourd_mpi.errors import BackendError, ConfigError
-from fourd_mpi.run.build import choose_mpi_buffers
+from fourd_mpi.run.build import FORCE_DIRECT_ENV, check_forced_direct, choose_mpi_buffers
 
 
 # pure pieces -------------------------------------------------------------------
@@ -121,6 +121,28 @@ def test_buffer_mode_decision(requested, backend, evidence, smoke, mode, words):
 def test_forced_direct_with_a_failed_smoke_test_is_an_error():
     with pytest.raises(BackendError, match="smoke-test Iallreduce on a device buffer failed"):
         choose_mpi_buffers("direct", "cupy", True, "x", BAD)
+
+
+OMPI41 = {"p2p": "direct", "blocking": "direct", "nb_gather": "staged", "nb_reduce": "staged"}
+
+
+def test_forced_direct_where_the_documentation_says_staged_is_refused_before_any_device_pointer():
+    # Open MPI 4.1 (ob1): its FAQ lists MPI_Iallgather and MPI_Iallreduce as not CUDA-aware; forced, it segfaulted
+    with pytest.raises(BackendError, match=r"^--device-buffers direct, but this MPI's documentation says "
+                                           r"nb_gather, nb_reduce do not take device buffers \(Open MPI FAQ\)"):
+        check_forced_direct("direct", "cupy", OMPI41, "Open MPI FAQ", {})
+
+
+@pytest.mark.parametrize("requested, backend, documented, env", [
+    ("auto", "cupy", OMPI41, {}),  # auto stages those classes itself
+    ("staged", "cupy", OMPI41, {}),
+    ("direct", "numpy", OMPI41, {}),  # host arrays: nothing to crash
+    ("direct", "cupy", {cls: "direct" for cls in OMPI41}, {}),  # MPICH with CUDA: every class documented direct
+    ("direct", "cupy", {}, {}),  # no rule (a simulated or unknown MPI): the smoke test decides
+    ("direct", "cupy", OMPI41, {FORCE_DIRECT_ENV: "1"}),  # the user asks for it anyway
+])
+def test_forced_direct_passes_where_nothing_documented_says_staged(requested, backend, documented, env):
+    assert check_forced_direct(requested, backend, documented, "x", env) is None
 
 
 # under mpiexec -------------------------------------------------------------------
