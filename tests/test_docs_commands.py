@@ -185,7 +185,7 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
         Step(".venv/bin/fourd-mpi tune --ranks 8 --model gpt-small --algorithm all   "
              "# one ranking, all algorithms", r"megatron1d(?s:.*)fsdp"),
         Step(".venv/bin/fourd-mpi model validate results/*.h5   # errors per algorithm", r"megatron1d"),
-        Step("OMP_NUM_THREADS=1 .venv/bin/python bench/algorithms.py --cases best4d,megatron1d --repeats 1 "
+        Step("OMP_NUM_THREADS=1 .venv/bin/python -m bench.algorithms --cases best4d,megatron1d --repeats 1 "
              "--steps 2 --warmup 1 --plot results/benchmarks/algorithms.png   # measured side by side",
              r"wrote results/benchmarks/algorithms\.png|algorithms\.png"),
     ]),
@@ -236,13 +236,13 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
     ]),
     # docs/guide/benchmarks.md: each script's bounded form
     "benchmarks": (True, [
-        Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python bench/step_bench.py --model gpt-tiny "
+        Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python -m bench.step_bench --model gpt-tiny "
              "--grids 1x2x2x2,8x1x1x1 --steps 2 --warmup 1 --repeats 1", r"1x2x2x2(?s:.*)8x1x1x1"),
-        Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python bench/recompute_bench.py --gx 2 --gy 2 --gz 2 "
+        Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python -m bench.recompute_bench --gx 2 --gy 2 --gz 2 "
              "--model gpt-tiny --steps 1 --repeats 1", r"selective(?s:.*)full"),
         Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python bench/overlap_bench.py --configs comm-heavy "
              "--steps 2 --warmup 1 --probe-mib 1 --overlaps none,all", r"(?s)progress probe.*comm-heavy +all +poll"),
-        Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python bench/trace_overhead.py --repeats 4 "
+        Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python -m bench.trace_overhead --repeats 4 "
              "--merge-events 10000 --merge-repeats 1", r"(?s)op.*step.*events per second|events/s"),
     ]),
     # docs/guide/model-and-tuning.md: measure, calibrate against traces, validate
@@ -265,7 +265,7 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
     ]),
     # docs/guide/benchmarks.md: the peer benchmark (the peer extra: torch, AxoNN)
     "peer": (False, [
-        Step("OMP_NUM_THREADS=1 .venv/bin/python bench/peer_axonn.py --ranks 4 --grids 2x2x1 --hidden 128 --seq 32 "
+        Step("OMP_NUM_THREADS=1 .venv/bin/python -m bench.peer_axonn --ranks 4 --grids 2x2x1 --hidden 128 --seq 32 "
              "--batch 4 --steps 2 --warmup 1 --rounds 1", r"ratio"),
     ]),
     # docs/placement.md: an environment called by its full path, never activated
