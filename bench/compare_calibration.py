@@ -32,8 +32,7 @@ docs/guide/regressions.md), then::
 
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.compare_calibration --pairs 20 --runs 12 --ranks 1 --steps 22 \\
         --run-args "--hidden 128 --seq 64 --batch 8" \\
-        --save results/benchmarks/compare_calibration_corespec_runs.json.gz \\
-        --out results/benchmarks/compare_calibration_corespec.txt
+        --save results/benchmarks/compare_calibration_runs.json.gz --out results/benchmarks/compare_calibration.txt
 
 (581 s on 2026-11-26, load average 1.0-1.2.)
 
