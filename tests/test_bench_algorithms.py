@@ -1,4 +1,5 @@
-"""bench/algorithms.py (``python -m bench.algorithms``): the cases it checks and skips (no MPI), and one small alternating run under mpiexec.
+"""bench/algorithms.py (``python -m bench.algorithms``): the cases it checks and skips (no MPI), and one small
+alternating run under mpiexec.
 
 A benchmark, not a timed test: these check what it runs and what it reports, never a time.
 """
