@@ -38,9 +38,9 @@ another's heap, buffer pools or page cache. Launch and set-up time are outside t
 
 Launch with ``OMP_NUM_THREADS=1`` (exported to the jobs)::
 
-    OMP_NUM_THREADS=1 python bench/algorithms.py                       # 8 ranks, gpt-small (4 layers, seq 64)
-    python bench/algorithms.py --ranks 8 --repeats 5 --steps 6 --plot results/benchmarks/algorithms.png
-    python bench/algorithms.py --cases megatron1d,fsdp --model gpt-tiny --json algos.json
+    OMP_NUM_THREADS=1 python -m bench.algorithms                       # 8 ranks, gpt-small (4 layers, seq 64)
+    python -m bench.algorithms --ranks 8 --repeats 5 --steps 6 --plot results/benchmarks/algorithms.png
+    python -m bench.algorithms --cases megatron1d,fsdp --model gpt-tiny --json algos.json
 
 The header prints the 1-min load average at start and end: anything else on the node skews every number.
 """
@@ -62,15 +62,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 # Run from a checkout without installing the package.
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from fourd_mpi import __version__  # noqa: E402
-from fourd_mpi.algorithms.registry import ALGORITHMS, display_name  # noqa: E402
-from fourd_mpi.errors import ConfigError  # noqa: E402
-from fourd_mpi.step.presets import PRESETS  # noqa: E402
-from fourd_mpi.util.values import nonnegative_int, positive_int  # noqa: E402
+from fourd_mpi import __version__
+from fourd_mpi.algorithms.registry import ALGORITHMS, display_name
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.step.presets import PRESETS
+from fourd_mpi.util.values import nonnegative_int, positive_int
 
 #: gpt-small with 4 layers (pipelines of 2 and 4 stages) and sequence 64 (about 0.5-2 s a step on 8 ranks, 2 cores)
 DEFAULT_MODEL = "gpt-small"

@@ -6,7 +6,7 @@ reduce-scatters, all-reduces on every axis, waits) into a temporary directory wi
 ``TraceFileWriter``, then times ``load_trace``, ``runs_table``, ``breakdown`` and
 ``comm_table``.
 
-    python bench/analysis_bench.py [--ranks 1024] [--steps 10] [--keep DIR]
+    python -m bench.analysis_bench [--ranks 1024] [--steps 10] [--keep DIR]
 
 A/B mode: ``--trace FILE --against TREE`` times this checkout's code against another checkout
 ``TREE`` (e.g. ``git worktree add --detach /tmp/old <commit>``) on the same trace, in fresh
@@ -16,7 +16,7 @@ alike): ``fourd-mpi analyze FILE`` (wall time of the subprocess, imports include
 load average, then the medians; checks that both trees print the same analysis (every
 ``--format``).
 
-    OMP_NUM_THREADS=1 python bench/analysis_bench.py --trace FILE --against TREE [--rounds 5]
+    OMP_NUM_THREADS=1 python -m bench.analysis_bench --trace FILE --against TREE [--rounds 5]
 """
 
 from __future__ import annotations
@@ -34,15 +34,14 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from fourd_mpi.analysis import tables as analysis  # noqa: E402
-from fourd_mpi.trace.summary import summarize  # noqa: E402
-from fourd_mpi.trace.writer import TraceFileWriter, ranks_table  # noqa: E402
-from fourd_mpi.trace.read import load_trace  # noqa: E402
-from fourd_mpi.trace.events import (AXES, COMPUTE_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP,  # noqa: E402
+from fourd_mpi.analysis import tables as analysis
+from fourd_mpi.trace.summary import summarize
+from fourd_mpi.trace.writer import TraceFileWriter, ranks_table
+from fourd_mpi.trace.read import load_trace
+from fourd_mpi.trace.events import (AXES, COMPUTE_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP,
                                OPS, PHASES, RANK_STEP_DTYPE)
-from fourd_mpi.core.colltable import wire_factor  # noqa: E402
+from fourd_mpi.core.colltable import wire_factor
 
 OP = {name: i for i, name in enumerate(OPS)}
 PHASE = {name: i for i, name in enumerate(PHASES)}
@@ -260,7 +259,7 @@ def ab(trace: str, against: str, rounds: int) -> int:
     same = all(analyze("old", *f)[1] == analyze("new", *f)[1]
                for f in ([], ["--format", "json"], ["--format", "markdown"], ["--what", "steps", "--format", "csv"]))
     events = load("new")["events"]
-    print(f"# OMP_NUM_THREADS=1 python bench/analysis_bench.py --trace {trace} --against {against} --rounds {rounds}")
+    print(f"# OMP_NUM_THREADS=1 python -m bench.analysis_bench --trace {trace} --against {against} --rounds {rounds}")
     print(f"trace {trace}: {events:,} events; old = {trees['old']}, new = {trees['new']}; {os.cpu_count()} CPUs; "
           f"outputs of `fourd-mpi analyze` (table, json, markdown, steps csv) identical: {'yes' if same else 'NO'}")
     print("seconds: wall time (CPU time: user + system of the process); new/old: wall-time ratio of the round")

@@ -21,7 +21,7 @@ log ratios; what ``unit="auto"`` picks for these interleaved runs from 6 runs a 
 
 Usage (from the repository root; runs ``.venv/bin/mpiexec`` and ``.venv/bin/fourd-mpi``)::
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/compare_calibration.py [--pairs 20] [--runs 12] [--steps 42]
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.compare_calibration [--pairs 20] [--runs 12] [--steps 42]
         [--slowdown 0.15] [--ranks 2] [--out FILE.txt] [--save FILE.json] [--from FILE.json]
 
 **The calibration of issue 32** (targets: at most 1 false change in 20 identical pairs, the planted 15 %
@@ -30,10 +30,9 @@ found in at least 19 of 20) needs a quiet machine: nothing else running (``uptim
 machine: one rank; with both cores running ranks the detection stays at 15-20 of 20,
 docs/guide/regressions.md), then::
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/compare_calibration.py --pairs 20 --runs 12 --ranks 1 --steps 22 \\
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.compare_calibration --pairs 20 --runs 12 --ranks 1 --steps 22 \\
         --run-args "--hidden 128 --seq 64 --batch 8" \\
-        --save results/benchmarks/compare_calibration_corespec_runs.json.gz \\
-        --out results/benchmarks/compare_calibration_corespec.txt
+        --save results/benchmarks/compare_calibration_runs.json.gz --out results/benchmarks/compare_calibration.txt
 
 (581 s on 2026-11-26, load average 1.0-1.2.)
 
@@ -66,12 +65,11 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from fourd_mpi.analysis.compare import Settings, compare_runs, min_pairs, min_runs  # noqa: E402
-from fourd_mpi.trace.indexing import entry_of_trace  # noqa: E402
-from fourd_mpi.trace.read import load_trace  # noqa: E402
-from fourd_mpi.trace.summary import step_stats  # noqa: E402
+from fourd_mpi.analysis.compare import Settings, compare_runs, min_pairs, min_runs
+from fourd_mpi.trace.indexing import entry_of_trace
+from fourd_mpi.trace.read import load_trace
+from fourd_mpi.trace.summary import step_stats
 
 
 def loadavg() -> str:
@@ -165,7 +163,7 @@ def main() -> int:
     settings = {unit: Settings(resamples=args.resamples, unit=unit) for unit in ("run", "paired", "step", "auto")}
     work = tempfile.mkdtemp(prefix="compare-calibration-")
     command = (saved["command"] + f"  (analysed again: {' '.join(sys.argv[1:])})" if saved else
-               "OMP_NUM_THREADS=1 python bench/compare_calibration.py " + shlex.join(sys.argv[1:]))
+               "OMP_NUM_THREADS=1 python -m bench.compare_calibration " + shlex.join(sys.argv[1:]))
     record = {"command": command, "args": {k: getattr(args, k) for k in ("pairs", "runs", "steps", "warmup",
                                                                         "ranks", "model", "bind", "run_args")},
               "load_before": loadavg() if saved is None else saved["load_before"], "pairs": []}

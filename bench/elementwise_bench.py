@@ -12,8 +12,8 @@ kernel per operation on CuPy), checks that both give the same numbers, and print
 Times are medians over ``--repeats`` alternating pairs (host clock around the call,
 synchronized on CuPy). Single process, no MPI. Run with ``OMP_NUM_THREADS=1``::
 
-    OMP_NUM_THREADS=1 python bench/elementwise_bench.py --rows 2048 --cols 1024
-    python bench/elementwise_bench.py --backend cupy --dtype float32     # on a GPU
+    OMP_NUM_THREADS=1 python -m bench.elementwise_bench --rows 2048 --cols 1024
+    python -m bench.elementwise_bench --backend cupy --dtype float32     # on a GPU
 """
 
 from __future__ import annotations
@@ -24,13 +24,11 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from fourd_mpi.step import elementwise  # noqa: E402
+from fourd_mpi.step import elementwise
 
 C, A = math.sqrt(2.0 / math.pi), 0.044715
 

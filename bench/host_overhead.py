@@ -13,7 +13,7 @@ elementwise op, collective, wait and layer span: the units of work the harness
 dispatches); ``us/op = step / ops``. It uses only ``Run.build`` and ``trainer.step``,
 so the same file measures an older checkout side by side (``PYTHONPATH=<checkout>``)::
 
-    OMP_NUM_THREADS=1 mpiexec -n 8 python bench/host_overhead.py --grids 1x2x2x2,2x1x2x2
+    OMP_NUM_THREADS=1 mpiexec -n 8 python -m bench.host_overhead --grids 1x2x2x2,2x1x2x2
 """
 
 from __future__ import annotations

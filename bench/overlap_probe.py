@@ -1,6 +1,6 @@
 """The OSU overlap probe measured two ways: OSU's formula vs the trace's overlap accounting.
 
-    OMP_NUM_THREADS=1 mpiexec -n 2 python bench/overlap_probe.py [SIZE_BYTES] [TRIALS] [--json]
+    OMP_NUM_THREADS=1 mpiexec -n 2 python -m bench.overlap_probe [SIZE_BYTES] [TRIALS] [--json]
 
 Pattern (OSU / IMB-NBC): post an Iallreduce of SIZE bytes, compute for a known time with a
 Testsome poll after every GEMM, wait. (1) OSU's formula on the times of the pattern,
@@ -33,7 +33,6 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fourd_mpi.core.backend import make_backend
 from fourd_mpi.core.collectives import Collectives

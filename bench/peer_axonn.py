@@ -40,7 +40,7 @@ costs on each side.
 Install (CPU: the exact CPU torch wheel from pip's find-links, never the CUDA build)::
 
     pip install -e ".[mpich,peer]"
-    OMP_NUM_THREADS=1 python bench/peer_axonn.py --ranks 8 --grids 2x2x2,1x8x1,1x1x8 --hidden 1024,2048
+    OMP_NUM_THREADS=1 python -m bench.peer_axonn --ranks 8 --grids 2x2x2,1x8x1,1x1x8 --hidden 1024,2048
 
 Grids are ``GXxGYxGZ`` here (AxoNN's ``G_intra_c x G_intra_r x G_intra_d``).
 """
@@ -63,7 +63,6 @@ from typing import Dict, List
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 TOLERANCE = 1e-4
 C, A = math.sqrt(2.0 / math.pi), 0.044715
@@ -361,8 +360,9 @@ def launch(side: str, args, gx: int, gy: int, gz: int, hidden: int) -> Dict:
     mpiexec = Path(sys.executable).parent / "mpiexec"
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.ranks), sys.executable, __file__,
-               "--worker", side, "--gx", str(gx), "--gy", str(gy), "--gz", str(gz), "--hidden", str(hidden),
+        cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(args.ranks), sys.executable, "-m",
+               "bench.peer_axonn", "--worker", side, "--gx", str(gx), "--gy", str(gy), "--gz", str(gz),
+               "--hidden", str(hidden),
                "--seq", str(args.seq), "--batch", str(args.batch), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--port", str(free_port()), "--out", out]
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",

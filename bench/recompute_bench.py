@@ -18,7 +18,7 @@ Per mode it reports
 
 Launch with one BLAS thread per rank::
 
-    OMP_NUM_THREADS=1 mpiexec -n 8 python bench/recompute_bench.py --gx 2 --gy 2 --gz 2 \\
+    OMP_NUM_THREADS=1 mpiexec -n 8 python -m bench.recompute_bench --gx 2 --gy 2 --gz 2 \\
         --steps 3 --repeats 5 --json recompute.json
 
 Default model: gpt-small with 2 layers and sequence length 256 (the attention probabilities
@@ -33,17 +33,15 @@ import os
 from dataclasses import replace
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mpi4py import MPI  # noqa: E402
+from mpi4py import MPI
 
-from fourd_mpi.cli.args import OneLineParser, add_options  # noqa: E402
-from fourd_mpi.run.build import Run  # noqa: E402
-from fourd_mpi.run.options import resolve_values  # noqa: E402
-from fourd_mpi.step.presets import RECOMPUTE_MODES  # noqa: E402
-from fourd_mpi.util.values import positive_int  # noqa: E402
+from fourd_mpi.cli.args import OneLineParser, add_options
+from fourd_mpi.run.build import Run
+from fourd_mpi.run.options import resolve_values
+from fourd_mpi.step.presets import RECOMPUTE_MODES
+from fourd_mpi.util.values import positive_int
 
 DEFAULTS = {"model": "gpt-small", "layers": 2, "seq": 256}
 

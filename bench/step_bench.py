@@ -45,8 +45,8 @@ Launch with ``OMP_NUM_THREADS=1`` (one BLAS thread per rank: the ranks already
 fill or oversubscribe the cores, and a multithreaded BLAS in every rank would
 oversubscribe them again; the script warns when it is unset)::
 
-    OMP_NUM_THREADS=1 mpiexec -n 8 python bench/step_bench.py
-    OMP_NUM_THREADS=1 mpiexec -n 8 python bench/step_bench.py --model gpt-small \\
+    OMP_NUM_THREADS=1 mpiexec -n 8 python -m bench.step_bench
+    OMP_NUM_THREADS=1 mpiexec -n 8 python -m bench.step_bench --model gpt-small \\
         --grids 1x2x2x2,1x1x2x4 --steps 5 --warmup 2 --repeats 5 --json step.json
 
 Default model: ``gpt-small`` with 2 layers and sequence length 128 (about
@@ -71,26 +71,24 @@ import statistics
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 # Run from a checkout without installing the package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
+from mpi4py import MPI
 
-from fourd_mpi import __version__# noqa: E402
-from fourd_mpi.cli.args import OneLineParser, add_option, add_options  # noqa: E402
-from fourd_mpi.run.options import options_in  # noqa: E402
-from fourd_mpi.util.values import nonnegative_int, positive_int  # noqa: E402
-from fourd_mpi.step.presets import PRESETS, model_problems, resolve_model  # noqa: E402
-from fourd_mpi.errors import BackendError, ConfigError  # noqa: E402
-from fourd_mpi.core.grid import GridShape  # noqa: E402
-from fourd_mpi.step.kernels import ComputeCounter, matmul  # noqa: E402
-from fourd_mpi.core.mpiutil import idle_barrier  # noqa: E402
+from fourd_mpi import __version__
+from fourd_mpi.cli.args import OneLineParser, add_option, add_options
+from fourd_mpi.run.options import options_in
+from fourd_mpi.util.values import nonnegative_int, positive_int
+from fourd_mpi.step.presets import PRESETS, model_problems, resolve_model
+from fourd_mpi.errors import BackendError, ConfigError
+from fourd_mpi.core.grid import GridShape
+from fourd_mpi.step.kernels import ComputeCounter, matmul
+from fourd_mpi.core.mpiutil import idle_barrier
 from fourd_mpi.run.build import Run
-from fourd_mpi.run.options import resolve  # noqa: E402
+from fourd_mpi.run.options import resolve
 
 #: Default model: gpt-small (hidden 512, 8 heads, ffn 2048, global batch 8) with 2 layers and a
 #: shorter sequence, so a step takes roughly 0.2-2 s with 8 ranks on 2 cores.

@@ -17,8 +17,8 @@ bytes (the file), bytes/event = bytes / E, write seconds (wall, median of the re
 peak RSS (ru_maxrss after the format's first write: a high-water mark, so it only grows down the table).
 The load average (``os.getloadavg``) at the start and the end, and the command line, are printed with it.
 
-    OMP_NUM_THREADS=1 python bench/timeline_formats.py            # 1,024 ranks x 10 steps
-    OMP_NUM_THREADS=1 python bench/timeline_formats.py --ranks 64 --steps 2 --repeats 1
+    OMP_NUM_THREADS=1 python -m bench.timeline_formats            # 1,024 ranks x 10 steps
+    OMP_NUM_THREADS=1 python -m bench.timeline_formats --ranks 64 --steps 2 --repeats 1
 """
 
 from __future__ import annotations
@@ -36,12 +36,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from fourd_mpi.analysis.export import write_perfetto, write_perfetto_proto  # noqa: E402
-from fourd_mpi.trace.read import load_trace  # noqa: E402
+from fourd_mpi.analysis.export import write_perfetto, write_perfetto_proto
+from fourd_mpi.trace.read import load_trace
 
 SOURCE_RANKS = 8
 SOURCE_RUN = ["run", "--gx", "2", "--gy", "2", "--gz", "2", "--steps", "3", "--overlap", "all", "--trace-level", "op",
@@ -147,7 +146,7 @@ def main(argv=None) -> int:
         print(f"machine: {os.cpu_count()} CPUs; load average {' '.join(f'{v:.2f}' for v in load0)} at start, "
               f"{' '.join(f'{v:.2f}' for v in load1)} at end; Python {sys.version.split()[0]}; "
               f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
-        print(f"command: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python bench/timeline_formats.py "
+        print(f"command: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python -m bench.timeline_formats "
               + " ".join(sys.argv[1:] if argv is None else argv))
         print("bytes/event = file bytes / events; events/s = events / wall s; events/CPU-s = events / "
               f"(user + system s); seconds: median of {args.repeats} writes, alternating order; "

@@ -30,8 +30,8 @@ no compression) of the same spool by this checkout and by each other checkout ``
 ``PYTHONPATH=TREE``), alternating within every round; rate per tree and the per-round ratio of this
 tree's rate to each other's (median and range).
 
-    OMP_NUM_THREADS=1 python bench/trace_merge_bench.py [--ranks 4096] [--steps 10] [--group-size 128]
-    OMP_NUM_THREADS=1 python bench/trace_merge_bench.py --dir D --no-single --against ../old --repeats 7
+    OMP_NUM_THREADS=1 python -m bench.trace_merge_bench [--ranks 4096] [--steps 10] [--group-size 128]
+    OMP_NUM_THREADS=1 python -m bench.trace_merge_bench --dir D --no-single --against ../old --repeats 7
 """
 
 from __future__ import annotations
@@ -50,17 +50,15 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
-sys.path.insert(0, HERE)
 
-from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE  # noqa: E402
-from fourd_mpi.trace.files import RUN_META  # noqa: E402
-from fourd_mpi.trace.spool import RankSpool  # noqa: E402
+from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
+from fourd_mpi.trace.files import RUN_META
+from fourd_mpi.trace.spool import RankSpool
 
 
 def build_spool(spool_dir: str, ranks: int, steps: int, blocks: int, ranks_per_node: int) -> int:
     """The spool of a crashed run (every step finished on every rank); returns the number of events."""
-    from analysis_bench import grid_for, template_step
+    from bench.analysis_bench import grid_for, template_step
 
     grid = grid_for(ranks)
     rows, layers = template_step(blocks, grid)  # recording order (spans after their contents)
@@ -132,7 +130,7 @@ def worker(args) -> int:
 
 
 def run_json(argv, env) -> dict:
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *map(str, argv)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "bench.trace_merge_bench", *map(str, argv)], capture_output=True,
                           text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"worker {argv} failed: {proc.stderr.strip()}")
@@ -221,7 +219,7 @@ def against(args, spool: str, base: str, events: int, env) -> int:
             out = os.path.join(base, f"against-{name}.h5")
             remove_trace(out)
             tree_env = dict(env, PYTHONPATH=tree)
-            proc = subprocess.run([sys.executable, os.path.join(tree, "bench", "trace_merge_bench.py"), "--worker",
+            proc = subprocess.run([sys.executable, "-m", "bench.trace_merge_bench", "--worker",
                                    "recover", "--spool", spool, "--path", out, "--group-size", str(args.group_size),
                                    "--jobs", str(args.jobs), "--compression", "none"],
                                   capture_output=True, text=True, env=tree_env, cwd=base)
@@ -286,7 +284,7 @@ def main(argv=None) -> int:
         build_s = time.perf_counter() - t
         ev_bytes = EVENT_DTYPE.itemsize
         group_events = events // args.ranks * args.group_size
-        print(f"# OMP_NUM_THREADS=1 python bench/trace_merge_bench.py {' '.join(argv or sys.argv[1:])}")
+        print(f"# OMP_NUM_THREADS=1 python -m bench.trace_merge_bench {' '.join(argv or sys.argv[1:])}")
         print(f"spool: {args.ranks} ranks x {args.steps} steps x {events // args.ranks // args.steps} events = "
               f"{events:,} events ({events * ev_bytes / 2**20:.0f} MiB raw, {ev_bytes} B/event), {how} in "
               f"{build_s:.1f} s; machine: {os.cpu_count()} CPUs, load average "

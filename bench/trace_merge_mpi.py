@@ -5,7 +5,7 @@ Each rank appends ``--events`` synthetic events (the real record layout) to its 
 world size is one writer (the single-file path), smaller groups write part files in parallel.
 Rate = all events / merge wall time (max over ranks); median of ``--repeats``.
 
-    OMP_NUM_THREADS=1 mpiexec -n 8 python bench/trace_merge_mpi.py [--events 100000] [--group-sizes 8,4,2]
+    OMP_NUM_THREADS=1 mpiexec -n 8 python -m bench.trace_merge_mpi [--events 100000] [--group-sizes 8,4,2]
 """
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
+from mpi4py import MPI
 
-from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE  # noqa: E402
-from fourd_mpi.trace.merge import merge_run  # noqa: E402
-from fourd_mpi.trace.spool import RankSpool  # noqa: E402
+from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
+from fourd_mpi.trace.merge import merge_run
+from fourd_mpi.trace.spool import RankSpool
 
 
 def main(argv=None) -> int:

@@ -16,8 +16,8 @@
 
 Launch with ``OMP_NUM_THREADS=1``::
 
-    OMP_NUM_THREADS=1 mpiexec -n 8 python bench/trace_overhead.py
-    OMP_NUM_THREADS=1 mpiexec -n 8 python bench/trace_overhead.py --model gpt-small --layers 2 --seq 128
+    OMP_NUM_THREADS=1 mpiexec -n 8 python -m bench.trace_overhead
+    OMP_NUM_THREADS=1 mpiexec -n 8 python -m bench.trace_overhead --model gpt-small --layers 2 --seq 128
 """
 
 from __future__ import annotations
@@ -26,22 +26,19 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
+from mpi4py import MPI
 
-from fourd_mpi.util.values import positive_int  # noqa: E402
+from fourd_mpi.util.values import positive_int
 from fourd_mpi.run.build import Run
-from fourd_mpi.run.options import resolve  # noqa: E402
-from fourd_mpi.trace.merge import merge_run  # noqa: E402
-from fourd_mpi.trace.spool import RankSpool  # noqa: E402
-from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE  # noqa: E402
+from fourd_mpi.run.options import resolve
+from fourd_mpi.trace.merge import merge_run
+from fourd_mpi.trace.spool import RankSpool
+from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
 
 
 def parse_args(argv=None):

@@ -7,7 +7,7 @@ range over rounds, the machine's core count and the 1-minute load average before
 
 Usage (from the repository root, ``OMP_NUM_THREADS=1``, on a machine with nothing else running)::
 
-    OMP_NUM_THREADS=1 python bench/tune_speed.py [--rounds 5] [--out results/benchmarks/tune_speed.txt]
+    OMP_NUM_THREADS=1 python -m bench.tune_speed [--rounds 5] [--out results/benchmarks/tune_speed.txt]
 """
 
 from __future__ import annotations

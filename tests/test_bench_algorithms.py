@@ -1,4 +1,5 @@
-"""bench/algorithms.py: the cases it checks and skips (no MPI), and one small alternating run under mpiexec.
+"""bench/algorithms.py (``python -m bench.algorithms``): the cases it checks and skips (no MPI), and one small
+alternating run under mpiexec.
 
 A benchmark, not a timed test: these check what it runs and what it reports, never a time.
 """
@@ -13,11 +14,8 @@ import pytest
 from conftest import REPO, mpi_env
 from fourd_mpi.algorithms.registry import ALGORITHMS
 
-SCRIPT = os.path.join(REPO, "bench", "algorithms.py")
-
-
 def bench(*args, timeout=300):
-    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "bench.algorithms", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=mpi_env(), cwd=REPO)
 
 

@@ -176,6 +176,16 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
         Step(".venv/bin/fourd-mpi compare results/baselines/slower-gpt-tiny-np2.h5 --baseline "
              "results/baselines/baseline-gpt-tiny-np2.h5 --unit step", r"(?i)slower|regression", (1,)),
     ]),
+    # docs/guide/regressions.md: is this machine quiet enough for compare? (12 pairs of identical 1-rank runs)
+    "quiet-machine": (False, [
+        Step('for i in $(seq 0 11); do\n  [ $((i % 2)) = 0 ] && order="a b" || order="b a"\n  for side in $order; do\n'
+             "    OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 1 -bind-to core .venv/bin/fourd-mpi run --model gpt-tiny "
+             "--hidden 128 --seq 64 --batch 8 --steps 22 --results-dir quiet --run-id $side$i --display quiet\n"
+             "  done\ndone", r"trace: quiet/b11\.h5"),
+        # identical runs: same on a quiet machine, slower or faster (exit 1 or 0) on a busy one; always paired
+        Step(".venv/bin/fourd-mpi compare 'quiet/b*.h5' --baseline 'quiet/a*.h5'   # quiet enough: same",
+             r"12 pairs", (0, 1)),
+    ]),
     # docs/guide/algorithms.md
     "algorithms": (True, [
         Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/fourd-mpi run --algorithm megatron1d "
@@ -185,9 +195,14 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
         Step(".venv/bin/fourd-mpi tune --ranks 8 --model gpt-small --algorithm all   "
              "# one ranking, all algorithms", r"megatron1d(?s:.*)fsdp"),
         Step(".venv/bin/fourd-mpi model validate results/*.h5   # errors per algorithm", r"megatron1d"),
-        Step("OMP_NUM_THREADS=1 .venv/bin/python bench/algorithms.py --cases best4d,megatron1d --repeats 1 "
-             "--steps 2 --warmup 1 --plot results/benchmarks/algorithms.png   # measured side by side",
-             r"wrote results/benchmarks/algorithms\.png|algorithms\.png"),
+        # the guide's recipe, bounded: round-robin (R outer), so the traces come out in that order
+        Step("for R in 1 2; do for A in megatron1d fsdp; do OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 "
+             ".venv/bin/fourd-mpi run --algorithm $A --model gpt-tiny --steps 2 --warmup 1 --results-dir algorithms "
+             "--run-id $A-$R --display quiet; done; done",
+             r"(?s)trace: algorithms/megatron1d-1\.h5.*fsdp-1\.h5.*megatron1d-2\.h5.*fsdp-2\.h5"),
+        Step(".venv/bin/fourd-mpi analyze algorithms --what compare   "
+             "# fastest first: algorithm, grid, step time and quartiles, shares",
+             r"(?s)megatron1d.*fsdp|fsdp.*megatron1d"),
     ]),
     # docs/guide/analysis.md, docs/model.md, docs/guide/model-and-tuning.md (the offline part)
     "offline": (False, [
@@ -236,14 +251,17 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
     ]),
     # docs/guide/benchmarks.md: each script's bounded form
     "benchmarks": (True, [
-        Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python bench/step_bench.py --model gpt-tiny "
+        Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python -m bench.step_bench --model gpt-tiny "
              "--grids 1x2x2x2,8x1x1x1 --steps 2 --warmup 1 --repeats 1", r"1x2x2x2(?s:.*)8x1x1x1"),
-        Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python bench/recompute_bench.py --gx 2 --gy 2 --gz 2 "
+        Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python -m bench.recompute_bench --gx 2 --gy 2 --gz 2 "
              "--model gpt-tiny --steps 1 --repeats 1", r"selective(?s:.*)full"),
         Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python bench/overlap_bench.py --configs comm-heavy "
              "--steps 2 --warmup 1 --probe-mib 1 --overlaps none,all", r"(?s)progress probe.*comm-heavy +all +poll"),
-        Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python bench/trace_overhead.py --repeats 4 "
+        Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/python -m bench.trace_overhead --repeats 4 "
              "--merge-events 10000 --merge-repeats 1", r"(?s)op.*step.*events per second|events/s"),
+        Step("OMP_NUM_THREADS=1 .venv/bin/python -m bench.algorithms --cases best4d,megatron1d --repeats 1 "
+             "--steps 2 --warmup 1 --plot results/benchmarks/algorithms.png   # measured side by side",
+             r"wrote results/benchmarks/algorithms\.png|algorithms\.png"),
     ]),
     # docs/guide/model-and-tuning.md: measure, calibrate against traces, validate
     "model-and-tuning": (True, [
@@ -265,7 +283,7 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
     ]),
     # docs/guide/benchmarks.md: the peer benchmark (the peer extra: torch, AxoNN)
     "peer": (False, [
-        Step("OMP_NUM_THREADS=1 .venv/bin/python bench/peer_axonn.py --ranks 4 --grids 2x2x1 --hidden 128 --seq 32 "
+        Step("OMP_NUM_THREADS=1 .venv/bin/python -m bench.peer_axonn --ranks 4 --grids 2x2x1 --hidden 128 --seq 32 "
              "--batch 4 --steps 2 --warmup 1 --rounds 1", r"ratio"),
     ]),
     # docs/placement.md: an environment called by its full path, never activated
@@ -435,7 +453,7 @@ for _command, _why in {
     "do\n    mpiexec -n 8 $side/.venv/bin/fourd-mpi run --gx 8 --model gpt-tiny --results-dir results --label "
     "$side\n  done\ndone":
         "needs two installs of different versions (old/ and new/, e.g. two worktrees with their .venv); "
-        "bench/compare_calibration.py makes such interleaved runs of one install",
+        "the quiet-machine scenario runs the same loop with one install (docs/guide/regressions.md)",
     "fourd-mpi compare label=new --baseline label=old   # auto: 12 pairs": "compares the runs of the loop before it",
     # docs/guide/sweeps.md
     ".venv/bin/fourd-mpi sweep submit results/weak-gpt-tiny/perlmutter/jobs    # sbatch / qsub / bsub; records job ids":

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.mpi
 
 def test_axonn_and_ours_on_odd_grids_agree_with_float64(tmp_path):
     out = tmp_path / "peer.json"
-    cmd = [sys.executable, "bench/peer_axonn.py", "--ranks", "4", "--grids", "2x2x1,1x4x1,1x1x4",
+    cmd = [sys.executable, "-m", "bench.peer_axonn", "--ranks", "4", "--grids", "2x2x1,1x4x1,1x1x4",
            "--hidden", "128", "--seq", "32", "--batch", "4", "--rounds", "1", "--steps", "2", "--warmup", "1",
            "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=mpi_env(), cwd=REPO)
@@ -42,6 +42,6 @@ def test_axonn_and_ours_on_odd_grids_agree_with_float64(tmp_path):
 
 
 def test_a_grid_that_does_not_fit_the_ranks_is_refused(tmp_path):
-    proc = subprocess.run([sys.executable, "bench/peer_axonn.py", "--ranks", "4", "--grids", "2x2x2"],
+    proc = subprocess.run([sys.executable, "-m", "bench.peer_axonn", "--ranks", "4", "--grids", "2x2x2"],
                           capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=REPO)
     assert proc.returncode != 0 and "do not multiply to --ranks 4" in proc.stderr

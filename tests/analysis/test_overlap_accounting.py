@@ -220,7 +220,7 @@ def test_osu_probe_runs_both_methods_and_the_trace_accounting_holds(tmp_path):
     from conftest import REPO, find_mpiexec, mpi_env
     from fourd_mpi.run.collbench import osu_overlap
 
-    proc = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, str(REPO / "bench" / "overlap_probe.py"),
+    proc = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, "-m", "bench.overlap_probe",
                            str(1 << 20), "3", "--json"], capture_output=True, text=True, timeout=600, env=mpi_env(),
                           cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr

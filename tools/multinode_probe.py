@@ -2,8 +2,8 @@
 single collectives. Run under the bed's launcher on 8 ranks::
 
     fourd-mpi testbed up --name i29r --nodes 4 --rate 200mbit
-    fourd-mpi testbed mpiexec --name i29r -n 8 --ppn 2 -- python bench/multinode_probe.py     # 4 nodes x 2
-    fourd-mpi testbed mpiexec --name i29r -n 8 --ppn 4 -- python bench/multinode_probe.py     # 2 nodes x 4
+    fourd-mpi testbed mpiexec --name i29r -n 8 --ppn 2 -- python tools/multinode_probe.py     # 4 nodes x 2
+    fourd-mpi testbed mpiexec --name i29r -n 8 --ppn 4 -- python tools/multinode_probe.py     # 2 nodes x 4
     fourd-mpi testbed down --name i29r
 
 For each data axis of 8 ranks (stride 2: 4 ranks per group, stride 4: 2, the world: 8), ``Iallreduce`` of 128 KiB,
@@ -20,7 +20,7 @@ then the step's own data all-reduces (gpt-tiny h=256 seq=64 batch=8, ``GradientS
 LayerNorm weight and bias, proj, qkv, per block) back to back, each waited before the next: total seconds (median of
 4 repeats, max over ranks). The last line is ``JSON {...}`` with every figure.
 
-``python bench/multinode_probe.py --trace TRACE.h5`` (offline): per axis and collective the seconds per step of a
+``python tools/multinode_probe.py --trace TRACE.h5`` (offline): per axis and collective the seconds per step of a
 run's trace (sum over its messages of complete - issue on each rank, max over ranks, median over the measured
 steps), and the data all-reduces one by one.
 """
@@ -66,12 +66,12 @@ if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "--trace":
     sys.exit(0)
 
 
-import json  # noqa: E402
+import json
 
-import numpy as np  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
+from mpi4py import MPI
 
-from fourd_mpi.run.collbench import IterationRule, timed_iterations  # noqa: E402
+from fourd_mpi.run.collbench import IterationRule, timed_iterations
 
 world = MPI.COMM_WORLD
 rank, size = world.Get_rank(), world.Get_size()

@@ -7,7 +7,7 @@
 # Output: results/benchmarks/model_validation.txt (the calibration summary and the validation report).
 # Then 4. fourd-mpi model calibrate fits the model's term weights on every third run and validates
 # the calibrated profile on the other runs (held out).
-# Usage: [KEEP=DIR | REUSE=DIR] [STEPS=5 (measured steps of gpt-small)] bench/model_validation.sh [PYTHON]   (default: the python of the environment, e.g. .venv/bin/python)
+# Usage: [KEEP=DIR | REUSE=DIR] [STEPS=5 (measured steps of gpt-small)] tools/model_validation.sh [PYTHON]   (default: the python of the environment, e.g. .venv/bin/python)
 # About 5-10 minutes on a 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -80,7 +80,7 @@ status=0
 "$PY" -m fourd_mpi model validate "${held[@]}" --profile "$WORK/calibrated.yaml" >> "$WORK/report.txt" || status=$?
 mkdir -p results/benchmarks results/profiles
 {
-    echo "# bench/model_validation.sh on $(hostname), $(date -u +%Y-%m-%dT%H:%MZ), $RANKS ranks, $(nproc) cores"
+    echo "# tools/model_validation.sh on $(hostname), $(date -u +%Y-%m-%dT%H:%MZ), $RANKS ranks, $(nproc) cores"
     cat "$WORK/report.txt"
     echo
     echo "== calibrated profile (weights from step 4)"
