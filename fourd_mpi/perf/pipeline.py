@@ -56,13 +56,13 @@ from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf import schedules
 # (placement and message helpers live beside the 4D ones, link_bound_slot with the schedules: predict_scenario
-# uses them and this module uses predict_scenario; message_time and link_bound_slot are re-exported)
-from fourd_mpi.perf.machine import MachineProfile, inter_placement, message_time, world_levels, world_strides
+# uses them and this module uses predict_scenario; message_time, world_levels and link_bound_slot are re-exported)
+from fourd_mpi.perf.machine import MachineProfile, inter_placement, message_time, world_levels
 from fourd_mpi.perf.schedules import link_bound_slot
 from fourd_mpi.perf.memory import (MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens,
                                    saved_activation_elements)
 from fourd_mpi.perf.predict import Prediction
-from fourd_mpi.perf.scenario import SYNC_KEYS, Scenario, predict_scenario
+from fourd_mpi.perf.scenario import SYNC_KEYS, Scenario, predict_scenario, slot_lower_bound
 from fourd_mpi.perf.terms import stage_layers
 from fourd_mpi.perf.volumes import Collective, step_collectives
 from fourd_mpi.step.overlap import OverlapConfig
@@ -180,22 +180,10 @@ def pipeline_lower_bound(cfg: ModelConfig, grid: GridShape, profile: MachineProf
     synchronization's keys, ``X_n`` of the others (the slot ``W_mb - S - U`` is at least ``c - U + X_n``;
     ``S >= X_s``; the messages on the critical path are at least 0). ``communication=False``: ``X = 0``, a
     looser and cheaper bound."""
-    from fourd_mpi.perf.predict import blocking_time, compute_time_shared
-
     overlap = overlap or OverlapConfig()
-    world = grid.size * stages
-    rpn = ranks_per_node or min(profile.ranks_per_node, world)
-    micro_cfg = micro_config(cfg, stages, microbatches)
-    comp = compute_time_shared(micro_cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
-                               attention=attention, precision=precision)
-    if not communication:
-        return (comp["total"] - comp["optimizer"]) * (microbatches + stages - 1) + comp["optimizer"]
-    levels = {a: v for a, v in world_levels(grid, stages, rpn).items() if a != "inter" and v != "-"}
-    blocking = blocking_time(micro_cfg, grid, profile, overlap, dtype, rpn, recompute, levels,
-                             world_strides(grid, stages))
-    sync = sum(t for key, t in blocking.items() if key in SYNC_KEYS)
-    other = sum(t for key, t in blocking.items() if key not in SYNC_KEYS)
-    return (comp["total"] - comp["optimizer"] + other) * (microbatches + stages - 1) + comp["optimizer"] + sync
+    rpn = ranks_per_node or min(profile.ranks_per_node, grid.size * stages)
+    return slot_lower_bound(micro_config(cfg, stages, microbatches), grid, profile, overlap, dtype, rpn, optimizer,
+                            recompute, attention, precision, stages, microbatches, stages - 1, communication)
 
 
 def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, stages: int = 1,
