@@ -432,8 +432,15 @@ def _coll(axis: str, op: str, p: int, nbytes: int, phase: str, role: str) -> Col
     return Collective(layer="vocab", role=role, op=op, axis=axis, p=p, phase=phase, count=1, message_bytes=int(nbytes))
 
 
-def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str, int]:
-    """Bytes per rank of ``stage`` by part (module docstring)."""
+def stage_memory(sc: Scenario, stage: int, profile: Optional[MachineProfile] = None,
+                 suite_step: bool = False) -> Dict[str, int]:
+    """Bytes per rank of ``stage`` by part (module docstring), ``sc`` resolved: THE pipeline memory estimate
+    (``model predict``, ``tune``, run's admission of ``--algorithm pipeline`` through
+    :func:`fourd_mpi.perf.pipeline.pipeline_memory`). ``suite_step``: this suite's step
+    (:class:`fourd_mpi.algorithms.pipeline.AccumulatingGrads` copies the token-partial gradient sums whenever
+    ``m > 1``, whatever ``G_z``, and every stage posts two receive buffers, one stage included) instead of a
+    Megatron-like step (sums only before a Z reduce-scatter; two receive buffers per pipeline neighbour).
+    ``profile``: for ``required`` (the GPU reserve); None leaves ``total`` and ``required`` out."""
     cfg, grid, p = sc.model, sc.grid, sc.stages
     b, m, v = sc.microbatch_size, sc.microbatches, sc.chunks
     store = terms.storage_dtype(sc.dtype)  # float8: BF16 storage (terms module docstring)
@@ -470,14 +477,18 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
         activations += vocab.logits_bytes(tokens, sc.vocab, tp, e)
     overlap = _overlap(sc)
     comm = comm_buffer_elements(replace(stage_cfg, batch=b * grid.data * grid.z), grid, overlap, sc.dw_window) * e
-    if m > 1 and grid.z > 1 and sc.implementation != terms.PYTORCH_FSDP:  # token-partial sums before the Z RS
+    if m > 1 and (suite_step or (grid.z > 1 and sc.implementation != terms.PYTORCH_FSDP)):  # token-partial sums
         comm += sum(block_elements(n, k, t, grid) for _, n, k, t in fc_weights(stage_cfg, grid)) * layers * e
-    if p > 1:
+    if suite_step:
+        comm += 2 * tokens * hx * e
+    elif p > 1:
         comm += 2 * tokens * hx * e * (1 if first or last else 2)
     out = dict(state, activations=int(activations), comm_buffers=int(comm))
     if sc.dtype == terms.FP8:  # Transformer Engine's FP8 weight cache
         gemm_weights = sum(-(-block_elements(n, k, t, grid) // grid.z) for _, n, k, t in fc_weights(stage_cfg, grid))
         out["fp8_weights"] = terms.fp8_weight_cache_bytes(gemm_weights * layers)
+    if profile is None:
+        return out
     out["total"] = sum(out.values())
     reserve = GPU_RUNTIME_RESERVE_BYTES if profile.backend == "cupy" else 0
     out["required"] = int(math.ceil(out["total"] * (1 + ALLOCATOR_MARGIN))) + reserve
@@ -868,8 +879,8 @@ def _embedding_sync(sc: Scenario, profile: MachineProfile, rpn: int, coalesced: 
 
 def _larger_stage_memory(sc: Scenario, profile: MachineProfile) -> tuple:
     """``(bytes by part, "first" | "last" | "only")``: the larger of the first and last stage."""
-    first = _stage_memory(sc, 0, profile)
-    last = _stage_memory(sc, sc.stages - 1, profile) if sc.stages > 1 else first
+    first = stage_memory(sc, 0, profile)
+    last = stage_memory(sc, sc.stages - 1, profile) if sc.stages > 1 else first
     memory, which = (first, "first") if first["required"] >= last["required"] else (last, "last")
     return memory, "only" if sc.stages == 1 else which
 

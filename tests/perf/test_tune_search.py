@@ -115,3 +115,30 @@ def test_a_pinned_option_alone_searches_scenarios(capsys):
                  "--ginter", "2", "--microbatches", "4"]) == 0
     out = capsys.readouterr().out
     assert "searched" in out and "pinned: ginter 2, microbatches 4" in out and "p=2 axonn b=" in out
+
+
+def test_one_pipeline_memory_estimate_known_answer():
+    """pipeline_memory (run's admission, tune --algorithm pipeline) is scenario.stage_memory with this suite's
+    buffers. Hand count: 4 layers, h 8, heads 2, ffn 32, seq 4, batch 4 on grid 1x1x1x1, 2 stages of 2 blocks,
+    m = 2 micro-batches of b = 2 sequences (8 tokens), float32 (4 bytes), 1f1b, full recompute:
+    - activations: stage 0 holds min(2 - 0, 2) = 2 micro-batches' block inputs, stage 1 min(1, 2) = 1, so
+      stage 0 - stage 1 = 1 micro-batch x 2 blocks x 8 tokens x 8 x 4 B = 512 B;
+    - this suite's token-partial sums (m > 1, whatever G_z): per block qkv 3h h = 192, proj h h = 64, fc1 f h =
+      256, fc2 h f = 256 -> 768 elements x 2 blocks x 4 B = 6,144 B, which a Megatron-like step (G_z = 1: no
+      reduce-scatter to accumulate for) does not hold; stage 0's receive buffers are two in both (2 x 8 x 8 x 4)."""
+    from fourd_mpi.core.grid import GridShape
+    from fourd_mpi.perf.pipeline import pipeline_memory
+    from fourd_mpi.perf.scenario import stage_memory
+    from fourd_mpi.step.overlap import OverlapConfig
+
+    cfg = resolve_labelled("gpt-tiny", layers=4, hidden=8, heads=2, ffn_hidden=32, seq=4, batch=4)
+    grid = GridShape(1, 1, 1, 1)
+    first = pipeline_memory(cfg, grid, 2, 2, 0, "float32", schedule="1f1b", recompute="full", attention="fused")
+    last = pipeline_memory(cfg, grid, 2, 2, 1, "float32", schedule="1f1b", recompute="full", attention="fused")
+    assert first.activations - last.activations == 512
+    sc = Scenario(cfg, grid, "", algorithm="pipeline", stages=2, schedule="1f1b", microbatch_size=2, microbatches=2,
+                  vocab=0, recompute="full", dtype="float32", attention="fused", overlap=OverlapConfig(oag=True),
+                  dw_window=None)
+    megatron_like = stage_memory(sc, 0)
+    assert first.comm_buffers - megatron_like["comm_buffers"] == 6144
+    assert first.activations == megatron_like["activations"] and first.weights == megatron_like["weights"]
