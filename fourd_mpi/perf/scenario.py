@@ -516,7 +516,7 @@ def scenario_memory(sc: Scenario, profile: MachineProfile) -> Dict[str, int]:
 def slot_lower_bound(micro_cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
                      dtype: str, rpn: int, optimizer: str, recompute: str, attention: str, precision: Optional[str],
                      stages: int, microbatches: int, bubble_slots: float, communication: bool = True,
-                     sync: bool = True, gemm_dtype: Optional[str] = None) -> float:
+                     sync: bool = True, gemm_dtype: Optional[str] = None, context_parallel: int = 1) -> float:
     """Seconds never above :func:`predict_scenario`'s step of ``m`` slots of ``micro_cfg`` (the fullest stage's
     blocks on one micro-batch) on ``grid``: ``(c - U + X_n)(m + n_b) + U + X_s`` with ``c`` the slot's compute,
     ``U`` its optimizer update, ``n_b`` the bubble slots (``(p - 1)/v``, :func:`~fourd_mpi.perf.schedules.bubble_slots`)
@@ -524,14 +524,18 @@ def slot_lower_bound(micro_cfg: ModelConfig, grid: GridShape, profile: MachinePr
     gradient synchronization's keys (:data:`SYNC_KEYS`), ``X_n`` of the others: the slot ``W - S - U`` is at least
     ``c - U + X_n``, ``S >= X_s``; the LM head, the messages between stages and the embedding sync are at least 0.
     ``communication=False``: ``X = 0`` (looser, cheaper); ``sync=False``: ``X_s = 0`` (a distributed optimizer
-    replaces the data all-reduce). Memoized terms (:func:`~fourd_mpi.perf.predict.compute_time_shared`)."""
+    replaces the data all-reduce). ``context_parallel`` ``cp > 1`` (``micro_cfg`` and ``grid`` the view's,
+    :func:`_context_view`): every slot adds the rest of the sequence's attention, ``(cp - 1)`` times the view's
+    (:func:`_predict_context_parallel`; its K/V ring's exposed part is at least 0). Memoized terms
+    (:func:`~fourd_mpi.perf.predict.compute_time_shared`)."""
     from fourd_mpi.perf.predict import blocking_time, compute_time_shared
 
     comp = compute_time_shared(micro_cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
                                attention=attention, precision=precision, gemm_dtype=gemm_dtype)
     slots = microbatches + bubble_slots
+    c = comp["total"] - comp["optimizer"] + (context_parallel - 1) * comp["attention"]
     if not communication:
-        return (comp["total"] - comp["optimizer"]) * slots + comp["optimizer"]
+        return c * slots + comp["optimizer"]
     levels, strides = None, None
     if stages > 1:
         levels = {a: v for a, v in world_levels(grid, stages, rpn).items() if a != "inter" and v != "-"}
@@ -539,22 +543,23 @@ def slot_lower_bound(micro_cfg: ModelConfig, grid: GridShape, profile: MachinePr
     blocking = blocking_time(micro_cfg, grid, profile, overlap, dtype, rpn, recompute, levels, strides)
     synced = sum(t for key, t in blocking.items() if key in SYNC_KEYS) if sync else 0.0
     other = sum(t for key, t in blocking.items() if key not in SYNC_KEYS)
-    return (comp["total"] - comp["optimizer"] + other) * slots + comp["optimizer"] + synced
+    return (c + other) * slots + comp["optimizer"] + synced
 
 
 def scenario_lower_bound(sc: Scenario, profile: MachineProfile, communication: bool = True,
                          sync: bool = True) -> float:
     """:func:`slot_lower_bound` of a scenario with ``b`` and ``m`` set (not checked: a search calls it on
     every candidate before predicting the few that can win); with context parallelism the view's bound
-    (:func:`_context_view`: the attention of the rest of the sequence and the K/V ring only add time)."""
-    if sc.context_parallel > 1:
-        sc = _context_view(sc)
+    (:func:`_context_view`) plus the attention of the rest of the sequence (the K/V ring only adds time)."""
+    cp = sc.context_parallel
     rpn = sc.ranks_per_node or min(profile.ranks_per_node, sc.world)
+    if cp > 1:
+        sc = _context_view(sc)
     v = sc.chunks if sc.schedule == "interleaved" else 1
     slots = schedules.bubble_slots(sc.schedule, sc.stages, v) if sc.stages > 1 else 0.0
     return slot_lower_bound(_micro_config(sc), sc.grid, profile, _overlap(sc), _store(sc), rpn, sc.optimizer,
                             sc.recompute, sc.attention, sc.precision, sc.stages, sc.microbatches, slots,
-                            communication, sync, _gemm_dtype(sc))
+                            communication, sync, _gemm_dtype(sc), cp)
 
 
 def fits_memory(sc: Scenario, profile: MachineProfile) -> bool:

@@ -36,10 +36,13 @@ suite's runs), every dW block in flight unless ``--dw-window``.
 
 **The bound.** More than :data:`MAX_SCENARIOS` candidates (stage count x grid x micro-batch count x schedule x
 context parallelism, each with its ladder counted once) are refused in one line before anything is predicted.
-The candidates are ordered by a compute-only lower bound of their step and walked: once ``keep`` steps are
-predicted, a candidate whose bound (:func:`~fourd_mpi.perf.scenario.scenario_lower_bound`: ``(c - U + X_n)(m +
-(p-1)/v) + U + X_s``, never above the predicted step of any rung of its ladder) exceeds the ``keep``-th fastest is
-pruned, not predicted; the walk stops at the first whose compute-only bound does (every later one too). The top
+The candidates are ordered by a compute-only lower bound of their first rung (never above the predicted step of
+any rung: each rung only adds compute or communication, and with one stage accumulation's ``m`` slots of ``B/m``
+sequences compute at least one of ``B``) and walked: once ``keep`` steps are predicted, the walk stops at the first
+whose compute-only bound exceeds the ``keep``-th fastest (every later one too); a candidate whose bound with
+communication exceeds it is pruned (``X_s = 0`` where the distributed optimizer may be a rung); the others are given
+their rung (the memory check, cheap), and one whose rung's bound (:func:`~fourd_mpi.perf.scenario.scenario_lower_bound`: ``(c - U +
+X_n)(m + (p-1)/v) + U + X_s``, ``X_s = 0`` with the distributed optimizer) exceeds it is pruned, not predicted. The top
 ``keep`` are then exactly those of predicting every candidate. Measured: ``tune --ranks 32768 --search all`` (gpt-80b,
 batch 2048, perlmutter) in docs/guide/tune.md.
 """
@@ -54,7 +57,8 @@ from fourd_mpi.core.grid import GridShape, divisors, grid_factorizations
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf import terms
 from fourd_mpi.perf.machine import MachineProfile
-from fourd_mpi.perf.scenario import GIB, Scenario, ScenarioResult, predict_scenario, scenario_memory, slot_lower_bound
+from fourd_mpi.perf.scenario import (GIB, Scenario, ScenarioResult, predict_scenario, scenario_lower_bound,
+                                     scenario_memory, slot_lower_bound)
 from fourd_mpi.step.presets import model_problems
 
 #: the axes ``--search`` takes (``all``: every one); the grid of a stage is always searched
@@ -212,13 +216,18 @@ def _relief_ladder(sc: Scenario, axes: Sequence[str], pinned: Dict[str, object])
             yield replace(rung, microbatches=m, microbatch_size=shard // m)
 
 
-def _cp_model_and_grid(base: Scenario, cp: int, grid: GridShape):
+def _cp_model_and_grid(base: Scenario, cp: int, grid: GridShape, views: Optional[Dict[int, object]] = None):
     """The model and grid every term but attention sees under ``cp``
-    (:func:`~fourd_mpi.perf.terms.context_parallel_view`)."""
+    (:func:`~fourd_mpi.perf.terms.context_parallel_view`); ``views``: a memo of the model per ``cp``."""
     if cp == 1:
         return base.model, grid
-    view = terms.context_parallel_view(base.model.seq, base.model.batch, grid.data, cp)
-    return replace(base.model, seq=view["seq"], batch=view["batch"]), replace(grid, data=view["data"])
+    model = views.get(cp) if views is not None else None
+    if model is None:
+        view = terms.context_parallel_view(base.model.seq, base.model.batch, grid.data, cp)
+        model = replace(base.model, seq=view["seq"], batch=view["batch"])
+        if views is not None:
+            views[cp] = model
+    return model, GridShape(grid.data * cp, grid.z, grid.y, grid.x)
 
 
 #: one candidate before it is a :class:`Scenario` (cheap to list and sort): ``(cp, p, grid, m, schedule, v)``
@@ -231,6 +240,7 @@ def candidates(base: Scenario, ranks: int, axes: Sequence[str], pinned: Dict[str
     :data:`MAX_SCENARIOS`: a one-line :class:`ConfigError` as soon as the count passes it."""
     not_searched = [] if not_searched is None else not_searched
     out: List[Candidate] = []
+    views: Dict[int, object] = {}
     cfg = base.model
     for cp in _context_choices(base, ranks, axes, pinned, not_searched):
         if ranks % cp:
@@ -238,7 +248,7 @@ def candidates(base: Scenario, ranks: int, axes: Sequence[str], pinned: Dict[str
         for p in _stage_choices(base, ranks // cp, axes, pinned):
             for grid in grid_factorizations(ranks // (cp * p)):
                 shards = grid.data * grid.z
-                if cfg.batch % shards or model_problems(*_cp_model_and_grid(base, cp, grid)):
+                if cfg.batch % shards or model_problems(*_cp_model_and_grid(base, cp, grid, views)):
                     continue
                 shard = cfg.batch // shards
                 for m in _microbatch_choices(base, shard, p, axes, pinned):
@@ -260,7 +270,7 @@ def scenario_of(base: Scenario, c: Candidate) -> Scenario:
 
 
 class _Bounds:
-    """Compute-only and tight lower bounds of candidates (:func:`~fourd_mpi.perf.scenario.slot_lower_bound`),
+    """Lower bounds of candidates at their first rung (:func:`~fourd_mpi.perf.scenario.slot_lower_bound`),
     the slot's model built once per ``(cp, p, m)``: what :func:`~fourd_mpi.perf.scenario.scenario_lower_bound`
     computes, without building a scenario per candidate."""
 
@@ -272,21 +282,27 @@ class _Bounds:
         self.overlap = base.overlap if isinstance(base.overlap, OverlapConfig) else OverlapConfig.parse(base.overlap)
         self.store = terms.storage_dtype(base.dtype)
         self.gemm = base.dtype if base.dtype != self.store else None
-        self.micro: Dict[Tuple[int, int, int, int], object] = {}
+        self.micro: Dict[Tuple[int, int, int], object] = {}
+        self.views: Dict[int, object] = {}
+        self.memo: Dict[tuple, float] = {}  # 1f1b and axonn share a bound
 
     def __call__(self, c: Candidate, communication: bool = False, sync: bool = True) -> float:
         cp, p, grid, m, schedule, v = c
+        slots = (p - 1) / (v if schedule == "interleaved" else 1)
+        key = (cp, p, grid, m, slots, communication, sync)
+        found = self.memo.get(key)
+        if found is not None:
+            return found
         base = self.base
-        cfg, view_grid = _cp_model_and_grid(base, cp, grid) if cp > 1 else (base.model, grid)
-        key = (cp, p, m, grid.data)
-        micro = self.micro.get(key)
+        cfg, view_grid = _cp_model_and_grid(base, cp, grid, self.views)
+        micro = self.micro.get((cp, p, m))
         if micro is None:
             layers = max(terms.stage_layers(base.model.layers, p, base.first_stage_layers, base.last_stage_layers))
-            micro = self.micro[key] = replace(cfg, layers=layers, batch=cfg.batch // m)
-        slots = (p - 1) / (v if schedule == "interleaved" else 1)
-        return slot_lower_bound(micro, view_grid, self.profile, self.overlap, self.store, self.rpn, base.optimizer,
-                                base.recompute, base.attention, base.precision, p, m, slots, communication, sync,
-                                self.gemm)
+            micro = self.micro[(cp, p, m)] = replace(cfg, layers=layers, batch=cfg.batch // m)
+        found = self.memo[key] = slot_lower_bound(
+            micro, view_grid, self.profile, self.overlap, self.store, self.rpn, base.optimizer, base.recompute,
+            base.attention, base.precision, p, m, slots, communication, sync, self.gemm, cp)
+        return found
 
 
 def search(base: Scenario, ranks: int, profile: MachineProfile, axes: Sequence[str],
@@ -313,8 +329,8 @@ def search(base: Scenario, ranks: int, profile: MachineProfile, axes: Sequence[s
             if cheap > -fastest[0]:  # sorted: every later one too
                 result.pruned += len(todo) - n
                 break
-            sync = not (relief_sync and c[2].data > 1) and base.shard_optimizer != "data"
-            if bound(c, communication=True, sync=sync) > -fastest[0]:
+            sync = base.shard_optimizer != "data" and not (relief_sync and c[2].data > 1)
+            if bound(c, communication=True, sync=sync) > -fastest[0]:  # valid for every rung (module docstring)
                 result.pruned += 1
                 continue
         sc = scenario_of(base, c)
@@ -334,6 +350,11 @@ def search(base: Scenario, ranks: int, profile: MachineProfile, axes: Sequence[s
                 result.dropped_example = f"{label(sc)}: " + ("no rung the model accepts" if need is None else
                                                               f"needs {need / GIB:.3g} GiB per rank at its last "
                                                               f"rung > {limit / GIB:.3g} GiB")
+            continue
+        # the rung's own bound (its recompute, its accumulation; X_s = 0 with the distributed optimizer)
+        if len(fastest) >= keep and scenario_lower_bound(chosen, profile, sync=chosen.shard_optimizer != "data") \
+                > -fastest[0]:
+            result.pruned += 1
             continue
         r = predict_scenario(chosen, profile)
         result.results.append(r)
