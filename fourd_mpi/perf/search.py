@@ -44,7 +44,7 @@ communication exceeds it is pruned (``X_s = 0`` where the distributed optimizer 
 their rung (the memory check, cheap), and one whose rung's bound (:func:`~fourd_mpi.perf.scenario.scenario_lower_bound`: ``(c - U +
 X_n)(m + (p-1)/v) + U + X_s``, ``X_s = 0`` with the distributed optimizer) exceeds it is pruned, not predicted. The top
 ``keep`` are then exactly those of predicting every candidate. Measured: ``tune --ranks 32768 --search all`` (gpt-80b,
-batch 2048, perlmutter) in docs/guide/tune.md.
+batch 2048, perlmutter) in docs/guide/model-and-tuning.md.
 """
 
 from __future__ import annotations

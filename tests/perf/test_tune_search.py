@@ -1,7 +1,7 @@
 """``tune --search``: scenarios of every axis ``model predict`` can express, with a bound (issue 45 item 1).
 
 No wall-time asserts (project rule): the 32,768-rank search is checked by its candidate count against the bound;
-its time is measured by hand (docs/guide/tune.md)."""
+its time is measured by hand (docs/guide/model-and-tuning.md)."""
 
 from __future__ import annotations
 
