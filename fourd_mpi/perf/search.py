@@ -124,8 +124,8 @@ class SearchResult:
         dropped = (f", {self.memory_dropped} dropped by memory (e.g. {self.dropped_example})"
                    if self.memory_dropped else "")
         return (f"searched {self.candidates:,} scenarios (at most {MAX_SCENARIOS:,}) over {axes}{pins}{skipped}: "
-                f"{self.predicted} predicted, {self.pruned:,} pruned (lower bound above the {self.keep}-th fastest "
-                f"predicted step){dropped}")
+                f"{self.predicted} predicted, {self.pruned:,} pruned (lower bound above the slowest of the {self.keep} "
+                f"fastest predicted steps){dropped}")
 
 
 def _powers_of_two_dividing(n: int, limit: int) -> List[int]:
@@ -136,7 +136,7 @@ def _powers_of_two_dividing(n: int, limit: int) -> List[int]:
     return out
 
 
-def _pinned(base: Scenario, given: Dict[str, object]) -> Dict[str, object]:
+def _pinned(given: Dict[str, object]) -> Dict[str, object]:
     """The axes the user fixed (``given``: option word -> value, only those given)."""
     return {k: v for k, v in given.items() if v is not None and v is not False}
 
@@ -310,7 +310,7 @@ def search(base: Scenario, ranks: int, profile: MachineProfile, axes: Sequence[s
     """The fastest ``keep`` scenarios of ``ranks`` ranks (module docstring: exact under the bound), with the
     counts. ``base``: every choice not searched (tune's options); ``given``: the options the user gave (they pin
     their axes). Raises :class:`ConfigError` when no candidate divides or fits."""
-    pinned = _pinned(base, given)
+    pinned = _pinned(given)
     result = SearchResult([], tuple(axes), pinned, keep=keep)
     found = candidates(base, ranks, axes, pinned, result.not_searched)
     result.candidates = len(found)
