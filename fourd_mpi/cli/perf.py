@@ -66,6 +66,7 @@ def _register_tune(sub) -> None:
                    help="with ORS, at most N dW blocks in flight (memory; as FSDP/ZeRO-3 bound their buckets; "
                         "default: every layer's, as this suite's step keeps every handle until the optimizer; "
                         "--algorithm axonn4d only)")
+    _add_search(p)
     o = p.add_argument_group("output")
     add_json_format(o, TUNE_JSON, help="table (default) or json")
     o.add_argument("--top", type=repeat_count, default=5, metavar="K", help="grids to show (default 5)")
@@ -73,6 +74,31 @@ def _register_tune(sub) -> None:
     o.add_argument("--force", action="store_true", help="replace an existing --emit-sweep file")
     # --dtype: the run's choices; default the site's training dtype (bfloat16 on GPU sites, float32 on CPU)
     p.set_defaults(handler=cmd_tune, serial=True, dtype=None)
+
+
+#: the options that pin an axis of ``tune --search`` (run's where run has one, else ``model predict``'s:
+#: :data:`fourd_mpi.cli.model_predict.PREDICT_OPTIONS`); giving one searches scenarios
+SEARCH_PINS = ("ginter", "pipeline-schedule", "chunks-per-stage", "microbatches", "microbatch-size", "context-parallel",
+               "sequence-parallel", "shard-optimizer")
+
+
+def _add_search(p) -> None:
+    """``--search`` and the options that pin its axes (:mod:`fourd_mpi.perf.search`)."""
+    from fourd_mpi.cli.model_predict import PREDICT_OPTIONS
+    from fourd_mpi.perf.search import AXES, MAX_SCENARIOS
+
+    g = p.add_argument_group("scenario search (what fourd-mpi model predict can express)")
+    g.add_argument("--search", default="grid", metavar="AXES|all",
+                   help=f"grid (default: rank the 4D grids, as before), all, or a comma list of {', '.join(AXES)}: "
+                        f"search these axes too (--recompute, --sequence-parallel, --shard-optimizer and gradient "
+                        f"accumulation as a memory-relief ladder); at most {MAX_SCENARIOS:,} scenarios, those whose "
+                        f"lower bound exceeds the --top K-th fastest pruned; an option below pins its axis")
+    for name in SEARCH_PINS:
+        kind, _, what = PREDICT_OPTIONS[name]
+        if kind is bool:
+            g.add_argument(f"--{name}", action="store_const", const=True, default=None, help=what)
+        else:
+            g.add_argument(f"--{name}", type=kind, default=None, help=what)
 
 
 #: ``tune --format json``
@@ -89,7 +115,9 @@ TUNE_JSON = JsonDoc("tune", {
            "bubble_ms, wire_mb, memory_gib, need_gib, placement per axis",
     "best": "per algorithm its fastest: algorithm, configuration, step_ms, vs_best",
     "why": "why the first wins (one sentence; null across algorithms)", "notes": "the model's notes",
-    "emit_sweep": "the sweep spec written (or null)"})
+    "emit_sweep": "the sweep spec written (or null)",
+    "search": "with --search or a pinned axis: axes, pinned, not_searched, scenarios (enumerated), max_scenarios, "
+              "predicted, pruned, memory_dropped, summary"}, optional=("search",))
 
 
 def _prediction_json(rank: int, algorithm: str, grid, options, p, need_bytes: int) -> dict:
@@ -223,6 +251,11 @@ def cmd_tune(args, world=None) -> int:
     from fourd_mpi.perf.algorithms import algorithm_names
 
     names = algorithm_names(args.algorithm)
+    from fourd_mpi.perf.search import parse_axes
+
+    axes = parse_axes(args.search)
+    if axes or any(getattr(args, n.replace("-", "_")) is not None for n in SEARCH_PINS):
+        return _tune_search(args, names, cfg, overlap, profile, limit, limit_text, attention, dtype_source, axes)
     if names != ["axonn4d"]:
         if args.dw_window is not None:
             from fourd_mpi.errors import ConfigError
@@ -316,6 +349,66 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
     if args.format == "json":
         emit_json(TUNE_JSON, doc)
     return 0
+
+
+def _tune_search(args, names, cfg, overlap, profile, limit, limit_text, attention, dtype_source, axes) -> int:
+    """``tune --search AXES`` (or a pinned axis): scenarios through ``model predict``'s model
+    (:mod:`fourd_mpi.perf.search`)."""
+    from fourd_mpi.errors import ConfigError
+    from fourd_mpi.perf.scenario import Scenario
+    from fourd_mpi.perf.search import MAX_SCENARIOS, format_search, options_of, search
+
+    if names not in (["axonn4d"], ["pipeline"]):
+        raise ConfigError("--search covers the 4D family with its pipeline (--algorithm axonn4d or pipeline)")
+    if args.emit_sweep:
+        raise ConfigError("--emit-sweep lists grids: not with --search (measure a scenario with fourd-mpi run)")
+    given = {n: getattr(args, n.replace("-", "_")) for n in SEARCH_PINS + ("recompute",)}
+    options = {"model": cfg, "grid": "1x1x1x1", "vocab": 0, "dw-window": args.dw_window or "none",
+               "ginter": args.ginter or 1, "pipeline-schedule": args.pipeline_schedule or "axonn",
+               "chunks-per-stage": args.chunks_per_stage or 1, "context-parallel": args.context_parallel or 1,
+               "sequence-parallel": bool(args.sequence_parallel), "shard-optimizer": args.shard_optimizer or "none",
+               "recompute": args.recompute or "none", "attention": attention, "precision": args.precision,
+               "dtype": args.dtype, "optimizer": args.optimizer, "overlap": overlap, "progress": args.progress,
+               "ranks-per-node": args.ranks_per_node, "memory-limit": 0 if limit is None else limit}
+    base = Scenario.from_options(options, profile)
+    found = search(base, args.ranks, profile, axes, given, keep=args.top)
+    shown = found.results[: args.top]
+    notes = list(dict.fromkeys(n for r in shown for n in r.notes))
+    recompute = args.recompute or ("searched" if "recompute" in axes else "none")
+    if args.format == "json":
+        top = []
+        for i, r in enumerate(shown, 1):
+            comm = {a: t * 1e3 for a, t in r.exposed_s.items() if a != "pipeline"}
+            top.append({"rank": i, "algorithm": r.scenario.algorithm, "grid": str(r.scenario.grid),
+                        "options": options_of(r.scenario), "step_ms": r.step_s * 1e3, "compute_ms": r.compute_s * 1e3,
+                        "exposed_ms": sum(r.exposed_s.values()) * 1e3, "comm_ms": comm, "bubble_ms": r.bubble_s * 1e3,
+                        "wire_mb": None, "memory_gib": r.memory["total"] / GIB, "need_gib": r.memory["required"] / GIB,
+                        "placement": None})
+        first = shown[0]
+        best = [{"algorithm": first.scenario.algorithm, "configuration": _search_label(first.scenario),
+                 "step_ms": first.step_s * 1e3, "vs_best": 1.0}]
+        doc = _tune_json(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention, dtype_source,
+                         top, best, None, notes, f"{found.memory_dropped} scenarios dropped by memory",
+                         f"{found.pruned} scenarios pruned by the lower bound", [], found.predicted)
+        doc["search"] = {"axes": ["grid", *found.axes], "pinned": {k: str(v) for k, v in found.pinned.items()},
+                         "not_searched": [list(x) for x in found.not_searched], "scenarios": found.candidates,
+                         "max_scenarios": MAX_SCENARIOS, "predicted": found.predicted, "pruned": found.pruned,
+                         "memory_dropped": found.memory_dropped, "summary": found.summary()}
+        emit_json(TUNE_JSON, doc)
+        return 0
+    _tune_header(args, cfg, profile, overlap, recompute, attention, limit_text, found.summary())
+    print(f"top {len(shown)} of {found.predicted} predicted scenarios by predicted step time (model predict's model, "
+          f"vocabulary 0; ms per step and rank; comm = exposed communication per axis; b = micro-batch size x count):")
+    print(format_search(found, args.top))
+    for n in notes:
+        print(f"note: {n}")
+    return 0
+
+
+def _search_label(sc) -> str:
+    from fourd_mpi.perf.search import label
+
+    return label(sc)
 
 
 # -- model calibrate | validate ---------------------------------------------------------------

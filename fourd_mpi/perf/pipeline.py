@@ -22,7 +22,8 @@ with equal stage times is the same ``(p - 1)/(m + p - 1)``; what the message-dri
 the extra idling a fixed order adds when stage or message times vary (a stage runs whatever
 arrived instead of waiting for the message the order names), which this model does not count.
 
-**Memory** (:func:`pipeline_memory`): stage ``s`` stores the weights, gradients and optimizer state of
+**Memory** (:func:`pipeline_memory`: :func:`fourd_mpi.perf.scenario.stage_memory`, the one pipeline memory
+estimate, with this suite's step's buffers): stage ``s`` stores the weights, gradients and optimizer state of
 its ``L_s`` blocks; activations of at most :func:`~fourd_mpi.algorithms.pipeline_plan.inflight`
 micro-batches (1F1B ``min(p - s, m)``, AxoNN ``min(p, m)``; stage 0 the most, ``min(p, m)``, in both): what each
 keeps for its backward (with full recompute only its blocks' stored inputs ``L_s x m_loc/m x h/G_x``), while one
@@ -51,18 +52,16 @@ from functools import lru_cache
 from dataclasses import replace
 from typing import Dict, List, Optional, Tuple
 
-from fourd_mpi.algorithms.pipeline_plan import inflight
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf import schedules
 # (placement and message helpers live beside the 4D ones, link_bound_slot with the schedules: predict_scenario
-# uses them and this module uses predict_scenario; message_time and link_bound_slot are re-exported)
-from fourd_mpi.perf.machine import MachineProfile, inter_placement, message_time, world_levels, world_strides
+# uses them and this module uses predict_scenario; message_time, world_levels and link_bound_slot are re-exported)
+from fourd_mpi.perf.machine import MachineProfile, inter_placement, message_time, world_levels
 from fourd_mpi.perf.schedules import link_bound_slot
-from fourd_mpi.perf.memory import (MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens,
-                                   saved_activation_elements)
+from fourd_mpi.perf.memory import MemoryEstimate, local_tokens
 from fourd_mpi.perf.predict import Prediction
-from fourd_mpi.perf.scenario import SYNC_KEYS, Scenario, predict_scenario
+from fourd_mpi.perf.scenario import SYNC_KEYS, Scenario, predict_scenario, slot_lower_bound, stage_memory
 from fourd_mpi.perf.terms import stage_layers
 from fourd_mpi.perf.volumes import Collective, step_collectives
 from fourd_mpi.step.overlap import OverlapConfig
@@ -143,30 +142,20 @@ def pipeline_memory(cfg: ModelConfig, grid: GridShape, stages: int, microbatches
                     dtype: str = "float32", optimizer: str = "adam", overlap: Optional[OverlapConfig] = None,
                     recompute: str = "none", attention: str = "unfused", precision: Optional[str] = None,
                     shard_optimizer: str = "none", schedule: str = "axonn") -> MemoryEstimate:
-    """Bytes per rank of ``stage`` (module doc): its blocks' state, the activations of the micro-batches in
-    flight under ``schedule``, gradient sums and two receive buffers. Memoized (arguments and result frozen)."""
-    blocks = stage_layers(cfg.layers, stages)[stage]
-    mine = replace(cfg, layers=blocks)
-    state = estimate_memory(mine, grid, dtype, optimizer, overlap=overlap, recompute=recompute, attention=attention,
-                            precision=precision, shard_optimizer=shard_optimizer)
-    micro = estimate_memory(replace(mine, batch=cfg.batch // microbatches), grid, dtype, optimizer, overlap=overlap,
-                            recompute=recompute, attention=attention, precision=precision,
-                            shard_optimizer=shard_optimizer)
-    in_flight = inflight(schedule, stages, microbatches, stage)
-    e = dtype_bytes(dtype)
-    # what each further in-flight micro-batch adds: its stored block inputs (full recompute) or its blocks'
-    # saved sets; the recompute working set, the step's input/target and the largest transient exist once
-    one_mb = replace(mine, batch=cfg.batch // microbatches)
-    if recompute == "full":
-        per_mb = blocks * local_tokens(one_mb, grid) * (cfg.hidden // grid.x) * e
-    else:
-        per_mb = saved_activation_elements(one_mb, grid, recompute, attention) * e
-    activations = micro.activations + (in_flight - 1) * per_mb
-    sums = (sum(block_elements(n, k, t, grid) for _, n, k, t in fc_weights(mine, grid)) * blocks * e
-            if microbatches > 1 else 0)
-    buffers = 2 * message_bytes(cfg, grid, microbatches, dtype)
-    return replace(state, activations=activations,
-                   comm_buffers=micro.comm_buffers + sums + buffers)
+    """Bytes per rank of ``stage`` (module doc) by THE pipeline memory estimate,
+    :func:`~fourd_mpi.perf.scenario.stage_memory` with this suite's step's buffers, of the scenario this suite's
+    run is (no vocabulary, every dW block in flight; ``overlap`` None: OAG on, as
+    :func:`~fourd_mpi.perf.memory.estimate_memory` plans). Memoized (arguments and result frozen)."""
+    shard = cfg.batch // (grid.data * grid.z)
+    sc = Scenario(cfg, grid, "", algorithm="pipeline", stages=stages, schedule=schedule,
+                  microbatch_size=shard // microbatches, microbatches=microbatches, vocab=0, recompute=recompute,
+                  dtype=dtype, attention=attention, precision=precision, shard_optimizer=shard_optimizer,
+                  optimizer=optimizer, overlap=overlap if overlap is not None else OverlapConfig(oag=True),
+                  dw_window=None)
+    parts = stage_memory(sc, stage, suite_step=True)
+    return MemoryEstimate(weights=parts["weights"], gradients=parts["gradients"], optimizer=parts["optimizer"],
+                          activations=parts["activations"], comm_buffers=parts["comm_buffers"],
+                          master=parts.get("master", 0))
 
 
 def pipeline_lower_bound(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, stages: int = 1,
@@ -180,22 +169,10 @@ def pipeline_lower_bound(cfg: ModelConfig, grid: GridShape, profile: MachineProf
     synchronization's keys, ``X_n`` of the others (the slot ``W_mb - S - U`` is at least ``c - U + X_n``;
     ``S >= X_s``; the messages on the critical path are at least 0). ``communication=False``: ``X = 0``, a
     looser and cheaper bound."""
-    from fourd_mpi.perf.predict import blocking_time, compute_time_shared
-
     overlap = overlap or OverlapConfig()
-    world = grid.size * stages
-    rpn = ranks_per_node or min(profile.ranks_per_node, world)
-    micro_cfg = micro_config(cfg, stages, microbatches)
-    comp = compute_time_shared(micro_cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
-                               attention=attention, precision=precision)
-    if not communication:
-        return (comp["total"] - comp["optimizer"]) * (microbatches + stages - 1) + comp["optimizer"]
-    levels = {a: v for a, v in world_levels(grid, stages, rpn).items() if a != "inter" and v != "-"}
-    blocking = blocking_time(micro_cfg, grid, profile, overlap, dtype, rpn, recompute, levels,
-                             world_strides(grid, stages))
-    sync = sum(t for key, t in blocking.items() if key in SYNC_KEYS)
-    other = sum(t for key, t in blocking.items() if key not in SYNC_KEYS)
-    return (comp["total"] - comp["optimizer"] + other) * (microbatches + stages - 1) + comp["optimizer"] + sync
+    rpn = ranks_per_node or min(profile.ranks_per_node, grid.size * stages)
+    return slot_lower_bound(micro_config(cfg, stages, microbatches), grid, profile, overlap, dtype, rpn, optimizer,
+                            recompute, attention, precision, stages, microbatches, stages - 1, communication)
 
 
 def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, stages: int = 1,

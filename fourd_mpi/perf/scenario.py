@@ -432,8 +432,15 @@ def _coll(axis: str, op: str, p: int, nbytes: int, phase: str, role: str) -> Col
     return Collective(layer="vocab", role=role, op=op, axis=axis, p=p, phase=phase, count=1, message_bytes=int(nbytes))
 
 
-def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str, int]:
-    """Bytes per rank of ``stage`` by part (module docstring)."""
+def stage_memory(sc: Scenario, stage: int, profile: Optional[MachineProfile] = None,
+                 suite_step: bool = False) -> Dict[str, int]:
+    """Bytes per rank of ``stage`` by part (module docstring), ``sc`` resolved: THE pipeline memory estimate
+    (``model predict``, ``tune``, run's admission of ``--algorithm pipeline`` through
+    :func:`fourd_mpi.perf.pipeline.pipeline_memory`). ``suite_step``: this suite's step
+    (:class:`fourd_mpi.algorithms.pipeline.AccumulatingGrads` copies the token-partial gradient sums whenever
+    ``m > 1``, whatever ``G_z``, and every stage posts two receive buffers, one stage included) instead of a
+    Megatron-like step (sums only before a Z reduce-scatter; two receive buffers per pipeline neighbour).
+    ``profile``: for ``required`` (the GPU reserve); None leaves ``total`` and ``required`` out."""
     cfg, grid, p = sc.model, sc.grid, sc.stages
     b, m, v = sc.microbatch_size, sc.microbatches, sc.chunks
     store = terms.storage_dtype(sc.dtype)  # float8: BF16 storage (terms module docstring)
@@ -470,14 +477,18 @@ def _stage_memory(sc: Scenario, stage: int, profile: MachineProfile) -> Dict[str
         activations += vocab.logits_bytes(tokens, sc.vocab, tp, e)
     overlap = _overlap(sc)
     comm = comm_buffer_elements(replace(stage_cfg, batch=b * grid.data * grid.z), grid, overlap, sc.dw_window) * e
-    if m > 1 and grid.z > 1 and sc.implementation != terms.PYTORCH_FSDP:  # token-partial sums before the Z RS
+    if m > 1 and (suite_step or (grid.z > 1 and sc.implementation != terms.PYTORCH_FSDP)):  # token-partial sums
         comm += sum(block_elements(n, k, t, grid) for _, n, k, t in fc_weights(stage_cfg, grid)) * layers * e
-    if p > 1:
+    if suite_step:
+        comm += 2 * tokens * hx * e
+    elif p > 1:
         comm += 2 * tokens * hx * e * (1 if first or last else 2)
     out = dict(state, activations=int(activations), comm_buffers=int(comm))
     if sc.dtype == terms.FP8:  # Transformer Engine's FP8 weight cache
         gemm_weights = sum(-(-block_elements(n, k, t, grid) // grid.z) for _, n, k, t in fc_weights(stage_cfg, grid))
         out["fp8_weights"] = terms.fp8_weight_cache_bytes(gemm_weights * layers)
+    if profile is None:
+        return out
     out["total"] = sum(out.values())
     reserve = GPU_RUNTIME_RESERVE_BYTES if profile.backend == "cupy" else 0
     out["required"] = int(math.ceil(out["total"] * (1 + ALLOCATOR_MARGIN))) + reserve
@@ -500,6 +511,55 @@ def scenario_memory(sc: Scenario, profile: MachineProfile) -> Dict[str, int]:
     if sc.context_parallel > 1:
         return scenario_memory(_context_view(sc), profile)
     return _larger_stage_memory(sc.resolved(), profile)[0]
+
+
+def slot_lower_bound(micro_cfg: ModelConfig, grid: GridShape, profile: MachineProfile, overlap: OverlapConfig,
+                     dtype: str, rpn: int, optimizer: str, recompute: str, attention: str, precision: Optional[str],
+                     stages: int, microbatches: int, bubble_slots: float, communication: bool = True,
+                     sync: bool = True, gemm_dtype: Optional[str] = None, context_parallel: int = 1) -> float:
+    """Seconds never above :func:`predict_scenario`'s step of ``m`` slots of ``micro_cfg`` (the fullest stage's
+    blocks on one micro-batch) on ``grid``: ``(c - U + X_n)(m + n_b) + U + X_s`` with ``c`` the slot's compute,
+    ``U`` its optimizer update, ``n_b`` the bubble slots (``(p - 1)/v``, :func:`~fourd_mpi.perf.schedules.bubble_slots`)
+    and ``X`` the communication any timeline exposes (:func:`~fourd_mpi.perf.predict.blocking_time`), ``X_s`` of the
+    gradient synchronization's keys (:data:`SYNC_KEYS`), ``X_n`` of the others: the slot ``W - S - U`` is at least
+    ``c - U + X_n``, ``S >= X_s``; the LM head, the messages between stages and the embedding sync are at least 0.
+    ``communication=False``: ``X = 0`` (looser, cheaper); ``sync=False``: ``X_s = 0`` (a distributed optimizer
+    replaces the data all-reduce). ``context_parallel`` ``cp > 1`` (``micro_cfg`` and ``grid`` the view's,
+    :func:`_context_view`): every slot adds the rest of the sequence's attention, ``(cp - 1)`` times the view's
+    (:func:`_predict_context_parallel`; its K/V ring's exposed part is at least 0). Memoized terms
+    (:func:`~fourd_mpi.perf.predict.compute_time_shared`)."""
+    from fourd_mpi.perf.predict import blocking_time, compute_time_shared
+
+    comp = compute_time_shared(micro_cfg, grid, profile, overlap, dtype, rpn, optimizer, recompute=recompute,
+                               attention=attention, precision=precision, gemm_dtype=gemm_dtype)
+    slots = microbatches + bubble_slots
+    c = comp["total"] - comp["optimizer"] + (context_parallel - 1) * comp["attention"]
+    if not communication:
+        return c * slots + comp["optimizer"]
+    levels, strides = None, None
+    if stages > 1:
+        levels = {a: v for a, v in world_levels(grid, stages, rpn).items() if a != "inter" and v != "-"}
+        strides = world_strides(grid, stages)
+    blocking = blocking_time(micro_cfg, grid, profile, overlap, dtype, rpn, recompute, levels, strides)
+    synced = sum(t for key, t in blocking.items() if key in SYNC_KEYS) if sync else 0.0
+    other = sum(t for key, t in blocking.items() if key not in SYNC_KEYS)
+    return (c + other) * slots + comp["optimizer"] + synced
+
+
+def scenario_lower_bound(sc: Scenario, profile: MachineProfile, communication: bool = True,
+                         sync: bool = True) -> float:
+    """:func:`slot_lower_bound` of a scenario with ``b`` and ``m`` set (not checked: a search calls it on
+    every candidate before predicting the few that can win); with context parallelism the view's bound
+    (:func:`_context_view`) plus the attention of the rest of the sequence (the K/V ring only adds time)."""
+    cp = sc.context_parallel
+    rpn = sc.ranks_per_node or min(profile.ranks_per_node, sc.world)
+    if cp > 1:
+        sc = _context_view(sc)
+    v = sc.chunks if sc.schedule == "interleaved" else 1
+    slots = schedules.bubble_slots(sc.schedule, sc.stages, v) if sc.stages > 1 else 0.0
+    return slot_lower_bound(_micro_config(sc), sc.grid, profile, _overlap(sc), _store(sc), rpn, sc.optimizer,
+                            sc.recompute, sc.attention, sc.precision, sc.stages, sc.microbatches, slots,
+                            communication, sync, _gemm_dtype(sc), cp)
 
 
 def fits_memory(sc: Scenario, profile: MachineProfile) -> bool:
@@ -824,8 +884,8 @@ def _embedding_sync(sc: Scenario, profile: MachineProfile, rpn: int, coalesced: 
 
 def _larger_stage_memory(sc: Scenario, profile: MachineProfile) -> tuple:
     """``(bytes by part, "first" | "last" | "only")``: the larger of the first and last stage."""
-    first = _stage_memory(sc, 0, profile)
-    last = _stage_memory(sc, sc.stages - 1, profile) if sc.stages > 1 else first
+    first = stage_memory(sc, 0, profile)
+    last = stage_memory(sc, sc.stages - 1, profile) if sc.stages > 1 else first
     memory, which = (first, "first") if first["required"] >= last["required"] else (last, "last")
     return memory, "only" if sc.stages == 1 else which
 

@@ -9,7 +9,7 @@ from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf import peaks, terms
 from fourd_mpi.perf.machine import load_profile
-from fourd_mpi.perf.scenario import Scenario, _stage_memory, predict_scenario
+from fourd_mpi.perf.scenario import Scenario, stage_memory, predict_scenario
 from fourd_mpi.run.options import OPTIONS
 from fourd_mpi.step.presets import ModelConfig
 
@@ -51,7 +51,7 @@ def test_fp8_memory_is_bf16_state_plus_the_weight_cache():
     prof = load_profile("dgx-h100")
     bf16 = Scenario(GPT, GridShape(1, 1, 1, 1), "dgx-h100", algorithm="dp", dtype="bfloat16").resolved()
     fp8 = Scenario(GPT, GridShape(1, 1, 1, 1), "dgx-h100", algorithm="dp", dtype="float8").resolved()
-    a, b = _stage_memory(bf16, 0, prof), _stage_memory(fp8, 0, prof)
+    a, b = stage_memory(bf16, 0, prof), stage_memory(fp8, 0, prof)
     assert b["fp8_weights"] == 2 * 8 * 12 * 1024 ** 2 and "fp8_weights" not in a
     for part in ("weights", "gradients", "master", "optimizer", "activations", "comm_buffers"):
         assert a[part] == b[part], part

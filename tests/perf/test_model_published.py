@@ -16,7 +16,7 @@ from fourd_mpi.perf.machine import load_profile
 from fourd_mpi.perf.memory import block_elements, comm_buffer_elements, fc_weights
 from fourd_mpi.perf.predict import predict
 from fourd_mpi.perf.scenario import (Scenario, megatron_flops, predict_scenario, sequence_parallel_volumes,
-                                     _stage_memory)
+                                     stage_memory)
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
 
@@ -101,15 +101,15 @@ def test_pipeline_memory_counts_stored_inputs_and_one_working_set():
                   vocab=0, dtype="float16", recompute="full").resolved()
     m = sc.microbatches
     assert m == 32
-    mem = _stage_memory(sc, 0, prof)
+    mem = stage_memory(sc, 0, prof)
     tokens, hx, e = 1 * GPT.seq, GPT.hidden, 2
     # one more micro-batch in flight adds only its stored block inputs (2 blocks x [b s, h])
-    one_less = _stage_memory(Scenario(**{**sc.__dict__, "stages": 4}).resolved(), 0, prof)
+    one_less = stage_memory(Scenario(**{**sc.__dict__, "stages": 4}).resolved(), 0, prof)
     assert one_less == mem
     deeper = Scenario(GPT, GridShape(2, 1, 8, 1), "dgx-a100", algorithm="megatron1d", stages=8, microbatch_size=1,
                       vocab=0, dtype="float16", recompute="full").resolved()
     # stage 0 of 8 holds min(8, 32) x 1 block input; of 4: min(4, 32) x 2: the same 8 stored inputs
-    assert _stage_memory(deeper, 0, prof)["activations"] == mem["activations"]
+    assert stage_memory(deeper, 0, prof)["activations"] == mem["activations"]
     stored = 8 * tokens * hx * e
     assert mem["activations"] > stored and mem["activations"] < stored + 8 * tokens * 4 * GPT.hidden * e
 
@@ -128,7 +128,7 @@ def test_sequence_parallel_splits_block_inputs_over_y():
     kw = dict(algorithm="megatron1d", stages=2, microbatch_size=1, vocab=0, dtype="float16")
     off = Scenario(GPT, GridShape(2, 1, 8, 1), "dgx-a100", **kw).resolved()
     on = Scenario(GPT, GridShape(2, 1, 8, 1), "dgx-a100", sequence_parallel=True, **kw).resolved()
-    a, b = _stage_memory(off, 0, prof)["activations"], _stage_memory(on, 0, prof)["activations"]
+    a, b = stage_memory(off, 0, prof)["activations"], stage_memory(on, 0, prof)["activations"]
     passes = schedules.inflight_block_passes("1f1b", 2, off.microbatches, GPT.layers)
     tokens, e = GPT.seq, 2
     stored_saving = passes * tokens * (GPT.hidden - GPT.hidden // 8) * e

@@ -8,7 +8,7 @@ import pytest
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import load_profile
-from fourd_mpi.perf.scenario import Scenario, _stage_memory, predict_scenario
+from fourd_mpi.perf.scenario import Scenario, stage_memory, predict_scenario
 from fourd_mpi.perf.terms import stage_layers
 from fourd_mpi.step.presets import ModelConfig
 
@@ -57,17 +57,17 @@ def test_memory_counts_each_stage_with_its_own_blocks():
     sc = Scenario(GPT70, GridShape(1, 1, 1, 1), "dgx-h100", algorithm="megatron1d", stages=12, microbatches=96,
                   vocab=32000).resolved()
     block = 4 * 1024 ** 2 + 2 * 1024 * 4096 + 4 * 1024
-    assert _stage_memory(sc, 11, prof)["weights"] == 2 * (5 * block + 32000 * 1024)
-    assert _stage_memory(sc, 0, prof)["weights"] == 2 * (6 * block + 32000 * 1024)
-    assert _stage_memory(sc, 5, prof)["weights"] == 2 * 6 * block
+    assert stage_memory(sc, 11, prof)["weights"] == 2 * (5 * block + 32000 * 1024)
+    assert stage_memory(sc, 0, prof)["weights"] == 2 * (6 * block + 32000 * 1024)
+    assert stage_memory(sc, 5, prof)["weights"] == 2 * 6 * block
     # 1F1B: the last stage keeps min(p - s, m) = 1 micro-batch's inputs of its 5 blocks, the first 12 x 6 = 72
     # (full recompute: one [b s, h] input each, b = 1, s = 1024, h = 1024, 2 bytes)
-    first, last = _stage_memory(sc, 0, prof)["activations"], _stage_memory(sc, 11, prof)["activations"]
+    first, last = stage_memory(sc, 0, prof)["activations"], stage_memory(sc, 11, prof)["activations"]
     with_six_blocks_last = Scenario(replace(GPT70, layers=72), GridShape(1, 1, 1, 1),
                                     "dgx-h100", algorithm="megatron1d", stages=12, microbatches=96,
                                     vocab=32000).resolved()
-    assert _stage_memory(with_six_blocks_last, 11, prof)["activations"] - last == 1 * 1024 * 1024 * 2
-    assert _stage_memory(with_six_blocks_last, 0, prof)["activations"] == first
+    assert stage_memory(with_six_blocks_last, 11, prof)["activations"] - last == 1 * 1024 * 1024 * 2
+    assert stage_memory(with_six_blocks_last, 0, prof)["activations"] == first
 
 
 def test_interleaved_refuses_uneven_stages():
