@@ -172,7 +172,7 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
         record_failure(exc, spool, at, run, trace_path)
         raise
     finally:
-        close_run(run, sentinel)
+        close_run(run, spool, sentinel)
     if recreated:
         warning_line(f"spool files in {spool.dir} were deleted during the run; {recreated} of {world.Get_size()} "
                      "rank(s) re-created theirs from the files they still had open, no step was lost (trace "
@@ -395,13 +395,16 @@ def _report(exc: BaseException, note: str) -> None:
     exc.reported = True
 
 
-def close_run(run: Run, sentinel) -> None:
-    """The end of every run, whatever ended it: the sentinel is told the run ended in order, the NVTX ranges
-    end, the watchdog stops and the run's communicators are freed (:meth:`Run.close`: ``MPI_Comm_free``,
-    collective by the standard, local in MPICH and Open MPI, so a rank that failed alone frees its own and
-    goes on to abort the job)."""
+def close_run(run: Run, spool: Optional[RankSpool], sentinel) -> None:
+    """The end of every run, whatever ended it: the sentinel is told the run ended in order, this rank's spool
+    files are closed (their lock released: ``trace recover`` may take them), the NVTX ranges end, the watchdog
+    stops and the run's communicators are freed (:meth:`Run.close`: ``MPI_Comm_free``, collective by the
+    standard but local in MPICH and Open MPI, so a rank that failed alone frees its own and goes on to abort
+    the job)."""
     if sentinel is not None:
         sentinel.close()
+    if spool is not None:
+        spool.close()  # idempotent: the merge or the spool's health check may have closed it
     if run.comm.tracer.ranges is not None:
         run.comm.tracer.ranges.unwind()
     run.comm.watchdog.close()
