@@ -201,7 +201,8 @@ def _header(world, run) -> None:
 
 def cmd_run(args, world) -> int:
     from fourd_mpi.run.configfile import dump_toml
-    from fourd_mpi.run.session import Fault, TraceOptions, traced_run
+    from fourd_mpi.run.faults import Fault
+    from fourd_mpi.run.session import TraceOptions, traced_run
 
     options = run_options(args, world.Get_size())
     trace = TraceOptions(args.trace_level, args.results_dir, args.run_id, args.label, args.force,

@@ -1,10 +1,13 @@
 """A traced training run from start to summary: what ``fourd-mpi run`` does.
 
-Order: build the run (clocks aligned) -> rank 0 reserves the run id and the
-spool directory -> every rank opens its spool files -> optional peak GEMM
-measurement -> steps (each appended to the spool) -> merge into the HDF5 trace
--> summary. A user error at any stage is raised on every rank before anyone
-enters a collective that the others would miss.
+Order (:func:`_traced_run`, one named step each): build the run, clocks aligned (:func:`build_run`) -> rank 0
+reserves the run id and the spool directory, every rank opens its spool files (:func:`open_spool`) -> the
+measured GEMM and rated peaks (:func:`measure_peaks`) -> the steps, each appended to the spool
+(:func:`run_steps`) -> rank 0's summary (:func:`summarize_on_root`) -> the merge into the HDF5 trace
+(:func:`merge_trace`). An exception is recorded in the spool (:func:`record_failure`); whatever ends the run,
+:func:`close_run` closes it. A user error at any stage is raised on every rank before anyone enters a
+collective that the others would miss. Test-only faults (``--inject-fault``) are hooks the steps and the
+merge call (:mod:`fourd_mpi.run.faults`).
 """
 
 from __future__ import annotations
@@ -13,14 +16,14 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
 from fourd_mpi.run.display import StepDisplay
+from fourd_mpi.run.faults import Fault, Faults
 from fourd_mpi.errors import ConfigError, Terminated, TraceError
 from fourd_mpi.step.kernels import standalone_gemm_tflops
 from fourd_mpi.run.metadata import rank_metadata, run_metadata
@@ -42,18 +45,6 @@ from fourd_mpi.util.signals import deferred
 
 log = logging.getLogger(__name__)
 
-FAULT_MODES = ("kill", "raise", "remove-spool", "fill-disk", "touch", "sigterm", "stop", "sigterm-merge",
-               "kill-merge", "sigterm-published", "kill-published")
-#: modes that act during the final merge, once the trace's temporary files exist, or (``*-published``, rank 0
-#: only) right after its publication and index line (STEP must be --steps)
-MERGE_FAULTS = ("sigterm-merge", "kill-merge", "sigterm-published", "kill-published")
-PUBLISHED_FAULTS = ("sigterm-published", "kill-published")
-#: the file ``touch`` creates in the results directory
-TOUCH_NAME = "inject-fault.touch"
-#: ``fill-disk`` fills only a file system smaller than this (a tmpfs made for the test), never a real disk
-FILL_DISK_MAX_BYTES = 1 << 30
-
-
 @dataclass(frozen=True)
 class TraceOptions:
     level: str = "op"
@@ -74,95 +65,6 @@ class TraceOptions:
             check_name("label", self.label)
             check_name_fits(self.results_dir, "--label", self.label, RUN_ID_OVERHEAD + LABEL_OVERHEAD)
         return self
-
-
-@dataclass(frozen=True)
-class Fault:
-    """Testing aid: at the start of step ``step`` (``step`` = the number of steps: after the last step,
-    before the final merge) rank ``rank`` fails (``kill``: SIGKILL; ``raise``: exception), deletes the
-    spool directory (``remove-spool``) or fills the file system of the results directory with
-    ``<results-dir>/fill-disk.bin`` (``fill-disk``; only on one smaller than
-    :data:`FILL_DISK_MAX_BYTES`, see :meth:`check`) or creates the empty file
-    ``<results-dir>/inject-fault.touch`` (``touch``: a signal to a fault-injecting test file system,
-    ``tests/helpers/faultfs.py``, which starts failing I/O when it sees that file created), or sends
-    itself SIGTERM (``sigterm``: what ``scancel``, a time limit or ``kill`` does) or SIGSTOP (``stop``: the
-    run stays live, its spool locked, until the test sends SIGCONT). The modes of
-    :data:`MERGE_FAULTS` act inside the final merge instead (``step`` must be the number of steps),
-    once every rank knows that the trace's temporary files exist: ``sigterm-merge`` (SIGTERM) and
-    ``kill-merge`` (SIGKILL: the temporary files stay behind, as after a node failure); or, on rank 0, right
-    after the trace is published and indexed, before the spool is removed: ``sigterm-published`` (held back
-    until the end of the merge, then raised) and ``kill-published`` (the spool stays, left over).
-
-    Every rank meets in a barrier first, so all steps before ``step`` are on disk on every rank.
-    """
-
-    rank: int
-    step: int
-    mode: str = "kill"
-
-    @classmethod
-    def parse(cls, text: str) -> "Fault":
-        parts = text.split(":")
-        try:
-            if len(parts) not in (2, 3):
-                raise ValueError
-            rank, step = int(parts[0]), int(parts[1])
-            mode = parts[2] if len(parts) == 3 else "kill"
-        except ValueError:
-            raise ConfigError(f"--inject-fault expects RANK:STEP[:MODE], got {text!r}") from None
-        if mode not in FAULT_MODES or rank < 0 or step < 0:
-            raise ConfigError(f"--inject-fault {text!r}: rank and step >= 0, mode one of {', '.join(FAULT_MODES)}")
-        return cls(rank, step, mode)
-
-    def check(self, results_dir: str, steps: int) -> "Fault":
-        """``fill-disk`` refuses a file system of :data:`FILL_DISK_MAX_BYTES` or more, a merge mode a step
-        other than ``steps`` (same answer on every rank)."""
-        if self.mode in MERGE_FAULTS and self.step != steps:
-            raise ConfigError(f"--inject-fault {self.rank}:{self.step}:{self.mode} acts in the final merge: "
-                              f"give STEP = --steps ({steps})")
-        if self.mode in PUBLISHED_FAULTS and self.rank != 0:
-            raise ConfigError(f"--inject-fault {self.rank}:{self.step}:{self.mode} acts where rank 0 publishes the "
-                              "trace: give RANK 0")
-        if self.mode == "fill-disk":
-            where = os.path.abspath(results_dir)
-            while not os.path.exists(where):
-                where = os.path.dirname(where)
-            st = os.statvfs(where)
-            if st.f_blocks * st.f_frsize >= FILL_DISK_MAX_BYTES:
-                raise ConfigError(f"--inject-fault {self.rank}:{self.step}:fill-disk fills the file system of "
-                                  f"--results-dir; allowed only below {FILL_DISK_MAX_BYTES >> 20} MiB (a tmpfs "
-                                  f"made for the test), {where} has {st.f_blocks * st.f_frsize >> 20} MiB")
-        return self
-
-    def trigger(self, spool_dir: str, results_dir: str) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if self.mode in ("kill", "kill-merge", "kill-published"):
-            os.kill(os.getpid(), signal.SIGKILL)
-        if self.mode == "stop":
-            os.kill(os.getpid(), signal.SIGSTOP)
-            return
-        if self.mode in ("sigterm", "sigterm-merge", "sigterm-published"):
-            signal.raise_signal(signal.SIGTERM)  # to this thread: the handler runs before the next line
-            return
-        if self.mode == "remove-spool":
-            import shutil
-
-            shutil.rmtree(spool_dir)
-            return
-        if self.mode == "fill-disk":
-            block = bytes(1 << 16)
-            with open(os.path.join(results_dir, "fill-disk.bin"), "ab", buffering=0) as fh:
-                try:
-                    while True:
-                        fh.write(block)
-                except OSError:
-                    pass
-            return
-        if self.mode == "touch":
-            os.close(os.open(os.path.join(results_dir, TOUCH_NAME), os.O_WRONLY | os.O_CREAT, 0o644))
-            return
-        raise RuntimeError(f"injected fault (--inject-fault {self.rank}:{self.step}:{self.mode})")
 
 
 def device_name(backend) -> Optional[str]:
@@ -219,6 +121,8 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
     """
     import threading
 
+    if fault is not None:  # on every rank, before any collective
+        fault.check(trace.results_dir, options.steps)
     args = (world, options, trace, config, say, display, peak_tflops, fault, header, step_timeout)
     if threading.current_thread() is not threading.main_thread():
         return _traced_run(*args)
@@ -236,184 +140,275 @@ def traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, sa
 def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, say: Callable[[str], None],
                 display: str = "auto", peak_tflops: Optional[float] = None, fault: Optional[Fault] = None,
                 header: Callable[[Run], None] = None, step_timeout: float = 0.0):
-    """:func:`traced_run`'s work, with SIGTERM raising."""
+    """:func:`traced_run`'s work, with SIGTERM raising: the story of a run (the module doc gives its order).
+
+    Whatever ends it, :func:`close_run` runs; what an exception leaves is :func:`record_failure`'s."""
+    run = build_run(world, options, trace, config, step_timeout)
     rank = world.Get_rank()
-    if fault is not None:
-        fault.check(trace.results_dir, options.steps)
-    started = time.perf_counter()
-    run = Run.build(world, options, trace_level=trace.level)
-    log.debug("built the run in %.3f s: communicators, model, data, clocks aligned", time.perf_counter() - started)
-    if "attention" in config:  # the kernels that ran (``auto`` resolves per machine): the header, metadata and key
-        config["attention"] = run.backend.attention
-    run.comm.watchdog = Watchdog(step_timeout, rank)
-    run.comm.tracer.ranges = make_ranges(trace.nvtx, log.warning if rank == 0 else lambda text: None)
     start_time = now_iso()
     run_id = on_root(world, lambda: trace.run_id or new_run_id(trace.label))
-    trace_path, spool_dir = trace_paths(trace.results_dir, run_id)
+    trace_path, _ = trace_paths(trace.results_dir, run_id)
     metadata = run_metadata(run, run_id, config, trace.level, start_time) if rank == 0 else None
     rank_meta = rank_metadata(run, *run.clock)
+    at = Progress()
     spool = sentinel = None
-    i = None  # the step in progress
-    merging = False
     try:
         # the spool and every rank's files come into being whole: a signal meanwhile is raised once they exist
         # (and recorded in them), never between rank 0 creating the directory and the ranks their files
         with deferred():
-            spool_dir = on_root(world, lambda: prepare_spool(trace.results_dir, run_id, trace.force, metadata))
-            try:
-                spool = agree(world, lambda: RankSpool(spool_dir, rank, rank_meta))
-                run.comm.watchdog.on_hang = spool.mark_failed  # a hang from here on is recorded in the spool
-            finally:
-                if spool is None:  # some rank could not open its files: nothing was recorded, remove the spool
-                    _remove_spool_dir(world, spool_dir)
+            spool = open_spool(run, trace, run_id, metadata, rank_meta)
             # records the run as interrupted should mpiexec end first (SIGHUP), when no handler of this rank runs
-            sentinel = start_sentinel(spool_dir, rank, options.steps, RANK_STEP_DTYPE.itemsize,
+            sentinel = start_sentinel(spool.dir, rank, options.steps, RANK_STEP_DTYPE.itemsize,
                                       int(rank_meta.get("local_rank", 0) or 0))
+        faults = Faults.of(fault, world, spool.dir, trace.results_dir)
         if header is not None:
-            header(run, run_id, trace_path, spool_dir)
-        gemm = measure_peak(run)  # the "% of measured GEMM" column, always
-        log.debug("standalone GEMM of the step's largest local shape: %.4g TFLOP/s per rank (median over ranks)", gemm)
-        if peak_tflops is None:  # MFU and HFU: the data-sheet peak of the device (none on a CPU)
-            peak, source = runtime_peak(device_name(run.backend), options.dtype, options.tf32)
-        else:
-            peak, source = peak_tflops, "--peak-tflops"
+            header(run, run_id, trace_path, spool.dir)
+        peaks = measure_peaks(run, peak_tflops)
         out = StepDisplay(display, options.steps, options.warmup, say, active=rank == 0)
-        record = np.zeros(1, dtype=RANK_STEP_DTYPE)
-        health = SpoolHealth(world, spool, run.comm.watchdog)
-        bubbles = {}  # step -> this rank's ns blocked waiting for another pipeline stage's message
-        for i in range(options.steps + 1):
-            if fault is not None and fault.step == i and fault.mode not in MERGE_FAULTS:
-                world.Barrier()  # every rank has spooled the steps before: the test knows what survives
-                if fault.rank == rank:
-                    fault.trigger(spool_dir, trace.results_dir)
-                if fault.mode in ("remove-spool", "fill-disk", "touch"):
-                    world.Barrier()  # every rank goes on after the spool or the disk is gone
-            if i == options.steps:
-                break
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below, in one line
-                result = run.trainer.step(i)
-            shift = run.comm.tracer.shift_ns
-            record[0] = (rank, i, i < options.warmup, result.start_ns - shift, result.end_ns - shift, result.loss,
-                         result.seconds, result.compute_ns, result.wait_ns, len(result.events), result.mpi_ns)
-            spool.append(result.events, record)
-            bubbles[i] = result.bubble_ns
-            out.update(i, result.loss, result.seconds)
-            if health.failed_before(i):
-                break
-            if not np.isfinite(result.loss):  # reduced to every rank: all stop here, without a collective
-                health.settle()  # no agreement left in flight at exit
-                raise non_finite_loss(result.loss, i, options, spool)
-        out.close()
-        spool.ensure_present()  # deleted after the last step: re-created before the merge
-        health.finish()
-        notes = world.gather(spool.recreated, root=0)
-        try:
-            my_steps = spool.read_steps()
-        except OSError:  # an I/O error reading back: merge_run meets it again and stops every rank with it
-            my_steps = np.zeros(0, dtype=RANK_STEP_DTYPE)
-        all_steps = world.gather(my_steps, root=0)
-        held = world.gather((result.saved_activation_bytes, result.peak_activation_bytes), root=0)
-        all_bubbles = world.gather(bubbles, root=0)
-        summary = None
-        if rank == 0:
-            cfg = options.model
-            activations = {"recompute": options.recompute, "saved_bytes_max": max(s for s, _ in held),
-                           "saved_bytes_min": min(s for s, _ in held), "peak_bytes_max": max(p for _, p in held),
-                           "saved_bytes_by_rank": [s for s, _ in held],
-                           "measured": "bytes of the distinct arrays (views counted once) the last step kept from the "
-                                       "end of the forward pass for the backward pass; peak: the most held at once "
-                                       "during the backward pass (blocks not yet back-propagated + the rebuilt one)"}
-            rank_steps = np.concatenate(all_steps)
-            bubble = np.array([all_bubbles[r].get(st, 0) for r, st in zip(rank_steps["rank"].tolist(),
-                                                                            rank_steps["step"].tolist())],
-                              dtype=np.float64)
-            summary = summarize(rank_steps, world.Get_size(), cfg.flops_per_step(),
-                                cfg.tokens, peak, source, data_prep_s=run.data_prep_seconds,
-                                data_batches=run.data.batches,
-                                hardware_flops_per_step=cfg.hardware_flops_per_step(options.recompute),
-                                recompute=options.recompute,
-                                formulas=(cfg.flops_formula(), cfg.hardware_flops_formula(options.recompute)),
-                                activations=activations, bubble=bubble if bubble.any() else None,
-                                gemm_tflops=gemm)
-            metadata["summary"] = summary.as_dict()
-            metadata["activations"] = activations
-            metadata["array_pool"] = run.backend.pool_stats()  # rank 0's, after the last step
-            metadata["progress_end"] = run.comm.progress.describe()  # rank 0's: --poll-flops auto's chunk now
-            metadata["spool_recreated"] = [note for mine in notes for note in mine]
-        recreated = world.bcast(sum(1 for mine in notes if mine) if rank == 0 else None, root=0)
-        drift = end_alignment(run, rank_meta)
-        force = trace.force or on_root(world, lambda: _replaces_live_recovery(trace_path, spool_dir))
-        merge_fault = None
-        if fault is not None and fault.mode in MERGE_FAULTS and fault.mode not in PUBLISHED_FAULTS:
-            def merge_fault():
-                if fault.rank == rank:
-                    fault.trigger(spool_dir, trace.results_dir)
-        # an aborted run publishes no trace: every fire is marked before its wait ends, and no wait is watched
-        # from here on (the merge's collectives are not), so none can fire after this check
-        run.comm.watchdog.hold_if_fired(world)
-        if rank == 0:
-            _note_stale_temporaries(trace_path)
-        merging = True
-        started = time.perf_counter()
-        if sentinel is not None:
-            sentinel.merging()
-        # rank 0 indexes the run in the same signal-held stretch as the publication: no complete trace unindexed
-        def indexed(path: str) -> None:  # rank 0
-            index_line(metadata, path, trace.results_dir)
-            if fault is not None and fault.mode in PUBLISHED_FAULTS:
-                fault.trigger(spool_dir, trace.results_dir)
-
-        path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, force,
-                         correct=drift.correct_records if drift is not None else None, group_size=trace.group_size,
-                         after_open=merge_fault, on_published=indexed if rank == 0 else None,
-                         on_temporaries=sentinel.temporaries if sentinel is not None else None)
-        log.debug("merged the per-rank files into %s in %.3f s", path, time.perf_counter() - started)
+        last, bubbles = run_steps(run, spool, faults, out, at)
+        summary, recreated = summarize_on_root(run, spool, last, bubbles, peaks, metadata)
+        path = merge_trace(run, spool, sentinel, faults, at, trace, trace_path, metadata, rank_meta)
     except BaseException as exc:
-        if run.comm.tracer.ranges is not None:  # NVTX ranges end with the run, whatever ended it
-            run.comm.tracer.ranges.unwind()
-        if spool is None:
-            pass  # no spool yet (or it could not be made): nothing to record in
-        elif merging and (not os.path.exists(spool.steps_path) or published_trace(spool.dir) is not None):
-            # the merge published the trace (and maybe removed this rank's files): the spool is left over
-            if isinstance(exc, (KeyboardInterrupt, Terminated)):
-                _remove_left_over(spool)  # every rank's files: the abort may end the others before they remove theirs
-                note = f"interrupted: {interrupt_name(exc)} after the final merge; the trace {trace_path} is complete"
-                with contextlib.suppress(OSError):
-                    os.write(2, f"fourd-mpi: {note}\n".encode())
-                exc.reported = True
-        elif isinstance(exc, (KeyboardInterrupt, Terminated)) and run.comm.watchdog.fired is not None:
-            pass  # this rank's watchdog aborted the job and the launcher ends it (Open MPI's with SIGTERM to every
-            # rank, the aborting one included): the spool's "hung" report stays the reason
-        elif isinstance(exc, (KeyboardInterrupt, Terminated)):  # mpiexec forwards SIGINT and SIGTERM to every rank
-            if merging:
-                when, kept = "during the final merge", "every step is"
-            elif i is None:
-                when, kept = "before the first step", "the steps before it are"
-            elif i == options.steps:
-                when, kept = "after the last step, before the final merge", "every step is"
-            else:
-                when, kept = f"during step {i}", "the steps before it are"
-            note = (f"interrupted: {interrupt_name(exc)} {when}; {kept} in {spool_dir} "
-                    f"(fourd-mpi trace recover {spool_dir})")
-            spool.mark_failed(note)
-            with contextlib.suppress(OSError):  # stderr gone (its reader killed too): the exit status still says it
-                os.write(2, f"fourd-mpi: {note}\n".encode())
-            exc.reported = True  # the command line adds no line of its own
-        elif not isinstance(exc, (SystemExit, TraceError)):
-            spool.mark_failed(f"{type(exc).__name__}: {exc}")
+        record_failure(exc, spool, at, run, trace_path)
         raise
     finally:
-        if sentinel is not None:
-            sentinel.close()
+        close_run(run, spool, sentinel)
     if recreated:
-        warning_line(f"spool files in {spool_dir} were deleted during the run; {recreated} of {world.Get_size()} "
+        warning_line(f"spool files in {spool.dir} were deleted during the run; {recreated} of {world.Get_size()} "
                      "rank(s) re-created theirs from the files they still had open, no step was lost (trace "
                      "metadata spool_recreated)")
+    return path, summary
+
+
+def build_run(world, options: RunOptions, trace: TraceOptions, config: Dict, step_timeout: float) -> Run:
+    """The run's live objects (:meth:`Run.build`, clocks aligned), its watchdog (``--step-timeout``) and NVTX
+    ranges (``--nvtx``); ``config["attention"]`` becomes the kernels that run (``auto`` resolves per machine:
+    the header, metadata and key say which). Collective."""
+    started = time.perf_counter()
+    run = Run.build(world, options, trace_level=trace.level)
+    log.debug("built the run in %.3f s: communicators, model, data, clocks aligned", time.perf_counter() - started)
+    if "attention" in config:
+        config["attention"] = run.backend.attention
+    rank = world.Get_rank()
+    run.comm.watchdog = Watchdog(step_timeout, rank)
+    run.comm.tracer.ranges = make_ranges(trace.nvtx, log.warning if rank == 0 else lambda text: None)
+    return run
+
+
+def open_spool(run: Run, trace: TraceOptions, run_id: str, metadata: Optional[Dict], rank_meta: Dict) -> RankSpool:
+    """Rank 0 reserves the spool directory (:func:`prepare_spool`), then every rank opens its files in it; when
+    any rank cannot, the directory is removed (nothing was recorded) and every rank raises the same error.
+    A hang from here on is recorded in the spool. Collective."""
+    world = run.world
+    spool_dir = on_root(world, lambda: prepare_spool(trace.results_dir, run_id, trace.force, metadata))
+    spool = None
+    try:
+        spool = agree(world, lambda: RankSpool(spool_dir, world.Get_rank(), rank_meta))
+    finally:
+        if spool is None:
+            _remove_spool_dir(world, spool_dir)
+    run.comm.watchdog.on_hang = spool.mark_failed
+    return spool
+
+
+def measure_peaks(run: Run, peak_tflops: Optional[float]) -> Tuple[float, Optional[float], str]:
+    """``(gemm, peak, source)``: the measured GEMM TFLOP/s of :func:`measure_peak` (the "% of measured GEMM"
+    column, always) and the peak behind MFU and HFU, ``--peak-tflops`` or the device's data-sheet peak
+    (:func:`fourd_mpi.perf.peaks.runtime_peak`; none on a CPU) with where it came from. Collective."""
+    gemm = measure_peak(run)
+    log.debug("standalone GEMM of the step's largest local shape: %.4g TFLOP/s per rank (median over ranks)", gemm)
+    if peak_tflops is not None:
+        return gemm, peak_tflops, "--peak-tflops"
+    peak, source = runtime_peak(device_name(run.backend), run.options.dtype, run.options.tf32)
+    return gemm, peak, source
+
+
+@dataclass
+class Progress:
+    """Where this rank's run is, for the record of an interruption: ``step``, the step in progress (None
+    before the first; the number of steps once past the last), and whether the final merge began."""
+
+    step: Optional[int] = None
+    merging: bool = False
+
+    def stopped(self, steps: int) -> str:
+        """When a run of ``steps`` steps stopped and what its spool keeps: ``"during step 2; the steps before
+        it are"`` (the record goes on with where)."""
+        if self.merging:
+            return "during the final merge; every step is"
+        if self.step is None:
+            return "before the first step; the steps before it are"
+        if self.step == steps:
+            return "after the last step, before the final merge; every step is"
+        return f"during step {self.step}; the steps before it are"
+
+
+def run_steps(run: Run, spool: RankSpool, faults: Faults, out: StepDisplay, at: Progress):
+    """The steps, each appended to this rank's spool as one :data:`RANK_STEP_DTYPE` record and its events;
+    ``(the last step's StepResult, {step: ns this rank was blocked on another pipeline stage})``.
+
+    The spool's health is agreed on one step late (:class:`SpoolHealth`); a non-finite loss stops every
+    rank at the same step (:func:`non_finite_loss`). Collective."""
+    options, rank = run.options, run.world.Get_rank()
+    record = np.zeros(1, dtype=RANK_STEP_DTYPE)
+    health = SpoolHealth(run.world, spool, run.comm.watchdog)
+    bubbles = {}
+    result = None
+    for i in range(options.steps + 1):
+        at.step = i
+        faults.before_step(i)
+        if i == options.steps:
+            break
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below, in one line
+            result = run.trainer.step(i)
+        shift = run.comm.tracer.shift_ns
+        record[0] = (rank, i, i < options.warmup, result.start_ns - shift, result.end_ns - shift, result.loss,
+                     result.seconds, result.compute_ns, result.wait_ns, len(result.events), result.mpi_ns)
+        spool.append(result.events, record)
+        bubbles[i] = result.bubble_ns
+        out.update(i, result.loss, result.seconds)
+        if health.failed_before(i):
+            break
+        if not np.isfinite(result.loss):  # reduced to every rank: all stop here, without a collective
+            health.settle()  # no agreement left in flight at exit
+            raise non_finite_loss(result.loss, i, options, spool)
+    out.close()
+    spool.ensure_present()  # deleted after the last step: re-created before the merge
+    health.finish()
+    return result, bubbles
+
+
+def summarize_on_root(run: Run, spool: RankSpool, last, bubbles: Dict[int, int], peaks, metadata: Optional[Dict]):
+    """Rank 0 gathers every rank's step records, activation bytes (of ``last``, the last step) and pipeline
+    bubbles, summarizes the run (:func:`fourd_mpi.trace.summary.summarize`: ``peaks`` = ``(gemm, peak, source)``
+    of :func:`measure_peaks`) and adds it to ``metadata``. Returns ``(Summary on rank 0 else None, how many
+    ranks re-created deleted spool files)``. Collective."""
+    world, options = run.world, run.options
+    notes = world.gather(spool.recreated, root=0)
+    try:
+        my_steps = spool.read_steps()
+    except OSError:  # an I/O error reading back: merge_run meets it again and stops every rank with it
+        my_steps = np.zeros(0, dtype=RANK_STEP_DTYPE)
+    all_steps = world.gather(my_steps, root=0)
+    held = world.gather((last.saved_activation_bytes, last.peak_activation_bytes), root=0)
+    all_bubbles = world.gather(bubbles, root=0)
+    summary = None
+    if world.Get_rank() == 0:
+        gemm, peak, source = peaks
+        cfg = options.model
+        activations = {"recompute": options.recompute, "saved_bytes_max": max(s for s, _ in held),
+                       "saved_bytes_min": min(s for s, _ in held), "peak_bytes_max": max(p for _, p in held),
+                       "saved_bytes_by_rank": [s for s, _ in held],
+                       "measured": "bytes of the distinct arrays (views counted once) the last step kept from the "
+                                   "end of the forward pass for the backward pass; peak: the most held at once "
+                                   "during the backward pass (blocks not yet back-propagated + the rebuilt one)"}
+        rank_steps = np.concatenate(all_steps)
+        bubble = np.array([all_bubbles[r].get(st, 0) for r, st in zip(rank_steps["rank"].tolist(),
+                                                                        rank_steps["step"].tolist())],
+                          dtype=np.float64)
+        summary = summarize(rank_steps, world.Get_size(), cfg.flops_per_step(),
+                            cfg.tokens, peak, source, data_prep_s=run.data_prep_seconds,
+                            data_batches=run.data.batches,
+                            hardware_flops_per_step=cfg.hardware_flops_per_step(options.recompute),
+                            recompute=options.recompute,
+                            formulas=(cfg.flops_formula(), cfg.hardware_flops_formula(options.recompute)),
+                            activations=activations, bubble=bubble if bubble.any() else None,
+                            gemm_tflops=gemm)
+        metadata["summary"] = summary.as_dict()
+        metadata["activations"] = activations
+        metadata["array_pool"] = run.backend.pool_stats()  # rank 0's, after the last step
+        metadata["progress_end"] = run.comm.progress.describe()  # rank 0's: --poll-flops auto's chunk now
+        metadata["spool_recreated"] = [note for mine in notes for note in mine]
+    recreated = world.bcast(sum(1 for mine in notes if mine) if world.Get_rank() == 0 else None, root=0)
+    return summary, recreated
+
+
+def merge_trace(run: Run, spool: RankSpool, sentinel, faults: Faults, at: Progress, trace: TraceOptions,
+                trace_path: str, metadata: Optional[Dict], rank_meta: Dict) -> str:
+    """The final merge of every rank's spool files into the HDF5 trace ``trace_path``
+    (:func:`fourd_mpi.trace.merge.merge_run`), clocks corrected for drift (:func:`end_alignment`); rank 0 indexes
+    the run in the same signal-held stretch as the publication (no complete trace unindexed). Not when any rank's
+    watchdog fired: an aborted run publishes no trace. Returns the trace's path. Collective."""
+    world, rank = run.world, run.world.Get_rank()
+    drift = end_alignment(run, rank_meta)
+    force = trace.force or on_root(world, lambda: _replaces_live_recovery(trace_path, spool.dir))
+    # every fire is marked before its wait ends, and no wait is watched from here on (the merge's collectives are
+    # not), so none can fire after this check
+    run.comm.watchdog.hold_if_fired(world)
+    if rank == 0:
+        _note_stale_temporaries(trace_path)
+    at.merging = True
+    started = time.perf_counter()
+    if sentinel is not None:
+        sentinel.merging()
+
+    def indexed(path: str) -> None:  # rank 0
+        index_line(metadata, path, trace.results_dir)
+        faults.after_published()
+
+    path = merge_run(world, spool, rank_meta, trace_path, metadata, run.comm.tracer.layer_names, force,
+                     correct=drift.correct_records if drift is not None else None, group_size=trace.group_size,
+                     after_open=faults.in_merge, on_published=indexed if rank == 0 else None,
+                     on_temporaries=sentinel.temporaries if sentinel is not None else None)
+    log.debug("merged the per-rank files into %s in %.3f s", path, time.perf_counter() - started)
+    return path
+
+
+def record_failure(exc: BaseException, spool: Optional[RankSpool], at: Progress, run: Run, trace_path: str) -> None:
+    """What a run that raised ``exc`` leaves in this rank's spool and on stderr, before it propagates:
+
+    - no spool yet (or it could not be made): nothing;
+    - interrupted (Ctrl-C, SIGTERM, SIGHUP) after the merge published the trace: the spool is left over and
+      removed, one line says the trace is complete;
+    - interrupted after this rank's watchdog aborted the job (the launcher then ends every rank, Open MPI's with
+      SIGTERM): the spool's ``hung`` report stays the reason;
+    - interrupted otherwise (mpiexec forwards SIGINT and SIGTERM to every rank): the spool is marked
+      ``interrupted: <signal> <when>; <what is kept> in <spool>`` and the same line goes to stderr;
+    - any other failure but a :class:`TraceError` (recorded already) or ``SystemExit``: the spool is marked
+      ``<type>: <message>``.
+
+    An interruption's line is the one the command line gives (``exc.reported``)."""
+    interrupted = isinstance(exc, (KeyboardInterrupt, Terminated))
+    if spool is None:
+        return
+    if at.merging and (not os.path.exists(spool.steps_path) or published_trace(spool.dir) is not None):
+        if interrupted:  # the merge published the trace (and maybe removed this rank's files)
+            _remove_left_over(spool)  # every rank's files: the abort may end the others before they remove theirs
+            _report(exc, f"interrupted: {interrupt_name(exc)} after the final merge; the trace {trace_path} is "
+                         "complete")
+    elif interrupted and run.comm.watchdog.fired is not None:
+        pass
+    elif interrupted:
+        note = (f"interrupted: {interrupt_name(exc)} {at.stopped(run.options.steps)} in {spool.dir} "
+                f"(fourd-mpi trace recover {spool.dir})")
+        spool.mark_failed(note)
+        _report(exc, note)
+    elif not isinstance(exc, (SystemExit, TraceError)):
+        spool.mark_failed(f"{type(exc).__name__}: {exc}")
+
+
+def _report(exc: BaseException, note: str) -> None:
+    """``fourd-mpi: <note>`` on stderr, written at once; ``exc`` is marked ``reported`` (the command line adds no
+    line of its own)."""
+    with contextlib.suppress(OSError):  # stderr gone (its reader killed too): the exit status still says it
+        os.write(2, f"fourd-mpi: {note}\n".encode())
+    exc.reported = True
+
+
+def close_run(run: Run, spool: Optional[RankSpool], sentinel) -> None:
+    """The end of every run, whatever ended it: the sentinel is told the run ended in order, this rank's spool
+    files are closed (their lock released: ``trace recover`` may take them), the NVTX ranges end, the watchdog
+    stops and the run's communicators are freed (:meth:`Run.close`: ``MPI_Comm_free``, collective by the
+    standard but local in MPICH and Open MPI, so a rank that failed alone frees its own and goes on to abort
+    the job)."""
+    if sentinel is not None:
+        sentinel.close()
+    if spool is not None:
+        spool.close()  # idempotent: the merge or the spool's health check may have closed it
     if run.comm.tracer.ranges is not None:
         run.comm.tracer.ranges.unwind()
     run.comm.watchdog.close()
     run.close()
-    return path, summary
 
 
 class NonFiniteLoss(TraceError):
