@@ -267,12 +267,15 @@ class PipelineTrainer:
                 f"micro-batch(es) of {shard // o.microbatches} sequence(s) per rank, schedule {o.pipeline_schedule}")
 
     def trace_metadata(self) -> Dict:
-        """Keys of the trace metadata: the 5D grid and the pipeline's settings."""
-        o = self.options
-        return {"grid5d": plan.grid5d_text(o),
+        """Keys of the trace metadata: the pipeline's settings, and the run's grid (read from it) as readers
+        spell it: ``grid5d`` ``inter x data x z x y x x`` (text and, under ``pipeline``, sizes, which
+        :meth:`fourd_mpi.trace.read.Trace.placement` reads in traces without a placement) and the rank order."""
+        o, root = self.options, self.comm.grid.root
+        grid5d = {axis: root.dims[axis] for axis in plan.GRID5D_AXES}
+        return {"grid5d": "x".join(str(size) for size in grid5d.values()),
                 "pipeline": {"stages": o.ginter, "microbatches": o.microbatches, "schedule": o.pipeline_schedule,
-                             "grid5d": plan.grid5d(o), "grid5d_axes": "inter x data x z x y x x",
-                             "rank_order": ", ".join(plan.RANK_ORDER) + " (outermost first)",
+                             "grid5d": grid5d, "grid5d_axes": " x ".join(plan.GRID5D_AXES),
+                             "rank_order": ", ".join(root.axes) + " (outermost first)",
                              "stage_blocks": [[r.start, r.stop] for r in (plan.stage_blocks(o.model.layers, o.ginter, s)
                                                                           for s in range(o.ginter))],
                              "bubble": "host time blocked waiting for another stage's message (op bubble, "
