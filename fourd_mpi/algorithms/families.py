@@ -19,7 +19,9 @@ The hooks of a record:
   not a free factorization (a cube); ``model_checker(model, grid) -> [sentence]`` replacing the 4D model
   rules of :func:`fourd_mpi.step.presets.model_problems`; ``describer(grid) -> text`` for the header line's
   parentheses; ``splitter(algorithm, world_size, values) -> ranks of one 4D grid`` for a family that splits
-  the world before the 4D grid (``values``: option values keyed by dest).
+  the world before the 4D grid (``values``: option values keyed by dest); ``grid_dims(options) -> {axis:
+  size}``, outermost first, for a family whose run grid has more axes than ``data, z, y, x`` (the pipeline:
+  ``data, inter, z, y, x``; :class:`fourd_mpi.core.grid.ProcessGrid` over the world).
 - model hooks (names, see :meth:`Family.hook`; None: the family has none): ``predict`` (called with
   keywords as :func:`fourd_mpi.perf.predict.predict`) -> :class:`~fourd_mpi.perf.predict.Prediction`;
   ``candidates(cfg, ranks, algorithm) -> [(grid, extra)]`` (None: every 4D factorization the algorithm
@@ -67,6 +69,7 @@ class Family:
     model_checker: Optional[Callable] = None
     describer: Optional[Callable] = None
     splitter: Optional[Callable] = None
+    grid_dims: Optional[Callable] = None
     predict: Optional[str] = "predict"
     candidates: Optional[str] = None
     run_options: Optional[str] = None
@@ -116,7 +119,7 @@ FAMILIES: Dict[str, Family] = {f.name: f for f in (
            shaper=cube.cube_shape, model_checker=cube.model_problems, describer=cube.describe,
            admission="admission_memory"),
     Family("pipeline", "fourd_mpi.algorithms.pipeline", "fourd_mpi.perf.pipeline", checker=pipeline_plan.check,
-           splitter=pipeline_plan.stage_world, predict="predict_pipeline",
+           splitter=pipeline_plan.stage_world, grid_dims=pipeline_plan.grid_dims, predict="predict_pipeline",
            candidates=f"{_ACROSS}:_pipeline_candidates", run_options=f"{_ACROSS}:_pipeline_run_options",
            memory=f"{_ACROSS}:_pipeline_memory", lower_bound="pipeline_lower_bound", admission="admission_memory"),
 )}

@@ -1,9 +1,11 @@
 """AxoNN inter-layer (pipeline) parallelism composed with the 4D tensor algorithm (``--algorithm pipeline``).
 
-The world is ``G_inter`` stages of ``G_data x G_z x G_y x G_x`` ranks each (5D; rank order
-``data, inter, z, y, x`` outermost first, :mod:`fourd_mpi.algorithms.pipeline_plan`). Stage ``s``
-builds the 4D :class:`~fourd_mpi.core.grid.ProcessGrid` on its own sub-communicator
-(:func:`grid_comm`) and holds a contiguous, balanced range of the blocks
+The world is ``G_inter`` stages of ``G_data x G_z x G_y x G_x`` ranks each: one
+:class:`~fourd_mpi.core.grid.ProcessGrid` with the axes ``data, inter, z, y, x`` outermost first
+(:func:`~fourd_mpi.algorithms.pipeline_plan.grid_dims`, built by :meth:`fourd_mpi.run.build.Run.build`).
+Stage ``s`` (this rank's ``inter`` coordinate) runs the 4D step on the grid's
+:meth:`~fourd_mpi.core.grid.ProcessGrid.sub` over ``data, z, y, x`` and holds a contiguous, balanced range of
+the blocks
 (:func:`~fourd_mpi.algorithms.pipeline_plan.stage_blocks`), the same block objects (names,
 weights, collectives per layer) as the 4D step. Stage 0 takes the input, the last stage
 computes the loss.
@@ -11,7 +13,8 @@ computes the loss.
 Each rank's batch shard (``B/(G_data G_z)`` sequences) is split into ``m = --microbatches``
 micro-batches of whole sequences. Between stages a micro-batch's activation ``[m_micro, h/G_x]``
 (rep Y) goes forward and its gradient (same shape) backward, point to point between the ranks
-with equal 4D coordinates in adjacent stages (:mod:`fourd_mpi.core.p2p`; tags: micro-batch and
+with equal 4D coordinates in adjacent stages, over the grid's ``inter`` communicator
+(:mod:`fourd_mpi.core.p2p`; tags: micro-batch and
 direction). The order of a stage's forwards and backwards is the schedule's
 (:mod:`fourd_mpi.algorithms.pipeline_schedule`: AxoNN's message-driven one or 1F1B).
 
@@ -35,30 +38,11 @@ from fourd_mpi.algorithms import pipeline_plan as plan
 from fourd_mpi.algorithms.pipeline_schedule import run as run_schedule
 from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.core.layout import activation_layout
-from fourd_mpi.core.mpiutil import derived
 from fourd_mpi.core.p2p import BACKWARD, FORWARD, PointToPoint, tag
 from fourd_mpi.step import elementwise
 from fourd_mpi.step.engine import StepResult, timed_step
 from fourd_mpi.step.model import GPTBlock, MLPBlock, Model, SyntheticData, held_bytes
 from fourd_mpi.step.schedule import GradientSync, StepContext, WeightFetcher
-
-
-def grid_comm(world, options):
-    """This rank's stage: a sub-communicator of ``world`` ordered by rank in the stage's 4D grid
-    (:func:`~fourd_mpi.algorithms.pipeline_plan.place`). Collective over ``world``."""
-    stage, stage_rank = plan.place(world.Get_rank(), options.ginter, options.grid.z * options.grid.y * options.grid.x)
-    return derived(world, world.Split(color=stage, key=stage_rank))
-
-
-def world_dims(options) -> Dict[str, int]:
-    """Axis -> size over the whole world in rank order (:data:`~fourd_mpi.algorithms.pipeline_plan.RANK_ORDER`,
-    ``data, inter, z, y, x``): world ranks are row-major over them (:func:`~fourd_mpi.algorithms.pipeline_plan.place`)."""
-    sizes = plan.grid5d(options)
-    return {axis: sizes[axis] for axis in plan.RANK_ORDER}
-
-
-def stage_of(world, options) -> int:
-    return plan.place(world.Get_rank(), options.ginter, options.grid.z * options.grid.y * options.grid.x)[0]
 
 
 class PipelineModel(Model):
@@ -253,8 +237,8 @@ class PipelineTrainer:
         self.schedule = options.pipeline_schedule
         self.overlap = options.overlap_config()
         self.recompute = options.recompute
-        # the ranks with equal 4D coordinates in every stage; its rank is the stage
-        self.inter = derived(world, world.Split(color=comm.grid.cart.Get_rank(), key=self.stage))
+        # the ranks with equal 4D coordinates in every stage; its rank is the stage (owned by the grid)
+        self.inter = comm.grid.root.axis_comm("inter")
         names = self.inter.allgather(model.stage_layer_names())
         model.all_layer_names = [n for part in names for n in part] + ["loss"]
         comm.tracer.set_layers(model.layer_names())
@@ -271,7 +255,6 @@ class PipelineTrainer:
         self._group_sizes = {axis: comm.grid.size(axis) for axis in ("data", "z", "y", "x")}
         self._group_sizes["inter"] = 2  # a message has one sender and one receiver
         self.saved_activation_bytes = 0
-        self.extra_coords = {"inter": self.stage}
 
     def describe(self) -> str:
         """One header line (the same on every rank)."""
@@ -284,12 +267,15 @@ class PipelineTrainer:
                 f"micro-batch(es) of {shard // o.microbatches} sequence(s) per rank, schedule {o.pipeline_schedule}")
 
     def trace_metadata(self) -> Dict:
-        """Keys of the trace metadata: the 5D grid and the pipeline's settings."""
-        o = self.options
-        return {"grid5d": plan.grid5d_text(o),
+        """Keys of the trace metadata: the pipeline's settings, and the run's grid (read from it) as readers
+        spell it: ``grid5d`` ``inter x data x z x y x x`` (text and, under ``pipeline``, sizes, which
+        :meth:`fourd_mpi.trace.read.Trace.placement` reads in traces without a placement) and the rank order."""
+        o, root = self.options, self.comm.grid.root
+        grid5d = {axis: root.dims[axis] for axis in plan.GRID5D_AXES}
+        return {"grid5d": "x".join(str(size) for size in grid5d.values()),
                 "pipeline": {"stages": o.ginter, "microbatches": o.microbatches, "schedule": o.pipeline_schedule,
-                             "grid5d": plan.grid5d(o), "grid5d_axes": "inter x data x z x y x x",
-                             "rank_order": ", ".join(plan.RANK_ORDER) + " (outermost first)",
+                             "grid5d": grid5d, "grid5d_axes": " x ".join(plan.GRID5D_AXES),
+                             "rank_order": ", ".join(root.axes) + " (outermost first)",
                              "stage_blocks": [[r.start, r.stop] for r in (plan.stage_blocks(o.model.layers, o.ginter, s)
                                                                           for s in range(o.ginter))],
                              "bubble": "host time blocked waiting for another stage's message (op bubble, "
@@ -320,13 +306,11 @@ class PipelineTrainer:
     def step(self, step: int) -> StepResult:
         return timed_step(self, step, self.world, "the end-of-step MAX all-reduce over the world")
 
-    def close(self) -> None:
-        self.inter.Free()
-
 
 def build_state(options, grid, backend, counter):
-    """``(model, data)`` of this rank's stage. No collective (called inside the allocation guard)."""
-    stage = stage_of(grid.world, options)
+    """``(model, data)`` of this rank's stage (``grid``: the stage's 4D grid, :meth:`~fourd_mpi.core.grid.ProcessGrid.sub`
+    of the run's grid, whose ``inter`` coordinate is the stage). No collective (called inside the allocation guard)."""
+    stage = grid.root.coords["inter"]
     first, last = stage == 0, stage == options.ginter - 1
     model = PipelineModel(options.model, grid, backend, stage, options.ginter, options.microbatches,
                           seed=options.seed, counter=counter)
@@ -336,5 +320,5 @@ def build_state(options, grid, backend, counter):
 
 
 def make_trainer(model, data, comm, optimizer, options):
-    """The stage's :class:`PipelineTrainer`. Collective over the world (splits the ``inter`` communicator)."""
+    """The stage's :class:`PipelineTrainer`. Collective over the world (gathers the layer names over ``inter``)."""
     return PipelineTrainer(model, data, comm, optimizer, options, comm.grid.world)

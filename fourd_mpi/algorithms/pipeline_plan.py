@@ -87,6 +87,14 @@ def world_rank(stage: int, stage_rank: int, stages: int, tensor_size: int) -> in
     return (replica * stages + stage) * tensor_size + tensor_rank
 
 
+def grid_dims(options) -> Dict[str, int]:
+    """The run's grid, axis -> size in rank order (:data:`RANK_ORDER`, ``data, inter, z, y, x``): world ranks
+    are row-major over them (:func:`place`), the axes of :class:`fourd_mpi.core.grid.ProcessGrid` of the whole
+    world (its family's ``grid_dims`` hook). Pure."""
+    sizes = grid5d(options)
+    return {axis: sizes[axis] for axis in RANK_ORDER}
+
+
 def grid5d(options) -> Dict[str, int]:
     """``{"inter", "data", "z", "y", "x"}`` sizes."""
     g = options.grid

@@ -49,11 +49,9 @@ from typing import Dict, Mapping, Optional, Tuple
 
 from fourd_mpi.algorithms import families
 from fourd_mpi.algorithms.families import Family
+from fourd_mpi.core.grid import AXES as _AXES
 from fourd_mpi.core.grid import GridShape, infer_grid_shape
 from fourd_mpi.errors import ConfigError
-
-#: grid axes in Cartesian order (outermost first), as :data:`fourd_mpi.core.grid.AXES`
-_AXES = ("data", "z", "y", "x")
 
 
 @dataclass(frozen=True)
@@ -164,6 +162,13 @@ class Algorithm:
                 raise ConfigError(f"{flag} {given}: --algorithm {self.name} ({self.title}) has no pipeline "
                                   f"stages; use --algorithm pipeline (or {flag} 1)")
         return world_size
+
+    def grid_dims(self, options) -> Dict[str, int]:
+        """The axes of the run's grid over the whole world, axis -> size outermost first
+        (:class:`~fourd_mpi.core.grid.ProcessGrid`): its family's ``grid_dims`` (the pipeline adds ``inter``),
+        else the 4D grid's ``data, z, y, x``. Pure."""
+        dims = self.spec.grid_dims
+        return dims(options) if dims is not None else dict(zip(_AXES, options.grid.dims))
 
     def module(self):
         """The implementing module, its family's (imported on first use)."""

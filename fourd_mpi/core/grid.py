@@ -1,10 +1,18 @@
-"""The 4D process grid ``G_data x G_z x G_y x G_x`` on MPI's Cartesian topology.
+"""Process grids of named axes on MPI's Cartesian topology; the 4D grid ``G_data x G_z x G_y x G_x``.
+
+A :class:`ProcessGrid` has named, ordered axes (default :data:`AXES`: ``data, z, y, x``, outermost first)
+and gives the communicator of any subset of them (:meth:`ProcessGrid.axes_comm`), as Megatron-core's
+``HyperCommGrid`` does; the pipeline's grid is the same class with one more axis, ``inter``
+(``data, inter, z, y, x``), and each stage's 4D grid is its :meth:`ProcessGrid.sub` over :data:`AXES`.
 
 Rank order, innermost (consecutive world ranks) to outermost: X, Y, Z, data.
 ``Create_cart(dims=[G_data, G_z, G_y, G_x])`` is row-major (last dimension varies
-fastest), which gives exactly that order; ``Sub`` gives one communicator per axis.
+fastest), which gives exactly that order; ``Sub`` gives one communicator per axis (or per subset of axes).
 Put the innermost axes inside a node: with ``r`` ranks per node the X axis (and
 then Y, ...) stays on a node while the product of the inner sizes divides ``r``.
+
+Which axis communicates (:data:`ROLES`): X and Y the tensor-parallel all-reduces, Z the weight all-gather and
+gradient reduce-scatter, data the gradient all-reduce, inter the pipeline's point-to-point messages.
 
 The arithmetic (inferring missing sizes, enumerating factorizations) is in pure
 functions so it can be tested without MPI.
@@ -16,7 +24,7 @@ import math
 import os
 import socket
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 from fourd_mpi.core.binding import Binding, cpu_ranges, own_cpus, parse_ranges
 from fourd_mpi.core.placement import NodePlacement
@@ -159,6 +167,32 @@ def grid_factorizations(world_size: int) -> Iterator[GridShape]:
                 yield GridShape(data, z, y, world_size // (data * z * y))
 
 
+#: what each axis communicates in a training step (:meth:`ProcessGrid.describe`)
+ROLES: Dict[str, str] = {
+    "x": "fwd all-reduce (normal), bwd all-reduce (transposed)",
+    "y": "bwd all-reduce (normal), fwd all-reduce (transposed)",
+    "z": "weight all-gather, gradient reduce-scatter",
+    "data": "gradient all-reduce",
+    "inter": "activations forward, their gradients backward (point to point between adjacent stages)",
+}
+
+
+def grid_dims(dims) -> Dict[str, int]:
+    """Axis name -> size, outermost first: a :class:`GridShape` gives :data:`AXES`; a mapping is taken in its
+    order. A :class:`ConfigError` for a size below 1 or a repeated name."""
+    if isinstance(dims, GridShape):
+        return dict(zip(AXES, dims.dims))
+    named = {str(axis): int(size) for axis, size in dict(dims).items()}
+    if len(named) != len(dims) or not named or min(named.values()) < 1:
+        raise ConfigError(f"grid axes {dict(dims)} are not distinct names with positive sizes")
+    return named
+
+
+def _spelled(dims: Mapping[str, int]) -> str:
+    """``1x2x2x2``: the sizes in axis order."""
+    return "x".join(str(v) for v in dims.values())
+
+
 def gather_placement(comm, dims: Dict[str, int], node_comm=None) -> NodePlacement:
     """The node of every rank of ``comm`` and each axis' node span (:class:`NodePlacement`).
 
@@ -194,85 +228,160 @@ def gather_placement(comm, dims: Dict[str, int], node_comm=None) -> NodePlacemen
 
 
 class ProcessGrid:
-    """The 4D Cartesian communicator and its four axis communicators.
+    """A process grid of named, ordered axes on MPI's Cartesian topology, and the communicator of any subset
+    of its axes (as Megatron-core's ``HyperCommGrid``, NVIDIA/Megatron-LM ``megatron/core/hyper_comm_grid.py``:
+    named dimensions, one process group per subset, created once and cached; here with MPI_Cart_create and
+    MPI_Cart_sub, whose rank order is row-major, last axis fastest, where HyperCommGrid lists its first
+    dimension fastest).
+
+    The 4D grid is ``ProcessGrid(comm, GridShape(G_data, G_z, G_y, G_x))``, axes :data:`AXES`. A pipeline is
+    the same class with one more axis: ``ProcessGrid(world, {"data": D, "inter": P, "z": Z, "y": Y, "x": X})``
+    (:func:`fourd_mpi.algorithms.pipeline_plan.grid_dims`); its stages' 4D grid is :meth:`sub` ``(AXES)``.
 
     Parameters
     ----------
     comm:
-        The communicator to arrange (the CLI passes ``COMM_WORLD``; tests may pass
-        a sub-communicator). Collective: all its ranks must call with equal shapes.
-    shape:
-        A :class:`GridShape` whose product equals ``comm.Get_size()``.
+        The communicator to arrange (the CLI passes ``COMM_WORLD``; tests may pass a sub-communicator).
+        Collective: all its ranks must call with equal sizes.
+    dims:
+        A :class:`GridShape` (the axes :data:`AXES`) or a mapping axis name -> size, outermost first, whose
+        product equals ``comm.Get_size()``.
+
+    Rank placement: ``comm`` rank ``r`` has the coordinates of ``r`` row-major over ``dims``
+    (``Create_cart(reorder=False)``: cart rank == comm rank). The communicator of a subset ``S`` of the axes
+    (:meth:`axes_comm`, ``MPI_Cart_sub`` keeping ``S``) holds the ranks whose coordinates equal this rank's on
+    every axis outside ``S``, ranked row-major over ``S`` in grid order.
 
     Attributes
     ----------
-    cart: the Cartesian communicator (``reorder=False``: cart rank == comm rank).
-    axis_comms: ``{"data", "z", "y", "x"} -> communicator`` along that axis only.
-    coords: ``{"data", "z", "y", "x"} -> this rank's coordinate``.
-    local_rank, local_size: rank and size within this node (``COMM_TYPE_SHARED``).
+    dims: axis -> size, outermost first; axes: their names in that order.
+    cart: the Cartesian communicator over all axes (of a :meth:`sub` grid: its ``MPI_Cart_sub``).
+    coords: axis -> this rank's coordinate; rank, world_size: within :attr:`cart`.
+    world: the communicator of the whole run (end-of-step agreements span it): the root grid's ``comm``.
+    root: the grid over all axes this one was cut from (:meth:`sub`), itself for a root grid.
+    local_rank, local_size: rank and size within this node (``COMM_TYPE_SHARED`` split of :attr:`cart`).
     num_nodes: number of distinct nodes in the grid.
     intra_node: ``axis -> True`` when every communicator along that axis lies on one node.
     """
 
-    def __init__(self, comm, shape: GridShape):
-        from mpi4py import MPI
-
-        if shape.size != comm.Get_size():
-            raise ConfigError(
-                f"grid {shape} (data x z x y x x) has {shape.size} ranks but the world size is "
-                f"{comm.Get_size()}: choose sizes whose product is {comm.Get_size()}"
-            )
-        self.shape = shape
-        self.comm = comm
-        #: the communicator of the whole run this grid belongs to (end-of-step agreements span it): ``comm``
-        #: itself, unless the run splits its world first (pipeline stages: :meth:`fourd_mpi.run.build.Run.build`)
-        self.world = comm
+    def __init__(self, comm, dims):
         from fourd_mpi.core.mpiutil import derived
 
-        self.cart = derived(comm, comm.Create_cart(dims=list(shape.dims), periods=[False] * 4, reorder=False))
-        self.rank = self.cart.Get_rank()
-        self.world_size = self.cart.Get_size()
-        cart_coords = self.cart.Get_coords(self.rank)
-        self.coords: Dict[str, int] = dict(zip(AXES, cart_coords))
-        self.axis_comms = {}
-        for i, axis in enumerate(AXES):
-            keep = [j == i for j in range(4)]
-            self.axis_comms[axis] = derived(self.cart, self.cart.Sub(keep))
+        named = grid_dims(dims)
+        size = math.prod(named.values())
+        if size != comm.Get_size():
+            raise ConfigError(
+                f"grid {_spelled(named)} ({' x '.join(named)}) has {size} ranks but the world size is "
+                f"{comm.Get_size()}: choose sizes whose product is {comm.Get_size()}"
+            )
+        self.root = self
+        self.comm = comm
+        self.world = comm
+        #: axes subset (in grid order) -> its communicator (:meth:`axes_comm`)
+        self._comms: Dict[Tuple[str, ...], object] = {}
+        n = len(named)
+        self._setup(derived(comm, comm.Create_cart(dims=list(named.values()), periods=[False] * n, reorder=False)),
+                    named)
+        for axis in self.axes:  # one communicator per axis, created eagerly in grid order on every rank
+            self.axes_comm((axis,))
 
-        self.node_comm = self.cart.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+    def _setup(self, cart, dims: Dict[str, int]) -> None:
+        """The facts of a grid on ``cart`` (coordinates, node, placement). Collective over ``cart``."""
+        from mpi4py import MPI
+
+        self.dims = dict(dims)
+        self.axes = tuple(dims)
+        self.cart = cart
+        self.rank = cart.Get_rank()
+        self.world_size = cart.Get_size()
+        self.coords: Dict[str, int] = dict(zip(self.axes, cart.Get_coords(self.rank)))
+        self.node_comm = cart.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank = self.node_comm.Get_rank()
         self.local_size = self.node_comm.Get_size()
         self.hostname = socket.gethostname()
         #: where this grid's ranks run (the launcher's node assignment) and each axis' node span
-        self.placement = gather_placement(self.cart, dict(zip(AXES, shape.dims)), self.node_comm)
+        self.placement = gather_placement(cart, self.dims, self.node_comm)
         self.node_index = self.placement.nodes[self.rank]
         self.num_nodes = self.placement.num_nodes
         self.ranks_per_node = self.placement.ranks_per_node
-        self.intra_node = {axis: not self.placement.crosses(axis) for axis in AXES}
+        self.intra_node = {axis: not self.placement.crosses(axis) for axis in self.axes}
+
+    def _ordered(self, axes) -> Tuple[str, ...]:
+        """``axes`` in grid order (a subset names the same communicator in any order); KeyError for an axis
+        this grid lacks."""
+        wanted = set(axes)
+        unknown = wanted - set(self.root.axes)
+        if unknown:
+            raise KeyError(f"axes {sorted(unknown)} not in the grid's {', '.join(self.root.axes)}")
+        return tuple(a for a in self.root.axes if a in wanted)
+
+    def axes_comm(self, axes):
+        """The communicator over the named ``axes`` (any subset, any order; ``MPI_Cart_sub`` of the root grid
+        keeping them): the ranks equal to this one on every other axis, ranked row-major over ``axes`` in grid
+        order. Created on first request and cached; the root grid creates one per axis when built, any other
+        subset on its first request, which every rank of the root grid must make, in the same order."""
+        from fourd_mpi.core.mpiutil import derived
+
+        key = self._ordered(axes)
+        root = self.root
+        if key not in root._comms:
+            root._comms[key] = derived(root.cart, root.cart.Sub([a in key for a in root.axes]))
+        return root._comms[key]
+
+    def axis_comm(self, axis: str):
+        """The communicator along ``axis`` only (:meth:`axes_comm` of ``(axis,)``)."""
+        return self.axes_comm((axis,))
+
+    @property
+    def axis_comms(self) -> Dict[str, object]:
+        """``axis -> communicator`` along that axis only, for this grid's axes."""
+        return {axis: self.axis_comm(axis) for axis in self.axes}
+
+    def sub(self, axes) -> "ProcessGrid":
+        """The grid of the named ``axes`` that holds this rank (the same class; its :attr:`cart` is
+        :meth:`axes_comm` ``(axes)``, its axis communicators the root's, its :attr:`world` the root's).
+        ``sub(AXES)`` of a pipeline's grid is this rank's stage: ``G_data x G_z x G_y x G_x`` ranks with
+        equal ``inter`` coordinate. Collective over that sub-grid (it splits its node communicator and
+        gathers its placement); the grid itself when ``axes`` are all of its axes."""
+        key = self._ordered(axes)
+        if key == self.axes:
+            return self
+        grid = object.__new__(ProcessGrid)
+        grid.root, grid.world = self.root, self.root.comm
+        cart = self.axes_comm(key)
+        grid.comm = cart
+        grid._setup(cart, {a: self.root.dims[a] for a in key})
+        return grid
+
+    @property
+    def shape(self) -> GridShape:
+        """The 4D sizes ``G_data x G_z x G_y x G_x`` (an axis this grid lacks has size 1)."""
+        return GridShape(*(self.dims.get(a, 1) for a in AXES))
 
     def size(self, axis: str) -> int:
-        return self.shape[axis]
+        return self.dims[axis] if axis in self.dims else self.shape[axis]
 
     def coord(self, axis: str) -> int:
         return self.coords[axis]
 
-    def axis_comm(self, axis: str):
-        return self.axis_comms[axis]
-
     def stride(self, axis: str) -> int:
-        """Distance in world ranks between neighbours along ``axis``."""
+        """Distance in this grid's ranks between neighbours along ``axis``: the product of the sizes of
+        the axes inside it."""
         stride = 1
-        for a in reversed(AXES):
+        for a in reversed(self.axes):
             if a == axis:
                 return stride
-            stride *= self.shape[a]
+            stride *= self.dims[a]
         raise KeyError(axis)
 
     def free(self) -> None:
-        """Free the communicators this grid created. Collective over the grid."""
-        for c in list(self.axis_comms.values()) + [self.node_comm, self.cart]:
+        """Free the communicators this grid created (a root grid: every cached one). Collective over the grid."""
+        comms = [self.node_comm]
+        if self.root is self:
+            comms += list(self._comms.values()) + [self.cart]
+            self._comms = {}
+        for c in comms:
             c.Free()
-        self.axis_comms = {}
 
     def describe(self, placement: Optional[NodePlacement] = None) -> str:
         """A multi-line, human-readable description (same text on every rank).
@@ -285,8 +394,12 @@ class ProcessGrid:
         binding = placement.binding
         per_node = placement.ranks_per_node
         per_node_text = str(per_node[0]) if per_node[0] == per_node[-1] else f"{per_node[0]}-{per_node[-1]}"
+        if self.axes == AXES:
+            title = f"4D grid G_data x G_z x G_y x G_x = {self.shape}"
+        else:
+            title = f"grid {' x '.join('G_' + a for a in self.axes)} = {_spelled(self.dims)}"
         lines = [
-            f"4D grid G_data x G_z x G_y x G_x = {self.shape} on {self.world_size} ranks, "
+            f"{title} on {self.world_size} ranks, "
             f"{placement.num_nodes} node(s), {per_node_text} rank(s) per node",
             f"  nodes (from MPI_COMM_TYPE_SHARED, the launcher's assignment): {placement.describe()}",
             f"  binding (CPU affinity of each rank): "
@@ -294,24 +407,15 @@ class ProcessGrid:
         ]
         if binding is not None and binding.advice():
             lines.append(f"  note: {binding.advice()}")
-        roles = {
-            "x": "fwd all-reduce (normal), bwd all-reduce (transposed)",
-            "y": "bwd all-reduce (normal), fwd all-reduce (transposed)",
-            "z": "weight all-gather, gradient reduce-scatter",
-            "data": "gradient all-reduce",
-        }
         rows = []
-        for axis in reversed(AXES):
+        for axis in reversed(self.axes):
             place = "inter-node" if placement.crosses(axis) else "intra-node"
-            rows.append([axis, self.shape[axis], self.stride(axis), "-" if self.shape[axis] == 1 else place,
-                         roles[axis]])
+            rows.append([axis, self.dims[axis], self.stride(axis), "-" if self.dims[axis] == 1 else place,
+                         ROLES.get(axis, "-")])
         lines.append(render(rows, ["axis", "size", "stride", "placement", "communicates"],
                             align=["left", "right", "right", "left", "left"], indent="  "))
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        c = self.coords
-        return (
-            f"ProcessGrid({self.shape}, rank={self.rank}, coords=(data={c['data']}, z={c['z']}, "
-            f"y={c['y']}, x={c['x']}))"
-        )
+        c = ", ".join(f"{a}={self.coords[a]}" for a in self.axes)
+        return f"ProcessGrid({_spelled(self.dims)}, rank={self.rank}, coords=({c}))"

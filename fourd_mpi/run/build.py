@@ -19,7 +19,7 @@ from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.core.gpuaware import OP_CLASSES, GpuAwareness
 from fourd_mpi.core.gpuaware import detect as detect_gpu_awareness
 from fourd_mpi.core.gpuaware import smoke_test
-from fourd_mpi.core.grid import ProcessGrid, gather_placement
+from fourd_mpi.core.grid import AXES, ProcessGrid
 from fourd_mpi.core.placement import NodePlacement
 from fourd_mpi.core.mpiutil import agree, check_same
 from fourd_mpi.core.progress import make_progress
@@ -224,8 +224,8 @@ class Run:
     clock_start: Optional[tuple] = None
     #: the memory model's estimate per rank that admission checked (:mod:`fourd_mpi.run.admission`)
     memory_need: Optional[MemoryNeed] = None
-    #: the communicator the run was built on (all its ranks); ``grid.comm`` is this rank's part of it when
-    #: the algorithm splits the world (pipeline stages), else the same
+    #: the communicator the run was built on (all its ranks), ``grid.world``; ``grid`` is the 4D grid the step
+    #: runs on, ``grid.root`` the run's grid over all axes (pipeline stages: ``data, inter, z, y, x``)
     world: object = None
     #: the node of every world rank and each axis' node span over the whole run (:mod:`fourd_mpi.core.placement`;
     #: pipeline stages: axes ``data, inter, z, y, x``)
@@ -245,14 +245,14 @@ class Run:
         check_same(mpi_comm, resolved_settings(options), what="resolved configurations",
                    hint="the same arguments resolved differently: every rank must run the same installation "
                         "of fourd_mpi; a stale copy on some nodes?")
-        impl = get_algorithm(options.algorithm).module()
-        # the 4D grid's communicator: the whole world, or this rank's part of it (pipeline stages); every
-        # agreement below spans mpi_comm, the whole run, never only the grid
-        grid_comm = impl.grid_comm(mpi_comm, options) if hasattr(impl, "grid_comm") else mpi_comm
-        grid = ProcessGrid(grid_comm, options.grid)
-        grid.world = mpi_comm
-        # where every rank of the run is (the launcher's node assignment): the grid's own when it is the world
-        placement = grid.placement if grid_comm is mpi_comm else gather_placement(mpi_comm, impl.world_dims(options))
+        algorithm = get_algorithm(options.algorithm)
+        impl = algorithm.module()
+        # the run's grid over the whole world (the pipeline: one more axis, inter) and the 4D grid the step runs
+        # on, this rank's part of it (the whole grid, or its pipeline stage); every agreement below spans
+        # mpi_comm, the whole run, never only the 4D grid
+        grid = ProcessGrid(mpi_comm, algorithm.grid_dims(options)).sub(AXES)
+        # where every rank of the run is (the launcher's node assignment), over all the run grid's axes
+        placement = grid.root.placement
         awareness = detect_gpu_awareness()
         backend_name = options.backend
         if backend_name == "auto":  # cupy only when every rank has a usable GPU
@@ -327,5 +327,5 @@ class Run:
         if closing is not None:
             closing()
         self.grid.free()
-        if self.world is not None and self.grid.comm is not self.world:
-            self.grid.comm.Free()
+        if self.grid.root is not self.grid:
+            self.grid.root.free()

@@ -117,11 +117,12 @@ def device_info(backend) -> Dict:
 
 def rank_metadata(run, clock_offset_ns: int, clock_uncertainty_ns: int) -> Dict:
     """This rank's row of ``/ranks``: ``node`` is its node index over the whole run (numbered by lowest world
-    rank, :mod:`fourd_mpi.core.placement`), not within a pipeline stage."""
+    rank, :mod:`fourd_mpi.core.placement`), not within a pipeline stage; ``coords`` its coordinates on every
+    axis of the run's grid, ``data, z, y, x`` first (then ``inter``, a pipeline's stage)."""
     grid = run.grid
     rank = (run.world if run.world is not None else grid.cart).Get_rank()
     node = run.placement.nodes[rank] if run.placement is not None else grid.node_index
     return {"rank": rank, "hostname": grid.hostname, "node": node,
-            "local_rank": grid.local_rank, "coords": {**grid.coords, **getattr(run.trainer, "extra_coords", {})}, "pid": os.getpid(),
+            "local_rank": grid.local_rank, "coords": {**grid.coords, **grid.root.coords}, "pid": os.getpid(),
             "clock_offset_ns": int(clock_offset_ns), "clock_uncertainty_ns": int(clock_uncertainty_ns),
             "data_prep_s": float(run.data.prep_seconds)}

@@ -11,7 +11,7 @@ from fourd_mpi.algorithms import families, registry
 from fourd_mpi.algorithms.families import FAMILIES, MODEL_HOOKS, Family
 from fourd_mpi.errors import ConfigError
 
-PURE = ("checker", "shaper", "model_checker", "describer", "splitter")
+PURE = ("checker", "shaper", "model_checker", "describer", "splitter", "grid_dims")
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from fourd_mpi.algorithms import pipeline_plan as plan
+from fourd_mpi.algorithms import registry
 from fourd_mpi.algorithms.pipeline_schedule import SCHEDULES, run
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.options import resolve_values
@@ -36,6 +37,11 @@ def test_the_stage_grid_is_inferred_from_world_over_stages():
     o = resolve_values({"algorithm": "pipeline", "ginter": 2, "gz": 2}, 8)
     assert (o.ginter, str(o.grid)) == (2, "2x2x1x1")
     assert plan.grid5d_text(o) == "2x2x2x1x1"
+    # the run's grid over the world: one more axis, inter, between data and the tensor axes (rank order)
+    assert list(registry.get("pipeline").grid_dims(o).items()) == [("data", 2), ("inter", 2), ("z", 2), ("y", 1),
+                                                                  ("x", 1)]
+    four = resolve_values({"algorithm": "axonn4d", "gz": 2}, 8)
+    assert list(registry.get("axonn4d").grid_dims(four).items()) == [("data", 4), ("z", 2), ("y", 1), ("x", 1)]
     o = resolve_values({"algorithm": "pipeline", "ginter": 3, "layers": 3}, 6)
     assert str(o.grid) == "2x1x1x1"
 
