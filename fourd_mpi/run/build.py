@@ -260,7 +260,7 @@ class Run:
         # CuPy starts staged; direct only once detection (and the smoke test) allow it
         first_mode = "staged" if options.device_buffers == "staged" or backend_name == "cupy" else "direct"
         backend = agree(mpi_comm, lambda: make_backend(
-            backend_name, parse_dtype(options.dtype), grid.local_rank, first_mode, options.tf32))
+            backend_name, parse_dtype(options.dtype), grid.root.local_rank, first_mode, options.tf32))
         evidence = mpi_comm.allgather((awareness.direct_ok, awareness.reason, awareness.cuda_aware,
                                        {cls: r["route"] for cls, r in awareness.routes.items()}))
         evidence_ok = all(ok for ok, _, _, _ in evidence)

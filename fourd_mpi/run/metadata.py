@@ -123,6 +123,6 @@ def rank_metadata(run, clock_offset_ns: int, clock_uncertainty_ns: int) -> Dict:
     rank = (run.world if run.world is not None else grid.cart).Get_rank()
     node = run.placement.nodes[rank] if run.placement is not None else grid.node_index
     return {"rank": rank, "hostname": grid.hostname, "node": node,
-            "local_rank": grid.local_rank, "coords": {**grid.coords, **grid.root.coords}, "pid": os.getpid(),
+            "local_rank": grid.root.local_rank, "coords": {**grid.coords, **grid.root.coords}, "pid": os.getpid(),
             "clock_offset_ns": int(clock_offset_ns), "clock_uncertainty_ns": int(clock_uncertainty_ns),
             "data_prep_s": float(run.data.prep_seconds)}

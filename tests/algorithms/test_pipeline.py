@@ -79,6 +79,9 @@ def test_trace_p2p_bytes_equal_the_model_and_bubbles_are_a_category(run_mpi, tmp
     trace = load_trace(str(tmp_path / "pipe.h5"))
     assert check_invariants(trace) == []
     assert trace.metadata["grid5d"] == "3x1x1x1x2" and trace.metadata["pipeline"]["schedule"] == "axonn"
+    # the node-local rank (which GPU a rank takes) counts over the whole run, not within a stage: 6 ranks on
+    # one node are 0..5 (counted within a stage, the 3 stages' ranks would all be 0 and 1 and share 2 GPUs)
+    assert sorted(int(r["local_rank"]) for r in trace.ranks) == list(range(6))
     options = resolve_values(args, 6)
     model = p2p_volumes(options.model, options.grid, 3, 2, "float64")
     ev, ops = trace.events, trace.vocab["ops"]
