@@ -43,7 +43,8 @@ from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM, of_metadata
 from fourd_mpi.errors import ConfigError, TraceError
 from fourd_mpi.trace.summary import (HARNESS_OPS, SHARE_FORMULA, STEP_FORMULA, harness_and_bubble_ns, harness_ns,
                                      host_op_mask, measured_records, per_record_sums, step_stats, summarize)
-from fourd_mpi.trace.read import Trace, gather_columns, in_codes, load_trace
+from fourd_mpi.trace.read import Trace, load_trace
+from fourd_mpi.trace.scan import gather_columns, in_codes
 from fourd_mpi.core.colltable import BUSBW_FORMULA, wire_factor
 from fourd_mpi.perf.peaks import stored_peaks, utilization_pct
 from fourd_mpi.trace.events import COMPUTE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST
@@ -376,7 +377,7 @@ def _as_runs(runs) -> pd.DataFrame:
 # ---------------------------------------------------------------------------
 
 def _measured_select(measured: np.ndarray, lanes):
-    """``select(block)`` for :func:`~fourd_mpi.trace.read.gather_columns`: events of the measured steps
+    """``select(block)`` for :func:`~fourd_mpi.trace.scan.gather_columns`: events of the measured steps
     (by step index) whose lane passes ``lanes(lane column)``."""
     steps = np.unique(measured["step"])
     contiguous = len(steps) and steps[-1] - steps[0] + 1 == len(steps)

@@ -9,6 +9,7 @@ import os
 
 from fourd_mpi.cli.args import (FORMATS, add_allow_damaged, add_deprecated, add_format, add_output, add_selection,
                                 add_trace_paths, parse_list, write_output, wrote)
+from fourd_mpi.analysis.export import COMMANDS as EXPORT_COMMANDS
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.files import named_inputs, refuse_output, replacing
 
@@ -58,7 +59,7 @@ def register(sub) -> None:
     pl.set_defaults(handler=cmd_plot, serial=True)
 
     ex = sub.add_parser("export", help="convert a trace for Perfetto / chrome://tracing or for Hatchet / Thicket")
-    ex.add_argument("format", choices=("perfetto", "thicket"),
+    ex.add_argument("format", choices=EXPORT_COMMANDS,
                     help="perfetto: the timeline, its format from the suffix of -o: Chrome trace-event JSON "
                          "(.json or .json.gz) or Perfetto protobuf (.pftrace or .perfetto-trace, .gz: gzip; about "
                          "40 %% of the JSON's size; needs pip install 'fourd_mpi[perfetto]'); thicket: Caliper "
@@ -261,31 +262,20 @@ def _draw(args, traces, output: str, plots, analysis) -> None:
 
 
 def cmd_export(args, world=None) -> int:
-    from fourd_mpi.analysis import export
+    from fourd_mpi.analysis.export import format_for
     from fourd_mpi.trace.read import load_trace
 
     try:
-        timeline = export.timeline_format(args.output) if args.format == "perfetto" else None
+        chosen = format_for(args.format, args.output)  # perfetto: JSON or protobuf, by the suffix of -o
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if timeline == "proto":
-        try:
-            import perfetto.protos.perfetto.trace.perfetto_trace_pb2  # noqa: F401
-        except ImportError as exc:
-            missing = "protobuf" if (exc.name or "").startswith("google") else "perfetto"
-            raise ConfigError(f"{args.output}: the Perfetto protobuf timeline needs the perfetto package and "
-                              f"protobuf ({missing} is missing): pip install 'fourd_mpi[perfetto]' "
-                              "(or pip install perfetto)") from None
+    chosen.require(args.output)
     refuse_output(args.output, args.force, inputs=[args.trace])
     trace = load_trace(args.trace, allow_damaged=args.allow_damaged)
     try:
         with replacing(args.output) as tmp:  # written under a temporary name, renamed when complete
-            if timeline == "proto":
-                export.write_perfetto_proto(trace, tmp, steps=args.select_steps, ranks=args.select_ranks)
-            elif timeline == "json":
-                export.write_perfetto(trace, tmp, steps=args.select_steps, ranks=args.select_ranks)
-            else:
-                export.write_caliper_json(trace, tmp, include_warmup=args.include_warmup)
+            chosen.export(trace, tmp, steps=args.select_steps, ranks=args.select_ranks,
+                          include_warmup=args.include_warmup)
     except ValueError as exc:  # unknown step or rank, a trace without op events
         raise ConfigError(str(exc)) from None
     wrote(args.output, f"{args.format} export of {args.trace}")

@@ -158,7 +158,7 @@ def add_trace_paths(parser: argparse.ArgumentParser, what: str = "") -> None:
 
 def add_allow_damaged(parser: argparse.ArgumentParser) -> None:
     """``--allow-damaged``: read traces with NaN or negative times or missing events (see
-    :func:`fourd_mpi.trace.read.damage`) instead of skipping them."""
+    :func:`fourd_mpi.trace.damage.damage`) instead of skipping them."""
     parser.add_argument("--allow-damaged", action="store_true",
                         help="also read damaged traces (NaN or negative times, events missing for the trace level); "
                              "by default they are skipped with the reason")

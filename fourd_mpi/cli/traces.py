@@ -74,7 +74,8 @@ RECOVER_JSON = JsonDoc("trace recover", {
 
 def cmd_trace(args, world=None) -> int:
     from fourd_mpi.algorithms.registry import of_metadata
-    from fourd_mpi.trace.read import check_invariants, load_trace
+    from fourd_mpi.trace.invariants import check_invariants
+    from fourd_mpi.trace.read import load_trace
     from fourd_mpi.trace.files import parts_dir_of
     from fourd_mpi.trace.recover import recover
 
@@ -147,7 +148,7 @@ def cmd_trace(args, world=None) -> int:
     print(f"  {len(trace.events)} events; {len(trace.steps)} steps"
           + (f"; events in {parts} part files ({parts_dir_of(args.file)})" if parts else ""))
     _show_clocks(trace.ranks)
-    from fourd_mpi.trace.read import STEP_TIME_SLACK_S, rank_max_seconds
+    from fourd_mpi.trace.invariants import STEP_TIME_SLACK_S, rank_max_seconds
 
     print(f"{'step':>6} {'loss':>14} {'time (s)':>10}")
     derived = rank_max_seconds(trace.steps, trace.rank_steps)  # the definition: max over ranks of the step span
@@ -171,7 +172,7 @@ def cmd_trace(args, world=None) -> int:
 
 def _show_json(path: str, trace) -> int:
     """``trace show --format json``: what the text shows, as data (:data:`SHOW_JSON`)."""
-    from fourd_mpi.trace.read import rank_max_seconds
+    from fourd_mpi.trace.invariants import rank_max_seconds
 
     meta = trace.metadata
     binding = meta.get("binding")

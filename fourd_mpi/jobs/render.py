@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
-from fourd_mpi.core.launcher import beside, interpreter
+from fourd_mpi.core.launcher import interpreter
 from fourd_mpi.errors import ConfigError
+from fourd_mpi.jobs.launchers import get_launcher
 from fourd_mpi.jobs.schedulers import JobRequest, get_scheduler, parse_time
 from fourd_mpi.jobs.sites import Site
 from fourd_mpi.jobs.spec import RunPlan, SweepSpec
 
 TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
-AFFINITY_SCRIPT = "gpu_affinity.sh"
 
 
 def _environment():
@@ -63,65 +62,19 @@ def job_request(run: RunPlan, spec: SweepSpec, site: Site, log: str) -> JobReque
         parallel_environment=site.parallel_environment, launcher=site.launcher)
 
 
-def launcher_argv(site: Site, job: JobRequest, script_dir: str, mpiexec: str = "mpiexec",
-                  python: str = "python3") -> List[str]:
-    """The launcher part of the command line: ranks, nodes, binding, GPUs (``python``: the interpreter
-    whose ``fourd-mpi testbed mpiexec`` launches on a test bed)."""
-    n, rpn, args = str(job.ranks), str(job.ranks_per_node), list(site.launcher_args)
-    cpus = [str(site.cpus_per_rank)] if site.cpus_per_rank else []
-    # the GPU affinity wrapper (gpu_affinity.sh) goes last: each rank execs it, it execs the interpreter
-    wrapper = [os.path.join(script_dir, AFFINITY_SCRIPT)] if site.gpu_affinity_script else []
-    if site.launcher == "mpiexec":
-        # the site's Hydra options, as Open MPI spells them where that is the mpiexec: the one named, or the one
-        # of that name first on this PATH (the job script runs it by that name, in the environment rendered from)
-        found = mpiexec if os.path.isabs(mpiexec) else shutil.which(mpiexec)
-        if found:
-            from fourd_mpi.core.launcher import OPENMPI, flavor, hydra_args_for
-
-            family = flavor(found)
-            args = hydra_args_for(args, family)
-            if family == OPENMPI and job.nodes > 1 and not any(a.startswith("--map-by") for a in args):
-                # Hydra places ranks as the allocation says; Open MPI's mpirun, with oversubscription allowed,
-                # may fill the first node: the job's ranks per node, said explicitly
-                args += ["--map-by", f"ppr:{rpn}:node"]
-        return [mpiexec, *args, "-n", n]
-    if site.launcher == "srun":
-        extra = [] if any(a.startswith(("-c", "--cpus-per-task")) for a in args) or not cpus else ["-c", *cpus]
-        return ["srun", *args, "-N", str(job.nodes), "-n", n, f"--ntasks-per-node={rpn}", *extra, *wrapper]
-    if site.launcher == "jsrun":  # one resource set per rank: 1 task, its cores, 1 GPU
-        gpus = ["-g", "1"] if site.uses_gpus else []
-        per_rank = (cpus or ["1"])[0]  # each rank bound to its resource set's cores (-b packed:C)
-        return ["jsrun", *args, "-n", n, "-a", "1", "-c", per_rank, *gpus, "-b", f"packed:{per_rank}", "-r", rpn,
-                *(["--smpiargs=-gpu"] if site.uses_gpus else [])]
-    if site.launcher == "lrun":
-        return ["lrun", *args, "-N", str(job.nodes), "-T", rpn, *(["--smpiargs=-gpu"] if site.uses_gpus else [])]
-    if site.launcher == "testbed":  # consecutive ranks on one emulated node, as a scheduler places them
-        return [python, "-m", "fourd_mpi", "testbed", "mpiexec", *args, "-n", n, "--ppn", rpn, "--"]
-    if site.launcher == "polaris-mpiexec":
-        depth = cpus or ["1"]
-        return ["mpiexec", *args, "-n", n, "--ppn", rpn, "--depth", *depth, "--cpu-bind", "depth", *wrapper]
-    raise ConfigError(f"site {site.name}: unknown launcher {site.launcher!r}")
-
-
-def mpiexec_for(site: Site, python: str) -> str:
-    """The ``mpiexec`` of a site whose launcher is plain ``mpiexec``: the one beside an absolute ``python`` (a
-    virtual environment with the ``mpich`` wheel, the MPI its mpi4py loads), else ``mpiexec`` from the job's
-    PATH (the site's modules)."""
-    return beside("mpiexec", python) or "mpiexec"
-
-
 def run_command(run: RunPlan, site: Site, job: JobRequest, python: str, results_dir: str, script_dir: str) -> str:
     """The job's command line, shell-quoted token by token."""
     return shlex.join(run_argv(run, site, job, python, results_dir, script_dir))
 
 
 def run_argv(run: RunPlan, site: Site, job: JobRequest, python: str, results_dir: str, script_dir: str) -> List[str]:
-    """The job's command line as a list: launcher, interpreter, ``-m fourd_mpi run ...``."""
+    """The job's command line as a list: launcher (:mod:`fourd_mpi.jobs.launchers`), interpreter,
+    ``-m fourd_mpi run ...``."""
     argv = run.run_argv(results_dir)
     if site.backend != "auto" and run.option("backend") is None:
         argv[1:1] = ["--backend", site.backend]
-    mpiexec = mpiexec_for(site, python) if site.launcher == "mpiexec" else "mpiexec"
-    return [*launcher_argv(site, job, script_dir, mpiexec, python), python, "-m", "fourd_mpi", *argv]
+    launcher = get_launcher(site.launcher).argv(site, job, script_dir, python)
+    return [*launcher, python, "-m", "fourd_mpi", *argv]
 
 
 def render_script(run: RunPlan, total: int, spec: SweepSpec, site: Site, job: JobRequest, command: str,

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fourd_mpi.errors import ConfigError, Terminated
+from fourd_mpi.jobs.launchers import LAUNCHER_CLASSES
 from fourd_mpi.util import signals
 
 ACTIVE_STATES = ("PENDING", "RUNNING")
 #: launchers of LSF clusters with IBM's Cluster System Management (Summit, Lassen): ``bsub -nnodes``
-CSM_LAUNCHERS = ("jsrun", "lrun")
+CSM_LAUNCHERS = tuple(name for name, cls in LAUNCHER_CLASSES.items() if cls.whole_nodes)
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from fourd_mpi.errors import ConfigError
+from fourd_mpi.jobs.launchers import LAUNCHER_CLASSES, get_launcher
 from fourd_mpi.jobs.pack import PACK_MODES
 from fourd_mpi.jobs.spec import SAFE_VALUE_PATTERN, TIME_PATTERN
 from fourd_mpi.perf.machine import MachineProfile, load_profile
@@ -32,9 +33,10 @@ SITES_DIR = os.path.join(os.path.dirname(__file__), "sites")
 #: loaded with a one-line note, :func:`retired_note`), kept for their scheduler and launcher idioms
 RETIRED_DIR = os.path.join(SITES_DIR, "retired")
 SCHEDULERS = ("local", "slurm", "pbs", "lsf", "sge")
-#: ``testbed``: the environment's mpiexec (the ``mpich`` wheel's or Open MPI's) on the nodes of a test bed of emulated nodes
-#: (``fourd-mpi testbed mpiexec``, :mod:`fourd_mpi.testbed`; the bed is ``$FOURD_TESTBED``, default ``fourd``)
-LAUNCHERS = ("mpiexec", "srun", "jsrun", "lrun", "polaris-mpiexec", "testbed")
+#: the launchers a site may name, one class each (:mod:`fourd_mpi.jobs.launchers`); ``testbed``: the environment's
+#: mpiexec (the ``mpich`` wheel's or Open MPI's) on the nodes of a test bed of emulated nodes (``fourd-mpi testbed
+#: mpiexec``, :mod:`fourd_mpi.testbed`; the bed is ``$FOURD_TESTBED``, default ``fourd``)
+LAUNCHERS = tuple(LAUNCHER_CLASSES)
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 #: the node-local rank a GPU affinity wrapper reads: Slurm's srun, Cray PALS (Polaris's mpiexec)
 LOCAL_RANK_VARIABLES = ("SLURM_LOCALID", "PMI_LOCAL_RANK")
@@ -192,7 +194,7 @@ class Site:
     def local_rank_variable(self) -> str:
         if self.gpu_local_rank_env:
             return self.gpu_local_rank_env
-        return "PMI_LOCAL_RANK" if self.launcher == "polaris-mpiexec" else "SLURM_LOCALID"
+        return get_launcher(self.launcher).local_rank_variable or "SLURM_LOCALID"
 
     def queue_for(self, nodes: int, seconds: int, named: Optional[str] = None) -> Optional[str]:
         """The queue of a job of ``nodes`` nodes and ``seconds``: ``named`` (the job's queue or ``--queue``) when
@@ -320,9 +322,9 @@ def check_gpu_binding(site: Site) -> None:
     if (site.gpu_map or site.gpu_local_rank_env) and not site.gpu_affinity_script:
         raise ConfigError(f"{where}: gpu_map and gpu_local_rank_env need gpu_affinity_script: true (the wrapper "
                           f"that applies them)")
-    if site.gpu_affinity_script and site.launcher not in ("srun", "polaris-mpiexec"):
-        raise ConfigError(f"{where}: gpu_affinity_script works with the srun and polaris-mpiexec launchers, not "
-                          f"{site.launcher}")
+    if site.gpu_affinity_script and not get_launcher(site.launcher).local_rank_variable:
+        wrapping = " and ".join(name for name, cls in LAUNCHER_CLASSES.items() if cls.local_rank_variable)
+        raise ConfigError(f"{where}: gpu_affinity_script works with the {wrapping} launchers, not {site.launcher}")
     env = dict(site.env)
     bound = task_gpu_binding(site)
     if bound and env.get("MPICH_GPU_SUPPORT_ENABLED") == "1" and env.get("MPICH_GPU_IPC_ENABLED") != "0":

@@ -37,8 +37,9 @@ from fourd_mpi import __version__
 from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM
 from fourd_mpi.errors import ConfigError, Terminated, TraceError
 from fourd_mpi.jobs.pack import pack_settings, plan_packs, status_path
-from fourd_mpi.jobs.render import (AFFINITY_SCRIPT, job_request, job_settings, python_for, render_affinity_script,
-                                   render_pack_script, render_script, run_argv)
+from fourd_mpi.jobs.launchers import AFFINITY_SCRIPT
+from fourd_mpi.jobs.render import (job_request, job_settings, python_for, render_affinity_script, render_pack_script,
+                                   render_script, run_argv)
 from fourd_mpi.jobs.schedulers import ACTIVE_STATES, FINAL_STATES, get_scheduler, parse_time, slurm_time
 from fourd_mpi.jobs.sites import RETIRED_DIR, SITES_DIR, Site, load_site
 from fourd_mpi.jobs.spec import SCHEMA, RunPlan, SweepSpec, spec_from_data

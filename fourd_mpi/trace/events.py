@@ -89,6 +89,8 @@ RANK_STEP_DTYPE = np.dtype([
     ("loss", "<f8"), ("seconds", "<f8"), ("compute_ns", "<i8"), ("wait_ns", "<i8"), ("events", "<i8"),
     ("mpi_ns", "<i8"),
 ])
+#: the event columns that hold codes, and the vocabulary of a trace file (``/vocab``) each code indexes
+VOCAB_OF = {"op": "ops", "phase": "phases", "axis": "axes", "layer": "layers"}
 
 _OP = {name: i for i, name in enumerate(OPS)}
 _PHASE = {name: i for i, name in enumerate(PHASES)}

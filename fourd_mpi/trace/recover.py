@@ -21,7 +21,8 @@ from fourd_mpi.trace.events import RANK_STEP_DTYPE
 from fourd_mpi.trace.files import (RUN_META, SPOOL_SUFFIX, _rank_stem, _remove_quietly, io_error_text, now_iso,
                                    parts_dir_of)
 from fourd_mpi.trace.parts import concat_records, plan_groups, resolve_group_size
-from fourd_mpi.trace.read import check_invariants, load_trace
+from fourd_mpi.trace.invariants import check_invariants
+from fourd_mpi.trace.read import load_trace
 from fourd_mpi.trace.rebuild import (GroupPool, SCRATCH, rank_step_keys, read_group_records, recover_group,
                                      recover_parts)
 from fourd_mpi.trace.spool import _pid_alive
@@ -251,7 +252,7 @@ def recover(spool_dir: str, output: Optional[str] = None, force: bool = False, s
       counts), and every kept (rank, step) holds exactly the events its step record counts. The
       workers check the parts in parallel; no process reads more than one group's events.
     - ``"full"``, and any single-file trace: the whole trace is loaded (``load_trace``: every column
-      validated, damage) and passes :func:`~fourd_mpi.trace.read.check_invariants`, in this process
+      validated, damage) and passes :func:`~fourd_mpi.trace.invariants.check_invariants`, in this process
       (``trace check``).
 
     A run whose ranks still hold their spool locks (:func:`live_ranks`) is refused unless

@@ -113,7 +113,7 @@ def host_op_mask(events: np.ndarray, ops_vocab: Sequence[str], names: Sequence[s
 
 def host_op_masks(events: np.ndarray, ops_vocab: Sequence[str], *groups: Sequence[str]) -> List[np.ndarray]:
     """:func:`host_op_mask` of each group of op names, in one pass through the events (block by block)."""
-    from fourd_mpi.trace.read import blocks, in_codes
+    from fourd_mpi.trace.scan import blocks, in_codes
 
     codes = [[i for i, name in enumerate(ops_vocab) if name in names] for names in groups]
     out = [np.zeros(len(events), dtype=bool) for _ in groups]

@@ -267,7 +267,8 @@ def test_memory_model_matches_the_arrays(run_mpi, model):
 def test_trace_volumes_equal_the_model(run_mpi, tmp_path, nranks, args):
     """Every collective of the trace, per (layer, phase, op, axis): messages, bytes and wire bytes equal
     :func:`fourd_mpi.perf.optimus3d.step_collectives` exactly, on every rank and step."""
-    from fourd_mpi.trace.read import check_invariants, load_trace
+    from fourd_mpi.trace.invariants import check_invariants
+    from fourd_mpi.trace.read import load_trace
 
     out = _ok(run_mpi(nranks, ["run", "--algorithm", "optimus3d", "--steps", "2", "--results-dir", tmp_path,
                                "--display", "quiet", "--peak-tflops", "1", *args], timeout=240))

@@ -66,7 +66,8 @@ def test_trace_p2p_bytes_equal_the_model_and_bubbles_are_a_category(run_mpi, tmp
     from fourd_mpi.perf.pipeline import p2p_volumes, pipeline_collectives
     from fourd_mpi.perf.volumes import totals
     from fourd_mpi.run.options import resolve_values
-    from fourd_mpi.trace.read import check_invariants, load_trace
+    from fourd_mpi.trace.invariants import check_invariants
+    from fourd_mpi.trace.read import load_trace
 
     args = {"algorithm": "pipeline", "ginter": 3, "gx": 2, "microbatches": 2, "layers": 3, "batch": 8,
             "pipeline_schedule": "axonn"}

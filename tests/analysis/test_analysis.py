@@ -17,7 +17,8 @@ from fourd_mpi.analysis.tables import (BREAKDOWN_COLUMNS, COMM_COLUMNS, COMPARE_
                                        runs_table, scaling, steps_table)
 from fourd_mpi.trace.summary import harness_ns, step_stats, summarize
 from fourd_mpi.trace.writer import TraceFileWriter, ranks_table
-from fourd_mpi.trace.read import check_invariants, load_trace
+from fourd_mpi.trace.invariants import check_invariants
+from fourd_mpi.trace.read import load_trace
 from fourd_mpi.trace.events import (AXES, COMPUTE_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_STEP, OPS, PHASES,
                                RANK_STEP_DTYPE)
 

@@ -177,7 +177,7 @@ def test_perfetto_times_read_back_as_the_trace_nanoseconds(trace, perfetto):
 
 
 def test_us_reads_back_exactly():
-    from fourd_mpi.analysis.export import _us
+    from fourd_mpi.analysis.export.perfetto import _us
 
     ns = np.random.default_rng(0).integers(0, 10 ** 13, 200_000)
     us = _us(ns)
@@ -259,7 +259,7 @@ def test_perfetto_flows_link_one_collective_across_its_ranks(trace, perfetto):
 
 
 def test_flow_points_are_ordered_inside_their_slices():
-    from fourd_mpi.analysis.export import _flow_points
+    from fourd_mpi.analysis.export.perfetto import _flow_points
 
     # middles out of rank order, a tie, and a slice too short to follow the others
     start = np.array([100, 0, 40, 40, 50])
@@ -559,7 +559,7 @@ def test_caliper_metadata_carries_adiaks_names():
     our own keys, from a committed real trace (results/baselines)."""
     import datetime
 
-    from fourd_mpi.analysis.export import _caliper_run_metadata
+    from fourd_mpi.analysis.export.thicket import _caliper_run_metadata
 
     from conftest import REPO
 

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from fourd_mpi.analysis.tables import HIDDEN_FORMULA, OVERLAP_FORMULA, comm_table, hidden_vs_baseline
 from fourd_mpi.trace.events import EVENT_DTYPE, LANE_COMM0, OPS, Tracer, time_inside
-from fourd_mpi.trace.read import check_invariants, load_trace
+from fourd_mpi.trace.invariants import check_invariants
+from fourd_mpi.trace.read import load_trace
 from test_analysis import LANE_HOST, LANE_STEP, event, write_trace
 
 OP = {name: i for i, name in enumerate(OPS)}

@@ -110,11 +110,11 @@ def test_the_running_interpreter_is_the_default():
 def test_sweep_render_and_testbed_mpiexec_share_the_resolution(tmp_path, monkeypatch):
     """The job scripts' mpiexec (sweep render) and the bed's (testbed mpiexec) are the one beside the interpreter."""
     from fourd_mpi.cli import testbed as cli_testbed
-    from fourd_mpi.jobs import render
+    from fourd_mpi.jobs import launchers
 
     bin_dir, python = _environment(tmp_path, "mpiexec")
-    assert render.mpiexec_for(None, python) == str(bin_dir / "mpiexec")
-    assert render.mpiexec_for(None, "python3") == "mpiexec"
+    assert launchers.mpiexec_for(None, python) == str(bin_dir / "mpiexec")
+    assert launchers.mpiexec_for(None, "python3") == "mpiexec"
     monkeypatch.setattr(sys, "executable", python)
     assert cli_testbed._mpiexec() == str(bin_dir / "mpiexec")
     assert launcher.interpreter() == python

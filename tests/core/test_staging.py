@@ -158,7 +158,8 @@ def test_staged_equals_direct_bitwise(run_mpi, nranks):
 def test_staged_trace_events(run_mpi, tmp_path):
     from fourd_mpi.analysis import tables as analysis
     from fourd_mpi.analysis import export
-    from fourd_mpi.trace.read import check_invariants, load_trace
+    from fourd_mpi.trace.invariants import check_invariants
+    from fourd_mpi.trace.read import load_trace
 
     proc = run_mpi(4, ["run", "--gz", "2", "--gx", "2", "--steps", "3", "--device-buffers", "staged",
                        "--overlap", "all", "--poll-flops", "5000", "--results-dir", tmp_path, "--run-id", "staged",
@@ -271,7 +272,8 @@ def test_backend_routes_per_class():
 def test_one_class_staged_routes_only_its_collectives(run_mpi, tmp_path, monkeypatch):
     """The test hook stages nb_gather (Iallgather) only: d2h/h2d copies sit next to the all-gathers and next to
     no reduce-scatter or all-reduce."""
-    from fourd_mpi.trace.read import check_invariants, load_trace
+    from fourd_mpi.trace.invariants import check_invariants
+    from fourd_mpi.trace.read import load_trace
 
     monkeypatch.setenv("FOURD_MPI_TEST_ROUTES", "nb_gather=staged")
     proc = run_mpi(4, ["run", "--gz", "2", "--gx", "2", "--steps", "2", "--results-dir", tmp_path,

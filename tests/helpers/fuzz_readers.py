@@ -156,7 +156,8 @@ KINDS = ("root-attr", "meta-attr", "vocab-attr", "dtype", "values", "shape", "tr
 def fuzz_traces(examples: int, workdir: str) -> None:
     from fourd_mpi.analysis.tables import breakdown, comm_table, runs_table
     from fourd_mpi.cli.traces import cmd_trace
-    from fourd_mpi.trace.read import check_invariants, load_trace
+    from fourd_mpi.trace.invariants import check_invariants
+    from fourd_mpi.trace.read import load_trace
 
     bases = [os.path.join(REPO, "results", "samples", name) for name in ("weak-1.h5", "weak-2.h5")]
 

@@ -65,7 +65,8 @@ def test_traced_recompute_phase_flops_gathers_and_memory(run_mpi, tmp_path):
     """4 ranks, grid 1x2x2x1 (G_x = 1: no rank repeats another's GEMM, so the ranks' FLOPs add up to the
     model's), gpt-tiny float64, every overlap; full recompute with and without the weight cache."""
     from fourd_mpi.analysis.tables import breakdown, breakdown_wide, runs_table
-    from fourd_mpi.trace.read import check_invariants, load_trace
+    from fourd_mpi.trace.invariants import check_invariants
+    from fourd_mpi.trace.read import load_trace
 
     cases = {"none": "all", "selective": "all", "full": "all", "full-cache": "all,cache"}
     traces = {}

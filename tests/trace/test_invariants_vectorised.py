@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from fourd_mpi.trace.events import COLLECTIVE_OPS, COPY_OPS, LANE_COMM0, LANE_HOST, LANE_STEP, P2P_OPS, lane_name
-from fourd_mpi.trace.read import check_invariants, load_trace
+from fourd_mpi.trace.invariants import check_invariants
+from fourd_mpi.trace.read import load_trace
 from fourd_mpi.trace.recover import recover
 
 from tests.trace.test_trace_units import OP, make_spool
@@ -128,11 +129,11 @@ def test_vectorised_invariants_join_in_passes(base_trace, monkeypatch):
     """A join split into many passes (a small pair budget) finds the same matches."""
     import copy
 
-    from fourd_mpi.trace import read
+    from fourd_mpi.trace import invariants
 
     rng = np.random.default_rng(7)
-    original = read._any_match
-    monkeypatch.setattr(read, "_any_match", lambda *a, **k: original(*a, **k, pairs_per_pass=3))
+    original = invariants._any_match
+    monkeypatch.setattr(invariants, "_any_match", lambda *a, **k: original(*a, **k, pairs_per_pass=3))
     for trial in range(40):
         trace = mutate(copy.copy(base_trace), rng)
         assert check_invariants(trace) == reference_invariants(trace), trial

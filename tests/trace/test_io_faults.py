@@ -22,7 +22,8 @@ import pytest
 
 from conftest import HELPERS, REPO, mpi_env
 from test_spool_faults import one_line_on_every_rank  # the same promise, the same 4 ranks
-from fourd_mpi.trace.read import check_invariants, load_trace
+from fourd_mpi.trace.invariants import check_invariants
+from fourd_mpi.trace.read import load_trace
 
 NRANKS = 4
 RUN = ["run", "--gx", "2", "--gy", "2", "--steps", "6", "--display", "lines", "--peak-tflops", "1"]

@@ -16,7 +16,8 @@ import pytest
 
 from conftest import REPO, mpi_env
 from fourd_mpi.errors import DamagedTraceError, TraceError
-from fourd_mpi.trace.read import MAX_ATTR_BYTES, check_invariants, load_trace
+from fourd_mpi.trace.invariants import check_invariants
+from fourd_mpi.trace.read import MAX_ATTR_BYTES, load_trace
 
 SAMPLE = REPO / "results" / "samples" / "grid-1x2x2x2-overlap.h5"  # 8 ranks, level op, 4 steps
 GOOD = REPO / "results" / "samples" / "weak-2.h5"

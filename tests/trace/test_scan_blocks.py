@@ -15,8 +15,11 @@ from hypothesis import strategies as st
 
 from conftest import REPO
 import fourd_mpi.trace.read as read
+import fourd_mpi.trace.scan as scanning
 from fourd_mpi.trace.events import LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP
-from fourd_mpi.trace.read import _NONNEGATIVE, _VOCAB_OF, Trace, _Invalid, load_trace
+from fourd_mpi.trace.events import VOCAB_OF as _VOCAB_OF
+from fourd_mpi.trace.read import Trace, _Invalid, load_trace
+from fourd_mpi.trace.scan import NONNEGATIVE as _NONNEGATIVE
 
 SAMPLES = [os.path.join(REPO, "results", "samples", name) for name in ("weak-1.h5", "weak-2.h5", "grid-1x1x2x4.h5")]
 
@@ -183,8 +186,8 @@ def test_blockwise_checks_equal_the_column_definitions(sample, data, level, rows
                     rank_steps=rs, ranks=ranks)
     expected_ranges = _outcome(reference_ranges, ev, rs, ranks, trace.vocab, trace.world_size)
     expected_damage = reference_damage(mutated)
-    old_rows = read.SCAN_ROWS
-    read.SCAN_ROWS = rows
+    old_rows = scanning.SCAN_ROWS
+    scanning.SCAN_ROWS = rows
     try:
         assert _outcome(read._check_ranges, ev, rs, ranks, trace.vocab, trace.world_size) == expected_ranges
         assert read.damage(mutated) == expected_damage
@@ -192,7 +195,7 @@ def test_blockwise_checks_equal_the_column_definitions(sample, data, level, rows
             scan = read._check_ranges(ev, rs, ranks, trace.vocab, trace.world_size)
             assert read.damage(mutated, scan) == expected_damage
     finally:
-        read.SCAN_ROWS = old_rows
+        scanning.SCAN_ROWS = old_rows
 
 
 @pytest.mark.parametrize("rows", [1, 7, 1 << 20])
@@ -200,19 +203,19 @@ def test_gather_columns_equals_masked_columns(rows):
     trace = load_trace(SAMPLES[1])
     ev = trace.events
     columns = ("op", "start_ns", "flops", "lane")
-    got = read.gather_columns(ev, columns, lambda block: (block["lane"] >= LANE_COMM0) & (block["step"] % 2 == 0),
+    got = scanning.gather_columns(ev, columns, lambda block: (block["lane"] >= LANE_COMM0) & (block["step"] % 2 == 0),
                               rows=rows)
     mask = (ev["lane"] >= LANE_COMM0) & (ev["step"] % 2 == 0)
     assert mask.any() and not mask.all()
     for c in columns:
         assert got[c].dtype == ev.dtype[c] and got[c].flags.c_contiguous
         np.testing.assert_array_equal(got[c], ev[c][mask])
-    empty = read.gather_columns(ev, columns, lambda block: np.zeros(len(block), bool), rows=rows)
+    empty = scanning.gather_columns(ev, columns, lambda block: np.zeros(len(block), bool), rows=rows)
     assert all(len(v) == 0 and v.dtype == ev.dtype[c] for c, v in empty.items())
 
 
 def test_in_codes_equals_isin():
     values = np.arange(256, dtype=np.uint8)
     for codes in ([], [0], [3, 5, 255], [300, 7, -1]):
-        np.testing.assert_array_equal(read.in_codes(values, codes), np.isin(values, codes))
-    np.testing.assert_array_equal(read.in_codes(np.array([-1, 3, 700], np.int16), [3, 700]), [False, True, True])
+        np.testing.assert_array_equal(scanning.in_codes(values, codes), np.isin(values, codes))
+    np.testing.assert_array_equal(scanning.in_codes(np.array([-1, 3, 700], np.int16), [3, 700]), [False, True, True])

@@ -29,7 +29,8 @@ from fourd_mpi.trace.files import RUN_META, check_name, new_run_id
 from fourd_mpi.trace.recover import recover
 from fourd_mpi.trace.spool import RankSpool, prepare_spool, read_records
 from fourd_mpi.trace.writer import TraceFileWriter
-from fourd_mpi.trace.read import check_invariants, load_trace
+from fourd_mpi.trace.invariants import check_invariants
+from fourd_mpi.trace.read import load_trace
 from fourd_mpi.trace.events import (AXES, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP, OPS, PHASES,
                                RANK_STEP_DTYPE, SCHEMA_VERSION, Tracer)
 from fourd_mpi.core.colltable import wire_factor
