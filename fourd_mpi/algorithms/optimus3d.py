@@ -118,6 +118,9 @@ class CubeOverlap(OverlapConfig):
             notes.append("ors/oar have no effect: q = 1, nothing is reduce-scattered")
         if self.dp and grid.data == 1:
             notes.append("dp has no effect: G_data = 1, there is no data-parallel all-reduce")
+        if self.oup and grid.x == 1 and grid.data == 1:
+            notes.append("oup has no effect: q = G_data = 1, no gradient collective and no weight all-gather to "
+                         "overlap with the update")
         if self.od:
             notes.append("od has no effect on optimus3d: its forward ends in a reduce-scatter, not an all-reduce")
         return notes

@@ -281,15 +281,18 @@ class PipelineTrainer:
                              "bubble": "host time blocked waiting for another stage's message (op bubble, "
                                        "axis inter)"}}
 
-    def forward_backward(self, step: int):
+    def forward_backward(self, step: int, complete: bool = True):
         """Loss (the same on every rank) and fully reduced gradients of this stage for the batch of ``step``;
-        returns ``(loss, y)``, ``y`` the last stage's output ``[m_local, h/G_x]`` (empty on other stages)."""
+        returns ``(loss, y)``, ``y`` the last stage's output ``[m_local, h/G_x]`` (empty on other stages).
+        ``complete`` False (OUP): the gradient collectives are left in flight for the optimizer
+        (:func:`~fourd_mpi.step.engine.update_as_ready`)."""
         self.grads.begin()
         stage = Stage(self, step)
         run_schedule(self.schedule, stage)
         self.comm.tracer.enter_phase("backward")
-        self.grads.finish()
-        self.comm.check_quiescent("the end of the pipeline's backward passes")
+        if complete:
+            self.grads.finish()
+            self.comm.check_quiescent("the end of the pipeline's backward passes")
         self.p2p.complete_sends()
         self.saved_activation_bytes = stage.peak
         self.model.peak_activation_bytes = stage.peak
@@ -303,8 +306,12 @@ class PipelineTrainer:
             y = self.comm.backend.empty((0, self.message_shape[1]))
         return total / (2.0 * self.global_elements), y
 
-    def step(self, step: int) -> StepResult:
-        return timed_step(self, step, self.world, "the end-of-step MAX all-reduce over the world")
+    def step(self, step: int, last: bool = False) -> StepResult:
+        """One training step; ``last``: no step follows (OUP issues no all-gather for a next one)."""
+        return timed_step(self, step, self.world, "the end-of-step MAX all-reduce over the world", last)
+
+    def close(self) -> None:
+        self.weights.drain()  # an all-gather issued ahead for a step that never ran (OUP)
 
 
 def build_state(options, grid, backend, counter):

@@ -69,7 +69,8 @@ PREDICT_OPTIONS = {
                                      "G_data; the gradient all-reduce becomes a reduce-scatter and, after the "
                                      "update, a blocking parameter all-gather)"),
     "optimizer": (_run("optimizer"), "adam", "adam or sgd"),
-    "overlap": (_run("overlap"), "all", "none, all or a list of oag,ors,oar,dp,od"),
+    "overlap": (_run("overlap"), "all", "none, all or a list of oag,ors,oar,dp,od (run's oup is "
+                                                      "taken and not modelled)"),
     "progress": (_run("progress"), "poll", "who progresses nonblocking collectives during compute: poll (default), "
                                            "none or thread, as run's --progress"),
     "dw-window": (str, "2", "dW blocks whose reduce-scatter may be in flight at once with ORS, or 'none' "

@@ -321,11 +321,12 @@ class Run:
         return self.trainer.overlap.inapplicable(self.options.grid)
 
     def close(self) -> None:
-        """Collective over :attr:`world`."""
-        self.comm.progress.close()
+        """Collective over :attr:`world`. The trainer's close first: it may wait for a collective (OUP's
+        all-gather issued ahead), which needs the progress engine."""
         closing = getattr(self.trainer, "close", None)
         if closing is not None:
             closing()
+        self.comm.progress.close()
         self.grid.free()
         if self.grid.root is not self.grid:
             self.grid.root.free()

@@ -32,6 +32,7 @@ from fourd_mpi.core.progress import PROGRESS_STRATEGIES
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.display import DISPLAYS
 from fourd_mpi.step.optim import OPTIMIZERS
+from fourd_mpi.step.overlap import ALL as OVERLAP_ALL, OVERLAP_NAMES
 from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, resolve_model
 from fourd_mpi.trace.events import LEVELS
 from fourd_mpi.util.values import (axis_size, batch_size, data_batch_count, group_size, head_count,
@@ -154,7 +155,9 @@ RUN_OPTIONS: Tuple[Option, ...] = (
                 "refused before allocating; 0 or none turns the check off"),
     Option("lr", "numerics", number, None, metavar="LR", help="learning rate (default 1e-3 adam, 1e-2 sgd)"),
     Option("overlap", "overlap", text, "none", metavar="LIST",
-           help="none, all (= oag,ors,oar,dp,od) or a comma list of oag, ors, oar, dp, od, cache (default none)"),
+           help=f"none, all (= {','.join(OVERLAP_ALL)}) or a comma list of {', '.join(OVERLAP_NAMES)} (default none; "
+                "oup: each parameter updated as its gradient completes, the next step's first all-gather issued "
+                "right after its update)"),
     Option("progress", "overlap", str, "poll", PROGRESS_STRATEGIES,
            help="who progresses nonblocking collectives during compute: poll (default), none, thread"),
     Option("cache-weights", "overlap", flag=True, default=False,

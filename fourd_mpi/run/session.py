@@ -260,7 +260,7 @@ def run_steps(run: Run, spool: RankSpool, faults: Faults, out: StepDisplay, at: 
         if i == options.steps:
             break
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below, in one line
-            result = run.trainer.step(i)
+            result = run.trainer.step(i, last=i == options.steps - 1)
         shift = run.comm.tracer.shift_ns
         record[0] = (rank, i, i < options.warmup, result.start_ns - shift, result.end_ns - shift, result.loss,
                      result.seconds, result.compute_ns, result.wait_ns, len(result.events), result.mpi_ns)

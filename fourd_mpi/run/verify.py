@@ -75,7 +75,7 @@ def snapshot(run: Run, mpi_comm, steps: int) -> Optional[Dict[str, object]]:
         index, values = (p.global_index(), host(p.grad)) if p is not None else (nothing, nothing)
         with run.comm.watch(f"a gather of the gradient of {name} to rank 0"):
             tensors[f"grad:{name}"] = gather_global(mpi_comm, index, values, shape)
-    losses = [run.trainer.step(i).loss for i in range(steps)]
+    losses = [run.trainer.step(i, last=i == steps - 1).loss for i in range(steps)]
     if mpi_comm.Get_rank() != 0:
         return None
     return {"loss0": loss, "tensors": tensors, "losses": losses}

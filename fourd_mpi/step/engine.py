@@ -2,7 +2,11 @@
 
 The overlap schedule (which collective is waited where) is in
 :mod:`fourd_mpi.step.schedule`; the step checks at its end that no request is
-left in flight.
+left in flight. With OUP (:mod:`fourd_mpi.step.overlap`) the optimizer updates each
+parameter as its gradient completes (:func:`update_as_ready`) and the step ends with
+the next step's first weight all-gather in flight, unless it is the last step
+(``last``): that gather is the next step's collective (its trace record moves there),
+and :meth:`Trainer.close` waits for one that no step took.
 """
 
 from __future__ import annotations
@@ -78,12 +82,13 @@ class Trainer:
         self.weights.finish()
         return mse_loss(y, target, self.comm, self.global_elements, self.model.loss_axes)[0]
 
-    def forward_backward(self, step: int, defer_loss: bool = False):
+    def forward_backward(self, step: int, defer_loss: bool = False, complete: bool = True):
         """Loss and fully reduced gradients for the batch of ``step``; returns ``(loss, y)``.
 
         ``defer_loss``: the loss is not read back from the device here (that would make the host wait for
         every kernel queued before it, inside the step): ``loss`` is None and :meth:`reduce_loss` gives it
-        later, e.g. once the optimizer's kernels are queued and the device synchronized."""
+        later, e.g. once the optimizer's kernels are queued and the device synchronized. ``complete``
+        False (OUP): the gradient collectives are left in flight for :func:`update_as_ready`."""
         trace = self.comm.tracer
         x, target = self.data.batch(step)  # prepared before the steps, as a data loader delivers it
         trace.enter_phase("forward")
@@ -97,8 +102,9 @@ class Trainer:
         trace.enter_phase("backward")
         self.grads.begin()
         self.model.backward(dy, saved, self.ctx)
-        self.grads.finish()
-        self.comm.check_quiescent("the end of the backward pass")
+        if complete:
+            self.grads.finish()
+            self.comm.check_quiescent("the end of the backward pass")
         return (None if defer_loss else self.reduce_loss()), y
 
     def reduce_loss(self) -> float:
@@ -107,27 +113,60 @@ class Trainer:
         with self.comm.tracer.layer("loss", "forward"):
             return reduce_loss(self._loss_local, self.comm, self.global_elements, self.model.loss_axes)
 
-    def step(self, step: int) -> StepResult:
-        return timed_step(self, step, self.comm.grid.world, "the end-of-step MAX all-reduce over world")
+    def step(self, step: int, last: bool = False) -> StepResult:
+        """One training step; ``last``: no step follows (OUP issues no all-gather for a next one)."""
+        return timed_step(self, step, self.comm.grid.world, "the end-of-step MAX all-reduce over world", last)
+
+    def close(self) -> None:
+        """Wait for an all-gather issued ahead for a step that never ran (OUP; collective over Z)."""
+        self.weights.drain()
 
 
-def timed_step(trainer, step: int, world, what: str) -> StepResult:
+def update_as_ready(trainer, step: int, last: bool) -> None:
+    """OUP: complete the gradients of ``trainer`` (its ``grads``, ``optimizer``, ``weights``), updating each
+    parameter as soon as its own collectives have completed, in completion order; right after the first
+    layer's weight is updated, unless ``last``, issue its all-gather for the next step's forward pass. Then
+    check that nothing else is in flight."""
+    comm, trace, optimizer, weights = trainer.comm, trainer.comm.tracer, trainer.optimizer, trainer.weights
+
+    def ready(param) -> None:
+        with trace.op("optimizer"):
+            optimizer.update(param)
+        if not last:
+            weights.prefetch_next(param)
+
+    optimizer.begin()
+    trainer.grads.finish(ready)
+    with trace.op("optimizer"):
+        optimizer.end()  # parameters whose gradients needed no collective
+    comm.check_quiescent(f"the end of step {step}", expected=list(weights.ahead.values()))
+
+
+def timed_step(trainer, step: int, world, what: str, last: bool = False) -> StepResult:
     """One timed training step of ``trainer`` (a :class:`Trainer` or a pipeline stage's trainer: its
-    ``comm``, ``forward_backward``, ``optimizer``, ``model``, ``saved_activation_bytes``): forward and
-    backward, the optimizer, then the step's slowest time, MAX all-reduced over ``world`` (collective over
-    it; ``what`` names that all-reduce for the hang watch). The trace's step events are the collectives
-    recorded in this step only."""
+    ``comm``, ``forward_backward``, ``optimizer``, ``model``, ``saved_activation_bytes``, ``overlap``,
+    ``grads``, ``weights``): forward and backward, the optimizer, then the step's slowest time, MAX
+    all-reduced over ``world`` (collective over it; ``what`` names that all-reduce for the hang watch). The
+    trace's step events are the collectives of this step: those issued in it, less an all-gather issued for
+    the next step (OUP, unless ``last``), plus the one the previous step issued for this one."""
     comm = trainer.comm
     trace = comm.tracer
     trace.begin_step(step)
-    comm.records.clear()  # keep only this step's collective records (they become the step's trace events)
+    comm.records[:] = trainer.weights.ahead_records()  # only this step's collective records (the step's events)
+    oup = trainer.overlap.oup
     t0 = time.perf_counter_ns()
     deferred = hasattr(trainer, "reduce_loss")  # no host read of the loss before the step's work is queued
     try:
-        loss, _ = trainer.forward_backward(step, defer_loss=True) if deferred else trainer.forward_backward(step)
+        if deferred:
+            loss, _ = trainer.forward_backward(step, defer_loss=True, complete=not oup)
+        else:
+            loss, _ = trainer.forward_backward(step, complete=not oup)
         trace.enter_phase("optimizer")
-        with trace.op("optimizer"):
-            trainer.optimizer.step()
+        if oup:
+            update_as_ready(trainer, step, last)
+        else:
+            with trace.op("optimizer"):
+                trainer.optimizer.step()
         comm.backend.synchronize()
         if deferred:
             loss = trainer.reduce_loss()
@@ -136,6 +175,9 @@ def timed_step(trainer, step: int, world, what: str) -> StepResult:
             trace.ranges.unwind()
         raise
     t1 = time.perf_counter_ns()
+    ahead = trainer.weights.ahead_records()
+    if ahead:  # issued for the next step: its record goes there
+        comm.records[:] = [r for r in comm.records if not any(r is a for a in ahead)]
     events = trace.end_step(t0, t1, comm.records, trainer._group_sizes)
     local = (t1 - t0) * 1e-9
     with comm.watch(f"{what} of step {step}"):

@@ -10,9 +10,21 @@
           reduce-scatter has completed; wait before the optimizer.
 ``od``    over-decomposition: split the tokens in ``chunks`` pieces so the forward
           all-reduce of one piece overlaps the GEMM of the next.
+``oup``   overlap the optimizer update: each parameter is updated as soon as its own gradient
+          collectives (reduce-scatter over Z, then all-reduce over data) complete, in the order
+          they complete, so the last reduce-scatter and the data all-reduces after it fly behind
+          the other parameters' updates; and the first layer's weight all-gather of the next
+          step's forward is issued right after that layer's update (a prefetch across the step
+          boundary, hidden by the remaining updates and the next step's start). Without it the
+          optimizer waits for every gradient first. Sources: PyTorch's FSDP notes, "FSDP Prefetch
+          Nuances" (https://pytorch.org/docs/stable/notes/fsdp.html: with prefetching inside a pass
+          "the 1st all-gather will not be able to overlap with anything") and FSDP2's explicit
+          prefetch API (``set_modules_to_forward_prefetch``, pytorch/pytorch PR #128884); AxoNN (Singh et al., arXiv 2305.13525v3,
+          SC'24), the section on overlapping the non-blocking collectives with computation
+          (OAG, ORS, OAR), whose first gather and last reduce-scatter have no compute of their own.
 ``cache`` keep the weights gathered in forward for backward (memory for communication).
 
-``all`` is ``oag,ors,oar,dp,od`` (caching trades memory and is asked for separately).
+``all`` is ``oag,ors,oar,dp,od,oup`` (caching trades memory and is asked for separately).
 """
 
 from __future__ import annotations
@@ -23,8 +35,8 @@ from typing import List
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
 
-OVERLAP_NAMES = ("oag", "ors", "oar", "dp", "od", "cache")
-ALL = ("oag", "ors", "oar", "dp", "od")
+OVERLAP_NAMES = ("oag", "ors", "oar", "dp", "od", "oup", "cache")
+ALL = ("oag", "ors", "oar", "dp", "od", "oup")
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,7 @@ class OverlapConfig:
     oar: bool = False
     dp: bool = False
     od: bool = False
+    oup: bool = False
     cache: bool = False
     prefetch_depth: int = 1
     chunks: int = 2
@@ -87,6 +100,9 @@ class OverlapConfig:
             notes.append("dp has no effect: G_data = 1, there is no data-parallel all-reduce")
         if self.od and grid.x == 1 and grid.y == 1:
             notes.append("od has no effect: G_x = G_y = 1, there is no forward all-reduce")
+        if self.oup and grid.z == 1 and grid.data == 1:
+            notes.append("oup has no effect: G_z = G_data = 1, no gradient collective and no weight all-gather "
+                         "to overlap with the update")
         if self.cache and grid.z == 1:
             notes.append("cache has no effect: G_z = 1, weights are never all-gathered")
         return notes

@@ -11,18 +11,26 @@ collective (the reduce-scatter over Z of FC weights, the all-reduce over Z of La
 parameters), keeps it in flight (ORS) or waits at once, and then all-reduces
 the shard over data, as soon as it is ready (DP) or before the optimizer.
 
+OUP (:mod:`fourd_mpi.step.overlap`): :meth:`GradientSync.finish` hands each parameter to the
+optimizer as soon as its gradient is complete, in completion order, and
+:meth:`WeightFetcher.prefetch_next` issues the next step's first weight all-gather right after
+the update of that layer's weight; the next :meth:`WeightFetcher.begin_forward` takes it.
+
 Ordering rule: MPI matches collectives on one communicator by issue order, so
 every collective is issued at a point of the program that all ranks reach in
 the same order. The only lazily issued collectives are the data all-reduces,
 and they are issued strictly in gradient order (a FIFO), so their order on the
-data communicator is the same on every rank whatever the timing.
+data communicator is the same on every rank whatever the timing. The OUP
+prefetch is the one all-gather (over Z) issued while the updates run in a
+rank-dependent order; every other collective over Z of the step was issued in
+the backward pass, so it is the step's last over Z on every rank.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.step.overlap import OverlapConfig
@@ -41,18 +49,42 @@ class WeightFetcher:
         self._phase = "idle"
         self._gather_phase = "forward"
         self._issued: Dict[str, object] = {}
+        #: OUP: the all-gathers issued at the end of a step for the next forward pass (layer name -> handle)
+        self.ahead: Dict[str, object] = {}
 
-    def _start(self, order: List) -> None:
+    def _start(self, order: List, ahead=None) -> None:
         if self._issued:
             raise RuntimeError(f"prefetched weights never used: {sorted(self._issued)}")
         self._order, self._next = order, 0
+        self._issued.update(ahead or {})
         if self.overlap.oag:
             self._prefetch(0)
 
     def begin_forward(self) -> None:
+        """Start a forward pass; it takes the gathers :meth:`prefetch_next` issued (OUP)."""
         self.cache.clear()
         self._phase = self._gather_phase = "forward"
-        self._start(list(self.layers))
+        ahead, self.ahead = self.ahead, {}
+        self._start(list(self.layers), ahead)
+
+    def prefetch_next(self, param) -> None:
+        """OUP: ``param`` has just been updated; if it is the first layer's weight, issue that layer's all-gather
+        for the next forward pass now (its send buffer is the updated shard, which nothing changes before the
+        next update). Collective over the gather axis, issued at the same point on every rank (module docstring)."""
+        first = self.layers[0] if self.layers and self.overlap.oup else None
+        if first is None or param is not getattr(first, "weight", None) or first.name in self.ahead:
+            return
+        self.ahead[first.name] = first.gather_weight(self.comm, self.comm.tracer.tag(first.name, "forward"))
+
+    def ahead_records(self) -> List:
+        """The trace records of the gathers issued ahead (a completed size-1 gather has none)."""
+        return [h.record for h in self.ahead.values() if h.record is not None]
+
+    def drain(self) -> None:
+        """Wait for the gathers issued ahead that no forward pass took (after the run's last step)."""
+        ahead, self.ahead = self.ahead, {}
+        for handle in ahead.values():
+            handle.wait()
 
     def begin_backward(self, order: Optional[List] = None, gather_phase: str = "backward") -> None:
         """Called right after forward, so OAG's first backward gathers overlap the loss.
@@ -135,8 +167,14 @@ class GradientSync:
                 return  # later entries wait their turn: keeps the issue order identical on all ranks
             entry[1] = self.comm.allreduce(axes.pop(0), handle.wait(), tag)
 
-    def finish(self) -> None:
-        """Wait for everything, issuing the remaining stages in FIFO order; sets ``param.grad``."""
+    def finish(self, ready: Optional[Callable] = None) -> None:
+        """Wait for everything, issuing the remaining stages in FIFO order; sets ``param.grad``.
+
+        ``ready(param)`` (OUP): called for each param as soon as its gradient is complete, in the order they
+        complete, while the later ones are still in flight; the data all-reduces are issued as soon as
+        their shards are ready (FIFO order, :meth:`advance`), whatever ``dp`` says."""
+        if ready is not None:
+            return self._finish_as_ready(ready)
         while self._fifo:
             param, handle, axes, tag = self._fifo[0]
             value = handle.wait()
@@ -145,6 +183,21 @@ class GradientSync:
                 continue
             param.grad = value
             self._fifo.popleft()
+
+    def _finish_as_ready(self, ready: Callable) -> None:
+        while self._fifo:
+            self.advance()
+            at = next((i for i, entry in enumerate(self._fifo) if not entry[2] and entry[1].test()), None)
+            if at is None:  # none complete: block on the oldest (after advance(), its data stage is next in FIFO)
+                head = self._fifo[0]
+                value = head[1].wait()
+                if head[2]:
+                    head[1] = self.comm.allreduce(head[2].pop(0), value, head[3])
+                continue
+            done = self._fifo[at]
+            del self._fifo[at]
+            done[0].grad = done[1].wait()
+            ready(done[0])
 
 
 @dataclass

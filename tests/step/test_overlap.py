@@ -22,7 +22,7 @@ OVERLAPS = ["oag", "ors", "oar", "dp", "od", "cache", "all", "all,cache", "oag,o
 
 def test_parse_overlap_lists():
     assert OverlapConfig.parse("none").enabled == []
-    assert OverlapConfig.parse("all").enabled == ["oag", "ors", "oar", "dp", "od"]
+    assert OverlapConfig.parse("all").enabled == ["oag", "ors", "oar", "dp", "od", "oup"]
     c = OverlapConfig.parse("ORS, oag", prefetch_depth=3)
     assert c.enabled == ["oag", "ors"] and c.prefetch_depth == 3 and str(c).startswith("oag,ors")
     with pytest.raises(ConfigError, match="unknown overlap 'oaq'"):
