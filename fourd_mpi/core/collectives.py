@@ -321,6 +321,30 @@ class Collectives:
             for callback in self.on_poll:
                 callback()
 
+    def wait_any(self, handles) -> None:
+        """Block until one more of ``handles`` (:class:`CommHandle` or :class:`GroupHandle`) has completed
+        (``MPI_Waitany`` over their pending requests; the progress thread's flags under ``thread``). The time
+        blocked is the completed one's wait (its record's ``wait_ns``, and blocked time in the trace), as if
+        it alone had been waited. Returns at once when one has completed already."""
+        pending = []
+        for h in handles:
+            for leaf in getattr(h, "handles", [h]):
+                if leaf.done:
+                    return
+                pending.append(leaf)
+        if not pending:
+            return
+        t0 = time.perf_counter_ns()
+        with self.watch(f"any of {len(pending)} collectives, the first {self.describe(pending[0].record)}"):
+            done = pending[self.progress.wait_any(pending)]
+        t1 = time.perf_counter_ns()
+        if done.record is not None:
+            if done.record.complete_ns:
+                t1 = min(t1, done.record.complete_ns)
+                t0 = min(t0, t1)
+            done.record.wait_start_ns, done.record.wait_ns = t0, t1 - t0
+        self.tracer.blocked(t0, t1)
+
     @property
     def compute_hook(self):
         """What GEMMs call between chunks, or None when the strategy needs no chunking."""

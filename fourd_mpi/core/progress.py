@@ -88,6 +88,16 @@ class NoProgress:
         handle.request.Wait()
         handle.observe_complete()
 
+    def wait_any(self, handles) -> int:
+        """Block until one of ``handles`` (none complete yet) completes (``MPI_Waitany``); returns its index."""
+        from mpi4py import MPI
+
+        requests = [h.request for h in handles]
+        index = MPI.Request.Waitany(requests)
+        handles[index].request = requests[index]
+        handles[index].observe_complete()
+        return index
+
     def close(self) -> None:
         pass
 
@@ -280,6 +290,14 @@ class ThreadProgress(NoProgress):
 
     def wait(self, handle) -> None:
         handle.event.wait()
+
+    def wait_any(self, handles) -> int:
+        """The index of the first of ``handles`` the progress thread marks complete (checked every ``interval``)."""
+        while True:
+            for index, handle in enumerate(handles):
+                if handle.done:
+                    return index
+            time.sleep(self.interval)
 
     def close(self) -> None:
         self._stop.set()

@@ -188,11 +188,10 @@ class GradientSync:
         while self._fifo:
             self.advance()
             at = next((i for i, entry in enumerate(self._fifo) if not entry[2] and entry[1].test()), None)
-            if at is None:  # none complete: block on the oldest (after advance(), its data stage is next in FIFO)
-                head = self._fifo[0]
-                value = head[1].wait()
-                if head[2]:
-                    head[1] = self.comm.allreduce(head[2].pop(0), value, head[3])
+            if at is None:  # none complete: block until one is, among those in their last collective and the
+                # first with a stage left (after advance(), its data all-reduce is the next to issue, FIFO)
+                staged = next((entry for entry in self._fifo if entry[2]), None)
+                self.comm.wait_any([entry[1] for entry in self._fifo if not entry[2] or entry is staged])
                 continue
             done = self._fifo[at]
             del self._fifo[at]

@@ -17,7 +17,7 @@ from fourd_mpi.core.grid import GridShape
 from fourd_mpi.step.overlap import OverlapConfig
 
 GRIDS = ["2x2x1x2", "1x2x2x2", "2x2x2x1", "1x4x1x2"]
-OVERLAPS = ["oag", "ors", "oar", "dp", "od", "cache", "all", "all,cache", "oag,ors"]
+OVERLAPS = ["oag", "ors", "oar", "dp", "od", "oup", "cache", "all", "all,cache", "oag,ors"]
 
 
 def test_parse_overlap_lists():
@@ -37,6 +37,102 @@ def test_inapplicable_options_are_named():
     assert any(n.startswith("dp has no effect: G_data = 1") for n in notes)
     assert not any(n.startswith("oar") or n.startswith("od") for n in notes)
     assert OverlapConfig.parse("all").inapplicable(GridShape(2, 2, 1, 2)) == []
+    assert any(n.startswith("oup has no effect: G_z = G_data = 1") for n in notes)
+    assert not any(n.startswith("oup") for n in OverlapConfig.parse("oup").inapplicable(GridShape(2, 1, 2, 1)))
+
+
+class _Handle:
+    """A collective that completes at a given tick of :class:`_Clock` (test() and wait() see it)."""
+
+    def __init__(self, clock, done_at, value, record=None):
+        self.clock, self.done_at, self.value, self.record = clock, done_at, value, record
+
+    def test(self):
+        return self.clock.now >= self.done_at
+
+    def wait(self):
+        self.clock.now = max(self.clock.now, self.done_at)
+        return self.value
+
+
+class _Clock:
+    now = 0
+
+
+class _FakeComm:
+    """Collectives stand-in: each data all-reduce completes ``delay[name]`` ticks after it is issued."""
+
+    def __init__(self, clock, delay):
+        self.clock, self.delay, self.issued = clock, delay, []
+        self.tracer = type("T", (), {"tag": staticmethod(lambda layer, phase: (0, 0))})()
+
+    def wait_any(self, handles):
+        self.clock.now = max(self.clock.now, min(h.done_at for h in handles))
+
+    def allreduce(self, axis, value, tag=None):
+        name = value["name"]
+        self.issued.append(name)
+        return _Handle(self.clock, self.clock.now + self.delay[name], dict(value, reduced=True))
+
+
+def test_gradients_are_handed_over_in_completion_order_and_data_stages_issued_in_fifo_order():
+    """OUP: ``finish(ready)`` gives each param to ``ready`` as soon as its last collective completes (here c, whose
+    reduce-scatter is done at once and whose data all-reduce is fast, before a and b, issued earlier), while the
+    data all-reduces are issued in gradient order (a, b, c) on every rank whatever the timing."""
+    from types import SimpleNamespace
+
+    from fourd_mpi.step.schedule import GradientSync
+
+    clock = _Clock()
+    comm = _FakeComm(clock, {"a": 10, "b": 10, "c": 1})
+    sync = GradientSync(comm, OverlapConfig(ors=True, oup=True))
+    params = {n: SimpleNamespace(name=f"{n}.weight", reduce_axes=("data",), grad=None) for n in "abc"}
+    sync.begin()
+    for name, rs_done in (("a", 3), ("b", 2), ("c", 0)):  # reduce-scatters issued in backward order
+        sync.add(params[name], _Handle(clock, rs_done, {"name": name}))
+    order = []
+
+    def ready(p):
+        order.append((p.name, clock.now))
+        clock.now += 1  # the update takes a tick: later collectives progress meanwhile
+
+    sync.finish(ready)
+    assert comm.issued == ["a", "b", "c"]
+    assert [n for n, _ in order] == ["c.weight", "a.weight", "b.weight"]
+    assert all(p.grad["reduced"] for p in params.values())
+
+
+def test_per_parameter_updates_in_any_order_equal_the_step():
+    """SGD and Adam: ``begin(); update(p) in reverse order; end()`` gives what ``step()`` gives. Known answer
+    (SGD, lr 0.1): ``w = 1 - 0.1 * 0.5 = 0.95``; Adam's first update is ``-lr * sign(g)`` (m/c1 = g,
+    sqrt(v/c2) = |g|): ``1 - 1e-3 = 0.999`` (to ``lr * eps / |g|`` = 2e-11, below the tolerance)."""
+    import numpy as np
+
+    from fourd_mpi.step.optim import make_optimizer
+
+    def params():
+        return [SimpleParam(f"p{i}", np.full(3, 1.0), np.full(3, 0.5)) for i in range(3)]
+
+    for name, lr, expected in (("sgd", 0.1, 0.95), ("adam", 1e-3, 0.999)):
+        a, b = params(), params()
+        opt_a, opt_b = make_optimizer(name, a, lr=lr), make_optimizer(name, b, lr=lr)
+        for _ in range(2):
+            opt_a.step()
+            opt_b.begin()
+            for p in reversed(b[1:]):
+                opt_b.update(p)
+            opt_b.update(b[2])  # once per step: a second call changes nothing
+            opt_b.end()  # b[0]: never handed over, updated here
+        for p, q in zip(a, b):
+            np.testing.assert_array_equal(p.data, q.data)
+        first = params()
+        make_optimizer(name, first, lr=lr).step()
+        np.testing.assert_allclose(first[0].data, expected, rtol=1e-10)
+
+
+class SimpleParam:
+    def __init__(self, name, data, grad):
+        self.name, self.data, self.grad = name, data, grad
 
 
 @pytest.mark.mpi
@@ -67,6 +163,26 @@ def test_request_bookkeeping_and_progress(run_mpi, nranks):
     proc = run_mpi(nranks, [], script="tests/helpers/mpi_overlap_check.py", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "overlap checks ok" in proc.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nranks", [3, 4])
+def test_oup_gathers_the_updated_weights_across_the_step_boundary(run_mpi, nranks):
+    """tests/helpers/mpi_oup_check.py: the all-gather issued at the end of a step holds the weights after the
+    update, belongs to the next step's trace, and neither the last step nor close() leaves it in flight."""
+    proc = run_mpi(nranks, ["3"], script="tests/helpers/mpi_oup_check.py", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "oup checks ok" in proc.stdout
+
+
+@pytest.mark.mpi
+def test_oup_on_every_grid_of_three_ranks(run_mpi):
+    """An odd rank count: every grid of 3 ranks, OUP alone and in ``all``, against the serial reference."""
+    proc = run_mpi(3, ["verify", "--dtype", "float64", "--steps", "3", "--batch", "6", "--hidden", "48",
+                       "--ffn-hidden", "192", "--heads", "3", "--all-grids", "--overlap", "oup", "--overlap", "all",
+                       "--check-buffers", "--poll-flops", "3000"], timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "8 passed, 0 failed, 0 skipped" in proc.stdout
 
 
 @pytest.mark.mpi
