@@ -195,6 +195,8 @@ class Tracer:
         self.mpi_ns = 0
         self.bubble_ns = 0
         self.mpi_spans: list = []
+        #: where each comm lane's last collective ended (aligned clock), over the steps so far
+        self._comm_lane_ends: list = []
         #: NVTX ranges (:class:`fourd_mpi.trace.nvtx.Ranges`, ``--nvtx``) or None
         self.ranges = None
 
@@ -365,8 +367,10 @@ class Tracer:
         order = np.argsort(unit_start, kind="stable")
         cols, issue, complete = cols[order], issue[order], complete[order]
         has_d2h, has_h2d, h2d_start, h2d_end = has_d2h[order], has_h2d[order], h2d_start[order], h2d_end[order]
-        lanes, free_at = [], []
-        for begin, end in zip(unit_start[order].tolist(), unit_end[order].tolist()):  # lowest-numbered free lane
+        # lowest-numbered free lane; lanes still busy from the previous step stay so (a collective issued at the
+        # end of a step for the next one, OUP, starts before the previous step's last collectives end)
+        lanes, free_at = [], list(self._comm_lane_ends)
+        for begin, end in zip(unit_start[order].tolist(), unit_end[order].tolist()):
             for lane, free in enumerate(free_at):
                 if free <= begin:
                     break
@@ -375,6 +379,7 @@ class Tracer:
                 free_at.append(0)
             free_at[lane] = end
             lanes.append(lane)
+        self._comm_lane_ends = list(free_at)
         if LANE_COMM0 + len(free_at) - 1 > 255:  # the lane column is one byte
             raise RuntimeError(f"{len(free_at)} collectives in flight at once: more than the trace's comm lanes")
         lane_codes = LANE_COMM0 + np.array(lanes)

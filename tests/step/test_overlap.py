@@ -176,6 +176,32 @@ def test_oup_gathers_the_updated_weights_across_the_step_boundary(run_mpi, nrank
 
 
 @pytest.mark.mpi
+def test_oup_trace_puts_the_prefetched_gather_in_the_step_that_uses_it(run_mpi, tmp_path):
+    """``run --overlap all``, 3 steps, level op: the trace passes its invariants (comm lanes included: the
+    gather issued at the end of step k overlaps step k's last collectives), every step has the same all-gathers,
+    and in steps 1 and 2 the first layer's forward all-gather was issued before the step began."""
+    from fourd_mpi.trace.read import check_invariants, load_trace
+
+    proc = run_mpi(4, ["run", "--gz", "2", "--gx", "2", "--overlap", "all", "--steps", "3", "--warmup", "0",
+                       "--results-dir", tmp_path, "--run-id", "oup", "--display", "quiet"], timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    trace = load_trace(tmp_path / "oup.h5")
+    assert check_invariants(trace) == []
+    ev = trace.events
+    first = trace.code("layer", "block0.qkv")
+    for rank in range(4):
+        gathers = ev[(ev["op"] == trace.code("op", "allgather")) & (ev["rank"] == rank)]
+        counts = [int((gathers["step"] == step).sum()) for step in range(3)]
+        assert counts[0] == counts[1] == counts[2] > 0, counts
+        starts = {int(s["step"]): int(s["start_ns"]) for s in trace.rank_steps[trace.rank_steps["rank"] == rank]}
+        for step in range(3):
+            mine = gathers[(gathers["step"] == step) & (gathers["layer"] == first)
+                           & (gathers["phase"] == trace.code("phase", "forward"))]
+            assert len(mine) == 1
+            assert (mine["issue_ns"][0] < starts[step]) == (step > 0), (rank, step)
+
+
+@pytest.mark.mpi
 def test_oup_on_every_grid_of_three_ranks(run_mpi):
     """An odd rank count: every grid of 3 ranks, OUP alone and in ``all``, against the serial reference."""
     proc = run_mpi(3, ["verify", "--dtype", "float64", "--steps", "3", "--batch", "6", "--hidden", "48",
