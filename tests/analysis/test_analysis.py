@@ -492,7 +492,7 @@ def test_real_runs_table_agrees_with_the_stored_summary(real):
         assert row.tokens_per_s == pytest.approx(s["tokens_per_s"], rel=1e-12)
         assert row.steps == s["steps"] == 3 and row.imbalance >= 1.0
         assert row.world_size == trace.world_size and row.peak_tflops == 1.0
-    assert set(df.config_key) == {"gpt-tiny/none/poll/weak", "gpt-tiny/oag,ors,oar,dp,od/poll/ovl",
+    assert set(df.config_key) == {"gpt-tiny/none/poll/weak", "gpt-tiny/oag,ors,oar,dp,od,oup/poll/ovl",
                                   "gpt-tiny/none/poll/lyr"}
 
 
