@@ -267,10 +267,12 @@ def run_steps(run: Run, spool: RankSpool, faults: Faults, out: StepDisplay, at: 
         spool.append(result.events, record)
         bubbles[i] = result.bubble_ns
         out.update(i, result.loss, result.seconds)
-        if health.failed_before(i):
+        if health.failed_before(i):  # every rank stops here, with the next step's all-gather (oup) waited
+            run.trainer.weights.drain()
             break
         if not np.isfinite(result.loss):  # reduced to every rank: all stop here, without a collective
             health.settle()  # no agreement left in flight at exit
+            run.trainer.weights.drain()  # nor the next step's all-gather (--overlap oup)
             raise non_finite_loss(result.loss, i, options, spool)
     out.close()
     spool.ensure_present()  # deleted after the last step: re-created before the merge

@@ -24,6 +24,7 @@ from mpi4py import MPI
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import resolve
 from fourd_mpi.trace.events import _OP, PHASES
+from mpi_overlap_check import report  # tests/helpers, the script's own directory
 
 
 def gathered_now(run, layer):
@@ -88,11 +89,7 @@ def main():
     run.close()
     if run.comm.in_flight:
         failures.append(f"close left {len(run.comm.in_flight)} collective(s) in flight")
-
-    failures = [f for per_rank in world.allgather(failures) for f in per_rank]
-    if world.Get_rank() == 0:
-        print("\n".join(sorted(set(failures))) or "oup checks ok")
-    return 1 if failures else 0
+    return report(world, failures, "oup checks ok")
 
 
 if __name__ == "__main__":

@@ -84,9 +84,14 @@ def main():
         comm.progress.close()
 
     grid.free()
+    return report(world, failures, "overlap checks ok")
+
+
+def report(world, failures, ok: str) -> int:
+    """Every rank's failures printed on rank 0 (or ``ok`` when there are none); the exit status (collective)."""
     failures = [f for per_rank in world.allgather(failures) for f in per_rank]
     if world.Get_rank() == 0:
-        print("\n".join(sorted(set(failures))) or "overlap checks ok")
+        print("\n".join(sorted(set(failures))) or ok)
     return 1 if failures else 0
 
 
