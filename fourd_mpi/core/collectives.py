@@ -322,18 +322,16 @@ class Collectives:
                 callback()
 
     def wait_any(self, handles) -> None:
-        """Block until one more of ``handles`` (:class:`CommHandle` or :class:`GroupHandle`) has completed
+        """Block until one more request of ``handles`` (:class:`CommHandle` or :class:`GroupHandle`) has completed
         (``MPI_Waitany`` over their pending requests; the progress thread's flags under ``thread``). The time
         blocked is the completed one's wait (its record's ``wait_ns``, and blocked time in the trace), as if
         it alone had been waited. Returns at once when one has completed already."""
         pending = []
         for h in handles:
-            for leaf in getattr(h, "handles", [h]):
-                if leaf.done:
-                    return
-                pending.append(leaf)
-        if not pending:
-            return
+            left = [leaf for leaf in getattr(h, "handles", [h]) if not leaf.done]  # a group: its pending parts
+            if not left:
+                return
+            pending += left
         t0 = time.perf_counter_ns()
         with self.watch(f"any of {len(pending)} collectives, the first {self.describe(pending[0].record)}"):
             done = pending[self.progress.wait_any(pending)]
