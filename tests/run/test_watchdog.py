@@ -169,7 +169,7 @@ def test_ranks_running_different_code_are_diagnosed(tmp_path, command):
     copy of the package (same version, same arguments) whose step starts with a barrier over the world,
     which the others never call. Before (verify had no watchdog) this hung forever; now every
     rank that waits says where and the job ends with the watchdog's status within the timeout."""
-    anchor = "    try:\n        loss, _ = trainer.forward_backward(step, defer_loss=True)"  # engine.timed_step
+    anchor = "    try:\n        if deferred:\n            loss, _ = trainer.forward_backward("  # engine.timed_step
     stale = _stale_copy(tmp_path, "step/engine.py", anchor,
                         "    from mpi4py import MPI\n    MPI.COMM_WORLD.Barrier()\n" + anchor)
     args = {"run": ["run", "--results-dir", str(tmp_path / "r"), "--display", "quiet", "--steps", "3"],
