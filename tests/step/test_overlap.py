@@ -180,7 +180,8 @@ def test_oup_trace_puts_the_prefetched_gather_in_the_step_that_uses_it(run_mpi, 
     """``run --overlap all``, 3 steps, level op: the trace passes its invariants (comm lanes included: the
     gather issued at the end of step k overlaps step k's last collectives), every step has the same all-gathers,
     and in steps 1 and 2 the first layer's forward all-gather was issued before the step began."""
-    from fourd_mpi.trace.read import check_invariants, load_trace
+    from fourd_mpi.trace.invariants import check_invariants
+    from fourd_mpi.trace.read import load_trace
 
     proc = run_mpi(4, ["run", "--gz", "2", "--gx", "2", "--overlap", "all", "--steps", "3", "--warmup", "0",
                        "--results-dir", tmp_path, "--run-id", "oup", "--display", "quiet"], timeout=180)
