@@ -29,7 +29,7 @@ micro-batches and all-reduced over the world once per step, as is the step's slo
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -310,8 +310,9 @@ class PipelineTrainer:
         """One training step; ``last``: no step follows (OUP issues no all-gather for a next one)."""
         return timed_step(self, step, self.world, "the end-of-step MAX all-reduce over the world", last)
 
-    def close(self) -> None:
-        self.weights.drain()  # an all-gather issued ahead for a step that never ran (OUP)
+    def close(self, within_s: Optional[float] = None) -> bool:
+        """An all-gather issued ahead for a step that never ran (OUP): as :meth:`fourd_mpi.step.engine.Trainer.close`."""
+        return self.weights.drain(within_s)
 
 
 def build_state(options, grid, backend, counter):

@@ -199,6 +199,11 @@ def _choose_mode(requested: str, backend: str, evidence_ok: bool, evidence_reaso
     return MpiBuffers(requested, "direct", False, f"auto: {evidence_reason}; device-buffer smoke test passed")
 
 
+#: seconds a failed run's close waits for a collective issued ahead of a step that never ran (OUP's gather):
+#: where every rank failed at the same step (a non-finite loss, an injected fault) it completes at once
+FAILED_DRAIN_S = 5.0
+
+
 @dataclass
 class Run:
     """The live objects of a run on one communicator. Collective to build and to :meth:`close`."""
@@ -320,11 +325,15 @@ class Run:
         """Overlap options that are no-ops on this grid, with the reason."""
         return self.trainer.overlap.inapplicable(self.options.grid)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         """Collective over :attr:`world`. The trainer's close first: it may wait for a collective (OUP's
-        all-gather issued ahead), which needs the progress engine."""
+        all-gather issued ahead), which needs the progress engine. ``failed``: the run ended in an exception,
+        perhaps on this rank alone, whose peers may never complete that collective: wait at most
+        :data:`FAILED_DRAIN_S` for it, then leave it (the rank goes on to abort the job)."""
         closing = getattr(self.trainer, "close", None)
-        if closing is not None:
+        if closing is not None and failed:
+            closing(FAILED_DRAIN_S)
+        elif closing is not None:
             closing()
         self.comm.progress.close()
         self.grid.free()

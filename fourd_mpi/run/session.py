@@ -152,6 +152,7 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
     rank_meta = rank_metadata(run, *run.clock)
     at = Progress()
     spool = sentinel = None
+    failed = False
     try:
         # the spool and every rank's files come into being whole: a signal meanwhile is raised once they exist
         # (and recorded in them), never between rank 0 creating the directory and the ranks their files
@@ -169,10 +170,11 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
         summary, recreated = summarize_on_root(run, spool, last, bubbles, peaks, metadata)
         path = merge_trace(run, spool, sentinel, faults, at, trace, trace_path, metadata, rank_meta)
     except BaseException as exc:
+        failed = True
         record_failure(exc, spool, at, run, trace_path)
         raise
     finally:
-        close_run(run, spool, sentinel)
+        close_run(run, spool, sentinel, failed)
     if recreated:
         warning_line(f"spool files in {spool.dir} were deleted during the run; {recreated} of {world.Get_size()} "
                      "rank(s) re-created theirs from the files they still had open, no step was lost (trace "
@@ -397,12 +399,13 @@ def _report(exc: BaseException, note: str) -> None:
     exc.reported = True
 
 
-def close_run(run: Run, spool: Optional[RankSpool], sentinel) -> None:
+def close_run(run: Run, spool: Optional[RankSpool], sentinel, failed: bool = False) -> None:
     """The end of every run, whatever ended it: the sentinel is told the run ended in order, this rank's spool
     files are closed (their lock released: ``trace recover`` may take them), the NVTX ranges end, the watchdog
     stops and the run's communicators are freed (:meth:`Run.close`: ``MPI_Comm_free``, collective by the
     standard but local in MPICH and Open MPI, so a rank that failed alone frees its own and goes on to abort
-    the job)."""
+    the job). ``failed``: the run ended in an exception; a collective issued ahead is waited for at most
+    :data:`~fourd_mpi.run.build.FAILED_DRAIN_S` (:meth:`Run.close`)."""
     if sentinel is not None:
         sentinel.close()
     if spool is not None:
@@ -410,7 +413,7 @@ def close_run(run: Run, spool: Optional[RankSpool], sentinel) -> None:
     if run.comm.tracer.ranges is not None:
         run.comm.tracer.ranges.unwind()
     run.comm.watchdog.close()
-    run.close()
+    run.close(failed)
 
 
 class NonFiniteLoss(TraceError):

@@ -117,9 +117,10 @@ class Trainer:
         """One training step; ``last``: no step follows (OUP issues no all-gather for a next one)."""
         return timed_step(self, step, self.comm.grid.world, "the end-of-step MAX all-reduce over world", last)
 
-    def close(self) -> None:
-        """Wait for an all-gather issued ahead for a step that never ran (OUP; collective over Z)."""
-        self.weights.drain()
+    def close(self, within_s: Optional[float] = None) -> bool:
+        """Wait for an all-gather issued ahead for a step that never ran (OUP; collective over Z); ``within_s``:
+        give up after that many seconds and return False (:meth:`~fourd_mpi.step.schedule.WeightFetcher.drain`)."""
+        return self.weights.drain(within_s)
 
 
 def update_as_ready(trainer, step: int, last: bool) -> None:

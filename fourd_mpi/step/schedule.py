@@ -28,6 +28,7 @@ the backward pass, so it is the step's last over Z on every rank.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
@@ -80,11 +81,27 @@ class WeightFetcher:
         """The trace records of the gathers issued ahead (a completed size-1 gather has none)."""
         return [h.record for h in self.ahead.values() if h.record is not None]
 
-    def drain(self) -> None:
-        """Wait for the gathers issued ahead that no forward pass took (after the run's last step)."""
+    def drain(self, within_s: Optional[float] = None) -> bool:
+        """Wait for the gathers issued ahead that no forward pass took (after the run's last step).
+
+        ``within_s``: give up after that many seconds (testing the requests, the progress engine polled
+        between tests) and return False: a run that failed on one rank only must not wait for a gather its
+        peers never complete (it goes on to abort the job). None: wait as long as it takes."""
         ahead, self.ahead = self.ahead, {}
-        for handle in ahead.values():
-            handle.wait()
+        if within_s is None:
+            for handle in ahead.values():
+                handle.wait()
+            return True
+        deadline = time.monotonic() + within_s
+        pending = list(ahead.values())
+        while pending:
+            pending = [h for h in pending if not h.test()]
+            if pending and time.monotonic() > deadline:
+                return False
+            if pending:
+                self.comm.poll(record=False)
+                time.sleep(0.001)
+        return True
 
     def begin_backward(self, order: Optional[List] = None, gather_phase: str = "backward") -> None:
         """Called right after forward, so OAG's first backward gathers overlap the loss.

@@ -41,9 +41,9 @@ closed = []
 real_close = Run.close
 
 
-def spy_close(run):
-    closed.append(run)
-    real_close(run)
+def spy_close(run, failed=False):
+    closed.append((run, failed))
+    real_close(run, failed)
 
 
 base = sys.argv[1]
@@ -61,6 +61,7 @@ else:
     raise AssertionError("the run did not fail")
 spool_dir = os.path.realpath(os.path.join(base, "c.ranks"))
 assert len(closed) == 1, f"rank {rank}: Run.close called {len(closed)} times"
+assert closed[0][1] is True, f"rank {rank}: the failed run was closed as if it had ended well"
 assert not [t for t in threading.enumerate() if t.name == "fourd-mpi-watchdog" and t.is_alive()], "watchdog runs"
 open_files = [os.path.realpath(os.path.join("/proc/self/fd", fd)) for fd in os.listdir("/proc/self/fd")
               if os.path.exists(os.path.join("/proc/self/fd", fd))]
