@@ -205,7 +205,7 @@ find "$PREFIX" -type f \( -name '*.so*' -o -perm -u+x \) -exec sh -c \
 if [ "$IMPL" = mpich ]; then
   # the CUDA runtime yaksa links, and libfabric with its providers' libraries: the GPU machine has neither
   cp -L "$CUDA_DIR/lib/libcudart.so.13" "$PREFIX/lib/"
-  for lib in $(ldd "$PREFIX/lib/libmpi.so" | awk '/libfabric|libpsm|libibverbs|librdmacm|libnl|libefa|libnuma|libhwloc|libpciaccess|libudev|libatomic/ {print $3}'); do
+  for lib in $(ldd "$PREFIX/lib/libmpi.so" | awk '/libfabric|libpsm|libibverbs|librdmacm|libnl|libefa|libnuma|libhwloc|libpciaccess|libudev|libatomic|libinfinipath|libuuid/ {print $3}'); do
     cp -L "$lib" "$PREFIX/lib/"
   done
   for f in "$PREFIX"/lib/*.so*; do patchelf --set-rpath "\$ORIGIN" "$f" 2>/dev/null || true; done
