@@ -31,8 +31,12 @@ case "$IMPL" in
   *) echo "usage: $0 openmpi|mpich" >&2; exit 2 ;;
 esac
 
-#: bump when the recipe below changes what is built (the cache key includes it)
-RECIPE=2
+#: bump when the recipe below changes what is built (the cache key includes it); per implementation, so that a
+#: change to one does not rebuild the other (mpich 3: the link-time libcuda stub below)
+case "$IMPL" in
+  openmpi) RECIPE=2 ;;
+  mpich) RECIPE=3 ;;
+esac
 #: CUDA from PyPI. Open MPI needs only cuda.h (libcuda is opened at run time); MPICH's yaksa needs
 #: nvcc (with nvvm's cicc: the nvcc wheel names nvidia-nvvm, crt and runtime as its requirements) and libcudart. 13.0 matches driver 580 (CUDA 13.0) of the GPU machines seen here: no reliance
 #: on minor-version compatibility.
@@ -175,6 +179,14 @@ case "$IMPL" in
     ln -sf ../lib/libcudart.so.13 "$CUDA_DIR/lib64/libcudart.so"
     ln -sf ../lib/libcudart.so.13 "$CUDA_DIR/lib64/libcudart.so.13"
     export PATH=$CUDA_DIR/bin:$PATH
+    # MPL (MPICH's GPU layer: MPIX_Query_cuda_support, the GPU IPC path) is built with CUDA only where
+    # -lcuda links (src/mpl/configure.ac: "also require -lcuda", cuMemGetAddressRange); PyPI has no driver
+    # library, and without it MPICH 4.0.2 built yaksa's kernels but reported no CUDA support on an H200
+    # (2026-11-28). A link-time stub, as the toolkit's lib64/stubs/libcuda.so: every function cuda.h declares
+    # (after its _v2 renames), soname libcuda.so.1, never shipped: the driver's own libcuda.so.1 loads at run time
+    "$PY" "$HERE/cuda_stub.py" "$CUDA_DIR/include/cuda.h" "$CUDA_DIR/lib64/stubs" >>"$LOG" 2>&1 \
+      || { log "the libcuda stub failed (see $LOG)"; exit 1; }
+    export LDFLAGS="-L$CUDA_DIR/lib64/stubs${LDFLAGS:+ $LDFLAGS}"
     # CUDA 13 removed cudaDeviceProp::computeMode (yaksa's init hook reads it)
     hook=modules/yaksa/src/backend/cuda/hooks/yaksuri_cuda_init_hooks.c
     if grep -q 'prop.computeMode' "$hook"; then
@@ -190,7 +202,7 @@ nice -n 19 "${CONFIGURE[@]}" >>"$LOG" 2>&1
 { printf 'SRC=%q\nCUDA_DIR=%q\nCONFIGURE=(' "$SRC" "$CUDA_DIR"; printf '%q ' "${CONFIGURE[@]}"; echo ')'; } >"$BUILD/RESUME"
 else
   cd "$SRC"
-  [ "$IMPL" = mpich ] && export PATH=$CUDA_DIR/bin:$PATH
+  [ "$IMPL" = mpich ] && export PATH=$CUDA_DIR/bin:$PATH LDFLAGS="-L$CUDA_DIR/lib64/stubs${LDFLAGS:+ $LDFLAGS}"
 fi
 log "make -j$JOBS (Open MPI: about 17 min on 2 busy cores; MPICH: about 30)"
 nice -n 19 make -j"$JOBS" >>"$LOG" 2>&1
@@ -209,6 +221,9 @@ if [ "$IMPL" = mpich ]; then
     cp -L "$lib" "$PREFIX/lib/"
   done
   for f in "$PREFIX"/lib/*.so*; do patchelf --set-rpath "\$ORIGIN" "$f" 2>/dev/null || true; done
+  # the link-time libcuda stub, for machines without a driver only (env.sh puts it last on the search path)
+  mkdir -p "$PREFIX/lib/stubs"
+  cp "$CUDA_DIR/lib64/stubs/libcuda.so" "$PREFIX/lib/stubs/libcuda.so.1"
 fi
 
 # env.sh: source it from wherever the prefix lies
@@ -228,8 +243,12 @@ ENVSH
   ;;
   mpich) cat >>"$PREFIX/env.sh" <<'ENVSH'
 export MPI4PY_LIBMPI="$_fourd_mpi_prefix/lib/libmpi.so.12"
-# without a GPU driver this MPICH crashes in MPI_Init (yaksa); GPU support off on such machines
-[ -e /dev/nvidiactl ] || export MPIR_CVAR_ENABLE_GPU=0
+# without a GPU driver this MPICH crashes in MPI_Init (yaksa); GPU support off on such machines, and libmpi's
+# libcuda.so.1 found in the link-time stub (never called with GPU support off)
+if [ ! -e /dev/nvidiactl ]; then
+  export MPIR_CVAR_ENABLE_GPU=0
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$_fourd_mpi_prefix/lib/stubs"
+fi
 ENVSH
   ;;
 esac
