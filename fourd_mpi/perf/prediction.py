@@ -245,7 +245,7 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     t_p2p, critical, t_msg = step_terms.pipeline_messages(sc, profile, rpn)
     wait = step_terms.message_wait(sc, profile, t.slot + t_head + t_head_comm, t_msg)
     full_slot = t.slot + t_head + t_head_comm + t_p2p + wait
-    bubble = full_slot * schedules.bubble_slots(sc.schedule, sc.stages, sc.interleaving)
+    bubble = step_terms.pipeline_bubble(sc, full_slot)  # (p - 1)/v slots
     t_emb = step_terms.embedding_sync(sc, profile, rpn, coalesced, t.exposed)
     if sc.stages > 1:
         t.exposed["pipeline"] = t.exposed.get("pipeline", 0.0) + (t_p2p + wait) * m + critical

@@ -81,7 +81,14 @@ def opening_notes(sc: Scenario, profile: MachineProfile) -> List[str]:
 
 
 def block_slot(sc: Scenario, profile: MachineProfile, rpn: int) -> Slot:
-    """The slot term ``t = W - S - U`` (:func:`~fourd_mpi.perf.predict.predict` of one micro-batch)."""
+    """The slot term ``t = W - S - U`` of one micro-batch through the fullest stage's blocks. ``W``: the 4D model's
+    step of that micro-batch (:func:`~fourd_mpi.perf.predict.predict`: GEMMs at the profile's GEMM rate,
+    element-wise work at its memory bandwidth, each collective by the alpha-beta fit of its placement level, less
+    what its overlap option hides; the profile cites a source per constant), its axes placed in the pipeline's
+    world (:meth:`~fourd_mpi.perf.scenario.Scenario.world_levels`); ``S = sum of W's exposed seconds over
+    :data:`SYNC_KEYS``` (the gradient synchronization, once per step); ``U`` the optimizer update
+    (:func:`~fourd_mpi.perf.predict.compute_time`'s ``optimizer``, once per step). ``exposed``: ``S``'s keys
+    once, every other axis' exposed seconds ``m`` times."""
     micro_cfg, grid, m = sc.micro_config, sc.grid, sc.microbatches
     overlap = sc.overlap_config
     levels, strides = sc.world_levels(rpn)
@@ -100,9 +107,9 @@ def block_slot(sc: Scenario, profile: MachineProfile, rpn: int) -> Slot:
 
 
 def framework_gemm(sc: Scenario, t: Slot, notes: List[str]) -> float:
-    """The blocks' GEMM seconds of one slot at the framework's efficiency (:func:`fourd_mpi.perf.terms.
-    framework_efficiency`, ``fourd_mpi/perf/published/framework_efficiency.yaml``): ``t_gemm / f``, the
-    difference added to the slot."""
+    """The blocks' GEMM seconds of one slot at the framework's efficiency ``f``: ``t_gemm / f``, the difference
+    added to the slot (:func:`fourd_mpi.perf.terms.framework_efficiency`; each ``f`` with its published
+    measurement, or 1.0 marked not measured, in ``fourd_mpi/perf/published/framework_efficiency.yaml``)."""
     fw = terms.framework_efficiency(sc.implementation)
     gemm = terms.framework_gemm_time(t.comp["gemm"], fw["factor"])
     t.slot += gemm - t.comp["gemm"]
@@ -192,9 +199,13 @@ def distributed_optimizer(sc: Scenario, profile: MachineProfile, rpn: int, t: Sl
 
 
 def lm_head(sc: Scenario, profile: MachineProfile, rpn: int, exposed: Dict[str, float], notes: List[str]) -> tuple:
-    """``(t_head, t_head_comm)`` per micro-batch on the last stage (:mod:`fourd_mpi.perf.vocab`): ``6 m h V/T``
-    FLOPs at the GEMM rate plus the cross entropy's :data:`CE_PASSES` passes of fp32 logits at the memory
-    bandwidth; its collectives blocking (added to ``exposed``, ``m`` times). ``(0, 0)`` with ``V = 0``."""
+    """``(t_head, t_head_comm)`` per micro-batch on the last stage (:mod:`fourd_mpi.perf.vocab`; the head's
+    ``6 B s h V`` FLOPs are Megatron's vocabulary term, Narayanan et al. SC'21 section 5.1, and its vocabulary split
+    over the tensor ranks ``T = G_x G_y`` Megatron-LM's vocab-parallel cross entropy):
+    ``t_head = 6 m h V/T / R_gemm + CE_PASSES m V/T 4 / BW_mem`` (:data:`CE_PASSES` passes of fp32 logits),
+    ``m`` this micro-batch's local tokens, ``R_gemm`` the storage dtype's GEMM rate (the head is not an FP8
+    layer); ``t_head_comm`` the sum of its collectives (:func:`~fourd_mpi.perf.vocab.microbatch_collectives`),
+    blocking (added to ``exposed``, ``m`` times). ``(0, 0)`` with ``V = 0``."""
     if not sc.vocab:
         return 0.0, 0.0
     grid, m = sc.grid, sc.microbatches
@@ -213,12 +224,14 @@ def lm_head(sc: Scenario, profile: MachineProfile, rpn: int, exposed: Dict[str, 
 
 
 def pipeline_messages(sc: Scenario, profile: MachineProfile, rpn: int) -> tuple:
-    """``(t_p2p, t_critical, t_msg)``: the blocking schedules' ``2 v`` messages per slot, or AxoNN's fill and drain
-    chain ``2 (p - 1) t_msg`` (its steady-state messages overlap compute: :func:`message_wait`). A message of
+    """``(t_p2p, t_critical, t_msg)``: the blocking schedules' ``t_p2p = 2 v t_msg`` per slot
+    (:func:`~fourd_mpi.perf.schedules.p2p_messages_per_microbatch`; Megatron-LM waits on every
+    ``batch_isend_irecv``), or AxoNN's fill and drain chain ``t_critical = 2 (p - 1) t_msg`` (its steady-state
+    messages overlap compute: :func:`message_wait`; AxoNN inter-layer, arXiv 2110.13005). A message of
     ``b s h/G_x e`` bytes at the inter axis' placement (:func:`~fourd_mpi.perf.machine.inter_placement`; without
     a network model, every rank of a node's stage sending at once: :func:`~fourd_mpi.perf.machine.message_time`);
-    Megatron's scatter/gather (1f1b/interleaved, ``G_y > 1``) sends ``1/G_y`` of it and all-gathers over Y.
-    ``(0, 0, 0)`` for one stage."""
+    Megatron's scatter/gather (1f1b/interleaved, ``G_y > 1``; Narayanan et al. SC'21 section 4.1) sends ``1/G_y``
+    of it and all-gathers over Y. ``(0, 0, 0)`` for one stage."""
     p, grid = sc.stages, sc.grid
     if p == 1:
         return 0.0, 0.0, 0.0
@@ -240,8 +253,9 @@ def pipeline_messages(sc: Scenario, profile: MachineProfile, rpn: int) -> tuple:
 
 
 def message_wait(sc: Scenario, profile: MachineProfile, slot: float, t_msg: float) -> float:
-    """AxoNN's steady state: each slot's message each way overlaps the slot's compute only as far as the
-    profile's overlap efficiency ``e`` allows (0 on a host-driven CPU without progress), so a slot waits
+    """AxoNN's steady state (asynchronous, message-driven: AxoNN inter-layer, arXiv 2110.13005): each slot's
+    message each way overlaps the slot's compute only as far as the profile's overlap efficiency ``e`` allows (0
+    on a host-driven CPU without progress), so a slot waits
     ``max(W, t) + (1 - e) min(W, t) - W`` (:func:`~fourd_mpi.perf.schedules.link_bound_slot`: never shorter than
     its message). 0 for the blocking schedules (their messages are ``t_p2p``) and one stage."""
     if sc.schedule != "axonn" or sc.stages == 1:
@@ -252,9 +266,12 @@ def message_wait(sc: Scenario, profile: MachineProfile, slot: float, t_msg: floa
 
 def embedding_sync(sc: Scenario, profile: MachineProfile, rpn: int, coalesced: bool,
                    exposed: Dict[str, float]) -> float:
-    """``t_emb``: the per-step embedding-gradient all-reduces over Z and data (not data when ``coalesced`` into
-    Megatron's one all-reduce; gathered and reduce-scattered under ZeRO-3 2021) and, with ``p > 1``, between the
-    first and last stage (tied weights); blocking, added to ``exposed``."""
+    """``t_emb = t_ar,z(E) + t_ar,data(E) [+ t_ar,inter(E) with p > 1]``, ``E = V h/T e`` bytes of the embedding's
+    gradient shard (:func:`~fourd_mpi.perf.vocab.embedding_elements`): the per-step all-reduces over Z and data
+    (not data when ``coalesced`` into Megatron's one all-reduce; gathered and reduce-scattered under ZeRO-3 2021,
+    :func:`~fourd_mpi.perf.zero3_2021.embedding_time`) and, with ``p > 1``, the one between the first and last
+    stage that keeps the tied input and output embeddings equal (Megatron-LM's ``_allreduce_embedding_grads``;
+    Narayanan et al. SC'21 section 2); blocking, added to ``exposed``."""
     if not sc.vocab:
         return 0.0
     grid, p = sc.grid, sc.stages
@@ -305,6 +322,14 @@ def context_parallel_slot(sc: Scenario, view: Scenario, profile: MachineProfile,
         t_msg = message_time(profile, level, msg)
     ring = max(sc.stage_layers) * terms.context_parallel_ring_messages(cp, sc.recompute) * t_msg
     return (cp - 1) * attention, terms.context_parallel_exposed(ring, cp * attention)
+
+
+def pipeline_bubble(sc: Scenario, slot: float) -> float:
+    """``t_bubble = t_slot (p - 1)/v``: the fill and drain of the pipeline in slots
+    (:func:`~fourd_mpi.perf.schedules.bubble_slots`; Narayanan et al. SC'21, arXiv 2104.04473, section 2.2: 1F1B's
+    bubble ``(p - 1)/m`` of the ideal time, the interleaved schedule's ``(p - 1)/(v m)``; AxoNN's message-driven
+    schedule the same as 1F1B with equal stages). 0 for one stage."""
+    return slot * schedules.bubble_slots(sc.schedule, sc.stages, sc.interleaving)
 
 
 def larger_stage_memory(sc: Scenario, profile: MachineProfile) -> tuple:
