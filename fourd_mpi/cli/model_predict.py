@@ -184,7 +184,7 @@ def scenario_from(values: dict):
 
 
 def cmd_predict(args) -> int:
-    from fourd_mpi.perf.scenario import format_result, predict_scenario
+    from fourd_mpi.perf.prediction import format_result, predict_scenario
 
     sc, profile = scenario_from(_options(args))
     result = predict_scenario(sc, profile)

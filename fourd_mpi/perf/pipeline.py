@@ -22,7 +22,7 @@ with equal stage times is the same ``(p - 1)/(m + p - 1)``; what the message-dri
 the extra idling a fixed order adds when stage or message times vary (a stage runs whatever
 arrived instead of waiting for the message the order names), which this model does not count.
 
-**Memory** (:func:`pipeline_memory`: :func:`fourd_mpi.perf.scenario.stage_memory`, the one pipeline memory
+**Memory** (:func:`pipeline_memory`: :func:`fourd_mpi.perf.step_terms.stage_memory`, the one pipeline memory
 estimate, with this suite's step's buffers): stage ``s`` stores the weights, gradients and optimizer state of
 its ``L_s`` blocks; activations of at most :func:`~fourd_mpi.algorithms.pipeline_plan.inflight`
 micro-batches (1F1B ``min(p - s, m)``, AxoNN ``min(p, m)``; stage 0 the most, ``min(p, m)``, in both): what each
@@ -32,7 +32,7 @@ each, only with ``m > 1``: gradients accumulate before the reduce-scatter over Z
 receive buffers of ``msg`` bytes.
 
 **Time** (:func:`predict_pipeline`, same inputs and output as :func:`fourd_mpi.perf.predict.predict`): the
-one pipeline model, :func:`fourd_mpi.perf.scenario.predict_scenario` (``model predict``'s), of the scenario
+one pipeline model, :func:`fourd_mpi.perf.prediction.predict_scenario` (``model predict``'s), of the scenario
 this suite's run is (no vocabulary, every dW block in flight): the 4D prediction of one **micro-batch** on
 the fullest stage (``ceil(L/p)`` blocks, ``B/m`` sequences, its axes placed in the pipeline's world:
 :func:`~fourd_mpi.perf.machine.world_levels`) gives the work of one slot ``W_mb``: that step less its exposed
@@ -61,7 +61,9 @@ from fourd_mpi.perf.machine import MachineProfile, inter_placement, message_time
 from fourd_mpi.perf.schedules import link_bound_slot
 from fourd_mpi.perf.memory import MemoryEstimate, local_tokens
 from fourd_mpi.perf.predict import Prediction
-from fourd_mpi.perf.scenario import SYNC_KEYS, Scenario, predict_scenario, slot_lower_bound, stage_memory
+from fourd_mpi.perf.prediction import predict_scenario, slot_lower_bound
+from fourd_mpi.perf.scenario import Scenario
+from fourd_mpi.perf.step_terms import SYNC_KEYS, stage_memory
 from fourd_mpi.perf.terms import stage_layers
 from fourd_mpi.perf.volumes import Collective, step_collectives
 from fourd_mpi.step.overlap import OverlapConfig
@@ -143,7 +145,7 @@ def pipeline_memory(cfg: ModelConfig, grid: GridShape, stages: int, microbatches
                     recompute: str = "none", attention: str = "unfused", precision: Optional[str] = None,
                     shard_optimizer: str = "none", schedule: str = "axonn") -> MemoryEstimate:
     """Bytes per rank of ``stage`` (module doc) by THE pipeline memory estimate,
-    :func:`~fourd_mpi.perf.scenario.stage_memory` with this suite's step's buffers, of the scenario this suite's
+    :func:`~fourd_mpi.perf.step_terms.stage_memory` with this suite's step's buffers, of the scenario this suite's
     run is (no vocabulary, every dW block in flight; ``overlap`` None: OAG on, as
     :func:`~fourd_mpi.perf.memory.estimate_memory` plans). Memoized (arguments and result frozen)."""
     shard = cfg.batch // (grid.data * grid.z)
@@ -180,7 +182,7 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
                      dtype: str = "float32", progress: str = "poll", optimizer: str = "adam",
                      ranks_per_node: Optional[int] = None, recompute: str = "none", attention: str = "unfused",
                      precision: Optional[str] = None, shard_optimizer: str = "none") -> Prediction:
-    """The pipeline's step by THE pipeline model, :func:`~fourd_mpi.perf.scenario.predict_scenario` (this is a
+    """The pipeline's step by THE pipeline model, :func:`~fourd_mpi.perf.prediction.predict_scenario` (this is a
     thin wrapper: tune, ``model validate`` and the benchmarks price a pipeline as ``model predict`` does), of the
     scenario (:meth:`~fourd_mpi.perf.scenario.Scenario.from_options`, run's words) this suite's run is: no vocabulary (their models have none), every dW block in flight, ``grid``
     each stage's 4D grid, its blocks :func:`~fourd_mpi.perf.terms.stage_layers` (the first ``L mod p`` stages one

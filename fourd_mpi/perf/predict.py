@@ -658,7 +658,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     smaller). ``recompute``, ``attention``, ``precision``, ``shard_optimizer``: as in
     :func:`~fourd_mpi.perf.memory.estimate_memory` (they change compute and memory; sharding the
     optimizer over data keeps the data all-reduce's volume, a reduce-scatter plus an all-gather; this
-    function prices the all-reduce, :func:`fourd_mpi.perf.scenario.predict_scenario` the two collectives).
+    function prices the all-reduce, :func:`fourd_mpi.perf.prediction.predict_scenario` the two collectives).
     Raises :class:`~fourd_mpi.errors.ConfigError` when the profile lacks a level the grid needs and
     has no fallback. ``dw_window``: at most this many dW blocks in flight with ORS (memory only;
     :func:`~fourd_mpi.perf.memory.comm_buffer_elements`; None: every layer's, as this suite's step).

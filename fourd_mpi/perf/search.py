@@ -1,7 +1,7 @@
 """``fourd-mpi tune --search``: every scenario ``model predict`` can express, searched with a bound (pure).
 
 ``tune --search AXES`` enumerates :class:`~fourd_mpi.perf.scenario.Scenario` s of ``N`` ranks and prices each
-through :func:`~fourd_mpi.perf.scenario.predict_scenario` (``model predict``'s model). The axes (run's words, and
+through :func:`~fourd_mpi.perf.prediction.predict_scenario` (``model predict``'s model). The axes (run's words, and
 ``model predict``'s where run has none) and the candidates of each:
 
 - the 4D grid of a stage (always): every ordered ``G_data x G_z x G_y x G_x`` of ``N / (p cp)`` that the model's
@@ -41,7 +41,7 @@ any rung: each rung only adds compute or communication, and with one stage accum
 sequences compute at least one of ``B``) and walked: once ``keep`` steps are predicted, the walk stops at the first
 whose compute-only bound exceeds the ``keep``-th fastest (every later one too); a candidate whose bound with
 communication exceeds it is pruned (``X_s = 0`` where the distributed optimizer may be a rung); the others are given
-their rung (the memory check, cheap), and one whose rung's bound (:func:`~fourd_mpi.perf.scenario.scenario_lower_bound`: ``(c - U +
+their rung (the memory check, cheap), and one whose rung's bound (:func:`~fourd_mpi.perf.prediction.scenario_lower_bound`: ``(c - U +
 X_n)(m + (p-1)/v) + U + X_s``, ``X_s = 0`` with the distributed optimizer) exceeds it is pruned, not predicted. The top
 ``keep`` are then exactly those of predicting every candidate. Measured: ``tune --ranks 32768 --search all`` (gpt-80b,
 batch 2048, perlmutter) in docs/guide/model-and-tuning.md.
@@ -57,8 +57,9 @@ from fourd_mpi.core.grid import GridShape, divisors, grid_factorizations
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf import terms
 from fourd_mpi.perf.machine import MachineProfile
-from fourd_mpi.perf.scenario import (GIB, Scenario, ScenarioResult, predict_scenario, scenario_lower_bound,
-                                     scenario_memory, slot_lower_bound)
+from fourd_mpi.perf.prediction import ScenarioResult, predict_scenario, scenario_lower_bound, slot_lower_bound
+from fourd_mpi.perf.scenario import GIB, Scenario
+from fourd_mpi.perf.step_terms import scenario_memory
 from fourd_mpi.step.presets import model_problems
 
 #: the axes ``--search`` takes (``all``: every one); the grid of a stage is always searched
@@ -270,8 +271,8 @@ def scenario_of(base: Scenario, c: Candidate) -> Scenario:
 
 
 class _Bounds:
-    """Lower bounds of candidates at their first rung (:func:`~fourd_mpi.perf.scenario.slot_lower_bound`),
-    the slot's model built once per ``(cp, p, m)``: what :func:`~fourd_mpi.perf.scenario.scenario_lower_bound`
+    """Lower bounds of candidates at their first rung (:func:`~fourd_mpi.perf.prediction.slot_lower_bound`),
+    the slot's model built once per ``(cp, p, m)``: what :func:`~fourd_mpi.perf.prediction.scenario_lower_bound`
     computes, without building a scenario per candidate."""
 
     def __init__(self, base: Scenario, ranks: int, profile: MachineProfile):

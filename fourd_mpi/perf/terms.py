@@ -1,6 +1,6 @@
 """Model terms of the systems the suite's predictions are compared against, one function per term (pure).
 
-Each term has its source and a known-answer test (``tests/perf/test_<term>.py``); :mod:`fourd_mpi.perf.scenario`
+Each term has its source and a known-answer test (``tests/perf/test_<term>.py``); :mod:`fourd_mpi.perf.step_terms`
 calls them at small call sites.
 
 **Uneven pipeline stages.** ``L`` blocks on ``p`` stages where ``p`` does not divide ``L`` (Llama 3 405B's 126

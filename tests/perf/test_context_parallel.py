@@ -8,7 +8,9 @@ from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf import terms
 from fourd_mpi.perf.machine import load_profile
-from fourd_mpi.perf.scenario import Scenario, _context_view, predict_scenario, scenario_memory
+from fourd_mpi.perf.prediction import predict_scenario
+from fourd_mpi.perf.scenario import Scenario
+from fourd_mpi.perf.step_terms import scenario_memory
 from fourd_mpi.step.presets import ModelConfig
 
 GPT = ModelConfig("g", "gpt", layers=4, hidden=4096, heads=32, ffn_hidden=16384, seq=16384, batch=8, kv_heads=8)
@@ -28,7 +30,7 @@ def test_step_is_the_view_plus_attention_and_the_exposed_ring():
     prof = load_profile("dgx-h100")
     sc = Scenario(GPT, GridShape(1, 1, 8, 1), "dgx-h100", algorithm="megatron1d", vocab=51200, context_parallel=2)
     r = predict_scenario(sc, prof)
-    view = predict_scenario(_context_view(sc), prof)
+    view = predict_scenario(sc.context_view(), prof)
     assert r.gpus == 16 and view.gpus == 16 and view.scenario.model.seq == 8192
     # cp = 2, one micro-batch, no pipeline: one more chunk's attention, plus the ring's exposed part
     assert r.terms["cp_attention"] == pytest.approx(view.terms["step_attention"], rel=1e-12)

@@ -6,7 +6,8 @@ import pytest
 
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.machine import load_profile
-from fourd_mpi.perf.scenario import Scenario, predict_scenario
+from fourd_mpi.perf.prediction import predict_scenario
+from fourd_mpi.perf.scenario import Scenario
 from fourd_mpi.perf.terms import distributed_optimizer_volumes
 from fourd_mpi.step.presets import ModelConfig
 

@@ -9,7 +9,9 @@ from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf import peaks, terms
 from fourd_mpi.perf.machine import load_profile
-from fourd_mpi.perf.scenario import Scenario, stage_memory, predict_scenario
+from fourd_mpi.perf.prediction import predict_scenario
+from fourd_mpi.perf.scenario import Scenario
+from fourd_mpi.perf.step_terms import stage_memory
 from fourd_mpi.run.options import OPTIONS
 from fourd_mpi.step.presets import ModelConfig
 

@@ -12,7 +12,7 @@ from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import load_profile
 from fourd_mpi.perf.memory import block_saved_elements
 from fourd_mpi.perf.predict import compute_time
-from fourd_mpi.perf.scenario import predict_scenario
+from fourd_mpi.perf.prediction import predict_scenario
 from fourd_mpi.perf.volumes import step_collectives
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig, model_problems, validate_model

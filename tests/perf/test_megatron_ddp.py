@@ -5,7 +5,8 @@ import pytest
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import axis_inner_products, axis_placement, load_profile
-from fourd_mpi.perf.scenario import Scenario, predict_scenario
+from fourd_mpi.perf.prediction import predict_scenario
+from fourd_mpi.perf.scenario import Scenario
 from fourd_mpi.step.presets import ModelConfig
 
 

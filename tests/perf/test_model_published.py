@@ -15,8 +15,9 @@ from fourd_mpi.perf import schedules, vocab
 from fourd_mpi.perf.machine import load_profile
 from fourd_mpi.perf.memory import block_elements, comm_buffer_elements, fc_weights
 from fourd_mpi.perf.predict import predict
-from fourd_mpi.perf.scenario import (Scenario, megatron_flops, predict_scenario, sequence_parallel_volumes,
-                                     stage_memory)
+from fourd_mpi.perf.prediction import megatron_flops, predict_scenario
+from fourd_mpi.perf.scenario import Scenario
+from fourd_mpi.perf.step_terms import sequence_parallel_volumes, stage_memory
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
 
@@ -330,7 +331,8 @@ def test_deepspeed_2021_partitions_the_embedding_and_pads_its_shards():
     """Known answers: with ``implementation: deepspeed-2021`` the embedding's weight, gradient, fp32 master
     and Adam state are ``ceil(V h / n)`` elements per rank instead of ``V h``; a grid whose weight blocks do
     not divide by G_z (DeepSpeed pads each shard) is accepted by the model, refused for this suite's step."""
-    from fourd_mpi.perf.scenario import Scenario, scenario_memory
+    from fourd_mpi.perf.scenario import Scenario
+    from fourd_mpi.perf.step_terms import scenario_memory
 
     prof = load_profile("dgx-a100")
     cfg = ModelConfig("g530", "gpt", 105, 20480, 128, 4 * 20480, 2048, 2560)

@@ -12,7 +12,8 @@ import pytest
 from fourd_mpi.cli.main import main
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import load_profile
-from fourd_mpi.perf.scenario import Scenario, predict_scenario, scenario_lower_bound
+from fourd_mpi.perf.prediction import predict_scenario, scenario_lower_bound
+from fourd_mpi.perf.scenario import Scenario
 from fourd_mpi.perf.search import AXES, MAX_SCENARIOS, candidates, parse_axes, search
 from fourd_mpi.step.presets import resolve_labelled
 
@@ -118,7 +119,7 @@ def test_a_pinned_option_alone_searches_scenarios(capsys):
 
 
 def test_one_pipeline_memory_estimate_known_answer():
-    """pipeline_memory (run's admission, tune --algorithm pipeline) is scenario.stage_memory with this suite's
+    """pipeline_memory (run's admission, tune --algorithm pipeline) is step_terms.stage_memory with this suite's
     buffers. Hand count: 4 layers, h 8, heads 2, ffn 32, seq 4, batch 4 on grid 1x1x1x1, 2 stages of 2 blocks,
     m = 2 micro-batches of b = 2 sequences (8 tokens), float32 (4 bytes), 1f1b, full recompute:
     - activations: stage 0 holds min(2 - 0, 2) = 2 micro-batches' block inputs, stage 1 min(1, 2) = 1, so
@@ -128,7 +129,7 @@ def test_one_pipeline_memory_estimate_known_answer():
       reduce-scatter to accumulate for) does not hold; stage 0's receive buffers are two in both (2 x 8 x 8 x 4)."""
     from fourd_mpi.core.grid import GridShape
     from fourd_mpi.perf.pipeline import pipeline_memory
-    from fourd_mpi.perf.scenario import stage_memory
+    from fourd_mpi.perf.step_terms import stage_memory
     from fourd_mpi.step.overlap import OverlapConfig
 
     cfg = resolve_labelled("gpt-tiny", layers=4, hidden=8, heads=2, ffn_hidden=32, seq=4, batch=4)

@@ -8,7 +8,9 @@ import pytest
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import load_profile
-from fourd_mpi.perf.scenario import Scenario, stage_memory, predict_scenario
+from fourd_mpi.perf.prediction import predict_scenario
+from fourd_mpi.perf.scenario import Scenario
+from fourd_mpi.perf.step_terms import stage_memory
 from fourd_mpi.perf.terms import stage_layers
 from fourd_mpi.step.presets import ModelConfig
 

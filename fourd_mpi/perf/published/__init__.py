@@ -5,7 +5,7 @@ Datasets are the YAML files of this folder (``dataset``, ``version``, ``source``
 where it comes from. Claims (``claims.yaml``) pair two configurations with a published margin.
 
 Nothing here adjusts the model: every point is predicted by
-:func:`~fourd_mpi.perf.scenario.predict_scenario` with the machine profile's data-sheet and
+:func:`~fourd_mpi.perf.prediction.predict_scenario` with the machine profile's data-sheet and
 published-collective constants. Per point: ``ratio = predicted / published`` of the dataset's metric
 (TFLOP/s per GPU or % of peak, Megatron's ``96 B s l h^2 (1 + s/6h + V/16lh)`` convention);
 ``error = |ratio - 1|``. Summary: the median of the errors, the worst point, and Spearman's rank
@@ -25,7 +25,9 @@ from typing import Any, Dict, List, Optional, Tuple
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import MachineProfile, load_profile
-from fourd_mpi.perf.scenario import GIB, Scenario, ScenarioResult, fits_memory, predict_scenario, scenario_memory
+from fourd_mpi.perf.prediction import ScenarioResult, predict_scenario
+from fourd_mpi.perf.scenario import GIB, Scenario
+from fourd_mpi.perf.step_terms import fits_memory, scenario_memory
 from fourd_mpi.step.presets import ModelConfig, model_problems
 from fourd_mpi.util.table import render
 
