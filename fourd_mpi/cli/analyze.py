@@ -10,14 +10,12 @@ import os
 from fourd_mpi.cli.args import (FORMATS, add_allow_damaged, add_deprecated, add_format, add_output, add_selection,
                                 add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.analysis.export import COMMANDS as EXPORT_COMMANDS
+from fourd_mpi.analysis.registry import ANALYSES, AUTO, NAMES, PER_TRACE
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.files import named_inputs, refuse_output, replacing
 
 log = logging.getLogger(__name__)
 
-ANALYSES = ("runs", "breakdown", "comm", "compare", "scaling", "steps")
-#: what ``--what auto`` shows (``steps``, a row per step and rank, only when asked for)
-AUTO = ("runs", "breakdown", "comm", "compare", "scaling")
 PLOTS = ("scaling", "breakdown", "timeline", "overlap")
 
 
@@ -27,7 +25,7 @@ def register(sub) -> None:
                         "over measured steps of the max over ranks, spread = its quartiles")
     add_trace_paths(an)
     an.add_argument("--what", default="auto", metavar="LIST",
-                    help=f"comma list of {', '.join(ANALYSES)}; auto (default): runs, breakdown and comm of each "
+                    help=f"comma list of {', '.join(NAMES)}; auto (default): runs, breakdown and comm of each "
                          "run, and compare and weak/strong scaling when several runs qualify; steps: one row per "
                          "(run, step, rank) with step, compute, wait and per-axis MPI time and loss")
     an.add_argument("--scaling", choices=("weak", "strong"), action="append", default=None,
@@ -89,59 +87,55 @@ def _concat(frames):
 
 
 def cmd_analyze(args, world=None) -> int:
-    """Exit 0: every file analysed; 1: some skipped (each named on stderr); 2: nothing to analyse."""
-    from fourd_mpi.analysis import tables as analysis
+    """Exit 0: every file analysed; 1: some skipped (each named on stderr); 2: nothing to analyse.
 
-    what = list(AUTO) if args.what == "auto" else parse_list(args.what, ANALYSES, "--what")
+    Iterates the analyses of :data:`~fourd_mpi.analysis.registry.ANALYSES` that ``--what`` names."""
+    from fourd_mpi.analysis.tables import runs_table
+
+    what = list(AUTO) if args.what == "auto" else parse_list(args.what, NAMES, "--what")
+    chosen = [a for a in ANALYSES if a.name in what]
     traces, problems = _load_traces(args)
-    runs = analysis.runs_table(traces)
-    if args.what != "auto":  # asked for by name: too few runs is one line, not an empty answer
-        _need_enough_runs(what, runs, analysis)
-    sections = []  # (title, frame)
-    if "runs" in what:
-        sections.append(("runs", runs if args.format in ("csv", "json") else runs[analysis.RUNS_SHOWN]))
-    for name, fn in (("breakdown", analysis.breakdown), ("comm", analysis.comm_table)):
-        if name in what:
-            frames = [fn(t) for t in traces]
-            frames = [f for f in frames if len(f)]
-            if name == "comm" and args.baseline and frames:
-                from fourd_mpi.trace.read import load_trace
-
-                base = load_trace(args.baseline, allow_damaged=args.allow_damaged)
-                _note_unlike_baseline(traces, base, args.baseline)
-                reference = analysis.comm_table(base)
-                if not len(reference):
-                    raise ConfigError(f"--baseline {args.baseline}: no collectives (an op-level trace is needed)")
-                frames = [analysis.hidden_vs_baseline(f, reference) for f in frames]
-            if frames:
-                frame = _concat(frames)
-                split = analysis.comm_placement_table(frame) if name == "comm" else None
-                if name == "comm" and args.format not in ("csv", "json"):
-                    frame = frame.drop(columns=["formula"])
-                if name == "breakdown" and args.format not in ("csv", "json"):
-                    frame = analysis.breakdown_wide(frame)  # long form in csv/json
-                sections.append((name, frame))
-                if split is not None and args.format != "csv":  # csv: one table, the comm rows (placement column)
-                    sections.append(("comm by placement", split))
-    if "compare" in what and len(traces) > 1:
-        table = analysis.compare(runs)
-        sizes = table.groupby(["model", "world_size", "tokens_per_step"])["run_id"].transform("size")
-        if (sizes > 1).any():  # only configurations with something to compare against
-            sections.append(("compare", table[sizes > 1]))
-    if "scaling" in what and runs["world_size"].nunique() > 1:
-        for mode in args.scaling or ("weak", "strong"):
-            table = analysis.scaling(runs, mode)
-            for group, why in table.attrs.get("dropped", []):
-                if not why.startswith("one rank count"):  # a single run is no line: not worth a word
-                    log.info("%s scaling: left out %s: %s", mode, group, why)
-            if len(table):
-                sections.append((f"{mode} scaling", table))
-    if "steps" in what:
-        frames = [f for f in (analysis.steps_table(t) for t in traces) if len(f)]
-        if frames:
-            sections.append(("steps", _concat(frames)))
+    runs = runs_table(traces)
+    for entry in chosen:  # asked for by name: too few runs is one line, not an empty answer
+        why = entry.need and entry.get("need")(runs)
+        if why and args.what != "auto":
+            raise ConfigError(why)
+    full = args.format in ("csv", "json")  # csv and json: the full frames; table and markdown: the wide views
+    sections = []  # (title, frame, formulas)
+    for entry in chosen:
+        if entry.need and entry.get("need")(runs):
+            continue
+        table = entry.get("table")
+        if entry.scope == PER_TRACE:
+            frames = [f for f in (table(t) for t in traces) if len(f)]
+            if not frames:
+                continue
+            if entry.against and args.baseline:
+                reference = _baseline_table(args, traces, table)
+                frames = [entry.get("against")(f, reference) for f in frames]
+            tables = [(entry.name, _concat(frames))]
+        else:
+            tables = [(title, frame) for title, frame in table(runs, args.scaling or ("weak", "strong")) if len(frame)]
+        for title, frame in tables:
+            shown = frame if full or not entry.wide else entry.get("wide")(frame)
+            sections.append((title, shown, entry.get("formulas")))
+            if entry.companion and args.format != "csv":  # csv: one table, this one
+                name, companion, formulas = entry.get("companion")
+                sections.append((name, companion(frame), formulas))
     write_output(args.output, _render_sections(sections, args.format), f"{args.format}: {len(sections)} table(s)")
     return 1 if problems else 0
+
+
+def _baseline_table(args, traces, table):
+    """``table`` of the ``--baseline`` run, after a note for each trace unlike it."""
+    from fourd_mpi.trace.read import load_trace
+
+    base = load_trace(args.baseline, allow_damaged=args.allow_damaged)
+    _note_unlike_baseline(traces, base, args.baseline)
+    reference = table(base)
+    if not len(reference):
+        raise ConfigError(f"--baseline {args.baseline}: no collectives (an op-level trace is needed)")
+    return reference
 
 
 def _note_unlike_baseline(traces, base, path: str) -> None:
@@ -160,53 +154,25 @@ def _note_unlike_baseline(traces, base, path: str) -> None:
                      "and grid without overlap)")
 
 
-def _need_enough_runs(what, runs, analysis) -> None:
-    """Refuse ``--what compare`` without two runs of one configuration, and ``--what scaling`` without
-    runs at two rank counts, before any table is written (``auto`` leaves such sections out quietly)."""
-    n = len(runs)
-    if "compare" in what:
-        keys = ["model", "world_size", "tokens_per_step"]
-        if n < 2 or not runs.duplicated(keys, keep=False).any():
-            raise ConfigError(f"--what compare needs at least 2 traces of one configuration (same model, rank "
-                              f"count and tokens per step) to rank their grids and options; got {n} trace(s)"
-                              + ("" if n < 2 else ", no two of them alike"))
-    if "scaling" in what:
-        counts = runs["world_size"].nunique() if n else 0
-        if counts < 2:
-            raise ConfigError(f"--what scaling needs traces at 2 or more rank counts (a weak or strong scaling "
-                              f"line); got {n} trace(s) at {counts} rank count(s)")
-
-
 def _render_sections(sections, fmt: str) -> str:
-    from fourd_mpi.analysis.tables import (COMM_FORMULAS, COMM_PLACEMENT_FORMULAS, RECOMPUTE_SHARE_FORMULA,
-                                           SHARE_FORMULA, STEP_FORMULA, format_table)
-    from fourd_mpi.perf.peaks import GEMM_PCT_FORMULA, HFU_FORMULA, MFU_FORMULA
-    from fourd_mpi.trace.summary import HARDWARE_FLOPS_FORMULA, MODEL_FLOPS_FORMULA
-
-    utilization = {"mfu_pct": f"in %, {MFU_FORMULA} (NaN: no data-sheet peak, e.g. a CPU run)",
-                   "hfu_pct": f"in %, {HFU_FORMULA}", "gemm_pct": f"in %, {GEMM_PCT_FORMULA}"}
-    notes = {"runs": {"step_median_s": STEP_FORMULA, "*_share": SHARE_FORMULA,
-                      "tflops_per_rank": MODEL_FLOPS_FORMULA, "hardware_tflops_per_rank": HARDWARE_FLOPS_FORMULA,
-                      **utilization},
-             "compare": {"mfu_pct": utilization["mfu_pct"], "gemm_pct": utilization["gemm_pct"]},
-             "breakdown": {"step_s": STEP_FORMULA, "*_%": "100 * " + SHARE_FORMULA,
-                           "recompute_%": RECOMPUTE_SHARE_FORMULA},
-             "comm": COMM_FORMULAS, "comm by placement": COMM_PLACEMENT_FORMULAS}
+    """``sections`` ``[(title, frame, formulas)]`` as one document: json (title -> records), csv (one table
+    only) or text and markdown (each table under its title, then its formulas)."""
+    from fourd_mpi.analysis.tables import format_table
 
     if fmt == "json":
-        return json.dumps({title: json.loads(format_table(frame, "json")) for title, frame in sections},
+        return json.dumps({title: json.loads(format_table(frame, "json")) for title, frame, _ in sections},
                           indent=1) + "\n"
     if fmt == "csv":
         if len(sections) != 1:
             raise ConfigError(f"--format csv writes one table: choose one with --what (got "
-                              f"{', '.join(t for t, _ in sections) or 'none'})")
+                              f"{', '.join(t for t, _, _ in sections) or 'none'})")
         return format_table(sections[0][1], "csv")
     heading = "## {}" if fmt == "markdown" else "== {} =="
     parts = []
-    for title, frame in sections:
+    for title, frame, formulas in sections:
         parts.append(heading.format(title) + "\n\n" + format_table(frame, fmt))
-        if title in notes:
-            parts.append("\n".join(f"  {k}: {v}" for k, v in notes[title].items()))
+        if formulas:
+            parts.append("\n".join(f"  {k}: {v}" for k, v in formulas.items()))
     return "\n\n".join(parts) + "\n"
 
 
@@ -250,13 +216,7 @@ def _draw(args, traces, output: str, plots, analysis) -> None:
         if not frames:
             raise ConfigError("overlap needs op-level traces (--trace-level op)")
         if args.baseline:
-            from fourd_mpi.trace.read import load_trace
-
-            base = load_trace(args.baseline, allow_damaged=args.allow_damaged)
-            _note_unlike_baseline(traces, base, args.baseline)
-            reference = analysis.comm_table(base)
-            if not len(reference):
-                raise ConfigError(f"--baseline {args.baseline}: no collectives (an op-level trace is needed)")
+            reference = _baseline_table(args, traces, analysis.comm_table)
             frames = [analysis.hidden_vs_baseline(f, reference) for f in frames]
         plots.plot_overlap(_concat(frames), output, runs_df=analysis.runs_table(traces))
 

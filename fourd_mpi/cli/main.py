@@ -7,7 +7,10 @@ Commands, by module:
 - :mod:`~fourd_mpi.cli.analyze` — ``analyze``, ``plot``, ``export``;
 - :mod:`~fourd_mpi.cli.results` — ``results list | show | reindex``, ``compare``;
 - :mod:`~fourd_mpi.cli.sweep` — ``sweep plan | render | submit | status | collect``;
-- :mod:`~fourd_mpi.cli.perf` — ``tune``, ``model calibrate | validate``, ``bench collectives`` (under mpiexec);
+- :mod:`~fourd_mpi.cli.tune` — ``tune``;
+- :mod:`~fourd_mpi.cli.model` — ``model calibrate | validate | compare-axonn | paper`` (``predict | published``:
+  :mod:`~fourd_mpi.cli.model_predict`);
+- :mod:`~fourd_mpi.cli.bench` — ``bench collectives`` (under mpiexec);
 - :mod:`~fourd_mpi.cli.testbed` — ``testbed up | down | status | mpiexec | env`` (emulated nodes on this machine);
 - this module — ``completion bash | zsh | tcsh`` (the shell completion script, from this parser);
 - :mod:`~fourd_mpi.cli.examples` — the examples that end every ``--help``.
@@ -42,7 +45,7 @@ import traceback
 from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
-from fourd_mpi.cli import analyze, perf, results, run, sweep, testbed, traces
+from fourd_mpi.cli import analyze, bench, model, results, run, sweep, testbed, traces, tune
 from fourd_mpi.cli.args import (PROG, OneLineParser, add_verbosity, error_line, is_first_rank, refuse_empty_values,
                                 walk_parsers)
 from fourd_mpi.cli.examples import EXAMPLES, add_examples
@@ -51,7 +54,7 @@ from fourd_mpi.errors import BackendError, ConfigError, Terminated
 log = logging.getLogger(__name__)
 
 #: command modules, in the order ``--help`` lists their commands
-MODULES = (run, traces, analyze, results, sweep, perf, testbed)
+MODULES = (run, traces, analyze, results, sweep, tune, model, bench, testbed)
 
 
 def build_parser() -> OneLineParser:

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fourd_mpi.analysis.tables import _group_medians, _groups
+from fourd_mpi.analysis.tables.comm import _group_medians, _groups
 
 
 @settings(max_examples=200, deadline=None, database=None, derandomize=True)
