@@ -262,8 +262,8 @@ def measure(path: str, profile) -> Dict:
 def model_numbers(trace, profile) -> Dict:
     """The performance model's step time and per-rank state memory for the traced configuration."""
     from fourd_mpi.algorithms.registry import get
-    from fourd_mpi.perf.algorithms import predict_one, predictor, run_predict_options
     from fourd_mpi.analysis.model_check import config_of
+    from fourd_mpi.perf.algorithms import predict_one, predictor, run_predict_options
 
     try:
         c = config_of(trace)

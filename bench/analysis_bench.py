@@ -34,14 +34,23 @@ import time
 
 import numpy as np
 
-
 from fourd_mpi.analysis import tables as analysis
+from fourd_mpi.core.colltable import wire_factor
+from fourd_mpi.trace.events import (
+    AXES,
+    COMPUTE_OPS,
+    EVENT_DTYPE,
+    LANE_COMM0,
+    LANE_HOST,
+    LANE_LAYER,
+    LANE_STEP,
+    OPS,
+    PHASES,
+    RANK_STEP_DTYPE,
+)
+from fourd_mpi.trace.read import load_trace
 from fourd_mpi.trace.summary import summarize
 from fourd_mpi.trace.writer import TraceFileWriter, ranks_table
-from fourd_mpi.trace.read import load_trace
-from fourd_mpi.trace.events import (AXES, COMPUTE_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP,
-                               OPS, PHASES, RANK_STEP_DTYPE)
-from fourd_mpi.core.colltable import wire_factor
 
 OP = {name: i for i, name in enumerate(OPS)}
 PHASE = {name: i for i, name in enumerate(PHASES)}

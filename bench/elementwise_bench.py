@@ -25,7 +25,6 @@ import statistics
 import sys
 import time
 
-
 import numpy as np
 
 from fourd_mpi.step import elementwise

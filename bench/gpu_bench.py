@@ -82,8 +82,8 @@ def gemm_in_step(options, warmup: int, steps: int) -> Dict:
     from mpi4py import MPI
 
     from fourd_mpi.core.grid import GridShape
-    from fourd_mpi.step.kernels import standalone_gemm_tflops
     from fourd_mpi.run.build import Run
+    from fourd_mpi.step.kernels import standalone_gemm_tflops
 
     run = Run.build(MPI.COMM_SELF, replace(options, grid=GridShape(1, 1, 1, 1), overlap="none"), count_flops=True)
     for i in range(warmup):
@@ -130,11 +130,11 @@ def main(argv: Optional[List[str]] = None) -> int:
              "this benchmark measures the CuPy path only")
     from mpi4py import MPI
 
-    from fourd_mpi.step.presets import resolve_model, validate_model
-    from fourd_mpi.errors import BackendError, ConfigError
     from fourd_mpi.core.grid import infer_grid_shape
     from fourd_mpi.core.mpiutil import idle_barrier
+    from fourd_mpi.errors import BackendError, ConfigError
     from fourd_mpi.run.options import RunOptions
+    from fourd_mpi.step.presets import resolve_model, validate_model
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()

@@ -48,10 +48,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bytes", type=int, default=256 << 20, help="message bytes of the copies (default 256 MiB)")
     args = p.parse_args(argv)
-    from mpi4py import MPI
-
     import cupy
     import numpy as np
+    from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

@@ -53,10 +53,10 @@ import argparse
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
-import shutil
 import tempfile
 import time
 from pathlib import Path

@@ -127,8 +127,8 @@ def progress_probe(world, sizes_mib, repeats: int, poll_flops: float):
     from fourd_mpi.core.backend import NumpyBackend
     from fourd_mpi.core.collectives import Collectives
     from fourd_mpi.core.grid import GridShape, ProcessGrid
-    from fourd_mpi.step import kernels
     from fourd_mpi.core.progress import make_progress
+    from fourd_mpi.step import kernels
     from fourd_mpi.trace.events import Tracer
 
     grid = ProcessGrid(world, GridShape(world.Get_size(), 1, 1, 1))

@@ -33,7 +33,6 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-
 from fourd_mpi.core.backend import make_backend
 from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.core.grid import GridShape, ProcessGrid

@@ -202,10 +202,10 @@ def _with_keyword(fn, key: str, value):
 
 def _patch_axonn_for_cpu(say) -> None:
     """Run-time patches of AxoNN 0.2.0's CUDA assumptions (CPU only). Each is announced."""
-    import torch
-    import torch.distributed as dist
     import axonn.intra_layer.fully_connected as fc
     import axonn.intra_layer.overlap_communication as oc
+    import torch
+    import torch.distributed as dist
 
     torch.cuda.set_device = lambda *a, **k: None
     say("torch.cuda.set_device -> no-op (communication_handle calls it for its local rank)")

@@ -30,10 +30,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
 import statistics
 import sys
-
+from dataclasses import replace
 
 from mpi4py import MPI
 

@@ -74,21 +74,19 @@ import traceback
 from typing import Dict, List, Optional, Sequence, Tuple
 
 # Run from a checkout without installing the package.
-
 import numpy as np
 from mpi4py import MPI
 
 from fourd_mpi import __version__
 from fourd_mpi.cli.args import OneLineParser, add_option, add_options
-from fourd_mpi.run.options import options_in
-from fourd_mpi.util.values import nonnegative_int, positive_int
-from fourd_mpi.step.presets import PRESETS, model_problems, resolve_model
-from fourd_mpi.errors import BackendError, ConfigError
 from fourd_mpi.core.grid import GridShape
-from fourd_mpi.step.kernels import ComputeCounter, matmul
 from fourd_mpi.core.mpiutil import idle_barrier
+from fourd_mpi.errors import BackendError, ConfigError
 from fourd_mpi.run.build import Run
-from fourd_mpi.run.options import resolve
+from fourd_mpi.run.options import options_in, resolve
+from fourd_mpi.step.kernels import ComputeCounter, matmul
+from fourd_mpi.step.presets import PRESETS, model_problems, resolve_model
+from fourd_mpi.util.values import nonnegative_int, positive_int
 
 #: Default model: gpt-small (hidden 512, 8 heads, ffn 2048, global batch 8) with 2 layers and a
 #: shorter sequence, so a step takes roughly 0.2-2 s with 8 ranks on 2 cores.

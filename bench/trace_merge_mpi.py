@@ -18,7 +18,6 @@ import sys
 import tempfile
 import time
 
-
 import numpy as np
 from mpi4py import MPI
 

@@ -29,16 +29,15 @@ import statistics
 import tempfile
 import time
 
-
 import numpy as np
 from mpi4py import MPI
 
-from fourd_mpi.util.values import positive_int
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import resolve
+from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
 from fourd_mpi.trace.merge import merge_run
 from fourd_mpi.trace.spool import RankSpool
-from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
+from fourd_mpi.util.values import positive_int
 
 
 def parse_args(argv=None):

@@ -10,9 +10,10 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, mpi_env
+
 from fourd_mpi.algorithms.registry import ALGORITHMS
+
 
 def bench(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "bench.algorithms", *map(str, args)], capture_output=True, text=True,

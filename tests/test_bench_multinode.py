@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, mpi_env
 
 SCRIPT = os.path.join(REPO, "bench", "multinode.py")

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import setuptools
-
 from conftest import REPO
 
 #: run also as ``python bench/NAME.py`` by the GPU stage (``gpu_*.py``) and the multi-node runs, whose path line stays

@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, find_mpiexec, mpi_env
+
 from fourd_mpi.cli.args import walk_parsers
 from fourd_mpi.cli.jsonout import DOCUMENTS, JsonDoc, plain
 from fourd_mpi.cli.main import build_parser

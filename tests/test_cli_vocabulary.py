@@ -13,8 +13,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, mpi_env
+
 from fourd_mpi.cli.args import FORMATS, SPECIAL_FORMATS, DeprecatedAlias, OneLineParser, walk_parsers
 from fourd_mpi.cli.main import build_parser, main
 from fourd_mpi.errors import ConfigError

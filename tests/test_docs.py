@@ -18,7 +18,6 @@ import re
 import sys
 
 import pytest
-
 from conftest import REPO
 
 

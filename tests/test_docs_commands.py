@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import pytest
-
 from conftest import REPO
 
 IN_CI = os.environ.get("CI", "").lower() == "true"

@@ -12,7 +12,6 @@ import zipfile
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import REPO
 
 SCRIPT = os.path.join(REPO, "bench", "gpu_validate.sh")

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, mpi_env
 
 pytest.importorskip("torch", reason="the peer benchmark needs torch: pip install -e '.[peer]'")

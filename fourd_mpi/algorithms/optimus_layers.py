@@ -31,7 +31,7 @@ import math
 from typing import Optional
 
 from fourd_mpi.algorithms import cube
-from fourd_mpi.core.collectives import CommHandle, Collectives
+from fourd_mpi.core.collectives import Collectives, CommHandle
 from fourd_mpi.core.layout import Layout
 from fourd_mpi.step import kernels
 from fourd_mpi.step.layers import LayerNorm4D, Parameter

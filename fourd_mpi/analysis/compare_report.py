@@ -12,7 +12,8 @@ from typing import List, Sequence
 import numpy as np
 
 from fourd_mpi.analysis.compare import VERDICTS, Comparison, Settings, binding_note, exit_status, plural
-from fourd_mpi.util.table import markdown_escape, render as render_table
+from fourd_mpi.util.table import markdown_escape
+from fourd_mpi.util.table import render as render_table
 
 FORMATS = ("table", "markdown", "json", "junit")
 COLUMNS = ("configuration", "new", "baseline", "new median s", "old median s", "ratio", "CI", "p", "samples",

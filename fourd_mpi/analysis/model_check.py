@@ -18,16 +18,15 @@ yet keeps NaN predictions and is named in the summary.
 
 from __future__ import annotations
 
-
 from typing import Dict
 
 import numpy as np
 
-from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
+from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import MachineProfile
-from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.perf.predict import Prediction
+from fourd_mpi.step.overlap import OverlapConfig
 
 GOALS = {"median_abs_rel_error": 0.20, "spearman": 0.8, "best_in_top": 3}
 

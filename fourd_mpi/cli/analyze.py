@@ -7,10 +7,20 @@ import json
 import logging
 import os
 
-from fourd_mpi.cli.args import (FORMATS, add_allow_damaged, add_deprecated, add_format, add_output, add_selection,
-                                add_trace_paths, parse_list, write_output, wrote)
 from fourd_mpi.analysis.export import COMMANDS as EXPORT_COMMANDS
 from fourd_mpi.analysis.registry import ANALYSES, AUTO, NAMES, PER_TRACE
+from fourd_mpi.cli.args import (
+    FORMATS,
+    add_allow_damaged,
+    add_deprecated,
+    add_format,
+    add_output,
+    add_selection,
+    add_trace_paths,
+    parse_list,
+    write_output,
+    wrote,
+)
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.files import named_inputs, refuse_output, replacing
 
@@ -178,8 +188,8 @@ def _render_sections(sections, fmt: str) -> str:
 
 def cmd_plot(args, world=None) -> int:
     """Exit 0, or 1 when some input files were skipped (named on stderr)."""
-    from fourd_mpi.analysis import tables as analysis
     from fourd_mpi.analysis import plots
+    from fourd_mpi.analysis import tables as analysis
 
     if os.path.splitext(args.output)[1].lower() not in (".png", ".svg", ".pdf"):
         raise ConfigError(f"{args.output}: the figure's format comes from its suffix: .png, .svg or .pdf")

@@ -8,12 +8,11 @@ import os
 import socket
 import sys
 
-from fourd_mpi.cli.jsonout import JsonDoc, add_json_format
 from fourd_mpi.cli.args import add_deprecated, add_option, add_options
+from fourd_mpi.cli.jsonout import JsonDoc, add_json_format
 from fourd_mpi.run.options import OPTIONS, options_in
 from fourd_mpi.util.files import refuse_output, write_text
 from fourd_mpi.util.values import float_in, int_in
-
 
 #: the largest message of bench collectives (bytes): it holds a few buffers of this size per rank
 MAX_BENCH_BYTES = 1 << 30
@@ -146,8 +145,8 @@ def cmd_bench(args, world) -> int:
     """
     from fourd_mpi.cli.args import error_line
     from fourd_mpi.core.mpiutil import on_root
-    from fourd_mpi.errors import ConfigError
     from fourd_mpi.core.watchdog import Watchdog, check_timeout
+    from fourd_mpi.errors import ConfigError
     from fourd_mpi.run.collbench import StreamReport, run_bench
 
     hostname = socket.gethostname()
@@ -264,9 +263,9 @@ def _write_profile(result, args, hostname, out, build_profile, yaml):
 
     name = args.name or f"local-{hostname}"
     profile = build_profile(result, name, hostname, args.fallback, args.backend, mpi_library=mpi_library())
-    from fourd_mpi.perf.machine import PROFILE_SCHEMA
-
     import jsonschema
+
+    from fourd_mpi.perf.machine import PROFILE_SCHEMA
 
     jsonschema.validate(profile, PROFILE_SCHEMA)
     limit = args.max_fit_error / 100

@@ -16,7 +16,6 @@ from typing import Dict, Optional, Sequence
 
 from fourd_mpi.cli.args import add_format, write_output
 
-
 #: every declared document, by command (the tests check each command's help against its keys)
 DOCUMENTS: Dict[str, "JsonDoc"] = {}
 

@@ -46,8 +46,15 @@ from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
 from fourd_mpi.cli import analyze, bench, model, results, run, sweep, testbed, traces, tune
-from fourd_mpi.cli.args import (PROG, OneLineParser, add_verbosity, error_line, is_first_rank, refuse_empty_values,
-                                walk_parsers)
+from fourd_mpi.cli.args import (
+    PROG,
+    OneLineParser,
+    add_verbosity,
+    error_line,
+    is_first_rank,
+    refuse_empty_values,
+    walk_parsers,
+)
 from fourd_mpi.cli.examples import EXAMPLES, add_examples
 from fourd_mpi.errors import BackendError, ConfigError, Terminated
 

@@ -6,9 +6,17 @@ from __future__ import annotations
 
 import logging
 
+from fourd_mpi.cli.args import (
+    FORMATS,
+    add_format,
+    add_output,
+    add_site,
+    add_trace_paths,
+    parse_list,
+    write_output,
+    wrote,
+)
 from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
-from fourd_mpi.cli.args import (FORMATS, add_format, add_output, add_site, add_trace_paths, parse_list, write_output,
-                                wrote)
 from fourd_mpi.util.files import named_inputs, refuse_output, replacing
 from fourd_mpi.util.text import GIB
 from fourd_mpi.util.values import axis_size, batch_size, int_list_of, memory_limit, rank_count, repeat_count, seq_length
@@ -122,8 +130,13 @@ def _paper_prediction(case, pred, profile) -> dict:
 def _cmd_compare_axonn(args) -> int:
     from fourd_mpi.core.grid import GridShape
     from fourd_mpi.errors import ConfigError
-    from fourd_mpi.perf.axonn_commmodel import (compare, default_explained, explain_grid, format_comparison,
-                                                format_explanation)
+    from fourd_mpi.perf.axonn_commmodel import (
+        compare,
+        default_explained,
+        explain_grid,
+        format_comparison,
+        format_explanation,
+    )
     from fourd_mpi.perf.machine import load_profile
     from fourd_mpi.step.presets import resolve_model
 
@@ -167,8 +180,8 @@ def _cmd_compare_axonn(args) -> int:
 
 def _cmd_paper(args) -> int:
     from fourd_mpi.errors import ConfigError
-    from fourd_mpi.perf.paper import DEFAULT_BATCH, PUBLISHED, WEAK_SERIES, model_case, plot, report
     from fourd_mpi.jobs.sites import resolve_profile
+    from fourd_mpi.perf.paper import DEFAULT_BATCH, PUBLISHED, WEAK_SERIES, model_case, plot, report
 
     refuse_output(args.output, args.force, inputs=[args.profile or "", args.site or ""])
     wanted = [t.strip() for t in args.series.split(",") if t.strip()]
@@ -191,7 +204,7 @@ def _cmd_paper(args) -> int:
     flagship = model_case(PUBLISHED["model"], PUBLISHED["gpus"], profile, limit, batch)
     series = [flagship if (m, g) == (PUBLISHED["model"], PUBLISHED["gpus"])
               else model_case(m, g, profile, limit, max(1, batch * g // PUBLISHED["gpus"])) for m, g in cases]
-    from fourd_mpi.perf.paper import SETTINGS, OVERLAP, series_data, ptdp_case
+    from fourd_mpi.perf.paper import OVERLAP, SETTINGS, ptdp_case, series_data
 
     ptdp = ptdp_case(flagship.cfg, flagship.gpus, profile, limit)
     if args.format == "json":
@@ -251,9 +264,9 @@ def cmd_model(args, world=None) -> int:
     _need_pandas(args.model_command)
     if args.model_command == "calibrate":
         return _cmd_calibrate(args)
+    from fourd_mpi.analysis.model_check import report, validate
     from fourd_mpi.analysis.tables import collect_or_fail
     from fourd_mpi.jobs.sites import resolve_profile
-    from fourd_mpi.analysis.model_check import report, validate
 
     refuse_output(args.output, args.force, inputs=named_inputs(args.paths + [args.profile or ""]))
     profile = resolve_profile("local" if args.profile is None else None, args.profile, args.fallback_profile)
@@ -270,9 +283,9 @@ def _cmd_calibrate(args) -> int:
     import pandas as pd
     import yaml
 
+    from fourd_mpi.analysis.model_check import calibrate
     from fourd_mpi.analysis.tables import collect_or_fail, format_table
     from fourd_mpi.perf.machine import TERMS, load_profile
-    from fourd_mpi.analysis.model_check import calibrate
 
     terms = parse_list(args.terms, TERMS, "--terms")  # checked before any trace is read
     refuse_output(args.output, args.force, inputs=named_inputs(args.paths + [args.profile or ""]))

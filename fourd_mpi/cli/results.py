@@ -271,8 +271,14 @@ def cmd_compare(args, world=None) -> int:
     except ImportError:
         raise ConfigError("compare needs scipy (bootstrap, Mann-Whitney U, Wilcoxon signed-rank): pip install "
                           "'fourd_mpi[analysis]' (or pip install scipy)") from None
-    from fourd_mpi.analysis.compare import (Settings, compare_runs, config_differences, drop_new_from_baseline,
-                                            exit_status, parse_threshold)
+    from fourd_mpi.analysis.compare import (
+        Settings,
+        compare_runs,
+        config_differences,
+        drop_new_from_baseline,
+        exit_status,
+        parse_threshold,
+    )
     from fourd_mpi.analysis.compare_report import render
     from fourd_mpi.results.index import index_file, rekeyed
 

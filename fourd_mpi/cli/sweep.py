@@ -8,16 +8,28 @@ import sys
 
 from fourd_mpi.cli.args import FORMATS, add_format, add_site
 from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
-from fourd_mpi.util.values import text as nonempty_text
 from fourd_mpi.jobs.pack import PACK_MODES
 from fourd_mpi.jobs.schedulers import FINAL_STATES
 from fourd_mpi.jobs.sites import load_site, retired_note
 from fourd_mpi.jobs.spec import load_spec
-from fourd_mpi.jobs.sweep import (JOB_OVERRIDES, MANIFEST, build_manifest, collect, default_script_dir, load_jobs,
-                                  load_manifest, next_steps, plan_rows, public_manifest, run_states, submit,
-                                  write_sweep)
+from fourd_mpi.jobs.sweep import (
+    JOB_OVERRIDES,
+    MANIFEST,
+    build_manifest,
+    collect,
+    default_script_dir,
+    load_jobs,
+    load_manifest,
+    next_steps,
+    plan_rows,
+    public_manifest,
+    run_states,
+    submit,
+    write_sweep,
+)
 from fourd_mpi.util.text import format_rows
 from fourd_mpi.util.values import axis_size, repeat_count
+from fourd_mpi.util.values import text as nonempty_text
 
 
 def register(sub) -> None:

@@ -74,9 +74,9 @@ RECOVER_JSON = JsonDoc("trace recover", {
 
 def cmd_trace(args, world=None) -> int:
     from fourd_mpi.algorithms.registry import of_metadata
+    from fourd_mpi.trace.files import parts_dir_of
     from fourd_mpi.trace.invariants import check_invariants
     from fourd_mpi.trace.read import load_trace
-    from fourd_mpi.trace.files import parts_dir_of
     from fourd_mpi.trace.recover import recover
 
     if args.trace_command == "recover":

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.cli.args import add_options, add_site, wrote
+from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.util.files import refuse_output, write_text
 from fourd_mpi.util.text import GIB
 from fourd_mpi.util.values import axis_size, layer_count, memory_limit, rank_count, repeat_count
@@ -200,11 +200,9 @@ def _node_shape(args, profile):
 
 def cmd_tune(args, world=None) -> int:
     from fourd_mpi.jobs.sites import resolve_profile
-    from fourd_mpi.perf.tune import format_ranking, rank_grids, sweep_spec, why_best
+    from fourd_mpi.perf.tune import check_search_size, format_ranking, rank_grids, sweep_spec, why_best
     from fourd_mpi.step.overlap import OverlapConfig
     from fourd_mpi.step.presets import resolve_labelled
-
-    from fourd_mpi.perf.tune import check_search_size
 
     cfg = resolve_labelled(args.model, layers=args.layers, hidden=args.hidden, heads=args.heads,
                         ffn_hidden=args.ffn_hidden, seq=args.seq, batch=args.batch)

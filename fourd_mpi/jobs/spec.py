@@ -33,11 +33,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM, model_problems_of
 from fourd_mpi.algorithms.registry import get as get_algorithm
-from fourd_mpi.step.presets import ModelConfig, PRESETS, resolve_model
-from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape, grid_factorizations
+from fourd_mpi.errors import ConfigError
 from fourd_mpi.jobs.pack import PACK_MODES
 from fourd_mpi.run.options import RunOptions, lookup, plan_tokens, resolve_values
+from fourd_mpi.step.presets import PRESETS, ModelConfig, resolve_model
 from fourd_mpi.util.yamlspec import YamlDocument, load_yaml, schema_violations
 
 #: Names that reach file names, job names and scripts: nothing a shell would interpret.

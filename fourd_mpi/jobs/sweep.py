@@ -36,17 +36,24 @@ from typing import Dict, List, Optional
 from fourd_mpi import __version__
 from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM
 from fourd_mpi.errors import ConfigError, Terminated, TraceError
-from fourd_mpi.jobs.pack import pack_settings, plan_packs, status_path
 from fourd_mpi.jobs.launchers import AFFINITY_SCRIPT
-from fourd_mpi.jobs.render import (job_request, job_settings, python_for, render_affinity_script, render_pack_script,
-                                   render_script, run_argv)
+from fourd_mpi.jobs.pack import pack_settings, plan_packs, status_path
+from fourd_mpi.jobs.render import (
+    job_request,
+    job_settings,
+    python_for,
+    render_affinity_script,
+    render_pack_script,
+    render_script,
+    run_argv,
+)
 from fourd_mpi.jobs.schedulers import ACTIVE_STATES, FINAL_STATES, get_scheduler, parse_time, slurm_time
 from fourd_mpi.jobs.sites import RETIRED_DIR, SITES_DIR, Site, load_site
 from fourd_mpi.jobs.spec import SCHEMA, RunPlan, SweepSpec, spec_from_data
 from fourd_mpi.util.files import MARKER, claim_directory, link_target, open_no_follow, refuse_link, write_marker
 from fourd_mpi.util.signals import deferred
-from fourd_mpi.util.yamlspec import schema_violations
 from fourd_mpi.util.text import format_rows  # noqa: F401  (sweep plan/status tables; was defined here)
+from fourd_mpi.util.yamlspec import schema_violations
 
 log = logging.getLogger(__name__)
 

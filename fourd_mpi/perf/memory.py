@@ -55,14 +55,14 @@ computes attention unfused.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from fourd_mpi.core.backend import dtype_bytes
-from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.step.presets import ModelConfig
 
 if TYPE_CHECKING:  # annotations only
     from fourd_mpi.perf.machine import MachineProfile

@@ -55,15 +55,21 @@ from functools import lru_cache
 from typing import Callable, Dict, List, Optional, Tuple
 
 from fourd_mpi.core.backend import dtype_bytes
-from fourd_mpi.step.presets import ModelConfig
-from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
-from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement, group_per_node
-from fourd_mpi.perf.memory import (MemoryEstimate, block_elements, estimate_memory, fc_weights, local_tokens,
-                                   parameter_elements)
-from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.exact import Sums
+from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement, group_per_node
+from fourd_mpi.perf.memory import (
+    MemoryEstimate,
+    block_elements,
+    estimate_memory,
+    fc_weights,
+    local_tokens,
+    parameter_elements,
+)
 from fourd_mpi.perf.volumes import OVERLAPS, Collective, collective_rows, step_collectives
+from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.step.presets import ModelConfig
 
 
 @dataclass

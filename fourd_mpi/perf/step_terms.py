@@ -32,9 +32,17 @@ from typing import Any, Dict, List, Optional
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.perf import megatron_ddp, schedules, terms, vocab, zero3_2021
 from fourd_mpi.perf.machine import MachineProfile, inter_placement, message_time
-from fourd_mpi.perf.memory import (ALLOCATOR_MARGIN, GPU_RUNTIME_RESERVE_BYTES, activation_elements,
-                                   block_saved_elements, comm_buffer_elements, block_elements, fc_weights,
-                                   parameter_elements, state_bytes)
+from fourd_mpi.perf.memory import (
+    ALLOCATOR_MARGIN,
+    GPU_RUNTIME_RESERVE_BYTES,
+    activation_elements,
+    block_elements,
+    block_saved_elements,
+    comm_buffer_elements,
+    fc_weights,
+    parameter_elements,
+    state_bytes,
+)
 from fourd_mpi.perf.predict import collective_time, compute_time, gemm_rate_tflops, predict
 from fourd_mpi.perf.scenario import GIB, Scenario, stage_text
 from fourd_mpi.perf.volumes import Collective

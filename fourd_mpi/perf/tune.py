@@ -17,13 +17,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from fourd_mpi.step.presets import ModelConfig, model_problems
-from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape, divisors, grid_count, grid_factorizations
+from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import MachineProfile, load_profile
 from fourd_mpi.perf.memory import estimate_memory, memory_reserve
-from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.perf.predict import Prediction, predict
+from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.step.presets import ModelConfig, model_problems
 
 GIB = 2.0 ** 30
 

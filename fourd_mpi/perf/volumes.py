@@ -35,10 +35,10 @@ from typing import Dict, List, Optional, Tuple
 
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.colltable import collective
-from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.memory import block_elements, fc_weights, local_tokens
 from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.step.presets import ModelConfig
 
 #: which overlap option can hide each kind of collective
 OVERLAPS = {"weight_allgather": "oag", "dw_reduce_scatter": "ors", "fwd_allreduce": "od",

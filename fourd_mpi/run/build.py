@@ -16,12 +16,11 @@ from mpi4py import MPI
 from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.core.backend import cupy_usable, make_backend, parse_dtype
 from fourd_mpi.core.collectives import Collectives
-from fourd_mpi.core.gpuaware import OP_CLASSES, GpuAwareness
+from fourd_mpi.core.gpuaware import OP_CLASSES, GpuAwareness, smoke_test
 from fourd_mpi.core.gpuaware import detect as detect_gpu_awareness
-from fourd_mpi.core.gpuaware import smoke_test
 from fourd_mpi.core.grid import AXES, ProcessGrid
-from fourd_mpi.core.placement import NodePlacement
 from fourd_mpi.core.mpiutil import agree, check_same
+from fourd_mpi.core.placement import NodePlacement
 from fourd_mpi.core.progress import make_progress
 from fourd_mpi.errors import BackendError
 from fourd_mpi.run.admission import MemoryNeed, admit, allocate

@@ -55,8 +55,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from fourd_mpi.core.colltable import ALPHA_BETA_FORMULA, BUSBW_FORMULA_SHORT, collective
-from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape, infer_grid_shape
+from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.calibration import KIND_OF, OPS, Row
 from fourd_mpi.util.text import human_bytes
 

@@ -27,17 +27,34 @@ from fourd_mpi.algorithms.registry import ALGORITHMS, DEFAULT_ALGORITHM
 from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.algorithms.runoptions import RunOptions
 from fourd_mpi.core.backend import BACKENDS, DEVICE_BUFFER_MODES, DTYPES, check_dtype_options
-from fourd_mpi.step.fusedattention import ATTENTION_MODES
 from fourd_mpi.core.progress import PROGRESS_STRATEGIES
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.display import DISPLAYS
+from fourd_mpi.step.fusedattention import ATTENTION_MODES
 from fourd_mpi.step.optim import OPTIMIZERS
-from fourd_mpi.step.overlap import ALL as OVERLAP_ALL, OVERLAP_NAMES
+from fourd_mpi.step.overlap import ALL as OVERLAP_ALL
+from fourd_mpi.step.overlap import OVERLAP_NAMES
 from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, resolve_model
 from fourd_mpi.trace.events import LEVELS
-from fourd_mpi.util.values import (axis_size, batch_size, data_batch_count, group_size, head_count,
-                                   layer_count, memory_limit, number, poll_flops_value, positive_float, repeat_count, run_seed, seq_length, step_count,
-                                   text, warmup_count, width)
+from fourd_mpi.util.values import (
+    axis_size,
+    batch_size,
+    data_batch_count,
+    group_size,
+    head_count,
+    layer_count,
+    memory_limit,
+    number,
+    poll_flops_value,
+    positive_float,
+    repeat_count,
+    run_seed,
+    seq_length,
+    step_count,
+    text,
+    warmup_count,
+    width,
+)
 
 
 @dataclass(frozen=True)

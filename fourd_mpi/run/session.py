@@ -22,25 +22,32 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
+from fourd_mpi.core.mpiutil import _ranges, agree, on_root
+from fourd_mpi.core.watchdog import Watchdog
+from fourd_mpi.errors import ConfigError, Terminated, TraceError
+from fourd_mpi.perf.peaks import runtime_peak
+from fourd_mpi.run.build import Run
 from fourd_mpi.run.display import StepDisplay
 from fourd_mpi.run.faults import Fault, Faults
-from fourd_mpi.errors import ConfigError, Terminated, TraceError
-from fourd_mpi.step.kernels import standalone_gemm_tflops
 from fourd_mpi.run.metadata import rank_metadata, run_metadata
-from fourd_mpi.run.sentinel import start as start_sentinel
-from fourd_mpi.core.mpiutil import _ranges, agree, on_root
-from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import RunOptions
-from fourd_mpi.core.watchdog import Watchdog
+from fourd_mpi.run.sentinel import start as start_sentinel
+from fourd_mpi.step.kernels import standalone_gemm_tflops
 from fourd_mpi.trace.clocks import DriftModel, measure_offsets
-from fourd_mpi.trace.files import (LABEL_OVERHEAD, RUN_ID_OVERHEAD, check_name, check_name_fits, new_run_id, now_iso,
-                                   trace_paths)
-from fourd_mpi.trace.merge import merge_run
-from fourd_mpi.trace.spool import RankSpool, prepare_spool, published_trace
 from fourd_mpi.trace.events import LEVELS, RANK_STEP_DTYPE
-from fourd_mpi.trace.summary import summarize
-from fourd_mpi.perf.peaks import runtime_peak
+from fourd_mpi.trace.files import (
+    LABEL_OVERHEAD,
+    RUN_ID_OVERHEAD,
+    check_name,
+    check_name_fits,
+    new_run_id,
+    now_iso,
+    trace_paths,
+)
+from fourd_mpi.trace.merge import merge_run
 from fourd_mpi.trace.nvtx import make_ranges
+from fourd_mpi.trace.spool import RankSpool, prepare_spool, published_trace
+from fourd_mpi.trace.summary import summarize
 from fourd_mpi.util.signals import deferred
 
 log = logging.getLogger(__name__)

@@ -29,9 +29,9 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 
-from fourd_mpi.step import elementwise, kernels
-from fourd_mpi.core.collectives import CommHandle, Collectives, GroupHandle
+from fourd_mpi.core.collectives import Collectives, CommHandle, GroupHandle
 from fourd_mpi.core.layout import Layout, block_range, weight_layout, weight_shard_indices
+from fourd_mpi.step import elementwise, kernels
 from fourd_mpi.step.synthetic import stream_id, uniform_at
 
 

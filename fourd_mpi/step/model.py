@@ -32,14 +32,13 @@ from typing import Iterable, List
 
 import numpy as np
 
-from fourd_mpi.step import elementwise, fusedattention, kernels
 from fourd_mpi.core.collectives import Collectives
-from fourd_mpi.step.presets import RECOMPUTE_MODES, ModelConfig
-from fourd_mpi.step.layers import FullyConnected4D, LayerNorm4D, Parameter
 from fourd_mpi.core.layout import activation_layout, block_range, local_sequences
+from fourd_mpi.step import elementwise, fusedattention, kernels
+from fourd_mpi.step.layers import FullyConnected4D, LayerNorm4D, Parameter
+from fourd_mpi.step.presets import RECOMPUTE_MODES, ModelConfig
 from fourd_mpi.step.schedule import StepContext, linear_backward, linear_forward
 from fourd_mpi.step.synthetic import stream_id, uniform_block
-
 
 #: the axes :func:`mse_loss` sums over for the 4D layout (Y holds replicas)
 LOSS_AXES = ("data", "z", "x")

@@ -32,8 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List
 
-from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
+from fourd_mpi.errors import ConfigError
 
 OVERLAP_NAMES = ("oag", "ors", "oar", "dp", "od", "oup", "cache")
 ALL = ("oag", "ors", "oar", "dp", "od", "oup")

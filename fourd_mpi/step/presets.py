@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional
 
-from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
+from fourd_mpi.errors import ConfigError
 
 MODEL_KINDS = ("gpt", "mlp")
 #: a GPT block's MLP: ``gelu`` (two GEMMs, ``h -> f -> h``: GPT-2/3, Megatron-LM's default) or ``swiglu``

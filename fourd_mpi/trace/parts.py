@@ -23,7 +23,6 @@ from fourd_mpi.trace.files import PARTS_SUFFIX, io_error_text, open_h5_read, par
 from fourd_mpi.trace.guarded import GuardedFile
 from fourd_mpi.util.signals import deferring
 
-
 #: the root ``schema`` attribute of a part file (not a trace on its own)
 PART_SCHEMA = "fourd_mpi.trace.part"
 

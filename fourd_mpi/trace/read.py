@@ -30,8 +30,19 @@ import numpy as np
 from fourd_mpi.core.placement import NodePlacement
 from fourd_mpi.errors import DamagedTraceError, TraceError
 from fourd_mpi.trace.damage import damage
-from fourd_mpi.trace.events import (AXES, EVENT_DTYPE, LANE_COMM0, LEVELS, OPS, PHASES, RANK_STEP_DTYPE, SCHEMA,
-                                   SCHEMA_VERSION, VOCAB_OF, lane_name)
+from fourd_mpi.trace.events import (
+    AXES,
+    EVENT_DTYPE,
+    LANE_COMM0,
+    LEVELS,
+    OPS,
+    PHASES,
+    RANK_STEP_DTYPE,
+    SCHEMA,
+    SCHEMA_VERSION,
+    VOCAB_OF,
+    lane_name,
+)
 from fourd_mpi.trace.files import RANK_DTYPE, STEP_DTYPE, open_h5_read
 from fourd_mpi.trace.parts import read_parts
 from fourd_mpi.trace.scan import Scan, scan_events

@@ -16,7 +16,6 @@ from fourd_mpi.trace.files import io_error_text, open_h5_read, rank_events_path,
 from fourd_mpi.trace.parts import PART_SCHEMA, PartWriter, StagedParts, event_digest
 from fourd_mpi.trace.spool import live_rank, read_failure, read_records
 
-
 #: events read into memory at once by a recovering process (about 50 MiB): a group's ranks are read,
 #: sorted and written in batches of whole ranks up to this size (one rank may exceed it)
 RECOVER_BATCH_EVENTS = 1 << 19

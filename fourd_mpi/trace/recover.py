@@ -15,18 +15,24 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from fourd_mpi.util.signals import deferred
 from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import RANK_STEP_DTYPE
-from fourd_mpi.trace.files import (RUN_META, SPOOL_SUFFIX, _rank_stem, _remove_quietly, io_error_text, now_iso,
-                                   parts_dir_of)
-from fourd_mpi.trace.parts import concat_records, plan_groups, resolve_group_size
+from fourd_mpi.trace.files import (
+    RUN_META,
+    SPOOL_SUFFIX,
+    _rank_stem,
+    _remove_quietly,
+    io_error_text,
+    now_iso,
+    parts_dir_of,
+)
 from fourd_mpi.trace.invariants import check_invariants
+from fourd_mpi.trace.parts import concat_records, plan_groups, resolve_group_size
 from fourd_mpi.trace.read import load_trace
-from fourd_mpi.trace.rebuild import (GroupPool, SCRATCH, rank_step_keys, read_group_records, recover_group,
-                                     recover_parts)
+from fourd_mpi.trace.rebuild import SCRATCH, GroupPool, rank_step_keys, read_group_records, recover_group, recover_parts
 from fourd_mpi.trace.spool import _pid_alive
 from fourd_mpi.trace.writer import TraceFileWriter, ranks_table
+from fourd_mpi.util.signals import deferred
 from fourd_mpi.util.yamlspec import schema_message
 
 
@@ -365,9 +371,8 @@ def _check_output(path: str, force: bool, spool_dir: str, option: str) -> None:
     """The output rule of :mod:`fourd_mpi.util.files`, before anything is read: not inside the spool (the
     trace would go with it), not a spool file, a directory or a device, in a writable directory with space."""
     from fourd_mpi.errors import ConfigError
-    from fourd_mpi.util.files import refuse_output
-
     from fourd_mpi.results.index import index_file, refuse_foreign_link
+    from fourd_mpi.util.files import refuse_output
 
     try:
         refuse_output(path, force, inputs=[os.path.join(spool_dir, RUN_META)], option=option, writes_trace=True)

@@ -26,8 +26,18 @@ import numpy as np
 
 from fourd_mpi.errors import ConfigError, TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
-from fourd_mpi.trace.files import (PUBLISHED, RUN_META, _rank_stem, _remove_quietly, _write_all, _write_json_atomic,
-                                   io_error_text, now_iso, parts_dir_of, trace_paths)
+from fourd_mpi.trace.files import (
+    PUBLISHED,
+    RUN_META,
+    _rank_stem,
+    _remove_quietly,
+    _write_all,
+    _write_json_atomic,
+    io_error_text,
+    now_iso,
+    parts_dir_of,
+    trace_paths,
+)
 
 
 def prepare_spool(results_dir: str, run_id: str, force: bool, run_meta: Dict) -> str:

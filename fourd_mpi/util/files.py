@@ -18,7 +18,6 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 from fourd_mpi.errors import ConfigError
 
-
 #: a run's per-rank spool directory (``<results>/<run-id>.ranks``) and the file that makes one
 #: (:mod:`fourd_mpi.trace.files` reads these names from here)
 SPOOL_SUFFIX = ".ranks"

@@ -26,8 +26,7 @@ import sys
 
 import reframe as rfm
 import reframe.utility.sanity as sn
-from reframe.core.builtins import (parameter, performance_function, run_after, run_before, sanity_function,
-                                   variable)
+from reframe.core.builtins import parameter, performance_function, run_after, run_before, sanity_function, variable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fourd_reference import FIELDS, RUN_ID, index_value, load_template, reference_of  # noqa: E402

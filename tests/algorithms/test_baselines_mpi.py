@@ -8,8 +8,8 @@ float64, tolerance 1e-10 (norm-wise relative error of the output, every gradient
 import json
 
 import pytest
-
 from conftest import rank_stderr
+
 from fourd_mpi.algorithms.registry import get
 from fourd_mpi.core.grid import grid_factorizations
 

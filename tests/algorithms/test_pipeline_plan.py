@@ -180,8 +180,8 @@ def test_prediction_has_predicts_shape_and_reduces_to_it_with_one_stage():
     from fourd_mpi.core.grid import GridShape
     from fourd_mpi.perf.machine import load_profile
     from fourd_mpi.perf.pipeline import predict_pipeline
-    from fourd_mpi.perf.schedules import idle_share
     from fourd_mpi.perf.predict import predict
+    from fourd_mpi.perf.schedules import idle_share
     from fourd_mpi.step.presets import resolve_model
 
     profile = load_profile("laptop")

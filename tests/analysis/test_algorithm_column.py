@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_analysis import hand_events, step_trace, write_trace
 
 from fourd_mpi.analysis import export, plots
-from fourd_mpi.analysis.tables import (breakdown, breakdown_wide, collect, comm_table, compare, runs_table,
-                                       scaling)
+from fourd_mpi.analysis.tables import breakdown, breakdown_wide, collect, comm_table, compare, runs_table, scaling
 from fourd_mpi.trace.read import load_trace
-from test_analysis import hand_events, step_trace, write_trace
 
 G = {"megatron1d": {"data": 1, "z": 1, "y": 8, "x": 1}, "fsdp": {"data": 1, "z": 8, "y": 1, "x": 1},
      "axonn4d": {"data": 1, "z": 2, "y": 2, "x": 2}}

@@ -12,15 +12,36 @@ import pandas as pd
 import pytest
 
 from fourd_mpi.analysis import tables as analysis
-from fourd_mpi.analysis.tables import (BREAKDOWN_COLUMNS, COMM_COLUMNS, COMPARE_COLUMNS, RUN_COLUMNS, SCALING_COLUMNS,
-                                       breakdown, collect, comm_table, compare, format_table,
-                                       runs_table, scaling, steps_table)
-from fourd_mpi.trace.summary import harness_ns, step_stats, summarize
-from fourd_mpi.trace.writer import TraceFileWriter, ranks_table
+from fourd_mpi.analysis.tables import (
+    BREAKDOWN_COLUMNS,
+    COMM_COLUMNS,
+    COMPARE_COLUMNS,
+    RUN_COLUMNS,
+    SCALING_COLUMNS,
+    breakdown,
+    collect,
+    comm_table,
+    compare,
+    format_table,
+    runs_table,
+    scaling,
+    steps_table,
+)
+from fourd_mpi.trace.events import (
+    AXES,
+    COMPUTE_OPS,
+    EVENT_DTYPE,
+    LANE_COMM0,
+    LANE_HOST,
+    LANE_STEP,
+    OPS,
+    PHASES,
+    RANK_STEP_DTYPE,
+)
 from fourd_mpi.trace.invariants import check_invariants
 from fourd_mpi.trace.read import load_trace
-from fourd_mpi.trace.events import (AXES, COMPUTE_OPS, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_STEP, OPS, PHASES,
-                               RANK_STEP_DTYPE)
+from fourd_mpi.trace.summary import harness_ns, step_stats, summarize
+from fourd_mpi.trace.writer import TraceFileWriter, ranks_table
 
 OP = {name: i for i, name in enumerate(OPS)}
 PHASE = {name: i for i, name in enumerate(PHASES)}

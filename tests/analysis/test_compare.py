@@ -10,15 +10,21 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
+from conftest import REPO
 
-from fourd_mpi.analysis.compare import (MIN_SAMPLES, Settings, compare_runs, drop_new_from_baseline, exit_status,
-                                        min_runs, parse_threshold)
+from fourd_mpi.analysis.compare import (
+    MIN_SAMPLES,
+    Settings,
+    compare_runs,
+    drop_new_from_baseline,
+    exit_status,
+    min_runs,
+    parse_threshold,
+)
 from fourd_mpi.analysis.compare_report import render
 from fourd_mpi.cli.main import main
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.trace.indexing import reindex
-
-from conftest import REPO
 
 pytest.importorskip("scipy")
 

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, bind_to_core, find_mpiexec, mpi_env
+
 from fourd_mpi.core.binding import cpu_ranges
 from fourd_mpi.trace.read import load_trace
 

@@ -13,14 +13,23 @@ import re
 
 import numpy as np
 import pytest
+from conftest import mpirun
 
-from fourd_mpi.analysis.compare import (Settings, compare_runs, hodges_lehmann, interleaved, interval_rank,
-                                        min_pairs, pair_runs, signed_rank_null, start_seconds, wilcoxon_p)
+from fourd_mpi.analysis.compare import (
+    Settings,
+    compare_runs,
+    hodges_lehmann,
+    interleaved,
+    interval_rank,
+    min_pairs,
+    pair_runs,
+    signed_rank_null,
+    start_seconds,
+    wilcoxon_p,
+)
 from fourd_mpi.analysis.compare_report import render
 from fourd_mpi.cli.main import main
 from fourd_mpi.errors import ConfigError
-
-from conftest import mpirun
 
 pytest.importorskip("scipy")
 

@@ -9,12 +9,19 @@ from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
-
 from conftest import mpirun
-from fourd_mpi.analysis.export import (collective_instances, perfetto_ids, rank_coordinates, to_caliper_json,
-                                       to_perfetto, write_caliper_json, write_perfetto)
-from fourd_mpi.trace.read import load_trace
+
+from fourd_mpi.analysis.export import (
+    collective_instances,
+    perfetto_ids,
+    rank_coordinates,
+    to_caliper_json,
+    to_perfetto,
+    write_caliper_json,
+    write_perfetto,
+)
 from fourd_mpi.trace.events import LANE_COMM0, LANE_HOST, LANE_STEP, lane_name
+from fourd_mpi.trace.read import load_trace
 
 pytestmark = pytest.mark.mpi
 
@@ -559,9 +566,9 @@ def test_caliper_metadata_carries_adiaks_names():
     our own keys, from a committed real trace (results/baselines)."""
     import datetime
 
-    from fourd_mpi.analysis.export.thicket import _caliper_run_metadata
-
     from conftest import REPO
+
+    from fourd_mpi.analysis.export.thicket import _caliper_run_metadata
 
     trace = load_trace(str(REPO / "results" / "baselines" / "baseline-gpt-tiny-np2.h5"))
     trace.metadata["user"] = "alice"  # recorded by runs from this version on

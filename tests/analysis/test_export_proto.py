@@ -15,8 +15,8 @@ from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
-
 from conftest import REPO, mpirun
+
 from fourd_mpi.analysis.export import to_perfetto, write_perfetto, write_perfetto_proto
 from fourd_mpi.trace.read import load_trace
 

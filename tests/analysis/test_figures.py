@@ -24,12 +24,14 @@ matplotlib = pytest.importorskip("matplotlib")
 
 import matplotlib.image as mpimg  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+from conftest import REPO  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.container import ErrorbarContainer  # noqa: E402
 
-from conftest import REPO  # noqa: E402
-from fourd_mpi.analysis import plots  # noqa: E402
-from fourd_mpi.analysis import tables  # noqa: E402
+from fourd_mpi.analysis import (
+    plots,  # noqa: E402
+    tables,  # noqa: E402
+)
 from fourd_mpi.trace.read import load_trace  # noqa: E402
 
 SAMPLES = REPO / "results" / "samples"

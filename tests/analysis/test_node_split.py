@@ -6,12 +6,11 @@ A collective is inter-node when its rank's communicator along its axis spans mor
 from __future__ import annotations
 
 import pytest
+from test_analysis import LANE_COMM0, LANE_HOST, LANE_STEP, event, write_trace
 
 from fourd_mpi.analysis.tables import COMM_PLACEMENT_COLUMNS, comm_placement_table, comm_table
 from fourd_mpi.core.placement import NodePlacement
 from fourd_mpi.trace.read import load_trace
-
-from test_analysis import LANE_COMM0, LANE_HOST, LANE_STEP, event, write_trace
 
 
 def collective_events(world, axes):

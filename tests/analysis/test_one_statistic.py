@@ -17,8 +17,8 @@ from dataclasses import fields
 
 import numpy as np
 import pytest
-
 from conftest import REPO, mpi_env, mpirun
+
 from fourd_mpi.analysis import plots
 from fourd_mpi.analysis.tables import STEPS_COLUMNS, breakdown, runs_table, steps_table
 from fourd_mpi.trace.read import load_trace

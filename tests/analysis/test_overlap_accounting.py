@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_analysis import LANE_HOST, LANE_STEP, event, write_trace
 
 from fourd_mpi.analysis.tables import HIDDEN_FORMULA, OVERLAP_FORMULA, comm_table, hidden_vs_baseline
 from fourd_mpi.trace.events import EVENT_DTYPE, LANE_COMM0, OPS, Tracer, time_inside
 from fourd_mpi.trace.invariants import check_invariants
 from fourd_mpi.trace.read import load_trace
-from test_analysis import LANE_HOST, LANE_STEP, event, write_trace
 
 OP = {name: i for i, name in enumerate(OPS)}
 
@@ -219,6 +219,7 @@ def test_osu_probe_runs_both_methods_and_the_trace_accounting_holds(tmp_path):
     import sys
 
     from conftest import REPO, find_mpiexec, mpi_env
+
     from fourd_mpi.run.collbench import osu_overlap
 
     proc = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, "-m", "bench.overlap_probe",

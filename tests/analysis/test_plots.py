@@ -16,8 +16,8 @@ matplotlib = pytest.importorskip("matplotlib")
 
 import matplotlib.image as mpimg  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
-
 from conftest import REPO, mpirun  # noqa: E402
+
 from fourd_mpi.analysis import plots  # noqa: E402
 
 FORMATS = ("png", "svg", "pdf")

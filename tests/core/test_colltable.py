@@ -8,9 +8,9 @@ import pytest
 from fourd_mpi.analysis.tables import COMM_FORMULAS
 from fourd_mpi.core.colltable import COLLECTIVES, collective, wire_factor
 from fourd_mpi.perf.calibration import KIND_OF, OPS, bus_factor, fit_alpha_beta
-from fourd_mpi.run.collbench import FORMULAS
 from fourd_mpi.perf.machine import Fit
 from fourd_mpi.perf.volumes import Collective
+from fourd_mpi.run.collbench import FORMULAS
 
 
 @pytest.mark.parametrize("op, p, factor, alphas", [
@@ -105,6 +105,7 @@ def test_printed_formulas_are_unchanged():
 def test_the_table_is_pure():
     """Importable without MPI: the module imports nothing beyond the standard library."""
     import ast
+
     import fourd_mpi.core.colltable as mod
     tree = ast.parse(open(mod.__file__).read())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

@@ -20,8 +20,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import REPO, find_mpiexec, mpi_env
+
 from fourd_mpi.core.backend import cupy_usable
 
 GPU = cupy_usable()
@@ -106,11 +106,11 @@ if world.Get_rank() == 0:
 def test_event_timed_gemms_are_sane():
     from mpi4py import MPI
 
-    from fourd_mpi.step.presets import resolve_model
     from fourd_mpi.core.grid import GridShape
-    from fourd_mpi.step.kernels import standalone_gemm_tflops
     from fourd_mpi.run.build import Run
     from fourd_mpi.run.options import RunOptions
+    from fourd_mpi.step.kernels import standalone_gemm_tflops
+    from fourd_mpi.step.presets import resolve_model
 
     model = resolve_model("gpt-small", hidden=1024, heads=16, layers=2, seq=256, batch=8)
     run = Run.build(MPI.COMM_SELF, RunOptions(model=model, grid=GridShape(1, 1, 1, 1), backend="cupy"),

@@ -2,8 +2,8 @@
 
 import pytest
 
-from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape, grid_factorizations, infer_grid_shape
+from fourd_mpi.errors import ConfigError
 
 
 @pytest.mark.parametrize(

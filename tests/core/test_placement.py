@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fourd_mpi.core.placement import (WORLD, NodePlacement, axis_node_spans, canonical_nodes, inter_node_axes)
+from fourd_mpi.core.placement import WORLD, NodePlacement, axis_node_spans, canonical_nodes, inter_node_axes
 
 
 def dims(data, z, y, x):

@@ -9,8 +9,16 @@ import argparse
 import numpy as np
 import pytest
 
-from fourd_mpi.core.progress import (AUTO_MAX_FLOPS, AUTO_MIN_FLOPS, AUTO_START_FLOPS, MIN_CHUNK_S, POLL_BUDGET,
-                                     AutoChunk, PollProgress, make_progress)
+from fourd_mpi.core.progress import (
+    AUTO_MAX_FLOPS,
+    AUTO_MIN_FLOPS,
+    AUTO_START_FLOPS,
+    MIN_CHUNK_S,
+    POLL_BUDGET,
+    AutoChunk,
+    PollProgress,
+    make_progress,
+)
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.step.kernels import matmul
 from fourd_mpi.util.values import poll_flops_value

@@ -13,8 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from fourd_mpi.core.backend import (DTYPES, NumpyBackend, StagingPool, check_dtype_options, make_backend,
-                               select_device)
+from fourd_mpi.core.backend import DTYPES, NumpyBackend, StagingPool, check_dtype_options, make_backend, select_device
 from fourd_mpi.errors import BackendError, ConfigError
 from fourd_mpi.run.build import FORCE_DIRECT_ENV, check_forced_direct, choose_mpi_buffers
 
@@ -156,8 +155,8 @@ def test_staged_equals_direct_bitwise(run_mpi, nranks):
 
 @pytest.mark.mpi
 def test_staged_trace_events(run_mpi, tmp_path):
-    from fourd_mpi.analysis import tables as analysis
     from fourd_mpi.analysis import export
+    from fourd_mpi.analysis import tables as analysis
     from fourd_mpi.trace.invariants import check_invariants
     from fourd_mpi.trace.read import load_trace
 

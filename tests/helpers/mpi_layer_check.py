@@ -16,10 +16,10 @@ from mpi4py import MPI
 from fourd_mpi.core.backend import make_backend
 from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.core.grid import GridShape, ProcessGrid, grid_factorizations
-from fourd_mpi.step.layers import FullyConnected4D
 from fourd_mpi.core.layout import block_range, local_sequences
-from fourd_mpi.trace.events import Tracer
+from fourd_mpi.step.layers import FullyConnected4D
 from fourd_mpi.step.synthetic import stream_id, uniform_block
+from fourd_mpi.trace.events import Tracer
 
 
 def check(world, shape, transposed, n, k, tokens, dtype, seed=3):

@@ -12,14 +12,14 @@ Usage: mpiexec -n N python tests/helpers/mpi_memory_check.py MODEL [FIELD=VALUE 
 import sys
 
 import numpy as np
+from measured_memory import measure  # tests/helpers (this script's folder)
 from mpi4py import MPI
 
-from fourd_mpi.step.presets import model_problems, resolve_model
 from fourd_mpi.core.grid import grid_factorizations
 from fourd_mpi.perf.memory import estimate_memory, saved_activation_elements
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import RunOptions
-from measured_memory import measure  # tests/helpers (this script's folder)
+from fourd_mpi.step.presets import model_problems, resolve_model
 
 
 def check(world, cfg, shape, dtype):

@@ -23,8 +23,8 @@ from fourd_mpi.trace.clocks import EVENT_TIME_COLUMNS
 from fourd_mpi.trace.events import RANK_STEP_DTYPE
 from fourd_mpi.trace.files import parts_dir_of
 from fourd_mpi.trace.invariants import check_invariants
-from fourd_mpi.trace.read import load_trace
 from fourd_mpi.trace.merge import merge_run
+from fourd_mpi.trace.read import load_trace
 from fourd_mpi.trace.spool import RankSpool
 
 base, group_size = sys.argv[1], int(sys.argv[2])

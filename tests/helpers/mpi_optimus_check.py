@@ -9,12 +9,12 @@ Usage: mpiexec -n N python tests/helpers/mpi_optimus_check.py MODEL [FIELD=VALUE
 
 import sys
 
+from measured_memory import measure  # tests/helpers (this script's folder)
 from mpi4py import MPI
 
 from fourd_mpi.perf.optimus3d import estimate_memory, saved_activation_elements
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import resolve
-from measured_memory import measure  # tests/helpers (this script's folder)
 
 
 def main():

@@ -20,11 +20,11 @@ import sys
 
 import numpy as np
 from mpi4py import MPI
+from mpi_overlap_check import report  # tests/helpers, the script's own directory
 
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import resolve
 from fourd_mpi.trace.events import _OP, PHASES
-from mpi_overlap_check import report  # tests/helpers, the script's own directory
 
 
 def gathered_now(run, layer):

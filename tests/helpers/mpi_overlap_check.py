@@ -13,11 +13,11 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from fourd_mpi.step import kernels
 from fourd_mpi.core.backend import make_backend
 from fourd_mpi.core.collectives import BufferModifiedError, Collectives
 from fourd_mpi.core.grid import GridShape, ProcessGrid
 from fourd_mpi.core.progress import make_progress
+from fourd_mpi.step import kernels
 from fourd_mpi.trace.events import Tracer
 
 

@@ -21,11 +21,11 @@ import numpy as np
 from mpi4py import MPI
 
 from fourd_mpi.core.backend import NumpyBackend
-from fourd_mpi.step.presets import resolve_model
 from fourd_mpi.core.gpuaware import smoke_test
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import RunOptions
+from fourd_mpi.step.presets import resolve_model
 
 GRIDS = {1: ["1x1x1x1"], 2: ["1x2x1x1", "2x1x1x1", "1x1x1x2"], 4: ["1x2x1x2", "2x2x1x1", "1x1x2x2"],
          8: ["2x2x1x2", "1x2x2x2"]}

@@ -16,8 +16,8 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import mpi_env
+
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.jobs.pack import _first_fit_nodes
 from fourd_mpi.jobs.schedulers import parse_time

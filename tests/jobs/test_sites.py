@@ -32,8 +32,8 @@ import subprocess
 import textwrap
 
 import pytest
-
 from conftest import REPO
+
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.jobs.sites import builtin_sites, load_site, retired_sites
 from fourd_mpi.jobs.spec import load_spec

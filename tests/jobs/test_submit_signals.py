@@ -18,7 +18,6 @@ import textwrap
 import time
 
 import pytest
-
 from conftest import mpi_env, mpi_flavor
 from moments import SIGNALS, check_left, crashed, default_signals, fourd, signal_at, timeline, wait_caught
 
@@ -141,8 +140,9 @@ def test_an_interrupted_sequential_pack_starts_no_further_run(tmp_path):
     record says CANCELLED and the second run's claim is given back (no record: a later submit runs it)."""
     if mpi_flavor() != "mpich":
         pytest.skip("Hydra forwards the signal to the ranks")
-    from fourd_mpi.trace.events import RANK_STEP_DTYPE
     from moments import steps_done, wait_for
+
+    from fourd_mpi.trace.events import RANK_STEP_DTYPE
 
     tmp_path.joinpath("spec.yaml").write_text(textwrap.dedent(SPEC).replace("steps: 3", "steps: 100000"))  # the SIGINT, not the end, stops it
     done = fourd("sweep", "render", "spec.yaml", "--site", "local", "--python", sys.executable, "--pack", "2", "--out", "jobscripts/s1",

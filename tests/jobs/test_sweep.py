@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
-
 from conftest import REPO, mpi_env
+
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.jobs.schedulers import parse_time
 from fourd_mpi.jobs.sites import builtin_sites, load_site, retired_sites
-from fourd_mpi.jobs.sweep import build_manifest, write_sweep
 from fourd_mpi.jobs.spec import load_spec
+from fourd_mpi.jobs.sweep import build_manifest, write_sweep
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 BASE = """\
@@ -92,8 +92,8 @@ def test_all_grids_matrix_zip_and_repeats(tmp_path):
         repeats: 2
         """))
     runs = spec.expand()
-    from fourd_mpi.step.presets import model_problems, resolve_model
     from fourd_mpi.core.grid import grid_factorizations
+    from fourd_mpi.step.presets import model_problems, resolve_model
 
     valid = [g for g in grid_factorizations(4) if not model_problems(resolve_model("gpt-tiny", batch=8), g)]
     assert len(runs) == len(valid) * 2 * 2 * 2 * 2
@@ -116,8 +116,8 @@ def test_several_models_and_auto_grids(tmp_path):
         """))
     runs = spec.expand()
     assert [r.model.name for r in runs] == ["gpt-tiny"] * 3 + ["mlp-tiny"] * 3
-    from fourd_mpi.step.presets import model_problems
     from fourd_mpi.perf.tune import top_grids
+    from fourd_mpi.step.presets import model_problems
 
     assert [r.grid for r in runs[:3]] == top_grids(runs[0].model, 8, 3)
     assert all(r.grid.size == 8 and not model_problems(r.model, r.grid) for r in runs)

@@ -11,14 +11,14 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import mpi_env  # noqa: F401  (the tests/ helpers on sys.path)
+from test_sweep import fourd
+
 from fourd_mpi.algorithms.registry import get
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.jobs.sites import load_site
 from fourd_mpi.jobs.spec import load_spec
 from fourd_mpi.jobs.sweep import build_manifest, plan_rows, write_sweep
-from test_sweep import fourd
 
 CROSS = """\
 name: algos
@@ -148,10 +148,10 @@ def test_the_plan_estimates_memory_with_each_algorithms_own_model(tmp_path):
     """The plan's memory per rank is what admission will check at launch: the pipeline's fullest stage
     and Optimus-CUBE's layouts, not the 4D model of the same grid (which a plan used before for every
     algorithm)."""
+    from fourd_mpi.jobs.sweep import memory_per_rank
     from fourd_mpi.perf.memory import estimate_memory
     from fourd_mpi.run.admission import memory_need
     from fourd_mpi.run.options import resolve_values
-    from fourd_mpi.jobs.sweep import memory_per_rank
 
     text = PIPELINE.replace("algorithm: [axonn4d, pipeline]\n  ginter: [1, 2]",
                             "algorithm: [axonn4d, pipeline, optimus3d]\n  ginter: [1, 2, 1]")

@@ -14,7 +14,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import mpi_env
 from localslurm import LocalSlurm, missing_programs
 

@@ -20,8 +20,15 @@ import subprocess
 import pytest
 
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.jobs.schedulers import (JobRequest, get_scheduler, lsf_run_limit, parse_time, pbs_walltime, sge_time,
-                                       slurm_time)
+from fourd_mpi.jobs.schedulers import (
+    JobRequest,
+    get_scheduler,
+    lsf_run_limit,
+    parse_time,
+    pbs_walltime,
+    sge_time,
+    slurm_time,
+)
 from fourd_mpi.jobs.spec import TIME_PATTERN
 
 IN_CI = os.environ.get("CI", "").lower() == "true"

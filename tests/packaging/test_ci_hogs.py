@@ -13,7 +13,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import REPO
 
 

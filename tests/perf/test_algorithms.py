@@ -12,12 +12,12 @@ import pytest
 from fourd_mpi.algorithms import families, registry
 from fourd_mpi.algorithms.families import Family
 from fourd_mpi.algorithms.registry import Algorithm
+from fourd_mpi.analysis.model_check import by_algorithm
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf import algorithms as across
 from fourd_mpi.perf.machine import load_profile
 from fourd_mpi.perf.predict import predict
-from fourd_mpi.analysis.model_check import by_algorithm
 from fourd_mpi.step.presets import model_problems, resolve_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

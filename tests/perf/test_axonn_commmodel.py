@@ -6,8 +6,7 @@ import pytest
 
 from fourd_mpi.cli.main import main
 from fourd_mpi.core.grid import GridShape
-from fourd_mpi.perf.axonn_commmodel import (axonn_comm_time, axonn_terms, compare, explain_grid, our_comm_time,
-                                            our_terms)
+from fourd_mpi.perf.axonn_commmodel import axonn_comm_time, axonn_terms, compare, explain_grid, our_comm_time, our_terms
 from fourd_mpi.perf.machine import load_profile
 from fourd_mpi.perf.volumes import step_collectives
 from fourd_mpi.step.overlap import OverlapConfig

@@ -18,7 +18,6 @@ from fourd_mpi.perf.calibration import Row, poor_fit_line, poor_fits
 from fourd_mpi.run.collbench import IterationRule, cover_step_messages, message_sizes, step_message_lines, step_messages
 from fourd_mpi.step.presets import resolve_model
 
-
 # -- the iteration rule, pure -----------------------------------------------------------------------
 
 def test_next_target_known_answers():

@@ -14,8 +14,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, find_mpiexec, mpi_env
+
 from fourd_mpi.perf.calibration import Row, _fits_profile, fit_window, poor_fit_line, poor_fits
 from fourd_mpi.run.collbench import Budget, IterationRule, StreamReport, format_result, plan_items, progress_line
 

@@ -4,10 +4,10 @@
 import numpy as np
 import pytest
 
+from fourd_mpi.core.grid import GridShape
+from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.calibration import bus_factor, fit_alpha_beta
 from fourd_mpi.run.collbench import default_grids, imb_overlap, message_sizes, osu_overlap
-from fourd_mpi.errors import ConfigError
-from fourd_mpi.core.grid import GridShape
 
 
 def test_message_sizes_are_whole_elements_per_rank():
@@ -132,9 +132,9 @@ def test_ops_subset_csv_and_json(run_mpi, tmp_path):
     import io
     import json
 
-    from fourd_mpi.run.collbench import CSV_COLUMNS
     from fourd_mpi.perf.machine import load_profile
     from fourd_mpi.perf.predict import predict
+    from fourd_mpi.run.collbench import CSV_COLUMNS
     from fourd_mpi.step.presets import resolve_model
 
     common = ["bench", "collectives", "--max-size", "512", "--iters", "2", "--min-time", "0", "--accept-poor-fit",

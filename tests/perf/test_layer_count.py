@@ -11,10 +11,10 @@ import subprocess
 import sys
 from fractions import Fraction
 
-import pytest
-
 import per_layer_model
+import pytest
 from conftest import REPO, mpi_env
+
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf import optimus3d
 from fourd_mpi.perf.exact import ExactSum, Sums, expansion

@@ -2,10 +2,10 @@
 published table's summary (``model published``), which must not silently get worse."""
 
 import json
-from dataclasses import replace
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 

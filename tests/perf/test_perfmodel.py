@@ -4,14 +4,14 @@ import os
 
 import pytest
 
-from fourd_mpi.step.presets import ModelConfig, resolve_model
-from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
+from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import PROFILE_SCHEMA, axis_placement, builtin_profiles, load_profile
 from fourd_mpi.perf.memory import estimate_memory
-from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.perf.predict import predict
 from fourd_mpi.perf.volumes import design_volume_elements, step_collectives, totals
+from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.step.presets import ModelConfig, resolve_model
 
 MLP = ModelConfig("m", "mlp", layers=1, hidden=8, heads=1, ffn_hidden=16, seq=4, batch=4)
 GRIDS = [GridShape(1, 1, 1, 1), GridShape(1, 2, 2, 2), GridShape(2, 1, 2, 1), GridShape(1, 4, 1, 2),

@@ -263,7 +263,7 @@ def test_mixed_precision_adam_step_bytes_known_answer():
     """Megatron-LM's fp16 optimizer step moves 60 bytes per parameter (fp32 state); pure precision 14 passes
     of the dtype."""
     from fourd_mpi.perf.memory import parameter_elements
-    from fourd_mpi.perf.predict import MIXED_ADAM_BYTES, _ADAM_CALLS
+    from fourd_mpi.perf.predict import _ADAM_CALLS, MIXED_ADAM_BYTES
 
     prof = load_profile("dgx-a100")
     g = GridShape(1, 1, 1, 1)

@@ -12,9 +12,9 @@ import pytest
 
 from fourd_mpi.cli.main import main
 from fourd_mpi.core.grid import grid_count, grid_factorizations
+from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import MAX_PROFILE_CHAIN, load_profile
 from fourd_mpi.perf.tune import MAX_TUNE_GRIDS, check_search_size, top_grids
-from fourd_mpi.errors import ConfigError
 from fourd_mpi.step.presets import resolve_model
 
 

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from fourd_mpi.step.presets import resolve_model
-from fourd_mpi.errors import ConfigError
-from fourd_mpi.core.grid import GridShape
 from fourd_mpi.analysis.model_check import average_ranks, spearman
+from fourd_mpi.core.grid import GridShape
+from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.tune import top_grids
+from fourd_mpi.step.presets import resolve_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLES = os.path.join(REPO, "results", "samples")

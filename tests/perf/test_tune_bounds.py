@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, mpi_env
+
 from fourd_mpi.core.grid import divisors, grid_factorizations
 from fourd_mpi.perf.tune import _nearby_rank_counts
 from fourd_mpi.step.presets import model_problems, resolve_model

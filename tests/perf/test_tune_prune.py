@@ -6,7 +6,7 @@ import pytest
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.algorithms import microbatch_counts, rank_algorithms
 from fourd_mpi.perf.machine import load_profile
-from fourd_mpi.perf.memory import comm_buffer_elements, block_elements, fc_weights
+from fourd_mpi.perf.memory import block_elements, comm_buffer_elements, fc_weights
 from fourd_mpi.perf.pipeline import pipeline_lower_bound, predict_pipeline
 from fourd_mpi.perf.predict import lower_bound, predict
 from fourd_mpi.step.overlap import OverlapConfig

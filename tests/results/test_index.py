@@ -10,14 +10,20 @@ import multiprocessing
 import shutil
 
 import pytest
+from conftest import REPO, mpirun
 
 from fourd_mpi.cli.main import main
-from fourd_mpi.results.index import (INDEX_NAME, KEY_DEFAULTS, OUTPUT_ONLY, append_entry, config_key, entry_line,
-                                     read_index)
+from fourd_mpi.results.index import (
+    INDEX_NAME,
+    KEY_DEFAULTS,
+    OUTPUT_ONLY,
+    append_entry,
+    config_key,
+    entry_line,
+    read_index,
+)
 from fourd_mpi.trace.indexing import entry_of_trace, reindex
 from fourd_mpi.trace.read import load_trace
-
-from conftest import REPO, mpirun
 
 BASELINES = REPO / "results" / "baselines"
 BASE, SLOW = BASELINES / "baseline-gpt-tiny-np2.h5", BASELINES / "slower-gpt-tiny-np2.h5"

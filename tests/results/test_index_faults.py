@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, mpi_env
 
 SAMPLES = REPO / "results" / "samples"

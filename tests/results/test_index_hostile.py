@@ -10,8 +10,8 @@ import os
 import shutil
 
 import pytest
-
 from conftest import REPO
+
 from fourd_mpi.cli.main import main
 from fourd_mpi.results.index import MAX_LINE_DEPTH, parse_line
 

@@ -9,11 +9,19 @@ import sys
 import tracemalloc
 
 import pytest
-
 from conftest import REPO, find_mpiexec, mpi_env
+
 from fourd_mpi.core.grid import GridShape
-from fourd_mpi.run.admission import (INIT_TRANSIENT_BYTES, SUGGESTION_HEADROOM, cgroup_memory, human_bytes,
-                                     largest_shard, mem_available, memory_need, suggestions)
+from fourd_mpi.run.admission import (
+    INIT_TRANSIENT_BYTES,
+    SUGGESTION_HEADROOM,
+    cgroup_memory,
+    human_bytes,
+    largest_shard,
+    mem_available,
+    memory_need,
+    suggestions,
+)
 from fourd_mpi.run.options import resolve_values
 from fourd_mpi.util.values import byte_size
 

@@ -1,7 +1,6 @@
 """Bad input: every rank exits non-zero with the same one-line message, within seconds."""
 
 import pytest
-
 from conftest import mpi_flavor, rank_stderr
 
 pytestmark = pytest.mark.mpi

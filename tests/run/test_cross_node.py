@@ -16,8 +16,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import REPO, mpi_env
+
 from fourd_mpi.core.placement import NodePlacement
 from fourd_mpi.testbed import bed as tb
 from fourd_mpi.trace.events import LANE_COMM0

@@ -13,10 +13,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO, find_mpiexec, mpi_env, mpi_flavor
 from moments import signalled
-
 
 SIGNALS = {"SIGINT": (signal.SIGINT, 130, "SIGINT (Ctrl-C)"),
            "SIGTERM": (signal.SIGTERM, 143, "SIGTERM (scheduler time limit, scancel or kill)")}
@@ -243,8 +241,9 @@ def test_scancel_of_a_slurm_job_is_recorded_as_interrupted(tmp_path):
 def _sighup_after_a_step(proc, spool, ranks: int):
     """A ``fire`` for :func:`moments.signalled`: wait until each of ``ranks`` ranks of ``spool`` has a step
     record on disk, then SIGHUP ``proc``."""
-    from fourd_mpi.trace.events import RANK_STEP_DTYPE
     from moments import steps_done, wait_for
+
+    from fourd_mpi.trace.events import RANK_STEP_DTYPE
 
     def fire():
         assert wait_for(steps_done(spool, ranks, 1, RANK_STEP_DTYPE.itemsize), proc, timeout=120), proc.communicate()

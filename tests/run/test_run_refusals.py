@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, mpi_env, rank_stderr
 
 pytestmark = pytest.mark.mpi
@@ -78,6 +77,7 @@ def test_a_watchdog_abort_publishes_no_trace_and_no_index_entry(tmp_path):
     watchdog aborts. Either way: exit 3, no trace, no index line."""
     import os
     import signal
+
     from conftest import find_mpiexec
 
     cmd = [find_mpiexec(), "-n", "2", sys.executable, "-m", "fourd_mpi", "run", "--model", "gpt-tiny", "--steps",

@@ -7,17 +7,27 @@ SIGHUP kills Hydra's mpiexec, whose proxy then kills the ranks (SIGKILL): the ru
 
 from __future__ import annotations
 
-import signal
 import random
+import signal
 import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, find_mpiexec, mpi_env, mpi_flavor
+from moments import (
+    SIGNALS,
+    check_left,
+    crashed,
+    default_signals,
+    ranks_ready,
+    signal_at,
+    signalled,
+    steps_done,
+    timeline,
+    wait_for,
+)
+
 from fourd_mpi.trace.events import RANK_STEP_DTYPE
-from moments import (SIGNALS, check_left, crashed, default_signals, ranks_ready, signal_at, signalled, steps_done, timeline,
-                     wait_for)
 
 TRIALS = 12
 STEPS = 6

@@ -10,8 +10,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO, find_mpiexec, mpi_env, mpmd_env
+
 from fourd_mpi.core.watchdog import Watchdog
 
 

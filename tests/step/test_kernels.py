@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from fourd_mpi.step import elementwise, kernels
 from fourd_mpi.core.backend import NumpyBackend
+from fourd_mpi.step import elementwise, kernels
 
 
 class CountingHook:

@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from fourd_mpi.errors import ConfigError
 from fourd_mpi.core.grid import GridShape
+from fourd_mpi.errors import ConfigError
 from fourd_mpi.step.overlap import OverlapConfig
 
 GRIDS = ["2x2x1x2", "1x2x2x2", "2x2x2x1", "1x4x1x2"]

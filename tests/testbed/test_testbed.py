@@ -22,9 +22,9 @@ import tempfile
 import time
 
 import pytest
+from conftest import REPO, mpi_env
 
 import fourd_mpi
-from conftest import REPO, mpi_env
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.testbed import bed as tb
 from fourd_mpi.testbed import slurm as tbslurm

@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import HELPERS, REPO, find_mpiexec, mpi_env
+
 from fourd_mpi.trace.clocks import DriftModel
 from fourd_mpi.trace.events import EVENT_DTYPE
 

@@ -10,7 +10,6 @@ from fourd_mpi.trace.events import COLLECTIVE_OPS, COPY_OPS, LANE_COMM0, LANE_HO
 from fourd_mpi.trace.invariants import check_invariants
 from fourd_mpi.trace.read import load_trace
 from fourd_mpi.trace.recover import recover
-
 from tests.trace.test_trace_units import OP, make_spool
 
 

@@ -19,9 +19,9 @@ import sys
 import time
 
 import pytest
-
 from conftest import HELPERS, REPO, mpi_env
 from test_spool_faults import one_line_on_every_rank  # the same promise, the same 4 ranks
+
 from fourd_mpi.trace.invariants import check_invariants
 from fourd_mpi.trace.read import load_trace
 

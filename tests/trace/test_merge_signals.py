@@ -16,10 +16,10 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, find_mpiexec, mpi_env, mpi_flavor
-from fourd_mpi.trace.events import RANK_STEP_DTYPE
 from moments import SIGNALS, check_left, crashed, default_signals, signal_at, signalled, steps_done, timeline, wait_for
+
+from fourd_mpi.trace.events import RANK_STEP_DTYPE
 
 TRIALS = 12
 STEPS = 4

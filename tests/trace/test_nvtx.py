@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, find_mpiexec, mpi_env
+
 from fourd_mpi.trace.events import Tracer
 from fourd_mpi.trace.nvtx import MISSING, Ranges, make_ranges
 

@@ -16,7 +16,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import HELPERS, REPO, mpi_env
 
 SCALE = float(os.environ.get("FOURD_FUZZ_SCALE", "1"))

@@ -13,8 +13,8 @@ import sys
 import h5py
 import numpy as np
 import pytest
-
 from conftest import REPO, mpi_env
+
 from fourd_mpi.errors import DamagedTraceError, TraceError
 from fourd_mpi.trace.invariants import check_invariants
 from fourd_mpi.trace.read import MAX_ATTR_BYTES, load_trace

@@ -10,10 +10,10 @@ from typing import List
 
 import numpy as np
 import pytest
+from conftest import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO
 import fourd_mpi.trace.read as read
 import fourd_mpi.trace.scan as scanning
 from fourd_mpi.trace.events import LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP

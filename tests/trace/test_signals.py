@@ -14,7 +14,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO, caught_signals, mpi_env
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -16,13 +16,13 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import REPO, mounted_tmpfs, mpi_env
 
-from conftest import REPO, mpi_env, mounted_tmpfs
 from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE, LANE_STEP, RANK_STEP_DTYPE
+from fourd_mpi.trace.files import _write_json_atomic
 from fourd_mpi.trace.invariants import check_invariants
 from fourd_mpi.trace.read import load_trace
-from fourd_mpi.trace.files import _write_json_atomic
 from fourd_mpi.trace.recover import recover
 from fourd_mpi.trace.spool import RankSpool, live_ranks, read_records
 from fourd_mpi.trace.writer import TraceFileWriter

@@ -10,11 +10,11 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import REPO, mpi_env
+
+from fourd_mpi.trace.events import SCHEMA_VERSION
 from fourd_mpi.trace.invariants import check_invariants
 from fourd_mpi.trace.read import load_trace
-from fourd_mpi.trace.events import SCHEMA_VERSION
 
 pytestmark = pytest.mark.mpi
 

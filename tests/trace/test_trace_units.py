@@ -20,20 +20,31 @@ except ImportError:  # Python < 3.11
 from fourd_mpi.cli.main import build_parser
 from fourd_mpi.cli.run import run_options, run_parser
 from fourd_mpi.core.collectives import CommRecord
+from fourd_mpi.core.colltable import wire_factor
 from fourd_mpi.errors import ConfigError, TraceError
 from fourd_mpi.run.configfile import config_tokens, dump_toml, load_config_file
 from fourd_mpi.run.options import resolved_config
 from fourd_mpi.run.session import Fault, TraceOptions
-from fourd_mpi.trace.summary import summarize
+from fourd_mpi.trace.events import (
+    AXES,
+    EVENT_DTYPE,
+    LANE_COMM0,
+    LANE_HOST,
+    LANE_LAYER,
+    LANE_STEP,
+    OPS,
+    PHASES,
+    RANK_STEP_DTYPE,
+    SCHEMA_VERSION,
+    Tracer,
+)
 from fourd_mpi.trace.files import RUN_META, check_name, new_run_id
-from fourd_mpi.trace.recover import recover
-from fourd_mpi.trace.spool import RankSpool, prepare_spool, read_records
-from fourd_mpi.trace.writer import TraceFileWriter
 from fourd_mpi.trace.invariants import check_invariants
 from fourd_mpi.trace.read import load_trace
-from fourd_mpi.trace.events import (AXES, EVENT_DTYPE, LANE_COMM0, LANE_HOST, LANE_LAYER, LANE_STEP, OPS, PHASES,
-                               RANK_STEP_DTYPE, SCHEMA_VERSION, Tracer)
-from fourd_mpi.core.colltable import wire_factor
+from fourd_mpi.trace.recover import recover
+from fourd_mpi.trace.spool import RankSpool, prepare_spool, read_records
+from fourd_mpi.trace.summary import summarize
+from fourd_mpi.trace.writer import TraceFileWriter
 
 OP = {name: i for i, name in enumerate(OPS)}
 PHASE = {name: i for i, name in enumerate(PHASES)}

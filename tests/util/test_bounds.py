@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 
 import pytest
-
 from conftest import REPO
+
 from fourd_mpi.cli.main import main
 from fourd_mpi.util.values import int_list
 

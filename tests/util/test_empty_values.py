@@ -12,12 +12,11 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, mpi_env
+
 from fourd_mpi.cli.args import EMPTY_ALLOWED, walk_parsers
 from fourd_mpi.cli.main import build_parser, main
 from fourd_mpi.errors import ConfigError
-
 
 PARSER = build_parser()
 

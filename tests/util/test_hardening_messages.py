@@ -5,12 +5,11 @@ and ``results list --grid 1x1x`` are refused in one line. One process, no MPI.""
 from __future__ import annotations
 
 import os
-
 import sys
 
 import pytest
-
 from conftest import REPO
+
 from fourd_mpi.cli.main import main
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.files import refuse_output

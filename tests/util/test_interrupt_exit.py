@@ -17,7 +17,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import HELPERS, REPO, mpi_env
 
 

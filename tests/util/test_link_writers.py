@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, mpi_env
+
 from fourd_mpi.cli.main import main
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.files import MARKER

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, mpi_env
+
 from fourd_mpi.trace.read import load_trace
 from fourd_mpi.util.log import level_of
 

@@ -16,8 +16,8 @@ import time
 
 import h5py
 import pytest
-
 from conftest import REPO, caught_signals, mpi_env
+
 from fourd_mpi.cli.main import main
 
 SAMPLES = REPO / "results" / "samples"

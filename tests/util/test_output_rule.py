@@ -24,8 +24,8 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO, mounted_tmpfs, mpi_env
 
-from conftest import REPO, mpi_env, mounted_tmpfs
 from fourd_mpi.cli.args import walk_parsers
 from fourd_mpi.cli.main import build_parser, main
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, mpi_env
+
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.configfile import config_tokens, load_config_file
 from fourd_mpi.util.yamlspec import MAX_DEPTH, MAX_FILE_BYTES, YamlDocument

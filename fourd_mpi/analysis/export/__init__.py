@@ -26,8 +26,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict, Tuple
 
-from fourd_mpi.analysis.export.perfetto import (JSON_SUFFIXES, collective_instances, perfetto_ids, rank_coordinates,
-                                                to_perfetto, write_perfetto)
+from fourd_mpi.analysis.export.perfetto import (
+    JSON_SUFFIXES,
+    collective_instances,
+    perfetto_ids,
+    rank_coordinates,
+    to_perfetto,
+    write_perfetto,
+)
 from fourd_mpi.analysis.export.pftrace import PROTO_SUFFIXES, require_perfetto, write_perfetto_proto
 from fourd_mpi.analysis.export.thicket import adiak_cluster, to_caliper_json, write_caliper_json
 

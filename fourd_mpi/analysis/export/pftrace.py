@@ -13,9 +13,18 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import numpy as np
 
 from fourd_mpi.analysis.export.common import CHUNK
-from fourd_mpi.analysis.export.perfetto import (NS_PER_US, TIDS_PER_PID, clip_to_successor, collective_instances,
-                                                complete_events, kept_ranks, perfetto_ids, phase_events,
-                                                select_events, thread_metadata)
+from fourd_mpi.analysis.export.perfetto import (
+    NS_PER_US,
+    TIDS_PER_PID,
+    clip_to_successor,
+    collective_instances,
+    complete_events,
+    kept_ranks,
+    perfetto_ids,
+    phase_events,
+    select_events,
+    thread_metadata,
+)
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.util.files import open_output
 

@@ -34,11 +34,28 @@ with two million events is analysed in seconds.
 from __future__ import annotations
 
 from fourd_mpi.analysis.tables.across import COMPARE_COLUMNS, SCALING_COLUMNS, compare, scaling
-from fourd_mpi.analysis.tables.breakdown import (BREAKDOWN_COLUMNS, RECOMPUTE_SHARE_FORMULA, STEP_AXES, STEPS_COLUMNS,
-                                                 breakdown, breakdown_wide, steps_table)
-from fourd_mpi.analysis.tables.comm import (COMM_COLUMNS, COMM_FORMULAS, COMM_PLACEMENT_COLUMNS, COMM_PLACEMENT_FORMULAS,
-                                            EXPOSED_FORMULA, HIDDEN_FORMULA, OUTSIDE_MPI_FORMULA, OVERLAP_FORMULA,
-                                            comm_placement_table, comm_table, hidden_vs_baseline)
+from fourd_mpi.analysis.tables.breakdown import (
+                                                 BREAKDOWN_COLUMNS,
+                                                 RECOMPUTE_SHARE_FORMULA,
+                                                 STEP_AXES,
+                                                 STEPS_COLUMNS,
+                                                 breakdown,
+                                                 breakdown_wide,
+                                                 steps_table,
+)
+from fourd_mpi.analysis.tables.comm import (
+                                                 COMM_COLUMNS,
+                                                 COMM_FORMULAS,
+                                                 COMM_PLACEMENT_COLUMNS,
+                                                 COMM_PLACEMENT_FORMULAS,
+                                                 EXPOSED_FORMULA,
+                                                 HIDDEN_FORMULA,
+                                                 OUTSIDE_MPI_FORMULA,
+                                                 OVERLAP_FORMULA,
+                                                 comm_placement_table,
+                                                 comm_table,
+                                                 hidden_vs_baseline,
+)
 from fourd_mpi.analysis.tables.format import FORMATS, format_table
 from fourd_mpi.analysis.tables.load import collect, collect_or_fail, report_skipped
 from fourd_mpi.analysis.tables.runs import RUN_COLUMNS, RUNS_SHOWN, config_key, run_row, runs_table

@@ -13,8 +13,13 @@ import pandas as pd
 # the tables, views and formulas the registry names (getattr), some only re-exported for it
 from fourd_mpi.analysis.tables.across import compare, scaling
 from fourd_mpi.analysis.tables.breakdown import RECOMPUTE_SHARE_FORMULA, breakdown, breakdown_wide, steps_table
-from fourd_mpi.analysis.tables.comm import (COMM_FORMULAS, COMM_PLACEMENT_FORMULAS, comm_placement_table, comm_table,
-                                            hidden_vs_baseline)
+from fourd_mpi.analysis.tables.comm import (
+    COMM_FORMULAS,
+    COMM_PLACEMENT_FORMULAS,
+    comm_placement_table,
+    comm_table,
+    hidden_vs_baseline,
+)
 from fourd_mpi.analysis.tables.runs import RUNS_SHOWN
 from fourd_mpi.perf.peaks import GEMM_PCT_FORMULA, HFU_FORMULA, MFU_FORMULA
 from fourd_mpi.trace.summary import HARDWARE_FLOPS_FORMULA, MODEL_FLOPS_FORMULA, SHARE_FORMULA, STEP_FORMULA

@@ -6,12 +6,20 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from fourd_mpi.trace.summary import (HARNESS_OPS, SHARE_FORMULA, STEP_FORMULA, harness_ns, host_op_mask, measured_records,
-                                     per_record_sums, step_stats)
+from fourd_mpi.analysis.tables.runs import algorithm_of, measured_select, run_id_of
+from fourd_mpi.trace.events import COMPUTE_OPS, LANE_HOST
 from fourd_mpi.trace.read import Trace
 from fourd_mpi.trace.scan import gather_columns, in_codes
-from fourd_mpi.trace.events import COMPUTE_OPS, LANE_HOST
-from fourd_mpi.analysis.tables.runs import algorithm_of, measured_select, run_id_of
+from fourd_mpi.trace.summary import (
+    HARNESS_OPS,
+    SHARE_FORMULA,
+    STEP_FORMULA,
+    harness_ns,
+    host_op_mask,
+    measured_records,
+    per_record_sums,
+    step_stats,
+)
 
 BREAKDOWN_COLUMNS = ["run_id", "algorithm", "phase", "category", "axis", "seconds_per_step", "share", "step_s", "step_q1_s",
                      "step_q3_s"]

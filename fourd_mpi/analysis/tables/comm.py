@@ -9,12 +9,12 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from fourd_mpi.trace.read import Trace
-from fourd_mpi.trace.summary import measured_records
-from fourd_mpi.trace.scan import gather_columns, in_codes
+from fourd_mpi.analysis.tables.runs import algorithm_of, grid_of, measured_select, run_id_of
 from fourd_mpi.core.colltable import BUSBW_FORMULA, wire_factor
 from fourd_mpi.trace.events import COPY_OPS, LANE_COMM0
-from fourd_mpi.analysis.tables.runs import algorithm_of, grid_of, measured_select, run_id_of
+from fourd_mpi.trace.read import Trace
+from fourd_mpi.trace.scan import gather_columns, in_codes
+from fourd_mpi.trace.summary import measured_records
 
 COMM_COLUMNS = [
     "run_id", "op", "axis", "placement", "node_span", "group_size", "messages_per_step", "bytes_per_step", "wire_bytes_per_step",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import glob
+import logging
 import os
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
 

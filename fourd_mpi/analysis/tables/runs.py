@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 
 from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM, of_metadata
-from fourd_mpi.trace.summary import harness_and_bubble_ns, summarize
-from fourd_mpi.trace.read import Trace
 from fourd_mpi.perf.peaks import stored_peaks, utilization_pct
+from fourd_mpi.trace.read import Trace
+from fourd_mpi.trace.summary import harness_and_bubble_ns, summarize
 from fourd_mpi.util.text import short_label
 
 RUN_COLUMNS = [

@@ -15,9 +15,8 @@
 # The site's MPI (cray-mpich, openmpi, mvapich, ...) comes from Spack's `mpi` virtual, usually an
 # external in packages.yaml; py-mpi4py is then built against it.
 
-from spack_repo.builtin.build_systems.python import PythonPackage
-
 from spack.package import *
+from spack_repo.builtin.build_systems.python import PythonPackage
 
 
 class PyFourdMpi(PythonPackage):
