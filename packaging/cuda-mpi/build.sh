@@ -184,9 +184,9 @@ case "$IMPL" in
     # library, and without it MPICH 4.0.2 built yaksa's kernels but reported no CUDA support on an H200
     # (2026-11-28). A link-time stub, as the toolkit's lib64/stubs/libcuda.so: every function cuda.h declares
     # (after its _v2 renames), soname libcuda.so.1, never shipped: the driver's own libcuda.so.1 loads at run time
-    "$PY" "$HERE/cuda_stub.py" "$CUDA_DIR/include/cuda.h" "$CUDA_DIR/lib64/stubs" >>"$LOG" 2>&1 \
+    # (beside lib64/libcudart.so: the folder --with-cuda makes configure search)
+    "$PY" "$HERE/cuda_stub.py" "$CUDA_DIR/include/cuda.h" "$CUDA_DIR/lib64" >>"$LOG" 2>&1 \
       || { log "the libcuda stub failed (see $LOG)"; exit 1; }
-    export LDFLAGS="-L$CUDA_DIR/lib64/stubs${LDFLAGS:+ $LDFLAGS}"
     # CUDA 13 removed cudaDeviceProp::computeMode (yaksa's init hook reads it)
     hook=modules/yaksa/src/backend/cuda/hooks/yaksuri_cuda_init_hooks.c
     if grep -q 'prop.computeMode' "$hook"; then
@@ -202,7 +202,7 @@ nice -n 19 "${CONFIGURE[@]}" >>"$LOG" 2>&1
 { printf 'SRC=%q\nCUDA_DIR=%q\nCONFIGURE=(' "$SRC" "$CUDA_DIR"; printf '%q ' "${CONFIGURE[@]}"; echo ')'; } >"$BUILD/RESUME"
 else
   cd "$SRC"
-  [ "$IMPL" = mpich ] && export PATH=$CUDA_DIR/bin:$PATH LDFLAGS="-L$CUDA_DIR/lib64/stubs${LDFLAGS:+ $LDFLAGS}"
+  [ "$IMPL" = mpich ] && export PATH=$CUDA_DIR/bin:$PATH
 fi
 log "make -j$JOBS (Open MPI: about 17 min on 2 busy cores; MPICH: about 30)"
 nice -n 19 make -j"$JOBS" >>"$LOG" 2>&1
@@ -223,7 +223,7 @@ if [ "$IMPL" = mpich ]; then
   for f in "$PREFIX"/lib/*.so*; do patchelf --set-rpath "\$ORIGIN" "$f" 2>/dev/null || true; done
   # the link-time libcuda stub, for machines without a driver only (env.sh puts it last on the search path)
   mkdir -p "$PREFIX/lib/stubs"
-  cp "$CUDA_DIR/lib64/stubs/libcuda.so" "$PREFIX/lib/stubs/libcuda.so.1"
+  cp "$CUDA_DIR/lib64/libcuda.so" "$PREFIX/lib/stubs/libcuda.so.1"
 fi
 
 # env.sh: source it from wherever the prefix lies
