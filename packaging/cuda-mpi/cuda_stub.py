@@ -4,7 +4,8 @@
 
 PyPI's CUDA wheels carry ``cuda.h`` but no driver library, and MPICH's MPL links ``-lcuda`` to enable its
 GPU layer (``src/mpl/configure.ac``). The stub defines every function ``cuda.h`` declares, under the names
-the preprocessor gives them (``cuMemGetAddressRange`` is ``cuMemGetAddressRange_v2``), each an empty
+the preprocessor gives them (``cuMemGetAddressRange`` is ``cuMemGetAddressRange_v2``) and under their plain
+names (which autoconf's link checks use), each an empty
 function: enough to link, never run. Its soname is ``libcuda.so.1``, so what was linked against it loads
 the driver's own ``libcuda.so.1`` at run time; the stub itself is not installed into the MPI's prefix.
 """
@@ -19,10 +20,18 @@ import tempfile
 
 
 def declared_functions(cuda_h: str) -> list:
-    """Names of the functions ``cuda.h`` declares after preprocessing (``CUresult CUDAAPI cuX(...)``)."""
+    """Names of the functions ``cuda.h`` declares, before and after preprocessing (``CUresult CUDAAPI cuX(...)``):
+    the versioned names (``cuMemGetAddressRange_v2``) that code compiled with the header calls, and the plain
+    ones (``cuMemGetAddressRange``), which the driver exports too and which autoconf's ``AC_CHECK_LIB`` links
+    against (it declares ``char cuMemGetAddressRange();`` without the header)."""
+    raw = open(cuda_h).read()
     text = subprocess.run(["gcc", "-E", "-P", "-x", "c", "-I", os.path.dirname(cuda_h), cuda_h],
                           check=True, capture_output=True, text=True).stdout
-    return sorted(set(re.findall(r"\b(cu[A-Z]\w*)\s*\(", text)) - set(re.findall(r"typedef[^;]*\(\s*\*?\s*(cu\w+)", text)))
+    names = set()
+    for source in (raw, text):
+        pointers = set(re.findall(r"typedef[^;]*\(\s*(?:CUDAAPI\s*)?\*?\s*(cu\w+)", source))
+        names |= set(re.findall(r"\b(cu[A-Z]\w*)\s*\(", source)) - pointers
+    return sorted(names)
 
 
 def main(argv) -> int:
