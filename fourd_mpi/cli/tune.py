@@ -265,16 +265,21 @@ def cmd_tune(args, world=None) -> int:
         for n in notes:
             print(f"note: {n}")
     if args.emit_sweep:
-        import yaml
-
         grids = [p.grid for p in ranking.predictions[: args.top]]
         spec = sweep_spec(cfg, args.ranks, grids, args.overlap)
-        write_text(args.emit_sweep, "# written by fourd-mpi tune: measure the predicted top grids\n"
-                   + yaml.safe_dump(spec, sort_keys=False), "--emit-sweep")
+        _write_sweep(args.emit_sweep, "grids", spec)
         wrote(args.emit_sweep, f"sweep spec: {len(grids)} grid(s) at {args.ranks} ranks")
     if args.format == "json":
         emit_json(TUNE_JSON, doc)
     return 0
+
+
+def _write_sweep(path: str, what: str, spec: dict) -> None:
+    """``--emit-sweep PATH``: the sweep spec measuring the predicted top ``what`` (grids, configurations)."""
+    import yaml
+
+    write_text(path, f"# written by fourd-mpi tune: measure the predicted top {what}\n"
+               + yaml.safe_dump(spec, sort_keys=False), "--emit-sweep")
 
 
 def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention, dtype_source) -> int:
@@ -309,8 +314,6 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
         for n in notes:
             print(f"note: {n}")
     if args.emit_sweep:
-        import yaml
-
         from fourd_mpi.perf.tune import sweep_spec
 
         grids, algorithms = sweep_options(ranking, args.top)
@@ -318,8 +321,7 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
         spec["grids"] = {args.ranks: grids}
         spec["description"] = f"the top {args.top} configurations of fourd-mpi tune --algorithm {args.algorithm}"
         spec["matrix"]["algorithm"] = algorithms  # each algorithm runs the listed grids it allows
-        write_text(args.emit_sweep, "# written by fourd-mpi tune: measure the predicted top configurations\n"
-                   + yaml.safe_dump(spec, sort_keys=False), "--emit-sweep")
+        _write_sweep(args.emit_sweep, "configurations", spec)
         print(f"sweep spec {args.emit_sweep}: {len(grids)} grid(s) x {len(algorithms)} algorithm(s) at {args.ranks} ranks",
               file=sys.stderr if args.format == "json" else sys.stdout)
     if args.format == "json":
