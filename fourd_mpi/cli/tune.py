@@ -258,12 +258,9 @@ def cmd_tune(args, world=None) -> int:
                          len(ranking.predictions))
     else:
         _tune_header(args, cfg, profile, overlap, recompute, attention, limit_text, ranking.dropped_summary())
-        print(f"top {min(args.top, len(ranking.predictions))} of {len(ranking.predictions)} valid grids by predicted "
-              f"step time (ms per step; comm = exposed communication per axis):")
-        print(format_ranking(ranking, args.top))
-        print(why_best(ranking))
-        for n in notes:
-            print(f"note: {n}")
+        _print_ranking(f"top {min(args.top, len(ranking.predictions))} of {len(ranking.predictions)} valid grids by "
+                       "predicted step time (ms per step; comm = exposed communication per axis):",
+                       format_ranking(ranking, args.top), why_best(ranking), notes)
     if args.emit_sweep:
         grids = [p.grid for p in ranking.predictions[: args.top]]
         spec = sweep_spec(cfg, args.ranks, grids, args.overlap)
@@ -272,6 +269,15 @@ def cmd_tune(args, world=None) -> int:
     if args.format == "json":
         emit_json(TUNE_JSON, doc)
     return 0
+
+
+def _print_ranking(title: str, table: str, best: str, notes) -> None:
+    """The text form of a ranking: its title line, the table, the line on the best, then the notes."""
+    print(title)
+    print(table)
+    print(best)
+    for n in notes:
+        print(f"note: {n}")
 
 
 def _write_sweep(path: str, what: str, spec: dict) -> None:
@@ -307,12 +313,9 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
             print(ranking.pruned_summary())
         for name, why in ranking.skipped:
             print(f"skipped {name}: {why}")
-        print(f"top {min(args.top, len(ranking.entries))} of {len(ranking.entries)} predicted valid configurations by "
-              f"predicted step time (ms per step and rank; comm = exposed communication per axis):")
-        print(format_across(ranking, args.top))
-        print(format_best(ranking))
-        for n in notes:
-            print(f"note: {n}")
+        _print_ranking(f"top {min(args.top, len(ranking.entries))} of {len(ranking.entries)} predicted valid "
+                       "configurations by predicted step time (ms per step and rank; comm = exposed communication "
+                       "per axis):", format_across(ranking, args.top), format_best(ranking), notes)
     if args.emit_sweep:
         from fourd_mpi.perf.tune import sweep_spec
 
