@@ -407,20 +407,24 @@ def _report(exc: BaseException, note: str) -> None:
 
 
 def close_run(run: Run, spool: Optional[RankSpool], sentinel, failed: bool = False) -> None:
-    """The end of every run, whatever ended it: the sentinel is told the run ended in order, this rank's spool
-    files are closed (their lock released: ``trace recover`` may take them), the NVTX ranges end, the watchdog
-    stops and the run's communicators are freed (:meth:`Run.close`: ``MPI_Comm_free``, collective by the
-    standard but local in MPICH and Open MPI, so a rank that failed alone frees its own and goes on to abort
-    the job). ``failed``: the run ended in an exception; a collective issued ahead is waited for at most
-    :data:`~fourd_mpi.run.build.FAILED_DRAIN_S` (:meth:`Run.close`)."""
-    if sentinel is not None:
-        sentinel.close()
-    if spool is not None:
-        spool.close()  # idempotent: the merge or the spool's health check may have closed it
-    if run.comm.tracer.ranges is not None:
-        run.comm.tracer.ranges.unwind()
-    run.comm.watchdog.close()
-    run.close(failed)
+    """The end of every run, whatever ended it: this rank's spool files are closed (their lock released:
+    ``trace recover`` may take them), the NVTX ranges end, the watchdog stops and the run's communicators are freed
+    (:meth:`Run.close`: ``MPI_Comm_free``, collective by the standard but local in MPICH and Open MPI, so a rank
+    that failed alone frees its own and goes on to abort the job). ``failed``: the run ended in an exception; a
+    collective issued ahead is waited for at most :data:`~fourd_mpi.run.build.FAILED_DRAIN_S` (:meth:`Run.close`).
+    Last, the sentinel is told the run ended in order."""
+    try:
+        if spool is not None:
+            spool.close()  # idempotent: the merge or the spool's health check may have closed it
+        if run.comm.tracer.ranges is not None:
+            run.comm.tracer.ranges.unwind()
+        run.comm.watchdog.close()
+        run.close(failed)
+    finally:
+        # last: until here a hang-up of mpiexec (its proxy's SIGKILL) can still end this rank, and only the
+        # sentinel can then record it ('interrupted'); told earlier, it would exit and the trace say 'partial'
+        if sentinel is not None:
+            sentinel.close()
 
 
 class NonFiniteLoss(TraceError):

@@ -14,8 +14,10 @@ tests (``tests/helpers/localslurm.py``) uses it too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -144,23 +146,52 @@ def start(state: dict, cpus: int = 4, timeout: float = 60) -> bool:
     commands = [("slurmctld", ["slurmctld", "-D", "-f", conf_path(state)])]
     commands += [(f"slurmd.{n.name}", bed.node_argv(state, n.name, ["slurmd", "-D", "-N", n.name, "-f",
                                                                       conf_path(state)])) for n in nodes]
+    started = []
     for label, argv in commands:
         log = open(os.path.join(root, f"{label}.out"), "w")
         proc = subprocess.Popen(argv, env=daemon_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)  # outlives the command that started it
         log.close()
-        state["daemons"].append(bed.daemon_record(proc.pid))
+        record = bed.daemon_record(proc.pid)
+        state["daemons"].append(record)
+        started.append((label, proc, record))
         bed.save_state(state)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        dead = [d["pid"] for d in state["daemons"] if not bed.daemon_is_ours(state, d)]
-        if dead:
-            raise ConfigError(f"a Slurm daemon of test bed {state['name']} exited: {last_log_line(state)}")
+        for label, proc, record in started:
+            if proc.poll() is not None or not bed.daemon_is_ours(state, record):
+                raise ConfigError(f"{label} of test bed {state['name']} {ended(proc)}: {daemon_output(root, label)}")
         if running(state):
             return True
         time.sleep(0.5)
     raise ConfigError(f"the Slurm of test bed {state['name']} is not idle after {timeout:.0f} s: "
                       f"{last_log_line(state)}")
+
+
+def ended(proc: subprocess.Popen) -> str:
+    """How a daemon this command started ended: its exit status or signal; or, still running, that it no longer
+    carries the bed's mark (PID, start time and environment: :func:`~fourd_mpi.testbed.bed.daemon_is_ours`)."""
+    code = proc.poll()
+    if code is None:
+        return f"(PID {proc.pid}) runs without the bed's mark"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with status {code}"
+
+
+def daemon_output(root: str, label: str) -> str:
+    """The last line of a daemon's own output (``LABEL.out``: the namespace wrapper's and the daemon's) and the
+    last error of its log (``LABEL.log``), for the one-line message."""
+    found = []
+    is_error = lambda ln: "error" in ln.lower() or "fatal" in ln.lower()  # noqa: E731
+    for suffix, pick in ((".out", lambda ln: True), (".log", is_error)):
+        lines = []
+        with contextlib.suppress(OSError), open(os.path.join(root, label + suffix), errors="replace") as fh:
+            lines = [ln.strip() for ln in fh if ln.strip() and pick(ln)]
+        if lines:
+            found.append(f"{label}{suffix}: {lines[-1]}")
+    return "; ".join(found) or f"no output in {root}/{label}.out"
 
 
 def last_log_line(state: dict) -> str:
