@@ -14,3 +14,20 @@ in it, editable or not; no ``sys.path`` changes)::
 ``overlap_bench.py`` also run as ``python bench/NAME.py``, as their docstrings show. Runbooks and probes that
 measure no part of the suite are in ``tools/`` (docs/design.md section 7).
 """
+
+import os
+import shlex
+import sys
+
+
+def command_line() -> str:
+    """The command that runs this benchmark, as a reader would type it from the repository root: ``python -m
+    bench.NAME ARGS`` (or ``python bench/NAME.py ARGS`` relative to the current directory); never a machine's
+    absolute path to the checkout."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name.startswith("bench."):
+        head = ["python", "-m", spec.name]
+    else:
+        path = os.path.relpath(sys.argv[0]) if os.path.isabs(sys.argv[0]) else sys.argv[0]
+        head = ["python", path]
+    return " ".join(shlex.quote(a) for a in head + sys.argv[1:])

@@ -65,6 +65,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 import numpy as np
 
+from bench import command_line
 from fourd_mpi import __version__
 from fourd_mpi.algorithms.registry import ALGORITHMS, display_name
 from fourd_mpi.errors import ConfigError
@@ -482,7 +483,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"wrote {args.plot}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"command": sys.argv, "load_average": [load_start, load_end], "profile": profile.name,
+            json.dump({"command": command_line(), "load_average": [load_start, load_end], "profile": profile.name,
                        "skipped": {c.name: c.skip for c in cases if c.skip},
                        "results": results,
                        "repeats": {name: reps for name, reps in per_case.items()}}, fh, indent=1, default=str)

@@ -64,6 +64,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import command_line  # noqa: E402
 from fourd_mpi.testbed import bed as tb  # noqa: E402
 
 PY = sys.executable
@@ -161,7 +162,7 @@ def main() -> int:
     try:
         say(f"# bench/multinode.py: test bed {name}, {nodes} nodes, links {args.rate} each way (tbf), "
             f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
-        say(f"# command: {' '.join(shlex.quote(a) for a in sys.argv)}")
+        say(f"# command: {command_line()}")
         say(f"# machine: {os.cpu_count()} cores; load average (1 min) at start {load()}")
         needed = set(layouts)
         if not args.skip_placement:

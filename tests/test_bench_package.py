@@ -35,3 +35,16 @@ def test_a_benchmark_runs_as_a_module_from_the_repository_root():
     proc = subprocess.run([sys.executable, "-m", "bench.timeline_formats", "--help"], capture_output=True, text=True,
                           timeout=120, cwd=REPO)
     assert proc.returncode == 0 and "--ranks" in proc.stdout, proc.stderr
+
+
+def test_a_benchmark_records_its_command_without_the_checkouts_path():
+    """``bench.command_line``: what a results file's ``# command:`` line says (results/benchmarks holds no path of
+    any machine): ``python -m bench.NAME ARGS`` under ``-m``, else the script relative to the current directory."""
+    as_module = ("import importlib.util, sys; sys.modules['__main__'].__spec__ = importlib.util.find_spec("
+                 "'bench.multinode'); sys.argv = ['/somewhere/bench/multinode.py', '--rate', '1 gbit']; "
+                 "from bench import command_line; print(command_line())")
+    as_path = (f"import sys; sys.argv = [{str(REPO / 'bench' / 'overlap_bench.py')!r}, '--x']; "
+               "from bench import command_line; print(command_line())")
+    out = [subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+           for code in (as_module, as_path)]
+    assert out == ["python -m bench.multinode --rate '1 gbit'\n", "python bench/overlap_bench.py --x\n"]
