@@ -29,6 +29,18 @@ NAME_HELP = "the bed's name: a lowercase letter then up to 9 lowercase letters o
             "and links and chooses its subnet, so beds of different names never collide (default fourd)"
 
 
+def _start_slurm_or_down(slurm, state: dict, name: str, cpus: int) -> bool:
+    """:func:`fourd_mpi.testbed.slurm.start`; the bed is taken down again when it fails (its one-line error raised)."""
+    from fourd_mpi.testbed import bed
+
+    try:
+        return slurm.start(state, cpus=cpus)
+    except ConfigError:
+        with contextlib.suppress(ConfigError):
+            bed.down(name)
+        raise
+
+
 def register(sub) -> None:
     tb = sub.add_parser("testbed", help="a cluster of emulated nodes on this machine (network namespaces, shaped "
                         "links, optional Slurm): up, down, status, mpiexec, env (one process, root)")
@@ -135,11 +147,11 @@ def cmd_testbed(args, world=None) -> int:
         started = False
         if args.slurm:
             try:
-                started = slurm.start(state, cpus=args.cpus)
-            except ConfigError:
-                with contextlib.suppress(ConfigError):
-                    bed.down(spec.name)
-                raise
+                started = _start_slurm_or_down(slurm, state, spec.name, args.cpus)
+            except slurm.DaemonEnded as exc:  # once more, on a fresh bed: a daemon's start-up can lose a race
+                log.warning("test bed %s: %s; bringing it up once more", spec.name, exc)
+                state, created = bed.up(spec)
+                started = _start_slurm_or_down(slurm, state, spec.name, args.cpus)
         verb = "up" if created else "already up"
         log.info("test bed %s %s: %s%s", spec.name, verb, bed.describe(state),
                  "; Slurm " + ("started" if started else "running") if args.slurm else "")

@@ -30,6 +30,11 @@ PROGRAMS = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "sru
 SLURMD_PORT = 6818
 
 
+class DaemonEnded(ConfigError):
+    """A Slurm daemon this command started ended (or lost the bed's mark) before every node was idle; the message
+    names it, how it ended and its own last output."""
+
+
 def missing_programs() -> List[str]:
     return [name for name in PROGRAMS if shutil.which(name) is None]
 
@@ -160,7 +165,7 @@ def start(state: dict, cpus: int = 4, timeout: float = 60) -> bool:
     while time.monotonic() < deadline:
         for label, proc, record in started:
             if proc.poll() is not None or not bed.daemon_is_ours(state, record):
-                raise ConfigError(f"{label} of test bed {state['name']} {ended(proc)}: {daemon_output(root, label)}")
+                raise DaemonEnded(f"{label} of test bed {state['name']} {ended(proc)}: {daemon_output(root, label)}")
         if running(state):
             return True
         time.sleep(0.5)
