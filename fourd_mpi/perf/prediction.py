@@ -42,8 +42,9 @@ and attention FLOPs with recompute, plus the head ``6 B s h V``) and model FLOPs
 whatever the recompute, as PaLM's MFU).
 
 **Implementation** ``deepspeed-2021`` (``fsdp`` on ``1 x N x 1 x 1`` only): DeepSpeed's ZeRO-3 of 2021 instead of
-this suite's step (:mod:`fourd_mpi.perf.zero3_2021`): each slot adds its third gathers and the per-rank loops of
-its gathers, the step its persistent-parameter gather, and ``S`` loses the LayerNorm gradient all-reduces; the
+this suite's step (:mod:`fourd_mpi.perf.zero3_2021`): each slot adds its third gathers, the per-rank loops of
+its gathers and its per-parameter gradient reduce-scatters (hidden by the backward GEMMs at most), the step its
+persistent-parameter gather, and ``S`` loses the LayerNorm gradient all-reduces and the reduce-scatters; the
 embedding is partitioned over Z like every parameter (memory ``ceil(V h / G_z)``, two gathers per micro-batch and
 a reduce-scatter per step). Implementation ``megatron-lm`` (``megatron1d`` or ``dp``): Megatron-LM 2020-2021's
 DDP=local, where ``S``'s data-axis part is one all-reduce of every gradient a rank holds
@@ -157,8 +158,9 @@ def formulas(sc: Scenario) -> Dict[str, str]:
             "pct_peak": "% of peak = 100 F / (t_step x GPUs x data-sheet peak of fourd_mpi/perf/peaks.py): MFU with "
                         "model FLOPs, HFU with hardware FLOPs",
             "step": "step = (t + t_head + t_p2p)(m + (p-1)/v) + U + S + t_emb" + {
-                zero3_2021.NAME: "; deepspeed-2021: t += third gathers + gather loops, + persistent gather, S without "
-                                 "LayerNorm all-reduces (fourd_mpi/perf/zero3_2021.py)",
+                zero3_2021.NAME: "; deepspeed-2021: t += third gathers + gather loops + max(0, gradient "
+                                 "reduce-scatters - backward GEMMs), + persistent gather, S without LayerNorm "
+                                 "all-reduces and reduce-scatters (fourd_mpi/perf/zero3_2021.py)",
                 terms.PYTORCH_FSDP: "; pytorch-fsdp: the Z reduce-scatters in t (each micro-batch), not in S "
                                     "(fourd_mpi/perf/terms.py)"}.get(sc.implementation, ""),
             "bubble": schedules.BUBBLE_FORMULA[sc.schedule] if sc.stages > 1 else "no pipeline: no bubble"}

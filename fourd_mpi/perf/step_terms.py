@@ -130,9 +130,11 @@ def framework_gemm(sc: Scenario, t: Slot, notes: List[str]) -> float:
 
 def deepspeed_2021(sc: Scenario, profile: MachineProfile, rpn: int, t: Slot) -> None:
     """Implementation ``deepspeed-2021`` (:mod:`fourd_mpi.perf.zero3_2021`, DeepSpeed v0.3.13-v0.5.4's
-    ``stage3.py``): all on Z, all blocking. ``t += t_regather + t_copies``, ``S -= min(t_LN, S)`` (the LayerNorm
-    gradient all-reduces it does not run), once per step ``+ t_persistent`` (the persistent parameters' gather).
-    Nothing otherwise."""
+    ``stage3.py``): all on Z, all blocking. ``t += t_regather + t_copies + max(0, t_grad - t_gemm_bwd)`` (the
+    gradient reduce-scatters, hidden by the backward GEMMs at most: every fetch's ``torch.cuda.synchronize()``
+    waits for them), ``S -= min(t_LN + X_rs, S)`` (the LayerNorm gradient all-reduces it does not run, and the
+    ``fsdp`` step's exposed reduce-scatters ``X_rs``, which ``t_grad`` replaces), once per step ``+
+    t_persistent`` (the persistent parameters' gather). Nothing otherwise."""
     if sc.implementation != zero3_2021.NAME:
         return
     grid, m = sc.grid, sc.microbatches
@@ -141,14 +143,19 @@ def deepspeed_2021(sc: Scenario, profile: MachineProfile, rpn: int, t: Slot) -> 
                           sc.overlap_config)
     ds["ln_grad_allreduce"] = min(ds["ln_grad_allreduce"], t.sync)  # priced as the sync term it replaces
     t.sync -= ds["ln_grad_allreduce"]
-    t.slot += ds["regather"] + ds["gather_copies"]
-    t.exposed["z"] = t.exposed.get("z", 0.0) + (ds["regather"] + ds["gather_copies"]) * m \
-        + ds["persistent_gather"] - ds["ln_grad_allreduce"]
+    fifo = min(t.micro.exposed_s.get(("z", "reduce_scatter"), 0.0), t.sync)  # the fsdp step's, replaced
+    t.sync -= fifo
+    grad = max(0.0, ds["grad_reduce"] - t.comp["gemm_bwd"])
+    t.slot += ds["regather"] + ds["gather_copies"] + grad
+    t.exposed["z"] = t.exposed.get("z", 0.0) + (ds["regather"] + ds["gather_copies"] + grad) * m \
+        + ds["persistent_gather"] - ds["ln_grad_allreduce"] - fifo
     t.once = ds["persistent_gather"]
-    # per step: third gathers, copy loops, LayerNorm all-reduces taken away
+    # per step: third gathers, copy loops, gradient reduce-scatters; LayerNorm all-reduces and the fsdp step's
+    # exposed reduce-scatters taken away
     t.extra.update({"zero3_regather": ds["regather"] * m, "zero3_gather_copies": ds["gather_copies"] * m,
                     "zero3_persistent_gather": ds["persistent_gather"],
-                    "zero3_ln_allreduce_removed": ds["ln_grad_allreduce"]})
+                    "zero3_ln_allreduce_removed": ds["ln_grad_allreduce"],
+                    "zero3_grad_reduce": grad * m, "zero3_fsdp_reduce_scatter_removed": fifo})
 
 
 def megatron_ddp_sync(sc: Scenario, profile: MachineProfile, rpn: int, t: Slot) -> bool:

@@ -34,8 +34,22 @@ commit c0eeb69, released in v0.5.5 of November 2021, replaced it):
   backward pass of each micro-batch (recompute checkpoints the blocks only), and its gradient is
   reduce-scattered once per step like every other gradient: :func:`embedding_time`.
 - The LayerNorm weights and biases (persistent) get their gradients reduced with every other gradient in
-  the bucketed, overlapped reduction (``overlap_comm`` default True for stage 3): no latency-bound
-  all-reduce of their own, which this suite's ``fsdp`` step has (``ln_grad_allreduce``).
+  the bucketed reduction (``overlap_comm`` default True for stage 3), not by the separate LayerNorm
+  all-reduce this suite's ``fsdp`` step has (``ln_grad_allreduce``).
+- The gradients (:func:`gradient_reduce_time`): with ``contiguous_gradients`` true, as DeepSpeed's Megatron
+  example sets it (DeepSpeedExamples ``Megatron-LM-v1.1.5-ZeRO3/examples/ds_zero_stage_3_config.json`` of
+  March 2021: also ``reduce_bucket_size`` 5e7, ``overlap_comm`` true; an assumption, Table 2's config is
+  not published), ``stage3.py`` ``reduce_ipg_grads`` -> ``average_tensor`` -> ``reduce_gradients_at_owner``
+  runs ``partition_parameters._reduce_scatter_gradients``: one ``_reduce_scatter_gradient`` per parameter of
+  the bucket, the small persistent ones too, i.e. a Python loop over the world size (rank ``i``'s slice
+  ``param.grad.view(-1).narrow(...)``, or ``torch.zeros`` for a slice past the end) and one
+  ``torch.distributed.reduce_scatter`` from that list, which copies the ``n`` inputs into a flat buffer on
+  the NCCL stream before ``ncclReduceScatter`` (pytorch/pytorch ``torch/lib/c10d/ProcessGroupNCCL.cpp``,
+  ``ProcessGroupNCCL::reduce_scatter`` of 2021: "Copy the input tensors to the flattened inputs"). They are
+  issued by the gradient hooks while the backward GEMMs run, on the reduction stream; the next fetch's
+  ``torch.cuda.synchronize()`` (``_allgather_param``, ``_synchronize_communication``) waits for every
+  stream of the device, so they must end before the next sub-module's gathers: they hide behind the
+  backward GEMMs at most, never behind the rest of the backward pass as this suite's ``ors`` assumes.
 
 Prices (per gather of a weight of ``S`` bytes over ``n`` ranks, following the code above; each
 ``torch.cuda.synchronize()`` waits for the previous weight's transfer and copies and this one's
@@ -45,8 +59,13 @@ its own time ``t_ag``: ``max(0, n t_op - t_ag)``; the copies move ``2 S`` bytes 
 ``n t_view + max(0, n t_op - t_ag) + 3 S / B_mem`` besides ``t_ag``. ``t_op`` is the profile's ``op_overhead_s`` (a kernel launch),
 ``B_mem`` its ``mem_bandwidth``, ``t_view`` = :data:`VIEW_OP_S`. The persistent loop is host-bound: per
 copied rank three views and one copy launch. The third gathers cost the profile's all-gather price
-(:func:`~fourd_mpi.perf.predict.collective_time`). NOT priced: ``torch.distributed.get_rank`` per rank
-in the gather loop, the bucketed gradient reduction's own copies (overlapped).
+(:func:`~fourd_mpi.perf.predict.collective_time`). The gradient reduce-scatter of a parameter of ``S`` bytes
+(padded to ``n`` slices): two views per slice in the buffer, one ``torch.zeros`` launch per slice past the
+end, the ``n`` copy launches (their ``2 S`` bytes under them), then the transfer at the profile's
+reduce-scatter price, one after another; a block's sum is hidden by the block's backward GEMMs at most
+(a lower bound: each reduce-scatter only has the GEMMs between its hook and the next fetch). NOT priced:
+``torch.distributed.get_rank`` per rank in the loops, ``average_tensor``'s ``div_`` of each reduced buffer,
+the copy of each rank's reduced slice into its gradient partition.
 Nothing here is fitted to a published training result.
 """
 
@@ -98,19 +117,55 @@ def gathers_per_microbatch(cfg: ModelConfig, grid: GridShape, recompute: str) ->
     return out
 
 
-def persistent_numels(cfg: ModelConfig, grid: GridShape) -> List[int]:
-    """Elements of each persistent parameter of the model (below :data:`PERSISTENCE_THRESHOLD`): per
-    block of Megatron-LM's GPT the two LayerNorms' weight and bias (``h`` each) and the four FC biases
-    (``3h, h, f, h`` over the output axis); the final LayerNorm's weight and bias."""
-    h = cfg.hidden
-    per_block: List[int] = []
-    if cfg.kind == "gpt":
-        per_block += [h] * 4
+def block_small_numels(cfg: ModelConfig, grid: GridShape) -> List[int]:
+    """Elements of each parameter of one block besides its FC weights: for Megatron-LM's GPT the two
+    LayerNorms' weight and bias (``h`` each), then the four FC biases (``3h, h, f, h`` over the output axis)."""
+    per_block: List[int] = [cfg.hidden] * 4 if cfg.kind == "gpt" else []
     for _, n, _, t in fc_weights(cfg, grid):
         per_block.append(n // grid["x" if t else "y"])
-    small = [e for e in per_block if e < PERSISTENCE_THRESHOLD]
+    return per_block
+
+
+def persistent_numels(cfg: ModelConfig, grid: GridShape) -> List[int]:
+    """Elements of each persistent parameter of the model (below :data:`PERSISTENCE_THRESHOLD`): those of
+    :func:`block_small_numels` in every block; the final LayerNorm's weight and bias."""
+    h = cfg.hidden
+    small = [e for e in block_small_numels(cfg, grid) if e < PERSISTENCE_THRESHOLD]
     final = [h, h] if cfg.kind == "gpt" and h < PERSISTENCE_THRESHOLD else []
     return small * cfg.layers + final
+
+
+def padded_ranks(numel: int, ranks: int) -> int:
+    """Ranks whose slice of a ``numel``-element gradient does not lie whole inside it in
+    ``_reduce_scatter_gradient`` (each builds its input with ``torch.zeros``): slices of ``c = ceil(numel /
+    ranks)``, rank ``i`` whole when ``(i + 1) c <= numel``: ``ranks - numel // c``. Known answers: (12288, 384)
+    -> 0; (100, 384) -> 284; (1000, 384) -> 51 (333 slices of 3 whole)."""
+    if numel <= 0 or ranks <= 0:
+        return max(0, ranks)
+    return ranks - numel // -(-numel // ranks)
+
+
+def gradient_reduce_time(cfg: ModelConfig, grid: GridShape, profile, placement: Dict[str, str],
+                         ranks_on_node: int, inner: Dict[str, int], dtype: str) -> float:
+    """Seconds per block and micro-batch of DeepSpeed 2021's gradient reduce-scatters over Z (``n = G_z``),
+    one per parameter (the FC weights and :func:`block_small_numels`; module docstring), one after another:
+    ``sum_p [2 (n - z_p) t_view + z_p t_op + max(n t_op, 2 S_p / B) + t_rs(S_p)]`` with ``z_p`` =
+    :func:`padded_ranks`, ``S_p = ceil(numel_p / n) n e`` bytes (the padded input), ``t_op`` =
+    ``op_overhead_s``, ``t_view`` = :data:`VIEW_OP_S`, ``B`` = ``mem_bandwidth``, ``t_rs`` the profile's
+    reduce-scatter price over Z."""
+    from fourd_mpi.perf.predict import collective_time
+
+    n, e = grid.z, dtype_bytes(dtype)
+    t_op, bw = profile.op_overhead_s, profile.mem_bandwidth
+    numels = [block_elements(m, k, t, grid) for _, m, k, t in fc_weights(cfg, grid)] + block_small_numels(cfg, grid)
+    total = 0.0
+    for numel in numels:
+        z = padded_ranks(numel, n)
+        nbytes = -(-numel // n) * n * e
+        rs = collective_time(Collective("grad", "grad_reduce_scatter", "reduce_scatter", "z", n, "backward", 1,
+                                        nbytes), profile, placement, ranks_on_node, inner)
+        total += 2 * (n - z) * VIEW_OP_S + z * t_op + max(n * t_op, 2 * nbytes / bw) + rs
+    return total
 
 
 def terms(cfg: ModelConfig, grid: GridShape, profile, placement: Dict[str, str], ranks_on_node: int,
@@ -123,7 +178,9 @@ def terms(cfg: ModelConfig, grid: GridShape, profile, placement: Dict[str, str],
     - ``persistent_gather`` (per step): ``(sum_p rank_copies(p, n)) (3 t_view + t_op) + n (t_view + t_op)
       + t_ag(sum_p c_p n e)``, the loop after every optimizer step;
     - ``ln_grad_allreduce`` (per step, to take away): what the ``fsdp`` step's own LayerNorm gradient
-      all-reduces over Z cost (DeepSpeed reduces them in its overlapped buckets).
+      all-reduces over Z cost (DeepSpeed reduces them with the other gradients);
+    - ``grad_reduce`` (per micro-batch): ``L`` :func:`gradient_reduce_time`, the gradient reduce-scatters
+      before the backward GEMMs hide any of them.
 
     ``g_w``: :func:`gathers_per_microbatch`; ``t_op`` = ``op_overhead_s``, ``t_view`` = :data:`VIEW_OP_S`,
     ``B`` = ``mem_bandwidth``, ``S_w`` the weight's bytes, ``e`` the dtype's bytes, ``c_p`` a persistent
@@ -156,7 +213,9 @@ def terms(cfg: ModelConfig, grid: GridShape, profile, placement: Dict[str, str],
                                                 padded * e), profile, placement, ranks_on_node, inner)
     ln = sum(t for (role, _), t in price.items() if role == "ln_grad_allreduce")
     return {"regather": regather * cfg.layers, "gather_copies": copies * cfg.layers,
-            "persistent_gather": t_persist, "ln_grad_allreduce": ln * cfg.layers}
+            "persistent_gather": t_persist, "ln_grad_allreduce": ln * cfg.layers,
+            "grad_reduce": gradient_reduce_time(cfg, grid, profile, placement, ranks_on_node, inner, dtype)
+            * cfg.layers}
 
 
 def embedding_time(emb_bytes: int, grid: GridShape, microbatches: int, profile, placement: Dict[str, str],

@@ -239,17 +239,17 @@ def test_claims_are_verified_and_the_4d_claim_has_the_right_winner():
         assert c["b"].scenario.implementation == "deepspeed-2021"
     # 768 GPUs: with DeepSpeed 2021's blocking parameter gathers, PTD-P wins, as published (+69 %)
     assert claims["PTD-P vs ZeRO-3, 175B GPT, 768 A100s"]["same_winner"]
-    # DeepSpeed 2021's own costs (zero3_2021): ZeRO-3 over-predicted 1.20 x and 1.30 x (1.33 x and 1.64 x before);
-    # they may improve, never silently worsen
+    # DeepSpeed 2021's own costs (zero3_2021): ZeRO-3 over-predicted 1.20 x and 1.07 x (1.33 x and 1.64 x before its
+    # gathers' costs, 1.20 x and 1.30 x before its gradient reduce-scatters'); they may improve, never silently worsen
     assert claims["PTD-P vs ZeRO-3, 175B GPT, 384 A100s"]["b"].tflops_per_gpu() / 144 < 1.21
-    assert claims["PTD-P vs ZeRO-3, 175B GPT, 768 A100s"]["b"].tflops_per_gpu() / 88 < 1.31
+    assert claims["PTD-P vs ZeRO-3, 175B GPT, 768 A100s"]["b"].tflops_per_gpu() / 88 < 1.08
 
 
 def test_table_2_summary_does_not_get_worse():
     """Table 2 (PTD-P against ZeRO-3): PTD-P's six rows within 11 % (median 5.3 %, Spearman 1.0 at the third
-    pass of issue 30); ZeRO-3's six over-predicted 1.17-1.60 x (median 33 %: DeepSpeed 2021's gathers ran
-    far below the profile's bandwidth, docs/model.md): they may improve, never silently worsen; every row
-    fits its GPU's memory."""
+    pass of issue 30); ZeRO-3's six at 0.71-1.41 x (median 24 %, 33 % before DeepSpeed 2021's per-parameter
+    gradient reduce-scatters were priced; 1,536 GPUs now under-predicted, 0.71 x, the others over, docs/model.md):
+    they may improve, never silently worsen; every row fits its GPU's memory."""
     from fourd_mpi.perf import published
 
     rows = published.evaluate(("narayanan_sc21_table2",))
@@ -259,8 +259,10 @@ def test_table_2_summary_does_not_get_worse():
     ptdp = published.summary([r for r in rows if r.scheme == "ptdp"])
     zero3 = published.summary([r for r in rows if r.scheme == "zero3"])
     assert ptdp["median_abs_error"] <= 0.054 and ptdp["worst_error"] <= 0.11 and ptdp["spearman"] >= 0.99
-    assert zero3["median_abs_error"] <= 0.34 and zero3["worst_error"] <= 0.61
-    assert all(r.ratio > 1 for r in rows if r.scheme == "zero3")  # the known miss: ZeRO-3 over-predicted
+    assert zero3["median_abs_error"] <= 0.25 and zero3["worst_error"] <= 0.41
+    # the known misses: ZeRO-3 over-predicted but at 1,536 GPUs (0.71 x)
+    assert [r.ratio > 1 for r in rows if r.scheme == "zero3"] == [True, True, False, True, True, True]
+    assert all(0.7 < r.ratio < 1.41 for r in rows if r.scheme == "zero3")
     assert ptdp["all_fit"] and zero3["all_fit"]
     assert all(r.result.scenario.implementation == "deepspeed-2021" for r in rows if r.scheme == "zero3")
 

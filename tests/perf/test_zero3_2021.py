@@ -46,6 +46,61 @@ def test_persistent_parameters_of_megatrons_gpt():
     assert len(zero3_2021.persistent_numels(GPT175, GridShape(1, 384, 1, 1))) == 8 * 96 + 2  # all below 1e5
 
 
+def t_rs(nbytes, n):
+    """dgx-a100's reduce-scatter over such a group: the all-gather's price (the profile gives both the same)."""
+    return t_ag(nbytes, n)
+
+
+def test_padded_ranks_known_answers():
+    assert zero3_2021.padded_ranks(12288, 384) == 0        # 32 elements each, all whole
+    assert zero3_2021.padded_ranks(100, 384) == 284        # 1 each: ranks 100..383 take torch.zeros
+    assert zero3_2021.padded_ranks(1000, 384) == 51        # 3 each: 333 whole, rank 333 partial, 50 past the end
+    assert zero3_2021.padded_ranks(20480, 2240) == 192     # 530B's LayerNorm: 10 each, 2048 whole
+
+
+def test_block_small_numels_are_the_layernorms_then_the_biases():
+    assert zero3_2021.block_small_numels(SMALL, GridShape(1, 16, 1, 1)) == [1024] * 4 + [3072, 1024, 4096, 1024]
+
+
+def _gradient_reduce(cfg, n):
+    prof = load_profile("dgx-a100")
+    grid = GridShape(1, n, 1, 1)
+    return zero3_2021.gradient_reduce_time(cfg, grid, prof, axis_placement(grid, 8), 8, axis_inner_products(grid),
+                                           "float16")
+
+
+def test_gradient_reduce_known_answer_small_model():
+    # 16 ranks, every parameter divides: 2 views per slice, 16 copy launches (more than the copies' bytes), the transfer
+    n, h, f = 16, 1024, 4096
+    want = 0.0
+    for numel in (3 * h * h, h * h, f * h, h * f, h, h, h, h, 3 * h, h, f, h):
+        s = 2 * numel
+        want += 2 * n * VIEW + max(n * OP, 2 * s / BW) + t_rs(s, n)
+    assert _gradient_reduce(SMALL, n) == pytest.approx(want, rel=1e-9)
+    # the copies' bytes exceed the launches only for the weights of 4M elements: 2 x 8 MB / 1.8 TB/s = 9.3 us < 160 us
+    assert 2 * 2 * f * h / BW < n * OP
+
+
+def test_gradient_reduce_known_answer_530b_on_2240():
+    n, h = 2240, 20480
+    cfg = ModelConfig("gpt-530b", "gpt", layers=105, hidden=h, heads=128, ffn_hidden=4 * h, seq=2048, batch=2240)
+    # a LayerNorm weight: 2048 whole slices (2 views each), 192 torch.zeros, 2240 launches, a latency-bound transfer
+    ln = 2 * 2048 * VIEW + 192 * OP + n * OP + t_rs(2 * 10 * n, n)
+    assert ln == pytest.approx(0.052672, abs=1e-6)  # 8.19 + 1.92 + 22.4 + 20.16 ms
+    want = 0.0
+    for numel in (3 * h * h, h * h, 4 * h * h, 4 * h * h, h, h, h, h, 3 * h, h, 4 * h, h):
+        c = -(-numel // n)
+        z = zero3_2021.padded_ranks(numel, n)
+        s = 2 * c * n
+        want += 2 * (n - z) * VIEW + z * OP + max(n * OP, 2 * s / BW) + t_rs(s, n)
+    got = _gradient_reduce(cfg, n)
+    assert got == pytest.approx(want, rel=1e-9)
+    # 12 reduce-scatters of 2240 ranks, 0.68 s a block: the 4 weights 51.5 ms each + 55.9 ms of bytes, the 8 small
+    # ones 52.4 ms each on average: 4.1 x the block's 166 ms of backward GEMMs at 2048 tokens
+    assert got == pytest.approx(0.6815, abs=1e-3)
+    assert got > 4 * 4 * 2048 * 12 * h * h / 248e12
+
+
 def _terms(cfg, n, recompute):
     prof = load_profile("dgx-a100")
     grid = GridShape(1, n, 1, 1)
@@ -99,6 +154,11 @@ def test_deepspeed_2021_in_the_step_and_its_refusals():
                                    **base), prof)
     t = ds.terms
     added = t["zero3_regather"] + t["zero3_gather_copies"] + t["zero3_persistent_gather"] - t["zero3_ln_allreduce_removed"]
+    # the gradient reduce-scatters (12.1 s) replace the fsdp step's exposed ones: all hidden by the backward GEMMs
+    # (23.0 s: dX and dW, 4 x 8192 tokens x 12 h^2 per block at 248 TFLOP/s) at micro-batch 4
+    assert _gradient_reduce(GPT175, 384) * 96 == pytest.approx(12.1, abs=0.1)
+    assert t["zero3_grad_reduce"] == 0.0
+    added -= t["zero3_fsdp_reduce_scatter_removed"]
     # the partitioned embedding: 2 gathers (m = 1) and a reduce-scatter instead of the all-reduce over Z
     grid = GridShape(1, 384, 1, 1)
     emb = zero3_2021.embedding_time(51200 * 12288 * 2, grid, 1, prof, axis_placement(grid, 8), 8,
@@ -110,7 +170,8 @@ def test_deepspeed_2021_in_the_step_and_its_refusals():
     assert ds.compute_s == ours.compute_s
     shard = -(-51200 * 12288 // 384)  # the embedding's elements on a rank: V h whole, or its ZeRO-3 shard
     assert ours.memory["total"] - ds.memory["total"] == 16 * (51200 * 12288 - shard)
-    assert t["grad_sync"] == pytest.approx(ours.terms["grad_sync"] - t["zero3_ln_allreduce_removed"], rel=1e-9)
+    assert t["grad_sync"] == pytest.approx(ours.terms["grad_sync"] - t["zero3_ln_allreduce_removed"]
+                                           - t["zero3_fsdp_reduce_scatter_removed"], rel=1e-9)
     for kw, text in [(dict(base, algorithm="axonn4d"), "algorithm fsdp"), (dict(base, implementation="x"), "choose")]:
         kw.setdefault("implementation", "deepspeed-2021")
         with pytest.raises(ConfigError, match=text):
@@ -118,3 +179,18 @@ def test_deepspeed_2021_in_the_step_and_its_refusals():
     with pytest.raises(ConfigError, match="grid 1xNx1x1"):
         predict_scenario(Scenario(GPT175, GridShape(2, 192, 1, 1), "dgx-a100", implementation="deepspeed-2021",
                                   **dict(base, microbatch_size=4)), prof)
+
+
+def test_deepspeed_2021_gradient_reduce_exposed_past_the_backward_gemms():
+    # 1,536 ranks, micro-batch 1: the reduce-scatters, 12 x (6.14 ms of views + 15.36 of launches + 13.82 of latency)
+    # + 20.1 ms of bytes = 0.444 s a block, outlast the block's backward GEMMs (60 ms)
+    prof = load_profile("dgx-a100")
+    grid = GridShape(1, 1536, 1, 1)
+    kw = dict(algorithm="fsdp", microbatch_size=1, recompute="full", dtype="float16", attention="unfused",
+              overlap="ors,dp", precision="mixed")
+    ds = predict_scenario(Scenario(GPT175, grid, "dgx-a100", implementation="deepspeed-2021", **kw), prof).terms
+    gemm_bwd = 96 * 4 * 2048 * 12 * 12288 ** 2 / 248e12
+    grad = 96 * _gradient_reduce(GPT175, 1536)
+    assert gemm_bwd == pytest.approx(5.746, abs=1e-3) and grad == pytest.approx(42.63, abs=0.01)
+    assert ds["zero3_grad_reduce"] == pytest.approx(grad - gemm_bwd, rel=1e-6)
+    assert ds["zero3_fsdp_reduce_scatter_removed"] >= 0.0
