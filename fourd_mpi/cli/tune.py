@@ -9,7 +9,7 @@ import sys
 from fourd_mpi.cli.args import add_options, add_site, wrote
 from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.util.files import refuse_output, write_text
-from fourd_mpi.util.text import GIB
+from fourd_mpi.util.units import GIB
 from fourd_mpi.util.values import axis_size, layer_count, memory_limit, rank_count, repeat_count
 
 

@@ -52,7 +52,7 @@ from fourd_mpi.jobs.sites import RETIRED_DIR, SITES_DIR, Site, load_site
 from fourd_mpi.jobs.spec import SCHEMA, RunPlan, SweepSpec, spec_from_data
 from fourd_mpi.util.files import MARKER, claim_directory, link_target, open_no_follow, refuse_link, write_marker
 from fourd_mpi.util.signals import deferred
-from fourd_mpi.util.text import format_rows  # noqa: F401  (sweep plan/status tables; was defined here)
+from fourd_mpi.util.text import human_bytes
 from fourd_mpi.util.yamlspec import schema_violations
 
 log = logging.getLogger(__name__)
@@ -69,14 +69,6 @@ MANIFEST_VERSION = 1
 JOB_OVERRIDES = ("account", "partition", "qos", "queue", "time")
 #: a script directory whose paths may go into directives (``#SBATCH --output=DIR/logs/...``) unquoted
 DIRECTIVE_PATH = r"[A-Za-z0-9_./+-]{1,400}"
-
-
-def _human_bytes(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if count < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return str(count)
 
 
 def memory_per_rank(run: RunPlan) -> int:
@@ -179,7 +171,7 @@ def plan_rows(manifest: Dict) -> List[Dict]:
              "algorithm": r["options"].get("algorithm", DEFAULT_ALGORITHM), "model": r["model"]["name"],
              "batch": r["model"]["batch"], "hidden": r["model"]["hidden"], "layers": r["model"]["layers"],
              "options": " ".join(f"{k}={v}" for k, v in r["options"].items()),
-             "memory/rank": _human_bytes(r["memory_per_rank"])} for r in manifest["runs"]]
+             "memory/rank": human_bytes(r["memory_per_rank"])} for r in manifest["runs"]]
 
 
 def public_manifest(manifest: Dict) -> Dict:
@@ -212,7 +204,7 @@ def write_sweep(manifest: Dict, spec: SweepSpec, site: Site, out_dir: str, force
         total = len(manifest["runs"])
         for entry in manifest["runs"]:
             text = render_script(entry["_run"], total, spec, site, entry["_job"], entry["command"],
-                                 _human_bytes(entry["memory_per_rank"]), manifest["spec_path"], entry.get("_tools"))
+                                 human_bytes(entry["memory_per_rank"]), manifest["spec_path"], entry.get("_tools"))
             name = os.path.basename(entry["script"])
             _write(os.path.join(staging, name), text, executable=True)
             written.append(name)

@@ -42,8 +42,7 @@ from fourd_mpi.perf.predict import Prediction
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.util.table import render
-
-GIB = 2.0 ** 30
+from fourd_mpi.util.units import GIB
 
 #: at most this many micro-batches per step in ``tune``'s pipeline search (the bound of "every micro-batch
 #: size that divides the per-replica batch")

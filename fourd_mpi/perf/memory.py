@@ -63,11 +63,11 @@ from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
+from fourd_mpi.util.units import GIB
 
 if TYPE_CHECKING:  # annotations only
     from fourd_mpi.perf.machine import MachineProfile
 
-GIB = 2 ** 30
 #: activation recompute choices (what the forward keeps for backward, module docstring)
 RECOMPUTE = ("none", "selective", "full")
 #: attention implementations: ``unfused`` keeps the ``s x s`` probabilities (this suite's step),
@@ -118,7 +118,7 @@ class MemoryEstimate:
 
     def describe(self) -> str:
         """``1.23 GiB (weights 0.1, grads 0.1, optimizer 0.2, activations 0.8, comm 0.03 GiB)``."""
-        g = 2.0 ** 30
+        g = GIB
         master = f"master {self.master / g:.3g}, " if self.master else ""
         return (f"{self.total / g:.3g} GiB (weights {self.weights / g:.3g}, grads {self.gradients / g:.3g}, "
                 f"{master}optimizer {self.optimizer / g:.3g}, activations {self.activations / g:.3g}, "

@@ -58,9 +58,10 @@ from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf import terms
 from fourd_mpi.perf.machine import MachineProfile
 from fourd_mpi.perf.prediction import ScenarioResult, predict_scenario, scenario_lower_bound, slot_lower_bound
-from fourd_mpi.perf.scenario import GIB, Scenario
+from fourd_mpi.perf.scenario import Scenario
 from fourd_mpi.perf.step_terms import scenario_memory
 from fourd_mpi.step.presets import model_problems
+from fourd_mpi.util.units import GIB
 
 #: the axes ``--search`` takes (``all``: every one); the grid of a stage is always searched
 AXES = ("ginter", "pipeline-schedule", "microbatch-size", "context-parallel", "sequence-parallel", "shard-optimizer",
