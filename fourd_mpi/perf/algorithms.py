@@ -39,14 +39,11 @@ from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import MachineProfile
 from fourd_mpi.perf.memory import memory_reserve
 from fourd_mpi.perf.predict import Prediction
+from fourd_mpi.perf.schedules import MAX_MICROBATCHES
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.util.table import render
 from fourd_mpi.util.units import GIB
-
-#: at most this many micro-batches per step in ``tune``'s pipeline search (the bound of "every micro-batch
-#: size that divides the per-replica batch")
-MAX_MICROBATCHES = 1024
 
 
 def microbatch_counts(shard: int, limit: int = MAX_MICROBATCHES) -> List[int]:
