@@ -30,7 +30,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from fourd_mpi.core.colltable import COLLECTIVES, wire_factor  # noqa: F401 (wire_factor: re-exported)
+from fourd_mpi.core.colltable import COLLECTIVES
 
 SCHEMA = "fourd_mpi.trace"
 #: 2: ops ``d2h`` and ``h2d`` appended to the vocabulary (codes of version 1 unchanged)

@@ -20,7 +20,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.errors import ConfigError
