@@ -52,8 +52,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
-from fourd_mpi.trace.files import RUN_META
 from fourd_mpi.trace.spool import RankSpool
+from fourd_mpi.util.files import RUN_META
 
 
 def build_spool(spool_dir: str, ranks: int, steps: int, blocks: int, ranks_per_node: int) -> int:

@@ -21,6 +21,27 @@ HELPERS = Path(__file__).resolve().parent / "helpers"
 sys.path.insert(0, str(HELPERS))  # `from localslurm import LocalSlurm`
 
 
+def layout_listing() -> list:
+    """The paths the tree of docs/layout.md (the one description of the package's layout) lists, relative to the
+    repository and in the page's order: ``fourd_mpi``, ``fourd_mpi/errors.py``, ``fourd_mpi/util``, ... (a folder
+    by its path, no trailing slash). An entry's folder is its indentation (two spaces a level)."""
+    page = (REPO / "docs" / "layout.md").read_text()
+    tree = re.findall(r"^```text\n(.*?)^```$", page, re.M | re.S)[0]
+    stack, listed = [], []
+    for line in tree.splitlines():
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2
+        name = line.split()[0]
+        stack = stack[:depth]
+        if name.endswith("/"):
+            stack.append(name.rstrip("/"))
+            listed.append("/".join(stack))
+        else:
+            listed.append("/".join(stack + [name]))
+    return listed
+
+
 def mounted_tmpfs(where, options: str):
     """Mount a tmpfs with ``options`` (e.g. ``size=4m``, ``ro,size=1m``) on ``where`` and yield it, unmounted
     afterwards; skips with the reason where mounting is not allowed (root / CAP_SYS_ADMIN). For fixtures."""

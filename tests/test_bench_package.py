@@ -4,7 +4,6 @@ imports ``fourd_mpi`` as installed), and the distribution installs ``fourd_mpi``
 import runpy
 import subprocess
 import sys
-from pathlib import Path
 
 import setuptools
 from conftest import REPO

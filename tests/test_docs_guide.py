@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO
+from conftest import REPO, layout_listing
 
 DOCS = REPO / "docs"
 
@@ -56,21 +56,26 @@ def test_the_trace_reading_example_runs_on_a_sample_trace():
 
 
 def test_every_module_the_layout_page_lists_exists():
-    tree = fenced("layout.md", "text")[0]
-    stack, listed = [], []
-    for line in tree.splitlines():
-        if not line.strip():
-            continue
-        depth = (len(line) - len(line.lstrip())) // 2
-        name = line.split()[0]
-        stack = stack[:depth]
-        if name.endswith("/"):
-            stack.append(name.rstrip("/"))
-            listed.append("/".join(stack))
-        else:
-            listed.append("/".join(stack + [name]))
-    assert len(listed) > 60
-    assert [p for p in listed if not (REPO / p).exists()] == []
+    """docs/layout.md, the one description of the layout, lists every subpackage and module of ``fourd_mpi`` and
+    nothing that does not exist (a data folder it lists, such as ``perf/published/``, exists too)."""
+    listed = layout_listing()
+    assert len(listed) > 60 and listed[0] == "fourd_mpi"
+    assert [p for p in listed if not (REPO / p).exists()] == [], "docs/layout.md lists what does not exist"
     modules = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "fourd_mpi").rglob("*.py")
                      if p.name != "__init__.py" and "__pycache__" not in p.parts)
     assert [m for m in modules if m not in listed] == [], "docs/layout.md does not list these modules"
+    packages = sorted(p.parent.relative_to(REPO).as_posix() for p in (REPO / "fourd_mpi").rglob("__init__.py")
+                      if "__pycache__" not in p.parts)
+    assert "fourd_mpi/analysis/tables" in packages
+    assert [p for p in packages if p not in listed] == [], "docs/layout.md does not list these subpackages"
+
+
+def test_the_layout_page_is_the_one_description():
+    """The package docstring and the design point to the layout page instead of listing the subpackages again
+    (copies that drifted apart: one lacked algorithms/, results/ and testbed/)."""
+    import fourd_mpi
+
+    doc = fourd_mpi.__doc__
+    assert "docs/layout.md" in doc and ":mod:`fourd_mpi." not in doc
+    section = (DOCS / "design.md").read_text().split("## 7. ")[1].split("\n## ")[0]
+    assert "(layout.md)" in section and "| `core/` |" not in section

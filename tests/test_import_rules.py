@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import layout_listing
 
 import fourd_mpi
 
@@ -292,6 +293,15 @@ def test_no_import_climbs_the_package_order(tmp_path):
     climbs = order_climbs(ROOT, "fourd_mpi", ORDER)
     assert not climbs, ("imports that climb the package order (" + " < ".join(ORDER) + "; lazy imports count "
                         "too):\n" + "\n".join(climbs))
+
+
+def test_the_order_is_the_layout_pages():
+    """:data:`ORDER` is the order of the tree of docs/layout.md, the one description of the layout: its top-level
+    entries, lowest first, after the package's own ``__init__``; a subpackage moved in one and not the other
+    fails here."""
+    top = [path.split("/")[1] for path in layout_listing() if path.count("/") == 1]
+    shown = ("__init__", *(name[:-3] if name.endswith(".py") else name for name in top))
+    assert shown == ORDER, f"docs/layout.md lists the top level as {' < '.join(shown)}; ORDER is {' < '.join(ORDER)}"
 
 
 @pytest.mark.parametrize("module", offline_modules())

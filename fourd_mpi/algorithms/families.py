@@ -120,8 +120,8 @@ FAMILIES: Dict[str, Family] = {f.name: f for f in (
            admission="admission_memory"),
     Family("pipeline", "fourd_mpi.algorithms.pipeline", "fourd_mpi.perf.pipeline", checker=pipeline_plan.check,
            splitter=pipeline_plan.stage_world, grid_dims=pipeline_plan.grid_dims, predict="predict_pipeline",
-           candidates=f"{_ACROSS}:_pipeline_candidates", run_options=f"{_ACROSS}:_pipeline_run_options",
-           memory=f"{_ACROSS}:_pipeline_memory", lower_bound="pipeline_lower_bound", admission="admission_memory"),
+           candidates=f"{_ACROSS}:pipeline_candidates", run_options=f"{_ACROSS}:pipeline_run_options",
+           memory=f"{_ACROSS}:pipeline_stage_memory", lower_bound="pipeline_lower_bound", admission="admission_memory"),
 )}
 
 

@@ -28,8 +28,6 @@ No schedule communicates itself: the stage's calls do.
 
 from __future__ import annotations
 
-from fourd_mpi.algorithms.pipeline_plan import SCHEDULES  # noqa: F401 (the names, defined once)
-
 
 def run_axonn(stage) -> None:
     """AxoNN's message-driven schedule on one stage (see the module doc)."""

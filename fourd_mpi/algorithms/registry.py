@@ -49,8 +49,7 @@ from typing import Dict, Mapping, Optional, Tuple
 
 from fourd_mpi.algorithms import families
 from fourd_mpi.algorithms.families import Family
-from fourd_mpi.core.grid import AXES as _AXES
-from fourd_mpi.core.grid import GridShape, infer_grid_shape
+from fourd_mpi.core.grid import AXES, GridShape, infer_grid_shape
 from fourd_mpi.errors import ConfigError
 
 
@@ -125,7 +124,7 @@ class Algorithm:
                 raise ConfigError(f"--algorithm {self.name} ({self.title}) fixes {pinned}: --g{axis} {given} "
                                   f"contradicts it (use --algorithm axonn4d for a general grid)")
             sizes[axis] = size
-        free = [a for a in _AXES if a not in self.fixed]
+        free = [a for a in AXES if a not in self.fixed]
         if self.infer != "data" and all(sizes.get(a) is None for a in free):
             sizes.update({a: 1 for a in free if a != self.infer})  # the rest goes to the ``infer`` axis
         return sizes
@@ -137,7 +136,7 @@ class Algorithm:
         from dataclasses import replace
 
         try:
-            self.constrain({a: getattr(grid, a) for a in _AXES})
+            self.constrain({a: getattr(grid, a) for a in AXES})
             self.check(replace(options, grid=grid, algorithm=self.name))
         except ConfigError as exc:
             return str(exc)
@@ -168,7 +167,7 @@ class Algorithm:
         (:class:`~fourd_mpi.core.grid.ProcessGrid`): its family's ``grid_dims`` (the pipeline adds ``inter``),
         else the 4D grid's ``data, z, y, x``. Pure."""
         dims = self.spec.grid_dims
-        return dims(options) if dims is not None else dict(zip(_AXES, options.grid.dims))
+        return dims(options) if dims is not None else dict(zip(AXES, options.grid.dims))
 
     def module(self):
         """The implementing module, its family's (imported on first use)."""

@@ -175,13 +175,13 @@ def _shown_algorithms(frame) -> List[str]:
     return names if len(names) > 1 or (names and names[0] != DEFAULT_ALGORITHM) else []
 
 
-def _algorithm_title(frame) -> str:
+def algorithm_title(frame) -> str:
     """``", Megatron-LM 1D"`` when every row is of one non-default algorithm, else ``""``."""
     names = _shown_algorithms(frame)
     return f", {display_name(names[0])}" if len(names) == 1 else ""
 
 
-def _run_labels(run_ids: Sequence[str], runs_df=None) -> Dict[str, str]:
+def run_labels(run_ids: Sequence[str], runs_df=None) -> Dict[str, str]:
     """``algorithm · grid · overlap · label`` per run id (run id when unknown; made unique if needed);
     the algorithm by its usual name (:func:`~fourd_mpi.algorithms.registry.display_name`) when the runs
     are not all ``axonn4d``."""
@@ -220,7 +220,7 @@ def _run_labels(run_ids: Sequence[str], runs_df=None) -> Dict[str, str]:
     return labels
 
 
-def _sorted_runs(run_ids: Sequence[str], runs_df=None) -> List[str]:
+def sorted_runs(run_ids: Sequence[str], runs_df=None) -> List[str]:
     """``run_ids`` by rank count, then grid, then median step time (as given where the runs table lacks them)."""
     if runs_df is None or not hasattr(runs_df, "columns") or "run_id" not in runs_df.columns:
         return list(run_ids)
@@ -371,7 +371,7 @@ def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = No
                 top = max(top, float(np.nanmax(df["step_q3_s"].astype(float))))
             ax_t.set_ylim(0, top * scale * 1.18)
         ax_t.set_ylabel(f"step time ({unit}): median of max over ranks, bars q1-q3")
-        ax_t.set_title(f"{mode.capitalize()} scaling{_algorithm_title(df)}: step time (dashed: ideal)")
+        ax_t.set_title(f"{mode.capitalize()} scaling{algorithm_title(df)}: step time (dashed: ideal)")
         ax_e.set_ylim(0, max(1.05, eff_max * 1.05))
         ax_e.set_ylabel("parallel efficiency (%), bars: at q3-q1 of T(N)")
         ax_e.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{100 * v:.0f} %"))
@@ -482,10 +482,10 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
     table = data.drop(columns=["step_s", "step_q1_s", "step_q3_s"])
     run_ids = list(table.index)
     if runs_df is not None and hasattr(runs_df, "columns") and "run_id" in runs_df.columns:
-        run_ids = _sorted_runs(run_ids, runs_df)  # by rank count, grid, step time
+        run_ids = sorted_runs(run_ids, runs_df)  # by rank count, grid, step time
         table = table.loc[run_ids]
         stats = stats.loc[run_ids]
-    labels = _run_labels(run_ids, runs_df)
+    labels = run_labels(run_ids, runs_df)
     values = table.to_numpy(dtype=float)
     negative = values < 0
     clipped = bool(negative.any())
@@ -573,7 +573,7 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
         handles, leg_labels = ax.get_legend_handles_labels()
         ax.legend(handles[::-1] if vertical else handles, leg_labels[::-1] if vertical else leg_labels,
                   loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="category")
-        head = title or ("Step time breakdown" + _algorithm_title(runs_df) + (f", phase {phase}" if phase else "")
+        head = title or ("Step time breakdown" + algorithm_title(runs_df) + (f", phase {phase}" if phase else "")
                          + (" (share of the step)" if normalize else ""))
         ax.set_title(head)
         notes = [] if normalize else [STEP_CAPTION + "; segments: the step time split by each category's "
@@ -667,7 +667,7 @@ def timeline_events(trace, step: Optional[int] = None, ranks=None):
     return selected, step, shown, note
 
 
-def _timeline_figure(trace, step: Optional[int] = None, ranks=None):
+def timeline_figure(trace, step: Optional[int] = None, ranks=None):
     """Build the Gantt figure; returns ``(fig, info)`` with the numbers of bars drawn.
 
     ``info``: ``step``, ``ranks``, ``events`` (rows selected), ``bars`` (dict: host compute
@@ -808,7 +808,7 @@ def plot_timeline(trace, path, step: Optional[int] = None, ranks=None) -> str:
     0-7 (noted in the title). Needs a trace at level ``op``.
     """
     path = _check_path(path)
-    fig, _info = _timeline_figure(trace, step, ranks)
+    fig, _info = timeline_figure(trace, step, ranks)
     return _save(fig, path)
 
 
@@ -872,9 +872,9 @@ def plot_overlap(comm_df, path, runs_df=None, title: Optional[str] = None) -> st
     hidden = "hidden_pct" in comm_df.columns and np.isfinite(comm_df["hidden_pct"].astype(float)).any()
     table = overlap_matrix(comm_df, "hidden_pct" if hidden else "overlap_pct")
     collectives = list(table.index)
-    run_ids = _sorted_runs(list(table.columns), runs_df)
+    run_ids = sorted_runs(list(table.columns), runs_df)
     table = table[run_ids]
-    labels = _run_labels(run_ids, runs_df)
+    labels = run_labels(run_ids, runs_df)
     ncoll, nruns = len(collectives), len(run_ids)
     values = table.to_numpy(dtype=float)
     finite = values[np.isfinite(values)]
@@ -909,7 +909,7 @@ def plot_overlap(comm_df, path, runs_df=None, title: Optional[str] = None) -> st
         ax.grid(True, axis="y", color="0.88")
         ax.set_axisbelow(True)
         ax.set_title(title or ("Communication hidden behind compute" if hidden else
-                               "Overlap of collectives with compute (upper bound)") + _algorithm_title(runs_df))
+                               "Overlap of collectives with compute (upper bound)") + algorithm_title(runs_df))
         if nruns > 1 or runs_df is not None:
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="run", fontsize=8)
         fig.tight_layout()

@@ -18,7 +18,7 @@ from fourd_mpi.cli.args import (
 )
 from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.util.files import named_inputs, refuse_output, replacing
-from fourd_mpi.util.text import GIB
+from fourd_mpi.util.units import GIB
 from fourd_mpi.util.values import axis_size, batch_size, int_list_of, memory_limit, rank_count, repeat_count, seq_length
 
 log = logging.getLogger(__name__)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from fourd_mpi.cli.args import FORMATS, add_format, add_site
 from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.jobs.pack import PACK_MODES
-from fourd_mpi.jobs.schedulers import FINAL_STATES
 from fourd_mpi.jobs.sites import load_site, retired_note
 from fourd_mpi.jobs.spec import load_spec
 from fourd_mpi.jobs.sweep import (

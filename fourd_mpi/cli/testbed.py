@@ -199,7 +199,7 @@ def cmd_testbed(args, world=None) -> int:
     if command == "mpiexec":
         state = bed.require_up(args.name)
 
-        mpiexec = args.mpiexec or _mpiexec()
+        mpiexec = args.mpiexec or default_mpiexec()
         # the program as sweep render writes it: fourd-mpi and python of this environment, activated or not
         argv = bed.mpiexec_argv(state, args.ranks, args.ppn, mpiexec, args.order, flavor(mpiexec)) + \
             resolve_program(args.program)
@@ -216,7 +216,8 @@ def cmd_testbed(args, world=None) -> int:
     raise ConfigError(f"unknown testbed command {command!r}")
 
 
-def _mpiexec() -> str:
+def default_mpiexec() -> str:
+    """The mpiexec beside this Python (the environment's), else the one on PATH; none: a ConfigError."""
     found = beside("mpiexec") or shutil.which("mpiexec")
     if not found:
         raise ConfigError("no mpiexec next to this Python or on PATH: pip install 'fourd_mpi[mpich]', or give "

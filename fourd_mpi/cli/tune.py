@@ -9,7 +9,7 @@ import sys
 from fourd_mpi.cli.args import add_options, add_site, wrote
 from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json
 from fourd_mpi.util.files import refuse_output, write_text
-from fourd_mpi.util.text import GIB
+from fourd_mpi.util.units import GIB
 from fourd_mpi.util.values import axis_size, layer_count, memory_limit, rank_count, repeat_count
 
 
@@ -241,8 +241,6 @@ def cmd_tune(args, world=None) -> int:
     ranking = rank_grids(cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer, limit,
                          args.ranks_per_node, recompute=recompute, attention=attention, precision=args.precision,
                          dw_window=args.dw_window)
-    from fourd_mpi.perf.memory import default_precision
-
     notes = []
     for p in ranking.predictions[: args.top]:
         for n in p.notes:
@@ -291,7 +289,6 @@ def _write_sweep(path: str, what: str, spec: dict) -> None:
 def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recompute, attention, dtype_source) -> int:
     """``tune --algorithm LIST|all``: one ranking across algorithms (:mod:`fourd_mpi.perf.algorithms`)."""
     from fourd_mpi.perf.algorithms import format_across, format_best, rank_algorithms, sweep_options
-    from fourd_mpi.perf.memory import default_precision
 
     ranking = rank_algorithms(names, cfg, args.ranks, profile, overlap, args.dtype, args.progress, args.optimizer,
                               limit, args.ranks_per_node, recompute=recompute, attention=attention,

@@ -8,7 +8,7 @@ import time
 from typing import Callable, Dict, TypeVar
 
 from fourd_mpi.errors import BackendError, ConfigError
-from fourd_mpi.util.text import int_ranges as _ranges
+from fourd_mpi.util.text import int_ranges
 
 T = TypeVar("T")
 
@@ -86,7 +86,7 @@ def check_same(comm, settings: Dict[str, str], what: str = "arguments",
         for rank, mine in enumerate(everyone):
             values.setdefault(mine.get(name, "(absent)"), []).append(rank)
         if len(values) > 1:
-            shown = "; ".join(f"{value} on ranks {_ranges(ranks)}" for value, ranks in
+            shown = "; ".join(f"{value} on ranks {int_ranges(ranks)}" for value, ranks in
                               sorted(values.items(), key=lambda kv: kv[1][0]))
             raise ConfigError(f"the ranks were started with different {what}: {name} is {shown} ({hint})")
     raise ConfigError(f"the ranks were started with different {what} ({hint})")

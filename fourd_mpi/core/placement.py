@@ -26,7 +26,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from fourd_mpi.util.text import int_ranges as _ranges
+from fourd_mpi.util.text import int_ranges
 
 #: how the node assignment was obtained (stored with it in the trace metadata)
 SOURCE = ("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) over the world (the launcher's node assignment); node k is "
@@ -130,7 +130,7 @@ class NodePlacement:
         for k in range(self.num_nodes):
             ranks = [r for r, n in enumerate(self.nodes) if n == k]
             name = self.hosts[k] if k < len(self.hosts) else f"node {k}"
-            parts.append(f"{name}: ranks {_ranges(ranks)}")
+            parts.append(f"{name}: ranks {int_ranges(ranks)}")
         crossing = ", ".join(self.inter_node_axes) or "none"
         return f"{self.num_nodes} node(s) ({'; '.join(parts)}); axes across nodes: {crossing}"
 

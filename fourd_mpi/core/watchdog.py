@@ -43,7 +43,7 @@ def check_timeout(value: float) -> float:
     return float(value)
 
 
-def _seconds(value: float) -> str:
+def seconds_text(value: float) -> str:
     """A wait in seconds, with the digits a short one needs ("0.0123 s", not "0 s")."""
     return f"{value:.0f} s" if value >= 10 else f"{value:.3g} s"
 
@@ -99,7 +99,7 @@ class Watchdog:
             return
 
     def _message(self, what: str, waited: float) -> str:
-        return (f"rank {self.rank} waited {_seconds(waited)} in {what}, longer than --step-timeout "
+        return (f"rank {self.rank} waited {seconds_text(waited)} in {what}, longer than --step-timeout "
                 f"{self.timeout_s:g} s: a partner rank is stopped, hung or running another command; "
                 "aborting the job")
 

@@ -17,7 +17,6 @@ manifests are relative to it.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import logging
@@ -50,9 +49,17 @@ from fourd_mpi.jobs.render import (
 from fourd_mpi.jobs.schedulers import ACTIVE_STATES, FINAL_STATES, get_scheduler, parse_time, slurm_time
 from fourd_mpi.jobs.sites import RETIRED_DIR, SITES_DIR, Site, load_site
 from fourd_mpi.jobs.spec import SCHEMA, RunPlan, SweepSpec, spec_from_data
-from fourd_mpi.util.files import MARKER, claim_directory, link_target, open_no_follow, refuse_link, write_marker
+from fourd_mpi.util.files import (
+    MARKER,
+    NO_LOCK_ERRNOS,
+    claim_directory,
+    link_target,
+    open_no_follow,
+    refuse_link,
+    write_marker,
+)
 from fourd_mpi.util.signals import deferred
-from fourd_mpi.util.text import format_rows  # noqa: F401  (sweep plan/status tables; was defined here)
+from fourd_mpi.util.text import human_bytes
 from fourd_mpi.util.yamlspec import schema_violations
 
 log = logging.getLogger(__name__)
@@ -69,14 +76,6 @@ MANIFEST_VERSION = 1
 JOB_OVERRIDES = ("account", "partition", "qos", "queue", "time")
 #: a script directory whose paths may go into directives (``#SBATCH --output=DIR/logs/...``) unquoted
 DIRECTIVE_PATH = r"[A-Za-z0-9_./+-]{1,400}"
-
-
-def _human_bytes(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if count < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return str(count)
 
 
 def memory_per_rank(run: RunPlan) -> int:
@@ -179,7 +178,7 @@ def plan_rows(manifest: Dict) -> List[Dict]:
              "algorithm": r["options"].get("algorithm", DEFAULT_ALGORITHM), "model": r["model"]["name"],
              "batch": r["model"]["batch"], "hidden": r["model"]["hidden"], "layers": r["model"]["layers"],
              "options": " ".join(f"{k}={v}" for k, v in r["options"].items()),
-             "memory/rank": _human_bytes(r["memory_per_rank"])} for r in manifest["runs"]]
+             "memory/rank": human_bytes(r["memory_per_rank"])} for r in manifest["runs"]]
 
 
 def public_manifest(manifest: Dict) -> Dict:
@@ -212,19 +211,19 @@ def write_sweep(manifest: Dict, spec: SweepSpec, site: Site, out_dir: str, force
         total = len(manifest["runs"])
         for entry in manifest["runs"]:
             text = render_script(entry["_run"], total, spec, site, entry["_job"], entry["command"],
-                                 _human_bytes(entry["memory_per_rank"]), manifest["spec_path"], entry.get("_tools"))
+                                 human_bytes(entry["memory_per_rank"]), manifest["spec_path"], entry.get("_tools"))
             name = os.path.basename(entry["script"])
-            _write(os.path.join(staging, name), text, executable=True)
+            write_job_file(os.path.join(staging, name), text, executable=True)
             written.append(name)
         for entry in manifest.get("packs", []):
             text = render_pack_script(entry["_pack"], len(manifest["packs"]), spec, site, manifest["spec_path"])
             name = os.path.basename(entry["script"])
-            _write(os.path.join(staging, name), text, executable=True)
+            write_job_file(os.path.join(staging, name), text, executable=True)
             written.append(name)
         if site.gpu_affinity_script:
-            _write(os.path.join(staging, AFFINITY_SCRIPT), render_affinity_script(site), executable=True)
+            write_job_file(os.path.join(staging, AFFINITY_SCRIPT), render_affinity_script(site), executable=True)
             written.append(AFFINITY_SCRIPT)
-        _write(os.path.join(staging, MANIFEST), json.dumps(public_manifest(manifest), indent=1, sort_keys=False) + "\n")
+        write_job_file(os.path.join(staging, MANIFEST), json.dumps(public_manifest(manifest), indent=1, sort_keys=False) + "\n")
         if not exists:
             write_marker(staging, written + [MANIFEST])
             os.rename(staging, out_dir)
@@ -257,7 +256,7 @@ def _rendered_names(out_dir: str) -> List[str]:
     return [n for n in names if n and n.endswith(".sh")] + [AFFINITY_SCRIPT]
 
 
-def _write(path: str, text: str, executable: bool = False) -> None:
+def write_job_file(path: str, text: str, executable: bool = False) -> None:
     """A job script (or the manifest) of the sweep: never written through a symbolic link, nor over one."""
     refuse_link(path, what=f"the job script {path}")
     with open_no_follow(path) as fh:
@@ -347,7 +346,7 @@ def sweep_lock(sweep_dir: str):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError as exc:
-            if exc.errno not in _NO_LOCKS:
+            if exc.errno not in NO_LOCK_ERRNOS:
                 raise ConfigError(f"cannot lock the sweep directory {sweep_dir} ({path}: {exc.strerror})") from None
             if os.path.abspath(sweep_dir) not in _UNLOCKED_NOTED:
                 _UNLOCKED_NOTED.add(os.path.abspath(sweep_dir))
@@ -359,8 +358,6 @@ def sweep_lock(sweep_dir: str):
         os.close(fd)  # releases the lock
 
 
-#: ``flock`` errors of file systems that do not lock
-_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS)
 #: sweep directories whose missing locks were noted (one note per directory and process)
 _UNLOCKED_NOTED: set = set()
 
@@ -597,7 +594,7 @@ def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_ru
                         chosen.append(run)
                 if not chosen:
                     continue
-                launches = _launches(scheduler, pack_entry, runs, chosen)
+                launches = plan_launches(scheduler, pack_entry, runs, chosen)
                 if dry_run:
                     for launch in launches:
                         what = launch.name if launch.packed else launch.runs[0]["run_id"]
@@ -724,7 +721,7 @@ def submission_packs(manifest: Dict, runs: List[Dict], size: int, mode: str, wri
     for entry in entries:
         entry["_runs"] = list(entry["_pack"].runs)
         if write:
-            _write(entry["script"], render_pack_script(entry["_pack"], len(entries), spec, site, manifest["spec_path"]),
+            write_job_file(entry["script"], render_pack_script(entry["_pack"], len(entries), spec, site, manifest["spec_path"]),
                    executable=True)
     return entries
 
@@ -751,7 +748,10 @@ class Launch:
     options: List[str] = field(default_factory=list)
 
 
-def _launches(scheduler, pack: Optional[Dict], runs: List[Dict], chosen: List[Dict]) -> List[Launch]:
+def plan_launches(scheduler, pack: Optional[Dict], runs: List[Dict], chosen: List[Dict]) -> List[Launch]:
+    """The submissions that start the ``chosen`` runs of ``runs``: the run's own script without a ``pack``; the whole
+    pack when every run of it is chosen; else the pack's script on the chosen positions (an array's indices, or its
+    arguments), or each chosen run alone where the ``scheduler`` passes no arguments to a script (PBS, LSF)."""
     if pack is None:
         return [Launch(chosen[0]["run_id"], chosen[0]["script"], chosen[0]["log"], chosen, packed=False)]
     launch = Launch(pack["name"], pack["script"], pack["log"], chosen, packed=True, mode=pack["mode"])

@@ -39,15 +39,11 @@ from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import MachineProfile
 from fourd_mpi.perf.memory import memory_reserve
 from fourd_mpi.perf.predict import Prediction
+from fourd_mpi.perf.schedules import MAX_MICROBATCHES
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.util.table import render
-
-GIB = 2.0 ** 30
-
-#: at most this many micro-batches per step in ``tune``'s pipeline search (the bound of "every micro-batch
-#: size that divides the per-replica batch")
-MAX_MICROBATCHES = 1024
+from fourd_mpi.util.units import GIB
 
 
 def microbatch_counts(shard: int, limit: int = MAX_MICROBATCHES) -> List[int]:
@@ -83,7 +79,7 @@ def _divisors(n: int) -> List[int]:
 
 
 def pipeline_count(cfg: ModelConfig, ranks: int) -> int:
-    """How many configurations :func:`_pipeline_candidates` considers, without listing them (an upper bound
+    """How many configurations :func:`pipeline_candidates` considers, without listing them (an upper bound
     of those it returns: the algorithm's own check is not made): per stage count ``s`` (``1 < s <= L``
     dividing the ranks) and product
     ``q = G_data G_z`` dividing ``ranks / s``, the ordered pairs ``(G_data, G_z)`` and ``(G_y, G_x)``
@@ -112,7 +108,7 @@ def check_pipeline_search(cfg: ModelConfig, ranks: int, name: str = "pipeline") 
             f"or predict one with fourd-mpi model predict --ginter --grid")
 
 
-def _pipeline_candidates(cfg: ModelConfig, ranks: int, algorithm: Algorithm) -> List[Tuple[Any, Dict[str, Any]]]:
+def pipeline_candidates(cfg: ModelConfig, ranks: int, algorithm: Algorithm) -> List[Tuple[Any, Dict[str, Any]]]:
     """Pipeline configurations of ``ranks`` ranks: ``s`` stages (every divisor ``1 < s <= layers``; stage ``i``
     holds :func:`~fourd_mpi.perf.terms.stage_layers`' blocks, as ``model predict --algorithm pipeline``), each a
     4D grid of ``ranks / s`` ranks the algorithm allows, with every micro-batch size that divides the
@@ -137,7 +133,7 @@ def _pipeline_candidates(cfg: ModelConfig, ranks: int, algorithm: Algorithm) -> 
     return out
 
 
-def _pipeline_memory(cfg: ModelConfig, grid, dtype: str = "float32", optimizer: str = "adam", overlap=None,
+def pipeline_stage_memory(cfg: ModelConfig, grid, dtype: str = "float32", optimizer: str = "adam", overlap=None,
                      recompute: str = "none", attention: str = "unfused", precision=None, shard_optimizer: str = "none",
                      stages: int = 1, microbatches: int = 1, schedule: str = "axonn", **_):
     """Stage 0's memory, as :func:`~fourd_mpi.perf.pipeline.predict_pipeline` reports it."""
@@ -147,7 +143,7 @@ def _pipeline_memory(cfg: ModelConfig, grid, dtype: str = "float32", optimizer: 
                            precision, shard_optimizer, schedule)
 
 
-def _pipeline_run_options(run_options: Dict[str, Any]) -> Dict[str, Any]:
+def pipeline_run_options(run_options: Dict[str, Any]) -> Dict[str, Any]:
     """``--ginter``, ``--microbatches``, ``--pipeline-schedule`` of a traced run as ``predict_pipeline``'s
     keywords (``grid`` in the metadata is then each stage's 4D grid)."""
     return {"stages": int(run_options.get("ginter", 1) or 1),

@@ -59,10 +59,10 @@ from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.machine import axis_inner_products as inner_products
 from fourd_mpi.step.presets import ModelConfig, model_problems
 from fourd_mpi.util.table import render
+from fourd_mpi.util.units import GIB
 
 #: ``get_bw(ip, group) -> GB/s`` or None (no value: the grid is left out)
 BandwidthFn = Callable[[int, int], Optional[float]]
-GIB = 1024.0 ** 3
 #: AxoNN's layers of a transformer block: (name, K, transposed)
 AXONN_LAYERS = (("qkv", 3, False), ("proj", 1, True), ("fc1", 4, False), ("fc2", 4, True))
 #: how the printed time is formed (both columns)

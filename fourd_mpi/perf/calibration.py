@@ -218,7 +218,7 @@ def level_fits(rows: List[Row]) -> Dict[str, Dict]:
     return out
 
 
-def _fits_profile(rows: List[Row]) -> Dict:
+def fits_profile(rows: List[Row]) -> Dict:
     """The part of a machine profile :func:`poor_fits` reads, from ``rows``."""
     return {"levels": {level: dict(f["fits"], by_size=f["by_size"], measured=f["measured"])
                        for level, f in level_fits(rows).items()}}
@@ -243,7 +243,7 @@ def fit_window(rows: List[Row], limit: float = MAX_FIT_RMS, least: int = 3) -> O
                 groups.setdefault((r.level, r.kind, r.p), set()).add(r.size)
             if not groups or min(len(g) for g in groups.values()) < least:
                 continue
-            profile = _fits_profile(inside)
+            profile = fits_profile(inside)
             if poor_fits(profile, limit):
                 continue
             worst = max((f["rms_rel_error"] for entry in profile["levels"].values()

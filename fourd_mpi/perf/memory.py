@@ -63,11 +63,11 @@ from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
+from fourd_mpi.util.units import GIB
 
 if TYPE_CHECKING:  # annotations only
     from fourd_mpi.perf.machine import MachineProfile
 
-GIB = 2 ** 30
 #: activation recompute choices (what the forward keeps for backward, module docstring)
 RECOMPUTE = ("none", "selective", "full")
 #: attention implementations: ``unfused`` keeps the ``s x s`` probabilities (this suite's step),
@@ -118,7 +118,7 @@ class MemoryEstimate:
 
     def describe(self) -> str:
         """``1.23 GiB (weights 0.1, grads 0.1, optimizer 0.2, activations 0.8, comm 0.03 GiB)``."""
-        g = 2.0 ** 30
+        g = GIB
         master = f"master {self.master / g:.3g}, " if self.master else ""
         return (f"{self.total / g:.3g} GiB (weights {self.weights / g:.3g}, grads {self.gradients / g:.3g}, "
                 f"{master}optimizer {self.optimizer / g:.3g}, activations {self.activations / g:.3g}, "
@@ -162,7 +162,8 @@ def parameter_elements(cfg: ModelConfig, grid: GridShape, blocks: Optional[Seque
     return cfg.layers * per_block
 
 
-def _check(name: str, value: str, choices) -> None:
+def check_choice(name: str, value: str, choices) -> None:
+    """Refuse ``value`` unless it is one of ``choices``: ``unknown NAME 'VALUE': choose A, B`` (a ConfigError)."""
     if value not in choices:
         from fourd_mpi.errors import ConfigError
 
@@ -192,8 +193,8 @@ def saved_activation_elements(cfg: ModelConfig, grid: GridShape, recompute: str 
     """Elements the forward pass saves for backward, whole stack (module docstring lists them).
 
     ``recompute="full"``: each block's input ``[m, h/G_x]`` plus one block's working set."""
-    _check("recompute", recompute, RECOMPUTE)
-    _check("attention", attention, ATTENTION)
+    check_choice("recompute", recompute, RECOMPUTE)
+    check_choice("attention", attention, ATTENTION)
     if recompute == "full":
         m, hx = local_tokens(cfg, grid), cfg.hidden // grid.x
         return cfg.layers * m * hx + block_saved_elements(cfg, grid, attention, "none")
@@ -262,8 +263,8 @@ def state_bytes(params: int, grid: GridShape, dtype: str, optimizer: str, precis
     in fp32; ``shard_optimizer="data"`` keeps master and moments of ``ceil(params / G_data)`` elements.
     ``precision`` None: :func:`default_precision` of ``dtype``. Shared by every algorithm's estimate."""
     precision = precision or default_precision(dtype)
-    _check("precision", precision, PRECISIONS)
-    _check("optimizer sharding", shard_optimizer, OPTIMIZER_SHARDING)
+    check_choice("precision", precision, PRECISIONS)
+    check_choice("optimizer sharding", shard_optimizer, OPTIMIZER_SHARDING)
     e = dtype_bytes(dtype)
     opt_states = {"adam": 2, "sgd": 0}.get(optimizer)
     if opt_states is None:

@@ -58,7 +58,7 @@ from fourd_mpi.algorithms.cube import axes_of
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.exact import Sums
-from fourd_mpi.perf.memory import ATTENTION, RECOMPUTE, MemoryEstimate, _check, state_bytes
+from fourd_mpi.perf.memory import ATTENTION, RECOMPUTE, MemoryEstimate, check_choice, state_bytes
 from fourd_mpi.perf.volumes import Collective
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
@@ -87,7 +87,7 @@ def step_collectives(cfg: ModelConfig, grid: GridShape, overlap: Optional[Overla
     docstring). Collectives over an axis of size 1 are not issued and not listed. ``overlap`` changes
     when they are waited, not what is sent. ``recompute``: ``full`` repeats every forward collective but
     the weight all-gathers (phase ``recompute``); ``selective`` adds proj's input all-gather per GPT block."""
-    _check("recompute", recompute, RECOMPUTE)
+    check_choice("recompute", recompute, RECOMPUTE)
     e = dtype_bytes(dtype)
     q = grid.x
     m = local_tokens(cfg, grid)
@@ -157,8 +157,8 @@ def saved_activation_elements(cfg: ModelConfig, grid: GridShape, attention: str 
     """Elements the forward pass saves for backward, whole stack (module docstring); ``full``: each block's
     input ``[m, h/q]`` plus one block's working set (the block being recomputed), as
     :func:`fourd_mpi.perf.memory.saved_activation_elements` counts it."""
-    _check("attention", attention, ATTENTION)
-    _check("recompute", recompute, RECOMPUTE)
+    check_choice("attention", attention, ATTENTION)
+    check_choice("recompute", recompute, RECOMPUTE)
     if recompute == "full":
         return (cfg.layers * local_tokens(cfg, grid) * (cfg.hidden // grid.x)
                 + block_saved_elements(cfg, grid, attention, "none"))
@@ -216,7 +216,7 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile, overlap: OverlapCon
     of the block work again (``full``) or of the attention core (``selective``), ``recompute`` says how much."""
     from fourd_mpi.perf import predict as p4
 
-    _check("attention", attention, ATTENTION)
+    check_choice("attention", attention, ATTENTION)
     e = dtype_bytes(dtype)
     rate = p4.gemm_rate_tflops(profile, dtype) * 1e12
     bw, call = profile.mem_bandwidth, profile.op_overhead_s
@@ -228,17 +228,17 @@ def compute_time(cfg: ModelConfig, grid: GridShape, profile, overlap: OverlapCon
     if cfg.kind == "gpt":
         attn_flops = cfg.layers * 12.0 * m * cfg.seq * (cfg.hidden // q)
         probs = (m // cfg.seq) * (cfg.heads // q) * cfg.seq * cfg.seq
-        softmax_passes = 0.0 if attention == "fused" else cfg.layers * p4._SOFTMAX_PASSES * probs
-        softmax_calls = 0 if attention == "fused" else cfg.layers * p4._SOFTMAX_CALLS
+        softmax_passes = 0.0 if attention == "fused" else cfg.layers * p4.SOFTMAX_PASSES * probs
+        softmax_calls = 0 if attention == "fused" else cfg.layers * p4.SOFTMAX_CALLS
         hq = cfg.hidden // q
-        passes += cfg.layers * (2 * p4._LN_PASSES * m * hq + 4 * m * hq) + softmax_passes
-        calls += cfg.layers * (2 * p4._LN_CALLS + 6 + 4) + softmax_calls
-    passes += cfg.layers * p4._GELU_PASSES * m * (cfg.ffn_hidden // q)
-    calls += cfg.layers * p4._GELU_CALLS
+        passes += cfg.layers * (2 * p4.LN_PASSES * m * hq + 4 * m * hq) + softmax_passes
+        calls += cfg.layers * (2 * p4.LN_CALLS + 6 + 4) + softmax_calls
+    passes += cfg.layers * p4.GELU_PASSES * m * (cfg.ffn_hidden // q)
+    calls += cfg.layers * p4.GELU_CALLS
     params = parameter_elements(cfg, grid)
     n_params = len(layers(cfg)) * cfg.layers + (4 * cfg.layers if cfg.kind == "gpt" else 0)
-    opt_passes, opt_calls = (p4._ADAM_PASSES * params, p4._ADAM_CALLS * n_params) if optimizer == "adam" else (0, 0)
-    _check("recompute", recompute, RECOMPUTE)
+    opt_passes, opt_calls = (p4.ADAM_PASSES * params, p4.ADAM_CALLS * n_params) if optimizer == "adam" else (0, 0)
+    check_choice("recompute", recompute, RECOMPUTE)
     rec = {"none": (0.0, 0.0, 0.0, 0.0),
            "full": (gemm_flops / 3.0, attn_flops / 3.0, passes / 3.0, calls / 3.0),
            "selective": (0.0, attn_flops / 3.0, softmax_passes / 3.0, softmax_calls / 3.0)}[recompute]
@@ -376,7 +376,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile, overlap: Optional[Overla
     """Predict one optimus3d training step (same arguments and :class:`~fourd_mpi.perf.predict.Prediction` as
     :func:`fourd_mpi.perf.predict.predict`; module docstring for the model)."""
     from fourd_mpi.perf.machine import axis_inner_products, axis_placement
-    from fourd_mpi.perf.predict import _prediction, collective_time, exposed_after_hiding, rest_of_backward
+    from fourd_mpi.perf.predict import assemble_prediction, collective_time, exposed_after_hiding, rest_of_backward
 
     overlap = OverlapConfig(**{**asdict(overlap or OverlapConfig()), "cache": True})
     rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)
@@ -405,7 +405,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile, overlap: Optional[Overla
         link = device_timeline(cfg, grid, colls, times, comp, overlap, efficiency, recompute)
         link_exposed = link.exposed
         exposed = {k: link_exposed.get(k, 0.0) for k in comm.sums}
-        return _prediction(grid, profile, comp, comm.floats(), exposed, dict(wire), placement, memory, notes)
+        return assemble_prediction(grid, profile, comp, comm.floats(), exposed, dict(wire), placement, memory, notes)
     n_layers = max(1, len(layers(cfg)) * cfg.layers)
     per_layer_gemm = comp["gemm"] / n_layers
     backward_compute = comp["total"] * (2.0 / 3.0)
@@ -434,7 +434,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile, overlap: Optional[Overla
             rest_of_backward(hidden, key, t, backward_compute, efficiency, layer_index[c.layer], len(layer_index),
                              runs)
     exposed = exposed_after_hiding(comm.floats(), hidden.floats(), efficiency * comp["total"])
-    return _prediction(grid, profile, comp, comm.floats(), exposed, dict(wire), placement, memory, notes)
+    return assemble_prediction(grid, profile, comp, comm.floats(), exposed, dict(wire), placement, memory, notes)
 
 
 def admission_memory(options, attention: str = "unfused") -> Tuple[MemoryEstimate, int]:

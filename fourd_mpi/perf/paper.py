@@ -41,8 +41,8 @@ from fourd_mpi.perf.tune import memory_reserve, rank_grids
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig, model_problems, resolve_model
 from fourd_mpi.util.table import render
+from fourd_mpi.util.units import GIB
 
-GIB = 2.0 ** 30
 #: sequences of 2,048 tokens per step (our assumption, see the module docstring)
 DEFAULT_BATCH = 2048
 #: the settings of the paper's runs (REFERENCES.md section 2)

@@ -55,15 +55,11 @@ from typing import Dict, List, Optional, Tuple
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf import schedules
-
-# (placement and message helpers live beside the 4D ones, link_bound_slot with the schedules: predict_scenario
-# uses them and this module uses predict_scenario; message_time, world_levels and link_bound_slot are re-exported)
-from fourd_mpi.perf.machine import MachineProfile, inter_placement, message_time, world_levels
+from fourd_mpi.perf.machine import MachineProfile, inter_placement
 from fourd_mpi.perf.memory import MemoryEstimate, local_tokens
 from fourd_mpi.perf.predict import Prediction
 from fourd_mpi.perf.prediction import predict_scenario, slot_lower_bound
 from fourd_mpi.perf.scenario import Scenario
-from fourd_mpi.perf.schedules import link_bound_slot
 from fourd_mpi.perf.step_terms import SYNC_KEYS, stage_memory
 from fourd_mpi.perf.terms import stage_layers
 from fourd_mpi.perf.volumes import Collective, step_collectives

@@ -102,12 +102,12 @@ class Prediction:
         return dict(out)
 
 
-# Element-wise passes over an array (reads + writes of temporaries, counted loosely from the
-# NumPy code of kernels.py) and NumPy calls, per layer visit.
-_LN_PASSES, _LN_CALLS = 12, 14            # forward + backward of one LayerNorm over [m, h/x]
-_GELU_PASSES, _GELU_CALLS = 24, 22        # forward + backward of GeLU over [m, f/y]
-_SOFTMAX_PASSES, _SOFTMAX_CALLS = 12, 14  # mask, max, exp, sum, divide; backward over [b, nh, s, s]
-_ADAM_PASSES, _ADAM_CALLS = 14, 14        # per parameter
+#: element-wise passes over an array (reads + writes of temporaries, counted loosely from the NumPy code of
+#: kernels.py) and NumPy calls, per layer visit (the 4D model here, Optimus-CUBE's in perf/optimus3d.py)
+LN_PASSES, LN_CALLS = 12, 14            # forward + backward of one LayerNorm over [m, h/x]
+GELU_PASSES, GELU_CALLS = 24, 22        # forward + backward of GeLU over [m, f/y]
+SOFTMAX_PASSES, SOFTMAX_CALLS = 12, 14  # mask, max, exp, sum, divide; backward over [b, nh, s, s]
+ADAM_PASSES, ADAM_CALLS = 14, 14        # per parameter
 #: element-wise traffic of the MLP activation relative to GeLU's: GeLU reads ``u`` and writes ``gelu(u)`` (2 f),
 #: its backward reads ``u`` and the gradient and writes one (3 f): 5 f; SwiGLU reads gate and up and writes their
 #: product (3 f), its backward reads gate, up and the gradient and writes two (5 f): 8 f; 8/5
@@ -196,10 +196,10 @@ def _compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ov
                   dtype: str, ranks_on_node: int, optimizer: str, weighted: bool, recompute: str, attention: str,
                   precision: Optional[str], gemm_dtype: Optional[str] = None) -> Dict[str, float]:
     """:func:`compute_time`, not memoized."""
-    from fourd_mpi.perf.memory import ATTENTION, RECOMPUTE, _check, default_precision
+    from fourd_mpi.perf.memory import ATTENTION, RECOMPUTE, check_choice, default_precision
 
-    _check("recompute", recompute, RECOMPUTE)
-    _check("attention", attention, ATTENTION)
+    check_choice("recompute", recompute, RECOMPUTE)
+    check_choice("attention", attention, ATTENTION)
     precision = precision or default_precision(dtype)
     e = dtype_bytes(dtype)
     rate, bw, call, slow, w = _machine_terms(profile, dtype, ranks_on_node, weighted)
@@ -220,18 +220,18 @@ def _compute_time(cfg: ModelConfig, grid: GridShape, profile: MachineProfile, ov
         probs = (m // cfg.seq) * (cfg.heads // grid.y) * cfg.seq * cfg.seq
         hx = cfg.hidden // grid.x
         # fused (flash) attention keeps the s x s scores on chip: no element-wise passes over them
-        softmax_passes = 0.0 if attention == "fused" else cfg.layers * _SOFTMAX_PASSES * probs
-        softmax_calls = 0 if attention == "fused" else cfg.layers * _SOFTMAX_CALLS
-        passes += cfg.layers * (2 * _LN_PASSES * m * hx + 4 * m * hx) + softmax_passes
-        calls += cfg.layers * (2 * _LN_CALLS + 6 + 4) + softmax_calls
+        softmax_passes = 0.0 if attention == "fused" else cfg.layers * SOFTMAX_PASSES * probs
+        softmax_calls = 0 if attention == "fused" else cfg.layers * SOFTMAX_CALLS
+        passes += cfg.layers * (2 * LN_PASSES * m * hx + 4 * m * hx) + softmax_passes
+        calls += cfg.layers * (2 * LN_CALLS + 6 + 4) + softmax_calls
     fy = cfg.ffn_hidden // grid.y
-    passes += cfg.layers * _GELU_PASSES * m * fy * MLP_PASS_SCALE[cfg.mlp]
-    calls += cfg.layers * _GELU_CALLS
+    passes += cfg.layers * GELU_PASSES * m * fy * MLP_PASS_SCALE[cfg.mlp]
+    calls += cfg.layers * GELU_CALLS
     params = parameter_elements(cfg, grid, blocks)  # the weights of estimate_memory, in elements
     n_params = len(fcs) * cfg.layers + (4 * cfg.layers if cfg.kind == "gpt" else 0)
     opt_passes, opt_calls = 0.0, 0
     if optimizer == "adam":  # opt_passes: in elements of the dtype (e bytes each)
-        opt_passes, opt_calls = _ADAM_PASSES * params, _ADAM_CALLS * n_params
+        opt_passes, opt_calls = ADAM_PASSES * params, ADAM_CALLS * n_params
         if precision == "mixed":
             opt_passes = MIXED_ADAM_BYTES * params / e
     # unfused attention on a GPU: the batched GEMMs over the s x s scores are memory-bound for small heads
@@ -740,7 +740,7 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
         else:  # ors, dp: the rest of the backward pass (later layers in backward = earlier in forward)
             rest_of_backward(hidden, key, t, backward_compute, efficiency, layer_index[c.layer], width, runs)
     exposed = exposed_after_hiding(comm.floats(), hidden.floats(), efficiency * comp["total"])
-    return _prediction(grid, profile, comp, comm.floats(), exposed, wire, placement, memory, notes)
+    return assemble_prediction(grid, profile, comp, comm.floats(), exposed, wire, placement, memory, notes)
 
 
 def rest_of_backward(hidden: Sums, key: Tuple[str, str], t: float, backward_compute: float, efficiency: float,
@@ -876,10 +876,10 @@ def _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, ef
     comm = comm.floats()
     link_exposed = link.exposed
     exposed = {k: link_exposed.get(k, 0.0) for k in comm}
-    return _prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes)
+    return assemble_prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes)
 
 
-def _prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes) -> Prediction:
+def assemble_prediction(grid, profile, comp, comm, exposed, wire, placement, memory, notes) -> Prediction:
     """The :class:`Prediction` of both regimes: step = compute + exposed communication."""
     for note in profile.notes:
         if note not in notes:

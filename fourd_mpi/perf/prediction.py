@@ -63,10 +63,11 @@ from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf import schedules, step_terms, terms, vocab, zero3_2021
 from fourd_mpi.perf.machine import MachineProfile, world_levels, world_strides
 from fourd_mpi.perf.memory import ALLOCATOR_MARGIN
-from fourd_mpi.perf.scenario import GIB, Scenario, check
+from fourd_mpi.perf.scenario import Scenario, check
 from fourd_mpi.perf.step_terms import SYNC_KEYS
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
+from fourd_mpi.util.units import GIB
 
 #: what the % of the data-sheet peak of each FLOP convention is called: model FLOPs give MFU, executed
 #: (hardware) FLOPs HFU; Megatron's convention counts recompute only with full recompute (its "% of peak")

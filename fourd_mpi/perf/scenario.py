@@ -27,8 +27,8 @@ from fourd_mpi.perf import megatron_ddp, schedules, terms, vocab, zero3_2021
 from fourd_mpi.perf.machine import MachineProfile, axis_inner_products, axis_placement, world_levels, world_strides
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig, model_problems
+from fourd_mpi.util.units import GIB
 
-GIB = 2.0 ** 30
 #: the 4D-family algorithms ``model predict`` takes (``pipeline`` = ``axonn4d`` with stages)
 ALGORITHMS = ("axonn4d", "megatron1d", "fsdp", "dp", "pipeline")
 #: whose code a scenario models: this suite's step, DeepSpeed's ZeRO-3 of 2021, Megatron-LM's local DDP of 2020-2021

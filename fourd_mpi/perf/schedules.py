@@ -28,6 +28,9 @@ SCHEDULES = ("1f1b", "interleaved", "axonn")
 BUBBLE_FORMULA = {"1f1b": "bubble = (p - 1)/m of the ideal time (1F1B)",
                   "interleaved": "bubble = (p - 1)/(v m) of the ideal time (interleaved 1F1B, v chunks per stage)",
                   "axonn": "bubble = (p - 1)/m of the ideal time (AxoNN message-driven, equal stages)"}
+#: at most this many micro-batches per step in the searches over pipelines (``tune --algorithm pipeline``,
+#: ``tune --search``): the bound of "every micro-batch size that divides the per-replica batch"
+MAX_MICROBATCHES = 1024
 
 
 def check_schedule(schedule: str, stages: int, chunks: int, layers: int, microbatches: int) -> None:

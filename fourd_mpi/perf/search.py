@@ -58,9 +58,11 @@ from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf import terms
 from fourd_mpi.perf.machine import MachineProfile
 from fourd_mpi.perf.prediction import ScenarioResult, predict_scenario, scenario_lower_bound, slot_lower_bound
-from fourd_mpi.perf.scenario import GIB, Scenario
+from fourd_mpi.perf.scenario import Scenario
+from fourd_mpi.perf.schedules import MAX_MICROBATCHES
 from fourd_mpi.perf.step_terms import scenario_memory
 from fourd_mpi.step.presets import model_problems
+from fourd_mpi.util.units import GIB
 
 #: the axes ``--search`` takes (``all``: every one); the grid of a stage is always searched
 AXES = ("ginter", "pipeline-schedule", "microbatch-size", "context-parallel", "sequence-parallel", "shard-optimizer",
@@ -78,8 +80,6 @@ MAX_CONTEXT_PARALLEL = 16
 #: to hide its K/V ring behind: the ring is hidden while a block's attention outlasts its transfer, Liu et al. 2023,
 #: Ring Attention, section 3; :func:`fourd_mpi.perf.terms.context_parallel_exposed`)
 MIN_CONTEXT_TOKENS = 1024
-#: micro-batches per step at most (as ``tune --algorithm pipeline``)
-MAX_MICROBATCHES = 1024
 #: ``--search``'s word for the default search (the grid only, today's ranking)
 GRID_ONLY = "grid"
 

@@ -44,8 +44,9 @@ from fourd_mpi.perf.memory import (
     state_bytes,
 )
 from fourd_mpi.perf.predict import collective_time, compute_time, gemm_rate_tflops, predict
-from fourd_mpi.perf.scenario import GIB, Scenario, stage_text
+from fourd_mpi.perf.scenario import Scenario, stage_text
 from fourd_mpi.perf.volumes import Collective
+from fourd_mpi.util.units import GIB
 
 #: passes of 4-byte elements over the logits for the cross entropy (cast, max, exp-sum, softmax, and
 #: the backward's write): an assumption, stated once

@@ -238,7 +238,7 @@ def framework_efficiency(implementation: str) -> Dict[str, object]:
     is not one of the results it predicts (the file says what was searched; today every factor is 1.0, labelled
     "not measured"). A framework missing from the file: factor 1.0, not measured."""
     missing = {"factor": 1.0, "measured": False, "source": "not in the framework table"}
-    entry = _framework_table().get(implementation, missing)
+    entry = framework_table().get(implementation, missing)
     factor = float(entry["factor"])
     if not factor > 0:
         raise ConfigError(f"{FRAMEWORK_EFFICIENCY_FILE}: the factor of {implementation} must be positive, got {factor}")
@@ -254,7 +254,7 @@ def framework_gemm_time(gemm_s: float, factor: float) -> float:
 
 
 @functools.lru_cache(maxsize=None)
-def _framework_table() -> Dict[str, Dict[str, object]]:
+def framework_table() -> Dict[str, Dict[str, object]]:
     """The ``frameworks`` mapping of :data:`FRAMEWORK_EFFICIENCY_FILE`, read once per process."""
     import yaml
 

@@ -24,8 +24,7 @@ from fourd_mpi.perf.memory import estimate_memory, memory_reserve
 from fourd_mpi.perf.predict import Prediction, predict
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig, model_problems
-
-GIB = 2.0 ** 30
+from fourd_mpi.util.units import GIB
 
 #: the most candidate 4D grids (ordered G_data x G_z x G_y x G_x of the rank count) the tuner searches:
 #: each is checked and predicted (about a millisecond each), so a search stays within seconds. Every

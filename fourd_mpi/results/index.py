@@ -29,7 +29,6 @@ with ``fourd-mpi results reindex``.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import glob
 import hashlib
@@ -40,6 +39,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from fourd_mpi.core.binding import pinned_of
 from fourd_mpi.perf.peaks import stored_peaks
+from fourd_mpi.util.files import NO_LOCK_ERRNOS, write_all
 from fourd_mpi.util.yamlspec import schema_message
 
 INDEX_NAME = "index.jsonl"
@@ -160,9 +160,8 @@ def entry_line(entry: Dict) -> bytes:
     return (json.dumps(entry, sort_keys=False, separators=(",", ":"), allow_nan=False, default=str) + "\n").encode()
 
 
-#: ``flock`` errors of file systems that do not lock (some NFS and FUSE mounts): go on unlocked, a
+#: on file systems that do not lock (:data:`~fourd_mpi.util.files.NO_LOCK_ERRNOS`) an append goes on unlocked: a
 #: single ``O_APPEND`` write is still whole on most of them, and losing the line would be worse
-_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS)
 
 
 @contextlib.contextmanager
@@ -185,18 +184,11 @@ def _locked(path: str, flags: int, lock: int) -> Iterator[int]:
         try:
             fcntl.flock(fd, lock)
         except OSError as exc:
-            if exc.errno not in _NO_LOCKS:
+            if exc.errno not in NO_LOCK_ERRNOS:
                 raise ConfigError(f"cannot lock the index {path}: {exc.strerror or exc}") from None
         yield fd  # closing the descriptor releases the lock
     finally:
         os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:  # a regular file takes it in one write; a short write (a full disk) raises next time
-        written = os.write(fd, view)
-        view = view[written:]
 
 
 def append_entry(path: str, entry: Dict) -> None:
@@ -206,7 +198,7 @@ def append_entry(path: str, entry: Dict) -> None:
     line = entry_line(entry)
     refuse_foreign_link(path, "the run")
     with _locked(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, fcntl.LOCK_EX) as fd:
-        _write_all(fd, line)
+        write_all(fd, line)
 
 
 def _validator():
@@ -367,7 +359,7 @@ def rewrite_index(output: str, entries: List[Dict], scanned) -> List[Dict]:
         try:
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
-            _write_all(fd, data)
+            write_all(fd, data)
             os.fsync(fd)
         except OSError as exc:  # a full disk, EIO
             from fourd_mpi.errors import ConfigError

@@ -28,7 +28,7 @@ from fourd_mpi.run.options import RunOptions
 from fourd_mpi.step import fusedattention
 from fourd_mpi.step.engine import Trainer
 from fourd_mpi.step.kernels import ComputeCounter
-from fourd_mpi.step.model import Model, SyntheticData  # noqa: F401  (the 4D family's types, for annotations)
+from fourd_mpi.step.model import Model, SyntheticData  # the 4D family's types, for annotations
 from fourd_mpi.step.optim import make_optimizer
 from fourd_mpi.trace.events import Tracer, align_clocks
 

@@ -59,6 +59,7 @@ from fourd_mpi.core.grid import GridShape, infer_grid_shape
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.calibration import KIND_OF, OPS, Row
 from fourd_mpi.util.text import human_bytes
+from fourd_mpi.util.units import MIB
 
 FORMULAS = [
     "latency: median over iterations on each rank, max over ranks; size S = nccl-tests size "
@@ -96,7 +97,7 @@ def message_sizes(min_size: int, max_size: int, factor: int, multiple: int) -> L
 
 #: the overlap is measured at sizes up to this (the sweep's old largest size): its four timed phases at 64 MiB
 #: cost tens of seconds each on an oversubscribed node, and the overlap efficiency needs no larger message
-OVERLAP_MAX_BYTES = 4 * 1024 ** 2
+OVERLAP_MAX_BYTES = 4 * MIB
 
 
 def overlap_sizes(sizes: List[int], k: int) -> List[int]:

@@ -22,7 +22,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from fourd_mpi.core.mpiutil import _ranges, agree, on_root
+from fourd_mpi.core.mpiutil import agree, on_root
 from fourd_mpi.core.watchdog import Watchdog
 from fourd_mpi.errors import ConfigError, Terminated, TraceError
 from fourd_mpi.perf.peaks import runtime_peak
@@ -49,6 +49,7 @@ from fourd_mpi.trace.nvtx import make_ranges
 from fourd_mpi.trace.spool import RankSpool, prepare_spool, published_trace
 from fourd_mpi.trace.summary import summarize
 from fourd_mpi.util.signals import deferred
+from fourd_mpi.util.text import int_ranges
 
 log = logging.getLogger(__name__)
 
@@ -506,9 +507,9 @@ class SpoolHealth:
         if self.spool.error is not None:
             self.spool.mark_failed(self.spool.error)
         self.spool.close()
-        others = f" (ranks {_ranges(failed)} failed)" if len(failed) > 1 else ""
+        others = f" (ranks {int_ranges(failed)} failed)" if len(failed) > 1 else ""
         if gone:  # deleted and not re-created: what was in them went with the descriptors
-            kept = (f"the spool files of rank(s) {_ranges(gone)} were deleted and could not be re-created: "
+            kept = (f"the spool files of rank(s) {int_ranges(gone)} were deleted and could not be re-created: "
                     "their steps are lost")
         else:  # a full disk (or quota) frees up; any other I/O error (EIO: a failing disk) must be repaired
             when = "once there is space" if "(ENOSPC)" in first or "(EDQUOT)" in first else \

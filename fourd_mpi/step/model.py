@@ -131,7 +131,7 @@ class GPTBlock:
         """``h [m, h/x]`` rep Y -> ``(out [m, h/x], saved)``; ``saved`` holds what ``recompute`` keeps (each
         layer's input as :attr:`linear_forward` keeps it; ``selective``: the QKV output instead of the
         attention probabilities and proj's input; ``full``: only ``h``)."""
-        comm, xp, s, trace = ctx.comm, self.xp, {}, ctx.comm.tracer
+        comm, s, trace = ctx.comm, {}, ctx.comm.tracer
         with trace.layer(self.ln1.name, ctx.phase):
             a, s["ln1"] = self.ln1.forward(h, comm)
         qkv, s["a"] = self.linear_forward(self.qkv, a, ctx)  # [m, 3h/y] rep x
@@ -183,7 +183,7 @@ class GPTBlock:
             ctx.grads.reduce(param, param.grad, first)
 
     def backward(self, dh2, s, ctx: StepContext):
-        comm, xp, trace = ctx.comm, self.xp, ctx.comm.tracer
+        comm, trace = ctx.comm, ctx.comm.tracer
         dg = self.linear_backward(self.fc2, dh2, s.pop("g"), ctx)
         with trace.layer(self.gelu_name, "backward"), trace.op("gelu"):
             du = elementwise.gelu_backward(s.pop("u"), dg, dg, self.empty)  # in place: dg is ours

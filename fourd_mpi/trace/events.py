@@ -30,7 +30,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from fourd_mpi.core.colltable import COLLECTIVES, wire_factor  # noqa: F401 (wire_factor: re-exported)
+from fourd_mpi.core.colltable import COLLECTIVES
 
 SCHEMA = "fourd_mpi.trace"
 #: 2: ops ``d2h`` and ``h2d`` appended to the vocabulary (codes of version 1 unchanged)
@@ -92,10 +92,10 @@ RANK_STEP_DTYPE = np.dtype([
 #: the event columns that hold codes, and the vocabulary of a trace file (``/vocab``) each code indexes
 VOCAB_OF = {"op": "ops", "phase": "phases", "axis": "axes", "layer": "layers"}
 
-_OP = {name: i for i, name in enumerate(OPS)}
-_PHASE = {name: i for i, name in enumerate(PHASES)}
-_AXIS = {name: i for i, name in enumerate(AXES)}
-_COMPUTE_CODES = frozenset(_OP[name] for name in COMPUTE_OPS)
+OP_CODE = {name: i for i, name in enumerate(OPS)}
+PHASE_CODE = {name: i for i, name in enumerate(PHASES)}
+AXIS_CODE = {name: i for i, name in enumerate(AXES)}
+_COMPUTE_CODES = frozenset(OP_CODE[name] for name in COMPUTE_OPS)
 
 
 def lane_name(code: int) -> str:
@@ -150,7 +150,7 @@ class _Span:
         t1 = time.perf_counter_ns()
         if self.lane == LANE_LAYER:
             if tr.keep_layers:
-                tr.events.append((tr.rank, tr.step, self.layer, self.phase, _OP["layer"], 0, LANE_LAYER,
+                tr.events.append((tr.rank, tr.step, self.layer, self.phase, OP_CODE["layer"], 0, LANE_LAYER,
                                   self.t0, t1, 0, 0, 0.0, 0, 0, 0, 0, 0, 0))
             tr.where_layer, tr.where_phase = self.saved
         else:
@@ -227,16 +227,16 @@ class Tracer:
 
     def tag(self, layer: str, phase: str):
         """``(layer, phase)`` codes for :meth:`Collectives` records issued out of program order."""
-        return self._layer_index.get(layer, 0), _PHASE.get(phase, 0)
+        return self._layer_index.get(layer, 0), PHASE_CODE.get(phase, 0)
 
     # scopes -----------------------------------------------------------------
     def layer(self, name: str, phase: str) -> _Span:
         """Scope of one layer's forward or backward: sets the layer and phase of everything inside."""
-        return _Span(self, 0, LANE_LAYER, self._layer_index[name], _PHASE[phase])
+        return _Span(self, 0, LANE_LAYER, self._layer_index[name], PHASE_CODE[phase])
 
     def enter_phase(self, phase: str) -> None:
         """From here on, work outside any layer scope belongs to ``phase``."""
-        self.where_layer, self.where_phase = 0, _PHASE[phase]
+        self.where_layer, self.where_phase = 0, PHASE_CODE[phase]
         if self.ranges is not None:  # the previous phase's range ends here: phases follow one another
             self.ranges.pop_to(1)
             self.ranges.push("phase", f"phase {phase}")
@@ -245,7 +245,7 @@ class Tracer:
         """Scope of one host compute op (``attention``, ``gelu``, ...). Must not contain a wait."""
         if self.synchronize is not None and self.keep_ops:
             self.synchronize()
-        return _Span(self, _OP[name], LANE_HOST)
+        return _Span(self, OP_CODE[name], LANE_HOST)
 
     def compute(self, kind: str, t0: int, t1: int, flops: float, mpi_ns: int = 0) -> None:
         """A GEMM ran from ``t0`` to ``t1`` (``perf_counter_ns``), ``mpi_ns`` of it inside MPI calls
@@ -256,7 +256,7 @@ class Tracer:
         self.compute_ns += t1 - t0 - mpi_ns
         if self.keep_ops:
             self.events.append((self.rank, self.step, self.where_layer, self.where_phase,
-                                _OP.get(kind, _OP["gemm"]), 0, LANE_HOST, t0, t1, 0, 0, flops, 0, 0, 0, 0, mpi_ns, 0))
+                                OP_CODE.get(kind, OP_CODE["gemm"]), 0, LANE_HOST, t0, t1, 0, 0, flops, 0, 0, 0, 0, mpi_ns, 0))
 
     def compute_deferred(self, kind: str, watch, flops: float) -> None:
         """A GEMM timed by CUDA events (``watch``), not synchronized: its duration joins the step's
@@ -278,8 +278,8 @@ class Tracer:
         self.bubble_ns += t1 - t0
         self.mpi_call(t0, t1)
         if self.keep_ops:
-            self.events.append((self.rank, self.step, self.where_layer, self.where_phase, _OP["bubble"],
-                                _AXIS["inter"], LANE_HOST, t0, t1, nbytes, 0, 0.0, 0, 0, 0, 0, t1 - t0, 0))
+            self.events.append((self.rank, self.step, self.where_layer, self.where_phase, OP_CODE["bubble"],
+                                AXIS_CODE["inter"], LANE_HOST, t0, t1, nbytes, 0, 0.0, 0, 0, 0, 0, t1 - t0, 0))
 
     def mpi_call(self, t0: int, t1: int) -> None:
         """The main thread was inside an MPI call (``MPI_I*``, ``Test``/``Testsome``, ``Wait``) from
@@ -313,7 +313,7 @@ class Tracer:
         if self._deferred:  # event-timed GEMMs (GPU, below level op): the device has finished them
             self.compute_ns += sum(w.elapsed_ns() for w in self._deferred)
             self._deferred = []
-        rows = [(self.rank, self.step, 0, 0, _OP["step"], 0, LANE_STEP, t_start, t_end, 0, 0, 0.0, 0, 0, 0, 0, 0, 0)]
+        rows = [(self.rank, self.step, 0, 0, OP_CODE["step"], 0, LANE_STEP, t_start, t_end, 0, 0, 0.0, 0, 0, 0, 0, 0, 0)]
         rows += self.events
         out = np.array(rows, dtype=EVENT_DTYPE)
         out["start_ns"] -= self.shift_ns
@@ -342,7 +342,7 @@ class Tracer:
             if r.h2d is not None:
                 r.h2d.resolve()
         cols = np.array([(r.issue_ns, r.complete_ns, r.nbytes, r.wait_ns, r.wait_start_ns, r.layer, r.phase,
-                          _OP[r.op], _AXIS[r.axis], group_sizes[r.axis],
+                          OP_CODE[r.op], AXIS_CODE[r.axis], group_sizes[r.axis],
                           *(_copy_cols(r.d2h)), *(_copy_cols(r.h2d)), r.call_ns or r.issue_ns, 0)
                          for r in records], dtype=np.int64)
         # host time inside MPI calls during each in-flight window [return of the I* call, completion],
@@ -390,9 +390,9 @@ class Tracer:
         coll["op"], coll["axis"], coll["lane"] = cols[:, 7], cols[:, 8], lane_codes
         coll["start_ns"], coll["end_ns"], coll["bytes"] = issue, complete, cols[:, 2]
         for name, kind in COLLECTIVES.items():  # S*k*(p-1)//p in integers, per kind
-            of_kind = cols[:, 7] == _OP[name]
+            of_kind = cols[:, 7] == OP_CODE[name]
             coll["wire_bytes"][of_kind] = kind.wire_bytes(cols[of_kind, 2], group[of_kind])
-        sends = cols[:, 7] == _OP["send"]  # point to point: a send puts its bytes on the wire, a receive none
+        sends = cols[:, 7] == OP_CODE["send"]  # point to point: a send puts its bytes on the wire, a receive none
         coll["wire_bytes"][sends] = cols[sends, 2]
         coll["issue_ns"], coll["complete_ns"], coll["wait_ns"] = issue, complete, cols[:, 3]
         coll["call_ns"] = np.minimum(np.maximum(cols[:, 16], issue), complete)
@@ -406,7 +406,7 @@ class Tracer:
                 copies = np.zeros(int(has.sum()), dtype=EVENT_DTYPE)
                 copies["rank"] = self.rank
                 copies["step"], copies["layer"], copies["phase"] = self.step, cols[has, 5], cols[has, 6]
-                copies["op"], copies["axis"], copies["lane"] = _OP[name], cols[has, 8], lane_codes[has]
+                copies["op"], copies["axis"], copies["lane"] = OP_CODE[name], cols[has, 8], lane_codes[has]
                 copies["start_ns"], copies["end_ns"], copies["bytes"] = start[has], end[has], nbytes[has]
                 out.append(copies)
         blocked = cols[:, 3] > 0
@@ -414,7 +414,7 @@ class Tracer:
         w = cols[blocked]
         waits["rank"] = self.rank
         waits["step"], waits["layer"], waits["phase"] = self.step, w[:, 5], w[:, 6]
-        waits["op"], waits["axis"], waits["lane"] = _OP["wait"], w[:, 8], LANE_HOST
+        waits["op"], waits["axis"], waits["lane"] = OP_CODE["wait"], w[:, 8], LANE_HOST
         waits["start_ns"], waits["end_ns"], waits["bytes"] = w[:, 4], w[:, 4] + w[:, 3], w[:, 2]
         out.append(waits)
         return out

@@ -19,8 +19,7 @@ from typing import Optional
 import numpy as np
 
 from fourd_mpi.errors import TraceError
-from fourd_mpi.util.files import RUN_META, SPOOL_SUFFIX  # one definition, in the lowest room
-from fourd_mpi.util.files import remove_quietly as _remove_quietly  # noqa: F401 (used here and by trace/*)
+from fourd_mpi.util.files import NO_LOCK_ERRNOS, SPOOL_SUFFIX, remove_quietly
 
 RANK_DTYPE = np.dtype([
     ("rank", "<u4"), ("hostname", "S64"), ("node", "<u4"), ("local_rank", "<u4"),
@@ -84,21 +83,22 @@ def trace_paths(results_dir: str, run_id: str):
     return (os.path.join(results_dir, run_id + ".h5"), os.path.join(results_dir, run_id + SPOOL_SUFFIX))
 
 
-def _rank_stem(rank: int) -> str:
+def rank_stem(rank: int) -> str:
+    """``rankNNNNNN``: the stem of a rank's spool files."""
     return f"rank{rank:06d}"
 
 
 def rank_stem_path(spool_dir: str, rank: int) -> str:
     """``<spool>/rankNNNNNN`` (add ``.json``, ``.events``, ``.steps``, ``.failed.json``)."""
-    return os.path.join(spool_dir, _rank_stem(rank))
+    return os.path.join(spool_dir, rank_stem(rank))
 
 
 def rank_events_path(spool_dir: str, rank: int) -> str:
     """``<spool>/rankNNNNNN.events``."""
-    return os.path.join(spool_dir, _rank_stem(rank)) + ".events"
+    return os.path.join(spool_dir, rank_stem(rank)) + ".events"
 
 
-def _write_json_atomic(path: str, payload) -> None:
+def write_json_atomic(path: str, payload) -> None:
     """Write ``path`` as ``<path>.tmp-<pid>`` renamed into place; on any error the temporary file is
     removed (a full disk leaves no 0-byte ``.tmp-`` file) and the error is raised."""
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -107,7 +107,7 @@ def _write_json_atomic(path: str, payload) -> None:
             json.dump(payload, fh, indent=1, default=str)
         os.replace(tmp, path)
     except BaseException:
-        _remove_quietly(tmp)
+        remove_quietly(tmp)
         raise
 
 
@@ -116,16 +116,6 @@ def io_error_text(exc: OSError) -> str:
     code = errno.errorcode.get(exc.errno or 0)
     text = os.strerror(exc.errno) if exc.errno else " ".join(str(exc).split())
     return f"{text} ({code})" if code else text
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-#: errors of file systems that refuse locks (NFS mounted ``nolock``, some FUSE and Lustre mounts)
-NO_LOCK_ERRNOS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS)
 
 
 def open_h5_read(path: str):

@@ -38,10 +38,11 @@ import numpy as np
 
 from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
-from fourd_mpi.trace.files import MERGE_CHUNK, PUBLISHED, RUN_META, io_error_text, now_iso, parts_dir_of, sort_events
+from fourd_mpi.trace.files import MERGE_CHUNK, PUBLISHED, io_error_text, now_iso, parts_dir_of, sort_events
 from fourd_mpi.trace.parts import PartWriter, concat_records, part_name, plan_groups, resolve_group_size
 from fourd_mpi.trace.spool import RankSpool, mark_published
 from fourd_mpi.trace.writer import TraceFileWriter, ranks_table
+from fourd_mpi.util.files import RUN_META
 from fourd_mpi.util.signals import deferred
 
 

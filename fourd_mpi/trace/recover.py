@@ -18,20 +18,19 @@ import numpy as np
 from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import RANK_STEP_DTYPE
 from fourd_mpi.trace.files import (
-    RUN_META,
     SPOOL_SUFFIX,
-    _rank_stem,
-    _remove_quietly,
     io_error_text,
     now_iso,
     parts_dir_of,
+    rank_stem,
 )
 from fourd_mpi.trace.invariants import check_invariants
 from fourd_mpi.trace.parts import concat_records, plan_groups, resolve_group_size
 from fourd_mpi.trace.read import load_trace
 from fourd_mpi.trace.rebuild import SCRATCH, GroupPool, rank_step_keys, read_group_records, recover_group, recover_parts
-from fourd_mpi.trace.spool import _pid_alive
+from fourd_mpi.trace.spool import pid_alive
 from fourd_mpi.trace.writer import TraceFileWriter, ranks_table
+from fourd_mpi.util.files import RUN_META, remove_quietly
 from fourd_mpi.util.signals import deferred
 from fourd_mpi.util.yamlspec import schema_message
 
@@ -91,14 +90,14 @@ def remove_stale_temporaries(trace_path: str, rank_metas: Sequence[Dict]):
     for entry in merge_temporaries(trace_path):
         match = _TEMP_NAME.match(entry)
         pid = int(match["pid"])
-        if match["kind"] != "tmp" or pid not in pids or _pid_alive(pid):
+        if match["kind"] != "tmp" or pid not in pids or pid_alive(pid):
             left.append(entry)
             continue
         full = os.path.join(directory, entry)
         if os.path.isdir(full) and not os.path.islink(full):
             shutil.rmtree(full, ignore_errors=True)
         else:
-            _remove_quietly(full)
+            remove_quietly(full)
         (left if os.path.lexists(full) else removed).append(entry)
     return removed, left
 
@@ -230,7 +229,7 @@ def spool_world(spool_dir: str, declared: int) -> int:
     except OSError as exc:
         raise TraceError(f"cannot list {spool_dir}: {io_error_text(exc)}") from None
     if declared > highest + 1 + MAX_MISSING_TAIL:
-        found = (f"the highest rank with files there is {highest} ({_rank_stem(highest)}.*)" if highest >= 0
+        found = (f"the highest rank with files there is {highest} ({rank_stem(highest)}.*)" if highest >= 0
                  else "the spool holds no per-rank files")
         raise TraceError(f"{os.path.join(spool_dir, RUN_META)} says world_size {declared:,} but {found}: a damaged "
                          f"run.json (at most {MAX_MISSING_TAIL:,} ranks beyond the highest may be missing)")

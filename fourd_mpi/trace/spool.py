@@ -28,16 +28,14 @@ from fourd_mpi.errors import ConfigError, TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE, RANK_STEP_DTYPE
 from fourd_mpi.trace.files import (
     PUBLISHED,
-    RUN_META,
-    _rank_stem,
-    _remove_quietly,
-    _write_all,
-    _write_json_atomic,
     io_error_text,
     now_iso,
     parts_dir_of,
+    rank_stem,
     trace_paths,
+    write_json_atomic,
 )
+from fourd_mpi.util.files import RUN_META, remove_quietly, write_all
 
 
 def prepare_spool(results_dir: str, run_id: str, force: bool, run_meta: Dict) -> str:
@@ -86,7 +84,7 @@ def prepare_spool(results_dir: str, run_id: str, force: bool, run_meta: Dict) ->
     except OSError as exc:
         raise TraceError(f"cannot create {spool_dir}: {exc.strerror}") from None
     try:
-        _write_json_atomic(os.path.join(spool_dir, RUN_META), dict(run_meta, trace_path=trace_path))
+        write_json_atomic(os.path.join(spool_dir, RUN_META), dict(run_meta, trace_path=trace_path))
     except OSError as exc:
         try:
             os.rmdir(spool_dir)
@@ -122,7 +120,7 @@ class RankSpool:
     def __init__(self, spool_dir: str, rank: int, rank_meta: Dict):
         self.dir = spool_dir
         self.rank = rank
-        stem = os.path.join(spool_dir, _rank_stem(rank))
+        stem = os.path.join(spool_dir, rank_stem(rank))
         self.events_path, self.steps_path = stem + ".events", stem + ".steps"
         self.meta_path, self.failed_path, self.reserve_path = stem + ".json", stem + ".failed.json", stem + ".reserve"
         self.rank_meta = dict(rank_meta)
@@ -148,7 +146,7 @@ class RankSpool:
             self.close()
             if not isinstance(exc, FileExistsError):  # the files are this rank's own: leave none behind
                 for path in (self.events_path, self.steps_path, self.meta_path, self.reserve_path):
-                    _remove_quietly(path)
+                    remove_quietly(path)
             raise TraceError(f"rank {rank} cannot write its trace files in {spool_dir}: {io_error_text(exc)}") from None
 
     def _open_files(self) -> None:
@@ -165,10 +163,10 @@ class RankSpool:
                 raise
             self.locked = False  # ENOLCK, EOPNOTSUPP...: no POSIX locks on this file system
             meta["lock"] = False
-        _write_json_atomic(self.meta_path, meta)
+        write_json_atomic(self.meta_path, meta)
         fd = os.open(self.reserve_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            _write_all(fd, b" " * RESERVE_BYTES)
+            write_all(fd, b" " * RESERVE_BYTES)
         finally:
             os.close(fd)
 
@@ -182,8 +180,8 @@ class RankSpool:
             return
         try:
             self._ensure_linked()
-            _write_all(self._events_fd, np.ascontiguousarray(events, dtype=EVENT_DTYPE).tobytes())
-            _write_all(self._steps_fd, np.ascontiguousarray(rank_step, dtype=RANK_STEP_DTYPE).tobytes())
+            write_all(self._events_fd, np.ascontiguousarray(events, dtype=EVENT_DTYPE).tobytes())
+            write_all(self._steps_fd, np.ascontiguousarray(rank_step, dtype=RANK_STEP_DTYPE).tobytes())
         except OSError as exc:
             self._cut_back()
             self.error = f"rank {self.rank} cannot write its trace files in {self.dir}: {io_error_text(exc)}"
@@ -222,10 +220,10 @@ class RankSpool:
                     fh.write(self._run_meta)
                 os.replace(tmp, os.path.join(self.dir, RUN_META))
             except BaseException:
-                _remove_quietly(tmp)
+                remove_quietly(tmp)
                 raise
         for path in (self.events_path, self.steps_path):
-            _remove_quietly(path)  # a half-made copy of an earlier attempt
+            remove_quietly(path)  # a half-made copy of an earlier attempt
         try:
             self._open_files()
             for src, dst, size in zip(old, (self._events_fd, self._steps_fd), self._sizes):
@@ -234,7 +232,7 @@ class RankSpool:
                     block = os.pread(src, min(_COPY_BLOCK, size - offset), offset)
                     if not block:
                         break
-                    _write_all(dst, block)
+                    write_all(dst, block)
                     offset += len(block)
         except BaseException:
             for fd in (self._events_fd, self._steps_fd):
@@ -292,11 +290,11 @@ class RankSpool:
     def mark_failed(self, message: str) -> bool:
         """Leave the reason this rank is going down (``trace recover`` reports it); False if it could not
         (:func:`write_failure`). Never raises."""
-        return write_failure(os.path.join(self.dir, _rank_stem(self.rank)), self.rank, message)
+        return write_failure(os.path.join(self.dir, rank_stem(self.rank)), self.rank, message)
 
     def remove(self) -> None:
         self.close()
-        stem = os.path.join(self.dir, _rank_stem(self.rank))
+        stem = os.path.join(self.dir, rank_stem(self.rank))
         for suffix in (".events", ".steps", ".json", ".failed.json", ".reserve"):
             try:
                 os.remove(stem + suffix)
@@ -338,7 +336,7 @@ def write_failure(stem: str, rank: int, message: str) -> bool:
             with contextlib.suppress(OSError):  # at least the name says that this rank failed
                 os.replace(reserve_path, failed_path)
     try:
-        _write_json_atomic(failed_path, payload)
+        write_json_atomic(failed_path, payload)
         return True
     except OSError:
         return False
@@ -348,7 +346,7 @@ def mark_published(spool_dir: str, trace_path: str) -> None:
     """Rank 0, as the final merge publishes ``trace_path``: write :data:`~fourd_mpi.trace.files.PUBLISHED` into
     the spool (best effort: without it a left-over spool is recognised by its trace, :func:`published_trace`)."""
     with contextlib.suppress(OSError):
-        _write_json_atomic(os.path.join(spool_dir, PUBLISHED), {"trace": os.path.abspath(trace_path),
+        write_json_atomic(os.path.join(spool_dir, PUBLISHED), {"trace": os.path.abspath(trace_path),
                                                                 "time": now_iso()})
 
 
@@ -392,7 +390,7 @@ def live_ranks(spool_dir: str, world: int) -> List[str]:
     host = socket.gethostname()
     live = []
     for rank in range(world):
-        stem = os.path.join(spool_dir, _rank_stem(rank))
+        stem = os.path.join(spool_dir, rank_stem(rank))
         try:
             with open(stem + ".json") as fh:
                 meta = json.load(fh)
@@ -410,7 +408,7 @@ def live_rank(stem: str, rank: int, meta: Dict, host: str) -> Optional[str]:
     where = f"rank {rank} (pid {meta.get('pid', '?')} on {meta.get('hostname', '?')})"
     if meta.get("lock", True) is False:
         pid = meta.get("pid")
-        if meta.get("hostname") == host and isinstance(pid, int) and _pid_alive(pid):
+        if meta.get("hostname") == host and isinstance(pid, int) and pid_alive(pid):
             return where
         return None
     try:
@@ -427,7 +425,8 @@ def live_rank(stem: str, rank: int, meta: Dict, host: str) -> Optional[str]:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one owned by another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -31,6 +31,7 @@ import numpy as np
 from fourd_mpi.perf.peaks import GEMM_PCT_FORMULA, HFU_FORMULA, MFU_FORMULA
 from fourd_mpi.trace.events import BUBBLE_OPS, LANE_HOST
 from fourd_mpi.util.text import format_number
+from fourd_mpi.util.units import MIB
 
 #: host-lane ops that are work of the benchmark harness, not of the algorithm (``data``: synthetic
 #: batches made inside every step by traces of schema <= 2; the tracer counted them in ``compute_ns``)
@@ -236,7 +237,7 @@ class Summary:
         if not self.activations:
             return []
         a = self.activations
-        mib = 1.0 / 2 ** 20
+        mib = 1.0 / MIB
         return [f"activations kept from forward for backward: {a['saved_bytes_max'] * mib:.3f} MiB per rank (max "
                 f"over ranks; min {a['saved_bytes_min'] * mib:.3f}); most held at once in backward "
                 f"{a['peak_bytes_max'] * mib:.3f} MiB (recompute {self.recompute}; measured: bytes of the distinct "

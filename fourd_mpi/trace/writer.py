@@ -14,9 +14,10 @@ import numpy as np
 
 from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import AXES, LEVELS, OPS, PHASES, SCHEMA, SCHEMA_VERSION
-from fourd_mpi.trace.files import RANK_DTYPE, STEP_DTYPE, _remove_quietly, io_error_text, now_iso, parts_dir_of
+from fourd_mpi.trace.files import RANK_DTYPE, STEP_DTYPE, io_error_text, now_iso, parts_dir_of
 from fourd_mpi.trace.guarded import GuardedFile
 from fourd_mpi.trace.parts import EventBuffer, StagedParts, bind_parts, create_events_dataset, parts_table
+from fourd_mpi.util.files import remove_quietly
 from fourd_mpi.util.signals import deferring
 
 
@@ -217,7 +218,7 @@ def _close_quietly(h5, raw, tmp_path: str) -> None:
                 closer.close()
             except Exception:  # noqa: BLE001 - nothing to save: the file is removed next
                 pass
-    _remove_quietly(tmp_path)
+    remove_quietly(tmp_path)
 
 
 def steps_table(rank_steps: np.ndarray) -> np.ndarray:

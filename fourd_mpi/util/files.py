@@ -8,6 +8,7 @@ reached through a link is written only when its marker says fourd-mpi made it), 
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import io
 import os
@@ -210,6 +211,19 @@ def check_writable(directory: str, what: str, need: int = MIN_FREE_BYTES) -> Non
     if left < need:
         raise ConfigError(f"cannot write {what}: no space left on the file system of {directory} "
                           f"({left:,} bytes free)")
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to the descriptor ``fd``: a regular file takes it in one ``os.write``; after a short
+    write (a full disk) the next write raises."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+#: ``flock``/``fcntl`` errors of file systems that refuse locks (NFS mounted ``nolock``, some FUSE and Lustre
+#: mounts): the trace spool, the results index and a sweep's submit lock each go on unlocked there
+NO_LOCK_ERRNOS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS)
 
 
 def remove_quietly(path: str) -> None:

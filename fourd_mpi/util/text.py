@@ -6,9 +6,6 @@ from __future__ import annotations
 import math
 from typing import Dict, Sequence
 
-#: bytes in a GiB (binary units, as :func:`human_bytes`)
-GIB = 2.0 ** 30
-
 
 def short_label(text, default: str = "") -> str:
     """The part before the first parenthesis: ``"oag,ors (prefetch depth 1)"`` -> ``"oag,ors"``,

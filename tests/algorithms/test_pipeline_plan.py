@@ -10,7 +10,8 @@ import pytest
 
 from fourd_mpi.algorithms import pipeline_plan as plan
 from fourd_mpi.algorithms import registry
-from fourd_mpi.algorithms.pipeline_schedule import SCHEDULES, run
+from fourd_mpi.algorithms.pipeline_plan import SCHEDULES
+from fourd_mpi.algorithms.pipeline_schedule import run
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.options import resolve_values
 
@@ -205,8 +206,8 @@ def test_the_stage_grid_axes_are_placed_in_the_pipelines_world():
     would put data inside the node)."""
     from fourd_mpi.core.grid import GridShape
     from fourd_mpi.core.placement import NodePlacement
-    from fourd_mpi.perf.machine import load_profile
-    from fourd_mpi.perf.pipeline import predict_pipeline, world_levels
+    from fourd_mpi.perf.machine import load_profile, world_levels
+    from fourd_mpi.perf.pipeline import predict_pipeline
     from fourd_mpi.step.presets import resolve_model
 
     grid = GridShape(2, 1, 2, 1)

@@ -66,18 +66,18 @@ def test_breakdown_and_comm_carry_the_algorithm(mixed):
 def test_figures_name_the_algorithm_by_its_usual_name(mixed, tmp_path):
     traces, op = mixed
     runs = runs_table(list(traces.values()))
-    labels = plots._run_labels(list(runs.run_id), runs)
+    labels = plots.run_labels(list(runs.run_id), runs)
     assert labels["m8"].startswith("Megatron-LM 1D\n8 ranks, grid 1x1x8x1")
     assert labels["f8"].startswith("FSDP (ZeRO-3)") and labels["old8"].startswith("AxoNN 4D")
     # a figure of axonn4d runs alone keeps its old labels
     only_old = runs[runs.run_id == "old8"]
-    assert plots._run_labels(["old8"], only_old)["old8"].startswith("8 ranks, grid 1x2x2x2")
+    assert plots.run_labels(["old8"], only_old)["old8"].startswith("8 ranks, grid 1x2x2x2")
     # titles: one non-default algorithm is named in the title
-    assert plots._algorithm_title(runs[runs.algorithm == "megatron1d"]) == ", Megatron-LM 1D"
-    assert plots._algorithm_title(runs) == ""
+    assert plots.algorithm_title(runs[runs.algorithm == "megatron1d"]) == ", Megatron-LM 1D"
+    assert plots.algorithm_title(runs) == ""
     out = plots.plot_scaling(scaling(runs, "weak"), tmp_path / "weak.png", mode="weak")
     assert (tmp_path / "weak.png").stat().st_size > 0 and out.endswith("weak.png")
-    fig, _ = plots._timeline_figure(op)
+    fig, _ = plots.timeline_figure(op)
     assert "Megatron-LM 1D" in fig.axes[0].get_title()
 
 

@@ -140,7 +140,7 @@ def test_breakdown_is_sized_to_the_data_labelled_with_ranks_and_grid_and_sorted(
     assert errorbars(ax) == 1
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert all(re.search(r"^8 ranks, grid \d+x\d+x\d+x\d+", label) for label in labels), labels
-    order = [runs.set_index("run_id").loc[r] for r in plots._sorted_runs(list(runs.run_id), runs)]
+    order = [runs.set_index("run_id").loc[r] for r in plots.sorted_runs(list(runs.run_id), runs)]
     keys = [(r.world_size, r.grid, r.step_median_s) for r in order]
     assert keys == sorted(keys)
     assert [label.split("\n")[0] for label in labels] == [f"8 ranks, grid {r.grid}" for r in order]

@@ -259,7 +259,7 @@ def drawn_bars(fig):
 @pytest.mark.mpi
 @pytest.mark.parametrize("step, ranks", [(None, None), (2, [0, 3]), (0, 5)])
 def test_timeline_counts(real_trace, step, ranks):
-    fig, info = plots._timeline_figure(real_trace, step=step, ranks=ranks)
+    fig, info = plots.timeline_figure(real_trace, step=step, ranks=ranks)
     try:
         want_step = 1 if step is None else step  # warm-up is step 0: default = first measured step
         want_ranks = list(range(8)) if ranks is None else ([ranks] if isinstance(ranks, int) else ranks)

@@ -116,5 +116,5 @@ def test_sweep_render_and_testbed_mpiexec_share_the_resolution(tmp_path, monkeyp
     assert launchers.mpiexec_for(None, python) == str(bin_dir / "mpiexec")
     assert launchers.mpiexec_for(None, "python3") == "mpiexec"
     monkeypatch.setattr(sys, "executable", python)
-    assert cli_testbed._mpiexec() == str(bin_dir / "mpiexec")
+    assert cli_testbed.default_mpiexec() == str(bin_dir / "mpiexec")
     assert launcher.interpreter() == python

@@ -26,7 +26,6 @@ import os
 import resource
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import traceback

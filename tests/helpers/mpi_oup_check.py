@@ -24,7 +24,7 @@ from mpi_overlap_check import report  # tests/helpers, the script's own director
 
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import resolve
-from fourd_mpi.trace.events import _OP, PHASES
+from fourd_mpi.trace.events import OP_CODE, PHASES
 
 
 def gathered_now(run, layer):
@@ -52,9 +52,9 @@ def main():
         last = i == steps - 1
         result = trainer.step(i, last=last)
         events = result.events
-        gathers.append(int((events["op"] == _OP["allgather"]).sum()))
+        gathers.append(int((events["op"] == OP_CODE["allgather"]).sum()))
         if i > 0:
-            mine = events[(events["op"] == _OP["allgather"]) & (events["layer"] == comm.tracer.layer_index(first.name))
+            mine = events[(events["op"] == OP_CODE["allgather"]) & (events["layer"] == comm.tracer.layer_index(first.name))
                           & (events["phase"] == PHASES.index("forward"))]
             if len(mine) != 1:
                 failures.append(f"step {i}: {len(mine)} forward all-gathers of {first.name} in its events, not 1")

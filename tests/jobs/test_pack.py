@@ -285,17 +285,17 @@ def test_a_partly_done_pack_is_resubmitted_with_only_its_remaining_runs(tmp_path
     """Slurm and Grid Engine pass the positions to the pack script, a Slurm array takes ``--array=K,...``;
     PBS and LSF pass no arguments to a job script, so the remaining runs go as their own jobs."""
     from fourd_mpi.jobs.schedulers import get_scheduler
-    from fourd_mpi.jobs.sweep import _launches
+    from fourd_mpi.jobs.sweep import plan_launches
 
     manifest = render(tmp_path, pack=3)
     pack, runs = manifest["packs"][0], manifest["runs"]
     left = [runs[0], runs[2]]
-    whole = _launches(get_scheduler("slurm"), pack, runs, runs)
+    whole = plan_launches(get_scheduler("slurm"), pack, runs, runs)
     assert [(x.script, x.args, x.options, x.packed) for x in whole] == [(pack["script"], [], [], True)]
-    (part,) = _launches(get_scheduler("slurm"), pack, runs, left)
+    (part,) = plan_launches(get_scheduler("slurm"), pack, runs, left)
     assert part.args == ["0", "2"] and part.runs == left
-    (part,) = _launches(get_scheduler("slurm"), {**pack, "mode": "array"}, runs, left)
+    (part,) = plan_launches(get_scheduler("slurm"), {**pack, "mode": "array"}, runs, left)
     assert part.options == ["--array=0,2"] and part.args == []
     for name in ("pbs", "lsf"):
-        alone = _launches(get_scheduler(name), pack, runs, left)
+        alone = plan_launches(get_scheduler(name), pack, runs, left)
         assert [(x.script, x.packed) for x in alone] == [(r["script"], False) for r in left]

@@ -11,8 +11,7 @@ from fourd_mpi.perf.machine import load_profile
 from fourd_mpi.perf.volumes import step_collectives
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import resolve_model
-
-GIB = 2.0 ** 30
+from fourd_mpi.util.units import GIB
 
 
 def published_get_bw(ip, group, machine):

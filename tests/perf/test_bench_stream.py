@@ -16,7 +16,7 @@ import sys
 import pytest
 from conftest import REPO, find_mpiexec, mpi_env
 
-from fourd_mpi.perf.calibration import Row, _fits_profile, fit_window, poor_fit_line, poor_fits
+from fourd_mpi.perf.calibration import Row, fit_window, fits_profile, poor_fit_line, poor_fits
 from fourd_mpi.run.collbench import Budget, IterationRule, StreamReport, format_result, plan_items, progress_line
 
 #: a row of the text report: size, count, type (nccl-tests' columns)
@@ -176,17 +176,17 @@ def test_the_gate_names_the_sizes_whose_fits_pass():
 
     sizes = [2048 * 4 ** k for k in range(7)]  # 2 KiB ... 8 MiB
     rows = [Row("world", "inter", 4, "iallreduce", s, 5, t(s), False, t(s), t(s), t(s), 0, "world") for s in sizes]
-    assert poor_fits(_fits_profile(rows))  # over every size: refused
+    assert poor_fits(fits_profile(rows))  # over every size: refused
     lo, hi, worst = fit_window(rows)
     assert (lo, hi) == (128 * 1024, 8 * 1024 ** 2) and worst < 0.25
-    line = poor_fit_line(poor_fits(_fits_profile(rows)), 0.25, (lo, hi, worst), searched=True)
+    line = poor_fit_line(poor_fits(fits_profile(rows)), 0.25, (lo, hi, worst), searched=True)
     assert "the fits pass over the sizes 128 KiB - 8 MiB" in line and "--min-size 128K --max-size 8M" in line
     assert "\n" not in line and "--accept-poor-fit" in line
     # no range of 3 sizes fits: said so
     noisy = [Row("world", "inter", 4, "iallreduce", s, 5, tt, False, tt, tt, tt, 0, "world")
              for s, tt in zip(sizes, [1e-3, 1e-5, 1e-3, 1e-5, 1e-3, 1e-5, 1e-3])]
     assert fit_window(noisy) is None
-    assert "no range of 3 or more measured sizes passes" in poor_fit_line(poor_fits(_fits_profile(noisy)),
+    assert "no range of 3 or more measured sizes passes" in poor_fit_line(poor_fits(fits_profile(noisy)),
                                                                           searched=True)
 
 

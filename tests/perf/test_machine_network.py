@@ -15,8 +15,7 @@ from fourd_mpi.perf.predict import predict
 from fourd_mpi.perf.volumes import step_collectives
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import resolve_model
-
-GIB = 2 ** 30
+from fourd_mpi.util.units import GIB
 
 
 def test_inter_node_time_is_the_published_busbw_interpolated_in_log_size():

@@ -141,7 +141,8 @@ def test_a_rank_order_other_than_consecutive_is_given_as_levels():
 
 
 def test_a_pipeline_slot_is_never_shorter_than_its_message(tmp_path):
-    from fourd_mpi.perf.pipeline import link_bound_slot, message_time
+    from fourd_mpi.perf.machine import message_time
+    from fourd_mpi.perf.schedules import link_bound_slot
 
     # W + t - e min(W, t): compute 3, message 1 -> 3 hidden fully (e = 1), 3.5 half hidden, 4 not at all
     assert link_bound_slot(3.0, 1.0, 1.0) == pytest.approx(3.0)

@@ -542,7 +542,7 @@ def test_framework_gemm_efficiency_known_answer_and_one_place(monkeypatch):
     from fourd_mpi.perf import terms
 
     assert terms.framework_gemm_time(0.3, 0.75) == pytest.approx(0.4)
-    table = terms._framework_table()
+    table = terms.framework_table()
     assert set(table) >= {"fourd", "megatron-lm", "deepspeed-2021", "pytorch-fsdp"}
     for name, entry in table.items():
         assert entry["factor"] == 1.0 or entry["measured"], name
@@ -555,7 +555,7 @@ def test_framework_gemm_efficiency_known_answer_and_one_place(monkeypatch):
     base = predict_scenario(sc, profile)
     assert any("framework GEMM efficiency of megatron-lm: x 1.00" in n and "not measured" in n for n in base.notes)
     patched = dict(table, **{"megatron-lm": {"factor": 0.5, "measured": True, "source": "test"}})
-    monkeypatch.setattr(terms, "_framework_table", lambda: patched)
+    monkeypatch.setattr(terms, "framework_table", lambda: patched)
     slow = predict_scenario(sc, profile)
     assert slow.terms["step_gemm"] == pytest.approx(2 * base.terms["step_gemm"])
     assert slow.step_s - base.step_s == pytest.approx(base.terms["step_gemm"], rel=1e-9)

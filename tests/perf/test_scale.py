@@ -263,12 +263,12 @@ def test_mixed_precision_adam_step_bytes_known_answer():
     """Megatron-LM's fp16 optimizer step moves 60 bytes per parameter (fp32 state); pure precision 14 passes
     of the dtype."""
     from fourd_mpi.perf.memory import parameter_elements
-    from fourd_mpi.perf.predict import _ADAM_CALLS, MIXED_ADAM_BYTES
+    from fourd_mpi.perf.predict import ADAM_CALLS, MIXED_ADAM_BYTES
 
     prof = load_profile("dgx-a100")
     g = GridShape(1, 1, 1, 1)
     n = parameter_elements(GPT, g)
-    calls = _ADAM_CALLS * (4 * GPT.layers + 4 * GPT.layers) * prof.op_overhead_s  # 4 FC + 4 LayerNorm params
+    calls = ADAM_CALLS * (4 * GPT.layers + 4 * GPT.layers) * prof.op_overhead_s  # 4 FC + 4 LayerNorm params
     mixed = compute_time(GPT, g, prof, OverlapConfig(), "float16", 8)["optimizer"]
     assert MIXED_ADAM_BYTES == 6 + 8 + 4 + 8 + 28 + 6
     assert mixed == pytest.approx(60 * n / 1800.0e9 + calls, rel=1e-9)

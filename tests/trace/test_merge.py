@@ -16,12 +16,13 @@ from conftest import HELPERS, REPO, mpi_env, mpirun
 
 from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE, LANE_HOST, LANE_STEP, OPS, RANK_STEP_DTYPE, SCHEMA_VERSION
-from fourd_mpi.trace.files import RUN_META, parts_dir_of
+from fourd_mpi.trace.files import parts_dir_of
 from fourd_mpi.trace.invariants import check_invariants
 from fourd_mpi.trace.parts import MAX_PARTS, PART_SCHEMA, auto_group_size, plan_groups, resolve_group_size
 from fourd_mpi.trace.read import load_trace
 from fourd_mpi.trace.recover import recover
 from fourd_mpi.trace.spool import RankSpool
+from fourd_mpi.util.files import RUN_META
 
 OP = {name: i for i, name in enumerate(OPS)}
 

@@ -20,7 +20,7 @@ from conftest import REPO, mounted_tmpfs, mpi_env
 
 from fourd_mpi.errors import TraceError
 from fourd_mpi.trace.events import EVENT_DTYPE, LANE_STEP, RANK_STEP_DTYPE
-from fourd_mpi.trace.files import _write_json_atomic
+from fourd_mpi.trace.files import write_json_atomic
 from fourd_mpi.trace.invariants import check_invariants
 from fourd_mpi.trace.read import load_trace
 from fourd_mpi.trace.recover import recover
@@ -205,7 +205,7 @@ def test_failure_report_fits_on_a_full_disk(tmpfs):
     assert spool.mark_failed(spool.error)
     assert json.loads((tmpfs / "rank000003.failed.json").read_text())["error"] == spool.error
     with pytest.raises(OSError):
-        _write_json_atomic(str(tmpfs / "x.json"), {"a": "b" * 100000})
+        write_json_atomic(str(tmpfs / "x.json"), {"a": "b" * 100000})
     assert leftovers(tmpfs) == []
     spool.remove()
     assert sorted(os.listdir(tmpfs)) == ["fill-disk.bin"]

@@ -38,13 +38,14 @@ from fourd_mpi.trace.events import (
     SCHEMA_VERSION,
     Tracer,
 )
-from fourd_mpi.trace.files import RUN_META, check_name, new_run_id
+from fourd_mpi.trace.files import check_name, new_run_id
 from fourd_mpi.trace.invariants import check_invariants
 from fourd_mpi.trace.read import load_trace
 from fourd_mpi.trace.recover import recover
 from fourd_mpi.trace.spool import RankSpool, prepare_spool, read_records
 from fourd_mpi.trace.summary import summarize
 from fourd_mpi.trace.writer import TraceFileWriter
+from fourd_mpi.util.files import RUN_META
 
 OP = {name: i for i, name in enumerate(OPS)}
 PHASE = {name: i for i, name in enumerate(PHASES)}

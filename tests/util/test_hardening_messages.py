@@ -164,7 +164,7 @@ def test_the_pipeline_search_is_counted_and_bounded(capfd, tmp_path, monkeypatch
 
     for ranks, layers, batch in ((1024, 80, 2048), (48, 12, 96), (64, 96, 24)):
         cfg = resolve_model("gpt-tiny", layers=layers, batch=batch)
-        listed = algorithms._pipeline_candidates(cfg, ranks, get("pipeline"))
+        listed = algorithms.pipeline_candidates(cfg, ranks, get("pipeline"))
         assert len(listed) <= algorithms.pipeline_count(cfg, ranks)
     assert algorithms.pipeline_count(resolve_model("gpt-tiny", layers=80, batch=2048), 1024) == 5583
     monkeypatch.chdir(tmp_path)

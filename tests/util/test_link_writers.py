@@ -170,11 +170,11 @@ def test_a_local_job_log_is_not_written_through_a_link(shared, where):
 
 
 def test_a_pack_script_is_not_written_through_a_link(shared):
-    from fourd_mpi.jobs.sweep import _write
+    from fourd_mpi.jobs.sweep import write_job_file
 
     link = linked(shared / "results" / "pack-1.sh", shared / "shared" / "file")
     with pytest.raises(ConfigError, match="symbolic link"):
-        _write(str(link), "#!/bin/bash\n", executable=True)
+        write_job_file(str(link), "#!/bin/bash\n", executable=True)
     unchanged(shared, link)
 
 

@@ -57,9 +57,9 @@ def test_a_symbolic_link_loop_is_named_as_one(tmp_path, capfd):
 
 def test_a_short_wait_is_said_with_its_digits():
     """Before: "rank 1 waited 0 s in ..., longer than --step-timeout 0.001 s"."""
-    from fourd_mpi.core.watchdog import _seconds
+    from fourd_mpi.core.watchdog import seconds_text
 
-    assert _seconds(0.00105) == "0.00105 s" and _seconds(2.5) == "2.5 s" and _seconds(42.4) == "42 s"
+    assert seconds_text(0.00105) == "0.00105 s" and seconds_text(2.5) == "2.5 s" and seconds_text(42.4) == "42 s"
 
 
 def test_a_fraction_option_names_itself(capfd):

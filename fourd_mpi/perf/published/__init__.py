@@ -20,16 +20,17 @@ import functools
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import MachineProfile, load_profile
 from fourd_mpi.perf.prediction import ScenarioResult, predict_scenario
-from fourd_mpi.perf.scenario import GIB, Scenario
+from fourd_mpi.perf.scenario import Scenario
 from fourd_mpi.perf.step_terms import fits_memory, scenario_memory
 from fourd_mpi.step.presets import ModelConfig, model_problems
 from fourd_mpi.util.table import render
+from fourd_mpi.util.units import GIB
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATASETS = ("narayanan_sc21", "axonn_sc24", "narayanan_sc21_table2", "megatron_readme_2020", "llama3_405b",
@@ -373,7 +374,7 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
         res = r.result
         exp = max(res.exposed_s.items(), key=lambda kv: kv[1]) if res.exposed_s else ("-", 0.0)
         table.append((r.dataset, r.name, r.gpus, describe_config(res), r.metric, f"{r.published:g}",
-                      f"{r.predicted:.1f}", f"{r.ratio:.3f}", f"{res.memory['required'] / 2 ** 30:.1f}",
+                      f"{r.predicted:.1f}", f"{r.ratio:.3f}", f"{res.memory['required'] / GIB:.1f}",
                       {True: "yes", False: "NO", None: "-"}[res.fits()], split(res), f"{100 * res.bubble_s / res.step_s:.1f}",
                       f"{100 * sum(res.exposed_s.values()) / res.step_s:.1f} ({exp[0]})",
                       _factor(r.to_match()["compute"]), _factor(r.to_match()["exposed"])))

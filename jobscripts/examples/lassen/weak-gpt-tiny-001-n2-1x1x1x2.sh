@@ -8,7 +8,7 @@
 # fourd-mpi sweep weak-gpt-tiny: run 2 of 4 on site lassen
 #   2 ranks = 1 node(s) x 2 ranks per node, one GPU per rank
 #   grid 1x1x1x2 (G_data x G_z x G_y x G_x), model gpt-tiny, global batch 16
-#   estimated memory per rank: 3.8 MiB
+#   estimated memory per rank: 3.76 MiB
 # Rendered by fourd-mpi 0.1.0 from jobscripts/weak-gpt-tiny.yaml; re-render rather than edit.
 set -eo pipefail
 module load gcc

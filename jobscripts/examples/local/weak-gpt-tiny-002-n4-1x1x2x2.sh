@@ -2,7 +2,7 @@
 # fourd-mpi sweep weak-gpt-tiny: run 3 of 4 on site local
 #   4 ranks = 1 node(s) x 4 ranks per node
 #   grid 1x1x2x2 (G_data x G_z x G_y x G_x), model gpt-tiny, global batch 32
-#   estimated memory per rank: 3.9 MiB
+#   estimated memory per rank: 3.89 MiB
 # Rendered by fourd-mpi 0.1.0 from jobscripts/weak-gpt-tiny.yaml; re-render rather than edit.
 set -eo pipefail
 export OMP_NUM_THREADS=1

@@ -13,7 +13,7 @@
 # fourd-mpi sweep weak-gpt-tiny: run 1 of 4 on site perlmutter
 #   1 ranks = 1 node(s) x 1 ranks per node, one GPU per rank
 #   grid 1x1x1x1 (G_data x G_z x G_y x G_x), model gpt-tiny, global batch 8
-#   estimated memory per rank: 3.0 MiB
+#   estimated memory per rank: 3.01 MiB
 # Rendered by fourd-mpi 0.1.0 from jobscripts/weak-gpt-tiny.yaml; re-render rather than edit.
 set -eo pipefail
 module load PrgEnv-gnu

@@ -13,7 +13,7 @@
 # fourd-mpi sweep weak-gpt-tiny: run 4 of 4 on site perlmutter
 #   8 ranks = 2 node(s) x 4 ranks per node, one GPU per rank
 #   grid 1x2x2x2 (G_data x G_z x G_y x G_x), model gpt-tiny, global batch 64
-#   estimated memory per rank: 3.7 MiB
+#   estimated memory per rank: 3.74 MiB
 # Rendered by fourd-mpi 0.1.0 from jobscripts/weak-gpt-tiny.yaml; re-render rather than edit.
 set -eo pipefail
 module load PrgEnv-gnu
