@@ -10,6 +10,8 @@ import sys
 import pytest
 from conftest import REPO, mpi_env
 
+from fourd_mpi.cli.main import main
+
 SAMPLES = REPO / "results" / "samples"
 
 
@@ -142,3 +144,14 @@ def test_compare_and_scaling_with_enough_traces_answer():
     scaling = fourd("analyze", *sorted(SAMPLES.glob("weak-*.h5")), "--what", "scaling", "--scaling", "weak")
     assert compare.returncode == 0 and "== compare ==" in compare.stdout, compare.stderr
     assert scaling.returncode == 0 and "== weak scaling ==" in scaling.stdout, scaling.stderr
+
+
+def test_a_gzip_export_names_the_final_file_in_its_header(tmp_path, monkeypatch):
+    """Before: the FNAME field named the temporary file (.tmp-PID-a.json)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "perfetto", str(REPO / "results" / "samples" / "weak-1.h5"), "-o", "a.json.gz"]) == 0
+    head = (tmp_path / "a.json.gz").read_bytes()
+    assert head[:2] == b"\x1f\x8b" and head[3] & 0x08  # FNAME present
+    fname = head[10:head.index(b"\0", 10)]
+    assert fname == b"a.json"  # as gzip a.json writes it
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json.gz"]
