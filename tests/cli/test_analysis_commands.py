@@ -132,7 +132,7 @@ def test_plot_errors(tmp_path):
     ("runs,scaling", ["weak-2.h5"], "got 1 trace(s) at 1 rank count(s)"),
 ])
 def test_compare_and_scaling_asked_for_with_too_few_traces_is_one_line(what, traces, needed):
-    """Issue 32 item 7: before, ``--what compare|scaling`` on one trace printed nothing and exited 0."""
+    """Before, ``--what compare|scaling`` on one trace printed nothing and exited 0."""
     proc = fourd("analyze", *[SAMPLES / t for t in traces], "--what", what)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and needed in proc.stderr, proc.stderr

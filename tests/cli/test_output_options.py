@@ -1,4 +1,4 @@
-"""Issue 34, item 1: one rule for every file a command writes (:mod:`fourd_mpi.util.files`).
+"""One rule for every file a command writes (:mod:`fourd_mpi.util.files`).
 
 The commands are enumerated from the parser: every option that names an output (``-o``, ``--out``,
 ``--emit-sweep``, ``--json``, ``--report``) must have a sample command line below, and each is tried

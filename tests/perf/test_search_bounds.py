@@ -1,4 +1,4 @@
-"""Hardening: tune's search is bounded, and profile ``base:``/``fallback:`` chains are checked.
+"""``tune``'s search is bounded, and profile ``base:``/``fallback:`` chains are checked.
 
 Before: ``tune --ranks 720720`` with a divisible model predicted all 89,600 grids with no output for
 600 s (1.26 GB), ``--ranks 55440`` took 44 s; a ``fallback:`` cycle was a RecursionError traceback

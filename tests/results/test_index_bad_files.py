@@ -63,7 +63,7 @@ def readonly_results(tmp_path):
 
 def test_reindex_on_a_read_only_mount_is_one_line(readonly_results):
     line = one_line(fourd("results", "reindex", readonly_results))
-    # issue 34: checked before any trace is read
+    # checked before any trace is read
     assert line == (f"fourd-mpi: error: cannot write the index {readonly_results / 'index.jsonl'}: {readonly_results}: "
                     "Read-only file system")
 
@@ -94,7 +94,7 @@ def test_the_top_level_help_names_the_results_subcommands():
 
 
 def test_reindex_keeps_a_line_appended_while_it_read_the_traces(tmp_path):
-    """Issue 34: reindex scanned, then truncated and rewrote the index, dropping the line of a run that
+    """Reindex scanned, then truncated and rewrote the index, dropping the line of a run that
     finished meanwhile. It now rewrites under the lock runs append under, keeping such lines."""
     import fcntl
     import json

@@ -1,4 +1,4 @@
-"""Hardening issue: SIGINT, SIGTERM and SIGHUP at many moments of ``trace recover`` (its HDF5 writes
+"""SIGINT, SIGTERM and SIGHUP at many moments of ``trace recover`` (its HDF5 writes
 included: the writer holds them back around each HDF5 call, then exits with one line and status 128 +
 signal, its temporary file removed); never a crash, a traceback or a hidden temporary file; a recovery
 that ends adds its run to the index."""
