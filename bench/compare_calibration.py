@@ -17,14 +17,14 @@ separate ``mpiexec`` of ``fourd-mpi run`` writing a step-level trace. Then, with
 each with two units: **runs** (``unit="run"``: the runs' medians, two independent samples, Mann-Whitney U)
 and **paired** (``unit="paired"``: each B with the A next to it in start time, Wilcoxon signed-rank on the
 log ratios; what ``unit="auto"`` picks for these interleaved runs from 6 runs a side); and, for contrast,
-**identical, steps**: B against A with ``unit="step"`` (every step a sample, the default before issue 32).
+**identical, steps**: B against A with ``unit="step"`` (every step a sample, the former default).
 
 Usage (from the repository root; runs ``.venv/bin/mpiexec`` and ``.venv/bin/fourd-mpi``)::
 
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.compare_calibration [--pairs 20] [--runs 12] [--steps 42]
         [--slowdown 0.15] [--ranks 2] [--out FILE.txt] [--save FILE.json] [--from FILE.json]
 
-**The calibration of issue 32** (targets: at most 1 false change in 20 identical pairs, the planted 15 %
+**The calibration** (targets: at most 1 false change in 20 identical pairs, the planted 15 %
 found in at least 19 of 20) needs a quiet machine: nothing else running (``uptime``'s load average below
 1 on 2 cores before the start), a step of about 20 ms and one core left to the system (on this 2-core
 machine: one rank; with both cores running ranks the detection stays at 15-20 of 20,

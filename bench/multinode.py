@@ -347,7 +347,7 @@ def model_steps(profile, ppn: int, hidden: int, seq: int, batch: int, grids) -> 
 def rank_summary(rows) -> dict:
     """``rows``: ``(grid, measured s, model s)``. Spearman's rank correlation of measured and model
     (``scipy.stats.spearmanr``), the model's best grid (smallest model step), its measured position (1 = the
-    fastest measured) and ``within_two``: that position is 1 or 2 (issue 29's target)."""
+    fastest measured) and ``within_two``: that position is 1 or 2 (the target: the model's best grid among the two fastest measured)."""
     by_measured = sorted(rows, key=lambda r: r[1])
     best = min(rows, key=lambda r: r[2])[0]
     position = [g for g, _, _ in by_measured].index(best) + 1

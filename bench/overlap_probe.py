@@ -11,8 +11,8 @@ of the same trials recorded by the step's own machinery (``Collectives`` + ``Tra
 issue_ns) + mpi_ns`` (the comm table's ``--baseline`` column, the pure pattern's trace as the
 baseline). Each trial is one round of the three patterns back to back (pure, compute alone,
 overlapped), so load that comes and goes moves them alike. Rank 0 prints all three per compute
-length (0.5 and 2 x t_pure), medians of TRIALS rounds, and whether OSU and the trace's hidden_pct agree within 5 percentage points (issue 15's
-validation (c)). overlap_pct answers another question: it counts compute done while the
+length (0.5 and 2 x t_pure), medians of TRIALS rounds, and whether OSU and the trace's hidden_pct agree within 5 percentage points (the
+overlap validation's criterion). overlap_pct answers another question: it counts compute done while the
 collective was in flight, progressed or not, so it is an upper bound of what OSU measures. Noise: the OSU formula divides by t_pure and subtracts two medians; on shared or
 oversubscribed cores it swings by tens of points between identical runs, so run it on a quiet node.
 Rank 0 prints a table (one row per compute length, ``|OSU - hidden|`` the disagreement) and the

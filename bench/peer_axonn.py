@@ -16,7 +16,7 @@ tokens (default 256 x 16 = 4096), on the grid ``(G_x, G_y, G_z)`` with ``G_data 
 Timed region per step: forward + backward of the block, gradients complete on every
 rank. **Both sides compute the same gradients** in every timed step: the input gradient dX of the block
 (with its backward all-reduce over Y) and both weight gradients dW1, dW2 (each reduce-scattered over Z).
-AxoNN's input carries ``requires_grad=True`` in the timed steps too (before issue 32 item 8 it did not, so
+AxoNN's input carries ``requires_grad=True`` in the timed steps too (it once did not, so
 AxoNN skipped the dX GEMM and its all-reduce while ours computed them); ours records which gradients its
 step hands on (dX: what its backward returns; dW: what reaches the gradient sync). Each worker reports
 the set of gradients its timed steps produced; the driver stops when the two sets differ. Ours also

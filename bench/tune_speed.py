@@ -1,4 +1,4 @@
-"""How long ``fourd-mpi tune`` and ``model predict`` take at 32,768 ranks (issue 30: under 2 s), against the
+"""How long ``fourd-mpi tune`` and ``model predict`` take at 32,768 ranks (target: under 2 s), against the
 interpreter's and the command line's own start-up (``fourd-mpi --version``).
 
 Each command is a fresh process, run in alternating rounds (every command once per round), and timed by
@@ -75,7 +75,7 @@ def main() -> int:
             values = [r[i] for r in rows]
             cells.append(f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})")
         lines.append(f"{label:<15} {cells[0]:>24} {cells[1]:>24}")
-    lines.append(f"# load average after {loadavg()}; target (issue 30): tune and model under 2 s at 32,768 ranks")
+    lines.append(f"# load average after {loadavg()}; target: tune and model under 2 s at 32,768 ranks")
     print("\n".join(lines))
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")

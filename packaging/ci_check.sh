@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packaging checks run by .ci/run (issue 18): build the sdist and wheel, twine check, check their
+# Packaging checks run by .ci/run: build the sdist and wheel, twine check, check their
 # contents, install the wheel with the mpich extra into a fresh venv and run from it (version,
 # package data, a 2-rank run, the ReFrame check on the local scheduler), lint the Dockerfile,
 # validate CITATION.cff. The tools live in build/pkgcheck (ignored by git). Prints each step's time.

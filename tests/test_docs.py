@@ -1,4 +1,4 @@
-"""The README and the documentation site say what the code does (issue 31 item 3).
+"""The README and the documentation site say what the code does.
 
 - the README is a door: at most about 250 lines, its two commands are the ones ``.ci/run`` runs and the
   site's home page shows;

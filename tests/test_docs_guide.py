@@ -1,4 +1,4 @@
-"""The user guide's examples that ``docs/examples.py`` does not regenerate are run here (issue 31 item 3):
+"""The user guide's examples that ``docs/examples.py`` does not regenerate are run here:
 the config file of the commands page, the sweep spec of the sweeps page, the Python of the traces page,
 and the module list of the layout page. Each is read from the page itself, so editing the page edits
 the test."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Calibrate the performance model on this machine and validate it end to end (issue 7):
+# Calibrate the performance model on this machine and validate it end to end:
 #   1. fourd-mpi bench collectives at 8 ranks -> a machine profile;
 #   2. 8-rank runs of every valid grid factorization for two model sizes (gpt-tiny and a 2-layer
 #      gpt-small), overlap none, into a temporary results directory;
@@ -28,7 +28,7 @@ if [ -n "${REUSE:-}" ]; then  # REUSE=DIR (a KEEP directory): validate its trace
     MODELS=()
 else
 echo "== 1. calibration: fourd-mpi bench collectives, $RANKS ranks" | tee "$WORK/report.txt"
-# --accept-poor-fit: on this oversubscribed 2-core machine the alpha-beta fits missed by 67-71 % rms (issue 32);
+# --accept-poor-fit: on this oversubscribed 2-core machine the alpha-beta fits missed by 67-71 % rms;
 # the model uses the profile's measured points (levels.L.measured) first, so the profile is still the right input
 "$MPIEXEC" -n "$RANKS" "$PY" -m fourd_mpi bench collectives -o "$WORK/profile.yaml" --force --accept-poor-fit \
     --report "$WORK/bench.txt" > /dev/null

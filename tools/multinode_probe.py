@@ -1,4 +1,4 @@
-"""Issue 29 item 5 probe (docs/multinode.md): how the step's data all-reduces cost on the test bed, at the level of
+"""A probe (docs/multinode.md): how the step's data all-reduces cost on the test bed, at the level of
 single collectives. Run under the bed's launcher on 8 ranks::
 
     fourd-mpi testbed up --name i29r --nodes 4 --rate 200mbit

@@ -13,7 +13,7 @@ only: :func:`fourd_mpi.trace.summary.step_stats`) and compared:
 **The unit of the samples.** The steps of a run are not independent of the run: a busy machine,
 another node, the placement of the ranks or the state of the caches moves all of them, so a test on
 pooled steps calls two runs of one configuration "different" far more often than ``alpha`` says
-(issue 32: an identical configuration rerun a minute later was "faster", p = 0.0004). By default
+(measured here: an identical configuration rerun a minute later was "faster", p = 0.0004). By default
 (``unit="auto"``) a configuration is therefore compared **run against run**: the samples are the
 runs' median step times, one per run, whenever both sides have at least :func:`min_runs` runs,
 the fewest for which the exact two-sided Mann-Whitney test can reach ``p < alpha`` at all (4 at
@@ -27,7 +27,7 @@ unit (a forced ``step`` gives a verdict, uncalibrated: the caller asked for it).
 
 **Paired runs** (``unit="paired"``; chosen by ``auto`` when the runs interleave). A slow drift of the
 machine (other jobs starting and ending) moves the run medians of both sides far more than a 15 %
-change, so two independent samples of runs overlap and Mann-Whitney misses the change (issue 32: 10
+change, so two independent samples of runs overlap and Mann-Whitney misses the change (measured here: 10
 of 20 planted 15 % slowdowns found under load). When the two sides' runs were made alternately
 (A B B A ... or A B A B ...), each new run and the baseline run made next to it share the machine's
 state, and their ratio cancels the drift. The design:

@@ -5,7 +5,7 @@ The options of ``fourd-mpi run`` are declared once, in :data:`fourd_mpi.run.opti
 :func:`add_options` turns any subset of them into argparse arguments, so ``run``, ``verify``,
 ``info``, ``tune`` and ``bench`` offer the same names, types, choices and help.
 
-The vocabulary (docs/guide/commands.md, "Command-line conventions"; ``tests/test_cli_vocabulary.py`` walks every
+The vocabulary (docs/guide/commands.md, "Command-line conventions"; ``tests/cli/test_vocabulary.py`` walks every
 command to check it):
 
 - every parser is a :class:`OneLineParser` (``sub.add_parser`` and nested ``add_subparsers``
@@ -174,7 +174,7 @@ def refuse_empty_values(parser: argparse.ArgumentParser) -> None:
     option) refuses an empty or blank value in one line (``argument -o/--output: expected a value, got ''``),
     instead of taking it as "not given" or as the current directory. One place: each such action whose type is
     none or ``str`` gets :func:`fourd_mpi.util.values.text` (:data:`EMPTY_ALLOWED` keeps its own); the typed
-    ones (numbers, sizes, grids) refuse ``''`` in their own one line. ``tests/util/test_empty_values.py`` walks
+    ones (numbers, sizes, grids) refuse ``''`` in their own one line. ``tests/cli/test_empty_values.py`` walks
     them all."""
     from fourd_mpi.util.values import text
 

@@ -1,7 +1,7 @@
 """The "examples:" section at the end of every ``--help``: one to three command lines per command, as typed.
 
 One table, :data:`EXAMPLES` (command words -> lines), put on every parser by :func:`add_examples` when
-:func:`fourd_mpi.cli.main.build_parser` has registered the commands. ``tests/test_cli_examples.py`` walks every
+:func:`fourd_mpi.cli.main.build_parser` has registered the commands. ``tests/cli/test_help_examples.py`` walks every
 parser: each has examples, and every example line parses with :func:`~fourd_mpi.cli.main.build_parser` (the
 words after ``fourd-mpi``; a launcher and its options before it, ``VAR=value`` settings, and a redirection or
 comment after it are not the command's), the command after ``testbed mpiexec ... --`` too.

@@ -4,7 +4,7 @@ document is written (:func:`emit_json`), so the help and the output cannot drift
 
 The schema is stable: a key is added, never renamed or removed, without a deprecation; values are JSON
 (NaN and infinities as ``null``, NumPy scalars as numbers, anything else as its text). Lines that are not the
-result (notes, ``wrote FILE``, progress) go to standard error. ``tests/test_cli_json.py`` runs every command
+result (notes, ``wrote FILE``, progress) go to standard error. ``tests/cli/test_json_output.py`` runs every command
 that has the format and ``json.loads`` its standard output.
 """
 

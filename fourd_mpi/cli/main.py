@@ -17,7 +17,7 @@ Commands, by module:
 
 Every parser is a :class:`~fourd_mpi.cli.args.OneLineParser`: a module's ``register(sub)`` adds its
 commands with ``sub.add_parser`` (nested ``add_subparsers`` inherit the class), so a new command
-gets the shared rules (no abbreviations, one-line errors); ``tests/test_cli_vocabulary.py`` walks
+gets the shared rules (no abbreviations, one-line errors); ``tests/cli/test_vocabulary.py`` walks
 every command of :func:`build_parser` for help text and the other rules of
 :mod:`fourd_mpi.cli.args`.
 

@@ -14,7 +14,7 @@ Windows) nothing is recorded: the binding of the run is unknown.
 CPU numbers are compared only within a node. A rank bound to a socket or a NUMA domain of its own counts as
 pinned (its CPUs are its own); ranks bound to cores but more ranks than cores (``mpiexec -n 3 -bind-to core``
 on 2 cores) are not: two of them share a core. Why it matters: unpinned ranks can be moved by the kernel, and
-for a while two ranks may share one core, which widens the spread of run medians (issue 32: 2 ranks on 2 cores,
+for a while two ranks may share one core, which widens the spread of run medians (measured: 2 ranks on 2 cores,
 run medians 3.13-3.35 ms pinned, 3.18-4.84 ms not; docs/guide/regressions.md).
 
 >>> b = Binding.from_ranks([[0], [1]], [0, 0], [2])

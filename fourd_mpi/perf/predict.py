@@ -25,7 +25,7 @@ Per rank and step (seconds), from :mod:`fourd_mpi.perf.volumes` (every collectiv
   (they stay in on-chip memory); its FLOPs are counted as the convention counts them;
 - **exposed communication**, two regimes chosen by the profile's ``progress.host_driven``:
 
-  * host-driven (CPU profiles, unchanged since issue 7): a collective whose overlap option is on
+  * host-driven (CPU profiles, the model's first overlap rule): a collective whose overlap option is on
     (oag: weight all-gathers, ors: dW reduce-scatters, oar: backward all-reduces, od: forward
     all-reduces, dp: data all-reduces) hides ``efficiency * min(t, window)``, the window being the
     compute it can run behind (the previous layer's GEMMs for oag, the dW GEMM for oar, the other

@@ -232,8 +232,8 @@ FRAMEWORK_EFFICIENCY_FILE = "published/framework_efficiency.yaml"
 
 
 def framework_efficiency(implementation: str) -> Dict[str, object]:
-    """The per-framework GEMM efficiency of ``implementation`` (``Scenario.implementation``; fourd_mpi issue 45,
-    item 4): ``{"factor": f, "measured": bool, "source": str}`` from ``fourd_mpi/perf/published/
+    """The per-framework GEMM efficiency of ``implementation`` (``Scenario.implementation``):
+    ``{"factor": f, "measured": bool, "source": str}`` from ``fourd_mpi/perf/published/
     framework_efficiency.yaml``, where each value must come from a published measurement of that framework that
     is not one of the results it predicts (the file says what was searched; today every factor is 1.0, labelled
     "not measured"). A framework missing from the file: factor 1.0, not measured."""

@@ -167,7 +167,7 @@ def test_model_formulas():
     assert [v["send_bytes"] for v in vol.values()] == [4 * msg, 8 * msg, 4 * msg]
     one = pipeline_memory(cfg, grid, 4, 4, 0, "float64", schedule="1f1b")
     last = pipeline_memory(cfg, grid, 4, 4, 3, "float64", schedule="1f1b")
-    # stage 0 holds 4 micro-batches' saved sets, the last stage 1; the input/target and transient once (issue 30)
+    # stage 0 holds 4 micro-batches' saved sets, the last stage 1; the input/target and transient once
     from dataclasses import replace
 
     from fourd_mpi.perf.memory import saved_activation_elements

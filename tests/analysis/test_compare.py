@@ -353,3 +353,20 @@ def test_allow_damaged_never_compares_impossible_step_times(capfd, tmp_path):
     data = json.loads(out)["comparisons"][0]
     assert data["new"]["steps"] == len(measured) - 3 and min(data["new"]["samples_s"]) > 0  # the rest compared
     assert data["verdict"] == "slower" and data["new_median_s"] > 0
+
+
+def test_unit_run_below_min_runs_is_inconclusive_with_the_helps_number():
+    """Before: 3 against 3 runs were tested (p >= 0.1: 'same', never slower) while the help said 4."""
+    import numpy as np
+
+    from fourd_mpi.analysis.compare import Settings, compare_runs, min_runs
+
+    def runs(prefix, n, t):
+        return [({"run_id": f"{prefix}{i}", "config_key": "k", "time": ""}, np.full(5, t * (1 + i / 100)), f"{prefix}{i}")
+                for i in range(n)]
+
+    assert min_runs(0.05) == 4
+    three = compare_runs(runs("n", 3, 0.2), runs("o", 3, 0.1), Settings(resamples=200, unit="run"))[0]
+    assert three.verdict == "inconclusive" and three.note.startswith("fewer than 4 runs on a side: no test")
+    four = compare_runs(runs("n", 4, 0.2), runs("o", 4, 0.1), Settings(resamples=200, unit="run"))[0]
+    assert four.verdict == "slower"

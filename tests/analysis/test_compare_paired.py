@@ -1,4 +1,4 @@
-"""``compare`` with paired runs (issue 32): runs made alternately, each new run paired with the baseline
+"""``compare`` with paired runs: runs made alternately, each new run paired with the baseline
 run next to it in start time, Wilcoxon signed-rank test of the log ratios, Hodges-Lehmann ratio and interval.
 
 Known answers are computed by hand (the null distribution of the signed-rank statistic by counting subsets of

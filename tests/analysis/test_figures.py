@@ -1,4 +1,4 @@
-"""Figures fit for a paper (issue 32 item 4): every ``plot`` kind, drawn from the committed sample traces
+"""Figures fit for a paper: every ``plot`` kind, drawn from the committed sample traces
 (no MPI) and from hand-built frames, opened as a file and as a figure:
 
 - the written PNG has a size within bounds and sized to the data (one bar is narrow, eight are wider);

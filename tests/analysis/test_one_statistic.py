@@ -1,4 +1,4 @@
-"""One step-time statistic everywhere (issue 15, item 4) and the per-step export (item 5).
+"""One step-time statistic everywhere, and the per-step export.
 
 The run summary printed by ``fourd-mpi run``, the runs and breakdown tables of ``fourd-mpi analyze``
 and the data frame behind ``fourd-mpi plot breakdown`` show the same step time (median over the

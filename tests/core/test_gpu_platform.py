@@ -1,4 +1,4 @@
-"""The GPU runtime and visible devices that ``info`` and the run header report (issue 31 item 5).
+"""The GPU runtime and visible devices that ``info`` and the run header report.
 
 CuPy's ROCm build answers ``cupy.cuda.runtime.is_hip`` and a HIP_VERSION from ``runtimeGetVersion()``;
 the CUDA build a CUDA version. These are the numbers the runtimes themselves return (no GPU here: the

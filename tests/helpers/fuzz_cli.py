@@ -1,5 +1,5 @@
-"""Fuzz the command line itself (issue 34, item 7): random options and values for every command, drawn
-from the parser (run by tests/test_cli_fuzz.py in a subprocess under a timeout and an address-space limit).
+"""Fuzz the command line itself: random options and values for every command, drawn
+from the parser (run by tests/cli/test_command_line_fuzz.py in a subprocess under a timeout and an address-space limit).
 
     python tests/helpers/fuzz_cli.py EXAMPLES WORKDIR
 

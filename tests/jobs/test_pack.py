@@ -1,4 +1,4 @@
-"""Job packing (issue 18 item 9): several runs in one allocation, each run still logged and tracked.
+"""Job packing: several runs in one allocation, each run still logged and tracked.
 
 Rendering and allocation arithmetic here, without a scheduler; local-site packs run for real
 under mpiexec (a failed run in the middle of a sequential pack, hostile paths). The packs on

@@ -3,7 +3,7 @@ environment is not activated.
 
 The user's shell has ``fourd-mpi`` on its PATH (a console script, as ``pipx`` or ``~/.local/bin`` install it)
 but not the virtual environment's ``bin/``: no ``mpiexec``, no ``python`` with fourd_mpi. The rendered job
-scripts must name the interpreter and ``mpiexec`` of the environment they were rendered from (issue 29 item 4).
+scripts must name the interpreter and ``mpiexec`` of the environment they were rendered from.
 The commands are read from README.md; the only change is the site: the README's example names a cluster
 (``--site perlmutter --account m1234``), which is dropped so that the default site, ``local``, runs the jobs.
 """

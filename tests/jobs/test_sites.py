@@ -1,4 +1,4 @@
-"""Site profiles checked against the centres' own pages (issue 31 item 4): each site's rendered job
+"""Site profiles checked against the centres' own pages: each site's rendered job
 script carries the idioms its centre documents, and each site file states its sources and choices.
 
 What each centre documents (the pages are in each file's ``documentation:``):

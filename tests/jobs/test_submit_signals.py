@@ -1,4 +1,4 @@
-"""Hardening: SIGINT, SIGTERM and SIGHUP to ``fourd-mpi sweep submit`` of a local sweep (two runs, run one after
+"""SIGINT, SIGTERM and SIGHUP to ``fourd-mpi sweep submit`` of a local sweep (two runs, run one after
 another under mpiexec) at random moments drawn from a seeded RNG over the measured life of a whole submit. The
 submit passes the signal on to the job it runs and waits for it: no job outlives it. Never a traceback or a
 crash, never a hidden temporary file; ``jobs.json`` holds no claim of a process that is gone, each run's record

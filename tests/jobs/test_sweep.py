@@ -1,6 +1,6 @@
 """Sweep specs, site profiles and job scripts: validation, expansion, rendering, quoting, local runs.
 
-The real-Slurm end-to-end test is tests/test_sweep_slurm.py. Here: every error names the
+The real-Slurm end-to-end test is tests/jobs/test_sweep_slurm.py. Here: every error names the
 key and its line and leaves nothing written; scripts of every built-in site pass bash -n
 and shellcheck and request consistent resources; hostile values cannot reach a shell.
 """
@@ -429,7 +429,7 @@ def test_an_alias_bomb_is_refused_at_once(tmp_path):
     assert "alias bomb" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
-# -- submission is transactional (issue 19 item 9) -------------------------------------------
+# -- submission is transactional -------------------------------------------
 
 TWO_RUNS = BASE.replace("ranks: [1, 2, 4, 8]", "ranks: [1, 2]").replace(
     "grids: {1: [1x1x1x1], 2: [1x1x1x2], 4: [1x1x2x2], 8: [1x2x2x2]}", "grids: {1: [1x1x1x1], 2: [1x1x1x2]}")

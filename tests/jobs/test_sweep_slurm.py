@@ -126,7 +126,7 @@ job: {{time: "00:05:00"}}
 
 
 def test_concurrent_submits_through_sbatch_submit_each_job_once(slurm, tmp_path):
-    """Issue 19 item 9 on a real Slurm: two ``sweep submit`` at once. Before, both ran sbatch for every
+    """Transactional submission on a real Slurm: two ``sweep submit`` at once. Before, both ran sbatch for every
     run (4 jobs for 2 runs) and each rewrote jobs.json; now each run is claimed under the lock first."""
     env = {**mpi_env(), **{"SLURM_CONF": str(slurm.conf)}}
     (tmp_path / "spec.yaml").write_text(TWO.format(name="twice"))
@@ -172,7 +172,7 @@ def test_a_failed_sbatch_is_recorded_failed_with_exit_1(slurm, tmp_path):
     assert status.returncode == 1 and "2 jobs failed" in status.stdout, status.stdout
 
 
-# -- job packing (issue 18 item 9) -------------------------------------------------------------
+# -- job packing -------------------------------------------------------------
 
 #: four runs (1, 1, 2, 2 ranks); the second of each rank count fails at start: its memory limit
 #: (1 KiB) is below any model's estimate, a value the spec accepts and `fourd-mpi run` refuses
@@ -264,7 +264,7 @@ def test_packed_runs_in_one_allocation_are_tracked_one_by_one(slurm, tmp_path, m
 
 
 def test_slurm_sweep_after_a_local_one_without_an_activated_environment(slurm, tmp_path):
-    """Issue 29 item 4: from a shell with only the ``fourd-mpi`` console script on PATH (no venv activated),
+    """From a shell with only the ``fourd-mpi`` console script on PATH (no venv activated),
     a local sweep runs, then the same spec rendered for the slurm site (no --python) is submitted for real:
     its runs are not skipped as "trace complete" (each site keeps results/SWEEP/SITE), and its jobs run the
     rendering environment's interpreter under srun."""

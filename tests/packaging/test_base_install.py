@@ -1,4 +1,4 @@
-"""The default install does the whole user journey (issue 31 item 2; docs/install.md).
+"""The default install does the whole user journey (docs/install.md).
 
 After README command 1 (``pip install -e ".[mpich]"``, no other extra) every command of the journey
 either works or says in exactly one line which extra to install (exit 2), never a traceback.

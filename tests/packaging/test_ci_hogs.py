@@ -1,4 +1,4 @@
-"""``FOURD_CI_HOGS=N bash .ci/run`` (issue 34, item 6): the test stage with N CPU hogs beside it.
+"""``FOURD_CI_HOGS=N bash .ci/run``: the test stage with N CPU hogs beside it.
 
 The hogs (``.ci/hogs.sh``) are busy loops pinned to no core; ``stop_hogs`` ends them, ``.ci/run`` calls
 it after the tests and on any exit (trap), and a hog ends by itself when the shell that started it is

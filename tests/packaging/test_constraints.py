@@ -1,4 +1,4 @@
-"""CI installs through constraints.txt (issue 31 item 1): the file pins every dependency the
+"""CI installs through constraints.txt: the file pins every dependency the
 project declares for the extras CI installs, each pin satisfies setup.py's own specifier, and every
 ``pip install`` of the project in ``.ci/run`` goes through it unless ``FOURD_CI_DEPS=newest``
 (the drift check against the newest releases). No network, no pip run."""

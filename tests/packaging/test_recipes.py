@@ -1,4 +1,4 @@
-"""Packaging recipes and metadata (issue 18, issue 31 item 6): the Spack repository, container files,
+"""Packaging recipes and metadata: the Spack repository, container files,
 CITATION.cff, LICENSE, CHANGELOG, the ReFrame files, and setup.py's metadata.
 
 The Spack recipe is in a package repository of Spack 1.0's layout

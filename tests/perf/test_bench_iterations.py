@@ -1,4 +1,4 @@
-"""Issue 32, item 2: ``bench collectives`` with enough data.
+"""``bench collectives`` with enough data.
 
 - the iteration rule (:class:`fourd_mpi.run.collbench.IterationRule`): warm-up, then timed iterations
   until both ``--iters`` and ``--min-time`` are reached, bounded by ``--max-time``; every rank runs the
@@ -229,7 +229,7 @@ def test_bench_prints_the_step_messages(run_mpi, tmp_path):
     assert doc["step_messages"][0]["covered"] is False and doc["step_messages"][0]["measured"] == [12, 72]
 
 
-# -- back-to-back runs: every group of an axis at once (issue 29 item 5) -----------------------------------------------
+# -- back-to-back runs: every group of an axis at once -----------------------------------------------
 
 LOCKSTEP = textwrap.dedent("""
     import json, sys, time

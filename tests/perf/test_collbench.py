@@ -91,7 +91,7 @@ def test_bad_input_is_one_line_once(run_mpi, tmp_path):
                           (["--ops", "alltoall"], "--ops: unknown alltoall"),
                           (["--min-size", "1M", "--max-size", "8"], "larger than --max-size"),
                           (["--format", "xml"], "invalid choice: 'xml'"),  # argparse, before MPI
-                          # rank 0 checks it before the run (issue 34; was: after it), every rank exits 2
+                          # rank 0 checks it before the run (was: after it), every rank exits 2
                           ([*quick, "--report", tmp_path / "no" / "dir" / "r.txt"],
                            "does not exist (create it first)")):
         proc = run_mpi(3, ["bench", "collectives", "-o", tmp_path / "x.yaml", *args], timeout=60)

@@ -1,4 +1,4 @@
-"""Context parallelism (issue 45, item 4; Megatron-LM's --context-parallel-size, the ring of Liu et al. 2023): the
+"""Context parallelism (Megatron-LM's --context-parallel-size, the ring of Liu et al. 2023): the
 view every term but attention sees, the K/V ring's messages and their overlap with attention. Known answers by
 hand."""
 

@@ -1,4 +1,4 @@
-"""The distributed optimizer's communication (issue 45, item 4): ``--shard-optimizer data`` replaces the data axis'
+"""The distributed optimizer's communication: ``--shard-optimizer data`` replaces the data axis'
 gradient all-reduce by a reduce-scatter of the gradients and an all-gather of the updated parameters (Megatron-LM's
 distributed optimizer, ZeRO stage 1): the same ring volume in two collectives. Known answers by hand."""
 

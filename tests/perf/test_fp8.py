@@ -1,4 +1,4 @@
-"""FP8 GEMMs in the model (issue 45, item 4): the data sheet's dense FP8 rates, the blocks' GEMMs at the profile's FP8
+"""FP8 GEMMs in the model: the data sheet's dense FP8 rates, the blocks' GEMMs at the profile's FP8
 rate and nothing else, BF16 storage plus Transformer Engine's FP8 weight cache, one-line refusals. Known answers
 by hand."""
 

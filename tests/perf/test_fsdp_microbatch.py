@@ -1,4 +1,4 @@
-"""FSDP's gradient accumulation as PyTorch runs it (issue 45, item 4; Zhao et al. PVLDB 2023, PyTorch's
+"""FSDP's gradient accumulation as PyTorch runs it (Zhao et al. PVLDB 2023, PyTorch's
 ``FullyShardedDataParallel.no_sync``): a reduce-scatter per micro-batch into sharded partial sums. Known answers by
 hand on dgx-a100's network section."""
 

@@ -1,4 +1,4 @@
-"""Grouped-query attention and SwiGLU MLPs in the model (issue 45, item 4): parameters, FLOPs, activation memory
+"""Grouped-query attention and SwiGLU MLPs in the model: parameters, FLOPs, activation memory
 and collective volumes, with known answers by hand (Llama 2 70B: Touvron et al. 2023, Table 1 and section 2.2;
 GQA: Ainslie et al. 2023; SwiGLU: Shazeer 2020)."""
 

@@ -118,7 +118,7 @@ def test_every_constant_has_a_source_and_no_tuning_is_stated(name):
     assert "progress.overlap_efficiency" in src
     # what is carried over or not measured says so
     gemm = src["compute.gemm_tflops.bfloat16"]
-    if name == "perlmutter":  # the A100's own published matmul ceiling at the sustained clock (issue 30)
+    if name == "perlmutter":  # the A100's own published matmul ceiling at the sustained clock
         assert "[mamf]" in gemm and "[clock]" in gemm and "assumption" in gemm
     else:
         assert all(w in gemm for w in ("transfer", "0.809"))

@@ -1,4 +1,4 @@
-"""Known answers for the calibrated profile's per-size measurements (issue 32 item 2, issue 29 item 5):
+"""Known answers for the calibrated profile's per-size measurements:
 the table ``bench collectives`` stores (:func:`fourd_mpi.perf.calibration.measured_points`), its monotone
 interpolation (:func:`fourd_mpi.perf.machine.interpolate_measured`) and the model's use of it."""
 
@@ -159,7 +159,7 @@ def test_a_pipeline_slot_is_never_shorter_than_its_message(tmp_path):
     assert message_time(prof, "inter", 1000) == pytest.approx(fit.time("allgather", 2, 2000))
 
 
-# -- back-to-back runs: the step's data all-reduces (issue 29 item 5) -------------------------------
+# -- back-to-back runs: the step's data all-reduces -------------------------------
 
 def profile_with_runs(tmp_path, measured, runs):
     prof = profile_with(tmp_path, measured)

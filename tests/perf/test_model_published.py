@@ -1,4 +1,4 @@
-"""Issue 30: the forced-configuration model (``model predict``), its new terms with known answers, and the
+"""The forced-configuration model (``model predict``), its new terms with known answers, and the
 published table's summary (``model published``), which must not silently get worse."""
 
 import json
@@ -201,7 +201,7 @@ def test_published_summary_does_not_get_worse():
     s = published.summary(rows)
     assert s["points"] == 11 and [r.gpus for r in rows[:10]] == [32, 64, 128, 256, 512, 1024, 1536, 1920, 2520, 3072]
     assert s["all_fit"]
-    # the values at issue 30's second pass (median 7.3 %, worst 11.6 %, Spearman 0.95; first pass 11.2 %,
+    # the values at the second pass (median 7.3 %, worst 11.6 %, Spearman 0.95; first pass 11.2 %,
     # 18.5 %, 0.85): they may improve, never silently worsen
     assert s["median_abs_error"] <= 0.075
     assert s["spearman"] >= 0.94
@@ -247,7 +247,7 @@ def test_claims_are_verified_and_the_4d_claim_has_the_right_winner():
 
 def test_table_2_summary_does_not_get_worse():
     """Table 2 (PTD-P against ZeRO-3): PTD-P's six rows within 11 % (median 5.3 %, Spearman 1.0 at the third
-    pass of issue 30); ZeRO-3's six at 0.71-1.41 x (median 24 %, 33 % before DeepSpeed 2021's per-parameter
+    pass); ZeRO-3's six at 0.71-1.41 x (median 24 %, 33 % before DeepSpeed 2021's per-parameter
     gradient reduce-scatters were priced; 1,536 GPUs now under-predicted, 0.71 x, the others over, docs/model.md):
     they may improve, never silently worsen; every row fits its GPU's memory."""
     from fourd_mpi.perf import published
@@ -295,7 +295,7 @@ def test_megatron_readme_2020_is_self_consistent_and_does_not_get_worse():
     """NVIDIA/Megatron-LM's README tables of 2020-09-11 (images/tables.tex): each row's TeraFLOPs per GPU x
     iteration time x GPUs = Megatron's 96 B s l h^2 (1 + s/6h + V/16lh) to the table's rounding (0.1 TFLOP/s,
     1 ms; the 72 convention would be 25 % off, so the runs counted the recompute); parameters from
-    P = 12 l h^2 (1 + 13/12h + (V + s)/12lh) to 0.01 B. The model's summary at the third pass of issue 30
+    P = 12 l h^2 (1 + 13/12h + (V + s)/12lh) to 0.01 B. The model's summary at the third pass
     (median 1.2 %, worst 10.5 %: 8B on 1,024 GPUs, Spearman 1.00): it may improve, never silently worsen."""
     from fourd_mpi.perf import published
 
@@ -356,7 +356,7 @@ def test_deepspeed_2021_partitions_the_embedding_and_pads_its_shards():
 
 def test_zero3_claims_gather_blocking_as_deepspeed_2021():
     """ZeRO-3's side of Table 2 runs with its parameter all-gathers blocking (claims.yaml: DeepSpeed v0.3.13's
-    fetch_sub_module synchronizes every fetch; issue #1069, PRs #1170 and #1188), not with overlap ``all``;
+    fetch_sub_module synchronizes every fetch; DeepSpeed issue #1069, PRs #1170 and #1188), not with overlap ``all``;
     known answer: blocking adds at least the gathers' exposed time, so the step is longer than with every
     overlap, and the z-axis (the ZeRO axis) exposes more."""
     import yaml
@@ -424,7 +424,7 @@ def test_model_published_cli_prints_summary_and_claims():
     proc = cli("model", "published")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "summary over 11 points (issue 30's set" in out and "median |error|" in out and "Spearman" in out
+    assert "summary over 11 points (the targets' set" in out and "median |error|" in out and "Spearman" in out
     by_set = out.split("by dataset (and by scheme where a dataset compares several):\n", 1)[1].split("\nto match:")[0]
     points = {line.split()[0]: line.split()[1] for line in by_set.splitlines()[2:]}
     assert points["narayanan-sc21-table2"] == "12" and points["megatron-readme-2020"] == "8" and "scheme zero3" in out
@@ -585,6 +585,6 @@ def test_megascale_table_2_is_self_consistent():
         assert dp * d["tp"] * d["pp"] == N and B % dp == 0
     rows = published.evaluate(("megascale_megatron",))
     assert all(r.result.fits() for r in rows)
-    # at shipping (issue 45): median 3.1 %, worst 6.6 % (3,072 GPUs), Spearman 0.95; may improve, never silently worsen
+    # at shipping: median 3.1 %, worst 6.6 % (3,072 GPUs), Spearman 0.95; may improve, never silently worsen
     got = published.summary(rows)
     assert got["median_abs_error"] <= 0.032 and got["worst_error"] <= 0.067 and got["spearman"] >= 0.94

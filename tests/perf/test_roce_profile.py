@@ -1,4 +1,4 @@
-"""The H100 cluster on 400 Gb/s RoCE (issue 45, item 4): a built-in profile on dgx-h100's node with Llama 3's fabric,
+"""The H100 cluster on 400 Gb/s RoCE: a built-in profile on dgx-h100's node with Llama 3's fabric,
 its inter-node time by hand."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""The model at the paper's scale (issue 16 items 3, 5, 6): GPU memory (mixed precision, recompute, fused
+"""The model at the paper's scale: GPU memory (mixed precision, recompute, fused
 attention, margins), device-driven overlap with compute windows, tune's default memory limit, and
 ``fourd-mpi model paper``. Known answers computed by hand."""
 
@@ -175,7 +175,7 @@ def test_device_regime_full_recompute_costs_a_forward_and_its_allreduces(tmp_pat
     assert p_full.comm_total_s > p_none.comm_total_s and p_full.comm_total_s < p_none.comm_total_s + fwd
 
 
-def test_host_driven_profiles_keep_the_issue7_model():
+def test_host_driven_profiles_keep_the_efficiency_times_window_model():
     """CPU profiles take the old path: overlap hides efficiency * min(t, window), nothing with progress none."""
     cfg = resolve_model("gpt-small", layers=2, batch=8)
     prof = load_profile("laptop")
@@ -235,7 +235,7 @@ def test_model_paper_cli_prints_the_flagship_and_plots(tmp_path):
     assert bad.returncode == 2 and "--series: unknown gpt-3b" in bad.stderr
 
 
-# --- issue 30 second pass: the compute terms from sourced constants ------------------------------
+# --- the compute terms from sourced constants -------------------------------------------------
 
 def test_unfused_attention_bmm_roofline_on_a_gpu_known_answer():
     """Head size d = 64, fp16, A100 (rate 248 TFLOP/s, 1,800 GB/s measured): the batched GEMMs move 6 passes

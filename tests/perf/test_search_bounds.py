@@ -1,4 +1,4 @@
-"""Hardening: tune's search is bounded, and profile ``base:``/``fallback:`` chains are checked.
+"""``tune``'s search is bounded, and profile ``base:``/``fallback:`` chains are checked.
 
 Before: ``tune --ranks 720720`` with a divisible model predicted all 89,600 grids with no output for
 600 s (1.26 GB), ``--ranks 55440`` took 44 s; a ``fallback:`` cycle was a RecursionError traceback
@@ -95,3 +95,21 @@ def test_a_short_chain_and_a_shared_fallback_still_load(tmp_path):
     (tmp_path / "top.yaml").write_text(f"name: top\nbase: {tmp_path / 'a.yaml'}\nfallback: {tmp_path / 'c.yaml'}\n")
     assert load_profile(str(tmp_path / "top.yaml")).fallback.name == "c"
     assert load_profile("laptop", str(tmp_path / "a.yaml")).fallback.name == "a"
+
+
+def test_the_pipeline_search_is_counted_and_bounded(capfd, tmp_path, monkeypatch):
+    """Before: tune --algorithm all at 2^24 ranks with a divisible model ran for over 300 s."""
+    import fourd_mpi.perf.algorithms as algorithms
+    from fourd_mpi.algorithms.registry import get
+    from fourd_mpi.step.presets import resolve_model
+
+    for ranks, layers, batch in ((1024, 80, 2048), (48, 12, 96), (64, 96, 24)):
+        cfg = resolve_model("gpt-tiny", layers=layers, batch=batch)
+        listed = algorithms.pipeline_candidates(cfg, ranks, get("pipeline"))
+        assert len(listed) <= algorithms.pipeline_count(cfg, ranks)
+    assert algorithms.pipeline_count(resolve_model("gpt-tiny", layers=80, batch=2048), 1024) == 5583
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(algorithms, "predict_one", lambda *a, **k: pytest.fail("predicted a configuration"))
+    line = one_error(["tune", "--ranks", str(1 << 24), "--algorithm", "pipeline", "--model", "gpt-tiny", "--layers",
+                      "128", "--batch", str(1 << 20)], capfd)
+    assert "pipeline on 16,777,216 ranks has 111,060 configurations" in line and "more than the 20,000" in line

@@ -1,4 +1,4 @@
-"""``tune --search``: scenarios of every axis ``model predict`` can express, with a bound (issue 45 item 1).
+"""``tune --search``: scenarios of every axis ``model predict`` can express, with a bound.
 
 No wall-time asserts (project rule): the 32,768-rank search is checked by its candidate count against the bound;
 its time is measured by hand (docs/guide/model-and-tuning.md)."""

@@ -1,4 +1,4 @@
-"""Uneven pipeline stages (issue 45, item 4): blocks per stage by the default rule and by Megatron-LM's first/last
+"""Uneven pipeline stages: blocks per stage by the default rule and by Megatron-LM's first/last
 counts, the step timed by the fullest stage and memory counted with each stage's own blocks. Known answers by hand."""
 
 from dataclasses import replace

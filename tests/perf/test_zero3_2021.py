@@ -1,4 +1,4 @@
-"""Issue 30 item 5: DeepSpeed 2021's ZeRO-3 (``--implementation deepspeed-2021``), each term with a known answer
+"""DeepSpeed 2021's ZeRO-3 (``--implementation deepspeed-2021``), each term with a known answer
 computed by hand from the dgx-a100 profile's constants (fourd_mpi/perf/zero3_2021.py cites DeepSpeed's code)."""
 
 import pytest

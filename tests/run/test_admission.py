@@ -1,4 +1,4 @@
-"""Memory admission (issue 19 item 5): a run that cannot fit is refused before it allocates, with the
+"""Memory admission: a run that cannot fit is refused before it allocates, with the
 same one line on every rank naming the estimate, the budget and a change that fits."""
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def _one_line(proc, n):
 @pytest.mark.mpi
 def test_a_model_that_cannot_fit_is_refused_before_allocating(tmp_path):
     """``--hidden 1000000000`` (before: over 20 GB allocated in 14 s; under a 6 GB address-space limit,
-    kept here so the old code cannot take the machine down, _ArrayMemoryError tracebacks). Since issue 34
+    kept here so the old code cannot take the machine down, _ArrayMemoryError tracebacks). Now
     the option's range (at most 2^20) refuses that value where it is parsed; the largest width it allows
     still cannot fit, and the admission check says so."""
     proc = _launch(4, ["run", "--hidden", "1000000000", "--results-dir", tmp_path, "--display", "quiet"],

@@ -19,7 +19,7 @@ CASES = [
     (["--steps", "0"], "--steps: expected a positive integer, got 0"),
     (["--overlap", "oag,prefetch"], "unknown overlap 'prefetch'"),
     (["--progress", "async"], "--progress: invalid choice: 'async'"),
-    # issue 19 item 10: accepted before (losses nan, or every step a warm-up, trace "complete")
+    # accepted before (losses nan, or every step a warm-up, trace "complete")
     (["--lr", "nan"], "--lr must be a positive finite number, got nan"),
     (["--lr", "-1"], "--lr must be a positive finite number, got -1.0"),
     (["--steps", "2", "--warmup", "2"], "--warmup 2 leaves no measured step of --steps 2"),

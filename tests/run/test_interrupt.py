@@ -252,7 +252,7 @@ def _sighup_after_a_step(proc, spool, ranks: int):
 
 
 def test_sighup_is_recorded_as_interrupted(tmp_path):
-    """Issue 34: SIGHUP (the terminal or ssh session closed) left no "interrupted" record: the spool had no
+    """SIGHUP (the terminal or ssh session closed) left no "interrupted" record: the spool had no
     reason and the recovered trace was "partial". One rank, without a launcher (the signal goes to it)."""
     cmd = [sys.executable, "-m", "fourd_mpi", "run", "--steps", "100000", "--results-dir", str(tmp_path),
            "--run-id", "h", "--display", "quiet"]

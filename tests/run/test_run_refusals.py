@@ -1,4 +1,4 @@
-"""Issue 19: faults of a run found before the steps, or at the step they happen, in one line per rank.
+"""Faults of a run found before the steps, or at the step they happen, in one line per rank.
 
 Before: ``--inject-fault 0:99`` with ``--steps 3`` was accepted and never fired; ``--run-id dup --force``
 with ``RESULTS/dup.h5`` a directory ran every step and failed at publish; ``--lr 1e30`` made the losses
@@ -65,7 +65,7 @@ def test_a_non_finite_loss_stops_every_rank_and_keeps_the_steps(run_mpi, tmp_pat
     assert f"status failed, {steps} completed by every rank ({step + 1})" in rec.stdout, rec.stdout
 
 
-# --- issue 34 ------------------------------------------------------------------------------------------
+# --- a watchdog abort, long run ids, verify of one step -------------------------------------------------
 
 def test_a_watchdog_abort_publishes_no_trace_and_no_index_entry(tmp_path):
     """Before: a watchdog that fired (--step-timeout 0.001: "aborting the job", exit 3) on a wait that then

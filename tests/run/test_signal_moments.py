@@ -1,4 +1,4 @@
-"""Hardening: SIGINT, SIGTERM and SIGHUP to ``mpiexec`` at random moments of ``fourd-mpi run`` (2 ranks, two part
+"""SIGINT, SIGTERM and SIGHUP to ``mpiexec`` at random moments of ``fourd-mpi run`` (2 ranks, two part
 files). Each moment is drawn from a seeded RNG after one of three states (the ranks' handlers in place, every
 rank past its first step, every rank past its last step), up to a little after the measured run would end.
 Never a traceback or a crash, never a hidden temporary file; the results directory holds a complete indexed

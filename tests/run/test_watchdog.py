@@ -37,7 +37,7 @@ def test_watchdog_fires_once_with_the_place_and_the_limit():
 
 
 def test_a_fire_is_marked_before_the_wait_it_judged_can_end():
-    """Issue 34 leftover: the watchdog judged a wait too long while the main thread was leaving it; the mark
+    """The watchdog judged a wait too long while the main thread was leaving it; the mark
     (``fired``) came after the ranks had agreed in ``hold_if_fired`` that none fired, and the merge published
     a trace in the 0.5 s before MPI_Abort. Now judging and marking hold the lock the main thread needs to leave
     a wait. Made deterministic: the watchdog's clock read blocks until the main thread is leaving the wait;
@@ -143,7 +143,7 @@ def _mpmd(parts, cwd, timeout=120):
 @pytest.mark.mpi
 @pytest.mark.parametrize("command", ["run", "verify", "info"])
 def test_a_stale_preset_table_on_some_ranks_fails_at_once(tmp_path, command):
-    """Issue 19 item 1 on the *resolved* configuration: one rank runs a stale copy of the package whose
+    """The ranks' configuration check on the *resolved* configuration: one rank runs a stale copy of the package whose
     gpt-tiny preset has another depth (same version, same arguments, so the arguments check passes).
     Before, the ranks built different models (a hang or garbage); now every rank prints the same line
     naming the resolved value that differs and which ranks hold it, before the grid is built."""
@@ -165,7 +165,7 @@ def test_a_stale_preset_table_on_some_ranks_fails_at_once(tmp_path, command):
 @pytest.mark.mpi
 @pytest.mark.parametrize("command", ["run", "verify"])
 def test_ranks_running_different_code_are_diagnosed(tmp_path, command):
-    """Issue 19 item 2: an MPMD mismatch the configuration check cannot see. One of two ranks runs a stale
+    """An MPMD mismatch the configuration check cannot see. One of two ranks runs a stale
     copy of the package (same version, same arguments) whose step starts with a barrier over the world,
     which the others never call. Before (verify had no watchdog) this hung forever; now every
     rank that waits says where and the job ends with the watchdog's status within the timeout."""

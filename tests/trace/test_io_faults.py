@@ -1,4 +1,4 @@
-"""I/O errors that are not a full disk, and file systems without locks (issue 19 item 6), on a real
+"""I/O errors that are not a full disk, and file systems without locks, on a real
 FUSE mount (``tests/helpers/faultfs.py``): the kernel returns ``EIO`` (a failing disk, a Lustre OST that
 went away) or ``ENOLCK`` (NFS mounted ``nolock``, some FUSE and Lustre mounts) to the real
 ``mpiexec`` run, ``trace recover`` and ``sweep submit``. Nothing in our processes is patched.

@@ -255,7 +255,7 @@ def test_recover_refuses_a_rank_step_that_lacks_events_its_record_counts(tmp_pat
     events_file = os.path.join(spool, "rank000002.events")  # rank 2 lost its last event of step 1
     size = os.path.getsize(events_file)
     os.truncate(events_file, size - EVENT_DTYPE.itemsize)
-    # issue 34: validated before publication, in both checks: nothing written, the damage named
+    # validated before publication, in both checks: nothing written, the damage named
     for check, out in (("readback", "t.h5"), ("full", "full.h5")):
         with pytest.raises(TraceError, match=r"damaged: rank 2 step 1: 6 events in the \.events file, its record says 7 "
                                              r"\(1 such rank-steps\).*nothing was written"):
@@ -304,7 +304,7 @@ def test_a_part_that_does_not_read_back_keeps_the_spool_and_is_named_where_it_li
     assert load_trace(result["path"]).attrs["parts"] == 2  # the trace itself is published
 
 
-# --- issue 34: recovery that never lies ---------------------------------------------------------------
+# --- recovery that never lies ------------------------------------------------------------------------
 
 def test_recover_refuses_events_whose_rank_bytes_were_flipped(tmp_path):
     """Before: exit 0 and a published trace that 'trace check' rejected ("rank 4278190081 outside the world")."""

@@ -1,4 +1,4 @@
-"""Hardening: SIGINT, SIGTERM and SIGHUP at random moments of the final merge of a multi-part trace (3 ranks, one
+"""SIGINT, SIGTERM and SIGHUP at random moments of the final merge of a multi-part trace (3 ranks, one
 part file each, staged in a hidden directory next to the trace until published), sent to ``mpiexec`` (which
 forwards SIGINT and SIGTERM to every rank and dies of SIGHUP, its proxy then killing the ranks), to rank 0 (the
 writer of the top-level file) or to rank 2 (the writer of a part). Each moment is drawn from a seeded RNG after

@@ -1,4 +1,4 @@
-"""NVTX ranges (``run --nvtx``, issue 32 item 5) on the CPU: the calls are made, named step / phase / layer /
+"""NVTX ranges (``run --nvtx``) on the CPU: the calls are made, named step / phase / layer /
 op, and balanced on every path, errors included. A stand-in ``nvtx`` module records the calls (the real
 package needs no GPU either, but cannot be read back)."""
 

@@ -1,4 +1,4 @@
-"""Fuzzing of everything that reads user files (issue 19, item 8): mutated real traces, generated
+"""Fuzzing of everything that reads user files: mutated real traces, generated
 sweep specs / site profiles (YAML, aliases included) and ``--config`` files (TOML, YAML, JSON).
 
 Each target runs ``tests/helpers/fuzz_readers.py`` in a subprocess under an address-space limit

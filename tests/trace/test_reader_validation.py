@@ -1,4 +1,4 @@
-"""The trace reader validates everything it trusts (issue 19, item 8): each hostile or damaged file
+"""The trace reader validates everything it trusts: each hostile or damaged file
 of the probes is refused with one line (never a traceback, never unbounded memory), damaged files are
 skipped by the offline commands unless ``--allow-damaged`` while the good files are analysed, and
 ``-o`` into a missing directory is a one-line error. One process, no MPI: real sample traces from

@@ -1,4 +1,4 @@
-"""Issue 19: ``trace recover`` trusts nothing in a spool's run.json that it has not checked.
+"""``trace recover`` trusts nothing in a spool's run.json that it has not checked.
 
 Before: ``world_size: 10**12`` pinned a CPU per worker and grew memory without bound (the world was
 used as given); a run.json holding a JSON list ended in ``TypeError: list indices must be integers``.

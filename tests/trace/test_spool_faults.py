@@ -1,4 +1,4 @@
-"""The spool under faults (issue 19 items 4 and 6): a full disk at every stage, a spool deleted mid-run,
+"""The spool under faults: a full disk at every stage, a spool deleted mid-run,
 ``trace recover`` on a live run. Real ``mpiexec``, real files on a real tmpfs (mounted here: root only).
 
 A fault happens at a known point through ``--inject-fault RANK:STEP:MODE`` (``fill-disk`` fills the
@@ -111,7 +111,7 @@ def test_disk_full_at_the_merge_and_during_recover(run_mpi, tmpfs):
     assert leftovers(tmpfs) == [] and not [f for f in os.listdir(tmpfs) if f.startswith(".")]
     whole_steps_only(spool)
     assert "merge: writing" in json.loads((spool / "rank000000.failed.json").read_text())["error"]
-    # recover into the full disk: one line, no hidden temporary file (issue 34: refused before the work)
+    # recover into the full disk: one line, no hidden temporary file (refused before the work)
     rec = recover_cli(spool)
     assert rec.returncode == 2 and "Traceback" not in rec.stderr, rec.stderr
     assert rec.stderr.strip() == (f"fourd-mpi: error: cannot write the trace {tmpfs / 'merge.h5'}: no space left on the "

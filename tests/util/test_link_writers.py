@@ -2,7 +2,7 @@
 its own; it is neither written through (which would replace another directory's file, or anyone's) nor replaced
 (which would drop someone's link). Each writer refuses in one line that names the link and what it points to,
 and leaves both as they were. The ``-o``/``--out``/``--report``/``--json``/``--emit-sweep`` outputs of every
-command are in tests/util/test_output_rule.py (case ``symbolic-link``); here the files commands write under
+command are in tests/cli/test_output_options.py (case ``symbolic-link``); here the files commands write under
 names of their own: a run's trace, parts and index line, a recovery's index line, a sweep's scripts, marker,
 jobs file, job logs, collected traces and set-aside attempts, the index's appends, the test bed's state.
 The index's own rule (a link within its directory is its own and followed) is kept. One process unless MPI

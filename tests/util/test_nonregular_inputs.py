@@ -1,4 +1,4 @@
-"""Issue 19: a user file that is not a regular file is refused in one line, never waited on.
+"""A user file that is not a regular file is refused in one line, never waited on.
 
 Before, a FIFO with no writer given as a trace, a config, a sweep spec, a site or a machine profile
 hung forever in ``open`` (``timeout`` ended it, rc 124); a directory given as a trace printed an

@@ -1,4 +1,4 @@
-"""Safe YAML, TOML and JSON (issue 19, items 7 and 10): alias bombs, self-references, deep nesting
+"""Safe YAML, TOML and JSON: alias bombs, self-references, deep nesting
 and oversized files are refused with one line naming the file before anything is expanded, for sweep
 specs, site and machine profiles and ``--config`` files; a config value of the wrong type names the
 file, the line and the key. One process, no MPI."""

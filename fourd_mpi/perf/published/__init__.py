@@ -35,10 +35,10 @@ from fourd_mpi.util.units import GIB
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATASETS = ("narayanan_sc21", "axonn_sc24", "narayanan_sc21_table2", "megatron_readme_2020", "llama3_405b",
             "megascale_megatron")
-#: the set issue 30's targets apply to (Table 1 and AxoNN's flagship); the other datasets are reported
+#: the set the accuracy targets apply to (Table 1 and AxoNN's flagship); the other datasets are reported
 #: beside it with their own summaries
 TARGET_SET = ("narayanan_sc21", "axonn_sc24")
-#: targets of issue 30 for TARGET_SET
+#: the accuracy targets for TARGET_SET: median |error| and Spearman's rho of % of peak
 TARGET_MEDIAN_ERROR = 0.10
 TARGET_SPEARMAN = 0.8
 #: AxoNN's minimum tensor-parallel degree G_x G_y G_z for gpt-80b (REFERENCES.md section 2, run scripts)
@@ -350,7 +350,7 @@ def _factor(x: float) -> str:
 
 
 def _target_rows(rows: List[Row]) -> List[Row]:
-    """The rows of :data:`TARGET_SET`, the datasets issue 30's targets apply to."""
+    """The rows of :data:`TARGET_SET`, the datasets the accuracy targets apply to."""
     target_ids = {load(name)["dataset"] for name in TARGET_SET}
     return [r for r in rows if r.dataset in target_ids]
 
@@ -384,7 +384,7 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
     if target_rows:
         t = summary(target_rows)
         present = sorted({r.dataset for r in target_rows})
-        lines.append(f"summary over {t['points']} points (issue 30's set: {', '.join(present)}): median "
+        lines.append(f"summary over {t['points']} points (the targets' set: {', '.join(present)}): median "
                      f"|error| {100 * t['median_abs_error']:.1f} % (target <= {100 * TARGET_MEDIAN_ERROR:g} %), worst "
                      f"{t['worst']} {100 * t['worst_error']:.1f} %, Spearman {_rho(t)} (target >= {TARGET_SPEARMAN}; of "
                      f"% of peak, published vs predicted), every configuration fits its GPU's memory: "

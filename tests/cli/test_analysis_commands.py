@@ -10,6 +10,8 @@ import sys
 import pytest
 from conftest import REPO, mpi_env
 
+from fourd_mpi.cli.main import main
+
 SAMPLES = REPO / "results" / "samples"
 
 
@@ -130,7 +132,7 @@ def test_plot_errors(tmp_path):
     ("runs,scaling", ["weak-2.h5"], "got 1 trace(s) at 1 rank count(s)"),
 ])
 def test_compare_and_scaling_asked_for_with_too_few_traces_is_one_line(what, traces, needed):
-    """Issue 32 item 7: before, ``--what compare|scaling`` on one trace printed nothing and exited 0."""
+    """Before, ``--what compare|scaling`` on one trace printed nothing and exited 0."""
     proc = fourd("analyze", *[SAMPLES / t for t in traces], "--what", what)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and needed in proc.stderr, proc.stderr
@@ -142,3 +144,14 @@ def test_compare_and_scaling_with_enough_traces_answer():
     scaling = fourd("analyze", *sorted(SAMPLES.glob("weak-*.h5")), "--what", "scaling", "--scaling", "weak")
     assert compare.returncode == 0 and "== compare ==" in compare.stdout, compare.stderr
     assert scaling.returncode == 0 and "== weak scaling ==" in scaling.stdout, scaling.stderr
+
+
+def test_a_gzip_export_names_the_final_file_in_its_header(tmp_path, monkeypatch):
+    """Before: the FNAME field named the temporary file (.tmp-PID-a.json)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "perfetto", str(REPO / "results" / "samples" / "weak-1.h5"), "-o", "a.json.gz"]) == 0
+    head = (tmp_path / "a.json.gz").read_bytes()
+    assert head[:2] == b"\x1f\x8b" and head[3] & 0x08  # FNAME present
+    fname = head[10:head.index(b"\0", 10)]
+    assert fname == b"a.json"  # as gzip a.json writes it
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json.gz"]

@@ -1,4 +1,4 @@
-"""``tune`` answers for any rank count it accepts, and refuses the rest in one line (issue 34: ``tune
+"""``tune`` answers for any rank count it accepts, and refuses the rest in one line (before: ``tune
 --ranks 65536`` hung in an O(ranks) search; 2^63 grew without bound). Offline: no MPI."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 34, item 2: every number bounded where it is parsed, in one line that names the bound.
+"""Every number bounded where it is parsed, in one line that names the bound.
 
 Before: ``--layers 2^63`` was an OverflowError on ``run``, ``info`` and ``tune``; ``run --steps 2^63``
 was accepted; ``bench collectives --max-size 1e308`` (also ``2^63``, ``4G``) and ``--iters 2^63`` grew

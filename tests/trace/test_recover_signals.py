@@ -1,4 +1,4 @@
-"""Hardening issue: SIGINT, SIGTERM and SIGHUP at many moments of ``trace recover`` (its HDF5 writes
+"""SIGINT, SIGTERM and SIGHUP at many moments of ``trace recover`` (its HDF5 writes
 included: the writer holds them back around each HDF5 call, then exits with one line and status 128 +
 signal, its temporary file removed); never a crash, a traceback or a hidden temporary file; a recovery
 that ends adds its run to the index."""
@@ -51,7 +51,7 @@ def default_signals() -> None:
 
 def test_a_signal_at_any_moment_of_recover(tmp_path, spool):
     """30 tries: each signal of the three, at a random moment between the child's handlers being in place
-    (it catches SIGTERM, see tests/util/test_messages.py) and a little after a whole recovery would end.
+    (it catches SIGTERM, see tests/cli/test_messages.py) and a little after a whole recovery would end.
     Before: SIGSEGV 3 times in about 110 Ctrl-C."""
     rng = random.Random(7)
     start = time.monotonic()
@@ -79,7 +79,7 @@ def test_a_signal_at_any_moment_of_recover(tmp_path, spool):
         seen[(sig.name, proc.returncode)] = seen.get((sig.name, proc.returncode), 0) + 1
         # 128 + signal from the command's own handling, never -signal: a Ctrl-C that came while a lazy import
         # built a dataclass or namedtuple (code run from a string) made CPython end the process by SIGINT after
-        # the one line (tests/util/test_interrupt_exit.py); the entry point clears that note now
+        # the one line (tests/cli/test_interrupt_exit.py); the entry point clears that note now
         assert proc.returncode in (0, 128 + sig), (sig.name, moment, proc.returncode, err)
         assert "Traceback" not in err and "Exception ignored" not in err, err
         assert len(err.strip().splitlines()) <= 1, err

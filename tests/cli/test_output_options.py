@@ -1,4 +1,4 @@
-"""Issue 34, item 1: one rule for every file a command writes (:mod:`fourd_mpi.util.files`).
+"""One rule for every file a command writes (:mod:`fourd_mpi.util.files`).
 
 The commands are enumerated from the parser: every option that names an output (``-o``, ``--out``,
 ``--emit-sweep``, ``--json``, ``--report``) must have a sample command line below, and each is tried
@@ -28,6 +28,8 @@ from conftest import REPO, mounted_tmpfs, mpi_env
 
 from fourd_mpi.cli.args import walk_parsers
 from fourd_mpi.cli.main import build_parser, main
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.util.files import refuse_output
 
 SAMPLE_TRACE = REPO / "results" / "samples" / "weak-1.h5"
 SPEC = REPO / "jobscripts" / "weak-gpt-tiny.yaml"
@@ -251,3 +253,22 @@ def test_bench_refuses_a_profile_name_before_measuring(tmp_path):
     assert proc.stderr.strip() == ("fourd-mpi: error: --name 'my profile': a profile name uses letters, digits and . _ - "
                                    "(at most 64 characters, starting with a letter or digit)")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind, words", [("dir", "it is a directory"), ("fifo", "not a regular file (a FIFO)"),
+                                         ("dangling", "a symbolic link that leads nowhere"),
+                                         ("device", "not a regular file (a character device)")])
+@pytest.mark.parametrize("force", [False, True])
+def test_an_output_that_is_not_a_regular_file_is_said_first(tmp_path, kind, words, force):
+    path = tmp_path / "out.json"
+    if kind == "dir":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dangling":
+        os.symlink(tmp_path / "nowhere" / "x", path)
+    else:
+        path = "/dev/null"
+    with pytest.raises(ConfigError) as info:
+        refuse_output(str(path), force)
+    assert words in str(info.value) and "--force" not in str(info.value)

@@ -1,6 +1,7 @@
-"""Issue 34, item 5: the unclear messages, reworded and pinned; encoding errors and Ctrl-C handled once
-for the whole command line; empty values refused; repeated sweep values refused; ``trace check`` sees a
-``/steps`` time that disagrees with the per-rank maximum.
+"""The command line's unclear messages, reworded and pinned: encoding errors and Ctrl-C handled once for the whole
+command line; empty values and paths refused; repeated sweep values refused; ``trace check`` sees a ``/steps`` time
+that disagrees with the per-rank maximum; ``--help``/``--version`` print with a lone launcher rank variable;
+``sweep render --out ""`` and ``results list --grid 1x1x`` are refused in one line.
 
 Each test names what the command said before.
 """
@@ -34,6 +35,15 @@ def one_error(argv, capfd, status=2) -> str:
     assert main([str(a) for a in argv]) == status
     err = capfd.readouterr().err
     lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fourd-mpi: error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def one_error_besides_warnings(argv, capfd) -> str:
+    """The one error line of ``main(argv)`` (status 2), warning lines aside."""
+    assert main(argv) == 2
+    err = capfd.readouterr().err
+    lines = [l for l in err.strip().splitlines() if "warning" not in l]
     assert len(lines) == 1 and lines[0].startswith("fourd-mpi: error: ") and "Traceback" not in err, err
     return lines[0]
 
@@ -196,3 +206,67 @@ def test_trace_check_sees_a_step_time_that_is_not_the_per_rank_maximum(tmp_path,
     out = capfd.readouterr().out
     row = next(line for line in out.splitlines() if line.split()[:1] == ["1"])
     assert f"{right:.4f}" in row and "(/steps says" in row, row
+
+
+@pytest.mark.parametrize("env", [{"PMI_RANK": "3"}, {"SLURM_PROCID": "2"}, {"SLURM_PROCID": "1", "SLURM_NTASKS": "1"}])
+@pytest.mark.parametrize("flag, words", [("--version", "fourd-mpi "), ("--help", "usage: fourd-mpi")])
+def test_help_and_version_print_with_a_lone_rank_variable(env, flag, words, monkeypatch, capsys):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as info:
+        main([flag])
+    assert info.value.code == 0 and words in capsys.readouterr().out
+
+
+def test_help_prints_once_per_launch(monkeypatch, capsys):
+    # before MPI starts (as a launched command): an initialized MPI in this pytest process would decide instead
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
+    monkeypatch.setenv("PMI_RANK", "3")
+    monkeypatch.setenv("PMI_SIZE", "4")
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out == ""
+
+
+def test_an_empty_out_is_refused(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    line = one_error_besides_warnings(["sweep", "render", str(REPO / "jobscripts" / "weak-gpt-tiny.yaml"), "--out", ""], capfd)
+    assert "argument --out: expected a value, got ''" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [["--grid", "1x1x"], ["grid=2x4"]])
+def test_a_malformed_grid_filter_is_a_format_error(argv, tmp_path, monkeypatch, capfd):
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a").mkdir()
+    shutil.copy(REPO / "results" / "samples" / "weak-1.h5", tmp_path / "a")
+    assert main(["results", "reindex", "a"]) == 0
+    capfd.readouterr()
+    line = one_error_besides_warnings(["results", "list", "--index", "a", *argv], capfd)
+    assert "is not four positive sizes G_data x G_z x G_y x G_x" in line
+
+
+
+
+@pytest.mark.parametrize("grid, words", [
+    ("9x9x9x9", "--explain 9x9x9x9: 6,561 ranks, not the --ranks 1,024 compared (G_data*G_z*G_y*G_x must equal "
+                "--ranks)"),
+    ("1024x1x1x1", "--explain 1024x1x1x1: G_data*G_z = 1,024 does not divide --batch 1,000"),
+])
+def test_compare_axonn_explain_is_a_grid_of_the_run(grid, words, capfd):
+    line = one_error_besides_warnings(["model", "compare-axonn", "--batch", "1000", "--explain", grid], capfd)
+    assert words in line
+
+
+@pytest.mark.parametrize("argv", [
+    ["export", "perfetto", "t.h5", "-o", ""], ["results", "list", "--index", ""], ["compare", "a", "--baseline", ""],
+    ["tune", "--ranks", "8", "--profile", ""], ["analyze", ""], ["trace", "recover", "x", "-o", ""],
+    ["model", "predict", "--config", ""], ["sweep", "plan", "s.yaml", "--results-dir", ""],
+    ["bench", "collectives", "--report", ""], ["tune", "--ranks", "8", "--emit-sweep", ""]])
+def test_an_empty_path_is_refused_by_every_command(argv, capfd, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = one_error_besides_warnings(argv, capfd)
+    assert "expected a value, got ''" in line
+    assert list(tmp_path.iterdir()) == []

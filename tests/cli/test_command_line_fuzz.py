@@ -1,4 +1,4 @@
-"""Fuzzing of the command line itself (issue 34, item 7): random options and values for every command,
+"""Fuzzing of the command line itself: random options and values for every command,
 drawn from the parser (``tests/helpers/fuzz_cli.py``, in a subprocess under an address-space limit).
 
 Every example must end with status 0, 1, 2 or 3, no traceback, no hang (CPU and wall bounds per
