@@ -109,6 +109,8 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
     same per-step series (:func:`breakdown_data` is the frame drawn). ``normalize=True`` shows
     percent of the step instead of time per step (no error bars). ``orientation`` ``"vertical"``
     (value on y) or ``"horizontal"``.
+
+    Long: one figure, top to bottom: frame, scale, stacked bars, error bars, labels, legend; they share most locals.
     """
     if orientation not in ("vertical", "horizontal"):
         raise ValueError(f"plot_breakdown: orientation must be 'vertical' or 'horizontal', got {orientation!r}")

@@ -36,6 +36,8 @@ def plot_scaling(scaling_df, path, mode: str = "weak", title: Optional[str] = No
     ideal 1.0 dashed. Where a line has several runs of one rank count (several grids), the line
     goes through the fastest and the others are shown as open markers. Points are annotated with
     their grid.
+
+    Long: one two-panel figure; one loop draws each line on both panels from the same points; split reads worse.
     """
     if mode not in ("weak", "strong"):
         raise ValueError(f"plot_scaling: mode must be 'weak' or 'strong', got {mode!r}")

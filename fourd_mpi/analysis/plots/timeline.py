@@ -107,6 +107,8 @@ def _timeline_figure(trace, step: Optional[int] = None, ranks=None):
     ``info``: ``step``, ``ranks``, ``events`` (rows selected), ``bars`` (dict: host compute
     bars, wait bars, comm bars), ``collections`` (the PolyCollections of event bars, each with
     ``gid`` ``"event:<rank>:<row>:<op>"``).
+
+    Long: one Gantt figure built top to bottom (lanes, bars, legend, caption); pieces share most locals.
     """
     from fourd_mpi.trace.events import LANE_COMM0, LANE_HOST
 
