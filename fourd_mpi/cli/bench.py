@@ -52,9 +52,39 @@ def _size(text: str) -> int:
     return value
 
 
+def _add_output_options(p) -> None:
+    """The ``output`` group of ``bench collectives``: the profile written, its fit gate, the report's file and
+    format."""
+    from fourd_mpi.perf.calibration import MAX_FIT_RMS
+
+    o = p.add_argument_group("output")
+    o.add_argument("-o", "--output", metavar="FILE", default=None,
+                   help="machine profile to write (default results/profiles/<host>.yaml); the report stays on "
+                        "standard output")
+    o.add_argument("--name", default=None, help="profile name (default local-<host>)")
+    o.add_argument("--fallback", default=None, metavar="PROFILE",
+                   help="built-in profile named in the file for levels not measured (e.g. perlmutter)")
+    o.add_argument("--force", action="store_true", help="replace an existing profile file (or --report file)")
+    o.add_argument("--max-fit-error", type=float_in(0.0, 1000.0, "a percentage"), default=100 * MAX_FIT_RMS,
+                   metavar="PERCENT", help=f"the profile is written only when every alpha-beta fit (per level, "
+                   f"collective and group size) misses its measurements by less than this relative rms error "
+                   f"(default {100 * MAX_FIT_RMS:.0f}); else one line names the worst fit and every rank exits 1")
+    o.add_argument("--accept-poor-fit", action="store_true",
+                   help="write the profile even when a fit reaches --max-fit-error; the model then uses the stored "
+                        "measured points first. A flag of its own, not --force: replacing a file and accepting a "
+                        "poor fit are different decisions")
+    o.add_argument("--report", dest="table", metavar="FILE",
+                   help="also write the printed report (in --format) there")
+    add_deprecated(o, "--table", "--report", dest="table", metavar="FILE")
+    add_json_format(o, BENCH_JSON, ("table", "csv", "json"),
+                    help="report on stdout: table (nccl-tests / OSU-like text, default) or csv (a row per "
+                         "communicator, op, size and placement), each row printed when it is measured; or json (one "
+                         "document at the end: everything)")
+
+
 def register(sub) -> None:
     """``fourd-mpi bench collectives ...``"""
-    from fourd_mpi.perf.calibration import MAX_FIT_RMS, OPS
+    from fourd_mpi.perf.calibration import OPS
     from fourd_mpi.run.collbench import DEFAULT_TIME_LIMIT_S, PROGRESS_EVERY_S
 
     bench = sub.add_parser("bench", help="micro-benchmarks under mpiexec: collectives (OSU / nccl-tests "
@@ -108,29 +138,7 @@ def register(sub) -> None:
     c.add_argument("--gemm-size", type=int_in(1, MAX_GEMM_SIZE, "n of an n x n GEMM"), default=256, help="n of the n x n x n GEMM (default 256)")
     c.add_argument("--backend", default="numpy", choices=("numpy", "cupy"), help="array library of the GEMM "
                    "(collective buffers are host memory)")
-    o = p.add_argument_group("output")
-    o.add_argument("-o", "--output", metavar="FILE", default=None,
-                   help="machine profile to write (default results/profiles/<host>.yaml); the report stays on "
-                        "standard output")
-    o.add_argument("--name", default=None, help="profile name (default local-<host>)")
-    o.add_argument("--fallback", default=None, metavar="PROFILE",
-                   help="built-in profile named in the file for levels not measured (e.g. perlmutter)")
-    o.add_argument("--force", action="store_true", help="replace an existing profile file (or --report file)")
-    o.add_argument("--max-fit-error", type=float_in(0.0, 1000.0, "a percentage"), default=100 * MAX_FIT_RMS,
-                   metavar="PERCENT", help=f"the profile is written only when every alpha-beta fit (per level, "
-                   f"collective and group size) misses its measurements by less than this relative rms error "
-                   f"(default {100 * MAX_FIT_RMS:.0f}); else one line names the worst fit and every rank exits 1")
-    o.add_argument("--accept-poor-fit", action="store_true",
-                   help="write the profile even when a fit reaches --max-fit-error; the model then uses the stored "
-                        "measured points first. A flag of its own, not --force: replacing a file and accepting a "
-                        "poor fit are different decisions")
-    o.add_argument("--report", dest="table", metavar="FILE",
-                   help="also write the printed report (in --format) there")
-    add_deprecated(o, "--table", "--report", dest="table", metavar="FILE")
-    add_json_format(o, BENCH_JSON, ("table", "csv", "json"),
-                    help="report on stdout: table (nccl-tests / OSU-like text, default) or csv (a row per "
-                         "communicator, op, size and placement), each row printed when it is measured; or json (one "
-                         "document at the end: everything)")
+    _add_output_options(p)
     s.add_argument("--no-in-place", dest="in_place", action="store_false",
                    help="measure out-of-place only (default: out-of-place and MPI_IN_PLACE)")
     bench.set_defaults(handler=cmd_bench, serial=False)

@@ -133,50 +133,9 @@ def cmd_testbed(args, world=None) -> int:
     command = args.testbed_command
     args.name = _bed_name(args)
     if command == "up":
-        from fourd_mpi.testbed import slurm
-
-        nodes = args.nodes if args.nodes is not None else (None if args.node_names else 2)
-        spec = bed.make_spec(args.name, nodes, args.node_names, args.rate, args.burst)
-        if args.slurm:
-            bed.require_machine()
-            missing = slurm.missing_programs()
-            if missing:
-                raise ConfigError(f"--slurm: Slurm is not installed ({', '.join(missing)} missing): apt-get install "
-                                  f"slurmctld slurmd slurm-client")
-        state, created = bed.up(spec)
-        started = False
-        if args.slurm:
-            try:
-                started = _start_slurm_or_down(slurm, state, spec.name, args.cpus)
-            except slurm.DaemonEnded as exc:  # once more, on a fresh bed: a daemon's start-up can lose a race
-                log.warning("test bed %s: %s; bringing it up once more", spec.name, exc)
-                state, created = bed.up(spec)
-                started = _start_slurm_or_down(slurm, state, spec.name, args.cpus)
-        verb = "up" if created else "already up"
-        log.info("test bed %s %s: %s%s", spec.name, verb, bed.describe(state),
-                 "; Slurm " + ("started" if started else "running") if args.slurm else "")
-        return _show(bed.status(spec.name), args.format)
+        return _cmd_up(args)
     if command == "down":
-        if args.all:
-            beds, problems = bed.down_all()
-        else:
-            beds, problems = {args.name: bed.down(args.name)}, []
-        left_any = []
-        for name, (removed, left) in beds.items():
-            if (removed or not left) and args.format != "json":
-                print(f"test bed {name}: " + (f"removed {', '.join(removed)}" if removed else "was not up"))
-            left_any += left
-        if args.format == "json":
-            emit_json(DOWN_JSON, {"beds": [{"name": name, "removed": list(removed), "left": list(left)}
-                                           for name, (removed, left) in beds.items()], "problems": list(problems)})
-        elif args.all and not beds:
-            print("no test bed was up")
-        if problems:  # directories with a state file that is not valid: nothing of theirs was touched
-            raise ConfigError("; ".join(problems))
-        if left_any:
-            raise ConfigError(f"not removed, not made by this test bed (no {bed.MARKER_PREFIX}<its id> marker, or "
-                              f"no state records it): check by hand: {', '.join(left_any)}")
-        return 0
+        return _cmd_down(args)
     if command == "status":
         state = bed.status(args.name) if not bed.why_unavailable() else bed.load_state(args.name)
         if state is None:
@@ -198,7 +157,6 @@ def cmd_testbed(args, world=None) -> int:
         return 0
     if command == "mpiexec":
         state = bed.require_up(args.name)
-
         mpiexec = args.mpiexec or default_mpiexec()
         # the program as sweep render writes it: fourd-mpi and python of this environment, activated or not
         argv = bed.mpiexec_argv(state, args.ranks, args.ppn, mpiexec, args.order, flavor(mpiexec)) + \
@@ -214,6 +172,60 @@ def cmd_testbed(args, world=None) -> int:
         except OSError as exc:
             raise ConfigError(f"cannot run {argv[0]}: {exc.strerror}") from None
     raise ConfigError(f"unknown testbed command {command!r}")
+
+
+def _cmd_up(args) -> int:
+    """``testbed up``: bring the bed up (and Slurm on it with ``--slurm``; a daemon that ends during start-up gets
+    one more try on a fresh bed), then show its status."""
+    from fourd_mpi.testbed import bed, slurm
+
+    nodes = args.nodes if args.nodes is not None else (None if args.node_names else 2)
+    spec = bed.make_spec(args.name, nodes, args.node_names, args.rate, args.burst)
+    if args.slurm:
+        bed.require_machine()
+        missing = slurm.missing_programs()
+        if missing:
+            raise ConfigError(f"--slurm: Slurm is not installed ({', '.join(missing)} missing): apt-get install "
+                              f"slurmctld slurmd slurm-client")
+    state, created = bed.up(spec)
+    started = False
+    if args.slurm:
+        try:
+            started = _start_slurm_or_down(slurm, state, spec.name, args.cpus)
+        except slurm.DaemonEnded as exc:  # once more, on a fresh bed: a daemon's start-up can lose a race
+            log.warning("test bed %s: %s; bringing it up once more", spec.name, exc)
+            state, created = bed.up(spec)
+            started = _start_slurm_or_down(slurm, state, spec.name, args.cpus)
+    verb = "up" if created else "already up"
+    log.info("test bed %s %s: %s%s", spec.name, verb, bed.describe(state),
+             "; Slurm " + ("started" if started else "running") if args.slurm else "")
+    return _show(bed.status(spec.name), args.format)
+
+
+def _cmd_down(args) -> int:
+    """``testbed down [--all]``: take the bed(s) down; what was not made by a bed is named, never removed."""
+    from fourd_mpi.testbed import bed
+
+    if args.all:
+        beds, problems = bed.down_all()
+    else:
+        beds, problems = {args.name: bed.down(args.name)}, []
+    left_any = []
+    for name, (removed, left) in beds.items():
+        if (removed or not left) and args.format != "json":
+            print(f"test bed {name}: " + (f"removed {', '.join(removed)}" if removed else "was not up"))
+        left_any += left
+    if args.format == "json":
+        emit_json(DOWN_JSON, {"beds": [{"name": name, "removed": list(removed), "left": list(left)}
+                                       for name, (removed, left) in beds.items()], "problems": list(problems)})
+    elif args.all and not beds:
+        print("no test bed was up")
+    if problems:  # directories with a state file that is not valid: nothing of theirs was touched
+        raise ConfigError("; ".join(problems))
+    if left_any:
+        raise ConfigError(f"not removed, not made by this test bed (no {bed.MARKER_PREFIX}<its id> marker, or "
+                          f"no state records it): check by hand: {', '.join(left_any)}")
+    return 0
 
 
 def default_mpiexec() -> str:

@@ -73,62 +73,82 @@ RECOVER_JSON = JsonDoc("trace recover", {
 
 
 def cmd_trace(args, world=None) -> int:
-    from fourd_mpi.algorithms.registry import of_metadata
+    """``fourd-mpi trace recover|check|show``: one function per subcommand."""
+    if args.trace_command == "recover":
+        return _cmd_recover(args)
+    if args.trace_command == "check":  # a damaged trace is read, and its damage reported as violations
+        return _cmd_check(args)
+    return _cmd_show(args)
+
+
+def _cmd_recover(args) -> int:
+    """``trace recover DIR``: merge the per-rank files of an interrupted run into its trace."""
     from fourd_mpi.trace.files import parts_dir_of
-    from fourd_mpi.trace.invariants import check_invariants
-    from fourd_mpi.trace.read import load_trace
     from fourd_mpi.trace.recover import recover
 
-    if args.trace_command == "recover":
-        jobs = args.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-        result = recover(args.directory, args.output, args.force, summarize=_recovered_summary(args.directory),
-                         group_size=args.group_size, jobs=jobs, compression=args.compression, check=args.check)
-        if args.format == "json":
-            emit_json(RECOVER_JSON, {k: result.get(k) for k in RECOVER_JSON.keys})
-            if result["damaged"]:
-                error_line(f"the recovered trace {result['path']} does not pass 'trace check': {result['damaged']}")
-            return 1 if result["damaged"] else 0
-        if result.get("left_over"):
-            print(f"{result['path']}: status complete: the run's final merge published it; the per-rank files in "
-                  f"{args.directory} are left over from its interrupted clean-up (every step is in the trace) and can "
-                  "now be removed" + ("; the run's line was missing from the index: added" if result["indexed"] else ""))
-            _say_stale(result)
-            if result["index"] is not None:
-                log.warning("%s", result["index"])
-            return 0
-        steps = result["steps"]
-        kept = f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
-        print(f"{result['path']}: status {result['status']}, {kept} completed by every rank "
-              f"({len(steps)}), {result['events_dropped']} events of unfinished steps dropped"
-              + (f"; events in {result['parts']} part files in {parts_dir_of(result['path'])}" if result["parts"]
-                 else ""))
-        for failure in result["failures"]:
-            print(f"  rank {failure.get('rank')} failed: {failure.get('error')}")
+    jobs = args.jobs or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    result = recover(args.directory, args.output, args.force, summarize=_recovered_summary(args.directory),
+                     group_size=args.group_size, jobs=jobs, compression=args.compression, check=args.check)
+    if args.format == "json":
+        emit_json(RECOVER_JSON, {k: result.get(k) for k in RECOVER_JSON.keys})
+        if result["damaged"]:
+            error_line(f"the recovered trace {result['path']} does not pass 'trace check': {result['damaged']}")
+        return 1 if result["damaged"] else 0
+    if result.get("left_over"):
+        print(f"{result['path']}: status complete: the run's final merge published it; the per-rank files in "
+              f"{args.directory} are left over from its interrupted clean-up (every step is in the trace) and can "
+              "now be removed" + ("; the run's line was missing from the index: added" if result["indexed"] else ""))
         _say_stale(result)
         if result["index"] is not None:
             log.warning("%s", result["index"])
-        if result["removable"] is None:
-            how = ("passes 'trace check'" if result["verified"] == "full" else
-                   "reads back byte for byte (every part's XXH3-64 digest; 'trace check' runs the full checks)")
-            print(f"the trace holds every step of the per-rank files and {how}: {args.directory} can now be removed")
-        else:
-            print(f"keep the per-rank files in {args.directory}: {result['removable']}")
-        if result["damaged"]:
-            error_line(f"the recovered trace {result['path']} does not pass 'trace check': {result['damaged']}")
-            return 1
         return 0
-    if args.trace_command == "check":  # a damaged trace is read, and its damage reported as violations
-        trace = load_trace(args.file, allow_damaged=True)
-        problems = [f"damaged: {why}" for why in trace.damage] + check_invariants(trace)
-        if args.format == "json":
-            emit_json(CHECK_JSON, {"file": args.file, "events": len(trace.events), "world_size": trace.world_size,
-                                   "steps": len(trace.steps), "violations": problems, "ok": not problems})
-            return 1 if problems else 0
-        for problem in problems:
-            print(f"violation: {problem}")
-        print(f"{args.file}: {len(trace.events)} events, {trace.world_size} ranks, {len(trace.steps)} steps: "
-              + ("ok" if not problems else f"{len(problems)} violation(s)"))
+    steps = result["steps"]
+    kept = f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
+    print(f"{result['path']}: status {result['status']}, {kept} completed by every rank "
+          f"({len(steps)}), {result['events_dropped']} events of unfinished steps dropped"
+          + (f"; events in {result['parts']} part files in {parts_dir_of(result['path'])}" if result["parts"]
+             else ""))
+    for failure in result["failures"]:
+        print(f"  rank {failure.get('rank')} failed: {failure.get('error')}")
+    _say_stale(result)
+    if result["index"] is not None:
+        log.warning("%s", result["index"])
+    if result["removable"] is None:
+        how = ("passes 'trace check'" if result["verified"] == "full" else
+               "reads back byte for byte (every part's XXH3-64 digest; 'trace check' runs the full checks)")
+        print(f"the trace holds every step of the per-rank files and {how}: {args.directory} can now be removed")
+    else:
+        print(f"keep the per-rank files in {args.directory}: {result['removable']}")
+    if result["damaged"]:
+        error_line(f"the recovered trace {result['path']} does not pass 'trace check': {result['damaged']}")
+        return 1
+    return 0
+
+
+def _cmd_check(args) -> int:
+    """``trace check FILE``: the damage and the invariant violations of a trace, one line each."""
+    from fourd_mpi.trace.invariants import check_invariants
+    from fourd_mpi.trace.read import load_trace
+
+    trace = load_trace(args.file, allow_damaged=True)
+    problems = [f"damaged: {why}" for why in trace.damage] + check_invariants(trace)
+    if args.format == "json":
+        emit_json(CHECK_JSON, {"file": args.file, "events": len(trace.events), "world_size": trace.world_size,
+                               "steps": len(trace.steps), "violations": problems, "ok": not problems})
         return 1 if problems else 0
+    for problem in problems:
+        print(f"violation: {problem}")
+    print(f"{args.file}: {len(trace.events)} events, {trace.world_size} ranks, {len(trace.steps)} steps: "
+          + ("ok" if not problems else f"{len(problems)} violation(s)"))
+    return 1 if problems else 0
+
+
+def _cmd_show(args) -> int:
+    """``trace show FILE``: the trace's metadata, placement, clocks and step times (or JSON)."""
+    from fourd_mpi.algorithms.registry import of_metadata
+    from fourd_mpi.trace.files import parts_dir_of
+    from fourd_mpi.trace.read import load_trace
+
     trace = load_trace(args.file, allow_damaged=args.allow_damaged)
     if args.format == "json":
         return _show_json(args.file, trace)

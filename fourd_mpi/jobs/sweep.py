@@ -17,7 +17,6 @@ manifests are relative to it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -34,7 +33,23 @@ from typing import Dict, List, Optional
 
 from fourd_mpi import __version__
 from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM
-from fourd_mpi.errors import ConfigError, Terminated, TraceError
+from fourd_mpi.errors import ConfigError, Terminated
+from fourd_mpi.jobs.jobstate import (  # noqa: F401 (re-exported: callers and tests import them from here)
+    CLAIM_STATES,
+    JOBS,
+    LOCK,
+    live_states,
+    load_jobs,
+    next_steps,
+    read_exit_status,
+    record_state,
+    run_states,
+    save_jobs,
+    skip_reason,
+    spool_of_trace,
+    sweep_lock,
+    trace_state,
+)
 from fourd_mpi.jobs.launchers import AFFINITY_SCRIPT
 from fourd_mpi.jobs.pack import pack_settings, plan_packs, status_path
 from fourd_mpi.jobs.render import (
@@ -46,12 +61,11 @@ from fourd_mpi.jobs.render import (
     render_script,
     run_argv,
 )
-from fourd_mpi.jobs.schedulers import ACTIVE_STATES, FINAL_STATES, get_scheduler, parse_time, slurm_time
+from fourd_mpi.jobs.schedulers import FINAL_STATES, get_scheduler, parse_time, slurm_time
 from fourd_mpi.jobs.sites import RETIRED_DIR, SITES_DIR, Site, load_site
 from fourd_mpi.jobs.spec import SCHEMA, RunPlan, SweepSpec, spec_from_data
 from fourd_mpi.util.files import (
     MARKER,
-    NO_LOCK_ERRNOS,
     claim_directory,
     link_target,
     open_no_follow,
@@ -65,11 +79,6 @@ from fourd_mpi.util.yamlspec import schema_violations
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-JOBS = "jobs.json"
-#: the lock file of ``submit`` (:func:`sweep_lock`)
-LOCK = ".submit.lock"
-#: record states that mean "a sweep submit has claimed this run and is launching it"
-CLAIM_STATES = ("SUBMITTING", "RUNNING")
 MANIFEST_SCHEMA = "fourd_mpi.sweep"  # file-format id (kept when the module moved)
 MANIFEST_VERSION = 1
 #: job settings that render and plan take on the command line too
@@ -286,230 +295,6 @@ def load_manifest(sweep_dir: str) -> Dict:
     return manifest
 
 
-def load_jobs(sweep_dir: str) -> Dict[str, Dict]:
-    path = os.path.join(sweep_dir, JOBS)
-    if not os.path.exists(path):
-        return {}
-    with open(path) as fh:
-        try:
-            return json.load(fh)
-        except ValueError as exc:
-            raise ConfigError(f"{path} is not valid JSON: {exc}") from None
-
-
-def save_jobs(sweep_dir: str, jobs: Dict[str, Dict]) -> None:
-    """Atomic rewrite (a private temp file, fsync, rename): a crash or a second writer never leaves
-    a torn file. Call it under :func:`sweep_lock`, after :func:`load_jobs`, so no update is lost."""
-    path = os.path.join(sweep_dir, JOBS)
-    refuse_link(path, what=path)  # the sweep's own file: a link there is not (and would be replaced)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{JOBS}.", suffix=".tmp", dir=sweep_dir)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(jobs, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):  # a full disk, EIO: one line, jobs.json as it was
-            from fourd_mpi.trace.files import io_error_text
-
-            raise ConfigError(f"cannot write {path}: {io_error_text(exc)}") from None
-        raise
-
-
-@contextlib.contextmanager
-def sweep_lock(sweep_dir: str):
-    """An exclusive ``flock`` on ``DIR/.submit.lock`` for one read-decide-write of ``jobs.json``.
-
-    Held for short sections only (never while a job runs or ``sbatch`` waits), so a second
-    ``sweep submit`` waits a moment, then sees the first one's claims.
-
-    On a file system without file locks (``flock`` fails with ENOLCK, EOPNOTSUPP or ENOSYS: NFS
-    mounted ``nolock``, some FUSE and Lustre mounts) it goes on unlocked, after one ``note:`` line per
-    directory: refusing would make a sweep on such a file system (often the home directory on a
-    cluster) impossible to submit at all, while the lock only guards against a second ``sweep submit``
-    of the same directory at the same moment, which the user can avoid; claims are still recorded
-    before anything is launched, so a later submit still skips them. Any other error: one line."""
-    path = os.path.join(sweep_dir, LOCK)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise ConfigError(f"cannot lock the sweep directory {sweep_dir} ({path}: {exc.strerror})") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as exc:
-            if exc.errno not in NO_LOCK_ERRNOS:
-                raise ConfigError(f"cannot lock the sweep directory {sweep_dir} ({path}: {exc.strerror})") from None
-            if os.path.abspath(sweep_dir) not in _UNLOCKED_NOTED:
-                _UNLOCKED_NOTED.add(os.path.abspath(sweep_dir))
-                log.info(f"note: {sweep_dir} is on a file system without file locks ({path}: {exc.strerror}); this "
-                         "submit goes on, not protected against a concurrent 'sweep submit' of the same directory: run "
-                         "one at a time")
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-#: sweep directories whose missing locks were noted (one note per directory and process)
-_UNLOCKED_NOTED: set = set()
-
-
-def _claimant_gone(job: Dict) -> bool:
-    """A claim (``SUBMITTING``, or a local ``RUNNING``) whose ``sweep submit`` process ended without
-    recording the outcome (Ctrl-C, a crash). Only a claimant on this host can be checked."""
-    if job.get("state") not in CLAIM_STATES or job.get("host") != socket.gethostname() or not job.get("pid"):
-        return False
-    try:
-        os.kill(int(job["pid"]), 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, ValueError):
-        return False
-    return False
-
-
-def read_exit_status(path: Optional[str]) -> Optional[int]:
-    """The exit status a pack script recorded for one run (``logs/RUN.status``: ``"STATUS JOB_ID"``),
-    or None when the run has not ended (or the file is unreadable)."""
-    if not path:
-        return None
-    try:
-        with open(path) as fh:
-            return int(fh.read(200).split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def record_state(job: Optional[Dict], live: Dict[str, str]) -> str:
-    """The state of a run's record: the scheduler's (``live``), else the one recorded; ``-`` when none.
-
-    A run inside a pack (its record has a ``status_file``) is ``COMPLETED`` or ``FAILED`` by the exit
-    status its pack script recorded; before that, the pack job's state; a pack job that ended without
-    recording this run's status failed it (or was cancelled or timed out)."""
-    if not job:
-        return "-"
-    if _claimant_gone(job):
-        return "FAILED"
-    packed = bool(job.get("status_file"))
-    if packed:
-        status = read_exit_status(job["status_file"])
-        if status is not None:
-            return "COMPLETED" if status == 0 else "FAILED"
-    state = live.get(job.get("job_id"), "UNKNOWN") if job.get("job_id") else "UNKNOWN"
-    if state == "UNKNOWN":  # gone from the scheduler (or local, or a claim): the last state we saw
-        state = job.get("state", "UNKNOWN")
-    if packed and state in FINAL_STATES:
-        return state if state in ("CANCELLED", "TIMEOUT") else "FAILED"
-    return state
-
-
-def trace_state(path: str) -> str:
-    """``complete``/``partial``/``failed``/``interrupted`` (the trace's status), ``running`` (per-rank files
-    that a live run holds), ``recoverable`` (per-rank files of a run that ended without its trace: ``fourd-mpi
-    trace recover`` merges them), ``damaged``, or ``missing``. Reads the trace's header only."""
-    from fourd_mpi.trace.read import read_status
-
-    if os.path.exists(path):
-        try:
-            return read_status(path)
-        except TraceError:
-            return "damaged"
-    spool = spool_of_trace(path)
-    if os.path.isdir(spool):
-        return "running" if _spool_live(spool) else "recoverable"
-    return "missing"
-
-
-def spool_of_trace(path: str) -> str:
-    return path[:-3] + ".ranks" if path.endswith(".h5") else path + ".ranks"
-
-
-def _spool_live(spool: str) -> bool:
-    """Whether a process still holds a rank's spool files (their lock: :func:`~fourd_mpi.trace.spool.live_ranks`)."""
-    from fourd_mpi.trace.spool import live_ranks
-
-    try:
-        with open(os.path.join(spool, "run.json")) as fh:
-            world = int(json.load(fh).get("world_size") or 0)
-    except (OSError, ValueError, TypeError, AttributeError):  # not written yet, or damaged: the rank files say
-        world = len([n for n in os.listdir(spool) if n.endswith(".events")]) if os.path.isdir(spool) else 0
-    try:
-        return bool(live_ranks(spool, max(world, 1)))
-    except (OSError, ValueError):
-        return False
-
-
-def next_steps(manifest: Dict, rows: List[Dict], sweep_dir: str) -> List[str]:
-    """What to run for the runs without a complete trace and without a live job (``sweep status``)."""
-    traces = {run["run_id"]: run["trace"] for run in manifest["runs"]}
-    lines = []
-    # the commands as a shell reads them: every path quoted (a sweep directory may hold spaces, quotes, `...`)
-    resubmit = shlex.join(["fourd-mpi", "sweep", "submit", "--resubmit-failed", sweep_dir])
-    for row in rows:
-        trace, state = row["trace"], row["state"]
-        spool = spool_of_trace(traces[row["run_id"]])
-        if trace == "recoverable":
-            lines.append(f"{row['run_id']}: its job ended without a trace; its per-rank files are in {spool!r}: "
-                         f"run {shlex.join(['fourd-mpi', 'trace', 'recover', spool])} for a trace of its steps so "
-                         f"far, or {resubmit} to run it again")
-        elif trace != "complete" and trace != "running" and state not in ACTIVE_STATES + ("SUBMITTING", "-"):
-            lines.append(f"{row['run_id']}: job {state.lower()}, trace {trace}: run {resubmit} to run it again")
-    return lines
-
-
-def run_states(manifest: Dict, jobs: Dict[str, Dict], query: bool = True) -> List[Dict]:
-    """Per run: job id, the scheduler's state (asked once per job), and the trace's state."""
-    live = _live_states(manifest, jobs) if query else {}
-    rows = []
-    for run in manifest["runs"]:
-        job = jobs.get(run["run_id"])
-        row = {"run_id": run["run_id"], "ranks": run["ranks"], "grid": run["grid"]}
-        if "packs" in manifest or any("pack" in j for j in jobs.values()):
-            row["pack"] = (job or {}).get("pack") or run.get("pack", "-")
-        row.update({"job": (job.get("job_id") or "-") if job else "-", "state": record_state(job, live),
-                    "trace": trace_state(run["trace"])})
-        if row["trace"] == "complete" and row["state"] in FINAL_STATES:  # the trace is the truth (a job record
-            row["state"] = "COMPLETED"  # left FAILED by an interrupted submit, or a launcher killed after the merge)
-        rows.append(row)
-    return rows
-
-
-def _live_states(manifest: Dict, jobs: Dict[str, Dict]) -> Dict[str, str]:
-    if manifest["scheduler"] == "local":
-        return {}
-    recorded = [jobs[r["run_id"]]["job_id"] for r in manifest["runs"]
-                if jobs.get(r["run_id"], {}).get("job_id")]
-    return get_scheduler(manifest["scheduler"]).states(recorded) if recorded else {}
-
-
-def _skip_reason(row: Dict, job: Optional[Dict], resubmit_failed: bool) -> Optional[str]:
-    """Why a run is not submitted (None: submit it). ``--resubmit-failed`` submits exactly the runs without a
-    complete trace and without a live job or run."""
-    state, trace = row["state"], row["trace"]
-    if trace == "complete":
-        return "trace complete"
-    if trace == "running":
-        return "trace running (a live run holds its per-rank files)"
-    if state == "SUBMITTING":
-        return f"claimed by sweep submit (pid {job.get('pid')} on {job.get('host')}) at {job.get('claimed')}"
-    if state in ACTIVE_STATES:
-        return f"job {row['job']} {state.lower()}"
-    if resubmit_failed:
-        return None
-    if trace != "missing":
-        return f"trace {trace} (--resubmit-failed submits it again)"
-    if state != "-":
-        return f"job {row['job']} {state.lower()} (--resubmit-failed submits it again)"
-    return None
-
 
 def set_aside(trace: str) -> Optional[str]:
     """Move what an earlier attempt of a run left (a trace that is not complete, its parts, its per-rank
@@ -564,20 +349,12 @@ def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_ru
     """
     scheduler = get_scheduler(manifest["scheduler"])
     result = SubmitResult()
-    live = _live_states(manifest, load_jobs(sweep_dir))
+    live = live_states(manifest, load_jobs(sweep_dir))
     host, pid = socket.gethostname(), os.getpid()
     local = scheduler.name == "local"
     units = _units(manifest)
     if pack and pack > 1:
-        jobs = load_jobs(sweep_dir)
-        pending = [run for run in manifest["runs"]
-                   if _skip_reason(_submit_row(run, jobs.get(run["run_id"]), live), jobs.get(run["run_id"]),
-                                   resubmit_failed) is None]
-        ids = {run["run_id"] for run in pending}
-        skipped = [(None, [run]) for run in manifest["runs"] if run["run_id"] not in ids]  # reported below
-        units = skipped + ([(entry, entry["_runs"]) for entry in submission_packs(manifest, pending, pack, pack_mode,
-                                                                                    write=not dry_run)]
-                           if pending else [])
+        units = _packed_at_submission(manifest, sweep_dir, live, resubmit_failed, pack, pack_mode, dry_run)
     for pack_entry, runs in units:
         claimed: Dict[str, Optional[Dict]] = {}  # run id -> its record before this submit claimed it
         started: set = set()  # run ids whose launch began
@@ -587,7 +364,7 @@ def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_ru
                 chosen = []
                 for run in runs:
                     job = jobs.get(run["run_id"])
-                    why = _skip_reason(_submit_row(run, job, live), job, resubmit_failed)
+                    why = skip_reason(_submit_row(run, job, live), job, resubmit_failed)
                     if why is not None:
                         out.write(f"skip {run['run_id']}: {why}\n")
                     else:
@@ -596,37 +373,11 @@ def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_ru
                     continue
                 launches = plan_launches(scheduler, pack_entry, runs, chosen)
                 if dry_run:
-                    for launch in launches:
-                        what = launch.name if launch.packed else launch.runs[0]["run_id"]
-                        argv = [*scheduler.submit_command, *launch.options, launch.script, *launch.args]
-                        runs_text = f" ({', '.join(r['run_id'] for r in launch.runs)})" if launch.packed else ""
-                        out.write(f"would submit {what}{runs_text}: {' '.join(argv)}\n")
+                    _say_would_submit(scheduler, launches, out)
                     continue
-                stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-                records, before = {}, {}
-                for launch in launches:
-                    for run in launch.runs:
-                        record = {"submitted": stamp, "scheduler": scheduler.name, "workdir": os.getcwd(),
-                                  "host": host, "pid": pid, "state": "RUNNING" if local else "SUBMITTING",
-                                  "job_id": (f"local-{launch.name}" if launch.packed else f"local-{run['index']}")
-                                  if local else None}
-                        if launch.packed:
-                            record.update(pack=launch.name, status_file=run["status"])
-                            with contextlib.suppress(FileNotFoundError):
-                                os.remove(run["status"])  # a previous attempt's exit status
-                        before[run["run_id"]] = jobs.get(run["run_id"])
-                        jobs[run["run_id"]] = records[run["run_id"]] = record
+                records, before = _claim(scheduler, launches, jobs, host, pid)
                 if resubmit_failed:  # an earlier attempt's partial trace or per-rank files would refuse the run
-                    for launch in launches:
-                        for run in launch.runs:
-                            try:
-                                moved = set_aside(run["trace"])
-                            except OSError as exc:
-                                raise ConfigError(f"cannot set aside what an earlier attempt of {run['run_id']} "
-                                                  f"left next to {run['trace']}: {exc.strerror or exc}") from None
-                            if moved:
-                                out.write(f"moved the earlier attempt of {run['run_id']} (no complete trace) to "
-                                          f"{moved}\n")
+                    _set_aside_earlier_attempts(launches, out)
                 save_jobs(sweep_dir, jobs)  # the claims, before anything is launched
                 claimed = before
             for launch in launches:
@@ -652,6 +403,68 @@ def submit(manifest: Dict, sweep_dir: str, resubmit_failed: bool = False, dry_ru
             _record_interruption(sweep_dir, claimed, started, local, getattr(exc, "outcomes", {}), out)
             raise
     return result
+
+
+def _packed_at_submission(manifest: Dict, sweep_dir: str, live, resubmit_failed: bool, pack: int, pack_mode: str,
+                          dry_run: bool) -> List:
+    """``submit --pack N``: the ``(pack entry, runs)`` units of a submit that packs now: the runs that need
+    submitting go into new packs of ``pack`` runs (written unless ``dry_run``); every other run is a unit of its
+    own with no pack (its skip is reported by the caller)."""
+    jobs = load_jobs(sweep_dir)
+    pending = [run for run in manifest["runs"]
+               if skip_reason(_submit_row(run, jobs.get(run["run_id"]), live), jobs.get(run["run_id"]),
+                               resubmit_failed) is None]
+    ids = {run["run_id"] for run in pending}
+    skipped = [(None, [run]) for run in manifest["runs"] if run["run_id"] not in ids]  # reported below
+    return skipped + ([(entry, entry["_runs"]) for entry in submission_packs(manifest, pending, pack, pack_mode,
+                                                                               write=not dry_run)]
+                      if pending else [])
+
+
+def _say_would_submit(scheduler, launches, out) -> None:
+    """``submit --dry-run``: one ``would submit`` line per launch, with the command it would run."""
+    for launch in launches:
+        what = launch.name if launch.packed else launch.runs[0]["run_id"]
+        argv = [*scheduler.submit_command, *launch.options, launch.script, *launch.args]
+        runs_text = f" ({', '.join(r['run_id'] for r in launch.runs)})" if launch.packed else ""
+        out.write(f"would submit {what}{runs_text}: {' '.join(argv)}\n")
+
+
+def _claim(scheduler, launches, jobs: Dict, host: str, pid: int):
+    """The claims of every run of ``launches``, written into ``jobs`` (the caller holds the lock and saves them):
+    ``(records, before)``, the new record and the record before this submit, by run id. A claim is
+    ``SUBMITTING`` (local: ``RUNNING``, with its job id) with this process's host and pid; a packed run's
+    record names its pack and exit-status file, and a previous attempt's exit status is removed."""
+    local = scheduler.name == "local"
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    records, before = {}, {}
+    for launch in launches:
+        for run in launch.runs:
+            record = {"submitted": stamp, "scheduler": scheduler.name, "workdir": os.getcwd(),
+                      "host": host, "pid": pid, "state": "RUNNING" if local else "SUBMITTING",
+                      "job_id": (f"local-{launch.name}" if launch.packed else f"local-{run['index']}")
+                      if local else None}
+            if launch.packed:
+                record.update(pack=launch.name, status_file=run["status"])
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(run["status"])  # a previous attempt's exit status
+            before[run["run_id"]] = jobs.get(run["run_id"])
+            jobs[run["run_id"]] = records[run["run_id"]] = record
+    return records, before
+
+
+def _set_aside_earlier_attempts(launches, out) -> None:
+    """``submit --resubmit-failed``: move what an earlier attempt of each run left (no complete trace) aside,
+    with a line each; one that cannot be moved: :class:`~fourd_mpi.errors.ConfigError`."""
+    for launch in launches:
+        for run in launch.runs:
+            try:
+                moved = set_aside(run["trace"])
+            except OSError as exc:
+                raise ConfigError(f"cannot set aside what an earlier attempt of {run['run_id']} "
+                                  f"left next to {run['trace']}: {exc.strerror or exc}") from None
+            if moved:
+                out.write(f"moved the earlier attempt of {run['run_id']} (no complete trace) to {moved}\n")
 
 
 def _record_interruption(sweep_dir: str, claimed: Dict[str, Optional[Dict]], started: set, local: bool,

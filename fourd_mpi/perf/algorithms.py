@@ -315,7 +315,10 @@ def rank_algorithms(names: Sequence[str], cfg: ModelConfig, ranks: int, profile:
     when the bound exceeds its ``keep``-th fastest predicted step: the rest cannot be in the top ``keep``
     of the ranking (each of the overall top ``keep`` is among the top ``keep`` of every algorithm naming it),
     nor be an algorithm's best; they are listed in :attr:`AcrossRanking.pruned`, never silently left out.
-    Exact: the top ``keep`` and the best per algorithm equal those of the full ranking."""
+    Exact: the top ``keep`` and the best per algorithm equal those of the full ranking.
+
+    Long: one search: candidates per algorithm, bound pruning and the merge share state.
+    """
     import heapq
 
     if ranks < 1:

@@ -270,7 +270,10 @@ def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], 
     end). ``colls``: block 0's collectives and the loss (every block has the same; other blocks' are
     ignored); ``times[i]``: seconds of all messages of ``colls[i]``. The blocks run through
     :func:`~fourd_mpi.perf.predict.replay_blocks` (the cost does not grow with the layer count once the
-    timeline repeats)."""
+    timeline repeats).
+
+    Long: one step's replay in issue order, as the docstring lists it; split, the order is harder to check.
+    """
     from fourd_mpi.perf.predict import Link, replay_blocks
 
     link = Link(efficiency)

@@ -45,6 +45,8 @@ Per rank and step (seconds), from :mod:`fourd_mpi.perf.volumes` (every collectiv
     With ``recompute="full"`` the forward all-reduces run again in backward (Megatron-LM and
     AxoNN recompute the whole block, collectives included);
 - **step** = compute + exposed communication; **memory** from :mod:`fourd_mpi.perf.memory`.
+
+Long: one model: its regimes, the link replay and the pricing share the Link and its terms; whole while it changes.
 """
 
 from __future__ import annotations
@@ -523,6 +525,8 @@ def device_timeline(cfg: ModelConfig, grid: GridShape, colls: List[Collective], 
     backward, split evenly between the dX and dW GEMMs; with full recompute the forward once more
     before them. The optimizer runs after every collective has completed (not a window). The blocks run
     through :func:`replay_blocks`: the cost does not grow with the layer count once the timeline repeats.
+
+    Long: one step's replay in issue order, as the docstring lists it; split, the order is harder to check.
     """
     link = Link(efficiency)
     fcs = fc_weights(cfg, grid)
@@ -675,6 +679,8 @@ def predict(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
     strides over the stages); the rest are :func:`~fourd_mpi.perf.machine.axis_inner_products`. With the
     ranks per node they give how many of a group's ranks share a node (measured points of that
     placement price it). ``gemm_dtype``: as :func:`compute_time`'s (the 4D layers' GEMMs in another dtype, FP8).
+
+    Long: the model's terms priced one after another into one Prediction; split, each needs the lot.
     """
     overlap = overlap or OverlapConfig()
     rpn = ranks_per_node or min(profile.ranks_per_node, grid.size)

@@ -203,6 +203,21 @@ def _choose_mode(requested: str, backend: str, evidence_ok: bool, evidence_reaso
 FAILED_DRAIN_S = 5.0
 
 
+def _make_tracer(mpi_comm, backend, trace_level: Optional[str]):
+    """``(tracer, clock, clock_start)`` of a run: with ``trace_level`` None a tracer of per-step totals and no
+    clock alignment (``clock`` ``(0, 0)``, ``clock_start`` None); else the clocks aligned to rank 0's
+    (:func:`align_clocks`, collective over ``mpi_comm``), ``clock`` ``(offset_ns, uncertainty_ns)`` and a
+    tracer at that level on the aligned clock (synchronizing the device first under CuPy)."""
+    if trace_level is None:
+        return Tracer(level="step"), (0, 0), None
+    clock_start = align_clocks(mpi_comm)
+    offset, uncertainty, origin, _ = clock_start
+    sync = backend.synchronize if backend.name == "cupy" else None
+    tracer = Tracer(level=trace_level, rank=mpi_comm.Get_rank(), clock_offset_ns=offset,
+                    origin_ns=origin, synchronize=sync)
+    return tracer, (offset, uncertainty), clock_start
+
+
 @dataclass
 class Run:
     """The live objects of a run on one communicator. Collective to build and to :meth:`close`."""
@@ -294,16 +309,7 @@ class Run:
         # memory admission before anything that grows with the model is allocated (same error on every rank)
         need, _ = admit(mpi_comm, options, backend)
         progress = agree(mpi_comm, lambda: make_progress(options.progress, options.poll_flops))
-        clock, clock_start = (0, 0), None
-        if trace_level is None:
-            tracer = Tracer(level="step")
-        else:
-            clock_start = align_clocks(mpi_comm)
-            offset, uncertainty, origin, _ = clock_start
-            clock = (offset, uncertainty)
-            sync = backend.synchronize if backend.name == "cupy" else None
-            tracer = Tracer(level=trace_level, rank=mpi_comm.Get_rank(), clock_offset_ns=offset,
-                            origin_ns=origin, synchronize=sync)
+        tracer, clock, clock_start = _make_tracer(mpi_comm, backend, trace_level)
         comm = Collectives(grid, backend, progress=progress, check_buffers=options.check_buffers,
                            skip_communication=skip_communication, tracer=tracer)
         counter = ComputeCounter(backend=backend, enabled=count_flops, tracer=tracer)

@@ -44,146 +44,46 @@ import re
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from fourd_mpi.errors import ConfigError
+from fourd_mpi.testbed.procs import (  # noqa: F401 (re-exported, as below)
+    SHM_DIR,
+    SHM_PREFIX,
+    _in_netns,
+    _kill,
+    _netns_members,
+    daemon_record,
+    pid_alive,
+    proc_start,
+    stale_shm_segments,
+)
+from fourd_mpi.testbed.spec import (  # noqa: F401 (re-exported: the command and tests use them from here)
+    DEFAULT_NAME,
+    LATENCY_MS,
+    NAME_PATTERN,
+    NAME_RULE,
+    NODE_PATTERN,
+    PROGRAMS,
+    UCX_ENV,
+    BedSpec,
+    Node,
+    check_name,
+    default_burst,
+    make_spec,
+    parse_rate,
+    parse_size,
+    rate_text,
+)
 from fourd_mpi.util.files import open_no_follow
 
 #: where beds keep their state, shim and Slurm files (one directory per bed)
 STATE_ROOT = os.environ.get("FOURD_TESTBED_STATE", "/run/fourd-testbed")
-NAME_PATTERN = re.compile(r"[a-z][a-z0-9]{0,9}")
-NODE_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,30}")
-#: the most nodes one bed makes (addresses .1 to .N of its /24; every node is a namespace and two veths)
-MAX_NODES = 32
-DEFAULT_NAME = "fourd"
-DEFAULT_RATE = "200mbit"
-#: tbf's queue: a packet waits at most this long before it is dropped
-LATENCY_MS = 50
-#: what a cross-node MPI run needs in its environment: without it UCX finds the other "nodes" on the same
-#: machine and silently uses its own shared-memory transports, so nothing crosses the shaped links
-UCX_ENV = {"UCX_TLS": "tcp,self"}
-PROGRAMS = ("ip", "tc", "nsenter", "unshare")
-
-_RATE = re.compile(r"(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[kmgt]?i?(?:bit|bps))?", re.I)
-_RATE_FACTOR = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2 ** 10, "mi": 2 ** 20, "gi": 2 ** 30,
-                "ti": 2 ** 40}
-_SIZE = re.compile(r"(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[kmg]?i?b?)", re.I)
-RATE_FORMS = "a number and a unit as tc(8) writes it: bit kbit mbit gbit tbit (SI), kibit mibit gibit (IEC), " \
-             "bps kbps mbps gbps (bytes per second), e.g. 200mbit, 1gbit, 25mbps; or none (unshaped)"
 
 
-def parse_rate(text: str) -> Optional[int]:
-    """Bits per second of a tc(8) rate (``200mbit``, ``1gbit``, ``25mbps`` = 25 MB/s, ``100kibit``), or
-    None for ``none`` (an unshaped link); a one-line :class:`ConfigError` otherwise."""
-    text = str(text).strip()
-    if text.lower() in ("none", "unshaped"):
-        return None
-    match = _RATE.fullmatch(text)
-    if not match or not match.group("unit"):
-        raise ConfigError(f"link rate {text!r} does not parse: use {RATE_FORMS}")
-    unit = match.group("unit").lower()
-    per_byte = unit.endswith("bps")
-    prefix = unit[:-3]
-    bits = float(match.group("num")) * _RATE_FACTOR[prefix] * (8 if per_byte else 1)
-    if not 8000 <= bits <= 100e9:
-        raise ConfigError(f"link rate {text!r} = {bits:.0f} bit/s: give 8kbit to 100gbit")
-    return int(bits)
-
-
-def parse_size(text: str) -> int:
-    """Bytes of a size (``64kb`` = ``64k`` = ``64kib`` = 65536 as tc reads it, ``1mb``, ``4000``)."""
-    match = _SIZE.fullmatch(str(text).strip())
-    if not match:
-        raise ConfigError(f"burst {text!r} does not parse: give bytes, or a number with k, kb, m or mb "
-                          f"(1024-based, as tc reads them), e.g. 64kb")
-    unit = match.group("unit").lower().rstrip("b").rstrip("i")
-    value = int(float(match.group("num")) * {"": 1, "k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30}[unit])
-    if not 2048 <= value <= 2 ** 31:
-        raise ConfigError(f"burst {text!r} = {value} bytes: give 2kb to 2gb")
-    return value
-
-
-def default_burst(bits: int) -> int:
-    """10 ms of the rate, at least 64 KiB (tbf needs at least rate/HZ and one packet)."""
-    return max(64 * 1024, bits // 8 // 100)
-
-
-def rate_text(bits: Optional[int]) -> str:
-    if bits is None:
-        return "unshaped"
-    for factor, unit in ((1e9, "gbit"), (1e6, "mbit"), (1e3, "kbit")):
-        if bits >= factor:
-            return f"{bits / factor:g}{unit}"
-    return f"{bits}bit"
-
-
-@dataclass(frozen=True)
-class Node:
-    """One emulated node: its namespace and host name, address, host-side veth, link shape."""
-
-    name: str
-    addr: str
-    veth: str
-    rate_bits: Optional[int]
-    burst_bytes: Optional[int]
-
-
-@dataclass(frozen=True)
-class BedSpec:
-    """What ``up`` makes: a named bed of nodes with their link shapes (addresses are chosen at ``up``)."""
-
-    name: str
-    nodes: Tuple[str, ...]
-    rates: Tuple[Optional[int], ...]
-    bursts: Tuple[Optional[int], ...]
-
-    @property
-    def bridge(self) -> str:
-        return f"{self.name}-br"
-
-
-def make_spec(name: str = DEFAULT_NAME, nodes: int = 2, node_names: Optional[str] = None,
-              rate: str = DEFAULT_RATE, burst: Optional[str] = None) -> BedSpec:
-    """A validated :class:`BedSpec`; ``rate`` and ``burst`` are one value or one per node, comma-separated."""
-    check_name(name)
-    if node_names:
-        names = tuple(n.strip() for n in node_names.split(","))
-        if nodes not in (None, len(names)):
-            raise ConfigError(f"--nodes {nodes} but {len(names)} node names ({node_names})")
-    else:
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-            raise ConfigError(f"--nodes {nodes!r}: give 1 to {MAX_NODES}")
-        names = tuple(f"{name}-n{i}" for i in range(1, nodes + 1))
-    if len(names) > MAX_NODES:
-        raise ConfigError(f"{len(names)} nodes asked, a bed makes at most {MAX_NODES} (a /24 subnet, a namespace "
-                          f"and a veth pair each, all on this machine's cores)")
-    for node in names:
-        if not NODE_PATTERN.fullmatch(node):
-            raise ConfigError(f"node name {node!r}: use a lowercase letter then up to 30 lowercase letters, digits "
-                              f"or '-' (it is a namespace, a host name and a Slurm node name)")
-    seen = set()
-    for node in names:
-        if node in seen:
-            raise ConfigError(f"node name {node!r} is given twice: node names must be distinct")
-        seen.add(node)
-
-    def per_node(text, parse, what):
-        values = [v for v in str(text).split(",")]
-        if len(values) not in (1, len(names)):
-            raise ConfigError(f"{what} {text!r}: give one value or one per node ({len(names)})")
-        parsed = tuple(parse(v) for v in values)
-        return parsed * len(names) if len(parsed) == 1 else parsed
-
-    rates = per_node(rate, parse_rate, "--rate")
-    if burst is None:
-        bursts = tuple(None if r is None else default_burst(r) for r in rates)
-    else:
-        bursts = tuple(None if r is None else b for r, b in zip(rates, per_node(burst, parse_size, "--burst")))
-    return BedSpec(name, names, rates, bursts)
 
 
 # -- the machine ---------------------------------------------------------------------------------
@@ -254,8 +154,6 @@ def choose_subnet(name: str, taken: Sequence[ipaddress.IPv4Network]) -> ipaddres
 
 #: the one rule for bed names, everywhere (``--name``, ``$FOURD_TESTBED``, the library): it prefixes
 #: interface names (Linux: 15 characters) and names the bed's directory under :data:`STATE_ROOT`
-NAME_RULE = ("use a lowercase letter then up to 9 lowercase letters or digits (it names the bed's directory and "
-             "prefixes interface names, which Linux limits to 15 characters)")
 #: what every object a bed makes carries: ``fourd-testbed:<bed id>`` (a random id per ``up``, kept in the state)
 MARKER_PREFIX = "fourd-testbed:"
 #: the state file's format tag: a state without it (or with another) was not written by this tool
@@ -267,14 +165,6 @@ _LINK = re.compile(r"[a-z][a-z0-9-]{0,14}")
 #: a path hydra can pass on to its proxies and sh can read back unquoted (hydra splits -launcher-exec at spaces)
 _PLAIN_PATH = re.compile(r"/[A-Za-z0-9_./+-]*")
 NETNS_DIR = "/var/run/netns"
-
-
-def check_name(name, source: str = "") -> str:
-    """``name`` when it follows :data:`NAME_RULE`, a one-line :class:`ConfigError` otherwise (``source``: where it
-    came from, e.g. ``--name`` or ``FOURD_TESTBED``)."""
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise ConfigError(f"bed name {name!r}{f' (from {source})' if source else ''}: {NAME_RULE}")
-    return name
 
 
 def state_root() -> str:
@@ -491,20 +381,6 @@ def alias_is_ours(state: dict) -> bool:
     return path is not None and os.path.islink(path) and os.readlink(path) == bed_dir(state["name"])
 
 
-def proc_start(pid: int) -> Optional[int]:
-    """A process's start time (clock ticks after boot, /proc/PID/stat field 22); None when it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] in ("Z", "X") else int(fields[19])
-
-
-def daemon_record(pid: int) -> dict:
-    return {"pid": pid, "start": proc_start(pid) or 0}
-
-
 def daemon_is_ours(state: dict, record: dict) -> bool:
     """The recorded daemon still runs (same PID and start time) and has the bed's id in its environment."""
     pid = record.get("pid")
@@ -515,58 +391,6 @@ def daemon_is_ours(state: dict, record: dict) -> bool:
             return f"{ID_ENV}={state['id']}".encode() in fh.read().split(b"\0")
     except OSError:
         return False
-
-
-def _in_netns(pid: int, inode: Sequence[int]) -> bool:
-    try:
-        st = os.stat(f"/proc/{pid}/ns/net")
-    except OSError:
-        return False
-    return [st.st_dev, st.st_ino] == list(inode)
-
-
-def _netns_members(inode: Sequence[int]) -> List[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid() and _in_netns(int(p), inode)]
-
-
-def _signal(pid: int, check, sig: int) -> bool:
-    """Send ``sig`` to ``pid`` only if ``check(pid)`` holds, through a pidfd where there is one (so a PID that is
-    reused between the check and the signal is never hit)."""
-    fd = None
-    with contextlib.suppress(AttributeError, OSError):
-        fd = os.pidfd_open(pid)
-    try:
-        if not check(pid):
-            return False
-        if fd is not None:
-            signal.pidfd_send_signal(fd, sig)
-        else:
-            os.kill(pid, sig)
-        return True
-    except OSError:
-        return False
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def _kill(targets: Sequence[Tuple[int, object]], grace: float = 5.0) -> int:
-    """Stop the verified processes: ``(pid, check)`` pairs, TERM then KILL; how many were signalled."""
-    hit = set()
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        live = [(p, c) for p, c in targets if _signal(p, c, sig)]
-        hit |= {p for p, _ in live}
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(pid_alive(p) and c(p) for p, c in live):
-            time.sleep(0.05)
-        if not any(pid_alive(p) and c(p) for p, c in live):
-            break
-    return len(hit)
-
-
-def pid_alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    return proc_start(pid) is not None
 
 
 def _netns_pids(node: str) -> List[int]:
@@ -931,39 +755,6 @@ def mpiexec_argv(state: dict, ranks: int, ppn: Optional[int] = None, mpiexec: st
                 "--map-by", "slot" if order == "block" else "node", "--bind-to", "none", "-n", str(ranks)]
     return [mpiexec, "-launcher", "ssh", "-launcher-exec", shim_path(state["name"]), "-iface", state["bridge"],
             "-hosts", ",".join(hosts), "-ppn", str(ppn if order == "block" else 1), "-n", str(ranks)]
-
-
-# -- leftovers of a killed run --------------------------------------------------------------------
-
-#: the shared-memory segments of MPICH (``mpich_shm_*``), Open MPI 4's vader BTL (``vader_segment.*``) and
-#: Open MPI 5's sm BTL (``sm_segment.*``); a tuple for ``str.startswith``
-SHM_DIR, SHM_PREFIX = "/dev/shm", ("mpich_shm_", "vader_segment.", "sm_segment.")
-
-
-def stale_shm_segments(min_age_s: float = 60.0) -> List[str]:
-    """MPI segments (:data:`SHM_PREFIX`) in this machine's ``/dev/shm`` that no process maps or holds open, older
-    than ``min_age_s`` (a run killed outside a bed leaves them; a bed's nodes have their own ``/dev/shm``)."""
-    try:
-        names = [os.path.join(SHM_DIR, n) for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)]
-    except OSError:
-        return []
-    now = time.time()
-    old = []
-    for path in names:
-        with contextlib.suppress(OSError):
-            if now - os.stat(path).st_mtime > min_age_s:
-                old.append(path)
-    if not old:
-        return []
-    held = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{pid}/maps") as fh:
-                held.update(line.split(None, 5)[-1].strip().removesuffix(" (deleted)") for line in fh
-                            if SHM_DIR in line)
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
-    return [p for p in old if p not in held]
 
 
 def clean_leftovers() -> List[str]:

@@ -335,6 +335,26 @@ class Tracer:
                  if (i := np.searchsorted(spans[:, 0], a, side="right") - 1) >= 0 and b <= spans[i, 1]]
         return inside - time_inside(polls, start, end) if polls else inside
 
+    def _comm_lanes(self, begins, ends) -> list:
+        """The comm lane (from 0) of each unit ``[begins[i], ends[i]]``, in order of start: the lowest-numbered
+        free lane; lanes still busy from the previous step stay so (a collective issued at the end of a step
+        for the next one, OUP, starts before the previous step's last collectives end). More lanes than the
+        one-byte lane column holds: ``RuntimeError``."""
+        lanes, free_at = [], list(self._comm_lane_ends)
+        for begin, end in zip(begins, ends):
+            for lane, free in enumerate(free_at):
+                if free <= begin:
+                    break
+            else:
+                lane = len(free_at)
+                free_at.append(0)
+            free_at[lane] = end
+            lanes.append(lane)
+        self._comm_lane_ends = list(free_at)
+        if LANE_COMM0 + len(free_at) - 1 > 255:  # the lane column is one byte
+            raise RuntimeError(f"{len(free_at)} collectives in flight at once: more than the trace's comm lanes")
+        return lanes
+
     def _collective_rows(self, records, group_sizes) -> list:
         """Collective events (one per record, on comm lanes), their staging copies (same lane)
         and wait events (host lane), vectorized."""
@@ -367,22 +387,7 @@ class Tracer:
         order = np.argsort(unit_start, kind="stable")
         cols, issue, complete = cols[order], issue[order], complete[order]
         has_d2h, has_h2d, h2d_start, h2d_end = has_d2h[order], has_h2d[order], h2d_start[order], h2d_end[order]
-        # lowest-numbered free lane; lanes still busy from the previous step stay so (a collective issued at the
-        # end of a step for the next one, OUP, starts before the previous step's last collectives end)
-        lanes, free_at = [], list(self._comm_lane_ends)
-        for begin, end in zip(unit_start[order].tolist(), unit_end[order].tolist()):
-            for lane, free in enumerate(free_at):
-                if free <= begin:
-                    break
-            else:
-                lane = len(free_at)
-                free_at.append(0)
-            free_at[lane] = end
-            lanes.append(lane)
-        self._comm_lane_ends = list(free_at)
-        if LANE_COMM0 + len(free_at) - 1 > 255:  # the lane column is one byte
-            raise RuntimeError(f"{len(free_at)} collectives in flight at once: more than the trace's comm lanes")
-        lane_codes = LANE_COMM0 + np.array(lanes)
+        lane_codes = LANE_COMM0 + np.array(self._comm_lanes(unit_start[order].tolist(), unit_end[order].tolist()))
         group = cols[:, 9]
         coll = np.zeros(len(cols), dtype=EVENT_DTYPE)
         coll["rank"] = self.rank

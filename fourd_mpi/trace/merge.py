@@ -80,6 +80,8 @@ def merge_collective(comm, events: np.ndarray, rank_steps: np.ndarray, rank_meta
     signals held back from the publication to its end (what must follow a publication: the index line), so that
     no interruption comes between the two. ``on_temporaries(tmp_path, staged_dir)``: every rank, once rank 0 has
     created them, the names of this merge's temporary file and staged parts directory (None: none).
+
+    Long: one try block: the clean-up on any failure must see every temporary this merge made so far.
     """
     from mpi4py import MPI
 

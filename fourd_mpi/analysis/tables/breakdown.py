@@ -33,6 +33,54 @@ RECOMPUTE_SHARE_FORMULA = ("recompute_% = 100 * sum of the shares of phase recom
                            "the category columns)")
 
 
+def _op_level_rows(trace, measured, total: float) -> list:
+    """The rows ``(phase, category, axis, ns summed over the measured records)`` of a trace at level ``op``:
+    compute per op (less the MPI polls inside it), harness, pipeline bubbles, exposed communication per axis
+    (waits), each per phase, then ``other``: ``total`` less all of them."""
+    rows = []
+    ops, phases, axes = trace.vocab["ops"], trace.vocab["phases"], trace.vocab["axes"]
+    # the host-lane events of the measured steps, their columns copied block by block (one pass
+    # through the packed records; fancy-indexing whole records, or column by column, is slower)
+    host = gather_columns(trace.events, ("op", "phase", "axis", "start_ns", "end_ns", "mpi_ns"),
+                          measured_select(measured, lambda lane: lane == LANE_HOST))
+    dur = (host["end_ns"] - host["start_ns"]).astype(np.float64)
+    op, phase, axis = host["op"], host["phase"], host["axis"]  # one-byte codes: widened where combined
+    nop, nph, nax = len(ops), len(phases), len(axes)
+
+    def by_phase_and(key, selected, radix):
+        cell = phase[selected].astype(np.int64) * radix + key[selected]
+        sums = np.bincount(cell, weights=dur[selected], minlength=nph * radix)
+        counts = np.bincount(cell, minlength=nph * radix)
+        return sums, counts
+
+    compute_codes = [ops.index(name) for name in COMPUTE_OPS if name in ops]
+    is_compute = in_codes(op, compute_codes)
+    dur = np.where(is_compute, dur - host["mpi_ns"], dur)  # polls inside a GEMM are MPI time, not compute
+    sums, counts = by_phase_and(op, is_compute, nop)
+    for p in range(nph):
+        for o in compute_codes:
+            if counts[p * nop + o]:
+                rows.append((phases[p], ops[o], "none", sums[p * nop + o]))
+    harness_codes = [ops.index(name) for name in HARNESS_OPS if name in ops]
+    hsums, hcounts = by_phase_and(np.zeros_like(op), in_codes(op, harness_codes), 1)
+    for p in range(nph):
+        if hcounts[p]:
+            rows.append((phases[p], "harness", "none", hsums[p]))
+    if "bubble" in ops:  # pipeline runs: blocked waiting for another stage's message, a category of its own
+        bsums, bcounts = by_phase_and(np.zeros_like(op), op == ops.index("bubble"), 1)
+        for p in range(nph):
+            if bcounts[p]:
+                rows.append((phases[p], "bubble", "inter", bsums[p]))
+    wsums, wcounts = by_phase_and(axis, op == ops.index("wait"), nax)
+    for p in range(nph):
+        for a in range(nax):
+            if wcounts[p * nax + a]:
+                rows.append((phases[p], "exposed_comm", axes[a], wsums[p * nax + a]))
+    accounted = sum(r[3] for r in rows)
+    rows.append(("all", "other", "none", total - accounted))
+    return rows
+
+
 def breakdown(trace: Trace) -> pd.DataFrame:
     """Where the step time goes, long format: columns :data:`BREAKDOWN_COLUMNS`.
 
@@ -73,48 +121,9 @@ def breakdown(trace: Trace) -> pd.DataFrame:
         return pd.DataFrame(columns=BREAKDOWN_COLUMNS)
     stats = step_stats(trace)
     total = float((measured["end_ns"] - measured["start_ns"]).astype(np.float64).sum())
-    rows = []  # (phase, category, axis, ns summed over the measured records)
-    ops, phases, axes = trace.vocab["ops"], trace.vocab["phases"], trace.vocab["axes"]
+    ops = trace.vocab["ops"]
     if trace.metadata.get("level", "op") == "op" and "wait" in ops:
-        # the host-lane events of the measured steps, their columns copied block by block (one pass
-        # through the packed records; fancy-indexing whole records, or column by column, is slower)
-        host = gather_columns(trace.events, ("op", "phase", "axis", "start_ns", "end_ns", "mpi_ns"),
-                              measured_select(measured, lambda lane: lane == LANE_HOST))
-        dur = (host["end_ns"] - host["start_ns"]).astype(np.float64)
-        op, phase, axis = host["op"], host["phase"], host["axis"]  # one-byte codes: widened where combined
-        nop, nph, nax = len(ops), len(phases), len(axes)
-
-        def by_phase_and(key, selected, radix):
-            cell = phase[selected].astype(np.int64) * radix + key[selected]
-            sums = np.bincount(cell, weights=dur[selected], minlength=nph * radix)
-            counts = np.bincount(cell, minlength=nph * radix)
-            return sums, counts
-
-        compute_codes = [ops.index(name) for name in COMPUTE_OPS if name in ops]
-        is_compute = in_codes(op, compute_codes)
-        dur = np.where(is_compute, dur - host["mpi_ns"], dur)  # polls inside a GEMM are MPI time, not compute
-        sums, counts = by_phase_and(op, is_compute, nop)
-        for p in range(nph):
-            for o in compute_codes:
-                if counts[p * nop + o]:
-                    rows.append((phases[p], ops[o], "none", sums[p * nop + o]))
-        harness_codes = [ops.index(name) for name in HARNESS_OPS if name in ops]
-        hsums, hcounts = by_phase_and(np.zeros_like(op), in_codes(op, harness_codes), 1)
-        for p in range(nph):
-            if hcounts[p]:
-                rows.append((phases[p], "harness", "none", hsums[p]))
-        if "bubble" in ops:  # pipeline runs: blocked waiting for another stage's message, a category of its own
-            bsums, bcounts = by_phase_and(np.zeros_like(op), op == ops.index("bubble"), 1)
-            for p in range(nph):
-                if bcounts[p]:
-                    rows.append((phases[p], "bubble", "inter", bsums[p]))
-        wsums, wcounts = by_phase_and(axis, op == ops.index("wait"), nax)
-        for p in range(nph):
-            for a in range(nax):
-                if wcounts[p * nax + a]:
-                    rows.append((phases[p], "exposed_comm", axes[a], wsums[p * nax + a]))
-        accounted = sum(r[3] for r in rows)
-        rows.append(("all", "other", "none", total - accounted))
+        rows = _op_level_rows(trace, measured, total)
     else:
         compute = float(measured["compute_ns"].astype(np.float64).sum())
         wait = float(measured["wait_ns"].astype(np.float64).sum())

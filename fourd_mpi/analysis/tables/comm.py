@@ -123,6 +123,8 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
 
     In-flight times are observed (section 13 of docs/trace-format.md): the bandwidths are lower
     bounds. Empty frame for traces below level ``op``.
+
+    Long: one vectorized group-by: each column is a bincount over the same groups and masks.
     """
     by = list(by)
     bad = [c for c in by if c not in _COMM_BY]
