@@ -109,26 +109,13 @@ def is_first_rank() -> bool:
     return launch_rank() in (None, 0)
 
 
-class _OldSpelling(argparse._StoreTrueAction):
-    """A switch that is an old spelling of a choice (:attr:`Option.old`): stores true as before and
-    says so in one line on stderr (the first rank only)."""
-
-    def __init__(self, *args, old: str = "", **kwargs):
-        super().__init__(*args, **kwargs)
-        self.old = old
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if is_first_rank():
-            print(f"fourd-mpi: {option_string} is an old spelling of {self.old}", file=sys.stderr)
-        super().__call__(parser, namespace, values, option_string)
-
-
 def add_option(parser, option: Option, many: bool = False, **override) -> None:
     """One table option as an argparse argument (``many``: repeatable, values collected in a list;
     an old spelling (:attr:`Option.old`) is hidden from ``--help``)."""
     kwargs = dict(dest=option.dest, help=option.help)
     if option.flag and option.old:
-        kwargs.update(action=_OldSpelling, default=option.default, old=option.old, help=argparse.SUPPRESS)
+        kwargs.pop("help")  # DeprecatedAlias hides it
+        kwargs.update(action=DeprecatedAlias, new=option.old, nargs=0, const=True, default=option.default)
     elif option.flag:
         kwargs.update(action="store_true", default=option.default)
     else:
