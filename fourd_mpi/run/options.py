@@ -295,7 +295,9 @@ def run_options(model: ModelConfig, grid: GridShape, **values) -> RunOptions:
 
 def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
             model_overrides: Dict[str, Optional[int]], _cross_checks: bool = True, **options) -> RunOptions:
-    """Pure validation of user options into :class:`RunOptions` (raises :class:`ConfigError`).
+    """Pure validation of user options into :class:`RunOptions` (raises :class:`ConfigError`). ``options``:
+    values keyed by dest, the table's defaults for those missing; the overlap text and its three companions
+    (:func:`overlap_of`) are parsed here, once, into ``RunOptions.overlap``.
 
     ``_cross_checks=False`` leaves out the checks between options (warm-up against steps), for
     validating one option at a time against the defaults (sweep specs)."""
