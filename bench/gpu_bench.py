@@ -83,9 +83,10 @@ def gemm_in_step(options, warmup: int, steps: int) -> Dict:
 
     from fourd_mpi.core.grid import GridShape
     from fourd_mpi.run.build import Run
+    from fourd_mpi.run.options import overlap_of
     from fourd_mpi.step.kernels import standalone_gemm_tflops
 
-    run = Run.build(MPI.COMM_SELF, replace(options, grid=GridShape(1, 1, 1, 1), overlap="none"), count_flops=True)
+    run = Run.build(MPI.COMM_SELF, replace(options, grid=GridShape(1, 1, 1, 1), overlap=overlap_of({})), count_flops=True)
     for i in range(warmup):
         run.trainer.step(i)
     run.counter.reset()
@@ -110,6 +111,7 @@ def gemm_in_step(options, warmup: int, steps: int) -> Dict:
 
 def step_time(world, options, warmup: int, steps: int) -> Dict:
     from fourd_mpi.run.build import Run
+    from fourd_mpi.run.options import overlap_of
 
     run = Run.build(world, options)
     for i in range(warmup):
@@ -133,7 +135,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from fourd_mpi.core.grid import infer_grid_shape
     from fourd_mpi.core.mpiutil import idle_barrier
     from fourd_mpi.errors import BackendError, ConfigError
-    from fourd_mpi.run.options import RunOptions
+    from fourd_mpi.run.options import run_options
     from fourd_mpi.step.presets import resolve_model, validate_model
 
     world = MPI.COMM_WORLD
@@ -149,7 +151,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows = []
     for name in names:
         dtype, tf32 = numerics(name)
-        options = RunOptions(model=model, grid=shape, dtype=dtype, backend="cupy", tf32=tf32,
+        options = run_options(model=model, grid=shape, dtype=dtype, backend="cupy", tf32=tf32,
                              steps=args.steps, warmup=args.warmup)
         result = None
         if rank == 0:
@@ -165,7 +167,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             rows.append(dict(result, dtype=name))
     buffers = []
     if world.Get_size() > 1:
-        base = RunOptions(model=model, grid=shape, dtype="float32", backend="cupy", overlap="all",
+        base = run_options(model=model, grid=shape, dtype="float32", backend="cupy", overlap="all",
                           steps=args.steps, warmup=args.warmup)
         from fourd_mpi.core.gpuaware import detect
 

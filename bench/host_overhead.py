@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.run.build import Run
-from fourd_mpi.run.options import RunOptions
+from fourd_mpi.run.options import run_options
 from fourd_mpi.step.presets import resolve_model
 
 
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         print(f"{'grid':<10} {'step (us)':>10} {'ops/step':>9} {'us/op':>7}")
     for text in args.grids.split(","):
         shape = GridShape.parse(text)
-        options = RunOptions(model=cfg, grid=shape, overlap=args.overlap, steps=args.steps + args.warmup,
+        options = run_options(model=cfg, grid=shape, overlap=args.overlap, steps=args.steps + args.warmup,
                              backend="numpy")
         run = Run.build(world, options, trace_level="op")
         times, ops = [], []

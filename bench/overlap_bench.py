@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mpi4py import MPI  # noqa: E402
 
 from fourd_mpi.run.build import Run
-from fourd_mpi.run.options import resolve  # noqa: E402
+from fourd_mpi.run.options import overlap_of, resolve  # noqa: E402
 
 #: name -> (preset, grid sizes, model overrides, what it stresses)
 CONFIGS = {
@@ -83,7 +83,7 @@ def bench_config(world, name: str, args) -> list:
     run.close()
 
     # communication alone: replay one blocking step's collectives
-    run = Run.build(world, replace(base, overlap="none", progress="none"))
+    run = Run.build(world, replace(base, overlap=overlap_of({}), progress="none"))
     measure_steps(run, 1, args.warmup)
     records = list(run.comm.records)
     comm_local = []
@@ -98,7 +98,7 @@ def bench_config(world, name: str, args) -> list:
     blocking = None
     for variant in ["none"] + [v for v in args.overlaps.split(",") if v and v != "none"]:
         for progress in progresses if variant != "none" else ["none"]:
-            options = replace(base, overlap=variant, progress=progress, chunks=args.chunks)
+            options = replace(base, overlap=overlap_of({"overlap": variant, "chunks": args.chunks}), progress=progress)
             run = Run.build(world, options)
             step_slow, step_local, blocked = measure_steps(run, args.steps, args.warmup)
             run.close()

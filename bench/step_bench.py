@@ -381,7 +381,7 @@ def environment(world, args, cfg, options) -> Dict:
         "model": cfg.as_dict(),
         "dtype": args.dtype,
         "backend": args.backend,
-        "overlap": str(options.overlap_config()),
+        "overlap": str(options.overlap),
         "progress": options.progress,
         "poll_flops": options.poll_flops,
         "steps": args.steps,

@@ -128,7 +128,7 @@ class CubeOverlap(OverlapConfig):
 
 def cube_overlap(options) -> CubeOverlap:
     """The run's overlap options with the weight cache on (Colossal-AI keeps the gathered weights)."""
-    base = options.overlap_config()
+    base = options.overlap
     return CubeOverlap(**{**base.__dict__, "cache": True})
 
 

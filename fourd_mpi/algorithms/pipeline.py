@@ -235,7 +235,7 @@ class PipelineTrainer:
         self.world = world
         self.stage, self.stages, self.microbatches = model.stage, model.stages, options.microbatches
         self.schedule = options.pipeline_schedule
-        self.overlap = options.overlap_config()
+        self.overlap = options.overlap
         self.recompute = options.recompute
         # the ranks with equal 4D coordinates in every stage; its rank is the stage (owned by the grid)
         self.inter = comm.grid.root.axis_comm("inter")

@@ -28,4 +28,4 @@ def build_state(options, grid, backend, counter):
 
 
 def make_trainer(model, data, comm, optimizer, options):
-    return Trainer(model, data, comm, optimizer, overlap=options.overlap_config(), recompute=options.recompute)
+    return Trainer(model, data, comm, optimizer, overlap=options.overlap, recompute=options.recompute)

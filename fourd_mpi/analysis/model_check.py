@@ -26,7 +26,7 @@ from fourd_mpi.core.grid import GridShape
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.perf.machine import MachineProfile
 from fourd_mpi.perf.predict import Prediction
-from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.run.options import overlap_of
 
 GOALS = {"median_abs_rel_error": 0.20, "spearman": 0.8, "best_in_top": 3}
 
@@ -63,8 +63,7 @@ def config_of(trace) -> Dict:
         raise ConfigError(f"{trace.path}: the trace has no run_options metadata to predict from")
     model = ModelConfig(**{k: ro["model"][k] for k in ModelConfig.__dataclass_fields__ if k in ro["model"]})
     grid = GridShape(**{k: int(ro["grid"][k]) for k in ("data", "z", "y", "x")})
-    text = str(ro.get("overlap", "none")) + (",cache" if ro.get("cache_weights") else "")
-    overlap = OverlapConfig.parse(text, int(ro.get("prefetch_depth", 1)), int(ro.get("chunks", 2)))
+    overlap = overlap_of({k: ro[k] for k in ("overlap", "cache_weights", "prefetch_depth", "chunks") if k in ro})
     rpn = trace.metadata.get("ranks_per_node")
     rpn = int(max(rpn)) if isinstance(rpn, (list, tuple)) and rpn else None
     from fourd_mpi.algorithms.registry import of_metadata

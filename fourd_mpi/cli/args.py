@@ -110,9 +110,13 @@ def is_first_rank() -> bool:
 
 
 def add_option(parser, option: Option, many: bool = False, **override) -> None:
-    """One table option as an argparse argument (``many``: repeatable, values collected in a list)."""
+    """One table option as an argparse argument (``many``: repeatable, values collected in a list;
+    an old spelling (:attr:`Option.old`) is hidden from ``--help``)."""
     kwargs = dict(dest=option.dest, help=option.help)
-    if option.flag:
+    if option.flag and option.old:
+        kwargs.pop("help")  # DeprecatedAlias hides it
+        kwargs.update(action=DeprecatedAlias, new=option.old, nargs=0, const=True, default=option.default)
+    elif option.flag:
         kwargs.update(action="store_true", default=option.default)
     else:
         kwargs.update(type=option.type, metavar=option.metavar, choices=option.choices,

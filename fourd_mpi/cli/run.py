@@ -17,7 +17,7 @@ from fourd_mpi.cli.jsonout import JsonDoc, add_json_format, emit_json, json_text
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.core.watchdog import check_timeout
 from fourd_mpi.errors import ConfigError
-from fourd_mpi.run.options import RunOptions, resolve_values, resolved_config
+from fourd_mpi.run.options import RunOptions, defaults, overlap_of, resolve_values, resolved_config
 from fourd_mpi.step.presets import PRESETS
 from fourd_mpi.util.log import verbosity_of
 from fourd_mpi.util.values import text
@@ -66,10 +66,10 @@ def register(sub) -> None:
 
     ver = sub.add_parser("verify", help="compare the distributed step with the serial reference")
     add_options(ver, STEP_GROUPS, names=("steps", "step-timeout"), many=("overlap", "progress", "recompute"),
-                overlap={"help": "as in run; repeatable: each is checked (default none)"},
-                progress={"help": "as in run; repeatable: each is checked (default poll)"},
+                overlap={"help": f"as in run; repeatable: each is checked (default {defaults()['overlap']})"},
+                progress={"help": f"as in run; repeatable: each is checked (default {defaults()['progress']})"},
                 recompute={"help": "as in run; repeatable: each is checked against the reference without "
-                                   "recompute (default none)"},
+                                   f"recompute (default {defaults()['recompute']})"},
                 steps={"default": 5, "help": "training steps whose losses are compared (default 5)"})
     ver.add_argument("--grid", action="append", default=[], metavar="DxZxYxX",
                      help="grid to check (repeatable), e.g. 1x2x2x2")
@@ -117,11 +117,11 @@ def run_options(args, world_size: int) -> RunOptions:
     """The resolved options of a parsed command line (verify: the first overlap and progress)."""
     values = dict(vars(args))
     values.setdefault("warmup", 0)  # verify has no --warmup: it compares every step
-    for key, default in (("overlap", "none"), ("progress", "poll"), ("recompute", "none")):
-        if isinstance(values.get(key), list):  # verify's repeatable options: each variant is checked later
+    for key in ("overlap", "progress", "recompute"):  # verify's repeatable options: each variant is checked later
+        if isinstance(values.get(key), list):
             values[key] = values[key][0]
-        elif values.get(key) is None:
-            values[key] = default
+        elif values.get(key) is None:  # not given: the table's default
+            values.pop(key, None)
     return resolve_values(values, world_size)
 
 
@@ -289,11 +289,12 @@ def cmd_verify(args, world) -> int:
             raise ConfigError(f"model {options.model.name} on grid {g} (G_data x G_z x G_y x G_x): "
                               + "; ".join(problems))
         get_algorithm(options.algorithm).check(replace(options, grid=g))  # e.g. micro-batches of this grid's shard
+    table = defaults()
+    overlaps = [overlap_of({**{k: getattr(args, k) for k in ("cache_weights", "prefetch_depth", "chunks")},
+                            "overlap": text}) for text in (args.overlap or [table["overlap"]])]
     variants = [replace(options, overlap=o, progress=p, recompute=r)
-                for r in (args.recompute or ["none"])
-                for o in (args.overlap or ["none"]) for p in (args.progress or ["poll"])]
-    for v in variants:
-        v.overlap_config()
+                for r in (args.recompute or [table["recompute"]])
+                for o in overlaps for p in (args.progress or [table["progress"]])]
     results = verify(variants, grids, args.steps, world,
                      None if args.reference_backend == "same" else args.reference_backend,
                      step_timeout=args.step_timeout)

@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM, model_problems_of
 from fourd_mpi.algorithms.registry import get as get_algorithm
+from fourd_mpi.algorithms.runoptions import GridCheckOptions
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.jobs.pack import PACK_MODES
@@ -236,7 +237,7 @@ class SweepSpec:
             ranks = algorithm.tensor_world(ranks, {k.replace("-", "_"): v for k, v in options.items()})
         except ConfigError as exc:
             raise self.error(where, str(exc)) from None
-        base = RunOptions(model=model, grid=GridShape(ranks, 1, 1, 1), algorithm=algorithm.name)
+        base = GridCheckOptions(model=model, grid=GridShape(ranks, 1, 1, 1), algorithm=algorithm.name)
 
         def allowed(g: GridShape) -> bool:  # a grid of this algorithm (fixed axes, its own checks)
             return algorithm.grid_problem(base, g) is None

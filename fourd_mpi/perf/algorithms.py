@@ -120,7 +120,7 @@ def pipeline_candidates(cfg: ModelConfig, ranks: int, algorithm: Algorithm) -> L
     check_pipeline_search(cfg, ranks, algorithm.name)
     out = []
     for stages in (s for s in _divisors(ranks) if 2 <= s <= cfg.layers):
-        base = _base_options(cfg, ranks // stages, algorithm, "float32")
+        base = _base_options(cfg, ranks // stages, algorithm)
         for grid in grid_factorizations(ranks // stages):
             shard = (cfg.batch or 0) // (grid.data * grid.z) if grid.data * grid.z else 0
             if not shard:
@@ -191,11 +191,11 @@ def model_problems(algorithm: Algorithm, cfg: ModelConfig, grid) -> List[str]:
     return model_problems_of(algorithm, cfg, grid)
 
 
-def _base_options(cfg: ModelConfig, ranks: int, algorithm: Algorithm, dtype: str):
-    """Resolved-looking run options for the algorithm's pure checks (no validation of their own)."""
-    from fourd_mpi.algorithms.runoptions import RunOptions
+def _base_options(cfg: ModelConfig, ranks: int, algorithm: Algorithm):
+    """What the algorithm's pure checks read (no validation of their own)."""
+    from fourd_mpi.algorithms.runoptions import GridCheckOptions
 
-    return RunOptions(model=cfg, grid=GridShape(ranks, 1, 1, 1), algorithm=algorithm.name, dtype=dtype)
+    return GridCheckOptions(model=cfg, grid=GridShape(ranks, 1, 1, 1), algorithm=algorithm.name)
 
 
 def candidates(algorithm: Algorithm, cfg: ModelConfig, ranks: int, dtype: str = "float32"
@@ -208,7 +208,7 @@ def candidates(algorithm: Algorithm, cfg: ModelConfig, ranks: int, dtype: str = 
     if callable(own):
         listed = list(own(cfg, ranks, algorithm))
     else:
-        base = _base_options(cfg, ranks, algorithm, dtype)
+        base = _base_options(cfg, ranks, algorithm)
         listed = [(g, {}) for g in grid_factorizations(ranks) if algorithm.grid_problem(base, g) is None]
     kept, dropped = [], []
     seen: Dict[Any, List[str]] = {}  # a grid's problems do not depend on the extra options (pipeline: m)

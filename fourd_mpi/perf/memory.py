@@ -318,6 +318,6 @@ def admission_memory(options, attention: str = "unfused") -> Tuple[MemoryEstimat
     statistic), and the tokens per rank ``m = B*s/(G_data*G_z)`` (:func:`local_tokens`)."""
     cfg, grid = options.model, options.grid
     estimate = estimate_memory(cfg, grid, dtype=options.dtype, optimizer=options.optimizer,
-                               overlap=options.overlap_config(),
+                               overlap=options.overlap,
                                attention="unfused" if attention == "unfused" else "fused")
     return estimate, local_tokens(cfg, grid)

@@ -447,6 +447,6 @@ def admission_memory(options, attention: str = "unfused") -> Tuple[MemoryEstimat
     ``m = B*s/(G_data*q^2)`` (:func:`local_tokens`: the batch split over data, X and Y)."""
     cfg, grid = options.model, options.grid
     estimate = estimate_memory(cfg, grid, dtype=options.dtype, optimizer=options.optimizer,
-                               overlap=options.overlap_config(),
+                               overlap=options.overlap,
                                attention="unfused" if attention == "unfused" else "fused")
     return estimate, local_tokens(cfg, grid)

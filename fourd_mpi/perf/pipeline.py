@@ -230,6 +230,6 @@ def admission_memory(options, attention: str = "unfused") -> Tuple[MemoryEstimat
     score matrix), and the tokens per rank ``m = B*s/(G_data*G_z)`` (:func:`local_tokens`)."""
     cfg, grid = options.model, options.grid
     estimate = max((pipeline_memory(cfg, grid, options.ginter, options.microbatches, s, options.dtype,
-                                    options.optimizer, options.overlap_config(), schedule=options.pipeline_schedule)
+                                    options.optimizer, options.overlap, schedule=options.pipeline_schedule)
                     for s in range(options.ginter)), key=lambda e: e.total)
     return estimate, local_tokens(cfg, grid)

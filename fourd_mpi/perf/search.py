@@ -276,11 +276,9 @@ class _Bounds:
     computes, without building a scenario per candidate."""
 
     def __init__(self, base: Scenario, ranks: int, profile: MachineProfile):
-        from fourd_mpi.step.overlap import OverlapConfig
-
         self.base, self.profile = base, profile
         self.rpn = base.ranks_per_node or min(profile.ranks_per_node, ranks)
-        self.overlap = base.overlap if isinstance(base.overlap, OverlapConfig) else OverlapConfig.parse(base.overlap)
+        self.overlap = base.overlap_config
         self.store = terms.storage_dtype(base.dtype)
         self.gemm = base.dtype if base.dtype != self.store else None
         self.micro: Dict[Tuple[int, int, int], object] = {}

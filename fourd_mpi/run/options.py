@@ -27,14 +27,15 @@ from fourd_mpi.algorithms.registry import ALGORITHMS, DEFAULT_ALGORITHM
 from fourd_mpi.algorithms.registry import get as get_algorithm
 from fourd_mpi.algorithms.runoptions import RunOptions
 from fourd_mpi.core.backend import BACKENDS, DEVICE_BUFFER_MODES, DTYPES, check_dtype_options
+from fourd_mpi.core.grid import GridShape
 from fourd_mpi.core.progress import PROGRESS_STRATEGIES
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.run.display import DISPLAYS
 from fourd_mpi.step.fusedattention import ATTENTION_MODES
 from fourd_mpi.step.optim import OPTIMIZERS
 from fourd_mpi.step.overlap import ALL as OVERLAP_ALL
-from fourd_mpi.step.overlap import OVERLAP_NAMES
-from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, resolve_model
+from fourd_mpi.step.overlap import OVERLAP_NAMES, OverlapConfig
+from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model
 from fourd_mpi.trace.events import LEVELS
 from fourd_mpi.util.values import (
     axis_size,
@@ -69,6 +70,9 @@ class Option:
     help: str = ""
     metavar: Optional[str] = None
     flag: bool = False  #: a switch (store_true): true or false in files
+    #: an old second spelling of a choice another option makes (the current spelling, e.g. ``--overlap ...,cache``):
+    #: still accepted, hidden from ``--help``, one line on stderr when given on the command line
+    old: Optional[str] = None
 
     @property
     def dest(self) -> str:
@@ -91,10 +95,14 @@ class Option:
             typed = self.type(text)
         except argparse.ArgumentTypeError as exc:
             raise ConfigError(f"--{self.name}: {exc}") from None
-        if self.choices is not None and typed not in self.choices:
-            raise ConfigError(f"--{self.name}: invalid choice: {typed!r} (choose from "
-                              f"{', '.join(map(repr, self.choices))})")
+        self.check_choice(typed)
         return typed
+
+    def check_choice(self, value: Any) -> None:
+        """Raise :class:`ConfigError` if the option has choices and ``value`` is none of them (argparse's words)."""
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"--{self.name}: invalid choice: {value!r} (choose from "
+                              f"{', '.join(map(repr, self.choices))})")
 
     def tokens(self, value: Any) -> list:
         """Command-line tokens that give this option ``value`` (already parsed)."""
@@ -177,9 +185,9 @@ RUN_OPTIONS: Tuple[Option, ...] = (
                 "right after its update)"),
     Option("progress", "overlap", str, "poll", PROGRESS_STRATEGIES,
            help="who progresses nonblocking collectives during compute: poll (default), none, thread"),
-    Option("cache-weights", "overlap", flag=True, default=False,
-           help="keep weights gathered in forward for backward (memory for communication); "
-                "same as adding 'cache' to --overlap"),
+    Option("cache-weights", "overlap", flag=True, default=False, old="--overlap ...,cache",
+           help="old spelling of 'cache' in --overlap (keep weights gathered in forward for backward: memory for "
+                "communication); accepted with a note, not in --help; a resolved config still stores it"),
     Option("recompute", "overlap", str, "none", RECOMPUTE_MODES,
            help="activation recompute (memory for compute): none (default); selective = drop the attention "
                 "core (scores, probabilities, context) and recompute it in backward; full = keep only each "
@@ -256,21 +264,51 @@ def lookup(name: str, where: str) -> Option:
 
 
 def defaults() -> Dict[str, Any]:
-    """``{dest: default}`` of every option."""
+    """``{dest: default}`` of every option: the only place defaults come from."""
     return {o.dest: o.default for o in RUN_OPTIONS}
 
 
-#: RunOptions fields that come straight from an option of the same name
-_RUN_FIELDS = tuple(f.name for f in fields(RunOptions) if f.name not in ("model", "grid"))
+#: RunOptions fields that come straight from an option of the same name (``overlap`` is made of four options)
+_RUN_FIELDS = tuple(f.name for f in fields(RunOptions) if f.name not in ("model", "grid", "overlap"))
+#: the options :class:`~fourd_mpi.step.overlap.OverlapConfig` is parsed from (``RunOptions.overlap``)
+_OVERLAP_PARTS = ("overlap", "cache_weights", "prefetch_depth", "chunks")
+
+
+def overlap_of(values: Mapping[str, Any]) -> OverlapConfig:
+    """``--overlap``, ``--cache-weights``, ``--prefetch-depth`` and ``--chunks`` (keyed by dest, the table's
+    defaults for those missing) as one :class:`OverlapConfig` (raises :class:`ConfigError`). The one parse of
+    the overlap text; an :class:`OverlapConfig` is taken as it is."""
+    v = {**defaults(), **values}
+    if isinstance(v["overlap"], OverlapConfig):
+        return v["overlap"]
+    text = str(v["overlap"]) + (",cache" if v["cache_weights"] else "")
+    return OverlapConfig.parse(text, prefetch_depth=v["prefetch_depth"], chunks=v["chunks"])
+
+
+def run_options(model: ModelConfig, grid: GridShape, **values) -> RunOptions:
+    """:class:`RunOptions` of ``values`` (keyed by dest; the table's defaults for those missing; the overlap as
+    text or :class:`OverlapConfig`) without any check: for benchmarks and tests that build a run directly.
+    A command line goes through :func:`resolve`."""
+    v = {**defaults(), **values}
+    return RunOptions(model=model, grid=grid, overlap=overlap_of(v), **{k: v[k] for k in _RUN_FIELDS})
 
 
 def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
             model_overrides: Dict[str, Optional[int]], _cross_checks: bool = True, **options) -> RunOptions:
-    """Pure validation of user options into :class:`RunOptions` (raises :class:`ConfigError`).
+    """Pure validation of user options into :class:`RunOptions` (raises :class:`ConfigError`). ``options``:
+    values keyed by dest, the table's defaults for those missing; the overlap text and its three companions
+    (:func:`overlap_of`) are parsed here, once, into ``RunOptions.overlap``.
 
     ``_cross_checks=False`` leaves out the checks between options (warm-up against steps), for
     validating one option at a time against the defaults (sweep specs)."""
-    algorithm = get_algorithm(options.get("algorithm", DEFAULT_ALGORITHM))
+    unknown = set(options) - set(_RUN_FIELDS) - set(_OVERLAP_PARTS)
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(sorted(unknown))}")
+    options = {**{k: v for k, v in defaults().items() if k in _RUN_FIELDS or k in _OVERLAP_PARTS}, **options}
+    for option in RUN_OPTIONS:  # values from Python (tests, benchmarks) have not met argparse
+        if option.dest in options:
+            option.check_choice(options[option.dest])
+    algorithm = get_algorithm(options["algorithm"])
     # one option at a time (sweep specs): --ginter 2 is checked with the algorithm of each run, not the default's
     tensor_world = algorithm.tensor_world(world_size, options) if _cross_checks else world_size
     try:
@@ -284,45 +322,31 @@ def resolve(world_size: int, preset: str, grid_sizes: Dict[str, Optional[int]],
                           f"--ginter {stages} = {tensor_world} ranks)") from None
     model = resolve_model(preset, **model_overrides)
     algorithm.validate_model(model, shape)
-    if options.get("backend", "auto") not in BACKENDS:
-        raise ConfigError(f"unknown backend {options['backend']!r}: choose one of {', '.join(BACKENDS)}")
-    check_dtype_options(options.get("dtype", "float32"), options.get("backend", "auto"), options.get("tf32", False))
-    if options.get("device_buffers", "auto") not in DEVICE_BUFFER_MODES:
-        raise ConfigError(f"unknown device-buffer mode {options['device_buffers']!r}: "
-                          f"choose one of {', '.join(DEVICE_BUFFER_MODES)}")
-    attention = options.get("attention", "auto")
-    if attention not in ATTENTION_MODES:
-        raise ConfigError(f"unknown attention mode {attention!r}: choose one of {', '.join(ATTENTION_MODES)}")
-    if attention not in ("auto", "unfused") and options.get("backend", "auto") == "numpy":
+    check_dtype_options(options["dtype"], options["backend"], options["tf32"])
+    attention = options["attention"]
+    if attention not in ("auto", "unfused") and options["backend"] == "numpy":
         raise ConfigError(f"--attention {attention} runs on a GPU only: use --backend cupy (or auto), or "
                           "--attention unfused")
-    if options.get("optimizer", "adam") not in OPTIMIZERS:
-        raise ConfigError(f"unknown optimizer {options['optimizer']!r}: choose one of {', '.join(OPTIMIZERS)}")
-    if options.get("steps", 1) < 1:
+    if options["steps"] < 1:
         raise ConfigError(f"--steps must be positive, got {options['steps']}")
-    if options.get("warmup", 0) < 0:
+    if options["warmup"] < 0:
         raise ConfigError(f"--warmup must be zero or positive, got {options['warmup']}")
-    if _cross_checks and options.get("warmup", 0) >= options.get("steps", 1):
-        raise ConfigError(f"--warmup {options.get('warmup', 0)} leaves no measured step of --steps "
-                          f"{options.get('steps', 1)}: give --warmup smaller than --steps (--warmup 0 measures all)")
-    lr = options.get("lr")
+    if _cross_checks and options["warmup"] >= options["steps"]:
+        raise ConfigError(f"--warmup {options['warmup']} leaves no measured step of --steps "
+                          f"{options['steps']}: give --warmup smaller than --steps (--warmup 0 measures all)")
+    lr = options["lr"]
     if lr is not None and not (math.isfinite(lr) and lr > 0):
         raise ConfigError(f"--lr must be a positive finite number, got {lr}")
-    if options.get("progress", "poll") not in PROGRESS_STRATEGIES:
-        raise ConfigError(f"unknown progress strategy {options['progress']!r}: "
-                          f"choose one of {', '.join(PROGRESS_STRATEGIES)}")
-    if options.get("recompute", "none") not in RECOMPUTE_MODES:
-        raise ConfigError(f"unknown recompute mode {options['recompute']!r}: choose one of {', '.join(RECOMPUTE_MODES)}")
-    depth, layers = options.get("prefetch_depth", 1), model.layers * (4 if model.kind == "gpt" else 2)
+    overlap = overlap_of({k: options[k] for k in _OVERLAP_PARTS})  # the overlap list, depth and chunks
+    depth, layers = overlap.prefetch_depth, model.layers * (4 if model.kind == "gpt" else 2)
     if _cross_checks and depth > layers - 1:
         raise ConfigError(f"--prefetch-depth {depth} reaches beyond the model: {model.name} has {layers} weight "
                           f"layers ({model.layers} blocks x {layers // model.layers}), so at most {layers - 1} "
                           f"can be fetched ahead of the current one: give --prefetch-depth {layers - 1} or less")
-    poll = options.get("poll_flops", "auto")
+    poll = options["poll_flops"]
     if poll != "auto" and not (isinstance(poll, (int, float)) and poll > 0):
         raise ConfigError(f"--poll-flops must be 'auto' or positive, got {poll}")
-    run_options = RunOptions(model=model, grid=shape, **options)
-    run_options.overlap_config()  # validates the overlap list, depth and chunks
+    run_options = RunOptions(model=model, grid=shape, overlap=overlap, **{k: options[k] for k in _RUN_FIELDS})
     algorithm.check(run_options)
     return run_options
 
@@ -333,7 +357,7 @@ def resolve_values(values: Mapping[str, Any], world_size: int, cross_checks: boo
     spec both resolve through here, so a spec is checked exactly as ``fourd-mpi run`` will run it."""
     v = {**defaults(), **{k: val for k, val in values.items() if k in defaults()}}
     return resolve(world_size, v["model"], {"data": v["gdata"], "z": v["gz"], "y": v["gy"], "x": v["gx"]},
-                   {k: v[k] for k in MODEL_SIZES}, cross_checks, **{k: v[k] for k in _RUN_FIELDS})
+                   {k: v[k] for k in MODEL_SIZES}, cross_checks, **{k: v[k] for k in _RUN_FIELDS + _OVERLAP_PARTS})
 
 
 def resolved_config(preset: str, options: RunOptions, extra: Mapping[str, Any] = ()) -> Dict[str, Any]:
@@ -343,9 +367,10 @@ def resolved_config(preset: str, options: RunOptions, extra: Mapping[str, Any] =
     cfg, grid = options.model, options.grid
     config: Dict[str, Any] = {"model": preset, **{k.replace("_", "-"): getattr(cfg, k) for k in MODEL_SIZES},
                               "gdata": grid.data, "gz": grid.z, "gy": grid.y, "gx": grid.x}
+    stored = options.as_dict()  # the overlap as its four options
     for o in RUN_OPTIONS:
-        if o.dest in _RUN_FIELDS:
-            config[o.name] = getattr(options, o.dest)
+        if o.dest in _RUN_FIELDS or o.dest in _OVERLAP_PARTS:
+            config[o.name] = stored[o.dest]
     for key, value in dict(extra).items():
         config[lookup(key, "resolved config").name] = value
     return config

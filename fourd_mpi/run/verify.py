@@ -27,6 +27,7 @@ from fourd_mpi.core.watchdog import Watchdog
 from fourd_mpi.errors import BackendError, ConfigError
 from fourd_mpi.run.build import Run
 from fourd_mpi.run.options import RunOptions
+from fourd_mpi.step.overlap import OverlapConfig
 
 TOLERANCE = {"float64": 1e-10, "float32": 1e-4}
 TF32_TOLERANCE = 2e-2
@@ -159,7 +160,7 @@ def check_grid(options: RunOptions, reference, steps: int, world,
     ref_losses = np.array([reference["loss0"]] + reference["losses"])
     got_losses = np.array([got["loss0"]] + got["losses"])
     loss_error = float(np.max(np.abs(got_losses - ref_losses) / np.abs(ref_losses)))
-    overlap = ",".join(options.overlap_config().enabled) or "none"
+    overlap = ",".join(options.overlap.enabled) or "none"
     return GridCheck(str(options.grid), overlap, options.progress, errors["output"], grads[worst], worst[5:],
                      loss_error, tolerance(options), options.recompute,
                      ",".join(placement.inter_node_axes) or "-", placement.num_nodes, attention)
@@ -181,7 +182,9 @@ def verify(variants: List[RunOptions], grids: List[GridShape], steps: int, world
     watchdog = Watchdog(step_timeout, world.Get_rank())
     # the reference is the serial 4D model whatever the algorithm checked (every algorithm holds the same
     # global parameters): an algorithm is never checked against itself on one rank
-    blocking = replace(variants[0], algorithm=DEFAULT_ALGORITHM, overlap="none", cache_weights=False,
+    first = variants[0].overlap
+    blocking = replace(variants[0], algorithm=DEFAULT_ALGORITHM,
+                       overlap=OverlapConfig(prefetch_depth=first.prefetch_depth, chunks=first.chunks),
                        progress="none", recompute="none", attention="unfused")
     if reference_backend is not None:
         blocking = replace(blocking, backend=reference_backend, device_buffers="auto",

@@ -77,6 +77,15 @@ class OverlapConfig:
     def enabled(self) -> List[str]:
         return [name for name in OVERLAP_NAMES if getattr(self, name)]
 
+    @property
+    def option_text(self) -> str:
+        """The ``--overlap`` value of this configuration without ``cache`` (stored as ``cache_weights``), in one
+        spelling: ``none``, ``all`` (exactly :data:`ALL`), else the comma list in :data:`OVERLAP_NAMES` order.
+        What traces, sweep specs and config files store: ``parse(option_text + (",cache" if cache else ""),
+        prefetch_depth, chunks)`` is this configuration again."""
+        on = [name for name in self.enabled if name != "cache"]
+        return "all" if tuple(on) == ALL else ",".join(on) or "none"
+
     def __str__(self) -> str:
         on = self.enabled
         text = ",".join(on) if on else "none"

@@ -79,10 +79,10 @@ from mpi4py import MPI
 from fourd_mpi.step.presets import resolve_model
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.run.build import Run
-from fourd_mpi.run.options import RunOptions
+from fourd_mpi.run.options import run_options
 
 world = MPI.COMM_WORLD
-base = RunOptions(model=resolve_model("gpt-tiny"), grid=GridShape(1, 2, 1, 2), dtype="float64",
+base = run_options(model=resolve_model("gpt-tiny"), grid=GridShape(1, 2, 1, 2), dtype="float64",
                   backend="cupy", overlap="all")
 out = {}
 for mode in ("direct", "staged"):
@@ -108,12 +108,12 @@ def test_event_timed_gemms_are_sane():
 
     from fourd_mpi.core.grid import GridShape
     from fourd_mpi.run.build import Run
-    from fourd_mpi.run.options import RunOptions
+    from fourd_mpi.run.options import run_options
     from fourd_mpi.step.kernels import standalone_gemm_tflops
     from fourd_mpi.step.presets import resolve_model
 
     model = resolve_model("gpt-small", hidden=1024, heads=16, layers=2, seq=256, batch=8)
-    run = Run.build(MPI.COMM_SELF, RunOptions(model=model, grid=GridShape(1, 1, 1, 1), backend="cupy"),
+    run = Run.build(MPI.COMM_SELF, run_options(model=model, grid=GridShape(1, 1, 1, 1), backend="cupy"),
                     count_flops=True)
     run.trainer.step(0)  # warm-up
     run.counter.reset()

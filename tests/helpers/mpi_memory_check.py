@@ -18,14 +18,14 @@ from mpi4py import MPI
 from fourd_mpi.core.grid import grid_factorizations
 from fourd_mpi.perf.memory import estimate_memory, saved_activation_elements
 from fourd_mpi.run.build import Run
-from fourd_mpi.run.options import RunOptions
+from fourd_mpi.run.options import run_options
 from fourd_mpi.step.presets import model_problems, resolve_model
 
 
 def check(world, cfg, shape, dtype):
     """Measured vs estimated bytes of one built run; the failures as sentences."""
     failures = []
-    run = Run.build(world, RunOptions(model=cfg, grid=shape, optimizer="adam", dtype=dtype))
+    run = Run.build(world, run_options(model=cfg, grid=shape, optimizer="adam", dtype=dtype))
     run.trainer.step(0)
     measured = {**measure(run), "master": 0}
     e = np.dtype(dtype).itemsize

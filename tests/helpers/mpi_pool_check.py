@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.run.build import Run
-from fourd_mpi.run.options import RunOptions
+from fourd_mpi.run.options import run_options
 from fourd_mpi.step.presets import resolve_model
 
 
@@ -42,7 +42,7 @@ def main():
     for text in sys.argv[2].split(","):
         for overlap in ("none", "all"):
             shape = GridShape.parse(text)
-            options = RunOptions(model=model, grid=shape, dtype="float64", overlap=overlap,
+            options = run_options(model=model, grid=shape, dtype="float64", overlap=overlap,
                                  cache_weights=overlap != "none", check_buffers=True, steps=5, data_batches=2,
                                  backend="numpy")
             pooled, grown, stats = losses(world, options, False)

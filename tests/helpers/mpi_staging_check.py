@@ -24,7 +24,7 @@ from fourd_mpi.core.backend import NumpyBackend
 from fourd_mpi.core.gpuaware import smoke_test
 from fourd_mpi.core.grid import GridShape
 from fourd_mpi.run.build import Run
-from fourd_mpi.run.options import RunOptions
+from fourd_mpi.run.options import run_options
 from fourd_mpi.step.presets import resolve_model
 
 GRIDS = {1: ["1x1x1x1"], 2: ["1x2x1x1", "2x1x1x1", "1x1x1x2"], 4: ["1x2x1x2", "2x2x1x1", "1x1x2x2"],
@@ -86,7 +86,7 @@ def main():
     for text in grids:
         shape = GridShape.parse(text)
         _GROUPS.update({"data": shape.data, "z": shape.z, "y": shape.y, "x": shape.x})
-        base = RunOptions(model=model, grid=shape, dtype="float64", backend="numpy", overlap="all",
+        base = run_options(model=model, grid=shape, dtype="float64", backend="numpy", overlap="all",
                           cache_weights=False, poll_flops=2000.0, chunks=2, check_buffers=True)
         direct = run_steps(world, replace(base, device_buffers="direct"))
         staged = run_steps(world, replace(base, device_buffers="staged"))
