@@ -111,7 +111,6 @@ def gemm_in_step(options, warmup: int, steps: int) -> Dict:
 
 def step_time(world, options, warmup: int, steps: int) -> Dict:
     from fourd_mpi.run.build import Run
-    from fourd_mpi.run.options import overlap_of
 
     run = Run.build(world, options)
     for i in range(warmup):

@@ -37,7 +37,7 @@ from fourd_mpi.algorithms.runoptions import GridCheckOptions
 from fourd_mpi.core.grid import GridShape, grid_factorizations
 from fourd_mpi.errors import ConfigError
 from fourd_mpi.jobs.pack import PACK_MODES
-from fourd_mpi.run.options import RunOptions, lookup, plan_tokens, resolve_values
+from fourd_mpi.run.options import lookup, plan_tokens, resolve_values
 from fourd_mpi.step.presets import PRESETS, ModelConfig, resolve_model
 from fourd_mpi.util.yamlspec import YamlDocument, load_yaml, schema_violations
 
