@@ -588,3 +588,11 @@ def test_megascale_table_2_is_self_consistent():
     # at shipping: median 3.1 %, worst 6.6 % (3,072 GPUs), Spearman 0.95; may improve, never silently worsen
     got = published.summary(rows)
     assert got["median_abs_error"] <= 0.032 and got["worst_error"] <= 0.067 and got["spearman"] >= 0.94
+
+
+def test_a_to_match_factor_that_cannot_match_says_none():
+    """``to match``: a factor at or below 0 (the other terms alone exceed the published step, as for a row the
+    model under-predicts with communication alone) prints ``none``, a zero term ``-``, others two decimals."""
+    from fourd_mpi.perf.published import _factor
+
+    assert [_factor(v) for v in (-1.04, 0.0, float("nan"), 1.234)] == ["none", "none", "-", "1.23"]

@@ -345,8 +345,9 @@ def split(r: ScenarioResult) -> str:
 
 
 def _factor(x: float) -> str:
-    """A to-match factor; ``-`` where the term is zero (no communication or bubble to change)."""
-    return "-" if math.isnan(x) else f"{x:.2f}"
+    """A to-match factor; ``-`` where the term is zero (no communication or bubble to change); ``none`` where no
+    factor can match (at or below 0: the other terms alone take longer than the published step)."""
+    return "-" if math.isnan(x) else "none" if x <= 0 else f"{x:.2f}"
 
 
 def _target_rows(rows: List[Row]) -> List[Row]:
@@ -401,7 +402,8 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
                        _rho(g), "yes" if g["all_fit"] else "NO"))
         lines += ["by dataset (and by scheme where a dataset compares several):", render(st[1:], st[0])]
     lines.append("to match: the factor by which that term alone would have to change for predicted = published "
-                 "(a diagnosis of which term is wrong; never applied to the model); step %: the step's compute "
+                 "(a diagnosis of which term is wrong; never applied to the model; none: the other terms alone take "
+                 "longer than the published step); step %: the step's compute "
                  "by kind (GEMMs, attention, memory-bound work and launches, LM head, optimizer update)")
     assumed = [f"{r.name}: {', '.join(r.assumed)}" for r in rows if r.assumed]
     if assumed:
