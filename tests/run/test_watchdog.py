@@ -110,8 +110,13 @@ def test_a_stopped_rank_is_diagnosed_and_the_job_ends(tmp_path):
     lines = [line for line in err.splitlines() if line.startswith("fourd-mpi: error: rank ")]
     assert lines, err
     assert all("longer than --step-timeout 3 s" in line and " over " in line and "step " in line for line in lines), lines
-    hung = [json.loads(p.read_text())["error"] for p in spool.glob("*.failed.json")]
-    assert hung and all(text.startswith("hung: ") for text in hung)
+    reports = {p.name: json.loads(p.read_text())["error"] for p in spool.glob("*.failed.json")}
+    # the stopped rank itself may record the launcher's end: Open MPI 4.1.4 resumed it and sent SIGTERM when the
+    # job was aborted (1 run in 4 here: its handler ran before the kill), Hydra's proxy kills it (nothing recorded);
+    # trace recover then calls the run failed, with every reason (trace/recover.py)
+    stopped = reports.pop("rank000001.failed.json", "hung: ")
+    assert stopped.startswith(("hung: ", "interrupted: SIGTERM")), stopped
+    assert reports and all(text.startswith("hung: ") for text in reports.values()), reports
     assert "Traceback" not in err
 
 
