@@ -38,3 +38,5 @@ def test_the_daemons_own_output_and_last_log_error_are_quoted(tmp_path):
     assert line == ("slurmd.b-n1.out: nsenter: cannot open /var/run/netns/b-n1: No such file or directory; "
                     "slurmd.b-n1.log: [t] fatal: last one")
     assert daemon_output(str(tmp_path), "slurmd.b-n2") == f"no output in {tmp_path}/slurmd.b-n2.out"
+    (tmp_path / "slurmctld.out").write_text("slurmctld: started\n")
+    assert daemon_output(str(tmp_path), "slurmctld") == "slurmctld.out: slurmctld: started"  # the pmix line: no cause
