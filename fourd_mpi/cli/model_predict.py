@@ -56,6 +56,9 @@ PREDICT_OPTIONS = {
     "chunks-per-stage": (_chunks, 1, "model chunks v per stage of the interleaved schedule"),
     "context-parallel": (axis_size, 1, "ranks sharing each sequence (Megatron-LM's context parallelism: s/cp tokens "
                                        "per rank, K/V around a ring; needs --attention fused; default 1)"),
+    "context-parallel-comm": (str, "ring", "how context-parallel ranks share K and V: ring (Megatron-LM, hidden "
+                                           "behind attention) or allgather (Llama 3: all-gathered before attention, "
+                                           "exposed); default ring"),
     "microbatch-size": (batch_size, None, "sequences b per micro-batch and data x Z shard"),
     "microbatches": (_run("microbatches"), None, "micro-batches m per step (B = b m G_data G_z; gradient "
                                                  "accumulation)"),

@@ -277,22 +277,25 @@ def predict_scenario(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
 def _predict_context_parallel(sc: Scenario, profile: MachineProfile) -> ScenarioResult:
     """:func:`predict_scenario` with ``cp > 1``: the view's prediction (:meth:`~fourd_mpi.perf.scenario.Scenario.
     context_view`) plus, in every slot, :func:`~fourd_mpi.perf.step_terms.context_parallel_slot` (the rest of the
-    sequence's attention and the K/V ring's exposed part); FLOPs of the original model."""
+    sequence's attention and the exposed part of sharing K and V: the ring's, or Llama 3's all-gathers in full);
+    FLOPs of the original model."""
     check(sc)
     cp = sc.context_parallel
     r = predict_scenario(sc.context_view(), profile)
     view = r.scenario
     b, m, p = view.microbatch_size, view.microbatches, sc.stages
     attention = r.terms["step_attention"] / m  # one slot's attention over the rank's own chunk
-    extra_attention, exposed_ring = step_terms.context_parallel_slot(sc, view, profile, attention)
+    extra_attention, exposed_kv = step_terms.context_parallel_slot(sc, view, profile, attention)
     slots = schedules.bubble_slots(sc.schedule, p, sc.chunks) if p > 1 else 0.0
-    per_slot = extra_attention + exposed_ring
+    per_slot = extra_attention + exposed_kv
     exposed = dict(r.exposed_s)
-    exposed["context"] = exposed_ring * m
-    step_terms_s = dict(r.terms, cp_attention=extra_attention * m, cp_ring_exposed=exposed_ring * m,
+    exposed["context"] = exposed_kv * m
+    step_terms_s = dict(r.terms, cp_attention=extra_attention * m, cp_comm_exposed=exposed_kv * m,
                         step_attention=r.terms["step_attention"] * cp)
+    how = "the K/V ring's exposed part" if sc.context_parallel_comm == "ring" else \
+        "the K/V all-gathers and dK/dV reduce-scatters, exposed (Llama 3's all-gather context parallelism)"
     notes = [f"context parallel {cp}: {view.model.seq} tokens of each sequence per rank; every slot adds the rest of "
-             f"the sequence's attention and the K/V ring's exposed part (fourd_mpi/perf/terms.py)"] + r.notes
+             f"the sequence's attention and {how} (fourd_mpi/perf/terms.py)"] + r.notes
     resolved = replace(sc, microbatch_size=b, microbatches=m)
     return ScenarioResult(resolved, r.step_s + per_slot * (m + slots), r.compute_s + extra_attention * m, exposed,
                           r.bubble_s + per_slot * slots, r.memory, r.memory_stage,

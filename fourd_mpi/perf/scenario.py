@@ -73,6 +73,9 @@ class Scenario:
     last_stage_layers: Optional[int] = None
     #: ranks sharing each sequence (Megatron-LM's context parallelism, :mod:`fourd_mpi.perf.terms`)
     context_parallel: int = 1
+    #: how they share K and V (:data:`fourd_mpi.perf.terms.CP_COMMS`): ``ring`` (Megatron-LM) or ``allgather``
+    #: (Llama 3)
+    context_parallel_comm: str = "ring"
 
     @property
     def world(self) -> int:
@@ -116,7 +119,7 @@ class Scenario:
         elif b * m != replica:
             raise ConfigError(f"micro-batch size {b} x {m} micro-batches = {b * m} sequences, but batch "
                               f"{self.model.batch} / (G_data {self.grid.data} x G_z {self.grid.z}) = {replica}")
-        schedules.check_schedule(self.schedule, self.stages, self.chunks, self.model.layers, m)
+        schedules.check_schedule(self.schedule, self.stages, self.chunks, self.model.layers, m, self.stage_layers)
         return replace(self, microbatch_size=b, microbatches=m)
 
     # -- the views every term takes (fourd_mpi/perf/step_terms.py) ---------------------------------------------
@@ -187,7 +190,7 @@ class Scenario:
 #: the SwiGLU MLP, Megatron-LM's first/last stage sizes, context parallelism
 SCENARIO_ONLY = ("chunks-per-stage", "microbatch-size", "vocab", "sequence-parallel", "precision", "shard-optimizer",
                  "dw-window", "ranks-per-node", "implementation", "kv-heads", "mlp", "first-stage-layers",
-                 "last-stage-layers", "context-parallel")
+                 "last-stage-layers", "context-parallel", "context-parallel-comm")
 
 
 def _from_options(options: Mapping[str, Any], profile: MachineProfile) -> Scenario:
@@ -255,7 +258,8 @@ def _from_options(options: Mapping[str, Any], profile: MachineProfile) -> Scenar
                     ranks_per_node=get("ranks-per-node"),
                     memory_limit_gib=limit_gib, implementation=get("implementation", "fourd"),
                     first_stage_layers=get("first-stage-layers"), last_stage_layers=get("last-stage-layers"),
-                    context_parallel=get("context-parallel", 1))
+                    context_parallel=get("context-parallel", 1),
+                    context_parallel_comm=get("context-parallel-comm", "ring"))
 
 
 def stage_text(layers: tuple) -> str:
@@ -286,12 +290,11 @@ def check(sc: Scenario) -> None:
         raise ConfigError(f"model {sc.model.name} needs the global batch: give --batch SEQUENCES")
     if sc.stages < 1 or sc.stages > sc.model.layers:
         raise ConfigError(f"--ginter (pipeline stages) must be between 1 and the {sc.model.layers} layers, got {sc.stages}")
-    uneven = len(set(sc.stage_layers)) > 1  # refuses counts that do not add up
-    if uneven and sc.schedule == "interleaved":
-        raise ConfigError(f"--pipeline-schedule interleaved needs equal stages (Megatron-LM refuses uneven ones): "
-                          f"{sc.model.layers} layers on {sc.stages} stages are {stage_text(sc.stage_layers)}")
+    sc.stage_layers  # refuses counts that do not add up (interleaved on uneven stages: schedules.check_schedule)
     if sc.context_parallel < 1:
         raise ConfigError(f"--context-parallel must be at least 1, got {sc.context_parallel}")
+    if sc.context_parallel_comm not in terms.CP_COMMS:
+        raise ConfigError(f"--context-parallel-comm {sc.context_parallel_comm!r}: choose {', '.join(terms.CP_COMMS)}")
     if sc.context_parallel > 1 and sc.attention != "fused":
         raise ConfigError("--context-parallel runs flash attention on each K/V chunk (Megatron-LM with Transformer "
                           "Engine): --attention fused")

@@ -22,6 +22,8 @@ Schedules (Narayanan et al., SC'21, arXiv 2104.04473, section 2.2):
 
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 from fourd_mpi.errors import ConfigError
 
 SCHEDULES = ("1f1b", "interleaved", "axonn")
@@ -33,10 +35,17 @@ BUBBLE_FORMULA = {"1f1b": "bubble = (p - 1)/m of the ideal time (1F1B)",
 MAX_MICROBATCHES = 1024
 
 
-def check_schedule(schedule: str, stages: int, chunks: int, layers: int, microbatches: int) -> None:
+def check_schedule(schedule: str, stages: int, chunks: int, layers: int, microbatches: int,
+                   stage_layers: Optional[Tuple[int, ...]] = None) -> None:
     """Refuse a schedule that cannot run: an unknown name, ``v > 1`` without ``interleaved``, blocks
     that do not split into ``p v`` equal chunks, or (interleaved, as Megatron-LM requires) ``m`` not a
-    multiple of ``p``."""
+    multiple of ``p``.
+
+    ``stage_layers``: blocks per stage, first to last, when they differ (:func:`fourd_mpi.perf.terms.stage_layers`).
+    Interleaved on uneven stages is Llama 3's layout (arXiv 2407.21783, section 3.3.2: one block fewer on the
+    first and the last stage, whose first and last chunk then hold only the embedding and only the output
+    projection and loss): the fullest stages split into ``v`` equal chunks and every other stage lacks at most
+    one chunk's blocks."""
     if schedule not in SCHEDULES:
         raise ConfigError(f"unknown pipeline schedule {schedule!r}: choose {', '.join(SCHEDULES)}")
     if chunks < 1:
@@ -46,12 +55,27 @@ def check_schedule(schedule: str, stages: int, chunks: int, layers: int, microba
     if schedule == "interleaved":
         if stages < 2:
             raise ConfigError("--pipeline-schedule interleaved needs --ginter 2 or more (pipeline stages)")
-        if layers % (stages * chunks):
+        if stage_layers is not None and len(set(stage_layers)) > 1:
+            _check_uneven_chunks(stage_layers, chunks)
+        elif layers % (stages * chunks):
             raise ConfigError(f"interleaved: {layers} layers do not split into {stages} stages x {chunks} chunks "
                               f"of equal size (layers must be a multiple of {stages * chunks})")
         if microbatches % stages:
             raise ConfigError(f"interleaved: {microbatches} micro-batches is not a multiple of {stages} stages "
                               f"(Megatron-LM's interleaved schedule needs it)")
+
+
+def _check_uneven_chunks(stage_layers: Tuple[int, ...], chunks: int) -> None:
+    """Interleaved on uneven stages (:func:`check_schedule`): ``max(L_s)`` a multiple of ``v``, and every stage
+    at least ``max(L_s) - max(L_s)/v`` blocks. Known answers: 7, 14 x 8, 7 with ``v = 8`` (Llama 3 405B) runs;
+    ``v = 4`` runs (chunks of 2, the end stages' first/last chunk 1); 6, 8, 8, 6 with ``v = 4`` is refused."""
+    fullest = max(stage_layers)
+    shortest = min(stage_layers)
+    if fullest % chunks or fullest - shortest > fullest // chunks:
+        raise ConfigError(f"interleaved on uneven stages ({', '.join(map(str, stage_layers))} blocks): the fullest "
+                          f"stages' {fullest} blocks must split into {chunks} equal chunks and every stage may lack "
+                          f"at most one chunk ({fullest // chunks if fullest % chunks == 0 else 'n/a'} blocks; "
+                          f"Llama 3's layout)")
 
 
 def bubble_fraction(schedule: str, stages: int, microbatches: int, chunks: int = 1) -> float:

@@ -332,12 +332,25 @@ def context_parallel_slot(sc: Scenario, view: Scenario, profile: MachineProfile,
     rpn = sc.node_ranks(profile)
     stride = grid.x * grid.y * grid.z  # Megatron-LM's order: tensor ranks innermost, then context ranks
     level = "intra" if stride * cp <= rpn else "inter"
+    if sc.context_parallel_comm == "allgather":  # Llama 3: the collectives before attention, exposed in full
+        gathers, scatters = terms.context_parallel_allgather_messages(sc.recompute)
+        exposed = gathers * _cp_collective(profile, "allgather", cp, cp * msg, stride, level, rpn) + \
+            scatters * _cp_collective(profile, "reduce_scatter", cp, cp * msg, stride, level, rpn)
+        return (cp - 1) * attention, max(sc.stage_layers) * exposed
     if profile.has_network:
         t_msg = profile.network_time("allgather", 2, 2 * msg, stride, level, rpn)
     else:
         t_msg = message_time(profile, level, msg)
     ring = max(sc.stage_layers) * terms.context_parallel_ring_messages(cp, sc.recompute) * t_msg
     return (cp - 1) * attention, terms.context_parallel_exposed(ring, cp * attention)
+
+
+def _cp_collective(profile: MachineProfile, op: str, cp: int, size: int, stride: int, level: str, rpn: int) -> float:
+    """Seconds of one ``op`` over the ``cp`` context ranks of nccl-tests size ``size`` (the gathered K and V),
+    at the profile's network table, else its alpha-beta fit: ``(cp - 1)`` chunks of ``size/cp`` each way."""
+    if profile.has_network:
+        return profile.network_time(op, cp, size, stride, level, rpn)
+    return (cp - 1) * message_time(profile, level, size // cp)
 
 
 def pipeline_bubble(sc: Scenario, slot: float) -> float:

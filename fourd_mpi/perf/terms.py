@@ -62,7 +62,12 @@ chunks for a balanced causal mask). Every term but attention sees ``cp`` times m
 gradients reduced over data x context ranks, as Megatron-LM does). Attention differs: the rank's queries attend to
 the whole sequence, ``cp`` times the work of its own chunk, and the K and V chunks travel around the ring, one
 point-to-point message per step (:func:`context_parallel_kv_bytes`, :func:`context_parallel_ring_messages`),
-hidden behind that attention while it lasts longer (:func:`context_parallel_exposed`).
+hidden behind that attention while it lasts longer (:func:`context_parallel_exposed`). Llama 3 shares K and V
+the other way (``context_parallel_comm = "allgather"``; The Llama 3 Herd of Models, arXiv 2407.21783, section
+3.3.2): every block all-gathers the sequence's K and V before attention, "the all-gather communication latency is
+exposed in the critical path", and the backward reduce-scatters their gradients
+(:func:`context_parallel_allgather_messages`), each collective priced at the context ranks' placement and added
+to the slot in full.
 """
 
 from __future__ import annotations
@@ -218,6 +223,18 @@ def context_parallel_ring_messages(cp: int, recompute: str) -> int:
     """Ring steps per block and micro-batch: forward ``cp - 1`` (K, V), backward ``2 (cp - 1)`` (K, V again and the
     dK, dV partial sums), and ``cp - 1`` more with full recompute (the forward runs again)."""
     return (cp - 1) * (3 + (1 if recompute == "full" else 0))
+
+
+#: how context-parallel ranks share K and V: ``ring`` (Megatron-LM, Liu et al. 2023: point-to-point steps hidden
+#: behind attention) or ``allgather`` (Llama 3: collectives before attention, exposed)
+CP_COMMS = ("ring", "allgather")
+
+
+def context_parallel_allgather_messages(recompute: str) -> Tuple[int, int]:
+    """``(all-gathers, reduce-scatters)`` per block and micro-batch when K and V are all-gathered (Llama 3): the
+    forward's all-gather of K and V, the backward's reduce-scatter of dK and dV, and one more all-gather with full
+    recompute (the forward runs again). Known answers: none -> (1, 1); full -> (2, 1)."""
+    return (2 if recompute == "full" else 1), 1
 
 
 def context_parallel_exposed(t_ring: float, t_attention: float) -> float:

@@ -167,7 +167,8 @@ def test_scenario_refusals_are_one_line():
     prof = load_profile("dgx-a100")
     for sc, text in [
         (Scenario(GPT, GridShape(2, 1, 2, 2), "dgx-a100", algorithm="megatron1d"), "pins G_x = 1"),
-        (Scenario(GPT, GridShape(2, 1, 4, 1), "dgx-a100", stages=3, schedule="interleaved"), "needs equal stages"),
+        (Scenario(GPT, GridShape(2, 1, 4, 1), "dgx-a100", stages=3, schedule="interleaved", chunks=2,
+                  microbatches=4), "must split into 2 equal chunks"),
         (Scenario(GPT, GridShape(2, 1, 4, 1), "dgx-a100", microbatch_size=3), "not a multiple of the micro-batch"),
         (Scenario(GPT, GridShape(2, 1, 4, 1), "dgx-a100", algorithm="optimus3d"), "covers the algorithms"),
     ]:
@@ -503,8 +504,11 @@ def test_llama3_table_4_is_self_consistent_and_reported_as_it_is():
     """Llama 3's Table 4 (arXiv 2407.21783, section 3.3.2) against its own columns: GPUs = TP x CP x PP x DP,
     tokens per batch = DP x batch/DP x seq ("16M": 16.8e6 within 0.5M), TFLOPs/GPU / 989 (H100 dense BF16) = the
     BF16 MFU within the columns' rounding (TFLOP/s to 5, MFU to 0.5 %); the model's global batch = DP x batch/DP.
-    The model's result is shipped as it is (the 1F1B schedule it must assume is slower than Llama 3's
-    interleaved one): this test pins that it is predicted too slow, not a value."""
+    The configuration is the paper's own (same section): the interleaved schedule with V = 8 one-block chunks on
+    7, 14 x 8, 7 blocks (bubble (PP - 1)/(V M)), no activation checkpointing at 8K tokens, K and V all-gathered
+    for context parallelism. The model's results are shipped as they are; this test pins the configuration and
+    the one known memory miss (the model does not count the paper's proactive freeing of each stage's inputs and
+    outputs, so the 8K DP 64 row needs more than 80 GB in the model although it ran), not a value."""
     from fourd_mpi.perf import published
 
     ds = published.load("llama3_405b")
@@ -518,9 +522,14 @@ def test_llama3_table_4_is_self_consistent_and_reported_as_it_is():
         assert lo <= d["mfu_pct"] + 0.5 and d["mfu_pct"] - 0.5 <= hi, d["name"]
         assert sum((d["first_stage_layers"], 14 * 8, d["last_stage_layers"])) == d["layers"] == 126
     rows = published.evaluate(("llama3_405b",))
-    assert [r.gpus for r in rows] == [8192, 16384, 16384] and all(r.result.fits() for r in rows)
+    assert [r.gpus for r in rows] == [8192, 16384, 16384]
+    assert [r.result.fits() for r in rows] == [False, True, True]
     assert [r.result.scenario.context_parallel for r in rows] == [1, 1, 16]
-    assert all(r.ratio < 1.0 for r in rows)  # too slow: the 1F1B bubble (p-1)/m, documented in the dataset
+    assert [r.result.scenario.recompute for r in rows] == ["none", "none", "selective"]
+    for r in rows:
+        sc = r.result.scenario
+        assert (sc.schedule, sc.chunks, sc.stage_layers) == ("interleaved", 8, (7,) + (8,) * 14 + (7,))
+        assert sc.context_parallel_comm == "allgather"
 
 
 def test_mfu_metric_is_the_model_convention():

@@ -72,7 +72,27 @@ def test_memory_counts_each_stage_with_its_own_blocks():
     assert stage_memory(with_six_blocks_last, 0, prof)["activations"] == first
 
 
-def test_interleaved_refuses_uneven_stages():
-    with pytest.raises(ConfigError, match="needs equal stages"):
-        predict_scenario(Scenario(GPT70, GridShape(1, 1, 1, 1), "dgx-h100", algorithm="megatron1d", stages=12,
-                                  schedule="interleaved", chunks=1, microbatches=96), load_profile("dgx-h100"))
+def test_interleaved_on_uneven_stages_is_llama3s_layout():
+    """Interleaved on uneven stages (Llama 3, arXiv 2407.21783, section 3.3.2): 126 blocks on 16 stages as 7,
+    14 x 8, 7 with V = 8 chunks of one block (the end stages' first/last chunk holds only the embedding/the head)
+    runs; the bubble is (p - 1)/v slots of the fullest stage. A layout whose fullest stage does not split into v
+    chunks, or a stage lacking more than one chunk, is refused in one line."""
+    from fourd_mpi.perf import schedules
+
+    assert stage_layers(126, 16, 7, 7) == (7,) + (8,) * 14 + (7,)
+    schedules.check_schedule("interleaved", 16, 8, 126, 32, stage_layers(126, 16, 7, 7))
+    schedules.check_schedule("interleaved", 12, 2, 70, 96, stage_layers(70, 12))  # 10 x 6, 2 x 5: chunks 3, 3|2
+    with pytest.raises(ConfigError, match="must split into 4 equal chunks"):
+        schedules.check_schedule("interleaved", 12, 4, 70, 96, stage_layers(70, 12))
+    with pytest.raises(ConfigError, match="at most one chunk"):
+        schedules.check_schedule("interleaved", 4, 4, 28, 8, (4, 8, 8, 8))
+    prof = load_profile("dgx-h100")
+    sc = Scenario(GPT70, GridShape(1, 1, 1, 1), "dgx-h100", algorithm="megatron1d", stages=12,
+                  schedule="interleaved", chunks=2, microbatches=96)
+    r = predict_scenario(sc, prof)
+    plain = predict_scenario(Scenario(GPT70, GridShape(1, 1, 1, 1), "dgx-h100", algorithm="megatron1d", stages=12,
+                                      microbatches=96), prof)
+    slot = (r.step_s - r.bubble_s - r.terms["optimizer"] - r.terms["grad_sync"] - r.terms["embedding_sync"]
+            - r.terms["pipeline_critical"]) / 96
+    assert r.bubble_s == pytest.approx(slot * 11 / 2, rel=1e-9)
+    assert r.bubble_s < plain.bubble_s

@@ -99,7 +99,8 @@ def scenario_of(point: Dict[str, Any], defaults: Dict[str, Any], machine: str) -
                     sequence_parallel=bool(d["sequence_parallel"]), recompute=d["recompute"], dtype=d["dtype"],
                     attention=d["attention"], precision=d["precision"], shard_optimizer=d["shard_optimizer"],
                     optimizer=d["optimizer"], overlap=overlap, memory_limit_gib=d.get("memory_limit_gib"),
-                    context_parallel=cp, first_stage_layers=d.get("first_stage_layers"),
+                    context_parallel=cp, context_parallel_comm=d.get("cp_comm", "ring"),
+                    first_stage_layers=d.get("first_stage_layers"),
                     last_stage_layers=d.get("last_stage_layers"))
 
 
