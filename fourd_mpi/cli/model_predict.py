@@ -134,7 +134,7 @@ PUBLISHED_JSON = JsonDoc("model published", {
     "summary": "errors over every point", "summary_by_dataset": "per dataset",
     "summary_target_set": "over the points the model must match (or null)",
     "points": "per published point: dataset, name, gpus, metric, published, predicted, ratio, error, to_match, "
-              "assumed, source, scheme, prediction",
+              "assumed, source, scheme, prediction, command (the model predict command line of the point)",
     "memory_claims": "the memory claims", "claims": "the ranking claims (not with --no-claims)"},
     optional=("claims", "memory_claims"))
 

@@ -183,6 +183,39 @@ class Scenario:
         return replace(self, model=replace(self.model, seq=view["seq"], batch=view["batch"]),
                        grid=replace(self.grid, data=view["data"]), context_parallel=1)
 
+    def options(self) -> dict:
+        """The ``model predict`` options (run's words, :data:`SCENARIO_ONLY`) that give this scenario again through
+        :meth:`from_options`: every size of the model, the grid, every choice; options left at their unset
+        value (no precision, no node shape, no first/last stage size) are left out, ``sequence-parallel`` only
+        when on. ``memory-limit`` in GiB (``none``: no limit)."""
+        m = self.model
+        overlap = self.overlap
+        if isinstance(overlap, OverlapConfig):
+            overlap = overlap.option_text + (",cache" if overlap.cache else "")
+        limit = "none" if self.memory_limit_gib is None else f"{self.memory_limit_gib:.17g}GiB"
+        out = {"profile": self.profile, "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
+               "kv-heads": m.kv_head_count, "ffn-hidden": m.ffn_hidden, "mlp": m.mlp, "seq": m.seq, "batch": m.batch,
+               "vocab": self.vocab, "algorithm": self.algorithm, "grid": str(self.grid), "ginter": self.stages,
+               "first-stage-layers": self.first_stage_layers, "last-stage-layers": self.last_stage_layers,
+               "pipeline-schedule": self.schedule, "chunks-per-stage": self.chunks,
+               "context-parallel": self.context_parallel, "context-parallel-comm": self.context_parallel_comm,
+               "microbatch-size": self.microbatch_size, "microbatches": self.microbatches,
+               "sequence-parallel": True if self.sequence_parallel else None, "recompute": self.recompute,
+               "dtype": self.dtype, "attention": self.attention, "precision": self.precision,
+               "shard-optimizer": self.shard_optimizer, "optimizer": self.optimizer, "overlap": str(overlap),
+               "progress": self.progress, "dw-window": "none" if self.dw_window is None else self.dw_window,
+               "ranks-per-node": self.ranks_per_node, "memory-limit": limit, "implementation": self.implementation}
+        return {k: v for k, v in out.items() if v is not None}
+
+    def predict_command(self) -> str:
+        """``fourd-mpi model predict ...``: the command line of :meth:`options`, shell-quoted."""
+        import shlex
+
+        words = ["fourd-mpi", "model", "predict"]
+        for name, value in self.options().items():
+            words += [f"--{name}"] if value is True else [f"--{name}", str(value)]
+        return shlex.join(words)
+
 
 #: scenario options run has no option for (``model predict``'s own): the interleaved schedule's chunks, the
 #: micro-batch size, the vocabulary, sequence parallelism, precision, optimizer sharding, the dW window, the node

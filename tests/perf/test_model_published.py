@@ -605,3 +605,25 @@ def test_a_to_match_factor_that_cannot_match_says_none():
     from fourd_mpi.perf.published import _factor
 
     assert [_factor(v) for v in (-1.04, 0.0, float("nan"), 1.234)] == ["none", "none", "-", "1.23"]
+
+
+def test_every_shipped_point_is_a_model_predict_command(capsys):
+    """Every configuration of every shipped point is expressible from the command line: the point's
+    ``model predict`` command (``--format json``'s ``command``, :meth:`Scenario.predict_command`) run through the
+    command line's own parser predicts the same step, to the last bits, and says it fits exactly when the point
+    does."""
+    import shlex
+
+    from fourd_mpi.cli.main import main
+    from fourd_mpi.perf import published
+
+    rows = published.evaluate()
+    assert len(rows) == 42
+    doc = published.as_dict(rows)
+    for row, point in zip(rows, doc["points"]):
+        words = shlex.split(point["command"])
+        assert words[:3] == ["fourd-mpi", "model", "predict"]
+        assert main(words[1:] + ["--format", "json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["step_s"] == pytest.approx(row.result.step_s, rel=1e-12), point["name"]
+        assert out["fits"] == row.result.fits(), point["name"]

@@ -446,7 +446,8 @@ def as_dict(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
            "points": [{"dataset": r.dataset, "name": r.name, "gpus": r.gpus, "metric": r.metric,
                        "published": r.published, "predicted": r.predicted, "ratio": r.ratio, "error": r.error,
                        "to_match": r.to_match(),
-                       "assumed": r.assumed, "source": r.source, "scheme": r.scheme, "prediction": r.result.as_dict()} for r in rows]}
+                       "assumed": r.assumed, "source": r.source, "scheme": r.scheme, "prediction": r.result.as_dict(),
+                       "command": r.result.scenario.predict_command()} for r in rows]}
     if memory is not None:
         out["memory_claims"] = memory
     if claims is not None:
