@@ -74,7 +74,8 @@ setup(
         # mfusepy: tests/helpers/faultfs.py, the FUSE file system that injects EIO and ENOLCK (needs libfuse2)
         # mkdocs: tests/test_docs_site.py builds the site and reads the HTML back; ruff: tests/test_lint.py
         "test": ["pytest>=7", "pytest-timeout", "hypothesis>=6", "pandas>=1.5", "matplotlib>=3.5", "scipy>=1.7",
-                 "llnl-thicket", "llnl-hatchet", "shtab>=1.6", "mfusepy>=3.1", "perfetto>=0.59", "mkdocs>=1.6", "ruff>=0.6"],
+                 "llnl-thicket", "llnl-hatchet", "shtab>=1.6", "mfusepy>=3.1", "perfetto>=0.59", "mkdocs>=1.6",
+                 "ruff>=0.6"],
     },
     entry_points={"console_scripts": ["fourd-mpi=fourd_mpi.cli.main:main"]},
     classifiers=[

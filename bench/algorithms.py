@@ -199,7 +199,8 @@ def best_grid(args, world: int, profile) -> Tuple[Optional[str], str]:
     except ConfigError as exc:
         return None, str(exc)
     top = ranking.every[0]
-    return str(top.grid), f"the model's fastest axonn4d grid on profile {profile.name} ({top.prediction.step_s * 1e3:.1f} ms predicted)"
+    return str(top.grid), (f"the model's fastest axonn4d grid on profile {profile.name} "
+                           f"({top.prediction.step_s * 1e3:.1f} ms predicted)")
 
 
 # --------------------------------------------------------------------------- running

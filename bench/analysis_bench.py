@@ -273,7 +273,8 @@ def ab(trace: str, against: str, rounds: int) -> int:
           f"outputs of `fourd-mpi analyze` (table, json, markdown, steps csv) identical: {'yes' if same else 'NO'}")
     print("seconds: wall time (CPU time: user + system of the process); new/old: wall-time ratio of the round")
     print("checks: load_trace's checks of the events alone (range checks and damage), on the loaded trace")
-    print(f"{'round':>5} {'analyze old':>13} {'new':>13} {'new/old':>7} {'load_trace old':>15} {'new':>13} {'new/old':>7} "
+    print(f"{'round':>5} {'analyze old':>13} {'new':>13} {'new/old':>7} "
+          f"{'load_trace old':>15} {'new':>13} {'new/old':>7} "
           f"{'checks old':>10} {'new':>5} {'new/old':>7} {'load avg':>8}")
     kinds = ("a_old", "a_new", "l_old", "l_new", "c_old", "c_new")
     times = {k: [] for k in kinds}
@@ -310,7 +311,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--blocks", type=int, default=2, help="GPT blocks (2: ~275 events per rank and step on 1024 ranks)")
+    parser.add_argument("--blocks", type=int, default=2,
+                        help="GPT blocks (2: ~275 events per rank and step on 1024 ranks)")
     parser.add_argument("--keep", metavar="DIR", help="write the trace into DIR and keep it")
     parser.add_argument("--trace", metavar="FILE", help="A/B mode: an existing trace to analyse (with --against)")
     parser.add_argument("--against", metavar="TREE", help="A/B mode: the other checkout (its fourd_mpi is imported "

@@ -42,10 +42,11 @@ the last full calibration took 646 s at load 2-10 (32 s a pair). With no other j
 (2026-11-26): 372 s at 12 runs a side, 679 s at 20.
 
 The table names the command, the machine (``nproc``) and the load average before and after.
-``--save FILE.json`` (or ``FILE.json.gz``, compressed) keeps every run's step times and start time (and the load average around each pair);
-``--from FILE.json`` analyses saved runs again without running anything (the statistics are
-deterministic: the bootstrap has a fixed seed). Runs saved without start times (before the paired design)
-get start times from the order they were made in (A B B A ..., 1 s apart), which is all the pairing uses.
+``--save FILE.json`` (or ``FILE.json.gz``, compressed) keeps every run's step times and start time (and
+the load average around each pair); ``--from FILE.json`` analyses saved runs again without running
+anything (the statistics are deterministic: the bootstrap has a fixed seed). Runs saved without start
+times (before the paired design) get start times from the order they were made in (A B B A ..., 1 s
+apart), which is all the pairing uses.
 """
 
 from __future__ import annotations

@@ -86,7 +86,8 @@ def gemm_in_step(options, warmup: int, steps: int) -> Dict:
     from fourd_mpi.run.options import overlap_of
     from fourd_mpi.step.kernels import standalone_gemm_tflops
 
-    run = Run.build(MPI.COMM_SELF, replace(options, grid=GridShape(1, 1, 1, 1), overlap=overlap_of({})), count_flops=True)
+    run = Run.build(MPI.COMM_SELF, replace(options, grid=GridShape(1, 1, 1, 1), overlap=overlap_of({})),
+                    count_flops=True)
     for i in range(warmup):
         run.trainer.step(i)
     run.counter.reset()

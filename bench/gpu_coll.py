@@ -138,7 +138,8 @@ def main(argv=None) -> int:
                     for _ in range(args.iters):
                         dt = timed(lambda: fn(axis, array))
                         times.setdefault((mode, label, axis, nbytes), []).append(dt)
-                        say(f"{rnd:>5} {mode:<8} {label:<15} {axis:<4} {nbytes:>12} {dt:>10.5f} {nbytes / dt / 1e9:>10.3f}")
+                        say(f"{rnd:>5} {mode:<8} {label:<15} {axis:<4} {nbytes:>12} {dt:>10.5f} "
+                            f"{nbytes / dt / 1e9:>10.3f}")
                     del array
     rows = []
     for (mode, label, axis, nbytes), ts in sorted(times.items(), key=lambda kv: (kv[0][1], kv[0][3], kv[0][0])):

@@ -102,7 +102,8 @@ def main(argv=None) -> int:
                       f"{'match' if got == expect else 'MISMATCH'})")
             mine = cupy.empty_like(peer)
             t = timed(lambda: cupy.copyto(mine, peer), sync)
-            say(rank, f"ipc copy: {n / t / 1e9:.1f} GB/s device-to-device from rank 0's memory ({n} bytes, median of 5)")
+            say(rank, f"ipc copy: {n / t / 1e9:.1f} GB/s device-to-device from rank 0's memory "
+                      f"({n} bytes, median of 5)")
             del peer, mine
             rt.ipcCloseMemHandle(ptr)
         except Exception as exc:

@@ -347,7 +347,8 @@ def model_steps(profile, ppn: int, hidden: int, seq: int, batch: int, grids) -> 
 def rank_summary(rows) -> dict:
     """``rows``: ``(grid, measured s, model s)``. Spearman's rank correlation of measured and model
     (``scipy.stats.spearmanr``), the model's best grid (smallest model step), its measured position (1 = the
-    fastest measured) and ``within_two``: that position is 1 or 2 (the target: the model's best grid among the two fastest measured)."""
+    fastest measured) and ``within_two``: that position is 1 or 2 (the target: the model's best grid among
+    the two fastest measured)."""
     by_measured = sorted(rows, key=lambda r: r[1])
     best = min(rows, key=lambda r: r[2])[0]
     position = [g for g, _, _ in by_measured].index(best) + 1
@@ -447,8 +448,10 @@ def ranking(args, name, env, say, layout, profile_path) -> None:
     say(f"## 3. ranking: every grid of 8 ranks, {nodes} nodes x {ppn} (block), gpt-tiny h={args.hidden} "
         f"seq={args.seq} batch={args.batch}, {args.steps} measured steps, {args.rank_repeats} alternating rounds; "
         f"model: the {nodes} x {ppn} calibrated profile (part 0), ranks_per_node {ppn}")
-    say(f"#   each: fourd-mpi testbed mpiexec -n 8 --ppn {ppn} -- fourd-mpi run --gdata D --gz Z --gy Y --gx X --model gpt-tiny "
-        f"--hidden {args.hidden} --seq {args.seq} --batch {args.batch} --steps {args.steps} --warmup 1 --trace-level step")
+    say(f"#   each: fourd-mpi testbed mpiexec -n 8 --ppn {ppn} -- "
+        "fourd-mpi run --gdata D --gz Z --gy Y --gx X --model gpt-tiny "
+        f"--hidden {args.hidden} --seq {args.seq} --batch {args.batch} --steps {args.steps} "
+        "--warmup 1 --trace-level step")
     measured = {g: [] for g in grids}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rank_repeats):

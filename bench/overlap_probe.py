@@ -11,10 +11,12 @@ of the same trials recorded by the step's own machinery (``Collectives`` + ``Tra
 issue_ns) + mpi_ns`` (the comm table's ``--baseline`` column, the pure pattern's trace as the
 baseline). Each trial is one round of the three patterns back to back (pure, compute alone,
 overlapped), so load that comes and goes moves them alike. Rank 0 prints all three per compute
-length (0.5 and 2 x t_pure), medians of TRIALS rounds, and whether OSU and the trace's hidden_pct agree within 5 percentage points (the
-overlap validation's criterion). overlap_pct answers another question: it counts compute done while the
-collective was in flight, progressed or not, so it is an upper bound of what OSU measures. Noise: the OSU formula divides by t_pure and subtracts two medians; on shared or
-oversubscribed cores it swings by tens of points between identical runs, so run it on a quiet node.
+length (0.5 and 2 x t_pure), medians of TRIALS rounds, and whether OSU and the trace's hidden_pct
+agree within 5 percentage points (the overlap validation's criterion). overlap_pct answers another
+question: it counts compute done while the collective was in flight, progressed or not, so it is
+an upper bound of what OSU measures. Noise: the OSU formula divides by t_pure and subtracts two
+medians; on shared or oversubscribed cores it swings by tens of points between identical runs, so
+run it on a quiet node.
 Rank 0 prints a table (one row per compute length, ``|OSU - hidden|`` the disagreement) and the
 1/5/15-minute load averages and core count before and after, so that a disagreement can be read
 against the load it was measured under. This agreement of two timings is a benchmark, not a test:
@@ -123,8 +125,8 @@ for fraction in (0.5, 2.0):
             overlaps.append(100.0 * coll["overlap_ns"].sum() / max(1, (coll["complete_ns"] - coll["call_ns"]).sum()))
             for e in (pure_ev, ev):  # the accounting of every collective of both traced patterns, summed
                 c = e[e["lane"] >= LANE_COMM0]
-                sums.append({"window_ns": int((c["complete_ns"] - c["call_ns"]).sum()), "mpi_ns": int(c["mpi_ns"].sum()),
-                             "overlap_ns": int(c["overlap_ns"].sum()),
+                sums.append({"window_ns": int((c["complete_ns"] - c["call_ns"]).sum()),
+                             "mpi_ns": int(c["mpi_ns"].sum()), "overlap_ns": int(c["overlap_ns"].sum()),
                              "call_ns": int((c["call_ns"] - c["issue_ns"]).sum()), "collectives": int(len(c))})
     t_pure = world.allreduce(statistics.median(t_pures), op=MPI.MAX)
     t_cpu = statistics.median(t_cpus)
@@ -155,7 +157,8 @@ if world.Get_rank() == 0:
     print("agree within 5 points" if not problems else "disagree by more than 5 points: " + "; ".join(problems))
     if load_after[0] > (cores or 1):
         print(f"note: the 1-minute load {load_after[0]:.2f} exceeds the {cores} cores: OSU's formula subtracts "
-              "separately timed phases, which descheduling moves by more than t_pure; read the agreement on a quiet node")
+              "separately timed phases, which descheduling moves by more than t_pure; "
+              "read the agreement on a quiet node")
     if JSON:
         print("json: " + json.dumps({"size_bytes": SIZE, "trials": TRIALS, "world": world.Get_size(),
                                      "load_before": LOAD_BEFORE, "load_after": load_after, "rows": report}))

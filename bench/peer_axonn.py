@@ -13,18 +13,18 @@ tokens (default 256 x 16 = 4096), on the grid ``(G_x, G_y, G_z)`` with ``G_data 
 * **ours**: ``fourd_mpi`` ``Trainer.forward_backward`` of a one-block ``mlp`` model on the
   same grid (forward, MSE loss, backward, gradient reduce-scatters; no optimizer).
 
-Timed region per step: forward + backward of the block, gradients complete on every
-rank. **Both sides compute the same gradients** in every timed step: the input gradient dX of the block
-(with its backward all-reduce over Y) and both weight gradients dW1, dW2 (each reduce-scattered over Z).
-AxoNN's input carries ``requires_grad=True`` in the timed steps too (it once did not, so
-AxoNN skipped the dX GEMM and its all-reduce while ours computed them); ours records which gradients its
-step hands on (dX: what its backward returns; dW: what reaches the gradient sync). Each worker reports
-the set of gradients its timed steps produced; the driver stops when the two sets differ. Ours also
-computes the MSE loss and its output gradient (an all-reduce of one number over the grid) inside the
-step, where AxoNN is handed the output gradient: the table's ``step contains`` lines say so. Step time = max over ranks; the table shows the median over ``--steps`` steps
-after ``--warmup``, and the median over ``--rounds`` runs, which alternate AxoNN, ours,
-AxoNN, ours, ... each a fresh ``mpiexec`` of ``--ranks`` ranks (the same launcher for
-both: AxoNN's ranks take ``RANK``/``WORLD_SIZE`` from MPICH's ``PMI_RANK``/``PMI_SIZE``).
+Timed region per step: forward + backward of the block, gradients complete on every rank. **Both sides
+compute the same gradients** in every timed step: the input gradient dX of the block (with its backward
+all-reduce over Y) and both weight gradients dW1, dW2 (each reduce-scattered over Z). AxoNN's input
+carries ``requires_grad=True`` in the timed steps too (it once did not, so AxoNN skipped the dX GEMM and
+its all-reduce while ours computed them); ours records which gradients its step hands on (dX: what its
+backward returns; dW: what reaches the gradient sync). Each worker reports the set of gradients its timed
+steps produced; the driver stops when the two sets differ. Ours also computes the MSE loss and its output
+gradient (an all-reduce of one number over the grid) inside the step, where AxoNN is handed the output
+gradient: the table's ``step contains`` lines say so. Step time = max over ranks; the table shows the
+median over ``--steps`` steps after ``--warmup``, and the median over ``--rounds`` runs, which alternate
+AxoNN, ours, AxoNN, ours, ... each a fresh ``mpiexec`` of ``--ranks`` ranks (the same launcher for both:
+AxoNN's ranks take ``RANK``/``WORLD_SIZE`` from MPICH's ``PMI_RANK``/``PMI_SIZE``).
 ``ratio = ours median / AxoNN median`` (below 1: ours is faster).
 
 Before timing, each side computes the block once on the same global weights, input and

@@ -112,7 +112,8 @@ def main(argv=None) -> int:
         mib = 1 / 2 ** 20
         for row in rows:
             print(f"{row['recompute']:<10} {row['step_median_s']:>9.4f} {row['step_min_s']:>8.4f} "
-                  f"{row['step_max_s']:>8.4f} {row['step_median_s'] / none:>8.3f} {row['model_gflops_per_rank']:>10.3f} "
+                  f"{row['step_max_s']:>8.4f} {row['step_median_s'] / none:>8.3f} "
+                  f"{row['model_gflops_per_rank']:>10.3f} "
                   f"{row['hardware_gflops_per_rank']:>8.3f} {row['saved_activation_bytes'] * mib:>10.3f} "
                   f"{row['peak_activation_bytes'] * mib:>9.3f} {row['pool_bytes'] * mib:>9.3f}")
         if args.json:

@@ -255,7 +255,8 @@ def main(argv=None) -> int:
     p.add_argument("--dir", help="work directory (kept; a spool of the same shape there is reused); "
                                  "default: a temporary one, removed")
     p.add_argument("--against", nargs="+", metavar="TREE",
-                   help="before/after: the grouped uncompressed recovery by this checkout and by each TREE, alternating")
+                   help="before/after: the grouped uncompressed recovery by this checkout and by each TREE, "
+                        "alternating")
     p.add_argument("--worker", choices=("recover", "load", "baseline"), help=argparse.SUPPRESS)
     p.add_argument("--spool", help=argparse.SUPPRESS)
     p.add_argument("--path", help=argparse.SUPPRESS)

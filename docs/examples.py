@@ -52,7 +52,8 @@ RUN = ("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/fourd-mpi run --gx 2 
        "--model gpt-tiny --steps 10")
 EXAMPLES: Dict[str, Example] = {
     # the machine and its load when the examples ran (other jobs share the development machine)
-    "conditions": Example("echo \"Measured outputs last regenerated on $(date -u +%Y-%m-%d) on $(nproc --all) cores, load average "
+    "conditions": Example("echo \"Measured outputs last regenerated on $(date -u +%Y-%m-%d) "
+                          "on $(nproc --all) cores, load average "
                           "$(cut -d' ' -f1 /proc/loadavg) (1 min) as the examples started.\"", format="note"),
     # the same job with its full configuration (docs/guide/runs.md), first: trace-show shows the plain run's trace
     "run-config": Example(RUN + " --show-config"),

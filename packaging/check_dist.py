@@ -31,7 +31,8 @@ def docs_files():
 
 
 def source_files():
-    modules = {p.relative_to(REPO).as_posix() for p in (REPO / "fourd_mpi").rglob("*.py") if "__pycache__" not in p.parts}
+    modules = {p.relative_to(REPO).as_posix() for p in (REPO / "fourd_mpi").rglob("*.py")
+               if "__pycache__" not in p.parts}
     data = {p.relative_to(REPO).as_posix() for g in DATA_GLOBS for p in REPO.glob(g)}
     return modules, data
 
