@@ -70,7 +70,8 @@ def cube_shape(world_size: int, grid_sizes: Mapping[str, Optional[int]]) -> Grid
 
     Rules: the given tensor sizes must be equal (they are q); with none given and ``--gdata`` given,
     ``world_size / G_data`` must be a cube; with nothing given, the largest ``q > 1`` whose cube divides
-    the world (data takes the rest; one rank is ``1x1x1x1``). Pure; raises :class:`ConfigError` with one line saying what to change.
+    the world (data takes the rest; one rank is ``1x1x1x1``). Pure; raises :class:`ConfigError` with one
+    line saying what to change.
     """
     what = "optimus3d needs a cube of tensor ranks (G_z = G_y = G_x = q) times G_data"
     for axis, size in grid_sizes.items():

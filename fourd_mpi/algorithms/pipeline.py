@@ -311,13 +311,15 @@ class PipelineTrainer:
         return timed_step(self, step, self.world, "the end-of-step MAX all-reduce over the world", last)
 
     def close(self, within_s: Optional[float] = None) -> bool:
-        """An all-gather issued ahead for a step that never ran (OUP): as :meth:`fourd_mpi.step.engine.Trainer.close`."""
+        """An all-gather issued ahead for a step that never ran (OUP): as
+        :meth:`fourd_mpi.step.engine.Trainer.close`."""
         return self.weights.drain(within_s)
 
 
 def build_state(options, grid, backend, counter):
-    """``(model, data)`` of this rank's stage (``grid``: the stage's 4D grid, :meth:`~fourd_mpi.core.grid.ProcessGrid.sub`
-    of the run's grid, whose ``inter`` coordinate is the stage). No collective (called inside the allocation guard)."""
+    """``(model, data)`` of this rank's stage (``grid``: the stage's 4D grid,
+    :meth:`~fourd_mpi.core.grid.ProcessGrid.sub` of the run's grid, whose ``inter`` coordinate is the
+    stage). No collective (called inside the allocation guard)."""
     stage = grid.root.coords["inter"]
     first, last = stage == 0, stage == options.ginter - 1
     model = PipelineModel(options.model, grid, backend, stage, options.ginter, options.microbatches,

@@ -21,8 +21,9 @@ backwards; every wait is for one named message.
 
 1F1B keeps at most ``min(p - s, m)`` micro-batches' activations on stage ``s``; AxoNN ``min(p, m)`` on
 every stage (stage 0 admits ``p``; a later stage may forward all of them before the first backward
-comes back), so its later stages can hold more. Both have the same bubble with equal stage times: a stage idles ``(p-1)`` forward+backward slots of the
-``m + p - 1`` of a step, the idle share ``(p-1)/(m+p-1)`` (:func:`fourd_mpi.perf.schedules.idle_share`).
+comes back), so its later stages can hold more. Both have the same bubble with equal stage times: a
+stage idles ``(p-1)`` forward+backward slots of the ``m + p - 1`` of a step, the idle share
+``(p-1)/(m+p-1)`` (:func:`fourd_mpi.perf.schedules.idle_share`).
 No schedule communicates itself: the stage's calls do.
 """
 

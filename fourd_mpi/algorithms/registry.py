@@ -71,7 +71,8 @@ class Algorithm:
     #: the usual name, for plot legends and short table cells ("Megatron-LM 1D"); default: ``name``
     label: str = ""
     #: the axis that takes every rank when none of the free axes is given (``megatron1d``: all ranks
-    #: tensor-parallel over Y, ``fsdp``: all sharded over Z); ``data`` as in :func:`~fourd_mpi.core.grid.infer_grid_shape`
+    #: tensor-parallel over Y, ``fsdp``: all sharded over Z); ``data`` as in
+    #: :func:`~fourd_mpi.core.grid.infer_grid_shape`
     infer: str = "data"
 
     @property

@@ -2,7 +2,8 @@
 multiplication of :mod:`fourd_mpi.step` on ``G_data x G_z x G_y x G_x``.
 
 Pure cross-checks of an algorithm's options live with its family's record
-(:attr:`fourd_mpi.algorithms.families.Family.checker`). The hooks every algorithm module provides (called by :meth:`fourd_mpi.run.build.Run.build`):
+(:attr:`fourd_mpi.algorithms.families.Family.checker`). The hooks every algorithm module provides
+(called by :meth:`fourd_mpi.run.build.Run.build`):
 
 - ``build_state(options, grid, backend, counter)`` -> ``(model, data)``;
 - ``make_trainer(model, data, comm, optimizer, options)`` -> the trainer whose ``step(i)`` runs a step.

@@ -53,9 +53,10 @@ given as an index query never matches the new runs themselves.
 Verdict with threshold ``t`` and level ``alpha``: **inconclusive** when ``auto`` had too few runs
 for a run-level or paired test (above), or ``run`` has fewer than :func:`min_runs` runs on a side
 or ``paired`` fewer than :func:`min_pairs` pairs (no p could fall below ``alpha``); else **slower**
-when ``p < alpha``, the interval lies above 1 and ``ratio > 1 + t``; **faster** when ``p < alpha``, the interval lies below 1 and
-``ratio < 1 - t``; **same** otherwise (not significant, or within the threshold, or fewer than
-:data:`MIN_SAMPLES` steps on a side); **unmatched** for a configuration on one side only.
+when ``p < alpha``, the interval lies above 1 and ``ratio > 1 + t``; **faster** when ``p < alpha``,
+the interval lies below 1 and ``ratio < 1 - t``; **same** otherwise (not significant, or within the
+threshold, or fewer than :data:`MIN_SAMPLES` steps on a side); **unmatched** for a configuration on
+one side only.
 A slower configuration is a regression (``fourd-mpi compare`` exits 1).
 
 **Unpinned runs** (:func:`binding_note`): when some run of either side has ranks that were not pinned to CPUs
@@ -420,7 +421,8 @@ def choose_unit(new: Side, old: Side, settings: Settings) -> Tuple[str, str, Opt
     left = len(new.run_medians) + len(old.run_medians) - 2 * len(pairs)
     why = ("; the runs alternate in time, at most " f"{MAX_IN_A_ROW} of a side in a row, and give at least "
            f"{min_pairs(settings.alpha)} pairs" if settings.unit == "auto" else "")
-    note = PAIRED_NOTE.format(pairs=plural(len(pairs), "pair"), why=why, left=f"; {left} run(s) left unpaired" if left else "")
+    note = PAIRED_NOTE.format(pairs=plural(len(pairs), "pair"), why=why,
+                              left=f"; {left} run(s) left unpaired" if left else "")
     return unit, note, pairs
 
 

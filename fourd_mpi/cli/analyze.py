@@ -160,8 +160,8 @@ def _note_unlike_baseline(traces, base, path: str) -> None:
         have = shape(trace)
         if have != want:
             log.info(f"note: {trace.path} is model {have[0]} on grid {have[1]}, the --baseline {path} is model "
-                     f"{want[0]} on grid {want[1]}: its hidden_pct is '-' (the baseline must be a run of the same model "
-                     "and grid without overlap)")
+                     f"{want[0]} on grid {want[1]}: its hidden_pct is '-' "
+                     "(the baseline must be a run of the same model and grid without overlap)")
 
 
 def _render_sections(sections, fmt: str) -> str:

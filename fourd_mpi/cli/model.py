@@ -54,8 +54,8 @@ def register(sub) -> None:
                         "model, both costed with AxoNN's bandwidth table; the two top-K rankings and why they differ")
     a.add_argument("--model", default="gpt-80b", help="preset (default gpt-80b)")
     a.add_argument("--ranks", type=rank_count, default=1024, metavar="N", help="GPUs (default 1024)")
-    a.add_argument("--batch", type=int_list_of(batch_size, "global batches"), default="1024,2048", metavar="LIST", help="global batches in sequences, comma list "
-                   "(default 1024,2048)")
+    a.add_argument("--batch", type=int_list_of(batch_size, "global batches"), default="1024,2048", metavar="LIST",
+                   help="global batches in sequences, comma list (default 1024,2048)")
     a.add_argument("--seq", type=seq_length, default=2048, metavar="S", help="sequence length (default 2048)")
     a.add_argument("--min-tp", type=axis_size, default=64, metavar="T",
                    help="minimum G_x G_y G_z (AxoNN's minimum tensor-parallel degree; default 64)")
@@ -73,8 +73,8 @@ def register(sub) -> None:
     pp.add_argument("--profile", default=None, metavar="P", help="machine profile (built-in name or file; overrides "
                                                                   "--site)")
     pp.add_argument("--memory-limit", type=memory_limit, default="80GiB", metavar="SIZE",
-                    help="memory per GPU, run's grammar (80GiB, 80G or 80 GiB; default 80: the A100-80GB nodes; 40 for the "
-                         "others; none)")
+                    help="memory per GPU, run's grammar (80GiB, 80G or 80 GiB; default 80: the A100-80GB nodes; "
+                         "40 for the others; none)")
     pp.add_argument("--batch", type=batch_size, default=None, metavar="N",
                     help="global batch in sequences of 2,048 tokens at 1,024 GPUs (default 2048, our assumption; the "
                          "weak-scaling cases scale it with their GPU count)")

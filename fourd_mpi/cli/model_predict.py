@@ -84,8 +84,8 @@ PREDICT_OPTIONS = {
     "memory-limit": (_run("memory-limit"), None, "memory per GPU for the fits line, run's grammar (80GiB, 80G or "
                                                  "40 GiB; default: the profile's device memory; none)"),
     "implementation": (str, "fourd", "fourd (this suite's step), deepspeed-2021 (fsdp on 1xNx1x1 only: DeepSpeed "
-                                     "ZeRO-3 v0.3.13-v0.5.4's third gathers, per-rank copy loops and per-parameter gradient "
-                                     "reduce-scatters) or megatron-lm "
+                                     "ZeRO-3 v0.3.13-v0.5.4's third gathers, per-rank copy loops and "
+                                     "per-parameter gradient reduce-scatters) or megatron-lm "
                                      "(megatron1d or dp: Megatron-LM 2020-2021's DDP=local, one coalesced gradient "
                                      "all-reduce per step) or pytorch-fsdp (fsdp: PyTorch FSDP's gradient "
                                      "accumulation, a reduce-scatter per micro-batch into sharded sums)"),

@@ -99,8 +99,8 @@ def register(sub) -> None:
                           "each side needs); paired: each new run with the baseline run next to it in start "
                           "time, Wilcoxon signed-rank test of the log ratios of their median step times (cancels a "
                           "drift of the machine's load that moves both sides; make the runs alternately, A B B A ...); "
-                          "run: always the runs (sees the variation between runs, which steps of one run do not; inconclusive "
-                          "with fewer than 4 a side, paired with fewer than 6 pairs, at --alpha 0.05); "
+                          "run: always the runs (sees the variation between runs, which steps of one run do not; "
+                          "inconclusive with fewer than 4 a side, paired with fewer than 6 pairs, at --alpha 0.05); "
                           "step: always every measured step, pooled (a verdict from one run a side, uncalibrated)")
     add_format(cmp, ("table", "markdown", "json", "junit"),
                help="table (default), markdown, json, or junit (JUnit XML: a test case per configuration, a failure "

@@ -30,8 +30,8 @@ STEP_GROUPS = ("grid", "model", "numerics", "overlap")
 
 def add_run_arguments(parser) -> None:
     """The arguments of ``fourd-mpi run``: ``--config`` and every option of the table."""
-    parser.add_argument("--config", metavar="FILE", type=text, help="options from a .toml or .yaml file (keys: long option "
-                        "names); the command line wins")
+    parser.add_argument("--config", metavar="FILE", type=text,
+                        help="options from a .toml or .yaml file (keys: long option names); the command line wins")
     add_options(parser, STEP_GROUPS + ("steps", "trace"))
     add_json_format(parser, RUN_JSON, help="what standard output shows (rank 0): table (default: a short header, "
                     "the steps as --display says, the summary) or json (only the document at the end; the trace "

@@ -39,9 +39,9 @@ def register(sub) -> None:
         add_site(p, default="local", help="the cluster the job scripts are for")
         p.add_argument("--python", metavar="PATH", help="interpreter the jobs run (default: job.python of the "
                                                         "spec, else the site's, else python3)")
-        p.add_argument("--results-dir", metavar="DIR", help="where the jobs write traces "
-                                                            "(default: results_dir of the spec, else results/SWEEP, with the "
-                                                            "site's name below it: results/SWEEP/SITE)")
+        p.add_argument("--results-dir", metavar="DIR",
+                       help="where the jobs write traces (default: results_dir of the spec, else results/SWEEP, "
+                            "with the site's name below it: results/SWEEP/SITE)")
         p.add_argument("--ranks-per-node", type=axis_size, metavar="N",
                        help="ranks per node (default: job.ranks_per_node of the spec, else the site's)")
         for key in JOB_OVERRIDES:
@@ -62,8 +62,9 @@ def register(sub) -> None:
     render = ssub.add_parser("render", help="write one job script per run and a manifest under results/SWEEP/SITE/jobs")
     render.add_argument("spec", metavar="SPEC.yaml", help="the sweep spec (YAML)")
     site_arg(render)
-    render.add_argument("--out", type=nonempty_text, metavar="DIR", help="directory of the scripts (default: jobs/ in the sweep's results "
-                                                                   "directory, results/SWEEP/SITE/jobs)")
+    render.add_argument("--out", type=nonempty_text, metavar="DIR",
+                        help="directory of the scripts (default: jobs/ in the sweep's results directory, "
+                             "results/SWEEP/SITE/jobs)")
     render.add_argument("--force", action="store_true", help="render again over an existing directory")
     add_json_format(render, RENDER_JSON, help="the report on standard output: table (default: one line) or json")
 
@@ -121,7 +122,8 @@ def cmd_sweep(args, world=None) -> int:
                 spec.job[key] = getattr(args, key)
         if any(getattr(args, key) is not None for key in (*JOB_OVERRIDES, "pack", "pack_mode")):
             spec.revalidate_job()
-        # default: next to the sweep's traces, results/SWEEP/SITE/jobs (git-ignored in a checkout, never the source tree)
+        # default: next to the sweep's traces, results/SWEEP/SITE/jobs (git-ignored in a checkout, never the
+        # source tree)
         script_dir = getattr(args, "out", None) or default_script_dir(spec, site, args.results_dir)
         manifest = build_manifest(spec, site, args.spec, script_dir, args.python, args.results_dir)
         if command == "plan":
@@ -132,8 +134,8 @@ def cmd_sweep(args, world=None) -> int:
             else:
                 packs = manifest.get("packs")
                 packed = f" in {len(packs)} {packs[0]['mode']} packs" if packs else ""
-                sys.stdout.write(f"sweep {spec.name}: {spec.study} scaling, {len(manifest['runs'])} runs{packed} on site "
-                                 f"{site.name} ({site.scheduler})\n")
+                sys.stdout.write(f"sweep {spec.name}: {spec.study} scaling, {len(manifest['runs'])} runs{packed} "
+                                 f"on site {site.name} ({site.scheduler})\n")
                 sys.stdout.write(format_rows(plan_rows(manifest)))
             return 0
         written = write_sweep(manifest, spec, site, script_dir, args.force)

@@ -25,8 +25,8 @@ from fourd_mpi.util.values import axis_size, int_in
 log = logging.getLogger(__name__)
 
 NAME_HELP = "the bed's name: a lowercase letter then up to 9 lowercase letters or digits; it names the bed's " \
-            "directory under $FOURD_TESTBED_STATE (default /run/fourd-testbed), prefixes the bed's namespaces, bridge " \
-            "and links and chooses its subnet, so beds of different names never collide (default fourd)"
+            "directory under $FOURD_TESTBED_STATE (default /run/fourd-testbed), prefixes the bed's namespaces, " \
+            "bridge and links and chooses its subnet, so beds of different names never collide (default fourd)"
 
 
 def _start_slurm_or_down(slurm, state: dict, name: str, cpus: int) -> bool:
@@ -58,7 +58,8 @@ def register(sub) -> None:
     up.add_argument("--burst", metavar="SIZE", help="tbf burst (bucket) per link, e.g. 64kb; one or one per node "
                                                     "(default 10 ms of the rate, at least 64kb)")
     up.add_argument("--slurm", action="store_true", help="also start a Slurm: slurmctld here, one slurmd per node")
-    up.add_argument("--cpus", type=int_in(1, 1 << 12, "CPUs per node"), default=4, help="--slurm: CPUs each node declares (default 4)")
+    up.add_argument("--cpus", type=int_in(1, 1 << 12, "CPUs per node"), default=4,
+                    help="--slurm: CPUs each node declares (default 4)")
     add_format(up, ("table", "json"))
     up.set_defaults(handler=cmd_testbed, serial=True)
 
@@ -78,8 +79,8 @@ def register(sub) -> None:
     st.set_defaults(handler=cmd_testbed, serial=True)
 
     mx = tsub.add_parser("mpiexec", help="run COMMAND's ranks on the bed's nodes: the mpiexec (MPICH's or Open "
-                         "MPI's) with the bed's launcher shim and UCX_TLS=tcp,self, e.g. fourd-mpi testbed mpiexec -n 4 -- "
-                         "fourd-mpi verify --grid 1x2x1x2")
+                         "MPI's) with the bed's launcher shim and UCX_TLS=tcp,self, e.g. "
+                         "fourd-mpi testbed mpiexec -n 4 -- fourd-mpi verify --grid 1x2x1x2")
     _name(mx)
     mx.add_argument("-n", "--ranks", type=axis_size, required=True, help="number of ranks")
     mx.add_argument("--ppn", type=axis_size, help="ranks per node, consecutive ranks on one node (default: the "
@@ -87,11 +88,12 @@ def register(sub) -> None:
     mx.add_argument("--order", choices=("block", "cyclic"), default="block",
                     help="block: consecutive ranks on one node, as schedulers place them (default); cyclic: rank i "
                          "on node i mod nodes, so the innermost grid axis (X) crosses nodes")
-    mx.add_argument("--mpiexec", metavar="PATH", help="the mpiexec, MPICH's Hydra or Open MPI's (default: next to this Python, else on "
-                    "PATH)")
+    mx.add_argument("--mpiexec", metavar="PATH",
+                    help="the mpiexec, MPICH's Hydra or Open MPI's (default: next to this Python, else on PATH)")
     mx.add_argument("--dry-run", action="store_true", help="print the command line instead of running it")
-    mx.add_argument("program", nargs="+", metavar="COMMAND", help="the program and its arguments (after --); fourd-mpi and "
-                    "python are this environment's (the ones beside this Python), activated or not")
+    mx.add_argument("program", nargs="+", metavar="COMMAND",
+                    help="the program and its arguments (after --); fourd-mpi and python are this environment's "
+                         "(the ones beside this Python), activated or not")
     mx.set_defaults(handler=cmd_testbed, serial=True)
 
     ev = tsub.add_parser("env", help="shell lines that point Slurm's commands at the bed (SLURM_CONF) and keep "

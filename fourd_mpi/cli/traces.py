@@ -43,9 +43,9 @@ def register(sub) -> None:
     rec.add_argument("--check", choices=("readback", "full"), default="readback",
                      help="how the written trace is verified before the per-rank files are called removable: "
                           "readback (default; a multi-part trace: every part read back by the workers and compared "
-                          "byte for byte, XXH3-64 digest, the top level validated without its events, every kept rank-step "
-                          "holding the events its record counts) or full (the whole trace loaded in one process "
-                          "and checked as 'trace check' does; always for a single-file trace)")
+                          "byte for byte, XXH3-64 digest, the top level validated without its events, every kept "
+                          "rank-step holding the events its record counts) or full (the whole trace loaded in one "
+                          "process and checked as 'trace check' does; always for a single-file trace)")
     add_json_format(rec, RECOVER_JSON, help="the report on standard output: table (default: lines of text) or json")
     tr.set_defaults(handler=cmd_trace, serial=True)
 
@@ -156,8 +156,8 @@ def _cmd_show(args) -> int:
         print(f"damaged: {why}")
     meta = trace.metadata
     print(f"{args.file}: schema v{trace.schema_version}, status {trace.status}, run id {meta.get('run_id')}")
-    print(f"  algorithm {of_metadata(meta)}, grid {meta.get('grid')} on {meta.get('world_size')} ranks, {meta.get('num_nodes')} node(s); "
-          f"level {meta.get('level')}; started {meta.get('start_time')}")
+    print(f"  algorithm {of_metadata(meta)}, grid {meta.get('grid')} on {meta.get('world_size')} ranks, "
+          f"{meta.get('num_nodes')} node(s); level {meta.get('level')}; started {meta.get('start_time')}")
     print(f"  {((meta.get('mpi') or {}).get('library_version') or '?').splitlines()[0]}")
     placement = trace.placement()
     print(f"  nodes{'' if 'placement' in meta else ' (derived from /ranks: the trace predates metadata placement)'}: "

@@ -16,14 +16,15 @@ from fourd_mpi.util.values import axis_size, layer_count, memory_limit, rank_cou
 def register(sub) -> None:
     p = sub.add_parser("tune", help="rank every grid shape of a rank count by predicted step time "
                        "(performance model; one process, no mpiexec)")
-    p.add_argument("--ranks", type=rank_count, required=True, metavar="N", help="the rank count to place (at most 4,096 candidate grids: every power of two up to 2^24 "
+    p.add_argument("--ranks", type=rank_count, required=True, metavar="N",
+                   help="the rank count to place (at most 4,096 candidate grids: every power of two up to 2^24 "
                         "qualifies; 720720 has 89,600 and is refused)")
     p.add_argument("--algorithm", default="axonn4d", metavar="NAME|LIST|all",
                    help="algorithm(s) to rank: a name of fourd-mpi run --algorithm, a comma list, or all (one table "
                         "across algorithms with an algorithm column; default axonn4d). pipeline tries every stage "
                         "count dividing the ranks and the layers, every 4D grid of a stage, and every micro-batch "
-                        "size that divides the per-replica batch (at most 1024 micro-batches; at most 20,000 configurations, "
-                        "else refused, or skipped with a line under a list); configurations whose "
+                        "size that divides the per-replica batch (at most 1024 micro-batches; at most 20,000 "
+                        "configurations, else refused, or skipped with a line under a list); configurations whose "
                         "lower bound exceeds the --top K-th fastest of their algorithm are counted, not predicted")
     add_options(p, ("model",), names=("dtype", "optimizer", "overlap", "progress"))
     m = p.add_argument_group("machine")
@@ -322,8 +323,8 @@ def _tune_across(args, names, cfg, overlap, profile, limit, limit_text, recomput
         spec["description"] = f"the top {args.top} configurations of fourd-mpi tune --algorithm {args.algorithm}"
         spec["matrix"]["algorithm"] = algorithms  # each algorithm runs the listed grids it allows
         _write_sweep(args.emit_sweep, "configurations", spec)
-        print(f"sweep spec {args.emit_sweep}: {len(grids)} grid(s) x {len(algorithms)} algorithm(s) at {args.ranks} ranks",
-              file=sys.stderr if args.format == "json" else sys.stdout)
+        print(f"sweep spec {args.emit_sweep}: {len(grids)} grid(s) x {len(algorithms)} algorithm(s) "
+              f"at {args.ranks} ranks", file=sys.stderr if args.format == "json" else sys.stdout)
     if args.format == "json":
         emit_json(TUNE_JSON, doc)
     return 0

@@ -1,15 +1,15 @@
 """The Perfetto / chrome://tracing timeline of a trace, as Chrome trace-event JSON (``.json``, ``.json.gz``).
 
 One process per rank, one named thread per lane: ``step``, ``phase``, ``layer``, ``host``, ``comm0``,
-``comm1`` ... (in that order). Every event is a complete (``"X"``) event: step spans ("step 5"), phase spans ("step 5 backward", derived
-from the layer events of the phase), layer spans ("layer 3 backward (block0.fc2)": Perfetto's
-search finds "layer 3 backward"), host-lane events (compute ops, waits: "wait x") and
-collectives with their staging copies on their comm lane ("allreduce x", "d2h x"), from the
-``MPI_I*`` call to the observed completion, with their accounting in ``args`` (``bytes``,
-``wire_bytes``, ``wait_ns``, ``mpi_ns``, ``overlap_ns``, ``call_return_ns``). Events never
-overlap within a thread (the recorder packs collectives in flight together onto separate comm
-lanes). Flow events (``"s"``/``"t"``/``"f"``, category ``collective``) link the pieces of one
-collective instance across its ranks (:func:`collective_instances`).
+``comm1`` ... (in that order). Every event is a complete (``"X"``) event: step spans ("step 5"), phase
+spans ("step 5 backward", derived from the layer events of the phase), layer spans ("layer 3 backward
+(block0.fc2)": Perfetto's search finds "layer 3 backward"), host-lane events (compute ops, waits: "wait
+x") and collectives with their staging copies on their comm lane ("allreduce x", "d2h x"), from the
+``MPI_I*`` call to the observed completion, with their accounting in ``args`` (``bytes``, ``wire_bytes``,
+``wait_ns``, ``mpi_ns``, ``overlap_ns``, ``call_return_ns``). Events never overlap within a thread (the
+recorder packs collectives in flight together onto separate comm lanes). Flow events
+(``"s"``/``"t"``/``"f"``, category ``collective``) link the pieces of one collective instance across its
+ranks (:func:`collective_instances`).
 
 Ids: ``pid = rank + 1`` and ``tid = 1000 * pid + k`` (``k`` = 1 step, 2 phase, 3 layer, 4 host,
 5 + i comm<i>): Perfetto reserves pid/tid 0 for the kernel's idle task, and a tid equal to its
@@ -352,7 +352,8 @@ def _flow_events(trace, events: np.ndarray, end_ns: np.ndarray) -> List[Dict]:
         members = members[chain]
         ranks = events["rank"][members].astype(np.int64)
         pids, tids = perfetto_ids(ranks), perfetto_ids(ranks, events["lane"][members].astype(np.int64))
-        for j, (i, pid, tid, ts) in enumerate(zip(members.tolist(), pids.tolist(), tids.tolist(), _us(points).tolist())):
+        for j, (i, pid, tid, ts) in enumerate(zip(members.tolist(), pids.tolist(), tids.tolist(),
+                                                  _us(points).tolist())):
             ph = "s" if j == 0 else ("f" if j == len(members) - 1 else "t")
             flow = {"ph": ph, "name": str(labels[i]), "cat": "collective", "id": int(ids[i]),
                     "pid": pid, "tid": tid, "ts": ts}

@@ -182,7 +182,8 @@ def _caliper_run_metadata(trace, steps: Sequence[int]) -> Dict:
     grid = options.get("grid") or {}
     out = {
         "run_id": meta.get("run_id", trace.attrs.get("run_id", "")), "status": trace.status,
-        "algorithm": of_metadata(meta), "algorithm_name": display_name(of_metadata(meta)), "grid": meta.get("grid", ""), "world_size": int(meta.get("world_size", trace.world_size)),
+        "algorithm": of_metadata(meta), "algorithm_name": display_name(of_metadata(meta)),
+        "grid": meta.get("grid", ""), "world_size": int(meta.get("world_size", trace.world_size)),
         "num_nodes": meta.get("num_nodes"), "model": model.get("name"), "model_kind": model.get("kind"),
         "model_layers": model.get("layers"), "hidden": model.get("hidden"), "heads": model.get("heads"),
         "ffn_hidden": model.get("ffn_hidden"), "seq": model.get("seq"), "batch": model.get("batch"),

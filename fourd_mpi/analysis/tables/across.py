@@ -10,12 +10,12 @@ import pandas as pd
 from fourd_mpi.algorithms.registry import DEFAULT_ALGORITHM
 from fourd_mpi.analysis.tables.runs import as_runs
 
-SCALING_COLUMNS = ["config_key", "algorithm", "world_size", "grid", "step_median_s", "speedup", "efficiency", "ideal_step_s",
-                   "group", "run_id", "tokens_per_step", "step_q1_s", "step_q3_s"]
+SCALING_COLUMNS = ["config_key", "algorithm", "world_size", "grid", "step_median_s", "speedup", "efficiency",
+                   "ideal_step_s", "group", "run_id", "tokens_per_step", "step_q1_s", "step_q3_s"]
 COMPARE_COLUMNS = [
-    "model", "world_size", "tokens_per_step", "algorithm", "grid", "overlap", "progress", "label", "run_id", "step_median_s",
-    "step_q1_s", "step_q3_s", "compute_share", "wait_share", "harness_share", "other_share", "imbalance",
-    "tflops_per_rank", "mfu_pct", "gemm_pct", "vs_best",
+    "model", "world_size", "tokens_per_step", "algorithm", "grid", "overlap", "progress", "label", "run_id",
+    "step_median_s", "step_q1_s", "step_q3_s", "compute_share", "wait_share", "harness_share", "other_share",
+    "imbalance", "tflops_per_rank", "mfu_pct", "gemm_pct", "vs_best",
 ]
 
 
@@ -36,8 +36,8 @@ def scaling(runs, mode: str = "weak") -> pd.DataFrame:
       ``efficiency = speedup * base / N``, ``ideal_step_s = T(base) * base / N``.
 
     ``group`` is the line's identifier (``config_key``; strong: ``config_key/tokens=T``).
-    Groups with a single rank count are no line and are dropped. Runs without a step time are left out. Dropped groups and left-out runs are listed in
-    ``df.attrs["dropped"]`` as ``(group, reason)``.
+    Groups with a single rank count are no line and are dropped. Runs without a step time are left out.
+    Dropped groups and left-out runs are listed in ``df.attrs["dropped"]`` as ``(group, reason)``.
     """
     if mode not in ("weak", "strong"):
         raise ValueError(f"scaling mode must be 'weak' or 'strong', got {mode!r}")
@@ -75,8 +75,8 @@ def scaling(runs, mode: str = "weak") -> pd.DataFrame:
             efficiency = speedup * base / world
             ideal = t_base * base / world
         pieces.append(pd.DataFrame({
-            "config_key": group["config_key"].to_numpy(), "algorithm": (group["algorithm"].to_numpy() if "algorithm" in group.columns
-                                                            else DEFAULT_ALGORITHM),
+            "config_key": group["config_key"].to_numpy(),
+            "algorithm": (group["algorithm"].to_numpy() if "algorithm" in group.columns else DEFAULT_ALGORITHM),
             "world_size": group["world_size"].to_numpy(),
             "grid": group["grid"].to_numpy(), "step_median_s": times, "speedup": speedup,
             "efficiency": efficiency, "ideal_step_s": ideal, "group": name,

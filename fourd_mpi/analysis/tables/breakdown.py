@@ -21,8 +21,8 @@ from fourd_mpi.trace.summary import (
     step_stats,
 )
 
-BREAKDOWN_COLUMNS = ["run_id", "algorithm", "phase", "category", "axis", "seconds_per_step", "share", "step_s", "step_q1_s",
-                     "step_q3_s"]
+BREAKDOWN_COLUMNS = ["run_id", "algorithm", "phase", "category", "axis", "seconds_per_step", "share", "step_s",
+                     "step_q1_s", "step_q3_s"]
 #: the grid axes of the per-axis MPI-time columns of :func:`steps_table`
 STEP_AXES = ("data", "z", "y", "x")
 STEPS_COLUMNS = (["run_id", "step", "rank", "warmup", "step_s", "step_max_s", "compute_s", "harness_s", "wait_s"]

@@ -17,9 +17,10 @@ from fourd_mpi.trace.scan import gather_columns, in_codes
 from fourd_mpi.trace.summary import measured_records
 
 COMM_COLUMNS = [
-    "run_id", "op", "axis", "placement", "node_span", "group_size", "messages_per_step", "bytes_per_step", "wire_bytes_per_step",
-    "bytes_per_message", "inflight_median_s", "inflight_s_per_step", "wait_s_per_step", "mpi_s_per_step", "exposed_s_per_step", "algbw_gbps",
-    "busbw_gbps", "overlap_pct", "outside_mpi_pct", "formula", "algorithm",
+    "run_id", "op", "axis", "placement", "node_span", "group_size", "messages_per_step", "bytes_per_step",
+    "wire_bytes_per_step", "bytes_per_message", "inflight_median_s", "inflight_s_per_step", "wait_s_per_step",
+    "mpi_s_per_step", "exposed_s_per_step", "algbw_gbps", "busbw_gbps", "overlap_pct", "outside_mpi_pct", "formula",
+    "algorithm",
 ]
 OVERLAP_FORMULA = ("overlap_pct = 100 * sum(overlap_ns) / sum(complete_ns - call_ns)  [in flight: from the "
                    "return of the MPI_I* call to its first observed completion; overlap_ns: host compute (GEMMs, "
@@ -44,8 +45,9 @@ COMM_FORMULAS = {
                  "node_span = the most nodes one such communicator spans",
 }
 #: columns of :func:`comm_placement_table`
-COMM_PLACEMENT_COLUMNS = ["run_id", "placement", "messages_per_step", "bytes_per_step", "bytes_pct", "wire_bytes_per_step",
-                          "inflight_s_per_step", "inflight_pct", "exposed_s_per_step", "exposed_pct", "axes", "algorithm"]
+COMM_PLACEMENT_COLUMNS = ["run_id", "placement", "messages_per_step", "bytes_per_step", "bytes_pct",
+                          "wire_bytes_per_step", "inflight_s_per_step", "inflight_pct", "exposed_s_per_step",
+                          "exposed_pct", "axes", "algorithm"]
 COMM_PLACEMENT_FORMULAS = {
     "per_step": "the comm table's per-step sums (per rank and step) added over its rows of that placement",
     "*_pct": "100 * the placement's sum / the sum over both placements",
@@ -135,8 +137,8 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     measured = measured_records(trace.rank_steps)
     n_records = len(measured)
     ev = trace.events
-    wanted = set(by) | {"op", "axis", "rank", "issue_ns", "complete_ns", "start_ns", "end_ns", "bytes", "wire_bytes", "wait_ns",
-                        "call_ns", "mpi_ns", "overlap_ns"}
+    wanted = set(by) | {"op", "axis", "rank", "issue_ns", "complete_ns", "start_ns", "end_ns", "bytes", "wire_bytes",
+                        "wait_ns", "call_ns", "mpi_ns", "overlap_ns"}
     # the comm-lane events of the measured steps, block by block (see breakdown)
     coll = gather_columns(ev, wanted, measured_select(measured, lambda lane: lane >= LANE_COMM0)) if n_records \
         else {c: ev[c][:0] for c in wanted}

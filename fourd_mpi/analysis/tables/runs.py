@@ -15,8 +15,8 @@ from fourd_mpi.trace.summary import harness_and_bubble_ns, summarize
 from fourd_mpi.util.text import short_label
 
 RUN_COLUMNS = [
-    "run_id", "path", "status", "label", "algorithm", "model", "world_size", "grid", "gdata", "gz", "gy", "gx", "overlap",
-    "progress", "level", "steps", "step_median_s", "step_min_s", "step_max_s", "step_q1_s", "step_q3_s",
+    "run_id", "path", "status", "label", "algorithm", "model", "world_size", "grid", "gdata", "gz", "gy", "gx",
+    "overlap", "progress", "level", "steps", "step_median_s", "step_min_s", "step_max_s", "step_q1_s", "step_q3_s",
     "compute_share", "wait_share", "harness_share", "other_share", "tflops_per_rank", "peak_tflops",
     "mfu_pct", "tokens_per_s", "imbalance", "tokens_per_step", "model_flops_per_step", "config_key",
     "recompute", "hardware_flops_per_step", "hardware_tflops_per_rank", "hfu_pct", "gemm_tflops", "gemm_pct",
@@ -168,8 +168,8 @@ def runs_table(traces: Sequence[Trace]) -> pd.DataFrame:
     (:data:`~fourd_mpi.trace.summary.MODEL_FLOPS_FORMULA`: the 72 convention, whatever is recomputed);
     ``hardware_tflops_per_rank`` the same with the FLOPs the step executes, recompute included
     (:data:`~fourd_mpi.trace.summary.HARDWARE_FLOPS_FORMULA`; metadata ``hardware_flops_per_step``, equal to
-    the model FLOPs for traces before schema 5, which recomputed nothing); ``recompute`` the run's ``--recompute`` (``none`` before schema 5);
-    ``tokens_per_s`` = tokens per step / median step time.
+    the model FLOPs for traces before schema 5, which recomputed nothing); ``recompute`` the run's
+    ``--recompute`` (``none`` before schema 5); ``tokens_per_s`` = tokens per step / median step time.
 
     - ``steps``: number of measured steps.
     - ``peak_tflops``: the data-sheet peak per rank of the trace's summary (:mod:`fourd_mpi.perf.peaks` or
