@@ -63,7 +63,8 @@ def bfloat16_dtype():
     try:
         import ml_dtypes
     except ImportError:
-        raise BackendError("dtype bfloat16 needs the ml_dtypes package (pip install ml_dtypes) and CuPy >= 14") from None
+        raise BackendError("dtype bfloat16 needs the ml_dtypes package (pip install ml_dtypes) "
+                           "and CuPy >= 14") from None
     return np.dtype(ml_dtypes.bfloat16)
 
 

@@ -152,7 +152,8 @@ class Binding:
 
     @classmethod
     def from_dict(cls, d: Mapping, nodes: Sequence[int]) -> Optional["Binding"]:
-        """The binding stored by :meth:`as_dict`, ranks on ``nodes`` (the trace's placement); ``None`` when unreadable."""
+        """The binding stored by :meth:`as_dict`, ranks on ``nodes`` (the trace's placement); ``None`` when
+        unreadable."""
         try:
             cpus = [parse_ranges(c) for c in d.get("cpus") or []]
         except ValueError:

@@ -57,7 +57,8 @@ QUERY_FUNCTIONS = ("MPIX_Query_cuda_support", "MPIX_Query_hip_support", "MPIX_Qu
                    "MPIX_Query_ze_support")
 #: environment variables that switch GPU support in some library
 GPU_ENV = ("MPICH_GPU_SUPPORT_ENABLED", "MPIR_CVAR_ENABLE_GPU", "MV2_USE_CUDA", "OMPI_MCA_opal_cuda_support",
-           "OMPI_MCA_pml", "I_MPI_OFFLOAD", "UCX_TLS", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+           "OMPI_MCA_pml", "I_MPI_OFFLOAD", "UCX_TLS", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+           "ROCR_VISIBLE_DEVICES")
 
 
 @dataclass
@@ -262,8 +263,9 @@ ROUTE_RULES: Tuple[RouteRule, ...] = (
     RouteRule("Intel MPI >= 2021.14 with I_MPI_OFFLOAD=1", "Intel MPI", (2021, 14), None, None,
               ("env", "I_MPI_OFFLOAD", "1"), None, {
                   "p2p": ("direct", _src(IMPI_BUFFERS, "Intel MPI Developer Reference 'GPU Buffers Support': device "
-                                         "buffers in MPI functions such as MPI_Send, MPI_Recv, MPI_Bcast, MPI_Allreduce "
-                                         "(Level Zero or CUDA; NVIDIA GPUs since 2021.14: " + IMPI_SUPPORT + ")")),
+                                         "buffers in MPI functions such as MPI_Send, MPI_Recv, MPI_Bcast, "
+                                         "MPI_Allreduce (Level Zero or CUDA; NVIDIA GPUs since 2021.14: "
+                                         + IMPI_SUPPORT + ")")),
                   "blocking": ("direct", _src(IMPI_BUFFERS, "same page: MPI_Bcast, MPI_Allreduce")),
                   "nb_gather": ("staged", None),
                   "nb_reduce": ("staged", None)}),
@@ -360,7 +362,8 @@ def route_rules(library: str, queries: Dict[str, bool], env: Dict[str, str],
         if env.get(var) != value:
             why = f"{library} without {var}={value} (set it to pass device buffers): staging through host memory"
             if library == "Cray MPICH":
-                why = f"Cray MPICH without {var}={value} (set it, and load the GTL library): staging through host memory"
+                why = (f"Cray MPICH without {var}={value} (set it, and load the GTL library): "
+                       "staging through host memory")
             return rule.absent, _all_staged(why), rule.name, why
         evidence = f"{var}={value}"
     routes = {}
@@ -468,7 +471,8 @@ def smoke_test(comm, backend, timeout_s: float = SMOKE_TIMEOUT_S) -> Dict:
         expected = smoke_expected(size, n)
         wrong = int(np.count_nonzero(got != expected))
         ok = wrong == 0
-        detail = "result correct" if ok else f"{wrong} of {n} elements wrong (first got {got[0]!r}, expected {expected[0]!r})"
+        detail = "result correct" if ok else (f"{wrong} of {n} elements wrong "
+                                              f"(first got {got[0]!r}, expected {expected[0]!r})")
     except Exception as exc:  # an MPI error on a device pointer, a timeout, ...
         detail = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
     seconds = time.perf_counter() - t0

@@ -137,7 +137,8 @@ class NodePlacement:
     def as_dict(self) -> Dict:
         """The trace metadata key ``placement`` (docs/trace-format.md, schema 7)."""
         return {"num_nodes": self.num_nodes, "hosts": list(self.hosts), "nodes": list(self.nodes),
-                "axes": list(self.dims), "dims": dict(self.dims), "node_span": {a: list(s) for a, s in self.spans.items()},
+                "axes": list(self.dims), "dims": dict(self.dims),
+                "node_span": {a: list(s) for a, s in self.spans.items()},
                 "max_node_span": {a: max(s) if len(s) else 1 for a, s in self.spans.items()},
                 "inter_node_axes": self.inter_node_axes, "source": self.source, "rule": RULE}
 

@@ -228,8 +228,8 @@ class PollProgress(NoProgress):
 
     def describe(self) -> str:
         if self.auto is not None:
-            return (f"poll (Testsome between GEMM chunks of at least {MIN_CHUNK_S * 1e3:.0f} ms of compute, polls under "
-                    f"{self.auto.budget:.0%} of it: --poll-flops auto, now {self.auto.describe()})")
+            return (f"poll (Testsome between GEMM chunks of at least {MIN_CHUNK_S * 1e3:.0f} ms of compute, "
+                    f"polls under {self.auto.budget:.0%} of it: --poll-flops auto, now {self.auto.describe()})")
         return f"poll (Testsome between GEMM chunks of {self.chunk_flops:.3g} FLOPs)"
 
 

@@ -101,8 +101,8 @@ def plan_packs(sweep: str, entries: Sequence[Dict], size: int, mode: str, script
     :meth:`fourd_mpi.jobs.sites.Site.queue_for`); None: the first run's.
 
     ``node_ranks`` is how many ranks a node takes (the site's or the spec's ranks per node): concurrent
-    packs fit single-node runs into nodes of that many slots. Raises :class:`ConfigError` when a pack's time limit exceeds ``max_time`` (the site's longest
-    job) or when an array pack mixes run shapes."""
+    packs fit single-node runs into nodes of that many slots. Raises :class:`ConfigError` when a pack's time
+    limit exceeds ``max_time`` (the site's longest job) or when an array pack mixes run shapes."""
     limit = parse_time(max_time) if max_time else None
     packs = []
     for start in range(0, len(entries), size):

@@ -66,7 +66,8 @@ class JobRequest:
 #: and ``1:30:00`` are the same limit, and so are ``0-36`` and ``1-12``.
 SLURM_TIME = re.compile(r"(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
                         r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?")
-TIME_FORMS = "minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes or days-hours:minutes:seconds"
+TIME_FORMS = ("minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes "
+              "or days-hours:minutes:seconds")
 
 
 def parse_time(value) -> int:

@@ -106,7 +106,8 @@ SITE_SCHEMA: Dict[str, Any] = {
         "defaults": {
             "type": "object", "additionalProperties": False,
             "properties": {"time": {"type": "string", "pattern": TIME_PATTERN,
-                                    "description": "a time limit is minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S (Slurm's forms)"},
+                                    "description": "a time limit is minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S "
+                                                   "(Slurm's forms)"},
                            "account": _safe, "partition": _safe, "qos": _safe, "queue": _safe,
                            "constraint": _safe, "reservation": _safe,
                            "pack": {"type": "integer", "minimum": 1}, "pack_mode": {"enum": list(PACK_MODES)}},

@@ -18,8 +18,8 @@ Expansion order is ranks, then grid, then the matrix (first key outermost) cross
 with the zipped lists, then repeats. ``algorithm`` may be an option, a matrix or a zip key
 (``matrix: {algorithm: [axonn4d, megatron1d, fsdp]}``): each algorithm runs the grids of the
 spec that it allows (``all``: every factorization with its fixed axes; ``auto``: its predicted
-best; a list: the listed grids it allows), and run ids end in the algorithm's name. Everything is checked before anything is
-written: option names and values against ``fourd-mpi run``'s option table
+best; a list: the listed grids it allows), and run ids end in the algorithm's name. Everything is
+checked before anything is written: option names and values against ``fourd-mpi run``'s option table
 (:data:`fourd_mpi.run.options.RUN_OPTIONS`) and its resolution, grids against the rank
 count and the model's divisibility rules.
 """
@@ -375,7 +375,8 @@ def spec_from_data(data: Dict[str, Any], source: str = "<spec>", doc: Optional[Y
         grids = {str(k): v for k, v in grids.items()}
     spec = SweepSpec(name=data["name"], study=data["study"], ranks=list(data["ranks"]), grids=grids,
                      models=[dict(m) for m in (data["model"] if isinstance(data["model"], list) else [data["model"]])],
-                     many_models=isinstance(data["model"], list), weak=dict(data.get("weak") or {}), repeats=data.get("repeats", 1),
+                     many_models=isinstance(data["model"], list), weak=dict(data.get("weak") or {}),
+                     repeats=data.get("repeats", 1),
                      results_dir=data.get("results_dir"), job=dict(data.get("job") or {}),
                      description=data.get("description", ""), source=source, doc=doc)
     if spec.weak and spec.study != "weak":

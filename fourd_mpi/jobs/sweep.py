@@ -7,8 +7,8 @@ script, log and trace path; no time stamps, so the same spec renders the same by
 ``submit`` records job ids in ``jobs.json`` next to the manifest and never submits a run
 again whose job is pending, running or finished, or whose trace exists; it claims each run
 in ``jobs.json`` under a lock before launching it, so concurrent submits never launch a run
-twice (:func:`submit`). ``status`` asks the scheduler and looks at the traces; ``collect`` checks the traces and runs the
-analysis (runs table, weak or strong scaling).
+twice (:func:`submit`). ``status`` asks the scheduler and looks at the traces; ``collect`` checks the
+traces and runs the analysis (runs table, weak or strong scaling).
 
 All commands run in one process, from the submission directory: paths in scripts and
 manifests are relative to it.
@@ -232,7 +232,8 @@ def write_sweep(manifest: Dict, spec: SweepSpec, site: Site, out_dir: str, force
         if site.gpu_affinity_script:
             write_job_file(os.path.join(staging, AFFINITY_SCRIPT), render_affinity_script(site), executable=True)
             written.append(AFFINITY_SCRIPT)
-        write_job_file(os.path.join(staging, MANIFEST), json.dumps(public_manifest(manifest), indent=1, sort_keys=False) + "\n")
+        write_job_file(os.path.join(staging, MANIFEST),
+                       json.dumps(public_manifest(manifest), indent=1, sort_keys=False) + "\n")
         if not exists:
             write_marker(staging, written + [MANIFEST])
             os.rename(staging, out_dir)
@@ -282,7 +283,8 @@ def load_manifest(sweep_dir: str) -> Dict:
     except OSError as exc:
         if os.path.isdir(sweep_dir):
             raise ConfigError(f"{sweep_dir} is a directory but not a rendered sweep (it holds no {MANIFEST}): give "
-                              "the directory 'fourd-mpi sweep render' wrote (results/SWEEP/SITE/jobs or its --out)") from None
+                              "the directory 'fourd-mpi sweep render' wrote "
+                              "(results/SWEEP/SITE/jobs or its --out)") from None
         from fourd_mpi.util.files import missing_reason
 
         what = missing_reason(sweep_dir) if not os.path.lexists(sweep_dir) or os.path.islink(sweep_dir) else \
@@ -534,8 +536,9 @@ def submission_packs(manifest: Dict, runs: List[Dict], size: int, mode: str, wri
     for entry in entries:
         entry["_runs"] = list(entry["_pack"].runs)
         if write:
-            write_job_file(entry["script"], render_pack_script(entry["_pack"], len(entries), spec, site, manifest["spec_path"]),
-                   executable=True)
+            write_job_file(entry["script"],
+                           render_pack_script(entry["_pack"], len(entries), spec, site, manifest["spec_path"]),
+                           executable=True)
     return entries
 
 

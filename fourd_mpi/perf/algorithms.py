@@ -11,9 +11,9 @@ extra)]``: the configurations of ``ranks`` ranks worth predicting, ``extra`` the
 keywords (pipeline stages, micro-batches); without it every 4D factorization of ``ranks`` that the
 algorithm allows (:meth:`~fourd_mpi.algorithms.registry.Algorithm.grid_problem`) and the model fits is one,
 with no extra; ``run_options(run_options)`` (optional) -> the ``extra`` keywords of a traced run, from its
-metadata's ``run_options`` (``model validate``); ``memory`` (optional: a ranking drops what does not fit before predicting its time) and ``lower_bound``
-(optional: a ranking that keeps only its top K skips, without predicting, what cannot enter it); their
-signatures are in :mod:`fourd_mpi.algorithms.families`.
+metadata's ``run_options`` (``model validate``); ``memory`` (optional: a ranking drops what does not fit
+before predicting its time) and ``lower_bound`` (optional: a ranking that keeps only its top K skips, without
+predicting, what cannot enter it); their signatures are in :mod:`fourd_mpi.algorithms.families`.
 :func:`predictor` gives the record of a family the model covers.
 
 A family whose model module is not in the installation (a branch not merged yet) has no predictor: its

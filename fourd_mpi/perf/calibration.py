@@ -293,12 +293,14 @@ def build_profile(result: Dict, name: str, hostname: str, fallback: Optional[str
     c = result["compute"]
     oversub = float(np.median([c["alone"][d] / c["all"][d] for d in c["alone"]]))
     polled = [o["osu_poll"] for o in result["overlap"] if math.isfinite(o["osu_poll"])]
-    top = sorted(min(100.0, v) for v in polled)[len(polled) // 2:] if polled else []  # the larger half is representative
+    # the larger half is representative
+    top = sorted(min(100.0, v) for v in polled)[len(polled) // 2:] if polled else []
     efficiency = float(np.clip(np.median(top) / 100.0, 0.0, 1.0)) if top else 0.0
     profile = {
         "name": name,
         "description": f"calibrated on {hostname}: {result['world_size']} ranks, {result['num_nodes']} node(s)",
-        "source": f"calibrated by fourd-mpi bench collectives at {datetime.now(timezone.utc).isoformat(timespec='seconds')}",
+        "source": ("calibrated by fourd-mpi bench collectives at "
+                   f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}"),
         "backend": backend,
         "node": {"ranks_per_node": int(result["ranks_per_node"]), "cores_per_node": int(cores or os.cpu_count() or 0),
                  "hostname": hostname},

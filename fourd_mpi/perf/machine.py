@@ -571,8 +571,8 @@ class MachineProfile:
         text = (f"machine profile {self.name} ({self.data.get('source', 'file')}): {self.ranks_per_node} ranks/node, "
                 f"levels {levels}; GEMM TFLOP/s per rank {rates}")
         if self.has_network:
-            text += (f"; network: published bandwidths by placement and size ({self.data['network'].get('use', 'measured')} "
-                     f"rule)")
+            text += ("; network: published bandwidths by placement and size "
+                     f"({self.data['network'].get('use', 'measured')} rule)")
         missing = self.missing_fits()
         if missing:
             text += f"; no fit of {', '.join(missing)}"

@@ -287,11 +287,11 @@ def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", o
 
     ``overlap``: the run's :class:`~fourd_mpi.step.overlap.OverlapConfig`; when None, a conservative
     default for planning: OAG on with ``prefetch_depth``, cache as ``cache_weights``, ORS off.
-    ``recompute`` (:data:`RECOMPUTE`), ``attention`` (:data:`ATTENTION`), ``precision``
-    (:data:`PRECISIONS`; None: :func:`default_precision` of ``dtype``), ``shard_optimizer``
-    (:data:`OPTIMIZER_SHARDING`), ``dw_window`` (:func:`comm_buffer_elements`). ``cfg`` must have its batch and fit the grid
-    (:func:`fourd_mpi.step.presets.model_problems`). Memoized (every argument and the result are frozen):
-    a search asks for the same stage and micro-batch many times.
+    ``recompute`` (:data:`RECOMPUTE`), ``attention`` (:data:`ATTENTION`), ``precision`` (:data:`PRECISIONS`; None:
+    :func:`default_precision` of ``dtype``), ``shard_optimizer`` (:data:`OPTIMIZER_SHARDING`), ``dw_window``
+    (:func:`comm_buffer_elements`). ``cfg`` must have its batch and fit the grid
+    (:func:`fourd_mpi.step.presets.model_problems`). Memoized (every argument and the result are frozen): a search
+    asks for the same stage and micro-batch many times.
     """
     if overlap is None:
         overlap = OverlapConfig(oag=True, cache=cache_weights, prefetch_depth=prefetch_depth)

@@ -10,8 +10,9 @@ run scripts take it as an argument, so :data:`DEFAULT_BATCH` (2,048 sequences of
 
 Metrics (every one printed with its formula):
 
-- **HFU** (hardware FLOPs utilization; what AxoNN's and Megatron's "% of peak" is) = ``F_hw / (t_step * N * peak)``: ``F_hw`` the hardware FLOPs of a step with full
-  recompute, ``96 B s l h^2 (1 + s/6h)``
+- **HFU** (hardware FLOPs utilization; what AxoNN's and Megatron's "% of peak" is) =
+  ``F_hw / (t_step * N * peak)``: ``F_hw`` the hardware FLOPs of a step with full recompute,
+  ``96 B s l h^2 (1 + s/6h)``
   (:meth:`~fourd_mpi.step.presets.ModelConfig.hardware_flops_per_step`; the suite's models have no
   LM head, so AxoNN's ``V/(16 l h)`` term is 0), ``t_step`` the predicted step time, ``N`` GPUs,
   ``peak`` the dense bf16 data-sheet peak of the profile's device (312 TFLOP/s on an A100;
@@ -165,7 +166,8 @@ def report(flagship: Case, series: List[Case], profile: MachineProfile, memory_l
         f"batch is not in its abstract or run scripts), {c.gpus} GPUs, bf16 mixed precision (fp32 master + Adam), "
         f"flash attention, full recompute, overlap {OVERLAP}; memory limit {lim} per GPU",
         "# HFU = 96 B s l h^2 (1 + s/6h) / (t_step * GPUs * peak) (hardware FLOPs with full recompute: the "
-        f"paper's % of peak), peak = {c.peak_tflops:g} TFLOP/s bf16 dense (data sheet, fourd_mpi/perf/peaks.py); PFLOP/s = 96 B s l h^2 (1 + s/6h) / t_step / 1e15; "
+        f"paper's % of peak), peak = {c.peak_tflops:g} TFLOP/s bf16 dense (data sheet, fourd_mpi/perf/peaks.py); "
+        "PFLOP/s = 96 B s l h^2 (1 + s/6h) / t_step / 1e15; "
         "speedup = t_Megatron-like / t_4D",
         f"# source of the published column: {PUBLISHED['source']}",
         "",
@@ -205,7 +207,8 @@ def report(flagship: Case, series: List[Case], profile: MachineProfile, memory_l
         lines.append(f"Megatron-LM with its pipeline (PTD-P; the fastest configuration the model finds, vocabulary "
                      f"{sc.vocab} included): TP {sc.grid.y} x PP {sc.stages} x DP {sc.grid.data}, {sched}, micro-batch "
                      f"{sc.microbatch_size} x {sc.microbatches}: step {ptdp.step_s:.3f} s, HFU {ptdp.pct_peak():.1f} % "
-                     f"(96 B s l h^2 (1 + s/6h + V/16lh) convention, % of data-sheet peak), memory {ptdp.memory['required'] / GIB:.3g} GiB per "
+                     "(96 B s l h^2 (1 + s/6h + V/16lh) convention, % of data-sheet peak), "
+                     f"memory {ptdp.memory['required'] / GIB:.3g} GiB per "
                      f"GPU; fourd-mpi model published compares it with the 4D side and the published 26 %.")
     else:
         lines.append("Megatron-LM with its pipeline (PTD-P): no configuration fits (fourd-mpi model published)")

@@ -13,8 +13,8 @@ same bytes): one message is a micro-batch's activation or its gradient, ``[m_loc
 bytes, i.e. ``2*m_loc*h/G_x*e`` for a middle stage, whatever ``m``.
 
 **Idle share** (:func:`~fourd_mpi.perf.schedules.idle_share`; :func:`~fourd_mpi.perf.schedules.bubble_fraction`
-is the bubble over the ideal time ``(p - 1)/m``): with equal stage times and a forward+backward slot ``t`` per micro-batch, a
-step of either schedule takes ``(m + p - 1) t`` of which every stage idles ``(p - 1) t``:
+is the bubble over the ideal time ``(p - 1)/m``): with equal stage times and a forward+backward slot ``t``
+per micro-batch, a step of either schedule takes ``(m + p - 1) t`` of which every stage idles ``(p - 1) t``:
 ``bubble = (p - 1) / (m + p - 1)`` (1F1B; Narayanan et al. SC'21). AxoNN's message-driven schedule
 (stage 0 keeps ``min(p, m)`` micro-batches in flight, the others react to the first message to
 arrive) settles into the same one-forward-one-backward order in the steady state, so its bubble
@@ -27,8 +27,9 @@ estimate, with this suite's step's buffers): stage ``s`` stores the weights, gra
 its ``L_s`` blocks; activations of at most :func:`~fourd_mpi.algorithms.pipeline_plan.inflight`
 micro-batches (1F1B ``min(p - s, m)``, AxoNN ``min(p, m)``; stage 0 the most, ``min(p, m)``, in both): what each
 keeps for its backward (with full recompute only its blocks' stored inputs ``L_s x m_loc/m x h/G_x``), while one
-block's recompute working set, the step's input/target and the largest transient are counted once; the token-partial gradient sums of its FC layers (``n k/(G_x G_y)``
-each, only with ``m > 1``: gradients accumulate before the reduce-scatter over Z) and two posted
+block's recompute working set, the step's input/target and the largest transient are counted once; the
+token-partial gradient sums of its FC layers (``n k/(G_x G_y)`` each, only with ``m > 1``: gradients
+accumulate before the reduce-scatter over Z) and two posted
 receive buffers of ``msg`` bytes.
 
 **Time** (:func:`predict_pipeline`, same inputs and output as :func:`fourd_mpi.perf.predict.predict`): the
@@ -66,9 +67,10 @@ from fourd_mpi.perf.volumes import Collective, step_collectives
 from fourd_mpi.step.overlap import OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
 
-BUBBLE_FORMULA = "idle share of the step = (p - 1) / (m + p - 1), p stages, m micro-batches (1F1B and AxoNN, equal stages)"
-P2P_FORMULA = ("p2p bytes per rank and step = m * msg * (1 if first or last stage else 2), msg = B s / (G_data G_z) / m "
-               "* h / G_x * e")
+BUBBLE_FORMULA = ("idle share of the step = (p - 1) / (m + p - 1), p stages, m micro-batches "
+                  "(1F1B and AxoNN, equal stages)")
+P2P_FORMULA = ("p2p bytes per rank and step = m * msg * (1 if first or last stage else 2), "
+               "msg = B s / (G_data G_z) / m * h / G_x * e")
 STEP_FORMULA = ("step = W_mb (m + p - 1) + U + S + 2 (p - 1) t_msg; W_mb: one micro-batch's 4D step on the "
                 "fullest stage less U (optimizer update) and S (gradient sync), both once per step; "
                 "t_msg = alpha + msg beta")
@@ -94,7 +96,8 @@ def p2p_volumes(cfg: ModelConfig, grid: GridShape, stages: int, microbatches: in
 
 
 def world_p2p_bytes(cfg: ModelConfig, grid: GridShape, stages: int, microbatches: int, dtype: str = "float32") -> int:
-    """Bytes all ranks send between stages per step: ``2 (p - 1) m msg`` per 4D position, times ``G_data G_z G_y G_x``."""
+    """Bytes all ranks send between stages per step: ``2 (p - 1) m msg`` per 4D position, times
+    ``G_data G_z G_y G_x``."""
     per_stage = p2p_volumes(cfg, grid, stages, microbatches, dtype)
     return grid.size * sum(v["send_bytes"] for v in per_stage.values())
 
@@ -181,12 +184,12 @@ def predict_pipeline(cfg: ModelConfig, grid: GridShape, profile: MachineProfile,
                      precision: Optional[str] = None, shard_optimizer: str = "none") -> Prediction:
     """The pipeline's step by THE pipeline model, :func:`~fourd_mpi.perf.prediction.predict_scenario` (this is a
     thin wrapper: tune, ``model validate`` and the benchmarks price a pipeline as ``model predict`` does), of the
-    scenario (:meth:`~fourd_mpi.perf.scenario.Scenario.from_options`, run's words) this suite's run is: no vocabulary (their models have none), every dW block in flight, ``grid``
-    each stage's 4D grid, its blocks :func:`~fourd_mpi.perf.terms.stage_layers` (the first ``L mod p`` stages one
-    more, as run places them). The result is a
-    :class:`~fourd_mpi.perf.predict.Prediction` like :func:`~fourd_mpi.perf.predict.predict`'s, with the inter
-    axis added: ``exposed_s`` keys ``("inter", "send")`` (the messages on the critical path and what a slot waits
-    for its message) and ``("inter", "bubble")``; ``wire_bytes["inter"]`` (the fullest rank's bytes sent),
+    scenario (:meth:`~fourd_mpi.perf.scenario.Scenario.from_options`, run's words) this suite's run is: no
+    vocabulary (their models have none), every dW block in flight, ``grid`` each stage's 4D grid, its blocks
+    :func:`~fourd_mpi.perf.terms.stage_layers` (the first ``L mod p`` stages one more, as run places them). The
+    result is a :class:`~fourd_mpi.perf.predict.Prediction` like :func:`~fourd_mpi.perf.predict.predict`'s, with the
+    inter axis added: ``exposed_s`` keys ``("inter", "send")`` (the messages on the critical path and what a slot
+    waits for its message) and ``("inter", "bubble")``; ``wire_bytes["inter"]`` (the fullest rank's bytes sent),
     ``placement["inter"]``; ``memory`` is stage 0's arrays in this suite's step (:func:`pipeline_memory`, run's
     admission estimate)."""
     overlap = overlap or OverlapConfig()

@@ -3,16 +3,16 @@
 Per rank and step (seconds), from :mod:`fourd_mpi.perf.volumes` (every collective of the step) and a
 :class:`~fourd_mpi.perf.machine.MachineProfile`:
 
-- **communication** of each collective: alpha-beta by placement level (an axis inside a node
-  uses the profile's ``intra`` level, one that crosses nodes ``inter``),
-  ``t = count * (k*(p-1)*alpha + k*(p-1)/p*S*beta*share)``, k = 2 for all-reduce; ``share`` =
-  ranks of a node in the run / the level's ``shared_by`` (ranks that shared the link when beta
-  was measured); a calibrated profile's measured points of the same collective and group size
-  replace the fit (interpolated in bytes, :func:`~fourd_mpi.perf.machine.interpolate_measured`, the
-  part above the smallest message's time times ``share``); plus the profile's synchronization cost per message (``sync_s``: ranks arriving
-  apart, measured by the benchmark) where it has one; a profile with a ``network`` section (published
-  bandwidths by placement ``ip`` and message size, :meth:`~fourd_mpi.perf.machine.MachineProfile.network_time`)
-  costs each message with that instead of alpha-beta;
+- **communication** of each collective: alpha-beta by placement level (an axis inside a node uses the
+  profile's ``intra`` level, one that crosses nodes ``inter``),
+  ``t = count * (k*(p-1)*alpha + k*(p-1)/p*S*beta*share)``, k = 2 for all-reduce; ``share`` = ranks of a node
+  in the run / the level's ``shared_by`` (ranks that shared the link when beta was measured); a calibrated
+  profile's measured points of the same collective and group size replace the fit (interpolated in bytes,
+  :func:`~fourd_mpi.perf.machine.interpolate_measured`, the part above the smallest message's time times
+  ``share``); plus the profile's synchronization cost per message (``sync_s``: ranks arriving apart, measured
+  by the benchmark) where it has one; a profile with a ``network`` section (published bandwidths by placement
+  ``ip`` and message size, :meth:`~fourd_mpi.perf.machine.MachineProfile.network_time`) costs each message
+  with that instead of alpha-beta;
 - **compute**: local GEMM FLOPs (forward ``2*m*(n/G_out)*(k/G_in)`` per 4D layer, backward twice
   that; attention ``12*m*s*h/G_y`` per GPT block, replicated over X) at the profile's sustained
   GEMM rate, element-wise work (LayerNorm, GeLU, softmax, residuals, Adam) at its memory
@@ -875,7 +875,8 @@ def _predict_device(cfg, grid, profile, overlap, colls, comp, placement, rpn, ef
     wire: Dict[str, int] = defaultdict(int)
     for c, (t, nbytes) in zip(colls, times):
         # full recompute: the forward all-reduces run again when the block is recomputed
-        runs = (2 if recompute == "full" and c.role == "fwd_allreduce" else 1) * (1 if c.layer == "loss" else cfg.layers)
+        runs = ((2 if recompute == "full" and c.role == "fwd_allreduce" else 1)
+                * (1 if c.layer == "loss" else cfg.layers))
         comm.add_times((c.axis, c.op), t, runs)
         wire[c.axis] += nbytes * runs
     link = device_timeline(cfg, grid, colls, [t for t, _ in times], comp, overlap, efficiency, recompute)

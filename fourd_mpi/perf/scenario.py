@@ -322,7 +322,8 @@ def check(sc: Scenario) -> None:
     if sc.model.batch is None:
         raise ConfigError(f"model {sc.model.name} needs the global batch: give --batch SEQUENCES")
     if sc.stages < 1 or sc.stages > sc.model.layers:
-        raise ConfigError(f"--ginter (pipeline stages) must be between 1 and the {sc.model.layers} layers, got {sc.stages}")
+        raise ConfigError(f"--ginter (pipeline stages) must be between 1 and the {sc.model.layers} layers, "
+                          f"got {sc.stages}")
     sc.stage_layers  # refuses counts that do not add up (interleaved on uneven stages: schedules.check_schedule)
     if sc.context_parallel < 1:
         raise ConfigError(f"--context-parallel must be at least 1, got {sc.context_parallel}")

@@ -13,12 +13,12 @@ through :func:`~fourd_mpi.perf.prediction.predict_scenario` (``model predict``'s
   and ``m`` a multiple of ``p`` (Megatron-LM's rule, :func:`~fourd_mpi.perf.schedules.check_schedule`);
 - ``microbatch-size`` ``b``: the powers of two dividing the batch shard ``B / (G_data G_z)``, ``m = shard / b`` at
   most :data:`MAX_MICROBATCHES` and, with ``p > 1``, at least ``p`` (fewer micro-batches than stages leave every
-  stage idle ``(p - 1)/(m + p - 1)``, more than half of the step). With one stage, gradient accumulation (``m > 1``) only adds per-micro-batch
-  collectives and smaller GEMMs in the model, so it is a memory relief (below), tried only when ``m = 1`` does
-  not fit;
+  stage idle ``(p - 1)/(m + p - 1)``, more than half of the step). With one stage, gradient accumulation
+  (``m > 1``) only adds per-micro-batch collectives and smaller GEMMs in the model, so it is a memory relief
+  (below), tried only when ``m = 1`` does not fit;
 - ``context-parallel`` ``cp``: 1 and the powers of two up to :data:`MAX_CONTEXT_PARALLEL` that divide ``N`` and
-  ``s/2`` (Megatron-LM's split into ``2 cp`` chunks) and leave :data:`MIN_CONTEXT_TOKENS` tokens per rank, with ``--attention fused`` only (the model's context
-  parallelism runs flash attention on each K/V chunk);
+  ``s/2`` (Megatron-LM's split into ``2 cp`` chunks) and leave :data:`MIN_CONTEXT_TOKENS` tokens per rank,
+  with ``--attention fused`` only (the model's context parallelism runs flash attention on each K/V chunk);
 - the memory reliefs ``sequence-parallel`` (``G_y > 1``), ``shard-optimizer data`` (``G_data > 1``) and
   ``recompute`` (``selective``, then ``full``): in the model sequence parallelism costs no time (the same wire
   volume), a sharded optimizer adds a blocking all-gather and recompute adds compute, so they are not searched
@@ -41,8 +41,9 @@ any rung: each rung only adds compute or communication, and with one stage accum
 sequences compute at least one of ``B``) and walked: once ``keep`` steps are predicted, the walk stops at the first
 whose compute-only bound exceeds the ``keep``-th fastest (every later one too); a candidate whose bound with
 communication exceeds it is pruned (``X_s = 0`` where the distributed optimizer may be a rung); the others are given
-their rung (the memory check, cheap), and one whose rung's bound (:func:`~fourd_mpi.perf.prediction.scenario_lower_bound`: ``(c - U +
-X_n)(m + (p-1)/v) + U + X_s``, ``X_s = 0`` with the distributed optimizer) exceeds it is pruned, not predicted. The top
+their rung (the memory check, cheap), and one whose rung's bound
+(:func:`~fourd_mpi.perf.prediction.scenario_lower_bound`: ``(c - U + X_n)(m + (p-1)/v) + U + X_s``,
+``X_s = 0`` with the distributed optimizer) exceeds it is pruned, not predicted. The top
 ``keep`` are then exactly those of predicting every candidate. Measured: ``tune --ranks 32768 --search all`` (gpt-80b,
 batch 2048, perlmutter) in docs/guide/model-and-tuning.md.
 """
@@ -253,7 +254,8 @@ def candidates(base: Scenario, ranks: int, axes: Sequence[str], pinned: Dict[str
                     continue
                 shard = cfg.batch // shards
                 for m in _microbatch_choices(base, shard, p, axes, pinned):
-                    out += [(cp, p, grid, m, schedule, v) for schedule, v in _schedule_choices(base, p, m, axes, pinned)]
+                    out += [(cp, p, grid, m, schedule, v)
+                            for schedule, v in _schedule_choices(base, p, m, axes, pinned)]
                 if len(out) > MAX_SCENARIOS:
                     raise ConfigError(
                         f"tune --search on {ranks:,} ranks has more than {MAX_SCENARIOS:,} scenarios (stage counts x "
@@ -409,5 +411,6 @@ def format_search(result: SearchResult, k: int) -> str:
         rows.append([i, label(r.scenario), f"{r.step_s * 1e3:.3f}", f"{r.compute_s * 1e3:.3f}",
                      f"{sum(r.exposed_s.values()) * 1e3:.3f}"]
                     + [f"{r.exposed_s.get(a, 0.0) * 1e3:.3f}" for a in axes]
-                    + [f"{r.bubble_s * 1e3:.3f}", f"{r.memory['total'] / GIB:.3g}", f"{r.memory['required'] / GIB:.3g}"])
+                    + [f"{r.bubble_s * 1e3:.3f}", f"{r.memory['total'] / GIB:.3g}",
+                       f"{r.memory['required'] / GIB:.3g}"])
     return render(rows, headers, align=["right", "left"] + ["right"] * (len(headers) - 2))

@@ -123,8 +123,8 @@ def framework_gemm(sc: Scenario, t: Slot, notes: List[str]) -> float:
     gemm = terms.framework_gemm_time(t.comp["gemm"], fw["factor"])
     t.slot += gemm - t.comp["gemm"]
     if sc.implementation != "fourd":
-        notes.append(f"framework GEMM efficiency of {sc.implementation}: x {fw['factor']:.2f} on the profile's GEMM rate"
-                     f" ({'measured' if fw['measured'] else 'not measured'}: {fw['source']}; "
+        notes.append(f"framework GEMM efficiency of {sc.implementation}: x {fw['factor']:.2f} "
+                     f"on the profile's GEMM rate ({'measured' if fw['measured'] else 'not measured'}: {fw['source']}; "
                      f"fourd_mpi/perf/published/framework_efficiency.yaml)")
     return gemm
 

@@ -47,7 +47,8 @@ def check_search_size(ranks: int, option: str = "--ranks", cfg: Optional[ModelCo
         which = f" that the sizes of {cfg.name} divide"
     if count > MAX_TUNE_GRIDS:
         low = 1 << (ranks.bit_length() - 1)
-        raise ConfigError(f"{option} {ranks:,} has {count:,} candidate grids{which}, more than the {MAX_TUNE_GRIDS:,} the tuner "
+        raise ConfigError(f"{option} {ranks:,} has {count:,} candidate grids{which}, "
+                          f"more than the {MAX_TUNE_GRIDS:,} the tuner "
                           f"searches: give a rank count with fewer divisors (e.g. {low:,} or {low * 2:,}), or "
                           f"predict one grid with fourd-mpi model predict --grid")
 
@@ -215,7 +216,8 @@ def why_best(ranking: Ranking) -> str:
         what, gain = max(diffs.items(), key=lambda kv: kv[1])
         if gain <= 0:
             return f"{other.grid} is within the model's noise of it"
-        ops = sorted({op for (axis, op) in other.exposed_s if f"{axis}-axis" in what and other.exposed_s[(axis, op)] > 0})
+        ops = sorted({op for (axis, op) in other.exposed_s
+                      if f"{axis}-axis" in what and other.exposed_s[(axis, op)] > 0})
         detail = f" ({', '.join(ops)})" if ops else ""
         return (f"it saves {gain * 1e3:.3g} ms of {what}{detail} per step against {other.grid} "
                 f"({other.step_s * 1e3:.3g} ms)")

@@ -8,10 +8,11 @@ commit c0eeb69, released in v0.5.5 of November 2021, replaced it):
   sub-module's parameters are gathered with ``_all_gather(..., async_op=True)``, i.e. one
   ``partition_parameters._allgather_param`` per parameter: ``torch.zeros`` of the whole weight,
   ``torch.cuda.synchronize()``, a Python loop over the world size building ``world_size`` views, and one
-  ``torch.distributed.all_gather`` into that list. PyTorch's list all-gather gathers into a flat buffer and then copies it into
-  each of the ``world_size`` outputs (PR #1188's commit message: "the ``torch.distributed.all_gather``
-  will do implicit memcpy at the end of each ``ncclAllgather``"): ``n`` copy kernels per gathered weight,
-  and the weight's bytes written by ``torch.zeros``, then read and written once more by the copies.
+  ``torch.distributed.all_gather`` into that list. PyTorch's list all-gather gathers into a flat buffer and
+  then copies it into each of the ``world_size`` outputs (PR #1188's commit message: "the
+  ``torch.distributed.all_gather`` will do implicit memcpy at the end of each ``ncclAllgather``"): ``n`` copy
+  kernels per gathered weight, and the weight's bytes written by ``torch.zeros``, then read and written once
+  more by the copies.
 - ``release_sub_module`` partitions (frees) a parameter after its sub-module ran unless
   ``_keep_for_later``: its reuse distance (the elements of the parameters of the sub-modules run between
   this use and the next, ``PrefetchCoordinator._distance_in_numel``) is below ``stage3_max_reuse_distance``
@@ -56,17 +57,17 @@ Prices (per gather of a weight of ``S`` bytes over ``n`` ranks, following the co
 ``torch.zeros``, so the parts add): the zeros write ``S`` bytes; then the host builds ``n`` views while the
 device idles, ``n t_view``; it launches the transfer and ``n`` copy kernels, which the transfer hides up to
 its own time ``t_ag``: ``max(0, n t_op - t_ag)``; the copies move ``2 S`` bytes after the transfer: in all
-``n t_view + max(0, n t_op - t_ag) + 3 S / B_mem`` besides ``t_ag``. ``t_op`` is the profile's ``op_overhead_s`` (a kernel launch),
-``B_mem`` its ``mem_bandwidth``, ``t_view`` = :data:`VIEW_OP_S`. The persistent loop is host-bound: per
-copied rank three views and one copy launch. The third gathers cost the profile's all-gather price
-(:func:`~fourd_mpi.perf.predict.collective_time`). The gradient reduce-scatter of a parameter of ``S`` bytes
-(padded to ``n`` slices): two views per slice in the buffer, one ``torch.zeros`` launch per slice past the
-end, the ``n`` copy launches (their ``2 S`` bytes under them), then the transfer at the profile's
-reduce-scatter price, one after another; a block's sum is hidden by the block's backward GEMMs at most
-(a lower bound: each reduce-scatter only has the GEMMs between its hook and the next fetch). NOT priced:
-``torch.distributed.get_rank`` per rank in the loops, ``average_tensor``'s ``div_`` of each reduced buffer,
-the copy of each rank's reduced slice into its gradient partition.
-Nothing here is fitted to a published training result.
+``n t_view + max(0, n t_op - t_ag) + 3 S / B_mem`` besides ``t_ag``. ``t_op`` is the profile's
+``op_overhead_s`` (a kernel launch), ``B_mem`` its ``mem_bandwidth``, ``t_view`` = :data:`VIEW_OP_S`. The
+persistent loop is host-bound: per copied rank three views and one copy launch. The third gathers cost the
+profile's all-gather price (:func:`~fourd_mpi.perf.predict.collective_time`). The gradient reduce-scatter of a
+parameter of ``S`` bytes (padded to ``n`` slices): two views per slice in the buffer, one ``torch.zeros``
+launch per slice past the end, the ``n`` copy launches (their ``2 S`` bytes under them), then the transfer at
+the profile's reduce-scatter price, one after another; a block's sum is hidden by the block's backward GEMMs
+at most (a lower bound: each reduce-scatter only has the GEMMs between its hook and the next fetch). NOT
+priced: ``torch.distributed.get_rank`` per rank in the loops, ``average_tensor``'s ``div_`` of each reduced
+buffer, the copy of each rank's reduced slice into its gradient partition. Nothing here is fitted to a
+published training result.
 """
 
 from __future__ import annotations

@@ -195,8 +195,8 @@ class Row:
     def to_match(self) -> Dict[str, float]:
         """Which term would have to change, alone, for the prediction to equal the published result (a
         diagnosis, never applied): the published step ``t_pub = t_pred x ratio`` (both metrics are
-        FLOPs / time, so ``ratio = t_pub / t_pred``); ``compute = (t_pub - (t_pred - c)) / c`` for the compute term ``c``;
-        ``exposed = (t_pub - (t_pred - x)) / x`` for the exposed communication and bubble ``x``."""
+        FLOPs / time, so ``ratio = t_pub / t_pred``); ``compute = (t_pub - (t_pred - c)) / c`` for the compute
+        term ``c``; ``exposed = (t_pub - (t_pred - x)) / x`` for the exposed communication and bubble ``x``."""
         res = self.result
         t_pub = res.step_s * self.ratio
         c = res.compute_s
@@ -277,7 +277,8 @@ def summary(rows: List[Row]) -> Dict[str, Any]:
     pub = [r.result.pct_peak() * r.published / r.predicted for r in rows]  # published % of peak
     pred = [r.result.pct_peak() for r in rows]
     return {"points": n, "median_abs_error": median, "worst": worst.name, "worst_error": worst.error,
-            "spearman": spearman(pub, pred) if n > 1 else None, "all_fit": all(r.result.fits() is not False for r in rows),
+            "spearman": spearman(pub, pred) if n > 1 else None,
+            "all_fit": all(r.result.fits() is not False for r in rows),
             "targets": {"median_abs_error": TARGET_MEDIAN_ERROR, "spearman": TARGET_SPEARMAN}}
 
 
@@ -370,14 +371,15 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
              "ratio = predicted / published; error = |ratio - 1|",
              ""]
     table = [("dataset", "point", "GPUs", "configuration", "metric", "published", "predicted", "ratio", "mem GiB",
-              "fits", "step % gemm/attn/elt/head/opt", "bubble %", "exposed comm % (largest axis)", "to match: compute x",
-              "or comm+bubble x")]
+              "fits", "step % gemm/attn/elt/head/opt", "bubble %", "exposed comm % (largest axis)",
+              "to match: compute x", "or comm+bubble x")]
     for r in rows:
         res = r.result
         exp = max(res.exposed_s.items(), key=lambda kv: kv[1]) if res.exposed_s else ("-", 0.0)
         table.append((r.dataset, r.name, r.gpus, describe_config(res), r.metric, f"{r.published:g}",
                       f"{r.predicted:.1f}", f"{r.ratio:.3f}", f"{res.memory['required'] / GIB:.1f}",
-                      {True: "yes", False: "NO", None: "-"}[res.fits()], split(res), f"{100 * res.bubble_s / res.step_s:.1f}",
+                      {True: "yes", False: "NO", None: "-"}[res.fits()], split(res),
+                      f"{100 * res.bubble_s / res.step_s:.1f}",
                       f"{100 * sum(res.exposed_s.values()) / res.step_s:.1f} ({exp[0]})",
                       _factor(r.to_match()["compute"]), _factor(r.to_match()["exposed"])))
     lines.append(render(table[1:], table[0]))
@@ -388,19 +390,21 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
         present = sorted({r.dataset for r in target_rows})
         lines.append(f"summary over {t['points']} points (the targets' set: {', '.join(present)}): median "
                      f"|error| {100 * t['median_abs_error']:.1f} % (target <= {100 * TARGET_MEDIAN_ERROR:g} %), worst "
-                     f"{t['worst']} {100 * t['worst_error']:.1f} %, Spearman {_rho(t)} (target >= {TARGET_SPEARMAN}; of "
-                     f"% of peak, published vs predicted), every configuration fits its GPU's memory: "
+                     f"{t['worst']} {100 * t['worst_error']:.1f} %, Spearman {_rho(t)} "
+                     f"(target >= {TARGET_SPEARMAN}; of % of peak, published vs predicted), "
+                     "every configuration fits its GPU's memory: "
                      f"{'yes' if t['all_fit'] else 'NO'}")
     groups = [(d, [r for r in rows if r.dataset == d]) for d in dict.fromkeys(r.dataset for r in rows)]
-    groups += [(f"scheme {k}", [r for r in rows if r.scheme == k]) for k in dict.fromkeys(r.scheme for r in rows if r.scheme)]
+    groups += [(f"scheme {k}", [r for r in rows if r.scheme == k])
+               for k in dict.fromkeys(r.scheme for r in rows if r.scheme)]
     if len(groups) > 1 or not target_rows:
         if len(groups) > 1:
             groups.append(("all", rows))
         st = [("set", "points", "median |error|", "worst", "Spearman", "all fit")]
         for name, rs in groups:
             g = summary(rs)
-            st.append((name, g["points"], f"{100 * g['median_abs_error']:.1f} %", f"{g['worst']} {100 * g['worst_error']:.1f} %",
-                       _rho(g), "yes" if g["all_fit"] else "NO"))
+            st.append((name, g["points"], f"{100 * g['median_abs_error']:.1f} %",
+                       f"{g['worst']} {100 * g['worst_error']:.1f} %", _rho(g), "yes" if g["all_fit"] else "NO"))
         lines += ["by dataset (and by scheme where a dataset compares several):", render(st[1:], st[0])]
     lines.append("to match: the factor by which that term alone would have to change for predicted = published "
                  "(a diagnosis of which term is wrong; never applied to the model; none: the other terms alone take "
@@ -411,26 +415,28 @@ def report(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
         lines.append("assumed (not in the source): " + "; ".join(assumed))
     lines += [f"source: {src}" for src in dict.fromkeys(r.source for r in rows)]
     if memory:
-        lines += ["", "memory claims (the model's required bytes per GPU = its memory x 1.10 allocator margin + the GPU "
-                  "runtime's reserve, against the limit):"]
+        lines += ["", "memory claims (the model's required bytes per GPU = its memory x 1.10 allocator margin "
+                  "+ the GPU runtime's reserve, against the limit):"]
         mt = [("dataset", "configuration", "published", "model: required GiB / limit", "model", "agree")]
         for m in memory:
             mt.append((m["dataset"], m["name"], "fits" if m["published_fits"] else "did not fit",
-                       f"{m['required_gib']:.2f} / {m['limit_gib']:g}", "fits" if m["predicted_fits"] else "does not fit",
-                       "yes" if m["agree"] else "NO"))
+                       f"{m['required_gib']:.2f} / {m['limit_gib']:g}",
+                       "fits" if m["predicted_fits"] else "does not fit", "yes" if m["agree"] else "NO"))
         lines.append(render(mt[1:], mt[0]))
         lines += [f"  {m['name']}: {m['source']}" for m in memory]
     if claims:
         lines += ["", "ranking claims (margin = speed of a / speed of b - 1, TFLOP/s per GPU):"]
         ct = [("claim", "a (predicted)", "b (predicted)", "published margin", "predicted margin", "same winner")]
         for c in claims:
-            ct.append((c["name"], describe_config(c["a"]), describe_config(c["b"]), f"{100 * c['published_margin']:+.1f} %",
-                       f"{100 * c['predicted_margin']:+.1f} %", "yes" if c["same_winner"] else "NO"))
+            ct.append((c["name"], describe_config(c["a"]), describe_config(c["b"]),
+                       f"{100 * c['published_margin']:+.1f} %", f"{100 * c['predicted_margin']:+.1f} %",
+                       "yes" if c["same_winner"] else "NO"))
         lines.append(render(ct[1:], ct[0]))
         for c in claims:
             pub = c["published_tflops"]
             sides = "; ".join(f"{k} predicted {c[k].tflops_per_gpu():.1f} TFLOP/s per GPU"
-                              + (f" vs published {pub[k]:g} (ratio {c[k].tflops_per_gpu() / pub[k]:.2f})" if k in pub else "")
+                              + (f" vs published {pub[k]:g} (ratio {c[k].tflops_per_gpu() / pub[k]:.2f})"
+                                 if k in pub else "")
                               for k in ("a", "b"))
             lines.append(f"  {c['name']}: {sides}")
             lines.append(f"    source {c['source']}" + (f"; b: {c['note']}" if c["note"] else ""))
@@ -441,13 +447,15 @@ def as_dict(rows: List[Row], claims: Optional[List[Dict[str, Any]]] = None,
             memory: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
     target_rows = _target_rows(rows)
     out = {"summary": summary(rows),
-           "summary_by_dataset": {d: summary([r for r in rows if r.dataset == d]) for d in dict.fromkeys(r.dataset for r in rows)},
+           "summary_by_dataset": {d: summary([r for r in rows if r.dataset == d])
+                                  for d in dict.fromkeys(r.dataset for r in rows)},
            "summary_target_set": summary(target_rows) if target_rows else None,
            "points": [{"dataset": r.dataset, "name": r.name, "gpus": r.gpus, "metric": r.metric,
                        "published": r.published, "predicted": r.predicted, "ratio": r.ratio, "error": r.error,
                        "to_match": r.to_match(),
-                       "assumed": r.assumed, "source": r.source, "scheme": r.scheme, "prediction": r.result.as_dict(),
-                       "command": r.result.scenario.predict_command()} for r in rows]}
+                       "assumed": r.assumed, "source": r.source, "scheme": r.scheme,
+                       "prediction": r.result.as_dict(), "command": r.result.scenario.predict_command()}
+                      for r in rows]}
     if memory is not None:
         out["memory_claims"] = memory
     if claims is not None:
