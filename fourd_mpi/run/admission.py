@@ -145,7 +145,8 @@ def _read_int(path: str) -> Optional[int]:
         return None
 
 
-def cgroup_memory(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> Optional[Tuple[int, int, str]]:
+def cgroup_memory(proc_cgroup: str = "/proc/self/cgroup",
+                  root: str = "/sys/fs/cgroup") -> Optional[Tuple[int, int, str]]:
     """``(limit, usage, cgroup path)`` of this process's memory cgroup, or None without a limit.
 
     cgroup v2 (a ``0::/path`` line): ``root/path/memory.max`` and ``memory.current``; v1 (a
@@ -349,7 +350,8 @@ def refusal(need: MemoryNeed, budget: Budget, options, world_size: int) -> str:
     """The one line of a refused run."""
     data = f", data batches {human_bytes(need.data_bytes)}" if need.data_bytes else ""
     if need.init_bytes > need.model_bytes + need.data_bytes:
-        what = f"while the weights are initialised; during the steps {human_bytes(need.model_bytes + need.data_bytes)}: "
+        what = ("while the weights are initialised; during the steps "
+                f"{human_bytes(need.model_bytes + need.data_bytes)}: ")
     else:
         what = ""
     text = (f"the run needs {human_bytes(need.total)} per rank ({what}{need.describe_model}{data}), "

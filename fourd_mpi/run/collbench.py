@@ -557,7 +557,8 @@ def run_bench(args, world, watchdog=None, report: Optional["StreamReport"] = Non
     out: Dict[str, List] = {"rows": [], "runs": [], "overlap": [], "syncs": []}  # runs: seconds per message
     placements = (False, True) if getattr(args, "in_place", True) else (False,)
     rule = iteration_rule(args)
-    sizes = [message_sizes(args.min_size, args.max_size, args.factor, 4 * comm.Get_size()) for _, _, comm, _, _ in comms]
+    sizes = [message_sizes(args.min_size, args.max_size, args.factor, 4 * comm.Get_size())
+             for _, _, comm, _, _ in comms]
     items = plan_items([(",".join(also), comm.Get_size(), level) for _, level, comm, also, _ in comms], sizes, ops,
                        placements, args.overlap_sizes)
     budget = Budget(limit, items, rule, overlap_iters=max(3, args.iters // 4), sync_iters=max(5, args.iters))
@@ -580,7 +581,8 @@ def run_bench(args, world, watchdog=None, report: Optional["StreamReport"] = Non
         elapsed = world.allreduce(MPI.Wtime() - t0, op=MPI.MAX)  # the same on every rank: so is the decision
         go, bound = budget.decide(i, elapsed)
         if report is not None:
-            report.progress(item, i, len(items), elapsed, budget.left(i, elapsed), budget.cost(item, bound) if go else 0)
+            report.progress(item, i, len(items), elapsed, budget.left(i, elapsed),
+                            budget.cost(item, bound) if go else 0)
         if go:
             row = _measure_item(item, comms[item.comm], world, replace(rule, max_time=bound), args, watch, out)
             if row is not None:

@@ -285,16 +285,16 @@ class Budget:
     the item runs and the wall-time bound of its timed iterations: the same on every rank, since its inputs
     are agreed (the elapsed time, and latencies that are maxima over ranks), so the collectives stay matched.
 
-    The time is allotted by block: a block is one communicator and collective (its sizes in each placement,
-    then its back-to-back runs, synchronization and overlap measurements). When a block starts, it gets the
-    time left (the limit less the time elapsed, which includes the compute calibration before the sweep, and
-    :attr:`reserve`, time kept for work after it) times its share of the measurements left; what a block leaves unused goes to the blocks after it. An item
-    runs when its least predicted time (:meth:`least`: warm-up, ``--min-time`` of timed iterations or one
-    iteration, the result check) fits into what is left of its block, and its timed iterations stop after
-    ``min(--max-time, max(that less its predicted warm-up and check, --min-time))`` (at least one). So the
-    largest sizes of a slow link are left out, not the communicators and collectives measured after them; and
-    the bound leaves sizes out rather than measure them below ``--min-time``: with ``--min-time`` m, T seconds
-    hold at most ``max(1, T/m)`` rows. A skipped item is listed (:meth:`summary`, :meth:`skipped_line`).
+    The time is allotted by block: a block is one communicator and collective (its sizes in each placement, then its
+    back-to-back runs, synchronization and overlap measurements). When a block starts, it gets the time left (the
+    limit less the time elapsed, which includes the compute calibration before the sweep, and :attr:`reserve`, time
+    kept for work after it) times its share of the measurements left; what a block leaves unused goes to the blocks
+    after it. An item runs when its least predicted time (:meth:`least`: warm-up, ``--min-time`` of timed iterations
+    or one iteration, the result check) fits into what is left of its block, and its timed iterations stop after
+    ``min(--max-time, max(that less its predicted warm-up and check, --min-time))`` (at least one). So the largest
+    sizes of a slow link are left out, not the communicators and collectives measured after them; and the bound
+    leaves sizes out rather than measure them below ``--min-time``: with ``--min-time`` m, T seconds hold at most
+    ``max(1, T/m)`` rows. A skipped item is listed (:meth:`summary`, :meth:`skipped_line`).
 
     The time of one call is predicted from what was measured (maxima over ranks): the same size on the same
     communicator by another op, else a straight line through the two largest sizes below it of the same op

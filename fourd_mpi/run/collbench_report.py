@@ -92,7 +92,8 @@ def table_tail(result: Dict) -> List[str]:
                          f"{o['imb_none']:>6.1f} {o['t_ovrl_poll'] * 1e6:>9.1f} {o['osu_poll']:>6.1f} "
                          f"{o['imb_poll']:>6.1f}")
     if result.get("syncs"):
-        lines += ["", "# synchronization: extra latency of an 8-byte Iallreduce right after compute vs after a barrier:"]
+        lines += ["", "# synchronization: extra latency of an 8-byte Iallreduce right after compute "
+                      "vs after a barrier:"]
         w = max([14] + [len(y.get("axes") or y["comm"]) for y in result["syncs"]])
         lines += [f"  {y.get('axes') or y['comm']:<{w}} p={y['p']:<3} {y['sync_s'] * 1e6:10.1f} us"
                   for y in result["syncs"]]
@@ -107,10 +108,12 @@ def table_tail(result: Dict) -> List[str]:
                  f"{c['op_overhead_s']['alone'] * 1e6:.2f} us alone")
     if result.get("skipped_line"):
         lines += ["", f"# left out: {result['skipped_line']}"]
+    placements = " and ".join(sorted({"in-place" if r.inplace else "out-of-place" for r in result["rows"]},
+                                     reverse=True))
     lines += ["", f"# Out of bounds values : {total_wrong(result)} {'OK' if total_wrong(result) == 0 else 'FAILED'}",
               f"# Avg bus bandwidth    : {avg_busbw(result):.4f} GB/s (mean busbw of all "
               f"{sum(math.isfinite(r.busbw) for r in result['rows'])} rows: "
-              f"{' and '.join(sorted({'in-place' if r.inplace else 'out-of-place' for r in result['rows']}, reverse=True)) or 'none'})"]
+              f"{placements or 'none'})"]
     return lines
 
 
@@ -154,8 +157,8 @@ def _finite(value):
 
 
 #: columns of ``--format csv`` (rows; one per communicator, op, size and placement)
-CSV_COLUMNS = ["comm", "axes", "level", "p", "per_node", "op", "placement", "size", "count", "type", "redop", "root", "iters",
-               "time_us", "algbw_gbps", "busbw_gbps", "wrong", "avg_lat_us", "min_lat_us", "max_lat_us"]
+CSV_COLUMNS = ["comm", "axes", "level", "p", "per_node", "op", "placement", "size", "count", "type", "redop", "root",
+               "iters", "time_us", "algbw_gbps", "busbw_gbps", "wrong", "avg_lat_us", "min_lat_us", "max_lat_us"]
 
 
 def csv_head() -> List[str]:

@@ -1,10 +1,10 @@
 """Check a distributed run against the serial single-rank reference.
 
 The same model (same seed, same global tensors) runs on the grid with the checked
-algorithm and on one rank with grid 1x1x1x1 as the serial 4D model (``axonn4d``). The reference is blocking and recomputes nothing; every
-variant (overlap, progress, activation recompute) is checked against it. Rank 0 assembles the distributed forward output and
-every gradient from the pieces of all ranks and compares them with the
-reference, then both train for a few steps and the losses are compared.
+algorithm and on one rank with grid 1x1x1x1 as the serial 4D model (``axonn4d``). The reference is
+blocking and recomputes nothing; every variant (overlap, progress, activation recompute) is checked
+against it. Rank 0 assembles the distributed forward output and every gradient from the pieces of all
+ranks and compares them with the reference, then both train for a few steps and the losses are compared.
 
 Error measure: norm-wise relative error ``||a - b||_2 / ||b||_2`` per tensor
 (the max over tensors is reported). Tolerances: 1e-10 for float64, 1e-4 for float32

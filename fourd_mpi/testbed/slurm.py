@@ -5,8 +5,9 @@
 namespaces (network, UTS, mount: :func:`fourd_mpi.testbed.bed.node_argv`), declared
 ``NodeName=NODE NodeAddr=<its address>``, with per-node spool, pid and log files (``%n``). All files live
 in the bed's directory; the daemons are recorded in the bed's state (PID and start time) and carry the bed's
-id in their environment (``FOURD_TESTBED_ID``), so ``testbed down`` stops them and no other process. The configuration is that of DESIGN section 5 (``auth/none``, ``proctrack/linuxproc``,
-``task/none``, ``MpiDefault=pmi2``); ``srun --mpi=pmi2`` starts the ``mpich`` wheel's ranks.
+id in their environment (``FOURD_TESTBED_ID``), so ``testbed down`` stops them and no other process. The
+configuration is that of DESIGN section 5 (``auth/none``, ``proctrack/linuxproc``, ``task/none``,
+``MpiDefault=pmi2``); ``srun --mpi=pmi2`` starts the ``mpich`` wheel's ranks.
 
 :func:`slurm_conf` writes the same configuration for any list of nodes; the one-node Slurm of the
 tests (``tests/helpers/localslurm.py``) uses it too.

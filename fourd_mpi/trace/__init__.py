@@ -18,8 +18,8 @@ pip's h5py has no parallel HDF5 (docs/design.md section 4), so:
 Beneath them: :mod:`~fourd_mpi.trace.files` (names, paths, record types, small I/O) and
 :mod:`~fourd_mpi.trace.guarded` (the file object under the HDF5 writer). Above them: the reader
 (:mod:`~fourd_mpi.trace.read`; its one pass over the events, :mod:`~fourd_mpi.trace.scan`; damage,
-:mod:`~fourd_mpi.trace.damage`), the invariants (:mod:`~fourd_mpi.trace.invariants`), the per-run summary (:mod:`~fourd_mpi.trace.summary`) and a trace's
-line in the results index (:mod:`~fourd_mpi.trace.indexing`; the index file itself, :mod:`fourd_mpi.results.index`,
-reads no trace and sits below this package).
+:mod:`~fourd_mpi.trace.damage`), the invariants (:mod:`~fourd_mpi.trace.invariants`), the per-run summary
+(:mod:`~fourd_mpi.trace.summary`) and a trace's line in the results index (:mod:`~fourd_mpi.trace.indexing`;
+the index file itself, :mod:`fourd_mpi.results.index`, reads no trace and sits below this package).
 The file layout is documented in ``docs/trace-format.md``.
 """

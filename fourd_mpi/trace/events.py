@@ -256,7 +256,8 @@ class Tracer:
         self.compute_ns += t1 - t0 - mpi_ns
         if self.keep_ops:
             self.events.append((self.rank, self.step, self.where_layer, self.where_phase,
-                                OP_CODE.get(kind, OP_CODE["gemm"]), 0, LANE_HOST, t0, t1, 0, 0, flops, 0, 0, 0, 0, mpi_ns, 0))
+                                OP_CODE.get(kind, OP_CODE["gemm"]), 0, LANE_HOST, t0, t1, 0, 0, flops,
+                                0, 0, 0, 0, mpi_ns, 0))
 
     def compute_deferred(self, kind: str, watch, flops: float) -> None:
         """A GEMM timed by CUDA events (``watch``), not synchronized: its duration joins the step's
@@ -274,7 +275,8 @@ class Tracer:
 
     def bubble(self, t0: int, t1: int, nbytes: int = 0) -> None:
         """The main thread was blocked from ``t0`` to ``t1`` waiting for another pipeline stage's message (a
-        bubble: MPI time, not exposed communication). At level ``op`` one host-lane ``bubble`` event (axis ``inter``)."""
+        bubble: MPI time, not exposed communication). At level ``op`` one host-lane ``bubble`` event (axis
+        ``inter``)."""
         self.bubble_ns += t1 - t0
         self.mpi_call(t0, t1)
         if self.keep_ops:
@@ -313,7 +315,8 @@ class Tracer:
         if self._deferred:  # event-timed GEMMs (GPU, below level op): the device has finished them
             self.compute_ns += sum(w.elapsed_ns() for w in self._deferred)
             self._deferred = []
-        rows = [(self.rank, self.step, 0, 0, OP_CODE["step"], 0, LANE_STEP, t_start, t_end, 0, 0, 0.0, 0, 0, 0, 0, 0, 0)]
+        rows = [(self.rank, self.step, 0, 0, OP_CODE["step"], 0, LANE_STEP, t_start, t_end, 0, 0, 0.0,
+                 0, 0, 0, 0, 0, 0)]
         rows += self.events
         out = np.array(rows, dtype=EVENT_DTYPE)
         out["start_ns"] -= self.shift_ns

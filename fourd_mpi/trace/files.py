@@ -73,8 +73,9 @@ def check_name_fits(results_dir: str, kind: str, name: str, overhead: int = RUN_
     except (OSError, ValueError):
         limit = 255
     if len(name.encode()) + overhead > limit:
-        raise TraceError(f"{kind} of {len(name.encode())} characters is too long: the file names made of it must fit the "
-                         f"file system's limit of {limit} (NAME_MAX): give at most {limit - overhead} characters")
+        raise TraceError(f"{kind} of {len(name.encode())} characters is too long: the file names made of it "
+                         f"must fit the file system's limit of {limit} (NAME_MAX): "
+                         f"give at most {limit - overhead} characters")
     return name
 
 

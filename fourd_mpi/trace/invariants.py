@@ -113,7 +113,8 @@ def step_time_problems(steps: np.ndarray, rank_steps: np.ndarray) -> List[str]:
     """``/steps`` seconds that disagree with the max over ranks of their step spans (the first, and a count)."""
     expected = rank_max_seconds(steps, rank_steps)
     stored = steps["seconds"].astype(np.float64)
-    bad = np.nonzero(~np.isnan(expected) & ~(np.abs(stored - expected) <= STEP_TIME_SLACK_S + 1e-9 * np.abs(expected)))[0]
+    bad = np.nonzero(~np.isnan(expected)
+                     & ~(np.abs(stored - expected) <= STEP_TIME_SLACK_S + 1e-9 * np.abs(expected)))[0]
     if not len(bad):
         return []
     i = int(bad[0])

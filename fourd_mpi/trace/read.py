@@ -103,7 +103,8 @@ class Trace:
         labels = hosts if all(hosts) else [int(n) for n in ranks["node"]]
         grid = self.metadata.get("run_options", {}).get("grid") or {}
         dims = {a: int(grid.get(a, 1) or 1) for a in ("data", "z", "y", "x")}
-        g5 = (self.metadata.get("pipeline") or {}).get("grid5d") if isinstance(self.metadata.get("pipeline"), dict) else None
+        g5 = ((self.metadata.get("pipeline") or {}).get("grid5d")
+              if isinstance(self.metadata.get("pipeline"), dict) else None)
         if isinstance(g5, dict) and "inter" in g5:
             dims = {"data": dims["data"], "inter": int(g5["inter"]), "z": dims["z"], "y": dims["y"], "x": dims["x"]}
         if int(np.prod(list(dims.values()))) != len(labels):  # no usable grid: every rank its own axis-less world
@@ -274,8 +275,8 @@ def _upgrade_v3(name: str, data: np.ndarray, dtype: np.dtype) -> np.ndarray:
         collective = data["lane"] >= LANE_COMM0
         out["call_ns"] = np.where(collective, data["issue_ns"], 0)
         out["mpi_ns"] = np.where(collective, data["wait_ns"], 0)
-        out["overlap_ns"] = np.where(collective, np.maximum(data["complete_ns"] - data["issue_ns"] - data["wait_ns"], 0),
-                                     0)
+        out["overlap_ns"] = np.where(collective,
+                                     np.maximum(data["complete_ns"] - data["issue_ns"] - data["wait_ns"], 0), 0)
     elif name == "rank_steps":
         out["mpi_ns"] = data["wait_ns"]
     elif name == "ranks":  # no end alignment before schema 4: no drift model
@@ -422,7 +423,8 @@ METADATA_SCHEMA = {
             "inter_node_axes": {"type": "array", "items": {"type": "string"}}}},
         "binding": {"type": ["object", "null"], "properties": {
             "pinned": {"type": "boolean"}, "num_cpus": {"type": "array", "items": _COUNT},
-            "cpus": {"type": "array", "items": {"type": "string", "pattern": r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$"}},
+            "cpus": {"type": "array",
+                     "items": {"type": "string", "pattern": r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$"}},
             "node_cpus": {"type": "array", "items": _COUNT}, "shared_ranks": _COUNT, "free_ranks": _COUNT,
             "summary": {"type": "string"}}},
     },
@@ -522,8 +524,8 @@ def load_trace(path: str, allow_damaged: bool = False, events: bool = True) -> T
     per-rank event ranges, and the JSON attributes (parsed with size and depth bounds). A file that
     fails any of this raises :class:`TraceError`. A file that passes but holds impossible values
     (NaN or negative times, a rank's events missing for its trace level:
-    :func:`~fourd_mpi.trace.damage.damage`) is *damaged*: it raises :class:`DamagedTraceError` unless ``allow_damaged``; ``Trace.damage``
-    lists the reasons.
+    :func:`~fourd_mpi.trace.damage.damage`) is *damaged*: it raises :class:`DamagedTraceError` unless
+    ``allow_damaged``; ``Trace.damage`` lists the reasons.
 
     ``events=False``: everything but the events themselves (``Trace.events`` is empty): the header,
     the tables, the per-rank event ranges of ``/ranks`` against the event count, and of a multi-part

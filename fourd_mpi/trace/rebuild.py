@@ -151,7 +151,8 @@ def check_event_ranks(spool_dir: str, ranks: Sequence[int], counts: np.ndarray, 
     rank = int(expected[i])
     record = i - int(np.sum(counts[:list(ranks).index(rank)]))
     raise TraceError(f"{rank_events_path(spool_dir, rank)} is damaged: record {record} says rank "
-                     f"{int(events['rank'][i])}, not {rank} ({len(bad)} such record(s) in ranks {ranks[0]}-{ranks[-1]}; "
+                     f"{int(events['rank'][i])}, not {rank} "
+                     f"({len(bad)} such record(s) in ranks {ranks[0]}-{ranks[-1]}; "
                      "flipped bytes or another run's file): nothing was written, the per-rank files are kept")
 
 

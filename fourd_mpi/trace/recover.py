@@ -329,9 +329,12 @@ def _recover(spool_dir: str, output: Optional[str], force: bool, summarize, grou
             status = recovered_status(failures)
             all_steps = concat_records(rank_steps, RANK_STEP_DTYPE)
             damage = _rank_step_mismatch(results, all_steps[np.isin(all_steps["step"], kept)])
-            if damage is not None:  # validated before publication: a recovery never publishes what 'trace check' rejects
-                raise TraceError(f"the per-rank files in {spool_dir} are damaged: {damage.replace('in the trace', 'in the .events file')} "
-                                 "(a truncated or altered .events file): nothing was written, the per-rank files are kept")
+            # validated before publication: a recovery never publishes what 'trace check' rejects
+            if damage is not None:
+                raise TraceError(f"the per-rank files in {spool_dir} are damaged: "
+                                 f"{damage.replace('in the trace', 'in the .events file')} "
+                                 "(a truncated or altered .events file): "
+                                 "nothing was written, the per-rank files are kept")
             metadata = dict(run_meta, recovered=now_iso(), recovered_from=os.path.abspath(spool_dir),
                             failures=failures, ranks_without_metadata=missing, steps_kept=len(kept),
                             events_dropped=dropped, recovered_while_live=live)

@@ -202,7 +202,8 @@ class Summary:
     def hfu_pct(self) -> float:
         """:data:`~fourd_mpi.perf.peaks.HFU_FORMULA`: the hardware FLOPs (recompute counted; the model FLOPs
         when the trace has none recorded: nothing recomputed) over the data-sheet peak."""
-        hardware = self.model_tflops_per_rank if self.hardware_tflops_per_rank is None else self.hardware_tflops_per_rank
+        hardware = (self.model_tflops_per_rank if self.hardware_tflops_per_rank is None
+                    else self.hardware_tflops_per_rank)
         return 100.0 * hardware / self.peak_tflops if _positive(self.peak_tflops) else float("nan")
 
     @property

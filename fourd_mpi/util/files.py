@@ -312,7 +312,8 @@ def read_marker(directory: str) -> Optional[Dict]:
         marker = json.loads(raw)
     except (OSError, ValueError, ConfigError):
         return None
-    if not isinstance(marker, dict) or marker.get("made_by") != "fourd-mpi" or not isinstance(marker.get("files"), list):
+    if (not isinstance(marker, dict) or marker.get("made_by") != "fourd-mpi"
+            or not isinstance(marker.get("files"), list)):
         return None
     marker["files"] = [f for f in marker["files"] if isinstance(f, str) and _plain_name(f)]
     return marker
