@@ -60,6 +60,6 @@ def test_round_robin_launches_and_report(tmp_path):
     assert "allgather" not in by["megatron1d"]["exposed_s"]
     assert min(r["vs_best"] for r in by.values()) <= 1.0 <= max(r["vs_best"] for r in by.values())
     assert by["megatron1d"]["activation_bytes"] > 0 and by["fsdp"]["wire_bytes"] > 0
-    assert sorted(f for f in os.listdir(tmp_path / "traces") if f.endswith(".h5")) == ["fsdp-r0.h5", "fsdp-r1.h5", "megatron1d-r0.h5",
-                                                       "megatron1d-r1.h5"]
+    assert sorted(f for f in os.listdir(tmp_path / "traces") if f.endswith(".h5")) == [
+        "fsdp-r0.h5", "fsdp-r1.h5", "megatron1d-r0.h5", "megatron1d-r1.h5"]
     assert (tmp_path / "bench.png").stat().st_size > 0

@@ -77,7 +77,8 @@ def test_the_tour_starts_with_readme_command_1():
 
 def test_a_block_with_another_command_is_caught(tmp_path, monkeypatch):
     page = tmp_path / "page.md"
-    page.write_text("<!-- example: tune -->\n```console\n$ fourd-mpi tune --ranks 8\nout\n```\n<!-- /example: tune -->\n")
+    page.write_text("<!-- example: tune -->\n```console\n$ fourd-mpi tune --ranks 8\nout\n```\n"
+                    "<!-- /example: tune -->\n")
     monkeypatch.setattr(examples, "REPO", tmp_path)
     problems = examples.check(["page.md"])
     assert any("example 'tune' shows 'fourd-mpi tune --ranks 8'" in p for p in problems), problems

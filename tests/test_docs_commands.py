@@ -153,8 +153,8 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
         # docs/guide/runs.md: the tour's run with its full configuration; the run itself (README) is .ci/run's
         Step(TOUR_RUN + " --show-config", r"(?s)^resolved configuration \(reusable as --config FILE\.toml\):\n"
                                           r".*1x2x2x2.*step time: median .*trace: results/\S+\.h5"),
-        Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/fourd-mpi verify --gx 2 --gy 2 --gz 2 --model gpt-tiny",
-             r"1x2x2x2 .* ok\n1 passed, 0 failed"),
+        Step("OMP_NUM_THREADS=1 .venv/bin/mpiexec -n 8 .venv/bin/fourd-mpi verify "
+             "--gx 2 --gy 2 --gz 2 --model gpt-tiny", r"1x2x2x2 .* ok\n1 passed, 0 failed"),
         Step(f".venv/bin/fourd-mpi trace show {LATEST}", r"status complete.*\n(?s:.*)median step \S+ s"),
         Step(".venv/bin/fourd-mpi analyze results/samples/grid-*.h5 --what compare --format markdown",
              r"\| grid +\| overlap +\|.*\n(?s:.*)\| 8x1x1x1 +\| none +\|"),
@@ -212,8 +212,8 @@ SCENARIOS: Dict[str, Tuple[bool, List[Step]]] = {
         Step(".venv/bin/fourd-mpi plot overlap results/samples/grid-1x2x2x2-overlap.h5 --baseline "
              "results/samples/weak-8.h5 -o hidden.png", r"wrote hidden\.png"),
         Step(".venv/bin/fourd-mpi model predict --profile dgx-a100 --model gpt-80b --batch 1536 --algorithm "
-             "megatron1d --grid 16x1x8x1 --ginter 6 --pipeline-schedule interleaved --chunks-per-stage 7 --microbatch-size 1 "
-             "--dtype float16 --attention unfused --overlap none", r"MFU \d"),
+             "megatron1d --grid 16x1x8x1 --ginter 6 --pipeline-schedule interleaved --chunks-per-stage 7 "
+             "--microbatch-size 1 --dtype float16 --attention unfused --overlap none", r"MFU \d"),
         Step(".venv/bin/fourd-mpi model published --dataset all   # or narayanan_sc21, axonn_sc24, "
              "narayanan_sc21_table2, megatron_readme_2020, llama3_405b, megascale_megatron", r"Narayanan"),
         Step(".venv/bin/fourd-mpi tune --ranks 64 --model gpt-5b --batch 64 --site perlmutter --top 5 "
@@ -429,8 +429,8 @@ for _command, _why in {
     'pip install "fourd_mpi[gpu]"           # from a checkout: pip install ".[gpu]"': _CLUSTER,
     "module load PrgEnv-gnu/8.7.0 cpe/26.03 miniforge3/23.11.0-0 rocm/7.0.2 craype-accel-amd-gfx90a": _CLUSTER,
     'export LD_LIBRARY_PATH="$CRAY_LD_LIBRARY_PATH:$LD_LIBRARY_PATH" ROCM_HOME="$ROCM_PATH"': _CLUSTER,
-    'module unload rocm; MPICC="cc -shared" pip install --no-cache-dir --no-binary=mpi4py mpi4py; module load rocm/7.0.2':
-        _CLUSTER,
+    ('module unload rocm; MPICC="cc -shared" pip install --no-cache-dir --no-binary=mpi4py mpi4py; '
+     'module load rocm/7.0.2'): _CLUSTER,
     'pip install "fourd_mpi[rocm]"          # CuPy for ROCm 7.0 (cupy-rocm-7-0); or OLCF\'s amd-cupy, below': _CLUSTER,
     "module use /soft/modulefiles; module load craype-accel-nvidia80 conda; conda activate base": _CLUSTER,
     "python -m venv --system-site-packages ~/venvs/fourd && source ~/venvs/fourd/bin/activate": _CLUSTER,

@@ -108,7 +108,8 @@ def test_a_raw_placeholder_is_caught():
     markdown = pytest.importorskip("markdown")
     raw = "write results/<run-id>.h5 and a summary, `results/<host>.yaml`"
     assert lost(raw, markdown.markdown(raw)) == ["run-id"]
-    assert lost(raw.replace("<run-id>", "&lt;run-id&gt;"), markdown.markdown(raw.replace("<run-id>", "&lt;run-id&gt;"))) == []
+    assert lost(raw.replace("<run-id>", "&lt;run-id&gt;"),
+                markdown.markdown(raw.replace("<run-id>", "&lt;run-id&gt;"))) == []
     assert placeholders("<!-- example: x -->, <https://x.org/>, a<b, x <= 3, <br>") == []
 
 
@@ -120,7 +121,8 @@ def test_no_page_loses_a_placeholder(site):
         shown += len(placeholders(source))
         if missing:
             problems[page] = missing
-    assert problems == {}, f"placeholders rendered as HTML tags (write them as &lt;name&gt; or in backticks): {problems}"
+    assert problems == {}, ("placeholders rendered as HTML tags (write them as &lt;name&gt; or in backticks): "
+                            f"{problems}")
     # the generated reference has them (results/<run-id>.h5, <results-dir>/index.jsonl, ...): the check has work
     assert len(placeholders((DOCS / "reference" / "cli.md").read_text())) >= 8 and shown > 20
 

@@ -29,7 +29,8 @@ SMALL27 = ["--hidden", "36", "--heads", "6", "--ffn-hidden", "72", "--seq", "6",
 @pytest.mark.parametrize("world, given, shape", [
     (8, {}, "1x2x2x2"), (16, {}, "2x2x2x2"), (27, {}, "1x3x3x3"), (64, {}, "1x4x4x4"), (54, {}, "2x3x3x3"),
     (8, {"data": 8}, "8x1x1x1"), (64, {"data": 8}, "8x2x2x2"), (24, {"data": 3}, "3x2x2x2"),
-    (64, {"x": 2}, "8x2x2x2"), (1, {}, "1x1x1x1"), (16, {"y": 2, "z": 2}, "2x2x2x2"), (8, {"x": 1, "data": 8}, "8x1x1x1"),
+    (64, {"x": 2}, "8x2x2x2"), (1, {}, "1x1x1x1"), (16, {"y": 2, "z": 2}, "2x2x2x2"),
+    (8, {"x": 1, "data": 8}, "8x1x1x1"),
 ])
 def test_cube_shape_infers_q_and_data(world, given, shape):
     assert str(cube.cube_shape(world, {**NONE, **given})) == shape

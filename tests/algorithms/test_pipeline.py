@@ -103,7 +103,8 @@ def test_trace_p2p_bytes_equal_the_model_and_bubbles_are_a_category(run_mpi, tmp
         mine = ev[(ev["rank"] == rank) & (ev["lane"] >= 3)]
         for (op, axis), want in expected.items():
             got = mine[(mine["op"] == ops.index(op)) & (mine["axis"] == trace.vocab["axes"].index(axis))]
-            assert (len(got), int(got["bytes"].sum())) == (steps * want["messages"], steps * want["bytes"]), (rank, op, axis)
+            assert (len(got), int(got["bytes"].sum())) == (steps * want["messages"], steps * want["bytes"]), \
+                (rank, op, axis)
     bubbles = ev[ev["op"] == ops.index("bubble")]
     assert len(bubbles) and set(np.unique(bubbles["rank"])) == set(range(6))  # every stage waits for messages
     table = breakdown(trace)

@@ -25,7 +25,9 @@ from fourd_mpi.run.options import resolve_values
      "--microbatches 4 does not divide the batch shard of 2 sequence(s)"),
     ({"ginter": 2}, 8, "--ginter 2: --algorithm axonn4d (AxoNN 4D (data x 3D tensor parallelism)) has no pipeline"),
     ({"algorithm": "megatron1d", "microbatches": 2}, 8, "--microbatches 2: --algorithm megatron1d"),
-    ({"algorithm": "pipeline", "ginter": 2, "gx": 2, "gy": 2, "gz": 2}, 8, "has product 8, which does not divide the world size 4: choose sizes whose product divides 4 (the 4D grid of each of the 2 pipeline stages: world size 8 / --ginter 2 = 4 ranks)"),
+    ({"algorithm": "pipeline", "ginter": 2, "gx": 2, "gy": 2, "gz": 2}, 8,
+     "has product 8, which does not divide the world size 4: choose sizes whose product divides 4 "
+     "(the 4D grid of each of the 2 pipeline stages: world size 8 / --ginter 2 = 4 ranks)"),
 ])
 def test_bad_pipeline_options_are_one_clear_error(values, world, message):
     with pytest.raises(ConfigError) as err:

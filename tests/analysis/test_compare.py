@@ -209,7 +209,8 @@ def test_junit_is_well_formed_with_a_failure_per_regression():
 def test_markdown_and_json_name_the_statistics():
     comparisons = compare_runs([run("a", "n", noisy(0.2))], [run("a", "o", noisy(0.1, seed=16))], STEPS)
     md = render(comparisons, STEPS, "markdown")
-    assert md.startswith("**REGRESSION: 1 slower") and re.search(r"^\| configuration +\| new +\| baseline +\|", md, re.M)
+    assert md.startswith("**REGRESSION: 1 slower") \
+        and re.search(r"^\| configuration +\| new +\| baseline +\|", md, re.M)
     assert "ratio = median(new)/median(old)" in md and "95% percentile bootstrap CI" in md
     data = json.loads(render(comparisons, STEPS, "json"))
     assert data["exit_status"] == 1 and data["comparisons"][0]["verdict"] == "slower"
@@ -362,8 +363,8 @@ def test_unit_run_below_min_runs_is_inconclusive_with_the_helps_number():
     from fourd_mpi.analysis.compare import Settings, compare_runs, min_runs
 
     def runs(prefix, n, t):
-        return [({"run_id": f"{prefix}{i}", "config_key": "k", "time": ""}, np.full(5, t * (1 + i / 100)), f"{prefix}{i}")
-                for i in range(n)]
+        return [({"run_id": f"{prefix}{i}", "config_key": "k", "time": ""}, np.full(5, t * (1 + i / 100)),
+                 f"{prefix}{i}") for i in range(n)]
 
     assert min_runs(0.05) == 4
     three = compare_runs(runs("n", 3, 0.2), runs("o", 3, 0.1), Settings(resamples=200, unit="run"))[0]

@@ -140,7 +140,8 @@ def test_auto_pairs_only_interleaved_runs_with_enough_pairs():
         compare_runs(untimed, olds, Settings(resamples=100, unit="paired"))
     no_steps = [(e, np.zeros(0), p) for e, s, p in news]  # no measured step: no run median, nothing to pair
     empty = compare_runs(no_steps, olds, Settings(resamples=100, unit="paired"))[0]
-    assert empty.unit == "paired" and empty.pairs == [] and "fewer than 6 pairs" in empty.note and empty.verdict == "inconclusive"
+    assert empty.unit == "paired" and empty.pairs == [] and "fewer than 6 pairs" in empty.note \
+        and empty.verdict == "inconclusive"
 
 
 def test_the_output_names_the_method_and_the_pairs():

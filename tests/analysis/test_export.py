@@ -1,4 +1,5 @@
-"""fourd_mpi.analysis.export on a real 8-rank trace: Perfetto JSON structure, Caliper JSON read by Hatchet and Thicket."""
+"""fourd_mpi.analysis.export on a real 8-rank trace: Perfetto JSON structure, Caliper JSON read by Hatchet and
+Thicket."""
 
 from __future__ import annotations
 
@@ -97,11 +98,13 @@ EVENT_SCHEMA = {
     "allOf": [
         {"if": {"properties": {"ph": {"const": "X"}}},
          "then": {"required": ["name", "cat", "ts", "dur", "args", "tid"]}},
-        {"if": {"properties": {"ph": {"enum": ["s", "t", "f"]}}}, "then": {"required": ["name", "cat", "id", "ts", "tid"]}},
+        {"if": {"properties": {"ph": {"enum": ["s", "t", "f"]}}},
+         "then": {"required": ["name", "cat", "id", "ts", "tid"]}},
         {"if": {"properties": {"ph": {"const": "f"}}}, "then": {"required": ["bp"]}},
         {"if": {"properties": {"ph": {"const": "M"}}}, "then": {
             "required": ["name", "args"],
-            "properties": {"name": {"enum": ["process_name", "process_sort_index", "thread_name", "thread_sort_index"]}},
+            "properties": {"name": {"enum": ["process_name", "process_sort_index", "thread_name",
+                                             "thread_sort_index"]}},
             "allOf": [
                 {"if": {"properties": {"name": {"enum": ["thread_name", "thread_sort_index"]}}},
                  "then": {"required": ["tid"]}},
@@ -158,7 +161,8 @@ def test_perfetto_slices_per_thread_equal_events_per_lane(trace, perfetto):
     to_lane = _rank_lane(trace)
     per_thread = Counter(to_lane[e["pid"], e["tid"]] for e in x if e["cat"] != "phase")
     assert per_thread == Counter(zip(trace.events["rank"].tolist(), trace.events["lane"].tolist()))
-    thread_names = {(e["pid"], e["tid"]): e["args"]["name"] for e in perfetto["traceEvents"] if e["name"] == "thread_name"}
+    thread_names = {(e["pid"], e["tid"]): e["args"]["name"] for e in perfetto["traceEvents"]
+                    if e["name"] == "thread_name"}
     for (pid, tid), name in thread_names.items():
         if name != "phase":
             assert name == lane_name(to_lane[pid, tid][1])
@@ -578,6 +582,7 @@ def test_caliper_metadata_carries_adiaks_names():
     assert meta["hostname"] == meta["launch_host"] == trace.metadata["launch_host"]
     assert meta["cluster"] == "".join(c for c in meta["hostname"].split(".")[0] if not c.isdigit())
     assert meta["user"] == "alice" and meta["launchdate"] == int(start.timestamp())
-    assert abs(meta["launchdate"] - datetime.datetime(2026, 11, 24, 0, 44, tzinfo=datetime.timezone.utc).timestamp()) < 60
+    assert abs(meta["launchdate"]
+               - datetime.datetime(2026, 11, 24, 0, 44, tzinfo=datetime.timezone.utc).timestamp()) < 60
     del trace.metadata["user"]
     assert "user" not in _caliper_run_metadata(trace, [2])  # not recorded: left out, not invented

@@ -187,7 +187,8 @@ def test_old_traces_read_with_the_old_formula(tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nranks,grid", [(4, ["--gx", "2", "--gz", "2"]), (3, ["--gy", "3", "--hidden", "96", "--heads", "6", "--ffn-hidden", "384"])])
+@pytest.mark.parametrize("nranks,grid", [(4, ["--gx", "2", "--gz", "2"]),
+                                         (3, ["--gy", "3", "--hidden", "96", "--heads", "6", "--ffn-hidden", "384"])])
 def test_no_overlap_run_reports_no_overlap(run_mpi, tmp_path, nranks, grid):
     """Validation (a): collectives waited right after their I* call, MPI progressing only inside
     Test/Wait, report <= 2 % overlap on every collective."""

@@ -34,7 +34,8 @@ def runs_frame():
     return pd.DataFrame(dict(
         run_id=RUN_IDS, label=["", "", "fast"], grid=["1x2x2x2", "1x1x2x4", "1x2x2x2"], world_size=[8, 8, 8],
         overlap=["none", "oag,ors,oar,dp,od (prefetch depth 1, 2 token chunks)", "oag,ors"],
-        step_median_s=[0.04, 0.03, 0.02], config_key=["m/none/poll", "m/oag,ors,oar,dp,od/poll", "m/oag,ors/poll/fast"]))
+        step_median_s=[0.04, 0.03, 0.02],
+        config_key=["m/none/poll", "m/oag,ors,oar,dp,od/poll", "m/oag,ors/poll/fast"]))
 
 
 def breakdown_frame():

@@ -57,8 +57,8 @@ def test_a_symbolic_link_loop_is_named_as_one(tmp_path, capfd):
     err = capfd.readouterr().err
     assert f"skipped {loop}: a symbolic link in a loop (too many levels of symbolic links)" in err, err
     line = one_error(["trace", "show", loop], capfd)
-    assert line == f"fourd-mpi: error: {loop} is a symbolic link in a loop (too many levels of symbolic links), not a " \
-                   "trace file"
+    assert line == f"fourd-mpi: error: {loop} is a symbolic link in a loop (too many levels of symbolic links), " \
+                   "not a trace file"
     proc = fourd("run", "--steps", "2", "--results-dir", loop, "--display", "quiet")
     assert proc.returncode == 2 and proc.stderr.strip() == (
         f"fourd-mpi: error: cannot create the results directory {loop}: {loop} is a symbolic link in a loop (too many "
@@ -97,7 +97,8 @@ def test_unit_run_help_and_message_agree():
 def test_a_directory_that_is_not_a_sweep_says_so(tmp_path, capfd):
     """Before: "no rendered sweep in d (No such file or directory)" for an existing directory."""
     line = one_error(["sweep", "status", tmp_path], capfd)
-    assert line == (f"fourd-mpi: error: {tmp_path} is a directory but not a rendered sweep (it holds no manifest.json): "
+    assert line == (f"fourd-mpi: error: {tmp_path} is a directory but not a rendered sweep "
+                    "(it holds no manifest.json): "
                     "give the directory 'fourd-mpi sweep render' wrote (results/SWEEP/SITE/jobs or its --out)")
 
 
@@ -121,7 +122,8 @@ def test_a_baseline_of_another_grid_says_why_hidden_is_missing(capfd):
     base, other = SAMPLES / "grid-1x1x2x4.h5", SAMPLES / "grid-1x2x2x2-overlap.h5"
     assert main(["analyze", str(base), str(other), "--what", "comm", "--baseline", str(base)]) == 0
     err = capfd.readouterr().err
-    assert err.strip() == (f"fourd-mpi: note: {other} is model gpt-tiny on grid 1x2x2x2, the --baseline {base} is model "
+    assert err.strip() == (f"fourd-mpi: note: {other} is model gpt-tiny on grid 1x2x2x2, "
+                           f"the --baseline {base} is model "
                            "gpt-tiny on grid 1x1x2x4: its hidden_pct is '-' (the baseline must be a run of the same "
                            "model and grid without overlap)")
 
@@ -230,7 +232,8 @@ def test_help_prints_once_per_launch(monkeypatch, capsys):
 
 def test_an_empty_out_is_refused(tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)
-    line = one_error_besides_warnings(["sweep", "render", str(REPO / "jobscripts" / "weak-gpt-tiny.yaml"), "--out", ""], capfd)
+    line = one_error_besides_warnings(["sweep", "render", str(REPO / "jobscripts" / "weak-gpt-tiny.yaml"), "--out", ""],
+                                      capfd)
     assert "argument --out: expected a value, got ''" in line
     assert list(tmp_path.iterdir()) == []
 

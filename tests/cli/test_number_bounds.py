@@ -52,7 +52,8 @@ PROBES = [
     (["trace", "recover", "x.ranks", "--jobs", BIG], "argument --jobs: expected an integer from 1 to 4,096"),
     # model predict: every size with run's and tune's bounds (before: --layers 10000000 grew to 15 GB,
     # --memory-limit nan printed "does NOT fit in nan GiB")
-    *[(["model", "predict", "--grid", "1x1x1x1", "--batch", "8", f"--{opt}", value], message) for opt, value, message in (
+    *[(["model", "predict", "--grid", "1x1x1x1", "--batch", "8", f"--{opt}", value], message)
+      for opt, value, message in (
         ("layers", "10000000", "argument --layers: expected an integer from 1 to 65,536 (transformer blocks)"),
         ("hidden", BIG, "argument --hidden: expected an integer from 1 to 1,048,576"),
         ("ffn-hidden", "0", "argument --ffn-hidden: expected a positive integer, got 0"),

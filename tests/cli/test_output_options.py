@@ -4,8 +4,8 @@ The commands are enumerated from the parser: every option that names an output (
 ``--emit-sweep``, ``--json``, ``--report``) must have a sample command line below, and each is tried
 against an existing foreign directory, a read-only file system (a real tmpfs remounted read-only; root
 only), ``/dev/full``, an output that is one of the command's inputs (with ``--force``) and a symbolic link
-to another directory's file (``--out``: to a directory; with ``--force``: never written through nor replaced). Each must be
-refused in one line with status 2, before the work, and leave every file as it was.
+to another directory's file (``--out``: to a directory; with ``--force``: never written through nor
+replaced). Each must be refused in one line with status 2, before the work, and leave every file as it was.
 
 Before: ``analyze T.h5 -o T.h5 --force`` and ``export perfetto T.h5 -o T.h5 --force`` destroyed the
 trace; ``results reindex DIR -o T.h5 --force`` replaced it with an index; ``sweep render --out DIR``
@@ -250,7 +250,8 @@ def test_bench_refuses_a_profile_name_before_measuring(tmp_path):
                            str(tmp_path / "p.yaml")], capture_output=True, text=True, timeout=120, env=mpi_env(),
                           cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)
-    assert proc.stderr.strip() == ("fourd-mpi: error: --name 'my profile': a profile name uses letters, digits and . _ - "
+    assert proc.stderr.strip() == ("fourd-mpi: error: --name 'my profile': "
+                                   "a profile name uses letters, digits and . _ - "
                                    "(at most 64 characters, starting with a letter or digit)")
     assert list(tmp_path.iterdir()) == []
 

@@ -97,7 +97,8 @@ def test_chunked_gemm_feeds_the_rate_and_reads_the_size_each_gemm():
 def test_fixed_size_and_grammar():
     assert PollProgress(5e6).chunk_flops == 5e6 and PollProgress(5e6).auto is None
     assert "5e+06 FLOPs" in make_progress("poll", 5e6).describe()
-    assert "auto" in make_progress("poll", "auto").describe() and "auto" in make_progress("poll").describe()  # the default
+    # make_progress("poll"): the default
+    assert "auto" in make_progress("poll", "auto").describe() and "auto" in make_progress("poll").describe()
     for bad in (0, -1.0, "often"):
         with pytest.raises(ConfigError):
             PollProgress(bad)

@@ -249,7 +249,8 @@ def test_per_class_routes_decision():
     got = choose_mpi_buffers("auto", "cupy", False, "Open MPI ob1", None, routes)
     assert got.mode == "mixed" and got.routes == routes and "direct for p2p, blocking" in got.reason
     # a failed smoke test stages everything; the forced modes override every class
-    assert choose_mpi_buffers("auto", "cupy", True, "x", BAD, dict(routes, nb_reduce="direct")).routes["p2p"] == "staged"
+    assert choose_mpi_buffers("auto", "cupy", True, "x", BAD,
+                              dict(routes, nb_reduce="direct")).routes["p2p"] == "staged"
     assert set(choose_mpi_buffers("direct", "cupy", False, "x", OK, routes).routes.values()) == {"direct"}
     assert set(choose_mpi_buffers("staged", "cupy", True, "x", None, routes).routes.values()) == {"staged"}
     # the testing hook on NumPy: emulated staging for that class only

@@ -13,9 +13,9 @@ steps per example would not fit the time). Left out: ``testbed`` (root: network 
 ``sweep submit`` (it starts jobs).
 
 Each example must end with status 0, 1, 2 or 3, no traceback on standard error, within
-:data:`EXAMPLE_CPU_S` of CPU time and :data:`EXAMPLE_TIMEOUT_S` of wall time, and touch no file outside WORKDIR (the repository's tree is
-compared before and after). The last line is JSON: ``{"examples", "statuses", "tracebacks", "hangs",
-"bad_status", "commands"}``.
+:data:`EXAMPLE_CPU_S` of CPU time and :data:`EXAMPLE_TIMEOUT_S` of wall time, and touch no file outside
+WORKDIR (the repository's tree is compared before and after). The last line is JSON:
+``{"examples", "statuses", "tracebacks", "hangs", "bad_status", "commands"}``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""``python -m interrupt_in_exec SIGNAL``: fourd-mpi's entry point as ``python -m fourd_mpi`` runs it (``sys.exit(main())``),
-with a command that receives SIGNAL (a real one, sent to itself) while code run from a string executes: what a
-command's lazy import does when it builds a dataclass (``exec``) or a namedtuple (``eval``), about 45 times in a
-``trace recover``. tests/cli/test_interrupt_exit.py runs it."""
+"""``python -m interrupt_in_exec SIGNAL``: fourd-mpi's entry point as ``python -m fourd_mpi`` runs it
+(``sys.exit(main())``), with a command that receives SIGNAL (a real one, sent to itself) while code run from a
+string executes: what a command's lazy import does when it builds a dataclass (``exec``) or a namedtuple (``eval``),
+about 45 times in a ``trace recover``. tests/cli/test_interrupt_exit.py runs it."""
 
 import sys
 

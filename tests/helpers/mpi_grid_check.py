@@ -60,7 +60,8 @@ def check_pipeline_grids(world):
             grid = ProcessGrid(world, dims)
             c = grid.coords
             tensor = shape.z * shape.y * shape.x
-            expected_rank = (((c["data"] * stages + c["inter"]) * shape.z + c["z"]) * shape.y + c["y"]) * shape.x + c["x"]
+            expected_rank = ((((c["data"] * stages + c["inter"]) * shape.z + c["z"]) * shape.y + c["y"]) * shape.x
+                             + c["x"])
             stage, stage_rank = place(rank, stages, tensor)
             if expected_rank != rank or c["inter"] != stage:
                 failures.append(f"{stages}/{shape}: rank {rank} has coords {c}")

@@ -33,7 +33,8 @@ def check(world, cfg, shape, dtype):
     est["saved"] = saved_activation_elements(cfg, shape) * e
     for key, value in measured.items():
         if value != est[key]:
-            failures.append(f"{shape} {dtype} rank {world.Get_rank()}: {key} measured {value} B, estimated {est[key]} B")
+            failures.append(f"{shape} {dtype} rank {world.Get_rank()}: {key} measured {value} B, "
+                            f"estimated {est[key]} B")
     if dtype == "float16":  # mixed precision: + fp32 master (4 B) and moments (2 x 4 B instead of 2 x 2 B)
         mixed = estimate_memory(cfg, shape, dtype=dtype, optimizer="adam")
         n = measured["weights"] // e

@@ -40,7 +40,8 @@ def main():
     world = MPI.COMM_WORLD
     size = world.Get_size()
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    options = resolve(size, "gpt-tiny", {"data": 1, "z": size, "y": 1, "x": 1}, {"layers": 2, "batch": 2 * size, "hidden": 48, "ffn_hidden": 192, "heads": 3},
+    options = resolve(size, "gpt-tiny", {"data": 1, "z": size, "y": 1, "x": 1},
+                      {"layers": 2, "batch": 2 * size, "hidden": 48, "ffn_hidden": 192, "heads": 3},
                       dtype="float64", backend="numpy", optimizer="sgd", overlap="all", steps=steps)
     failures = []
     run = Run.build(world, options, trace_level="op")
@@ -54,7 +55,8 @@ def main():
         events = result.events
         gathers.append(int((events["op"] == OP_CODE["allgather"]).sum()))
         if i > 0:
-            mine = events[(events["op"] == OP_CODE["allgather"]) & (events["layer"] == comm.tracer.layer_index(first.name))
+            mine = events[(events["op"] == OP_CODE["allgather"])
+                          & (events["layer"] == comm.tracer.layer_index(first.name))
                           & (events["phase"] == PHASES.index("forward"))]
             if len(mine) != 1:
                 failures.append(f"step {i}: {len(mine)} forward all-gathers of {first.name} in its events, not 1")

@@ -66,8 +66,8 @@ def wait_no_process_in(where, timeout: float = 60) -> list:
 def sweep(base):
     base.mkdir()
     (base / "spec.yaml").write_text(textwrap.dedent(SPEC))
-    done = fourd("sweep", "render", "spec.yaml", "--site", "local", "--python", sys.executable, "--out", "jobscripts/s1",
-                 cwd=base)
+    done = fourd("sweep", "render", "spec.yaml", "--site", "local", "--python", sys.executable,
+                 "--out", "jobscripts/s1", cwd=base)
     assert done.returncode == 0, done.stderr
     return json.loads((base / "jobscripts/s1/manifest.json").read_text())["runs"]
 
@@ -144,9 +144,10 @@ def test_an_interrupted_sequential_pack_starts_no_further_run(tmp_path):
 
     from fourd_mpi.trace.events import RANK_STEP_DTYPE
 
-    tmp_path.joinpath("spec.yaml").write_text(textwrap.dedent(SPEC).replace("steps: 3", "steps: 100000"))  # the SIGINT, not the end, stops it
-    done = fourd("sweep", "render", "spec.yaml", "--site", "local", "--python", sys.executable, "--pack", "2", "--out", "jobscripts/s1",
-                 cwd=tmp_path)
+    # the SIGINT, not the end, stops it
+    tmp_path.joinpath("spec.yaml").write_text(textwrap.dedent(SPEC).replace("steps: 3", "steps: 100000"))
+    done = fourd("sweep", "render", "spec.yaml", "--site", "local", "--python", sys.executable, "--pack", "2",
+                 "--out", "jobscripts/s1", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     first, second = json.loads((tmp_path / "jobscripts/s1/manifest.json").read_text())["runs"]
     spool = tmp_path / (first["trace"][:-3] + ".ranks")

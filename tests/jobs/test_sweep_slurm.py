@@ -79,7 +79,8 @@ def test_weak_scaling_sweep_through_sbatch(slurm, tmp_path):
     deadline = time.monotonic() + 600
     while True:
         status = fourd(["sweep", "status", sweep_dir], tmp_path, env)
-        assert status.returncode == 0, status.stdout + status.stderr + "".join(p.read_text() for p in (tmp_path / sweep_dir / "logs").glob("*.out"))
+        assert status.returncode == 0, status.stdout + status.stderr + "".join(
+            p.read_text() for p in (tmp_path / sweep_dir / "logs").glob("*.out"))
         # a job's trace is complete a moment before Slurm marks the job COMPLETED: wait for both
         if "4/4 traces complete" in status.stdout and status.stdout.count("COMPLETED") == 4:
             break
@@ -293,7 +294,8 @@ def test_slurm_sweep_after_a_local_one_without_an_activated_environment(slurm, t
     logs = "".join(p.read_text() for p in (tmp_path / "jobscripts/weak-slurm-cluster/logs").glob("*.out"))
     assert "2/2 traces complete, 0 jobs failed" in status.stdout, status.stdout + logs + slurm.logs()
     assert len(list((tmp_path / "results/weak-slurm/slurm").glob("*.h5"))) == 2
-    assert f"{os.path.dirname(sys.executable)}/python" in (tmp_path / "jobscripts/weak-slurm-cluster/manifest.json").read_text()
+    assert f"{os.path.dirname(sys.executable)}/python" in \
+        (tmp_path / "jobscripts/weak-slurm-cluster/manifest.json").read_text()
 
 
 GPU_SPEC = """\

@@ -23,7 +23,8 @@ CI_EXTRAS = ("mpich", "test", "analysis", "completion", "peer", "docs", "perfett
 def declared_requirements():
     """install_requires plus the CI extras, read from setup.py's literal ``setup(...)`` keywords."""
     tree = ast.parse((REPO / "setup.py").read_text())
-    call = next(node for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setup")
+    call = next(node for node in ast.walk(tree)
+                if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setup")
     keywords = {kw.arg: kw.value for kw in call.keywords}
     reqs = list(ast.literal_eval(keywords["install_requires"]))
     extras = ast.literal_eval(keywords["extras_require"])

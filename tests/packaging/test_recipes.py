@@ -218,7 +218,8 @@ def test_make_repo_writes_each_sdist_with_its_own_checksum(tmp_path, spack_stub)
     (lambda tmp: _sdist(tmp, name="fourd_mpi-0.1.0.tgz"), "not an sdist of fourd_mpi"),
     (lambda tmp: (tmp / "fourd_mpi-0.1.0.tar.gz").write_text("plain text") and tmp / "fourd_mpi-0.1.0.tar.gz",
      "not a readable .tar.gz"),
-    (lambda tmp: _sdist(tmp, version="0.0.9").rename(tmp / "fourd_mpi-0.1.0.tar.gz"), "has no fourd_mpi-0.1.0/setup.py"),
+    (lambda tmp: _sdist(tmp, version="0.0.9").rename(tmp / "fourd_mpi-0.1.0.tar.gz"),
+     "has no fourd_mpi-0.1.0/setup.py"),
 ])
 def test_make_repo_refuses_what_is_not_an_sdist_in_one_line(tmp_path, make, message):
     path = make(tmp_path)
@@ -294,7 +295,8 @@ def test_citation_cff_has_the_required_keys():
 def test_license_changelog_and_setup_metadata():
     import fourd_mpi
 
-    assert (REPO / "LICENSE").read_text().startswith("BSD 3-Clause License\n\nCopyright (c) 2026, the fourd_mpi developers")
+    assert (REPO / "LICENSE").read_text().startswith("BSD 3-Clause License\n\n"
+                                                     "Copyright (c) 2026, the fourd_mpi developers")
     changelog = (REPO / "CHANGELOG.md").read_text()
     assert "## [Unreleased]" in changelog and re.search(r"^## \[0\.1\.0\] - \d{4}-\d\d-\d\d$", changelog, re.M)
     setup = (REPO / "setup.py").read_text()
@@ -389,7 +391,9 @@ def test_reframe_reference_fails_a_run_10_percent_slower_and_passes_one_2_percen
     value, lower, upper, unit = got["local:default"]["exposed_comm_share"]
     assert unit == "%" and not reference.within(value * 1.10, value, lower, upper)
     # an entry's own tolerances win; a bad one is one line naming the key
-    path = _filled_template(tmp_path, '  "local:default":\n    local:\n      1x2x2x2: {step_time: [0.035, -0.1, 0.2]}\n')
+    path = _filled_template(tmp_path, '  "local:default":\n'
+                                      '    local:\n'
+                                      '      1x2x2x2: {step_time: [0.035, -0.1, 0.2]}\n')
     assert reference.reference_of(reference.load_template(path), "local", "1x2x2x2")["local:default"]["step_time"] \
         == (0.035, -0.1, 0.2, "s")
     path = _filled_template(tmp_path, '  "local:default":\n    local:\n      1x2x2x2: {step_time: [0.035, 0.1, 0.2]}\n')

@@ -175,7 +175,8 @@ def test_model_validate_reports_errors_per_algorithm():
     out = proc.stdout
     assert "per algorithm (metadata algorithm; older traces: axonn4d):" in out
     section = out.split("per algorithm")[1].splitlines()
-    assert section[1].split()[:3] == ["algorithm", "runs", "predicted"] and section[3].split()[:3] == ["axonn4d", "4", "4"]
+    assert section[1].split()[:3] == ["algorithm", "runs", "predicted"] \
+        and section[3].split()[:3] == ["axonn4d", "4", "4"]
 
 
 def test_a_family_whose_module_is_not_installed_has_no_predictor(monkeypatch):

@@ -200,7 +200,8 @@ def test_step_messages_known_answer():
     lines = step_message_lines(small, "gpt-tiny", "float32")
     assert lines[0].startswith("# the step's own messages (fourd-mpi run --model gpt-tiny --dtype float32")
     xline = next(l for l in lines if " x " in l)
-    assert "all-reduce" in xline and "64 KiB" in xline and "NOT covered: larger than the largest measured, 64 B" in xline
+    assert "all-reduce" in xline and "64 KiB" in xline \
+        and "NOT covered: larger than the largest measured, 64 B" in xline
     assert any("data" in l and "not measured (--ops)" in l for l in lines)
 
 

@@ -193,7 +193,8 @@ def test_the_gate_names_the_sizes_whose_fits_pass():
 # -- the command under mpiexec ------------------------------------------------------------------------------
 
 def _bench(nranks, args):
-    cmd = [find_mpiexec(), "-n", str(nranks), sys.executable, "-m", "fourd_mpi", "bench", "collectives", *map(str, args)]
+    cmd = [find_mpiexec(), "-n", str(nranks), sys.executable, "-m", "fourd_mpi", "bench", "collectives",
+           *map(str, args)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=REPO)
 
 

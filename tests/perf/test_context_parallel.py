@@ -22,8 +22,10 @@ def test_view_and_ring_by_hand():
         terms.context_parallel_view(8192, 64, 4, 3)
     # 4096 tokens, h 8192, 64 heads of 128, 8 K/V heads, G_y 8, bf16: K and V of 1 head each per rank, 2 MiB
     assert terms.context_parallel_kv_bytes(4096, 8192, 64, 8, 8, 2) == 2 * 2 ** 20
-    assert terms.context_parallel_ring_messages(4, "full") == 12 and terms.context_parallel_ring_messages(4, "none") == 9
-    assert terms.context_parallel_exposed(1.0, 0.4) == pytest.approx(0.6) and terms.context_parallel_exposed(0.3, 1.0) == 0
+    assert terms.context_parallel_ring_messages(4, "full") == 12 \
+        and terms.context_parallel_ring_messages(4, "none") == 9
+    assert terms.context_parallel_exposed(1.0, 0.4) == pytest.approx(0.6) \
+        and terms.context_parallel_exposed(0.3, 1.0) == 0
 
 
 def test_step_is_the_view_plus_attention_and_the_exposed_kv():
@@ -100,4 +102,5 @@ def test_model_predict_takes_the_context_parallel_comm():
                                                               rel=1e-12)
     bad = subprocess.run([*run, "--context-parallel-comm", "p2p"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr.strip().splitlines() == ["fourd-mpi: error: --context-parallel-comm 'p2p': choose ring, allgather"]
+    assert bad.stderr.strip().splitlines() == [
+        "fourd-mpi: error: --context-parallel-comm 'p2p': choose ring, allgather"]

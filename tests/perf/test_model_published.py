@@ -307,7 +307,8 @@ def test_megatron_readme_2020_is_self_consistent_and_does_not_get_worse():
         l, h, B = p["layers"], p["hidden"], p["batch"]
         flops = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
         tflops = flops / (p["gpus"] * p["iteration_ms"] / 1000) / 1e12
-        assert abs(tflops - p["tflops_per_gpu"]) <= 0.05 + p["tflops_per_gpu"] * 0.5 / p["iteration_ms"], (p["name"], tflops)
+        assert abs(tflops - p["tflops_per_gpu"]) <= 0.05 + p["tflops_per_gpu"] * 0.5 / p["iteration_ms"], \
+            (p["name"], tflops)
         params = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
         assert abs(params / 1e9 - p["params_b"]) <= 0.01, (p["name"], params / 1e9)
         assert B == p["gpus"] // p["tp"] * p["mbs"] and p["heads"] % p["tp"] == 0
@@ -342,7 +343,8 @@ def test_deepspeed_2021_partitions_the_embedding_and_pads_its_shards():
     kw = dict(algorithm="fsdp", microbatch_size=4, vocab=51200, dtype="float16", attention="unfused",
               overlap="ors,dp", memory_limit_gib=80)
     ours = scenario_memory(Scenario(cfg, GridShape(1, 640, 1, 1), "dgx-a100", **kw), prof)
-    ds = scenario_memory(Scenario(cfg, GridShape(1, 640, 1, 1), "dgx-a100", implementation="deepspeed-2021", **kw), prof)
+    ds = scenario_memory(Scenario(cfg, GridShape(1, 640, 1, 1), "dgx-a100", implementation="deepspeed-2021", **kw),
+                         prof)
     emb = 51200 * 20480
     shard = -(-emb // 640)
     # fp16 weight and gradient (2 + 2 bytes), fp32 master (4) and Adam's two moments (8)
@@ -457,8 +459,8 @@ def test_tune_bounded_dw_window_lowers_memory_not_time():
     kw = dict(overlap=OverlapConfig.parse("all"), dtype="bfloat16", grids=[GridShape(2, 4, 1, 1)])
     free = rank_grids(cfg, 8, prof, **kw).predictions[0]
     bounded = rank_grids(cfg, 8, prof, dw_window=1, **kw).predictions[0]
-    blocks = sorted((block_elements(n, k, t, GridShape(2, 4, 1, 1)) for _, n, k, t in fc_weights(cfg, GridShape(2, 4, 1, 1))
-                     * cfg.layers), reverse=True)
+    blocks = sorted((block_elements(n, k, t, GridShape(2, 4, 1, 1))
+                     for _, n, k, t in fc_weights(cfg, GridShape(2, 4, 1, 1)) * cfg.layers), reverse=True)
     assert free.memory.comm_buffers - bounded.memory.comm_buffers == sum(b + b // 4 for b in blocks[1:]) * 2
     assert bounded.step_s == free.step_s
     bad = cli("tune", "--ranks", "8", "--model", "gpt-small", "--algorithm", "fsdp", "--dw-window", "2")
@@ -467,7 +469,8 @@ def test_tune_bounded_dw_window_lowers_memory_not_time():
 
 def test_published_table_is_self_consistent():
     """Each Table 1 row against its own columns: % of peak = TFLOP/s / 312 (rounded), the parameter count
-    from the paper's formula P = 12 l h^2 (1 + 13/12h + (V + s)/12lh) to the table's rounding (0.05 B or 1 %), and GPUs = TP x PP x DP."""
+    from the paper's formula P = 12 l h^2 (1 + 13/12h + (V + s)/12lh) to the table's rounding (0.05 B or 1 %),
+    and GPUs = TP x PP x DP."""
     from fourd_mpi.perf import published
 
     ds = published.load("narayanan_sc21")

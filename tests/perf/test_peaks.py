@@ -65,7 +65,8 @@ def test_summary_names_mfu_hfu_and_gemm_apart():
     s = summarize(_rows([0.5, 0.5, 0.5]), 2, 4e12, 128, 10.0, "data sheet: test", hardware_flops_per_step=16e12 / 3,
                   recompute="full", gemm_tflops=8.0)
     assert s.model_tflops_per_rank == pytest.approx(4.0)
-    assert s.mfu_pct == pytest.approx(40.0) and s.hfu_pct == pytest.approx(160 / 3) and s.gemm_pct == pytest.approx(50.0)
+    assert s.mfu_pct == pytest.approx(40.0) and s.hfu_pct == pytest.approx(160 / 3) \
+        and s.gemm_pct == pytest.approx(50.0)
     text = "\n".join(s.lines())
     assert "MFU: 40.00%  [MFU = model FLOPs per step / (median step time x ranks x data-sheet peak" in text
     assert "HFU: 53.33%  [HFU = hardware FLOPs" in text

@@ -142,7 +142,8 @@ def test_profile_of_a_subset_of_the_collectives(tmp_path):
     prof = load_profile(_write(tmp_path, part))
     assert prof.missing_fits() == ["intra:reduce_scatter"]
     assert prof.fit("intra", "allreduce", 4)[0].alpha_s == 1e-6
-    with pytest.raises(ConfigError, match="no reduce_scatter fit at the 'intra' level.*--ops including ireduce_scatter"):
+    with pytest.raises(ConfigError,
+                       match="no reduce_scatter fit at the 'intra' level.*--ops including ireduce_scatter"):
         prof.fit("intra", "reduce_scatter", 4)
     fb = load_profile(_write(tmp_path, part), fallback="laptop")
     fit, _ = fb.fit("intra", "reduce_scatter", 4)

@@ -45,7 +45,8 @@ def test_tune_refuses_a_rank_count_with_too_many_grids_before_predicting(ranks, 
     monkeypatch.setattr(tune, "predict", lambda *a, **k: pytest.fail("predicted a grid"))
     line = one_error(["tune", "--ranks", str(ranks), "--model", "gpt-tiny", "--batch", str(ranks),
                       "--hidden", "720720", "--ffn-hidden", "720720"], capfd)
-    assert f"--ranks {ranks:,} has {grids:,} candidate grids that the sizes of gpt-tiny with --hidden 720720 --ffn-hidden 720720 divide, more than the {MAX_TUNE_GRIDS:,}" in line
+    assert (f"--ranks {ranks:,} has {grids:,} candidate grids that the sizes of gpt-tiny "
+            f"with --hidden 720720 --ffn-hidden 720720 divide, more than the {MAX_TUNE_GRIDS:,}") in line
     assert "fourd-mpi model predict --grid" in line
 
 

@@ -84,8 +84,8 @@ def test_an_overridden_preset_is_labelled_as_model_predict_labels_it(tmp_path):
     takes run's grammar (80G = 80 GiB)."""
     sweepspec = pytest.importorskip("fourd_mpi.jobs.spec")
     path = tmp_path / "spec.yaml"
-    proc = cli("tune", "--ranks", 8, "--model", "gpt-tiny", "--hidden", 512, "--heads", 8, "--top", 2,  # 8: the preset's
-               "--memory-limit", "80G", "--emit-sweep", path)
+    proc = cli("tune", "--ranks", 8, "--model", "gpt-tiny", "--hidden", 512, "--heads", 8,  # 8: the preset's
+               "--top", 2, "--memory-limit", "80G", "--emit-sweep", path)
     assert proc.returncode == 0, proc.stderr
     assert "model gpt-tiny with --hidden 512: " in proc.stdout
     assert "memory limit: 80 GiB per rank (--memory-limit)" in proc.stdout

@@ -153,7 +153,8 @@ def test_deepspeed_2021_in_the_step_and_its_refusals():
     ds = predict_scenario(Scenario(GPT175, GridShape(1, 384, 1, 1), "dgx-a100", implementation="deepspeed-2021",
                                    **base), prof)
     t = ds.terms
-    added = t["zero3_regather"] + t["zero3_gather_copies"] + t["zero3_persistent_gather"] - t["zero3_ln_allreduce_removed"]
+    added = (t["zero3_regather"] + t["zero3_gather_copies"] + t["zero3_persistent_gather"]
+             - t["zero3_ln_allreduce_removed"])
     # the gradient reduce-scatters (12.1 s) replace the fsdp step's exposed ones: all hidden by the backward GEMMs
     # (23.0 s: dX and dW, 4 x 8192 tokens x 12 h^2 per block at 248 TFLOP/s) at micro-batch 4
     assert _gradient_reduce(GPT175, 384) * 96 == pytest.approx(12.1, abs=0.1)

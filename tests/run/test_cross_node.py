@@ -73,7 +73,8 @@ def launch(bed, nodes, ppn, args, timeout=420):
 
 def test_two_nodes_records_and_comm_split(bed, tmp_path):
     proc = launch(bed, 2, 4, ["run", "--gx", "2", "--gy", "2", "--gz", "2", "--model", "gpt-tiny", "--steps", "3",
-                              "--trace-level", "op", "--results-dir", tmp_path, "--run-id", "two-nodes", "--show-config"])
+                              "--trace-level", "op", "--results-dir", tmp_path, "--run-id", "two-nodes",
+                              "--show-config"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     # the header: from MPI_COMM_TYPE_SHARED and the processor names, not from an assumption

@@ -120,7 +120,8 @@ def test_a_run_id_longer_than_the_file_system_allows_is_refused_before_the_steps
     suggested trace recover)."""
     proc = run_mpi(2, ["run", "--steps", "2", option, "a" * length, "--results-dir", tmp_path], timeout=120)
     line = errors_of(proc, 2)
-    assert line == (f"fourd-mpi: error: {option} of {length} characters is too long: the file names made of it must fit "
+    assert line == (f"fourd-mpi: error: {option} of {length} characters is too long: "
+                    "the file names made of it must fit "
                     f"the file system's limit of 255 (NAME_MAX): give at most {most} characters")
     assert list(tmp_path.iterdir()) == []
 

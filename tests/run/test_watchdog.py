@@ -109,7 +109,8 @@ def test_a_stopped_rank_is_diagnosed_and_the_job_ends(tmp_path):
     assert proc.returncode != 0
     lines = [line for line in err.splitlines() if line.startswith("fourd-mpi: error: rank ")]
     assert lines, err
-    assert all("longer than --step-timeout 3 s" in line and " over " in line and "step " in line for line in lines), lines
+    assert all("longer than --step-timeout 3 s" in line and " over " in line and "step " in line
+               for line in lines), lines
     reports = {p.name: json.loads(p.read_text())["error"] for p in spool.glob("*.failed.json")}
     # the stopped rank itself may record the launcher's end: Open MPI 4.1.4 resumed it and sent SIGTERM when the
     # job was aborted (1 run in 4 here: its handler ran before the kill), Hydra's proxy kills it (nothing recorded);

@@ -27,7 +27,8 @@ def _ok(proc):
 def test_single_layer_every_factorization(run_mpi, nranks, dtype):
     out = _ok(run_mpi(nranks, ["--dtype", dtype], script="tests/helpers/mpi_layer_check.py"))
     lines = out.strip().splitlines()
-    assert len(lines) == 2 * sum(1 for _ in __import__("fourd_mpi.core.grid", fromlist=["x"]).grid_factorizations(nranks))
+    assert len(lines) == 2 * sum(
+        1 for _ in __import__("fourd_mpi.core.grid", fromlist=["x"]).grid_factorizations(nranks))
     assert all(line.endswith("ok") for line in lines)
 
 

@@ -257,8 +257,8 @@ def test_recover_refuses_a_rank_step_that_lacks_events_its_record_counts(tmp_pat
     os.truncate(events_file, size - EVENT_DTYPE.itemsize)
     # validated before publication, in both checks: nothing written, the damage named
     for check, out in (("readback", "t.h5"), ("full", "full.h5")):
-        with pytest.raises(TraceError, match=r"damaged: rank 2 step 1: 6 events in the \.events file, its record says 7 "
-                                             r"\(1 such rank-steps\).*nothing was written"):
+        with pytest.raises(TraceError, match=r"damaged: rank 2 step 1: 6 events in the \.events file, "
+                                             r"its record says 7 \(1 such rank-steps\).*nothing was written"):
             recover(spool, output=str(tmp_path / out), group_size=2, jobs=2, check=check)
         assert not os.path.exists(tmp_path / out) and not os.path.exists(tmp_path / out.replace(".h5", ".parts"))
 
@@ -284,7 +284,8 @@ def test_recover_reads_rank_files_in_batches_and_sorts_each_rank(tmp_path, monke
     whole = load_trace(recover(spool, output=str(tmp_path / "whole.h5"), group_size=5)["path"])
     original = rebuild.rank_batches
     for rows in (1, 9):
-        monkeypatch.setattr(rebuild, "rank_batches", lambda *a, rows=rows, original=original: original(*a, max_events=rows))
+        monkeypatch.setattr(rebuild, "rank_batches",
+                            lambda *a, rows=rows, original=original: original(*a, max_events=rows))
         for size in (5, 2):
             out = str(tmp_path / f"b{rows}-{size}.h5")
             same_trace(whole, load_trace(recover(spool, output=out, group_size=size)["path"]))

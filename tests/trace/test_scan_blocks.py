@@ -162,7 +162,8 @@ def test_blockwise_checks_equal_the_column_definitions(sample, data, level, rows
                 continue
             record = rs[data.draw(st.integers(0, len(rs) - 1))]
             lane_from, lane_to = data.draw(st.integers(0, 3)), data.draw(st.integers(0, 4))
-            ev["lane"][(ev["rank"] == record["rank"]) & (ev["step"] == record["step"]) & (ev["lane"] == lane_from)] = lane_to
+            ev["lane"][(ev["rank"] == record["rank"]) & (ev["step"] == record["step"])
+                       & (ev["lane"] == lane_from)] = lane_to
             continue
         if what == "drop":  # rows missing (a truncated rank, a lost step span)
             keep = np.ones(len(ev), dtype=bool)

@@ -114,8 +114,8 @@ def test_disk_full_at_the_merge_and_during_recover(run_mpi, tmpfs):
     # recover into the full disk: one line, no hidden temporary file (refused before the work)
     rec = recover_cli(spool)
     assert rec.returncode == 2 and "Traceback" not in rec.stderr, rec.stderr
-    assert rec.stderr.strip() == (f"fourd-mpi: error: cannot write the trace {tmpfs / 'merge.h5'}: no space left on the "
-                                  f"file system of {tmpfs} (0 bytes free)")
+    assert rec.stderr.strip() == (f"fourd-mpi: error: cannot write the trace {tmpfs / 'merge.h5'}: "
+                                  f"no space left on the file system of {tmpfs} (0 bytes free)")
     assert sorted(os.listdir(tmpfs)) == ["fill-disk.bin", "merge.ranks"]
     os.remove(tmpfs / "fill-disk.bin")
     rec = recover_cli(spool)
@@ -139,7 +139,8 @@ def test_a_spool_deleted_mid_run_keeps_every_step(run_mpi, tmp_path, step):
     assert sorted(set(trace.rank_steps["rank"].tolist())) == list(range(NRANKS)) and check_invariants(trace) == []
     assert trace.metadata["summary"]["steps"] == 5
     assert len(trace.metadata["spool_recreated"]) == NRANKS
-    assert sorted(os.listdir(tmp_path)) == ["gone.h5", "index.jsonl"]  # the re-created spool was removed after the merge
+    # the re-created spool was removed after the merge
+    assert sorted(os.listdir(tmp_path)) == ["gone.h5", "index.jsonl"]
 
 
 # ---------------------------------------------------------------------------

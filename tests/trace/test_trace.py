@@ -212,7 +212,8 @@ def _one_line_errors(proc, nranks):
 def test_unwritable_results_directory(run_mpi, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    proc = run_mpi(8, ["run", "--gx", "2", "--results-dir", blocker / "results", "--steps", "1", "--warmup", "0"], timeout=60)
+    proc = run_mpi(8, ["run", "--gx", "2", "--results-dir", blocker / "results", "--steps", "1", "--warmup", "0"],
+                   timeout=60)
     assert "cannot create the results directory" in _one_line_errors(proc, 8)
     assert proc.stdout.strip() == ""
     assert blocker.read_text() == "not a directory"

@@ -199,7 +199,8 @@ def test_collect_never_copies_through_a_link(shared, capfd):
     into = shared / "into"
     into.mkdir()
     link = linked(into / "weak-1.h5", shared / "shared" / "made-by-copy.h5")
-    manifest = {"sweep": "s", "study": "weak", "runs": [{"run_id": "weak-1", "trace": str(shared / "runs" / "weak-1.h5")}]}
+    manifest = {"sweep": "s", "study": "weak",
+                "runs": [{"run_id": "weak-1", "trace": str(shared / "runs" / "weak-1.h5")}]}
     with pytest.raises(ConfigError, match="symbolic link that leads nowhere"):
         collect(manifest, str(into))
     assert os.path.islink(link) and not (shared / "shared" / "made-by-copy.h5").exists()

@@ -27,7 +27,8 @@ SCHEMA = {
 
 @pytest.mark.parametrize("data, where, message", [
     ({"ranks": [1]}, [], "'name' is a required property"),
-    ({"name": "x", "ranks": [1], "extra": 1}, ["extra"], "unknown key 'extra' (known: name, ranks, rate, study, version)"),
+    ({"name": "x", "ranks": [1], "extra": 1}, ["extra"],
+     "unknown key 'extra' (known: name, ranks, rate, study, version)"),
     ({"name": 3, "ranks": [1]}, ["name"], "3 is not of type 'string'"),
     ({"name": "", "ranks": [1]}, ["name"], "'' has too few characters (min 1)"),
     ({"name": "x", "ranks": []}, ["ranks"], "[] has too few items (min 1)"),
