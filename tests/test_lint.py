@@ -1,6 +1,6 @@
 """The linter: ``ruff check`` with the project's configuration (pyproject.toml ``[tool.ruff]``: syntax errors,
-pyflakes' error class of comparisons and statements, unused imports and variables, sorted imports) passes on the
-whole tree."""
+pyflakes' error class of comparisons and statements, unused imports and variables, sorted imports, line length)
+passes on the whole tree."""
 
 import os
 import subprocess
