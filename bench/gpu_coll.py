@@ -70,6 +70,7 @@ def main(argv=None) -> int:
     from fourd_mpi.core.backend import make_backend, parse_dtype
     from fourd_mpi.core.collectives import Collectives
     from fourd_mpi.core.grid import GridShape, ProcessGrid
+    from fourd_mpi.core.wire import wire_dtypes
     from fourd_mpi.trace.events import Tracer
 
     world = MPI.COMM_WORLD
@@ -99,7 +100,7 @@ def main(argv=None) -> int:
         return world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
     def blocking_allreduce(axis, array):
-        wire = comm._wire_dtypes(array.dtype)[1]
+        wire = wire_dtypes(array.dtype)[1]
         a = array.astype(wire)
         mpi = grid.axis_comm(axis)
         if backend.staged:

@@ -31,7 +31,7 @@ SAMPLES = ROOT / "results" / "samples"
 
 #: modules that run under mpiexec and may import mpi4py.MPI (at call time or at import)
 ONLINE = {
-    "fourd_mpi.core.collectives", "fourd_mpi.core.mpiutil",
+    "fourd_mpi.core.collectives", "fourd_mpi.core.mpicoll", "fourd_mpi.core.mpiutil",
     "fourd_mpi.step.layers", "fourd_mpi.step.model", "fourd_mpi.step.engine", "fourd_mpi.step.schedule",
     "fourd_mpi.run.build", "fourd_mpi.run.session", "fourd_mpi.run.verify", "fourd_mpi.algorithms.tensor4d",
     "fourd_mpi.algorithms.pipeline", "fourd_mpi.core.p2p",

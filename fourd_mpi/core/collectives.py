@@ -1,11 +1,13 @@
-"""Communication primitives on the grid's axis communicators.
+"""Nonblocking collectives on the grid's axis communicators, as waitable handles.
 
-Thin and math-free: each method is one nonblocking MPI collective along one
-named axis (``Iallgather``, ``Ireduce_scatter_block``, ``Iallreduce``), with a
-size-1 fast path (no MPI call, the input is returned as is). Every method
-returns a :class:`CommHandle`; ``wait()`` gives the result. Whether the caller
-waits at once (a blocking step) or later (an overlapped step) is the engine's
-choice; the math does not change.
+:class:`Collectives` wraps the thin MPI layer (:mod:`fourd_mpi.core.mpicoll`: pick the axis
+communicator, call ``Iallgather``, ``Ireduce_scatter_block`` or ``Iallreduce``, return the request)
+from outside: the route of the buffers to MPI and back (:mod:`fourd_mpi.core.wire`: wire dtypes,
+direct or staged buffers, the buffer guard), the records and the watchdog (:mod:`fourd_mpi.core.commlog`),
+and progress (:mod:`fourd_mpi.core.progress`). Math-free: each method is one collective along one
+named axis, with a size-1 fast path (no MPI call, the input is returned as is). Every method returns a
+:class:`CommHandle`; ``wait()`` gives the result. Whether the caller waits at once (a blocking step) or
+later (an overlapped step) is the engine's choice; the math does not change.
 
 All methods are collective: every rank of the named axis must call them in the
 same order with buffers of the same shape and dtype (MPI matches nonblocking
@@ -16,16 +18,12 @@ Buffers: a fresh receive buffer per operation, and the handle keeps the send
 and receive buffers alive until the request completes, so no buffer is reused
 while MPI may still touch it. With ``check_buffers=True`` the handle also
 copies the send buffer at issue and checks at completion that nobody modified
-it in flight.
+it in flight (:class:`~fourd_mpi.core.wire.BufferModifiedError`).
 
-Staged mode (``backend.staged_for(kind.route_class)``: MPI cannot take device buffers in this
-operation class (``nb_gather``: ``Iallgather``; ``nb_reduce``: ``Ireduce_scatter_block``,
-``Iallreduce``; :mod:`fourd_mpi.core.gpuaware`), or NumPy's emulation of that): at issue the input is copied into a pooled host buffer
-(``d2h``) and the collective runs on host buffers; when the handle is waited
-the host result is copied back (``h2d``) and both staging buffers return to the
-pool. Only the copies differ from the direct path: the same requests, the same
-progress polling, the same waits, so overlap works the same way. Each copy is
-recorded on the collective's :class:`CommRecord` and becomes its own trace event.
+Staged mode (:mod:`fourd_mpi.core.wire`): the input is copied to a pooled host buffer
+(``d2h``) at issue and the result back (``h2d``) when the handle is waited; the same
+requests, progress polling and waits as the direct path. Each copy is recorded on the
+collective's :class:`~fourd_mpi.core.commlog.CommRecord` and becomes its own trace event.
 
 Stream rules (see :mod:`fourd_mpi.core.backend`): a send buffer is handed to MPI only
 after the kernels producing it finished (``mpi_send_buffer`` / ``stage_to_host``
@@ -35,49 +33,19 @@ in :meth:`CommHandle.wait`, after the request completed.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
 import numpy as np
-from mpi4py import MPI
 
+from fourd_mpi.core import commlog, mpicoll
 from fourd_mpi.core.backend import ArrayBackend
-from fourd_mpi.core.colltable import COLLECTIVES
+from fourd_mpi.core.commlog import CommRecord
 from fourd_mpi.core.grid import ProcessGrid
+from fourd_mpi.core.wire import BufferModifiedError, Route, staged, wire_dtypes
 
-
-@dataclass
-class CommRecord:
-    """What one collective did (times from ``time.perf_counter_ns``).
-
-    nbytes: the message size (nccl-tests convention: gathered buffer of an
-    all-gather, full input of a reduce-scatter, buffer of an all-reduce).
-    issue_ns: entry of the ``MPI_I*`` call; call_ns: its return (the in-flight window in
-    which compute can overlap starts here); complete_ns: when its completion
-    was first observed (by a progress poll, a test or a wait); wait_start_ns and
-    wait_ns: when this rank started blocking in ``wait`` for it, and for how long
-    (0: it had completed before the wait). layer, phase: trace codes of where it
-    was issued (:mod:`fourd_mpi.trace.events`).
-    """
-
-    op: str
-    axis: str
-    nbytes: int
-    issue_ns: int
-    complete_ns: int = 0
-    call_ns: int = 0
-    wait_ns: int = 0
-    wait_start_ns: int = 0
-    layer: int = 0
-    phase: int = 0
-    #: staged mode: the device-to-host copy before the issue and the host-to-device copy after
-    #: completion (:class:`~fourd_mpi.core.backend.CopySpan`; None on the direct path)
-    d2h: Any = None
-    h2d: Any = None
-    #: position of this collective among the step's collectives (issue order), for diagnostics
-    seq: int = 0
+#: what callers import from here (records and the guard's error live in commlog and wire)
+__all__ = ["BufferModifiedError", "Collectives", "CommHandle", "CommRecord", "GroupHandle", "completed"]
 
 
 class CommHandle:
@@ -123,15 +91,8 @@ class CommHandle:
                 with self.owner.watch(self.record):
                     self.owner.progress.wait(self)
                 t1 = time.perf_counter_ns()
-                record = self.record
-                if record is not None:
-                    # the wait ends when completion was observed (by this wait or by the progress
-                    # thread, which may have seen it just before the wait began: then no wait)
-                    if record.complete_ns:
-                        t1 = min(t1, record.complete_ns)
-                        t0 = min(t0, t1)
-                    record.wait_start_ns, record.wait_ns = t0, t1 - t0
-                    self.owner.tracer.blocked(t0, t1)
+                if self.record is not None:
+                    self.owner.tracer.blocked(*commlog.note_wait(self.record, t0, t1))
             self.waited = True
             self.owner._retire(self)
         if self._finish is not None:
@@ -162,10 +123,6 @@ class GroupHandle:
             self._result = self.combine([h.wait() for h in self.handles])
             self.handles = []
         return self._result
-
-
-class BufferModifiedError(RuntimeError):
-    """A send buffer changed while its collective was in flight."""
 
 
 class Collectives:
@@ -199,93 +156,35 @@ class Collectives:
 
     # bookkeeping -------------------------------------------------------------
     def _record(self, op: str, axis: str, nbytes: int, tag=None) -> CommRecord:
-        layer, phase = tag if tag is not None else (self.tracer.where_layer, self.tracer.where_phase)
-        record = CommRecord(op=op, axis=axis, nbytes=int(nbytes), issue_ns=time.perf_counter_ns(),
-                            layer=layer, phase=phase, seq=len(self.records))
-        self.records.append(record)
-        return record
+        return commlog.new_record(self.records, self.tracer, op, axis, nbytes, tag)
 
     def describe(self, record: Optional[CommRecord]) -> str:
         """Where a collective is: op, axis, step, layer and phase, and its sequence number in the step."""
-        if record is None:
-            return "a collective"
-        tr = self.tracer
-        layer = tr.layer_names[record.layer] if 0 < record.layer < len(tr.layer_names) else "no layer"
-        phase = tr.phase_name(record.phase)
-        return (f"{record.op} over {record.axis} ({record.nbytes} bytes), step {tr.step}, layer {layer} ({phase}), "
-                f"collective #{record.seq} of the step")
+        return commlog.describe(self.tracer, record)
 
     def watch(self, what):
         """Context of a blocking wait for ``what`` (a :class:`CommRecord` or a text) under the watchdog."""
-        if self.watchdog is None:
-            return contextlib.nullcontext()
-        return self.watchdog.watch(what if isinstance(what, str) else self.describe(what))
+        return commlog.watch(self.watchdog, self.tracer, what)
 
-    def _staged(self, op: str) -> bool:
-        """Does ``op`` (a :data:`~fourd_mpi.core.colltable.COLLECTIVES` name) go through host staging buffers?"""
-        return self.backend.staged_for(COLLECTIVES[op].route_class)
+    def _route(self, op: str, array, recv_shape, wire) -> Route:
+        """The MPI buffers of ``op`` (a :data:`~fourd_mpi.core.colltable.COLLECTIVES` name) for ``array``."""
+        return Route(self.backend, array, recv_shape, wire, staged(self.backend, op), self.check_buffers)
 
-    def _buffers(self, op, array, recv_shape, wire):
-        """``(send, recv, d2h)``: MPI buffers for ``array`` and a result of ``recv_shape``.
-
-        ``wire``: the dtype MPI sees (the array's own, or a stand-in for a dtype MPI lacks:
-        :meth:`_wire_dtypes`). Direct: the backend's arrays (synchronized). Staged: pooled
-        host buffers, the input copied in (``d2h``: its :class:`~fourd_mpi.core.backend.CopySpan`).
-        """
-        backend = self.backend
-        if wire != array.dtype:
-            array = array.view(wire) if wire.itemsize == array.dtype.itemsize and wire.kind in "ui" \
-                else array.astype(wire)
-        if self._staged(op):
-            send, d2h = backend.stage_to_host(array)
-            return send, backend.staging_buffer(recv_shape, wire), d2h
-        return backend.mpi_send_buffer(array), backend.mpi_recv_buffer(recv_shape, wire), None
-
-    def _wire_dtypes(self, dtype):
-        """``(gather, reduce)`` dtypes MPI sees for arrays of ``dtype``.
-
-        bfloat16 has no MPI datatype: gathers move its bits as uint16, reductions run in float32.
-        """
-        dtype = np.dtype(dtype)
-        if dtype.name == "bfloat16":
-            return np.dtype(np.uint16), np.dtype(np.float32)
-        return dtype, dtype
-
-    def _issue(self, op: str, axis: str, nbytes: int, comm, send, recv,
-               shape, tag=None, d2h=None, dtype=None) -> CommHandle:
-        """Start ``op``'s nonblocking MPI call (:data:`~fourd_mpi.core.colltable.COLLECTIVES`) on ``comm``."""
-        call = getattr(comm, COLLECTIVES[op].nonblocking)
-
-        def start():
-            return call(send, recv)
-
+    def _issue(self, op: str, axis: str, nbytes: int, route: Route, call, tag=None) -> CommHandle:
+        """Start ``call`` (an operation of :mod:`fourd_mpi.core.mpicoll`) on ``route``'s buffers over ``axis``."""
         record = self._record(op, axis, nbytes, tag)
-        record.d2h = d2h
-        guard = np.array(send, copy=True) if self.check_buffers and isinstance(send, np.ndarray) else None
-        backend = self.backend
-        dtype = np.dtype(dtype) if dtype is not None else recv.dtype
+        record.d2h = route.d2h
 
-        def back(result):  # the MPI dtype back to the array's (bfloat16 stand-ins)
-            if result.dtype == dtype:
-                return result
-            return result.view(dtype) if result.dtype.itemsize == dtype.itemsize and result.dtype.kind in "ui" \
-                else result.astype(dtype)
+        def finish(_recv):  # the request has completed (wait): the result as a backend array
+            out, record.h2d = route.finish()
+            return out
 
-        if self._staged(op):
-            def finish(buf):
-                # the request has completed (wait): copy the result in, return the send buffer
-                out, record.h2d = backend.stage_to_device(buf, shape)
-                backend.release_staging(send)
-                return back(out)
-        else:
-            def finish(buf):
-                return back(backend.from_mpi_buffer(buf).reshape(shape))
-        handle = CommHandle(self, record, recv, buffers=(send, recv), finish=finish)
-        handle._guard = (send, guard) if guard is not None else None
+        handle = CommHandle(self, record, route.recv, buffers=(route.send, route.recv), finish=finish)
+        handle._guard = route
         handle.done = handle.waited = False
         self.in_flight.append(handle)
         record.issue_ns = time.perf_counter_ns()
-        self.progress.start(handle, start)
+        self.progress.start(handle, lambda: call(self.grid, axis, route.send, route.recv))
         record.call_ns = time.perf_counter_ns()
         self.tracer.mpi_call(record.issue_ns, record.call_ns)
         return handle
@@ -296,13 +195,9 @@ class Collectives:
         except ValueError:
             pass
         if handle._guard is not None:
-            send, copy = handle._guard
-            handle._guard = None
-            if not np.array_equal(send, copy, equal_nan=True):
-                rec = handle.record
-                raise BufferModifiedError(
-                    f"the send buffer of {rec.op} over {rec.axis} ({rec.nbytes} bytes) was modified in flight"
-                )
+            route, handle._guard = handle._guard, None
+            rec = handle.record
+            route.check(f"{rec.op} over {rec.axis} ({rec.nbytes} bytes)")
 
     def poll(self, record: bool = True) -> None:
         """Let MPI progress the collectives in flight (called between compute chunks).
@@ -337,10 +232,7 @@ class Collectives:
             done = pending[self.progress.wait_any(pending)]
         t1 = time.perf_counter_ns()
         if done.record is not None:
-            if done.record.complete_ns:
-                t1 = min(t1, done.record.complete_ns)
-                t0 = min(t0, t1)
-            done.record.wait_start_ns, done.record.wait_ns = t0, t1 - t0
+            t0, t1 = commlog.note_wait(done.record, t0, t1)
         self.tracer.blocked(t0, t1)
 
     @property
@@ -378,11 +270,8 @@ class Collectives:
         if self.skip_communication:
             xp = self.backend.xp
             return self._skipped("allgather", axis, xp.tile(shard, p), p * shard.nbytes, tag)
-        wire = self._wire_dtypes(shard.dtype)[0]
-        send, recv, d2h = self._buffers("allgather", shard, (p * shard.size,), wire)
-        comm = self.grid.axis_comm(axis)
-        return self._issue("allgather", axis, recv.nbytes, comm,
-                           send, recv, (p * shard.size,), tag, d2h, shard.dtype)
+        route = self._route("allgather", shard, (p * shard.size,), wire_dtypes(shard.dtype)[0])
+        return self._issue("allgather", axis, route.recv.nbytes, route, mpicoll.allgather, tag)
 
     def reduce_scatter(self, axis: str, full) -> CommHandle:
         """Sum ``full`` (1-D, ``p*s`` elements) over ``axis``; keep this rank's block (``Ireduce_scatter_block``).
@@ -396,11 +285,8 @@ class Collectives:
             raise ValueError(f"reduce_scatter over {axis}: {full.size} elements not divisible by {p}")
         if self.skip_communication:
             return self._skipped("reduce_scatter", axis, full[: full.size // p].copy(), full.nbytes)
-        wire = self._wire_dtypes(full.dtype)[1]
-        send, recv, d2h = self._buffers("reduce_scatter", full, (full.size // p,), wire)
-        comm = self.grid.axis_comm(axis)
-        return self._issue("reduce_scatter", axis, send.nbytes, comm,
-                           send, recv, (full.size // p,), None, d2h, full.dtype)
+        route = self._route("reduce_scatter", full, (full.size // p,), wire_dtypes(full.dtype)[1])
+        return self._issue("reduce_scatter", axis, route.send.nbytes, route, mpicoll.reduce_scatter)
 
     def allreduce(self, axis: str, array, tag=None) -> CommHandle:
         """Element-wise sum of ``array`` (any shape) over ``axis`` (``Iallreduce``); same shape back.
@@ -412,11 +298,8 @@ class Collectives:
             return completed(array)
         if self.skip_communication:
             return self._skipped("allreduce", axis, array, array.nbytes, tag)
-        wire = self._wire_dtypes(array.dtype)[1]
-        send, recv, d2h = self._buffers("allreduce", array, array.shape, wire)
-        comm = self.grid.axis_comm(axis)
-        return self._issue("allreduce", axis, send.nbytes, comm,
-                           send, recv, array.shape, tag, d2h, array.dtype)
+        route = self._route("allreduce", array, array.shape, wire_dtypes(array.dtype)[1])
+        return self._issue("allreduce", axis, route.send.nbytes, route, mpicoll.allreduce, tag)
 
     def allreduce_scalars(self, values, axes=("data", "z", "y", "x")) -> "list[float]":
         """Sum a few host floats over the given axes, blocking (loss bookkeeping, not a hot path).
@@ -429,25 +312,8 @@ class Collectives:
                 record = self._record("allreduce", axis, buf.nbytes)
                 record.call_ns = record.issue_ns  # blocking: the whole call is the wait, nothing overlaps
                 with self.watch(record):
-                    getattr(self.grid.axis_comm(axis), COLLECTIVES["allreduce"].blocking)(MPI.IN_PLACE, buf)
+                    mpicoll.allreduce_in_place(self.grid, axis, buf)
                 record.complete_ns = time.perf_counter_ns()
                 record.wait_start_ns, record.wait_ns = record.issue_ns, record.complete_ns - record.issue_ns
                 self.tracer.blocked(record.issue_ns, record.complete_ns)
         return buf.tolist()
-
-    def replay(self, records: List[CommRecord]) -> float:
-        """Run the given collectives again, each waited at once, without compute; returns seconds.
-
-        For "communication alone" measurements: pass the records of a step run
-        without overlap (their order is the program order, the same on every rank;
-        the records of an overlapped step interleave communicators in a
-        rank-dependent order and could deadlock here). Collective over the grid.
-        """
-        ops = {"allgather": lambda a, n: self.allgather(a, self.backend.zeros((n // self.grid.size(a),))),
-               "reduce_scatter": lambda a, n: self.reduce_scatter(a, self.backend.zeros((n,))),
-               "allreduce": lambda a, n: self.allreduce(a, self.backend.zeros((n,)))}
-        itemsize = self.backend.dtype.itemsize
-        t0 = time.perf_counter()
-        for rec in records:
-            ops[rec.op](rec.axis, rec.nbytes // itemsize).wait()
-        return time.perf_counter() - t0

@@ -1,13 +1,13 @@
 """Point-to-point messages between pipeline stages (``Isend``/``Irecv`` on the ``inter`` communicator).
 
-Thin and math-free, like :mod:`fourd_mpi.core.collectives`: :meth:`PointToPoint.isend` and
+Thin and math-free, like :mod:`fourd_mpi.core.mpicoll`: :meth:`PointToPoint.isend` and
 :meth:`PointToPoint.irecv` each issue one nonblocking MPI call and return a :class:`P2PHandle`;
 the pipeline schedule (:mod:`fourd_mpi.algorithms.pipeline_schedule`) decides where they are
 waited. The ``inter`` communicator joins the ranks with equal 4D coordinates in every stage
 (its rank is the stage index), so a message goes to the rank of the same 4D coordinates in the
 neighbouring stage. Tags name the micro-batch and the direction (:func:`tag`).
 
-Each message is a :class:`~fourd_mpi.core.collectives.CommRecord` (op ``send``/``recv``, axis
+Each message is a :class:`~fourd_mpi.core.commlog.CommRecord` (op ``send``/``recv``, axis
 ``inter``) in the step's records, so it becomes a trace event on a comm lane like a collective:
 ``bytes`` is the message, ``wire_bytes`` the bytes the rank sends (the message for a send, 0 for
 a receive). Time blocked for a receive is a pipeline **bubble** (:meth:`Tracer.bubble`: the stage
@@ -28,7 +28,10 @@ from typing import List, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
-from fourd_mpi.core.collectives import Collectives, CommRecord
+from fourd_mpi.core import commlog
+from fourd_mpi.core.collectives import Collectives
+from fourd_mpi.core.commlog import CommRecord
+from fourd_mpi.core.wire import wire_dtypes
 
 FORWARD, BACKWARD = 0, 1
 
@@ -63,12 +66,12 @@ class PointToPoint:
         self.sends: List[P2PHandle] = []
 
     def _record(self, op: str, nbytes: int) -> CommRecord:
-        return self.comm._record(op, "inter", nbytes)
+        return commlog.new_record(self.comm.records, self.comm.tracer, op, "inter", nbytes)
 
     def isend(self, array, stage: int, message_tag: int) -> P2PHandle:
         """Send ``array`` to ``stage`` (``Isend``); waited by :meth:`complete_sends`."""
         backend = self.comm.backend
-        wire = self.comm._wire_dtypes(array.dtype)[0]
+        wire = wire_dtypes(array.dtype)[0]
         if wire != array.dtype:
             array = array.view(wire)
         record = self._record("send", array.nbytes)
@@ -89,7 +92,7 @@ class PointToPoint:
         """Post a receive of a ``shape`` array of the backend's dtype from ``stage`` (``Irecv``)."""
         backend = self.comm.backend
         dtype = np.dtype(backend.dtype)
-        wire = self.comm._wire_dtypes(dtype)[0]
+        wire = wire_dtypes(dtype)[0]
         nbytes = int(np.prod(shape)) * wire.itemsize
         record = self._record("recv", nbytes)
         staged = backend.staged_for("p2p")

@@ -7,7 +7,7 @@ Notation: cube edge ``q`` (``G_x = G_y = G_z = q``), ``m = B*s/(G_data*q^2)`` to
 sequences), ``e`` bytes per element; a layer ``W[n, k]`` whose input is gathered over ``gather`` and whose
 output is scattered over ``scatter`` (parity 0: ``y``/``z``; parity 1: ``z``/``y``;
 :mod:`fourd_mpi.algorithms.cube`). Messages follow the nccl-tests convention of the trace
-(:class:`~fourd_mpi.core.collectives.CommRecord`: the gathered buffer of an all-gather, the full input of a
+(:class:`~fourd_mpi.core.commlog.CommRecord`: the gathered buffer of an all-gather, the full input of a
 reduce-scatter, the buffer of an all-reduce):
 
 ==========================  ===============  =========  ==========================  =====

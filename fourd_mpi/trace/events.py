@@ -307,7 +307,7 @@ class Tracer:
     def end_step(self, t_start: int, t_end: int, records: Sequence, group_sizes) -> np.ndarray:
         """This step's events as an :data:`EVENT_DTYPE` array on the aligned clock.
 
-        ``records``: the step's :class:`~fourd_mpi.core.collectives.CommRecord` list;
+        ``records``: the step's :class:`~fourd_mpi.core.commlog.CommRecord` list;
         ``group_sizes``: axis name -> communicator size (for ``wire_bytes``).
         """
         if self.ranges is not None:
