@@ -12,7 +12,7 @@ from fourd_mpi.cli.args import add_deprecated, add_option, add_options
 from fourd_mpi.cli.jsonout import JsonDoc, add_json_format
 from fourd_mpi.run.options import OPTIONS, options_in
 from fourd_mpi.util.files import refuse_output, write_text
-from fourd_mpi.util.values import float_in, int_in
+from fourd_mpi.util.values import byte_size, float_in, int_in
 
 #: the largest message of bench collectives (bytes): it holds a few buffers of this size per rank
 MAX_BENCH_BYTES = 1 << 30
@@ -36,14 +36,9 @@ BENCH_JSON = JsonDoc("bench collectives", {
 
 
 def _size(text: str) -> int:
-    units = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
-    t = text.strip().lower().rstrip("b").rstrip("i")
-    scale = units.get(t[-1:], 1)
-    t = t[:-1] if t[-1:] in units else t
-    try:
-        value = int(float(t) * scale)
-    except (ValueError, OverflowError):  # OverflowError: inf
-        raise argparse.ArgumentTypeError(f"expected a size like 8, 64K or 4M, got {text!r}") from None
+    """Bytes of ``--min-size``/``--max-size``: :func:`byte_size` with bare numbers as bytes and ``KB`` = 1024
+    (``8``, ``64K``, ``64KB``, ``4MiB``), from 1 to :data:`MAX_BENCH_BYTES`."""
+    value = byte_size(text, decimal=False, bare=True, what="message size")
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
     if value > MAX_BENCH_BYTES:
