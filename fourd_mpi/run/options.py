@@ -34,7 +34,7 @@ from fourd_mpi.run.display import DISPLAYS
 from fourd_mpi.step.fusedattention import ATTENTION_MODES
 from fourd_mpi.step.optim import OPTIMIZERS
 from fourd_mpi.step.overlap import ALL as OVERLAP_ALL
-from fourd_mpi.step.overlap import OVERLAP_NAMES, OverlapConfig
+from fourd_mpi.step.overlap import DEFAULT_CHUNKS, DEFAULT_PREFETCH_DEPTH, OVERLAP_NAMES, OverlapConfig
 from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model
 from fourd_mpi.trace.events import LEVELS
 from fourd_mpi.util.values import (
@@ -192,10 +192,10 @@ RUN_OPTIONS: Tuple[Option, ...] = (
            help="activation recompute (memory for compute): none (default); selective = drop the attention "
                 "core (scores, probabilities, context) and recompute it in backward; full = keep only each "
                 "block's input and run the block's forward again at the start of its backward"),
-    Option("prefetch-depth", "overlap", repeat_count, 1, metavar=_N,
-           help="oag: how many layers ahead weight all-gathers are issued (default 1)"),
-    Option("chunks", "overlap", repeat_count, 2, metavar="K", help="od: token chunks of the forward all-reduce "
-           "(default 2)"),
+    Option("prefetch-depth", "overlap", repeat_count, DEFAULT_PREFETCH_DEPTH, metavar=_N,
+           help=f"oag: how many layers ahead weight all-gathers are issued (default {DEFAULT_PREFETCH_DEPTH})"),
+    Option("chunks", "overlap", repeat_count, DEFAULT_CHUNKS, metavar="K",
+           help=f"od: token chunks of the forward all-reduce (default {DEFAULT_CHUNKS})"),
     Option("poll-flops", "overlap", poll_flops_value, "auto", metavar="F",
            help="poll: FLOPs of GEMM between two MPI progress polls, or auto (the default): chunks of at least "
                 "50 ms of compute at the measured GEMM rate, longer where a poll costs over 2%% of them (chunk "
