@@ -19,8 +19,8 @@
           optimizer waits for every gradient first. Sources: PyTorch's FSDP notes, "FSDP Prefetch
           Nuances" (https://pytorch.org/docs/stable/notes/fsdp.html: with prefetching inside a pass
           "the 1st all-gather will not be able to overlap with anything") and FSDP2's explicit
-          prefetch API (``set_modules_to_forward_prefetch``, pytorch/pytorch PR #128884); AxoNN (Singh et al., arXiv 2305.13525v3,
-          SC'24), the section on overlapping the non-blocking collectives with computation
+          prefetch API (``set_modules_to_forward_prefetch``, pytorch/pytorch PR #128884); AxoNN (Singh et al.,
+          arXiv 2305.13525v3, SC'24), the section on overlapping the non-blocking collectives with computation
           (OAG, ORS, OAR), whose first gather and last reduce-scatter have no compute of their own.
 ``cache`` keep the weights gathered in forward for backward (memory for communication).
 
