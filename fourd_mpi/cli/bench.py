@@ -12,7 +12,7 @@ from fourd_mpi.cli.args import add_deprecated, add_option, add_options
 from fourd_mpi.cli.jsonout import JsonDoc, add_json_format
 from fourd_mpi.run.options import OPTIONS, options_in
 from fourd_mpi.util.files import refuse_output, write_text
-from fourd_mpi.util.values import float_in, int_in
+from fourd_mpi.util.values import byte_size, float_in, int_in
 
 #: the largest message of bench collectives (bytes): it holds a few buffers of this size per rank
 MAX_BENCH_BYTES = 1 << 30
@@ -36,14 +36,9 @@ BENCH_JSON = JsonDoc("bench collectives", {
 
 
 def _size(text: str) -> int:
-    units = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
-    t = text.strip().lower().rstrip("b").rstrip("i")
-    scale = units.get(t[-1:], 1)
-    t = t[:-1] if t[-1:] in units else t
-    try:
-        value = int(float(t) * scale)
-    except (ValueError, OverflowError):  # OverflowError: inf
-        raise argparse.ArgumentTypeError(f"expected a size like 8, 64K or 4M, got {text!r}") from None
+    """Bytes of ``--min-size``/``--max-size``: :func:`byte_size` with bare numbers as bytes and ``KB`` = 1024
+    (``8``, ``64K``, ``64KB``, ``4MiB``), from 1 to :data:`MAX_BENCH_BYTES`."""
+    value = byte_size(text, decimal=False, bare=True, what="message size")
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
     if value > MAX_BENCH_BYTES:
@@ -107,8 +102,10 @@ def register(sub) -> None:
     s.add_argument("--min-size", type=_size, default=8, metavar="BYTES", help="smallest message (default 8)")
     s.add_argument("--max-size", type=_size, default=64 * 1024 ** 2, metavar="BYTES",
                    help="largest message, measured even when the --factor steps miss it (default 64M: "
-                        "8, 64, ..., 16M, 64M; measured here: 310 MB peak resident memory per rank at 64M, 82 MB at 4M)")
-    s.add_argument("--factor", type=int_in(2, 1 << 20, "the size multiplier"), default=8, help="size step (default 8: 8, 64, 512, ...)")
+                        "8, 64, ..., 16M, 64M; measured here: 310 MB peak resident memory per rank at 64M, 82 MB "
+                        "at 4M)")
+    s.add_argument("--factor", type=int_in(2, 1 << 20, "the size multiplier"), default=8,
+                   help="size step (default 8: 8, 64, 512, ...)")
     s.add_argument("--iters", type=int_in(1, MAX_BENCH_ITERS, "timed iterations"), default=20,
                    help="at least this many timed iterations per size and placement (default 20, as nccl-tests' -n)")
     s.add_argument("--min-time", type=float_in(0.0, 86400.0, "seconds"), default=0.2, metavar="SECONDS",
@@ -118,10 +115,10 @@ def register(sub) -> None:
                    help="bound: stop the timed iterations of one size and placement after this much wall time, "
                         "even below --iters or --min-time (default 10; at least one iteration)")
     s.add_argument("--time-limit", type=float_in(0.0, 7 * 86400.0, "seconds"), default=DEFAULT_TIME_LIMIT_S,
-                   metavar="SECONDS", help=f"bound on the whole sweep, the compute calibration before it included (default "
-                   f"{DEFAULT_TIME_LIMIT_S:g}; 0: none): each communicator and collective gets its share of the time "
-                   "left, and a measurement runs only when its least predicted time (warm-up, --min-time or one "
-                   "timed iteration, the check; extrapolated from the sizes measured before it) fits into what is "
+                   metavar="SECONDS", help=f"bound on the whole sweep, the compute calibration before it included "
+                   f"(default {DEFAULT_TIME_LIMIT_S:g}; 0: none): each communicator and collective gets its share of "
+                   "the time left, and a measurement runs only when its least predicted time (warm-up, --min-time or "
+                   "one timed iteration, the check; extrapolated from the sizes measured before it) fits into what is "
                    "left of that share, its timed iterations stopping there: the largest sizes are left out first, "
                    "named in one line (JSON: sweep.skipped)")
     s.add_argument("--progress-every", type=float_in(0.0, 86400.0, "seconds"), default=PROGRESS_EVERY_S,
@@ -129,13 +126,15 @@ def register(sub) -> None:
                    f"elapsed and about how much is left) at each new communicator and collective, before a "
                    f"measurement predicted to take this long, and otherwise at most every SECONDS (default "
                    f"{PROGRESS_EVERY_S:g}; 0: none)")
-    s.add_argument("--warmup", type=int_in(0, MAX_BENCH_ITERS, "untimed iterations"), default=3, help="untimed iterations first (default 3)")
+    s.add_argument("--warmup", type=int_in(0, MAX_BENCH_ITERS, "untimed iterations"), default=3,
+                   help="untimed iterations first (default 3)")
     s.add_argument("--overlap-sizes", type=int_in(0, 64, "sizes"), default=2, metavar="K",
                    help="measure overlap at the K largest sizes up to 4M (default 2; 0 skips it)")
     add_options(p, ("model",), names=("dtype",))  # the step whose messages the report sets beside the table
     c = p.add_argument_group("compute calibration")
     c.add_argument("--dtypes", default="float32,float64", help="GEMM dtypes to measure (default float32,float64)")
-    c.add_argument("--gemm-size", type=int_in(1, MAX_GEMM_SIZE, "n of an n x n GEMM"), default=256, help="n of the n x n x n GEMM (default 256)")
+    c.add_argument("--gemm-size", type=int_in(1, MAX_GEMM_SIZE, "n of an n x n GEMM"), default=256,
+                   help="n of the n x n x n GEMM (default 256)")
     c.add_argument("--backend", default="numpy", choices=("numpy", "cupy"), help="array library of the GEMM "
                    "(collective buffers are host memory)")
     _add_output_options(p)
@@ -200,7 +199,8 @@ def _check_profile_name(name: str) -> None:
 
     rule = PROFILE_SCHEMA["properties"]["name"]
     if not re.match(rule["pattern"], name):
-        raise ConfigError(f"--name {name!r}: {rule['description']} (at most 64 characters, starting with a letter or digit)")
+        raise ConfigError(f"--name {name!r}: {rule['description']} (at most 64 characters, starting with a letter "
+                          f"or digit)")
 
 
 def _report_bench(result, args, hostname, out, report) -> int:
@@ -296,8 +296,9 @@ def _write_profile(result, args, hostname, out, build_profile, yaml):
             if f is None:
                 fits.append(f"  {level:<5} {kind:<15} not measured")
                 continue
-            fits.append(f"  {level:<5} {kind:<15} alpha {f['alpha_s'] * 1e6:8.2f} us  beta {f['beta_s_per_byte'] * 1e9:8.4f} "
-                        f"ns/B ({1 / f['beta_s_per_byte'] / 1e9 if f['beta_s_per_byte'] > 0 else float('inf'):.3f} GB/s)"
+            beta = f["beta_s_per_byte"]
+            fits.append(f"  {level:<5} {kind:<15} alpha {f['alpha_s'] * 1e6:8.2f} us  beta {beta * 1e9:8.4f} "
+                        f"ns/B ({1 / beta / 1e9 if beta > 0 else float('inf'):.3f} GB/s)"
                         f"  rms rel. error {100 * f['rms_rel_error']:.0f}% over {f['points']} points"
                         + _per_size_errors(entry, kind))
     summary = ["", f"machine profile {out}{' NOT written (see the error line)' if refused else ''}:"] + fits + [

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from fourd_mpi.core.backend import dtype_bytes
 from fourd_mpi.core.grid import GridShape
-from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.step.overlap import DEFAULT_PREFETCH_DEPTH, OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
 from fourd_mpi.util.units import GIB
 
@@ -279,7 +279,7 @@ def state_bytes(params: int, grid: GridShape, dtype: str, optimizer: str, precis
 
 @lru_cache(maxsize=8192)
 def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", optimizer: str = "adam",
-                    cache_weights: bool = False, prefetch_depth: int = 1,
+                    cache_weights: bool = False, prefetch_depth: int = DEFAULT_PREFETCH_DEPTH,
                     overlap: Optional[OverlapConfig] = None, recompute: str = "none",
                     attention: str = "unfused", precision: Optional[str] = None,
                     shard_optimizer: str = "none", dw_window: Optional[int] = None) -> MemoryEstimate:

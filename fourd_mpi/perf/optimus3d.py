@@ -60,7 +60,7 @@ from fourd_mpi.core.grid import GridShape
 from fourd_mpi.perf.exact import Sums
 from fourd_mpi.perf.memory import ATTENTION, RECOMPUTE, MemoryEstimate, check_choice, state_bytes
 from fourd_mpi.perf.volumes import Collective
-from fourd_mpi.step.overlap import OverlapConfig
+from fourd_mpi.step.overlap import DEFAULT_PREFETCH_DEPTH, OverlapConfig
 from fourd_mpi.step.presets import ModelConfig
 
 #: which overlap option can hide each kind of collective (the others are waited at once)
@@ -190,9 +190,9 @@ def comm_buffer_elements(cfg: ModelConfig, grid: GridShape, overlap: OverlapConf
 
 
 def estimate_memory(cfg: ModelConfig, grid: GridShape, dtype: str = "float32", optimizer: str = "adam",
-                    cache_weights: bool = True, prefetch_depth: int = 1, overlap: Optional[OverlapConfig] = None,
-                    recompute: str = "none", attention: str = "unfused", precision: Optional[str] = None,
-                    shard_optimizer: str = "none") -> MemoryEstimate:
+                    cache_weights: bool = True, prefetch_depth: int = DEFAULT_PREFETCH_DEPTH,
+                    overlap: Optional[OverlapConfig] = None, recompute: str = "none", attention: str = "unfused",
+                    precision: Optional[str] = None, shard_optimizer: str = "none") -> MemoryEstimate:
     """Bytes per rank of training ``cfg`` with optimus3d on ``grid`` (categories as
     :func:`fourd_mpi.perf.memory.estimate_memory`; ``cache_weights`` and ``prefetch_depth`` are accepted for
     the same signature: optimus3d always keeps its gathered weights)."""

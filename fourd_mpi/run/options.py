@@ -34,7 +34,7 @@ from fourd_mpi.run.display import DISPLAYS
 from fourd_mpi.step.fusedattention import ATTENTION_MODES
 from fourd_mpi.step.optim import OPTIMIZERS
 from fourd_mpi.step.overlap import ALL as OVERLAP_ALL
-from fourd_mpi.step.overlap import OVERLAP_NAMES, OverlapConfig
+from fourd_mpi.step.overlap import DEFAULT_CHUNKS, DEFAULT_PREFETCH_DEPTH, OVERLAP_NAMES, OverlapConfig
 from fourd_mpi.step.presets import PRESETS, RECOMPUTE_MODES, ModelConfig, resolve_model
 from fourd_mpi.trace.events import LEVELS
 from fourd_mpi.util.values import (
@@ -109,7 +109,8 @@ class Option:
         if self.flag:
             return [f"--{self.name}"] if value else []
         # "--key=value": a value that starts with "-" must not be taken for an option
-        if self.type is memory_limit and value is not None:  # parsed to bytes: give the unit back (bare numbers are GiB)
+        # parsed to bytes: give the unit back (bare numbers are GiB)
+        if self.type is memory_limit and value is not None:
             return [f"--{self.name}={int(value)}B"]
         return [f"--{self.name}=" + (str(value).lower() if isinstance(value, bool) else str(value))]
 
@@ -164,7 +165,8 @@ RUN_OPTIONS: Tuple[Option, ...] = (
            help="what MPI gets: direct = device buffers (needs CUDA-aware MPI); staged = copies through "
                 "pinned host buffers (both: every operation); auto (default) = per operation class (p2p, "
                 "blocking, nonblocking all-gather, nonblocking reductions), direct where the library's "
-                "documented rules allow it and a smoke-test all-reduce on a device buffer succeeds. numpy backend: direct = host arrays; staged = "
+                "documented rules allow it and a smoke-test all-reduce on a device buffer succeeds. numpy backend: "
+                "direct = host arrays; staged = "
                 "emulated staging (host copies, same code path and trace events; for testing)"),
     Option("attention", "numerics", str, "auto", ATTENTION_MODES,
            help="attention kernels: unfused = scores [b, heads, s, s], softmax, two batched GEMMs (any backend); "
@@ -174,7 +176,8 @@ RUN_OPTIONS: Tuple[Option, ...] = (
     Option("seed", "numerics", run_seed, 0, metavar=_N, help="seed of the synthetic weights and data (default 0)"),
     Option("optimizer", "numerics", str, "adam", OPTIMIZERS, help="default adam"),
     Option("memory-limit", "numerics", memory_limit, None, metavar="SIZE",
-           help="memory each rank may use, e.g. 3.5GiB, 80G or 40 (GiB) (default: measured: MemAvailable / ranks on the node, "
+           help="memory each rank may use, e.g. 3.5GiB, 80G or 40 (GiB) (default: measured: MemAvailable / ranks "
+                "on the node, "
                 "the memory cgroup's room, ulimit -v, free GPU memory / ranks on the GPU); a run whose "
                 "estimate (weights, gradients, optimizer state, activations, buffers, data) exceeds it is "
                 "refused before allocating; 0 or none turns the check off"),
@@ -192,10 +195,10 @@ RUN_OPTIONS: Tuple[Option, ...] = (
            help="activation recompute (memory for compute): none (default); selective = drop the attention "
                 "core (scores, probabilities, context) and recompute it in backward; full = keep only each "
                 "block's input and run the block's forward again at the start of its backward"),
-    Option("prefetch-depth", "overlap", repeat_count, 1, metavar=_N,
-           help="oag: how many layers ahead weight all-gathers are issued (default 1)"),
-    Option("chunks", "overlap", repeat_count, 2, metavar="K", help="od: token chunks of the forward all-reduce "
-           "(default 2)"),
+    Option("prefetch-depth", "overlap", repeat_count, DEFAULT_PREFETCH_DEPTH, metavar=_N,
+           help=f"oag: how many layers ahead weight all-gathers are issued (default {DEFAULT_PREFETCH_DEPTH})"),
+    Option("chunks", "overlap", repeat_count, DEFAULT_CHUNKS, metavar="K",
+           help=f"od: token chunks of the forward all-reduce (default {DEFAULT_CHUNKS})"),
     Option("poll-flops", "overlap", poll_flops_value, "auto", metavar="F",
            help="poll: FLOPs of GEMM between two MPI progress polls, or auto (the default): chunks of at least "
                 "50 ms of compute at the measured GEMM rate, longer where a poll costs over 2%% of them (chunk "

@@ -19,8 +19,8 @@
           optimizer waits for every gradient first. Sources: PyTorch's FSDP notes, "FSDP Prefetch
           Nuances" (https://pytorch.org/docs/stable/notes/fsdp.html: with prefetching inside a pass
           "the 1st all-gather will not be able to overlap with anything") and FSDP2's explicit
-          prefetch API (``set_modules_to_forward_prefetch``, pytorch/pytorch PR #128884); AxoNN (Singh et al., arXiv 2305.13525v3,
-          SC'24), the section on overlapping the non-blocking collectives with computation
+          prefetch API (``set_modules_to_forward_prefetch``, pytorch/pytorch PR #128884); AxoNN (Singh et al.,
+          arXiv 2305.13525v3, SC'24), the section on overlapping the non-blocking collectives with computation
           (OAG, ORS, OAR), whose first gather and last reduce-scatter have no compute of their own.
 ``cache`` keep the weights gathered in forward for backward (memory for communication).
 
@@ -37,6 +37,11 @@ from fourd_mpi.errors import ConfigError
 
 OVERLAP_NAMES = ("oag", "ors", "oar", "dp", "od", "oup", "cache")
 ALL = ("oag", "ors", "oar", "dp", "od", "oup")
+#: layers ahead that oag issues weight all-gathers: the default of :class:`OverlapConfig` and of the option
+#: table's ``--prefetch-depth`` (:data:`fourd_mpi.run.options.RUN_OPTIONS` reads it here)
+DEFAULT_PREFETCH_DEPTH = 1
+#: token chunks of od's forward all-reduce: the default of :class:`OverlapConfig` and of ``--chunks``
+DEFAULT_CHUNKS = 2
 
 
 @dataclass(frozen=True)
@@ -48,11 +53,12 @@ class OverlapConfig:
     od: bool = False
     oup: bool = False
     cache: bool = False
-    prefetch_depth: int = 1
-    chunks: int = 2
+    prefetch_depth: int = DEFAULT_PREFETCH_DEPTH
+    chunks: int = DEFAULT_CHUNKS
 
     @classmethod
-    def parse(cls, text: str, prefetch_depth: int = 1, chunks: int = 2) -> "OverlapConfig":
+    def parse(cls, text: str, prefetch_depth: int = DEFAULT_PREFETCH_DEPTH,
+              chunks: int = DEFAULT_CHUNKS) -> "OverlapConfig":
         """``none``, ``all`` or a comma list such as ``oag,ors`` (``all,cache`` is allowed)."""
         names = [t.strip().lower() for t in text.split(",") if t.strip()]
         chosen = set()

@@ -759,9 +759,9 @@ def mpiexec_argv(state: dict, ranks: int, ppn: Optional[int] = None, mpiexec: st
 
 def clean_leftovers() -> List[str]:
     """The CI-start check: take down every bed of the state directory that holds a valid state of this tool (only
-    what each state records and marks as the bed's) and remove stale MPI segments (MPICH's and Open MPI's). Lines saying what was
-    removed, and what a person should check (nothing on a clean machine). Run without the package's
-    dependencies: ``python3 -c 'import sys; sys.path.insert(0, "."); from fourd_mpi.testbed.bed import
+    what each state records and marks as the bed's) and remove stale MPI segments (MPICH's and Open MPI's).
+    Lines saying what was removed, and what a person should check (nothing on a clean machine). Run without the
+    package's dependencies: ``python3 -c 'import sys; sys.path.insert(0, "."); from fourd_mpi.testbed.bed import
     clean_leftovers; print(*clean_leftovers(), sep="\\n")'``."""
     lines = []
     if not why_unavailable():

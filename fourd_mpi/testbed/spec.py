@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from fourd_mpi.errors import ConfigError
+from fourd_mpi.util.values import byte_size
 
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9]{0,9}")
 NODE_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,30}")
@@ -27,7 +28,6 @@ PROGRAMS = ("ip", "tc", "nsenter", "unshare")
 _RATE = re.compile(r"(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[kmgt]?i?(?:bit|bps))?", re.I)
 _RATE_FACTOR = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2 ** 10, "mi": 2 ** 20, "gi": 2 ** 30,
                 "ti": 2 ** 40}
-_SIZE = re.compile(r"(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[kmg]?i?b?)", re.I)
 RATE_FORMS = "a number and a unit as tc(8) writes it: bit kbit mbit gbit tbit (SI), kibit mibit gibit (IEC), " \
              "bps kbps mbps gbps (bytes per second), e.g. 200mbit, 1gbit, 25mbps; or none (unshaped)"
 
@@ -51,13 +51,9 @@ def parse_rate(text: str) -> Optional[int]:
 
 
 def parse_size(text: str) -> int:
-    """Bytes of a size (``64kb`` = ``64k`` = ``64kib`` = 65536 as tc reads it, ``1mb``, ``4000``)."""
-    match = _SIZE.fullmatch(str(text).strip())
-    if not match:
-        raise ConfigError(f"burst {text!r} does not parse: give bytes, or a number with k, kb, m or mb "
-                          f"(1024-based, as tc reads them), e.g. 64kb")
-    unit = match.group("unit").lower().rstrip("b").rstrip("i")
-    value = int(float(match.group("num")) * {"": 1, "k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30}[unit])
+    """Bytes of a burst (``64kb`` = ``64k`` = ``64kib`` = 65536 as tc reads it, ``1mb``, ``4000``): :func:`byte_size`
+    with bare numbers as bytes and ``KB`` = 1024; from 2 KiB to 2 GiB."""
+    value = byte_size(text, decimal=False, bare=True, what="burst")
     if not 2048 <= value <= 2 ** 31:
         raise ConfigError(f"burst {text!r} = {value} bytes: give 2kb to 2gb")
     return value

@@ -9,7 +9,11 @@ into a :class:`~fourd_mpi.errors.ConfigError`). Pure: no MPI, no I/O.
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Callable, List
+
+from fourd_mpi.errors import ConfigError
+from fourd_mpi.util.units import GIB
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
@@ -195,22 +199,49 @@ def int_list(text: str) -> List[int]:
     return out
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1024 ** 2, "mib": 1024 ** 2, "mb": 1000 ** 2,
-               "g": 1024 ** 3, "gib": 1024 ** 3, "gb": 1000 ** 3, "t": 1024 ** 4, "tib": 1024 ** 4, "tb": 1000 ** 4}
+class SizeError(ConfigError, argparse.ArgumentTypeError):
+    """A size that does not parse (:func:`byte_size`): a :class:`ConfigError` to code that validates specs,
+    an :class:`argparse.ArgumentTypeError` to argparse, which then prints its one line as it is."""
 
 
-def byte_size(text: str) -> int:
-    """Bytes from ``"3.5GiB"``, ``"800M"``, ``"2GB"`` or ``"1073741824B"`` (K/M/G/T and KiB..TiB are
-    powers of 1024, KB..TB of 1000, B bytes); ``0``; a unit is required otherwise (a bare ``40``
-    could mean bytes or, as for ``tune --memory-limit``, GiB)."""
-    import re
+#: a size: a number, then a unit of a prefix (none: bytes; K, M, G, T), ``i`` and ``b`` (``64kib``, ``64kb``,
+#: ``64k``, ``64b``); a repeated ``i`` or ``b`` (``64kbb``) reads as one, as ``bench collectives`` always read it
+_SIZE = re.compile(r"(?P<num>.*?)\s*(?P<prefix>[kmgt]?)(?P<i>i*)(?P<b>b*)", re.I | re.S)
+_PREFIX_POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else None
-    if not match or unit not in _SIZE_UNITS or (unit == "" and float(match.group(1)) != 0):
-        raise argparse.ArgumentTypeError(f"expected a size with a unit such as 3.5GiB, 800M or 2GB (or 0), "
-                                         f"got {text!r}")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+def byte_size(text: str, *, decimal: bool = True, bare: bool = False, what: str = "size") -> int:
+    """Bytes of a size: the one parser of sizes (``--memory-limit`` through :func:`memory_limit`, ``bench
+    collectives --min-size/--max-size``, ``testbed up --burst``, ``bench/gpu_copy.py --sizes``). A number (what
+    ``float`` reads, finite and not negative; a fraction of a byte is dropped) and a unit, case-insensitive, with
+    or without a space between them:
+
+    - ``B``: bytes; ``K``, ``M``, ``G``, ``T`` and ``KiB`` .. ``TiB``: powers of 1024;
+    - ``KB`` .. ``TB``: the spelling the callers disagree on, so ``decimal`` says: powers of 1000 where True (the
+      default: ``--memory-limit``, ``gpu_copy.py``; ``2GB`` = 2*10^9), powers of 1024 where False (``bench
+      collectives`` and ``testbed up --burst``, as tc(8) reads ``64kb`` = 65,536);
+    - no unit: bytes where ``bare`` (``bench collectives``, ``--burst``: ``4096``); elsewhere only ``0`` (a bare
+      ``40`` could mean bytes or, as :func:`memory_limit` reads it, GiB).
+
+    Known answers: ``"64K"`` = ``"64 KiB"`` = 65,536; ``"1MiB"`` = 1,048,576; ``"3.5GiB"`` = 3,758,096,384;
+    ``"2 GB"`` = 2,000,000,000 (``decimal=False``: 2,147,483,648); ``"4096"`` (``bare``) = 4,096. Anything else:
+    a one-line :class:`SizeError` naming ``what`` and the text, what was expected and an example. Range checks
+    (at least one byte, at most a buffer) are the callers'."""
+    match = _SIZE.fullmatch(str(text).strip())
+    try:  # float reads "nan" and "-0" too: both refused below
+        number = float(match.group("num")) if match and "-" not in match.group("num")[:1] else None
+    except ValueError:
+        number = None
+    if number is not None and (match.group("prefix", "i", "b") != ("", "", "") or bare or number == 0):
+        decimal_b = decimal and match.group("b") and not match.group("i")
+        value = number * (1000 if decimal_b else 1024) ** _PREFIX_POWER[match.group("prefix").lower()]
+        if 0 <= value < float("inf"):
+            return int(value)
+    units = ("B; K, M, G, T and KiB .. TiB: powers of 1024; KB .. TB: powers of 1000" if decimal
+             else "B; K, M, G, T, KB .. TB and KiB .. TiB: all powers of 1024")
+    raise SizeError(f"{what} {text!r} does not parse: expected a size: "
+                    + (f"bytes, or a number and a unit ({units}), e.g. 64K or 4096" if bare
+                       else f"a number and a unit ({units}), or 0, e.g. 3.5GiB or 800MB"))
 
 
 def memory_limit(text: str) -> int:
@@ -229,7 +260,7 @@ def memory_limit(text: str) -> int:
         if not 0 < value < float("inf"):
             raise argparse.ArgumentTypeError(f"expected a size such as 80GiB or 800MB, a number of GiB (40) or none "
                                              f"(0: no limit), got {text!r}")
-        return int(value * _SIZE_UNITS["gib"])
+        return int(value * GIB)
     try:
         return byte_size(text)
     except argparse.ArgumentTypeError:

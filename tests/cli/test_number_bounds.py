@@ -36,7 +36,8 @@ PROBES = [
                                                       "message, 1G (1,073,741,824 bytes)"),
     (["bench", "collectives", "--max-size", "4G"], "'4G' is larger than the largest message"),
     (["bench", "collectives", "--max-size", BIG], "is larger than the largest message"),
-    (["bench", "collectives", "--max-size", "inf"], "expected a size like 8, 64K or 4M, got 'inf'"),
+    (["bench", "collectives", "--max-size", "inf"], "argument --max-size: message size 'inf' does not "
+                                                     "parse: expected a size: bytes, or a number and a unit"),
     (["bench", "collectives", "--iters", BIG], "argument --iters: expected an integer from 1 to 1,048,576"),
     (["bench", "collectives", "--warmup", "-1"], "argument --warmup: expected an integer >= 0, got -1"),
     (["bench", "collectives", "--factor", "1"], "argument --factor: expected an integer >= 2, got 1"),

@@ -99,6 +99,17 @@ def test_options_built_directly_take_the_tables_defaults():
             assert stored[option.dest] == option.default, option.name
 
 
+def test_the_overlap_numbers_have_one_default():
+    """``--prefetch-depth`` and ``--chunks``: the table, its help, :class:`OverlapConfig` and its parse all take
+    the one constant of :mod:`fourd_mpi.step.overlap`."""
+    from fourd_mpi.step.overlap import DEFAULT_CHUNKS, DEFAULT_PREFETCH_DEPTH
+
+    table = {o.dest: o for o in RUN_OPTIONS}
+    for dest, default in (("prefetch_depth", DEFAULT_PREFETCH_DEPTH), ("chunks", DEFAULT_CHUNKS)):
+        assert table[dest].default == default and f"(default {default})" in table[dest].help, dest
+        assert getattr(OverlapConfig(), dest) == getattr(OverlapConfig.parse("oag,od"), dest) == default, dest
+
+
 def test_cache_weights_is_a_hidden_old_spelling(capfd):
     parser = build_parser()
     run = next(a for a in parser._subparsers._group_actions if isinstance(a, argparse._SubParsersAction)).choices["run"]

@@ -62,13 +62,13 @@ RUN_AXIS_LABEL = "run (ranks, grid, overlap; sorted by ranks, grid, step time)"
 STEP_CAPTION = ("step time: median over the measured steps of the max over ranks of the step span; "
                 "error bars: quartiles q1-q3 of the same per-step series")
 
-OVERLAP_CAPTION = ("overlap_pct = 100 \u00d7 host compute in flight / in-flight time, over the measured steps and ranks: "
-                   "100 \u00d7 \u03a3 overlap_ns / \u03a3 (complete_ns \u2212 call_ns).\n"
+OVERLAP_CAPTION = ("overlap_pct = 100 \u00d7 host compute in flight / in-flight time, over the measured steps and "
+                   "ranks: 100 \u00d7 \u03a3 overlap_ns / \u03a3 (complete_ns \u2212 call_ns).\n"
                    "An UPPER BOUND of the hidden communication: compute beside a collective that would have "
                    "finished anyway hides nothing. Give a run without overlap (--baseline) for hidden_pct.")
-HIDDEN_CAPTION = ("hidden_pct = 100 \u00d7 clip(1 \u2212 exposed / exposed of the baseline run, 0, 1), exposed = host "
-                  "time in MPI for the collective per step\n(OSU's overlap with the baseline, a run without overlap, as "
-                  "t_pure): the communication time that stopped being exposed.")
+HIDDEN_CAPTION = ("hidden_pct = 100 \u00d7 clip(1 \u2212 exposed / exposed of the baseline run, 0, 1), exposed = "
+                  "host time in MPI for the collective per step\n(OSU's overlap with the baseline, a run without "
+                  "overlap, as t_pure): the communication time that stopped being exposed.")
 
 _RC = {
     "font.size": 10,

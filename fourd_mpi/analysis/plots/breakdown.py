@@ -5,7 +5,7 @@ Part of :mod:`fourd_mpi.analysis.plots` (its docstring states the style and the 
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional
+from typing import Iterable, NamedTuple, Optional, Tuple
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -110,12 +110,46 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
     percent of the step instead of time per step (no error bars). ``orientation`` ``"vertical"``
     (value on y) or ``"horizontal"``.
 
-    Long: one figure, top to bottom: frame, scale, stacked bars, error bars, labels, legend; they share most locals.
+    Steps, top to bottom: the bars' numbers (:func:`_ordered_runs`, :func:`_bar_values`), the frame
+    (:func:`_breakdown_frame`), the stacked bars (:func:`_draw_segments`), error bars and totals
+    (:func:`_draw_spread_and_totals`), axes and legend (:func:`_label_axes`), title and caption
+    (:func:`_title_and_caption`).
     """
     if orientation not in ("vertical", "horizontal"):
         raise ValueError(f"plot_breakdown: orientation must be 'vertical' or 'horizontal', got {orientation!r}")
     path = _check_path(path)
     _check_frame(breakdown_df, "plot_breakdown", ["run_id", "phase", "category", "seconds_per_step"])
+    run_ids, labels, table, stats = _ordered_runs(breakdown_df, runs_df, phase)
+    bars = _bar_values(table, stats, normalize, phase)
+    vertical = orientation == "vertical"
+    with plt.rc_context(_RC):
+        fig, ax = _breakdown_frame(labels, len(run_ids), vertical)
+        pos = np.arange(len(run_ids))
+        bottom = _draw_segments(ax, pos, list(table.columns), bars.values, vertical)
+        top = _draw_spread_and_totals(ax, pos, bottom, bars, normalize, vertical)
+        _label_axes(ax, pos, [labels[r] for r in run_ids], bars.unit_label, top, normalize, vertical)
+        _title_and_caption(fig, ax, runs_df, phase, normalize, bars.clipped, title)
+        fig.tight_layout()
+        return _save(fig, path)
+
+
+class _Bars(NamedTuple):
+    """The numbers drawn: ``values`` (runs x segments, in the axis unit, negatives as 0), the axis unit
+    (``scale`` seconds -> unit, ``unit``, ``unit_label``), ``errors`` (``(centre, below, above)`` per run in
+    the axis unit, NaN centre: none) or None, and whether a negative segment was ``clipped``."""
+
+    values: np.ndarray
+    scale: float
+    unit: str
+    unit_label: str
+    errors: Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]
+    clipped: bool
+
+
+def _ordered_runs(breakdown_df, runs_df, phase: Optional[str]):
+    """``(run_ids, labels, table, stats)``: the runs in bar order (by rank count, grid, step time when
+    ``runs_df`` has ``run_id``, else the frame's), their labels, the seconds per step per segment
+    (runs x segments) and the step time columns ``step_s, step_q1_s, step_q3_s`` in that order."""
     data = breakdown_data(breakdown_df, phase)
     stats = data[["step_s", "step_q1_s", "step_q3_s"]]
     table = data.drop(columns=["step_s", "step_q1_s", "step_q3_s"])
@@ -124,12 +158,18 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
         run_ids = sorted_runs(run_ids, runs_df)  # by rank count, grid, step time
         table = table.loc[run_ids]
         stats = stats.loc[run_ids]
-    labels = run_labels(run_ids, runs_df)
+    return run_ids, run_labels(run_ids, runs_df), table, stats
+
+
+def _bar_values(table, stats, normalize: bool, phase: Optional[str]) -> _Bars:
+    """The segments in percent of the bar (``normalize``) or in a time unit read comfortably at the highest
+    of the bars and the q3 values; the q1-q3 error bars of whole-step bars (no ``phase``, not ``normalize``)."""
     values = table.to_numpy(dtype=float)
     negative = values < 0
     clipped = bool(negative.any())
     values = np.where(negative, 0.0, values)
     totals = values.sum(axis=1)
+    unit = ""
     if normalize:
         with np.errstate(invalid="ignore", divide="ignore"):
             values = np.where(totals[:, None] > 0, 100.0 * values / totals[:, None], 0.0)
@@ -147,80 +187,101 @@ def plot_breakdown(breakdown_df, runs_df, path, normalize: bool = False, phase: 
         if ok.any():
             errors = (np.where(ok, median, np.nan), np.where(ok, np.maximum(median - q1, 0), 0.0),
                       np.where(ok, np.maximum(q3 - median, 0), 0.0))
+    return _Bars(values, scale, unit, unit_label, errors, clipped)
 
+
+def _breakdown_frame(labels, nbars: int, vertical: bool):
+    """``(fig, ax)`` sized to the bars: vertical bars widen the plot area with their count and their
+    longest label line (plus room for the axis and the legend); horizontal ones heighten it."""
+    longest = max(len(line) for text in labels.values() for line in text.split("\n"))
+    if vertical:
+        # sized to the bars: the plot area grows with them, plus room for the axis and the legend
+        width_in = min(20.0, 3.2 + max(1.2, nbars * max(0.8, 0.075 * longest)))
+        return plt.subplots(figsize=(width_in, 4.8))
+    return plt.subplots(figsize=(9.0, max(2.6, 0.9 + 0.62 * nbars * max(1, max(
+        t.count("\n") + 1 for t in labels.values()) / 2))))
+
+
+def _draw_segments(ax, pos, segments, values, vertical: bool):
+    """One stacked bar per run, a segment per column of ``values`` (exposed communication hatched); returns
+    the bars' totals (their tops)."""
     fallback = iter(list(PALETTE) * 4)
-    segments = list(table.columns)
-    nbars = len(run_ids)
-    vertical = orientation == "vertical"
-    with plt.rc_context(_RC):
-        longest = max(len(line) for text in labels.values() for line in text.split("\n"))
+    bottom = np.zeros(len(pos))
+    for j, seg in enumerate(segments):
+        color = _segment_color(seg, fallback)
+        kw = dict(color=color, edgecolor="white", linewidth=0.6, label=_segment_label(seg))
+        if seg.startswith("exposed_comm"):
+            kw.update(hatch="///", edgecolor="white")
         if vertical:
-            # sized to the bars: the plot area grows with them, plus room for the axis and the legend
-            width_in = min(20.0, 3.2 + max(1.2, nbars * max(0.8, 0.075 * longest)))
-            fig, ax = plt.subplots(figsize=(width_in, 4.8))
+            ax.bar(pos, values[:, j], bottom=bottom, width=0.62, **kw)
         else:
-            fig, ax = plt.subplots(figsize=(9.0, max(2.6, 0.9 + 0.62 * nbars * max(1, max(
-                t.count("\n") + 1 for t in labels.values()) / 2))))
-        pos = np.arange(nbars)
-        bottom = np.zeros(nbars)
-        for j, seg in enumerate(segments):
-            color = _segment_color(seg, fallback)
-            kw = dict(color=color, edgecolor="white", linewidth=0.6, label=_segment_label(seg))
-            if seg.startswith("exposed_comm"):
-                kw.update(hatch="///", edgecolor="white")
-            if vertical:
-                ax.bar(pos, values[:, j], bottom=bottom, width=0.62, **kw)
-            else:
-                ax.barh(pos, values[:, j], left=bottom, height=0.62, **kw)
-            bottom += values[:, j]
-        top = float(bottom.max()) if nbars else 1.0
-        if errors is not None:
-            centre, below, above = errors
-            shown = np.isfinite(centre)
-            if vertical:
-                ax.errorbar(pos[shown], centre[shown], yerr=[below[shown], above[shown]], fmt="none",
-                            ecolor="black", elinewidth=1.0, capsize=4, zorder=4, label="q1-q3 of step time")
-            else:
-                ax.errorbar(centre[shown], pos[shown], xerr=[below[shown], above[shown]], fmt="none",
-                            ecolor="black", elinewidth=1.0, capsize=4, zorder=4, label="q1-q3 of step time")
-            top = max(top, float(np.nanmax(centre + above)))
-        for i, total in enumerate(bottom):
-            text = f"{total:.0f} %" if normalize else f"{total:.3g} {unit}"
-            at = total if errors is None or not np.isfinite(errors[0][i]) else errors[0][i] + errors[2][i]
-            if vertical:
-                ax.text(pos[i], at + 0.01 * top, text, ha="center", va="bottom", fontsize=8)
-            else:
-                ax.text(at + 0.01 * top, pos[i], text, ha="left", va="center", fontsize=8)
-        ticklabels = [labels[r] for r in run_ids]
+            ax.barh(pos, values[:, j], left=bottom, height=0.62, **kw)
+        bottom += values[:, j]
+    return bottom
+
+
+def _draw_spread_and_totals(ax, pos, bottom, bars: _Bars, normalize: bool, vertical: bool) -> float:
+    """The q1-q3 error bars (when ``bars.errors``) and each bar's total written past its end (past the
+    error bar where there is one); returns the highest value drawn."""
+    errors = bars.errors
+    top = float(bottom.max()) if len(pos) else 1.0
+    if errors is not None:
+        centre, below, above = errors
+        shown = np.isfinite(centre)
         if vertical:
-            ax.set_xticks(pos)
-            ax.set_xticklabels(ticklabels, fontsize=8)
-            ax.set_xlabel(RUN_AXIS_LABEL)
-            ax.set_ylabel(unit_label)
-            ax.set_ylim(0, 100 * 1.07 if normalize else top * 1.1)
-            ax.set_xlim(-0.6, nbars - 0.4)
-            ax.grid(True, axis="y", color="0.88")
+            ax.errorbar(pos[shown], centre[shown], yerr=[below[shown], above[shown]], fmt="none",
+                        ecolor="black", elinewidth=1.0, capsize=4, zorder=4, label="q1-q3 of step time")
         else:
-            ax.set_yticks(pos)
-            ax.set_yticklabels(ticklabels, fontsize=8)
-            ax.invert_yaxis()
-            ax.set_ylabel(RUN_AXIS_LABEL)
-            ax.set_xlabel(unit_label)
-            ax.set_xlim(0, 100 * 1.1 if normalize else top * 1.15)
-            ax.grid(True, axis="x", color="0.88")
-        ax.set_axisbelow(True)
-        handles, leg_labels = ax.get_legend_handles_labels()
-        ax.legend(handles[::-1] if vertical else handles, leg_labels[::-1] if vertical else leg_labels,
-                  loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="category")
-        head = title or ("Step time breakdown" + algorithm_title(runs_df) + (f", phase {phase}" if phase else "")
-                         + (" (share of the step)" if normalize else ""))
-        ax.set_title(head)
-        notes = [] if normalize else [STEP_CAPTION + "; segments: the step time split by each category's "
-                                                      "share of all ranks' time"]
-        if clipped:
-            notes.append("negative segments (clock rounding) were drawn as 0")
-        if notes:
-            fig.text(0.01, -0.02, _wrapped("\n".join(notes), fig.get_figwidth(), 7), fontsize=7, color="0.4",
-                     va="top")
-        fig.tight_layout()
-        return _save(fig, path)
+            ax.errorbar(centre[shown], pos[shown], xerr=[below[shown], above[shown]], fmt="none",
+                        ecolor="black", elinewidth=1.0, capsize=4, zorder=4, label="q1-q3 of step time")
+        top = max(top, float(np.nanmax(centre + above)))
+    for i, total in enumerate(bottom):
+        text = f"{total:.0f} %" if normalize else f"{total:.3g} {bars.unit}"
+        at = total if errors is None or not np.isfinite(errors[0][i]) else errors[0][i] + errors[2][i]
+        if vertical:
+            ax.text(pos[i], at + 0.01 * top, text, ha="center", va="bottom", fontsize=8)
+        else:
+            ax.text(at + 0.01 * top, pos[i], text, ha="left", va="center", fontsize=8)
+    return top
+
+
+def _label_axes(ax, pos, ticklabels, unit_label: str, top: float, normalize: bool, vertical: bool) -> None:
+    """Run labels on the category axis, the unit on the value axis, limits with room for the totals, a
+    grid along the values, and the legend right of the axes (vertical: in stacking order, top first)."""
+    nbars = len(pos)
+    if vertical:
+        ax.set_xticks(pos)
+        ax.set_xticklabels(ticklabels, fontsize=8)
+        ax.set_xlabel(RUN_AXIS_LABEL)
+        ax.set_ylabel(unit_label)
+        ax.set_ylim(0, 100 * 1.07 if normalize else top * 1.1)
+        ax.set_xlim(-0.6, nbars - 0.4)
+        ax.grid(True, axis="y", color="0.88")
+    else:
+        ax.set_yticks(pos)
+        ax.set_yticklabels(ticklabels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_ylabel(RUN_AXIS_LABEL)
+        ax.set_xlabel(unit_label)
+        ax.set_xlim(0, 100 * 1.1 if normalize else top * 1.15)
+        ax.grid(True, axis="x", color="0.88")
+    ax.set_axisbelow(True)
+    handles, leg_labels = ax.get_legend_handles_labels()
+    ax.legend(handles[::-1] if vertical else handles, leg_labels[::-1] if vertical else leg_labels,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title="category")
+
+
+def _title_and_caption(fig, ax, runs_df, phase: Optional[str], normalize: bool, clipped: bool,
+                       title: Optional[str]) -> None:
+    """The title (``title``, else what is drawn: algorithm, phase, share) and the grey caption under the
+    figure: what a bar is (time bars) and that negative segments were drawn as 0."""
+    head = title or ("Step time breakdown" + algorithm_title(runs_df) + (f", phase {phase}" if phase else "")
+                     + (" (share of the step)" if normalize else ""))
+    ax.set_title(head)
+    notes = [] if normalize else [STEP_CAPTION + "; segments: the step time split by each category's "
+                                                  "share of all ranks' time"]
+    if clipped:
+        notes.append("negative segments (clock rounding) were drawn as 0")
+    if notes:
+        fig.text(0.01, -0.02, _wrapped("\n".join(notes), fig.get_figwidth(), 7), fontsize=7, color="0.4",
+                 va="top")
