@@ -206,7 +206,7 @@ class SizeError(ConfigError, argparse.ArgumentTypeError):
 
 #: a size: a number, then a unit of a prefix (none: bytes; K, M, G, T), ``i`` and ``b`` (``64kib``, ``64kb``,
 #: ``64k``, ``64b``); a repeated ``i`` or ``b`` (``64kbb``) reads as one, as ``bench collectives`` always read it
-_SIZE = re.compile(r"(?P<num>.*?)\s*(?P<prefix>[kmgt]?)(?P<i>i*)(?P<b>b*)", re.I | re.S)
+_SIZE = re.compile(r"(?P<num>.*?)\s*(?:(?P<prefix>[kmgt])(?P<i>i?))?(?P<b>b?)", re.I | re.S)
 _PREFIX_POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
@@ -232,9 +232,10 @@ def byte_size(text: str, *, decimal: bool = True, bare: bool = False, what: str 
         number = float(match.group("num")) if match and "-" not in match.group("num")[:1] else None
     except ValueError:
         number = None
-    if number is not None and (match.group("prefix", "i", "b") != ("", "", "") or bare or number == 0):
-        decimal_b = decimal and match.group("b") and not match.group("i")
-        value = number * (1000 if decimal_b else 1024) ** _PREFIX_POWER[match.group("prefix").lower()]
+    prefix, i, b = (match.group(g) or "" for g in ("prefix", "i", "b")) if match else ("", "", "")
+    if number is not None and ((prefix, i, b) != ("", "", "") or bare or number == 0):
+        decimal_b = decimal and b and not i
+        value = number * (1000 if decimal_b else 1024) ** _PREFIX_POWER[prefix.lower()]
         if 0 <= value < float("inf"):
             return int(value)
     units = ("B; K, M, G, T and KiB .. TiB: powers of 1024; KB .. TB: powers of 1000" if decimal
