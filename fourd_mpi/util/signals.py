@@ -12,6 +12,9 @@ a write half way and crash later (SIGSEGV). Inside ``with deferred():`` a signal
 it is raised when the outermost block ends, after the HDF5 call has returned. The handlers never
 touch an HDF5 object, MPI, or the heap beyond setting a flag.
 
+A handler's exception raised where Python cannot propagate it (a weakref callback, ``__del__``, the garbage
+collector) is not lost: :func:`install` also sets ``sys.unraisablehook`` to deliver the signal again.
+
 :func:`hold` and :func:`release` do the same across a stretch that is no block: a rank of a launch with
 other ranks holds the signals from its start until MPI is up (``fourd_mpi.cli.main``). A rank that left
 alone before then (its exit status 130, not a death by the signal) would leave the others waiting in
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import signal
+import sys
 import threading
 from typing import Iterator, Optional
 
@@ -31,19 +36,46 @@ HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _depth = 0  #: nesting of :func:`deferred` blocks in the main thread
 _pending: Optional[int] = None  #: the first signal received inside them
+_silenced: set = set()  #: the signals :func:`_raise` set to SIG_IGN (a second must not cut the report short)
 
 
 def _raise(signum: int) -> None:
     if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    from fourd_mpi.errors import Terminated
+        exc = KeyboardInterrupt()
+    else:
+        from fourd_mpi.errors import Terminated
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # one is enough: a second must not cut the report short
-        if signal.getsignal(sig) is handler:
-            signal.signal(sig, signal.SIG_IGN)
-    exc = Terminated(f"signal {signum}")
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # one is enough: a second must not cut the report short
+            if signal.getsignal(sig) is handler:
+                signal.signal(sig, signal.SIG_IGN)
+                _silenced.add(sig)
+        exc = Terminated(f"signal {signum}")
     exc.signum = signum
+    exc.from_signal_handler = True
     raise exc
+
+
+def _unraisable(args) -> None:
+    """``sys.unraisablehook`` while :func:`install`'s handlers are in place: an exception of :func:`handler` that
+    Python could not propagate (the signal came while a weakref callback, a ``__del__`` or the garbage collector
+    ran Python code: CPython prints "Exception ignored" and goes on) is not lost and not printed: the signal is
+    delivered again a millisecond later, from a timer thread, so that the handler raises it in the main flow
+    (delivered from inside this hook it would be raised here, and lost again). Anything else goes to the hook
+    that was there before."""
+    exc = args.exc_value
+    if not getattr(exc, "from_signal_handler", False):
+        _previous_unraisablehook(args)
+        return
+    for sig in list(_silenced):
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            signal.signal(sig, handler)
+        _silenced.discard(sig)
+    timer = threading.Timer(0.001, os.kill, (os.getpid(), exc.signum))
+    timer.daemon = True
+    timer.start()
+
+
+_previous_unraisablehook = sys.unraisablehook
 
 
 def handler(signum, frame) -> None:  # noqa: ARG001 - a signal handler's signature
@@ -58,11 +90,14 @@ def handler(signum, frame) -> None:  # noqa: ARG001 - a signal handler's signatu
 
 def install() -> None:
     """Main thread: :func:`handler` for the signals not ignored (``nohup``: SIGHUP stays ignored)."""
+    global _previous_unraisablehook
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in HANDLED:
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, handler)
+    if sys.unraisablehook is not _unraisable:
+        _previous_unraisablehook, sys.unraisablehook = sys.unraisablehook, _unraisable
 
 
 def hold(pending: Optional[int] = None) -> None:
