@@ -10,8 +10,10 @@ handler of a rank runs, so the spool would say nothing and ``trace recover`` wou
 So the first rank of a node that runs under a Hydra proxy whose parent is an ``mpiexec`` on this node that
 SIGHUP would end starts a *sentinel* (:func:`start`): a small process in a session of its own (the proxy's
 SIGKILL goes to the rank's process group only), which holds a pipe from the rank and a copy of the rank's
-standard output and error. When the pipe closes (the rank is gone, whatever ended it), the sentinel looks at
-``mpiexec``:
+standard output and error. When the pipe closes, the sentinel knows whether the rank ended in order (it said
+so, :data:`DONE`, as the last thing of every run: nothing to add) or was ended (the pipe closed with the rank);
+then it looks at ``mpiexec``, waiting up to :data:`LAUNCHER_GRACE_S` for it to end (a dying ``mpiexec`` closes its
+connections, so its proxy kills the ranks, before the kernel reports it gone):
 
 - alive: the rank ended otherwise (it finished, failed, or was killed while the launcher lived: the
   OOM killer, ``kill -9``, ``MPI_Abort``); nothing to add. ``mpiexec`` cannot have ended in between: it
@@ -48,6 +50,12 @@ LAUNCHER_NAMES = ("mpiexec", "mpiexec.hydra", "mpirun")
 #: temporary file and staged parts directory (``t`` TMP ``\0`` STAGED, empty where none)
 MERGING = b"m\n"
 TEMPORARIES = b"t"
+#: the rank's last line: the run ended on it in order (its spool closed, its communicators freed)
+DONE = b"d\n"
+#: how long a sentinel whose rank was ended waits for ``mpiexec`` to be reported gone: a dying process closes its
+#: files (the proxy then kills the ranks at once) before the kernel marks it exited, and on a loaded machine that
+#: gap was long enough for the sentinel to see a live ``mpiexec`` and record nothing (the trace said ``partial``)
+LAUNCHER_GRACE_S = 5.0
 
 
 def _stat_fields(pid: int):
@@ -108,8 +116,9 @@ class Sentinel:
             pass
 
     def close(self) -> None:
-        """The run ended on this rank in an orderly way: the sentinel exits (it finds nothing to add)."""
+        """The run ended on this rank in an orderly way: the sentinel is told so (:data:`DONE`) and exits."""
         if self.fd is not None:
+            self._tell(DONE)
             os.close(self.fd)
             self.fd = None
 
@@ -150,7 +159,7 @@ def watch(spool_dir: str, rank: int, launcher: int, steps: int, record_size: int
         pidfd = os.pidfd_open(launcher)  # the launcher itself, whatever later takes its pid
     except (AttributeError, OSError):
         pidfd = None
-    merging, temporaries, data = False, (None, None), b""
+    merging, done, temporaries, data = False, False, (None, None), b""
     while True:
         try:
             more = os.read(0, 4096)
@@ -164,15 +173,11 @@ def watch(spool_dir: str, rank: int, launcher: int, steps: int, record_size: int
         *lines, data = data.split(b"\n")
         for line in lines:
             merging = merging or line + b"\n" == MERGING
+            done = done or line + b"\n" == DONE
             if line.startswith(TEMPORARIES):
                 tmp, _, staged = line[len(TEMPORARIES):].partition(b"\0")
                 temporaries = (os.fsdecode(tmp) or None, os.fsdecode(staged) or None)
-    if pidfd is not None:
-        import select
-
-        gone = bool(select.select([pidfd], [], [], 0)[0])
-    else:
-        gone = _gone(launcher)
+    gone = False if done else _launcher_ends(launcher, pidfd, LAUNCHER_GRACE_S)
     devnull = os.open(os.devnull, os.O_WRONLY)  # let go of the rank's output: its proxy (and mpiexec) may end now
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
@@ -206,6 +211,23 @@ def watch(spool_dir: str, rank: int, launcher: int, steps: int, record_size: int
     write_failure(stem, rank, f"interrupted: {HANGUP_NAME} {when}; {kept} in {spool_dir} "
                               f"(fourd-mpi trace recover {spool_dir})")
     return 0
+
+
+def _launcher_ends(launcher: int, pidfd: Optional[int], grace: float) -> bool:
+    """Whether ``launcher`` is gone, or ends within ``grace`` seconds (its pidfd readable; without one, its state
+    polled every 10 ms)."""
+    if pidfd is not None:
+        import select
+
+        return bool(select.select([pidfd], [], [], grace)[0])
+    import time
+
+    deadline = time.monotonic() + grace
+    while not _gone(launcher):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def _reported(spool_dir: str) -> bool:
