@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+from moments import default_signals
 
 CHILD = textwrap.dedent("""
     import os, signal, sys, time
@@ -39,7 +40,10 @@ CHILD = textwrap.dedent("""
                                             ("SIGHUP", f"terminated {signal.SIGHUP}"),
                                             ("SIGINT", f"interrupted {signal.SIGINT}")])
 def test_a_signal_inside_a_destructor_reaches_the_main_flow(name, expected):
-    proc = subprocess.run([sys.executable, "-c", CHILD, name], capture_output=True, text=True, timeout=60)
+    # the child at the signals' defaults whatever this runner inherited (a background job ignores SIGINT, nohup
+    # SIGHUP), as a command typed in a terminal has them
+    proc = subprocess.run([sys.executable, "-c", CHILD, name], capture_output=True, text=True, timeout=60,
+                          preexec_fn=default_signals)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == expected
     assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
