@@ -170,8 +170,9 @@ class Collectives:
         """The MPI buffers of ``op`` (a :data:`~fourd_mpi.core.colltable.COLLECTIVES` name) for ``array``."""
         return Route(self.backend, array, recv_shape, wire, staged(self.backend, op), self.check_buffers)
 
-    def _issue(self, op: str, axis: str, nbytes: int, route: Route, call, tag=None) -> CommHandle:
-        """Start ``call`` (an operation of :mod:`fourd_mpi.core.mpicoll`) on ``route``'s buffers over ``axis``."""
+    def _issue(self, op: str, axis: str, nbytes: int, route: Route, tag=None) -> CommHandle:
+        """Start ``op`` (its operation of :mod:`fourd_mpi.core.mpicoll`) on ``route``'s buffers over ``axis``."""
+        call = getattr(mpicoll, op)
         record = self._record(op, axis, nbytes, tag)
         record.d2h = route.d2h
 
@@ -271,7 +272,7 @@ class Collectives:
             xp = self.backend.xp
             return self._skipped("allgather", axis, xp.tile(shard, p), p * shard.nbytes, tag)
         route = self._route("allgather", shard, (p * shard.size,), wire_dtypes(shard.dtype)[0])
-        return self._issue("allgather", axis, route.recv.nbytes, route, mpicoll.allgather, tag)
+        return self._issue("allgather", axis, route.recv.nbytes, route, tag)
 
     def reduce_scatter(self, axis: str, full) -> CommHandle:
         """Sum ``full`` (1-D, ``p*s`` elements) over ``axis``; keep this rank's block (``Ireduce_scatter_block``).
@@ -286,7 +287,7 @@ class Collectives:
         if self.skip_communication:
             return self._skipped("reduce_scatter", axis, full[: full.size // p].copy(), full.nbytes)
         route = self._route("reduce_scatter", full, (full.size // p,), wire_dtypes(full.dtype)[1])
-        return self._issue("reduce_scatter", axis, route.send.nbytes, route, mpicoll.reduce_scatter)
+        return self._issue("reduce_scatter", axis, route.send.nbytes, route)
 
     def allreduce(self, axis: str, array, tag=None) -> CommHandle:
         """Element-wise sum of ``array`` (any shape) over ``axis`` (``Iallreduce``); same shape back.
@@ -299,7 +300,7 @@ class Collectives:
         if self.skip_communication:
             return self._skipped("allreduce", axis, array, array.nbytes, tag)
         route = self._route("allreduce", array, array.shape, wire_dtypes(array.dtype)[1])
-        return self._issue("allreduce", axis, route.send.nbytes, route, mpicoll.allreduce, tag)
+        return self._issue("allreduce", axis, route.send.nbytes, route, tag)
 
     def allreduce_scalars(self, values, axes=("data", "z", "y", "x")) -> "list[float]":
         """Sum a few host floats over the given axes, blocking (loss bookkeeping, not a hot path).

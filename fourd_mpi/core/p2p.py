@@ -31,7 +31,7 @@ from mpi4py import MPI
 from fourd_mpi.core import commlog
 from fourd_mpi.core.collectives import Collectives
 from fourd_mpi.core.commlog import CommRecord
-from fourd_mpi.core.wire import wire_dtypes
+from fourd_mpi.core.wire import as_dtype, wire_dtypes
 
 FORWARD, BACKWARD = 0, 1
 
@@ -71,9 +71,7 @@ class PointToPoint:
     def isend(self, array, stage: int, message_tag: int) -> P2PHandle:
         """Send ``array`` to ``stage`` (``Isend``); waited by :meth:`complete_sends`."""
         backend = self.comm.backend
-        wire = wire_dtypes(array.dtype)[0]
-        if wire != array.dtype:
-            array = array.view(wire)
+        array = as_dtype(array, wire_dtypes(array.dtype)[0])
         record = self._record("send", array.nbytes)
         staged = backend.staged_for("p2p")
         if staged:
@@ -111,9 +109,7 @@ class PointToPoint:
         else:
             out = backend.from_mpi_buffer(handle.buffer).reshape(handle.shape)
         handle.buffer = None
-        if out.dtype != handle.dtype:
-            out = out.view(handle.dtype)
-        return out
+        return as_dtype(out, handle.dtype)
 
     def wait_first(self, handles: Sequence[P2PHandle], group=None, what: str = "a pipeline message") -> int:
         """Block until one of ``handles`` (receives) completes; returns its position. The blocked time is a

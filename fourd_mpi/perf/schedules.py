@@ -71,11 +71,12 @@ def _check_uneven_chunks(stage_layers: Tuple[int, ...], chunks: int) -> None:
     ``v = 4`` runs (chunks of 2, the end stages' first/last chunk 1); 6, 8, 8, 6 with ``v = 4`` is refused."""
     fullest = max(stage_layers)
     shortest = min(stage_layers)
-    if fullest % chunks or fullest - shortest > fullest // chunks:
-        raise ConfigError(f"interleaved on uneven stages ({', '.join(map(str, stage_layers))} blocks): the fullest "
-                          f"stages' {fullest} blocks must split into {chunks} equal chunks and every stage may lack "
-                          f"at most one chunk ({fullest // chunks if fullest % chunks == 0 else 'n/a'} blocks; "
-                          f"Llama 3's layout)")
+    where = f"interleaved on uneven stages ({', '.join(map(str, stage_layers))} blocks, Llama 3's layout)"
+    if fullest % chunks:
+        raise ConfigError(f"{where}: the fullest stages' {fullest} blocks must split into {chunks} equal chunks")
+    if fullest - shortest > fullest // chunks:
+        raise ConfigError(f"{where}: a stage may lack at most one chunk ({fullest // chunks} blocks) of the "
+                          f"fullest's {fullest}, but one has {shortest}")
 
 
 def bubble_fraction(schedule: str, stages: int, microbatches: int, chunks: int = 1) -> float:

@@ -337,10 +337,7 @@ def context_parallel_slot(sc: Scenario, view: Scenario, profile: MachineProfile,
         exposed = gathers * _cp_collective(profile, "allgather", cp, cp * msg, stride, level, rpn) + \
             scatters * _cp_collective(profile, "reduce_scatter", cp, cp * msg, stride, level, rpn)
         return (cp - 1) * attention, max(sc.stage_layers) * exposed
-    if profile.has_network:
-        t_msg = profile.network_time("allgather", 2, 2 * msg, stride, level, rpn)
-    else:
-        t_msg = message_time(profile, level, msg)
+    t_msg = _cp_collective(profile, "allgather", 2, 2 * msg, stride, level, rpn)  # one ring step: a pair's swap
     ring = max(sc.stage_layers) * terms.context_parallel_ring_messages(cp, sc.recompute) * t_msg
     return (cp - 1) * attention, terms.context_parallel_exposed(ring, cp * attention)
 

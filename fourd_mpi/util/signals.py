@@ -66,10 +66,10 @@ def _unraisable(args) -> None:
     if not getattr(exc, "from_signal_handler", False):
         _previous_unraisablehook(args)
         return
-    for sig in list(_silenced):
+    for sig in _silenced:
         if signal.getsignal(sig) is signal.SIG_IGN:
             signal.signal(sig, handler)
-        _silenced.discard(sig)
+    _silenced.clear()
     timer = threading.Timer(0.001, os.kill, (os.getpid(), exc.signum))
     timer.daemon = True
     timer.start()
