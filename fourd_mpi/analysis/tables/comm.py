@@ -19,7 +19,8 @@ from fourd_mpi.trace.summary import measured_records
 COMM_COLUMNS = [
     "run_id", "op", "axis", "placement", "node_span", "group_size", "messages_per_step", "bytes_per_step",
     "wire_bytes_per_step", "bytes_per_message", "inflight_median_s", "inflight_s_per_step", "wait_s_per_step",
-    "mpi_s_per_step", "exposed_s_per_step", "algbw_gbps", "busbw_gbps", "overlap_pct", "outside_mpi_pct", "formula",
+    "peer_wait_s_per_step", "transfer_wait_s_per_step", "mpi_s_per_step", "exposed_s_per_step", "algbw_gbps",
+    "busbw_gbps", "overlap_pct", "outside_mpi_pct", "formula",
     "algorithm",
 ]
 OVERLAP_FORMULA = ("overlap_pct = 100 * sum(overlap_ns) / sum(complete_ns - call_ns)  [in flight: from the "
@@ -32,7 +33,16 @@ HIDDEN_FORMULA = ("hidden_pct = 100 * clip(1 - exposed_s_per_step / exposed_s_pe
                   "stopped being exposed]")
 OUTSIDE_MPI_FORMULA = ("outside_mpi_pct = 100 * (1 - sum(mpi_ns) / sum(complete_ns - call_ns))  [mpi_ns: host time "
                        "inside MPI calls (I*, Test/Testsome, Wait) in the window; the rest is compute or harness]")
+PEER_WAIT_FORMULA = ("peer_wait_s_per_step = sum(clip(last_issue_ns - (complete_ns - wait_ns), 0, wait_ns)) / "
+                     "(ranks * steps)  [the part of a wait spent before the last rank of the collective's "
+                     "communicator had issued it (load imbalance: no progress strategy can hide it); "
+                     "last_issue_ns: the latest issue_ns of the same collective (the k-th on that communicator in "
+                     "the step) over the communicator's ranks, on the trace's aligned clock]")
+TRANSFER_WAIT_FORMULA = ("transfer_wait_s_per_step = wait_s_per_step - peer_wait_s_per_step  [waiting after every "
+                         "rank had issued: the transfer (and the progress it lacked) that overlap can hide]")
 COMM_FORMULAS = {
+    "peer_wait_s_per_step": PEER_WAIT_FORMULA,
+    "transfer_wait_s_per_step": TRANSFER_WAIT_FORMULA,
     "overlap_pct": OVERLAP_FORMULA,
     "outside_mpi_pct": OUTSIDE_MPI_FORMULA,
     "exposed_s_per_step": EXPOSED_FORMULA,
@@ -137,8 +147,8 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     measured = measured_records(trace.rank_steps)
     n_records = len(measured)
     ev = trace.events
-    wanted = set(by) | {"op", "axis", "rank", "issue_ns", "complete_ns", "start_ns", "end_ns", "bytes", "wire_bytes",
-                        "wait_ns", "call_ns", "mpi_ns", "overlap_ns"}
+    wanted = set(by) | {"op", "axis", "rank", "step", "issue_ns", "complete_ns", "start_ns", "end_ns", "bytes",
+                        "wire_bytes", "wait_ns", "call_ns", "mpi_ns", "overlap_ns"}
     # the comm-lane events of the measured steps, block by block (see breakdown)
     coll = gather_columns(ev, wanted, measured_select(measured, lambda lane: lane >= LANE_COMM0)) if n_records \
         else {c: ev[c][:0] for c in wanted}
@@ -164,6 +174,8 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     wire = np.bincount(inverse, weights=coll["wire_bytes"].astype(np.float64), minlength=g)
     tflight = np.bincount(inverse, weights=inflight, minlength=g)
     twait = np.bincount(inverse, weights=coll["wait_ns"].astype(np.float64), minlength=g)
+    peer = np.where(is_copy, 0, peer_wait_ns(coll, trace.placement(), trace.vocab["axes"]))
+    tpeer = np.bincount(inverse, weights=peer.astype(np.float64), minlength=g)
     window = np.where(is_copy, 0, coll["complete_ns"] - np.maximum(coll["call_ns"], coll["issue_ns"]))
     twindow = np.bincount(inverse, weights=window.astype(np.float64), minlength=g)
     tmpi = np.bincount(inverse, weights=np.where(is_copy, 0, coll["mpi_ns"]).astype(np.float64), minlength=g)
@@ -204,6 +216,8 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
         out["inflight_median_s"] = median * 1e-9
         out["inflight_s_per_step"] = tflight / n_records * 1e-9
         out["wait_s_per_step"] = twait / n_records * 1e-9
+        out["peer_wait_s_per_step"] = np.where(copy, np.nan, tpeer / n_records * 1e-9)
+        out["transfer_wait_s_per_step"] = np.where(copy, np.nan, (twait - tpeer) / n_records * 1e-9)
         out["mpi_s_per_step"] = tmpi / n_records * 1e-9
         out["exposed_s_per_step"] = np.where(copy, np.nan, texposed / n_records * 1e-9)
         out["algbw_gbps"] = algbw
@@ -214,6 +228,60 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     out["algorithm"] = algorithm_of(trace)
     out = out[columns]
     out.attrs["formulas"] = dict(COMM_FORMULAS)
+    return out
+
+
+def peer_wait_ns(coll, placement, axis_words) -> np.ndarray:
+    """Per collective: the nanoseconds of its wait spent before the last rank of its communicator issued it
+    (:data:`PEER_WAIT_FORMULA`).
+
+    ``coll``: columns ``rank``, ``step``, ``axis`` (codes into ``axis_words``), ``issue_ns``, ``complete_ns``,
+    ``wait_ns`` of the collectives (one row each, any order). ``placement``: the run's
+    :class:`~fourd_mpi.core.placement.NodePlacement` (its ``dims``, in axis order: world ranks row-major over
+    them). The communicator of rank ``r`` along axis ``a`` is the ranks that share every coordinate of ``r``
+    but ``a``'s (axis ``none``: the world). MPI starts the collectives of one communicator in the same order
+    on every member, so the ``k``-th collective of rank ``r`` over ``a`` in a step (by ``issue_ns``) is the
+    ``k``-th of each member; ``last_issue`` is the latest of their ``issue_ns``. A wait ends at the observed
+    completion, so it spans ``[complete_ns - wait_ns, complete_ns]``; the part before ``last_issue`` is the
+    peer wait. An axis the placement does not name: no peers (0). No MPI: arrays only.
+    """
+    n = len(coll["rank"])
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    rank = coll["rank"].astype(np.int64)
+    axis = coll["axis"].astype(np.int64)
+    axes = list(placement.dims)
+    dims = [int(placement.dims[a]) for a in axes]
+    world = int(math.prod(dims))
+    coords = np.unravel_index(np.clip(rank, 0, world - 1), dims)
+    group = np.full(n, -1, dtype=np.int64)
+    for code, word in enumerate(axis_words):
+        here = axis == code
+        if not here.any():
+            continue
+        if word == "none":
+            group[here] = 0
+        elif word in axes:
+            i = axes.index(word)
+            others = [c[here] if j != i else np.zeros(int(here.sum()), dtype=np.int64) for j, c in enumerate(coords)]
+            group[here] = np.ravel_multi_index(others, dims)
+    issue = coll["issue_ns"].astype(np.int64)
+    step = coll["step"].astype(np.int64)
+    order = np.lexsort((issue, axis, step, rank))  # each rank's collectives per (step, axis) in issue order
+    first = np.ones(n, dtype=bool)
+    first[1:] = (np.diff(rank[order]) != 0) | (np.diff(step[order]) != 0) | (np.diff(axis[order]) != 0)
+    starts = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    ordinal = np.empty(n, dtype=np.int64)
+    ordinal[order] = np.arange(n) - starts
+    known = group >= 0
+    key = np.stack([step, axis, group, ordinal])[:, known]
+    _, inverse = np.unique(key, axis=1, return_inverse=True)
+    last = np.full(int(inverse.max()) + 1 if len(inverse) else 0, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(last, inverse.reshape(-1), issue[known])
+    wait = coll["wait_ns"].astype(np.int64)
+    start = coll["complete_ns"].astype(np.int64) - wait
+    out = np.zeros(n, dtype=np.int64)
+    out[known] = np.clip(last[inverse.reshape(-1)] - start[known], 0, wait[known])
     return out
 
 
