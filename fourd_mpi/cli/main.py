@@ -174,6 +174,34 @@ def _not_root(argv: Optional[List[str]]) -> bool:
     return MPI.COMM_WORLD.Get_rank() != 0
 
 
+#: the commands that run under mpiexec (their handlers take the world communicator)
+MPI_COMMANDS = ("run", "verify", "info", "bench")
+
+
+def _leave_together(argv: Optional[List[str]], exc: ConfigError) -> None:
+    """After a rank of an MPI command launched with siblings said its parse error: wait until every rank has
+    reached this point or its own first collective, so no rank exits before the others have printed.
+
+    A launcher may end the whole job as soon as one rank exits with an error (Open MPI does; a rank still
+    parsing a large config file then dies without its line). Every rank of a launch parses the same command
+    line, so they all fail alike and meet in :func:`~fourd_mpi.core.mpiutil.check_same`; a rank that parsed
+    (an MPMD launch with other arguments) meets this one in its own ``check_same`` of the command's
+    fingerprint, which then fails on every rank with the line naming the difference, instead of waiting for a
+    rank that is gone. Collective over ``COMM_WORLD``; nothing without a launcher or for the offline
+    commands."""
+    from fourd_mpi.util.launch import launch_rank
+
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    if not tokens or tokens[0] not in MPI_COMMANDS or launch_rank() is None:
+        return
+    from mpi4py import MPI
+
+    from fourd_mpi.core.mpiutil import check_same
+
+    with contextlib.suppress(ConfigError):  # the settings differ from a rank that parsed: it says so
+        check_same(MPI.COMM_WORLD, {"command line": f"refused ({str(exc).splitlines()[0] if str(exc) else exc})"})
+
+
 def _tolerant_streams() -> None:
     """Standard output and error write what their encoding cannot hold as escapes (``\\xe9``), once for
     every command: ``PYTHONIOENCODING=ascii fourd-mpi trace show`` of a non-ASCII path is no traceback."""
@@ -267,6 +295,7 @@ def _main(argv: Optional[List[str]] = None, start: Optional[_StartHold] = None) 
     except ConfigError as exc:
         if not _not_root(argv):
             error_line(exc)
+        _leave_together(argv, exc)
         return 2
     configure(verbosity_of(args), is_first_rank())
     log.debug("version %s, Python %s, command: %s", __version__, sys.version.split()[0],
