@@ -145,7 +145,7 @@ def _short_header(world, run, run_id: str, trace_path: str, level: str) -> None:
                f"ffn {cfg.ffn_hidden}, seq {cfg.seq}, global batch {cfg.batch} "
                f"({cfg.parameter_count() / 1e6:.2f} M parameters); {o.steps} steps, {o.warmup} warm-up")
     say(world, f"backend {run.backend.describe()}; MPI: {_mpi_library()}; overlap {run.trainer.overlap}, progress "
-               f"{o.progress}, recompute {o.recompute}")
+               f"{run.comm.progress.name}{' (auto)' if o.progress == 'auto' else ''}, recompute {o.recompute}")
     say(world, f"output: {trace_path} (trace level {level}); the full configuration: --show-config or fourd-mpi "
                f"results show {run_id}")
 

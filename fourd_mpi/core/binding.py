@@ -112,6 +112,17 @@ class Binding:
         return cls(sets, [int(k) for k in nodes], count, SOURCE, shared, free)
 
     @property
+    def cpus_per_rank(self) -> float:
+        """The fewest CPUs per rank on a node: the distinct CPUs in its ranks' sets / its ranks (below 1: the
+        node is oversubscribed)."""
+        per_node: Dict[int, set] = {}
+        ranks: Dict[int, int] = {}
+        for cpus, k in zip(self.cpus, self.nodes):
+            per_node.setdefault(k, set()).update(cpus)
+            ranks[k] = ranks.get(k, 0) + 1
+        return min(len(per_node[k]) / ranks[k] for k in per_node)
+
+    @property
     def pinned(self) -> bool:
         """:data:`RULE`: no rank on every CPU of its node, no CPU shared by two ranks of a node."""
         return not any(self.shared) and not any(self.free)

@@ -4,6 +4,18 @@ Measured on our machines (docs/design.md section 3): MPICH and Open MPI make no
 progress on a nonblocking collective while the host is inside a NumPy matmul,
 so the ``Wait`` afterwards costs about the whole collective. Strategies:
 
+``auto`` (the default)
+    One of the two below, chosen at the start of a run (:func:`choose_progress`): ``thread`` when
+    collectives overlap compute, every axis the rank communicates over stays on its node (shared
+    memory), the host computes (NumPy), no node has more ranks than CPUs and MPI gives
+    ``MPI_THREAD_MULTIPLE``; ``poll`` otherwise. Why, measured on our machines
+    (``results/benchmarks/progress-auto.txt``): a shared-memory transfer moves only while some call
+    polls MPI about every 0.1 ms (a thread polling every 1 ms left much of it exposed, every 5 ms
+    nearly all), which GEMM chunks cannot do cheaply, so polls hid none of it and the thread nearly
+    all; across a TCP link the thread competed with the network stack for the ranks' cores
+    (compute 1.15-1.32x) while polls every 50 ms of compute hid 72-83 %
+    (``results/benchmarks/multinode-overlap.txt``). On a GPU the host polls while the GPU
+    computes, so a thread adds nothing. The trace stores the strategy that ran.
 ``none``
     Nothing between compute; MPI progresses only inside ``Test``/``Wait``. Shows the problem.
 ``poll`` (default on CPU)
@@ -38,11 +50,11 @@ import statistics
 import threading
 import time
 from collections import deque
-from typing import Callable, Deque, List
+from typing import Callable, Deque, List, Optional, Sequence, Tuple
 
 from fourd_mpi.errors import ConfigError
 
-PROGRESS_STRATEGIES = ("none", "poll", "thread")
+PROGRESS_STRATEGIES = ("auto", "none", "poll", "thread")
 
 
 def _testsome(handles) -> bool:
@@ -67,6 +79,8 @@ class NoProgress:
 
     name = "none"
     chunk_flops = None
+    #: why ``--progress auto`` chose this strategy (None: asked for by name)
+    chosen = None
     #: whether :meth:`poll` / :meth:`test` call MPI on the main thread (their time is MPI time in the trace)
     calls_mpi_on_poll = False
     calls_mpi_on_test = True
@@ -102,6 +116,10 @@ class NoProgress:
         pass
 
     def describe(self) -> str:
+        """The strategy, and why ``--progress auto`` chose it."""
+        return self._describe() + (f" ({self.chosen})" if self.chosen else "")
+
+    def _describe(self) -> str:
         return "none (MPI progresses only in Test/Wait)"
 
 
@@ -226,7 +244,7 @@ class PollProgress(NoProgress):
     def compute_hook(self, comm):
         return _Hook(comm, self) if comm.in_flight else None
 
-    def describe(self) -> str:
+    def _describe(self) -> str:
         if self.auto is not None:
             return (f"poll (Testsome between GEMM chunks of at least {MIN_CHUNK_S * 1e3:.0f} ms of compute, "
                     f"polls under {self.auto.budget:.0%} of it: --poll-flops auto, now {self.auto.describe()})")
@@ -304,11 +322,51 @@ class ThreadProgress(NoProgress):
         self._wake.set()
         self._thread.join()
 
-    def describe(self) -> str:
+    def _describe(self) -> str:
         return f"thread (a progress thread polls Testsome every {self.interval * 1e6:.0f} us)"
 
 
-def make_progress(name: str, chunk_flops="auto"):
+def choose_progress(backend: str, inter_node_axes: Sequence[str], thread_multiple: bool, overlap: bool = True,
+                    cpus_per_rank: Optional[float] = None) -> Tuple[str, str]:
+    """What ``--progress auto`` runs: ``(strategy, reason)``; the same on every rank of a run.
+
+    ``backend``: ``numpy`` (the host computes) or ``cupy``; ``inter_node_axes``: the communicating axes
+    whose communicators span more than one node (:attr:`~fourd_mpi.core.placement.NodePlacement.inter_node_axes`);
+    ``thread_multiple``: whether MPI provides ``MPI_THREAD_MULTIPLE``; ``overlap``: whether any collective is
+    left in flight during compute (``--overlap`` other than ``none``); ``cpus_per_rank``: the fewest CPUs per
+    rank on a node (the distinct CPUs of its ranks' CPU sets / its ranks; None: unknown). No communication.
+
+        thread  if overlap and backend == numpy and no axis crosses nodes and cpus_per_rank >= 1
+                and thread_multiple
+        poll    otherwise
+    """
+    if not overlap:
+        return "poll", "--overlap none leaves nothing in flight during compute"
+    if backend != "numpy":
+        return "poll", "the GPU computes while the host polls MPI between kernels: a thread would add nothing"
+    if inter_node_axes:
+        return "poll", (f"{', '.join(inter_node_axes)} cross{'es' if len(inter_node_axes) == 1 else ''} nodes: "
+                        "a progress thread would compete with the network stack for the ranks' cores")
+    if cpus_per_rank is None:
+        return "poll", "the ranks' CPU sets are unknown: a thread per rank could take compute time from them"
+    if cpus_per_rank < 1:
+        return "poll", (f"{cpus_per_rank:.2g} CPUs per rank on a node: a thread per rank would take compute time "
+                        "from oversubscribed ranks")
+    if not thread_multiple:
+        return "poll", "MPI does not provide MPI_THREAD_MULTIPLE, which a progress thread needs"
+    return "thread", ("every communicating axis stays on its node: shared-memory transfers move only while MPI is "
+                      "polled about every 0.1 ms, which a thread does and GEMM chunks cannot do cheaply")
+
+
+def make_progress(name: str, chunk_flops="auto", *, backend: str = "numpy", inter_node_axes: Sequence[str] = (),
+                  thread_multiple: bool = False, overlap: bool = True, cpus_per_rank: Optional[float] = None):
+    """The strategy ``name`` (``auto``: :func:`choose_progress` of the other arguments; the strategy's
+    ``chosen`` then says why). Starts the progress thread of ``thread``."""
+    if name == "auto":
+        name, reason = choose_progress(backend, inter_node_axes, thread_multiple, overlap, cpus_per_rank)
+        strategy = make_progress(name, chunk_flops)
+        strategy.chosen = f"--progress auto: {reason}"
+        return strategy
     if name == "none":
         return NoProgress()
     if name == "poll":

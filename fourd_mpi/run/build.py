@@ -308,7 +308,11 @@ class Run:
         backend.attention, backend.attention_reason = choose_attention(mpi_comm, options, backend)
         # memory admission before anything that grows with the model is allocated (same error on every rank)
         need, _ = admit(mpi_comm, options, backend)
-        progress = agree(mpi_comm, lambda: make_progress(options.progress, options.poll_flops))
+        binding = placement.binding
+        progress = agree(mpi_comm, lambda: make_progress(  # auto: the same choice on every rank (placement is global)
+            options.progress, options.poll_flops, backend=backend_name, inter_node_axes=placement.inter_node_axes,
+            thread_multiple=MPI.Query_thread() >= MPI.THREAD_MULTIPLE, overlap=bool(options.overlap.enabled),
+            cpus_per_rank=binding.cpus_per_rank if binding is not None else None))
         tracer, clock, clock_start = _make_tracer(mpi_comm, backend, trace_level)
         comm = Collectives(grid, backend, progress=progress, check_buffers=options.check_buffers,
                            skip_communication=skip_communication, tracer=tracer)

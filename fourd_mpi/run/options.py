@@ -186,8 +186,10 @@ RUN_OPTIONS: Tuple[Option, ...] = (
            help=f"none, all (= {','.join(OVERLAP_ALL)}) or a comma list of {', '.join(OVERLAP_NAMES)} (default none; "
                 "oup: each parameter updated as its gradient completes, the next step's first all-gather issued "
                 "right after its update)"),
-    Option("progress", "overlap", str, "poll", PROGRESS_STRATEGIES,
-           help="who progresses nonblocking collectives during compute: poll (default), none, thread"),
+    Option("progress", "overlap", str, "auto", PROGRESS_STRATEGIES,
+           help="who progresses nonblocking collectives during compute: auto (default: thread where every "
+                "communicating axis stays on its node and the host computes, else poll; the trace stores which "
+                "ran), poll, none, thread"),
     Option("cache-weights", "overlap", flag=True, default=False, old="--overlap ...,cache",
            help="old spelling of 'cache' in --overlap (keep weights gathered in forward for backward: memory for "
                 "communication); accepted with a note, not in --help; a resolved config still stores it"),

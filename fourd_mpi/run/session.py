@@ -192,13 +192,16 @@ def _traced_run(world, options: RunOptions, trace: TraceOptions, config: Dict, s
 
 def build_run(world, options: RunOptions, trace: TraceOptions, config: Dict, step_timeout: float) -> Run:
     """The run's live objects (:meth:`Run.build`, clocks aligned), its watchdog (``--step-timeout``) and NVTX
-    ranges (``--nvtx``); ``config["attention"]`` becomes the kernels that run (``auto`` resolves per machine:
-    the header, metadata and key say which). Collective."""
+    ranges (``--nvtx``); ``config["attention"]`` becomes the kernels that run and ``config["progress"]`` the
+    progress strategy (``auto`` resolves per machine and placement: the header, metadata and key say which).
+    Collective."""
     started = time.perf_counter()
     run = Run.build(world, options, trace_level=trace.level)
     log.debug("built the run in %.3f s: communicators, model, data, clocks aligned", time.perf_counter() - started)
     if "attention" in config:
         config["attention"] = run.backend.attention
+    if "progress" in config:
+        config["progress"] = run.comm.progress.name
     rank = world.Get_rank()
     run.comm.watchdog = Watchdog(step_timeout, rank)
     run.comm.tracer.ranges = make_ranges(trace.nvtx, log.warning if rank == 0 else lambda text: None)

@@ -1,6 +1,7 @@
 """``--poll-flops auto`` (:class:`fourd_mpi.core.progress.AutoChunk`): the rule on known answers, the chunked
-GEMM feeding it, and the option's grammar. The end-to-end effect (compute inside an overlapped step, hidden
-share) is a benchmark (bench/multinode.py, results/benchmarks/), not a test."""
+GEMM feeding it, and the option's grammar; ``--progress auto``'s choice (:func:`choose_progress`). The end-to-end
+effect (compute inside an overlapped step, hidden share) is a benchmark (bench/multinode.py, results/benchmarks/),
+not a test."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import argparse
 import numpy as np
 import pytest
 
+from fourd_mpi.core.binding import Binding
 from fourd_mpi.core.progress import (
     AUTO_MAX_FLOPS,
     AUTO_MIN_FLOPS,
     AUTO_START_FLOPS,
     MIN_CHUNK_S,
     POLL_BUDGET,
+    PROGRESS_STRATEGIES,
     AutoChunk,
     PollProgress,
+    choose_progress,
     make_progress,
 )
 from fourd_mpi.errors import ConfigError
@@ -107,3 +111,43 @@ def test_fixed_size_and_grammar():
     for bad in ("0", "-3", "nan", "inf", "often", ""):
         with pytest.raises(argparse.ArgumentTypeError):
             poll_flops_value(bad)
+
+
+def test_auto_strategy_rule():
+    """``--progress auto``: a thread only where collectives overlap compute, every communicating axis stays on its
+    node, the host computes, no node has more ranks than CPUs and MPI allows threads; the reason names what
+    decided, in that order."""
+    ok = dict(backend="numpy", inter_node_axes=[], thread_multiple=True, overlap=True, cpus_per_rank=1.0)
+    assert choose_progress(**ok)[0] == "thread"
+    assert choose_progress(**{**ok, "cpus_per_rank": 8.0})[0] == "thread"
+    cases = [({"overlap": False}, "--overlap none"), ({"backend": "cupy"}, "GPU"),
+             ({"inter_node_axes": ["data"]}, "data crosses nodes"),
+             ({"inter_node_axes": ["z", "x"]}, "z, x cross nodes"),
+             ({"cpus_per_rank": None}, "CPU sets are unknown"), ({"cpus_per_rank": 0.25}, "0.25 CPUs per rank"),
+             ({"thread_multiple": False}, "MPI_THREAD_MULTIPLE")]
+    for change, reason in cases:
+        name, why = choose_progress(**{**ok, **change})
+        assert name == "poll" and reason in why, (change, why)
+    # the first failing condition speaks
+    assert "--overlap none" in choose_progress(**{**ok, "overlap": False, "backend": "cupy"})[1]
+    assert PROGRESS_STRATEGIES[0] == "auto"
+
+
+def test_binding_cpus_per_rank():
+    """The fewest distinct CPUs per rank over the nodes: 2 unpinned ranks on 2 CPUs have 1 each; 3 on 2, 2/3;
+    pinned ranks their own sets."""
+    assert Binding.from_ranks([[0, 1], [0, 1]], [0, 0], [2]).cpus_per_rank == 1.0
+    assert Binding.from_ranks([[0, 1]] * 3, [0, 0, 0], [2]).cpus_per_rank == pytest.approx(2 / 3)
+    assert Binding.from_ranks([[0], [1], [0, 1, 2, 3]], [0, 0, 1], [2, 4]).cpus_per_rank == 1.0
+    assert Binding.from_ranks([[0, 1, 2, 3], [0], [0]], [0, 1, 1], [4, 4]).cpus_per_rank == 0.5
+
+
+def test_auto_strategy_says_why():
+    """``make_progress("auto", ...)`` builds the chosen strategy, and its description carries the reason (poll:
+    no MPI needed to build it)."""
+    strategy = make_progress("auto", "auto", backend="numpy", inter_node_axes=["z"], thread_multiple=True,
+                             cpus_per_rank=1.0)
+    assert isinstance(strategy, PollProgress) and strategy.name == "poll"
+    assert strategy.describe().endswith("(--progress auto: z crosses nodes: a progress thread would compete with "
+                                        "the network stack for the ranks' cores)")
+    assert make_progress("poll").chosen is None and "auto:" not in make_progress("poll").describe()
