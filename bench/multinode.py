@@ -30,9 +30,10 @@ and after and the exact command of every case. The model's figures use only prof
    ``--launch-timeout`` seconds is cancelled and counted as hung, with the pmi2 plugin's errors counted.
 
 ``--from-results FILE`` (offline, no bed, no MPI, not root): part 3 again from a committed report and the
-profiles kept next to it (``multinode-profile-NxP.yaml``): per grid the measured step, the model's step,
-its compute and exposed communication per axis (level, ``g`` = the group's ranks per node, and which
-measured points priced it), Spearman and whether the model's best grid is within the measured best two.
+profiles kept next to it (``<report>-profile-NxP.yaml``, e.g. ``multinode-profile-2x4.yaml``): per grid the
+measured step, the model's step, its compute and exposed communication per axis (level, ``g`` = the group's
+ranks per node, and which measured points priced it), Spearman and whether the model's best grid is within the
+measured best two.
 The measured step times are the report's; only the model is computed again (``--profile-dir DIR``: with the
 profiles of DIR, e.g. measured again by ``bench collectives`` on the bed).
 
@@ -134,7 +135,7 @@ def main() -> int:
                     help="offline: part 3's model again from a committed report FILE and the profiles next to it "
                          "(no bed, no MPI)")
     ap.add_argument("--profile-dir", metavar="DIR",
-                    help="--from-results: take multinode-profile-NxP.yaml from DIR instead (profiles measured again)")
+                    help="--from-results: take <report>-profile-NxP.yaml from DIR instead (profiles measured again)")
     args = ap.parse_args()
     if args.from_results:
         return from_results(args.from_results, args.profile_dir)
@@ -272,6 +273,13 @@ CALIBRATION = ["--min-size", "2K", "--factor", "4", "--max-size", "2M", "--iters
                "--accept-poor-fit"]
 
 
+def kept_profile(report: str, nodes: int, ppn: int) -> str:
+    """Where the profile of layout ``nodes x ppn`` measured for ``report`` is kept: next to it, named after it
+    (``multinode.txt``: ``multinode-profile-2x4.yaml``), so two reports never share one."""
+    stem = os.path.splitext(os.path.abspath(report))[0]
+    return f"{stem}-profile-{nodes}x{ppn}.yaml"
+
+
 def calibrate(args, name, env, say, layout, tmp) -> str:
     """``bench collectives`` on ``layout`` (nodes, ranks per node) of the bed; the profile's path."""
     nodes, ppn = layout
@@ -290,7 +298,7 @@ def calibrate(args, name, env, say, layout, tmp) -> str:
         if line.strip():
             say(f"#     {line.strip()}")
     if args.output:
-        keep = os.path.join(os.path.dirname(os.path.abspath(args.output)), f"multinode-profile-{nodes}x{ppn}.yaml")
+        keep = kept_profile(args.output, nodes, ppn)
         shutil.copyfile(path, keep)
         say(f"#     kept as {os.path.relpath(keep, ROOT)}")
     return path
@@ -409,8 +417,9 @@ def from_results(path: str, profile_dir: str = None) -> int:
           f"none) with the profile of each layout; exposed per axis: seconds (level, g = ranks of one group on a "
           f"node, measured points that priced it)")
     for nodes, ppn, hidden, seq, batch, measured in sections:
-        prof_path = os.path.join(profile_dir or os.path.dirname(os.path.abspath(path)),
-                                 f"multinode-profile-{nodes}x{ppn}.yaml")
+        prof_path = kept_profile(path, nodes, ppn)
+        if profile_dir:
+            prof_path = os.path.join(profile_dir, os.path.basename(prof_path))
         try:
             profile = _profile(prof_path)
         except (ConfigError, OSError) as e:
@@ -495,13 +504,20 @@ def predicted(args, profile_path) -> dict:
 
 
 def _breakdown(path: str) -> dict:
-    """``analyze --what breakdown`` of one trace: step seconds and the exposed-communication share."""
+    """``analyze --what breakdown,comm`` of one trace: step seconds, the exposed communication, its transfer
+    part (``transfer_wait_s_per_step``: waiting after every rank had issued) and the strategy that ran."""
     import json
 
-    done = fourd("analyze", path, "--what", "breakdown", "--format", "json")
-    rows = json.loads(done.stdout)["breakdown"]
+    from fourd_mpi.trace.read import load_trace
+
+    done = fourd("analyze", path, "--what", "breakdown,comm", "--format", "json")
+    tables = json.loads(done.stdout)
+    rows = tables["breakdown"]
     comm = sum(r["seconds_per_step"] for r in rows if r["category"] == "exposed_comm")
-    return {"step_s": float(rows[0]["step_s"]), "comm_s": float(comm)}
+    transfer = sum(float(r["transfer_wait_s_per_step"]) for r in tables["comm"]
+                   if r["transfer_wait_s_per_step"] is not None)
+    ran = load_trace(path, events=False).metadata.get("config", {}).get("progress", "?")
+    return {"step_s": float(rows[0]["step_s"]), "comm_s": float(comm), "transfer_s": transfer, "progress": ran}
 
 
 def overlap(args, name, env, say, profile_path) -> None:
@@ -513,6 +529,10 @@ def overlap(args, name, env, say, profile_path) -> None:
         say()
         say("# the communication is the same at every batch (weights and gradients do not grow with it); the "
             "compute grows with the batch, so comm/compute falls from the first row to the last")
+
+
+#: part 2's case of ``--overlap all`` with every other option at its default (``--progress auto``)
+DEFAULTS = "all, defaults"
 
 
 def overlap_batch(args, name, env, say, profile_path, batch: int) -> None:
@@ -532,6 +552,7 @@ def overlap_batch(args, name, env, say, profile_path, batch: int) -> None:
     cases = {  # case: (ranks per node, run options)
         "compute-only (1 node)": (2, ["--overlap", "none"]),
         "none": (args.overlap_ppn, ["--overlap", "none"]),
+        DEFAULTS: (args.overlap_ppn, ["--overlap", "all"]),
         **{case: (args.overlap_ppn, extra) for case, extra in polls.items()},
         "all, progress thread": (args.overlap_ppn, ["--overlap", "all", "--progress", "thread"]),
     }
@@ -562,43 +583,61 @@ def overlap_batch(args, name, env, say, profile_path, batch: int) -> None:
     grid = GridShape(data=2, z=1, y=1, x=1) if args.overlap_axis == "data" else GridShape(data=1, z=2, y=1, x=1)
     say(f"#   compute = step - exposed comm of the 1-node run; comm = exposed comm of the 'none' run (nothing "
         f"overlaps it); bound = max(compute, comm) of the same round; hidden = 1 - exposed comm / comm of the "
-        f"same round; model: the 2 x 1 calibrated profile")
-    say(f"{'case':<22} {'step s per round':<40} {'median s':>9} {'exposed comm s':>15} {'vs bound (same round)':>22} "
-        f"{'hidden %':>9} {'model s':>8}")
-    bound, comm = {}, {}
+        f"same round; transfer = analyze's transfer_wait_s_per_step (the waits after every rank had issued: "
+        f"the imbalance, which no strategy can hide, left out); hidden transfer = 1 - transfer / transfer of the "
+        f"'none' run of the same round; compute x = (step - exposed comm) / compute of the same round; "
+        f"model: the 2 x 1 calibrated profile")
+    say(f"{'case':<31} {'step s per round':<24} {'median s':>9} {'exposed comm s':>15} {'transfer s':>11} "
+        f"{'vs bound (same round)':>22} {'hidden %':>9} {'hidden transfer %':>18} {'compute x':>18} {'model s':>8}")
+    bound, comm, transfer = {}, {}, {}
+    alone = {r: b["step_s"] - b["comm_s"] for r, b in got["compute-only (1 node)"]}
     for r, b in got["compute-only (1 node)"]:
         none = dict(got["none"]).get(r)
         if none is not None:
-            bound[r] = max(b["step_s"] - b["comm_s"], none["comm_s"])
-            comm[r] = none["comm_s"]
+            bound[r] = max(alone[r], none["comm_s"])
+            comm[r], transfer[r] = none["comm_s"], none["transfer_s"]
+
+    def spread(values, fmt):
+        return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})" \
+            if values else "-"
+
+    verdicts = {}
     for case, rows in got.items():
         if not rows:
             continue
         steps = [b["step_s"] for _, b in rows]
-        ratios = [b["step_s"] / bound[r] for r, b in rows if r in bound]
-        ratio = f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-"
+        ratio = spread([b["step_s"] / bound[r] for r, b in rows if r in bound], ".2f")
+        overlapped = case.startswith("all")
         hidden = [100 * (1 - b["comm_s"] / comm[r]) for r, b in rows if comm.get(r)]
-        hidden = f"{statistics.median(hidden):.0f}" if hidden and case.startswith("all") else "-"
+        hidden = f"{statistics.median(hidden):.0f}" if hidden and overlapped else "-"
+        hidden_t = [100 * (1 - b["transfer_s"] / transfer[r]) for r, b in rows if transfer.get(r)]
+        slow = [(b["step_s"] - b["comm_s"]) / alone[r] for r, b in rows if r in alone]
+        ran = sorted({b["progress"] for _, b in rows})
+        label = f"{case} ({'/'.join(ran)})" if case == DEFAULTS else case
         if case.startswith("compute"):
             ms = pr.predict(cfg, grid, prof, ranks_per_node=2).compute_s
         else:
-            ov = OverlapConfig.parse("all" if case.startswith("all") else "none")
-            progress = "thread" if "thread" in case else "poll"
+            ov = OverlapConfig.parse("all" if overlapped else "none")
+            progress = "thread" if "thread" in case or (case == DEFAULTS and ran == ["thread"]) else "poll"
             ms = pr.predict(cfg, grid, prof, ov, progress=progress, ranks_per_node=args.overlap_ppn).step_s
-        say(f"{case:<22} {' '.join(f'{v:.3f}' for v in steps):<40} {statistics.median(steps):>9.3f} "
-            f"{statistics.median(b['comm_s'] for _, b in rows):>15.3f} {ratio:>22} {hidden:>9} {ms:>8.3f}")
+        say(f"{label:<31} {' '.join(f'{v:.3f}' for v in steps):<24} {statistics.median(steps):>9.3f} "
+            f"{statistics.median(b['comm_s'] for _, b in rows):>15.3f} "
+            f"{statistics.median(b['transfer_s'] for _, b in rows):>11.4f} {ratio:>22} {hidden:>9} "
+            f"{spread(hidden_t, '.0f') if overlapped else '-':>18} "
+            f"{spread(slow, '.2f') if not case.startswith('compute') else '-':>18} {ms:>8.3f}")
+        if case == DEFAULTS and slow and hidden_t:
+            verdicts = {"compute": statistics.median(slow), "hidden": statistics.median(hidden_t)}
     if bound:
-        alone = {r: b["step_s"] - b["comm_s"] for r, b in got["compute-only (1 node)"]}
         share = statistics.median(comm[r] / alone[r] for r in comm)
+        share_t = statistics.median(transfer[r] / alone[r] for r in transfer)
         say(f"# bound = max(compute, comm), median over rounds: {statistics.median(bound.values()):.3f} s; "
-            f"comm / compute = {share:.2f}; target: an overlapped step <= 1.10 x bound")
-    alone = {r: b["step_s"] - b["comm_s"] for r, b in got["compute-only (1 node)"]}
-    for case in ("none", *polls, "all, progress thread"):
-        slow = [(b["step_s"] - b["comm_s"]) / alone[r] for r, b in got[case] if r in alone]
-        if slow:
-            say(f"# {case}: compute inside the step (step - exposed comm) / compute-only = "
-                f"{statistics.median(slow):.2f} ({min(slow):.2f}-{max(slow):.2f}): above 1, the host time the "
-                f"transfers take from compute (TCP and the progress engine run on the ranks' cores)")
+            f"comm / compute = {share:.2f} (transfer / compute = {share_t:.3f}); target: an overlapped step <= "
+            f"1.10 x bound")
+        if verdicts:
+            meets = verdicts["compute"] <= 1.05 and (verdicts["hidden"] >= 80 or share > 0.5)
+            say(f"# defaults (--overlap all, --progress auto): compute x {verdicts['compute']:.2f} (target <= 1.05), "
+                f"hidden transfer {verdicts['hidden']:.0f} % (target >= 80 % where comm / compute <= 0.5): "
+                f"{'met' if meets else 'NOT met'}; medians over rounds")
     if bound and args.overlap_axis == "data":
         # data parallelism's gradient all-reduces start in backward: the forward pass (a third of the compute
         # by the 2:1 backward:forward FLOP count) cannot hide them within a step

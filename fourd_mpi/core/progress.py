@@ -7,15 +7,16 @@ so the ``Wait`` afterwards costs about the whole collective. Strategies:
 ``auto`` (the default)
     One of the two below, chosen at the start of a run (:func:`choose_progress`): ``thread`` when
     collectives overlap compute, every axis the rank communicates over stays on its node (shared
-    memory), the host computes (NumPy), no node has more ranks than CPUs and MPI gives
-    ``MPI_THREAD_MULTIPLE``; ``poll`` otherwise. Why, measured on our machines
-    (``results/benchmarks/progress-auto.txt``): a shared-memory transfer moves only while some call
-    polls MPI about every 0.1 ms (a thread polling every 1 ms left much of it exposed, every 5 ms
-    nearly all), which GEMM chunks cannot do cheaply, so polls hid none of it and the thread nearly
-    all; across a TCP link the thread competed with the network stack for the ranks' cores
-    (compute 1.15-1.32x) while polls every 50 ms of compute hid 72-83 %
-    (``results/benchmarks/multinode-overlap.txt``). On a GPU the host polls while the GPU
-    computes, so a thread adds nothing. The trace stores the strategy that ran.
+    memory), the host computes (NumPy), every node has a spare CPU per rank
+    (:data:`THREAD_CPUS_PER_RANK`) and MPI gives ``MPI_THREAD_MULTIPLE``; ``poll`` otherwise.
+    Why, measured on our machines (``results/benchmarks/progress-auto-1node.txt``,
+    ``progress-auto-link.txt``): a shared-memory transfer moves only while some call polls MPI
+    about every 0.1 ms (a thread polling every 1 ms left much of it exposed, every 5 ms nearly
+    all), which GEMM chunks cannot do cheaply, so polls hid none of it and a thread 97-98 %, but
+    with one CPU per rank the thread took 9-15 % of the compute; across a TCP link the thread also
+    competed with the network stack, while polls every 50 ms of compute hid 83-85 % of the
+    transfers at comm/compute 0.15-0.33. On a GPU the host polls while the GPU computes, so a
+    thread adds nothing. The trace stores the strategy that ran.
 ``none``
     Nothing between compute; MPI progresses only inside ``Test``/``Wait``. Shows the problem.
 ``poll`` (default on CPU)
@@ -326,6 +327,13 @@ class ThreadProgress(NoProgress):
         return f"thread (a progress thread polls Testsome every {self.interval * 1e6:.0f} us)"
 
 
+#: ``--progress auto``: the fewest CPUs per rank on every node for a progress thread: one for the rank's compute,
+#: one for its thread. With one CPU per rank (2 ranks on 2 cores) the thread hid 97-98 % of the shared-memory
+#: transfers but took 9-15 % of the compute and made the step 8-16 % slower than polling, which hid none
+#: (``results/benchmarks/progress-auto-1node.txt``)
+THREAD_CPUS_PER_RANK = 2
+
+
 def choose_progress(backend: str, inter_node_axes: Sequence[str], thread_multiple: bool, overlap: bool = True,
                     cpus_per_rank: Optional[float] = None) -> Tuple[str, str]:
     """What ``--progress auto`` runs: ``(strategy, reason)``; the same on every rank of a run.
@@ -336,8 +344,8 @@ def choose_progress(backend: str, inter_node_axes: Sequence[str], thread_multipl
     left in flight during compute (``--overlap`` other than ``none``); ``cpus_per_rank``: the fewest CPUs per
     rank on a node (the distinct CPUs of its ranks' CPU sets / its ranks; None: unknown). No communication.
 
-        thread  if overlap and backend == numpy and no axis crosses nodes and cpus_per_rank >= 1
-                and thread_multiple
+        thread  if overlap and backend == numpy and no axis crosses nodes
+                and cpus_per_rank >= THREAD_CPUS_PER_RANK and thread_multiple
         poll    otherwise
     """
     if not overlap:
@@ -349,9 +357,9 @@ def choose_progress(backend: str, inter_node_axes: Sequence[str], thread_multipl
                         "a progress thread would compete with the network stack for the ranks' cores")
     if cpus_per_rank is None:
         return "poll", "the ranks' CPU sets are unknown: a thread per rank could take compute time from them"
-    if cpus_per_rank < 1:
-        return "poll", (f"{cpus_per_rank:.2g} CPUs per rank on a node: a thread per rank would take compute time "
-                        "from oversubscribed ranks")
+    if cpus_per_rank < THREAD_CPUS_PER_RANK:
+        return "poll", (f"{cpus_per_rank:.2g} CPU(s) per rank on a node: a progress thread would take compute time "
+                        f"from its rank (it needs {THREAD_CPUS_PER_RANK} per rank)")
     if not thread_multiple:
         return "poll", "MPI does not provide MPI_THREAD_MULTIPLE, which a progress thread needs"
     return "thread", ("every communicating axis stays on its node: shared-memory transfers move only while MPI is "

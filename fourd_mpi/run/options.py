@@ -187,9 +187,9 @@ RUN_OPTIONS: Tuple[Option, ...] = (
                 "oup: each parameter updated as its gradient completes, the next step's first all-gather issued "
                 "right after its update)"),
     Option("progress", "overlap", str, "auto", PROGRESS_STRATEGIES,
-           help="who progresses nonblocking collectives during compute: auto (default: thread where every "
-                "communicating axis stays on its node and the host computes, else poll; the trace stores which "
-                "ran), poll, none, thread"),
+           help="who progresses nonblocking collectives during compute: auto (default: thread where collectives "
+                "overlap compute, every communicating axis stays on its node, the host computes and each rank has "
+                "a spare CPU; else poll; the trace stores which ran), poll, none, thread"),
     Option("cache-weights", "overlap", flag=True, default=False, old="--overlap ...,cache",
            help="old spelling of 'cache' in --overlap (keep weights gathered in forward for backward: memory for "
                 "communication); accepted with a note, not in --help; a resolved config still stores it"),

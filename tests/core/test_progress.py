@@ -18,6 +18,7 @@ from fourd_mpi.core.progress import (
     MIN_CHUNK_S,
     POLL_BUDGET,
     PROGRESS_STRATEGIES,
+    THREAD_CPUS_PER_RANK,
     AutoChunk,
     PollProgress,
     choose_progress,
@@ -115,15 +116,17 @@ def test_fixed_size_and_grammar():
 
 def test_auto_strategy_rule():
     """``--progress auto``: a thread only where collectives overlap compute, every communicating axis stays on its
-    node, the host computes, no node has more ranks than CPUs and MPI allows threads; the reason names what
+    node, the host computes, every node has two CPUs per rank and MPI allows threads; the reason names what
     decided, in that order."""
-    ok = dict(backend="numpy", inter_node_axes=[], thread_multiple=True, overlap=True, cpus_per_rank=1.0)
+    ok = dict(backend="numpy", inter_node_axes=[], thread_multiple=True, overlap=True, cpus_per_rank=2.0)
+    assert THREAD_CPUS_PER_RANK == 2
     assert choose_progress(**ok)[0] == "thread"
     assert choose_progress(**{**ok, "cpus_per_rank": 8.0})[0] == "thread"
     cases = [({"overlap": False}, "--overlap none"), ({"backend": "cupy"}, "GPU"),
              ({"inter_node_axes": ["data"]}, "data crosses nodes"),
              ({"inter_node_axes": ["z", "x"]}, "z, x cross nodes"),
-             ({"cpus_per_rank": None}, "CPU sets are unknown"), ({"cpus_per_rank": 0.25}, "0.25 CPUs per rank"),
+             ({"cpus_per_rank": None}, "CPU sets are unknown"), ({"cpus_per_rank": 0.25}, "0.25 CPU(s) per rank"),
+             ({"cpus_per_rank": 1.0}, "1 CPU(s) per rank on a node: a progress thread would take compute time"),
              ({"thread_multiple": False}, "MPI_THREAD_MULTIPLE")]
     for change, reason in cases:
         name, why = choose_progress(**{**ok, **change})
@@ -146,7 +149,7 @@ def test_auto_strategy_says_why():
     """``make_progress("auto", ...)`` builds the chosen strategy, and its description carries the reason (poll:
     no MPI needed to build it)."""
     strategy = make_progress("auto", "auto", backend="numpy", inter_node_axes=["z"], thread_multiple=True,
-                             cpus_per_rank=1.0)
+                             cpus_per_rank=2.0)
     assert isinstance(strategy, PollProgress) and strategy.name == "poll"
     assert strategy.describe().endswith("(--progress auto: z crosses nodes: a progress thread would compete with "
                                         "the network stack for the ranks' cores)")
