@@ -75,7 +75,7 @@ PREDICT_OPTIONS = {
     "overlap": (_run("overlap"), "all", "none, all or a list of oag,ors,oar,dp,od (run's oup is "
                                                       "taken and not modelled)"),
     "progress": (_run("progress"), "poll", "who progresses nonblocking collectives during compute: poll (default), "
-                                           "none or thread, as run's --progress"),
+                                           "none, thread or auto, as run's --progress (priced alike but none)"),
     "dw-window": (str, "2", "dW blocks whose reduce-scatter may be in flight at once with ORS, or 'none' "
                             "(unbounded; default 2)"),
     "profile": (str, "perlmutter", "machine profile: a built-in (dgx-a100, dgx-a100-40gb, dgx-h100, h100-roce, "
