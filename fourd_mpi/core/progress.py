@@ -19,7 +19,7 @@ so the ``Wait`` afterwards costs about the whole collective. Strategies:
     thread adds nothing. The trace stores the strategy that ran.
 ``none``
     Nothing between compute; MPI progresses only inside ``Test``/``Wait``. Shows the problem.
-``poll`` (default on CPU)
+``poll``
     GEMMs are split into chunks of about ``chunk_flops`` FLOPs and
     ``MPI_Testsome`` is called on the requests in flight between chunks. On a GPU the
     GEMM is one asynchronous kernel and the host polls until its event completes.

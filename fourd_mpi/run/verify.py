@@ -150,6 +150,8 @@ def check_grid(options: RunOptions, reference, steps: int, world,
     run.comm.watchdog = watchdog  # the steps' collectives and the gathers of snapshot()
     placement = run.placement if run.placement is not None else run.grid.placement
     attention = run.backend.attention
+    ran = run.comm.progress.name  # what --progress auto chose, said with it
+    progress = f"{ran} (auto)" if options.progress == "auto" else ran
     got = snapshot(run, world, steps)
     run.close()
     if world.Get_rank() != 0:
@@ -161,7 +163,7 @@ def check_grid(options: RunOptions, reference, steps: int, world,
     got_losses = np.array([got["loss0"]] + got["losses"])
     loss_error = float(np.max(np.abs(got_losses - ref_losses) / np.abs(ref_losses)))
     overlap = ",".join(options.overlap.enabled) or "none"
-    return GridCheck(str(options.grid), overlap, options.progress, errors["output"], grads[worst], worst[5:],
+    return GridCheck(str(options.grid), overlap, progress, errors["output"], grads[worst], worst[5:],
                      loss_error, tolerance(options), options.recompute,
                      ",".join(placement.inter_node_axes) or "-", placement.num_nodes, attention)
 
