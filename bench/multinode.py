@@ -273,11 +273,15 @@ CALIBRATION = ["--min-size", "2K", "--factor", "4", "--max-size", "2M", "--iters
                "--accept-poor-fit"]
 
 
-def kept_profile(report: str, nodes: int, ppn: int) -> str:
+def kept_profile(report: str, nodes: int, ppn: int, reading: bool = False) -> str:
     """Where the profile of layout ``nodes x ppn`` measured for ``report`` is kept: next to it, named after it
-    (``multinode.txt``: ``multinode-profile-2x4.yaml``), so two reports never share one."""
+    (``multinode.txt``: ``multinode-profile-2x4.yaml``), so two reports never share one. Reading a report kept
+    before this rule (``multinode-ranking/multinode-ranking.txt``; ``reading``), the older
+    ``multinode-profile-NxP.yaml`` next to it when only that exists; a new profile never overwrites it."""
     stem = os.path.splitext(os.path.abspath(report))[0]
-    return f"{stem}-profile-{nodes}x{ppn}.yaml"
+    named = f"{stem}-profile-{nodes}x{ppn}.yaml"
+    older = os.path.join(os.path.dirname(stem), f"multinode-profile-{nodes}x{ppn}.yaml")  # reports before the rule
+    return older if reading and not os.path.exists(named) and os.path.exists(older) else named
 
 
 def calibrate(args, name, env, say, layout, tmp) -> str:
@@ -417,7 +421,7 @@ def from_results(path: str, profile_dir: str = None) -> int:
           f"none) with the profile of each layout; exposed per axis: seconds (level, g = ranks of one group on a "
           f"node, measured points that priced it)")
     for nodes, ppn, hidden, seq, batch, measured in sections:
-        prof_path = kept_profile(path, nodes, ppn)
+        prof_path = kept_profile(path, nodes, ppn, reading=True)
         if profile_dir:
             prof_path = os.path.join(profile_dir, os.path.basename(prof_path))
         try:
