@@ -75,3 +75,20 @@ def test_the_two_columns_add_up_to_the_wait_of_a_real_run(run_mpi, tmp_path):
     np.testing.assert_allclose(table["peer_wait_s_per_step"] + table["transfer_wait_s_per_step"],
                                table["wait_s_per_step"], rtol=1e-9, atol=1e-12)
     assert (table["peer_wait_s_per_step"] >= 0).all() and (table["transfer_wait_s_per_step"] >= 0).all()
+
+
+def test_a_pipeline_s_sends_and_receives_are_not_split(run_mpi, tmp_path):
+    """Sends and receives have no k-th peer on a communicator: both columns NaN on their rows; the collectives of
+    the same run are split."""
+    done = run_mpi(4, ["run", "--model", "gpt-tiny", "--hidden", 48, "--heads", 3, "--seq", 16, "--batch", 8,
+                       "--layers", 2, "--steps", 3, "--algorithm", "pipeline", "--ginter", 2, "--microbatches", 2,
+                       "--gz", 2, "--overlap", "all", "--trace-level", "op", "--display", "quiet",
+                       "--results-dir", tmp_path, "--run-id", "p"])
+    assert done.returncode == 0, done.stderr
+    table = comm_table(load_trace(str(tmp_path / "p.h5")))
+    p2p = table[table["op"].isin(["send", "recv"])]
+    coll = table[table["op"].isin(["allgather", "reduce_scatter", "allreduce"])]
+    assert len(p2p) and len(coll)
+    assert p2p["peer_wait_s_per_step"].isna().all() and p2p["transfer_wait_s_per_step"].isna().all()
+    np.testing.assert_allclose(coll["peer_wait_s_per_step"] + coll["transfer_wait_s_per_step"],
+                               coll["wait_s_per_step"], rtol=1e-9, atol=1e-12)

@@ -11,7 +11,7 @@ import pandas as pd
 
 from fourd_mpi.analysis.tables.runs import algorithm_of, grid_of, measured_select, run_id_of
 from fourd_mpi.core.colltable import BUSBW_FORMULA, wire_factor
-from fourd_mpi.trace.events import COPY_OPS, LANE_COMM0
+from fourd_mpi.trace.events import COPY_OPS, LANE_COMM0, P2P_OPS
 from fourd_mpi.trace.read import Trace
 from fourd_mpi.trace.scan import gather_columns, in_codes
 from fourd_mpi.trace.summary import measured_records
@@ -37,7 +37,8 @@ PEER_WAIT_FORMULA = ("peer_wait_s_per_step = sum(clip(last_issue_ns - (complete_
                      "(ranks * steps)  [the part of a wait spent before the last rank of the collective's "
                      "communicator had issued it (load imbalance: no progress strategy can hide it); "
                      "last_issue_ns: the latest issue_ns of the same collective (the k-th on that communicator in "
-                     "the step) over the communicator's ranks, on the trace's aligned clock]")
+                     "the step) over the communicator's ranks, on the trace's aligned clock; collectives only: "
+                     "NaN for a pipeline's sends and receives and for staging copies]")
 TRANSFER_WAIT_FORMULA = ("transfer_wait_s_per_step = wait_s_per_step - peer_wait_s_per_step  [waiting after every "
                          "rank had issued: the transfer (and the progress it lacked) that overlap can hide]")
 COMM_FORMULAS = {
@@ -174,7 +175,13 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     wire = np.bincount(inverse, weights=coll["wire_bytes"].astype(np.float64), minlength=g)
     tflight = np.bincount(inverse, weights=inflight, minlength=g)
     twait = np.bincount(inverse, weights=coll["wait_ns"].astype(np.float64), minlength=g)
-    peer = np.where(is_copy, 0, peer_wait_ns(coll, trace.placement(), trace.vocab["axes"]))
+    # the split matches collectives only: a pipeline's sends and receives (and staging copies) have no k-th peer
+    p2p_codes = [trace.vocab["ops"].index(o) for o in P2P_OPS if o in trace.vocab["ops"]]
+    matched = ~is_copy & ~in_codes(coll["op"], p2p_codes)
+    peer = np.zeros(len(matched), dtype=np.int64)
+    if matched.any():
+        needed = ("rank", "step", "axis", "issue_ns", "complete_ns", "wait_ns")
+        peer[matched] = peer_wait_ns({c: coll[c][matched] for c in needed}, trace.placement(), trace.vocab["axes"])
     tpeer = np.bincount(inverse, weights=peer.astype(np.float64), minlength=g)
     window = np.where(is_copy, 0, coll["complete_ns"] - np.maximum(coll["call_ns"], coll["issue_ns"]))
     twindow = np.bincount(inverse, weights=window.astype(np.float64), minlength=g)
@@ -216,8 +223,9 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
         out["inflight_median_s"] = median * 1e-9
         out["inflight_s_per_step"] = tflight / n_records * 1e-9
         out["wait_s_per_step"] = twait / n_records * 1e-9
-        out["peer_wait_s_per_step"] = np.where(copy, np.nan, tpeer / n_records * 1e-9)
-        out["transfer_wait_s_per_step"] = np.where(copy, np.nan, (twait - tpeer) / n_records * 1e-9)
+        unsplit = copy | out["op"].isin(P2P_OPS).to_numpy()  # no split: NaN, as the copies' bus bandwidth
+        out["peer_wait_s_per_step"] = np.where(unsplit, np.nan, tpeer / n_records * 1e-9)
+        out["transfer_wait_s_per_step"] = np.where(unsplit, np.nan, (twait - tpeer) / n_records * 1e-9)
         out["mpi_s_per_step"] = tmpi / n_records * 1e-9
         out["exposed_s_per_step"] = np.where(copy, np.nan, texposed / n_records * 1e-9)
         out["algbw_gbps"] = algbw
@@ -253,6 +261,8 @@ def peer_wait_ns(coll, placement, axis_words) -> np.ndarray:
     axes = list(placement.dims)
     dims = [int(placement.dims[a]) for a in axes]
     world = int(math.prod(dims))
+    if not dims or world <= 0:  # no usable grid in the placement: nothing to match
+        return np.zeros(n, dtype=np.int64)
     coords = np.unravel_index(np.clip(rank, 0, world - 1), dims)
     group = np.full(n, -1, dtype=np.int64)
     for code, word in enumerate(axis_words):
