@@ -518,8 +518,8 @@ def _breakdown(path: str) -> dict:
     tables = json.loads(done.stdout)
     rows = tables["breakdown"]
     comm = sum(r["seconds_per_step"] for r in rows if r["category"] == "exposed_comm")
-    transfer = sum(float(r["transfer_wait_s_per_step"]) for r in tables["comm"]
-                   if r["transfer_wait_s_per_step"] is not None)
+    split = [r["transfer_wait_s_per_step"] for r in tables["comm"]]
+    transfer = sum(float(v) for v in split if v is not None and v == v)  # NaN or null: no split (copies, p2p)
     ran = load_trace(path, events=False).metadata.get("config", {}).get("progress", "?")
     return {"step_s": float(rows[0]["step_s"]), "comm_s": float(comm), "transfer_s": transfer, "progress": ran}
 
