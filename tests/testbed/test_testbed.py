@@ -190,8 +190,9 @@ def test_the_launcher_passes_environment_and_exit_status_and_host_names(bed):
     done = fourd(["testbed", "mpiexec", "--name", NAME, "-n", "2", "--", "fourd-mpi", "--version"], env=bare,
                  timeout=120)
     assert done.returncode == 0 and f"fourd-mpi {fourd_mpi.__version__}" in done.stdout, done.stdout + done.stderr
+    # one write per rank (print writes its words apart when unbuffered): two ranks cannot interleave inside it
     done = fourd(["testbed", "mpiexec", "--name", NAME, "-n", "2", "--", "python", "-c",
-                  "import sys, fourd_mpi; print('prefix', sys.prefix)"], env=bare, timeout=120)
+                  "import sys, fourd_mpi; sys.stdout.write(f'prefix {sys.prefix}\\n')"], env=bare, timeout=120)
     assert done.returncode == 0 and done.stdout.count(f"prefix {sys.prefix}") == 2, done.stdout + done.stderr
 
 
