@@ -72,3 +72,13 @@ def test_from_results_refuses_a_file_without_part_three(tmp_path):
     proc = subprocess.run([sys.executable, SCRIPT, "--from-results", str(tmp_path / "missing.txt")],
                           capture_output=True, text=True, timeout=120, env=mpi_env(), cwd=REPO)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+
+
+def test_the_defaults_verdict_known_answers():
+    """Part 2's hidden share and the defaults' targets: 0.02 s left of 0.1 s is 80 % hidden, 0.3 s of 0.1 s is
+    -200 %; compute <= 1.05x and >= 80 % hidden meets, above comm/compute 0.5 the hiding target does not apply."""
+    mn = _module()
+    assert mn.hidden_pct(0.02, 0.1) == pytest.approx(80.0) and mn.hidden_pct(0.3, 0.1) == pytest.approx(-200.0)
+    assert mn.defaults_meet(1.05, 80.0, 0.3) and mn.defaults_meet(0.86, 85.0, 0.15)
+    assert not mn.defaults_meet(1.06, 95.0, 0.3) and not mn.defaults_meet(1.0, 79.0, 0.5)
+    assert mn.defaults_meet(1.0, 36.0, 0.72) and not mn.defaults_meet(1.19, 64.0, 0.72)

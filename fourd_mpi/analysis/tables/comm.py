@@ -158,7 +158,8 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
         out.attrs["formulas"] = dict(COMM_FORMULAS)
         return out
     vocab_of = {"op": "ops", "axis": "axes", "phase": "phases", "layer": "layers"}
-    span = _event_node_span(trace, coll["axis"], coll["rank"])
+    placement = trace.placement()  # read once: the node spans and the wait split's communicators
+    span = _event_node_span(placement, trace.vocab["axes"], coll["axis"], coll["rank"])
     codes = [coll[c].astype(np.int64) for c in by] + [(span > 1).astype(np.int64)]
     radices = [max(len(trace.vocab[vocab_of[c]]), int(k.max()) + 1) for c, k in zip(by, codes)] + [2]
     key = np.zeros(len(coll["bytes"]), dtype=np.int64)
@@ -181,7 +182,7 @@ def comm_table(trace: Trace, by: Sequence[str] = ("op", "axis")) -> pd.DataFrame
     peer = np.zeros(len(matched), dtype=np.int64)
     if matched.any():
         needed = ("rank", "step", "axis", "issue_ns", "complete_ns", "wait_ns")
-        peer[matched] = peer_wait_ns({c: coll[c][matched] for c in needed}, trace.placement(), trace.vocab["axes"])
+        peer[matched] = peer_wait_ns({c: coll[c][matched] for c in needed}, placement, trace.vocab["axes"])
     tpeer = np.bincount(inverse, weights=peer.astype(np.float64), minlength=g)
     window = np.where(is_copy, 0, coll["complete_ns"] - np.maximum(coll["call_ns"], coll["issue_ns"]))
     twindow = np.bincount(inverse, weights=window.astype(np.float64), minlength=g)
@@ -295,14 +296,13 @@ def peer_wait_ns(coll, placement, axis_words) -> np.ndarray:
     return out
 
 
-def _event_node_span(trace: Trace, axis_codes: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    """Per event: the nodes spanned by its rank's communicator along its axis (:meth:`Trace.placement`; axis
-    ``none``, the world-wide loss all-reduce: the run's node count; an axis the placement lacks: 1)."""
+def _event_node_span(placement, words, axis_codes: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """Per event: the nodes spanned by its rank's communicator along its axis (``placement``: the trace's
+    :meth:`Trace.placement`; ``words``: its axis vocabulary; axis ``none``, the world-wide loss all-reduce: the
+    run's node count; an axis the placement lacks: 1)."""
     if not len(axis_codes):
         return np.ones(0, dtype=np.int64)
-    placement = trace.placement()
     world = max(len(placement.nodes), int(ranks.max()) + 1)
-    words = trace.vocab["axes"]
     table = np.ones((max(len(words), int(axis_codes.max()) + 1), world), dtype=np.int64)
     for code, word in enumerate(words):
         spans = placement.spans.get(word)
